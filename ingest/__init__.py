@@ -1,0 +1,3 @@
+"""MQTT to MongoDB time-series ingestion daemon."""
+
+__version__ = "0.1.0"

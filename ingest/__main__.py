@@ -1,0 +1,5 @@
+"""Allow ``python -m ingest``."""
+
+from ingest.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,177 @@
+"""Wiring and lifecycle: the stages as named tasks, signals, graceful then forced shutdown.
+
+MQTT broker -> MqttSource -> Pipeline.submit (decode, batch) -> write workers -> MongoDB
+                   ^                                               |
+                   +------------- acks, in arrival order <---------+
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import TYPE_CHECKING, Any
+
+from pymongo import AsyncMongoClient
+from pymongo.errors import PyMongoError
+
+from ingest.metrics import Health, Metrics, MetricsServer
+from ingest.pipeline import Pipeline
+from ingest.retry import backoff
+from ingest.schema import Schema
+from ingest.source import MqttSource
+from ingest.writers.bucket import BucketWriter
+from ingest.writers.rejects import RejectsWriter
+
+if TYPE_CHECKING:
+    from ingest.config import Settings
+    from ingest.writers import Writer
+
+logger = logging.getLogger(__name__)
+PING_INTERVAL = 5.0
+DISCONNECT_TIMEOUT = 5.0
+
+
+class Shutdown:
+    """First signal: stop consuming, flush, ack, exit. Second signal: exit now."""
+
+    def __init__(self) -> None:
+        self.requested = asyncio.Event()
+        self.forced = asyncio.Event()
+
+    def signal(self) -> None:
+        """Handle SIGTERM/SIGINT."""
+        if self.requested.is_set():
+            logger.warning("second signal: exiting without waiting for in-flight writes")
+            self.forced.set()
+        else:
+            logger.info("signal received: draining in-flight batches")
+            self.requested.set()
+
+
+def mongo_client(settings: Settings) -> AsyncMongoClient[dict[str, Any]]:
+    """The driver client, with timezone-aware dates."""
+    return AsyncMongoClient(settings.mongodb_uri, tz_aware=True, appname="ingest",
+                            connect=False)
+
+
+def make_writer(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) -> Writer:
+    """The writer for the configured mode."""
+    db = client[settings.db]
+    schema = Schema(db, settings.collection, rejects_collection=settings.rejects_collection,
+                    rejects_max_bytes=settings.rejects_max_bytes,
+                    retention_days=settings.retention_days, span_seconds=settings.span_seconds)
+    if settings.mode == "bucket":
+        return BucketWriter(db[settings.collection], schema, settings.span_seconds,
+                            settings.bucket_max_readings)
+    raise NotImplementedError(f"mode {settings.mode!r} is not implemented yet")
+
+
+async def init_db(settings: Settings) -> None:
+    """Create collections and indexes for the configured mode, then return."""
+    client = mongo_client(settings)
+    try:
+        await make_writer(settings, client).ensure_schema()
+    finally:
+        await client.close()
+
+
+async def run(settings: Settings, shutdown: Shutdown | None = None,
+              metrics: Metrics | None = None) -> None:
+    """Run the daemon until a signal (or ``shutdown``, when given by a caller) stops it."""
+    if shutdown is None:
+        shutdown = Shutdown()
+        _install_signal_handlers(shutdown)
+    metrics = metrics or Metrics(settings.mode)
+    metrics.info.labels(settings.mode, str(settings.dry_run).lower()).set(1)
+    health = Health(mongodb_ok=settings.dry_run)
+    client = mongo_client(settings)
+    try:
+        writer = make_writer(settings, client)
+        source = MqttSource(settings, metrics, health)
+        rejects = RejectsWriter(client[settings.db][settings.rejects_collection])
+        pipeline = Pipeline(settings, writer, rejects, source, metrics, health)
+        server = MetricsServer(settings.metrics_host, settings.metrics_port, metrics, health,
+                               before_scrape=pipeline.sync_metrics)
+        async with (server,
+                    contextlib.AsyncExitStack() as stack):
+            if not settings.dry_run:
+                await _prepare(writer, health, metrics, shutdown)
+            group = await stack.enter_async_context(asyncio.TaskGroup())
+            helpers = []
+            if not settings.dry_run:
+                helpers.append(group.create_task(_watch_mongodb(client, health, metrics),
+                                                 name="mongodb-ping"))
+            helpers.append(group.create_task(pipeline.run(), name="pipeline"))
+            consumer = group.create_task(source.run(pipeline.submit), name="mqtt-source")
+            await shutdown.requested.wait()
+            await _drain(settings, source, pipeline, shutdown)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(consumer), DISCONNECT_TIMEOUT)
+            for task in (*helpers, consumer):
+                task.cancel()
+    finally:
+        await client.close()
+    logger.info("stopped")
+
+
+async def _prepare(writer: Writer, health: Health, metrics: Metrics, shutdown: Shutdown) -> None:
+    """Make sure collections and indexes exist, waiting for MongoDB if it is not up yet."""
+    attempt = 0
+    while not shutdown.requested.is_set():
+        try:
+            await writer.ensure_schema()
+        except PyMongoError as exc:
+            attempt += 1
+            delay = backoff(attempt, base=1.0)
+            logger.warning("cannot prepare MongoDB collections (%s); retrying in %.1fs",
+                           str(exc)[:200], delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(shutdown.requested.wait(), delay)
+        else:
+            health.mongodb_ok = True
+            metrics.mongodb_up.set(1)
+            return
+
+
+async def _watch_mongodb(client: AsyncMongoClient[dict[str, Any]], health: Health,
+                         metrics: Metrics) -> None:
+    """Ping MongoDB so /readyz tells the truth even when no data flows."""
+    while True:
+        try:
+            await asyncio.wait_for(client.admin.command("ping"), PING_INTERVAL)
+        except (PyMongoError, TimeoutError) as exc:
+            if health.mongodb_ok:
+                logger.warning("MongoDB ping failed: %s", str(exc)[:200])
+            health.mongodb_ok = False
+        else:
+            health.mongodb_ok = True
+        metrics.mongodb_up.set(1 if health.mongodb_ok else 0)
+        await asyncio.sleep(PING_INTERVAL)
+
+
+async def _drain(settings: Settings, source: MqttSource, pipeline: Pipeline,
+                 shutdown: Shutdown) -> None:
+    """Stop consuming, write and ack what is in flight, then disconnect."""
+    source.stop_consuming()
+    drained = asyncio.create_task(pipeline.drain(), name="drain")
+    forced = asyncio.create_task(shutdown.forced.wait(), name="forced")
+    done, _ = await asyncio.wait({drained, forced}, timeout=settings.shutdown_timeout,
+                                 return_when=asyncio.FIRST_COMPLETED)
+    if drained in done:
+        logger.info("in-flight batches written and acknowledged")
+    else:
+        logger.warning("shutdown timeout or second signal: %d buffered readings not written "
+                       "(their messages are unacknowledged and will be redelivered)",
+                       pipeline.buffered)
+    for task in (drained, forced):
+        task.cancel()
+    source.release()
+
+
+def _install_signal_handlers(shutdown: Shutdown) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, shutdown.signal)

@@ -1,0 +1,79 @@
+"""Size-or-linger batching. Pure and synchronous, so it is tested with a fake clock."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ingest.model import Inbound, Reading
+
+
+@dataclass(slots=True)
+class Batch:
+    """Messages to acknowledge together, once their readings and rejects are written."""
+
+    number: int
+    opened_at: float
+    messages: list[Inbound] = field(default_factory=list)
+    readings: list[Reading] = field(default_factory=list)
+    rejects: list[dict[str, Any]] = field(default_factory=list)
+    # ends[i] is the index in ``readings`` just past message i's readings.
+    ends: list[int] = field(default_factory=list)
+
+    def origin(self) -> dict[int, Inbound]:
+        """Map ``id(reading)`` to the message it came from (for error reports)."""
+        owners: dict[int, Inbound] = {}
+        start = 0
+        for message, end in zip(self.messages, self.ends, strict=True):
+            for reading in self.readings[start:end]:
+                owners[id(reading)] = message
+            start = end
+        return owners
+
+
+class Batcher:
+    """Close a batch at ``max_items`` readings or messages, or ``linger`` s after it opened."""
+
+    def __init__(self, max_items: int, linger: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._max = max_items
+        self._linger = linger
+        self._clock = clock
+        self._current: Batch | None = None
+        self._numbers = 0
+
+    def add(self, message: Inbound, readings: list[Reading],
+            rejects: list[dict[str, Any]]) -> Batch | None:
+        """Add one decoded message; return the batch if this filled it."""
+        batch = self._current
+        if batch is None:
+            self._numbers += 1
+            batch = self._current = Batch(self._numbers, self._clock())
+        batch.messages.append(message)
+        batch.readings.extend(readings)
+        batch.ends.append(len(batch.readings))
+        batch.rejects.extend(rejects)
+        if len(batch.readings) >= self._max or len(batch.messages) >= self._max:
+            self._current = None
+            return batch
+        return None
+
+    def deadline(self) -> float | None:
+        """When the open batch must be flushed, or None if no batch is open."""
+        return None if self._current is None else self._current.opened_at + self._linger
+
+    def due(self) -> Batch | None:
+        """Close and return the open batch if its linger has passed."""
+        deadline = self.deadline()
+        if deadline is not None and self._clock() >= deadline:
+            return self.take()
+        return None
+
+    def take(self) -> Batch | None:
+        """Close and return the open batch now (flush on close)."""
+        batch, self._current = self._current, None
+        return batch

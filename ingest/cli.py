@@ -1,0 +1,237 @@
+"""Command line: argv and ``INGEST_*`` environment -> Settings -> run.
+
+This is the only module that reads the environment. Every flag ``--some-flag`` can also
+be set as ``INGEST_SOME_FLAG``; a flag on the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+from ingest import __version__
+from ingest.config import (
+    DEFAULT_COLLECTION,
+    GRANULARITIES,
+    MODES,
+    Settings,
+    parse_mqtt_url,
+    validate,
+)
+from ingest.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+ENV_PREFIX = "INGEST_"
+TRUE = {"1", "true", "yes", "on"}
+FALSE = {"0", "false", "no", "off", ""}
+logger = logging.getLogger("ingest")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors as one line, no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _number[T: (int, float)](kind: Callable[[str], T], name: str) -> Callable[[str], T]:
+    def convert(text: str) -> T:
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} expects a number, got {text!r}") from None
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def _flag(parser: argparse.ArgumentParser, env: Mapping[str, str], name: str,
+          help_text: str, default: object = None, **kwargs: object) -> None:
+    """Add ``--name`` whose default comes from ``INGEST_NAME`` when set."""
+    var = ENV_PREFIX + name.upper().replace("-", "_")
+    if var in env:
+        default = env[var]
+        choices = kwargs.get("choices")
+        # argparse checks choices on the command line only, not on defaults.
+        if choices is not None and default not in choices:  # type: ignore[operator]
+            allowed = ", ".join(map(str, choices))  # type: ignore[call-overload]
+            raise ConfigError(f"--{name}: invalid value {default!r} from {var} "
+                              f"(choose from {allowed})")
+    parser.add_argument(f"--{name}", default=default, help=f"{help_text} [env {var}]",
+                        **kwargs)  # type: ignore[arg-type]
+
+
+def _env_bool(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(ENV_PREFIX + name, "").strip().lower()
+    if raw not in TRUE | FALSE:
+        raise ConfigError(f"{ENV_PREFIX}{name}: expected true/false, got {raw!r}")
+    return raw in TRUE
+
+
+def _common_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    integer, real = _number(int, "this flag"), _number(float, "this flag")
+    _flag(parser, env, "mode", "storage layout", "bucket", choices=MODES)
+    _flag(parser, env, "mongodb-uri", "MongoDB connection string (credentials and TLS go here)",
+          "mongodb://localhost:27017")
+    _flag(parser, env, "mongodb-uri-file", "read the MongoDB URI from this file (Docker secret)")
+    _flag(parser, env, "db", "database name", "iot")
+    _flag(parser, env, "collection",
+          "target collection (default: buckets in bucket mode, readings in timeseries mode)")
+    _flag(parser, env, "rejects-collection", "capped collection for rejected input", "rejects")
+    _flag(parser, env, "rejects-max-bytes", "size of the capped rejects collection",
+          16 * 1024 * 1024, type=integer)
+    _flag(parser, env, "retention-days", "expire data after this many days (TTL)", type=real)
+    _flag(parser, env, "bucket-span-seconds",
+          "bucket mode: span of one document (default 3600); timeseries mode: custom "
+          "bucketing (bucketMaxSpanSeconds = bucketRoundingSeconds)", type=integer)
+    _flag(parser, env, "granularity", "timeseries mode: collection granularity", "seconds",
+          choices=GRANULARITIES)
+    _flag(parser, env, "log-level", "logging level", "info",
+          choices=["debug", "info", "warning", "error"])
+
+
+def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    integer, real = _number(int, "this flag"), _number(float, "this flag")
+    _flag(parser, env, "mqtt-url", "broker URL: mqtt://[user[:pass]@]host[:port] or mqtts://",
+          "mqtt://localhost:1883")
+    _flag(parser, env, "mqtt-password-file", "read the MQTT password from this file")
+    _flag(parser, env, "mqtt-ca-file", "CA bundle to verify the broker (mqtts://)")
+    _flag(parser, env, "mqtt-cert-file", "client certificate (mqtts://)")
+    _flag(parser, env, "mqtt-key-file", "client key (mqtts://)")
+    parser.add_argument("--topic", action="append", default=None,
+                        help="topic filter, repeatable [env INGEST_TOPIC, comma-separated] "
+                             "(default sensors/#)")
+    _flag(parser, env, "shared-group", "subscribe through $share/<group>/<topic>")
+    _flag(parser, env, "client-id", "MQTT client id; keep it stable for a persistent session "
+          "(default ingest-<mode>-<hostname>)")
+    _flag(parser, env, "qos", "subscription QoS", 1, type=integer)
+    _flag(parser, env, "metrics-host", "address of /metrics, /healthz, /readyz",
+          "0.0.0.0")  # noqa: S104 - scraped from outside; bind to a private address if needed
+    _flag(parser, env, "metrics-port", "port of /metrics, /healthz, /readyz (0: any)", 9108,
+          type=integer)
+    _flag(parser, env, "batch-size", "close a batch at this many readings (or messages)", 2000,
+          type=integer)
+    _flag(parser, env, "flush-interval", "close a batch this many seconds after it opened", 1.0,
+          type=real)
+    _flag(parser, env, "write-concurrency", "batches written at once", 2, type=integer)
+    _flag(parser, env, "max-buffered-readings",
+          "stop reading from the broker when this many readings wait to be written", 50_000,
+          type=integer)
+    _flag(parser, env, "max-inflight-messages",
+          "MQTT 5 Receive Maximum: unacknowledged messages the broker may send", 10_000,
+          type=integer)
+    _flag(parser, env, "bucket-max-readings", "bucket mode: most readings in one document",
+          3600, type=integer)
+    _flag(parser, env, "max-message-bytes", "reject larger payloads before parsing",
+          1024 * 1024, type=integer)
+    _flag(parser, env, "max-readings-per-message", "reject messages with more readings",
+          10_000, type=integer)
+    _flag(parser, env, "max-past-seconds", "reject readings older than this", 365 * 86400.0,
+          type=real)
+    _flag(parser, env, "max-future-seconds", "reject readings further ahead than this", 600.0,
+          type=real)
+    _flag(parser, env, "shutdown-timeout", "seconds to drain on SIGTERM before giving up",
+          10.0, type=real)
+    parser.add_argument("--dry-run", action="store_true", default=None,
+                        help="decode, batch and build writes, send nothing to MongoDB "
+                             "[env INGEST_DRY_RUN]")
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The ``ingest`` parser with its ``run`` and ``init-db`` commands."""
+    parser = _Parser(prog="ingest", description="MQTT to MongoDB time-series ingestion.")
+    parser.add_argument("--version", action="version", version=f"ingest {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = commands.add_parser("run", help="consume MQTT and write to MongoDB")
+    _common_flags(run, env)
+    _run_flags(run, env)
+    init = commands.add_parser("init-db", help="create collections and indexes, then exit")
+    _common_flags(init, env)
+    return parser
+
+
+def _read_secret(path: str, flag: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{flag}: {path} is not UTF-8 text") from None
+
+
+def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
+    """Validated settings from parsed arguments and the environment."""
+    mongodb_uri = args.mongodb_uri
+    if args.mongodb_uri_file:
+        mongodb_uri = _read_secret(args.mongodb_uri_file, "--mongodb-uri-file")
+    common = {
+        "mode": args.mode, "mongodb_uri": mongodb_uri, "db": args.db,
+        "collection": args.collection or DEFAULT_COLLECTION.get(args.mode, "buckets"),
+        "rejects_collection": args.rejects_collection,
+        "rejects_max_bytes": args.rejects_max_bytes, "retention_days": args.retention_days,
+        "bucket_span_seconds": args.bucket_span_seconds, "granularity": args.granularity,
+    }
+    if args.command != "run":
+        return validate(Settings(**common))
+    mqtt = parse_mqtt_url(args.mqtt_url)
+    password = mqtt.password
+    if args.mqtt_password_file:
+        password = _read_secret(args.mqtt_password_file, "--mqtt-password-file")
+    mqtt = type(mqtt)(mqtt.host, mqtt.port, mqtt.tls, mqtt.username, password,
+                      args.mqtt_ca_file, args.mqtt_cert_file, args.mqtt_key_file)
+    topics = args.topic or [t.strip() for t in env.get("INGEST_TOPIC", "sensors/#").split(",")]
+    dry_run = args.dry_run if args.dry_run is not None else _env_bool(env, "DRY_RUN")
+    return validate(Settings(
+        **common, mqtt=mqtt, topics=tuple(topics), shared_group=args.shared_group,
+        client_id=args.client_id or f"ingest-{args.mode}-{socket.gethostname()}",
+        qos=args.qos, metrics_host=args.metrics_host, metrics_port=args.metrics_port,
+        batch_size=args.batch_size, flush_interval=args.flush_interval,
+        write_concurrency=args.write_concurrency,
+        max_buffered_readings=args.max_buffered_readings,
+        max_inflight_messages=args.max_inflight_messages,
+        bucket_max_readings=args.bucket_max_readings,
+        max_message_bytes=args.max_message_bytes,
+        max_readings_per_message=args.max_readings_per_message,
+        max_past_seconds=args.max_past_seconds, max_future_seconds=args.max_future_seconds,
+        shutdown_timeout=args.shutdown_timeout, dry_run=dry_run,
+    ))
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Entry point of the ``ingest`` command."""
+    env = os.environ if env is None else env
+    try:
+        args = build_parser(env).parse_args(argv)
+        settings = settings_from(args, env)
+    except ConfigError as exc:
+        print(f"ingest: error: {exc}", file=sys.stderr)  # noqa: T201 - before logging exists
+        return 2
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("ingest.mqtt").setLevel(max(logging.WARNING, logging.root.level))
+    return _execute(args.command, settings)
+
+
+def _execute(command: str, settings: Settings) -> int:
+    import uvloop  # noqa: PLC0415 - only the running daemon needs it
+
+    from ingest import app  # noqa: PLC0415 - keeps --help and config errors fast
+
+    try:
+        if command == "init-db":
+            uvloop.run(app.init_db(settings))
+            logger.info("collections and indexes ready in %s", settings.db)
+        else:
+            uvloop.run(app.run(settings))
+    except ConfigError as exc:
+        print(f"ingest: error: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,189 @@
+"""Frozen, typed settings, validated in one place.
+
+Every check raises :class:`ConfigError` with one line that names the flag, so the CLI can
+print it without a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import ssl
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+from urllib.parse import unquote, urlsplit
+
+from ingest.errors import ConfigError
+
+type Mode = Literal["bucket", "timeseries"]
+type Granularity = Literal["seconds", "minutes", "hours"]
+MODES: tuple[str, ...] = get_args(Mode.__value__)
+GRANULARITIES: tuple[str, ...] = get_args(Granularity.__value__)
+DEFAULT_COLLECTION: dict[str, str] = {"bucket": "buckets", "timeseries": "readings"}
+DEFAULT_BUCKET_SPAN_SECONDS = 3600
+# MQTT 5 caps Receive Maximum at 65535 (a two-byte integer).
+MAX_RECEIVE_MAXIMUM = 65535
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class MqttSettings:
+    """Where and how to reach the broker."""
+
+    host: str
+    port: int
+    tls: bool
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """Build the TLS context for ``mqtts://``, or None for plain TCP."""
+        if not self.tls:
+            return None
+        context = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the daemon needs, built once by the CLI and handed down."""
+
+    mode: Mode = "bucket"
+    mqtt: MqttSettings = field(default_factory=lambda: parse_mqtt_url("mqtt://localhost:1883"))
+    topics: tuple[str, ...] = ("sensors/#",)
+    shared_group: str | None = None
+    client_id: str = "ingest"
+    qos: int = 1
+    mongodb_uri: str = field(default="mongodb://localhost:27017", repr=False)
+    db: str = "iot"
+    collection: str = "buckets"
+    rejects_collection: str = "rejects"
+    rejects_max_bytes: int = 16 * 1024 * 1024
+    metrics_host: str = "0.0.0.0"  # noqa: S104 - a daemon's metrics are scraped from outside
+    metrics_port: int = 9108
+    batch_size: int = 2000
+    flush_interval: float = 1.0
+    write_concurrency: int = 2
+    max_buffered_readings: int = 50_000
+    max_inflight_messages: int = 10_000
+    bucket_span_seconds: int | None = None
+    bucket_max_readings: int = 3600
+    granularity: Granularity = "seconds"
+    retention_days: float | None = None
+    max_message_bytes: int = 1024 * 1024
+    max_readings_per_message: int = 10_000
+    max_past_seconds: float = 365 * 86400.0
+    max_future_seconds: float = 600.0
+    shutdown_timeout: float = 10.0
+    dry_run: bool = False
+
+    @property
+    def span_seconds(self) -> int:
+        """The bucket document span in bucket mode."""
+        return self.bucket_span_seconds or DEFAULT_BUCKET_SPAN_SECONDS
+
+    @property
+    def subscriptions(self) -> tuple[str, ...]:
+        """Topic filters as subscribed, with the shared-subscription prefix if any."""
+        if self.shared_group is None:
+            return self.topics
+        return tuple(f"$share/{self.shared_group}/{topic}" for topic in self.topics)
+
+
+def parse_mqtt_url(url: str) -> MqttSettings:
+    """Parse ``mqtt://[user[:pass]@]host[:port]`` or ``mqtts://...``."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        # The driver's message may quote the password (an unencoded '/' or '#' in it
+        # shifts the parse), so say only what is wrong.
+        raise ConfigError("--mqtt-url: cannot parse the host and port (percent-encode "
+                          "reserved characters such as '/', '#' or '@' in the password)"
+                          ) from None
+    if parts.scheme not in {"mqtt", "mqtts"}:
+        raise ConfigError(
+            f"--mqtt-url: scheme must be mqtt:// or mqtts://, got {parts.scheme or 'none'!r}"
+        )
+    if not parts.hostname:
+        raise ConfigError(f"--mqtt-url: no host in {_redact_url(url)!r}")
+    if parts.path not in {"", "/"} or parts.query or parts.fragment:
+        raise ConfigError("--mqtt-url: must not have a path, query or fragment "
+                          "(topics go in --topic)")
+    if port == 0:
+        raise ConfigError("--mqtt-url: port must be between 1 and 65535")
+    tls = parts.scheme == "mqtts"
+    return MqttSettings(
+        host=parts.hostname,
+        port=port if port is not None else (8883 if tls else 1883),
+        tls=tls,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password is not None else None,
+    )
+
+
+def _redact_url(url: str) -> str:
+    """Hide the password of a URL so it can appear in an error message."""
+    return re.sub(r"(//[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def redact_mongodb_uri(uri: str) -> str:
+    """Hide credentials in a MongoDB URI for logs and messages."""
+    return re.sub(r"(//)[^/@]*@", r"\1***@", uri)
+
+
+def validate(settings: Settings) -> Settings:
+    """Check cross-field rules; returns the settings unchanged when valid."""
+    _check_positive(settings)
+    if settings.mode not in MODES:
+        raise ConfigError(f"--mode: must be one of {', '.join(MODES)}, got {settings.mode!r}")
+    if settings.granularity not in GRANULARITIES:
+        raise ConfigError(f"--granularity: must be one of {', '.join(GRANULARITIES)}")
+    if settings.qos not in (0, 1, 2):
+        raise ConfigError(f"--qos: must be 0, 1 or 2, got {settings.qos}")
+    if not settings.topics or any(not t for t in settings.topics):
+        raise ConfigError("--topic: at least one non-empty topic filter is required")
+    if settings.shared_group is not None and not _NAME.match(settings.shared_group):
+        raise ConfigError("--shared-group: use letters, digits, '_' or '-' (no '/', '+', '#')")
+    if not settings.mongodb_uri.startswith(("mongodb://", "mongodb+srv://")):
+        raise ConfigError("--mongodb-uri: must start with mongodb:// or mongodb+srv://")
+    for flag, name in (("--db", settings.db), ("--collection", settings.collection),
+                       ("--rejects-collection", settings.rejects_collection)):
+        if not _NAME.match(name):
+            raise ConfigError(f"{flag}: use letters, digits, '_' or '-', got {name!r}")
+    if settings.max_inflight_messages > MAX_RECEIVE_MAXIMUM:
+        raise ConfigError(f"--max-inflight-messages: at most {MAX_RECEIVE_MAXIMUM} (MQTT 5)")
+    if settings.max_buffered_readings < settings.batch_size:
+        raise ConfigError("--max-buffered-readings: must be at least --batch-size")
+    if not 0 <= settings.metrics_port <= 65535:
+        raise ConfigError("--metrics-port: must be between 0 and 65535")
+    return settings
+
+
+def _check_positive(settings: Settings) -> None:
+    positive = {
+        "--batch-size": settings.batch_size,
+        "--flush-interval": settings.flush_interval,
+        "--write-concurrency": settings.write_concurrency,
+        "--max-buffered-readings": settings.max_buffered_readings,
+        "--max-inflight-messages": settings.max_inflight_messages,
+        "--bucket-max-readings": settings.bucket_max_readings,
+        "--max-message-bytes": settings.max_message_bytes,
+        "--max-readings-per-message": settings.max_readings_per_message,
+        "--max-past-seconds": settings.max_past_seconds,
+        "--max-future-seconds": settings.max_future_seconds,
+        "--shutdown-timeout": settings.shutdown_timeout,
+        "--rejects-max-bytes": settings.rejects_max_bytes,
+    }
+    if settings.bucket_span_seconds is not None:
+        positive["--bucket-span-seconds"] = settings.bucket_span_seconds
+    if settings.retention_days is not None:
+        positive["--retention-days"] = settings.retention_days
+    for flag, value in positive.items():
+        if not (value > 0 and math.isfinite(value)):  # also refuses NaN and infinity
+            raise ConfigError(f"{flag}: must be a finite number greater than 0, got {value}")

@@ -1,0 +1,190 @@
+"""Pure decoding: topic + payload bytes -> accepted readings and counted rejections.
+
+No I/O here. Every problem becomes a :class:`Rejection` with a reason from
+:data:`REASONS`; nothing but a rejection ever leaves this module for bad input.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from ingest.model import Decoded, Number, Reading, Rejection
+
+# Every reason a reading can be rejected for; metrics initialise one series per reason.
+REASONS: tuple[str, ...] = (
+    "too_large",          # payload above --max-message-bytes, refused before parsing
+    "invalid_utf8",       # payload is not UTF-8
+    "invalid_json",       # not JSON, nested too deep, or NaN/Infinity literals
+    "bad_shape",          # JSON that is not a reading object, an array, or an envelope
+    "no_readings",        # an empty array or envelope
+    "too_many_readings",  # more readings in one message than --max-readings-per-message
+    "no_sensor_id",       # neither the payload nor the topic names a sensor
+    "bad_sensor_id",      # sensor id not matching the allowed pattern
+    "bad_field_name",     # a key that could address a MongoDB operator or path
+    "bad_value",          # a measurement that is not a number (strings, booleans, null...)
+    "bad_timestamp",      # ts that is not epoch seconds or ISO-8601 with an offset
+    "ts_out_of_window",   # ts too far in the past or the future
+    "bad_seq",            # seq that is not a non-negative 64-bit integer
+    "no_measurements",    # a reading with no numeric measurement
+    "write_rejected",     # MongoDB refused the document (validator, size...)
+)
+
+NAME_PATTERN = r"[A-Za-z0-9_-]{1,64}"
+SENSOR_ID_PATTERN = r"[A-Za-z0-9_-]{1,128}"
+_NAME = re.compile(NAME_PATTERN)
+_SENSOR_ID = re.compile(SENSOR_ID_PATTERN)
+# Keys of a reading that are not measurements; "_id" and "meta" would collide with
+# the document's own fields in time-series mode.
+RESERVED = frozenset({"ts", "seq", "sensor_id", "_id", "meta"})
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# Names and ids already checked against their pattern (bounded, so hostile input cannot
+# grow them without limit); a set lookup is much cheaper than a regex match.
+_CACHE_LIMIT = 100_000
+_valid_names: set[str] = set()
+_valid_sensors: set[str] = set()
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What the decoder accepts; built from the settings."""
+
+    max_message_bytes: int = 1024 * 1024
+    max_readings: int = 10_000
+    max_past_seconds: float = 365 * 86400.0
+    max_future_seconds: float = 600.0
+
+
+def sensor_from_topic(topic: str) -> str | None:
+    """Return the topic level after the first (``sensors/abc/readings`` -> ``abc``)."""
+    parts = topic.split("/", 2)
+    return parts[1] if len(parts) > 1 and parts[1] else None
+
+
+def decode(topic: str, payload: bytes, received_at: float, limits: Limits) -> Decoded:
+    """Turn one MQTT message into readings and rejections; never raises for bad input."""
+    if len(payload) > limits.max_message_bytes:
+        return _whole("too_large", f"{len(payload)} bytes > {limits.max_message_bytes}")
+    try:
+        doc = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        return _whole(_json_reason(payload), str(exc).split("\n", 1)[0][:200])
+    default_sensor: object = sensor_from_topic(topic)
+    items: Any
+    if type(doc) is dict and "readings" in doc:
+        items = doc["readings"]
+        if "sensor_id" in doc:
+            default_sensor = doc["sensor_id"]
+        extra = doc.keys() - {"readings", "sensor_id"}
+        if extra:
+            return _whole("bad_shape", f"unexpected envelope keys: {_names(extra)}")
+        if type(items) is not list:
+            return _whole("bad_shape", "'readings' must be an array")
+    elif type(doc) is list:
+        items = doc
+    elif type(doc) is dict:
+        items = (doc,)
+    else:
+        return _whole("bad_shape", f"expected an object or array, got {type(doc).__name__}")
+    if not items:
+        return _whole("no_readings", "no readings in message")
+    if len(items) > limits.max_readings:
+        return _whole("too_many_readings", f"{len(items)} readings > {limits.max_readings}")
+    out = Decoded()
+    window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
+    for index, item in enumerate(items):
+        result = _reading(item, default_sensor, received_at, window)
+        if isinstance(result, Reading):
+            out.readings.append(result)
+        else:
+            reason, detail = result
+            out.rejections.append(Rejection(reason, detail, index if len(items) > 1 else None))
+    return out
+
+
+def _whole(reason: str, detail: str) -> Decoded:
+    return Decoded(rejections=[Rejection(reason, detail)])
+
+
+def _json_reason(payload: bytes) -> str:
+    try:
+        payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return "invalid_utf8"
+    return "invalid_json"
+
+
+def _names(keys: Any) -> str:  # noqa: ANN401 - any iterable of keys
+    return ", ".join(sorted(repr(k[:40]) for k in keys)[:5])
+
+
+def _reading(
+    item: object, default_sensor: object, now: float, window: tuple[float, float]
+) -> Reading | tuple[str, str]:
+    """Validate one reading object; return it or ``(reason, detail)``."""
+    if type(item) is not dict:
+        return "bad_shape", f"a reading must be an object, got {type(item).__name__}"
+    sensor = item.get("sensor_id", default_sensor)
+    if sensor is None:
+        return "no_sensor_id", "no sensor_id in payload or topic"
+    if type(sensor) is not str:
+        return "bad_sensor_id", f"sensor_id must be a string matching {SENSOR_ID_PATTERN}"
+    if sensor not in _valid_sensors:
+        if not _SENSOR_ID.fullmatch(sensor):
+            return "bad_sensor_id", f"sensor_id must match {SENSOR_ID_PATTERN}"
+        if len(_valid_sensors) < _CACHE_LIMIT:
+            _valid_sensors.add(sensor)
+    epoch = _epoch(item.get("ts"), now)
+    if epoch is None:
+        return "bad_timestamp", "ts must be epoch seconds or ISO-8601 with an offset"
+    if not window[0] <= epoch <= window[1]:
+        return "ts_out_of_window", f"ts {epoch:.3f} outside the accepted window"
+    seq = item.get("seq")
+    if seq is not None and (type(seq) is not int or not 0 <= seq <= _INT64_MAX):
+        return "bad_seq", "seq must be a non-negative integer"
+    values: dict[str, Number] = {}
+    for key, value in item.items():
+        if key in RESERVED:
+            continue
+        if key not in _valid_names:
+            if not _NAME.fullmatch(key):
+                return "bad_field_name", f"field {key[:40]!r} must match {NAME_PATTERN}"
+            if len(_valid_names) < _CACHE_LIMIT:
+                _valid_names.add(key)
+        kind = type(value)
+        if kind is float:
+            if not math.isfinite(value):
+                return "bad_value", f"{key}: not a finite number"
+        elif kind is not int:
+            return "bad_value", f"{key}: expected a number, got {type(value).__name__}"
+        elif not _INT64_MIN <= value <= _INT64_MAX:
+            # BSON has no wider integer; orjson already reads integers past 2**64 as
+            # doubles, so every integer beyond the signed 64-bit range becomes a double.
+            values[key] = float(value)
+            continue
+        values[key] = value
+    if not values:
+        return "no_measurements", "no numeric measurement in reading"
+    return Reading(sensor, datetime.fromtimestamp(epoch, UTC), epoch, values, seq)
+
+
+def _epoch(raw: object, now: float) -> float | None:
+    """Epoch seconds from a number or an ISO-8601 string with an offset; None if invalid."""
+    if raw is None:
+        return now
+    kind = type(raw)
+    if kind is int or kind is float:
+        value = float(raw)  # type: ignore[arg-type]
+        return value if math.isfinite(value) else None
+    if kind is str:
+        try:
+            parsed = datetime.fromisoformat(raw)  # type: ignore[arg-type]
+        except ValueError:
+            return None
+        return parsed.timestamp() if parsed.tzinfo is not None else None
+    return None

@@ -1,0 +1,183 @@
+"""Every metric declared once, plus the small HTTP server for /metrics, /healthz, /readyz."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Self
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from ingest.decode import REASONS
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import TracebackType
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "ingest"
+_WRITE_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_BATCH_BUCKETS = (1, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10_000, 50_000)
+WRITE_ERROR_KINDS = ("transient", "rejected")
+# The *_created series double the output and no dashboard uses them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+
+class Metrics:
+    """The daemon's metrics, in their own registry so tests and replicas stay isolated."""
+
+    def __init__(self, mode: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.mode = mode
+        r = self.registry
+        self.messages_received = Counter(
+            "messages_received", "MQTT messages received.", namespace=NAMESPACE, registry=r)
+        self.messages_acked = Counter(
+            "messages_acked", "MQTT messages acknowledged after their write.",
+            namespace=NAMESPACE, registry=r)
+        self.received_bytes = Counter(
+            "received_bytes", "Payload bytes received.", namespace=NAMESPACE, registry=r)
+        self.readings_accepted = Counter(
+            "readings_accepted", "Readings decoded and accepted for writing.", ["mode"],
+            namespace=NAMESPACE, registry=r).labels(mode)
+        self.readings_written = Counter(
+            "readings_written", "Readings written to MongoDB (or built, with --dry-run).",
+            ["mode"], namespace=NAMESPACE, registry=r).labels(mode)
+        self.readings_rejected = Counter(
+            "readings_rejected", "Readings rejected, by reason.", ["reason"],
+            namespace=NAMESPACE, registry=r)
+        self.rejects_written = Counter(
+            "rejects_written", "Documents written to the rejects collection.",
+            namespace=NAMESPACE, registry=r)
+        self.write_ops = Counter(
+            "write_ops", "Write operations sent to MongoDB (updates or inserted documents).",
+            ["mode"], namespace=NAMESPACE, registry=r).labels(mode)
+        self.write_requests = Counter(
+            "write_requests", "bulk_write / insert_many calls sent to MongoDB.", ["mode"],
+            namespace=NAMESPACE, registry=r).labels(mode)
+        self.write_errors = Counter(
+            "write_errors", "Failed writes, by kind (transient: retried).", ["mode", "kind"],
+            namespace=NAMESPACE, registry=r)
+        self.batch_write_seconds = Histogram(
+            "batch_write_seconds", "Time to write one batch, retries included.", ["mode"],
+            buckets=_WRITE_SECONDS_BUCKETS, namespace=NAMESPACE, registry=r).labels(mode)
+        self.batch_readings = Histogram(
+            "batch_readings", "Readings per written batch.", ["mode"],
+            buckets=_BATCH_BUCKETS, namespace=NAMESPACE, registry=r).labels(mode)
+        self.buffered_readings = Gauge(
+            "buffered_readings", "Readings decoded but not yet written.",
+            namespace=NAMESPACE, registry=r)
+        self.buffer_limit = Gauge(
+            "buffer_limit_readings", "The configured bound on buffered readings.",
+            namespace=NAMESPACE, registry=r)
+        self.mqtt_connected = Gauge(
+            "mqtt_connected", "1 while connected to the MQTT broker.",
+            namespace=NAMESPACE, registry=r)
+        self.mqtt_reconnects = Counter(
+            "mqtt_reconnects", "Connection attempts after the first.",
+            namespace=NAMESPACE, registry=r)
+        self.mongodb_up = Gauge(
+            "mongodb_up", "1 while the last MongoDB operation succeeded.",
+            namespace=NAMESPACE, registry=r)
+        self.info = Gauge(
+            "info", "Constant 1, labelled with the daemon's mode.", ["mode", "dry_run"],
+            namespace=NAMESPACE, registry=r)
+        for reason in REASONS:
+            self.readings_rejected.labels(reason)
+        for kind in WRITE_ERROR_KINDS:
+            self.write_errors.labels(mode, kind)
+
+    def reject(self, reason: str, count: int = 1) -> None:
+        """Count rejected readings."""
+        self.readings_rejected.labels(reason).inc(count)
+
+    def write_error(self, kind: str) -> None:
+        """Count a failed write of the given kind."""
+        self.write_errors.labels(self.mode, kind).inc()
+
+
+@dataclass(slots=True)
+class Health:
+    """What /readyz reports; each component sets its own flag."""
+
+    mqtt_connected: bool = False
+    mongodb_ok: bool = False
+    saturated: bool = False
+    stopping: bool = False
+
+    def problems(self) -> list[str]:
+        """Reasons the daemon is not ready (empty when ready)."""
+        checks = (
+            (not self.mqtt_connected, "mqtt disconnected"),
+            (not self.mongodb_ok, "mongodb unreachable"),
+            (self.saturated, "buffer saturated"),
+            (self.stopping, "shutting down"),
+        )
+        return [text for failed, text in checks if failed]
+
+
+class MetricsServer:
+    """Serves /metrics (Prometheus text), /healthz and /readyz on one port."""
+
+    def __init__(self, host: str, port: int, metrics: Metrics, health: Health,
+                 before_scrape: Callable[[], None] | None = None) -> None:
+        self._host, self._port = host, port
+        self._metrics, self._health = metrics, health
+        self._before_scrape = before_scrape
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with port 0)."""
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def __aenter__(self) -> Self:
+        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        logger.info("metrics and health on http://%s:%d/metrics", self._host, self.port)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            path = request.split(b" ", 2)[1].split(b"?", 1)[0] if b" " in request else b""
+            status, ctype, body = self._route(path)
+            writer.write(b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+                         b"Connection: close\r\n\r\n%s" % (status, ctype, len(body), body))
+            await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ConnectionError) as exc:
+            logger.debug("metrics request dropped: %s", exc)
+        finally:
+            writer.close()
+
+    def _route(self, path: bytes) -> tuple[bytes, bytes, bytes]:
+        text = b"text/plain; charset=utf-8"
+        if path == b"/metrics":
+            if self._before_scrape is not None:
+                self._before_scrape()
+            return b"200 OK", CONTENT_TYPE_LATEST.encode(), generate_latest(self._metrics.registry)
+        if path == b"/healthz":
+            return b"200 OK", text, b"ok\n"
+        if path == b"/readyz":
+            problems = self._health.problems()
+            if problems:
+                return b"503 Service Unavailable", text, ("; ".join(problems) + "\n").encode()
+            return b"200 OK", text, b"ready\n"
+        return b"404 Not Found", text, b"not found\n"

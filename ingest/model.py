@@ -1,0 +1,54 @@
+"""Plain data carried between the pipeline stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+type Number = int | float
+
+
+class Reading(NamedTuple):
+    """One accepted sensor reading: a timestamp and its numeric measurements.
+
+    A NamedTuple rather than a frozen dataclass: one is built per reading on the hot
+    path, and a tuple is several times cheaper to create.
+    """
+
+    sensor_id: str
+    ts: datetime
+    epoch: float
+    values: dict[str, Number]
+    seq: int | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Rejection:
+    """A reading (or whole message) that was refused, with a low-cardinality reason."""
+
+    reason: str
+    detail: str
+    index: int | None = None
+
+
+@dataclass(slots=True)
+class Decoded:
+    """What one MQTT message turned into."""
+
+    readings: list[Reading] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+
+
+@dataclass(slots=True, frozen=True)
+class Inbound:
+    """One MQTT message as received, with what is needed to acknowledge it later."""
+
+    topic: str
+    payload: bytes
+    mid: int
+    qos: int
+    generation: int
+    received_at: float

@@ -1,0 +1,241 @@
+"""The stages between the MQTT source and MongoDB: decode, batch, write, acknowledge.
+
+Batches are written by ``write_concurrency`` workers and acknowledged strictly in the
+order they were opened, so acks go out in the order messages arrived. Memory is bounded:
+once ``max_buffered_readings`` readings wait to be written, :meth:`Pipeline.submit`
+blocks, the source stops reading, unacknowledged messages pile up at the broker (which
+stops sending at the MQTT 5 Receive Maximum), and nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ingest.batcher import Batch, Batcher
+from ingest.decode import Limits, decode
+from ingest.errors import WriteError
+from ingest.model import Rejection
+from ingest.retry import backoff
+from ingest.writers.rejects import reject_docs
+
+if TYPE_CHECKING:
+    from ingest.config import Settings
+    from ingest.metrics import Health, Metrics
+    from ingest.model import Inbound, Reading
+    from ingest.writers import Writer
+    from ingest.writers.rejects import RejectsWriter
+
+logger = logging.getLogger(__name__)
+
+
+class Acker(Protocol):
+    """Something that acknowledges a message to the broker (the MQTT source)."""
+
+    def ack(self, message: Inbound) -> None:
+        """Acknowledge one message."""
+
+
+class Pipeline:
+    """Decode and batch submitted messages; write batches; ack them in order."""
+
+    def __init__(self, settings: Settings, writer: Writer, rejects: RejectsWriter,
+                 acker: Acker, metrics: Metrics, health: Health) -> None:
+        self._settings = settings
+        self._writer = writer
+        self._rejects = rejects
+        self._acker = acker
+        self._metrics = metrics
+        self._health = health
+        self._limits = Limits(settings.max_message_bytes, settings.max_readings_per_message,
+                              settings.max_past_seconds, settings.max_future_seconds)
+        self._batcher = Batcher(settings.batch_size, settings.flush_interval)
+        self._write_queue: asyncio.Queue[Batch] = asyncio.Queue()
+        self._ack_queue: asyncio.Queue[tuple[Batch, asyncio.Future[None]]] = asyncio.Queue()
+        self._pending: dict[int, asyncio.Future[None]] = {}
+        self._opened = asyncio.Event()
+        self._space = asyncio.Condition()
+        self._buffered = 0
+        self._received = self._received_bytes = self._accepted = 0
+        metrics.buffer_limit.set(settings.max_buffered_readings)
+
+    @property
+    def buffered(self) -> int:
+        """Readings decoded and not yet written."""
+        return self._buffered
+
+    async def submit(self, message: Inbound) -> None:
+        """Decode one message into the open batch; wait while the buffer is full."""
+        if self._buffered >= self._settings.max_buffered_readings:
+            self._health.saturated = True
+            async with self._space:
+                await self._space.wait_for(
+                    lambda: self._buffered < self._settings.max_buffered_readings)
+            self._health.saturated = False
+        # Per-message counts are kept as plain ints and handed to the metrics at scrape
+        # time (sync_metrics): a Prometheus counter takes a lock on every inc().
+        self._received += 1
+        self._received_bytes += len(message.payload)
+        decoded = decode(message.topic, message.payload, message.received_at, self._limits)
+        for rejection in decoded.rejections:
+            self._metrics.reject(rejection.reason)
+        self._accepted += len(decoded.readings)
+        self._buffered += len(decoded.readings)
+        docs = reject_docs(message, decoded.rejections) if decoded.rejections else []
+        had_open = self._batcher.deadline() is not None
+        full = self._batcher.add(message, decoded.readings, docs)
+        if full is not None:
+            self._dispatch(full)
+        elif not had_open:
+            self._opened.set()
+
+    def sync_metrics(self) -> None:
+        """Move the per-message counts into the metrics (called before each scrape)."""
+        metrics = self._metrics
+        metrics.messages_received.inc(self._received)
+        metrics.received_bytes.inc(self._received_bytes)
+        metrics.readings_accepted.inc(self._accepted)
+        self._received = self._received_bytes = self._accepted = 0
+        metrics.buffered_readings.set(self._buffered)
+
+    def flush(self) -> None:
+        """Close the open batch now (used at shutdown)."""
+        batch = self._batcher.take()
+        if batch is not None:
+            self._dispatch(batch)
+
+    async def drain(self) -> None:
+        """Flush the open batch and wait until every batch is written and acknowledged."""
+        self.flush()
+        await self._write_queue.join()
+        await self._ack_queue.join()
+
+    async def run(self) -> None:
+        """Run the linger timer, the write workers and the acker until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._linger(), name="linger")
+            for i in range(self._settings.write_concurrency):
+                group.create_task(self._write_worker(), name=f"writer-{i}")
+            group.create_task(self._ack_in_order(), name="acker")
+
+    def _dispatch(self, batch: Batch) -> None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending[batch.number] = done
+        self._write_queue.put_nowait(batch)
+        self._ack_queue.put_nowait((batch, done))
+
+    async def _linger(self) -> None:
+        while True:
+            deadline = self._batcher.deadline()
+            if deadline is None:
+                self._opened.clear()
+                await self._opened.wait()
+                continue
+            delay = deadline - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                continue
+            batch = self._batcher.due()
+            if batch is not None:
+                self._dispatch(batch)
+
+    async def _write_worker(self) -> None:
+        while True:
+            batch = await self._write_queue.get()
+            try:
+                await self._write_batch(batch)
+            finally:
+                self._write_queue.task_done()
+            self._pending.pop(batch.number).set_result(None)
+            self._buffered -= len(batch.readings)
+            async with self._space:
+                self._space.notify_all()
+
+    async def _ack_in_order(self) -> None:
+        while True:
+            batch, done = await self._ack_queue.get()
+            try:
+                await done
+                for message in batch.messages:
+                    self._acker.ack(message)
+                self._metrics.messages_acked.inc(len(batch.messages))
+            finally:
+                self._ack_queue.task_done()
+
+    async def _write_batch(self, batch: Batch) -> None:
+        started = time.perf_counter()
+        rejects = batch.rejects
+        if batch.readings:
+            refused = await self._write_readings(batch.readings)
+            if refused:
+                rejects = rejects + self._refused_docs(batch, refused)
+        if rejects:
+            await self._write_rejects(rejects)
+        self._metrics.batch_write_seconds.observe(time.perf_counter() - started)
+        self._metrics.batch_readings.observe(len(batch.readings))
+
+    async def _write_readings(self, readings: list[Reading]) -> list[tuple[Reading, str]]:
+        """Write until nothing is left to retry; return the readings refused for good."""
+        pending, attempt = readings, 0
+        refused: list[tuple[Reading, str]] = []
+        while pending:
+            plan = self._writer.plan(pending)
+            if self._settings.dry_run:
+                self._count_written(len(plan.ops), len(pending))
+                return refused
+            try:
+                outcome = await self._writer.write(plan)
+            except WriteError as exc:
+                attempt += 1
+                await self._failed(exc, attempt)
+                continue
+            self._health.mongodb_ok = True
+            self._count_written(len(plan.ops), outcome.written)
+            refused.extend(outcome.refused)
+            for _reading, detail in outcome.refused:
+                logger.warning("MongoDB refused a reading: %s", detail)
+            self._metrics.reject("write_rejected", len(outcome.refused))
+            if outcome.refused:
+                self._metrics.write_error("rejected")
+            pending = outcome.retry
+            if pending:
+                attempt += 1
+                await self._failed(WriteError(f"{len(pending)} readings to retry"), attempt)
+        return refused
+
+    async def _write_rejects(self, docs: list[dict[str, Any]]) -> None:
+        if self._settings.dry_run:
+            return
+        attempt = 0
+        while True:
+            try:
+                self._metrics.rejects_written.inc(await self._rejects.write(docs))
+            except WriteError as exc:
+                attempt += 1
+                await self._failed(exc, attempt)
+            else:
+                return
+
+    def _count_written(self, ops: int, readings: int) -> None:
+        self._metrics.write_requests.inc()
+        self._metrics.write_ops.inc(ops)
+        self._metrics.readings_written.inc(readings)
+
+    async def _failed(self, exc: WriteError, attempt: int) -> None:
+        self._health.mongodb_ok = False
+        self._metrics.write_error("transient")
+        delay = backoff(attempt)
+        logger.warning("write failed (attempt %d, retrying in %.2fs): %s", attempt, delay, exc)
+        await asyncio.sleep(delay)
+
+    @staticmethod
+    def _refused_docs(batch: Batch, refused: list[tuple[Reading, str]]) -> list[dict[str, Any]]:
+        """Reject documents for readings the server refused, pointing at their message."""
+        owners = batch.origin()
+        docs: list[dict[str, Any]] = []
+        for reading, detail in refused:
+            message = owners[id(reading)]
+            docs.extend(reject_docs(message, [Rejection("write_rejected", detail)]))
+        return docs

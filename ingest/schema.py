@@ -1,0 +1,120 @@
+"""Collections, validators, indexes and TTL, created idempotently.
+
+Creation goes through the ``create`` command so the same code works for capped and
+time-series collections. Several daemons may start at once: "already exists" is fine.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pymongo.errors import OperationFailure
+
+from ingest.decode import SENSOR_ID_PATTERN
+from ingest.errors import SchemaError
+
+if TYPE_CHECKING:
+    from pymongo.asynchronous.database import AsyncDatabase
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE_EXISTS = 48
+# Same key with other options (85), or same name with another spec or options (86).
+INDEX_CONFLICTS = frozenset({85, 86})
+BUCKET_INDEX = "sensor_id_1_bucket_start_1"
+BUCKET_TTL_INDEX = "bucket_start_ttl"
+
+BUCKET_VALIDATOR: dict[str, Any] = {
+    "$jsonSchema": {
+        "bsonType": "object",
+        "required": ["sensor_id", "bucket_start", "count", "first_ts", "last_ts",
+                     "readings", "stats", "schema_version"],
+        "properties": {
+            "sensor_id": {"bsonType": "string", "pattern": f"^{SENSOR_ID_PATTERN}$"},
+            "bucket_start": {"bsonType": "date"},
+            "count": {"bsonType": ["int", "long"], "minimum": 1},
+            "first_ts": {"bsonType": "date"},
+            "last_ts": {"bsonType": "date"},
+            # Items are not validated one by one: the whole document is revalidated
+            # on every update, and a full bucket holds thousands of readings.
+            "readings": {"bsonType": "array"},
+            "stats": {"bsonType": "object"},
+            "schema_version": {"bsonType": ["int", "long"]},
+        },
+    }
+}
+
+
+class Schema:
+    """Creates and checks what the writers need in one database."""
+
+    def __init__(self, db: AsyncDatabase[dict[str, Any]], collection: str, *,
+                 rejects_collection: str, rejects_max_bytes: int,
+                 retention_days: float | None, span_seconds: int) -> None:
+        self.db = db
+        self.collection = collection
+        self.rejects_collection = rejects_collection
+        self.rejects_max_bytes = rejects_max_bytes
+        self.retention_days = retention_days
+        self.span_seconds = span_seconds
+
+    async def info(self, name: str) -> dict[str, Any] | None:
+        """The listCollections entry for ``name``, or None if it does not exist."""
+        cursor = await self.db.list_collections(filter={"name": name})
+        entries = await cursor.to_list()
+        return dict(entries[0]) if entries else None
+
+    async def create(self, name: str, **options: Any) -> bool:  # noqa: ANN401
+        """Create a collection; False if another process created it first."""
+        try:
+            await self.db.command({"create": name, **options})
+        except OperationFailure as exc:
+            if exc.code == NAMESPACE_EXISTS:
+                return False
+            raise
+        logger.info("created collection %s.%s", self.db.name, name)
+        return True
+
+    async def ensure_buckets(self) -> None:
+        """Bucket collection with its validator, compound index and optional TTL."""
+        info = await self.info(self.collection)
+        if info is None:
+            await self.create(self.collection, validator=BUCKET_VALIDATOR,
+                              validationLevel="strict", validationAction="error")
+        elif info.get("type", "collection") != "collection" or "timeseries" in info["options"]:
+            raise SchemaError(f"{self.db.name}.{self.collection} exists but is not a regular "
+                              "collection; bucket mode will not write into it")
+        elif info["options"].get("validator") != BUCKET_VALIDATOR:
+            # An older validator: bring it up to date.
+            await self.db.command({"collMod": self.collection, "validator": BUCKET_VALIDATOR,
+                                   "validationLevel": "strict", "validationAction": "error"})
+            logger.info("updated the validator of %s.%s", self.db.name, self.collection)
+        coll = self.db[self.collection]
+        await coll.create_index([("sensor_id", 1), ("bucket_start", 1)], name=BUCKET_INDEX)
+        if self.retention_days is not None:
+            # A bucket expires once its last possible reading is past the retention.
+            expire = int(self.retention_days * 86400) + self.span_seconds
+            await self.ensure_ttl(BUCKET_TTL_INDEX, "bucket_start", expire)
+        await self.ensure_rejects()
+
+    async def ensure_ttl(self, name: str, field: str, expire_seconds: int) -> None:
+        """Create a TTL index, or change its expiry if it exists with another one."""
+        coll = self.db[self.collection]
+        try:
+            await coll.create_index(field, name=name, expireAfterSeconds=expire_seconds)
+        except OperationFailure as exc:
+            if exc.code not in INDEX_CONFLICTS:
+                raise
+            await self.db.command({"collMod": self.collection, "index": {
+                "name": name, "expireAfterSeconds": expire_seconds}})
+            logger.info("changed TTL of %s to %d s", name, expire_seconds)
+
+    async def ensure_rejects(self) -> None:
+        """Capped collection for rejected payloads, so it can never grow without bound."""
+        info = await self.info(self.rejects_collection)
+        if info is None:
+            await self.create(self.rejects_collection, capped=True, size=self.rejects_max_bytes)
+        elif not info.get("options", {}).get("capped"):
+            logger.warning("collection %s exists and is not capped; rejects will grow unbounded",
+                           self.rejects_collection)

@@ -1,0 +1,172 @@
+"""MQTT: connect, subscribe, reconnect with backoff, hand out messages, ack after write.
+
+The session is persistent (MQTT 5, Clean Start off, a session expiry) under a stable client
+id, so messages published while the daemon is away wait at the broker. Every QoS 1/2
+message is acknowledged only after its write (paho's manual ack), and the broker sends
+at most Receive Maximum unacknowledged messages: that is the backpressure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from ingest import paho_hooks
+from ingest.model import Inbound
+from ingest.retry import backoff
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from ingest.config import Settings
+    from ingest.metrics import Health, Metrics
+
+logger = logging.getLogger(__name__)
+
+
+class MqttSource:
+    """Consumes the configured topics and acknowledges messages on request."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, health: Health,
+                 session_expiry: int = 7 * 86400) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._health = health
+        self._session_expiry = session_expiry
+        self._client: aiomqtt.Client | None = None
+        self._generation = 0
+        self._stop = asyncio.Event()
+        self._release = asyncio.Event()
+
+    def _new_client(self) -> aiomqtt.Client:
+        mqtt = self._settings.mqtt
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.ReceiveMaximum = self._settings.max_inflight_messages
+        props.SessionExpiryInterval = self._session_expiry
+        return aiomqtt.Client(
+            mqtt.host, mqtt.port,
+            username=mqtt.username, password=mqtt.password,
+            identifier=self._settings.client_id,
+            protocol=aiomqtt.ProtocolVersion.V5,
+            clean_start=False,
+            properties=props,
+            tls_context=mqtt.ssl_context(),
+            logger=logging.getLogger("ingest.mqtt"),
+        )
+
+    def ack(self, message: Inbound) -> None:
+        """Acknowledge a QoS 1/2 message, if it came on the current connection.
+
+        After a reconnect the broker resends unacknowledged messages and may reuse
+        their packet ids, so an ack for an earlier connection's message could confirm
+        a different, unwritten one; such messages are left to the redelivery instead.
+        """
+        client = self._client
+        if message.qos == 0 or client is None or message.generation != self._generation:
+            return
+        paho_hooks.ack(client, message.mid, message.qos)
+
+    def stop_consuming(self) -> None:
+        """Stop taking messages but keep the connection so acks can still go out."""
+        self._stop.set()
+
+    def release(self) -> None:
+        """Let :meth:`run` disconnect and return (after the last ack)."""
+        self._stop.set()
+        self._release.set()
+
+    async def run(self, sink: Callable[[Inbound], Awaitable[None]]) -> None:
+        """Connect, consume into ``sink`` and reconnect until stopped."""
+        attempt = 0
+        while not self._stop.is_set():
+            try:
+                client = self._new_client()
+                inbox, wake = self._receiver(client)
+                async with client:
+                    attempt = 0
+                    await self._connected(client)
+                    await self._consume_until_stopped(client, inbox, wake, sink)
+            except aiomqtt.MqttError as exc:
+                attempt += 1
+                delay = backoff(attempt, base=0.5)
+                logger.warning("MQTT connection to %s:%d lost (%s); retrying in %.1fs",
+                               self._settings.mqtt.host, self._settings.mqtt.port, exc, delay)
+                self._metrics.mqtt_reconnects.inc()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+            finally:
+                self._disconnected()
+
+    def _receiver(self, client: aiomqtt.Client) -> tuple[deque[Inbound], asyncio.Event]:
+        """Route this connection's messages into a fresh inbox (see paho_hooks)."""
+        inbox: deque[Inbound] = deque()
+        wake = asyncio.Event()
+        generation = self._generation + 1  # the number _connected() gives this connection
+
+        def deliver(topic: str, payload: bytes, mid: int, qos: int) -> None:
+            inbox.append(Inbound(topic, payload, mid, qos, generation, time.time()))
+            wake.set()
+
+        paho_hooks.install(client, deliver)
+        return inbox, wake
+
+    async def _connected(self, client: aiomqtt.Client) -> None:
+        self._generation += 1
+        self._client = client
+        for topic in self._settings.subscriptions:
+            await client.subscribe(topic, qos=self._settings.qos)
+        self._health.mqtt_connected = True
+        self._metrics.mqtt_connected.set(1)
+        logger.info("connected to %s:%d as %s; subscribed to %s",
+                    self._settings.mqtt.host, self._settings.mqtt.port,
+                    self._settings.client_id, ", ".join(self._settings.subscriptions))
+
+    def _disconnected(self) -> None:
+        self._client = None
+        self._health.mqtt_connected = False
+        self._metrics.mqtt_connected.set(0)
+
+    async def _consume_until_stopped(self, client: aiomqtt.Client, inbox: deque[Inbound],
+                                     wake: asyncio.Event,
+                                     sink: Callable[[Inbound], Awaitable[None]]) -> None:
+        consume = asyncio.create_task(self._consume(inbox, wake, sink), name="mqtt-consume")
+        # Our receive path bypasses aiomqtt's queue, so its iterator only ever ends by
+        # raising MqttError when the connection drops: a public way to watch for that.
+        watch = asyncio.create_task(_until_disconnected(client), name="mqtt-watch")
+        stop: asyncio.Task[Any] = asyncio.create_task(self._stop.wait(), name="mqtt-stop")
+        try:
+            await asyncio.wait({consume, watch, stop}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (watch, consume):
+                if task.done():
+                    task.result()  # re-raise the disconnect or a failure
+                    return
+            consume.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consume
+            logger.info("stopped consuming; waiting for in-flight batches before disconnect")
+            await self._release.wait()
+        finally:
+            for task in (consume, watch, stop):
+                task.cancel()
+
+    @staticmethod
+    async def _consume(inbox: deque[Inbound], wake: asyncio.Event,
+                       sink: Callable[[Inbound], Awaitable[None]]) -> None:
+        while True:
+            while inbox:
+                await sink(inbox.popleft())
+            wake.clear()
+            await wake.wait()
+
+
+async def _until_disconnected(client: aiomqtt.Client) -> None:
+    async for _ in client.messages:
+        pass

@@ -1,0 +1,78 @@
+"""The Writer protocol shared by bucket and time-series mode, and error classification."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
+
+from ingest.errors import WriteError
+
+if TYPE_CHECKING:
+    from ingest.model import Reading
+
+# Server error codes worth retrying: network, elections, shutdowns, conflicts, timeouts.
+TRANSIENT_CODES = frozenset({
+    6, 7, 50, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
+    64, 79, 100, 134, 211, 10058,
+})
+
+
+@dataclass(slots=True)
+class Plan:
+    """The write operations for one batch, each with the readings it carries."""
+
+    ops: list[Any]
+    groups: list[list[Reading]]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a write did: readings to retry, and readings the server refused for good."""
+
+    written: int = 0
+    retry: list[Reading] = field(default_factory=list)
+    refused: list[tuple[Reading, str]] = field(default_factory=list)
+
+
+class Writer(Protocol):
+    """One storage layout. Upstream stages never know which one is active."""
+
+    mode: str
+
+    async def ensure_schema(self) -> None:
+        """Create or check collections and indexes; idempotent."""
+
+    def plan(self, readings: list[Reading]) -> Plan:
+        """Build the operations for a batch without sending anything."""
+
+    async def write(self, plan: Plan) -> Outcome:
+        """Send a plan; raise :class:`WriteError` if nothing is known to be written."""
+
+
+def split_bulk_error(exc: BulkWriteError, plan: Plan) -> Outcome:
+    """Sort a partial failure into readings to retry and readings refused for good.
+
+    Operations without a write error were applied (a write-concern error means applied
+    but not replicated as asked; retrying those would apply them twice).
+    """
+    failed: set[int] = set()
+    outcome = Outcome()
+    for error in exc.details.get("writeErrors", []):
+        index = int(error["index"])
+        failed.add(index)
+        if error.get("code") in TRANSIENT_CODES:
+            outcome.retry.extend(plan.groups[index])
+        else:
+            detail = f"code {error.get('code')}: {str(error.get('errmsg', ''))[:200]}"
+            outcome.refused.extend((reading, detail) for reading in plan.groups[index])
+    outcome.written = sum(len(g) for i, g in enumerate(plan.groups) if i not in failed)
+    return outcome
+
+
+def as_write_error(exc: PyMongoError) -> WriteError:
+    """Translate a driver exception for a whole call into our retriable error."""
+    code = exc.code if isinstance(exc, OperationFailure) else None
+    suffix = f" (code {code})" if code else ""
+    return WriteError(f"{type(exc).__name__}: {str(exc)[:300]}{suffix}")

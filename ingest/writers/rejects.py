@@ -1,0 +1,61 @@
+"""Rejected readings: one small document each in a capped collection."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from pymongo.errors import BulkWriteError, PyMongoError
+
+from ingest.writers import as_write_error
+
+if TYPE_CHECKING:
+    from pymongo.asynchronous.collection import AsyncCollection
+
+    from ingest.model import Inbound, Rejection
+
+logger = logging.getLogger(__name__)
+PAYLOAD_EXCERPT_BYTES = 512
+# A message of 10,000 bad readings must not write 10,000 copies of its payload.
+MAX_REJECT_DOCS_PER_MESSAGE = 20
+
+
+def reject_docs(message: Inbound, rejections: list[Rejection]) -> list[dict[str, Any]]:
+    """Documents for the rejects collection: topic, reason, detail and a payload excerpt."""
+    at = datetime.fromtimestamp(message.received_at, UTC)
+    excerpt = message.payload[:PAYLOAD_EXCERPT_BYTES].decode("utf-8", "backslashreplace")
+    docs = []
+    for rejection in rejections[:MAX_REJECT_DOCS_PER_MESSAGE]:
+        doc: dict[str, Any] = {
+            "at": at, "topic": message.topic[:256], "reason": rejection.reason,
+            "detail": rejection.detail, "payload": excerpt,
+            "payload_bytes": len(message.payload),
+        }
+        if rejection.index is not None:
+            doc["index"] = rejection.index
+        docs.append(doc)
+    if len(rejections) > MAX_REJECT_DOCS_PER_MESSAGE:
+        docs[-1]["more_rejected"] = len(rejections) - MAX_REJECT_DOCS_PER_MESSAGE
+    return docs
+
+
+class RejectsWriter:
+    """Inserts reject documents; refused documents are logged, transient errors raised."""
+
+    def __init__(self, collection: AsyncCollection[dict[str, Any]]) -> None:
+        self._collection = collection
+
+    async def write(self, docs: list[dict[str, Any]]) -> int:
+        """Insert ``docs``; return how many were stored."""
+        try:
+            result = await self._collection.insert_many(docs, ordered=False)
+        except BulkWriteError as exc:
+            errors = exc.details.get("writeErrors", [])
+            first = errors[0].get("errmsg") if errors else "?"
+            # An expected server answer, not a bug: no traceback.
+            logger.error("rejects collection refused %d documents: %s", len(errors), first)  # noqa: TRY400
+            return int(exc.details.get("nInserted", 0))
+        except PyMongoError as exc:
+            raise as_write_error(exc) from exc
+        return len(result.inserted_ids)

@@ -1,0 +1,25 @@
+# Sourced by the other scripts: find Python 3.13 and make .venv with the project installed.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+find_python() {
+    if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return; fi
+    if command -v python3.13 >/dev/null 2>&1; then command -v python3.13; return; fi
+    for candidate in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13*/bin/python3.13; do
+        if [ -x "$candidate" ]; then echo "$candidate"; return; fi
+    done
+    echo "Python 3.13 not found: install it or set PYTHON=/path/to/python3.13" >&2
+    exit 1
+}
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 13))'; then
+    rm -rf .venv
+    "$(find_python)" -m venv .venv
+fi
+# Reinstall only when pyproject.toml changed since the last install.
+stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -e ".[dev]"
+    rm -f .venv/.installed-* && touch "$stamp"
+fi
+export PATH="$ROOT/.venv/bin:$PATH"

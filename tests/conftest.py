@@ -1,0 +1,112 @@
+"""Fixtures: a real mosquitto, MongoDB (real if INGEST_TEST_MONGODB_URI, else the emulator),
+unique names per test, and the daemon as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import aiomqtt
+import pytest
+from pymongo import AsyncMongoClient
+
+from tests.support.procs import Broker, Daemon, start_emulator
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Iterator
+    from pathlib import Path
+
+MONGO_ENV = "INGEST_TEST_MONGODB_URI"
+REAL_MONGODB = bool(os.environ.get(MONGO_ENV))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(reason=f"needs a real MongoDB server: set {MONGO_ENV} "
+                                   "(the emulator cannot answer this)")
+    for item in items:
+        if "real_mongodb" in item.keywords and not REAL_MONGODB:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def mongo_uri() -> Iterator[str]:
+    if REAL_MONGODB:
+        yield os.environ[MONGO_ENV]
+        return
+    proc, uri = start_emulator()
+    try:
+        yield uri
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@pytest.fixture(scope="session")
+async def mongo(mongo_uri: str) -> AsyncIterator[AsyncMongoClient[dict[str, Any]]]:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_uri, tz_aware=True)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+def db_name() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def db(mongo: AsyncMongoClient[dict[str, Any]], db_name: str) -> AsyncIterator[Any]:
+    yield mongo[db_name]
+    await mongo.drop_database(db_name)
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    broker = Broker(tmp_path_factory.mktemp("mosquitto"))
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture
+def topic_root() -> str:
+    """A unique first topic level per test, so tests never see each other's messages."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, broker: Broker, mongo_uri: str, db_name: str,
+           topic_root: str) -> Iterator[Callable[..., Daemon]]:
+    """Factory: start ``ingest run`` against the test broker and database."""
+    started: list[Daemon] = []
+
+    def start(*extra: str, wait_ready: bool = True, client_id: str | None = None,
+              mongodb_uri: str | None = None, broker_url: str | None = None) -> Daemon:
+        args = ["--mqtt-url", broker_url or broker.url, "--topic", f"{topic_root}/#",
+                "--mongodb-uri", mongodb_uri or mongo_uri, "--db", db_name,
+                "--client-id", client_id or f"ingest-{topic_root}", "--flush-interval", "0.2",
+                "--log-level", "debug", *extra]
+        proc = Daemon(args, tmp_path / f"daemon-{len(started)}.log")
+        started.append(proc)
+        return proc.start(wait_ready=wait_ready)
+
+    yield start
+    for proc in started:
+        if proc.process and proc.process.poll() is None:
+            proc.process.kill()
+            proc.process.wait()
+
+
+@pytest.fixture
+def publish(broker: Broker) -> Callable[..., Any]:
+    """Publish ``(topic, payload)`` pairs at QoS 1 and wait for each PUBACK."""
+
+    async def send(messages: list[tuple[str, bytes | str]], qos: int = 1) -> None:
+        async with aiomqtt.Client("127.0.0.1", broker.port,
+                                  identifier=f"pub-{uuid.uuid4().hex[:8]}") as client:
+            for topic, payload in messages:
+                await client.publish(topic, payload, qos=qos)
+
+    return send

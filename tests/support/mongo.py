@@ -1,0 +1,37 @@
+"""MongoDB helpers for tests: fail points and small queries."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from pymongo.errors import OperationFailure
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+
+@contextlib.asynccontextmanager
+async def failpoint(client: Any, commands: list[str], mode: Any = "alwaysOn",
+                    code: int = 91) -> AsyncIterator[None]:
+    """Make the server fail ``commands`` with ``code`` (91: ShutdownInProgress, transient).
+
+    Needs ``configureFailPoint``: the emulator has it; a real mongod needs
+    ``--setParameter enableTestCommands=1`` (the compose test profile sets it).
+    """
+    try:
+        await client.admin.command({"configureFailPoint": "failCommand", "mode": mode,
+                                    "data": {"failCommands": commands, "errorCode": code}})
+    except OperationFailure as exc:
+        pytest.skip(f"server has no failCommand fail point: {exc}")
+    try:
+        yield
+    finally:
+        await client.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
+
+
+async def total_count(coll: Any) -> int:
+    """Readings stored in a bucket collection."""
+    docs = await coll.find({}, {"count": 1}).to_list()
+    return sum(int(d["count"]) for d in docs)

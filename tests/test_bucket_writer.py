@@ -1,0 +1,222 @@
+"""Bucket mode: coalesced upserts, the size cap, late data, exact statistics.
+
+The first tests check the operations built for a batch (no I/O); the rest send them
+through the real driver to MongoDB (the emulator, or a real server when configured).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ingest.model import Reading
+from ingest.schema import BUCKET_INDEX, BUCKET_TTL_INDEX, Schema
+from ingest.writers.bucket import BucketWriter
+
+HOUR = 3600
+T0 = 1_790_000_000 // HOUR * HOUR  # an hour boundary
+
+
+def reading(sensor: str, epoch: float, **values: float) -> Reading:
+    return Reading(sensor, datetime.fromtimestamp(epoch, UTC), epoch, values or {"v": 1.0})
+
+
+def writer_for(db: Any, name: str = "buckets", max_readings: int = 3600,
+               retention_days: float | None = None) -> BucketWriter:
+    schema = Schema(db, name, rejects_collection="rejects", rejects_max_bytes=1 << 20,
+                    retention_days=retention_days, span_seconds=HOUR)
+    return BucketWriter(db[name], schema, HOUR, max_readings)
+
+
+# --- the operations a batch becomes ---------------------------------------------------------
+
+NO_DB: Any = defaultdict(lambda: None)  # plan() builds operations without touching a database
+
+def test_one_update_per_sensor_hour() -> None:
+    batch = [reading("a", T0 + 1), reading("b", T0 + 2), reading("a", T0 + 3),
+             reading("a", T0 + HOUR + 1), reading("b", T0 + 4)]
+    plan = writer_for(NO_DB).plan(batch)
+    assert len(plan.ops) == 3
+    keys = [(op._filter["sensor_id"], op._filter["bucket_start"]) for op in plan.ops]
+    start = datetime.fromtimestamp(T0, UTC)
+    later = datetime.fromtimestamp(T0 + HOUR, UTC)
+    assert keys == [("a", start), ("b", start), ("a", later)]
+    assert [len(g) for g in plan.groups] == [2, 2, 1]
+    first = plan.ops[0]._doc
+    assert first["$inc"]["count"] == 2
+    assert [r["ts"] for r in first["$push"]["readings"]["$each"]] == [
+        batch[0].ts, batch[2].ts]
+    assert first["$setOnInsert"] == {"schema_version": 1}
+    assert plan.ops[0]._upsert is True
+
+
+def test_late_reading_goes_to_the_bucket_of_its_own_hour() -> None:
+    plan = writer_for(NO_DB).plan([reading("a", T0 + 10), reading("a", T0 - 5)])
+    starts = sorted(op._filter["bucket_start"] for op in plan.ops)
+    assert starts == [datetime.fromtimestamp(T0 - HOUR, UTC), datetime.fromtimestamp(T0, UTC)]
+
+
+def test_group_larger_than_the_cap_is_split_and_each_filter_leaves_room() -> None:
+    batch = [reading("a", T0 + i) for i in range(12)]
+    plan = writer_for(NO_DB, max_readings=5).plan(batch)
+    assert [len(g) for g in plan.groups] == [5, 5, 2]
+    assert [op._filter["count"] for op in plan.ops] == [{"$lte": 0}, {"$lte": 0}, {"$lte": 3}]
+
+
+def test_statistics_of_one_update() -> None:
+    batch = [reading("a", T0 + 1, temp=22.5, hum=40), reading("a", T0 + 2, temp=21.0),
+             reading("a", T0 + 3, temp=23.5, hum=41)]
+    op = writer_for(NO_DB).plan(batch).ops[0]._doc
+    assert op["$inc"] == {"count": 3, "stats.temp.count": 3, "stats.temp.sum": 67.0,
+                          "stats.hum.count": 2, "stats.hum.sum": 81.0}
+    assert op["$min"]["stats.temp.min"] == 21.0
+    assert op["$max"]["stats.temp.max"] == 23.5
+    assert op["$min"]["stats.hum.min"] == 40
+    assert op["$max"]["stats.hum.max"] == 41
+    assert op["$min"]["first_ts"] == batch[0].ts
+    assert op["$max"]["last_ts"] == batch[2].ts
+
+
+# --- through the driver -------------------------------------------------------------------
+
+values = st.one_of(st.integers(-10**6, 10**6),
+                   st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False))
+readings_st = st.lists(
+    st.builds(lambda s, dt, v, w: Reading(s, datetime.fromtimestamp(T0 + dt, UTC), T0 + dt,
+                                          {"v": v} if w is None else {"v": v, "w": w}),
+              st.sampled_from(["a", "b", "c"]), st.integers(-HOUR, 2 * HOUR - 1), values,
+              st.none() | values),
+    min_size=1, max_size=25)
+
+
+async def expected_vs_stored(coll: Any, written: list[Reading]) -> None:
+    expected: dict[tuple[str, datetime], list[Reading]] = defaultdict(list)
+    for r in written:
+        expected[(r.sensor_id, datetime.fromtimestamp(r.epoch // HOUR * HOUR, UTC))].append(r)
+    docs = await coll.find({}).to_list()
+    stored: dict[tuple[str, datetime], list[dict[str, Any]]] = defaultdict(list)
+    for doc in docs:
+        stored[(doc["sensor_id"], doc["bucket_start"])].append(doc)
+        assert doc["count"] == len(doc["readings"])
+    assert stored.keys() == expected.keys()
+    for key, group in expected.items():
+        parts = stored[key]
+        assert sum(d["count"] for d in parts) == len(group)
+        assert min(d["first_ts"] for d in parts) == min(r.ts for r in group).replace(
+            microsecond=min(r.ts for r in group).microsecond // 1000 * 1000)
+        for name in ("v", "w"):
+            vals = [r.values[name] for r in group if name in r.values]
+            if not vals:
+                assert all(name not in d["stats"] for d in parts)
+                continue
+            stats = [d["stats"][name] for d in parts if name in d["stats"]]
+            assert sum(s["count"] for s in stats) == len(vals)
+            assert math.isclose(sum(s["sum"] for s in stats), math.fsum(vals),
+                                rel_tol=1e-9, abs_tol=1e-6)
+            assert min(s["min"] for s in stats) == min(vals)
+            assert max(s["max"] for s in stats) == max(vals)
+            stored_vals = sorted(x[name] for d in parts for x in d["readings"] if name in x)
+            assert stored_vals == sorted(vals)
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(readings_st, min_size=1, max_size=4),
+       cap=st.sampled_from([3, 10, 3600]))
+async def test_stats_equal_what_the_readings_imply_after_many_batches(
+        db: Any, batches: list[list[Reading]], cap: int) -> None:
+    writer = writer_for(db, f"b{uuid.uuid4().hex[:8]}", max_readings=cap)
+    await writer.ensure_schema()
+    for batch in batches:
+        outcome = await writer.write(writer.plan(batch))
+        assert outcome.written == len(batch)
+        assert not outcome.retry
+        assert not outcome.refused
+    coll = db[writer._collection.name]
+    await expected_vs_stored(coll, [r for b in batches for r in b])
+    assert await coll.count_documents({"count": {"$gt": cap}}) == 0
+
+
+async def test_bucket_overflow_starts_new_documents_never_above_the_cap(db: Any) -> None:
+    writer = writer_for(db, max_readings=5)
+    await writer.ensure_schema()
+    written = []
+    for i in range(4):  # 4 batches of 3 readings for the same sensor-hour
+        batch = [reading("a", T0 + 3 * i + j, v=float(j)) for j in range(3)]
+        await writer.write(writer.plan(batch))
+        written += batch
+    docs = await db.buckets.find({}).to_list()
+    assert all(d["count"] <= 5 for d in docs)
+    assert sum(d["count"] for d in docs) == 12
+    assert {d["bucket_start"] for d in docs} == {datetime.fromtimestamp(T0, UTC)}
+    await expected_vs_stored(db.buckets, written)
+
+
+async def test_concurrent_writers_keep_counts_exact_and_under_the_cap(
+        mongo_uri: str, db: Any) -> None:
+    """Several daemons update the same sensor-hour at once: the cap and the sums hold."""
+    from pymongo import AsyncMongoClient  # noqa: PLC0415
+
+    clients = [AsyncMongoClient(mongo_uri, tz_aware=True) for _ in range(3)]
+    try:
+        writers = [writer_for(c[db.name], max_readings=7) for c in clients]
+        await writers[0].ensure_schema()
+        batches = [[reading("a", T0 + 10 * w + i, v=float(w * 100 + i)) for i in range(4)]
+                   for w in range(12)]
+
+        async def run(w: int) -> None:
+            writer = writers[w % 3]
+            await writer.write(writer.plan(batches[w]))
+
+        await asyncio.gather(*(run(w) for w in range(12)))
+    finally:
+        for c in clients:
+            await c.close()
+    docs = await db.buckets.find({}).to_list()
+    assert all(d["count"] <= 7 for d in docs)
+    await expected_vs_stored(db.buckets, [r for b in batches for r in b])
+
+
+async def test_a_refused_update_does_not_stop_the_others(db: Any) -> None:
+    """The validator refuses one operation; the rest of the unordered bulk is applied."""
+    writer = writer_for(db)
+    await writer.ensure_schema()
+    bad = reading("bad id!", T0 + 1)  # bypasses decode; the validator's pattern refuses it
+    good = [reading("a", T0 + 1), reading("b", T0 + 2)]
+    outcome = await writer.write(writer.plan([good[0], bad, good[1]]))
+    assert outcome.written == 2
+    assert [r for r, _ in outcome.refused] == [bad]
+    assert "121" in outcome.refused[0][1]
+    assert not outcome.retry
+    assert sorted(d["sensor_id"] for d in await db.buckets.find({}).to_list()) == ["a", "b"]
+
+
+async def test_schema_is_idempotent_with_validator_index_ttl_and_capped_rejects(db: Any) -> None:
+    writer = writer_for(db, retention_days=7)
+    await writer.ensure_schema()
+    await writer.ensure_schema()
+    indexes = await db.buckets.index_information()
+    assert indexes[BUCKET_INDEX]["key"] == [("sensor_id", 1), ("bucket_start", 1)]
+    assert not indexes[BUCKET_INDEX].get("unique")
+    assert indexes[BUCKET_TTL_INDEX]["expireAfterSeconds"] == 7 * 86400 + HOUR
+    options = await db.buckets.options()
+    assert "$jsonSchema" in options["validator"]
+    assert (await db.rejects.options())["capped"] is True
+    with pytest.raises(Exception, match="validation"):
+        await db.buckets.insert_one({"sensor_id": "x"})
+
+
+@pytest.mark.real_mongodb  # the emulator has no collMod
+async def test_changed_retention_updates_the_ttl_index(db: Any) -> None:
+    await writer_for(db, retention_days=7).ensure_schema()
+    await writer_for(db, retention_days=30).ensure_schema()
+    indexes = await db.buckets.index_information()
+    assert indexes[BUCKET_TTL_INDEX]["expireAfterSeconds"] == 30 * 86400 + HOUR

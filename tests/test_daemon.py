@@ -1,0 +1,179 @@
+"""The daemon end to end: a real mosquitto, the real driver over the wire, a real process."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from tests.support.mongo import failpoint, total_count
+from tests.support.procs import eventually, free_port, http_status
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tests.support.procs import Daemon
+
+NOW = time.time()
+
+
+def one(topic_root: str, sensor: str, i: int, **extra: Any) -> tuple[str, bytes]:
+    payload = {"ts": NOW - 600 + i, "seq": i, "temp": 20 + i / 10, **extra}
+    return f"{topic_root}/{sensor}/readings", orjson.dumps(payload)
+
+
+async def test_readings_of_every_payload_shape_land_in_hourly_buckets(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any) -> None:
+    proc = daemon()
+    await publish([
+        one(topic_root, "s1", 1),
+        (f"{topic_root}/s1/readings", orjson.dumps([{"ts": NOW - 500, "temp": 21.5, "hum": 40},
+                                                    {"ts": NOW - 499, "temp": 21.7}])),
+        (f"{topic_root}/ignored/readings", orjson.dumps(
+            {"sensor_id": "s2", "readings": [{"ts": NOW - 450, "temp": 19.0, "seq": 7}]})),
+    ])
+    await eventually(lambda: proc.metric('ingest_readings_written_total{mode="bucket"}') == 4)
+    docs = await db.buckets.find({}, {"_id": 0}).sort("sensor_id").to_list()
+    assert [d["sensor_id"] for d in docs] == ["s1", "s2"] or len(docs) == 3  # hour boundary
+    s1 = [d for d in docs if d["sensor_id"] == "s1"]
+    assert sum(d["count"] for d in s1) == 3
+    temps = sorted(r["temp"] for d in s1 for r in d["readings"])
+    assert temps == [20.1, 21.5, 21.7]
+    s2 = next(d for d in docs if d["sensor_id"] == "s2")
+    assert s2["readings"][0]["seq"] == 7
+    assert s2["stats"]["temp"] == {"count": 1, "sum": 19.0, "min": 19.0, "max": 19.0}
+    assert s2["schema_version"] == 1
+    assert s2["bucket_start"].timestamp() == (NOW - 450) // 3600 * 3600
+    assert proc.metric("ingest_messages_acked_total") == 3
+    assert proc.metric('ingest_write_ops_total{mode="bucket"}') >= 2
+    assert proc.stop() == 0
+
+
+async def test_bad_input_is_counted_stored_in_rejects_and_never_blocks_good_readings(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any) -> None:
+    proc = daemon("--max-message-bytes", "2000")
+    topic = f"{topic_root}/s1/readings"
+    await publish([
+        (topic, b"\xff\xfe not utf-8"),
+        one(topic_root, "s1", 1),
+        (topic, b"{not json"),
+        (topic, orjson.dumps({"temp": "22.5"})),
+        (topic, orjson.dumps({"$set": 1})),
+        (topic, b"[" * 3000),
+        (f"{topic_root}/bad$id/readings", orjson.dumps({"temp": 1})),
+        (topic, orjson.dumps([{"temp": 1}, {"temp": True}, {"temp": 2}])),
+        (topic, orjson.dumps({"ts": 0, "temp": 1})),
+        one(topic_root, "s1", 2),
+    ])
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 10)
+    assert await total_count(db.buckets) == 4  # s1 x2, and the two good readings of the array
+    metrics = proc.metrics()
+    expected = {"invalid_utf8": 1, "invalid_json": 1, "bad_value": 2, "bad_field_name": 1,
+                "too_large": 1, "bad_sensor_id": 1, "ts_out_of_window": 1}
+    for reason, count in expected.items():
+        assert metrics[f'ingest_readings_rejected_total{{reason="{reason}"}}'] == count, reason
+    rejects = await db.rejects.find({}).to_list()
+    assert sorted(r["reason"] for r in rejects) == sorted(
+        r for r, n in expected.items() for _ in range(n))
+    utf8 = next(r for r in rejects if r["reason"] == "invalid_utf8")
+    assert utf8["topic"] == topic
+    assert utf8["payload"].endswith("not utf-8")
+    assert utf8["payload_bytes"] == len(b"\xff\xfe not utf-8")
+    big = next(r for r in rejects if r["reason"] == "too_large")
+    assert len(big["payload"]) <= 512 < big["payload_bytes"]
+    assert next(r for r in rejects if r["reason"] == "bad_value" and "index" in r)["index"] == 1
+
+
+async def test_a_message_whose_write_failed_is_not_acked_and_comes_back(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any,
+        mongo: Any) -> None:
+    async with failpoint(mongo, ["update"]):
+        first = daemon()
+        await publish([one(topic_root, "s1", i) for i in range(3)])
+        await eventually(lambda: first.metric(
+            'ingest_write_errors_total{kind="transient",mode="bucket"}') >= 1)
+        assert first.metric("ingest_messages_acked_total") == 0
+        first.signal(signal.SIGKILL)
+        first.wait()
+    assert await total_count(db.buckets) == 0
+    second = daemon()  # same client id: the broker redelivers the unacknowledged messages
+    await eventually(lambda: second.metric("ingest_messages_acked_total") == 3)
+    assert await total_count(db.buckets) == 3
+
+
+async def test_transient_write_errors_are_retried_until_written(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any,
+        mongo: Any) -> None:
+    proc = daemon()
+    async with failpoint(mongo, ["update"], mode={"times": 3}):
+        await publish([one(topic_root, "s1", i) for i in range(5)])
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 5)
+    assert proc.metric('ingest_write_errors_total{kind="transient",mode="bucket"}') == 3
+    assert await total_count(db.buckets) == 5
+
+
+async def test_sigterm_writes_and_acks_the_open_batch_then_exits(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any) -> None:
+    proc = daemon("--flush-interval", "60", "--batch-size", "1000")
+    await publish([one(topic_root, "s1", i) for i in range(5)])
+    await eventually(lambda: proc.metric("ingest_messages_received_total") == 5)
+    assert await total_count(db.buckets) == 0  # still lingering in the open batch
+    started = time.monotonic()
+    assert proc.stop() == 0
+    assert time.monotonic() - started < 10
+    assert await total_count(db.buckets) == 5
+    assert "in-flight batches written and acknowledged" in proc.logs()
+    again = daemon()  # nothing is redelivered: every message was acked before exit
+    await publish([one(topic_root, "s1", 99)])
+    await eventually(lambda: again.metric("ingest_messages_acked_total") == 1)
+    assert again.metric("ingest_messages_received_total") == 1
+    assert await total_count(db.buckets) == 6
+
+
+async def test_backpressure_holds_memory_under_the_bound_and_loses_nothing(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any,
+        mongo: Any) -> None:
+    proc = daemon("--batch-size", "10", "--max-buffered-readings", "20",
+                  "--max-inflight-messages", "40", "--write-concurrency", "1")
+    async with failpoint(mongo, ["update"]):
+        await publish([one(topic_root, f"s{i % 3}", i) for i in range(150)])
+        await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 503)
+        time.sleep(1.0)
+        metrics = proc.metrics()
+        assert metrics["ingest_buffered_readings"] <= 20
+        # The broker holds the rest: at most the buffer plus the Receive Maximum got through.
+        assert metrics["ingest_messages_received_total"] <= 20 + 40
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 150, timeout=40)
+    assert await total_count(db.buckets) == 150
+    await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 200)
+
+
+async def test_dry_run_builds_and_counts_writes_without_a_database(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str) -> None:
+    nowhere = f"mongodb://127.0.0.1:{free_port()}/?serverSelectionTimeoutMS=500"
+    proc = daemon("--dry-run", mongodb_uri=nowhere)
+    await publish([one(topic_root, "s1", i) for i in range(4)] + [one(topic_root, "s2", 0)])
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 5)
+    assert proc.metric('ingest_readings_written_total{mode="bucket"}') == 5
+    assert proc.metric('ingest_write_ops_total{mode="bucket"}') >= 2
+    assert proc.metric('ingest_info{dry_run="true",mode="bucket"}') == 1
+    assert proc.stop() == 0
+
+
+async def test_health_is_alive_but_not_ready_without_a_broker(
+        daemon: Callable[..., Daemon]) -> None:
+    proc = daemon(broker_url=f"mqtt://127.0.0.1:{free_port()}", wait_ready=False)
+    await eventually(lambda: _status(proc, "/healthz") == 200)
+    assert http_status(proc.metrics_port, "/readyz") == 503
+    assert proc.metric("ingest_mqtt_connected") == 0
+    assert http_status(proc.metrics_port, "/nope") == 404
+    assert proc.stop() == 0
+
+
+def _status(proc: Daemon, path: str) -> int:
+    try:
+        return http_status(proc.metrics_port, path)
+    except OSError:
+        return 0
