@@ -81,7 +81,9 @@ def run_mosquitto_sub(broker: Broker, lines: list[bytes]) -> float:
     return len(lines) / (time.perf_counter() - started)
 
 
-def run_daemon(broker: Broker, lines: list[bytes], workdir: Path, batch: int) -> tuple[float, float]:
+def run_daemon(
+    broker: Broker, lines: list[bytes], workdir: Path, batch: int,
+) -> tuple[float, float]:
     args = ["--dry-run", "--mqtt-url", broker.url, "--topic", "bench/#",
             "--mongodb-uri", "mongodb://127.0.0.1:1", "--client-id", "bench-ingest",
             "--batch-size", str(batch), "--log-level", "warning"]

@@ -91,18 +91,25 @@ class _Buffered:
         return self._data[start:self._pos]
 
     def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:  # noqa: ARG002 - paho's API
-        # Until the socket and the buffer are dry, at most READ_BURST packets so one busy
-        # connection cannot starve the event loop.
+        """Read packets until the socket is dry, or past READ_BURST with an empty buffer.
+
+        Stopping with bytes left in our buffer would strand them: the event loop only
+        calls again when the socket is readable. Past READ_BURST packets we stop at the
+        first point where the buffer is empty, so a busy connection yields to the loop.
+        """
         paho = self._paho
-        for _ in range(READ_BURST):
+        packets = 0
+        while True:
             if paho._sock is None:  # noqa: SLF001
                 return MQTTErrorCode.MQTT_ERR_NO_CONN
             rc = paho._packet_read()  # noqa: SLF001
             if rc > 0:
                 return paho._loop_rc_handle(rc)  # type: ignore[no-any-return]  # noqa: SLF001
             if rc == MQTTErrorCode.MQTT_ERR_AGAIN:
-                break
-        return MQTTErrorCode.MQTT_ERR_SUCCESS
+                return MQTTErrorCode.MQTT_ERR_SUCCESS
+            packets += 1
+            if packets >= READ_BURST and self._pos >= len(self._data):
+                return MQTTErrorCode.MQTT_ERR_SUCCESS
 
 
 def _buffer_reads(paho: Any) -> None:  # noqa: ANN401

@@ -20,7 +20,7 @@ NOW = time.time()
 
 
 def one(topic_root: str, sensor: str, i: int, **extra: Any) -> tuple[str, bytes]:
-    payload = {"ts": NOW - 600 + i, "seq": i, "temp": 20 + i / 10, **extra}
+    payload = {"ts": NOW - 600 + i / 10, "seq": i, "temp": 20 + i / 10, **extra}
     return f"{topic_root}/{sensor}/readings", orjson.dumps(payload)
 
 
@@ -177,3 +177,16 @@ def _status(proc: Daemon, path: str) -> int:
         return http_status(proc.metrics_port, path)
     except OSError:
         return 0
+
+
+async def test_a_backlog_queued_while_offline_is_drained_in_bursts(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str) -> None:
+    """Messages published while the daemon is down wait in its persistent session; on
+    restart they arrive back to back (many packets per socket read) and all get through."""
+    first = daemon("--dry-run")
+    assert first.stop() == 0
+    count = 3000
+    await publish([one(topic_root, f"s{i % 7}", i) for i in range(count)])
+    second = daemon("--dry-run")
+    await eventually(lambda: second.metric("ingest_messages_acked_total") == count, timeout=30)
+    assert second.metric('ingest_readings_written_total{mode="bucket"}') == count
