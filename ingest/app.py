@@ -23,6 +23,7 @@ from ingest.schema import Schema
 from ingest.source import MqttSource
 from ingest.writers.bucket import BucketWriter
 from ingest.writers.rejects import RejectsWriter
+from ingest.writers.timeseries import TimeseriesWriter
 
 if TYPE_CHECKING:
     from ingest.config import Settings
@@ -61,11 +62,12 @@ def make_writer(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) ->
     db = client[settings.db]
     schema = Schema(db, settings.collection, rejects_collection=settings.rejects_collection,
                     rejects_max_bytes=settings.rejects_max_bytes,
-                    retention_days=settings.retention_days, span_seconds=settings.span_seconds)
-    if settings.mode == "bucket":
-        return BucketWriter(db[settings.collection], schema, settings.span_seconds,
-                            settings.bucket_max_readings)
-    raise NotImplementedError(f"mode {settings.mode!r} is not implemented yet")
+                    retention_days=settings.retention_days, span_seconds=settings.span_seconds,
+                    granularity=settings.granularity, custom_span=settings.bucket_span_seconds)
+    if settings.mode == "timeseries":
+        return TimeseriesWriter(db[settings.collection], schema)
+    return BucketWriter(db[settings.collection], schema, settings.span_seconds,
+                        settings.bucket_max_readings)
 
 
 async def init_db(settings: Settings) -> None:

@@ -23,7 +23,7 @@ from ingest.config import (
     parse_mqtt_url,
     validate,
 )
-from ingest.errors import ConfigError
+from ingest.errors import ConfigError, SchemaError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -232,6 +232,9 @@ def _execute(command: str, settings: Settings) -> int:
     except ConfigError as exc:
         print(f"ingest: error: {exc}", file=sys.stderr)  # noqa: T201
         return 2
+    except SchemaError as exc:
+        logger.error("%s", exc)  # noqa: TRY400 - a clear refusal, not a crash
+        return 1
     except KeyboardInterrupt:
         return 130
     return 0

@@ -23,6 +23,7 @@ DEFAULT_COLLECTION: dict[str, str] = {"bucket": "buckets", "timeseries": "readin
 DEFAULT_BUCKET_SPAN_SECONDS = 3600
 # MQTT 5 caps Receive Maximum at 65535 (a two-byte integer).
 MAX_RECEIVE_MAXIMUM = 65535
+MAX_TIMESERIES_SPAN = 31_536_000  # MongoDB's limit for bucketMaxSpanSeconds
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -160,6 +161,10 @@ def validate(settings: Settings) -> Settings:
         raise ConfigError(f"--max-inflight-messages: at most {MAX_RECEIVE_MAXIMUM} (MQTT 5)")
     if settings.max_buffered_readings < settings.batch_size:
         raise ConfigError("--max-buffered-readings: must be at least --batch-size")
+    if (settings.mode == "timeseries" and settings.bucket_span_seconds is not None
+            and settings.bucket_span_seconds > MAX_TIMESERIES_SPAN):
+        raise ConfigError(f"--bucket-span-seconds: at most {MAX_TIMESERIES_SPAN} "
+                          "(one year) for a time-series collection")
     if not 0 <= settings.metrics_port <= 65535:
         raise ConfigError("--metrics-port: must be between 0 and 65535")
     return settings

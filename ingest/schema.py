@@ -24,6 +24,7 @@ NAMESPACE_EXISTS = 48
 INDEX_CONFLICTS = frozenset({85, 86})
 BUCKET_INDEX = "sensor_id_1_bucket_start_1"
 BUCKET_TTL_INDEX = "bucket_start_ttl"
+TIMESERIES_INDEX = "meta.sensor_id_1_ts_1"
 
 BUCKET_VALIDATOR: dict[str, Any] = {
     "$jsonSchema": {
@@ -51,13 +52,16 @@ class Schema:
 
     def __init__(self, db: AsyncDatabase[dict[str, Any]], collection: str, *,
                  rejects_collection: str, rejects_max_bytes: int,
-                 retention_days: float | None, span_seconds: int) -> None:
+                 retention_days: float | None, span_seconds: int,
+                 granularity: str = "seconds", custom_span: int | None = None) -> None:
         self.db = db
         self.collection = collection
         self.rejects_collection = rejects_collection
         self.rejects_max_bytes = rejects_max_bytes
         self.retention_days = retention_days
         self.span_seconds = span_seconds
+        self.granularity = granularity
+        self.custom_span = custom_span
 
     async def info(self, name: str) -> dict[str, Any] | None:
         """The listCollections entry for ``name``, or None if it does not exist."""
@@ -82,7 +86,7 @@ class Schema:
         if info is None:
             await self.create(self.collection, validator=BUCKET_VALIDATOR,
                               validationLevel="strict", validationAction="error")
-        elif info.get("type", "collection") != "collection" or "timeseries" in info["options"]:
+        elif _is_timeseries(info) or info.get("type", "collection") != "collection":
             raise SchemaError(f"{self.db.name}.{self.collection} exists but is not a regular "
                               "collection; bucket mode will not write into it")
         elif info["options"].get("validator") != BUCKET_VALIDATOR:
@@ -97,6 +101,50 @@ class Schema:
             expire = int(self.retention_days * 86400) + self.span_seconds
             await self.ensure_ttl(BUCKET_TTL_INDEX, "bucket_start", expire)
         await self.ensure_rejects()
+
+    def timeseries_options(self) -> dict[str, Any]:
+        """The ``timeseries`` option of the collection as configured."""
+        options: dict[str, Any] = {"timeField": "ts", "metaField": "meta"}
+        if self.custom_span is None:
+            options["granularity"] = self.granularity
+        else:  # MongoDB 6.3+: custom bucketing, both values equal
+            options["bucketMaxSpanSeconds"] = self.custom_span
+            options["bucketRoundingSeconds"] = self.custom_span
+        return options
+
+    async def ensure_timeseries(self) -> None:
+        """Time-series collection (checked if it exists), its index and optional expiry."""
+        wanted = self.timeseries_options()
+        expire = int(self.retention_days * 86400) if self.retention_days is not None else None
+        info = await self.info(self.collection)
+        if info is None:
+            extra = {} if expire is None else {"expireAfterSeconds": expire}
+            await self.create(self.collection, timeseries=wanted, **extra)
+            info = await self.info(self.collection)
+            assert info is not None
+        self._check_timeseries(info, wanted)
+        current = info["options"].get("expireAfterSeconds")
+        if expire is not None and current != expire:
+            await self.db.command({"collMod": self.collection, "expireAfterSeconds": expire})
+            logger.info("changed expireAfterSeconds of %s to %d", self.collection, expire)
+        await self.db[self.collection].create_index([("meta.sensor_id", 1), ("ts", 1)],
+                                                    name=TIMESERIES_INDEX)
+        await self.ensure_rejects()
+
+    def _check_timeseries(self, info: dict[str, Any], wanted: dict[str, Any]) -> None:
+        """Refuse to write into a collection of another kind or with other options."""
+        name = f"{self.db.name}.{self.collection}"
+        if not _is_timeseries(info):
+            raise SchemaError(f"{name} exists but is not a time-series collection "
+                              f"(type {info.get('type', '?')!r}); drop it or choose another "
+                              "--collection")
+        actual = info["options"]["timeseries"]
+        # MongoDB adds derived fields (bucketMaxSpanSeconds for a granularity): compare
+        # only what we set.
+        different = {k: (actual.get(k), v) for k, v in wanted.items() if actual.get(k) != v}
+        if different:
+            detail = ", ".join(f"{k} is {a!r}, configured {w!r}" for k, (a, w) in different.items())
+            raise SchemaError(f"{name} exists with other time-series options: {detail}")
 
     async def ensure_ttl(self, name: str, field: str, expire_seconds: int) -> None:
         """Create a TTL index, or change its expiry if it exists with another one."""
@@ -118,3 +166,8 @@ class Schema:
         elif not info.get("options", {}).get("capped"):
             logger.warning("collection %s exists and is not capped; rejects will grow unbounded",
                            self.rejects_collection)
+
+
+def _is_timeseries(info: dict[str, Any]) -> bool:
+    """Whether a listCollections entry is a time-series collection (type or options)."""
+    return info.get("type") == "timeseries" or "timeseries" in info.get("options", {})

@@ -76,10 +76,18 @@ def topic_root() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
 
 
+@pytest.fixture(params=["bucket", "timeseries"])
+def mode(request: pytest.FixtureRequest) -> str:
+    """Both storage modes, for the behaviour they share."""
+    return str(request.param)
+
+
 @pytest.fixture
 def daemon(tmp_path: Path, broker: Broker, mongo_uri: str, db_name: str,
-           topic_root: str) -> Iterator[Callable[..., Daemon]]:
-    """Factory: start ``ingest run`` against the test broker and database."""
+           topic_root: str, request: pytest.FixtureRequest) -> Iterator[Callable[..., Daemon]]:
+    """Factory: start ``ingest run`` against the test broker and database (in the test's
+    ``mode`` if it uses that fixture, else bucket mode)."""
+    mode = request.getfixturevalue("mode") if "mode" in request.fixturenames else "bucket"
     started: list[Daemon] = []
 
     def start(*extra: str, wait_ready: bool = True, client_id: str | None = None,
@@ -87,7 +95,7 @@ def daemon(tmp_path: Path, broker: Broker, mongo_uri: str, db_name: str,
         args = ["--mqtt-url", broker_url or broker.url, "--topic", f"{topic_root}/#",
                 "--mongodb-uri", mongodb_uri or mongo_uri, "--db", db_name,
                 "--client-id", client_id or f"ingest-{topic_root}", "--flush-interval", "0.2",
-                "--log-level", "debug", *extra]
+                "--log-level", "debug", "--mode", mode, *extra]
         proc = Daemon(args, tmp_path / f"daemon-{len(started)}.log")
         started.append(proc)
         return proc.start(wait_ready=wait_ready)

@@ -7,8 +7,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import pytest
 
-from tests.support.mongo import failpoint, total_count
+from tests.support.mongo import failpoint, stored, stored_values
 from tests.support.procs import eventually, free_port, http_status
 
 if TYPE_CHECKING:
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from tests.support.procs import Daemon
 
 NOW = time.time()
+WRITE_COMMAND = {"bucket": "update", "timeseries": "insert"}
 
 
 def one(topic_root: str, sensor: str, i: int, **extra: Any) -> tuple[str, bytes]:
@@ -24,8 +26,8 @@ def one(topic_root: str, sensor: str, i: int, **extra: Any) -> tuple[str, bytes]
     return f"{topic_root}/{sensor}/readings", orjson.dumps(payload)
 
 
-async def test_readings_of_every_payload_shape_land_in_hourly_buckets(
-        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any) -> None:
+async def test_readings_of_every_payload_shape_are_stored(
+        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any) -> None:
     proc = daemon()
     await publish([
         one(topic_root, "s1", 1),
@@ -34,25 +36,55 @@ async def test_readings_of_every_payload_shape_land_in_hourly_buckets(
         (f"{topic_root}/ignored/readings", orjson.dumps(
             {"sensor_id": "s2", "readings": [{"ts": NOW - 450, "temp": 19.0, "seq": 7}]})),
     ])
-    await eventually(lambda: proc.metric('ingest_readings_written_total{mode="bucket"}') == 4)
-    docs = await db.buckets.find({}, {"_id": 0}).sort("sensor_id").to_list()
-    assert [d["sensor_id"] for d in docs] == ["s1", "s2"] or len(docs) == 3  # hour boundary
-    s1 = [d for d in docs if d["sensor_id"] == "s1"]
-    assert sum(d["count"] for d in s1) == 3
-    temps = sorted(r["temp"] for d in s1 for r in d["readings"])
-    assert temps == [20.1, 21.5, 21.7]
-    s2 = next(d for d in docs if d["sensor_id"] == "s2")
-    assert s2["readings"][0]["seq"] == 7
-    assert s2["stats"]["temp"] == {"count": 1, "sum": 19.0, "min": 19.0, "max": 19.0}
-    assert s2["schema_version"] == 1
-    assert s2["bucket_start"].timestamp() == (NOW - 450) // 3600 * 3600
+    await eventually(lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 4)
+    assert await stored(db, mode) == 4
+    assert await stored_values(db, mode, "temp") == [19.0, 20.1, 21.5, 21.7]
+    assert await stored_values(db, mode, "hum") == [40]
+    assert await stored_values(db, mode, "seq") == [1, 7]
     assert proc.metric("ingest_messages_acked_total") == 3
-    assert proc.metric('ingest_write_ops_total{mode="bucket"}') >= 2
     assert proc.stop() == 0
 
 
-async def test_bad_input_is_counted_stored_in_rejects_and_never_blocks_good_readings(
+async def test_bucket_documents_hold_an_hour_of_one_sensor_with_its_statistics(
         daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any) -> None:
+    proc = daemon()
+    hour = (NOW - 7200) // 3600 * 3600
+    await publish([
+        (f"{topic_root}/s1/readings", orjson.dumps([{"ts": hour + 10, "temp": 21.5, "hum": 40},
+                                                    {"ts": hour + 20, "temp": 21.7}])),
+        (f"{topic_root}/s1/readings", orjson.dumps({"ts": hour + 5, "temp": 19.0, "seq": 7})),
+        (f"{topic_root}/s1/readings", orjson.dumps({"ts": hour - 1, "temp": 1.0})),  # late
+    ])
+    await eventually(lambda: proc.metric('ingest_readings_written_total{mode="bucket"}') == 4)
+    docs = await db.buckets.find({}, {"_id": 0}).sort("bucket_start").to_list()
+    assert [d["bucket_start"].timestamp() for d in docs] == [hour - 3600, hour]
+    doc = docs[1]
+    assert doc["sensor_id"] == "s1"
+    assert doc["count"] == 3
+    assert doc["stats"]["temp"] == {"count": 3, "sum": 62.2, "min": 19.0, "max": 21.7}
+    assert doc["stats"]["hum"] == {"count": 1, "sum": 40.0, "min": 40, "max": 40}
+    assert doc["first_ts"].timestamp() == hour + 5
+    assert doc["last_ts"].timestamp() == hour + 20
+    assert doc["schema_version"] == 1
+    assert {"ts", "seq", "temp"} == set(next(r for r in doc["readings"] if "seq" in r))
+
+
+async def test_timeseries_documents_are_one_per_reading_with_stable_fields(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any) -> None:
+    proc = daemon("--mode", "timeseries")
+    await publish([(f"{topic_root}/s1/readings",
+                    orjson.dumps({"ts": NOW - 60, "seq": 3, "temp": 21.5, "hum": 40})),
+                   (f"{topic_root}/s1/readings", orjson.dumps({"ts": NOW - 59, "hum": 41}))])
+    await eventually(lambda: proc.metric('ingest_readings_written_total{mode="timeseries"}') == 2)
+    docs = await db.readings.find({}, {"_id": 0}).sort("ts").to_list()
+    assert [list(d) for d in docs] == [["ts", "meta", "seq", "hum", "temp"],
+                                       ["ts", "meta", "hum"]]
+    assert docs[0]["meta"] == {"sensor_id": "s1"}
+    assert docs[0]["ts"].timestamp() == pytest.approx(NOW - 60, abs=0.001)
+
+
+async def test_bad_input_is_counted_stored_in_rejects_and_never_blocks_good_readings(
+        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any) -> None:
     proc = daemon("--max-message-bytes", "2000")
     topic = f"{topic_root}/s1/readings"
     await publish([
@@ -68,7 +100,7 @@ async def test_bad_input_is_counted_stored_in_rejects_and_never_blocks_good_read
         one(topic_root, "s1", 2),
     ])
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 10)
-    assert await total_count(db.buckets) == 4  # s1 x2, and the two good readings of the array
+    assert await stored(db, mode) == 4  # s1 x2, and the two good readings of the array
     metrics = proc.metrics()
     expected = {"invalid_utf8": 1, "invalid_json": 1, "bad_value": 2, "bad_field_name": 1,
                 "too_large": 1, "bad_sensor_id": 1, "ts_out_of_window": 1}
@@ -87,57 +119,57 @@ async def test_bad_input_is_counted_stored_in_rejects_and_never_blocks_good_read
 
 
 async def test_a_message_whose_write_failed_is_not_acked_and_comes_back(
-        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any,
+        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any,
         mongo: Any) -> None:
-    async with failpoint(mongo, ["update"]):
+    async with failpoint(mongo, [WRITE_COMMAND[mode]]):
         first = daemon()
         await publish([one(topic_root, "s1", i) for i in range(3)])
         await eventually(lambda: first.metric(
-            'ingest_write_errors_total{kind="transient",mode="bucket"}') >= 1)
+            f'ingest_write_errors_total{{kind="transient",mode="{mode}"}}') >= 1)
         assert first.metric("ingest_messages_acked_total") == 0
         first.signal(signal.SIGKILL)
         first.wait()
-    assert await total_count(db.buckets) == 0
+    assert await stored(db, mode) == 0
     second = daemon()  # same client id: the broker redelivers the unacknowledged messages
     await eventually(lambda: second.metric("ingest_messages_acked_total") == 3)
-    assert await total_count(db.buckets) == 3
+    assert await stored(db, mode) == 3
 
 
 async def test_transient_write_errors_are_retried_until_written(
-        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any,
+        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any,
         mongo: Any) -> None:
     proc = daemon()
-    async with failpoint(mongo, ["update"], mode={"times": 3}):
+    async with failpoint(mongo, [WRITE_COMMAND[mode]], mode={"times": 3}):
         await publish([one(topic_root, "s1", i) for i in range(5)])
         await eventually(lambda: proc.metric("ingest_messages_acked_total") == 5)
-    assert proc.metric('ingest_write_errors_total{kind="transient",mode="bucket"}') == 3
-    assert await total_count(db.buckets) == 5
+    assert proc.metric(f'ingest_write_errors_total{{kind="transient",mode="{mode}"}}') == 3
+    assert await stored(db, mode) == 5
 
 
 async def test_sigterm_writes_and_acks_the_open_batch_then_exits(
-        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any) -> None:
+        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any) -> None:
     proc = daemon("--flush-interval", "60", "--batch-size", "1000")
     await publish([one(topic_root, "s1", i) for i in range(5)])
     await eventually(lambda: proc.metric("ingest_messages_received_total") == 5)
-    assert await total_count(db.buckets) == 0  # still lingering in the open batch
+    assert await stored(db, mode) == 0  # still lingering in the open batch
     started = time.monotonic()
     assert proc.stop() == 0
     assert time.monotonic() - started < 10
-    assert await total_count(db.buckets) == 5
+    assert await stored(db, mode) == 5
     assert "in-flight batches written and acknowledged" in proc.logs()
     again = daemon()  # nothing is redelivered: every message was acked before exit
     await publish([one(topic_root, "s1", 99)])
     await eventually(lambda: again.metric("ingest_messages_acked_total") == 1)
     assert again.metric("ingest_messages_received_total") == 1
-    assert await total_count(db.buckets) == 6
+    assert await stored(db, mode) == 6
 
 
 async def test_backpressure_holds_memory_under_the_bound_and_loses_nothing(
-        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any,
+        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any,
         mongo: Any) -> None:
     proc = daemon("--batch-size", "10", "--max-buffered-readings", "20",
                   "--max-inflight-messages", "40", "--write-concurrency", "1")
-    async with failpoint(mongo, ["update"]):
+    async with failpoint(mongo, [WRITE_COMMAND[mode]]):
         await publish([one(topic_root, f"s{i % 3}", i) for i in range(150)])
         await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 503)
         time.sleep(1.0)
@@ -146,19 +178,19 @@ async def test_backpressure_holds_memory_under_the_bound_and_loses_nothing(
         # The broker holds the rest: at most the buffer plus the Receive Maximum got through.
         assert metrics["ingest_messages_received_total"] <= 20 + 40
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 150, timeout=40)
-    assert await total_count(db.buckets) == 150
+    assert await stored(db, mode) == 150
     await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 200)
 
 
 async def test_dry_run_builds_and_counts_writes_without_a_database(
-        daemon: Callable[..., Daemon], publish: Any, topic_root: str) -> None:
+        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str) -> None:
     nowhere = f"mongodb://127.0.0.1:{free_port()}/?serverSelectionTimeoutMS=500"
     proc = daemon("--dry-run", mongodb_uri=nowhere)
     await publish([one(topic_root, "s1", i) for i in range(4)] + [one(topic_root, "s2", 0)])
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 5)
-    assert proc.metric('ingest_readings_written_total{mode="bucket"}') == 5
-    assert proc.metric('ingest_write_ops_total{mode="bucket"}') >= 2
-    assert proc.metric('ingest_info{dry_run="true",mode="bucket"}') == 1
+    assert proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 5
+    assert proc.metric(f'ingest_write_ops_total{{mode="{mode}"}}') >= 2
+    assert proc.metric(f'ingest_info{{dry_run="true",mode="{mode}"}}') == 1
     assert proc.stop() == 0
 
 
@@ -180,7 +212,7 @@ def _status(proc: Daemon, path: str) -> int:
 
 
 async def test_a_backlog_queued_while_offline_is_drained_in_bursts(
-        daemon: Callable[..., Daemon], publish: Any, topic_root: str) -> None:
+        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str) -> None:
     """Messages published while the daemon is down wait in its persistent session; on
     restart they arrive back to back (many packets per socket read) and all get through."""
     first = daemon("--dry-run")
@@ -189,4 +221,4 @@ async def test_a_backlog_queued_while_offline_is_drained_in_bursts(
     await publish([one(topic_root, f"s{i % 7}", i) for i in range(count)])
     second = daemon("--dry-run")
     await eventually(lambda: second.metric("ingest_messages_acked_total") == count, timeout=30)
-    assert second.metric('ingest_readings_written_total{mode="bucket"}') == count
+    assert second.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == count

@@ -31,7 +31,23 @@ async def failpoint(client: Any, commands: list[str], mode: Any = "alwaysOn",
         await client.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
 
 
-async def total_count(coll: Any) -> int:
-    """Readings stored in a bucket collection."""
+COLLECTION = {"bucket": "buckets", "timeseries": "readings"}
+
+
+async def stored(db: Any, mode: str) -> int:
+    """Readings stored by a daemon in ``mode`` (bucket counts, or time-series documents)."""
+    coll = db[COLLECTION[mode]]
+    if mode == "timeseries":
+        return int(await coll.count_documents({}))
     docs = await coll.find({}, {"count": 1}).to_list()
     return sum(int(d["count"]) for d in docs)
+
+
+async def stored_values(db: Any, mode: str, field: str) -> list[Any]:
+    """Every stored value of one measurement, sorted, in either layout."""
+    coll = db[COLLECTION[mode]]
+    if mode == "timeseries":
+        docs = await coll.find({field: {"$exists": True}}).to_list()
+        return sorted(d[field] for d in docs)
+    docs = await coll.find({}).to_list()
+    return sorted(r[field] for d in docs for r in d["readings"] if field in r)

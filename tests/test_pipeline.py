@@ -1,0 +1,104 @@
+"""The pipeline with a scripted writer: partial failures retry only what failed, refused
+readings become rejects, and every message is acknowledged once, in order, after its write."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from ingest.config import Settings
+from ingest.errors import WriteError
+from ingest.metrics import Health, Metrics
+from ingest.model import Inbound, Reading
+from ingest.pipeline import Pipeline
+from ingest.writers import Outcome, Plan
+
+NOW = 1_790_000_000.0
+
+
+class ScriptedWriter:
+    """Fails the way it is told to, and records every plan it was asked to write."""
+
+    mode = "bucket"
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = script  # per call: "ok", "raise", or "half" (retry 1st, refuse 2nd)
+        self.calls: list[list[int]] = []
+        self.stored: list[int] = []
+
+    async def ensure_schema(self) -> None:
+        return None
+
+    def plan(self, readings: list[Reading]) -> Plan:
+        return Plan([r.seq for r in readings], [[r] for r in readings])
+
+    async def write(self, plan: Plan) -> Outcome:
+        self.calls.append(list(plan.ops))
+        step = self.script.pop(0) if self.script else "ok"
+        if step == "raise":
+            raise WriteError("connection reset")
+        if step == "half":
+            retry, refused, rest = plan.groups[0], plan.groups[1], plan.groups[2:]
+            self.stored += [g[0].seq for g in rest]  # type: ignore[misc]
+            return Outcome(written=len(rest), retry=retry,
+                           refused=[(refused[0], "code 121: Document failed validation")])
+        self.stored += list(plan.ops)
+        return Outcome(written=len(plan.ops))
+
+
+class Rejects:
+    def __init__(self) -> None:
+        self.docs: list[dict[str, Any]] = []
+
+    async def write(self, docs: list[dict[str, Any]]) -> int:
+        self.docs += docs
+        return len(docs)
+
+
+class Acks:
+    def __init__(self) -> None:
+        self.mids: list[int] = []
+
+    def ack(self, message: Inbound) -> None:
+        self.mids.append(message.mid)
+
+
+async def run_pipeline(writer: ScriptedWriter, count: int, **overrides: Any) -> tuple[
+        Acks, Rejects, Metrics]:
+    settings = Settings(batch_size=4, flush_interval=0.05, **overrides)
+    acks, rejects, metrics = Acks(), Rejects(), Metrics("bucket")
+    pipeline = Pipeline(settings, writer, rejects, acks, metrics, Health())  # type: ignore[arg-type]
+    task = asyncio.create_task(pipeline.run())
+    for i in range(count):
+        payload = orjson.dumps({"ts": NOW - 10, "seq": i, "v": i})
+        await pipeline.submit(Inbound("sensors/a/readings", payload, i + 1, 1, 1, NOW))
+    await asyncio.wait_for(pipeline.drain(), 30)
+    task.cancel()
+    pipeline.sync_metrics()
+    return acks, rejects, metrics
+
+
+async def test_partial_failure_retries_only_what_failed_and_rejects_the_refused(
+        monkeypatch: Any) -> None:
+    monkeypatch.setattr("ingest.pipeline.backoff", lambda *_a, **_k: 0.0)
+    writer = ScriptedWriter(["half"])
+    acks, rejects, metrics = await run_pipeline(writer, 4)
+    assert writer.calls[0] == [0, 1, 2, 3]
+    assert writer.calls[1] == [0]  # only the transient failure is sent again
+    assert sorted(writer.stored) == [0, 2, 3]  # nothing written twice
+    assert [d["reason"] for d in rejects.docs] == ["write_rejected"]
+    assert rejects.docs[0]["payload"] == orjson.dumps({"ts": NOW - 10, "seq": 1, "v": 1}).decode()
+    assert acks.mids == [1, 2, 3, 4]
+    assert metrics.readings_written._value.get() == 3
+    assert metrics.readings_rejected.labels("write_rejected")._value.get() == 1
+
+
+async def test_a_failed_write_is_retried_whole_and_acks_wait_for_it(monkeypatch: Any) -> None:
+    monkeypatch.setattr("ingest.pipeline.backoff", lambda *_a, **_k: 0.0)
+    writer = ScriptedWriter(["raise", "raise"])
+    acks, _rejects, metrics = await run_pipeline(writer, 8, write_concurrency=3)
+    assert sorted(writer.stored) == list(range(8))
+    assert acks.mids == list(range(1, 9))  # in arrival order despite concurrent writers
+    assert metrics.write_errors.labels("bucket", "transient")._value.get() == 2
