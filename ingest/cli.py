@@ -148,10 +148,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = _Parser(prog="ingest", description="MQTT to MongoDB time-series ingestion.")
     parser.add_argument("--version", action="version", version=f"ingest {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = commands.add_parser("run", help="consume MQTT and write to MongoDB")
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    run = commands.add_parser("run", help="consume MQTT and write to MongoDB",
+                              formatter_class=fmt)
     _common_flags(run, env)
     _run_flags(run, env)
-    init = commands.add_parser("init-db", help="create collections and indexes, then exit")
+    init = commands.add_parser("init-db", help="create collections and indexes, then exit",
+                               formatter_class=fmt)
     _common_flags(init, env)
     return parser
 

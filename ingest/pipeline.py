@@ -83,7 +83,8 @@ class Pipeline:
             self._metrics.reject(rejection.reason)
         self._accepted += len(decoded.readings)
         self._buffered += len(decoded.readings)
-        docs = reject_docs(message, decoded.rejections) if decoded.rejections else []
+        docs = (reject_docs(message, decoded.rejections, self._writer.mode)
+                if decoded.rejections else [])
         had_open = self._batcher.deadline() is not None
         full = self._batcher.add(message, decoded.readings, docs)
         if full is not None:
@@ -230,12 +231,13 @@ class Pipeline:
         logger.warning("write failed (attempt %d, retrying in %.2fs): %s", attempt, delay, exc)
         await asyncio.sleep(delay)
 
-    @staticmethod
-    def _refused_docs(batch: Batch, refused: list[tuple[Reading, str]]) -> list[dict[str, Any]]:
+    def _refused_docs(self, batch: Batch, refused: list[tuple[Reading, str]]
+                      ) -> list[dict[str, Any]]:
         """Reject documents for readings the server refused, pointing at their message."""
         owners = batch.origin()
         docs: list[dict[str, Any]] = []
         for reading, detail in refused:
             message = owners[id(reading)]
-            docs.extend(reject_docs(message, [Rejection("write_rejected", detail)]))
+            docs.extend(reject_docs(message, [Rejection("write_rejected", detail)],
+                                    self._writer.mode))
         return docs

@@ -111,6 +111,7 @@ async def test_bad_input_is_counted_stored_in_rejects_and_never_blocks_good_read
         r for r, n in expected.items() for _ in range(n))
     utf8 = next(r for r in rejects if r["reason"] == "invalid_utf8")
     assert utf8["topic"] == topic
+    assert utf8["mode"] == mode
     assert utf8["payload"].endswith("not utf-8")
     assert utf8["payload_bytes"] == len(b"\xff\xfe not utf-8")
     big = next(r for r in rejects if r["reason"] == "too_large")

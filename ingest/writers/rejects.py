@@ -21,14 +21,18 @@ PAYLOAD_EXCERPT_BYTES = 512
 MAX_REJECT_DOCS_PER_MESSAGE = 20
 
 
-def reject_docs(message: Inbound, rejections: list[Rejection]) -> list[dict[str, Any]]:
-    """Documents for the rejects collection: topic, reason, detail and a payload excerpt."""
+def reject_docs(message: Inbound, rejections: list[Rejection], mode: str
+                ) -> list[dict[str, Any]]:
+    """Documents for the rejects collection: topic, reason, detail and a payload excerpt.
+
+    ``mode`` tells which daemon refused it when both modes share a database.
+    """
     at = datetime.fromtimestamp(message.received_at, UTC)
     excerpt = message.payload[:PAYLOAD_EXCERPT_BYTES].decode("utf-8", "backslashreplace")
     docs = []
     for rejection in rejections[:MAX_REJECT_DOCS_PER_MESSAGE]:
         doc: dict[str, Any] = {
-            "at": at, "topic": message.topic[:256], "reason": rejection.reason,
+            "at": at, "mode": mode, "topic": message.topic[:256], "reason": rejection.reason,
             "detail": rejection.detail, "payload": excerpt,
             "payload_bytes": len(message.payload),
         }
