@@ -2,16 +2,18 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+runs_313() { "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 13))' >/dev/null 2>&1; }
 find_python() {
-    if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return; fi
-    if command -v python3.13 >/dev/null 2>&1; then command -v python3.13; return; fi
-    for candidate in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13*/bin/python3.13; do
-        if [ -x "$candidate" ]; then echo "$candidate"; return; fi
+    # Try each candidate for real: pyenv's shim for python3.13 exists on PATH even when
+    # 3.13 is not the selected version, and fails when called.
+    for candidate in "${PYTHON:-}" python3.13 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13*/bin/python3.13 \
+                     /usr/local/bin/python3.13 /usr/bin/python3.13; do
+        if [ -n "$candidate" ] && runs_313 "$candidate"; then echo "$candidate"; return; fi
     done
     echo "Python 3.13 not found: install it or set PYTHON=/path/to/python3.13" >&2
     exit 1
 }
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 13))'; then
+if [ ! -x .venv/bin/python ] || ! runs_313 .venv/bin/python; then
     rm -rf .venv
     "$(find_python)" -m venv .venv
 fi
