@@ -100,6 +100,9 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
                     contextlib.AsyncExitStack() as stack):
             if not settings.dry_run:
                 await _prepare(writer, health, metrics, shutdown)
+            if shutdown.requested.is_set():
+                logger.info("stopped before consuming anything")
+                return
             group = await stack.enter_async_context(asyncio.TaskGroup())
             helpers = []
             if not settings.dry_run:
@@ -108,9 +111,12 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
             helpers.append(group.create_task(pipeline.run(), name="pipeline"))
             consumer = group.create_task(source.run(pipeline.submit), name="mqtt-source")
             await shutdown.requested.wait()
+            deadline = asyncio.get_running_loop().time() + settings.shutdown_timeout
             await _drain(settings, source, pipeline, shutdown)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(consumer), DISCONNECT_TIMEOUT)
+            # The clean MQTT disconnect comes out of the same time budget.
+            left = max(0.0, min(DISCONNECT_TIMEOUT, deadline - asyncio.get_running_loop().time()))
+            if not shutdown.forced.is_set():
+                await asyncio.wait({consumer}, timeout=left)
             for task in (*helpers, consumer):
                 task.cancel()
     finally:
@@ -119,22 +125,34 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
 
 
 async def _prepare(writer: Writer, health: Health, metrics: Metrics, shutdown: Shutdown) -> None:
-    """Make sure collections and indexes exist, waiting for MongoDB if it is not up yet."""
+    """Make sure collections and indexes exist, waiting for MongoDB if it is not up yet.
+
+    Returns early when a signal arrives: one attempt can wait for server selection
+    (30 s by default), longer than the shutdown timeout.
+    """
     attempt = 0
-    while not shutdown.requested.is_set():
-        try:
-            await writer.ensure_schema()
-        except PyMongoError as exc:
-            attempt += 1
-            delay = backoff(attempt, base=1.0)
-            logger.warning("cannot prepare MongoDB collections (%s); retrying in %.1fs",
-                           str(exc)[:200], delay)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(shutdown.requested.wait(), delay)
-        else:
-            health.mongodb_ok = True
-            metrics.mongodb_up.set(1)
-            return
+    stop = asyncio.create_task(shutdown.requested.wait(), name="prepare-stop")
+    try:
+        while not shutdown.requested.is_set():
+            step = asyncio.create_task(writer.ensure_schema(), name="ensure-schema")
+            await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                step.cancel()
+                return
+            try:
+                step.result()
+            except PyMongoError as exc:
+                attempt += 1
+                delay = backoff(attempt, base=1.0)
+                logger.warning("cannot prepare MongoDB collections (%s); retrying in %.1fs",
+                               str(exc)[:200], delay)
+                await asyncio.wait({stop}, timeout=delay)
+            else:
+                health.mongodb_ok = True
+                metrics.mongodb_up.set(1)
+                return
+    finally:
+        stop.cancel()
 
 
 async def _watch_mongodb(client: AsyncMongoClient[dict[str, Any]], health: Health,

@@ -145,8 +145,12 @@ def validate(settings: Settings) -> Settings:
         raise ConfigError(f"--mode: must be one of {', '.join(MODES)}, got {settings.mode!r}")
     if settings.granularity not in GRANULARITIES:
         raise ConfigError(f"--granularity: must be one of {', '.join(GRANULARITIES)}")
-    if settings.qos not in (0, 1, 2):
-        raise ConfigError(f"--qos: must be 0, 1 or 2, got {settings.qos}")
+    # QoS 2 is refused: paho answers PUBREC on arrival, so a message received but not yet
+    # written would be lost on a crash. At QoS 1 the broker downgrades QoS 2 publishes and
+    # we get at-least-once with the ack after the write.
+    if settings.qos not in (0, 1):
+        raise ConfigError(f"--qos: must be 0 or 1 (QoS 2 publishes arrive as QoS 1), "
+                          f"got {settings.qos}")
     if not settings.topics or any(not t for t in settings.topics):
         raise ConfigError("--topic: at least one non-empty topic filter is required")
     if settings.shared_group is not None and not _NAME.match(settings.shared_group):

@@ -21,5 +21,10 @@ class WriteError(IngestError):
     retriable = True
 
 
-class FatalWriteError(IngestError):
-    """A write failed in a way retrying cannot fix (auth, bad namespace...)."""
+class RefusedWriteError(WriteError):
+    """MongoDB or the driver refused a whole request for its data; retrying cannot help.
+
+    The pipeline splits the request to isolate the readings at fault.
+    """
+
+    retriable = False

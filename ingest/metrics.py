@@ -45,6 +45,11 @@ class Metrics:
         self.messages_acked = Counter(
             "messages_acked", "MQTT messages acknowledged after their write.",
             namespace=NAMESPACE, registry=r)
+        self.messages_dropped = Counter(
+            "messages_dropped", "QoS 0 messages dropped because the inbox was full "
+            "(QoS 0 has no flow control; QoS 1 messages are never dropped).", ["reason"],
+            namespace=NAMESPACE, registry=r)
+        self.messages_dropped.labels("qos0_overflow")
         self.received_bytes = Counter(
             "received_bytes", "Payload bytes received.", namespace=NAMESPACE, registry=r)
         self.readings_accepted = Counter(

@@ -79,9 +79,14 @@ class _Buffered:
         self._raw_recv = paho._sock_recv  # noqa: SLF001 - keeps paho's TLS/error handling
         self._data = b""
         self._pos = 0
+        self._burst_over = False
 
     def sock_recv(self, bufsize: int) -> bytes:
         if self._pos >= len(self._data):
+            if self._burst_over:
+                # Yield to the event loop: the socket stays readable and paho keeps the
+                # partial packet, so the next readable event resumes exactly here.
+                raise BlockingIOError
             data = self._raw_recv(RECV_BYTES)  # raises BlockingIOError when nothing is left
             if not data:
                 return b""  # EOF: paho treats it as a lost connection
@@ -91,13 +96,14 @@ class _Buffered:
         return self._data[start:self._pos]
 
     def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:  # noqa: ARG002 - paho's API
-        """Read packets until the socket is dry, or past READ_BURST with an empty buffer.
+        """Read up to READ_BURST packets, then finish the bytes already buffered.
 
-        Stopping with bytes left in our buffer would strand them: the event loop only
-        calls again when the socket is readable. Past READ_BURST packets we stop at the
-        first point where the buffer is empty, so a busy connection yields to the loop.
+        Bytes are never left in our buffer (the event loop only calls again when the
+        socket is readable), and the work per call stays bounded by READ_BURST packets
+        plus one buffer, so a busy connection cannot starve the other tasks.
         """
         paho = self._paho
+        self._burst_over = False
         packets = 0
         while True:
             if paho._sock is None:  # noqa: SLF001
@@ -108,8 +114,7 @@ class _Buffered:
             if rc == MQTTErrorCode.MQTT_ERR_AGAIN:
                 return MQTTErrorCode.MQTT_ERR_SUCCESS
             packets += 1
-            if packets >= READ_BURST and self._pos >= len(self._data):
-                return MQTTErrorCode.MQTT_ERR_SUCCESS
+            self._burst_over = packets >= READ_BURST
 
 
 def _buffer_reads(paho: Any) -> None:  # noqa: ANN401

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ingest.batcher import Batch, Batcher
 from ingest.decode import Limits, decode
-from ingest.errors import WriteError
+from ingest.errors import RefusedWriteError, WriteError
 from ingest.model import Rejection
 from ingest.retry import backoff
 from ingest.writers.rejects import reject_docs
@@ -34,8 +34,8 @@ logger = logging.getLogger(__name__)
 class Acker(Protocol):
     """Something that acknowledges a message to the broker (the MQTT source)."""
 
-    def ack(self, message: Inbound) -> None:
-        """Acknowledge one message."""
+    def ack(self, message: Inbound) -> bool:
+        """Acknowledge one message; False if it could not be (it will be redelivered)."""
 
 
 class Pipeline:
@@ -59,6 +59,7 @@ class Pipeline:
         self._space = asyncio.Condition()
         self._buffered = 0
         self._received = self._received_bytes = self._accepted = 0
+        self._closed = False
         metrics.buffer_limit.set(settings.max_buffered_readings)
 
     @property
@@ -68,12 +69,18 @@ class Pipeline:
 
     async def submit(self, message: Inbound) -> None:
         """Decode one message into the open batch; wait while the buffer is full."""
+        if self._closed:
+            return  # shutting down: left unacknowledged, the broker redelivers it
         if self._buffered >= self._settings.max_buffered_readings:
             self._health.saturated = True
-            async with self._space:
-                await self._space.wait_for(
-                    lambda: self._buffered < self._settings.max_buffered_readings)
-            self._health.saturated = False
+            try:
+                async with self._space:
+                    await self._space.wait_for(
+                        lambda: self._buffered < self._settings.max_buffered_readings)
+            finally:
+                self._health.saturated = False
+            if self._closed:
+                return
         # Per-message counts are kept as plain ints and handed to the metrics at scrape
         # time (sync_metrics): a Prometheus counter takes a lock on every inc().
         self._received += 1
@@ -108,7 +115,8 @@ class Pipeline:
             self._dispatch(batch)
 
     async def drain(self) -> None:
-        """Flush the open batch and wait until every batch is written and acknowledged."""
+        """Take no more messages, flush the open batch, wait until all is written and acked."""
+        self._closed = True
         self.flush()
         await self._write_queue.join()
         await self._ack_queue.join()
@@ -159,9 +167,8 @@ class Pipeline:
             batch, done = await self._ack_queue.get()
             try:
                 await done
-                for message in batch.messages:
-                    self._acker.ack(message)
-                self._metrics.messages_acked.inc(len(batch.messages))
+                sent = sum(self._acker.ack(message) for message in batch.messages)
+                self._metrics.messages_acked.inc(sent)
             finally:
                 self._ack_queue.task_done()
 
@@ -188,6 +195,9 @@ class Pipeline:
                 return refused
             try:
                 outcome = await self._writer.write(plan)
+            except RefusedWriteError as exc:
+                self._metrics.write_error("rejected")
+                return refused + await self._isolate(pending, exc)
             except WriteError as exc:
                 attempt += 1
                 await self._failed(exc, attempt)
@@ -206,18 +216,35 @@ class Pipeline:
                 await self._failed(WriteError(f"{len(pending)} readings to retry"), attempt)
         return refused
 
+    async def _isolate(self, readings: list[Reading], exc: RefusedWriteError
+                       ) -> list[tuple[Reading, str]]:
+        """A whole request was refused for its data: split it until the culprit is alone."""
+        if len(readings) == 1:
+            logger.warning("MongoDB refused a reading: %s", exc)
+            self._metrics.reject("write_rejected")
+            return [(readings[0], str(exc)[:300])]
+        half = len(readings) // 2
+        return (await self._write_readings(readings[:half])
+                + await self._write_readings(readings[half:]))
+
     async def _write_rejects(self, docs: list[dict[str, Any]]) -> None:
         if self._settings.dry_run:
             return
-        attempt = 0
-        while True:
+        pending, attempt = docs, 0
+        while pending:
             try:
-                self._metrics.rejects_written.inc(await self._rejects.write(docs))
+                stored, pending = await self._rejects.write(pending)
+            except RefusedWriteError:
+                logger.exception("rejects collection refused %d documents", len(pending))
+                return
             except WriteError as exc:
                 attempt += 1
                 await self._failed(exc, attempt)
-            else:
-                return
+                continue
+            self._metrics.rejects_written.inc(stored)
+            if pending:
+                attempt += 1
+                await self._failed(WriteError(f"{len(pending)} rejects to retry"), attempt)
 
     def _count_written(self, ops: int, readings: int) -> None:
         self._metrics.write_requests.inc()

@@ -29,12 +29,13 @@ TIMESERIES_INDEX = "meta.sensor_id_1_ts_1"
 BUCKET_VALIDATOR: dict[str, Any] = {
     "$jsonSchema": {
         "bsonType": "object",
-        "required": ["sensor_id", "bucket_start", "count", "first_ts", "last_ts",
+        "required": ["sensor_id", "bucket_start", "count", "bytes", "first_ts", "last_ts",
                      "readings", "stats", "schema_version"],
         "properties": {
             "sensor_id": {"bsonType": "string", "pattern": f"^{SENSOR_ID_PATTERN}$"},
             "bucket_start": {"bsonType": "date"},
             "count": {"bsonType": ["int", "long"], "minimum": 1},
+            "bytes": {"bsonType": ["int", "long"], "minimum": 1},
             "first_ts": {"bsonType": "date"},
             "last_ts": {"bsonType": "date"},
             # Items are not validated one by one: the whole document is revalidated

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from ingest import paho_hooks
 from ingest.model import Inbound
@@ -62,17 +63,20 @@ class MqttSource:
             logger=logging.getLogger("ingest.mqtt"),
         )
 
-    def ack(self, message: Inbound) -> None:
-        """Acknowledge a QoS 1/2 message, if it came on the current connection.
+    def ack(self, message: Inbound) -> bool:
+        """Acknowledge a QoS 1 message, if it came on the current connection.
 
         After a reconnect the broker resends unacknowledged messages and may reuse
         their packet ids, so an ack for an earlier connection's message could confirm
         a different, unwritten one; such messages are left to the redelivery instead.
         """
         client = self._client
-        if message.qos == 0 or client is None or message.generation != self._generation:
-            return
+        if message.qos == 0:
+            return True  # nothing to acknowledge: handled is done
+        if client is None or message.generation != self._generation:
+            return False
         paho_hooks.ack(client, message.mid, message.qos)
+        return True
 
     def stop_consuming(self) -> None:
         """Stop taking messages but keep the connection so acks can still go out."""
@@ -111,7 +115,16 @@ class MqttSource:
         wake = asyncio.Event()
         generation = self._generation + 1  # the number _connected() gives this connection
 
+        limit = self._settings.max_inflight_messages
+        dropped = self._metrics.messages_dropped.labels("qos0_overflow")
+
         def deliver(topic: str, payload: bytes, mid: int, qos: int) -> None:
+            # QoS 1/2 messages are bounded by Receive Maximum at the broker; QoS 0 has no
+            # flow control, so past the same bound it is dropped, as QoS 0 allows, and
+            # counted.
+            if qos == 0 and len(inbox) >= limit:
+                dropped.inc()
+                return
             inbox.append(Inbound(topic, payload, mid, qos, generation, time.time()))
             wake.set()
 
@@ -121,8 +134,19 @@ class MqttSource:
     async def _connected(self, client: aiomqtt.Client) -> None:
         self._generation += 1
         self._client = client
+        wanted = self._settings.qos
+        # Retained messages only when the subscription is new, not again on every
+        # reconnect of the persistent session (they would be stored again each time).
+        options = SubscribeOptions(qos=wanted,
+                                   retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
         for topic in self._settings.subscriptions:
-            await client.subscribe(topic, qos=self._settings.qos)
+            granted = await client.subscribe(topic, options=options)
+            codes = [code if isinstance(code, int) else code.value for code in granted]
+            if any(code != wanted for code in codes):
+                # 0x80 and above: refused (e.g. ACL); a lower QoS would silently turn the
+                # ack-after-write guarantee into at-most-once.
+                raise aiomqtt.MqttError(f"broker answered {codes} to subscribing {topic!r} at "
+                                        f"QoS {wanted}")
         self._health.mqtt_connected = True
         self._metrics.mqtt_connected.set(1)
         logger.info("connected to %s:%d as %s; subscribed to %s",

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from ingest.model import Reading
 from ingest.schema import BUCKET_INDEX, BUCKET_TTL_INDEX, Schema
-from ingest.writers.bucket import BucketWriter
+from ingest.writers.bucket import BucketWriter, reading_bytes
 
 HOUR = 3600
 T0 = 1_790_000_000 // HOUR * HOUR  # an hour boundary
@@ -69,13 +69,15 @@ def test_group_larger_than_the_cap_is_split_and_each_filter_leaves_room() -> Non
     plan = writer_for(NO_DB, max_readings=5).plan(batch)
     assert [len(g) for g in plan.groups] == [5, 5, 2]
     assert [op._filter["count"] for op in plan.ops] == [{"$lte": 0}, {"$lte": 0}, {"$lte": 3}]
+    assert all(op._filter["bytes"]["$lte"] > 0 for op in plan.ops)
 
 
 def test_statistics_of_one_update() -> None:
     batch = [reading("a", T0 + 1, temp=22.5, hum=40), reading("a", T0 + 2, temp=21.0),
              reading("a", T0 + 3, temp=23.5, hum=41)]
     op = writer_for(NO_DB).plan(batch).ops[0]._doc
-    assert op["$inc"] == {"count": 3, "stats.temp.count": 3, "stats.temp.sum": 67.0,
+    assert op["$inc"] == {"count": 3, "bytes": sum(reading_bytes(r) for r in batch),
+                          "stats.temp.count": 3, "stats.temp.sum": 67.0,
                           "stats.hum.count": 2, "stats.hum.sum": 81.0}
     assert op["$min"]["stats.temp.min"] == 21.0
     assert op["$max"]["stats.temp.max"] == 23.5
@@ -220,3 +222,33 @@ async def test_changed_retention_updates_the_ttl_index(db: Any) -> None:
     await writer_for(db, retention_days=30).ensure_schema()
     indexes = await db.buckets.index_information()
     assert indexes[BUCKET_TTL_INDEX]["expireAfterSeconds"] == 30 * 86400 + HOUR
+
+
+async def test_documents_also_stay_under_a_byte_budget(db: Any, monkeypatch: Any) -> None:
+    """Wide readings fill a document by size before they reach the count cap."""
+    from ingest.writers import bucket  # noqa: PLC0415
+
+    monkeypatch.setattr(bucket, "MAX_BUCKET_BYTES", 4000)
+    writer = writer_for(db)
+    await writer.ensure_schema()
+    wide = {f"measurement_{i:03d}": float(i) for i in range(20)}  # ~ 500 estimated bytes
+    written = []
+    for b in range(3):
+        batch = [Reading("a", datetime.fromtimestamp(T0 + 10 * b + i, UTC), T0 + 10 * b + i,
+                         wide) for i in range(7)]
+        await writer.write(writer.plan(batch))
+        written += batch
+    docs = await db.buckets.find({}).to_list()
+    assert all(d["bytes"] <= 4000 for d in docs)
+    assert len(docs) >= 21 * bucket.reading_bytes(written[0]) // 4000
+    assert sum(d["count"] for d in docs) == 21
+    await expected_vs_stored(db.buckets, written)
+
+
+def test_a_reading_larger_than_the_budget_goes_alone_and_the_server_decides() -> None:
+    from ingest.writers.bucket import MAX_BUCKET_BYTES, chunks  # noqa: PLC0415
+
+    huge = Reading("a", datetime.fromtimestamp(T0, UTC), T0,
+                   {f"m{i:06d}": 1.0 for i in range(MAX_BUCKET_BYTES // 17 + 1)})
+    small = reading("a", T0 + 1)
+    assert [len(c) for c, _ in chunks([small, huge, small], 3600)] == [1, 1, 1]

@@ -314,7 +314,8 @@ def test_main_reports_a_config_error_in_one_line(capsys: pytest.CaptureFixture[s
     assert main(["run", "--qos", "3"], env={}) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert one_line(captured.err) == "ingest: error: --qos: must be 0, 1 or 2, got 3"
+    assert one_line(captured.err) == (
+        "ingest: error: --qos: must be 0 or 1 (QoS 2 publishes arrive as QoS 1), got 3")
 
 
 def test_main_reads_the_given_env_not_os_environ(capsys: pytest.CaptureFixture[str]) -> None:
@@ -392,6 +393,7 @@ BAD_CONFIGS: list[tuple[list[str], dict[str, str], str]] = [
     (["--batch-size", "-1"], {}, "--batch-size"),
     (["--flush-interval", "0"], {}, "--flush-interval"),
     (["--qos", "3"], {}, "--qos"),
+    (["--qos", "2"], {}, "--qos"),
     ([], {"INGEST_QOS": "3"}, "--qos"),
     ([], {"INGEST_BATCH_SIZE": "abc"}, "--batch-size"),
     ([], {"INGEST_FLUSH_INTERVAL": "soon"}, "--flush-interval"),

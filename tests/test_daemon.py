@@ -6,14 +6,16 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+import aiomqtt
 import orjson
 import pytest
 
 from tests.support.mongo import failpoint, stored, stored_values
-from tests.support.procs import eventually, free_port, http_status
+from tests.support.procs import Broker, eventually, free_port, http_status
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
     from tests.support.procs import Daemon
 
@@ -223,3 +225,62 @@ async def test_a_backlog_queued_while_offline_is_drained_in_bursts(
     second = daemon("--dry-run")
     await eventually(lambda: second.metric("ingest_messages_acked_total") == count, timeout=30)
     assert second.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == count
+
+
+async def test_retained_messages_are_stored_once_not_on_every_reconnect(
+        daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any) -> None:
+    topic, payload = one(topic_root, "s1", 1)
+    async with aiomqtt.Client("127.0.0.1", broker.port) as client:
+        await client.publish(topic, payload, qos=1, retain=True)
+    try:
+        first = daemon()  # a new session: the retained message is delivered once
+        await eventually(lambda: first.metric("ingest_messages_acked_total") == 1)
+        assert first.stop() == 0
+        again = daemon()  # the same persistent session: its subscription already exists
+        time.sleep(1.0)
+        assert again.metric("ingest_messages_received_total") == 0
+        assert await stored(db, "bucket") == 1
+    finally:
+        async with aiomqtt.Client("127.0.0.1", broker.port) as client:
+            await client.publish(topic, b"", qos=1, retain=True)  # clear it
+
+
+async def test_a_subscription_granted_below_qos_1_is_not_accepted(
+        daemon: Callable[..., Daemon], tmp_path: Path) -> None:
+    """A broker that downgrades the subscription would turn ack-after-write into
+    at-most-once: the daemon refuses it and stays unready rather than run like that."""
+    capped = Broker(tmp_path, extra="max_qos 0\n")
+    capped.start()
+    try:
+        proc = daemon(broker_url=capped.url, wait_ready=False)
+        await eventually(lambda: "broker answered [0]" in proc.logs())
+        assert http_status(proc.metrics_port, "/readyz") == 503
+        assert proc.stop() == 0
+    finally:
+        capped.stop()
+
+
+async def test_sigterm_while_waiting_for_mongodb_exits_promptly(
+        daemon: Callable[..., Daemon]) -> None:
+    nowhere = f"mongodb://127.0.0.1:{free_port()}/?serverSelectionTimeoutMS=30000"
+    proc = daemon("--shutdown-timeout", "2", mongodb_uri=nowhere, wait_ready=False)
+    await eventually(lambda: _status(proc, "/healthz") == 200)
+    started = time.monotonic()
+    assert proc.stop() == 0
+    assert time.monotonic() - started < 5
+
+
+async def test_a_qos0_flood_is_bounded_and_counted_while_writes_are_blocked(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str, mongo: Any) -> None:
+    proc = daemon("--batch-size", "10", "--max-buffered-readings", "20",
+                  "--max-inflight-messages", "50", "--write-concurrency", "1")
+    async with failpoint(mongo, ["update"]):
+        await publish([one(topic_root, "s1", i) for i in range(400)], qos=0)
+        await eventually(lambda: proc.metric(
+            'ingest_messages_dropped_total{reason="qos0_overflow"}') > 0)
+        metrics = proc.metrics()
+        assert metrics["ingest_buffered_readings"] <= 20
+        received = metrics["ingest_messages_received_total"]
+        dropped = metrics['ingest_messages_dropped_total{reason="qos0_overflow"}']
+        assert received + dropped <= 400
+        assert received <= 20 + 50 + 10

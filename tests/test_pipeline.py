@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from ingest.config import Settings
-from ingest.errors import WriteError
+from ingest.errors import RefusedWriteError, WriteError
 from ingest.metrics import Health, Metrics
 from ingest.model import Inbound, Reading
 from ingest.pipeline import Pipeline
@@ -39,6 +39,12 @@ class ScriptedWriter:
         step = self.script.pop(0) if self.script else "ok"
         if step == "raise":
             raise WriteError("connection reset")
+        if step.startswith("poison"):  # refuse any request holding this seq, whole
+            poison = int(step.removeprefix("poison"))
+            if poison in plan.ops:
+                self.script.insert(0, step)
+                raise RefusedWriteError("DocumentTooLarge: update too large")
+            self.script.insert(0, step)
         if step == "half":
             retry, refused, rest = plan.groups[0], plan.groups[1], plan.groups[2:]
             self.stored += [g[0].seq for g in rest]  # type: ignore[misc]
@@ -52,17 +58,18 @@ class Rejects:
     def __init__(self) -> None:
         self.docs: list[dict[str, Any]] = []
 
-    async def write(self, docs: list[dict[str, Any]]) -> int:
+    async def write(self, docs: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]]:
         self.docs += docs
-        return len(docs)
+        return len(docs), []
 
 
 class Acks:
     def __init__(self) -> None:
         self.mids: list[int] = []
 
-    def ack(self, message: Inbound) -> None:
+    def ack(self, message: Inbound) -> bool:
         self.mids.append(message.mid)
+        return True
 
 
 async def run_pipeline(writer: ScriptedWriter, count: int, **overrides: Any) -> tuple[
@@ -102,3 +109,16 @@ async def test_a_failed_write_is_retried_whole_and_acks_wait_for_it(monkeypatch:
     assert sorted(writer.stored) == list(range(8))
     assert acks.mids == list(range(1, 9))  # in arrival order despite concurrent writers
     assert metrics.write_errors.labels("bucket", "transient")._value.get() == 2
+
+
+async def test_a_request_refused_for_its_data_is_split_until_the_culprit_is_alone(
+        monkeypatch: Any) -> None:
+    monkeypatch.setattr("ingest.pipeline.backoff", lambda *_a, **_k: 0.0)
+    writer = ScriptedWriter(["poison5"])
+    acks, rejects, metrics = await run_pipeline(writer, 8)
+    assert sorted(writer.stored) == [0, 1, 2, 3, 4, 6, 7]  # everything else, once
+    assert [d["reason"] for d in rejects.docs] == ["write_rejected"]
+    assert '"seq":5' in rejects.docs[0]["payload"]
+    assert "DocumentTooLarge" in rejects.docs[0]["detail"]
+    assert acks.mids == list(range(1, 9))
+    assert metrics.readings_rejected.labels("write_rejected")._value.get() == 1

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from bson.errors import InvalidDocument
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 
-from ingest.errors import WriteError
+from ingest.errors import RefusedWriteError, WriteError
 
 if TYPE_CHECKING:
     from ingest.model import Reading
@@ -17,6 +18,11 @@ TRANSIENT_CODES = frozenset({
     6, 7, 50, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
     64, 79, 100, 134, 211, 10058,
 })
+
+
+# Whole-request failures caused by the data: BadValue, FailedToParse, TypeMismatch,
+# DocumentValidationFailure, BSONObjectTooLarge, "document too large after update".
+DATA_ERROR_CODES = frozenset({2, 9, 14, 121, 10334, 17419})
 
 
 @dataclass(slots=True)
@@ -71,8 +77,17 @@ def split_bulk_error(exc: BulkWriteError, plan: Plan) -> Outcome:
     return outcome
 
 
-def as_write_error(exc: PyMongoError) -> WriteError:
-    """Translate a driver exception for a whole call into our retriable error."""
+def as_write_error(exc: PyMongoError | InvalidDocument) -> WriteError:
+    """Translate a driver exception for a whole request into our error classes.
+
+    A request refused for its data (too large, malformed, invalid) becomes
+    :class:`RefusedWriteError`, which the pipeline splits to isolate the bad readings.
+    Everything else (network, elections, timeouts, authorisation) is retried: it is not
+    the data's fault, and nothing may be acknowledged until it is written.
+    """
     code = exc.code if isinstance(exc, OperationFailure) else None
     suffix = f" (code {code})" if code else ""
-    return WriteError(f"{type(exc).__name__}: {str(exc)[:300]}{suffix}")
+    message = f"{type(exc).__name__}: {str(exc)[:300]}{suffix}"
+    if isinstance(exc, InvalidDocument) or code in DATA_ERROR_CODES:
+        return RefusedWriteError(message)
+    return WriteError(message)

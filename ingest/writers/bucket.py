@@ -15,6 +15,7 @@ import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from bson.errors import InvalidDocument
 from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError, PyMongoError
 
@@ -28,6 +29,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
+# Estimated BSON bytes of readings one document may hold: half of MongoDB's 16 MiB limit,
+# so the estimate can be off by 2x and an update still fits.
+MAX_BUCKET_BYTES = 8 * 1024 * 1024
+
+
+def reading_bytes(reading: Reading) -> int:
+    """Upper estimate of a reading's BSON size inside the ``readings`` array."""
+    # array index key and sub-document framing ~16, ts 12, seq 13, each value 10 + name
+    return 41 + sum(10 + len(name) for name in reading.values)
 
 
 def group_readings(readings: list[Reading], span: int) -> dict[tuple[str, float], list[Reading]]:
@@ -52,9 +62,30 @@ def reading_doc(reading: Reading) -> dict[str, Any]:
     return doc
 
 
-def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readings: int
-               ) -> UpdateOne:
-    """One upsert that appends ``chunk`` to a document of that sensor-span with room for it."""
+def chunks(group: list[Reading], max_readings: int) -> list[tuple[list[Reading], int]]:
+    """Split one sensor-span's readings so each piece fits one document: (readings, bytes)."""
+    out: list[tuple[list[Reading], int]] = []
+    chunk: list[Reading] = []
+    size = 0
+    for reading in group:
+        grow = reading_bytes(reading)
+        if chunk and (len(chunk) >= max_readings or size + grow > MAX_BUCKET_BYTES):
+            out.append((chunk, size))
+            chunk, size = [], 0
+        chunk.append(reading)
+        size += grow
+    if chunk:
+        out.append((chunk, size))
+    return out
+
+
+def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readings: int,
+               size: int) -> UpdateOne:
+    """One upsert that appends ``chunk`` to a document of that sensor-span with room for it.
+
+    Room means both fewer than ``max_readings - n`` readings and fewer than
+    ``MAX_BUCKET_BYTES - size`` estimated bytes, so no document outgrows MongoDB's limit.
+    """
     acc: dict[str, list[Any]] = {}  # name -> [count, sum, min, max]
     for reading in chunk:
         for name, value in reading.values.items():
@@ -68,7 +99,7 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
                 stat[2] = value
             elif value > stat[3]:
                 stat[3] = value
-    inc: dict[str, Any] = {"count": len(chunk)}
+    inc: dict[str, Any] = {"count": len(chunk), "bytes": size}
     mins: dict[str, Any] = {"first_ts": min(r.ts for r in chunk)}
     maxs: dict[str, Any] = {"last_ts": max(r.ts for r in chunk)}
     for name, (count, total, low, high) in acc.items():
@@ -78,7 +109,8 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
         maxs[f"stats.{name}.max"] = high
     return UpdateOne(
         {"sensor_id": sensor_id, "bucket_start": start,
-         "count": {"$lte": max_readings - len(chunk)}},
+         "count": {"$lte": max_readings - len(chunk)},
+         "bytes": {"$lte": max(MAX_BUCKET_BYTES - size, 0)}},
         {"$push": {"readings": {"$each": [reading_doc(r) for r in chunk]}},
          "$inc": inc, "$min": mins, "$max": maxs,
          "$setOnInsert": {"schema_version": SCHEMA_VERSION}},
@@ -108,9 +140,8 @@ class BucketWriter:
         groups: list[list[Reading]] = []
         for (sensor_id, start), group in group_readings(readings, self._span).items():
             start_dt = datetime.fromtimestamp(start, UTC)
-            for i in range(0, len(group), self._max):
-                chunk = group[i:i + self._max]
-                ops.append(update_for(sensor_id, start_dt, chunk, self._max))
+            for chunk, size in chunks(group, self._max):
+                ops.append(update_for(sensor_id, start_dt, chunk, self._max, size))
                 groups.append(chunk)
         return Plan(ops, groups)
 
@@ -120,6 +151,6 @@ class BucketWriter:
             await self._collection.bulk_write(plan.ops, ordered=False)
         except BulkWriteError as exc:
             return split_bulk_error(exc, plan)
-        except PyMongoError as exc:
+        except (PyMongoError, InvalidDocument) as exc:
             raise as_write_error(exc) from exc
         return Outcome(written=sum(len(g) for g in plan.groups))

@@ -6,9 +6,10 @@ import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from bson.errors import InvalidDocument
 from pymongo.errors import BulkWriteError, PyMongoError
 
-from ingest.writers import as_write_error
+from ingest.writers import TRANSIENT_CODES, as_write_error
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -50,16 +51,20 @@ class RejectsWriter:
     def __init__(self, collection: AsyncCollection[dict[str, Any]]) -> None:
         self._collection = collection
 
-    async def write(self, docs: list[dict[str, Any]]) -> int:
-        """Insert ``docs``; return how many were stored."""
+    async def write(self, docs: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]]:
+        """Insert ``docs``; return how many were stored and the ones to try again."""
         try:
             result = await self._collection.insert_many(docs, ordered=False)
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
-            first = errors[0].get("errmsg") if errors else "?"
-            # An expected server answer, not a bug: no traceback.
-            logger.error("rejects collection refused %d documents: %s", len(errors), first)  # noqa: TRY400
-            return int(exc.details.get("nInserted", 0))
-        except PyMongoError as exc:
+            retry = [docs[e["index"]] for e in errors if e.get("code") in TRANSIENT_CODES]
+            refused = len(errors) - len(retry)
+            if refused:
+                first = next(e.get("errmsg") for e in errors
+                             if e.get("code") not in TRANSIENT_CODES)
+                # An expected server answer, not a bug: no traceback.
+                logger.error("rejects collection refused %d documents: %s", refused, first)  # noqa: TRY400
+            return int(exc.details.get("nInserted", 0)), retry
+        except (PyMongoError, InvalidDocument) as exc:
             raise as_write_error(exc) from exc
-        return len(result.inserted_ids)
+        return len(result.inserted_ids), []

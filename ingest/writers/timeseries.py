@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from bson.errors import InvalidDocument
 from pymongo.errors import BulkWriteError, PyMongoError
 
 from ingest.writers import Outcome, Plan, as_write_error, split_bulk_error
@@ -57,6 +58,6 @@ class TimeseriesWriter:
             await self._collection.insert_many(plan.ops, ordered=False)
         except BulkWriteError as exc:
             return split_bulk_error(exc, plan)
-        except PyMongoError as exc:
+        except (PyMongoError, InvalidDocument) as exc:
             raise as_write_error(exc) from exc
         return Outcome(written=len(plan.ops))
