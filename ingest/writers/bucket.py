@@ -37,7 +37,8 @@ MAX_BUCKET_BYTES = 8 * 1024 * 1024
 def reading_bytes(reading: Reading) -> int:
     """Upper estimate of a reading's BSON size inside the ``readings`` array."""
     # array index key and sub-document framing ~16, ts 12, seq 13, each value 10 + name
-    return 41 + sum(10 + len(name) for name in reading.values)
+    values = reading.values
+    return 41 + 10 * len(values) + sum(map(len, values))
 
 
 def group_readings(readings: list[Reading], span: int) -> dict[tuple[str, float], list[Reading]]:
