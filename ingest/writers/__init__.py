@@ -11,6 +11,8 @@ from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 from ingest.errors import RefusedWriteError, WriteError
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from ingest.model import Reading
 
 # Server error codes worth retrying: network, elections, shutdowns, conflicts, timeouts.
@@ -75,6 +77,17 @@ def split_bulk_error(exc: BulkWriteError, plan: Plan) -> Outcome:
             outcome.refused.extend((reading, detail) for reading in plan.groups[index])
     outcome.written = sum(len(g) for i, g in enumerate(plan.groups) if i not in failed)
     return outcome
+
+
+async def send(request: Awaitable[object], plan: Plan) -> Outcome:
+    """Await one unordered bulk request for ``plan`` and sort out what it did."""
+    try:
+        await request
+    except BulkWriteError as exc:
+        return split_bulk_error(exc, plan)
+    except (PyMongoError, InvalidDocument) as exc:
+        raise as_write_error(exc) from exc
+    return Outcome(written=sum(len(group) for group in plan.groups))
 
 
 def as_write_error(exc: PyMongoError | InvalidDocument) -> WriteError:

@@ -15,11 +15,9 @@ import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from bson.errors import InvalidDocument
 from pymongo import UpdateOne
-from pymongo.errors import BulkWriteError, PyMongoError
 
-from ingest.writers import Outcome, Plan, as_write_error, split_bulk_error
+from ingest.writers import Outcome, Plan, send
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -148,10 +146,4 @@ class BucketWriter:
 
     async def write(self, plan: Plan) -> Outcome:
         """Send the plan in one unordered bulk_write."""
-        try:
-            await self._collection.bulk_write(plan.ops, ordered=False)
-        except BulkWriteError as exc:
-            return split_bulk_error(exc, plan)
-        except (PyMongoError, InvalidDocument) as exc:
-            raise as_write_error(exc) from exc
-        return Outcome(written=sum(len(g) for g in plan.groups))
+        return await send(self._collection.bulk_write(plan.ops, ordered=False), plan)

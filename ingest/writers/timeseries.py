@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from bson.errors import InvalidDocument
-from pymongo.errors import BulkWriteError, PyMongoError
-
-from ingest.writers import Outcome, Plan, as_write_error, split_bulk_error
+from ingest.writers import Outcome, Plan, send
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -54,10 +51,4 @@ class TimeseriesWriter:
 
     async def write(self, plan: Plan) -> Outcome:
         """Send the plan in one unordered insert_many."""
-        try:
-            await self._collection.insert_many(plan.ops, ordered=False)
-        except BulkWriteError as exc:
-            return split_bulk_error(exc, plan)
-        except (PyMongoError, InvalidDocument) as exc:
-            raise as_write_error(exc) from exc
-        return Outcome(written=len(plan.ops))
+        return await send(self._collection.insert_many(plan.ops, ordered=False), plan)
