@@ -50,6 +50,10 @@ class Metrics:
             "(QoS 0 has no flow control; QoS 1 messages are never dropped).", ["reason"],
             namespace=NAMESPACE, registry=r)
         self.messages_dropped.labels("qos0_overflow")
+        self.redeliveries_adopted = Counter(
+            "redeliveries_adopted", "Messages redelivered after a reconnect while their "
+            "write was in flight: acknowledged once written, not written again.",
+            namespace=NAMESPACE, registry=r)
         self.received_bytes = Counter(
             "received_bytes", "Payload bytes received.", namespace=NAMESPACE, registry=r)
         self.readings_accepted = Counter(

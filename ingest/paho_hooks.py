@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     import aiomqtt
 
-type Deliver = Callable[[str, bytes, int, int], None]
+type Deliver = Callable[[str, bytes, int, int, bool], None]  # topic, payload, mid, qos, dup
 RECV_BYTES = 65536
 READ_BURST = 500
 
@@ -49,11 +49,12 @@ def install(client: aiomqtt.Client, deliver: Deliver) -> None:
     original = paho._handle_publish  # noqa: SLF001
 
     def on_message(_client: object, _userdata: object, message: Any) -> None:  # noqa: ANN401
-        deliver(message.topic, message.payload, message.mid, message.qos)
+        deliver(message.topic, message.payload, message.mid, message.qos, bool(message.dup))
 
     def handle_publish() -> MQTTErrorCode:
         packet = paho._in_packet  # noqa: SLF001
-        qos = (packet["command"] & 0x06) >> 1
+        command = packet["command"]
+        qos = (command & 0x06) >> 1
         if qos == 2:
             return original()  # type: ignore[no-any-return]
         data = packet["packet"]
@@ -63,7 +64,8 @@ def install(client: aiomqtt.Client, deliver: Deliver) -> None:
         if qos:
             mid = int.from_bytes(data[end:end + 2])
             end += 2
-        deliver(topic, bytes(data[_skip_properties(data, end):]), mid, qos)
+        dup = bool(command & 0x08)
+        deliver(topic, bytes(data[_skip_properties(data, end):]), mid, qos, dup)
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
     paho.on_message = on_message

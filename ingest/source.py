@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiomqtt
@@ -33,6 +34,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+@dataclass(slots=True)
+class _Unacked:
+    """A QoS 1 message in the pipeline, and the connection that may acknowledge it."""
+
+    message: Inbound
+    owner: int
+    written: bool = False
+
+
 class MqttSource:
     """Consumes the configured topics and acknowledges messages on request."""
 
@@ -44,6 +54,8 @@ class MqttSource:
         self._session_expiry = session_expiry
         self._client: aiomqtt.Client | None = None
         self._generation = 0
+        # QoS 1 messages taken from the broker and not yet acknowledged, by packet id.
+        self._unacked: dict[int, _Unacked] = {}
         self._stop = asyncio.Event()
         self._release = asyncio.Event()
 
@@ -64,19 +76,46 @@ class MqttSource:
         )
 
     def ack(self, message: Inbound) -> bool:
-        """Acknowledge a QoS 1 message, if it came on the current connection.
+        """Acknowledge a message whose write succeeded; False if it cannot be (yet).
 
-        After a reconnect the broker resends unacknowledged messages and may reuse
-        their packet ids, so an ack for an earlier connection's message could confirm
-        a different, unwritten one; such messages are left to the redelivery instead.
+        A message is acknowledged on the connection that currently owns its packet id.
+        After a reconnect the broker resends unacknowledged messages with the same id
+        and the DUP flag; :meth:`_redelivered` hands the id to the new connection, so the
+        original write is acknowledged there instead of being written a second time.
+        Until that redelivery arrives the ack waits (``written``).
         """
-        client = self._client
         if message.qos == 0:
-            return True  # nothing to acknowledge: handled is done
-        if client is None or message.generation != self._generation:
+            return True  # nothing to acknowledge: done with
+        entry = self._unacked.get(message.mid)
+        if entry is None or entry.message is not message:
+            return False  # superseded: the session was lost and the id reused
+        if entry.owner != self._generation or self._client is None:
+            entry.written = True
             return False
-        paho_hooks.ack(client, message.mid, message.qos)
+        del self._unacked[message.mid]
+        paho_hooks.ack(self._client, message.mid, message.qos)
         return True
+
+    def _redelivered(self, message: Inbound) -> bool:
+        """Adopt a DUP redelivery of a message already in the pipeline; True if adopted."""
+        entry = self._unacked.get(message.mid)
+        if (entry is None or entry.message.topic != message.topic
+                or entry.message.payload != message.payload):
+            return False
+        entry.owner = message.generation
+        if entry.written and self._client is not None:
+            del self._unacked[message.mid]
+            paho_hooks.ack(self._client, message.mid, message.qos)
+            self._metrics.messages_acked.inc()
+        self._metrics.redeliveries_adopted.inc()
+        return True
+
+    def _forget_stale(self) -> None:
+        """Drop entries written long ago that no reconnect redelivered (session lost)."""
+        stale = [mid for mid, entry in self._unacked.items()
+                 if entry.written and entry.owner < self._generation - 1]
+        for mid in stale:
+            del self._unacked[mid]
 
     def stop_consuming(self) -> None:
         """Stop taking messages but keep the connection so acks can still go out."""
@@ -118,14 +157,22 @@ class MqttSource:
         limit = self._settings.max_inflight_messages
         dropped = self._metrics.messages_dropped.labels("qos0_overflow")
 
-        def deliver(topic: str, payload: bytes, mid: int, qos: int) -> None:
+        def deliver(topic: str, payload: bytes, mid: int, qos: int, dup: bool) -> None:
             # QoS 1/2 messages are bounded by Receive Maximum at the broker; QoS 0 has no
             # flow control, so past the same bound it is dropped, as QoS 0 allows, and
             # counted.
-            if qos == 0 and len(inbox) >= limit:
-                dropped.inc()
+            if qos == 0:
+                if len(inbox) >= limit:
+                    dropped.inc()
+                    return
+                inbox.append(Inbound(topic, payload, mid, qos, generation, time.time()))
+                wake.set()
                 return
-            inbox.append(Inbound(topic, payload, mid, qos, generation, time.time()))
+            message = Inbound(topic, payload, mid, qos, generation, time.time())
+            if dup and self._redelivered(message):
+                return
+            self._unacked[mid] = _Unacked(message, generation)
+            inbox.append(message)
             wake.set()
 
         paho_hooks.install(client, deliver)
@@ -134,6 +181,14 @@ class MqttSource:
     async def _connected(self, client: aiomqtt.Client) -> None:
         self._generation += 1
         self._client = client
+        self._forget_stale()
+        # Redeliveries adopted before this point (they arrive right after CONNACK) whose
+        # write had already finished: acknowledge them now.
+        for mid, entry in list(self._unacked.items()):
+            if entry.owner == self._generation and entry.written:
+                del self._unacked[mid]
+                paho_hooks.ack(client, mid, entry.message.qos)
+                self._metrics.messages_acked.inc()
         wanted = self._settings.qos
         # Retained messages only when the subscription is new, not again on every
         # reconnect of the persistent session (they would be stored again each time).

@@ -284,3 +284,34 @@ async def test_a_qos0_flood_is_bounded_and_counted_while_writes_are_blocked(
         dropped = metrics['ingest_messages_dropped_total{reason="qos0_overflow"}']
         assert received + dropped <= 400
         assert received <= 20 + 50 + 10
+
+
+async def test_a_broker_restart_during_a_write_neither_loses_nor_duplicates(
+        daemon: Callable[..., Daemon], mode: str, tmp_path: Path, topic_root: str, db: Any,
+        mongo: Any) -> None:
+    """Writes fail (and are retried) while the broker restarts with its persistence: the
+    daemon reconnects on its own, the broker redelivers the unacknowledged messages as
+    DUPs, and the daemon acknowledges them once the original write succeeds instead of
+    writing them a second time."""
+    persistent = Broker(tmp_path / "persistent", persistence=True)
+    persistent.directory.mkdir()
+    persistent.start()
+    try:
+        proc = daemon(broker_url=persistent.url)
+        async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+            async with aiomqtt.Client("127.0.0.1", persistent.port) as client:
+                for i in range(20):
+                    topic, payload = one(topic_root, f"s{i % 2}", i)
+                    await client.publish(topic, payload, qos=1)
+            await eventually(lambda: proc.metric(
+                f'ingest_write_errors_total{{kind="transient",mode="{mode}"}}') >= 1)
+            persistent.restart()
+            await eventually(lambda: proc.metric("ingest_redeliveries_adopted_total") == 20)
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 20)
+        assert await stored(db, mode) == 20
+        assert await stored_values(db, mode, "seq") == list(range(20))
+        assert proc.metric("ingest_mqtt_reconnects_total") >= 1
+        time.sleep(0.5)
+        assert proc.metric("ingest_messages_received_total") == 20  # nothing new came
+    finally:
+        persistent.stop()
