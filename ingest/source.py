@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ingest.metrics import Health, Metrics
 
 logger = logging.getLogger(__name__)
+YIELD_EVERY = 500  # messages decoded between two yields to the event loop
 
 
 @dataclass(slots=True)
@@ -240,8 +241,12 @@ class MqttSource:
     async def _consume(inbox: deque[Inbound], wake: asyncio.Event,
                        sink: Callable[[Inbound], Awaitable[None]]) -> None:
         while True:
+            taken = 0
             while inbox:
                 await sink(inbox.popleft())
+                taken += 1
+                if taken % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # let the writers and the acker run
             wake.clear()
             await wake.wait()
 
