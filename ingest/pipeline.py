@@ -52,9 +52,10 @@ class Pipeline:
         self._limits = Limits(settings.max_message_bytes, settings.max_readings_per_message,
                               settings.max_past_seconds, settings.max_future_seconds)
         self._batcher = Batcher(settings.batch_size, settings.flush_interval)
-        self._write_queue: asyncio.Queue[Batch] = asyncio.Queue()
+        # Each batch goes to both queues with one future: the writer that takes it
+        # resolves the future, the acker waits for the futures in dispatch order.
+        self._write_queue: asyncio.Queue[tuple[Batch, asyncio.Future[None]]] = asyncio.Queue()
         self._ack_queue: asyncio.Queue[tuple[Batch, asyncio.Future[None]]] = asyncio.Queue()
-        self._pending: dict[int, asyncio.Future[None]] = {}
         self._opened = asyncio.Event()
         self._space = asyncio.Condition()
         self._buffered = 0
@@ -131,8 +132,7 @@ class Pipeline:
 
     def _dispatch(self, batch: Batch) -> None:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending[batch.number] = done
-        self._write_queue.put_nowait(batch)
+        self._write_queue.put_nowait((batch, done))
         self._ack_queue.put_nowait((batch, done))
 
     async def _linger(self) -> None:
@@ -152,12 +152,12 @@ class Pipeline:
 
     async def _write_worker(self) -> None:
         while True:
-            batch = await self._write_queue.get()
+            batch, done = await self._write_queue.get()
             try:
                 await self._write_batch(batch)
             finally:
                 self._write_queue.task_done()
-            self._pending.pop(batch.number).set_result(None)
+            done.set_result(None)
             self._buffered -= len(batch.readings)
             async with self._space:
                 self._space.notify_all()
