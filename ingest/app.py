@@ -163,7 +163,9 @@ async def _watch_mongodb(client: AsyncMongoClient[dict[str, Any]], health: Healt
             await asyncio.wait_for(client.admin.command("ping"), PING_INTERVAL)
         except (PyMongoError, TimeoutError) as exc:
             if health.mongodb_ok:
-                logger.warning("MongoDB ping failed: %s", str(exc)[:200])
+                # TimeoutError has an empty message: name the type too.
+                logger.warning("MongoDB ping failed: %s: %s", type(exc).__name__,
+                               str(exc)[:200])
             health.mongodb_ok = False
         else:
             health.mongodb_ok = True

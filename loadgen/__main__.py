@@ -1,0 +1,5 @@
+"""Allow ``python -m loadgen``."""
+
+from loadgen.cli import main
+
+raise SystemExit(main())

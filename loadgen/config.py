@@ -1,0 +1,142 @@
+"""Frozen, typed settings of ``loadgen publish`` and ``loadgen verify``, validated in one place.
+
+Every check raises :class:`ConfigError` with one line naming the flag.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+from urllib.parse import urlsplit
+
+type VerifyMode = Literal["bucket", "timeseries", "both"]
+_PREFIX = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+_TOPIC_PREFIX = re.compile(r"^[^#+\x00]{1,200}$")
+_RELATIVE = re.compile(r"^now(?:([+-])(\d+(?:\.\d+)?)([smhd]))?$")
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+MAX_PER_MESSAGE = 10_000  # the daemon's default --max-readings-per-message
+
+
+class ConfigError(ValueError):
+    """A bad flag value; the message is one line naming the flag."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishSettings:
+    """Everything ``loadgen publish`` needs."""
+
+    host: str
+    port: int
+    sensors: int
+    rate: float
+    duration: float | None
+    count: int | None
+    per_message: int
+    qos: int
+    seed: int
+    sensor_prefix: str
+    topic_prefix: str
+    start_ms: int
+    step_ms: int
+    processes: int
+    manifest: str | None = None
+    json: bool = False
+    progress: bool = True
+    max_inflight: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class VerifySettings:
+    """Everything ``loadgen verify`` needs."""
+
+    mongodb_uri: str
+    db: str
+    mode: VerifyMode
+    bucket_collection: str
+    timeseries_collection: str
+    json: bool = False
+    sensors_per_query: int = 100
+
+
+def parse_mqtt_url(url: str) -> tuple[str, int]:
+    """``mqtt://host[:port]`` -> (host, port)."""
+    parts = urlsplit(url)
+    if parts.scheme != "mqtt" or not parts.hostname:
+        raise ConfigError(f"--mqtt-url: expected mqtt://host[:port], got {url!r}")
+    try:
+        port = parts.port or 1883
+    except ValueError:
+        raise ConfigError(f"--mqtt-url: bad port in {url!r}") from None
+    return parts.hostname, port
+
+
+def parse_start(text: str, now: float, allow_relative: bool = True) -> int:
+    """``--start`` (ISO-8601 with an offset, epoch seconds, ``now``, ``now-6h``) -> epoch ms."""
+    match = _RELATIVE.fullmatch(text.strip())
+    if match:
+        if not allow_relative:
+            raise ConfigError(f"--start: {text!r} is relative; give the run's absolute start "
+                              "(or use --manifest)")
+        sign, amount, unit = match.groups()
+        offset = float(amount) * _UNITS[unit] if amount else 0.0
+        return round((now + (offset if sign == "+" else -offset)) * 1000)
+    try:
+        return round(float(text) * 1000)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"--start: expected ISO-8601, epoch seconds or now-6h, got {text!r}"
+                          ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return round(parsed.timestamp() * 1000)
+
+
+def parse_step(seconds: float) -> int:
+    """``--time-step`` seconds -> whole milliseconds (BSON dates hold milliseconds)."""
+    step_ms = round(seconds * 1000)
+    if step_ms < 1 or abs(step_ms - seconds * 1000) > 1e-6:
+        raise ConfigError(f"--time-step: must be a positive multiple of 0.001 s, got {seconds}")
+    return step_ms
+
+
+def validate_publish(settings: PublishSettings) -> PublishSettings:
+    """Check a publish configuration; return it unchanged."""
+    checks: list[tuple[bool, str]] = [
+        (settings.sensors >= 1, "--sensors: must be at least 1"),
+        (settings.rate >= 0, "--rate: must be >= 0 (0: as fast as possible)"),
+        ((settings.duration is None) != (settings.count is None),
+         "--duration/--count: give exactly one of them"),
+        (settings.duration is None or settings.duration > 0, "--duration: must be > 0"),
+        (settings.count is None or settings.count >= 1, "--count: must be at least 1"),
+        (1 <= settings.per_message <= MAX_PER_MESSAGE,
+         f"--per-message: must be between 1 and {MAX_PER_MESSAGE}"),
+        (settings.qos in (0, 1), "--qos: must be 0 or 1"),
+        (settings.seed >= 0, "--seed: must be >= 0"),
+        (bool(_PREFIX.fullmatch(settings.sensor_prefix)),
+         "--sensor-prefix: must match [A-Za-z0-9_-]{1,100}"),
+        (bool(_TOPIC_PREFIX.fullmatch(settings.topic_prefix)),
+         "--topic-prefix: must be a topic without wildcards"),
+        (settings.processes >= 1, "--processes: must be at least 1"),
+        (1 <= settings.max_inflight <= 65535, "--max-inflight: must be between 1 and 65535"),
+        (1 <= settings.port <= 65535, "--mqtt-url: port out of range"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    return settings
+
+
+def validate_verify(settings: VerifySettings) -> VerifySettings:
+    """Check a verify configuration; return it unchanged."""
+    if settings.mode not in ("bucket", "timeseries", "both"):
+        raise ConfigError("--mode: choose bucket, timeseries or both")
+    if not settings.mongodb_uri.startswith(("mongodb://", "mongodb+srv://")):
+        raise ConfigError("--mongodb-uri: expected mongodb://... or mongodb+srv://...")
+    if settings.sensors_per_query < 1:
+        raise ConfigError("--sensors-per-query: must be at least 1")
+    return settings

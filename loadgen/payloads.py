@@ -1,0 +1,111 @@
+"""Pure: what a run publishes, as a function of (seed, sensor index, seq).
+
+Nothing here does I/O or reads a clock, so ``verify`` regenerates exactly what
+``publish`` sent from the same parameters. Values are rounded to three decimals, so the
+double MongoDB stores equals the regenerated one; timestamps are whole milliseconds,
+the precision of a BSON date.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+MEASUREMENTS: tuple[str, ...] = ("hum", "temp")
+_NOISE_SIZE = 4096  # a power of two: indexes are masked, not divided
+_TAU = 2 * math.pi
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """The parameters that determine every reading of a run."""
+
+    seed: int
+    sensor_prefix: str
+    sensors: int
+    per_message: int
+    start_ms: int
+    step_ms: int
+    topic_prefix: str = "sensors"
+
+    def sensor_id(self, index: int) -> str:
+        """The id of the sensor at ``index``."""
+        return f"{self.sensor_prefix}-{index}"
+
+    def topic(self, index: int) -> str:
+        """The topic sensor ``index`` publishes to."""
+        return f"{self.topic_prefix}/{self.sensor_id(index)}/readings"
+
+    def ts_ms(self, seq: int) -> int:
+        """Timestamp in epoch milliseconds of any sensor's reading ``seq``."""
+        return self.start_ms + seq * self.step_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """One sensor's slow drift: base level, amplitude, period and phase per measurement."""
+
+    index: int
+    temp_base: float
+    temp_amp: float
+    hum_base: float
+    hum_amp: float
+    period_ms: float
+    phase: float
+
+
+class Model:
+    """Values of a run: a slow sinusoidal drift per sensor plus reproducible noise."""
+
+    def __init__(self, seed: int) -> None:
+        rng = random.Random(seed)  # noqa: S311 - simulated data, not security
+        self._noise = [rng.gauss(0.0, 1.0) for _ in range(_NOISE_SIZE)]
+        self._seed = seed
+
+    def shape(self, index: int) -> Shape:
+        """The drift parameters of sensor ``index`` (depend on seed and index only)."""
+        rng = random.Random(f"{self._seed}/{index}")  # noqa: S311
+        return Shape(index, rng.uniform(15.0, 25.0), rng.uniform(1.0, 5.0),
+                     rng.uniform(35.0, 65.0), rng.uniform(2.0, 10.0),
+                     rng.uniform(1800.0, 6 * 3600.0) * 1000.0, rng.uniform(0.0, _TAU))
+
+    def values(self, shape: Shape, seq: int, ts_ms: int) -> tuple[float, float]:
+        """``(hum, temp)`` of one reading, rounded to three decimals."""
+        angle = ts_ms / shape.period_ms * _TAU + shape.phase
+        mask = _NOISE_SIZE - 1
+        noise = self._noise
+        n_temp = noise[(seq * 7919 + shape.index * 104_729) & mask]
+        n_hum = noise[(seq * 6151 + shape.index * 15_485_863 + 1) & mask]
+        temp = round(shape.temp_base + shape.temp_amp * math.sin(angle) + 0.1 * n_temp, 3)
+        hum = round(shape.hum_base + shape.hum_amp * math.cos(angle) + 0.5 * n_hum, 3)
+        return hum, temp
+
+
+def reading(run: Run, model: Model, shape: Shape, seq: int) -> dict[str, Any]:
+    """One reading as published: ``{"ts", "seq", "hum", "temp"}``."""
+    ts_ms = run.ts_ms(seq)
+    hum, temp = model.values(shape, seq, ts_ms)
+    return {"ts": ts_ms / 1000, "seq": seq, "hum": hum, "temp": temp}
+
+
+def message(run: Run, model: Model, shape: Shape, first_seq: int, count: int) -> bytes:
+    """A payload of ``count`` readings from ``first_seq``: one object, or an envelope."""
+    if count == 1 and run.per_message == 1:
+        return orjson.dumps(reading(run, model, shape, first_seq))
+    readings = [reading(run, model, shape, seq) for seq in range(first_seq, first_seq + count)]
+    return orjson.dumps({"sensor_id": run.sensor_id(shape.index), "readings": readings})
+
+
+def split_count(total: int, sensors: int) -> list[int]:
+    """Readings per sensor when ``total`` readings are spread evenly over ``sensors``."""
+    base, extra = divmod(total, sensors)
+    return [base + (1 if index < extra else 0) for index in range(sensors)]
+
+
+def worker_sensors(sensors: int, workers: int, worker: int) -> list[int]:
+    """Sensor indexes handled by ``worker`` of ``workers`` (interleaved, so shares are even)."""
+    return list(range(worker, sensors, workers))
