@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -315,3 +316,45 @@ async def test_a_broker_restart_during_a_write_neither_loses_nor_duplicates(
         assert proc.metric("ingest_messages_received_total") == 20  # nothing new came
     finally:
         persistent.stop()
+
+
+async def test_run_refuses_a_collection_of_the_wrong_kind_with_one_line(
+        daemon: Callable[..., Daemon], db: Any) -> None:
+    await db.readings.insert_one({"plain": "document"})
+    proc = daemon("--mode", "timeseries", wait_ready=False)
+    assert proc.wait(timeout=30) == 1
+    errors = [line for line in proc.logs().splitlines() if " ERROR " in line]
+    assert len(errors) == 1
+    assert "is not a time-series collection" in errors[0]
+    assert "Traceback" not in proc.logs()
+    assert await db.readings.count_documents({}) == 1
+
+
+async def test_broker_credentials_come_from_a_password_file_and_never_reach_the_logs(
+        daemon: Callable[..., Daemon], tmp_path: Path, topic_root: str, db: Any) -> None:
+    secret = "s3cret-Pa55"
+    passwd = tmp_path / "passwd"
+    subprocess.run(["mosquitto_passwd", "-b", "-c", str(passwd), "ingest", secret], check=True)
+    locked = Broker(tmp_path, extra=f"allow_anonymous false\npassword_file {passwd}\n")
+    locked.start()
+    try:
+        good, bad = tmp_path / "good", tmp_path / "bad"
+        good.write_text(secret + "\n")
+        bad.write_text("wrong-" + secret)
+        url = f"mqtt://ingest@127.0.0.1:{locked.port}"
+        refused = daemon("--mqtt-password-file", str(bad), broker_url=url, wait_ready=False,
+                         client_id=f"bad-{topic_root}")
+        await eventually(lambda: "lost" in refused.logs() or "refused" in refused.logs().lower())
+        assert http_status(refused.metrics_port, "/readyz") == 503
+        assert refused.stop() == 0
+        assert secret not in refused.logs()
+        proc = daemon("--mqtt-password-file", str(good), broker_url=url)
+        async with aiomqtt.Client("127.0.0.1", locked.port, username="ingest",
+                                  password=secret) as client:
+            topic, payload = one(topic_root, "s1", 1)
+            await client.publish(topic, payload, qos=1)
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)
+        assert await stored(db, "bucket") == 1
+        assert secret not in proc.logs()
+    finally:
+        locked.stop()
