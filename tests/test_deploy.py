@@ -40,10 +40,10 @@ PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 MOSQUITTO_DIR = DEPLOY / "mosquitto"
 INGEST_SERVICES = {"ingest-bucket": "bucket", "ingest-timeseries": "timeseries"}
 EXPECTED_SERVICES = {"mosquitto", "mongodb", *INGEST_SERVICES, "mongodb-exporter",
-                     "prometheus", "grafana", "loadgen"}
+                     "prometheus", "grafana", "loadgen", "mongodb-test", "tests"}
 # The image is FROM scratch (no shell, no HTTP client): Prometheus's up{job="mongodb"}
-# is its health. loadgen is a one-shot job, not a service to wait for.
-NO_HEALTHCHECK = {"mongodb-exporter", "loadgen"}
+# is its health. loadgen and tests are one-shot jobs, not services to wait for.
+NO_HEALTHCHECK = {"mongodb-exporter", "loadgen", "tests"}
 
 
 def tool(name: str) -> str | None:
@@ -430,3 +430,33 @@ def test_documented_default_passwords_are_the_committed_ones() -> None:
     users = [line.split(":", 1)[0] for line in (MOSQUITTO_DIR / "passwd").read_text().split()]
     assert users == ["ingest", "sensor"]
     assert "mosquitto_passwd" in section
+
+
+def test_the_test_profile_runs_the_suite_against_a_real_mongodb_with_test_commands(
+        services: dict[str, dict[str, Any]]) -> None:
+    tests, mongo = services["tests"], services["mongodb-test"]
+    assert tests["profiles"] == mongo["profiles"] == ["test"]
+    assert tests["build"]["target"] == "test"
+    assert tests["environment"]["INGEST_TEST_MONGODB_URI"] == "mongodb://mongodb-test:27017"
+    assert tests["depends_on"]["mongodb-test"]["condition"] == "service_healthy"
+    assert "enableTestCommands=1" in mongo["command"]
+    test_stage = next(stage for stage in stages() if "AS test" in stage[0][1])
+    assert json.loads(dict(test_stage)["CMD"]) == ["python", "-m", "pytest"]
+    assert "mosquitto" in dict(test_stage)["RUN"] or any(
+        "mosquitto" in rest for word, rest in test_stage if word == "RUN")
+
+
+def test_github_workflow_runs_lint_the_suite_on_real_mongodb_7_and_8_and_the_image() -> None:
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())
+    jobs = workflow["jobs"]
+    assert set(jobs) == {"lint", "test", "image"}
+    assert jobs["test"]["strategy"]["matrix"]["mongodb"] == ["7.0", "8.0"]
+    steps = jobs["test"]["steps"]
+    suite = next(step for step in steps if step.get("run") == "scripts/test")
+    assert suite["env"]["INGEST_TEST_MONGODB_URI"].startswith("mongodb://")
+    assert any("enableTestCommands=1" in step.get("run", "") for step in steps)
+    assert any("mosquitto" in step.get("run", "") for step in steps)
+    assert any(step.get("run") == "scripts/check" for step in jobs["lint"]["steps"])
+    builds = " ".join(step.get("run", "") for step in jobs["image"]["steps"])
+    assert "docker build -f deploy/Dockerfile" in builds
+    assert "--target test" in builds
