@@ -42,11 +42,28 @@ def _paho(client: aiomqtt.Client) -> Any:  # noqa: ANN401 - paho's client, untyp
     return client._client  # noqa: SLF001
 
 
-def install(client: aiomqtt.Client, deliver: Deliver) -> None:
-    """Switch on manual acks and route every received PUBLISH to ``deliver``."""
+def install(client: aiomqtt.Client, deliver: Deliver,
+            on_session: Callable[[bool], None], on_lost: Callable[[], None]) -> None:
+    """Switch on manual acks and route every received PUBLISH to ``deliver``.
+
+    ``on_session`` gets CONNACK's session-present flag (aiomqtt drops it), before any
+    redelivered message of that session; ``on_lost`` is called as soon as the connection
+    is gone, so nothing more is acknowledged on it.
+    """
     paho = _paho(client)
     paho.manual_ack_set(True)  # noqa: FBT003
     original = paho._handle_publish  # noqa: SLF001
+    aiomqtt_on_connect = paho.on_connect
+    aiomqtt_on_disconnect = paho.on_disconnect
+
+    def on_connect(*args: Any) -> None:  # noqa: ANN401 - paho's callback signature
+        flags = args[2]
+        on_session(bool(getattr(flags, "session_present", False)))
+        aiomqtt_on_connect(*args)
+
+    def on_disconnect(*args: Any) -> None:  # noqa: ANN401 - paho's callback signature
+        on_lost()
+        aiomqtt_on_disconnect(*args)
 
     def on_message(_client: object, _userdata: object, message: Any) -> None:  # noqa: ANN401
         deliver(message.topic, message.payload, message.mid, message.qos, bool(message.dup))
@@ -69,6 +86,8 @@ def install(client: aiomqtt.Client, deliver: Deliver) -> None:
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
     paho.on_message = on_message
+    paho.on_connect = on_connect
+    paho.on_disconnect = on_disconnect
     paho._handle_publish = handle_publish  # noqa: SLF001
     _buffer_reads(paho)
 

@@ -68,10 +68,14 @@ class Pipeline:
         """Readings decoded and not yet written."""
         return self._buffered
 
-    async def submit(self, message: Inbound) -> None:
-        """Decode one message into the open batch; wait while the buffer is full."""
+    async def submit(self, message: Inbound) -> bool:
+        """Decode one message into the open batch; wait while the buffer is full.
+
+        Returns False if the message was not taken (shutting down): it is left
+        unacknowledged and the broker redelivers it.
+        """
         if self._closed:
-            return  # shutting down: left unacknowledged, the broker redelivers it
+            return False
         if self._buffered >= self._settings.max_buffered_readings:
             self._health.saturated = True
             try:
@@ -81,7 +85,7 @@ class Pipeline:
             finally:
                 self._health.saturated = False
             if self._closed:
-                return
+                return False
         # Per-message counts are kept as plain ints and handed to the metrics at scrape
         # time (sync_metrics): a Prometheus counter takes a lock on every inc().
         self._received += 1
@@ -99,6 +103,7 @@ class Pipeline:
             self._dispatch(full)
         elif not had_open:
             self._opened.set()
+        return True
 
     def sync_metrics(self) -> None:
         """Move the per-message counts into the metrics (called before each scrape)."""

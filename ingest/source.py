@@ -41,6 +41,7 @@ class _Unacked:
 
     message: Inbound
     owner: int
+    taken: bool = False  # accepted by the pipeline (not just waiting in an inbox)
     written: bool = False
 
 
@@ -100,9 +101,9 @@ class MqttSource:
     def _redelivered(self, message: Inbound) -> bool:
         """Adopt a DUP redelivery of a message already in the pipeline; True if adopted."""
         entry = self._unacked.get(message.mid)
-        if (entry is None or entry.message.topic != message.topic
+        if (entry is None or not entry.taken or entry.message.topic != message.topic
                 or entry.message.payload != message.payload):
-            return False
+            return False  # not in the pipeline: process the redelivery as a new message
         entry.owner = message.generation
         if entry.written and self._client is not None:
             del self._unacked[message.mid]
@@ -110,13 +111,6 @@ class MqttSource:
             self._metrics.messages_acked.inc()
         self._metrics.redeliveries_adopted.inc()
         return True
-
-    def _forget_stale(self) -> None:
-        """Drop entries written long ago that no reconnect redelivered (session lost)."""
-        stale = [mid for mid, entry in self._unacked.items()
-                 if entry.written and entry.owner < self._generation - 1]
-        for mid in stale:
-            del self._unacked[mid]
 
     def stop_consuming(self) -> None:
         """Stop taking messages but keep the connection so acks can still go out."""
@@ -127,7 +121,7 @@ class MqttSource:
         self._stop.set()
         self._release.set()
 
-    async def run(self, sink: Callable[[Inbound], Awaitable[None]]) -> None:
+    async def run(self, sink: Callable[[Inbound], Awaitable[bool]]) -> None:
         """Connect, consume into ``sink`` and reconnect until stopped."""
         attempt = 0
         while not self._stop.is_set():
@@ -176,13 +170,23 @@ class MqttSource:
             inbox.append(message)
             wake.set()
 
-        paho_hooks.install(client, deliver)
+        def on_session(present: bool) -> None:
+            # Without the old session no redelivery will come: earlier entries can never
+            # be acknowledged (their readings are still written, at least once).
+            if not present:
+                for mid in [m for m, e in self._unacked.items() if e.owner < generation]:
+                    del self._unacked[mid]
+
+        def on_lost() -> None:
+            if self._client is client:
+                self._disconnected()  # acks from now on wait for the next connection
+
+        paho_hooks.install(client, deliver, on_session, on_lost)
         return inbox, wake
 
     async def _connected(self, client: aiomqtt.Client) -> None:
         self._generation += 1
         self._client = client
-        self._forget_stale()
         # Redeliveries adopted before this point (they arrive right after CONNACK) whose
         # write had already finished: acknowledge them now.
         for mid, entry in list(self._unacked.items()):
@@ -216,7 +220,7 @@ class MqttSource:
 
     async def _consume_until_stopped(self, client: aiomqtt.Client, inbox: deque[Inbound],
                                      wake: asyncio.Event,
-                                     sink: Callable[[Inbound], Awaitable[None]]) -> None:
+                                     sink: Callable[[Inbound], Awaitable[bool]]) -> None:
         consume = asyncio.create_task(self._consume(inbox, wake, sink), name="mqtt-consume")
         # Our receive path bypasses aiomqtt's queue, so its iterator only ever ends by
         # raising MqttError when the connection drops: a public way to watch for that.
@@ -234,21 +238,43 @@ class MqttSource:
             logger.info("stopped consuming; waiting for in-flight batches before disconnect")
             await self._release.wait()
         finally:
+            if self._client is client:
+                self._disconnected()
             for task in (consume, watch, stop):
+                if task.done() and not task.cancelled():
+                    task.exception()  # seen: a drop during the drain is handled by on_lost
                 task.cancel()
+            # Messages of this connection the pipeline never took (left in the inbox, or
+            # cut off while waiting for buffer space) will be redelivered: forget them.
+            generation = self._generation
+            for mid in [m for m, e in self._unacked.items()
+                        if not e.taken and e.message.generation == generation]:
+                del self._unacked[mid]
 
-    @staticmethod
-    async def _consume(inbox: deque[Inbound], wake: asyncio.Event,
-                       sink: Callable[[Inbound], Awaitable[None]]) -> None:
+    async def _consume(self, inbox: deque[Inbound], wake: asyncio.Event,
+                       sink: Callable[[Inbound], Awaitable[bool]]) -> None:
         while True:
-            taken = 0
+            count = 0
             while inbox:
-                await sink(inbox.popleft())
-                taken += 1
-                if taken % YIELD_EVERY == 0:
+                message = inbox.popleft()
+                taken = await sink(message)
+                if message.qos:
+                    self._taken(message, taken)
+                count += 1
+                if count % YIELD_EVERY == 0:
                     await asyncio.sleep(0)  # let the writers and the acker run
             wake.clear()
             await wake.wait()
+
+    def _taken(self, message: Inbound, taken: bool) -> None:
+        """Record that the pipeline took a QoS 1 message, or forget it if it did not."""
+        entry = self._unacked.get(message.mid)
+        if entry is None or entry.message is not message:
+            return
+        if taken:
+            entry.taken = True
+        else:
+            del self._unacked[message.mid]
 
 
 async def _until_disconnected(client: aiomqtt.Client) -> None:
