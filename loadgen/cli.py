@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from loadgen import payloads
+from loadgen import bench_cli, payloads
 from loadgen.config import (
     ConfigError,
     PublishSettings,
@@ -64,7 +64,7 @@ def _flag(parser: argparse.ArgumentParser, env: Mapping[str, str], name: str, he
 
 
 def _publish_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    _flag(parser, env, "mqtt-url", "broker: mqtt://host[:port]", "mqtt://localhost:1883")
+    _mqtt_flags(parser, env)
     _flag(parser, env, "sensors", "simulated sensors", 100, type=int)
     _flag(parser, env, "rate", "total readings/s (0: as fast as possible)", 1000.0, type=float)
     _flag(parser, env, "duration", "publish for this many seconds", type=float)
@@ -82,8 +82,17 @@ def _publish_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> N
     _flag(parser, env, "processes", "worker processes, one connection each", 1, type=int)
     _flag(parser, env, "max-inflight", "QoS 1: unacknowledged messages per connection", 1000,
           type=int)
+    _flag(parser, env, "late-every", "send every Nth message of each sensor after all others "
+          "(late, out-of-order data; 0: off; needs --count)", 0, type=int)
     _flag(parser, env, "manifest", "write the run's manifest (for verify) to this file")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def _mqtt_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    _flag(parser, env, "mqtt-url", "broker: mqtt://[user[:password]@]host[:port]",
+          "mqtt://localhost:1883")
+    _flag(parser, env, "mqtt-password-file", "read the MQTT password from this file "
+          "(overrides the URL's)")
 
 
 def _verify_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
@@ -111,8 +120,51 @@ def _verify_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
     _flag(group, env, "time-step", "the run's --time-step", type=float)
 
 
+def _bench_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    _mqtt_flags(parser, env)
+    _flag(parser, env, "mongodb-uri", "MongoDB connection string", "mongodb://localhost:27017")
+    _flag(parser, env, "db", "database (default: loadgen_bench; iot with --use-running)")
+    _flag(parser, env, "out", "folder for the report (Markdown, JSON, PNG)", "bench-out")
+    _flag(parser, env, "modes", "storage layouts to compare", "both",
+          choices=["bucket", "timeseries", "both"])
+    _flag(parser, env, "preset", "workload", "many-sensors", choices=sorted(bench_cli.PRESETS))
+    _flag(parser, env, "sensors", "override the preset's sensors", type=int)
+    _flag(parser, env, "count", "override the preset's readings in all", type=int)
+    _flag(parser, env, "per-message", "override the preset's readings per message", type=int)
+    _flag(parser, env, "rate", "override the preset's readings/s (0: as fast as possible)",
+          type=float)
+    _flag(parser, env, "qos", "publish QoS", 1, type=int)
+    _flag(parser, env, "seed", "seed of the simulated values (default: random)", type=int)
+    _flag(parser, env, "topic-prefix", "topic prefix (default: bench<run id>, sensors with "
+          "--use-running)")
+    parser.add_argument("--use-running", action="store_true",
+                        default=env.get(ENV_PREFIX + "USE_RUNNING", "") in ("1", "true"),
+                        help="use running daemons (--metrics-url-*); drop nothing "
+                             "[env LOADGEN_USE_RUNNING]")
+    _flag(parser, env, "metrics-url-bucket", "--use-running: the bucket daemon's /metrics",
+          "http://localhost:9108/metrics")
+    _flag(parser, env, "metrics-url-timeseries", "--use-running: the timeseries daemon's "
+          "/metrics", "http://localhost:9109/metrics")
+    _flag(parser, env, "bucket-collection", "the bucket daemon's collection", "buckets")
+    _flag(parser, env, "timeseries-collection", "the timeseries daemon's collection",
+          "readings")
+    _flag(parser, env, "daemon-mqtt-url", "started daemons: broker URL (default: --mqtt-url)")
+    _flag(parser, env, "daemon-mqtt-password-file", "started daemons: password file "
+          "(default: --mqtt-password-file)")
+    parser.add_argument("--daemon-arg", action="append", default=[],
+                        help="extra argument for the started daemons (repeatable), e.g. "
+                             "--daemon-arg=--flush-interval=0.2")
+    _flag(parser, env, "query-runs", "runs of each query (the median is reported)", 5,
+          type=int)
+    _flag(parser, env, "latency-samples", "readings sampled for end-to-end latency", 50,
+          type=int)
+    _flag(parser, env, "wait-timeout", "seconds to wait for the daemons to write everything",
+          120.0, type=float)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    """The ``loadgen`` parser with its ``publish`` and ``verify`` commands."""
+    """The ``loadgen`` parser with its ``publish``, ``verify`` and ``bench`` commands."""
     parser = _Parser(prog="loadgen", description="Sensor fleet simulator and checker.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     fmt = argparse.ArgumentDefaultsHelpFormatter
@@ -120,12 +172,14 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                                        formatter_class=fmt), env)
     _verify_flags(commands.add_parser("verify", help="check a run's readings in MongoDB",
                                       formatter_class=fmt), env)
+    _bench_flags(commands.add_parser("bench", help="compare both storage modes end to end",
+                                     formatter_class=fmt), env)
     return parser
 
 
 def publish_settings(args: argparse.Namespace, now: float) -> PublishSettings:
     """Validated publish settings from parsed arguments."""
-    host, port = parse_mqtt_url(args.mqtt_url)
+    broker = parse_mqtt_url(args.mqtt_url, args.mqtt_password_file)
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     prefix = args.sensor_prefix or f"lg{secrets.token_hex(4)}"
     step = args.time_step
@@ -133,8 +187,10 @@ def publish_settings(args: argparse.Namespace, now: float) -> PublishSettings:
         step = args.sensors / args.rate if args.rate > 0 else 0.001
         step = max(0.001, round(step, 3))
     return validate_publish(PublishSettings(
-        host=host, port=port, sensors=args.sensors, rate=args.rate, duration=args.duration,
-        count=args.count, per_message=args.per_message, qos=args.qos, seed=seed,
+        host=broker.host, port=broker.port, username=broker.username,
+        password=broker.password, late_every=args.late_every, sensors=args.sensors,
+        rate=args.rate, duration=args.duration, count=args.count,
+        per_message=args.per_message, qos=args.qos, seed=seed,
         sensor_prefix=prefix, topic_prefix=args.topic_prefix,
         start_ms=parse_start(args.start, now), step_ms=parse_step(step),
         processes=args.processes, manifest=args.manifest, json=args.json,
@@ -296,7 +352,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         args = build_parser(env).parse_args(argv)
-        return cmd_publish(args) if args.command == "publish" else cmd_verify(args)
+        commands = {"publish": cmd_publish, "verify": cmd_verify, "bench": bench_cli.cmd_bench}
+        return commands[args.command](args)
     except ConfigError as exc:
         print(f"loadgen: error: {exc}", file=sys.stderr)  # noqa: T201
         return 2

@@ -6,10 +6,11 @@ Every check raises :class:`ConfigError` with one line naming the flag.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 type VerifyMode = Literal["bucket", "timeseries", "both"]
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
@@ -45,6 +46,9 @@ class PublishSettings:
     json: bool = False
     progress: bool = True
     max_inflight: int = 1000
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    late_every: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,16 +64,57 @@ class VerifySettings:
     sensors_per_query: int = 100
 
 
-def parse_mqtt_url(url: str) -> tuple[str, int]:
-    """``mqtt://host[:port]`` -> (host, port)."""
-    parts = urlsplit(url)
-    if parts.scheme != "mqtt" or not parts.hostname:
-        raise ConfigError(f"--mqtt-url: expected mqtt://host[:port], got {url!r}")
+@dataclass(frozen=True, slots=True)
+class Broker:
+    """Where to publish, and as whom."""
+
+    host: str
+    port: int
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for messages."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}"
+
+
+def parse_mqtt_url(url: str, password_file: str | None = None) -> Broker:
+    """``mqtt://[user[:password]@]host[:port]`` -> :class:`Broker`.
+
+    ``password_file`` (``--mqtt-password-file``) overrides the URL's password; its
+    surrounding whitespace (a trailing newline) is dropped. Messages never quote a password.
+    """
     try:
+        parts = urlsplit(url)
         port = parts.port or 1883
     except ValueError:
-        raise ConfigError(f"--mqtt-url: bad port in {url!r}") from None
-    return parts.hostname, port
+        raise ConfigError(f"--mqtt-url: bad port in {redact(url)!r} (percent-encode '/', '#' "
+                          "or '@' in a password)") from None
+    if parts.scheme != "mqtt" or not parts.hostname:
+        raise ConfigError(f"--mqtt-url: expected mqtt://[user[:password]@]host[:port], "
+                          f"got {redact(url)!r}")
+    username = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password is not None else None
+    if password_file:
+        password = read_secret(password_file, "--mqtt-password-file")
+    if password is not None and username is None:
+        raise ConfigError("--mqtt-url: a password needs a user name (mqtt://user@host)")
+    return Broker(parts.hostname, port, username, password)
+
+
+def read_secret(path: str, flag: str) -> str:
+    """The stripped text of a secret file (a Docker secret, a password file)."""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{flag}: {path} is not UTF-8 text") from None
 
 
 def parse_start(text: str, now: float, allow_relative: bool = True) -> int:
@@ -124,6 +169,10 @@ def validate_publish(settings: PublishSettings) -> PublishSettings:
         (settings.processes >= 1, "--processes: must be at least 1"),
         (1 <= settings.max_inflight <= 65535, "--max-inflight: must be between 1 and 65535"),
         (1 <= settings.port <= 65535, "--mqtt-url: port out of range"),
+        (settings.late_every == 0 or settings.late_every >= 2,
+         "--late-every: must be 0 (off) or at least 2"),
+        (settings.late_every == 0 or settings.count is not None,
+         "--late-every: needs --count (late messages are sent after all others)"),
     ]
     for ok, message in checks:
         if not ok:

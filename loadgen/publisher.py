@@ -144,6 +144,25 @@ def message_plan(sensors: list[int], limits: list[int] | None, per_message: int
         seq += per_message
 
 
+def late_plan(plan: Iterator[tuple[int, int, int]], per_message: int, every: int
+              ) -> Iterator[tuple[int, int, int]]:
+    """``plan`` with every ``every``-th message of each sensor held back and sent at the end.
+
+    The held-back messages arrive after all others: late and out of order, as from sensors
+    that buffered while offline. Only for finite plans (``--count``).
+    """
+    if every <= 0:
+        yield from plan
+        return
+    held: list[tuple[int, int, int]] = []
+    for item in plan:
+        if (item[1] // per_message) % every == every - 1:
+            held.append(item)
+        else:
+            yield item
+    yield from held
+
+
 class _Stop:
     """Set by SIGINT/SIGTERM: finish the current write, drain, report."""
 
@@ -175,10 +194,12 @@ class Worker:
         if s.count is not None:
             split = payloads.split_count(s.count, s.sensors)
             limits = [split[i] for i in self.sensors]
-        self.plan = message_plan(self.sensors, limits, s.per_message)
+        self.plan = late_plan(message_plan(self.sensors, limits, s.per_message),
+                              s.per_message, s.late_every)
         self.planned = sum(limits) if limits is not None else None
         self.result = WorkerResult(worker, dict.fromkeys(self.sensors, 0))
-        self.conn = Connection(s.host, s.port, f"loadgen-{s.sensor_prefix}-{worker}")
+        self.conn = Connection(s.host, s.port, f"loadgen-{s.sensor_prefix}-{worker}",
+                               username=s.username, password=s.password)
         self.inflight: set[int] = set()
         self.next_id = 0
         self.stop = _Stop()
@@ -241,7 +262,8 @@ class Worker:
                 batch.append(b"\x30" + remaining_length(len(head) + len(payload)) + head
                              + payload)
             readings += k
-            counts[sensors[pos]] = first + k
+            index = sensors[pos]  # late messages come after higher seqs: keep the max
+            counts[index] = max(counts[index], first + k)
         return batch, readings, False
 
     def _send(self, batch: list[bytes], readings: int) -> None:

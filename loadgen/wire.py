@@ -14,12 +14,25 @@ import struct
 import time
 
 CONNACK, PUBACK, PINGRESP = 0x20, 0x40, 0xD0
+USERNAME_FLAG, PASSWORD_FLAG, CLEAN_SESSION = 0x80, 0x40, 0x02
+# CONNACK return codes of MQTT 3.1.1 (section 3.2.2.3).
+REFUSALS = {1: "unacceptable protocol version", 2: "client identifier rejected",
+            3: "server unavailable", 4: "bad user name or password", 5: "not authorized"}
 PINGREQ = b"\xc0\x00"
 DISCONNECT = b"\xe0\x00"
 
 
 class WireError(OSError):
     """The broker refused us or the connection broke."""
+
+
+class RefusedError(WireError):
+    """The broker answered CONNACK with a refusal; retrying will not help."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+        super().__init__(f"broker refused the connection: {REFUSALS.get(code, 'unknown reason')}"
+                         f" (return code {code})")
 
 
 def remaining_length(size: int) -> bytes:
@@ -41,11 +54,25 @@ def publish_packet(topic: bytes, payload: bytes, qos: int = 0, packet_id: int = 
     return b"\x32" + remaining_length(len(head) + len(payload)) + head + payload
 
 
-def connect_packet(client_id: str, keepalive: int) -> bytes:
-    """CONNECT with a clean session, no will, no credentials."""
-    ident = client_id.encode()
-    body = (b"\x00\x04MQTT\x04\x02" + struct.pack("!H", keepalive)
-            + struct.pack("!H", len(ident)) + ident)
+def _field(data: bytes) -> bytes:
+    return struct.pack("!H", len(data)) + data
+
+
+def connect_packet(client_id: str, keepalive: int, username: str | None = None,
+                   password: str | None = None) -> bytes:
+    """CONNECT with a clean session, no will, and the user name and password if given.
+
+    MQTT 3.1.1 allows a password only with a user name; one without is ignored.
+    """
+    flags = CLEAN_SESSION
+    payload = _field(client_id.encode())
+    if username is not None:
+        flags |= USERNAME_FLAG
+        payload += _field(username.encode())
+        if password is not None:
+            flags |= PASSWORD_FLAG
+            payload += _field(password.encode())
+    body = b"\x00\x04MQTT\x04" + bytes([flags]) + struct.pack("!H", keepalive) + payload
     return b"\x10" + remaining_length(len(body)) + body
 
 
@@ -53,8 +80,10 @@ class Connection:
     """One MQTT connection that publishes and counts PUBACKs."""
 
     def __init__(self, host: str, port: int, client_id: str, keepalive: int = 60,
-                 timeout: float = 10.0) -> None:
+                 timeout: float = 10.0, username: str | None = None,
+                 password: str | None = None) -> None:
         self.host, self.port, self.client_id = host, port, client_id
+        self.username, self._password = username, password
         self.keepalive = keepalive
         self.timeout = timeout
         self._sock: socket.socket | None = None
@@ -69,7 +98,8 @@ class Connection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
         self._buffer.clear()
-        self.write(connect_packet(self.client_id, self.keepalive))
+        self.write(connect_packet(self.client_id, self.keepalive, self.username,
+                                  self._password))
         deadline = time.monotonic() + self.timeout
         while True:
             packet = self._next_packet()
@@ -78,7 +108,7 @@ class Connection:
                 if kind != CONNACK or len(body) < 2:
                     raise WireError(f"expected CONNACK, got packet type {kind >> 4}")
                 if body[1] != 0:
-                    raise WireError(f"broker refused the connection (return code {body[1]})")
+                    raise RefusedError(body[1])
                 return
             if time.monotonic() > deadline:
                 raise WireError("no CONNACK from the broker")
