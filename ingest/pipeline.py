@@ -34,8 +34,8 @@ logger = logging.getLogger(__name__)
 class Acker(Protocol):
     """Something that acknowledges a message to the broker (the MQTT source)."""
 
-    def ack(self, message: Inbound) -> bool:
-        """Acknowledge one message; False if it could not be (it will be redelivered)."""
+    def ack_all(self, messages: list[Inbound]) -> int:
+        """Acknowledge written messages in order; return how many could be."""
 
 
 class Pipeline:
@@ -172,8 +172,7 @@ class Pipeline:
             batch, done = await self._ack_queue.get()
             try:
                 await done
-                sent = sum(self._acker.ack(message) for message in batch.messages)
-                self._metrics.messages_acked.inc(sent)
+                self._metrics.messages_acked.inc(self._acker.ack_all(batch.messages))
             finally:
                 self._ack_queue.task_done()
 

@@ -77,17 +77,28 @@ class MqttSource:
             logger=logging.getLogger("ingest.mqtt"),
         )
 
-    def ack(self, message: Inbound) -> bool:
-        """Acknowledge a message whose write succeeded; False if it cannot be (yet).
+    def ack_all(self, messages: list[Inbound]) -> int:
+        """Acknowledge written messages, in order; return how many were acknowledged.
 
         A message is acknowledged on the connection that currently owns its packet id.
         After a reconnect the broker resends unacknowledged messages with the same id
         and the DUP flag; :meth:`_redelivered` hands the id to the new connection, so the
         original write is acknowledged there instead of being written a second time.
-        Until that redelivery arrives the ack waits (``written``).
+        Until that redelivery arrives the ack waits (``written``). The PUBACKs of one
+        call go out in one write.
         """
-        if message.qos == 0:
-            return True  # nothing to acknowledge: done with
+        done, mids = 0, []
+        for message in messages:
+            if message.qos == 0:
+                done += 1  # nothing to acknowledge: done with
+            elif self._ackable(message):
+                mids.append(message.mid)
+        if mids and self._client is not None:
+            paho_hooks.ack_many(self._client, mids)
+        return done + len(mids)
+
+    def _ackable(self, message: Inbound) -> bool:
+        """Forget a written QoS 1 message if the current connection may ack it now."""
         entry = self._unacked.get(message.mid)
         if entry is None or entry.message is not message:
             return False  # superseded: the session was lost and the id reused
@@ -95,7 +106,6 @@ class MqttSource:
             entry.written = True
             return False
         del self._unacked[message.mid]
-        paho_hooks.ack(self._client, message.mid, message.qos)
         return True
 
     def _redelivered(self, message: Inbound) -> bool:

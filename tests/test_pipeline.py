@@ -67,9 +67,9 @@ class Acks:
     def __init__(self) -> None:
         self.mids: list[int] = []
 
-    def ack(self, message: Inbound) -> bool:
-        self.mids.append(message.mid)
-        return True
+    def ack_all(self, messages: list[Inbound]) -> int:
+        self.mids += [message.mid for message in messages]
+        return len(messages)
 
 
 async def run_pipeline(writer: ScriptedWriter, count: int, **overrides: Any) -> tuple[
