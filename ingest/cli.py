@@ -11,7 +11,6 @@ import logging
 import os
 import socket
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from ingest import __version__
@@ -21,6 +20,7 @@ from ingest.config import (
     MODES,
     Settings,
     parse_mqtt_url,
+    read_secret,
     validate,
 )
 from ingest.errors import ConfigError, SchemaError
@@ -159,20 +159,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
-def _read_secret(path: str, flag: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"{flag}: cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{flag}: {path} is not UTF-8 text") from None
-
-
 def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     """Validated settings from parsed arguments and the environment."""
     mongodb_uri = args.mongodb_uri
     if args.mongodb_uri_file:
-        mongodb_uri = _read_secret(args.mongodb_uri_file, "--mongodb-uri-file")
+        mongodb_uri = read_secret(args.mongodb_uri_file, "--mongodb-uri-file")
     common = {
         "mode": args.mode, "mongodb_uri": mongodb_uri, "db": args.db,
         "collection": args.collection or DEFAULT_COLLECTION.get(args.mode, "buckets"),
@@ -185,7 +176,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     mqtt = parse_mqtt_url(args.mqtt_url)
     password = mqtt.password
     if args.mqtt_password_file:
-        password = _read_secret(args.mqtt_password_file, "--mqtt-password-file")
+        password = read_secret(args.mqtt_password_file, "--mqtt-password-file")
     mqtt = type(mqtt)(mqtt.host, mqtt.port, mqtt.tls, mqtt.username, password,
                       args.mqtt_ca_file, args.mqtt_cert_file, args.mqtt_key_file)
     topics = args.topic or [t.strip() for t in env.get("INGEST_TOPIC", "sensors/#").split(",")]

@@ -10,6 +10,7 @@ import math
 import re
 import ssl
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, get_args
 from urllib.parse import unquote, urlsplit
 
@@ -131,6 +132,16 @@ def parse_mqtt_url(url: str) -> MqttSettings:
 def _redact_url(url: str) -> str:
     """Hide the password of a URL so it can appear in an error message."""
     return re.sub(r"(//[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def read_secret(path: str, flag: str, error: type[Exception] = ConfigError) -> str:
+    """The stripped text of a secret file (a Docker secret, a password file)."""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise error(f"{flag}: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise error(f"{flag}: {path} is not UTF-8 text") from None
 
 
 def redact_mongodb_uri(uri: str) -> str:

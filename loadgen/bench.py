@@ -92,6 +92,11 @@ def scrape(url: str) -> dict[str, float]:
     except OSError as exc:
         detail = exc.reason if isinstance(exc, urllib.error.URLError) else exc
         raise BenchError(f"cannot scrape {url}: {detail}") from None
+    return parse_metrics(text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text as ``{'name{label="v",...}': value}``, labels sorted."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote, urlsplit
+
+from ingest.config import read_secret
 
 type VerifyMode = Literal["bucket", "timeseries", "both"]
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
@@ -101,20 +102,10 @@ def parse_mqtt_url(url: str, password_file: str | None = None) -> Broker:
     username = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password is not None else None
     if password_file:
-        password = read_secret(password_file, "--mqtt-password-file")
+        password = read_secret(password_file, "--mqtt-password-file", ConfigError)
     if password is not None and username is None:
         raise ConfigError("--mqtt-url: a password needs a user name (mqtt://user@host)")
     return Broker(parts.hostname, port, username, password)
-
-
-def read_secret(path: str, flag: str) -> str:
-    """The stripped text of a secret file (a Docker secret, a password file)."""
-    try:
-        return Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"{flag}: cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{flag}: {path} is not UTF-8 text") from None
 
 
 def parse_start(text: str, now: float, allow_relative: bool = True) -> int:

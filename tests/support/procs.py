@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
+from loadgen.bench import parse_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,13 +94,7 @@ def start_emulator() -> tuple[subprocess.Popen[str], str]:
 def metrics_of(port: int) -> dict[str, float]:
     """Scrape a daemon: {'name{label="v"}': value}."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return out
+        return parse_metrics(resp.read().decode())
 
 
 def http_status(port: int, path: str) -> int:
