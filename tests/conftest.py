@@ -71,6 +71,17 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
 
 
 @pytest.fixture
+def persistent(tmp_path: Path) -> Iterator[Broker]:
+    """A broker of the test's own, with persistence: restartable without losing sessions."""
+    directory = tmp_path / "persistent"
+    directory.mkdir()
+    broker = Broker(directory, persistence=True)
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture
 def topic_root() -> str:
     """A unique first topic level per test, so tests never see each other's messages."""
     return f"t{uuid.uuid4().hex[:10]}"

@@ -288,34 +288,28 @@ async def test_a_qos0_flood_is_bounded_and_counted_while_writes_are_blocked(
 
 
 async def test_a_broker_restart_during_a_write_neither_loses_nor_duplicates(
-        daemon: Callable[..., Daemon], mode: str, tmp_path: Path, topic_root: str, db: Any,
+        daemon: Callable[..., Daemon], mode: str, persistent: Broker, topic_root: str, db: Any,
         mongo: Any) -> None:
     """Writes fail (and are retried) while the broker restarts with its persistence: the
     daemon reconnects on its own, the broker redelivers the unacknowledged messages as
     DUPs, and the daemon acknowledges them once the original write succeeds instead of
     writing them a second time."""
-    persistent = Broker(tmp_path / "persistent", persistence=True)
-    persistent.directory.mkdir()
-    persistent.start()
-    try:
-        proc = daemon(broker_url=persistent.url)
-        async with failpoint(mongo, [WRITE_COMMAND[mode]]):
-            async with aiomqtt.Client("127.0.0.1", persistent.port) as client:
-                for i in range(20):
-                    topic, payload = one(topic_root, f"s{i % 2}", i)
-                    await client.publish(topic, payload, qos=1)
-            await eventually(lambda: proc.metric(
-                f'ingest_write_errors_total{{kind="transient",mode="{mode}"}}') >= 1)
-            persistent.restart()
-            await eventually(lambda: proc.metric("ingest_redeliveries_adopted_total") == 20)
-        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 20)
-        assert await stored(db, mode) == 20
-        assert await stored_values(db, mode, "seq") == list(range(20))
-        assert proc.metric("ingest_mqtt_reconnects_total") >= 1
-        time.sleep(0.5)
-        assert proc.metric("ingest_messages_received_total") == 20  # nothing new came
-    finally:
-        persistent.stop()
+    proc = daemon(broker_url=persistent.url)
+    async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+        async with aiomqtt.Client("127.0.0.1", persistent.port) as client:
+            for i in range(20):
+                topic, payload = one(topic_root, f"s{i % 2}", i)
+                await client.publish(topic, payload, qos=1)
+        await eventually(lambda: proc.metric(
+            f'ingest_write_errors_total{{kind="transient",mode="{mode}"}}') >= 1)
+        persistent.restart()
+        await eventually(lambda: proc.metric("ingest_redeliveries_adopted_total") == 20)
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 20)
+    assert await stored(db, mode) == 20
+    assert await stored_values(db, mode, "seq") == list(range(20))
+    assert proc.metric("ingest_mqtt_reconnects_total") >= 1
+    time.sleep(0.5)
+    assert proc.metric("ingest_messages_received_total") == 20  # nothing new came
 
 
 async def test_run_refuses_a_collection_of_the_wrong_kind_with_one_line(
@@ -361,57 +355,45 @@ async def test_broker_credentials_come_from_a_password_file_and_never_reach_the_
 
 
 async def test_messages_not_yet_taken_when_the_connection_drops_are_processed_once(
-        daemon: Callable[..., Daemon], tmp_path: Path, topic_root: str, db: Any,
+        daemon: Callable[..., Daemon], persistent: Broker, topic_root: str, db: Any,
         mongo: Any) -> None:
     """Backpressure holds messages in the inbox when the broker restarts: their DUP
     redeliveries are processed as new messages (not adopted), nothing is lost."""
-    persistent = Broker(tmp_path / "persistent", persistence=True)
-    persistent.directory.mkdir()
-    persistent.start()
-    try:
-        proc = daemon("--batch-size", "5", "--max-buffered-readings", "5",
-                      "--max-inflight-messages", "40", "--write-concurrency", "1",
-                      broker_url=persistent.url)
-        async with failpoint(mongo, ["update"]):
-            async with aiomqtt.Client("127.0.0.1", persistent.port) as client:
-                for i in range(20):
-                    await client.publish(*one(topic_root, "s1", i), qos=1)
-            await eventually(lambda: proc.metric(
-                'ingest_write_errors_total{kind="transient",mode="bucket"}') >= 1)
-            persistent.restart()
-            await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 1
-                             and proc.metric("ingest_mqtt_connected") == 1)
-        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 20, timeout=30)
-        assert await stored(db, "bucket") == 20
-        assert await stored_values(db, "bucket", "seq") == list(range(20))
-    finally:
-        persistent.stop()
+    proc = daemon("--batch-size", "5", "--max-buffered-readings", "5",
+                  "--max-inflight-messages", "40", "--write-concurrency", "1",
+                  broker_url=persistent.url)
+    async with failpoint(mongo, ["update"]):
+        async with aiomqtt.Client("127.0.0.1", persistent.port) as client:
+            for i in range(20):
+                await client.publish(*one(topic_root, "s1", i), qos=1)
+        await eventually(lambda: proc.metric(
+            'ingest_write_errors_total{kind="transient",mode="bucket"}') >= 1)
+        persistent.restart()
+        await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 1
+                         and proc.metric("ingest_mqtt_connected") == 1)
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 20, timeout=30)
+    assert await stored(db, "bucket") == 20
+    assert await stored_values(db, "bucket", "seq") == list(range(20))
 
 
 async def test_writes_finishing_while_the_broker_is_down_are_acked_after_it_returns(
-        daemon: Callable[..., Daemon], tmp_path: Path, topic_root: str, db: Any,
+        daemon: Callable[..., Daemon], persistent: Broker, topic_root: str, db: Any,
         mongo: Any) -> None:
     """No ack may go to a dead connection: writes that succeed during the reconnect
     backoff wait, and are acknowledged when the broker redelivers the messages."""
-    persistent = Broker(tmp_path / "persistent", persistence=True)
-    persistent.directory.mkdir()
-    persistent.start()
-    try:
-        proc = daemon(broker_url=persistent.url)
-        async with failpoint(mongo, ["update"]):
-            async with aiomqtt.Client("127.0.0.1", persistent.port) as client:
-                for i in range(10):
-                    await client.publish(*one(topic_root, "s1", i), qos=1)
-            await eventually(lambda: proc.metric(
-                'ingest_write_errors_total{kind="transient",mode="bucket"}') >= 1)
-            persistent.stop()
-            await eventually(lambda: proc.metric("ingest_mqtt_connected") == 0)
-        await eventually(lambda: proc.metric('ingest_readings_written_total{mode="bucket"}')
-                         == 10, timeout=30)
-        assert proc.metric("ingest_messages_acked_total") == 0
-        persistent.start()
-        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 10, timeout=30)
-        assert proc.metric("ingest_redeliveries_adopted_total") == 10
-        assert await stored(db, "bucket") == 10
-    finally:
+    proc = daemon(broker_url=persistent.url)
+    async with failpoint(mongo, ["update"]):
+        async with aiomqtt.Client("127.0.0.1", persistent.port) as client:
+            for i in range(10):
+                await client.publish(*one(topic_root, "s1", i), qos=1)
+        await eventually(lambda: proc.metric(
+            'ingest_write_errors_total{kind="transient",mode="bucket"}') >= 1)
         persistent.stop()
+        await eventually(lambda: proc.metric("ingest_mqtt_connected") == 0)
+    await eventually(lambda: proc.metric('ingest_readings_written_total{mode="bucket"}')
+                     == 10, timeout=30)
+    assert proc.metric("ingest_messages_acked_total") == 0
+    persistent.start()
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 10, timeout=30)
+    assert proc.metric("ingest_redeliveries_adopted_total") == 10
+    assert await stored(db, "bucket") == 10
