@@ -1,0 +1,83 @@
+"""A TCP proxy for fault tests: forwards to a target until told to black-hole traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+
+
+class Proxy:
+    """Forwards 127.0.0.1:<port> to a target; ``cut()`` stops forwarding without closing
+    anything (like a network partition), ``heal()`` resumes."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self._open = threading.Event()
+        self._open.set()
+        self._loop = asyncio.new_event_loop()
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = int(probe.getsockname()[1])
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="proxy")
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> Proxy:
+        self._thread.start()
+        self._ready.wait(5)
+        return self
+
+    def cut(self) -> None:
+        self._open.clear()
+
+    def heal(self) -> None:
+        self._open.set()
+
+    def stop(self) -> None:
+        self._open.set()
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    async def _shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._client, "127.0.0.1", self.port))
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.close()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        try:
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        finally:
+            self._tasks.discard(task)
+            for stream in (writer, up_writer):
+                stream.close()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while data := await reader.read(65536):
+                while not self._open.is_set():  # partition: hold the bytes, send nothing
+                    await asyncio.sleep(0.05)
+                writer.write(data)
+                await writer.drain()
+        writer.close()
