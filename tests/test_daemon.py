@@ -457,3 +457,59 @@ async def test_daemons_on_one_shared_subscription_split_the_load_and_write_each_
     assert all(share > 0 for share in shares), shares  # each daemon got a share
     assert await stored(db, mode) == 600
     assert await stored_values(db, mode, "seq") == list(range(600))
+
+
+def make_tls_files(directory: Path) -> dict[str, Path]:
+    """A throwaway CA, a broker certificate for 127.0.0.1 and a client certificate, with
+    the extensions Python 3.13's strict verification (VERIFY_X509_STRICT) requires."""
+    files = {name: directory / name for name in (
+        "ca.key", "ca.crt", "server.key", "server.csr", "server.crt", "server.ext",
+        "client.key", "client.csr", "client.crt", "client.ext")}
+    common = "authorityKeyIdentifier=keyid,issuer\nbasicConstraints=critical,CA:FALSE\n"
+    files["server.ext"].write_text(
+        common + "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    files["client.ext"].write_text(
+        common + "keyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n")
+
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        "-keyout", str(files["ca.key"]), "-out", str(files["ca.crt"]))
+    for who, cn in (("server", "127.0.0.1"), ("client", "ingest")):
+        ssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={cn}",
+            "-keyout", str(files[f"{who}.key"]), "-out", str(files[f"{who}.csr"]))
+        ssl("x509", "-req", "-in", str(files[f"{who}.csr"]), "-CA", str(files["ca.crt"]),
+            "-CAkey", str(files["ca.key"]), "-CAcreateserial", "-days", "1",
+            "-extfile", str(files[f"{who}.ext"]), "-out", str(files[f"{who}.crt"]))
+    return files
+
+
+async def test_mqtts_with_a_private_ca_and_a_client_certificate(
+        daemon: Callable[..., Daemon], tmp_path: Path, topic_root: str, db: Any) -> None:
+    """mqtts:// verifies the broker against --mqtt-ca-file and presents the client
+    certificate; a broker the CA did not sign is refused."""
+    tls = make_tls_files(tmp_path)
+    port = free_port()
+    secure = Broker(tmp_path, extra=(
+        f"listener {port} 127.0.0.1\n"
+        f"cafile {tls['ca.crt']}\ncertfile {tls['server.crt']}\nkeyfile {tls['server.key']}\n"
+        "require_certificate true\n"))
+    secure.start()
+    try:
+        proc = daemon("--mqtt-ca-file", str(tls["ca.crt"]), "--mqtt-cert-file",
+                      str(tls["client.crt"]), "--mqtt-key-file", str(tls["client.key"]),
+                      broker_url=f"mqtts://127.0.0.1:{port}")
+        async with aiomqtt.Client("127.0.0.1", secure.port) as client:  # plain listener
+            await client.publish(*one(topic_root, "s1", 1), qos=1)
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)
+        assert await stored(db, "bucket") == 1
+        untrusted = daemon(broker_url=f"mqtts://127.0.0.1:{port}", wait_ready=False,
+                           client_id=f"untrusted-{topic_root}")
+        await eventually(lambda: "CERTIFICATE_VERIFY_FAILED" in untrusted.logs())
+        assert http_status(untrusted.metrics_port, "/readyz") == 503
+    finally:
+        secure.stop()
