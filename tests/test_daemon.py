@@ -6,6 +6,8 @@ import asyncio
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from typing import TYPE_CHECKING, Any
 
 import aiomqtt
@@ -513,3 +515,27 @@ async def test_mqtts_with_a_private_ca_and_a_client_certificate(
         assert http_status(untrusted.metrics_port, "/readyz") == 503
     finally:
         secure.stop()
+
+
+async def test_no_secret_appears_in_logs_metrics_or_connection_errors(
+        daemon: Callable[..., Daemon], broker: Broker) -> None:
+    """Credentials in both URLs, MongoDB unreachable so its errors get logged: neither
+    password shows up anywhere the daemon writes or serves."""
+    mqtt_secret, mongo_secret = "mqtt-Pa55-word", "mongo-Pa55-word"
+    nowhere = (f"mongodb://app:{mongo_secret}@127.0.0.1:{free_port()}/"
+               "?serverSelectionTimeoutMS=300")
+    proc = daemon(mongodb_uri=nowhere, wait_ready=False,
+                  broker_url=f"mqtt://ingest:{mqtt_secret}@127.0.0.1:{broker.port}")
+    await eventually(lambda: "cannot prepare MongoDB collections" in proc.logs())
+    await eventually(lambda: _status(proc, "/healthz") == 200)
+    with urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/metrics") as resp:
+        served = resp.read().decode()
+    with pytest.raises(urllib.error.HTTPError) as unready:  # 503, reasons in the body
+        urllib.request.urlopen(f"http://127.0.0.1:{proc.metrics_port}/readyz")
+    assert unready.value.code == 503
+    served += unready.value.read().decode()
+    unready.value.close()
+    assert proc.stop() == 0
+    for secret in (mqtt_secret, mongo_secret):
+        assert secret not in proc.logs()
+        assert secret not in served
