@@ -116,11 +116,15 @@ class MqttSource:
             return False  # not in the pipeline: process the redelivery as a new message
         entry.owner = message.generation
         if entry.written and self._client is not None:
-            del self._unacked[message.mid]
-            paho_hooks.ack(self._client, message.mid, message.qos)
-            self._metrics.messages_acked.inc()
+            self._ack_adopted(self._client, message.mid)
         self._metrics.redeliveries_adopted.inc()
         return True
+
+    def _ack_adopted(self, client: aiomqtt.Client, mid: int) -> None:
+        """Acknowledge an adopted redelivery whose original write has finished."""
+        entry = self._unacked.pop(mid)
+        paho_hooks.ack(client, mid, entry.message.qos)
+        self._metrics.messages_acked.inc()
 
     def stop_consuming(self) -> None:
         """Stop taking messages but keep the connection so acks can still go out."""
@@ -166,17 +170,15 @@ class MqttSource:
             # QoS 1/2 messages are bounded by Receive Maximum at the broker; QoS 0 has no
             # flow control, so past the same bound it is dropped, as QoS 0 allows, and
             # counted.
+            message = Inbound(topic, payload, mid, qos, generation, time.time())
             if qos == 0:
                 if len(inbox) >= limit:
                     dropped.inc()
                     return
-                inbox.append(Inbound(topic, payload, mid, qos, generation, time.time()))
-                wake.set()
+            elif dup and self._redelivered(message):
                 return
-            message = Inbound(topic, payload, mid, qos, generation, time.time())
-            if dup and self._redelivered(message):
-                return
-            self._unacked[mid] = _Unacked(message, generation)
+            else:
+                self._unacked[mid] = _Unacked(message, generation)
             inbox.append(message)
             wake.set()
 
@@ -201,9 +203,7 @@ class MqttSource:
         # write had already finished: acknowledge them now.
         for mid, entry in list(self._unacked.items()):
             if entry.owner == self._generation and entry.written:
-                del self._unacked[mid]
-                paho_hooks.ack(client, mid, entry.message.qos)
-                self._metrics.messages_acked.inc()
+                self._ack_adopted(client, mid)
         wanted = self._settings.qos
         # Retained messages only when the subscription is new, not again on every
         # reconnect of the persistent session (they would be stored again each time).
