@@ -33,6 +33,7 @@ REASONS: tuple[str, ...] = (
     "bad_seq",            # seq that is not a non-negative 64-bit integer
     "no_measurements",    # a reading with no numeric measurement
     "write_rejected",     # MongoDB refused the document (validator, size...)
+    "ts_conflict",        # bucket mode: the sensor has a stored reading at that ts, other values
 )
 
 NAME_PATTERN = r"[A-Za-z0-9_-]{1,64}"

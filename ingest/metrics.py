@@ -62,6 +62,11 @@ class Metrics:
         self.readings_written = Counter(
             "readings_written", "Readings written to MongoDB (or built, with --dry-run).",
             ["mode"], namespace=NAMESPACE, registry=r).labels(mode)
+        self.duplicates = Counter(
+            "duplicate_readings", "Readings not written because the same reading (sensor, "
+            "ts and values) is already stored: redeliveries after a crash, retried writes "
+            "whose first attempt landed, or a sensor sending a reading twice (bucket mode).",
+            ["mode"], namespace=NAMESPACE, registry=r).labels(mode)
         self.readings_rejected = Counter(
             "readings_rejected", "Readings rejected, by reason.", ["reason"],
             namespace=NAMESPACE, registry=r)

@@ -188,10 +188,10 @@ class Pipeline:
         self._metrics.batch_write_seconds.observe(time.perf_counter() - started)
         self._metrics.batch_readings.observe(len(batch.readings))
 
-    async def _write_readings(self, readings: list[Reading]) -> list[tuple[Reading, str]]:
+    async def _write_readings(self, readings: list[Reading]) -> list[tuple[Reading, Rejection]]:
         """Write until nothing is left to retry; return the readings refused for good."""
         pending, attempt = readings, 0
-        refused: list[tuple[Reading, str]] = []
+        refused: list[tuple[Reading, Rejection]] = []
         while pending:
             plan = self._writer.plan(pending)
             if self._settings.dry_run:
@@ -208,10 +208,10 @@ class Pipeline:
                 continue
             self._health.mongodb_ok = True
             self._count_written(len(plan.ops), outcome.written)
-            refused.extend(outcome.refused)
-            for _reading, detail in outcome.refused:
-                logger.warning("MongoDB refused a reading: %s", detail)
-            self._metrics.reject("write_rejected", len(outcome.refused))
+            if outcome.duplicates:
+                self._metrics.duplicates.inc(outcome.duplicates)
+            refused.extend(self._refusals(outcome.refused, "write_rejected"))
+            refused.extend(self._refusals(outcome.conflicts, "ts_conflict"))
             if outcome.refused:
                 self._metrics.write_error("rejected")
             pending = outcome.retry
@@ -220,13 +220,20 @@ class Pipeline:
                 await self._failed(WriteError(f"{len(pending)} readings to retry"), attempt)
         return refused
 
+    def _refusals(self, refused: list[tuple[Reading, str]], reason: str
+                  ) -> list[tuple[Reading, Rejection]]:
+        """Log and count readings refused for good, each with its reason."""
+        for _reading, detail in refused:
+            logger.warning("refused a reading (%s): %s", reason, detail)
+        if refused:
+            self._metrics.reject(reason, len(refused))
+        return [(reading, Rejection(reason, detail)) for reading, detail in refused]
+
     async def _isolate(self, readings: list[Reading], exc: RefusedWriteError
-                       ) -> list[tuple[Reading, str]]:
+                       ) -> list[tuple[Reading, Rejection]]:
         """A whole request was refused for its data: split it until the culprit is alone."""
         if len(readings) == 1:
-            logger.warning("MongoDB refused a reading: %s", exc)
-            self._metrics.reject("write_rejected")
-            return [(readings[0], str(exc)[:300])]
+            return self._refusals([(readings[0], str(exc)[:300])], "write_rejected")
         half = len(readings) // 2
         return (await self._write_readings(readings[:half])
                 + await self._write_readings(readings[half:]))
@@ -262,13 +269,11 @@ class Pipeline:
         logger.warning("write failed (attempt %d, retrying in %.2fs): %s", attempt, delay, exc)
         await asyncio.sleep(delay)
 
-    def _refused_docs(self, batch: Batch, refused: list[tuple[Reading, str]]
+    def _refused_docs(self, batch: Batch, refused: list[tuple[Reading, Rejection]]
                       ) -> list[dict[str, Any]]:
-        """Reject documents for readings the server refused, pointing at their message."""
+        """Reject documents for readings refused at write time, pointing at their message."""
         owners = batch.origin()
         docs: list[dict[str, Any]] = []
-        for reading, detail in refused:
-            message = owners[id(reading)]
-            docs.extend(reject_docs(message, [Rejection("write_rejected", detail)],
-                                    self._writer.mode))
+        for reading, rejection in refused:
+            docs.extend(reject_docs(owners[id(reading)], [rejection], self._writer.mode))
         return docs

@@ -13,6 +13,7 @@ from pymongo.errors import OperationFailure
 
 from ingest.decode import SENSOR_ID_PATTERN
 from ingest.errors import SchemaError
+from ingest.writers import DUPLICATE_KEY
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.database import AsyncDatabase
@@ -24,6 +25,8 @@ NAMESPACE_EXISTS = 48
 INDEX_CONFLICTS = frozenset({85, 86})
 BUCKET_INDEX = "sensor_id_1_bucket_start_1"
 BUCKET_TTL_INDEX = "bucket_start_ttl"
+# Unique across documents: no reading of a sensor is stored twice (see writers.bucket).
+READINGS_INDEX = "sensor_id_1_readings.ts_1"
 TIMESERIES_INDEX = "meta.sensor_id_1_ts_1"
 
 BUCKET_VALIDATOR: dict[str, Any] = {
@@ -97,6 +100,17 @@ class Schema:
             logger.info("updated the validator of %s.%s", self.db.name, self.collection)
         coll = self.db[self.collection]
         await coll.create_index([("sensor_id", 1), ("bucket_start", 1)], name=BUCKET_INDEX)
+        try:
+            await coll.create_index([("sensor_id", 1), ("readings.ts", 1)], unique=True,
+                                    name=READINGS_INDEX)
+        except OperationFailure as exc:
+            if exc.code != DUPLICATE_KEY:
+                raise
+            raise SchemaError(
+                f"{self.db.name}.{self.collection} holds a reading twice (same sensor_id and "
+                f"ts), so the unique index {READINGS_INDEX} cannot be built: "
+                f"{str(exc)[:200]}"
+            ) from exc
         if self.retention_days is not None:
             # A bucket expires once its last possible reading is past the retention.
             expire = int(self.retention_days * 86400) + self.span_seconds

@@ -17,9 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ingest.errors import SchemaError
 from ingest.model import Reading
-from ingest.schema import BUCKET_INDEX, BUCKET_TTL_INDEX, Schema
-from ingest.writers.bucket import BucketWriter, reading_bytes
+from ingest.schema import BUCKET_INDEX, BUCKET_TTL_INDEX, READINGS_INDEX, Schema
+from ingest.writers.bucket import BucketWriter, reading_bytes, ts_key
+from tests.support.mongo import stored_values
 
 HOUR = 3600
 T0 = 1_790_000_000 // HOUR * HOUR  # an hour boundary
@@ -129,22 +131,102 @@ async def expected_vs_stored(coll: Any, written: list[Reading]) -> None:
             assert stored_vals == sorted(vals)
 
 
+def first_of_each_ts(readings: list[Reading]) -> list[Reading]:
+    """What bucket mode stores: the first reading of each sensor and millisecond."""
+    first: dict[tuple[str, int], Reading] = {}
+    for r in readings:
+        first.setdefault((r.sensor_id, ts_key(r.ts)), r)
+    return list(first.values())
+
+
 @settings(max_examples=12, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=st.lists(readings_st, min_size=1, max_size=4),
-       cap=st.sampled_from([3, 10, 3600]))
-async def test_stats_equal_what_the_readings_imply_after_many_batches(
-        db: Any, batches: list[list[Reading]], cap: int) -> None:
+       cap=st.sampled_from([3, 10, 3600]), replays=st.lists(st.integers(0, 3), max_size=3))
+async def test_stats_equal_what_the_readings_imply_after_many_batches_and_replays(
+        db: Any, batches: list[list[Reading]], cap: int, replays: list[int]) -> None:
+    """Arbitrary batches, some written again (as after a crash or a retried write): each
+    sensor keeps the first reading of each timestamp, counted once; a repeat is a
+    duplicate if its values are the same, a conflict otherwise."""
     writer = writer_for(db, f"b{uuid.uuid4().hex[:8]}", max_readings=cap)
     await writer.ensure_schema()
-    for batch in batches:
+    sent = batches + [batches[i] for i in replays if i < len(batches)]
+    seen: dict[tuple[str, int], Reading] = {}
+    for batch in sent:
         outcome = await writer.write(writer.plan(batch))
-        assert outcome.written == len(batch)
+        new = dups = conflicts = 0
+        for r in batch:
+            key = (r.sensor_id, ts_key(r.ts))
+            first = seen.get(key)
+            if first is None:
+                seen[key] = r
+                new += 1
+            elif first.values == r.values:
+                dups += 1
+            else:
+                conflicts += 1
+        assert (outcome.written, outcome.duplicates, len(outcome.conflicts)) == (
+            new, dups, conflicts)
         assert not outcome.retry
         assert not outcome.refused
     coll = db[writer._collection.name]
-    await expected_vs_stored(coll, [r for b in batches for r in b])
+    await expected_vs_stored(coll, first_of_each_ts([r for b in sent for r in b]))
     assert await coll.count_documents({"count": {"$gt": cap}}) == 0
+
+
+async def test_a_write_repeated_after_it_filled_its_document_is_not_stored_again(
+        db: Any) -> None:
+    """The retry of a write whose first attempt landed (and filled its document) would
+    start a new document: the unique index refuses it, and nothing is counted twice."""
+    writer = writer_for(db, max_readings=5)
+    await writer.ensure_schema()
+    batch = [reading("a", T0 + i, v=float(i)) for i in range(5)]
+    assert (await writer.write(writer.plan(batch))).written == 5
+    again = await writer.write(writer.plan(batch))
+    assert (again.written, again.duplicates, again.conflicts) == (0, 5, [])
+    docs = await db.buckets.find({}).to_list()
+    assert [(d["count"], d["stats"]["v"]["sum"]) for d in docs] == [(5, 10.0)]
+
+
+async def test_a_redelivery_mixed_with_new_readings_writes_only_the_new_ones(
+        db: Any) -> None:
+    writer = writer_for(db, max_readings=4)
+    await writer.ensure_schema()
+    old = [reading("a", T0 + i, v=1.0) for i in range(3)]
+    await writer.write(writer.plan(old))
+    new = [reading("a", T0 + 10 + i, v=2.0) for i in range(3)]
+    outcome = await writer.write(writer.plan([*new[:1], *old, *new[1:]]))
+    assert (outcome.written, outcome.duplicates) == (3, 3)
+    await expected_vs_stored(db.buckets, old + new)
+    assert await db.buckets.count_documents({"count": {"$gt": 4}}) == 0
+
+
+async def test_another_reading_at_a_stored_time_is_refused_as_a_conflict(db: Any) -> None:
+    writer = writer_for(db)
+    await writer.ensure_schema()
+    await writer.write(writer.plan([reading("a", T0 + 1, v=1.0)]))
+    late = reading("a", T0 + 1, v=9.0)
+    same_batch = [reading("b", T0 + 2, v=1.0), reading("b", T0 + 2, v=2.0),
+                  reading("b", T0 + 2, v=1.0)]
+    outcome = await writer.write(writer.plan([late, *same_batch]))
+    assert outcome.written == 1
+    assert outcome.duplicates == 1
+    assert [(r.sensor_id, r.values) for r, _ in outcome.conflicts] == [
+        ("b", {"v": 2.0}), ("a", {"v": 9.0})]
+    assert "already has a reading at" in outcome.conflicts[1][1]
+    assert await stored_values(db, "bucket", "v") == [1.0, 1.0]
+
+
+async def test_the_unique_index_is_not_built_over_readings_stored_twice(db: Any) -> None:
+    """A collection written without the index (an older version) and holding a reading
+    twice is refused with one line instead of being written into without the guard."""
+    writer = writer_for(db)
+    await writer.ensure_schema()
+    await writer.write(writer.plan([reading("a", T0 + 1)]))
+    await db.buckets.drop_index(READINGS_INDEX)
+    await db.buckets.insert_one(await db.buckets.find_one({}, {"_id": 0}))
+    with pytest.raises(SchemaError, match="holds a reading twice"):
+        await writer.ensure_schema()
 
 
 async def test_bucket_overflow_starts_new_documents_never_above_the_cap(db: Any) -> None:
@@ -208,6 +290,8 @@ async def test_schema_is_idempotent_with_validator_index_ttl_and_capped_rejects(
     indexes = await db.buckets.index_information()
     assert indexes[BUCKET_INDEX]["key"] == [("sensor_id", 1), ("bucket_start", 1)]
     assert not indexes[BUCKET_INDEX].get("unique")
+    assert indexes[READINGS_INDEX]["key"] == [("sensor_id", 1), ("readings.ts", 1)]
+    assert indexes[READINGS_INDEX]["unique"] is True
     assert indexes[BUCKET_TTL_INDEX]["expireAfterSeconds"] == 7 * 86400 + HOUR
     options = await db.buckets.options()
     assert "$jsonSchema" in options["validator"]

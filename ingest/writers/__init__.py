@@ -22,6 +22,10 @@ TRANSIENT_CODES = frozenset({
 })
 
 
+# E11000: the write would store a key a unique index already holds. In bucket mode the
+# unique (sensor_id, readings.ts) index raises it for a reading that is already stored.
+DUPLICATE_KEY = 11000
+
 # Whole-request failures caused by the data: BadValue, FailedToParse, TypeMismatch,
 # DocumentValidationFailure, BSONObjectTooLarge, "document too large after update".
 DATA_ERROR_CODES = frozenset({2, 9, 14, 121, 10334, 17419})
@@ -33,6 +37,9 @@ class Plan:
 
     ops: list[Any]
     groups: list[list[Reading]]
+    # Readings dropped while planning because the batch holds the same reading twice.
+    duplicates: int = 0
+    conflicts: list[tuple[Reading, str]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -42,6 +49,13 @@ class Outcome:
     written: int = 0
     retry: list[Reading] = field(default_factory=list)
     refused: list[tuple[Reading, str]] = field(default_factory=list)
+    # Readings not written because the very same reading is already stored (a redelivery
+    # or a retried write), and readings refused because another reading of the same
+    # sensor and time, with other values, is stored.
+    duplicates: int = 0
+    conflicts: list[tuple[Reading, str]] = field(default_factory=list)
+    # Indexes of operations that failed with a duplicate key (see ``send(collide=True)``).
+    collided: list[int] = field(default_factory=list)
 
 
 class Writer(Protocol):
@@ -59,18 +73,22 @@ class Writer(Protocol):
         """Send a plan; raise :class:`WriteError` if nothing is known to be written."""
 
 
-def split_bulk_error(exc: BulkWriteError, plan: Plan) -> Outcome:
+def split_bulk_error(exc: BulkWriteError, plan: Plan, collide: bool = False) -> Outcome:
     """Sort a partial failure into readings to retry and readings refused for good.
 
     Operations without a write error were applied (a write-concern error means applied
-    but not replicated as asked; retrying those would apply them twice).
+    but not replicated as asked; retrying those would apply them twice). With
+    ``collide``, operations refused for a duplicate key are listed in ``collided`` for
+    the writer to settle instead of being refused.
     """
     failed: set[int] = set()
     outcome = Outcome()
     for error in exc.details.get("writeErrors", []):
         index = int(error["index"])
         failed.add(index)
-        if error.get("code") in TRANSIENT_CODES:
+        if collide and error.get("code") == DUPLICATE_KEY:
+            outcome.collided.append(index)
+        elif error.get("code") in TRANSIENT_CODES:
             outcome.retry.extend(plan.groups[index])
         else:
             detail = f"code {error.get('code')}: {str(error.get('errmsg', ''))[:200]}"
@@ -79,12 +97,12 @@ def split_bulk_error(exc: BulkWriteError, plan: Plan) -> Outcome:
     return outcome
 
 
-async def send(request: Awaitable[object], plan: Plan) -> Outcome:
+async def send(request: Awaitable[object], plan: Plan, collide: bool = False) -> Outcome:
     """Await one unordered bulk request for ``plan`` and sort out what it did."""
     try:
         await request
     except BulkWriteError as exc:
-        return split_bulk_error(exc, plan)
+        return split_bulk_error(exc, plan, collide)
     except (PyMongoError, InvalidDocument) as exc:
         raise as_write_error(exc) from exc
     return Outcome(written=sum(len(group) for group in plan.groups))

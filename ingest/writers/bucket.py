@@ -7,12 +7,27 @@ only matches a document with room for the whole group (``count <= max - n``); ot
 the upsert starts a new document with the same ``sensor_id`` and ``bucket_start``.
 The match and the update are one atomic step per document, so concurrent writers never
 overfill a document; at worst they start two documents for one span, which readers sum.
+
+Writes are idempotent. A reading is identified by its sensor and its timestamp (to the
+millisecond, as BSON stores it), and no reading is ever stored twice:
+
+- within a document, the filter only matches a document holding none of the group's
+  timestamps (``readings.ts: {$nin: [...]}``);
+- across documents, the unique index ``{sensor_id: 1, readings.ts: 1}`` refuses, with a
+  duplicate-key error, any update or insert that would store a stored reading again.
+
+Either check makes the whole update fail atomically, counts and statistics included. The
+writer then looks up which readings of that group are stored (:meth:`BucketWriter.settle`):
+identical ones are dropped and counted as duplicates (a redelivery after a crash, or a
+retried write whose first attempt did land), ones with other values are refused as
+``ts_conflict``, and the rest are written again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from pymongo import UpdateOne
@@ -30,6 +45,35 @@ SCHEMA_VERSION = 1
 # Estimated BSON bytes of readings one document may hold: half of MongoDB's 16 MiB limit,
 # so the estimate can be off by 2x and an update still fits.
 MAX_BUCKET_BYTES = 8 * 1024 * 1024
+# Rounds of "write, settle the collisions, write what is left" before giving the rest
+# back to the pipeline's retry loop (only a writer racing on the very same readings
+# could make a round settle nothing).
+SETTLE_ROUNDS = 3
+SETTLE_CONCURRENCY = 16
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
+def ts_key(ts: datetime) -> int:
+    """A timestamp as BSON stores it: whole milliseconds since the epoch (floored)."""
+    if ts.tzinfo is None:  # a client without tz_aware returns naive UTC datetimes
+        ts = ts.replace(tzinfo=UTC)
+    return (ts - _EPOCH) // _MS
+
+
+def same_reading(reading: Reading, stored: dict[str, Any]) -> bool:
+    """Whether a stored ``readings`` entry holds exactly this reading's values and seq."""
+    if stored.get("seq") != reading.seq:
+        return False
+    values = {k: v for k, v in stored.items() if k not in {"ts", "seq"}}
+    return values == reading.values
+
+
+def conflict_detail(reading: Reading) -> str:
+    """Why a reading whose sensor and time are stored with other values is refused."""
+    return (f"sensor {reading.sensor_id} already has a reading at "
+            f"{reading.ts.isoformat(timespec='milliseconds')} with other values; "
+            "the stored one is kept")
 
 
 def reading_bytes(reading: Reading) -> int:
@@ -50,6 +94,25 @@ def group_readings(readings: list[Reading], span: int) -> dict[tuple[str, float]
         else:
             group.append(reading)
     return groups
+
+
+def unique_readings(group: list[Reading], plan: Plan) -> list[Reading]:
+    """The group without repeated timestamps: the first reading of each millisecond wins.
+
+    Repeats with the same values are counted in ``plan.duplicates``; repeats with other
+    values are refused in ``plan.conflicts``.
+    """
+    seen: dict[int, Reading] = {}
+    for reading in group:
+        key = ts_key(reading.ts)
+        first = seen.get(key)
+        if first is None:
+            seen[key] = reading
+        elif first.values == reading.values and first.seq == reading.seq:
+            plan.duplicates += 1
+        else:
+            plan.conflicts.append((reading, conflict_detail(reading)))
+    return group if len(seen) == len(group) else list(seen.values())
 
 
 def reading_doc(reading: Reading) -> dict[str, Any]:
@@ -83,7 +146,8 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
     """One upsert that appends ``chunk`` to a document of that sensor-span with room for it.
 
     Room means both fewer than ``max_readings - n`` readings and fewer than
-    ``MAX_BUCKET_BYTES - size`` estimated bytes, so no document outgrows MongoDB's limit.
+    ``MAX_BUCKET_BYTES - size`` estimated bytes, so no document outgrows MongoDB's limit,
+    and none of the chunk's timestamps, so no document holds a reading twice.
     """
     acc: dict[str, list[Any]] = {}  # name -> [count, sum, min, max]
     for reading in chunk:
@@ -109,7 +173,8 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
     return UpdateOne(
         {"sensor_id": sensor_id, "bucket_start": start,
          "count": {"$lte": max_readings - len(chunk)},
-         "bytes": {"$lte": max(MAX_BUCKET_BYTES - size, 0)}},
+         "bytes": {"$lte": max(MAX_BUCKET_BYTES - size, 0)},
+         "readings.ts": {"$nin": [r.ts for r in chunk]}},
         {"$push": {"readings": {"$each": [reading_doc(r) for r in chunk]}},
          "$inc": inc, "$min": mins, "$max": maxs,
          "$setOnInsert": {"schema_version": SCHEMA_VERSION}},
@@ -135,15 +200,80 @@ class BucketWriter:
 
     def plan(self, readings: list[Reading]) -> Plan:
         """Coalesce a batch into one upsert per sensor-span (more only past the cap)."""
-        ops: list[Any] = []
-        groups: list[list[Reading]] = []
+        plan = Plan([], [])
         for (sensor_id, start), group in group_readings(readings, self._span).items():
             start_dt = datetime.fromtimestamp(start, UTC)
-            for chunk, size in chunks(group, self._max):
-                ops.append(update_for(sensor_id, start_dt, chunk, self._max, size))
-                groups.append(chunk)
-        return Plan(ops, groups)
+            for chunk, size in chunks(unique_readings(group, plan), self._max):
+                plan.ops.append(update_for(sensor_id, start_dt, chunk, self._max, size))
+                plan.groups.append(chunk)
+        return plan
 
     async def write(self, plan: Plan) -> Outcome:
-        """Send the plan in one unordered bulk_write."""
-        return await send(self._collection.bulk_write(plan.ops, ordered=False), plan)
+        """Send the plan in one unordered bulk_write; settle readings already stored."""
+        outcome = await self._send(plan)
+        outcome.duplicates += plan.duplicates
+        outcome.conflicts.extend(plan.conflicts)
+        collided = [plan.groups[i] for i in outcome.collided]
+        outcome.collided = []
+        for _ in range(SETTLE_ROUNDS):
+            if not collided:
+                return outcome
+            fresh = await self.settle(collided, outcome)
+            if not fresh:
+                return outcome
+            again = self.plan(fresh)
+            result = await self._send(again)
+            outcome.written += result.written
+            outcome.retry.extend(result.retry)
+            outcome.refused.extend(result.refused)
+            collided = [again.groups[i] for i in result.collided]
+        outcome.retry.extend(r for group in collided for r in group)
+        return outcome
+
+    async def _send(self, plan: Plan) -> Outcome:
+        return await send(self._collection.bulk_write(plan.ops, ordered=False), plan,
+                          collide=True)
+
+    async def settle(self, groups: list[list[Reading]], outcome: Outcome) -> list[Reading]:
+        """Sort readings refused with a duplicate key: stored already, conflicting, or not.
+
+        Stored duplicates are counted in ``outcome.duplicates``, conflicts go to
+        ``outcome.conflicts``; the readings not stored are returned, to be written again.
+        """
+        limit = asyncio.Semaphore(SETTLE_CONCURRENCY)
+
+        async def lookup(group: list[Reading]) -> dict[int, dict[str, Any]]:
+            async with limit:
+                return await self.stored(group)
+
+        found = await asyncio.gather(*(lookup(group) for group in groups))
+        fresh: list[Reading] = []
+        for group, stored in zip(groups, found, strict=True):
+            for reading in group:
+                entry = stored.get(ts_key(reading.ts))
+                if entry is None:
+                    fresh.append(reading)
+                elif same_reading(reading, entry):
+                    outcome.duplicates += 1
+                else:
+                    outcome.conflicts.append((reading, conflict_detail(reading)))
+        if outcome.duplicates or outcome.conflicts:
+            logger.info("settled %d readings already stored: %d duplicates, %d conflicts",
+                        sum(map(len, groups)) - len(fresh), outcome.duplicates,
+                        len(outcome.conflicts))
+        return fresh
+
+    async def stored(self, group: list[Reading]) -> dict[int, dict[str, Any]]:
+        """Stored ``readings`` entries of one sensor within the group's time range, by ts."""
+        low = min(r.ts for r in group)
+        high = max(r.ts for r in group)
+        pipeline: list[dict[str, Any]] = [
+            {"$match": {"sensor_id": group[0].sensor_id,
+                        "readings.ts": {"$in": [r.ts for r in group]}}},
+            {"$project": {"_id": 0, "readings": {"$filter": {
+                "input": "$readings", "as": "r",
+                "cond": {"$and": [{"$gte": ["$$r.ts", low]}, {"$lte": ["$$r.ts", high]}]},
+            }}}},
+        ]
+        cursor = await self._collection.aggregate(pipeline)
+        return {ts_key(entry["ts"]): entry async for doc in cursor for entry in doc["readings"]}

@@ -36,6 +36,10 @@ class Proxy:
     def heal(self) -> None:
         self._open.set()
 
+    def drop(self) -> None:
+        """Close every open connection; bytes held by a cut are thrown away, not sent."""
+        asyncio.run_coroutine_threadsafe(self._close_connections(), self._loop).result(5)
+
     def stop(self) -> None:
         self._open.set()
         asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(5)
@@ -45,6 +49,9 @@ class Proxy:
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
+        await self._close_connections()
+
+    async def _close_connections(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
