@@ -20,6 +20,7 @@ from ingest.metrics import Health, Metrics, MetricsServer
 from ingest.pipeline import Pipeline
 from ingest.retry import backoff
 from ingest.schema import Schema
+from ingest.sharding import shard_collection
 from ingest.source import MqttSource
 from ingest.writers.bucket import BucketWriter
 from ingest.writers.rejects import RejectsWriter
@@ -70,11 +71,13 @@ def make_writer(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) ->
                         settings.bucket_max_readings)
 
 
-async def init_db(settings: Settings) -> None:
-    """Create collections and indexes for the configured mode, then return."""
+async def init_db(settings: Settings, shard: bool = False) -> None:
+    """Create collections and indexes for the configured mode (and shard), then return."""
     client = mongo_client(settings)
     try:
         await make_writer(settings, client).ensure_schema()
+        if shard:
+            await shard_collection(client, settings.mode, settings.db, settings.collection)
     finally:
         await client.close()
 

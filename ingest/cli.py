@@ -143,6 +143,27 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                              "[env INGEST_DRY_RUN]")
 
 
+class _DescribedDefaults(argparse.RawDescriptionHelpFormatter,
+                         argparse.ArgumentDefaultsHelpFormatter):
+    """Show defaults, keep the description's own line breaks."""
+
+
+INIT_DB_HELP = """\
+Create the mode's collection (validator, indexes, TTL) and the capped rejects
+collection; safe to run again. Daemons do the same at start; run it once ahead
+with --shard on a sharded cluster, connected to a mongos.
+
+--shard shards the collection with a key of high cardinality that does not grow
+with time, so a fleet's writes spread over all shards:
+  bucket mode      {sensor_id: "hashed"}  one shard holds all of a sensor's
+                   documents: each upsert goes to one shard, and the unique
+                   {sensor_id, readings.ts} index stays enforceable.
+  timeseries mode  {meta.sensor_id: 1}    MongoDB 8.0 deprecates sharding a
+                   time-series collection on its time field.
+On a replica set or a standalone server --shard changes nothing and says so.
+"""
+
+
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     """The ``ingest`` parser with its ``run`` and ``init-db`` commands."""
     parser = _Parser(prog="ingest", description="MQTT to MongoDB time-series ingestion.")
@@ -153,9 +174,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                               formatter_class=fmt)
     _common_flags(run, env)
     _run_flags(run, env)
-    init = commands.add_parser("init-db", help="create collections and indexes, then exit",
-                               formatter_class=fmt)
+    init = commands.add_parser(
+        "init-db", help="create collections and indexes (and shard them), then exit",
+        formatter_class=_DescribedDefaults, description=INIT_DB_HELP)
     _common_flags(init, env)
+    init.add_argument("--shard", action="store_true", default=None,
+                      help="also shard the collection (on a mongos; a no-op with a "
+                           "warning elsewhere) [env INGEST_SHARD]")
     return parser
 
 
@@ -209,17 +234,19 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("ingest.mqtt").setLevel(max(logging.WARNING, logging.root.level))
-    return _execute(args.command, settings)
+    shard = getattr(args, "shard", None)
+    return _execute(args.command, settings,
+                    shard=shard if shard is not None else _env_bool(env, "SHARD"))
 
 
-def _execute(command: str, settings: Settings) -> int:
+def _execute(command: str, settings: Settings, shard: bool = False) -> int:
     import uvloop  # noqa: PLC0415 - only the running daemon needs it
 
     from ingest import app  # noqa: PLC0415 - keeps --help and config errors fast
 
     try:
         if command == "init-db":
-            uvloop.run(app.init_db(settings))
+            uvloop.run(app.init_db(settings, shard=shard))
             logger.info("collections and indexes ready in %s", settings.db)
         else:
             uvloop.run(app.run(settings))

@@ -27,6 +27,7 @@ BUCKET_INDEX = "sensor_id_1_bucket_start_1"
 BUCKET_TTL_INDEX = "bucket_start_ttl"
 # Unique across documents: no reading of a sensor is stored twice (see writers.bucket).
 READINGS_INDEX = "sensor_id_1_readings.ts_1"
+CANNOT_CREATE_INDEX = 67
 TIMESERIES_INDEX = "meta.sensor_id_1_ts_1"
 
 BUCKET_VALIDATOR: dict[str, Any] = {
@@ -104,6 +105,9 @@ class Schema:
             await coll.create_index([("sensor_id", 1), ("readings.ts", 1)], unique=True,
                                     name=READINGS_INDEX)
         except OperationFailure as exc:
+            if exc.code == CANNOT_CREATE_INDEX:  # e.g. sharded on a key it cannot extend
+                raise SchemaError(f"{self.db.name}.{self.collection}: cannot create the "
+                                  f"unique index {READINGS_INDEX}: {str(exc)[:200]}") from exc
             if exc.code != DUPLICATE_KEY:
                 raise
             raise SchemaError(

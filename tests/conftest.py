@@ -19,14 +19,19 @@ if TYPE_CHECKING:
 
 MONGO_ENV = "INGEST_TEST_MONGODB_URI"
 REAL_MONGODB = bool(os.environ.get(MONGO_ENV))
+SHARDED_ENV = "INGEST_TEST_MONGODB_SHARDED_URI"  # a mongos, e.g. compose's "sharded" profile
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     skip = pytest.mark.skip(reason=f"needs a real MongoDB server: set {MONGO_ENV} "
                                    "(the emulator cannot answer this)")
+    skip_sharded = pytest.mark.skip(reason=f"needs a sharded cluster: set {SHARDED_ENV} to a "
+                                           "mongos (docker compose --profile sharded)")
     for item in items:
         if "real_mongodb" in item.keywords and not REAL_MONGODB:
             item.add_marker(skip)
+        if "sharded_cluster" in item.keywords and not os.environ.get(SHARDED_ENV):
+            item.add_marker(skip_sharded)
 
 
 @pytest.fixture(scope="session")

@@ -125,9 +125,10 @@ def _samples(action: argparse.Action) -> tuple[tuple[str, object], tuple[str, ob
     return ("from-env", "from-env"), ("from-cli", "from-cli")
 
 
-# --topic and --dry-run read their variables in settings_from; tested below.
+# --topic, --dry-run and --shard read their variables after parsing; tested below.
 GENERIC = [(command, action.dest) for command in ("run", "init-db")
-           for action in option_actions(command) if action.dest not in {"topic", "dry_run"}]
+           for action in option_actions(command)
+           if action.dest not in {"topic", "dry_run", "shard"}]
 
 
 @pytest.mark.parametrize(("command", "dest"), GENERIC, ids=[f"{c}-{d}" for c, d in GENERIC])

@@ -102,7 +102,8 @@ async def test_bad_input_is_counted_stored_in_rejects_and_never_blocks_good_read
         (topic, orjson.dumps({"$set": 1})),
         (topic, b"[" * 3000),
         (f"{topic_root}/bad$id/readings", orjson.dumps({"temp": 1})),
-        (topic, orjson.dumps([{"temp": 1}, {"temp": True}, {"temp": 2}])),
+        (topic, orjson.dumps([{"ts": NOW - 3, "temp": 1}, {"ts": NOW - 2, "temp": True},
+                              {"ts": NOW - 1, "temp": 2}])),
         (topic, orjson.dumps({"ts": 0, "temp": 1})),
         one(topic_root, "s1", 2),
     ])

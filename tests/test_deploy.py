@@ -40,10 +40,11 @@ PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 MOSQUITTO_DIR = DEPLOY / "mosquitto"
 INGEST_SERVICES = {"ingest-bucket": "bucket", "ingest-timeseries": "timeseries"}
 EXPECTED_SERVICES = {"mosquitto", "mongodb", *INGEST_SERVICES, "mongodb-exporter",
-                     "prometheus", "grafana", "loadgen", "mongodb-test", "tests"}
+                     "prometheus", "grafana", "loadgen", "mongodb-test", "tests",
+                     "mongo-config", "mongo-shard", "mongos", "tests-sharded"}
 # The image is FROM scratch (no shell, no HTTP client): Prometheus's up{job="mongodb"}
 # is its health. loadgen and tests are one-shot jobs, not services to wait for.
-NO_HEALTHCHECK = {"mongodb-exporter", "loadgen", "tests"}
+NO_HEALTHCHECK = {"mongodb-exporter", "loadgen", "tests", "tests-sharded"}
 
 
 def tool(name: str) -> str | None:
@@ -446,10 +447,29 @@ def test_the_test_profile_runs_the_suite_against_a_real_mongodb_with_test_comman
         "mosquitto" in rest for word, rest in test_stage if word == "RUN")
 
 
+def test_the_sharded_profile_runs_the_sharding_tests_against_a_mongos(
+        services: dict[str, dict[str, Any]]) -> None:
+    names = ("mongo-config", "mongo-shard", "mongos", "tests-sharded")
+    assert all(services[name]["profiles"] == ["sharded"] for name in names)
+    assert "--configsvr" in services["mongo-config"]["command"]
+    assert "--shardsvr" in services["mongo-shard"]["command"]
+    assert services["mongos"]["command"][:3] == ["mongos", "--configdb",
+                                                 "config/mongo-config:27017"]
+    assert "configsvr: true" in services["mongo-config"]["healthcheck"]["test"][-1]
+    assert "addShard: 'shard0/mongo-shard:27017'" in services["mongos"]["healthcheck"]["test"][-1]
+    tests = services["tests-sharded"]
+    assert tests["environment"]["INGEST_TEST_MONGODB_SHARDED_URI"] == "mongodb://mongos:27017"
+    assert tests["depends_on"]["mongos"]["condition"] == "service_healthy"
+    assert tests["command"][-1] == "tests/test_sharding.py"
+    assert "sharded_cluster" in tests["command"]
+
+
 def test_github_workflow_runs_lint_the_suite_on_real_mongodb_7_and_8_and_the_image() -> None:
     workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())
     jobs = workflow["jobs"]
-    assert set(jobs) == {"lint", "test", "image"}
+    assert set(jobs) == {"lint", "test", "sharded", "image"}
+    sharded = " ".join(step.get("run", "") for step in jobs["sharded"]["steps"])
+    assert "--profile sharded run --rm tests-sharded" in sharded
     assert jobs["test"]["strategy"]["matrix"]["mongodb"] == ["7.0", "8.0"]
     steps = jobs["test"]["steps"]
     suite = next(step for step in steps if step.get("run") == "scripts/test")

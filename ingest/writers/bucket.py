@@ -141,6 +141,18 @@ def chunks(group: list[Reading], max_readings: int) -> list[tuple[list[Reading],
     return out
 
 
+_STAT_KEYS: dict[str, tuple[str, str, str, str]] = {}
+
+
+def _stat_keys(name: str) -> tuple[str, str, str, str]:
+    """The update paths of one measurement's statistics, built once per name."""
+    keys = (f"stats.{name}.count", f"stats.{name}.sum", f"stats.{name}.min",
+            f"stats.{name}.max")
+    if len(_STAT_KEYS) < 10_000:  # names are validated, but a fleet may invent many
+        _STAT_KEYS[name] = keys
+    return keys
+
+
 def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readings: int,
                size: int) -> UpdateOne:
     """One upsert that appends ``chunk`` to a document of that sensor-span with room for it.
@@ -166,10 +178,11 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
     mins: dict[str, Any] = {"first_ts": min(r.ts for r in chunk)}
     maxs: dict[str, Any] = {"last_ts": max(r.ts for r in chunk)}
     for name, (count, total, low, high) in acc.items():
-        inc[f"stats.{name}.count"] = count
-        inc[f"stats.{name}.sum"] = total
-        mins[f"stats.{name}.min"] = low
-        maxs[f"stats.{name}.max"] = high
+        keys = _STAT_KEYS.get(name) or _stat_keys(name)
+        inc[keys[0]] = count
+        inc[keys[1]] = total
+        mins[keys[2]] = low
+        maxs[keys[3]] = high
     return UpdateOne(
         {"sensor_id": sensor_id, "bucket_start": start,
          "count": {"$lte": max_readings - len(chunk)},
