@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 import subprocess
 import time
@@ -500,6 +501,14 @@ async def test_daemons_on_one_shared_subscription_split_the_load_and_write_each_
     assert all(share > 0 for share in shares), shares  # each daemon got a share
     assert await stored(db, mode) == 600
     assert await stored_values(db, mode, "seq") == list(range(600))
+    if mode == "bucket":  # 20 sensors: the daemons updated the same buckets concurrently
+        docs = await db.buckets.find({}).to_list()
+        assert all(d["count"] == len(d["readings"]) for d in docs)
+        temps = [20 + i / 10 for i in range(600)]
+        assert sum(d["stats"]["temp"]["count"] for d in docs) == 600
+        assert math.isclose(sum(d["stats"]["temp"]["sum"] for d in docs), math.fsum(temps))
+        assert min(d["stats"]["temp"]["min"] for d in docs) == min(temps)
+        assert max(d["stats"]["temp"]["max"] for d in docs) == max(temps)
 
 
 def make_tls_files(directory: Path) -> dict[str, Path]:
