@@ -16,6 +16,11 @@ import orjson
 
 from ingest.model import Decoded, Number, Reading, Rejection
 
+# Reasons given when a reading is written, not decoded.
+WRITE_REASONS: tuple[str, ...] = (
+    "write_rejected",     # MongoDB refused the document (validator, size...)
+    "ts_conflict",        # bucket mode: the sensor has a stored reading at that ts, other values
+)
 # Every reason a reading can be rejected for; metrics initialise one series per reason.
 REASONS: tuple[str, ...] = (
     "too_large",          # payload above --max-message-bytes, refused before parsing
@@ -32,8 +37,7 @@ REASONS: tuple[str, ...] = (
     "ts_out_of_window",   # ts too far in the past or the future
     "bad_seq",            # seq that is not a non-negative 64-bit integer
     "no_measurements",    # a reading with no numeric measurement
-    "write_rejected",     # MongoDB refused the document (validator, size...)
-    "ts_conflict",        # bucket mode: the sensor has a stored reading at that ts, other values
+    *WRITE_REASONS,
 )
 
 NAME_PATTERN = r"[A-Za-z0-9_-]{1,64}"

@@ -19,6 +19,7 @@ from ingest.decode import (
     REASONS,
     RESERVED,
     SENSOR_ID_PATTERN,
+    WRITE_REASONS,
     Limits,
     decode,
     sensor_from_topic,
@@ -231,7 +232,7 @@ def test_window_follows_the_limits() -> None:
 TEN_MB = 10 * 1024 * 1024
 NESTED_5000 = b"[" * 5000 + b"]" * 5000
 
-# (reason, payload, topic, limits): every reason decode can produce (not write_rejected).
+# (reason, payload, topic, limits): every reason decode can produce (not WRITE_REASONS).
 REASON_CASES: list[tuple[str, object, str, Limits]] = [
     ("too_large", b"\xff" * TEN_MB, TOPIC, LIMITS),
     ("invalid_utf8", b"\xff\xfe{", TOPIC, LIMITS),
@@ -260,7 +261,7 @@ def test_each_reason(reason: str, payload: object, topic: str, limits: Limits) -
 
 
 def test_reason_cases_cover_every_decoder_reason() -> None:
-    assert {case[0] for case in REASON_CASES} == set(REASONS) - {"write_rejected"}
+    assert {case[0] for case in REASON_CASES} == set(REASONS) - set(WRITE_REASONS)
     assert len(REASONS) == len(set(REASONS))
 
 
@@ -514,7 +515,7 @@ def assert_well_formed(out: Decoded, limits: Limits = LIMITS) -> None:
     for rejection in out.rejections:
         assert isinstance(rejection, Rejection)
         assert rejection.reason in REASONS
-        assert rejection.reason != "write_rejected"
+        assert rejection.reason not in WRITE_REASONS
         assert isinstance(rejection.detail, str)
         assert rejection.detail
     indexes = [r.index for r in out.rejections]
