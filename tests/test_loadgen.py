@@ -374,6 +374,17 @@ def test_expected_from_a_count_run_matches_the_publisher_split() -> None:
 
 # --- end to end -------------------------------------------------------------------------
 
+def publish_command(broker: Broker, topic_root: str, manifest: Path, *, sensors: int,
+                    count: int, per_message: int, rate: int, start: str = "now-2h",
+                    time_step: str = "1", processes: int = 1) -> list[str]:
+    """``loadgen publish`` of a counted QoS 1 run that writes its manifest, as JSON."""
+    return [sys.executable, "-m", "loadgen", "publish", "--mqtt-url", broker.url,
+            "--topic-prefix", topic_root, "--sensors", str(sensors), "--count", str(count),
+            "--per-message", str(per_message), "--qos", "1", "--rate", str(rate),
+            "--processes", str(processes), "--start", start, "--time-step", time_step,
+            "--manifest", str(manifest), "--json"]
+
+
 async def test_published_run_arrives_exactly_once(
         daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str,
         mongo_uri: str, db_name: str, tmp_path: Path, sync_db: Any,
@@ -383,10 +394,8 @@ async def test_published_run_arrives_exactly_once(
     count = 300
     started = time.monotonic()
     publish = subprocess.run(
-        [sys.executable, "-m", "loadgen", "publish", "--mqtt-url", broker.url,
-         "--topic-prefix", topic_root, "--sensors", "6", "--count", str(count),
-         "--per-message", "4", "--qos", "1", "--rate", "0", "--processes", "2",
-         "--start", "now-2h", "--time-step", "30", "--manifest", str(manifest), "--json"],
+        publish_command(broker, topic_root, manifest, sensors=6, count=count, per_message=4,
+                        rate=0, time_step="30", processes=2),
         capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
     assert publish.returncode == 0, publish.stderr
     summary = json.loads(publish.stdout)
@@ -419,10 +428,8 @@ async def test_stopped_mid_stream_then_restarted_loses_nothing(
     manifest = tmp_path / "run.json"
     count = 1200
     publisher = subprocess.Popen(
-        [sys.executable, "-m", "loadgen", "publish", "--mqtt-url", broker.url,
-         "--topic-prefix", topic_root, "--sensors", "8", "--count", str(count),
-         "--per-message", "2", "--qos", "1", "--rate", "300", "--start", "now-1h",
-         "--time-step", "1", "--manifest", str(manifest), "--json"],
+        publish_command(broker, topic_root, manifest, sensors=8, count=count, per_message=2,
+                        rate=300, start="now-1h"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         await eventually(lambda: proc.metric("ingest_messages_acked_total") >= 150)
@@ -467,10 +474,8 @@ async def test_three_daemons_on_one_shared_subscription_pass_verify(
     manifest = tmp_path / "run.json"
     count = 900
     publish = subprocess.run(
-        [sys.executable, "-m", "loadgen", "publish", "--mqtt-url", broker.url,
-         "--topic-prefix", topic_root, "--sensors", "30", "--count", str(count),
-         "--per-message", "1", "--qos", "1", "--rate", "0", "--start", "now-2h",
-         "--time-step", "1", "--manifest", str(manifest), "--json"],
+        publish_command(broker, topic_root, manifest, sensors=30, count=count, per_message=1,
+                        rate=0),
         capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
     assert publish.returncode == 0, publish.stderr
     await eventually(lambda: sum(
