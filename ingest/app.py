@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import threading
 from typing import TYPE_CHECKING, Any
 
 from pymongo import AsyncMongoClient
@@ -27,20 +29,34 @@ from ingest.writers.rejects import RejectsWriter
 from ingest.writers.timeseries import TimeseriesWriter
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ingest.config import Settings
     from ingest.writers import Writer
 
 logger = logging.getLogger(__name__)
 PING_INTERVAL = 5.0
 DISCONNECT_TIMEOUT = 5.0
+# Beyond --shutdown-timeout and the disconnect, how long the watchdog lets the process
+# close its clients before it exits anyway.
+WATCHDOG_SLACK = 10.0
 
 
 class Shutdown:
-    """First signal: stop consuming, flush, ack, exit. Second signal: exit now."""
+    """First signal: stop consuming, flush, ack, exit. Second signal: exit now.
 
-    def __init__(self) -> None:
+    With ``deadline`` set, the first signal also arms a watchdog thread: if the process
+    is still running ``deadline`` seconds later (an await that ignores cancellation, a
+    driver call stuck on a server that neither answers nor closes), it logs one line and
+    exits with status 1. The graceful path normally ends well before.
+    """
+
+    def __init__(self, deadline: float | None = None,
+                 exit_now: Callable[[int], object] = os._exit) -> None:
         self.requested = asyncio.Event()
         self.forced = asyncio.Event()
+        self._deadline = deadline
+        self._exit_now = exit_now
 
     def signal(self) -> None:
         """Handle SIGTERM/SIGINT."""
@@ -50,6 +66,17 @@ class Shutdown:
         else:
             logger.info("signal received: draining in-flight batches")
             self.requested.set()
+            if self._deadline is not None:
+                watchdog = threading.Timer(self._deadline, self._give_up)
+                watchdog.daemon = True
+                watchdog.start()
+
+    def _give_up(self) -> None:
+        logger.error("still running %.0f s after the signal; exiting now (unacknowledged "
+                     "messages will be redelivered)", self._deadline)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        self._exit_now(1)
 
 
 def mongo_client(settings: Settings) -> AsyncMongoClient[dict[str, Any]]:
@@ -86,7 +113,7 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
               metrics: Metrics | None = None) -> None:
     """Run the daemon until a signal (or ``shutdown``, when given by a caller) stops it."""
     if shutdown is None:
-        shutdown = Shutdown()
+        shutdown = Shutdown(settings.shutdown_timeout + DISCONNECT_TIMEOUT + WATCHDOG_SLACK)
         _install_signal_handlers(shutdown)
     metrics = metrics or Metrics(settings.mode)
     metrics.info.labels(settings.mode, str(settings.dry_run).lower()).set(1)

@@ -35,6 +35,20 @@ class Batch:
         return owners
 
 
+def merged(batches: list[Batch]) -> Batch:
+    """One batch holding several, in order (for a single write of a backlog)."""
+    if len(batches) == 1:
+        return batches[0]
+    out = Batch(batches[0].number, batches[0].opened_at)
+    for batch in batches:
+        offset = len(out.readings)
+        out.messages.extend(batch.messages)
+        out.readings.extend(batch.readings)
+        out.ends.extend(end + offset for end in batch.ends)
+        out.rejects.extend(batch.rejects)
+    return out
+
+
 class Batcher:
     """Close a batch at ``max_items`` readings or messages, or ``linger`` s after it opened."""
 

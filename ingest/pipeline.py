@@ -14,7 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ingest.batcher import Batch, Batcher
+from ingest.batcher import Batch, Batcher, merged
 from ingest.decode import Limits, decode
 from ingest.errors import RefusedWriteError, WriteError
 from ingest.model import Rejection
@@ -157,13 +157,23 @@ class Pipeline:
 
     async def _write_worker(self) -> None:
         while True:
-            batch, done = await self._write_queue.get()
+            taken = [await self._write_queue.get()]
+            # Batches close every --flush-interval even when MongoDB is slow; those
+            # waiting here are written together (up to --batch-size readings, or one
+            # batch beyond it), so a backlog becomes fewer, larger writes that coalesce
+            # more, instead of a queue of small ones.
+            size = len(taken[0][0].readings)
+            while size < self._settings.batch_size and not self._write_queue.empty():
+                taken.append(self._write_queue.get_nowait())
+                size += len(taken[-1][0].readings)
             try:
-                await self._write_batch(batch)
+                await self._write_batch(merged([batch for batch, _done in taken]))
             finally:
-                self._write_queue.task_done()
-            done.set_result(None)
-            self._buffered -= len(batch.readings)
+                for _ in taken:
+                    self._write_queue.task_done()
+            for _batch, done in taken:
+                done.set_result(None)
+            self._buffered -= size
             async with self._space:
                 self._space.notify_all()
 

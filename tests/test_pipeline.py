@@ -4,16 +4,20 @@ readings become rejects, and every message is acknowledged once, in order, after
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ingest.app import Shutdown
 from ingest.config import Settings
 from ingest.errors import RefusedWriteError, WriteError
 from ingest.metrics import Health, Metrics
 from ingest.model import Inbound, Reading
 from ingest.pipeline import Pipeline
 from ingest.writers import Outcome, Plan
+
+if TYPE_CHECKING:
+    import pytest
 
 NOW = 1_790_000_000.0
 
@@ -122,3 +126,55 @@ async def test_a_request_refused_for_its_data_is_split_until_the_culprit_is_alon
     assert "DocumentTooLarge" in rejects.docs[0]["detail"]
     assert acks.mids == list(range(1, 9))
     assert metrics.readings_rejected.labels("write_rejected")._value.get() == 1
+
+
+async def test_a_shutdown_that_hangs_past_its_deadline_exits_anyway(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The watchdog armed by the first signal: a process still running ``deadline``
+    seconds later logs one line and exits 1 (here into a recorder instead of os._exit)."""
+    exits: list[int] = []
+    shutdown = Shutdown(deadline=0.2, exit_now=exits.append)
+    shutdown.signal()
+    assert shutdown.requested.is_set()
+    await asyncio.sleep(0.1)
+    assert exits == []
+    await asyncio.sleep(0.4)
+    assert exits == [1]
+    assert "still running 0 s after the signal; exiting now" in caplog.text
+    shutdown.signal()  # a second signal still forces the graceful path's early end
+    assert shutdown.forced.is_set()
+    assert exits == [1]
+
+
+async def test_batches_waiting_for_a_slow_write_are_written_together_and_acked_in_order(
+) -> None:
+    """MongoDB slow: the linger keeps closing small batches; the next write takes all of
+    those waiting (up to --batch-size) in one request, and acks still go out in order."""
+    gate = asyncio.Event()
+
+    class SlowFirst(ScriptedWriter):
+        async def write(self, plan: Plan) -> Outcome:
+            if not self.calls:
+                self.calls.append(list(plan.ops))
+                await gate.wait()
+                self.stored += list(plan.ops)
+                return Outcome(written=len(plan.ops))
+            return await super().write(plan)
+
+    writer = SlowFirst([])
+    settings = Settings(batch_size=10, flush_interval=0.05, write_concurrency=1)
+    acks, metrics = Acks(), Metrics("bucket")
+    pipeline = Pipeline(settings, writer, Rejects(), acks, metrics, Health())  # type: ignore[arg-type]
+    task = asyncio.create_task(pipeline.run())
+    for i in range(12):
+        payload = orjson.dumps({"ts": NOW - 10, "seq": i, "v": i})
+        await pipeline.submit(Inbound("sensors/a/readings", payload, i + 1, 1, 1, NOW))
+        if i % 3 == 2:
+            await asyncio.sleep(0.15)  # the linger closes a batch of 3
+    assert writer.calls == [[0, 1, 2]]
+    gate.set()
+    await asyncio.wait_for(pipeline.drain(), 10)
+    task.cancel()
+    assert writer.calls == [[0, 1, 2], [3, 4, 5, 6, 7, 8, 9, 10, 11]]
+    assert acks.mids == list(range(1, 13))
+    assert pipeline.buffered == 0
