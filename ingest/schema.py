@@ -14,6 +14,7 @@ from pymongo.errors import OperationFailure
 from ingest.decode import SENSOR_ID_PATTERN
 from ingest.errors import SchemaError
 from ingest.writers import DUPLICATE_KEY
+from ingest.writers.bucket import BUCKET_KEY
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.database import AsyncDatabase
@@ -100,7 +101,7 @@ class Schema:
                                    "validationLevel": "strict", "validationAction": "error"})
             logger.info("updated the validator of %s.%s", self.db.name, self.collection)
         coll = self.db[self.collection]
-        await coll.create_index([("sensor_id", 1), ("bucket_start", 1)], name=BUCKET_INDEX)
+        await coll.create_index(BUCKET_KEY, name=BUCKET_INDEX)
         try:
             await coll.create_index([("sensor_id", 1), ("readings.ts", 1)], unique=True,
                                     name=READINGS_INDEX)

@@ -49,6 +49,7 @@ MAX_BUCKET_BYTES = 8 * 1024 * 1024
 # back to the pipeline's retry loop (only a writer racing on the very same readings
 # could make a round settle nothing).
 SETTLE_ROUNDS = 3
+BUCKET_KEY = [("sensor_id", 1), ("bucket_start", 1)]
 SETTLE_CONCURRENCY = 16
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
@@ -192,6 +193,10 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
          "$inc": inc, "$min": mins, "$max": maxs,
          "$setOnInsert": {"schema_version": SCHEMA_VERSION}},
         upsert=True,
+        # The filter could also be served by the unique {sensor_id, readings.ts} index,
+        # which would scan every reading of the sensor: name the one that finds the
+        # sensor-span's few documents.
+        hint=BUCKET_KEY,
     )
 
 
