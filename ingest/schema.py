@@ -14,7 +14,7 @@ from pymongo.errors import OperationFailure
 from ingest.decode import SENSOR_ID_PATTERN
 from ingest.errors import SchemaError
 from ingest.writers import DUPLICATE_KEY
-from ingest.writers.bucket import BUCKET_KEY
+from ingest.writers.bucket import BUCKET_KEY, READINGS_KEY
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.database import AsyncDatabase
@@ -103,8 +103,7 @@ class Schema:
         coll = self.db[self.collection]
         await coll.create_index(BUCKET_KEY, name=BUCKET_INDEX)
         try:
-            await coll.create_index([("sensor_id", 1), ("readings.ts", 1)], unique=True,
-                                    name=READINGS_INDEX)
+            await coll.create_index(READINGS_KEY, unique=True, name=READINGS_INDEX)
         except OperationFailure as exc:
             if exc.code == CANNOT_CREATE_INDEX:  # e.g. sharded on a key it cannot extend
                 raise SchemaError(f"{self.db.name}.{self.collection}: cannot create the "
