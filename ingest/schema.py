@@ -14,7 +14,7 @@ from pymongo.errors import OperationFailure
 from ingest.decode import SENSOR_ID_PATTERN
 from ingest.errors import SchemaError
 from ingest.writers import DUPLICATE_KEY
-from ingest.writers.bucket import BUCKET_KEY, READINGS_KEY
+from ingest.writers.bucket import BUCKET_KEY, READINGS_INDEX_NAME, READINGS_KEY
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.database import AsyncDatabase
@@ -27,7 +27,7 @@ INDEX_CONFLICTS = frozenset({85, 86})
 BUCKET_INDEX = "sensor_id_1_bucket_start_1"
 BUCKET_TTL_INDEX = "bucket_start_ttl"
 # Unique across documents: no reading of a sensor is stored twice (see writers.bucket).
-READINGS_INDEX = "sensor_id_1_readings.ts_1"
+READINGS_INDEX = READINGS_INDEX_NAME
 CANNOT_CREATE_INDEX = 67
 TIMESERIES_INDEX = "meta.sensor_id_1_ts_1"
 

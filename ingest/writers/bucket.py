@@ -51,6 +51,7 @@ MAX_BUCKET_BYTES = 8 * 1024 * 1024
 SETTLE_ROUNDS = 3
 BUCKET_KEY = [("sensor_id", 1), ("bucket_start", 1)]
 READINGS_KEY = [("sensor_id", 1), ("readings.ts", 1)]  # unique
+READINGS_INDEX_NAME = "sensor_id_1_readings.ts_1"
 SETTLE_CONCURRENCY = 16
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
@@ -294,5 +295,5 @@ class BucketWriter:
                 "cond": {"$and": [{"$gte": ["$$r.ts", low]}, {"$lte": ["$$r.ts", high]}]},
             }}}},
         ]
-        cursor = await self._collection.aggregate(pipeline, hint=READINGS_KEY)
+        cursor = await self._collection.aggregate(pipeline, hint=READINGS_INDEX_NAME)
         return {ts_key(entry["ts"]): entry async for doc in cursor for entry in doc["readings"]}
