@@ -175,7 +175,14 @@ def _reading(
         values[key] = value
     if not values:
         return "no_measurements", "no numeric measurement in reading"
-    return Reading(sensor, datetime.fromtimestamp(epoch, UTC), epoch, values, seq)
+    ts = datetime.fromtimestamp(epoch, UTC)
+    micros = ts.microsecond
+    if micros % 1000:  # BSON dates hold milliseconds: keep the instant MongoDB will store
+        ts = ts.replace(microsecond=micros - micros % 1000)
+    seconds = math.floor(epoch)
+    if micros < 500_000 and epoch - seconds > 0.5:  # microseconds rounded up to a new second
+        seconds += 1
+    return Reading(sensor, ts, epoch, values, seq, seconds * 1000 + micros // 1000)
 
 
 def _epoch(raw: object, now: float) -> float | None:

@@ -19,10 +19,13 @@ class Reading(NamedTuple):
     """
 
     sensor_id: str
-    ts: datetime
+    ts: datetime  # whole milliseconds, as BSON stores it (the decoder truncates)
     epoch: float
     values: dict[str, Number]
     seq: int | None = None
+    # ``ts`` as whole milliseconds since the epoch (set by the decoder, which has it
+    # cheaply): bucket mode's identity of a reading. None: computed from ``ts``.
+    ms: int | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -26,6 +26,12 @@ from ingest.decode import (
 )
 from ingest.model import Decoded, Reading, Rejection
 
+
+def to_millisecond(ts: datetime) -> datetime:
+    """The instant as a BSON date holds it (milliseconds, truncated)."""
+    return ts.replace(microsecond=ts.microsecond // 1000 * 1000)
+
+
 # A fixed, recent arrival time: 2026-09-21T14:13:20Z.
 NOW = 1_790_000_000.0
 NOW_DT = datetime(2026, 9, 21, 14, 13, 20, tzinfo=UTC)
@@ -174,10 +180,11 @@ def test_iso_8601_with_an_offset_is_the_right_utc_instant(text: str) -> None:
     assert reading.epoch == reading.ts.timestamp()
 
 
-def test_iso_8601_keeps_microseconds() -> None:
-    reading = accepted(run({"ts": "2026-09-21T16:00:00.123456+02:00", "t": 1}))
-    assert reading.ts == datetime(2026, 9, 21, 14, 0, 0, 123_456, tzinfo=UTC)
-    assert reading.epoch == pytest.approx(NOW - 800 + 0.123456, abs=1e-6)
+def test_ts_is_kept_to_the_millisecond_as_bson_stores_it() -> None:
+    reading = accepted(run({"ts": "2026-09-21T16:00:00.123956+02:00", "t": 1}))
+    assert reading.ts == datetime(2026, 9, 21, 14, 0, 0, 123_000, tzinfo=UTC)
+    assert accepted(run({"ts": NOW - 0.0001, "t": 1})).ts.microsecond == 999_000
+    assert reading.epoch == pytest.approx(NOW - 800 + 0.123956, abs=1e-6)
 
 
 @pytest.mark.parametrize("payload", [{"t": 1}, {"ts": None, "t": 1}])
@@ -530,7 +537,7 @@ def assert_well_formed(out: Decoded, limits: Limits = LIMITS) -> None:
         assert isinstance(reading, Reading)
         assert _SENSOR_ID.fullmatch(reading.sensor_id)
         assert NOW - limits.max_past_seconds <= reading.epoch <= NOW + limits.max_future_seconds
-        assert reading.ts == datetime.fromtimestamp(reading.epoch, UTC)
+        assert reading.ts == to_millisecond(datetime.fromtimestamp(reading.epoch, UTC))
         assert reading.seq is None or (type(reading.seq) is int and 0 <= reading.seq <= INT64_MAX)
         assert reading.values
         for name, value in reading.values.items():
@@ -653,6 +660,18 @@ def test_valid_readings_round_trip(data: st.DataObject) -> None:
         assert typed(reading.values) == typed(spec.values)
         assert reading.seq == spec.seq
         assert reading.epoch == (NOW if spec.ts is None else float(spec.ts))
-        assert reading.ts == datetime.fromtimestamp(reading.epoch, UTC)
+        assert reading.ts == to_millisecond(datetime.fromtimestamp(reading.epoch, UTC))
         assert reading.ts.tzinfo is UTC
     assert_well_formed(out)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.floats(NOW - 86400, NOW + 500) | st.integers(int(NOW) - 86400, int(NOW)).map(
+    lambda s: s + 0.9999995) | st.integers(0, 864_000_000).map(lambda k: NOW - 86400 + k / 1e4))
+def test_the_millisecond_key_is_the_stored_timestamp(epoch: float) -> None:
+    """``Reading.ms`` (bucket mode's identity of a reading, computed cheaply in the
+    decoder) is exactly the millisecond BSON stores for ``ts``, carries included."""
+    reading = accepted(run({"ts": epoch, "t": 1}))
+    stored = reading.ts - datetime(1970, 1, 1, tzinfo=UTC)
+    assert reading.ms == stored // timedelta(milliseconds=1)
+    assert reading.ts.microsecond % 1000 == 0

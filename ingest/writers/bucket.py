@@ -105,9 +105,12 @@ def unique_readings(group: list[Reading], plan: Plan) -> list[Reading]:
     Repeats with the same values are counted in ``plan.duplicates``; repeats with other
     values are refused in ``plan.conflicts``.
     """
+    keys = {reading.ms for reading in group}
+    if len(keys) == len(group) and None not in keys:
+        return group  # the common case (every reading decoded), checked at C speed
     seen: dict[int, Reading] = {}
     for reading in group:
-        key = ts_key(reading.ts)
+        key = reading.ms if reading.ms is not None else ts_key(reading.ts)
         first = seen.get(key)
         if first is None:
             seen[key] = reading
@@ -115,7 +118,7 @@ def unique_readings(group: list[Reading], plan: Plan) -> list[Reading]:
             plan.duplicates += 1
         else:
             plan.conflicts.append((reading, conflict_detail(reading)))
-    return group if len(seen) == len(group) else list(seen.values())
+    return list(seen.values())
 
 
 def reading_doc(reading: Reading) -> dict[str, Any]:
