@@ -14,7 +14,12 @@ from pymongo.errors import OperationFailure
 from ingest.decode import SENSOR_ID_PATTERN
 from ingest.errors import SchemaError
 from ingest.writers import DUPLICATE_KEY
-from ingest.writers.bucket import BUCKET_KEY, READINGS_INDEX_NAME, READINGS_KEY
+from ingest.writers.bucket import (
+    BUCKET_INDEX_NAME,
+    BUCKET_KEY,
+    READINGS_INDEX_NAME,
+    READINGS_KEY,
+)
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.database import AsyncDatabase
@@ -24,7 +29,7 @@ logger = logging.getLogger(__name__)
 NAMESPACE_EXISTS = 48
 # Same key with other options (85), or same name with another spec or options (86).
 INDEX_CONFLICTS = frozenset({85, 86})
-BUCKET_INDEX = "sensor_id_1_bucket_start_1"
+BUCKET_INDEX = BUCKET_INDEX_NAME
 BUCKET_TTL_INDEX = "bucket_start_ttl"
 # Unique across documents: no reading of a sensor is stored twice (see writers.bucket).
 READINGS_INDEX = READINGS_INDEX_NAME

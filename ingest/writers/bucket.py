@@ -50,6 +50,7 @@ MAX_BUCKET_BYTES = 8 * 1024 * 1024
 # could make a round settle nothing).
 SETTLE_ROUNDS = 3
 BUCKET_KEY = [("sensor_id", 1), ("bucket_start", 1)]
+BUCKET_INDEX_NAME = "sensor_id_1_bucket_start_1"
 READINGS_KEY = [("sensor_id", 1), ("readings.ts", 1)]  # unique
 READINGS_INDEX_NAME = "sensor_id_1_readings.ts_1"
 SETTLE_CONCURRENCY = 16
@@ -167,6 +168,45 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
     ``MAX_BUCKET_BYTES - size`` estimated bytes, so no document outgrows MongoDB's limit,
     and none of the chunk's timestamps, so no document holds a reading twice.
     """
+    if len(chunk) == 1:  # the common case of a large fleet: no coalescing to do
+        inc, mins, maxs = _single(chunk[0], size)
+    else:
+        inc, mins, maxs = _coalesced(chunk, size)
+    return UpdateOne(
+        {"sensor_id": sensor_id, "bucket_start": start,
+         "count": {"$lte": max_readings - len(chunk)},
+         "bytes": {"$lte": max(MAX_BUCKET_BYTES - size, 0)},
+         "readings.ts": {"$nin": [r.ts for r in chunk]}},
+        {"$push": {"readings": {"$each": [reading_doc(r) for r in chunk]}},
+         "$inc": inc, "$min": mins, "$max": maxs,
+         "$setOnInsert": {"schema_version": SCHEMA_VERSION}},
+        upsert=True,
+        # The filter could also be served by the unique {sensor_id, readings.ts} index,
+        # which would scan every reading of the sensor: name the one that finds the
+        # sensor-span's few documents (by name: pymongo converts a key pattern per call).
+        hint=BUCKET_INDEX_NAME,
+    )
+
+
+type _Stats = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
+
+
+def _single(reading: Reading, size: int) -> _Stats:
+    """``$inc``, ``$min`` and ``$max`` for one reading."""
+    inc: dict[str, Any] = {"count": 1, "bytes": size}
+    mins: dict[str, Any] = {"first_ts": reading.ts}
+    maxs: dict[str, Any] = {"last_ts": reading.ts}
+    for name, value in reading.values.items():
+        keys = _STAT_KEYS.get(name) or _stat_keys(name)
+        inc[keys[0]] = 1
+        inc[keys[1]] = float(value)
+        mins[keys[2]] = value
+        maxs[keys[3]] = value
+    return inc, mins, maxs
+
+
+def _coalesced(chunk: list[Reading], size: int) -> _Stats:
+    """``$inc``, ``$min`` and ``$max`` for several readings of one sensor-span."""
     acc: dict[str, list[Any]] = {}  # name -> [count, sum, min, max]
     for reading in chunk:
         for name, value in reading.values.items():
@@ -189,20 +229,7 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
         inc[keys[1]] = total
         mins[keys[2]] = low
         maxs[keys[3]] = high
-    return UpdateOne(
-        {"sensor_id": sensor_id, "bucket_start": start,
-         "count": {"$lte": max_readings - len(chunk)},
-         "bytes": {"$lte": max(MAX_BUCKET_BYTES - size, 0)},
-         "readings.ts": {"$nin": [r.ts for r in chunk]}},
-        {"$push": {"readings": {"$each": [reading_doc(r) for r in chunk]}},
-         "$inc": inc, "$min": mins, "$max": maxs,
-         "$setOnInsert": {"schema_version": SCHEMA_VERSION}},
-        upsert=True,
-        # The filter could also be served by the unique {sensor_id, readings.ts} index,
-        # which would scan every reading of the sensor: name the one that finds the
-        # sensor-span's few documents.
-        hint=BUCKET_KEY,
-    )
+    return inc, mins, maxs
 
 
 class BucketWriter:
