@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import bson
 
 from ingest.model import Reading
-from ingest.writers.bucket import BucketWriter
+from ingest.writers.bucket import BucketWriter, ts_key
 from ingest.writers.timeseries import TimeseriesWriter
 
 if TYPE_CHECKING:
@@ -33,8 +33,9 @@ def readings(total: int, sensors: int) -> list[Reading]:
     out = []
     for i in range(total):
         epoch = T0 + i // sensors + (i % 1000) / 1000
-        out.append(Reading(f"sensor-{i % sensors:06d}", datetime.fromtimestamp(epoch, UTC),
-                           epoch, {"temp": 20.0 + i % 7, "hum": 40 + i % 11}, i // sensors))
+        ts = datetime.fromtimestamp(epoch, UTC)  # whole milliseconds, as decode makes them
+        out.append(Reading(f"sensor-{i % sensors:06d}", ts, epoch,
+                           {"temp": 20.0 + i % 7, "hum": 40 + i % 11}, i // sensors, ts_key(ts)))
     return out
 
 
