@@ -1,4 +1,4 @@
-"""Pure: what a run publishes, as a function of (seed, sensor index, seq).
+"""Pure: what a run publishes, as a function of (seed, sensor index, seq), and in which order.
 
 Nothing here does I/O or reads a clock, so ``verify`` regenerates exactly what
 ``publish`` sent from the same parameters. Values are rounded to three decimals, so the
@@ -11,9 +11,12 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 MEASUREMENTS: tuple[str, ...] = ("hum", "temp")
 _NOISE_SIZE = 4096  # a power of two: indexes are masked, not divided
@@ -109,3 +112,42 @@ def split_count(total: int, sensors: int) -> list[int]:
 def worker_sensors(sensors: int, workers: int, worker: int) -> list[int]:
     """Sensor indexes handled by ``worker`` of ``workers`` (interleaved, so shares are even)."""
     return list(range(worker, sensors, workers))
+
+
+def message_plan(sensors: list[int], limits: list[int] | None, per_message: int
+                 ) -> Iterator[tuple[int, int, int]]:
+    """Messages as ``(position in sensors, first seq, readings)``, round-robin over sensors.
+
+    With ``limits`` (readings per position) the plan ends when each sensor has sent its
+    share; without, it never ends (``--duration`` stops it).
+    """
+    seq = 0
+    while True:
+        active = False
+        for pos in range(len(sensors)):
+            remaining = per_message if limits is None else min(per_message, limits[pos] - seq)
+            if remaining > 0:
+                active = True
+                yield pos, seq, remaining
+        if not active:
+            return
+        seq += per_message
+
+
+def late_plan(plan: Iterator[tuple[int, int, int]], per_message: int, every: int
+              ) -> Iterator[tuple[int, int, int]]:
+    """``plan`` with every ``every``-th message of each sensor held back and sent at the end.
+
+    The held-back messages arrive after all others: late and out of order, as from sensors
+    that buffered while offline. Only for finite plans (``--count``).
+    """
+    if every <= 0:
+        yield from plan
+        return
+    held: list[tuple[int, int, int]] = []
+    for item in plan:
+        if (item[1] // per_message) % every == every - 1:
+            held.append(item)
+        else:
+            yield item
+    yield from held

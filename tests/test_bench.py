@@ -17,7 +17,7 @@ from pymongo import MongoClient
 from loadgen.bench_cli import write_outputs
 from loadgen.cli import main
 from loadgen.config import ConfigError, parse_mqtt_url, redact
-from loadgen.publisher import late_plan, message_plan
+from loadgen.payloads import late_plan, message_plan
 from loadgen.report import SECTIONS, percentile, render_markdown
 from loadgen.wire import RefusedError, connect_packet
 from tests.support.procs import ROOT, free_port, wait_port

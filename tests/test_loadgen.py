@@ -23,7 +23,7 @@ from ingest.decode import Limits, decode
 from loadgen import payloads
 from loadgen.cli import _progress_printer, main
 from loadgen.config import ConfigError, parse_start, parse_step
-from loadgen.publisher import message_plan
+from loadgen.payloads import message_plan
 from loadgen.ratelimit import Pacer
 from loadgen.verify import Expected, check_bucket_document
 from tests.support.mongo import stored

@@ -28,7 +28,7 @@ from ingest.model import Reading
 from ingest.schema import BUCKET_VALIDATOR, Schema
 from ingest.writers.bucket import SCHEMA_VERSION, BucketWriter
 from ingest.writers.timeseries import TimeseriesWriter
-from loadgen.bench import storage
+from loadgen.measure import storage
 from tests.support.procs import eventually
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadgen.bench import parse_metrics
+from loadgen.daemons import parse_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,146 @@
+"""The figures ``loadgen bench`` takes after a run: bytes, storage, query latency, server.
+
+Everything here reads MongoDB (or, for the bytes estimate, replays the workload through
+the daemon's own writers); nothing is published or started.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime, timedelta
+from statistics import median
+from typing import TYPE_CHECKING, Any, cast
+
+import bson
+from pymongo.errors import PyMongoError
+
+from ingest import queries
+from ingest.decode import Limits, decode
+from ingest.writers.bucket import BucketWriter
+from ingest.writers.timeseries import TimeseriesWriter
+from loadgen import payloads
+
+if TYPE_CHECKING:
+    from pymongo import MongoClient
+    from pymongo.database import Database
+
+    from loadgen.config import PublishSettings
+
+logger = logging.getLogger(__name__)
+# Bytes-per-reading estimate: the daemon's default batching (--batch-size, --flush-interval).
+DAEMON_BATCH, DAEMON_LINGER, DAEMON_BUCKET_MAX = 2000, 1.0, 3600
+ESTIMATE_READINGS = 20_000
+
+
+def estimate_bytes(settings: PublishSettings, mode: str) -> float | None:
+    """Estimated BSON bytes sent to MongoDB per reading.
+
+    The daemon's own writers plan the workload in batches as the daemon would cut them,
+    and each operation is encoded; the wire adds a little framing per request.
+    """
+    s = settings
+    run = payloads.Run(s.seed, s.sensor_prefix, s.sensors, s.per_message, s.start_ms,
+                       s.step_ms, s.topic_prefix)
+    model = payloads.Model(s.seed)
+    shapes = [model.shape(i) for i in range(s.sensors)]
+    limits = payloads.split_count(s.count or 0, s.sensors)
+    readings = []
+    plan = payloads.message_plan(list(range(s.sensors)), limits, s.per_message)
+    for pos, first, k in payloads.late_plan(plan, s.per_message, s.late_every):
+        body = payloads.message(run, model, shapes[pos], first, k)
+        last = run.ts_ms(first + k - 1) / 1000
+        readings.extend(decode(run.topic(pos), body, last, Limits(max_past_seconds=1e12)
+                               ).readings)
+        if len(readings) >= ESTIMATE_READINGS:
+            break
+    if not readings:
+        return None
+    size = DAEMON_BATCH if s.rate <= 0 else max(1, min(DAEMON_BATCH, int(s.rate * DAEMON_LINGER)))
+    none = cast("Any", None)
+    writer = (BucketWriter(none, none, 3600, DAEMON_BUCKET_MAX) if mode == "bucket"
+              else TimeseriesWriter(none, none))
+    total = 0
+    for start in range(0, len(readings), size):
+        for op in writer.plan(readings[start:start + size]).ops:
+            if mode == "bucket":  # an update statement as the update command carries it
+                op = {"q": op._filter, "u": op._doc, "upsert": True}  # noqa: SLF001, PLW2901
+            total += len(bson.encode(op))
+    return round(total / len(readings), 1)
+
+
+def _stats(db: Database[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    try:
+        docs = list(db[name].aggregate([{"$collStats": {"storageStats": {}}}]))
+        if docs and "storageStats" in docs[0]:
+            return dict(docs[0]["storageStats"])
+    except PyMongoError as exc:
+        logger.debug("$collStats on %s failed: %s", name, exc)
+    try:
+        return dict(db.command("collStats", name))
+    except PyMongoError as exc:
+        logger.debug("collStats on %s failed: %s", name, exc)
+    return None
+
+
+def storage(db: Database[dict[str, Any]], name: str, mode: str) -> dict[str, Any]:
+    """Documents, storageSize, totalIndexSize, average document size of one collection.
+
+    For a time-series collection the internal bucket collection's figures, where the
+    server exposes ``system.buckets.<name>``.
+    """
+    source = name
+    stats = None
+    if mode == "timeseries":
+        stats = _stats(db, f"system.buckets.{name}")
+        source = f"system.buckets.{name}"
+        if not stats or not stats.get("count"):
+            stats, source = _stats(db, name), name
+    else:
+        stats = _stats(db, name)
+    stats = stats or {}
+    count = stats.get("count")
+    if count is None:
+        count = db[name].estimated_document_count()
+    return {"collection": name, "source": source, "documents": count,
+            "readings_documents": db[name].count_documents({}) if mode == "timeseries" else None,
+            "data_size": stats.get("size"), "storage_size": stats.get("storageSize"),
+            "total_index_size": stats.get("totalIndexSize"),
+            "avg_document_size": stats.get("avgObjSize")}
+
+
+def query_latency(db: Database[dict[str, Any]], name: str, mode: str, run: payloads.Run,
+                  last_ms: int, runs: int, span: int) -> dict[str, Any]:
+    """Median latency of the three natural queries (ingest/queries.py), ``runs`` times each."""
+    until = datetime.fromtimestamp((last_ms + 1) / 1000, UTC)
+    day_end = datetime.fromtimestamp(-(-(last_ms + 1) // 3_600_000) * 3600, UTC)
+    sensor = run.sensor_id(0)
+    bucket = mode == "bucket"
+
+    def recent(hours: int) -> queries.Pipeline:
+        since = until - timedelta(hours=hours)
+        return (queries.recent_bucket(sensor, since, until, span) if bucket
+                else queries.recent_timeseries(sensor, since, until))
+
+    day = (day_end - timedelta(days=1), day_end)
+    pipelines = {"one_sensor_last_hour": recent(1), "one_sensor_last_24h": recent(24),
+                 "hourly_all_sensors_day": (queries.hourly_bucket("temp", *day) if bucket
+                                            else queries.hourly_timeseries("temp", *day))}
+    out: dict[str, Any] = {}
+    for key, pipeline in pipelines.items():
+        times, rows = [], 0
+        for _ in range(runs):
+            began = time.perf_counter()
+            rows = len(list(db[name].aggregate(pipeline)))
+            times.append((time.perf_counter() - began) * 1000)
+        out[key] = {"median_ms": round(median(times), 2), "runs": runs, "rows": rows}
+    return out
+
+
+def server_info(client: MongoClient[dict[str, Any]]) -> dict[str, Any]:
+    """Which server answered: version, and whether it is the mongoeco emulator."""
+    info = client.admin.command("buildInfo")
+    emulator = info.get("gitVersion") == "mongoeco"
+    return {"version": info.get("version"), "git_version": info.get("gitVersion"),
+            "emulator": emulator,
+            "label": "emulator, storage figures not meaningful" if emulator else "MongoDB server"}
