@@ -14,12 +14,7 @@ from pymongo.errors import OperationFailure
 from ingest.decode import SENSOR_ID_PATTERN
 from ingest.errors import SchemaError
 from ingest.writers import DUPLICATE_KEY
-from ingest.writers.bucket import (
-    BUCKET_INDEX_NAME,
-    BUCKET_KEY,
-    READINGS_INDEX_NAME,
-    READINGS_KEY,
-)
+from ingest.writers.bucket import BUCKET_INDEX, BUCKET_KEY, READINGS_INDEX, READINGS_KEY
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.database import AsyncDatabase
@@ -29,10 +24,8 @@ logger = logging.getLogger(__name__)
 NAMESPACE_EXISTS = 48
 # Same key with other options (85), or same name with another spec or options (86).
 INDEX_CONFLICTS = frozenset({85, 86})
-BUCKET_INDEX = BUCKET_INDEX_NAME
 BUCKET_TTL_INDEX = "bucket_start_ttl"
-# Unique across documents: no reading of a sensor is stored twice (see writers.bucket).
-READINGS_INDEX = READINGS_INDEX_NAME
+# createIndexes refused, e.g. a unique index on a collection sharded on another key.
 CANNOT_CREATE_INDEX = 67
 TIMESERIES_INDEX = "meta.sensor_id_1_ts_1"
 
@@ -110,7 +103,7 @@ class Schema:
         try:
             await coll.create_index(READINGS_KEY, unique=True, name=READINGS_INDEX)
         except OperationFailure as exc:
-            if exc.code == CANNOT_CREATE_INDEX:  # e.g. sharded on a key it cannot extend
+            if exc.code == CANNOT_CREATE_INDEX:
                 raise SchemaError(f"{self.db.name}.{self.collection}: cannot create the "
                                   f"unique index {READINGS_INDEX}: {str(exc)[:200]}") from exc
             if exc.code != DUPLICATE_KEY:

@@ -50,9 +50,10 @@ MAX_BUCKET_BYTES = 8 * 1024 * 1024
 # could make a round settle nothing).
 SETTLE_ROUNDS = 3
 BUCKET_KEY = [("sensor_id", 1), ("bucket_start", 1)]
-BUCKET_INDEX_NAME = "sensor_id_1_bucket_start_1"
-READINGS_KEY = [("sensor_id", 1), ("readings.ts", 1)]  # unique
-READINGS_INDEX_NAME = "sensor_id_1_readings.ts_1"
+BUCKET_INDEX = "sensor_id_1_bucket_start_1"
+# Unique across documents: no reading of a sensor is stored twice.
+READINGS_KEY = [("sensor_id", 1), ("readings.ts", 1)]
+READINGS_INDEX = "sensor_id_1_readings.ts_1"
 SETTLE_CONCURRENCY = 16
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
@@ -184,7 +185,7 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
         # The filter could also be served by the unique {sensor_id, readings.ts} index,
         # which would scan every reading of the sensor: name the one that finds the
         # sensor-span's few documents (by name: pymongo converts a key pattern per call).
-        hint=BUCKET_INDEX_NAME,
+        hint=BUCKET_INDEX,
     )
 
 
@@ -259,25 +260,29 @@ class BucketWriter:
         return plan
 
     async def write(self, plan: Plan) -> Outcome:
-        """Send the plan in one unordered bulk_write; settle readings already stored."""
-        outcome = await self._send(plan)
-        outcome.duplicates += plan.duplicates
-        outcome.conflicts.extend(plan.conflicts)
-        collided = [plan.groups[i] for i in outcome.collided]
-        outcome.collided = []
-        for _ in range(SETTLE_ROUNDS):
-            if not collided:
-                return outcome
-            fresh = await self.settle(collided, outcome)
-            if not fresh:
-                return outcome
-            again = self.plan(fresh)
-            result = await self._send(again)
+        """Send the plan in one unordered bulk_write; settle readings already stored.
+
+        Operations refused with a duplicate key are settled (:meth:`settle`) and what is
+        not stored yet is planned and sent again, for up to ``SETTLE_ROUNDS`` rounds.
+        """
+        outcome = Outcome()
+        for round_no in range(SETTLE_ROUNDS + 1):
+            result = await self._send(plan)
             outcome.written += result.written
             outcome.retry.extend(result.retry)
             outcome.refused.extend(result.refused)
-            collided = [again.groups[i] for i in result.collided]
-        outcome.retry.extend(r for group in collided for r in group)
+            outcome.duplicates += plan.duplicates
+            outcome.conflicts.extend(plan.conflicts)
+            collided = [plan.groups[i] for i in result.collided]
+            if not collided:
+                break
+            if round_no == SETTLE_ROUNDS:  # still racing: the pipeline retries the rest
+                outcome.retry.extend(r for group in collided for r in group)
+                break
+            fresh = await self.settle(collided, outcome)
+            if not fresh:
+                break
+            plan = self.plan(fresh)
         return outcome
 
     async def _send(self, plan: Plan) -> Outcome:
@@ -298,19 +303,22 @@ class BucketWriter:
 
         found = await asyncio.gather(*(lookup(group) for group in groups))
         fresh: list[Reading] = []
+        duplicates = 0
+        conflicts: list[tuple[Reading, str]] = []
         for group, stored in zip(groups, found, strict=True):
             for reading in group:
                 entry = stored.get(ts_key(reading.ts))
                 if entry is None:
                     fresh.append(reading)
                 elif same_reading(reading, entry):
-                    outcome.duplicates += 1
+                    duplicates += 1
                 else:
-                    outcome.conflicts.append((reading, conflict_detail(reading)))
-        if outcome.duplicates or outcome.conflicts:
+                    conflicts.append((reading, conflict_detail(reading)))
+        if duplicates or conflicts:
             logger.info("settled %d readings already stored: %d duplicates, %d conflicts",
-                        sum(map(len, groups)) - len(fresh), outcome.duplicates,
-                        len(outcome.conflicts))
+                        duplicates + len(conflicts), duplicates, len(conflicts))
+        outcome.duplicates += duplicates
+        outcome.conflicts.extend(conflicts)
         return fresh
 
     async def stored(self, group: list[Reading]) -> dict[int, dict[str, Any]]:
@@ -325,5 +333,5 @@ class BucketWriter:
                 "cond": {"$and": [{"$gte": ["$$r.ts", low]}, {"$lte": ["$$r.ts", high]}]},
             }}}},
         ]
-        cursor = await self._collection.aggregate(pipeline, hint=READINGS_INDEX_NAME)
+        cursor = await self._collection.aggregate(pipeline, hint=READINGS_INDEX)
         return {ts_key(entry["ts"]): entry async for doc in cursor for entry in doc["readings"]}
