@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import signal
 import subprocess
@@ -20,13 +21,27 @@ from tests.support.procs import Broker, eventually, free_port, http_status
 from tests.support.proxy import Proxy
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import AsyncIterator, Callable
     from pathlib import Path
 
     from tests.support.procs import Daemon
 
 NOW = time.time()
 WRITE_COMMAND = {"bucket": "update", "timeseries": "insert"}
+
+
+@contextlib.asynccontextmanager
+async def writes_failing(proc: Daemon, mongo: Any, mode: str, broker: Broker,
+                         messages: list[tuple[str, bytes]]) -> AsyncIterator[None]:
+    """Publish ``messages`` to ``broker`` at QoS 1 while MongoDB refuses the daemon's
+    writes; the body runs once a write has failed, and the fail point ends after it."""
+    async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+        async with aiomqtt.Client("127.0.0.1", broker.port) as client:
+            for topic, payload in messages:
+                await client.publish(topic, payload, qos=1)
+        await eventually(lambda: proc.metric(
+            f'ingest_write_errors_total{{kind="transient",mode="{mode}"}}') >= 1)
+        yield
 
 
 def one(topic_root: str, sensor: str, i: int, **extra: Any) -> tuple[str, bytes]:
@@ -336,13 +351,8 @@ async def test_a_broker_restart_during_a_write_neither_loses_nor_duplicates(
     DUPs, and the daemon acknowledges them once the original write succeeds instead of
     writing them a second time."""
     proc = daemon(broker_url=persistent.url)
-    async with failpoint(mongo, [WRITE_COMMAND[mode]]):
-        async with aiomqtt.Client("127.0.0.1", persistent.port) as client:
-            for i in range(20):
-                topic, payload = one(topic_root, f"s{i % 2}", i)
-                await client.publish(topic, payload, qos=1)
-        await eventually(lambda: proc.metric(
-            f'ingest_write_errors_total{{kind="transient",mode="{mode}"}}') >= 1)
+    async with writes_failing(proc, mongo, mode, persistent,
+                              [one(topic_root, f"s{i % 2}", i) for i in range(20)]):
         persistent.restart()
         await eventually(lambda: proc.metric("ingest_redeliveries_adopted_total") == 20)
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 20)
@@ -403,12 +413,8 @@ async def test_messages_not_yet_taken_when_the_connection_drops_are_processed_on
     proc = daemon("--batch-size", "5", "--max-buffered-readings", "5",
                   "--max-inflight-messages", "40", "--write-concurrency", "1",
                   broker_url=persistent.url)
-    async with failpoint(mongo, ["update"]):
-        async with aiomqtt.Client("127.0.0.1", persistent.port) as client:
-            for i in range(20):
-                await client.publish(*one(topic_root, "s1", i), qos=1)
-        await eventually(lambda: proc.metric(
-            'ingest_write_errors_total{kind="transient",mode="bucket"}') >= 1)
+    async with writes_failing(proc, mongo, "bucket", persistent,
+                              [one(topic_root, "s1", i) for i in range(20)]):
         persistent.restart()
         await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 1
                          and proc.metric("ingest_mqtt_connected") == 1)
@@ -423,12 +429,8 @@ async def test_writes_finishing_while_the_broker_is_down_are_acked_after_it_retu
     """No ack may go to a dead connection: writes that succeed during the reconnect
     backoff wait, and are acknowledged when the broker redelivers the messages."""
     proc = daemon(broker_url=persistent.url)
-    async with failpoint(mongo, ["update"]):
-        async with aiomqtt.Client("127.0.0.1", persistent.port) as client:
-            for i in range(10):
-                await client.publish(*one(topic_root, "s1", i), qos=1)
-        await eventually(lambda: proc.metric(
-            'ingest_write_errors_total{kind="transient",mode="bucket"}') >= 1)
+    async with writes_failing(proc, mongo, "bucket", persistent,
+                              [one(topic_root, "s1", i) for i in range(10)]):
         persistent.stop()
         await eventually(lambda: proc.metric("ingest_mqtt_connected") == 0)
     await eventually(lambda: proc.metric('ingest_readings_written_total{mode="bucket"}')
