@@ -28,3 +28,10 @@ class RefusedWriteError(WriteError):
     """
 
     retriable = False
+
+
+class SchemaGoneError(WriteError):
+    """A write named an index that does not exist (dropped, or a collection re-created).
+
+    Retriable once the schema is ensured again: the pipeline does that before retrying.
+    """

@@ -14,9 +14,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pymongo.errors import PyMongoError
+
 from ingest.batcher import Batch, Batcher, merged
 from ingest.decode import Limits, decode
-from ingest.errors import RefusedWriteError, WriteError
+from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, WriteError
 from ingest.model import Rejection
 from ingest.retry import backoff
 from ingest.writers.rejects import reject_docs
@@ -227,7 +229,8 @@ class Pipeline:
             pending = outcome.retry
             if pending:
                 attempt += 1
-                await self._failed(WriteError(f"{len(pending)} readings to retry"), attempt)
+                await self._failed(outcome.error or WriteError(
+                    f"{len(pending)} readings to retry"), attempt)
         return refused
 
     def _refusals(self, refused: list[tuple[Reading, str]], reason: str
@@ -278,6 +281,20 @@ class Pipeline:
         delay = backoff(attempt)
         logger.warning("write failed (attempt %d, retrying in %.2fs): %s", attempt, delay, exc)
         await asyncio.sleep(delay)
+        if isinstance(exc, SchemaGoneError):
+            await self._ensure_schema()
+
+    async def _ensure_schema(self) -> None:
+        """Create the collection and indexes again (someone dropped them); log, never raise.
+
+        A failure here is left to the next write attempt, which fails the same way and
+        comes back after a longer backoff.
+        """
+        logger.warning("an index the writes name is missing; ensuring the schema again")
+        try:
+            await self._writer.ensure_schema()
+        except (PyMongoError, IngestError) as exc:
+            logger.error("cannot ensure the schema again: %s", str(exc)[:300])  # noqa: TRY400
 
     def _refused_docs(self, batch: Batch, refused: list[tuple[Reading, Rejection]]
                       ) -> list[dict[str, Any]]:

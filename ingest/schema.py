@@ -13,7 +13,7 @@ from pymongo.errors import OperationFailure
 
 from ingest.decode import SENSOR_ID_PATTERN
 from ingest.errors import SchemaError
-from ingest.writers import DUPLICATE_KEY
+from ingest.mongo_errors import DUPLICATE_KEY
 from ingest.writers.bucket import BUCKET_INDEX, BUCKET_KEY, READINGS_INDEX, READINGS_KEY
 
 if TYPE_CHECKING:
@@ -98,10 +98,9 @@ class Schema:
             await self.db.command({"collMod": self.collection, "validator": BUCKET_VALIDATOR,
                                    "validationLevel": "strict", "validationAction": "error"})
             logger.info("updated the validator of %s.%s", self.db.name, self.collection)
-        coll = self.db[self.collection]
-        await coll.create_index(BUCKET_KEY, name=BUCKET_INDEX)
+        await self.ensure_index(BUCKET_KEY, BUCKET_INDEX)
         try:
-            await coll.create_index(READINGS_KEY, unique=True, name=READINGS_INDEX)
+            await self.ensure_index(READINGS_KEY, READINGS_INDEX, unique=True)
         except OperationFailure as exc:
             if exc.code == CANNOT_CREATE_INDEX:
                 raise SchemaError(f"{self.db.name}.{self.collection}: cannot create the "
@@ -144,8 +143,7 @@ class Schema:
         if expire is not None and current != expire:
             await self.db.command({"collMod": self.collection, "expireAfterSeconds": expire})
             logger.info("changed expireAfterSeconds of %s to %d", self.collection, expire)
-        await self.db[self.collection].create_index([("meta.sensor_id", 1), ("ts", 1)],
-                                                    name=TIMESERIES_INDEX)
+        await self.ensure_index([("meta.sensor_id", 1), ("ts", 1)], TIMESERIES_INDEX)
         await self.ensure_rejects()
 
     def _check_timeseries(self, info: dict[str, Any], wanted: dict[str, Any]) -> None:
@@ -162,6 +160,25 @@ class Schema:
         if different:
             detail = ", ".join(f"{k} is {a!r}, configured {w!r}" for k, (a, w) in different.items())
             raise SchemaError(f"{name} exists with other time-series options: {detail}")
+
+    async def ensure_index(self, keys: list[tuple[str, int]], name: str,
+                           unique: bool = False) -> None:
+        """Create an index the writers name in their ``hint``; refuse a clashing one.
+
+        MongoDB refuses an index whose key another index already has under another name
+        (85) or whose name another key already uses (86): retrying cannot change that,
+        and the writes name the index, so say which one to drop.
+        """
+        try:
+            await self.db[self.collection].create_index(keys, name=name, unique=unique)
+        except OperationFailure as exc:
+            if exc.code not in INDEX_CONFLICTS:
+                raise
+            raise SchemaError(
+                f"{self.db.name}.{self.collection}: cannot create index {name} "
+                f"{dict(keys)}{' (unique)' if unique else ''}: an index with the same key "
+                "or the same name but other options exists; drop it (dropIndex) and start "
+                f"again ({str(exc)[:160]})") from exc
 
     async def ensure_ttl(self, name: str, field: str, expire_seconds: int) -> None:
         """Create a TTL index, or change its expiry if it exists with another one."""

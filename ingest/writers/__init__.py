@@ -6,30 +6,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bson.errors import InvalidDocument
-from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
+from pymongo.errors import BulkWriteError, PyMongoError
 
-from ingest.errors import RefusedWriteError, WriteError
+from ingest import mongo_errors
+from ingest.errors import SchemaGoneError, WriteError
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
     from ingest.model import Reading
-
-# Server error codes worth retrying: network, elections, shutdowns, conflicts, timeouts.
-TRANSIENT_CODES = frozenset({
-    6, 7, 50, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
-    64, 79, 100, 134, 211, 10058,
-})
-
-
-# E11000: the write would store a key a unique index already holds. In bucket mode the
-# unique (sensor_id, readings.ts) index raises it for a reading that is already stored.
-DUPLICATE_KEY = 11000
-
-# Whole-request failures caused by the data: BadValue, FailedToParse, TypeMismatch,
-# DocumentValidationFailure, BSONObjectTooLarge, "document too large after update".
-DATA_ERROR_CODES = frozenset({2, 9, 14, 121, 10334, 17419})
-
 
 @dataclass(slots=True)
 class Plan:
@@ -56,6 +41,8 @@ class Outcome:
     conflicts: list[tuple[Reading, str]] = field(default_factory=list)
     # Indexes of operations that failed with a duplicate key (see ``send(collide=True)``).
     collided: list[int] = field(default_factory=list)
+    # Why ``retry`` is not empty, when the writer knows better than "retry these".
+    error: WriteError | None = None
 
 
 class Writer(Protocol):
@@ -77,7 +64,8 @@ def split_bulk_error(exc: BulkWriteError, plan: Plan, collide: bool = False) -> 
     """Sort a partial failure into readings to retry and readings refused for good.
 
     Operations without a write error were applied (a write-concern error means applied
-    but not replicated as asked; retrying those would apply them twice). With
+    but not replicated as asked; retrying those would apply them twice). Each failed
+    operation is classified by :func:`ingest.mongo_errors.per_operation`. With
     ``collide``, operations refused for a duplicate key are listed in ``collided`` for
     the writer to settle instead of being refused.
     """
@@ -86,13 +74,16 @@ def split_bulk_error(exc: BulkWriteError, plan: Plan, collide: bool = False) -> 
     for error in exc.details.get("writeErrors", []):
         index = int(error["index"])
         failed.add(index)
-        if collide and error.get("code") == DUPLICATE_KEY:
+        verdict = mongo_errors.per_operation(error, "write", collide)
+        if verdict == "duplicate":
             outcome.collided.append(index)
-        elif error.get("code") in TRANSIENT_CODES:
-            outcome.retry.extend(plan.groups[index])
-        else:
-            detail = f"code {error.get('code')}: {str(error.get('errmsg', ''))[:200]}"
+        elif verdict == "refuse":
+            detail = mongo_errors.describe(error)
             outcome.refused.extend((reading, detail) for reading in plan.groups[index])
+        else:
+            outcome.retry.extend(plan.groups[index])
+            if verdict == "schema":
+                outcome.error = SchemaGoneError(mongo_errors.describe(error))
     outcome.written = sum(len(g) for i, g in enumerate(plan.groups) if i not in failed)
     return outcome
 
@@ -109,16 +100,5 @@ async def send(request: Awaitable[object], plan: Plan, collide: bool = False) ->
 
 
 def as_write_error(exc: PyMongoError | InvalidDocument) -> WriteError:
-    """Translate a driver exception for a whole request into our error classes.
-
-    A request refused for its data (too large, malformed, invalid) becomes
-    :class:`RefusedWriteError`, which the pipeline splits to isolate the bad readings.
-    Everything else (network, elections, timeouts, authorisation) is retried: it is not
-    the data's fault, and nothing may be acknowledged until it is written.
-    """
-    code = exc.code if isinstance(exc, OperationFailure) else None
-    suffix = f" (code {code})" if code else ""
-    message = f"{type(exc).__name__}: {str(exc)[:300]}{suffix}"
-    if isinstance(exc, InvalidDocument) or code in DATA_ERROR_CODES:
-        return RefusedWriteError(message)
-    return WriteError(message)
+    """Translate a driver exception for a whole write request (see mongo_errors)."""
+    return mongo_errors.translate(exc, "write")

@@ -30,8 +30,12 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from pymongo import UpdateOne
+from bson.errors import InvalidDocument
+from pymongo import ReadPreference, UpdateOne
+from pymongo.errors import PyMongoError
 
+from ingest import mongo_errors
+from ingest.errors import WriteError
 from ingest.writers import Outcome, Plan, send
 
 if TYPE_CHECKING:
@@ -241,6 +245,9 @@ class BucketWriter:
     def __init__(self, collection: AsyncCollection[dict[str, Any]], schema: Schema,
                  span_seconds: int, max_readings: int) -> None:
         self._collection = collection
+        # The settle lookup must see the document that just refused a reading: a
+        # secondary may not have it yet.
+        self._primary = collection.with_options(read_preference=ReadPreference.PRIMARY)
         self._schema = schema
         self._span = span_seconds
         self._max = max_readings
@@ -271,6 +278,7 @@ class BucketWriter:
             outcome.written += result.written
             outcome.retry.extend(result.retry)
             outcome.refused.extend(result.refused)
+            outcome.error = result.error or outcome.error
             outcome.duplicates += plan.duplicates
             outcome.conflicts.extend(plan.conflicts)
             collided = [plan.groups[i] for i in result.collided]
@@ -279,7 +287,12 @@ class BucketWriter:
             if round_no == SETTLE_ROUNDS:  # still racing: the pipeline retries the rest
                 outcome.retry.extend(r for group in collided for r in group)
                 break
-            fresh = await self.settle(collided, outcome)
+            try:
+                fresh = await self.settle(collided, outcome)
+            except WriteError as exc:  # the pipeline retries them after a backoff
+                outcome.retry.extend(r for group in collided for r in group)
+                outcome.error = exc
+                break
             if not fresh:
                 break
             plan = self.plan(fresh)
@@ -292,7 +305,8 @@ class BucketWriter:
     async def settle(self, groups: list[list[Reading]], outcome: Outcome) -> list[Reading]:
         """Sort readings refused with a duplicate key: stored already, conflicting, or not.
 
-        Stored duplicates are counted in ``outcome.duplicates``, conflicts go to
+        Raises :class:`WriteError` if the lookup fails (nothing is counted then). Stored
+        duplicates are counted in ``outcome.duplicates``, conflicts go to
         ``outcome.conflicts``; the readings not stored are returned, to be written again.
         """
         limit = asyncio.Semaphore(SETTLE_CONCURRENCY)
@@ -301,7 +315,13 @@ class BucketWriter:
             async with limit:
                 return await self.stored(group)
 
-        found = await asyncio.gather(*(lookup(group) for group in groups))
+        results = await asyncio.gather(*(lookup(group) for group in groups),
+                                       return_exceptions=True)
+        found: list[dict[int, dict[str, Any]]] = []
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+            found.append(result)
         fresh: list[Reading] = []
         duplicates = 0
         conflicts: list[tuple[Reading, str]] = []
@@ -333,5 +353,9 @@ class BucketWriter:
                 "cond": {"$and": [{"$gte": ["$$r.ts", low]}, {"$lte": ["$$r.ts", high]}]},
             }}}},
         ]
-        cursor = await self._collection.aggregate(pipeline, hint=READINGS_INDEX)
-        return {ts_key(entry["ts"]): entry async for doc in cursor for entry in doc["readings"]}
+        try:
+            cursor = await self._primary.aggregate(pipeline, hint=READINGS_INDEX)
+            return {ts_key(entry["ts"]): entry
+                    async for doc in cursor for entry in doc["readings"]}
+        except (PyMongoError, InvalidDocument) as exc:
+            raise mongo_errors.translate(exc, "lookup") from exc

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from bson.errors import InvalidDocument
 from pymongo.errors import BulkWriteError, PyMongoError
 
-from ingest.writers import TRANSIENT_CODES, as_write_error
+from ingest import mongo_errors
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -57,14 +57,17 @@ class RejectsWriter:
             result = await self._collection.insert_many(docs, ordered=False)
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
-            retry = [docs[e["index"]] for e in errors if e.get("code") in TRANSIENT_CODES]
+            verdicts = [mongo_errors.per_operation(e, "rejects") for e in errors]
+            retry = [docs[e["index"]] for e, v in zip(errors, verdicts, strict=True)
+                     if v != "refuse"]
             refused = len(errors) - len(retry)
             if refused:
-                first = next(e.get("errmsg") for e in errors
-                             if e.get("code") not in TRANSIENT_CODES)
+                first = next(mongo_errors.describe(e) for e, v in zip(errors, verdicts,
+                                                                      strict=True)
+                             if v == "refuse")
                 # An expected server answer, not a bug: no traceback.
                 logger.error("rejects collection refused %d documents: %s", refused, first)  # noqa: TRY400
             return int(exc.details.get("nInserted", 0)), retry
         except (PyMongoError, InvalidDocument) as exc:
-            raise as_write_error(exc) from exc
+            raise mongo_errors.translate(exc, "rejects") from exc
         return len(result.inserted_ids), []

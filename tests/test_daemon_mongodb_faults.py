@@ -1,0 +1,73 @@
+"""The daemon against MongoDB faults on the write path: a real process, the real broker,
+the real driver over the wire, the server's failCommand fail point (see
+docs/mongodb-errors.md, whose table names these tests)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ingest.schema import BUCKET_INDEX
+from tests.support.mongo import failpoint, stored, stored_values
+from tests.support.procs import eventually, http_status
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tests.support.procs import Daemon
+
+NOW = time.time()
+
+
+def one(topic_root: str, sensor: str, i: int) -> tuple[str, bytes]:
+    payload = {"ts": NOW - 600 + i / 10, "seq": i, "temp": 20 + i / 10}
+    return f"{topic_root}/{sensor}/readings", orjson.dumps(payload)
+
+
+def alive(proc: Daemon) -> bool:
+    assert proc.process is not None
+    return proc.process.poll() is None
+
+
+async def test_a_settle_lookup_refused_for_a_missing_privilege_is_retried_not_fatal(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any,
+        mongo: Any) -> None:
+    """The same readings published again collide with the stored ones; the lookup that
+    settles them (an aggregate) is refused with 13 Unauthorized, as with a role that
+    lacks ``find``. The daemon stays up, unready, retrying with backoff, and settles
+    them once the privilege is back: no crash loop on the redelivery."""
+    proc = daemon()
+    messages = [one(topic_root, "s1", i) for i in range(3)]
+    await publish(messages)
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 3)
+    async with failpoint(mongo, ["aggregate"], code=13):
+        await publish(messages)
+        await eventually(lambda: proc.metric(
+            'ingest_write_errors_total{kind="transient",mode="bucket"}') >= 2)
+        assert alive(proc)
+        await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 503)
+        assert proc.metric("ingest_messages_acked_total") == 3
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 6)
+    assert proc.metric('ingest_duplicate_readings_total{mode="bucket"}') == 3
+    assert await stored_values(db, "bucket", "seq") == [0, 1, 2]
+    assert alive(proc)
+    assert "code 13" in proc.logs()
+
+
+async def test_a_dropped_index_is_created_again_and_no_reading_goes_to_rejects(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any) -> None:
+    """The upserts name their index in a ``hint``; with the index dropped the server
+    refuses each one with BadValue. That is the schema gone, not bad data."""
+    proc = daemon()
+    await publish([one(topic_root, "s1", 0)])
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)
+    await db.buckets.drop_index(BUCKET_INDEX)
+    await publish([one(topic_root, f"s{i}", i) for i in range(1, 4)])
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 4)
+    assert await stored(db, "bucket") == 4
+    assert await db.rejects.count_documents({}) == 0
+    assert proc.metric('ingest_readings_rejected_total{reason="write_rejected"}') == 0
+    assert BUCKET_INDEX in await db.buckets.index_information()
+    assert "ensuring the schema again" in proc.logs()

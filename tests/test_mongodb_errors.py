@@ -1,0 +1,167 @@
+"""How MongoDB's errors are read: one classification for every call on the write path.
+
+The codes and labels are the server's (src/mongo/base/error_codes.yml); the writers are
+driven through the real driver against the emulator, with its ``failCommand`` fail point
+where a server error is needed.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from bson.errors import InvalidDocument
+from pymongo import ReadPreference
+from pymongo.errors import (
+    AutoReconnect,
+    BulkWriteError,
+    ExecutionTimeout,
+    NotPrimaryError,
+    OperationFailure,
+    ServerSelectionTimeoutError,
+)
+from pymongo.read_preferences import SecondaryPreferred
+
+from ingest import mongo_errors
+from ingest.errors import RefusedWriteError, SchemaError, SchemaGoneError, WriteError
+from ingest.model import Reading
+from ingest.schema import BUCKET_INDEX, Schema
+from ingest.writers import Plan, split_bulk_error
+from ingest.writers.bucket import BucketWriter
+from tests.support.mongo import failpoint
+
+HOUR = 3600
+T0 = 1_790_000_000 // HOUR * HOUR
+
+
+def reading(sensor: str, epoch: float, v: float = 1.0) -> Reading:
+    return Reading(sensor, datetime.fromtimestamp(epoch, UTC), epoch, {"v": v})
+
+
+def writer_for(db: Any) -> BucketWriter:
+    schema = Schema(db, "buckets", rejects_collection="rejects", rejects_max_bytes=1 << 20,
+                    retention_days=None, span_seconds=HOUR)
+    return BucketWriter(db.buckets, schema, HOUR, 3600)
+
+
+def bulk_error(*errors: tuple[int, str]) -> BulkWriteError:
+    return BulkWriteError({"writeErrors": [
+        {"index": i, "code": code, "errmsg": message} for i, (code, message) in enumerate(errors)
+    ], "nInserted": 0})
+
+
+# --- one failed operation of a bulk write ------------------------------------------------------
+
+# Per-operation errors that are not the data's fault: the issue's examples, the
+# server's RetriableError/Interruption/StaleShardVersionError codes, and an unknown code.
+NOT_THE_DATA = [11601, 24, 365, 13388, 150, 82, 409, 112, 91, 11602, 10107, 50, 262, 13,
+                999_999]
+# Per-operation refusals for the data (each checked against error_codes.yml).
+THE_DATA = [2, 9, 14, 52, 55, 56, 57, 66, 121, 10334, 17419]
+
+
+@pytest.mark.parametrize("code", NOT_THE_DATA)
+def test_an_operation_failing_for_a_reason_other_than_its_data_is_retried(code: int) -> None:
+    plan = Plan(["op"], [[reading("a", T0)]])
+    outcome = split_bulk_error(bulk_error((code, "transient")), plan)
+    assert (len(outcome.retry), outcome.refused) == (1, [])
+
+
+@pytest.mark.parametrize("code", THE_DATA)
+def test_an_operation_refused_for_its_data_is_refused_with_the_code(code: int) -> None:
+    plan = Plan(["op"], [[reading("a", T0)]])
+    outcome = split_bulk_error(bulk_error((code, "refused")), plan)
+    assert outcome.retry == []
+    assert [detail for _r, detail in outcome.refused] == [f"code {code}: refused"]
+
+
+def test_a_hint_naming_a_missing_index_is_schema_gone_not_bad_data() -> None:
+    plan = Plan(["op", "op"], [[reading("a", T0)], [reading("b", T0)]])
+    outcome = split_bulk_error(bulk_error(
+        (2, "hint provided does not correspond to an existing index"), (11000, "E11000")),
+        plan, collide=True)
+    assert (len(outcome.retry), outcome.refused, outcome.collided) == (1, [], [1])
+    assert isinstance(outcome.error, SchemaGoneError)
+
+
+# --- a whole command failed --------------------------------------------------------------------
+
+@pytest.mark.parametrize("exc", [
+    AutoReconnect("connection reset"), NotPrimaryError("not primary"),
+    ServerSelectionTimeoutError("no servers"), ExecutionTimeout("time limit", 50),
+    OperationFailure("not authorized on iot to execute command", 13),
+    OperationFailure("interrupted", 11601), OperationFailure("new code", 999_999),
+    # a data code with a label saying the server wants it retried
+    OperationFailure("x", 2, {"code": 2, "errorLabels": ["RetryableWriteError"]}),
+])
+def test_a_failed_command_is_retried_unless_its_data_is_at_fault(exc: Exception) -> None:
+    error = mongo_errors.translate(exc, "write")  # type: ignore[arg-type]
+    assert type(error) is WriteError
+    assert error.retriable
+
+
+def test_a_command_refused_for_its_data_is_refused_but_a_lookup_never_is() -> None:
+    for exc in (InvalidDocument("cannot encode"), OperationFailure("too large", 10334),
+                OperationFailure("Document failed validation", 121)):
+        assert type(mongo_errors.translate(exc, "write")) is RefusedWriteError
+        assert type(mongo_errors.translate(exc, "lookup")) is WriteError
+    missing = OperationFailure("hint provided does not correspond to an existing index", 2)
+    assert type(mongo_errors.translate(missing, "lookup")) is SchemaGoneError
+
+
+# --- the bucket writer's settle lookup (defect 1) ---------------------------------------------
+
+@pytest.mark.parametrize("code", [91, 13])  # a shutdown, and a missing privilege
+async def test_a_failed_settle_lookup_returns_its_readings_for_retry_instead_of_raising(
+        db: Any, mongo: Any, code: int) -> None:
+    writer = writer_for(db)
+    await writer.ensure_schema()
+    batch = [reading("a", T0 + i) for i in range(3)]
+    assert (await writer.write(writer.plan(batch))).written == 3
+    new = reading("a", T0 + 10)
+    async with failpoint(mongo, ["aggregate"], code=code):
+        outcome = await writer.write(writer.plan([*batch, new]))
+    # One upsert carried the four readings: the index refused it whole, the lookup failed.
+    assert (outcome.written, outcome.duplicates) == (0, 0)
+    assert sorted(r.epoch for r in outcome.retry) == [r.epoch for r in [*batch, new]]
+    assert isinstance(outcome.error, WriteError)
+    assert f"code {code}" in str(outcome.error)
+    again = await writer.write(writer.plan(outcome.retry))  # the retry settles them
+    assert (again.written, again.duplicates, again.retry) == (1, 3, [])
+
+
+def test_the_settle_lookup_reads_from_the_primary_whatever_the_collection_says(
+        mongo: Any) -> None:
+    coll = mongo.iot.get_collection("buckets", read_preference=SecondaryPreferred())
+    schema = Schema(mongo.iot, "buckets", rejects_collection="rejects",
+                    rejects_max_bytes=1 << 20, retention_days=None, span_seconds=HOUR)
+    writer = BucketWriter(coll, schema, HOUR, 3600)
+    assert writer._primary.read_preference == ReadPreference.PRIMARY
+
+
+# --- the schema ---------------------------------------------------------------------------------
+
+async def test_a_dropped_index_makes_the_writes_schema_gone_and_ensure_brings_it_back(
+        db: Any) -> None:
+    writer = writer_for(db)
+    await writer.ensure_schema()
+    await db.buckets.drop_index(BUCKET_INDEX)
+    outcome = await writer.write(writer.plan([reading("a", T0 + 1)]))
+    assert (outcome.written, outcome.refused, len(outcome.retry)) == (0, [], 1)
+    assert isinstance(outcome.error, SchemaGoneError)
+    await writer.ensure_schema()
+    assert (await writer.write(writer.plan(outcome.retry))).written == 1
+
+
+async def test_an_index_with_the_same_key_under_another_name_is_one_line_not_a_retry(
+        db: Any, monkeypatch: Any) -> None:
+    """MongoDB answers 85 IndexOptionsConflict (the emulator does not: scripted here)."""
+    writer = writer_for(db)
+
+    async def conflict(*_a: Any, **_k: Any) -> None:
+        raise OperationFailure("Index already exists with a different name: by_sensor", 85)
+
+    monkeypatch.setattr(type(db.buckets), "create_index", conflict)
+    with pytest.raises(SchemaError, match=f"cannot create index {BUCKET_INDEX}.*drop it"):
+        await writer.ensure_schema()
