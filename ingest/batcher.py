@@ -23,6 +23,8 @@ class Batch:
     rejects: list[dict[str, Any]] = field(default_factory=list)
     # ends[i] is the index in ``readings`` just past message i's readings.
     ends: list[int] = field(default_factory=list)
+    # Estimated memory the batch holds (see Pipeline.submit), released once written.
+    held_bytes: int = 0
 
     def origin(self) -> dict[int, Inbound]:
         """Map ``id(reading)`` to the message it came from (for error reports)."""
@@ -46,6 +48,7 @@ def merged(batches: list[Batch]) -> Batch:
         out.readings.extend(batch.readings)
         out.ends.extend(end + offset for end in batch.ends)
         out.rejects.extend(batch.rejects)
+        out.held_bytes += batch.held_bytes
     return out
 
 
@@ -61,8 +64,8 @@ class Batcher:
         self._numbers = 0
 
     def add(self, message: Inbound, readings: list[Reading],
-            rejects: list[dict[str, Any]]) -> Batch | None:
-        """Add one decoded message; return the batch if this filled it."""
+            rejects: list[dict[str, Any]], held_bytes: int = 0) -> Batch | None:
+        """Add one decoded message (holding ``held_bytes``); return the batch if it is full."""
         batch = self._current
         if batch is None:
             self._numbers += 1
@@ -71,6 +74,7 @@ class Batcher:
         batch.readings.extend(readings)
         batch.ends.append(len(batch.readings))
         batch.rejects.extend(rejects)
+        batch.held_bytes += held_bytes
         if len(batch.readings) >= self._max or len(batch.messages) >= self._max:
             self._current = None
             return batch

@@ -123,6 +123,10 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     _flag(parser, env, "max-buffered-readings",
           "stop reading from the broker when this many readings wait to be written", 50_000,
           type=integer)
+    _flag(parser, env, "max-buffered-bytes",
+          "stop reading from the broker when messages taken and not yet written hold this "
+          "many bytes (payloads, readings, reject documents; estimated)", 64 * 1024 * 1024,
+          type=integer)
     _flag(parser, env, "max-inflight-messages",
           "MQTT 5 Receive Maximum: unacknowledged messages the broker may send", 10_000,
           type=integer)
@@ -213,6 +217,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         batch_size=args.batch_size, flush_interval=args.flush_interval,
         write_concurrency=args.write_concurrency,
         max_buffered_readings=args.max_buffered_readings,
+        max_buffered_bytes=args.max_buffered_bytes,
         max_inflight_messages=args.max_inflight_messages,
         bucket_max_readings=args.bucket_max_readings,
         max_message_bytes=args.max_message_bytes,

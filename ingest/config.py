@@ -72,6 +72,7 @@ class Settings:
     flush_interval: float = 1.0
     write_concurrency: int = 2
     max_buffered_readings: int = 50_000
+    max_buffered_bytes: int = 64 * 1024 * 1024
     max_inflight_messages: int = 10_000
     bucket_span_seconds: int | None = None
     bucket_max_readings: int = 3600
@@ -191,6 +192,7 @@ def _check_positive(settings: Settings) -> None:
         "--flush-interval": settings.flush_interval,
         "--write-concurrency": settings.write_concurrency,
         "--max-buffered-readings": settings.max_buffered_readings,
+        "--max-buffered-bytes": settings.max_buffered_bytes,
         "--max-inflight-messages": settings.max_inflight_messages,
         "--bucket-max-readings": settings.bucket_max_readings,
         "--max-message-bytes": settings.max_message_bytes,

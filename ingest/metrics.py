@@ -94,6 +94,13 @@ class Metrics:
         self.buffer_limit = Gauge(
             "buffer_limit_readings", "The configured bound on buffered readings.",
             namespace=NAMESPACE, registry=r)
+        self.buffered_bytes = Gauge(
+            "buffered_bytes", "Estimated memory held by messages taken and not yet written: "
+            "payloads, decoded readings and reject documents.",
+            namespace=NAMESPACE, registry=r)
+        self.buffer_limit_bytes = Gauge(
+            "buffer_limit_bytes", "The configured bound on buffered bytes.",
+            namespace=NAMESPACE, registry=r)
         self.mqtt_connected = Gauge(
             "mqtt_connected", "1 while connected to the MQTT broker.",
             namespace=NAMESPACE, registry=r)

@@ -71,3 +71,40 @@ async def test_a_dropped_index_is_created_again_and_no_reading_goes_to_rejects(
     assert proc.metric('ingest_readings_rejected_total{reason="write_rejected"}') == 0
     assert BUCKET_INDEX in await db.buckets.index_information()
     assert "ensuring the schema again" in proc.logs()
+
+
+def rss_bytes(proc: Daemon) -> int:
+    assert proc.process is not None
+    with open(f"/proc/{proc.process.pid}/status", encoding="ascii") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+async def test_messages_with_no_accepted_reading_are_bounded_in_bytes_during_an_outage(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any,
+        mongo: Any) -> None:
+    """250 invalid 200 KB messages (50 MB) while MongoDB refuses every insert: none has
+    a reading, so only the byte bound stops the pipeline taking them. It holds at most
+    the bound plus one message, says so in ``ingest_buffered_bytes`` and ``/readyz``,
+    and the process grows by at most the bound plus Receive Maximum messages (the
+    broker's own limit on what it sends ahead), not by the 50 MB published."""
+    bound, size, inflight = 2 << 20, 200_000, 20
+    proc = daemon("--max-buffered-bytes", str(bound), "--max-inflight-messages",
+                  str(inflight), "--batch-size", "10")
+    before = rss_bytes(proc)
+    bad = [(f"{topic_root}/s1/readings", b"{" + b"x" * size) for _ in range(250)]
+    async with failpoint(mongo, ["insert"]):
+        await publish(bad)
+        await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 503)
+        await eventually(lambda: proc.metric("ingest_messages_received_total") >= bound // size)
+        time.sleep(1.0)
+        metrics = proc.metrics()
+        assert metrics["ingest_buffer_limit_bytes"] == bound
+        assert bound <= metrics["ingest_buffered_bytes"] <= bound + size + 4096
+        assert metrics["ingest_messages_received_total"] <= bound // size + 1
+        assert metrics["ingest_buffered_readings"] == 0
+        assert rss_bytes(proc) - before < bound + inflight * size + (8 << 20)
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 250, timeout=90)
+    assert await db.rejects.count_documents({"reason": "invalid_json"}) == 250
+    await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 200)
+    assert proc.metric("ingest_buffered_bytes") == 0
