@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ingest.config import Settings
     from ingest.metrics import Health, Metrics
     from ingest.model import Inbound, Reading
-    from ingest.writers import Writer
+    from ingest.writers import Outcome, Writer
     from ingest.writers.rejects import RejectsWriter
 
 logger = logging.getLogger(__name__)
@@ -227,7 +227,7 @@ class Pipeline:
         started = time.perf_counter()
         rejects = batch.rejects
         if batch.readings:
-            refused = await self._write_readings(batch.readings)
+            refused = await self._write_readings(batch.readings, _redelivered(batch))
             if refused:
                 rejects = rejects + self._refused_docs(batch, refused)
         if rejects:
@@ -235,11 +235,27 @@ class Pipeline:
         self._metrics.batch_write_seconds.observe(time.perf_counter() - started)
         self._metrics.batch_readings.observe(len(batch.readings))
 
-    async def _write_readings(self, readings: list[Reading]) -> list[tuple[Reading, Rejection]]:
-        """Write until nothing is left to retry; return the readings refused for good."""
+    async def _write_readings(self, readings: list[Reading], suspects: set[int] | None = None
+                              ) -> list[tuple[Reading, Rejection]]:
+        """Write until nothing is left to retry; return the readings refused for good.
+
+        ``suspects`` (ids of readings) may be stored already: they are looked up first
+        (:meth:`Writer.skip_stored`). After a write failed as a whole, every pending
+        reading is a suspect: the failure may have come after the server applied it.
+        """
         pending, attempt = readings, 0
         refused: list[tuple[Reading, Rejection]] = []
         while pending:
+            if suspects and not self._settings.dry_run:
+                try:
+                    pending = await self._skip_stored(pending, suspects)
+                except WriteError as exc:
+                    attempt += 1
+                    await self._failed(exc, attempt)
+                    continue
+                suspects = None
+                if not pending:
+                    break
             plan = self._writer.plan(pending)
             if self._settings.dry_run:
                 self._count_written(len(plan.ops), len(pending))
@@ -250,23 +266,40 @@ class Pipeline:
                 self._metrics.write_error("rejected")
                 return refused + await self._isolate(pending, exc)
             except WriteError as exc:
+                suspects = {id(reading) for reading in pending}
                 attempt += 1
                 await self._failed(exc, attempt)
                 continue
-            self._health.mongodb_ok = True
-            self._count_written(len(plan.ops), outcome.written)
-            if outcome.duplicates:
-                self._metrics.duplicates.inc(outcome.duplicates)
-            refused.extend(self._refusals(outcome.refused, "write_rejected"))
-            refused.extend(self._refusals(outcome.conflicts, "ts_conflict"))
-            if outcome.refused:
-                self._metrics.write_error("rejected")
+            refused.extend(self._settled(len(plan.ops), outcome))
             pending = outcome.retry
             if pending:
                 attempt += 1
                 await self._failed(outcome.error or WriteError(
                     f"{len(pending)} readings to retry"), attempt)
         return refused
+
+    def _settled(self, ops: int, outcome: Outcome) -> list[tuple[Reading, Rejection]]:
+        """Count what a write did; return the readings it refused for good."""
+        self._health.mongodb_ok = True
+        self._count_written(ops, outcome.written)
+        if outcome.duplicates:
+            self._metrics.duplicates.inc(outcome.duplicates)
+        if outcome.refused:
+            self._metrics.write_error("rejected")
+        return (self._refusals(outcome.refused, "write_rejected")
+                + self._refusals(outcome.conflicts, "ts_conflict"))
+
+    async def _skip_stored(self, pending: list[Reading], suspects: set[int]) -> list[Reading]:
+        """``pending`` without the suspects already stored (counted as duplicates)."""
+        checked = [reading for reading in pending if id(reading) in suspects]
+        if not checked:
+            return pending
+        fresh = await self._writer.skip_stored(checked)
+        if len(fresh) < len(checked):
+            self._metrics.duplicates.inc(len(checked) - len(fresh))
+            logger.info("%d readings of a redelivery or a retried write are stored "
+                        "already; not writing them again", len(checked) - len(fresh))
+        return [reading for reading in pending if id(reading) not in suspects] + fresh
 
     def _refusals(self, refused: list[tuple[Reading, str]], reason: str
                   ) -> list[tuple[Reading, Rejection]]:
@@ -339,3 +372,16 @@ class Pipeline:
         for reading, rejection in refused:
             docs.extend(reject_docs(owners[id(reading)], [rejection], self._writer.mode))
         return docs
+
+
+def _redelivered(batch: Batch) -> set[int] | None:
+    """Ids of the readings of messages the broker sent again (DUP), if any."""
+    if not any(message.dup for message in batch.messages):
+        return None
+    suspects: set[int] = set()
+    start = 0
+    for message, end in zip(batch.messages, batch.ends, strict=True):
+        if message.dup:
+            suspects.update(id(reading) for reading in batch.readings[start:end])
+        start = end
+    return suspects

@@ -170,7 +170,7 @@ class MqttSource:
             # QoS 1/2 messages are bounded by Receive Maximum at the broker; QoS 0 has no
             # flow control, so past the same bound it is dropped, as QoS 0 allows, and
             # counted.
-            message = Inbound(topic, payload, mid, qos, generation, time.time())
+            message = Inbound(topic, payload, mid, qos, generation, time.time(), dup)
             if qos == 0:
                 if len(inbox) >= limit:
                     dropped.inc()

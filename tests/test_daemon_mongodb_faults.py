@@ -5,6 +5,7 @@ docs/mongodb-errors.md, whose table names these tests)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -75,7 +76,7 @@ async def test_a_dropped_index_is_created_again_and_no_reading_goes_to_rejects(
 
 def rss_bytes(proc: Daemon) -> int:
     assert proc.process is not None
-    with open(f"/proc/{proc.process.pid}/status", encoding="ascii") as status:
+    with Path(f"/proc/{proc.process.pid}/status").open(encoding="ascii") as status:
         line = next(line for line in status if line.startswith("VmRSS:"))
     return int(line.split()[1]) * 1024
 

@@ -137,7 +137,7 @@ def test_the_settle_lookup_reads_from_the_primary_whatever_the_collection_says(
     schema = Schema(mongo.iot, "buckets", rejects_collection="rejects",
                     rejects_max_bytes=1 << 20, retention_days=None, span_seconds=HOUR)
     writer = BucketWriter(coll, schema, HOUR, 3600)
-    assert writer._primary.read_preference == ReadPreference.PRIMARY
+    assert writer._primary().read_preference == ReadPreference.PRIMARY
 
 
 # --- the schema ---------------------------------------------------------------------------------

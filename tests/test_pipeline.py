@@ -28,9 +28,12 @@ class ScriptedWriter:
     mode = "bucket"
 
     def __init__(self, script: list[str]) -> None:
-        self.script = script  # per call: "ok", "raise", or "half" (retry 1st, refuse 2nd)
+        # per call: "ok", "raise", "landed" (written, then raise) or "half" (retry 1st,
+        # refuse 2nd)
+        self.script = script
         self.calls: list[list[int]] = []
         self.stored: list[int] = []
+        self.checked: list[list[int]] = []
 
     async def ensure_schema(self) -> None:
         return None
@@ -43,6 +46,9 @@ class ScriptedWriter:
         step = self.script.pop(0) if self.script else "ok"
         if step == "raise":
             raise WriteError("connection reset")
+        if step == "landed":  # applied, but the answer was lost: the outcome is unknown
+            self.stored += list(plan.ops)
+            raise WriteError("connection reset after the write")
         if step.startswith("poison"):  # refuse any request holding this seq, whole
             poison = int(step.removeprefix("poison"))
             if poison in plan.ops:
@@ -56,6 +62,10 @@ class ScriptedWriter:
                            refused=[(refused[0], "code 121: Document failed validation")])
         self.stored += list(plan.ops)
         return Outcome(written=len(plan.ops))
+
+    async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
+        self.checked.append([r.seq for r in readings])  # type: ignore[misc]
+        return [r for r in readings if r.seq not in self.stored]
 
 
 class Rejects:
@@ -178,3 +188,36 @@ async def test_batches_waiting_for_a_slow_write_are_written_together_and_acked_i
     assert writer.calls == [[0, 1, 2], [3, 4, 5, 6, 7, 8, 9, 10, 11]]
     assert acks.mids == list(range(1, 13))
     assert pipeline.buffered == 0
+
+
+async def test_a_write_whose_outcome_is_unknown_is_checked_before_it_is_sent_again(
+        monkeypatch: Any) -> None:
+    """The first attempt landed but its answer was lost: the retry looks up what is
+    stored (time-series mode has no unique index to refuse a second copy)."""
+    monkeypatch.setattr("ingest.pipeline.backoff", lambda *_a, **_k: 0.0)
+    writer = ScriptedWriter(["landed"])
+    acks, _rejects, metrics = await run_pipeline(writer, 4)
+    assert writer.stored == [0, 1, 2, 3]  # once each
+    assert writer.checked == [[0, 1, 2, 3]]
+    assert acks.mids == [1, 2, 3, 4]
+    assert metrics.duplicates._value.get() == 4
+
+
+async def test_readings_of_a_redelivered_message_are_checked_and_no_others() -> None:
+    writer = ScriptedWriter([])
+    settings = Settings(batch_size=10, flush_interval=0.05)
+    acks, metrics = Acks(), Metrics("bucket")
+    pipeline = Pipeline(settings, writer, Rejects(), acks, metrics, Health())  # type: ignore[arg-type]
+    task = asyncio.create_task(pipeline.run())
+    writer.stored = [1]  # written before a crash; its PUBACK never reached the broker
+    for i in range(3):
+        payload = orjson.dumps({"ts": NOW - 10, "seq": i, "v": i})
+        await pipeline.submit(Inbound("sensors/a/readings", payload, i + 1, 1, 1, NOW,
+                                      dup=i == 1))
+    await asyncio.wait_for(pipeline.drain(), 30)
+    task.cancel()
+    pipeline.sync_metrics()
+    assert writer.checked == [[1]]
+    assert sorted(writer.stored) == [0, 1, 2]
+    assert acks.mids == [1, 2, 3]
+    assert metrics.duplicates._value.get() == 1

@@ -59,6 +59,13 @@ class Writer(Protocol):
     async def write(self, plan: Plan) -> Outcome:
         """Send a plan; raise :class:`WriteError` if nothing is known to be written."""
 
+    async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
+        """Those of ``readings`` not stored yet; raise :class:`WriteError` on failure.
+
+        Called only for readings that may be stored: those of a redelivered message
+        (DUP), and those of a write retried after its outcome was unknown.
+        """
+
 
 def split_bulk_error(exc: BulkWriteError, plan: Plan, collide: bool = False) -> Outcome:
     """Sort a partial failure into readings to retry and readings refused for good.

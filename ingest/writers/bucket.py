@@ -247,10 +247,17 @@ class BucketWriter:
         self._collection = collection
         # The settle lookup must see the document that just refused a reading: a
         # secondary may not have it yet.
-        self._primary = collection.with_options(read_preference=ReadPreference.PRIMARY)
+        self._primary_coll: AsyncCollection[dict[str, Any]] | None = None
         self._schema = schema
         self._span = span_seconds
         self._max = max_readings
+
+    def _primary(self) -> AsyncCollection[dict[str, Any]]:
+        """The collection, read from the primary whatever its read preference says."""
+        if self._primary_coll is None:
+            self._primary_coll = self._collection.with_options(
+                read_preference=ReadPreference.PRIMARY)
+        return self._primary_coll
 
     async def ensure_schema(self) -> None:
         """Create the bucket collection, its validator and indexes."""
@@ -297,6 +304,10 @@ class BucketWriter:
                 break
             plan = self.plan(fresh)
         return outcome
+
+    async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
+        """All of them: bucket writes settle stored readings themselves (unique index)."""
+        return readings
 
     async def _send(self, plan: Plan) -> Outcome:
         return await send(self._collection.bulk_write(plan.ops, ordered=False), plan,
@@ -354,7 +365,7 @@ class BucketWriter:
             }}}},
         ]
         try:
-            cursor = await self._primary.aggregate(pipeline, hint=READINGS_INDEX)
+            cursor = await self._primary().aggregate(pipeline, hint=READINGS_INDEX)
             return {ts_key(entry["ts"]): entry
                     async for doc in cursor for entry in doc["readings"]}
         except (PyMongoError, InvalidDocument) as exc:

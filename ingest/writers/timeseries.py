@@ -5,13 +5,26 @@ a stable field order and no null or empty fields, because a change of a field's 
 closes MongoDB's internal bucket early. A batch is sorted by sensor and time and sent with
 one unordered ``insert_many`` so MongoDB's bucket catalog fills buckets densely. A partial
 failure retries only the documents that failed with a transient error.
+
+A time-series collection has no unique index, so a reading written twice is stored twice.
+The daemon knows when that can happen (a message redelivered with DUP, a write retried
+after a failure that may have come after it landed); for exactly those readings,
+:meth:`TimeseriesWriter.skip_stored` first looks up which are stored (the
+``{meta.sensor_id, ts}`` index serves it) and only the rest are inserted. The normal
+path sends no lookup.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from bson.errors import InvalidDocument
+from pymongo import ReadPreference
+from pymongo.errors import PyMongoError
+
+from ingest import mongo_errors
 from ingest.writers import Outcome, Plan, send
+from ingest.writers.bucket import ts_key
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -38,7 +51,16 @@ class TimeseriesWriter:
 
     def __init__(self, collection: AsyncCollection[dict[str, Any]], schema: Schema) -> None:
         self._collection = collection
+        # The lookup must see what the primary just acknowledged.
+        self._primary_coll: AsyncCollection[dict[str, Any]] | None = None
         self._schema = schema
+
+    def _primary(self) -> AsyncCollection[dict[str, Any]]:
+        """The collection, read from the primary whatever its read preference says."""
+        if self._primary_coll is None:
+            self._primary_coll = self._collection.with_options(
+                read_preference=ReadPreference.PRIMARY)
+        return self._primary_coll
 
     async def ensure_schema(self) -> None:
         """Create (or check) the time-series collection and its index."""
@@ -52,3 +74,26 @@ class TimeseriesWriter:
     async def write(self, plan: Plan) -> Outcome:
         """Send the plan in one unordered insert_many."""
         return await send(self._collection.insert_many(plan.ops, ordered=False), plan)
+
+    async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
+        """Those of ``readings`` not stored yet: same sensor, ts, seq and values."""
+        by_sensor: dict[str, list[Reading]] = {}
+        for reading in readings:
+            by_sensor.setdefault(reading.sensor_id, []).append(reading)
+        query = {"$or": [
+            {"meta.sensor_id": sensor,
+             "ts": {"$gte": min(r.ts for r in group), "$lte": max(r.ts for r in group),
+                    "$in": [r.ts for r in group]}}
+            for sensor, group in by_sensor.items()]}
+        try:
+            docs = await self._primary().find(query, {"_id": 0}).to_list()
+        except (PyMongoError, InvalidDocument) as exc:
+            raise mongo_errors.translate(exc, "lookup") from exc
+        stored = {_identity(doc) for doc in docs}
+        return [r for r in readings if _identity(reading_document(r)) not in stored]
+
+
+def _identity(doc: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes two time-series documents the same reading (field order aside)."""
+    values = tuple(sorted((k, v) for k, v in doc.items() if k not in {"ts", "meta", "_id"}))
+    return doc["meta"]["sensor_id"], ts_key(doc["ts"]), values

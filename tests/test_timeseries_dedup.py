@@ -1,0 +1,50 @@
+"""Time-series mode: readings that may be stored already are looked up before insert."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from ingest.errors import WriteError
+from ingest.model import Reading
+from ingest.schema import Schema
+from ingest.writers.timeseries import TimeseriesWriter
+from tests.support.mongo import failpoint
+
+T0 = 1_790_000_000.0
+
+
+def reading(sensor: str, epoch: float, seq: int | None = None, **values: float) -> Reading:
+    return Reading(sensor, datetime.fromtimestamp(epoch, UTC), epoch, values or {"v": 1.0}, seq)
+
+
+def writer_for(db: Any) -> TimeseriesWriter:
+    schema = Schema(db, "readings", rejects_collection="rejects", rejects_max_bytes=1 << 20,
+                    retention_days=None, span_seconds=3600)
+    return TimeseriesWriter(db.readings, schema)
+
+
+async def test_only_readings_not_stored_yet_are_kept(db: Any) -> None:
+    writer = writer_for(db)
+    await writer.ensure_schema()
+    stored = [reading("a", T0 + 1, seq=1, temp=20.5, hum=40),
+              reading("b", T0 + 1.001, seq=2, temp=21)]
+    assert (await writer.write(writer.plan(stored))).written == 2
+    fresh = [reading("a", T0 + 2, seq=3, temp=20.5),        # another time
+             reading("a", T0 + 1, seq=1, temp=99.0, hum=40),  # same time, other values
+             reading("c", T0 + 1, seq=1, temp=20.5, hum=40)]  # another sensor
+    again = [reading("a", T0 + 1, seq=1, hum=40, temp=20.5),  # value order does not matter
+             reading("b", T0 + 1.001, seq=2, temp=21.0)]      # nor int against float
+    assert await writer.skip_stored([*fresh, *again]) == fresh
+
+
+async def test_a_failed_lookup_is_a_retriable_write_error(db: Any, mongo: Any) -> None:
+    writer = writer_for(db)
+    await writer.ensure_schema()
+    async with failpoint(mongo, ["find"], code=11602):
+        with pytest.raises(WriteError, match="code 11602") as caught:
+            await writer.skip_stored([reading("a", T0)])
+    assert type(caught.value) is WriteError  # retriable, not refused
+
