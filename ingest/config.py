@@ -25,6 +25,11 @@ DEFAULT_BUCKET_SPAN_SECONDS = 3600
 # MQTT 5 caps Receive Maximum at 65535 (a two-byte integer).
 MAX_RECEIVE_MAXIMUM = 65535
 MAX_TIMESERIES_SPAN = 31_536_000  # MongoDB's limit for bucketMaxSpanSeconds
+# expireAfterSeconds limits (src/mongo/db/catalog/index_key_validate.cpp): a TTL index
+# takes a 32-bit integer; a time-series (clustered) collection at most the seconds since
+# 1970, which 20,000 days (1.728e9 s) stays under from October 2024 on.
+MAX_TTL_SECONDS = 2**31 - 1
+MAX_TIMESERIES_RETENTION_DAYS = 20_000
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -181,9 +186,23 @@ def validate(settings: Settings) -> Settings:
             and settings.bucket_span_seconds > MAX_TIMESERIES_SPAN):
         raise ConfigError(f"--bucket-span-seconds: at most {MAX_TIMESERIES_SPAN} "
                           "(one year) for a time-series collection")
+    _check_retention(settings)
     if not 0 <= settings.metrics_port <= 65535:
         raise ConfigError("--metrics-port: must be between 0 and 65535")
     return settings
+
+
+def _check_retention(settings: Settings) -> None:
+    """--retention-days within what MongoDB accepts as expireAfterSeconds."""
+    if settings.retention_days is None:
+        return
+    if settings.mode == "timeseries":
+        most = float(MAX_TIMESERIES_RETENTION_DAYS)
+    else:  # the TTL index expires a bucket one span after its retention
+        most = (MAX_TTL_SECONDS - settings.span_seconds) // 86400
+    if settings.retention_days > most:
+        raise ConfigError(f"--retention-days: at most {most:.0f} in {settings.mode} mode "
+                          "(MongoDB's limit on expireAfterSeconds)")
 
 
 def _check_positive(settings: Settings) -> None:

@@ -13,6 +13,9 @@ fleet spread over every shard instead of piling onto the chunk that holds "now":
   the cardinality.
 
 On a deployment that is not a sharded cluster (no ``mongos``), sharding is a no-op.
+Before MongoDB 6.0 a database must have sharding enabled before one of its collections
+is sharded; from 6.0 on ``enableSharding`` only creates the database if needed, so it is
+always sent first (an "already enabled" answer from an old server is fine).
 """
 
 from __future__ import annotations
@@ -59,6 +62,11 @@ async def shard_collection(client: AsyncMongoClient[dict[str, Any]], mode: str, 
     if mode == "bucket":  # the hashed index must exist if the collection holds data
         await client[db][collection].create_index([("sensor_id", "hashed")],
                                                   name="sensor_id_hashed")
+    try:
+        await client.admin.command({"enableSharding": db})
+    except OperationFailure as exc:
+        if exc.code != ALREADY_INITIALIZED:  # "already enabled", before MongoDB 4.x
+            raise
     try:
         await client.admin.command({"shardCollection": namespace, "key": key})
     except OperationFailure as exc:

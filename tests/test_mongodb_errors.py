@@ -24,9 +24,11 @@ from pymongo.errors import (
 from pymongo.read_preferences import SecondaryPreferred
 
 from ingest import mongo_errors
-from ingest.errors import RefusedWriteError, SchemaError, SchemaGoneError, WriteError
+from ingest.config import Settings, validate
+from ingest.errors import ConfigError, RefusedWriteError, SchemaError, SchemaGoneError, WriteError
 from ingest.model import Reading
 from ingest.schema import BUCKET_INDEX, Schema
+from ingest.sharding import shard_collection
 from ingest.writers import Plan, split_bulk_error
 from ingest.writers.bucket import BucketWriter
 from tests.support.mongo import failpoint
@@ -165,3 +167,46 @@ async def test_an_index_with_the_same_key_under_another_name_is_one_line_not_a_r
     monkeypatch.setattr(type(db.buckets), "create_index", conflict)
     with pytest.raises(SchemaError, match=f"cannot create index {BUCKET_INDEX}.*drop it"):
         await writer.ensure_schema()
+
+
+@pytest.mark.parametrize(("mode", "most"), [("bucket", 24_855), ("timeseries", 20_000)])
+def test_retention_is_bounded_by_what_expire_after_seconds_accepts(mode: str,
+                                                                  most: int) -> None:
+    """A TTL index takes a 32-bit expireAfterSeconds (a bucket expires one span after
+    its retention); a time-series collection at most the seconds since 1970."""
+    assert validate(Settings(mode=mode, retention_days=most))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=f"^--retention-days: at most {most} in {mode}"):
+        validate(Settings(mode=mode, retention_days=most + 1))  # type: ignore[arg-type]
+    assert most * 86400 + (HOUR if mode == "bucket" else 0) <= 2**31 - 1
+
+
+class FakeMongos:
+    """Records the admin commands ``shard_collection`` sends (no mongos runs here)."""
+
+    def __init__(self, enable_answer: int | None = None) -> None:
+        self.commands: list[str] = []
+        self.enable_answer = enable_answer
+        self.admin = self
+
+    async def command(self, cmd: Any) -> dict[str, Any]:
+        name = cmd if isinstance(cmd, str) else next(iter(cmd))
+        self.commands.append(name)
+        if name == "hello":
+            return {"msg": "isdbgrid"}
+        if name == "enableSharding" and self.enable_answer is not None:
+            raise OperationFailure("already enabled", self.enable_answer)
+        return {"ok": 1}
+
+    def __getitem__(self, _name: str) -> Any:
+        return self
+
+    async def create_index(self, *_a: Any, **_k: Any) -> str:
+        return "sensor_id_hashed"
+
+
+@pytest.mark.parametrize("answer", [None, 23])
+async def test_sharding_enables_the_database_first_as_mongodb_before_6_0_needs(
+        answer: int | None) -> None:
+    client = FakeMongos(answer)
+    assert await shard_collection(client, "bucket", "iot", "buckets")  # type: ignore[arg-type]
+    assert client.commands == ["hello", "enableSharding", "shardCollection"]
