@@ -152,8 +152,8 @@ async def test_timeseries_stores_one_bucket_per_sensor_within_the_hour(db: Any) 
     """Granularity "seconds": a sensor's readings within one hour share one bucket, and each
     sensor (metaField value) has its own. Docs: core/timeseries/timeseries-bucketing ("How
     Bucketing Works", bucket document limit 1000), core/timeseries/timeseries-limitations
-    ("1000 measurements or 125KB"), reference/command/collStats (``timeseries`` document),
-    core/timeseries/timeseries-automatic-removal (listCollections ``expireAfterSeconds``).
+    ("1000 measurements or 125KB"), core/timeseries/timeseries-automatic-removal
+    (listCollections ``expireAfterSeconds``).
     """
     async with asyncio.timeout(TIME_LIMIT):
         t0 = hour_start(1)
@@ -180,15 +180,9 @@ async def test_timeseries_stores_one_bucket_per_sensor_within_the_hour(db: Any) 
             assert bucket["control"]["max"]["ts"] == at(last)
             assert bucket["control"]["min"]["v"] == 0.0
             assert bucket["control"]["max"]["v"] == (per_sensor - 1) * 0.5
+        # collStats' ``timeseries`` document would say the same, but MongoDB documents it
+        # as "data for internal diagnostic use": the stored buckets above are the check.
         assert await db.readings.count_documents({}) == len(written)
-
-        stats = (await db.command({"collStats": "readings"}))["timeseries"]
-        assert stats["bucketsNs"] == f"{db.name}.system.buckets.readings"
-        assert stats["bucketCount"] == len(sensors)
-        assert stats["numBucketInserts"] == len(sensors)
-        assert stats["numMeasurementsCommitted"] == len(written)
-        assert stats.get("numBucketsClosedDueToTimeForward", 0) == 0
-        assert stats.get("numBucketsClosedDueToCount", 0) == 0
 
 
 @pytest.mark.real_mongodb
@@ -230,9 +224,7 @@ async def test_readings_beyond_the_bucket_span_open_new_buckets(
         assert [measurements(b) for b in buckets] == [len(e) for e in expected]
         assert [b["control"]["max"]["ts"] for b in buckets] == [e[-1].ts for e in expected]
         assert sum(measurements(b) for b in buckets) == count
-        stats = (await db.command({"collStats": "readings"}))["timeseries"]
-        assert stats["bucketCount"] == len(starts)
-        assert stats["numMeasurementsCommitted"] == count
+        # (collStats' ``timeseries`` counters are "for internal diagnostic use": not asserted.)
 
 
 # --- storage figures -----------------------------------------------------------------------
