@@ -40,6 +40,9 @@ REASONS: tuple[str, ...] = (
     *WRITE_REASONS,
 )
 
+# Beyond this a bucket's running sum (stats.<m>.sum, at most ~160,000 readings of a
+# document) could overflow to infinity; no sensor measures anything this large.
+MAX_MAGNITUDE = 1e300
 NAME_PATTERN = r"[A-Za-z0-9_-]{1,64}"
 SENSOR_ID_PATTERN = r"[A-Za-z0-9_-]{1,128}"
 _NAME = re.compile(NAME_PATTERN)
@@ -163,8 +166,8 @@ def _reading(
                 _valid_names.add(key)
         kind = type(value)
         if kind is float:
-            if not math.isfinite(value):
-                return "bad_value", f"{key}: not a finite number"
+            if not -MAX_MAGNITUDE <= value <= MAX_MAGNITUDE:  # also false for NaN
+                return "bad_value", f"{key}: not a finite number within ±1e300"
         elif kind is not int:
             return "bad_value", f"{key}: expected a number, got {type(value).__name__}"
         elif not _INT64_MIN <= value <= _INT64_MAX:

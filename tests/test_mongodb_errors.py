@@ -25,12 +25,13 @@ from pymongo.read_preferences import SecondaryPreferred
 
 from ingest import mongo_errors
 from ingest.config import Settings, validate
+from ingest.decode import MAX_MAGNITUDE, Limits, decode
 from ingest.errors import ConfigError, RefusedWriteError, SchemaError, SchemaGoneError, WriteError
 from ingest.model import Reading
 from ingest.schema import BUCKET_INDEX, Schema
 from ingest.sharding import shard_collection
 from ingest.writers import Plan, split_bulk_error
-from ingest.writers.bucket import BucketWriter
+from ingest.writers.bucket import MAX_BUCKET_BYTES, BucketWriter
 from tests.support.mongo import failpoint
 
 HOUR = 3600
@@ -210,3 +211,25 @@ async def test_sharding_enables_the_database_first_as_mongodb_before_6_0_needs(
     client = FakeMongos(answer)
     assert await shard_collection(client, "bucket", "iot", "buckets")  # type: ignore[arg-type]
     assert client.commands == ["hello", "enableSharding", "shardCollection"]
+
+
+# --- values whose running sum would overflow -------------------------------------------------
+
+async def test_values_whose_bucket_sum_could_overflow_are_refused_and_the_rest_sum_finitely(
+        db: Any) -> None:
+    """``$inc`` on a double overflows to infinity: 1.7e308 twice would make
+    ``stats.v.sum`` infinite. Values beyond ±1e300 are refused as bad_value (with the
+    reason); the largest accepted ones, as many as a document holds, sum finitely."""
+    limits = Limits(1 << 20, 10_000, 365 * 86400.0, 600.0)
+    now = T0 + 10.0
+    refused = decode("sensors/a/readings", b'{"ts": %f, "v": 1.7e308}' % now, now, limits)
+    assert [(r.reason, r.detail) for r in refused.rejections] == [
+        ("bad_value", "v: not a finite number within ±1e300")]
+    writer = writer_for(db)
+    await writer.ensure_schema()
+    batch = [reading("a", T0 + i, 1e300) for i in range(100)]
+    assert (await writer.write(writer.plan(batch))).written == 100
+    doc = await db.buckets.find_one({})
+    assert doc["stats"]["v"]["sum"] == pytest.approx(1e302)
+    # The worst case: a document full of the largest value (the byte budget caps it).
+    assert MAX_MAGNITUDE * (MAX_BUCKET_BYTES // 52) < 1.7976931348623157e308
