@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 # tracemalloc on decoded messages, rounded up): the message itself, each reading (a
 # tuple, its datetime and values dict), each value, each reject document.
 MESSAGE_BYTES = 256
-READING_BYTES = 360
+READING_BYTES = 512
 VALUE_BYTES = 48
 REJECT_DOC_BYTES = 768
 

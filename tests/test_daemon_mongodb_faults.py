@@ -109,3 +109,21 @@ async def test_messages_with_no_accepted_reading_are_bounded_in_bytes_during_an_
     assert await db.rejects.count_documents({"reason": "invalid_json"}) == 250
     await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 200)
     assert proc.metric("ingest_buffered_bytes") == 0
+
+
+async def test_a_start_refused_for_a_missing_privilege_waits_unready_instead_of_exiting(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any,
+        mongo: Any) -> None:
+    """listCollections refused with 13 Unauthorized (a role without the privilege): the
+    daemon stays up, unready, retrying with backoff and saying why, and starts once the
+    privilege is granted: no crash loop."""
+    async with failpoint(mongo, ["listCollections"], code=13):
+        proc = daemon(wait_ready=False)
+        await eventually(lambda: "cannot prepare MongoDB collections" in proc.logs())
+        await eventually(lambda: proc.logs().count("cannot prepare MongoDB collections") >= 2)
+        assert alive(proc)
+        assert http_status(proc.metrics_port, "/readyz") == 503
+    proc.wait_ready(timeout=30)
+    await publish([one(topic_root, "s1", 0)])
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)
+    assert await stored(db, "bucket") == 1
