@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from loadgen import bench_cli, payloads
+from loadgen import bench_cli, bucket_fill, payloads
 from loadgen.config import (
     ConfigError,
     PublishSettings,
@@ -174,7 +174,20 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                                       formatter_class=fmt), env)
     _bench_flags(commands.add_parser("bench", help="compare both storage modes end to end",
                                      formatter_class=fmt), env)
+    _bucket_fill_flags(commands.add_parser(
+        "bucket-fill", help="bucket mode: write time against how full the document is",
+        formatter_class=fmt), env)
     return parser
+
+
+def _bucket_fill_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    _flag(parser, env, "mongodb-uri", "MongoDB connection string", "mongodb://localhost:27017")
+    _flag(parser, env, "db", "scratch database (dropped afterwards)", "loadgen_bucket_fill")
+    _flag(parser, env, "cap", "fill each document to this many readings", 3600, type=int)
+    _flag(parser, env, "sensors", "documents filled side by side", 1, type=int)
+    _flag(parser, env, "bands", "report the write time in this many bands of fill", 10,
+          type=int)
+    parser.add_argument("--json", action="store_true", help="print the bands as JSON")
 
 
 def publish_settings(args: argparse.Namespace, now: float) -> PublishSettings:
@@ -352,7 +365,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         args = build_parser(env).parse_args(argv)
-        commands = {"publish": cmd_publish, "verify": cmd_verify, "bench": bench_cli.cmd_bench}
+        commands = {"publish": cmd_publish, "verify": cmd_verify, "bench": bench_cli.cmd_bench,
+                    "bucket-fill": bucket_fill.cmd_bucket_fill}
         return commands[args.command](args)
     except ConfigError as exc:
         print(f"loadgen: error: {exc}", file=sys.stderr)  # noqa: T201
