@@ -48,3 +48,13 @@ async def test_a_failed_lookup_is_a_retriable_write_error(db: Any, mongo: Any) -
             await writer.skip_stored([reading("a", T0)])
     assert type(caught.value) is WriteError  # retriable, not refused
 
+
+
+async def test_many_sensors_are_looked_up_in_several_queries(db: Any, monkeypatch: Any) -> None:
+    monkeypatch.setattr("ingest.writers.timeseries.LOOKUP_SENSORS", 2)
+    writer = writer_for(db)
+    await writer.ensure_schema()
+    stored = [reading(f"s{i}", T0 + i, seq=i) for i in range(5)]
+    await writer.write(writer.plan(stored))
+    fresh = [reading(f"s{i}", T0 + 100 + i, seq=i) for i in range(5)]
+    assert await writer.skip_stored(stored + fresh) == fresh

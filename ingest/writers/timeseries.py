@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from ingest.schema import Schema
 
 
+# Sensors per duplicate lookup: a redelivery burst becomes several small queries.
+LOOKUP_SENSORS = 256
+
 def reading_document(reading: Reading) -> dict[str, Any]:
     """The time-series document for one reading."""
     doc: dict[str, Any] = {"ts": reading.ts, "meta": {"sensor_id": reading.sensor_id}}
@@ -76,22 +79,28 @@ class TimeseriesWriter:
         return await send(self._collection.insert_many(plan.ops, ordered=False), plan)
 
     async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
-        """Those of ``readings`` not stored yet: same sensor, ts, seq and values."""
+        """Those of ``readings`` not stored yet: same sensor, ts, seq and values.
+
+        One ``find`` per ``LOOKUP_SENSORS`` sensors, each clause a sensor and its times
+        (the ``{meta.sensor_id, ts}`` index, and the time range prunes buckets).
+        """
         by_sensor: dict[str, list[Reading]] = {}
         for reading in readings:
             by_sensor.setdefault(reading.sensor_id, []).append(reading)
-        query = {"$or": [
-            {"meta.sensor_id": sensor,
-             "ts": {"$gte": min(r.ts for r in group), "$lte": max(r.ts for r in group),
-                    "$in": [r.ts for r in group]}}
-            for sensor, group in by_sensor.items()]}
-        try:
-            docs = await self._primary().find(query, {"_id": 0}).to_list()
-        except (PyMongoError, InvalidDocument) as exc:
-            raise mongo_errors.translate(exc, "lookup") from exc
-        stored = {_identity(doc) for doc in docs}
+        groups = list(by_sensor.items())
+        stored: set[tuple[Any, ...]] = set()
+        for start in range(0, len(groups), LOOKUP_SENSORS):
+            query = {"$or": [
+                {"meta.sensor_id": sensor,
+                 "ts": {"$gte": min(r.ts for r in group), "$lte": max(r.ts for r in group),
+                        "$in": [r.ts for r in group]}}
+                for sensor, group in groups[start:start + LOOKUP_SENSORS]]}
+            try:
+                docs = await self._primary().find(query, {"_id": 0}).to_list()
+            except (PyMongoError, InvalidDocument) as exc:
+                raise mongo_errors.translate(exc, "lookup") from exc
+            stored.update(_identity(doc) for doc in docs)
         return [r for r in readings if _identity(reading_document(r)) not in stored]
-
 
 def _identity(doc: dict[str, Any]) -> tuple[Any, ...]:
     """What makes two time-series documents the same reading (field order aside)."""
