@@ -23,7 +23,7 @@ class Batch:
     rejects: list[dict[str, Any]] = field(default_factory=list)
     # ends[i] is the index in ``readings`` just past message i's readings.
     ends: list[int] = field(default_factory=list)
-    # Estimated memory the batch holds (see Pipeline.submit), released once written.
+    # Estimated memory the batch holds (see pipeline.held_bytes), released once acked.
     held_bytes: int = 0
 
     def origin(self) -> dict[int, Inbound]:

@@ -44,7 +44,7 @@ REJECT_DOC_BYTES = 768
 
 
 def held_bytes(message: Inbound, readings: list[Reading], docs: list[dict[str, Any]]) -> int:
-    """Estimated memory one taken message holds until its batch is written."""
+    """Estimated memory one taken message holds until it is acknowledged."""
     size = MESSAGE_BYTES + len(message.payload) + len(message.topic)
     if readings:
         size += READING_BYTES * len(readings) + VALUE_BYTES * sum(
