@@ -142,6 +142,12 @@ class Local:
 
     def _preflight(self) -> None:
         s = self.settings
+        if s.mqtt_url is None:
+            find_mosquitto(s.mosquitto)
+            check_free(s.mqtt_port, "--mqtt-port",
+                       "a broker runs there (a mosquitto service?); use it with "
+                       f"--mqtt-url mqtt://127.0.0.1:{s.mqtt_port} or choose another "
+                       "--mqtt-port")
         if s.mongodb_uri is None:
             try:
                 import mongoeco  # noqa: F401, PLC0415 - optional extra
@@ -152,12 +158,6 @@ class Local:
             check_free(s.store_port, "--store-port",
                        "a MongoDB or another store runs there; use it with --mongodb-uri "
                        "or choose another --store-port")
-        if s.mqtt_url is None:
-            find_mosquitto(s.mosquitto)
-            check_free(s.mqtt_port, "--mqtt-port",
-                       "a broker runs there (a mosquitto service?); use it with "
-                       f"--mqtt-url mqtt://127.0.0.1:{s.mqtt_port} or choose another "
-                       "--mqtt-port")
         for mode in s.modes:
             check_free(s.metrics_port_of(mode), "--metrics-port",
                        "choose another --metrics-port (bucket uses it, timeseries the next)")
