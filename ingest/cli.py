@@ -147,7 +147,7 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                              "[env INGEST_DRY_RUN]")
 
 
-class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Show a flag's default, unless it has none (its help then says what happens)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
@@ -156,7 +156,7 @@ class _Defaults(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-class _DescribedDefaults(argparse.RawDescriptionHelpFormatter, _Defaults):
+class _DescribedDefaults(argparse.RawDescriptionHelpFormatter, DefaultsHelpFormatter):
     """Show defaults, keep the description's own line breaks."""
 
 
@@ -181,7 +181,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = _Parser(prog="ingest", description="MQTT to MongoDB time-series ingestion.")
     parser.add_argument("--version", action="version", version=f"ingest {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    fmt = _Defaults
+    fmt = DefaultsHelpFormatter
     run = commands.add_parser("run", help="consume MQTT and write to MongoDB",
                               formatter_class=fmt)
     _common_flags(run, env)

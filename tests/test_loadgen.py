@@ -516,3 +516,16 @@ def test_a_timed_run_writes_a_manifest_of_what_it_sent(broker: Broker, tmp_path:
     assert max(data["counts"]) - min(data["counts"]) <= 6
     assert summary["acked"] == summary["messages"]
     assert summary["errors"] == 0
+
+
+def test_the_publish_summary_line_counts_processes_in_words(
+        broker: Broker, topic_root: str, tmp_path: Path) -> None:
+    """``1 process``, not ``1 processes``: the line a user reads after a publish."""
+    for processes, words in ((1, "1 process)"), (2, "2 processes)")):
+        command = publish_command(broker, topic_root, tmp_path / f"m{processes}.json",
+                                  sensors=2, count=2, per_message=1, rate=0,
+                                  processes=processes)
+        result = subprocess.run(command[:-1], capture_output=True, text=True, cwd=ROOT,
+                                timeout=60, check=False)
+        assert result.returncode == 0, result.stderr
+        assert words in result.stdout

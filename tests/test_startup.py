@@ -247,3 +247,13 @@ def test_a_real_older_python_gets_one_line(package: str) -> None:
     assert "SyntaxError" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert "needs Python 3.13" in result.stderr
+
+
+@pytest.mark.parametrize("argv", [["ingest", "run"], ["ingest", "init-db"],
+                                  ["ingest", "local"], ["loadgen", "publish"],
+                                  ["loadgen", "verify"], ["loadgen", "bench"]])
+def test_no_help_says_default_none(argv: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", argv[0], argv[1], "--help"], cwd=ROOT,
+                            env=clean_env(), capture_output=True, text=True, timeout=30,
+                            check=True)
+    assert "(default: None)" not in " ".join(result.stdout.split())
