@@ -201,6 +201,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
+DEFAULT_MQTT_PORT = 1883
 LOCAL_HELP = """\
 Start a mosquitto broker, an embedded MongoDB-compatible store and the daemon in both
 modes, print where to publish and how to look at the data, and stop them all on Ctrl-C.
@@ -218,8 +219,8 @@ def _local_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> Non
     _flag(parser, env, "mode", "which daemons to run", "both",
           choices=["both", *MODES])
     _flag(parser, env, "mqtt-url", "use this broker instead of starting mosquitto")
-    _flag(parser, env, "mqtt-port", "port of the started mosquitto (on 127.0.0.1)", 1883,
-          type=integer)
+    _flag(parser, env, "mqtt-port", "port of the started mosquitto, on 127.0.0.1 (default "
+          "1883; a broker already listening there is used instead)", type=integer)
     _flag(parser, env, "mosquitto", "the mosquitto binary (default: found on PATH or in "
           "/usr/sbin)")
     _flag(parser, env, "mongodb-uri", "use this MongoDB instead of the embedded store")
@@ -242,7 +243,9 @@ def local_settings(args: argparse.Namespace) -> LocalSettings:
     modes = MODES if args.mode == "both" else (args.mode,)
     local = LocalSettings(
         data_dir=Path(args.data_dir).resolve(), modes=modes, mqtt_url=args.mqtt_url,
-        mqtt_port=args.mqtt_port, mongodb_uri=args.mongodb_uri, store_port=args.store_port,
+        mqtt_port=args.mqtt_port if args.mqtt_port is not None else DEFAULT_MQTT_PORT,
+        mqtt_port_given=args.mqtt_port is not None, mongodb_uri=args.mongodb_uri,
+        store_port=args.store_port,
         metrics_port=args.metrics_port, db=args.db, topic=args.topic,
         mosquitto=args.mosquitto, log_level=args.log_level)
     for mode in modes:  # the flags the daemons will get, validated as theirs are

@@ -47,6 +47,9 @@ class LocalSettings:
     modes: tuple[str, ...]
     mqtt_url: str | None  # None: start mosquitto on 127.0.0.1:mqtt_port
     mqtt_port: int
+    # --mqtt-port left at its default: a broker already there (a distribution's mosquitto
+    # service) is used rather than refused.
+    mqtt_port_given: bool
     mongodb_uri: str | None  # None: start the embedded store on 127.0.0.1:store_port
     store_port: int
     metrics_port: int | None  # bucket's port; timeseries gets the next one
@@ -108,6 +111,7 @@ class Local:
         self.stop = asyncio.Event()
         self.signals = 0
         self._store: Any = None
+        self.running_broker: str | None = None
 
     def _signal(self) -> None:
         self.signals += 1
@@ -126,7 +130,8 @@ class Local:
             self._preflight()
             self.settings.data_dir.mkdir(parents=True, exist_ok=True)
             mongodb_uri = self.settings.mongodb_uri or await self._start_store()
-            mqtt_url = self.settings.mqtt_url or await self._start_broker()
+            mqtt_url = (self.settings.mqtt_url or self.running_broker
+                        or await self._start_broker())
             for mode in self.settings.modes:
                 await self._start_daemon(mode, mqtt_url, mongodb_uri)
             failed = await self._wait_ready()
@@ -143,11 +148,16 @@ class Local:
     def _preflight(self) -> None:
         s = self.settings
         if s.mqtt_url is None:
-            find_mosquitto(s.mosquitto)
-            check_free(s.mqtt_port, "--mqtt-port",
-                       "a broker runs there (a mosquitto service?); use it with "
-                       f"--mqtt-url mqtt://127.0.0.1:{s.mqtt_port} or choose another "
-                       "--mqtt-port")
+            if not s.mqtt_port_given and _taken(s.mqtt_port):
+                self.running_broker = f"mqtt://127.0.0.1:{s.mqtt_port}"
+                logger.warning("a broker already listens on 127.0.0.1:%d (a mosquitto "
+                               "service?): using it; --mqtt-port N starts a private one "
+                               "instead", s.mqtt_port)
+            else:
+                find_mosquitto(s.mosquitto)
+                check_free(s.mqtt_port, "--mqtt-port",
+                           "a broker runs there; use it with --mqtt-url "
+                           f"mqtt://127.0.0.1:{s.mqtt_port} or choose another --mqtt-port")
         if s.mongodb_uri is None:
             try:
                 import mongoeco  # noqa: F401, PLC0415 - optional extra
@@ -261,6 +271,13 @@ class Local:
             await self._store.close()
             self._store = None
 
+    def _broker_note(self) -> str:
+        if self.settings.mqtt_url is not None:
+            return ""
+        if self.running_broker is not None:
+            return "  (already running: not started, nor stopped, by ingest local)"
+        return f"  (mosquitto, data in {self.settings.data_dir / 'mosquitto'})"
+
     def _banner(self, mqtt_url: str, mongodb_uri: str) -> None:
         s = self.settings
         host_port = mqtt_url.split("://", 1)[1].rsplit("@", 1)[-1]
@@ -273,8 +290,7 @@ class Local:
             "",
             "iot-ingest is running locally. Ctrl-C stops everything.",
             f"  broker   {mqtt_url if s.mqtt_url is None else _redact(mqtt_url)}"
-            + ("  (mosquitto, data in " + str(s.data_dir / "mosquitto") + ")"
-               if s.mqtt_url is None else ""),
+            + self._broker_note(),
             f"  store    {store}",
             *(f"  {mode:<10} daemon, metrics http://127.0.0.1:{s.metrics_port_of(mode)}/metrics"
               for mode in s.modes),
@@ -293,6 +309,15 @@ class Local:
         lines += [f"  curl -s http://127.0.0.1:{s.metrics_port_of(mode)}/metrics | grep "
                   f"'^ingest_readings'   # and /readyz" for mode in s.modes]
         print("\n".join(lines), flush=True)  # noqa: T201 - the command's output for its user
+
+
+def _taken(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def _topic_for(topic_filter: str) -> str:

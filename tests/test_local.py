@@ -28,19 +28,25 @@ if TYPE_CHECKING:
 class Local:
     """``python -m ingest local ...`` with its stdout read line by line."""
 
-    def __init__(self, tmp_path: Path, *argv: str) -> None:
+    def __init__(self, tmp_path: Path, *argv: str, default_mqtt_port: int | None = None) -> None:
         self.ports = {"mqtt": free_port(), "store": free_port(), "metrics": free_port()}
         while self.ports["metrics"] + 1 in self.ports.values():
             self.ports["metrics"] = free_port()
         self.stderr = tmp_path / f"local-{time.monotonic_ns()}.err"
         env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
+        args = ["local", "--data-dir", str(tmp_path / "data"),
+                "--store-port", str(self.ports["store"]),
+                "--metrics-port", str(self.ports["metrics"]), *argv]
+        if default_mqtt_port is None:
+            command = [sys.executable, "-m", "ingest", *args,
+                       "--mqtt-port", str(self.ports["mqtt"])]
+        else:  # as on a machine whose mosquitto service holds the default port
+            command = [sys.executable, "-c",
+                       (f"import sys, ingest.cli as c; c.DEFAULT_MQTT_PORT = {default_mqtt_port}; "
+                       f"sys.exit(c.main({args!r}))")]
         with self.stderr.open("w") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "ingest", "local", "--data-dir", str(tmp_path / "data"),
-                 "--mqtt-port", str(self.ports["mqtt"]),
-                 "--store-port", str(self.ports["store"]),
-                 "--metrics-port", str(self.ports["metrics"]), *argv],
-                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+                command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -180,6 +186,25 @@ def test_the_same_flags_point_it_at_a_real_store_and_broker(
         client.drop_database(db_name)
     proc.process.send_signal(signal.SIGINT)
     assert proc.process.wait(timeout=60) == 0
+
+
+def test_a_broker_already_on_the_default_port_is_used_and_left_running(
+        tmp_path: Path, local: list[Local], broker: Broker) -> None:
+    """A distribution's mosquitto service holds 1883: ingest local uses it, says so, and
+    leaves it running at Ctrl-C."""
+    proc = Local(tmp_path, "--mode", "bucket", default_mqtt_port=broker.port)
+    local.append(proc)
+    out = wait_banner_one_mode(proc)
+    assert f"mqtt://127.0.0.1:{broker.port}" in out
+    assert "already running" in out
+    assert "using it" in proc.stderr.read_text()
+    subprocess.run(proc.command("mosquitto_pub"), check=True, timeout=30)
+    uri = f"mongodb://127.0.0.1:{proc.ports['store']}/?directConnection=true"
+    with MongoClient(uri) as client:
+        wait_for(lambda: client.iot.buckets.find_one({"sensor_id": "demo-1"}))
+    proc.process.send_signal(signal.SIGINT)
+    assert proc.process.wait(timeout=60) == 0
+    assert listening(broker.port)
 
 
 def wait_banner_one_mode(proc: Local, timeout: float = 90) -> str:
