@@ -96,10 +96,42 @@ def check_free(port: int, flag: str, what: str) -> None:
                                ) from None
 
 
+def _find_prctl() -> Any:  # noqa: ANN401 - a ctypes function
+    """Linux's prctl, looked up before any fork (the child must only call it)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _find_prctl()
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """Linux: the child gets SIGTERM if ``ingest local`` itself is killed."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def lock_data_dir(data_dir: Path) -> Any:  # noqa: ANN401 - an open file
+    """Hold ``data_dir`` for this process, so two runs never share one store file."""
+    import fcntl  # noqa: PLC0415 - POSIX only, like the rest of this command
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    handle = (data_dir / ".lock").open("a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        owner = handle.read().strip() or "?"
+        handle.close()
+        raise StartupError(f"--data-dir: {data_dir} is in use by another ingest local (pid "
+                           f"{owner}); stop it or choose another --data-dir") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
 
 
 class Local:
@@ -112,6 +144,7 @@ class Local:
         self.signals = 0
         self._store: Any = None
         self.running_broker: str | None = None
+        self._lock: Any = None
 
     def _signal(self) -> None:
         self.signals += 1
@@ -127,8 +160,8 @@ class Local:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._signal)
         try:
+            self._lock = lock_data_dir(self.settings.data_dir)
             self._preflight()
-            self.settings.data_dir.mkdir(parents=True, exist_ok=True)
             mongodb_uri = self.settings.mongodb_uri or await self._start_store()
             mqtt_url = (self.settings.mqtt_url or self.running_broker
                         or await self._start_broker())
@@ -270,6 +303,9 @@ class Local:
         if self._store is not None:
             await self._store.close()
             self._store = None
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def _broker_note(self) -> str:
         if self.settings.mqtt_url is not None:

@@ -96,6 +96,7 @@ def test_without_matplotlib_the_chart_is_skipped_and_said_so(
     assert [p.name for p in paths] == ["bench-r.md", "bench-r.json"]
     assert report["chart"] is None
     assert "matplotlib is not installed" in report["chart_skipped"]
+    assert "pip install -e '.[bench]'" in report["chart_skipped"]  # works from a clone
     assert "chart skipped" in (tmp_path / "bench-r.md").read_text()
 
 

@@ -150,6 +150,11 @@ def test_one_command_runs_the_main_job_and_ctrl_c_stops_it(
                        (first.ports["metrics"] + 1, "timeseries")):
         assert metrics_of(port)[f'ingest_readings_written_total{{mode="{mode}"}}'] == 1
 
+    # A second run on the same data dir is refused (two processes on one store file).
+    again = run_local(tmp_path, "--mqtt-port", str(free_port()), "--store-port",
+                      str(free_port()), "--metrics-port", str(free_port()))
+    assert "--data-dir" in last_line(again, 1)
+
     children = first.children()
     assert len(children) == 3  # mosquitto and two daemons
     first.process.send_signal(signal.SIGINT)

@@ -257,3 +257,30 @@ def test_no_help_says_default_none(argv: list[str]) -> None:
                             env=clean_env(), capture_output=True, text=True, timeout=30,
                             check=True)
     assert "(default: None)" not in " ".join(result.stdout.split())
+
+
+async def test_a_mongodb_ping_without_answer_says_so(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not ``MongoDB ping failed: TimeoutError:`` with nothing after it."""
+    import asyncio  # noqa: PLC0415
+
+    from ingest import app  # noqa: PLC0415
+    from ingest.metrics import Health, Metrics  # noqa: PLC0415
+
+    class Silent:
+        async def command(self, _name: str) -> None:
+            await asyncio.sleep(3600)
+
+    class Client:
+        admin = Silent()
+
+    monkeypatch.setattr(app, "PING_INTERVAL", 0.05)
+    health = Health(mongodb_ok=True)
+    watch = asyncio.create_task(app._watch_mongodb(Client(), health, Metrics("bucket")))  # type: ignore[arg-type]
+    deadline = time.monotonic() + 30
+    while health.mongodb_ok and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    watch.cancel()
+    assert not health.mongodb_ok
+    assert "MongoDB ping failed: no answer within" in caplog.text
+    assert "TimeoutError" not in caplog.text
