@@ -212,7 +212,7 @@ async def _prepare(writer: Writer, health: Health, metrics: Metrics, shutdown: S
             except PyMongoError as exc:
                 attempt += 1
                 delay = backoff(attempt, base=1.0)
-                logger.warning("cannot prepare the collections at %s (%s); retrying in %.1fs",
+                logger.warning("cannot prepare MongoDB collections at %s (%s); retrying in %.1fs",
                                where, mongo_reason(exc), delay)
                 await asyncio.wait({stop}, timeout=delay)
             else:

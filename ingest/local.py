@@ -212,7 +212,13 @@ class Local:
         path = self.settings.data_dir / "store.sqlite"
         self._store = AsyncMongoEcoProxyServer(engine=SQLiteEngine(path=str(path)),
                                                host="127.0.0.1", port=self.settings.store_port)
-        await self._store.start()
+        try:
+            await self._store.start()
+        except OSError as exc:
+            self._store = None
+            raise StartupError(f"--store-port: cannot listen on 127.0.0.1:"
+                               f"{self.settings.store_port} ({exc.strerror or exc}); choose "
+                               "another --store-port") from None
         logger.info("store: %s, in %s", STORE_LABEL, path)
         return f"mongodb://127.0.0.1:{self.settings.store_port}/?directConnection=true"
 

@@ -241,6 +241,7 @@ def last_line(result: subprocess.CompletedProcess[str], status: int) -> str:
 
 def test_without_mosquitto_it_says_how_to_install_it(tmp_path: Path) -> None:
     line = last_line(run_local(tmp_path, "--mosquitto", str(tmp_path / "no-mosquitto"),
+                               "--mqtt-port", str(free_port()),
                                "--store-port", str(free_port())), 1)
     assert line.startswith("ingest local: error: --mosquitto")
     assert "apt-get install mosquitto" in line
