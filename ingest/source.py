@@ -140,9 +140,9 @@ class MqttSource:
     async def run(self, sink: Callable[[Inbound], Awaitable[bool]]) -> None:
         """Connect, consume into ``sink`` and reconnect until stopped.
 
-        A broker that refuses the first connection for good (credentials, client id,
-        authorisation) stops the daemon with :class:`StartupError`; a broker not reachable
-        yet is waited for, and said so at once.
+        A first connection that no retry can fix (credentials, client id, authorisation,
+        a certificate that does not verify) stops the daemon with :class:`StartupError`; a
+        broker not reachable yet is waited for, and said so at once.
         """
         attempt, connected_once = 0, False
         self._health.mqtt_started = True
@@ -158,11 +158,9 @@ class MqttSource:
             except aiomqtt.MqttError as exc:
                 attempt += 1
                 delay = backoff(attempt, base=0.5)
-                if not connected_once and _refused_for_good(exc):
-                    raise StartupError(
-                        f"--mqtt-url: the broker at {address} refused the connection ({exc}); "
-                        "check the user and password (--mqtt-url, --mqtt-password-file), the "
-                        "broker's ACL and --client-id") from None
+                fatal = None if connected_once else self._fatal(exc, address)
+                if fatal is not None:
+                    raise fatal from None
                 if connected_once:
                     logger.warning("MQTT connection to %s lost (%s); retrying in %.1fs",
                                    address, exc, delay)
@@ -178,6 +176,21 @@ class MqttSource:
                     await asyncio.wait_for(self._stop.wait(), delay)
             finally:
                 self._disconnected()
+
+    def _fatal(self, exc: aiomqtt.MqttError, address: str) -> StartupError | None:
+        """A first connection failure no retry can fix, as one line; None otherwise."""
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+            ca = self._settings.mqtt.ca_file or "the system's CAs"
+            return StartupError(
+                f"--mqtt-ca-file: the broker at {address} presented a certificate that does "
+                f"not verify against {ca} ({exc}); give the CA that signed it, and the host "
+                "name the certificate names in --mqtt-url")
+        if _refused_for_good(exc):
+            return StartupError(
+                f"--mqtt-url: the broker at {address} refused the connection ({exc}); check "
+                "the user and password (--mqtt-url, --mqtt-password-file), the broker's ACL "
+                "and --client-id")
+        return None
 
     def _receiver(self, client: aiomqtt.Client) -> tuple[deque[Inbound], asyncio.Event]:
         """Route this connection's messages into a fresh inbox (see paho_hooks)."""
