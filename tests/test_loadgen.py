@@ -423,7 +423,7 @@ async def test_stopped_mid_stream_then_restarted_loses_nothing(
     (same client id): verify finds nothing missing. SIGTERM writes and acks what it
     holds before exiting 0, so nothing is written twice in either mode; after SIGKILL
     bucket mode counts nothing twice, and time-series mode may store the readings of the
-    writes in flight twice (the number is printed; see the README's reliability section)."""
+    writes in flight twice (the number is printed; see docs/delivery.md)."""
     proc = daemon("--batch-size", "50")
     manifest = tmp_path / "run.json"
     count = 1200
