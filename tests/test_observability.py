@@ -15,8 +15,8 @@ run on these machines (the wire emulator does not implement those commands). The
 names are those of Percona's mongodb_exporter with ``--collector.topmetrics`` and
 ``--collector.collstats``; check those panels on a machine with Docker (see
 docs/development.md, "Deployment files"). Debian's ``prometheus-mongodb-exporter`` does
-not help: it is a 2018 build with other metric names, and it too would have no server to read. No data is
-faked for them.
+not help: it is a 2018 build with other metric names, and it too would have no server to
+read. No data is faked for them.
 """
 
 from __future__ import annotations
