@@ -25,13 +25,25 @@ if TYPE_CHECKING:
     from tests.support.procs import Broker
 
 
+def free_pair() -> int:
+    """A free port whose successor is free too (the timeseries daemon's metrics port)."""
+    while True:
+        port = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
 class Local:
     """``python -m ingest local ...`` with its stdout read line by line."""
 
     def __init__(self, tmp_path: Path, *argv: str, default_mqtt_port: int | None = None) -> None:
-        self.ports = {"mqtt": free_port(), "store": free_port(), "metrics": free_port()}
+        self.ports = {"mqtt": free_port(), "store": free_port(), "metrics": free_pair()}
         while self.ports["metrics"] + 1 in self.ports.values():
-            self.ports["metrics"] = free_port()
+            self.ports["metrics"] = free_pair()
         self.stderr = tmp_path / f"local-{time.monotonic_ns()}.err"
         env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
         args = ["local", "--data-dir", str(tmp_path / "data"),
