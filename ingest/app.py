@@ -16,8 +16,10 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from pymongo import AsyncMongoClient
-from pymongo.errors import PyMongoError
+from pymongo.errors import ConnectionFailure, PyMongoError
 
+from ingest.config import redact_mongodb_uri
+from ingest.errors import StartupError
 from ingest.metrics import Health, Metrics, MetricsServer
 from ingest.pipeline import Pipeline
 from ingest.retry import backoff
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 PING_INTERVAL = 5.0
+INIT_DB_WAIT_MS = 10_000
+SLOW_START = 2.0  # seconds before saying that the daemon waits for MongoDB
 DISCONNECT_TIMEOUT = 5.0
 # Beyond --shutdown-timeout and the disconnect, how long the watchdog lets the process
 # close its clients before it exits anyway.
@@ -79,10 +83,10 @@ class Shutdown:
         self._exit_now(1)
 
 
-def mongo_client(settings: Settings) -> AsyncMongoClient[dict[str, Any]]:
+def mongo_client(settings: Settings, **options: Any) -> AsyncMongoClient[dict[str, Any]]:  # noqa: ANN401
     """The driver client, with timezone-aware dates."""
     return AsyncMongoClient(settings.mongodb_uri, tz_aware=True, appname="ingest",
-                            connect=False)
+                            connect=False, **options)
 
 
 def make_writer(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) -> Writer:
@@ -100,13 +104,28 @@ def make_writer(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) ->
 
 async def init_db(settings: Settings, shard: bool = False) -> None:
     """Create collections and indexes for the configured mode (and shard), then return."""
-    client = mongo_client(settings)
+    # A one-shot command should not sit silent for the driver's 30 s default.
+    quick = ({} if "serverselectiontimeoutms" in settings.mongodb_uri.lower()
+             else {"serverSelectionTimeoutMS": INIT_DB_WAIT_MS})
+    client = mongo_client(settings, **quick)
     try:
         await make_writer(settings, client).ensure_schema()
         if shard:
             await shard_collection(client, settings.mode, settings.db, settings.collection)
+    except ConnectionFailure as exc:
+        raise StartupError(f"--mongodb-uri: cannot reach MongoDB at "
+                           f"{redact_mongodb_uri(settings.mongodb_uri)} ({mongo_reason(exc)}); "
+                           "start it or correct --mongodb-uri") from None
     finally:
         await client.close()
+
+
+def mongo_reason(exc: BaseException) -> str:
+    """A driver error in one short line (server selection appends a topology dump)."""
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    text = str(exc).split(", Timeout:", 1)[0].split(" (configured timeouts:", 1)[0]
+    return redact_mongodb_uri(text.replace("\n", " "))[:200] or type(exc).__name__
 
 
 async def run(settings: Settings, shutdown: Shutdown | None = None,
@@ -129,7 +148,7 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
         async with (server,
                     contextlib.AsyncExitStack() as stack):
             if not settings.dry_run:
-                await _prepare(writer, health, metrics, shutdown)
+                await _prepare(writer, health, metrics, shutdown, settings.mongodb_uri)
             if shutdown.requested.is_set():
                 logger.info("stopped before consuming anything")
                 return
@@ -149,22 +168,41 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
                 await asyncio.wait({consumer}, timeout=left)
             for task in (*helpers, consumer):
                 task.cancel()
+    except BaseExceptionGroup as group:
+        startup = group.subgroup(StartupError)
+        if startup is None:
+            raise
+        raise _first_leaf(startup) from None  # one line for the CLI, not a task dump
     finally:
         await client.close()
     logger.info("stopped")
 
 
-async def _prepare(writer: Writer, health: Health, metrics: Metrics, shutdown: Shutdown) -> None:
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
+async def _prepare(writer: Writer, health: Health, metrics: Metrics, shutdown: Shutdown,
+                   uri: str) -> None:
     """Make sure collections and indexes exist, waiting for MongoDB if it is not up yet.
 
     Returns early when a signal arrives: one attempt can wait for server selection
     (30 s by default), longer than the shutdown timeout.
     """
     attempt = 0
+    where = redact_mongodb_uri(uri)
     stop = asyncio.create_task(shutdown.requested.wait(), name="prepare-stop")
     try:
         while not shutdown.requested.is_set():
             step = asyncio.create_task(writer.ensure_schema(), name="ensure-schema")
+            # Server selection waits up to 30 s: say at once what the daemon waits for.
+            await asyncio.wait({step, stop}, timeout=SLOW_START,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not step.done() and not stop.done() and attempt == 0:
+                logger.warning("waiting for MongoDB at %s (no answer yet; /readyz says "
+                               "'mongodb unreachable' until it answers); MQTT starts after it",
+                               where)
             await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not step.done():
                 step.cancel()
@@ -174,12 +212,13 @@ async def _prepare(writer: Writer, health: Health, metrics: Metrics, shutdown: S
             except PyMongoError as exc:
                 attempt += 1
                 delay = backoff(attempt, base=1.0)
-                logger.warning("cannot prepare MongoDB collections (%s); retrying in %.1fs",
-                               str(exc)[:200], delay)
+                logger.warning("cannot prepare MongoDB collections at %s (%s); retrying in %.1fs",
+                               where, mongo_reason(exc), delay)
                 await asyncio.wait({stop}, timeout=delay)
             else:
                 health.mongodb_ok = True
                 metrics.mongodb_up.set(1)
+                logger.info("MongoDB ready at %s", where)
                 return
     finally:
         stop.cancel()
@@ -193,9 +232,9 @@ async def _watch_mongodb(client: AsyncMongoClient[dict[str, Any]], health: Healt
             await asyncio.wait_for(client.admin.command("ping"), PING_INTERVAL)
         except (PyMongoError, TimeoutError) as exc:
             if health.mongodb_ok:
-                # TimeoutError has an empty message: name the type too.
-                logger.warning("MongoDB ping failed: %s: %s", type(exc).__name__,
-                               str(exc)[:200])
+                logger.warning("MongoDB ping failed: %s",
+                               f"no answer within {PING_INTERVAL:.0f} s"
+                               if isinstance(exc, TimeoutError) else mongo_reason(exc))
             health.mongodb_ok = False
         else:
             health.mongodb_ok = True

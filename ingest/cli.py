@@ -11,11 +11,13 @@ import logging
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from ingest import __version__
 from ingest.config import (
     DEFAULT_COLLECTION,
+    DEFAULT_METRICS_PORT,
     GRANULARITIES,
     MODES,
     Settings,
@@ -23,10 +25,12 @@ from ingest.config import (
     read_secret,
     validate,
 )
-from ingest.errors import ConfigError, SchemaError
+from ingest.errors import ConfigError, SchemaError, StartupError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
+
+    from ingest.local import LocalSettings
 
 ENV_PREFIX = "INGEST_"
 TRUE = {"1", "true", "yes", "on"}
@@ -113,8 +117,8 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     _flag(parser, env, "qos", "subscription QoS", 1, type=integer)
     _flag(parser, env, "metrics-host", "address of /metrics, /healthz, /readyz",
           "0.0.0.0")  # noqa: S104 - scraped from outside; bind to a private address if needed
-    _flag(parser, env, "metrics-port", "port of /metrics, /healthz, /readyz (0: any)", 9108,
-          type=integer)
+    _flag(parser, env, "metrics-port", "port of /metrics, /healthz, /readyz (0: any; default "
+          "9108 in bucket mode, 9109 in timeseries mode)", type=integer)
     _flag(parser, env, "batch-size", "close a batch at this many readings (or messages)", 2000,
           type=integer)
     _flag(parser, env, "flush-interval", "close a batch this many seconds after it opened", 1.0,
@@ -147,8 +151,16 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                              "[env INGEST_DRY_RUN]")
 
 
-class _DescribedDefaults(argparse.RawDescriptionHelpFormatter,
-                         argparse.ArgumentDefaultsHelpFormatter):
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Show a flag's default, unless it has none (its help then says what happens)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _DescribedDefaults(argparse.RawDescriptionHelpFormatter, DefaultsHelpFormatter):
     """Show defaults, keep the description's own line breaks."""
 
 
@@ -173,7 +185,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = _Parser(prog="ingest", description="MQTT to MongoDB time-series ingestion.")
     parser.add_argument("--version", action="version", version=f"ingest {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = DefaultsHelpFormatter
     run = commands.add_parser("run", help="consume MQTT and write to MongoDB",
                               formatter_class=fmt)
     _common_flags(run, env)
@@ -185,7 +197,69 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     init.add_argument("--shard", action="store_true", default=None,
                       help="also shard the collection (on a mongos; a no-op with a "
                            "warning elsewhere) [env INGEST_SHARD]")
+    local = commands.add_parser(
+        "local", help="try it on one machine: a local mosquitto, an embedded store (not "
+        "MongoDB) and both daemons", formatter_class=_DescribedDefaults,
+        description=LOCAL_HELP)
+    _local_flags(local, env)
     return parser
+
+
+DEFAULT_MQTT_PORT = 1883
+LOCAL_HELP = """\
+Start a mosquitto broker, an embedded MongoDB-compatible store and the daemon in both
+modes, print where to publish and how to look at the data, and stop them all on Ctrl-C.
+
+The embedded store is the mongoeco emulator on SQLite (pip install 'iot-ingest[local]'):
+it is NOT MongoDB and not for production. --mongodb-uri uses a real MongoDB instead, and
+--mqtt-url a broker you run.
+"""
+
+
+def _local_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    integer = _number(int, "this flag")
+    _flag(parser, env, "data-dir", "where the store and the broker keep their data",
+          "ingest-data")
+    _flag(parser, env, "mode", "which daemons to run", "both",
+          choices=["both", *MODES])
+    _flag(parser, env, "mqtt-url", "use this broker instead of starting mosquitto")
+    _flag(parser, env, "mqtt-port", "port of the started mosquitto, on 127.0.0.1 (default "
+          "1883; a broker already listening there is used instead)", type=integer)
+    _flag(parser, env, "mosquitto", "the mosquitto binary (default: found on PATH or in "
+          "/usr/sbin)")
+    _flag(parser, env, "mongodb-uri", "use this MongoDB instead of the embedded store")
+    _flag(parser, env, "store-port", "port of the embedded store (on 127.0.0.1)", 27017,
+          type=integer)
+    _flag(parser, env, "metrics-port", "bucket daemon's metrics port; timeseries uses the "
+          "next one (default 9108 and 9109)", type=integer)
+    _flag(parser, env, "db", "database name", "iot")
+    _flag(parser, env, "topic", "topic filter both daemons subscribe to", "sensors/#")
+    _flag(parser, env, "log-level", "logging level", "info",
+          choices=["debug", "info", "warning", "error"])
+
+
+def local_settings(args: argparse.Namespace) -> LocalSettings:
+    """Settings of ``ingest local``, checked with the daemon's own rules."""
+    from ingest.local import LocalSettings  # noqa: PLC0415 - only this command needs it
+
+    if args.mqtt_url is not None:
+        parse_mqtt_url(args.mqtt_url)
+    modes = MODES if args.mode == "both" else (args.mode,)
+    local = LocalSettings(
+        data_dir=Path(args.data_dir).resolve(), modes=modes, mqtt_url=args.mqtt_url,
+        mqtt_port=args.mqtt_port if args.mqtt_port is not None else DEFAULT_MQTT_PORT,
+        mqtt_port_given=args.mqtt_port is not None, mongodb_uri=args.mongodb_uri,
+        store_port=args.store_port,
+        metrics_port=args.metrics_port, db=args.db, topic=args.topic,
+        mosquitto=args.mosquitto, log_level=args.log_level)
+    for mode in modes:  # the flags the daemons will get, validated as theirs are
+        validate(Settings(mode=mode, mongodb_uri=local.mongodb_uri or "mongodb://127.0.0.1",  # type: ignore[arg-type]
+                          db=local.db, topics=(local.topic,),
+                          metrics_port=local.metrics_port_of(mode)))
+    for flag, port in (("--mqtt-port", local.mqtt_port), ("--store-port", local.store_port)):
+        if not 1 <= port <= 65535:
+            raise ConfigError(f"{flag}: must be between 1 and 65535")
+    return local
 
 
 def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
@@ -213,7 +287,9 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     return validate(Settings(
         **common, mqtt=mqtt, topics=tuple(topics), shared_group=args.shared_group,
         client_id=args.client_id or f"ingest-{args.mode}-{socket.gethostname()}",
-        qos=args.qos, metrics_host=args.metrics_host, metrics_port=args.metrics_port,
+        qos=args.qos, metrics_host=args.metrics_host,
+        metrics_port=(args.metrics_port if args.metrics_port is not None
+                      else DEFAULT_METRICS_PORT[args.mode]),
         batch_size=args.batch_size, flush_interval=args.flush_interval,
         write_concurrency=args.write_concurrency,
         max_buffered_readings=args.max_buffered_readings,
@@ -232,16 +308,31 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     try:
         args = build_parser(env).parse_args(argv)
-        settings = settings_from(args, env)
+        if args.command == "local":
+            local = local_settings(args)
+        else:
+            settings = settings_from(args, env)
     except ConfigError as exc:
         print(f"ingest: error: {exc}", file=sys.stderr)  # noqa: T201 - before logging exists
         return 2
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "local":
+        return _execute_local(local)
     logging.getLogger("ingest.mqtt").setLevel(max(logging.WARNING, logging.root.level))
     shard = getattr(args, "shard", None)
     return _execute(args.command, settings,
                     shard=shard if shard is not None else _env_bool(env, "SHARD"))
+
+
+def _execute_local(local: LocalSettings) -> int:
+    from ingest import local as local_run  # noqa: PLC0415 - keeps --help fast
+
+    try:
+        return local_run.main(local)
+    except StartupError as exc:
+        print(f"ingest local: error: {exc}", file=sys.stderr)  # noqa: T201
+        return 1
 
 
 def _execute(command: str, settings: Settings, shard: bool = False) -> int:
@@ -258,6 +349,9 @@ def _execute(command: str, settings: Settings, shard: bool = False) -> int:
     except ConfigError as exc:
         print(f"ingest: error: {exc}", file=sys.stderr)  # noqa: T201
         return 2
+    except StartupError as exc:
+        print(f"ingest: error: {exc}", file=sys.stderr)  # noqa: T201
+        return 1
     except SchemaError as exc:
         logger.error("%s", exc)  # noqa: TRY400 - a clear refusal, not a crash
         return 1

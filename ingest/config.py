@@ -22,6 +22,8 @@ MODES: tuple[str, ...] = get_args(Mode.__value__)
 GRANULARITIES: tuple[str, ...] = get_args(Granularity.__value__)
 DEFAULT_COLLECTION: dict[str, str] = {"bucket": "buckets", "timeseries": "readings"}
 DEFAULT_BUCKET_SPAN_SECONDS = 3600
+# Distinct per mode, so the two daemons can run side by side on one host.
+DEFAULT_METRICS_PORT: dict[str, int] = {"bucket": 9108, "timeseries": 9109}
 # MQTT 5 caps Receive Maximum at 65535 (a two-byte integer).
 MAX_RECEIVE_MAXIMUM = 65535
 MAX_TIMESERIES_SPAN = 31_536_000  # MongoDB's limit for bucketMaxSpanSeconds
@@ -105,6 +107,9 @@ class Settings:
 
 def parse_mqtt_url(url: str) -> MqttSettings:
     """Parse ``mqtt://[user[:pass]@]host[:port]`` or ``mqtts://...``."""
+    if "://" not in url:
+        raise ConfigError(f"--mqtt-url: {_redact_url(url)!r} has no scheme: use "
+                          "mqtt://host:port (or mqtts://host:port for TLS)")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -189,6 +194,7 @@ def validate(settings: Settings) -> Settings:
     _check_retention(settings)
     if not 0 <= settings.metrics_port <= 65535:
         raise ConfigError("--metrics-port: must be between 0 and 65535")
+    _check_tls(settings.mqtt)
     return settings
 
 
@@ -203,6 +209,41 @@ def _check_retention(settings: Settings) -> None:
     if settings.retention_days > most:
         raise ConfigError(f"--retention-days: at most {most:.0f} in {settings.mode} mode "
                           "(MongoDB's limit on expireAfterSeconds)")
+
+
+def _check_tls(mqtt: MqttSettings) -> None:
+    """Refuse TLS files that cannot be used, naming the flag, before anything starts."""
+    files = {"--mqtt-ca-file": mqtt.ca_file, "--mqtt-cert-file": mqtt.cert_file,
+             "--mqtt-key-file": mqtt.key_file}
+    given = [flag for flag, path in files.items() if path]
+    if given and not mqtt.tls:
+        raise ConfigError(f"{given[0]}: TLS files need an mqtts:// --mqtt-url")
+    if mqtt.key_file and not mqtt.cert_file:
+        raise ConfigError("--mqtt-key-file: give the certificate too (--mqtt-cert-file)")
+    for flag, path in files.items():
+        if path and not Path(path).is_file():
+            raise ConfigError(f"{flag}: {path} is not a readable file")
+    if not mqtt.tls:
+        return
+    try:
+        context = ssl.create_default_context(cafile=mqtt.ca_file)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--mqtt-ca-file: cannot load {mqtt.ca_file} ({_ssl_reason(exc)}); "
+                          "give a PEM CA bundle") from None
+    if mqtt.cert_file:
+        try:
+            # No interactive prompt for an encrypted key: the daemon has no passphrase.
+            context.load_cert_chain(mqtt.cert_file, mqtt.key_file, password=b"")
+        except (OSError, ValueError) as exc:
+            flags = "--mqtt-cert-file/--mqtt-key-file" if mqtt.key_file else "--mqtt-cert-file"
+            reason = ("not a PEM certificate, or the key does not match it"
+                      if isinstance(exc, ssl.SSLError) else _ssl_reason(exc))
+            raise ConfigError(f"{flags}: cannot load the client certificate ({reason}); "
+                              "give a PEM certificate and its matching key") from None
+
+
+def _ssl_reason(exc: Exception) -> str:
+    return str(getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc)
 
 
 def _check_positive(settings: Settings) -> None:

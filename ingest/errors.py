@@ -11,6 +11,13 @@ class ConfigError(IngestError):
     """Invalid settings; the message is one line naming the flag."""
 
 
+class StartupError(IngestError):
+    """The environment stops the daemon from starting (a port in use, a refusing broker).
+
+    The message is one line naming the address or flag and what to do.
+    """
+
+
 class SchemaError(IngestError):
     """The target collection exists with a shape we must not write into."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Self
 
@@ -18,6 +19,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ingest.decode import REASONS
+from ingest.errors import StartupError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -135,12 +137,15 @@ class Health:
     mongodb_ok: bool = False
     saturated: bool = False
     stopping: bool = False
+    # The broker is contacted once MongoDB is ready: until then MQTT is not "down".
+    mqtt_started: bool = False
 
     def problems(self) -> list[str]:
-        """Reasons the daemon is not ready (empty when ready)."""
+        """Reasons the daemon is not ready (empty when ready), the store first."""
+        mqtt = "mqtt disconnected" if self.mqtt_started else "mqtt not started (waits for mongodb)"
         checks = (
-            (not self.mqtt_connected, "mqtt disconnected"),
             (not self.mongodb_ok, "mongodb unreachable"),
+            (not self.mqtt_connected, mqtt),
             (self.saturated, "buffer saturated"),
             (self.stopping, "shutting down"),
         )
@@ -164,7 +169,14 @@ class MetricsServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        try:
+            self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise StartupError(
+                f"--metrics-port: cannot listen on {self._host}:{self._port} ({reason}): "
+                "another process uses it (the other mode's daemon?); choose a free "
+                "--metrics-port (0: any) or --metrics-host") from None
         logger.info("metrics and health on http://%s:%d/metrics", self._host, self.port)
         return self
 

@@ -1,4 +1,4 @@
-"""The natural queries for each storage mode, shared by the README, tests and benchmarks.
+"""The natural queries of each storage mode, shared by docs/documents.md, tests, benchmarks.
 
 Each function returns an aggregation pipeline for one collection. The bucket pipelines
 sum across all documents of a sensor-hour, since a full hour can span several documents

@@ -14,7 +14,6 @@ from pymongo.errors import OperationFailure
 from ingest.decode import SENSOR_ID_PATTERN
 from ingest.errors import SchemaError
 from ingest.mongo_errors import DUPLICATE_KEY
-from ingest.writers.bucket import BUCKET_INDEX, BUCKET_KEY, READINGS_INDEX, READINGS_KEY
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.database import AsyncDatabase
@@ -22,6 +21,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NAMESPACE_EXISTS = 48
+# The bucket collection's indexes; the writer names them in its hints.
+BUCKET_KEY = [("sensor_id", 1), ("bucket_start", 1)]
+BUCKET_INDEX = "sensor_id_1_bucket_start_1"
+# Unique across documents: no reading of a sensor is stored twice.
+READINGS_KEY = [("sensor_id", 1), ("readings.ts", 1)]
+READINGS_INDEX = "sensor_id_1_readings.ts_1"
 # Same key with other options (85), or same name with another spec or options (86).
 INDEX_CONFLICTS = frozenset({85, 86})
 BUCKET_TTL_INDEX = "bucket_start_ttl"

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiomqtt
+from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from ingest import paho_hooks
+from ingest.errors import StartupError
 from ingest.model import Inbound
 from ingest.retry import backoff
 
@@ -136,26 +138,59 @@ class MqttSource:
         self._release.set()
 
     async def run(self, sink: Callable[[Inbound], Awaitable[bool]]) -> None:
-        """Connect, consume into ``sink`` and reconnect until stopped."""
-        attempt = 0
+        """Connect, consume into ``sink`` and reconnect until stopped.
+
+        A first connection that no retry can fix (credentials, client id, authorisation,
+        a certificate that does not verify) stops the daemon with :class:`StartupError`; a
+        broker not reachable yet is waited for, and said so at once.
+        """
+        attempt, connected_once = 0, False
+        self._health.mqtt_started = True
+        address = f"{self._settings.mqtt.host}:{self._settings.mqtt.port}"
         while not self._stop.is_set():
             try:
                 client = self._new_client()
                 inbox, wake = self._receiver(client)
                 async with client:
-                    attempt = 0
+                    attempt, connected_once = 0, True
                     await self._connected(client)
                     await self._consume_until_stopped(client, inbox, wake, sink)
             except aiomqtt.MqttError as exc:
                 attempt += 1
                 delay = backoff(attempt, base=0.5)
-                logger.warning("MQTT connection to %s:%d lost (%s); retrying in %.1fs",
-                               self._settings.mqtt.host, self._settings.mqtt.port, exc, delay)
+                fatal = None if connected_once else self._fatal(exc, address)
+                if fatal is not None:
+                    raise fatal from None
+                if connected_once:
+                    logger.warning("MQTT connection to %s lost (%s); retrying in %.1fs",
+                                   address, exc, delay)
+                elif attempt == 1:
+                    logger.warning("cannot reach the MQTT broker at %s (%s): waiting for it, "
+                                   "retrying with backoff; check --mqtt-url if it does not "
+                                   "come up", address, exc)
+                else:
+                    logger.info("MQTT broker at %s still not reachable (%s); retrying in "
+                                "%.1fs", address, exc, delay)
                 self._metrics.mqtt_reconnects.inc()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), delay)
             finally:
                 self._disconnected()
+
+    def _fatal(self, exc: aiomqtt.MqttError, address: str) -> StartupError | None:
+        """A first connection failure no retry can fix, as one line; None otherwise."""
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+            ca = self._settings.mqtt.ca_file or "the system's CAs"
+            return StartupError(
+                f"--mqtt-ca-file: the broker at {address} presented a certificate that does "
+                f"not verify against {ca} ({exc}); give the CA that signed it, and the host "
+                "name the certificate names in --mqtt-url")
+        if _refused_for_good(exc):
+            return StartupError(
+                f"--mqtt-url: the broker at {address} refused the connection ({exc}); check "
+                "the user and password (--mqtt-url, --mqtt-password-file), the broker's ACL "
+                "and --client-id")
+        return None
 
     def _receiver(self, client: aiomqtt.Client) -> tuple[deque[Inbound], asyncio.Event]:
         """Route this connection's messages into a fresh inbox (see paho_hooks)."""
@@ -285,6 +320,18 @@ class MqttSource:
             entry.taken = True
         else:
             del self._unacked[message.mid]
+
+
+# CONNACK reason codes that no retry can fix: bad protocol, client id, credentials,
+# authorisation, banned, authentication method (MQTT 5; MQTT 3.1.1 uses 1, 2, 4, 5).
+_REFUSED_FOR_GOOD = frozenset({1, 2, 4, 5, 0x84, 0x85, 0x86, 0x87, 0x8A, 0x8C})
+
+
+def _refused_for_good(exc: aiomqtt.MqttError) -> bool:
+    if not isinstance(exc, MqttConnectError) or exc.rc is None:
+        return False
+    code = exc.rc if isinstance(exc.rc, int) else exc.rc.value
+    return code in _REFUSED_FOR_GOOD
 
 
 async def _until_disconnected(client: aiomqtt.Client) -> None:

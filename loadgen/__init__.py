@@ -1,1 +1,10 @@
-"""Sensor fleet simulator and bucket-vs-time-series benchmark (see the open issue)."""
+"""Sensor fleet simulator, delivery check and bucket-vs-time-series benchmark."""
+
+import sys
+
+# As in ``ingest``: one line on an older Python, not a SyntaxError.
+if sys.version_info < (3, 13):  # noqa: UP036 - the point is to run on older ones
+    raise SystemExit(
+        f"loadgen: error: iot-ingest needs Python 3.13 or newer; {sys.executable} is "
+        f"{sys.version_info[0]}.{sys.version_info[1]}: install Python 3.13 and reinstall "
+        "with it (python3.13 -m pip install ...)")

@@ -17,6 +17,7 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from loadgen import payloads
+from loadgen.config import BenchSettings, VerifySettings, parse_start
 from loadgen.daemons import (
     BenchError,
     SpawnedDaemon,
@@ -32,9 +33,8 @@ from loadgen.wire import Connection
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
-    from loadgen.config import PublishSettings, VerifySettings
+    from loadgen.config import PublishSettings
 
 # The bench's interface, including what its parts provide to the tests and bench_cli.
 __all__ = ["MODES", "BenchError", "BenchSettings", "Phase", "check_broker", "measure_after",
@@ -42,27 +42,6 @@ __all__ = ["MODES", "BenchError", "BenchSettings", "Phase", "check_broker", "mea
 MODES = ("bucket", "timeseries")
 
 
-@dataclass(frozen=True, slots=True)
-class BenchSettings:
-    """Everything ``loadgen bench`` needs besides the publish settings."""
-
-    mongodb_uri: str
-    db: str
-    out: Path
-    modes: tuple[str, ...]
-    collections: dict[str, str]
-    preset: str
-    start: str
-    use_running: bool = False
-    metrics_urls: dict[str, str] = field(default_factory=dict)
-    daemon_mqtt_url: str = ""
-    daemon_password_file: str | None = None
-    daemon_args: tuple[str, ...] = ()
-    bucket_span_seconds: int = 3600
-    query_runs: int = 5
-    latency_samples: int = 50
-    poll_interval: float = 0.1
-    wait_timeout: float = 120.0
 
 # --- one publish, measured for one or more modes --------------------------------------------
 
@@ -160,8 +139,6 @@ def check_broker(publish: PublishSettings) -> None:
 def run_bench(settings: BenchSettings, publish: PublishSettings, run_id: str,
               free_port: Callable[[], int], progress: Callable[[str], None]) -> dict[str, Any]:
     """Run every mode; return the report (see loadgen/report.py for its rendering)."""
-    from loadgen.config import VerifySettings  # noqa: PLC0415 - cheap, avoids a cycle
-
     check_broker(publish)
     client: MongoClient[dict[str, Any]] = MongoClient(settings.mongodb_uri, tz_aware=True,
                                                       serverSelectionTimeoutMS=5000)
@@ -203,7 +180,6 @@ def _spawned_mode(settings: BenchSettings, publish: PublishSettings, mode: str, 
     try:
         # A real-time workload starts now, not when the command line was read.
         if settings.start.startswith("now"):
-            from loadgen.config import parse_start  # noqa: PLC0415
 
             publish = replace(publish, start_ms=parse_start(settings.start, time.time()))
         phase = Phase([mode], {mode: daemon.url})

@@ -126,7 +126,7 @@ def notes(report: dict[str, Any], bench: BenchSettings) -> list[str]:
     out = [("bytes sent / reading is an estimate: the BSON size of the operations the "
            "daemon's writers build for this workload, batched as with the daemon's "
            "defaults (2,000 readings or 1 s); the daemon has no bytes-sent metric"),
-           (f"latency: {bench.latency_samples} readings sampled, MongoDB polled every "
+           (f"latency: {_sampled(report, bench)} sampled, MongoDB polled every "
            f"{bench.poll_interval * 1000:.0f} ms (resolution about one poll interval plus "
            "the query time); send time estimated from the publisher's schedule")]
     if report["server"]["emulator"]:
@@ -136,6 +136,19 @@ def notes(report: dict[str, Any], bench: BenchSettings) -> list[str]:
         out.append("--use-running: nothing was dropped; storage and the hourly query cover "
                    "the whole collections, other traffic counts in the metric deltas")
     return out
+
+
+def _sampled(report: dict[str, Any], bench: BenchSettings) -> str:
+    """How many readings the latency figures sampled (fewer than asked on a short run)."""
+    counts = {m["latency_ms"]["samples"] for m in report["modes"].values()
+              if m.get("latency_ms")}
+    if len(counts) != 1:
+        return f"up to {bench.latency_samples} readings"
+    count = counts.pop()
+    if count == bench.latency_samples:
+        return f"{count} readings"
+    return (f"{count} readings (of --latency-samples {bench.latency_samples}: the run has "
+            "fewer messages)")
 
 
 def write_outputs(report: dict[str, Any], out: Path, stem: str) -> list[Path]:
@@ -171,12 +184,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     def progress(text: str) -> None:
         print(f"loadgen bench: {text}", file=sys.stderr, flush=True)  # noqa: T201
 
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
     try:
         report = run_bench(bench, publish, run_id, free_port, progress)
     except (BenchError, PublishError, VerifyError) as exc:
         print(f"loadgen: {exc}", file=sys.stderr)  # noqa: T201
         return 2
-    report["started_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    report["started_at"] = started_at
+    report["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     report["workload"] = workload(args, publish)
     report["notes"] = notes(report, bench)
     paths = write_outputs(report, bench.out, f"bench-{run_id}")

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from ingest.cli import DefaultsHelpFormatter
 from loadgen import bench_cli, bucket_fill, payloads
 from loadgen.config import (
     ConfigError,
@@ -167,7 +168,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     """The ``loadgen`` parser with its ``publish``, ``verify`` and ``bench`` commands."""
     parser = _Parser(prog="loadgen", description="Sensor fleet simulator and checker.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = DefaultsHelpFormatter
     _publish_flags(commands.add_parser("publish", help="publish simulated readings",
                                        formatter_class=fmt), env)
     _verify_flags(commands.add_parser("verify", help="check a run's readings in MongoDB",
@@ -292,7 +293,8 @@ def _print_publish(summary: Summary, as_json: bool) -> None:
     end = (f"broker had all {data['elapsed_s']:.2f} s after the start"
            if data["broker_caught_up"] else "the broker did NOT confirm it had everything")
     print(f"published {data['readings']:,} readings in {data['messages']:,} messages "  # noqa: T201
-          f"(QoS {data['qos']}, {data['processes']} processes) in {data['sending_s']:.2f} s: "
+          f"(QoS {data['qos']}, {_plural(data['processes'], 'process')}) in "
+          f"{data['sending_s']:.2f} s: "
           f"{data['readings_per_s']:,.0f} readings/s{target}{acked}, "
           f"errors {data['errors']}, lost messages {data['lost_messages']:,}, "
           f"backlog {data['backlog_readings']:,}, "
@@ -373,3 +375,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _plural(count: int, noun: str) -> str:
+    """``1 process``, ``2 processes``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}es"

@@ -8,10 +8,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import unquote, urlsplit
 
 from ingest.config import read_secret
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 type VerifyMode = Literal["bucket", "timeseries", "both"]
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
@@ -180,3 +183,26 @@ def validate_verify(settings: VerifySettings) -> VerifySettings:
     if settings.sensors_per_query < 1:
         raise ConfigError("--sensors-per-query: must be at least 1")
     return settings
+
+
+@dataclass(frozen=True, slots=True)
+class BenchSettings:
+    """Everything ``loadgen bench`` needs besides the publish settings."""
+
+    mongodb_uri: str
+    db: str
+    out: Path
+    modes: tuple[str, ...]
+    collections: dict[str, str]
+    preset: str
+    start: str
+    use_running: bool = False
+    metrics_urls: dict[str, str] = field(default_factory=dict)
+    daemon_mqtt_url: str = ""
+    daemon_password_file: str | None = None
+    daemon_args: tuple[str, ...] = ()
+    bucket_span_seconds: int = 3600
+    query_runs: int = 5
+    latency_samples: int = 50
+    poll_interval: float = 0.1
+    wait_timeout: float = 120.0

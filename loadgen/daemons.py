@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.parser import text_string_to_metric_families
 
 if TYPE_CHECKING:
-    from loadgen.bench import BenchSettings
+    from loadgen.config import BenchSettings
 
 READY_TIMEOUT = 30.0
 

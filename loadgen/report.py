@@ -113,7 +113,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# loadgen bench {report.get('run_id', '')}",
         "",
-        f"- started: {report.get('started_at', 'n/a')}",
+        (f"- started: {report.get('started_at', 'n/a')}, finished: "
+         f"{report.get('finished_at', 'n/a')}"),
         f"- server: MongoDB {server.get('version', 'n/a')} ({server.get('label', 'n/a')})",
         (f"- workload: preset `{w.get('preset')}`, {_num(w.get('sensors'))} sensors, "
         f"{_num(w.get('count'))} readings, {w.get('per_message')} per message, "
@@ -163,7 +164,8 @@ def write_chart(report: dict[str, Any], path: Path) -> str | None:
         mpl.use("Agg")
         import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
     except ImportError:
-        return "matplotlib is not installed (pip install 'iot-ingest[bench]')"
+        return ("matplotlib is not installed (pip install 'iot-ingest[bench]'; from a clone: "
+                "pip install -e '.[bench]')")
     modes = report.get("modes") or {}
     names = list(modes)
     fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))

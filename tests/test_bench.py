@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from pymongo import MongoClient
 
-from loadgen.bench_cli import write_outputs
+from loadgen.bench_cli import notes, write_outputs
 from loadgen.cli import main
-from loadgen.config import ConfigError, parse_mqtt_url, redact
+from loadgen.config import BenchSettings, ConfigError, parse_mqtt_url, redact
 from loadgen.payloads import late_plan, message_plan
 from loadgen.report import SECTIONS, percentile, render_markdown
 from loadgen.wire import RefusedError, connect_packet
@@ -96,7 +96,21 @@ def test_without_matplotlib_the_chart_is_skipped_and_said_so(
     assert [p.name for p in paths] == ["bench-r.md", "bench-r.json"]
     assert report["chart"] is None
     assert "matplotlib is not installed" in report["chart_skipped"]
+    assert "pip install -e '.[bench]'" in report["chart_skipped"]  # works from a clone
     assert "chart skipped" in (tmp_path / "bench-r.md").read_text()
+
+
+def test_the_latency_note_counts_the_readings_actually_sampled(tmp_path: Path) -> None:
+    """A short run has fewer messages than --latency-samples: the note says how many."""
+    short = _mode(1000)
+    short["latency_ms"] = {**short["latency_ms"], "samples": 12, "seen": 12}
+    report = {"server": {"emulator": False}, "modes": {"bucket": short, "timeseries": short}}
+    bench = BenchSettings(mongodb_uri="mongodb://x", db="d", out=tmp_path,
+                          modes=("bucket", "timeseries"), collections={}, preset="p", start="s",
+                          latency_samples=50)
+    latency_note = next(n for n in notes(report, bench) if n.startswith("latency"))
+    assert latency_note.startswith("latency: 12 readings (of --latency-samples 50")
+    assert "50 readings sampled" not in latency_note
 
 
 # --- MQTT credentials --------------------------------------------------------------------------
@@ -227,6 +241,8 @@ def test_bench_compares_both_modes_end_to_end(
     assert SECRET not in result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert set(report["modes"]) == {"bucket", "timeseries"}
+    # ISO-8601 UTC strings compare in time order; the run takes seconds (two daemons).
+    assert report["started_at"] < report["finished_at"]
     rows: dict[str, int] = {}
     for mode, figures in report["modes"].items():
         assert all(section in figures for section in SECTIONS), mode

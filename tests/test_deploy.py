@@ -330,7 +330,7 @@ def test_mosquitto_config_requires_passwords_and_keeps_queues() -> None:
     assert options["persistence"] == "true"
     assert options["password_file"] == "/mosquitto/config/passwd"
     assert options["acl_file"] == "/mosquitto/config/acl"
-    # The default (1000) drops QoS 1 messages; 0 misbehaves under bursts (see README).
+    # The default (1000) drops QoS 1 messages; 0 misbehaves under bursts (docs/delivery.md).
     assert int(options["max_queued_messages"]) >= 100_000
 
 
@@ -411,7 +411,7 @@ async def test_the_daemon_as_deployed_reads_through_its_acl(
     a shared subscription: the sensor user's readings are stored and acknowledged.
 
     (mosquitto 2.0.11 grants a subscription outside the ACL and filters at delivery, so a
-    daemon given a wrong --topic sees no traffic rather than an error: see the README.)"""
+    daemon given a wrong --topic sees no traffic rather than an error: see docs/security.md.)"""
     secret = DEPLOY / "secrets" / "mqtt-ingest-password"
     daemon = Daemon(["--mqtt-url", f"mqtt://ingest@127.0.0.1:{deployed_broker}",
                      "--mqtt-password-file", str(secret), "--mongodb-uri", mongo_uri,
@@ -450,8 +450,8 @@ def test_mosquitto_compose_healthcheck_logs_in(compose: dict[str, Any],
 
 
 def test_documented_default_passwords_are_the_committed_ones() -> None:
-    """The README names the defaults; the password file and secrets must agree."""
-    section = (DEPLOY.parent / "README.md").read_text()
+    """The deployment docs name the defaults; the password file and secrets must agree."""
+    section = (DEPLOY.parent / "docs" / "deployment.md").read_text()
     for user in ("ingest", "sensor"):
         assert password(user) in section
     users = [line.split(":", 1)[0] for line in (MOSQUITTO_DIR / "passwd").read_text().split()]

@@ -423,7 +423,7 @@ async def test_stopped_mid_stream_then_restarted_loses_nothing(
     (same client id): verify finds nothing missing. SIGTERM writes and acks what it
     holds before exiting 0, so nothing is written twice in either mode; after SIGKILL
     bucket mode counts nothing twice, and time-series mode may store the readings of the
-    writes in flight twice (the number is printed; see the README's reliability section)."""
+    writes in flight twice (the number is printed; see docs/delivery.md)."""
     proc = daemon("--batch-size", "50")
     manifest = tmp_path / "run.json"
     count = 1200
@@ -516,3 +516,16 @@ def test_a_timed_run_writes_a_manifest_of_what_it_sent(broker: Broker, tmp_path:
     assert max(data["counts"]) - min(data["counts"]) <= 6
     assert summary["acked"] == summary["messages"]
     assert summary["errors"] == 0
+
+
+def test_the_publish_summary_line_counts_processes_in_words(
+        broker: Broker, topic_root: str, tmp_path: Path) -> None:
+    """``1 process``, not ``1 processes``: the line a user reads after a publish."""
+    for processes, words in ((1, "1 process)"), (2, "2 processes)")):
+        command = publish_command(broker, topic_root, tmp_path / f"m{processes}.json",
+                                  sensors=2, count=2, per_message=1, rate=0,
+                                  processes=processes)
+        result = subprocess.run(command[:-1], capture_output=True, text=True, cwd=ROOT,
+                                timeout=60, check=False)
+        assert result.returncode == 0, result.stderr
+        assert words in result.stdout

@@ -14,9 +14,9 @@ exporter needs a real MongoDB server to read ``top`` and ``collStats`` from, and
 run on these machines (the wire emulator does not implement those commands). Their metric
 names are those of Percona's mongodb_exporter with ``--collector.topmetrics`` and
 ``--collector.collstats``; check those panels on a machine with Docker (see
-README.md, "Deployment files"). Debian's ``prometheus-mongodb-exporter`` does not help: it is a
-2018 build with other metric names, and it too would have no server to read. No data is
-faked for them.
+docs/development.md, "Deployment files"). Debian's ``prometheus-mongodb-exporter`` does
+not help: it is a 2018 build with other metric names, and it too would have no server to
+read. No data is faked for them.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every test here is marked ``real_mongodb``: under the mongoeco emulator it is reported as
 skipped with the reason; CI runs it against MongoDB 7.0 and 8.0 (``.github/workflows/ci.yml``).
 What each test relies on is documented by MongoDB; the page is named in each docstring.
-tests/README.md ("Emulator gaps") lists where the emulator differs and which test here
+docs/development.md ("Emulator gaps") lists where the emulator differs and which test here
 covers it. Test data stays small and every test runs under a time limit.
 
 Timestamps are recent (this hour or the last few), never fixed dates: a time-series

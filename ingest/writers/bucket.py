@@ -36,6 +36,7 @@ from pymongo.errors import PyMongoError
 
 from ingest import mongo_errors
 from ingest.errors import WriteError
+from ingest.schema import BUCKET_INDEX, READINGS_INDEX
 from ingest.writers import Outcome, Plan, send
 
 if TYPE_CHECKING:
@@ -53,11 +54,6 @@ MAX_BUCKET_BYTES = 8 * 1024 * 1024
 # back to the pipeline's retry loop (only a writer racing on the very same readings
 # could make a round settle nothing).
 SETTLE_ROUNDS = 3
-BUCKET_KEY = [("sensor_id", 1), ("bucket_start", 1)]
-BUCKET_INDEX = "sensor_id_1_bucket_start_1"
-# Unique across documents: no reading of a sensor is stored twice.
-READINGS_KEY = [("sensor_id", 1), ("readings.ts", 1)]
-READINGS_INDEX = "sensor_id_1_readings.ts_1"
 SETTLE_CONCURRENCY = 16
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)

@@ -1,0 +1,288 @@
+"""``ingest local`` as a user runs it: one process, its banner, a publish, Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import queue
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from pymongo import MongoClient
+
+from tests.support.procs import ROOT, free_port, metrics_of
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from tests.support.procs import Broker
+
+
+def free_pair() -> int:
+    """A free port whose successor is free too (the timeseries daemon's metrics port)."""
+    while True:
+        port = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
+class Local:
+    """``python -m ingest local ...`` with its stdout read line by line."""
+
+    def __init__(self, tmp_path: Path, *argv: str, default_mqtt_port: int | None = None) -> None:
+        self.ports = {"mqtt": free_port(), "store": free_port(), "metrics": free_pair()}
+        while self.ports["metrics"] + 1 in self.ports.values():
+            self.ports["metrics"] = free_pair()
+        self.stderr = tmp_path / f"local-{time.monotonic_ns()}.err"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
+        args = ["local", "--data-dir", str(tmp_path / "data"),
+                "--store-port", str(self.ports["store"]),
+                "--metrics-port", str(self.ports["metrics"]), *argv]
+        if default_mqtt_port is None:
+            command = [sys.executable, "-m", "ingest", *args,
+                       "--mqtt-port", str(self.ports["mqtt"])]
+        else:  # as on a machine whose mosquitto service holds the default port
+            command = [sys.executable, "-c",
+                       (f"import sys, ingest.cli as c; c.DEFAULT_MQTT_PORT = {default_mqtt_port}; "
+                       f"sys.exit(c.main({args!r}))")]
+        with self.stderr.open("w") as err:
+            self.process = subprocess.Popen(
+                command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.out: list[str] = []
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line)
+
+    def banner(self, timeout: float = 90) -> str:
+        """Everything printed up to the last line of the banner."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                assert self.process.poll() is None, self.stderr.read_text()
+                continue
+            self.out.append(line)
+            if "/readyz" in line and sum("/readyz" in x for x in self.out) == 2:
+                return "".join(self.out)
+        raise AssertionError(f"no banner:\n{''.join(self.out)}\n{self.stderr.read_text()}")
+
+    def command(self, starts_with: str) -> list[str]:
+        line = next(x for x in self.out if x.strip().startswith(starts_with))
+        return shlex.split(line)
+
+    def children(self) -> list[int]:
+        """Process ids whose parent is ``ingest local``."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    stat = (entry / "stat").read_text()
+                except OSError:
+                    continue
+                if int(stat.rsplit(")", 1)[1].split()[1]) == self.process.pid:
+                    found.append(int(entry.name))
+        return found
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.reader.join(timeout=10)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[list[Local]]:
+    started: list[Local] = []
+    yield started
+    for proc in started:
+        proc.kill()
+
+
+def alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_for(check: Any, timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := check():
+            return result
+        time.sleep(0.2)
+    raise AssertionError("condition not met")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_one_command_runs_the_main_job_and_ctrl_c_stops_it(
+        tmp_path: Path, local: list[Local]) -> None:
+    first = Local(tmp_path)
+    local.append(first)
+    banner = first.banner()
+    assert "NOT MongoDB" in banner
+    publish = first.command("mosquitto_pub")
+    subprocess.run(publish, check=True, timeout=30)
+    uri = f"mongodb://127.0.0.1:{first.ports['store']}/?directConnection=true"
+    with MongoClient(uri) as client:
+        bucket = wait_for(lambda: client.iot.buckets.find_one({"sensor_id": "demo-1"}))
+        reading = wait_for(lambda: client.iot.readings.find_one({"meta.sensor_id": "demo-1"}))
+    assert bucket["readings"][0]["temp"] == 21.5
+    assert reading["temp"] == 21.5
+    # The banner's own commands work as printed.
+    shown = subprocess.run(first.command(sys.executable), capture_output=True, text=True,
+                           check=True, timeout=30)
+    assert "demo-1" in shown.stdout
+    for port, mode in ((first.ports["metrics"], "bucket"),
+                       (first.ports["metrics"] + 1, "timeseries")):
+        assert metrics_of(port)[f'ingest_readings_written_total{{mode="{mode}"}}'] == 1
+
+    # A second run on the same data dir is refused (two processes on one store file).
+    again = run_local(tmp_path, "--mqtt-port", str(free_port()), "--store-port",
+                      str(free_port()), "--metrics-port", str(free_port()))
+    assert "--data-dir" in last_line(again, 1)
+
+    children = first.children()
+    assert len(children) == 3  # mosquitto and two daemons
+    first.process.send_signal(signal.SIGINT)
+    assert first.process.wait(timeout=60) == 0
+    assert not [pid for pid in children if alive(pid)]
+    assert not [name for name, port in first.ports.items() if listening(port)]
+    assert "Traceback" not in first.stderr.read_text()
+
+    # The data dir keeps the data: a second start finds the reading.
+    second = Local(tmp_path)
+    local.append(second)
+    second.banner()
+    uri = f"mongodb://127.0.0.1:{second.ports['store']}/?directConnection=true"
+    with MongoClient(uri) as client:
+        assert client.iot.readings.count_documents({"meta.sensor_id": "demo-1"}) == 1
+    second.process.send_signal(signal.SIGTERM)
+    assert second.process.wait(timeout=60) == 0
+
+
+def test_the_same_flags_point_it_at_a_real_store_and_broker(
+        tmp_path: Path, local: list[Local], broker: Broker, mongo_uri: str,
+        db_name: str) -> None:
+    """--mongodb-uri and --mqtt-url: nothing embedded starts, the daemons use those."""
+    proc = Local(tmp_path, "--mode", "timeseries", "--mongodb-uri", mongo_uri,
+                 "--mqtt-url", broker.url, "--db", db_name, "--topic", f"{db_name}/#")
+    local.append(proc)
+    out = wait_banner_one_mode(proc)
+    assert "NOT MongoDB" not in out
+    assert not listening(proc.ports["store"])
+    assert not listening(proc.ports["mqtt"])
+    subprocess.run(proc.command("mosquitto_pub"), check=True, timeout=30)
+    with MongoClient(mongo_uri) as client:
+        wait_for(lambda: client[db_name].readings.find_one({"meta.sensor_id": "demo-1"}))
+        client.drop_database(db_name)
+    proc.process.send_signal(signal.SIGINT)
+    assert proc.process.wait(timeout=60) == 0
+
+
+def test_a_broker_already_on_the_default_port_is_used_and_left_running(
+        tmp_path: Path, local: list[Local], broker: Broker) -> None:
+    """A distribution's mosquitto service holds 1883: ingest local uses it, says so, and
+    leaves it running at Ctrl-C."""
+    proc = Local(tmp_path, "--mode", "bucket", default_mqtt_port=broker.port)
+    local.append(proc)
+    out = wait_banner_one_mode(proc)
+    assert f"mqtt://127.0.0.1:{broker.port}" in out
+    assert "already running" in out
+    assert "using it" in proc.stderr.read_text()
+    subprocess.run(proc.command("mosquitto_pub"), check=True, timeout=30)
+    uri = f"mongodb://127.0.0.1:{proc.ports['store']}/?directConnection=true"
+    with MongoClient(uri) as client:
+        wait_for(lambda: client.iot.buckets.find_one({"sensor_id": "demo-1"}))
+    proc.process.send_signal(signal.SIGINT)
+    assert proc.process.wait(timeout=60) == 0
+    assert listening(broker.port)
+
+
+def wait_banner_one_mode(proc: Local, timeout: float = 90) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = proc.lines.get(timeout=0.2)
+        except queue.Empty:
+            assert proc.process.poll() is None, proc.stderr.read_text()
+            continue
+        proc.out.append(line)
+        if "/readyz" in line:
+            return "".join(proc.out)
+    raise AssertionError("no banner")
+
+
+def run_local(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
+    return subprocess.run([sys.executable, "-m", "ingest", "local", "--data-dir",
+                           str(tmp_path / "data"), *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def last_line(result: subprocess.CompletedProcess[str], status: int) -> str:
+    assert result.returncode == status, result.stderr
+    assert "Traceback" not in result.stderr
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_without_mosquitto_it_says_how_to_install_it(tmp_path: Path) -> None:
+    line = last_line(run_local(tmp_path, "--mosquitto", str(tmp_path / "no-mosquitto"),
+                               "--mqtt-port", str(free_port()),
+                               "--store-port", str(free_port())), 1)
+    assert line.startswith("ingest local: error: --mosquitto")
+    assert "apt-get install mosquitto" in line
+
+
+def test_a_taken_store_port_names_the_flag(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        line = last_line(run_local(tmp_path, "--store-port", str(port),
+                                   "--mqtt-port", str(free_port())), 1)
+    assert "--store-port" in line
+    assert "--mongodb-uri" in line
+
+
+def test_a_bad_broker_url_is_a_configuration_error(tmp_path: Path) -> None:
+    line = last_line(run_local(tmp_path, "--mqtt-url", "127.0.0.1:1883"), 2)
+    assert "mqtt://host:port" in line
+
+
+def test_without_the_local_extra_it_says_what_to_install(tmp_path: Path) -> None:
+    """As on a machine where mongoeco is not installed (an import that fails)."""
+    code = ("import sys; sys.modules['mongoeco'] = None; from ingest.cli import main; "
+            f"sys.exit(main(['local', '--data-dir', {str(tmp_path)!r}, "
+            f"'--mqtt-port', '{free_port()}', '--metrics-port', '{free_port()}'], {{}}))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, check=False)
+    line = last_line(result, 1)
+    assert "pip install 'iot-ingest[local]'" in line
+    assert "pip install -e '.[local]'" in line
+    assert "--mongodb-uri" in line
