@@ -55,3 +55,4 @@ class Inbound:
     qos: int
     generation: int
     received_at: float
+    dup: bool = False

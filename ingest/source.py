@@ -4,6 +4,17 @@ The session is persistent (MQTT 5, Clean Start off, a session expiry) under a st
 id, so messages published while the daemon is away wait at the broker. Every QoS 1/2
 message is acknowledged only after its write (paho's manual ack), and the broker sends
 at most Receive Maximum unacknowledged messages: that is the backpressure.
+
+A PUBACK cannot be confirmed: one queued just before the connection dies may never reach
+the broker, which then resends the message with DUP on the resumed session. So a written
+and acknowledged message is remembered (topic, payload size and hash) until the broker has
+certainly received its PUBACK, and a DUP redelivery that matches is acknowledged again
+instead of being written again. "Certainly received" is proved by one of: the broker
+reusing the packet id for a new message; Receive Maximum more messages arriving on the
+same connection after the PUBACK (PUBACKs go out in order and the broker keeps at most
+Receive Maximum messages unacknowledged, so it cannot have sent them without reading it);
+a new message (not DUP) on a later connection of the session (the broker resends its
+unacknowledged messages first, in order); or a new session.
 """
 
 from __future__ import annotations
@@ -45,6 +56,17 @@ class _Unacked:
     written: bool = False
 
 
+@dataclass(slots=True)
+class _Acked:
+    """A message whose PUBACK is queued or sent but perhaps not received by the broker."""
+
+    topic: str
+    size: int
+    digest: int  # hash() of the payload
+    generation: int  # the connection its PUBACK was queued on
+    seq: int  # QoS 1 messages received on that connection when the PUBACK was queued
+
+
 class MqttSource:
     """Consumes the configured topics and acknowledges messages on request."""
 
@@ -58,6 +80,14 @@ class MqttSource:
         self._generation = 0
         # QoS 1 messages taken from the broker and not yet acknowledged, by packet id.
         self._unacked: dict[int, _Unacked] = {}
+        # Acknowledged messages whose PUBACK may not have reached the broker, by packet id,
+        # in the order acknowledged (see the module docstring).
+        self._acked: dict[int, _Acked] = {}
+        self._received = 0  # QoS 1 messages received on connection _received_on
+        self._received_on = 0
+        self._reacks: list[Inbound] = []  # DUPs to acknowledge again once connected
+        paho_hooks.check_compatible(aiomqtt.Client(settings.mqtt.host,
+                                                   protocol=aiomqtt.ProtocolVersion.V5))
         self._stop = asyncio.Event()
         self._release = asyncio.Event()
 
@@ -93,9 +123,68 @@ class MqttSource:
                 done += 1  # nothing to acknowledge: done with
             elif self._ackable(message):
                 mids.append(message.mid)
+                self._remember(message)
         if mids and self._client is not None:
             paho_hooks.ack_many(self._client, mids)
         return done + len(mids)
+
+    def _remember(self, message: Inbound) -> None:
+        """Keep what identifies a message whose PUBACK is being queued on this connection."""
+        acked = self._acked
+        acked.pop(message.mid, None)  # re-inserted at the end: the order is the ack order
+        seq = self._received if self._received_on == self._generation else 0
+        acked[message.mid] = _Acked(message.topic, len(message.payload), hash(message.payload),
+                                    self._generation, seq)
+        while len(acked) > 2 * self._settings.max_inflight_messages:
+            del acked[next(iter(acked))]  # a hard bound; the proofs normally come first
+
+    def _forget_acked(self, generation: int, fresh: bool) -> None:
+        """Forget PUBACKs the broker has certainly received.
+
+        Called when one more QoS 1 message arrived on connection ``generation``
+        (``fresh``: without DUP).
+        """
+        acked, window = self._acked, self._settings.max_inflight_messages
+        while acked:
+            mid = next(iter(acked))
+            entry = acked[mid]
+            if entry.generation < generation and fresh:
+                del acked[mid]  # its DUP would have come before this new message
+            elif entry.generation == generation and entry.seq + window <= self._received:
+                del acked[mid]  # the broker sent Receive Maximum more after reading it
+            else:
+                return
+
+    def _arrived(self, message: Inbound, client: aiomqtt.Client) -> bool:
+        """Account for a QoS 1 message; True if it is new to the pipeline."""
+        generation, mid = message.generation, message.mid
+        if self._received_on != generation:
+            self._received_on, self._received = generation, 0
+        self._received += 1
+        if not message.dup:
+            self._acked.pop(mid, None)  # the id is reused: its PUBACK arrived
+        self._forget_acked(generation, fresh=not message.dup)
+        if message.dup and (self._redelivered(message) or self._reacked(message, client)):
+            return False
+        self._unacked[mid] = _Unacked(message, generation)
+        return True
+
+    def _reacked(self, message: Inbound, client: aiomqtt.Client) -> bool:
+        """Acknowledge again a DUP of a message already written and acknowledged."""
+        entry = self._acked.get(message.mid)
+        if (entry is None or entry.topic != message.topic
+                or entry.size != len(message.payload) or entry.digest != hash(message.payload)):
+            return False
+        self._metrics.redeliveries_reacked.inc()
+        if self._client is client:
+            self._reack(client, message)
+        else:
+            self._reacks.append(message)  # before _connected(): acknowledged there
+        return True
+
+    def _reack(self, client: aiomqtt.Client, message: Inbound) -> None:
+        paho_hooks.ack(client, message.mid, message.qos)
+        self._remember(message)
 
     def _ackable(self, message: Inbound) -> bool:
         """Forget a written QoS 1 message if the current connection may ack it now."""
@@ -124,6 +213,7 @@ class MqttSource:
         """Acknowledge an adopted redelivery whose original write has finished."""
         entry = self._unacked.pop(mid)
         paho_hooks.ack(client, mid, entry.message.qos)
+        self._remember(entry.message)
         self._metrics.messages_acked.inc()
 
     def stop_consuming(self) -> None:
@@ -170,15 +260,13 @@ class MqttSource:
             # QoS 1/2 messages are bounded by Receive Maximum at the broker; QoS 0 has no
             # flow control, so past the same bound it is dropped, as QoS 0 allows, and
             # counted.
-            message = Inbound(topic, payload, mid, qos, generation, time.time())
+            message = Inbound(topic, payload, mid, qos, generation, time.time(), dup)
             if qos == 0:
                 if len(inbox) >= limit:
                     dropped.inc()
                     return
-            elif dup and self._redelivered(message):
+            elif not self._arrived(message, client):
                 return
-            else:
-                self._unacked[mid] = _Unacked(message, generation)
             inbox.append(message)
             wake.set()
 
@@ -188,6 +276,7 @@ class MqttSource:
             if not present:
                 for mid in [m for m, e in self._unacked.items() if e.owner < generation]:
                     del self._unacked[mid]
+                self._acked.clear()  # a new session: nothing will be resent
 
         def on_lost() -> None:
             if self._client is client:
@@ -204,6 +293,10 @@ class MqttSource:
         for mid, entry in list(self._unacked.items()):
             if entry.owner == self._generation and entry.written:
                 self._ack_adopted(client, mid)
+        reacks, self._reacks = self._reacks, []
+        for message in reacks:
+            if message.generation == self._generation:
+                self._reack(client, message)
         wanted = self._settings.qos
         # Retained messages only when the subscription is new, not again on every
         # reconnect of the persistent session (they would be stored again each time).
