@@ -1,0 +1,98 @@
+"""MQTT faults around acknowledgement, through a real mosquitto, a TCP proxy and the daemon.
+
+Each test names the row of docs/fault-model.md it covers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from tests.support.mongo import failpoint, stored, stored_values
+from tests.support.procs import eventually
+from tests.support.proxy import Proxy
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from tests.support.procs import Broker, Daemon
+
+NOW = time.time()
+WRITE_COMMAND = {"bucket": "update", "timeseries": "insert"}
+
+
+def messages(topic_root: str, count: int, start: int = 0) -> list[tuple[str, bytes]]:
+    return [(f"{topic_root}/s{i % 3}/readings",
+             orjson.dumps({"ts": NOW - 600 + i, "seq": i, "temp": 20 + i / 10}))
+            for i in range(start, start + count)]
+
+
+@contextlib.contextmanager
+def proxied(broker: Broker) -> Iterator[Proxy]:
+    proxy = Proxy("127.0.0.1", broker.port).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+async def test_pubacks_lost_with_a_dying_connection_are_sent_again_not_written_again(
+        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
+        mongo: Any, publish: Any) -> None:
+    """Fault model: "PUBACK queued or on the wire, connection dies". The messages are
+    written and their PUBACKs queued while a partition holds them; the connection then
+    drops with them. The broker resends all 20 with DUP on the resumed session: each is
+    acknowledged again, none is processed or written again (before, time-series mode
+    stored 40 readings and bucket mode wrote 20 again)."""
+    with proxied(broker) as proxy:
+        proc = daemon(broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        async with failpoint(mongo, [WRITE_COMMAND[mode]]):  # hold the writes...
+            await publish(messages(topic_root, 20))
+            await eventually(lambda: proc.metric("ingest_messages_received_total") == 20)
+            proxy.cut()  # ...until the PUBACKs can no longer reach the broker
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 20)
+        proxy.drop()  # the held PUBACKs never arrive
+        proxy.heal()
+        await eventually(lambda: proc.metric("ingest_redeliveries_reacked_total") == 20)
+        await eventually(lambda: proc.metric("ingest_mqtt_connected") == 1)
+    assert proc.metric("ingest_messages_received_total") == 20
+    assert proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 20
+    assert proc.metric(f'ingest_duplicate_readings_total{{mode="{mode}"}}') == 0
+    assert await stored_values(db, mode, "seq") == list(range(20))
+    assert await stored(db, mode) == 20
+    # The second PUBACKs reached the broker: a new connection gets nothing again.
+    proc.stop()
+    again = daemon()
+    await publish(messages(topic_root, 1, start=100))
+    await eventually(lambda: again.metric("ingest_messages_acked_total") == 1)
+    assert again.metric("ingest_messages_received_total") == 1
+    assert await stored(db, mode) == 21
+
+
+async def test_a_refused_reconnect_keeps_the_session_and_its_messages(
+        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
+        mongo: Any, publish: Any) -> None:
+    """Fault model: "CONNACK refused (not authorised, server unavailable/busy)". The
+    connection drops while writes are in flight and the next two CONNECTs are refused:
+    the broker still holds the session, so the accepted reconnect resumes it and the DUP
+    redeliveries are adopted by the writes in flight (before, the refusal was taken for a
+    lost session: the messages were processed again and the first writes never acked)."""
+    with proxied(broker) as proxy:
+        proc = daemon(broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+            await publish(messages(topic_root, 10))
+            await eventually(lambda: proc.metric("ingest_messages_received_total") == 10)
+            await eventually(lambda: proc.metric(
+                f'ingest_write_errors_total{{kind="transient",mode="{mode}"}}') >= 1)
+            proxy.refuse(2, code=0x87)  # not authorised, as during a password rotation
+            proxy.drop()
+            await eventually(lambda: proxy.refused == 2)
+            await eventually(lambda: proc.metric("ingest_redeliveries_adopted_total") == 10)
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 10)
+    assert proc.metric("ingest_messages_received_total") == 10
+    assert proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 10
+    assert await stored_values(db, mode, "seq") == list(range(10))
+    assert proc.metric("ingest_mqtt_reconnects_total") >= 3
