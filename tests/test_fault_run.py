@@ -183,7 +183,7 @@ async def test_random_faults_lose_nothing_and_duplicate_only_what_a_kill_explain
         except AssertionError:
             pytest.fail(f"seed {seed}: not caught up; faults {dict(run.done)}; {last}\n"
                         f"{proc.logs()[-4000:]}")
-        run._scrape()  # noqa: SLF001
+        run._scrape()
     finally:
         publisher.kill()
         proxy.stop()
