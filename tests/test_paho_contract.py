@@ -283,3 +283,28 @@ async def test_large_messages_through_mosquitto_arrive_without_waiting_for_more(
         for size in (6_553_000, 6_553_600, 6_600_000, 1_638_400):
             await publisher.publish(topic, b"p" * size, qos=1)
             assert await asyncio.wait_for(got.get(), 10) == size
+
+
+async def test_a_partition_is_noticed_by_the_keepalive_through_the_hooks(
+        broker: Broker) -> None:
+    """PINGREQ/PINGRESP go through the replaced reader: with keepalive 1 s, a partition
+    (nothing closed, nothing answered) ends the connection within paho's 1.5 keepalives,
+    and on_lost is told; an idle healthy connection stays up."""
+    proxy = Proxy("127.0.0.1", broker.port).start()
+    lost = asyncio.Event()
+    try:
+        client = aiomqtt.Client("127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5,
+                                keepalive=1)
+        paho_hooks.install(client, lambda *_: None, lambda _: None, lost.set)
+        async with client:
+            await asyncio.sleep(3)  # three keepalives answered: still connected
+            assert not lost.is_set()
+            proxy.cut()
+            await asyncio.wait_for(lost.wait(), 10)
+            with pytest.raises(aiomqtt.MqttError, match="Keep alive timeout"):
+                await client._disconnected
+    except aiomqtt.MqttError:
+        pass  # the disconnect surfaces when the context exits
+    finally:
+        proxy.stop()
+    assert lost.is_set()
