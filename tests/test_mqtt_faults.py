@@ -17,13 +17,14 @@ from ingest.metrics import Health, Metrics
 from ingest.model import Inbound
 from ingest.source import MqttSource
 from tests.support.mongo import failpoint, stored, stored_values
-from tests.support.procs import eventually
+from tests.support.procs import Broker, eventually
 from tests.support.proxy import Proxy
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+    from pathlib import Path
 
-    from tests.support.procs import Broker, Daemon
+    from tests.support.procs import Daemon
 
 NOW = time.time()
 WRITE_COMMAND = {"bucket": "update", "timeseries": "insert"}
@@ -142,3 +143,36 @@ async def test_remembered_pubacks_are_forgotten_once_the_broker_has_certainly_re
     assert arrive(1000, b"fresh", generation=2)
     assert not before & set(source._acked)
     assert len(source._acked) <= 2 * window
+
+
+async def test_a_lost_session_forgets_the_messages_in_flight_and_goes_on(
+        daemon: Callable[..., Daemon], tmp_path: Path, topic_root: str, db: Any,
+        mongo: Any) -> None:
+    """Fault model: "CONNACK accepted, session present 0". A broker without persistence
+    restarts while writes are held: the session and its unacknowledged messages are gone
+    at the broker, so nothing is redelivered. The writes still finish (at least once),
+    nothing waits for an ack that cannot come, and new messages flow as before."""
+    directory = tmp_path / "volatile"
+    directory.mkdir()
+    volatile = Broker(directory)
+    volatile.start()
+    try:
+        proc = daemon(broker_url=volatile.url)
+        async with failpoint(mongo, ["update"]):
+            async with aiomqtt.Client("127.0.0.1", volatile.port) as client:
+                for topic, payload in messages(topic_root, 5):
+                    await client.publish(topic, payload, qos=1)
+            await eventually(lambda: proc.metric("ingest_messages_received_total") == 5)
+            volatile.restart()
+            await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 1
+                             and proc.metric("ingest_mqtt_connected") == 1)
+        await eventually(lambda: proc.metric('ingest_readings_written_total{mode="bucket"}')
+                         == 5)
+        async with aiomqtt.Client("127.0.0.1", volatile.port) as client:
+            for topic, payload in messages(topic_root, 3, start=5):
+                await client.publish(topic, payload, qos=1)
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 3)
+        assert proc.metric("ingest_redeliveries_adopted_total") == 0
+        assert await stored_values(db, "bucket", "seq") == list(range(8))
+    finally:
+        volatile.stop()
