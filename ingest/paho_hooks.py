@@ -19,9 +19,10 @@ aiomqtt gives us connection handling, reconnects and subscribe; two things it la
   identifiers. QoS 2 keeps paho's own handler (it tracks PUBREC/PUBREL state) and
   reaches the same callback through ``on_message``.
 
-Every private name used here is listed in :data:`REQUIRED` and checked at start-up by
-:func:`check_compatible`, which refuses to run on other shapes (tests/test_paho_contract.py
-holds the behaviour behind each). pyproject.toml pins paho-mqtt and aiomqtt to the minor
+Every paho and aiomqtt internal used here (the methods in :data:`REQUIRED`, the callback
+properties, ``_in_packet``, ``_sock``, aiomqtt's ``_client`` and callbacks) is checked at
+start-up by :func:`check_compatible`, which refuses to run on other shapes
+(tests/test_paho_contract.py holds the behaviour behind each). pyproject.toml pins paho-mqtt and aiomqtt to the minor
 versions those tests cover.
 """
 

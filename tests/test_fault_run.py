@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.fault
 
-SECONDS = float(os.environ.get("INGEST_FAULT_SECONDS", "18"))
+SECONDS = float(os.environ.get("INGEST_FAULT_SECONDS", "10"))
 FAULTS = ["partition", "drop", "refuse", "kill", "term", "writes", "broker"]
 KINDS = os.environ.get("INGEST_FAULT_KINDS", ",".join(FAULTS)).split(",")
 RECEIVE_MAXIMUM = 40
