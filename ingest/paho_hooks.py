@@ -22,8 +22,8 @@ aiomqtt gives us connection handling, reconnects and subscribe; two things it la
 Every paho and aiomqtt internal used here (the methods in :data:`REQUIRED`, the callback
 properties, ``_in_packet``, ``_sock``, aiomqtt's ``_client`` and callbacks) is checked at
 start-up by :func:`check_compatible`, which refuses to run on other shapes
-(tests/test_paho_contract.py holds the behaviour behind each). pyproject.toml pins paho-mqtt and aiomqtt to the minor
-versions those tests cover.
+(tests/test_paho_contract.py holds the behaviour behind each). pyproject.toml pins
+paho-mqtt and aiomqtt to the minor versions those tests cover.
 """
 
 from __future__ import annotations
