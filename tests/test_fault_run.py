@@ -3,8 +3,8 @@ MQTT side at random moments; the end state is checked with ``loadgen verify``.
 
 Faults (docs/fault-model.md): a partition that heals, a partition that ends with the
 connection dropped (PUBACKs held in it are lost), refused reconnects (CONNACK 0x87, 0x88,
-0x89), SIGKILL and SIGTERM of the daemon with a restart, MongoDB refusing writes for a
-while, and, once the publisher is done, broker restarts (with persistence). The daemon
+0x89), SIGKILL and SIGTERM of the daemon with a restart, MongoDB refusing or delaying
+writes for a while, and, once the publisher is done, broker restarts (with persistence). The daemon
 reaches the broker through a TCP proxy; loadgen publishes to the broker directly.
 
 The end state: nothing missing or wrong in either mode; bucket mode exact; time-series
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.fault
 
 SECONDS = float(os.environ.get("INGEST_FAULT_SECONDS", "10"))
-FAULTS = ["partition", "drop", "refuse", "kill", "term", "writes", "broker"]
+FAULTS = ["partition", "drop", "refuse", "kill", "term", "writes", "slow", "broker"]
 KINDS = os.environ.get("INGEST_FAULT_KINDS", ",".join(FAULTS)).split(",")
 RECEIVE_MAXIMUM = 40
 PER_MESSAGE = 2
@@ -110,6 +110,20 @@ class FaultRun:
     async def _writes(self) -> None:
         async with failpoint(self.mongo, [WRITE_COMMAND[self.mode]]):
             self.pause()
+
+    async def _slow(self) -> None:
+        """Every write waits (blockTimeMS) before it runs, for a while (the emulator
+        then refuses it as not primary, a real server runs it)."""
+        command = {"configureFailPoint": "failCommand", "mode": "alwaysOn",
+                   "data": {"failCommands": [WRITE_COMMAND[self.mode]],
+                            "blockConnection": True,
+                            "blockTimeMS": self.rng.randint(100, 1500)}}
+        await self.mongo.admin.command(command)
+        try:
+            self.pause()
+        finally:
+            await self.mongo.admin.command({"configureFailPoint": "failCommand",
+                                            "mode": "off"})
 
     async def _broker(self) -> None:
         self.broker.restart()
