@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,15 +56,15 @@ class _Unacked:
     written: bool = False
 
 
-@dataclass(slots=True)
-class _Acked:
-    """A message whose PUBACK is queued or sent but perhaps not received by the broker."""
+# A message whose PUBACK is queued or sent but perhaps not received by the broker: the
+# connection its PUBACK was queued on, the QoS 1 messages received on that connection
+# by then, and (topic, payload size, payload hash) to recognise its DUP. A plain tuple:
+# one is built per acknowledged message.
+type _Acked = tuple[int, int, tuple[str, int, int]]
 
-    topic: str
-    size: int
-    digest: int  # hash() of the payload
-    generation: int  # the connection its PUBACK was queued on
-    seq: int  # QoS 1 messages received on that connection when the PUBACK was queued
+
+def _identity(message: Inbound) -> tuple[str, int, int]:
+    return message.topic, len(message.payload), hash(message.payload)
 
 
 class MqttSource:
@@ -82,9 +82,12 @@ class MqttSource:
         self._unacked: dict[int, _Unacked] = {}
         # Acknowledged messages whose PUBACK may not have reached the broker, by packet id,
         # in the order acknowledged (see the module docstring).
-        self._acked: dict[int, _Acked] = {}
+        # (An OrderedDict: a plain dict's first key is found by scanning the slots that
+        # the removals from the front leave behind.)
+        self._acked: OrderedDict[int, _Acked] = OrderedDict()
         self._received = 0  # QoS 1 messages received on connection _received_on
         self._received_on = 0
+        self._fresh_on = 0  # the last connection a new (not DUP) QoS 1 message came on
         self._reacks: list[Inbound] = []  # DUPs to acknowledge again once connected
         paho_hooks.check_compatible(aiomqtt.Client(settings.mqtt.host,
                                                    protocol=aiomqtt.ProtocolVersion.V5))
@@ -117,41 +120,41 @@ class MqttSource:
         Until that redelivery arrives the ack waits (``written``). The PUBACKs of one
         call go out in one write.
         """
-        done, mids = 0, []
+        done, now = 0, []
         for message in messages:
             if message.qos == 0:
                 done += 1  # nothing to acknowledge: done with
             elif self._ackable(message):
-                mids.append(message.mid)
-                self._remember(message)
-        if mids and self._client is not None:
-            paho_hooks.ack_many(self._client, mids)
-        return done + len(mids)
+                now.append(message)
+        if now and self._client is not None:
+            paho_hooks.ack_many(self._client, [message.mid for message in now])
+            self._remember(now)
+        return done + len(now)
 
-    def _remember(self, message: Inbound) -> None:
-        """Keep what identifies a message whose PUBACK is being queued on this connection."""
-        acked = self._acked
-        acked.pop(message.mid, None)  # re-inserted at the end: the order is the ack order
-        seq = self._received if self._received_on == self._generation else 0
-        acked[message.mid] = _Acked(message.topic, len(message.payload), hash(message.payload),
-                                    self._generation, seq)
+    def _remember(self, messages: list[Inbound]) -> None:
+        """Keep what identifies the QoS 1 messages whose PUBACKs were just queued."""
+        acked, generation = self._acked, self._generation
+        seq = self._received if self._received_on == generation else 0
+        for message in messages:
+            acked[message.mid] = (generation, seq, _identity(message))
+            acked.move_to_end(message.mid)  # the order is the order of the PUBACKs
+        self._forget_acked()
         while len(acked) > 2 * self._settings.max_inflight_messages:
-            del acked[next(iter(acked))]  # a hard bound; the proofs normally come first
+            acked.popitem(last=False)  # a hard bound; the proofs normally come first
 
-    def _forget_acked(self, generation: int, fresh: bool) -> None:
-        """Forget PUBACKs the broker has certainly received.
+    def _forget_acked(self) -> None:
+        """Forget the PUBACKs the broker has certainly received (oldest first).
 
-        Called when one more QoS 1 message arrived on connection ``generation``
-        (``fresh``: without DUP).
+        Done per batch of PUBACKs rather than per message received: remembering one a
+        little longer costs a few bytes, not correctness.
         """
         acked, window = self._acked, self._settings.max_inflight_messages
         while acked:
-            mid = next(iter(acked))
-            entry = acked[mid]
-            if entry.generation < generation and fresh:
-                del acked[mid]  # its DUP would have come before this new message
-            elif entry.generation == generation and entry.seq + window <= self._received:
-                del acked[mid]  # the broker sent Receive Maximum more after reading it
+            acked_on, seq, _ = acked[next(iter(acked))]
+            if acked_on < self._fresh_on:
+                acked.popitem(last=False)  # its DUP would have come before a new message
+            elif acked_on == self._received_on and seq + window <= self._received:
+                acked.popitem(last=False)  # the broker sent Receive Maximum more after it
             else:
                 return
 
@@ -163,8 +166,8 @@ class MqttSource:
         self._received += 1
         if not message.dup:
             self._acked.pop(mid, None)  # the id is reused: its PUBACK arrived
-        self._forget_acked(generation, fresh=not message.dup)
-        if message.dup and (self._redelivered(message) or self._reacked(message, client)):
+            self._fresh_on = generation
+        elif self._redelivered(message) or self._reacked(message, client):
             return False
         self._unacked[mid] = _Unacked(message, generation)
         return True
@@ -172,8 +175,7 @@ class MqttSource:
     def _reacked(self, message: Inbound, client: aiomqtt.Client) -> bool:
         """Acknowledge again a DUP of a message already written and acknowledged."""
         entry = self._acked.get(message.mid)
-        if (entry is None or entry.topic != message.topic
-                or entry.size != len(message.payload) or entry.digest != hash(message.payload)):
+        if entry is None or entry[2] != _identity(message):
             return False
         self._metrics.redeliveries_reacked.inc()
         if self._client is client:
@@ -184,7 +186,7 @@ class MqttSource:
 
     def _reack(self, client: aiomqtt.Client, message: Inbound) -> None:
         paho_hooks.ack(client, message.mid, message.qos)
-        self._remember(message)
+        self._remember([message])
 
     def _ackable(self, message: Inbound) -> bool:
         """Forget a written QoS 1 message if the current connection may ack it now."""
@@ -213,7 +215,7 @@ class MqttSource:
         """Acknowledge an adopted redelivery whose original write has finished."""
         entry = self._unacked.pop(mid)
         paho_hooks.ack(client, mid, entry.message.qos)
-        self._remember(entry.message)
+        self._remember([entry.message])
         self._metrics.messages_acked.inc()
 
     def stop_consuming(self) -> None:

@@ -136,7 +136,7 @@ async def test_remembered_pubacks_are_forgotten_once_the_broker_has_certainly_re
     assert source._metrics.redeliveries_reacked._value.get() == 1
     assert arrive(97, b"other", dup=True)  # same id, other payload: a new message
     assert arrive(99, b"p99-new")  # a new message reusing the id: its PUBACK was read
-    assert source._acked[99].seq == source._received  # forgotten, then acked anew
+    assert source._acked[99][1] == source._received  # forgotten, then acked anew
     # A new connection of the session: its first new message proves the old PUBACKs.
     source._generation = 2
     before = set(source._acked)
