@@ -25,7 +25,7 @@ from ingest.config import (
     read_secret,
     validate,
 )
-from ingest.errors import ConfigError, SchemaError, StartupError
+from ingest.errors import ConfigError, IncompatibleError, SchemaError, StartupError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -353,6 +353,9 @@ def _execute(command: str, settings: Settings, shard: bool = False) -> int:
         print(f"ingest: error: {exc}", file=sys.stderr)  # noqa: T201
         return 1
     except SchemaError as exc:
+        logger.error("%s", exc)  # noqa: TRY400 - a clear refusal, not a crash
+        return 1
+    except IncompatibleError as exc:
         logger.error("%s", exc)  # noqa: TRY400 - a clear refusal, not a crash
         return 1
     except KeyboardInterrupt:

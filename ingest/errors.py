@@ -22,6 +22,10 @@ class SchemaError(IngestError):
     """The target collection exists with a shape we must not write into."""
 
 
+class IncompatibleError(IngestError):
+    """An installed library lacks what the daemon relies on; the message names versions."""
+
+
 class WriteError(IngestError):
     """A write to MongoDB failed as a whole and may be retried."""
 

@@ -56,6 +56,10 @@ class Metrics:
             "redeliveries_adopted", "Messages redelivered after a reconnect while their "
             "write was in flight: acknowledged once written, not written again.",
             namespace=NAMESPACE, registry=r)
+        self.redeliveries_reacked = Counter(
+            "redeliveries_reacked", "Messages redelivered (DUP) after their write and "
+            "PUBACK, whose PUBACK the broker may not have received: acknowledged again, "
+            "not written again.", namespace=NAMESPACE, registry=r)
         self.received_bytes = Counter(
             "received_bytes", "Payload bytes received.", namespace=NAMESPACE, registry=r)
         self.readings_accepted = Counter(

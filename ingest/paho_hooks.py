@@ -19,14 +19,25 @@ aiomqtt gives us connection handling, reconnects and subscribe; two things it la
   identifiers. QoS 2 keeps paho's own handler (it tracks PUBREC/PUBREL state) and
   reaches the same callback through ``on_message``.
 
-Tested by the end-to-end tests through a real mosquitto; pinned to paho-mqtt 2.x.
+Every paho and aiomqtt internal used here (the methods in :data:`REQUIRED`, the callback
+properties, ``_in_packet``, ``_sock``, aiomqtt's ``_client`` and callbacks) is checked at
+start-up by :func:`check_compatible`, which refuses to run on other shapes
+(tests/test_paho_contract.py holds the behaviour behind each). pyproject.toml pins
+paho-mqtt and aiomqtt to the minor versions those tests cover.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
-from paho.mqtt.enums import MQTTErrorCode
+import paho.mqtt.client as paho_client
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.reasoncodes import ReasonCode
+
+from ingest.errors import IncompatibleError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -37,7 +48,75 @@ type Deliver = Callable[[str, bytes, int, int, bool], None]  # topic, payload, m
 RECV_BYTES = 65536
 PUBACK = 0x40
 PUBACK_HEAD = bytes((PUBACK, 2))
-READ_BURST = 500
+READ_BURST = 500  # packets handled per readable event, at most
+RECV_BURST = 200  # socket reads per readable event, at most (12.5 MiB)
+
+
+# paho Client methods the hooks call or replace, with their parameters (after self).
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "_packet_read": (),
+    "_loop_rc_handle": ("rc",),
+    "_sock_recv": ("bufsize",),
+    "_handle_publish": (),
+    "_packet_queue": ("command", "packet", "mid", "qos", "info"),
+    "loop_read": ("max_packets",),
+    "ack": ("mid", "qos"),
+    "manual_ack_set": ("on",),
+}
+CALLBACKS = ("on_connect", "on_disconnect", "on_message")  # paho properties we chain
+# paho's packet-in-progress dict, read by handle_publish and by the reader's contract
+IN_PACKET_KEYS = frozenset({"command", "have_remaining", "remaining_count", "remaining_mult",
+                            "remaining_length", "packet", "to_process", "pos"})
+AIOMQTT_CALLBACKS = ("_on_connect", "_on_disconnect")  # (client, userdata, flags/..., rc, props)
+SUPPORTED = "paho-mqtt 2.2.x with aiomqtt 2.5.x"
+
+
+def check_compatible(client: aiomqtt.Client) -> None:
+    """Refuse to run (one line) unless paho and aiomqtt have the internals the hooks use."""
+    problem = _incompatibility(client)
+    if problem is not None:
+        raise IncompatibleError(
+            f"paho-mqtt {version('paho-mqtt')} with aiomqtt {version('aiomqtt')} is not "
+            f"supported ({problem}); install {SUPPORTED}")
+
+
+def _incompatibility(client: aiomqtt.Client) -> str | None:
+    """The first internal the installed paho/aiomqtt lack or changed, or None."""
+    cls = paho_client.Client
+    paho: Any = getattr(client, "_client", None)
+    checks: list[tuple[str, Callable[[], bool]]] = [
+        *((f"paho Client.{name}({', '.join(params)})",
+           functools.partial(_takes, getattr(cls, name, None), params, 1))
+          for name, params in REQUIRED.items()),
+        *((f"paho Client.{name} property", functools.partial(
+            lambda n: isinstance(getattr(cls, n, None), property), name))
+          for name in CALLBACKS),
+        ("paho MQTTErrorCode.MQTT_ERR_AGAIN/NO_CONN", lambda: all(
+            hasattr(MQTTErrorCode, n) for n in ("MQTT_ERR_SUCCESS", "MQTT_ERR_AGAIN",
+                                                "MQTT_ERR_NO_CONN"))),
+        ("paho ReasonCode.is_failure", lambda: isinstance(
+            getattr(ReasonCode, "is_failure", None), property)),
+        ("paho ConnectFlags.session_present", lambda: "session_present" in getattr(
+            paho_client.ConnectFlags, "_fields", ())),
+        ("aiomqtt Client._client (a paho Client)", lambda: isinstance(paho, cls)),
+        ("paho callback API version 2 in aiomqtt", lambda: getattr(
+            paho, "_callback_api_version", None) == CallbackAPIVersion.VERSION2),
+        ("paho Client._in_packet keys", lambda: isinstance(
+            getattr(paho, "_in_packet", None), dict) and set(paho._in_packet) == IN_PACKET_KEYS),  # noqa: SLF001
+        ("paho Client._sock", lambda: hasattr(paho, "_sock")),
+        *((f"aiomqtt Client.{name}(client, userdata, flags, reason_code, properties)",
+           functools.partial(_takes, getattr(client, name, None), 5))
+          for name in AIOMQTT_CALLBACKS),
+    ]
+    return next((f"{what}: missing or changed" for what, holds in checks if not holds()), None)
+
+
+def _takes(function: object, params: tuple[str, ...] | int, skip: int = 0) -> bool:
+    """Whether ``function`` is callable with these parameter names (or this many)."""
+    if not callable(function):
+        return False
+    names = tuple(inspect.signature(function).parameters)[skip:]
+    return len(names) == params if isinstance(params, int) else names == params
 
 
 def _paho(client: aiomqtt.Client) -> Any:  # noqa: ANN401 - paho's client, untyped internals
@@ -48,8 +127,9 @@ def install(client: aiomqtt.Client, deliver: Deliver,
             on_session: Callable[[bool], None], on_lost: Callable[[], None]) -> None:
     """Switch on manual acks and route every received PUBLISH to ``deliver``.
 
-    ``on_session`` gets CONNACK's session-present flag (aiomqtt drops it), before any
-    redelivered message of that session; ``on_lost`` is called as soon as the connection
+    ``on_session`` gets the session-present flag of an accepted CONNACK (aiomqtt drops
+    it; a refusal says nothing about the session), before any redelivered message of
+    that session; ``on_lost`` is called as soon as the connection
     is gone, so nothing more is acknowledged on it.
     """
     paho = _paho(client)
@@ -59,8 +139,9 @@ def install(client: aiomqtt.Client, deliver: Deliver,
     aiomqtt_on_disconnect = paho.on_disconnect
 
     def on_connect(*args: Any) -> None:  # noqa: ANN401 - paho's callback signature
-        flags = args[2]
-        on_session(bool(getattr(flags, "session_present", False)))
+        flags, reason = args[2], args[3]
+        if not reason.is_failure:  # a refusal says nothing about the session
+            on_session(bool(flags.session_present))
         aiomqtt_on_connect(*args)
 
     def on_disconnect(*args: Any) -> None:  # noqa: ANN401 - paho's callback signature
@@ -95,22 +176,40 @@ def install(client: aiomqtt.Client, deliver: Deliver,
 
 
 class _Buffered:
-    """paho's small reads served from one large ``recv``; packets read in bursts."""
+    """paho's small reads served from one large ``recv``; packets read in bursts.
+
+    The contract with the event loop, which calls :meth:`loop_read` whenever the socket
+    is readable: when :meth:`loop_read` returns, no byte is left in our buffer and no
+    complete packet is left unhandled in paho's, unless the socket itself may still hold
+    more (then it is readable and the event loop calls again). paho's ``_packet_read``
+    returns "try again" in two cases: the socket had nothing (our ``sock_recv`` raised
+    ``BlockingIOError``) or it made 100 ``recv`` calls for one packet body, which says
+    nothing about the socket or our buffer; only the first ends the call.
+    """
 
     def __init__(self, paho: Any) -> None:  # noqa: ANN401
         self._paho = paho
         self._raw_recv = paho._sock_recv  # noqa: SLF001 - keeps paho's TLS/error handling
         self._data = b""
         self._pos = 0
-        self._burst_over = False
+        self._packets = 0  # packets handled in this call of loop_read
+        self._recvs = 0  # socket reads in this call of loop_read
+        self._waiting = False  # the last "try again" came from us: the buffer is empty
 
     def sock_recv(self, bufsize: int) -> bytes:
+        """Serve ``bufsize`` bytes at most from the buffer, refilling it from the socket."""
         if self._pos >= len(self._data):
-            if self._burst_over:
+            if self._packets >= READ_BURST or self._recvs >= RECV_BURST:
                 # Yield to the event loop: the socket stays readable and paho keeps the
                 # partial packet, so the next readable event resumes exactly here.
+                self._waiting = True
                 raise BlockingIOError
-            data = self._raw_recv(RECV_BYTES)  # raises BlockingIOError when nothing is left
+            self._recvs += 1
+            try:
+                data = self._raw_recv(RECV_BYTES)
+            except BlockingIOError:
+                self._waiting = True  # the socket is empty
+                raise
             if not data:
                 return b""  # EOF: paho treats it as a lost connection
             self._data, self._pos = data, 0
@@ -119,25 +218,25 @@ class _Buffered:
         return self._data[start:self._pos]
 
     def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:  # noqa: ARG002 - paho's API
-        """Read up to READ_BURST packets, then finish the bytes already buffered.
+        """Read packets until the buffer is empty and the socket is, or the burst is over.
 
-        Bytes are never left in our buffer (the event loop only calls again when the
-        socket is readable), and the work per call stays bounded by READ_BURST packets
-        plus one buffer, so a busy connection cannot starve the other tasks.
+        The work per call stays bounded (READ_BURST packets or RECV_BURST socket reads),
+        so a busy connection cannot starve the other tasks.
         """
         paho = self._paho
-        self._burst_over = False
-        packets = 0
+        self._packets = self._recvs = 0
         while True:
             if paho._sock is None:  # noqa: SLF001
                 return MQTTErrorCode.MQTT_ERR_NO_CONN
+            self._waiting = False
             rc = paho._packet_read()  # noqa: SLF001
             if rc > 0:
                 return paho._loop_rc_handle(rc)  # type: ignore[no-any-return]  # noqa: SLF001
             if rc == MQTTErrorCode.MQTT_ERR_AGAIN:
-                return MQTTErrorCode.MQTT_ERR_SUCCESS
-            packets += 1
-            self._burst_over = packets >= READ_BURST
+                if self._waiting:
+                    return MQTTErrorCode.MQTT_ERR_SUCCESS
+                continue  # paho's 100 reads per round: the packet goes on from our buffer
+            self._packets += 1
 
 
 def _buffer_reads(paho: Any) -> None:  # noqa: ANN401

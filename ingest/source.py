@@ -4,6 +4,17 @@ The session is persistent (MQTT 5, Clean Start off, a session expiry) under a st
 id, so messages published while the daemon is away wait at the broker. Every QoS 1/2
 message is acknowledged only after its write (paho's manual ack), and the broker sends
 at most Receive Maximum unacknowledged messages: that is the backpressure.
+
+A PUBACK cannot be confirmed: one queued just before the connection dies may never reach
+the broker, which then resends the message with DUP on the resumed session. So a written
+and acknowledged message is remembered (topic, payload size and hash) until the broker has
+certainly received its PUBACK, and a DUP redelivery that matches is acknowledged again
+instead of being written again. "Certainly received" is proved by one of: the broker
+reusing the packet id for a new message; Receive Maximum more messages arriving on the
+same connection after the PUBACK (PUBACKs go out in order and the broker keeps at most
+Receive Maximum messages unacknowledged, so it cannot have sent them without reading it);
+a new message (not DUP) on a later connection of the session (the broker resends its
+unacknowledged messages first, in order); or a new session.
 """
 
 from __future__ import annotations
@@ -12,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +58,17 @@ class _Unacked:
     written: bool = False
 
 
+# A message whose PUBACK is queued or sent but perhaps not received by the broker: the
+# connection its PUBACK was queued on, the QoS 1 messages received on that connection
+# by then, and (topic, payload size, payload hash) to recognise its DUP. A plain tuple:
+# one is built per acknowledged message.
+type _Acked = tuple[int, int, tuple[str, int, int]]
+
+
+def _identity(message: Inbound) -> tuple[str, int, int]:
+    return message.topic, len(message.payload), hash(message.payload)
+
+
 class MqttSource:
     """Consumes the configured topics and acknowledges messages on request."""
 
@@ -60,6 +82,17 @@ class MqttSource:
         self._generation = 0
         # QoS 1 messages taken from the broker and not yet acknowledged, by packet id.
         self._unacked: dict[int, _Unacked] = {}
+        # Acknowledged messages whose PUBACK may not have reached the broker, by packet id,
+        # in the order acknowledged (see the module docstring).
+        # (An OrderedDict: a plain dict's first key is found by scanning the slots that
+        # the removals from the front leave behind.)
+        self._acked: OrderedDict[int, _Acked] = OrderedDict()
+        self._received = 0  # QoS 1 messages received on connection _received_on
+        self._received_on = 0
+        self._fresh_on = 0  # the last connection a new (not DUP) QoS 1 message came on
+        self._reacks: list[Inbound] = []  # DUPs to acknowledge again once connected
+        paho_hooks.check_compatible(aiomqtt.Client(settings.mqtt.host,
+                                                   protocol=aiomqtt.ProtocolVersion.V5))
         self._stop = asyncio.Event()
         self._release = asyncio.Event()
 
@@ -89,15 +122,73 @@ class MqttSource:
         Until that redelivery arrives the ack waits (``written``). The PUBACKs of one
         call go out in one write.
         """
-        done, mids = 0, []
+        done, now = 0, []
         for message in messages:
             if message.qos == 0:
                 done += 1  # nothing to acknowledge: done with
             elif self._ackable(message):
-                mids.append(message.mid)
-        if mids and self._client is not None:
-            paho_hooks.ack_many(self._client, mids)
-        return done + len(mids)
+                now.append(message)
+        if now and self._client is not None:
+            paho_hooks.ack_many(self._client, [message.mid for message in now])
+            self._remember(now)
+        return done + len(now)
+
+    def _remember(self, messages: list[Inbound]) -> None:
+        """Keep what identifies the QoS 1 messages whose PUBACKs were just queued."""
+        acked, generation = self._acked, self._generation
+        seq = self._received if self._received_on == generation else 0
+        for message in messages:
+            acked[message.mid] = (generation, seq, _identity(message))
+            acked.move_to_end(message.mid)  # the order is the order of the PUBACKs
+        self._forget_acked()
+        while len(acked) > 2 * self._settings.max_inflight_messages:
+            acked.popitem(last=False)  # a hard bound; the proofs normally come first
+
+    def _forget_acked(self) -> None:
+        """Forget the PUBACKs the broker has certainly received (oldest first).
+
+        Done per batch of PUBACKs rather than per message received: remembering one a
+        little longer costs a few bytes, not correctness.
+        """
+        acked, window = self._acked, self._settings.max_inflight_messages
+        while acked:
+            acked_on, seq, _ = acked[next(iter(acked))]
+            if acked_on < self._fresh_on:
+                acked.popitem(last=False)  # its DUP would have come before a new message
+            elif acked_on == self._received_on and seq + window <= self._received:
+                acked.popitem(last=False)  # the broker sent Receive Maximum more after it
+            else:
+                return
+
+    def _arrived(self, message: Inbound, client: aiomqtt.Client) -> bool:
+        """Account for a QoS 1 message; True if it is new to the pipeline."""
+        generation, mid = message.generation, message.mid
+        if self._received_on != generation:
+            self._received_on, self._received = generation, 0
+        self._received += 1
+        if not message.dup:
+            self._acked.pop(mid, None)  # the id is reused: its PUBACK arrived
+            self._fresh_on = generation
+        elif self._redelivered(message) or self._reacked(message, client):
+            return False
+        self._unacked[mid] = _Unacked(message, generation)
+        return True
+
+    def _reacked(self, message: Inbound, client: aiomqtt.Client) -> bool:
+        """Acknowledge again a DUP of a message already written and acknowledged."""
+        entry = self._acked.get(message.mid)
+        if entry is None or entry[2] != _identity(message):
+            return False
+        self._metrics.redeliveries_reacked.inc()
+        if self._client is client:
+            self._reack(client, message)
+        else:
+            self._reacks.append(message)  # before _connected(): acknowledged there
+        return True
+
+    def _reack(self, client: aiomqtt.Client, message: Inbound) -> None:
+        paho_hooks.ack(client, message.mid, message.qos)
+        self._remember([message])
 
     def _ackable(self, message: Inbound) -> bool:
         """Forget a written QoS 1 message if the current connection may ack it now."""
@@ -126,6 +217,7 @@ class MqttSource:
         """Acknowledge an adopted redelivery whose original write has finished."""
         entry = self._unacked.pop(mid)
         paho_hooks.ack(client, mid, entry.message.qos)
+        self._remember([entry.message])
         self._metrics.messages_acked.inc()
 
     def stop_consuming(self) -> None:
@@ -210,10 +302,8 @@ class MqttSource:
                 if len(inbox) >= limit:
                     dropped.inc()
                     return
-            elif dup and self._redelivered(message):
+            elif not self._arrived(message, client):
                 return
-            else:
-                self._unacked[mid] = _Unacked(message, generation)
             inbox.append(message)
             wake.set()
 
@@ -223,6 +313,7 @@ class MqttSource:
             if not present:
                 for mid in [m for m, e in self._unacked.items() if e.owner < generation]:
                     del self._unacked[mid]
+                self._acked.clear()  # a new session: nothing will be resent
 
         def on_lost() -> None:
             if self._client is client:
@@ -239,6 +330,10 @@ class MqttSource:
         for mid, entry in list(self._unacked.items()):
             if entry.owner == self._generation and entry.written:
                 self._ack_adopted(client, mid)
+        reacks, self._reacks = self._reacks, []
+        for message in reacks:
+            if message.generation == self._generation:
+                self._reack(client, message)
         wanted = self._settings.qos
         # Retained messages only when the subscription is new, not again on every
         # reconnect of the persistent session (they would be stored again each time).

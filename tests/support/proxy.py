@@ -1,4 +1,5 @@
-"""A TCP proxy for fault tests: forwards to a target until told to black-hole traffic."""
+"""A TCP proxy for fault tests: forwards to a target until told to black-hole traffic, or
+answers MQTT CONNECTs with a refusal itself."""
 
 from __future__ import annotations
 
@@ -24,6 +25,15 @@ class Proxy:
         self._thread = threading.Thread(target=self._run, daemon=True, name="proxy")
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._refusals = 0
+        self._refuse_code = 0x88
+        self.refused = 0
+
+    def refuse(self, count: int, code: int = 0x88) -> None:
+        """Answer the next ``count`` connections' CONNECT with an MQTT 5 CONNACK carrying
+        reason ``code`` (0x88 server unavailable, 0x87 not authorised, 0x89 server busy)
+        and close them, without reaching the target."""
+        self._refusals, self._refuse_code = count, code
 
     def start(self) -> Proxy:
         self._thread.start()
@@ -68,6 +78,14 @@ class Proxy:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
+        if self._refusals > 0:
+            self._refusals -= 1
+            try:
+                await _refuse(reader, writer, self._refuse_code)
+                self.refused += 1
+            finally:
+                self._tasks.discard(task)
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
@@ -88,3 +106,20 @@ class Proxy:
                 writer.write(data)
                 await writer.drain()
         writer.close()
+
+
+async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, code: int) -> None:
+    """Read one CONNECT, answer a CONNACK with reason ``code`` (session present 0), close."""
+    with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+        await reader.readexactly(1)
+        length, shift = 0, 0
+        while True:
+            byte = (await reader.readexactly(1))[0]
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        await reader.readexactly(length)
+        writer.write(bytes((0x20, 3, 0, code, 0)))  # flags, reason, no properties
+        await writer.drain()
+    writer.close()

@@ -1,0 +1,178 @@
+"""MQTT faults around acknowledgement, through a real mosquitto, a TCP proxy and the daemon.
+
+Each test names the row of docs/fault-model.md it covers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiomqtt
+import orjson
+
+from ingest.config import Settings
+from ingest.metrics import Health, Metrics
+from ingest.model import Inbound
+from ingest.source import MqttSource
+from tests.support.mongo import failpoint, stored, stored_values
+from tests.support.procs import Broker, eventually
+from tests.support.proxy import Proxy
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
+
+    from tests.support.procs import Daemon
+
+NOW = time.time()
+WRITE_COMMAND = {"bucket": "update", "timeseries": "insert"}
+
+
+def messages(topic_root: str, count: int, start: int = 0) -> list[tuple[str, bytes]]:
+    return [(f"{topic_root}/s{i % 3}/readings",
+             orjson.dumps({"ts": NOW - 600 + i, "seq": i, "temp": 20 + i / 10}))
+            for i in range(start, start + count)]
+
+
+@contextlib.contextmanager
+def proxied(broker: Broker) -> Iterator[Proxy]:
+    proxy = Proxy("127.0.0.1", broker.port).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+async def test_pubacks_lost_with_a_dying_connection_are_sent_again_not_written_again(
+        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
+        mongo: Any, publish: Any) -> None:
+    """Fault model: "PUBACK queued or on the wire, connection dies". The messages are
+    written and their PUBACKs queued while a partition holds them; the connection then
+    drops with them. The broker resends all 20 with DUP on the resumed session: each is
+    acknowledged again, none is processed or written again (before, time-series mode
+    stored 40 readings and bucket mode wrote 20 again)."""
+    with proxied(broker) as proxy:
+        proc = daemon(broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        async with failpoint(mongo, [WRITE_COMMAND[mode]]):  # hold the writes...
+            await publish(messages(topic_root, 20))
+            await eventually(lambda: proc.metric("ingest_messages_received_total") == 20)
+            proxy.cut()  # ...until the PUBACKs can no longer reach the broker
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 20)
+        proxy.drop()  # the held PUBACKs never arrive
+        proxy.heal()
+        await eventually(lambda: proc.metric("ingest_redeliveries_reacked_total") == 20)
+        await eventually(lambda: proc.metric("ingest_mqtt_connected") == 1)
+    assert proc.metric("ingest_messages_received_total") == 20
+    assert proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 20
+    assert proc.metric(f'ingest_duplicate_readings_total{{mode="{mode}"}}') == 0
+    assert await stored_values(db, mode, "seq") == list(range(20))
+    assert await stored(db, mode) == 20
+    # The second PUBACKs reached the broker: a new connection gets nothing again.
+    proc.stop()
+    again = daemon()
+    await publish(messages(topic_root, 1, start=100))
+    await eventually(lambda: again.metric("ingest_messages_acked_total") == 1)
+    assert again.metric("ingest_messages_received_total") == 1
+    assert await stored(db, mode) == 21
+
+
+async def test_a_refused_reconnect_keeps_the_session_and_its_messages(
+        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
+        mongo: Any, publish: Any) -> None:
+    """Fault model: "CONNACK refused (not authorised, server unavailable/busy)". The
+    connection drops while writes are in flight and the next two CONNECTs are refused:
+    the broker still holds the session, so the accepted reconnect resumes it and the DUP
+    redeliveries are adopted by the writes in flight (before, the refusal was taken for a
+    lost session: the messages were processed again and the first writes never acked)."""
+    with proxied(broker) as proxy:
+        proc = daemon(broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+            await publish(messages(topic_root, 10))
+            await eventually(lambda: proc.metric("ingest_messages_received_total") == 10)
+            await eventually(lambda: proc.metric(
+                f'ingest_write_errors_total{{kind="transient",mode="{mode}"}}') >= 1)
+            proxy.refuse(2, code=0x87)  # not authorised, as during a password rotation
+            proxy.drop()
+            await eventually(lambda: proxy.refused == 2)
+            await eventually(lambda: proc.metric("ingest_redeliveries_adopted_total") == 10)
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 10)
+    assert proc.metric("ingest_messages_received_total") == 10
+    assert proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 10
+    assert await stored_values(db, mode, "seq") == list(range(10))
+    assert proc.metric("ingest_mqtt_reconnects_total") >= 3
+
+
+async def test_remembered_pubacks_are_forgotten_once_the_broker_has_certainly_read_them(
+) -> None:
+    """The memory behind re-acknowledging DUPs stays within Receive Maximum entries on a
+    connection, and each proof of receipt forgets what it proves (no network: the
+    source's bookkeeping driven directly, the PUBACK bytes captured from paho's queue)."""
+    window = 5
+    source = MqttSource(Settings(max_inflight_messages=window), Metrics("bucket"), Health())
+    client = aiomqtt.Client("127.0.0.1")
+    queued: list[bytes] = []
+    client._client._packet_queue = lambda _cmd, packet, *_a, **_k: queued.append(
+        bytes(packet)) or 0
+    client._client.manual_ack_set(on=True)
+    source._client, source._generation = client, 1
+
+    def arrive(mid: int, payload: bytes, generation: int = 1, dup: bool = False) -> bool:
+        message = Inbound("t/s1/readings", payload, mid, 1, generation, 0.0, dup)
+        new = source._arrived(message, client)
+        if new:
+            source._taken(message, taken=True)
+            assert source.ack_all([message]) == 1
+        return new
+
+    for mid in range(1, 101):
+        assert arrive(mid, b"p%d" % mid)
+    # Receive Maximum later messages prove the earlier PUBACKs were read.
+    assert sorted(source._acked) == [96, 97, 98, 99, 100]
+    queued.clear()
+    assert not arrive(98, b"p98", dup=True)  # written and acked: acknowledged again
+    assert queued == [bytes((0x40, 2, 0, 98))]
+    assert source._metrics.redeliveries_reacked._value.get() == 1
+    assert arrive(97, b"other", dup=True)  # same id, other payload: a new message
+    assert arrive(99, b"p99-new")  # a new message reusing the id: its PUBACK was read
+    assert source._acked[99][1] == source._received  # forgotten, then acked anew
+    # A new connection of the session: its first new message proves the old PUBACKs.
+    source._generation = 2
+    before = set(source._acked)
+    assert arrive(1000, b"fresh", generation=2)
+    assert not before & set(source._acked)
+    assert len(source._acked) <= 2 * window
+
+
+async def test_a_lost_session_forgets_the_messages_in_flight_and_goes_on(
+        daemon: Callable[..., Daemon], tmp_path: Path, topic_root: str, db: Any,
+        mongo: Any) -> None:
+    """Fault model: "CONNACK accepted, session present 0". A broker without persistence
+    restarts while writes are held: the session and its unacknowledged messages are gone
+    at the broker, so nothing is redelivered. The writes still finish (at least once),
+    nothing waits for an ack that cannot come, and new messages flow as before."""
+    directory = tmp_path / "volatile"
+    directory.mkdir()
+    volatile = Broker(directory)
+    volatile.start()
+    try:
+        proc = daemon(broker_url=volatile.url)
+        async with failpoint(mongo, ["update"]):
+            async with aiomqtt.Client("127.0.0.1", volatile.port) as client:
+                for topic, payload in messages(topic_root, 5):
+                    await client.publish(topic, payload, qos=1)
+            await eventually(lambda: proc.metric("ingest_messages_received_total") == 5)
+            volatile.restart()
+            await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 1
+                             and proc.metric("ingest_mqtt_connected") == 1)
+        await eventually(lambda: proc.metric('ingest_readings_written_total{mode="bucket"}')
+                         == 5)
+        async with aiomqtt.Client("127.0.0.1", volatile.port) as client:
+            for topic, payload in messages(topic_root, 3, start=5):
+                await client.publish(topic, payload, qos=1)
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 3)
+        assert proc.metric("ingest_redeliveries_adopted_total") == 0
+        assert await stored_values(db, "bucket", "seq") == list(range(8))
+    finally:
+        volatile.stop()
