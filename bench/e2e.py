@@ -86,6 +86,8 @@ class Run:
     seconds_low: float = 0.0  # bounds from the scrape brackets (equal for mosquitto_sub)
     seconds_high: float = 0.0
     cpu_seconds: float = 0.0
+    sink_cpu_seconds: float | None = None  # fakemongo's whole CPU, to show it is not the limit
+    scrapes: int = 0  # metrics requests the daemon answered during the run
     complete: bool = False
 
     @property
@@ -317,6 +319,7 @@ def measure_daemon(run: Run, broker: Broker, client_id: str, sink_uri: str | Non
     finally:
         daemon.stop()
     timed(run, watch)
+    run.scrapes = len(watch.samples)
     run.received = int(counters.get("ingest_messages_received_total", 0))
     run.dropped = int(counters.get("ingest_messages_dropped_total", 0))
     run.acked = int(counters.get("ingest_messages_acked_total", 0))
@@ -361,14 +364,19 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
         measure_daemon(run, broker, client_id, sink_uri, rundir, settings.daemon_args)
         if sink is not None:
             sink.terminate()
-            out, _ = sink.communicate(timeout=30)
+            assert sink.stdout is not None
+            out = sink.stdout.read()
+            _, _, usage = os.wait4(sink.pid, 0)
+            sink.returncode = 0
+            sink.stdout.close()
+            run.sink_cpu_seconds = usage.ru_utime + usage.ru_stime
             sink_counts(run, json.loads(out.strip().splitlines()[-1]))
             sink = None
         return run
     finally:
         if sink is not None:
             sink.kill()
-            sink.wait()
+            sink.communicate()
         broker.stop()
         shutil.rmtree(rundir, ignore_errors=True)
 
