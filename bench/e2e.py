@@ -29,6 +29,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,6 +48,7 @@ CONSUMERS = ("mosquitto_sub", "dry-run", "bucket", "timeseries")
 RECEIVE_MAXIMUM = 10_000  # the daemon's default --max-inflight-messages, given to both
 FAST, SLOW = 0.02, 0.25  # scrape intervals (s): near the start and end, in between
 STALL = 20.0  # no progress for this long: the run ends and the rest counts as lost
+START_TIMEOUT = 120.0  # the daemon's start-up, before its first message, on a busy machine
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -201,19 +203,22 @@ def measure_sub(run: Run, broker: Broker, client_id: str) -> None:
     head, tail = b"", b""
     cpu_first = 0.0
     lines = 0
-    while True:
-        ready, _, _ = select.select([fd], [], [], STALL)
-        if not ready:
+    try:
+        while True:
+            ready, _, _ = select.select([fd], [], [], STALL)
+            if not ready:
+                break
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            if not head:
+                cpu_first = cpu_of(proc.pid)
+            head = head or chunk
+            lines += chunk.count(b"\n")
+            tail = (tail + chunk)[-256:]
+    finally:
+        if lines < run.published:  # stalled or interrupted (not reaped yet: wait4 below)
             proc.kill()
-            break
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            break
-        if not head:
-            cpu_first = cpu_of(proc.pid)
-        head = head or chunk
-        lines += chunk.count(b"\n")
-        tail = (tail + chunk)[-256:]
     _, _, usage = os.wait4(proc.pid, 0)
     proc.returncode = 0
     proc.stdout.close()
@@ -235,6 +240,7 @@ class Sample:
     done: int
     received: int
     cpu: float
+    refused: bool = False  # no answer: the metrics server was not up, so nothing received
 
 
 @dataclass
@@ -247,12 +253,17 @@ class Watch:
         """Index of the first sample that shows a message received."""
         return next(i for i, s in enumerate(self.samples) if s.received or s.done)
 
+    def answered(self) -> int:
+        """Scrapes the daemon answered."""
+        return sum(not s.refused for s in self.samples)
+
 
 def watch_daemon(daemon: Daemon, target: int) -> tuple[Watch, dict[str, float]]:
     """Scrape until ``target`` messages are acked or dropped, or nothing moves for STALL."""
     assert daemon.process is not None
-    watch, counters = Watch(), {}
     moved = time.monotonic()
+    # Nothing can have been received before the daemon was started.
+    watch, counters = Watch([Sample(moved, moved, 0, 0, 0.0, refused=True)]), {}
     while True:
         sent = time.monotonic()
         try:
@@ -260,6 +271,10 @@ def watch_daemon(daemon: Daemon, target: int) -> tuple[Watch, dict[str, float]]:
         except OSError:
             if daemon.process.poll() is not None:
                 raise RuntimeError(f"the daemon exited:\n{daemon.logs()[-2000:]}") from None
+            if watch.samples[-1].refused:
+                # The daemon serves metrics before it subscribes: a refused scrape proves
+                # that no message had arrived yet.
+                watch.samples[-1:] = [Sample(sent, sent, 0, 0, 0.0, refused=True)]
             time.sleep(FAST)
             continue
         answered = time.monotonic()
@@ -267,10 +282,11 @@ def watch_daemon(daemon: Daemon, target: int) -> tuple[Watch, dict[str, float]]:
         done = int(counters.get("ingest_messages_acked_total", 0)
                    + counters.get("ingest_messages_dropped_total", 0))
         received = int(counters.get("ingest_messages_received_total", 0))
-        if watch.samples and done != watch.samples[-1].done:
+        if (done, received) != (watch.samples[-1].done, watch.samples[-1].received):
             moved = answered
         watch.samples.append(Sample(sent, answered, done, received, cpu))
-        if done >= target or answered - moved > STALL:
+        patience = STALL if received or done else START_TIMEOUT
+        if done >= target or answered - moved > patience:
             return watch, counters
         time.sleep(next_interval(watch, target))
 
@@ -301,7 +317,8 @@ def timed(run: Run, watch: Watch) -> None:
     run.seconds_low = max(0.0, end_low - start_high)
     run.seconds_high = end_high - start_low
     run.seconds = (run.seconds_low + run.seconds_high) / 2
-    run.cpu_seconds = end.cpu - (before_start.cpu if before_start else samples[k].cpu)
+    cpu_start = before_start.cpu if before_start and not before_start.refused else samples[k].cpu
+    run.cpu_seconds = end.cpu - cpu_start
 
 
 def measure_daemon(run: Run, broker: Broker, client_id: str, sink_uri: str | None,
@@ -319,7 +336,7 @@ def measure_daemon(run: Run, broker: Broker, client_id: str, sink_uri: str | Non
     finally:
         daemon.stop()
     timed(run, watch)
-    run.scrapes = len(watch.samples)
+    run.scrapes = watch.answered()
     run.received = int(counters.get("ingest_messages_received_total", 0))
     run.dropped = int(counters.get("ingest_messages_dropped_total", 0))
     run.acked = int(counters.get("ingest_messages_acked_total", 0))
@@ -498,6 +515,8 @@ def main() -> int:
     parser.add_argument("--daemon-arg", action="append", default=[],
                         help="extra argument for ingest run (repeatable)")
     args = parser.parse_args()
+    # SIGTERM unwinds like an exception, so every broker, daemon and sink is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not shutil.which("mosquitto_sub") or not shutil.which("gcc"):
         print("needs mosquitto, mosquitto-clients and gcc", file=sys.stderr)
         return 2
