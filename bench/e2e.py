@@ -93,11 +93,6 @@ class Run:
     load: float = 0.0  # the machine's 1-minute load average when the run started
     complete: bool = False
 
-    @property
-    def readings(self) -> int:
-        """Readings the backlog holds."""
-        return self.messages * self.per_message
-
     def figures(self) -> dict[str, Any]:
         """The run as JSON, with its rates."""
         out = asdict(self)
@@ -305,8 +300,13 @@ def next_interval(watch: Watch, target: int) -> float:
     return FAST if remaining < 2.5 * SLOW else min(SLOW, remaining / 3)
 
 
-def timed(run: Run, watch: Watch) -> None:
-    """Bound first message and last ack by the scrapes around them."""
+def timed(run: Run, watch: Watch, writes: tuple[float, float] | None = None) -> None:
+    """Bound first message and last ack by the scrapes around them.
+
+    ``writes``: when fakemongo saw the first and the last write (monotonic clock). The
+    first message came before the first write, the last ack after the last write: the
+    sink's clock narrows the brackets whatever the daemon's event loop is doing.
+    """
     samples = watch.samples
     k = watch.first_nonzero()
     end = samples[-1]
@@ -315,6 +315,9 @@ def timed(run: Run, watch: Watch) -> None:
     start_low = before_start.sent if before_start else samples[k].sent
     start_high = samples[k].answered
     end_low, end_high = before_end.sent, end.answered
+    if writes is not None:
+        start_high = max(start_low, min(start_high, writes[0]))
+        end_low = min(end_high, max(end_low, writes[1]))
     run.seconds_low = max(0.0, end_low - start_high)
     run.seconds_high = end_high - start_low
     run.seconds = (run.seconds_low + run.seconds_high) / 2
@@ -323,7 +326,7 @@ def timed(run: Run, watch: Watch) -> None:
 
 
 def measure_daemon(run: Run, broker: Broker, client_id: str, sink_uri: str | None,
-                   workdir: Path, extra: tuple[str, ...]) -> None:
+                   workdir: Path, extra: tuple[str, ...]) -> Watch:
     """``ingest run`` from its first received message to its last ack, from its metrics."""
     args = ["--mqtt-url", broker.url, "--topic", FILTER, "--client-id", client_id,
             "--qos", str(run.qos), "--log-level", "warning", "--db", "bench", *extra]
@@ -336,7 +339,6 @@ def measure_daemon(run: Run, broker: Broker, client_id: str, sink_uri: str | Non
         watch, counters = watch_daemon(daemon, run.published)
     finally:
         daemon.stop()
-    timed(run, watch)
     run.scrapes = watch.answered()
     run.received = int(counters.get("ingest_messages_received_total", 0))
     run.dropped = int(counters.get("ingest_messages_dropped_total", 0))
@@ -344,6 +346,7 @@ def measure_daemon(run: Run, broker: Broker, client_id: str, sink_uri: str | Non
     run.written = int(counters.get("ingest_readings_written_total", 0))
     run.rejected = int(counters.get("ingest_readings_rejected_total", 0))
     run.complete = run.acked + run.dropped >= run.published
+    return watch
 
 
 def sink_counts(run: Run, stats: dict[str, Any]) -> None:
@@ -379,8 +382,10 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
                                     text=True)
             assert sink.stdout is not None
             sink_uri = sink.stdout.readline().strip()
-        measure_daemon(run, broker, client_id, sink_uri, rundir, settings.daemon_args)
-        if sink is not None:
+        watch = measure_daemon(run, broker, client_id, sink_uri, rundir, settings.daemon_args)
+        if sink is None:
+            timed(run, watch)
+        else:
             sink.terminate()
             assert sink.stdout is not None
             out = sink.stdout.read()
@@ -388,8 +393,11 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
             sink.returncode = 0
             sink.stdout.close()
             run.sink_cpu_seconds = usage.ru_utime + usage.ru_stime
-            sink_counts(run, json.loads(out.strip().splitlines()[-1]))
+            stats = json.loads(out.strip().splitlines()[-1])
+            sink_counts(run, stats)
             sink = None
+            first, last = stats["firstWriteMonotonicNs"], stats["lastWriteMonotonicNs"]
+            timed(run, watch, (first / 1e9, last / 1e9) if first else None)
         return run
     finally:
         if sink is not None:

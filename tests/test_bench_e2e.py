@@ -126,6 +126,11 @@ def test_clock_bounds_come_from_the_scrapes_around_the_events() -> None:
     assert run.seconds_high == pytest.approx(1.3 - 0.2)
     assert run.seconds == pytest.approx((0.4 + 1.1) / 2)
     assert run.cpu_seconds == pytest.approx(3.5 - 1.5)
+    # The sink's first and last write narrow both brackets: first message by 0.5, last
+    # ack after 1.15.
+    timed(run, watch, (0.5, 1.15))
+    assert (run.seconds_low, run.seconds_high) == (pytest.approx(1.15 - 0.5),
+                                                   pytest.approx(1.3 - 0.2))
 
 
 def test_tiny_run_accounts_for_every_message() -> None:
