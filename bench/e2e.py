@@ -15,7 +15,9 @@ The clock runs from the consumer's first message to its last acknowledgement (th
 daemon) or receipt (mosquitto_sub), as the bench process sees them: mosquitto_sub's
 output is read as it comes; the daemon's metrics are scraped (fast before the first
 message and near the end, slowly in between), and each scrape is bracketed by the time
-the request left and the answer came back, which bounds the true instants. CPU is the
+the request left and the answer came back, which bounds the true instants; the kernel's
+figures for the daemon's MQTT socket (``ss``) and fakemongo's first and last write
+narrow those bounds without the daemon's event loop. CPU is the
 consumer's own utime + stime from /proc/<pid>/stat over the same window. Losses are
 counted on every side: published (PUBACKed), received, dropped, written, seen at the sink.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -50,6 +53,8 @@ FAST, SLOW = 0.02, 0.25  # scrape intervals (s): near the start and end, in betw
 STALL = 20.0  # no progress for this long: the run ends and the rest counts as lost
 START_TIMEOUT = 120.0  # the daemon's start-up, before its first message, on a busy machine
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+JIFFY = 0.010  # the kernel's socket timestamps tick at HZ >= 100
+ARRIVED = 64  # bytes: more than CONNACK and SUBACK, so at least one PUBLISH has arrived
 
 
 @dataclass(frozen=True)
@@ -244,6 +249,12 @@ class Watch:
     """The scrape loop of one daemon run."""
 
     samples: list[Sample] = field(default_factory=list)
+    # When the first PUBLISH reached the daemon's socket: after ``quiet`` (a look that saw
+    # none), by the second value (a look that saw one); from the kernel, see client_socket.
+    quiet: float = 0.0
+    first_arrival: tuple[float, float] | None = None
+    # QoS 1: when the last PUBACK left the daemon's socket (see last_send)
+    last_ack: tuple[float, float] | None = None
 
     def first_nonzero(self) -> int:
         """Index of the first sample that shows a message received."""
@@ -254,13 +265,21 @@ class Watch:
         return sum(not s.refused for s in self.samples)
 
 
-def watch_daemon(daemon: Daemon, target: int) -> tuple[Watch, dict[str, float]]:
+def watch_daemon(daemon: Daemon, broker: Broker,
+                 target: int) -> tuple[Watch, dict[str, float]]:
     """Scrape until ``target`` messages are acked or dropped, or nothing moves for STALL."""
     assert daemon.process is not None
     moved = time.monotonic()
     # Nothing can have been received before the daemon was started.
-    watch, counters = Watch([Sample(moved, moved, 0, 0, 0.0, refused=True)]), {}
+    watch, counters = Watch([Sample(moved, moved, 0, 0, 0.0, refused=True)], moved), {}
+    look = shutil.which("ss") is not None
     while True:
+        if look and watch.first_arrival is None:
+            before, after, figures = client_socket(broker)
+            if figures.get("bytes_received", 0) > ARRIVED:
+                watch.first_arrival = (watch.quiet, after)
+            else:
+                watch.quiet = before
         sent = time.monotonic()
         try:
             counters = scrape(daemon.metrics_port)
@@ -300,6 +319,38 @@ def next_interval(watch: Watch, target: int) -> float:
     return FAST if remaining < 2.5 * SLOW else min(SLOW, remaining / 3)
 
 
+def client_socket(broker: Broker) -> tuple[float, float, dict[str, int]]:
+    """The kernel's figures of the one client socket to the broker (``ss -ti``).
+
+    Returns when the look started and ended, and ``bytes_received`` and ``lastsnd``
+    (milliseconds since it last sent data) when exactly one client is connected.
+    """
+    before = time.monotonic()
+    out = subprocess.run(["ss", "-tinH", "state", "established", "dst",
+                          f"127.0.0.1:{broker.port}"], capture_output=True, text=True,
+                         check=False).stdout
+    after = time.monotonic()
+    figures: dict[str, int] = {}
+    for name in ("bytes_received", "lastsnd"):
+        found = re.findall(rf"\b{name}:(\d+)", out)
+        if len(found) == 1:
+            figures[name] = int(found[0])
+    return before, after, figures
+
+
+def last_send(broker: Broker) -> tuple[float, float] | None:
+    """Bounds of the instant the one client socket to the broker last sent data.
+
+    From the kernel (``lastsnd``, counted in jiffies), so the daemon's event loop has no
+    part in it. None unless exactly one client is connected.
+    """
+    before, after, figures = client_socket(broker)
+    if "lastsnd" not in figures:
+        return None
+    ago = figures["lastsnd"] / 1000
+    return before - ago - JIFFY, after - ago + 0.001
+
+
 def timed(run: Run, watch: Watch, writes: tuple[float, float] | None = None) -> None:
     """Bound first message and last ack by the scrapes around them.
 
@@ -315,9 +366,15 @@ def timed(run: Run, watch: Watch, writes: tuple[float, float] | None = None) -> 
     start_low = before_start.sent if before_start else samples[k].sent
     start_high = samples[k].answered
     end_low, end_high = before_end.sent, end.answered
+    if watch.first_arrival is not None:  # the kernel saw it arrive: the earlier event
+        start_low = watch.first_arrival[0]
+        start_high = max(start_low, min(start_high, watch.first_arrival[1]))
     if writes is not None:
         start_high = max(start_low, min(start_high, writes[0]))
         end_low = min(end_high, max(end_low, writes[1]))
+    if watch.last_ack is not None:
+        end_low = min(end_high, max(end_low, watch.last_ack[0]))
+        end_high = max(end_low, min(end_high, watch.last_ack[1]))
     run.seconds_low = max(0.0, end_low - start_high)
     run.seconds_high = end_high - start_low
     run.seconds = (run.seconds_low + run.seconds_high) / 2
@@ -336,7 +393,14 @@ def measure_daemon(run: Run, broker: Broker, client_id: str, sink_uri: str | Non
         args += ["--mode", run.consumer, "--mongodb-uri", sink_uri]
     daemon = Daemon(args, workdir / f"daemon-{run.consumer}.log").start(wait_ready=False)
     try:
-        watch, counters = watch_daemon(daemon, run.published)
+        watch, counters = watch_daemon(daemon, broker, run.published)
+        if run.qos == 1 and shutil.which("ss"):
+            # Twice, apart: a PUBACK still queued at the first look would move the second.
+            first = last_send(broker)
+            time.sleep(0.05)
+            second = last_send(broker)
+            if first and second and abs(first[0] - second[0]) < JIFFY + 0.005:
+                watch.last_ack = (max(first[0], second[0]), min(first[1], second[1]))
     finally:
         daemon.stop()
     run.scrapes = watch.answered()
