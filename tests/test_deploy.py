@@ -305,8 +305,10 @@ def healthcheck_command() -> list[str]:
 def test_dockerfile_healthcheck_asks_the_daemon(daemon: Callable[..., Daemon]) -> None:
     """The image's HEALTHCHECK command, run here against a real daemon, then none."""
     argv = healthcheck_command()
-    assert argv[0] == "python"
-    argv[0] = sys.executable
+    assert argv[:2] == ["sh", "-c"]
+    assert "${INGEST_METRICS_PORT:-9108 9109}" in argv[2], "either mode's default port"
+    assert "python -c" in argv[2]
+    argv[2] = argv[2].replace("python -c", f"{sys.executable} -c")
     running = daemon("--dry-run")
     env = {"INGEST_METRICS_PORT": str(running.metrics_port)}
     assert subprocess.run(argv, env=env, timeout=30, check=False).returncode == 0
