@@ -154,7 +154,7 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     """The stack, up and healthy; down with its volumes afterwards, whatever happened."""
-    running = Stack(f"iotstack{uuid.uuid4().hex[:8]}")
+    running = Stack(os.environ.get(f"{OPT_IN}_PROJECT") or f"iotstack{uuid.uuid4().hex[:8]}")
     present = {name for name, image in OPTIONAL.items()
                if _answers(["docker", "image", "inspect", image]) is not None}
     running.services = [*CORE, *(name for name in OPTIONAL if name in present)]
