@@ -97,6 +97,16 @@ def test_compose_services_healthchecks_and_volumes(compose: dict[str, Any],
         assert mounts.get(path) in named, f"{name}: {path} is not on a named volume"
 
 
+def test_compose_builds_on_the_host_network(services: dict[str, dict[str, Any]]) -> None:
+    """pip fetches the dependencies during the build: on the host's network, the build
+    works wherever the host reaches the package index, also on engines that give
+    containers no outbound route (rootless, or dockerd --iptables=false)."""
+    built = {name: service["build"] for name, service in services.items() if "build" in service}
+    assert set(built) >= {*INGEST_SERVICES, "loadgen", "tests", "tests-sharded"}
+    for name, build in built.items():
+        assert build.get("network") == "host", name
+
+
 def test_compose_bind_mounts_and_secrets_exist(compose: dict[str, Any],
                                                services: dict[str, dict[str, Any]]) -> None:
     for name, service in services.items():
