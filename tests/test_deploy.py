@@ -97,6 +97,16 @@ def test_compose_services_healthchecks_and_volumes(compose: dict[str, Any],
         assert mounts.get(path) in named, f"{name}: {path} is not on a named volume"
 
 
+def test_compose_builds_on_the_host_network(services: dict[str, dict[str, Any]]) -> None:
+    """pip fetches the dependencies during the build: on the host's network, the build
+    works wherever the host reaches the package index, also on engines that give
+    containers no outbound route (rootless, or dockerd --iptables=false)."""
+    built = {name: service["build"] for name, service in services.items() if "build" in service}
+    assert set(built) >= {*INGEST_SERVICES, "loadgen", "tests", "tests-sharded"}
+    for name, build in built.items():
+        assert build.get("network") == "host", name
+
+
 def test_compose_bind_mounts_and_secrets_exist(compose: dict[str, Any],
                                                services: dict[str, dict[str, Any]]) -> None:
     for name, service in services.items():
@@ -136,8 +146,16 @@ def test_ingest_services_are_two_modes_on_one_database(
         assert settings.mqtt.password == secret.read_text().strip()
         assert settings.mongodb_uri == "mongodb://mongodb:27017"
         assert settings.topics == ("sensors/#",)
-        assert settings.metrics_port == 9108
+        # Set per service, never left to the daemon's default (which differs by mode and
+        # version): Prometheus and loadgen name these ports.
+        assert "INGEST_METRICS_PORT" in services[name]["environment"], name
+        assert settings.metrics_port == int(services[name]["environment"]["INGEST_METRICS_PORT"])
         assert settings.client_id == name, "a fixed client id names the persistent session"
+        # `docker compose stop` sends SIGTERM, then SIGKILL after stop_grace_period: the
+        # daemon's drain budget must end well before, or a slow drain is cut off.
+        grace = int(str(services[name]["stop_grace_period"]).removesuffix("s"))
+        assert settings.shutdown_timeout + 5 <= grace, (settings.shutdown_timeout, grace)
+        assert settings.shutdown_timeout >= 20, "the drain gets most of the grace period"
         assert settings.subscriptions == (f"$share/{settings.shared_group}/sensors/#",)
         found[name] = settings
     bucket, timeseries = found.values()
@@ -152,7 +170,9 @@ def test_prometheus_scrapes_every_daemon_and_the_exporter(
     config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
     jobs = {job["job_name"]: [t for sc in job["static_configs"] for t in sc["targets"]]
             for job in config["scrape_configs"]}
-    assert sorted(jobs["ingest"]) == sorted(f"{name}:9108" for name in INGEST_SERVICES)
+    assert sorted(jobs["ingest"]) == sorted(
+        f"{name}:{services[name]['environment']['INGEST_METRICS_PORT']}"
+        for name in INGEST_SERVICES)
     listen = next(arg for arg in services["mongodb-exporter"]["command"]
                   if arg.startswith("--web.listen-address="))
     assert jobs["mongodb"] == [f"mongodb-exporter{listen.split('=', 1)[1]}"]
@@ -167,7 +187,11 @@ def test_grafana_is_provisioned_and_anonymous_viewers_may_look(
     assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
     assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
     mounts = grafana["volumes"]
-    assert "../grafana/provisioning:/etc/grafana/provisioning:ro" in mounts
+    # Each provisioned folder on its own: the image's other provisioning folders stay.
+    assert "../grafana/provisioning/datasources:/etc/grafana/provisioning/datasources:ro" in (
+        mounts)
+    assert "../grafana/provisioning/dashboards:/etc/grafana/provisioning/dashboards:ro" in mounts
+    assert not any(m.startswith("../grafana/provisioning:") for m in mounts)
     assert "../grafana/dashboards:/var/lib/grafana/dashboards:ro" in mounts
     assert env["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] == (
         "/var/lib/grafana/dashboards/ingest.json")
@@ -182,6 +206,18 @@ def test_loadgen_runs_the_benchmark_into_a_mounted_folder(
     assert loadgen["entrypoint"] == []
     assert any(v.startswith("./bench-out:") for v in loadgen["volumes"])
     assert (DEPLOY / "bench-out").is_dir()
+    # Its own image target, with matplotlib (the bench extra) for the PNG.
+    assert loadgen["build"]["target"] == "bench"
+    assert loadgen["image"] != services["ingest-bucket"]["image"]
+    bench = next(stage for stage in stages() if stage[0][1].endswith(" AS bench"))
+    assert [rest for word, rest in bench if word == "COPY"] == [
+        "--from=build-bench /opt/venv /opt/venv"]
+    build_bench = next(stage for stage in stages() if stage[0][1].endswith(" AS build-bench"))
+    assert "['optional-dependencies']['bench']" in dict(build_bench)["RUN"]
+    # The daemons it measures, on the ports their services set.
+    for name, mode in INGEST_SERVICES.items():
+        port = services[name]["environment"]["INGEST_METRICS_PORT"]
+        assert f"--metrics-url-{mode}=http://{name}:{port}/metrics" in loadgen["command"]
 
 
 # --- Dockerfile ------------------------------------------------------------------------
@@ -230,9 +266,27 @@ PINNED_BASE = re.compile(r"python:3\.13(\.\d+-slim(-[a-z]+)?(@sha256:[0-9a-f]{64
 def test_dockerfile_is_multi_stage_on_a_pinned_python_slim() -> None:
     built = stages()
     assert len(built) >= 2
+    names: set[str] = set()
     for stage in built:
-        base = stage[0][1].split()[0]
-        assert PINNED_BASE.fullmatch(base), f"{base} is not a pinned python:3.13 slim image"
+        base, *alias = stage[0][1].split()
+        assert PINNED_BASE.fullmatch(base) or base in names, (
+            f"{base} is neither a pinned python:3.13 slim image nor an earlier stage")
+        if alias:
+            names.add(alias[-1])
+
+
+def test_dockerfile_needs_no_frontend_from_a_registry() -> None:
+    """BuildKit (what `docker compose up --build` uses) fetches the frontend image a
+    `# syntax=` line names; without one its built-in frontend builds the file, which must
+    then use nothing newer (heredocs, RUN --mount, COPY --link/--chmod)."""
+    text = DOCKERFILE.read_text()
+    assert not re.search(r"(?im)^#\s*syntax\s*=", text)
+    for word, rest in dockerfile_instructions():
+        assert "<<" not in rest, f"{word}: a heredoc needs the dockerfile:1.4 frontend"
+        assert "--mount=" not in rest, f"{word}: RUN --mount needs a newer frontend"
+        if word in {"COPY", "ADD"}:
+            assert "--link" not in rest, rest
+            assert "--chmod" not in rest, rest
 
 
 def test_dockerfile_final_stage_runs_ingest_as_non_root_with_a_healthcheck() -> None:
@@ -261,8 +315,10 @@ def healthcheck_command() -> list[str]:
 def test_dockerfile_healthcheck_asks_the_daemon(daemon: Callable[..., Daemon]) -> None:
     """The image's HEALTHCHECK command, run here against a real daemon, then none."""
     argv = healthcheck_command()
-    assert argv[0] == "python"
-    argv[0] = sys.executable
+    assert argv[:2] == ["sh", "-c"]
+    assert "${INGEST_METRICS_PORT:-9108 9109}" in argv[2], "either mode's default port"
+    assert "python -c" in argv[2]
+    argv[2] = argv[2].replace("python -c", f"{sys.executable} -c")
     running = daemon("--dry-run")
     env = {"INGEST_METRICS_PORT": str(running.metrics_port)}
     assert subprocess.run(argv, env=env, timeout=30, check=False).returncode == 0
@@ -493,7 +549,11 @@ def test_the_sharded_profile_runs_the_sharding_tests_against_a_mongos(
 def test_github_workflow_runs_lint_the_suite_on_real_mongodb_7_and_8_and_the_image() -> None:
     workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())
     jobs = workflow["jobs"]
-    assert set(jobs) == {"lint", "test", "sharded", "image"}
+    assert set(jobs) == {"lint", "test", "sharded", "image", "stack"}
+    stack = " ".join(step.get("run", "") for step in jobs["stack"]["steps"])
+    assert "scripts/test-stack" in stack
+    for service in ("mosquitto", "mongodb", "prometheus", "mongodb-exporter", "grafana"):
+        assert service in stack, f"the stack job does not pull {service}"
     sharded = " ".join(step.get("run", "") for step in jobs["sharded"]["steps"])
     assert "--profile sharded run --rm tests-sharded" in sharded
     assert jobs["test"]["strategy"]["matrix"]["mongodb"] == ["7.0", "8.0"]

@@ -270,6 +270,8 @@ def test_the_daemon_accepts_each_pods_configuration(tmp_path: Path) -> None:
         assert settings.mqtt.password == files["--mqtt-password-file"]
         assert settings.qos == 1
 
+        # Explicit per mode, never the daemon's default (which differs by mode and version).
+        assert f"{ENV_PREFIX}METRICS_PORT" in {e["name"] for e in container["env"]}, name
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         assert ports == {"metrics": settings.metrics_port}
         assert settings.metrics_host == "0.0.0.0"
