@@ -164,7 +164,8 @@ class Mapping:
         window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
         several = len(parsed.items) > 1
         for position, item in enumerate(parsed.items):
-            index = item.index if item.index is not None else (position if several else None)
+            index = item.position if item.position is not None else (
+                position if several else None)
             reading = self._reading(matched, item, received_at, window, out.rejections, index)
             if reading is not None:
                 out.readings.append(reading)

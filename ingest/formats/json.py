@@ -67,7 +67,7 @@ def parse(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) 
             continue
         ts = fields.pop(rule.time.field, None) if rule.time.field is not None else None
         out.items.append(Item(fields, ts, problems=problems or None,
-                              index=index if several else None))
+                              position=index if several else None))
     return out
 
 
