@@ -45,7 +45,7 @@ format = "senml"
 """
 
 
-def z2m(seconds: int, battery: int, low: bool, temperature: float, state: str,
+def z2m(seconds: int, battery: int, *, low: bool, temperature: float, state: str,
         inner: float) -> bytes:
     return orjson.dumps({
         "time": int((HOUR + seconds) * 1000) + 500, "battery": battery, "battery_low": low,
@@ -62,8 +62,10 @@ async def test_mapped_messages_are_stored_with_their_kinds_tags_units_and_exact_
     senml = [{"bn": "urn:dev:mac:0024befffe804ff1:", "bt": HOUR + 30, "n": "temp",
               "u": "Cel", "v": 22.5}, {"n": "door", "vb": True}]
     await publish([
-        (f"{topic_root}/z2m/Living Room", z2m(10, 100, False, 21.7, "idle", 40.5)),
-        (f"{topic_root}/z2m/Living Room", z2m(20, 99, True, 22.1, "updating", 41.5)),
+        (f"{topic_root}/z2m/Living Room",
+         z2m(10, 100, low=False, temperature=21.7, state="idle", inner=40.5)),
+        (f"{topic_root}/z2m/Living Room",
+         z2m(20, 99, low=True, temperature=22.1, state="updating", inner=41.5)),
         (f"{topic_root}/z2m/bridge/state", b"online"),
         (f"{topic_root}/senml/gw", orjson.dumps(senml)),
         (f"{topic_root}/nobody/x", b"1"),
