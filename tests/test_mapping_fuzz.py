@@ -8,6 +8,7 @@ window; everything else is a counted rejection with a known reason.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from typing import Any
@@ -92,7 +93,7 @@ def checked(topic: str, payload: bytes, now: float = NOW) -> Result:
             if type(value) is int:
                 assert -(2**63) <= value < 2**63
             if type(value) is float:
-                assert value == value and abs(value) != float("inf")  # noqa: PLR0124
+                assert math.isfinite(value)
         for key, tag in (reading.tags or {}).items():
             assert NAME.fullmatch(key)
             assert key not in {"sensor_id", "units", "_id"}
