@@ -260,7 +260,9 @@ class Mapping:
         for raw, raw_value in fields.items():
             if raw_value is None:
                 continue
-            name = names.get(raw) or self._resolve(rule, raw)
+            name = names.get(raw)
+            if name is None:
+                name = self._resolve(rule, raw)
             if type(name) is not str:
                 rejections.append(_at(name, index))  # type: ignore[arg-type]
                 continue
