@@ -338,6 +338,13 @@ def test_senml_relative_time_and_sensor_from_the_topic() -> None:
     (reading,) = run(m, "senml/dev1", [{"n": "temp", "v": 1, "t": -5}], now=AT).decoded.readings
     assert reading.sensor_id == "dev1"
     assert reading.ms == int((AT - 5) * 1000)
+    # A base name in the payload wins over the capture; an explicit template over both.
+    (named,) = run(m, "senml/dev1", [{"bn": "gw7/", "n": "t", "v": 1}]).decoded.readings
+    assert named.sensor_id == "gw7"
+    explicit = mapping('[[rule]]\nname = "r"\ntopic = "senml/{dev}"\nformat = "senml"\n'
+                       'sensor_id = "{dev}"\n')
+    (fixed,) = run(explicit, "senml/dev1", [{"bn": "gw7/", "n": "t", "v": 1}]).decoded.readings
+    assert fixed.sensor_id == "dev1"
 
 
 # --- influx -------------------------------------------------------------------------------
