@@ -394,3 +394,16 @@ def test_field_refusals_name_the_field_and_keep_the_rest() -> None:
     assert result.decoded.readings[0].values == {"good": 1, "_set": 2}
     assert result.decoded.rejections == [Rejection("bad_value", "bad: an array (leave it "
                                                                 "out with drop)")]
+
+
+def test_the_benchmark_stream_is_fully_decoded_by_its_rule() -> None:
+    from bench.mapping import RULE, zigbee2mqtt  # noqa: PLC0415
+
+    lines, topics = zigbee2mqtt(20, 7)
+    m = mapping(RULE)
+    results = [m.decode(t, p, NOW, LIMITS) for p, t in zip(lines, topics, strict=True)]
+    assert all(r.decoded.rejections == [] for r in results)
+    readings = [reading for r in results for reading in r.decoded.readings]
+    assert len(readings) == 20
+    assert len({r.sensor_id for r in readings}) == 7
+    assert all(len(r.values) == 6 and r.values["update_state"] == "idle" for r in readings)
