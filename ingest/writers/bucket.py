@@ -93,10 +93,21 @@ def reading_bytes(reading: Reading) -> int:
     # array index key and sub-document framing ~16, ts 12, seq 13, each value 10 + name
     values = reading.values
     size = 41 + 10 * len(values) + sum(map(len, values))
-    for value in values.values():
-        if type(value) is str:
-            size += len(value) * 4  # UTF-8: at most 4 bytes a character
+    if reading.tags is not None:  # the mapping path: strings too (UTF-8: 4 bytes a character)
+        size += sum([len(v) * 4 for v in values.values() if type(v) is str])
     return size
+
+
+def stat_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The values that get statistics: numbers, and booleans as 0/1; not strings."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        kind = type(value)
+        if kind is bool:
+            out[name] = int(value)
+        elif kind is not str:
+            out[name] = value
+    return out
 
 
 def group_readings(readings: list[Reading], span: int) -> dict[tuple[str, float], list[Reading]]:
@@ -214,7 +225,7 @@ def _labels(chunk: list[Reading]) -> dict[str, str]:
     """``$set`` of the chunk's tags and units (``tags.<k>``, ``units.<m>``); the last wins."""
     labels: dict[str, str] = {}
     for reading in chunk:
-        if reading.tags is not None:
+        if reading.tags:
             for key, value in reading.tags.items():
                 labels[f"tags.{key}"] = value
         if reading.units is not None:
@@ -228,12 +239,8 @@ def _single(reading: Reading, size: int) -> _Stats:
     inc: dict[str, Any] = {"count": 1, "bytes": size}
     mins: dict[str, Any] = {"first_ts": reading.ts}
     maxs: dict[str, Any] = {"last_ts": reading.ts}
-    for name, value in reading.values.items():
-        kind = type(value)
-        if kind is str:  # strings are stored, without statistics
-            continue
-        if kind is bool:  # a boolean counts as 0/1: sum is the number of trues
-            value = int(value)  # noqa: PLW2901
+    values = reading.values if reading.tags is None else stat_values(reading.values)
+    for name, value in values.items():
         keys = _STAT_KEYS.get(name) or _stat_keys(name)
         inc[keys[0]] = 1
         inc[keys[1]] = float(value)
@@ -246,12 +253,8 @@ def _coalesced(chunk: list[Reading], size: int) -> _Stats:
     """``$inc``, ``$min`` and ``$max`` for several readings of one sensor-span."""
     acc: dict[str, list[Any]] = {}  # name -> [count, sum, min, max]
     for reading in chunk:
-        for name, value in reading.values.items():
-            kind = type(value)
-            if kind is str:
-                continue
-            if kind is bool:
-                value = int(value)  # noqa: PLW2901
+        values = reading.values if reading.tags is None else stat_values(reading.values)
+        for name, value in values.items():
             stat = acc.get(name)
             if stat is None:
                 acc[name] = [1, float(value), value, value]
