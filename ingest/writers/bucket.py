@@ -192,14 +192,13 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
     and none of the chunk's timestamps, so no document holds a reading twice.
     """
     if len(chunk) == 1:  # the common case of a large fleet: no coalescing to do
-        inc, mins, maxs = _single(chunk[0], size)
+        inc, mins, maxs, labels = _single(chunk[0], size)
     else:
-        inc, mins, maxs = _coalesced(chunk, size)
+        inc, mins, maxs, labels = _coalesced(chunk, size)
     update: dict[str, Any] = {
         "$push": {"readings": {"$each": [reading_doc(r) for r in chunk]}},
         "$inc": inc, "$min": mins, "$max": maxs,
         "$setOnInsert": {"schema_version": SCHEMA_VERSION}}
-    labels = _labels(chunk)
     if labels:
         update["$set"] = labels
     if len(inc) == 2:  # only strings: no statistics, and the validator wants a stats object
@@ -218,20 +217,20 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
     )
 
 
-type _Stats = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
+type _Stats = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]
 
 
-def _labels(chunk: list[Reading]) -> dict[str, str]:
-    """``$set`` of the chunk's tags and units (``tags.<k>``, ``units.<m>``); the last wins."""
-    labels: dict[str, str] = {}
-    for reading in chunk:
-        if reading.tags:
-            for key, value in reading.tags.items():
-                labels[f"tags.{key}"] = value
-        if reading.units is not None:
-            for name, unit in reading.units.items():
-                labels[f"units.{name}"] = unit
-    return labels
+def _label(reading: Reading, labels: dict[str, str]) -> None:
+    """Add a reading's tags and units to the ``$set`` (``tags.<k>``, ``units.<m>``).
+
+    Only readings of the mapping path (tags not None) have any; the last one wins.
+    """
+    if reading.tags:
+        for key, value in reading.tags.items():
+            labels[f"tags.{key}"] = value
+    if reading.units is not None:
+        for name, unit in reading.units.items():
+            labels[f"units.{name}"] = unit
 
 
 def _single(reading: Reading, size: int) -> _Stats:
@@ -239,21 +238,29 @@ def _single(reading: Reading, size: int) -> _Stats:
     inc: dict[str, Any] = {"count": 1, "bytes": size}
     mins: dict[str, Any] = {"first_ts": reading.ts}
     maxs: dict[str, Any] = {"last_ts": reading.ts}
-    values = reading.values if reading.tags is None else stat_values(reading.values)
+    labels: dict[str, str] = {}
+    values = reading.values
+    if reading.tags is not None:  # the mapping path: booleans as 0/1, no strings
+        values = stat_values(values)
+        _label(reading, labels)
     for name, value in values.items():
         keys = _STAT_KEYS.get(name) or _stat_keys(name)
         inc[keys[0]] = 1
         inc[keys[1]] = float(value)
         mins[keys[2]] = value
         maxs[keys[3]] = value
-    return inc, mins, maxs
+    return inc, mins, maxs, labels
 
 
 def _coalesced(chunk: list[Reading], size: int) -> _Stats:
     """``$inc``, ``$min`` and ``$max`` for several readings of one sensor-span."""
     acc: dict[str, list[Any]] = {}  # name -> [count, sum, min, max]
+    labels: dict[str, str] = {}
     for reading in chunk:
-        values = reading.values if reading.tags is None else stat_values(reading.values)
+        values = reading.values
+        if reading.tags is not None:  # the mapping path: booleans as 0/1, no strings
+            values = stat_values(values)
+            _label(reading, labels)
         for name, value in values.items():
             stat = acc.get(name)
             if stat is None:
@@ -274,7 +281,7 @@ def _coalesced(chunk: list[Reading], size: int) -> _Stats:
         inc[keys[1]] = total
         mins[keys[2]] = low
         maxs[keys[3]] = high
-    return inc, mins, maxs
+    return inc, mins, maxs, labels
 
 
 class BucketWriter:
