@@ -214,7 +214,7 @@ class Mapping:
         if item.units:
             renamed = ((self._resolve(rule, k), u[:64]) for k, u in item.units.items())
             units = {k: u for k, u in renamed if type(k) is str and k in values} or None
-        return Reading(sensor, timestamp(ms), epoch, values, None, ms, tags, units)
+        return _new(Reading, (sensor, timestamp(ms), epoch, values, None, ms, tags, units))
 
     def _instant(self, item: Item, rule: Rule, now: float) -> tuple[float, int] | None:
         if item.epoch is not None:  # SenML: resolved, relative below 2**28
@@ -288,6 +288,7 @@ class Mapping:
 
 
 _DROP_VALUE = object()
+_new = tuple.__new__  # builds a NamedTuple without its argument handling
 
 
 def _at(rejection: Rejection, index: int | None) -> Rejection:

@@ -205,3 +205,14 @@ line_text = st.text(st.sampled_from(list('ab=, \\"\'#tTfF0123456789.-+eiu\nxé')
 def test_any_line_protocol_text(text: str, site: str) -> None:
     checked(f"i/{site}", text.encode())
     checked("i/site", f"m,host=h {text}".encode())
+
+
+@SETTINGS
+@given(ms=st.one_of(st.integers(-(6 * 10**13), 6 * 10**13),
+                    st.integers(3_999_999_999_000, 4_000_000_001_000)))
+def test_millisecond_timestamps_are_exact(ms: int) -> None:
+    from datetime import UTC, datetime, timedelta  # noqa: PLC0415
+
+    from ingest.formats.times import timestamp  # noqa: PLC0415
+
+    assert timestamp(ms) == datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
