@@ -86,7 +86,7 @@ def _overlap(a: list[str], b: list[str]) -> bool:
             return True
         if x is None or y is None:
             return False
-        if x != y and x != "+" and y != "+":
+        if x != y and "+" not in {x, y}:
             return False
     return True
 
