@@ -262,15 +262,16 @@ class Mapping:
         if isinstance(sensor, Rejection):
             rejections.append(_at(sensor, index))
             return None
-        instant = self._instant(item, rule, now)
-        if instant is None:
-            rejections.append(Rejection("bad_timestamp", f"time {str(item.ts)[:60]!r} is not "
-                                        f"{rule.time.format} time", index))
-            return None
-        epoch, ms = instant
         if item.ts is None and item.epoch is None:  # timed at arrival
-            ms = self._arrival(sensor, ms)
+            ms = self._arrival(sensor, math.floor(now * 1000))
             epoch = ms / 1000
+        else:
+            instant = self._instant(item, rule, now)
+            if instant is None:
+                rejections.append(Rejection("bad_timestamp", f"time {str(item.ts)[:60]!r} is "
+                                            f"not {rule.time.format} time", index))
+                return None
+            epoch, ms = instant
         if not window[0] <= epoch <= window[1]:
             rejections.append(Rejection("ts_out_of_window",
                                         f"ts {epoch:.3f} outside the accepted window", index))
@@ -308,8 +309,6 @@ class Mapping:
     def _instant(self, item: Item, rule: Rule, now: float) -> tuple[float, int] | None:
         if item.epoch is not None:  # SenML: resolved, relative below 2**28
             return from_seconds(item.epoch + now if item.epoch < senml.RELATIVE else item.epoch)
-        if item.ts is None:
-            return from_seconds(now)
         return parse(item.ts, rule.time.format, rule.time.zone)
 
     def _sensor_of(self, matched: _Topic, item: Item) -> str | Rejection:
