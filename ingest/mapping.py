@@ -258,9 +258,11 @@ class Mapping:
         rule = matched.rule
         if item.problems:
             rejections.extend(_at(p, index) for p in item.problems)
-        sensor = self._sensor_of(matched, item)
-        if isinstance(sensor, Rejection):
-            rejections.append(_at(sensor, index))
+        sensor = matched.sensor
+        if sensor is None:
+            sensor = self._sensor_of(matched, item)
+        if type(sensor) is not str:
+            rejections.append(_at(sensor, index))  # type: ignore[arg-type]
             return None
         if item.ts is None and item.epoch is None:  # timed at arrival
             ms = self._arrival(sensor, math.floor(now * 1000))
@@ -281,10 +283,13 @@ class Mapping:
             rejections.append(Rejection("no_measurements", "no measurement left to store",
                                         index))
             return None
-        tags = _tags(matched, item)
-        if isinstance(tags, Rejection):
-            rejections.append(_at(tags, index))
-            return None
+        if item.tags is None and item.context is None:  # tags from the topic only
+            tags: dict[str, str] | Rejection = matched.tags
+        else:
+            tags = _tags(matched, item)
+            if isinstance(tags, Rejection):
+                rejections.append(_at(tags, index))
+                return None
         units = None
         if item.units:
             renamed = ((self._resolve(rule, k), u[:64]) for k, u in item.units.items())
