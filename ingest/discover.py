@@ -21,17 +21,21 @@ import sys
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TextIO
 
 import aiomqtt
 
+from ingest.config import parse_mqtt_url, read_secret
 from ingest.decode import Limits
+from ingest.errors import ConfigError
 from ingest.mapping import Mapping
 from ingest.patterns import Captured, Pattern, propose, rule_text
 from ingest.rules import load_file, load_preset, parse, preset_names
 
 if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Mapping as Env
     from collections.abc import Sequence
 
     from ingest.config import MqttSettings
@@ -77,8 +81,7 @@ async def capture(mqtt: MqttSettings, topics: Sequence[str], seconds: float,
 
 def tally(rules: Sequence[Rule], messages: Sequence[Captured], now: float
           ) -> tuple[dict[str, Tally], list[Captured]]:
-    """Each rule's counts over the messages (run through the real engine), and the
-    messages no rule matched."""
+    """Each rule's counts over the messages (through the real engine), and the unmatched."""
     mapping = Mapping(list(rules))
     counts = {rule.name: Tally() for rule in rules}
     unmatched: list[Captured] = []
@@ -187,7 +190,7 @@ async def run(mqtt: MqttSettings, topics: Sequence[str], seconds: float, max_mes
     for name in presets:
         given.extend(load_preset(name))
     messages = await capture(mqtt, topics, seconds, min(max_messages, MAX_MESSAGES))
-    err.write(f"captured {len(messages)} message(s) on {len(set(m.topic for m in messages))} "
+    err.write(f"captured {len(messages)} message(s) on {len({m.topic for m in messages})} "
               f"topic(s) in up to {seconds:g} s "
               f"({sum(m.retained for m in messages)} retained)\n")
     if not messages:
@@ -207,8 +210,8 @@ def finish(messages: list[Captured], given: list[Rule], presets: Sequence[str],
         chosen.extend(load_preset(name))
     _, rest = tally(chosen, messages, now) if chosen else ({}, messages)
     patterns = propose(rest)
-    header = [f"Proposed by ingest discover from {len(messages)} message(s) on "
-              f"{len({m.topic for m in messages})} topic(s).",
+    header = [(f"Proposed by ingest discover from {len(messages)} message(s) on "
+              f"{len({m.topic for m in messages})} topic(s)."),
               *(f"Preset {n} fits {t.accepted} message(s) ({t.ignored} ignored): "
                 f"use --preset {n} with this file." for n, t in fits),
               "Each rule below is a guess from the topics and payloads seen: check the",
@@ -224,3 +227,22 @@ def finish(messages: list[Captured], given: list[Rule], presets: Sequence[str],
     report(counts, sources, len(unmatched), err)
     advice(counts, patterns, [n for n, _ in fits], err)
     return 0
+
+
+def main(args: argparse.Namespace, env: Env[str, str]) -> int:
+    """``ingest discover`` from parsed arguments (ConfigError: the CLI's one line, exit 2)."""
+    mqtt = parse_mqtt_url(args.mqtt_url)
+    password = mqtt.password
+    if args.mqtt_password_file:
+        password = read_secret(args.mqtt_password_file, "--mqtt-password-file")
+    mqtt = replace(mqtt, password=password, ca_file=args.mqtt_ca_file)
+    presets = args.preset or [p.strip() for p in env.get("INGEST_PRESET", "").split(",")
+                              if p.strip()]
+    if args.seconds <= 0 or args.max_messages < 1:
+        raise ConfigError("--seconds and --max-messages must be positive")
+    try:
+        return asyncio.run(run(mqtt, args.topic or ["#"], args.seconds, args.max_messages,
+                               args.mapping, presets))
+    except aiomqtt.MqttError as exc:
+        sys.stderr.write(f"ingest: error: broker {mqtt.host}:{mqtt.port}: {exc}\n")
+        return 1

@@ -10,7 +10,6 @@ the real mapping engine (:mod:`ingest.discover`).
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -65,7 +64,7 @@ class Pattern:
 
 
 def payload_kind(topic: str, payload: bytes) -> str:
-    """ingest | senml | json | influx | value | binary | empty."""
+    """The payload's format: ingest, senml, json, influx, value, binary or empty."""
     if not payload.strip():
         return "empty"
     try:
@@ -77,18 +76,20 @@ def payload_kind(topic: str, payload: bytes) -> str:
     try:
         doc = orjson.loads(payload)
     except orjson.JSONDecodeError:
-        lines = [line for line in text.splitlines() if line.strip()]
-        if lines and all(_LINE.match(line.strip()) for line in lines):
-            return "influx"
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return "influx" if lines and all(_LINE.match(line) for line in lines) else "value"
+    return _json_kind(topic, payload, doc)
+
+
+def _json_kind(topic: str, payload: bytes, doc: object) -> str:
+    objects = type(doc) is dict or (type(doc) is list and bool(doc)
+                                    and all(type(r) is dict for r in doc))
+    if not objects:
         return "value"
-    if type(doc) is list and doc and all(type(r) is dict for r in doc) and _senml(doc):
+    if type(doc) is list and _senml(doc):
         return "senml"
-    if type(doc) in {dict, list}:
-        decoded = decode(topic, payload, _now(), Limits())
-        if decoded.readings and not decoded.rejections:
-            return "ingest"
-        return "json" if type(doc) is dict or all(type(r) is dict for r in doc) else "value"
-    return "value"
+    decoded = decode(topic, payload, _now(), Limits())
+    return "ingest" if decoded.readings and not decoded.rejections else "json"
 
 
 def _senml(records: list[dict[str, object]]) -> bool:
@@ -279,7 +280,7 @@ def time_of(name: str, values: list[object], now: float) -> str | None:
         return None
     kinds = set()
     for value in values:
-        if type(value) in {int, float} and not isinstance(value, bool):
+        if isinstance(value, int | float) and not isinstance(value, bool):
             size = abs(float(value))
             unit = next((10**d for d in (0, 3, 6, 9)
                          if abs(size / 10**d - now) < 10 * 365 * 86400), None)
@@ -297,7 +298,7 @@ def _quote(text: str) -> str:
 
 def rule_text(pattern: Pattern, name: str, now: float) -> str:
     """One pattern as a commented [[rule]] table."""
-    lines = [f"# {len(pattern.topics)} topic(s), e.g. {sorted(pattern.topics)[0]}"]
+    lines = [f"# {len(pattern.topics)} topic(s), e.g. {min(pattern.topics)}"]
     lines += [f"# NOTE: {note}" for note in pattern.notes]
     topic = "/".join(pattern.levels)
     lines += ["[[rule]]", f"name = {_quote(name)}", f"topic = {_quote(topic)}"]
@@ -329,30 +330,22 @@ def _values_table(texts: set[str]) -> list[str]:
 
 def _json_options(pattern: Pattern, now: float) -> list[str]:
     fields = _fields(pattern.samples)
+    arrays = sorted(k for k, vs in fields.items() if any(type(v) is list for v in vs))
+    times = {k: time_of(k, vs, now) for k, vs in fields.items()}
+    local = sorted(k for k, how in times.items() if how == "local")
+    time_field = next((k for k, how in times.items() if how == "auto"), None)
     out: list[str] = []
-    drop = sorted(k for k, vs in fields.items() if any(type(v) is list for v in vs))
-    time_field = None
-    local = []
-    for key, vs in fields.items():
-        how = time_of(key, vs, now)
-        if how == "auto" and time_field is None:
-            time_field = key
-        elif how == "local":
-            local.append(key)
-            drop.append(key)
-    if drop:
-        out.insert(0, "# NOTE: arrays cannot be stored and are dropped: "
-                      + ", ".join(k for k in drop if k not in local) if any(
-                          k not in local for k in drop) else "")
-        out.append(f"drop = [{', '.join(_quote(k) for k in sorted(set(drop)))}]")
+    if arrays:
+        out.append(f"# NOTE: arrays cannot be stored: dropped ({', '.join(arrays)})")
     if local:
-        out.insert(0, f"# NOTE: {', '.join(local)} holds a local time without offset: "
-                      "dropped, the arrival time is used; to use it, add [rule.time] "
-                      f"field = {_quote(local[0])}, format = \"local\", zone = \"<your zone>\"")
-    strings = sorted({v for vs in fields.values() for v in vs if type(v) is str})
-    onoff = {s for s in strings if s.lower() in {"on", "off"}}
-    if onoff:
-        out += _values_table(onoff)
+        out.append(f"# NOTE: {', '.join(local)}: a local time without offset, dropped (the "
+                   "arrival time is used); to use it add [rule.time] with field = "
+                   f'{_quote(local[0])}, format = "local", zone = "<the devices\' zone>"')
+    if arrays or local:
+        out.append(f"drop = [{', '.join(_quote(k) for k in sorted({*arrays, *local}))}]")
+    onoff = {v for vs in fields.values() for v in vs
+             if type(v) is str and v.lower() in {"on", "off"}}
+    out += _values_table(onoff)
     if time_field is not None:
         out += ["[rule.time]", f"field = {_quote(time_field)}", 'format = "auto"']
-    return [line for line in out if line]
+    return out
