@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
@@ -16,13 +15,7 @@ from ingest.decode import Limits
 from ingest.mapping import Mapping
 from ingest.rules import preset_names
 from tests.support.devices import PRESETS, Message, base_time, load, same_value
-from tests.support.procs import ROOT, eventually
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from pathlib import Path
-
-    from tests.support.procs import Daemon
+from tests.support.procs import ROOT
 
 # The order docs/presets.md recommends when combining them: fixed prefixes first.
 COMBINED = ("homeassistant", "zigbee2mqtt", "tasmota", "shelly", "esphome", "senml", "influx")
