@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 
 import orjson
 import pytest
@@ -15,7 +16,7 @@ from ingest.decode import Limits
 from ingest.mapping import Mapping
 from ingest.rules import preset_names
 from tests.support.devices import PRESETS, Message, base_time, load, same_value
-from tests.support.procs import ROOT
+from tests.support.procs import ROOT, eventually
 
 # The order docs/presets.md recommends when combining them: fixed prefixes first.
 COMBINED = ("homeassistant", "zigbee2mqtt", "tasmota", "shelly", "esphome", "senml", "influx")
@@ -101,3 +102,118 @@ def test_preset_files_name_what_they_follow(preset: str) -> None:
     text = (ROOT / "ingest" / "presets" / f"{preset}.toml").read_text()
     assert re.search(r"^# .*\bfollows\b", text, re.MULTILINE | re.IGNORECASE), "name the source"
     assert f"--preset {preset}" in text.splitlines()[0]
+
+
+# ---------------------------------------------------------------- the real daemon
+
+def prefixed(preset: str, root: str, directory: Path) -> Path:
+    """The preset as a user's copy under a base topic of their own (``root/...``): what
+    docs/presets.md tells a user to do, and what keeps tests apart on one broker."""
+    text = (ROOT / "ingest" / "presets" / f"{preset}.toml").read_text()
+    text, n = re.subn(r'^topic = "(.*)"$', lambda m: f'topic = "{root}/{m.group(1)}"', text,
+                      flags=re.MULTILINE)
+    assert n > 0
+    path = directory / f"{preset}.toml"
+    path.write_text(text)
+    return path
+
+
+async def stored_rows(db: Any, mode: str) -> list[dict[str, Any]]:
+    """Every stored reading: sensor_id, ts, values, tags, and its bucket document."""
+    rows: list[dict[str, Any]] = []
+    if mode == "timeseries":
+        for doc in await db["readings"].find({}).to_list():
+            meta = dict(doc["meta"])
+            values = {k: v for k, v in doc.items() if k not in {"_id", "ts", "meta", "units"}}
+            rows.append({"sensor_id": meta.pop("sensor_id"), "ts": doc["ts"],
+                         "values": values, "tags": meta or None, "doc": None})
+        return rows
+    for doc in await db["buckets"].find({}).to_list():
+        for entry in doc["readings"]:
+            values = {k: v for k, v in entry.items() if k not in {"ts", "seq"}}
+            rows.append({"sensor_id": doc["sensor_id"], "ts": entry["ts"], "values": values,
+                         "tags": doc.get("tags"), "doc": doc})
+    return rows
+
+
+def exact_statistics(doc: dict[str, Any]) -> dict[str, Any]:
+    """Bucket statistics recomputed from the document's readings: numbers and booleans
+    (as 0/1), no statistics for strings."""
+    stats: dict[str, dict[str, Any]] = {}
+    for entry in doc["readings"]:
+        for name, value in entry.items():
+            if name in {"ts", "seq"} or isinstance(value, str):
+                continue
+            number = int(value) if isinstance(value, bool) else value
+            s = stats.setdefault(name, {"count": 0, "sum": 0, "min": number, "max": number})
+            s["count"] += 1
+            s["sum"] += number
+            s["min"], s["max"] = min(s["min"], number), max(s["max"], number)
+    return stats
+
+
+def find_row(rows: list[dict[str, Any]], sensor_id: str, values: dict[str, Any]
+             ) -> dict[str, Any] | None:
+    for row in rows:
+        if row["sensor_id"] == sensor_id and row["values"].keys() == values.keys() and all(
+                same_value(row["values"][k], v) for k, v in values.items()):
+            rows.remove(row)
+            return row
+    return None
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+async def test_preset_messages_are_stored_through_the_daemon(
+        preset: str, daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str,
+        db: Any, tmp_path: Path) -> None:
+    proc = daemon("--mapping", str(prefixed(preset, topic_root, tmp_path)))
+    started = time.time()
+    t = base_time(started)
+    messages = load(preset, t)
+    await publish([(f"{topic_root}/{m.topic}", m.payload) for m in messages])
+    finished = time.time()
+    expected = [(m, r) for m in messages for r in m.readings]
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == len(messages))
+    await eventually(lambda: proc.metric(
+        f'ingest_readings_written_total{{mode="{mode}"}}') == len(expected))
+    metrics = proc.metrics()
+
+    ignored: dict[str, int] = {}
+    accepted: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    for m in messages:
+        if m.ignored:
+            ignored[m.rule] = ignored.get(m.rule, 0) + 1
+        elif m.readings:
+            accepted[m.rule] = accepted.get(m.rule, 0) + 1
+        for reason in m.rejections:
+            reasons[reason] = reasons.get(reason, 0) + 1
+    for rule, count in ignored.items():
+        assert metrics[f'ingest_messages_ignored_total{{rule="{rule}"}}'] == count, rule
+    for rule, count in accepted.items():
+        assert metrics[f'ingest_rule_messages_total{{outcome="accepted",rule="{rule}"}}'] \
+            == count, rule
+    rejected = {k: v for k, v in metrics.items()
+                if k.startswith("ingest_readings_rejected_total{") and v}
+    assert rejected == {f'ingest_readings_rejected_total{{reason="{r}"}}': float(n)
+                        for r, n in reasons.items()}
+
+    rows = await stored_rows(db, mode)
+    assert len(rows) == len(expected)
+    instant = datetime.fromtimestamp(t, UTC)
+    for msg, want in expected:
+        row = find_row(rows, want.sensor_id, want.values)
+        assert row is not None, f"{msg.topic}: {want} not stored"
+        if want.ts == "T":
+            assert row["ts"] == instant, msg.topic
+        else:
+            assert started - 1 <= row["ts"].timestamp() <= finished + 5, msg.topic
+        if mode == "timeseries":
+            assert row["tags"] == want.tags, msg.topic
+        else:
+            assert set(want.tags or {}) <= set(row["tags"] or {}), msg.topic
+    if mode == "bucket":
+        for doc in await db["buckets"].find({}).to_list():
+            assert doc["count"] == len(doc["readings"])
+            assert doc.get("stats", {}) == exact_statistics(doc), doc["sensor_id"]
+    assert proc.stop() == 0
