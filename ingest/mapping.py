@@ -163,9 +163,10 @@ class Mapping:
         out = Decoded(rejections=parsed.rejections)
         window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
         several = len(parsed.items) > 1
-        for index, item in enumerate(parsed.items):
-            reading = self._reading(matched, item, received_at, window, out.rejections,
-                                    index if several else None)
+        for position, item in enumerate(parsed.items):
+            index = item.position if item.position is not None else (
+                position if several else None)
+            reading = self._reading(matched, item, received_at, window, out.rejections, index)
             if reading is not None:
                 out.readings.append(reading)
         return Result(rule, out)
