@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+import uuid
 from datetime import UTC, datetime
 
 import orjson
@@ -16,7 +17,7 @@ from ingest.decode import Limits
 from ingest.mapping import Mapping
 from ingest.rules import preset_names
 from tests.support.devices import PRESETS, Message, base_time, load, same_value
-from tests.support.procs import ROOT, eventually
+from tests.support.procs import ROOT, Broker, Daemon, eventually
 
 # The order docs/presets.md recommends when combining them: fixed prefixes first.
 COMBINED = ("homeassistant", "zigbee2mqtt", "tasmota", "shelly", "esphome", "senml", "influx")
@@ -216,4 +217,30 @@ async def test_preset_messages_are_stored_through_the_daemon(
         for doc in await db["buckets"].find({}).to_list():
             assert doc["count"] == len(doc["readings"])
             assert doc.get("stats", {}) == exact_statistics(doc), doc["sensor_id"]
+    assert proc.stop() == 0
+
+
+async def test_a_preset_by_name_subscribes_to_its_topics_and_each_message_counts_once(
+        broker: Broker, mongo_uri: str, db_name: str, db: Any, tmp_path: Path,
+        publish: Any) -> None:
+    """``--preset zigbee2mqtt`` with no --topic: the daemon subscribes to the preset's
+    filters, whose overlaps (``zigbee2mqtt/+/availability`` and ``zigbee2mqtt/+/+``) must
+    not deliver a message twice; a topic outside the preset never arrives."""
+    device = f"dev{uuid.uuid4().hex[:8]}"
+    proc = Daemon(["--mqtt-url", broker.url, "--mongodb-uri", mongo_uri, "--db", db_name,
+                   "--client-id", f"ingest-{device}", "--flush-interval", "0.2",
+                   "--mode", "timeseries", "--preset", "zigbee2mqtt"],
+                  tmp_path / "daemon.log").start()
+    await publish([(f"zigbee2mqtt/{device}", b'{"temperature":21.5,"state":"ON"}'),
+                   (f"zigbee2mqtt/{device}/availability", b'{"state":"online"}'),
+                   (f"elsewhere/{device}", b'{"temperature":1}'),
+                   # Last, on a topic only one filter matches: once it is written, any
+                   # second copy of the messages before it has been received too.
+                   (f"zigbee2mqtt/{device}-last", b'{"temperature":1}')])
+    await eventually(lambda: proc.metric('ingest_readings_written_total{mode="timeseries"}') == 2)
+    metrics = proc.metrics()
+    assert metrics["ingest_messages_received_total"] == 3
+    assert metrics['ingest_messages_ignored_total{rule="z2m-availability"}'] == 1
+    docs = await db["readings"].find({"meta.sensor_id": device}).to_list()
+    assert [(d["temperature"], d["state"]) for d in docs] == [(21.5, True)]
     assert proc.stop() == 0
