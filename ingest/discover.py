@@ -58,7 +58,7 @@ class Tally:
 
 
 async def capture(mqtt: MqttSettings, topics: Sequence[str], seconds: float,
-                  max_messages: int) -> list[Captured]:
+                  max_messages: int, err: TextIO = sys.stderr) -> list[Captured]:
     """Messages received on ``topics`` within ``seconds`` (at most ``max_messages``)."""
     tls = mqtt.ssl_context()
     out: list[Captured] = []
@@ -67,6 +67,9 @@ async def capture(mqtt: MqttSettings, topics: Sequence[str], seconds: float,
                               identifier=f"ingest-discover-{uuid.uuid4().hex[:8]}") as client:
         for topic in topics:
             await client.subscribe(topic, qos=0)
+        err.write(f"listening to {', '.join(topics)} on {mqtt.host}:{mqtt.port} for "
+                  f"{seconds:g} s (or {max_messages} messages)\n")
+        err.flush()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 async for message in client.messages:
@@ -189,7 +192,7 @@ async def run(mqtt: MqttSettings, topics: Sequence[str], seconds: float, max_mes
     given: list[Rule] = load_file(mapping_file) if mapping_file else []
     for name in presets:
         given.extend(load_preset(name))
-    messages = await capture(mqtt, topics, seconds, min(max_messages, MAX_MESSAGES))
+    messages = await capture(mqtt, topics, seconds, min(max_messages, MAX_MESSAGES), err)
     err.write(f"captured {len(messages)} message(s) on {len({m.topic for m in messages})} "
               f"topic(s) in up to {seconds:g} s "
               f"({sum(m.retained for m in messages)} retained)\n")

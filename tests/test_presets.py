@@ -9,6 +9,7 @@ import sys
 import time
 import uuid
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
@@ -17,7 +18,13 @@ from ingest.decode import Limits
 from ingest.mapping import Mapping
 from ingest.rules import preset_names
 from tests.support.devices import PRESETS, Message, base_time, load, same_value
-from tests.support.procs import ROOT, Broker, Daemon, eventually
+from tests.support.procs import ROOT, Daemon, eventually
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from tests.support.procs import Broker
 
 # The order docs/presets.md recommends when combining them: fixed prefixes first.
 COMBINED = ("homeassistant", "zigbee2mqtt", "tasmota", "shelly", "esphome", "senml", "influx")
@@ -153,6 +160,29 @@ def exact_statistics(doc: dict[str, Any]) -> dict[str, Any]:
     return stats
 
 
+def assert_counted(metrics: dict[str, float], messages: list[Message]) -> None:
+    """Ignored topics counted per rule, accepted messages per rule, no other rejection."""
+    ignored: dict[str, int] = {}
+    accepted: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    for m in messages:
+        if m.ignored:
+            ignored[m.rule] = ignored.get(m.rule, 0) + 1
+        elif m.readings:
+            accepted[m.rule] = accepted.get(m.rule, 0) + 1
+        for reason in m.rejections:
+            reasons[reason] = reasons.get(reason, 0) + 1
+    for rule, count in ignored.items():
+        assert metrics[f'ingest_messages_ignored_total{{rule="{rule}"}}'] == count, rule
+    for rule, count in accepted.items():
+        assert metrics[f'ingest_rule_messages_total{{outcome="accepted",rule="{rule}"}}'] \
+            == count, rule
+    rejected = {k: v for k, v in metrics.items()
+                if k.startswith("ingest_readings_rejected_total{") and v}
+    assert rejected == {f'ingest_readings_rejected_total{{reason="{r}"}}': float(n)
+                        for r, n in reasons.items()}
+
+
 def find_row(rows: list[dict[str, Any]], sensor_id: str, values: dict[str, Any]
              ) -> dict[str, Any] | None:
     for row in rows:
@@ -177,27 +207,7 @@ async def test_preset_messages_are_stored_through_the_daemon(
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == len(messages))
     await eventually(lambda: proc.metric(
         f'ingest_readings_written_total{{mode="{mode}"}}') == len(expected))
-    metrics = proc.metrics()
-
-    ignored: dict[str, int] = {}
-    accepted: dict[str, int] = {}
-    reasons: dict[str, int] = {}
-    for m in messages:
-        if m.ignored:
-            ignored[m.rule] = ignored.get(m.rule, 0) + 1
-        elif m.readings:
-            accepted[m.rule] = accepted.get(m.rule, 0) + 1
-        for reason in m.rejections:
-            reasons[reason] = reasons.get(reason, 0) + 1
-    for rule, count in ignored.items():
-        assert metrics[f'ingest_messages_ignored_total{{rule="{rule}"}}'] == count, rule
-    for rule, count in accepted.items():
-        assert metrics[f'ingest_rule_messages_total{{outcome="accepted",rule="{rule}"}}'] \
-            == count, rule
-    rejected = {k: v for k, v in metrics.items()
-                if k.startswith("ingest_readings_rejected_total{") and v}
-    assert rejected == {f'ingest_readings_rejected_total{{reason="{r}"}}': float(n)
-                        for r, n in reasons.items()}
+    assert_counted(proc.metrics(), messages)
 
     rows = await stored_rows(db, mode)
     assert len(rows) == len(expected)
