@@ -35,6 +35,8 @@ TIME_KEYS = frozenset({"ts", "time", "timestamp", "datetime", "date", "last_seen
                        "epoch", "utc", "time_iso"})
 SENML_KEYS = frozenset({"bn", "bt", "bu", "bv", "bver", "n", "u", "v", "vs", "vb", "vd",
                         "s", "t", "ut"})
+# Last levels that say "this is the value" rather than what is measured.
+GENERIC_LAST = frozenset({"state", "value", "status", "data", "get", "current"})
 MAX_JSON_PATTERNS = 5  # distinct values of a non-device level kept as separate rules
 _LINE = re.compile(r"^[^\s,#][^\s,]*(,[^\s=]+=[^\s,]+)* [^\s=]+=[^\s]+( -?\d+)?$")
 _ISO = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?$")
@@ -234,16 +236,31 @@ def _split(levels: list[str], rows: list[list[str]], kind: str) -> list[Pattern]
 
 
 def _describe(pattern: Pattern, device: int, values: list[list[str]]) -> None:
-    names = [lv[1:-1] for lv in pattern.levels[device + 1:] if lv.startswith("{")]
     if pattern.kind == "value":
-        if names:
-            pattern.measurement = "_".join(f"{{{n}}}" for n in names)
-        else:
-            tail = [lv for lv in pattern.levels[device + 1:] if not _variable(lv)]
-            pattern.measurement = _safe(tail[-1]) if tail else "value"
+        pattern.measurement = _measurement(pattern.levels, device, values)
     if len(values[device]) == 1:
         pattern.notes.append(f"one device seen ({values[device][0]!r}): check that this "
                              "level is the device")
+
+
+def _measurement(levels: list[str], device: int, values: list[list[str]]) -> str:
+    """The measurement template of a plain-value pattern, from the levels after the device:
+    the varying ones, and the last one unless it is a generic word (``state``); a channel
+    number takes the level before it (relay/0 -> relay_0).
+    """
+    parts: list[str] = []
+    last = len(levels) - 1
+    for i in range(device + 1, len(levels)):
+        level, before = levels[i], levels[i - 1]
+        numbered = all(v.isdigit() for v in values[i]) and not _variable(before)
+        if level.startswith("{"):
+            parts.append(f"{_safe(before)}_{level}" if numbered else level)
+        elif i == last and level.lower() not in GENERIC_LAST:
+            parts.append(f"{_safe(before)}_{level}" if numbered else _safe(level))
+    if parts:
+        return "_".join(parts)
+    tail = [lv for lv in levels[device + 1:] if not _variable(lv)]
+    return _safe(tail[-1]) if tail else "value"
 
 
 def _safe(text: str) -> str:

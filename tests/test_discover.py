@@ -141,3 +141,17 @@ def test_discover_with_no_broker_is_one_line() -> None:
     assert out.returncode == 1
     assert out.stderr.strip().startswith("ingest: error: broker 127.0.0.1:1:")
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_plain_values_name_their_measurement_from_the_topic() -> None:
+    """Two Gen1-Shelly-like devices under a base topic no preset knows."""
+    from ingest.patterns import propose  # noqa: PLC0415
+
+    messages = [Captured(f"home/{device}/{tail}", payload.encode())
+                for device in ("sh1-AAA1", "sh1-AAA2")
+                for tail, payload in (("relay/0", "on"), ("relay/0/power", "22.5"),
+                                      ("relay/1/power", "0"), ("temperature", "41.2"))]
+    found = {"/".join(p.levels): p.measurement for p in propose(messages)}
+    assert found == {"home/{sensor_id}/relay/{level4}/power": "relay_{level4}_power",
+                     "home/{sensor_id}/relay/0": "relay_0",
+                     "home/{sensor_id}/temperature": "temperature"}
