@@ -244,8 +244,9 @@ def _describe(pattern: Pattern, device: int, values: list[list[str]]) -> None:
 
 
 def _measurement(levels: list[str], device: int, values: list[list[str]]) -> str:
-    """The measurement template of a plain-value pattern, from the levels after the device:
-    the varying ones, and the last one unless it is a generic word (``state``); a channel
+    """The measurement template of a plain-value pattern, from the levels after the device.
+
+    The varying levels, and the last one unless it is a generic word (``state``); a channel
     number takes the level before it (relay/0 -> relay_0).
     """
     parts: list[str] = []
