@@ -16,7 +16,7 @@ import pytest
 
 from ingest.decode import Limits
 from ingest.mapping import Mapping
-from ingest.rules import preset_names
+from ingest.rules import parse, preset_names
 from tests.support.devices import PRESETS, Message, base_time, load, same_value
 from tests.support.procs import ROOT, Daemon, eventually
 
@@ -254,3 +254,34 @@ async def test_a_preset_by_name_subscribes_to_its_topics_and_each_message_counts
     docs = await db["readings"].find({"meta.sensor_id": device}).to_list()
     assert [(d["temperature"], d["state"]) for d in docs] == [(21.5, True)]
     assert proc.stop() == 0
+
+
+def test_shelly_notify_status_rule_as_documented() -> None:
+    """docs/presets.md: swap the ignored events/rpc rule for the commented one to read
+    NotifyStatus (with the device's own time); NotifyEvent then falls out as rejected."""
+    text = (ROOT / "ingest" / "presets" / "shelly.toml").read_text()
+    ignored = 'name = "shelly2-events"\ntopic = "+/events/rpc"\nignore = true\n'
+    assert ignored in text
+    start = text.index("# [[rule]]\n# name = \"shelly2-notify\"")
+    notify = "\n".join(line.removeprefix("# ") for line in text[start:].splitlines())
+    rules = parse(text[:start].replace(ignored, 'name = "gone"\ntopic = "nothing/here"\n'
+                                       'ignore = true\n') + notify, "copy")
+    now = time.time()
+    t = base_time(now)
+    status = orjson.dumps({"src": "shellypro4pm-f008d1d8b8b8", "dst": "user_1",
+                           "method": "NotifyStatus", "params": {
+                               "ts": round(t, 2), "switch:0": {"id": 0, "output": True,
+                                                               "source": "button"}}})
+    result = Mapping(rules).decode("shellypro4pm-f008d1d8b8b8/events/rpc", status, now,
+                                   Limits())
+    assert not result.decoded.rejections
+    [reading] = result.decoded.readings
+    assert (reading.sensor_id, reading.values) == (
+        "shellypro4pm-f008d1d8b8b8", {"params_switch_0_output": True})
+    assert reading.epoch == pytest.approx(t, abs=0.01)
+    event = orjson.dumps({"src": "shellyplus1-a8032abe54dc", "dst": "user_1",
+                          "method": "NotifyEvent", "params": {"ts": round(t, 2), "events": [
+                              {"component": "input:0", "id": 0, "event": "single_push",
+                               "ts": round(t, 2)}]}})
+    result = Mapping(rules).decode("shellyplus1-a8032abe54dc/events/rpc", event, now, Limits())
+    assert [r.reason for r in result.decoded.rejections] == ["bad_value", "no_measurements"]
