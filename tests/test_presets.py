@@ -262,7 +262,7 @@ def test_shelly_notify_status_rule_as_documented() -> None:
     text = (ROOT / "ingest" / "presets" / "shelly.toml").read_text()
     ignored = 'name = "shelly2-events"\ntopic = "+/events/rpc"\nignore = true\n'
     assert ignored in text
-    start = text.index("# [[rule]]\n# name = \"shelly2-notify\"")
+    start = text.index('# [[rule]]\n# name = "shelly2-notify"')
     notify = "\n".join(line.removeprefix("# ") for line in text[start:].splitlines())
     rules = parse(text[:start].replace(ignored, 'name = "gone"\ntopic = "nothing/here"\n'
                                        'ignore = true\n') + notify, "copy")
