@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ingest.decode import Limits
 from ingest.mapping import Mapping
@@ -285,3 +287,46 @@ def test_shelly_notify_status_rule_as_documented() -> None:
                                "ts": round(t, 2)}]}})
     result = Mapping(rules).decode("shellyplus1-a8032abe54dc/events/rpc", event, now, Limits())
     assert [r.reason for r in result.decoded.rejections] == ["bad_value", "no_measurements"]
+
+
+_HOSTILE_LEVEL = st.text(min_size=0, max_size=300).filter(lambda s: "/" not in s
+                                                          and "\0" not in s)
+_HOSTILE_PAYLOAD = st.one_of(
+    st.binary(max_size=2000),
+    st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                 lambda inner: st.lists(inner, max_size=5)
+                 | st.dictionaries(st.text(max_size=80), inner, max_size=8),
+                 max_leaves=40).map(lambda doc: orjson.dumps(
+                     doc, option=orjson.OPT_NON_STR_KEYS) if _dumpable(doc) else b"null"))
+_ALL = Mapping.load(None, COMBINED)
+_SAFE = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_FIELD = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _dumpable(doc: object) -> bool:
+    try:
+        orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        return False
+    return True
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(preset=st.sampled_from(PRESETS), index=st.integers(0, 40), level=_HOSTILE_LEVEL,
+       payload=_HOSTILE_PAYLOAD)
+def test_hostile_device_names_and_payloads_through_the_presets(
+        preset: str, index: int, level: str, payload: bytes) -> None:
+    """A fixture topic with its device level replaced by anything, and any payload: no
+    exception, and every stored sensor id, field name and tag stays inside the guard."""
+    messages = load(preset, base_time(time.time()))
+    levels = messages[index % len(messages)].topic.split("/")
+    levels[1 if len(levels) > 1 else 0] = level
+    result = _ALL.decode("/".join(levels), payload, time.time(), Limits())
+    for reading in result.decoded.readings:
+        assert _SAFE.fullmatch(reading.sensor_id)
+        assert all(_FIELD.fullmatch(name) and name not in {"ts", "_id", "meta"}
+                   for name in reading.values)
+        assert all(len(v) <= 256 for v in (reading.tags or {}).values())
+        assert all(not isinstance(v, str) or len(v.encode()) <= 256
+                   for v in reading.values.values())
