@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 MAX_MESSAGES = 100_000  # a hard bound on what one run keeps in memory
 MAX_PAYLOAD = 64 * 1024  # payloads kept per message (larger ones are cut for analysis)
+MAX_BYTES = 64 * 1024 * 1024  # payload bytes kept in all: listening stops there
 PRESET_FIT = 0.9  # share of a preset's non-ignored messages it must store to be proposed
 
 
@@ -62,6 +63,7 @@ async def capture(mqtt: MqttSettings, topics: Sequence[str], seconds: float,
     """Messages received on ``topics`` within ``seconds`` (at most ``max_messages``)."""
     tls = mqtt.ssl_context()
     out: list[Captured] = []
+    kept = 0
     async with aiomqtt.Client(mqtt.host, mqtt.port, username=mqtt.username,
                               password=mqtt.password, tls_context=tls,
                               identifier=f"ingest-discover-{uuid.uuid4().hex[:8]}") as client:
@@ -77,7 +79,8 @@ async def capture(mqtt: MqttSettings, topics: Sequence[str], seconds: float,
                     data = payload if isinstance(payload, bytes) else str(payload).encode()
                     out.append(Captured(message.topic.value, data[:MAX_PAYLOAD],
                                         bool(message.retain)))
-                    if len(out) >= max_messages:
+                    kept += min(len(data), MAX_PAYLOAD)
+                    if len(out) >= max_messages or kept >= MAX_BYTES:
                         break
     return out
 

@@ -155,3 +155,12 @@ def test_plain_values_name_their_measurement_from_the_topic() -> None:
     assert found == {"home/{sensor_id}/relay/{level4}/power": "relay_{level4}_power",
                      "home/{sensor_id}/relay/0": "relay_0",
                      "home/{sensor_id}/temperature": "temperature"}
+
+
+def test_discover_with_an_unknown_preset_is_one_line() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "ingest", "discover", "--preset", "nope", "--seconds", "1"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert out.returncode == 2
+    assert out.stderr.startswith("ingest: error: --preset nope: unknown preset (known: ")
+    assert len(out.stderr.strip().splitlines()) == 1
