@@ -164,3 +164,20 @@ def test_discover_with_an_unknown_preset_is_one_line() -> None:
     assert out.returncode == 2
     assert out.stderr.startswith("ingest: error: --preset nope: unknown preset (known: ")
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_topics_your_mapping_covers_are_not_proposed_again() -> None:
+    from ingest.discover import finish  # noqa: PLC0415
+
+    retained, live = fleet()
+    mine = parse('[[rule]]\nname = "boilers"\ntopic = "plant/{sensor_id}/{measurement}"\n'
+                 'format = "value"\n', "--mapping mine.toml")
+    captured = [Captured(t, p) for t, p in retained + live]
+    out, err = io.StringIO(), io.StringIO()
+    assert finish(captured, mine, [], out, err) == 0
+    assert 'topic = "plant/' not in out.getvalue()
+    assert "boilers" in err.getvalue()  # your rule's counts are in the report
+    check_proposal(out.getvalue() + '\n[[rule]]\nname = "boilers"\n'
+                   'topic = "plant/{sensor_id}/{measurement}"\nformat = "value"\n'
+                   '[rule.values]\nON = true\nOFF = false\n',
+                   ["tasmota", "zigbee2mqtt"], retained + live)
