@@ -368,3 +368,25 @@ def test_plain_values_of_one_device_in_one_millisecond_are_all_stored_in_bucket_
     kept = unique_readings(readings, plan)
     assert plan.conflicts == []
     assert sum(len(r.values) for r in kept) == 3
+
+
+def _matches(topic_filter: str, topic: str) -> bool:
+    """MQTT topic filter matching (``+`` one level, ``#`` the rest)."""
+    want, got = topic_filter.split("/"), topic.split("/")
+    for i, level in enumerate(want):
+        if level == "#":
+            return True
+        if i >= len(got) or (level not in {"+", got[i]}):
+            return False
+    return len(want) == len(got)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_each_reading_message_matches_one_subscription_of_its_preset(preset: str) -> None:
+    """A broker delivers a message once per matching subscription (mosquitto does, with
+    MQTT 5): a reading's topic under two of a preset's filters would be stored twice."""
+    subscriptions = Mapping.load(None, [preset]).subscriptions()
+    for msg in load(preset, base_time(time.time())):
+        if msg.readings:
+            matching = [f for f in subscriptions if _matches(f, msg.topic)]
+            assert len(matching) == 1, (msg.topic, matching)
