@@ -170,9 +170,7 @@ def report(counts: dict[str, Tally], sources: dict[str, str], unmatched: int,
 
 
 def overlaps(rules: Sequence[Rule], messages: Sequence[Captured], now: float) -> list[str]:
-    """Topics that carry readings and fall under two of the rules' subscriptions: with
-    those subscriptions a broker delivers them twice.
-    """
+    """Topics with readings under two of the rules' subscriptions (delivered twice)."""
     mapping = Mapping(list(rules))
     filters = mapping.subscriptions()
     found: dict[str, list[str]] = {}
