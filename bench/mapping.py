@@ -10,6 +10,7 @@ one, else the minimal rule below). The rounds alternate, and the ratio compares 
 of the two streams within the same run (the machine may be shared and noisy).
 
     .venv/bin/python -m bench.mapping [--messages 50000] [--sensors 1000] [--rounds 2]
+    .venv/bin/python -m bench.mapping --in-process    # decode + plan only, CPU time
 """
 
 from __future__ import annotations
@@ -18,13 +19,22 @@ import argparse
 import json
 import statistics
 import tempfile
+import time
+from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 
 from bench.consume import payloads, run_daemon
-from ingest.rules import preset_names
+from ingest.decode import Limits, decode
+from ingest.mapping import Mapping
+from ingest.rules import parse, preset_names
+from ingest.writers.bucket import BucketWriter
 from tests.support.procs import Broker
+
+if TYPE_CHECKING:
+    from ingest.model import Reading
 
 RULE = """
 [[rule]]
@@ -54,6 +64,43 @@ def zigbee2mqtt(messages: int, sensors: int) -> tuple[list[bytes], list[str]]:
     return lines, topics
 
 
+def in_process(messages: int, sensors: int, rounds: int) -> dict[str, float]:
+    """CPU microseconds per reading to decode and plan bucket writes, best of ``rounds``.
+
+    The daemon's share of the work that differs between the two streams, without the
+    broker, the MQTT client and the machine's other load (process time, not wall time).
+    """
+    default_lines = payloads(messages, 1)
+    z2m_lines, z2m_topics = zigbee2mqtt(messages, sensors)
+    mapping = Mapping(parse(RULE, "bench"))
+    limits = Limits()
+    writer = BucketWriter(defaultdict(lambda: None), None, 3600, 3600)  # type: ignore[arg-type]
+    now = time.time()
+
+    def default() -> list[Reading]:
+        out: list[Reading] = []
+        for line in default_lines:
+            out.extend(decode("bench/s0/readings", line, now, limits).readings)
+        return out
+
+    def mapped() -> list[Reading]:
+        out: list[Reading] = []
+        for line, topic in zip(z2m_lines, z2m_topics, strict=True):
+            out.extend(mapping.decode(topic, line, now, limits).decoded.readings)
+        return out
+
+    best = {"default": float("inf"), "zigbee2mqtt": float("inf")}
+    for _ in range(rounds):
+        for name, run in (("default", default), ("zigbee2mqtt", mapped)):
+            started = time.process_time()
+            readings = run()
+            for start in range(0, len(readings), 2000):
+                writer.plan(readings[start:start + 2000])
+            spent = (time.process_time() - started) / len(readings) * 1e6
+            best[name] = min(best[name], spent)
+    return best
+
+
 def one_run(workdir: Path, lines: list[bytes], batch: int, extra: tuple[str, ...],
             topics: list[str] | None) -> float:
     broker = Broker(workdir)
@@ -72,7 +119,16 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=2000)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--in-process", action="store_true",
+                        help="only decode and plan in this process (CPU time per reading)")
     args = parser.parse_args()
+    if args.in_process:
+        best = in_process(args.messages, args.sensors, max(args.rounds, 3))
+        print(f"CPU µs per reading (decode + bucket plan, best of {max(args.rounds, 3)}): "
+              f"default {best['default']:.2f}, zigbee2mqtt {best['zigbee2mqtt']:.2f}; "
+              f"readings/s ratio zigbee2mqtt / default: "
+              f"{best['default'] / best['zigbee2mqtt']:.2f}")
+        return 0
     default_lines = payloads(args.messages, 1)
     z2m_lines, z2m_topics = zigbee2mqtt(args.messages, args.sensors)
     rates: dict[str, list[float]] = {"default": [], "zigbee2mqtt": []}
