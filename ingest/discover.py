@@ -30,7 +30,7 @@ from ingest.config import parse_mqtt_url, read_secret
 from ingest.decode import Limits
 from ingest.errors import ConfigError
 from ingest.mapping import Mapping
-from ingest.patterns import Captured, Pattern, filter_matches, propose, rule_text
+from ingest.patterns import Captured, Pattern, propose, rule_text
 from ingest.rules import load_file, load_preset, parse, preset_names
 
 if TYPE_CHECKING:
@@ -169,27 +169,10 @@ def report(counts: dict[str, Tally], sources: dict[str, str], unmatched: int,
         out.write(f"({idle} other rule(s) matched none of the captured messages)\n")
 
 
-def overlaps(rules: Sequence[Rule], messages: Sequence[Captured], now: float) -> list[str]:
-    """Topics with readings under two of the rules' subscriptions (delivered twice)."""
-    mapping = Mapping(list(rules))
-    filters = mapping.subscriptions()
-    found: dict[str, list[str]] = {}
-    for msg in messages:
-        if msg.topic in found:
-            continue
-        matching = [f for f in filters if filter_matches(f, msg.topic)]
-        if len(matching) > 1 and mapping.decode(msg.topic, msg.payload, now,
-                                                Limits()).decoded.readings:
-            found[msg.topic] = matching
-    return [f"{topic} is under {' and '.join(fs)}: subscribed to both, the broker "
-            "delivers it twice (stored twice); run with --topic filters that do not "
-            "overlap, or narrow a rule's topic" for topic, fs in list(found.items())[:5]]
-
-
 def advice(counts: dict[str, Tally], patterns: list[Pattern], fits: list[str],
-           out: TextIO, warnings: Sequence[str] = ()) -> None:
+           out: TextIO) -> None:
     """What to edit next."""
-    tips = list(warnings)
+    tips = []
     if fits:
         tips.append("run with " + " ".join(f"--preset {n}" for n in fits)
                     + " --mapping <this file> (your file's rules are tried first)")
@@ -248,7 +231,7 @@ def finish(messages: list[Captured], given: list[Rule], presets: Sequence[str],
     sources = {r.name: r.source.removeprefix("--") for r in rules}
     out.write(text)
     report(counts, sources, len(unmatched), err)
-    advice(counts, patterns, [n for n, _ in fits], err, overlaps(rules, messages, now))
+    advice(counts, patterns, [n for n, _ in fits], err)
     return 0
 
 

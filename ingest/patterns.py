@@ -104,17 +104,6 @@ def _now() -> float:
     return datetime.now().timestamp()  # noqa: DTZ005 - an epoch, no zone involved
 
 
-def filter_matches(topic_filter: str, topic: str) -> bool:
-    """MQTT topic filter matching (``+`` one level, ``#`` this level and all below)."""
-    want, got = topic_filter.split("/"), topic.split("/")
-    for i, level in enumerate(want):
-        if level == "#":
-            return True
-        if i >= len(got) or level not in {"+", got[i]}:
-            return False
-    return len(want) == len(got)
-
-
 def device_score(level: str, position: int) -> int:
     """How much a constant topic level looks like a device id (higher: more)."""
     if position == 0:

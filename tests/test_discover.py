@@ -181,15 +181,3 @@ def test_topics_your_mapping_covers_are_not_proposed_again() -> None:
                    'topic = "plant/{sensor_id}/{measurement}"\nformat = "value"\n'
                    '[rule.values]\nON = true\nOFF = false\n',
                    ["tasmota", "zigbee2mqtt"], retained + live)
-
-
-def test_topics_under_two_filters_are_pointed_out() -> None:
-    from ingest.discover import finish  # noqa: PLC0415
-
-    captured = [Captured(f"dev/{d}/{m}", b"21.5") for d in ("a1", "a2")
-                for m in ("temperature", "humidity")]
-    captured += [Captured(f"dev/{d}/info", b'{"rssi": -60}') for d in ("a1", "a2")]
-    out, err = io.StringIO(), io.StringIO()
-    assert finish(captured, [], [], out, err) == 0
-    assert 'topic = "dev/{sensor_id}/{measurement}"' in out.getvalue()
-    assert "dev/a1/info is under dev/+/info and dev/+/+: subscribed to both" in err.getvalue()
