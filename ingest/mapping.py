@@ -258,19 +258,22 @@ class Mapping:
         rule = matched.rule
         if item.problems:
             rejections.extend(_at(p, index) for p in item.problems)
-        sensor = self._sensor_of(matched, item)
-        if isinstance(sensor, Rejection):
-            rejections.append(_at(sensor, index))
+        sensor = matched.sensor
+        if sensor is None:
+            sensor = self._sensor_of(matched, item)
+        if type(sensor) is not str:
+            rejections.append(_at(sensor, index))  # type: ignore[arg-type]
             return None
-        instant = self._instant(item, rule, now)
-        if instant is None:
-            rejections.append(Rejection("bad_timestamp", f"time {str(item.ts)[:60]!r} is not "
-                                        f"{rule.time.format} time", index))
-            return None
-        epoch, ms = instant
         if item.ts is None and item.epoch is None:  # timed at arrival
-            ms = self._arrival(sensor, ms)
+            ms = self._arrival(sensor, math.floor(now * 1000))
             epoch = ms / 1000
+        else:
+            instant = self._instant(item, rule, now)
+            if instant is None:
+                rejections.append(Rejection("bad_timestamp", f"time {str(item.ts)[:60]!r} is "
+                                            f"not {rule.time.format} time", index))
+                return None
+            epoch, ms = instant
         if not window[0] <= epoch <= window[1]:
             rejections.append(Rejection("ts_out_of_window",
                                         f"ts {epoch:.3f} outside the accepted window", index))
@@ -280,10 +283,13 @@ class Mapping:
             rejections.append(Rejection("no_measurements", "no measurement left to store",
                                         index))
             return None
-        tags = _tags(matched, item)
-        if isinstance(tags, Rejection):
-            rejections.append(_at(tags, index))
-            return None
+        if item.tags is None and item.context is None:  # tags from the topic only
+            tags: dict[str, str] | Rejection = matched.tags
+        else:
+            tags = _tags(matched, item)
+            if isinstance(tags, Rejection):
+                rejections.append(_at(tags, index))
+                return None
         units = None
         if item.units:
             renamed = ((self._resolve(rule, k), u[:64]) for k, u in item.units.items())
@@ -308,8 +314,6 @@ class Mapping:
     def _instant(self, item: Item, rule: Rule, now: float) -> tuple[float, int] | None:
         if item.epoch is not None:  # SenML: resolved, relative below 2**28
             return from_seconds(item.epoch + now if item.epoch < senml.RELATIVE else item.epoch)
-        if item.ts is None:
-            return from_seconds(now)
         return parse(item.ts, rule.time.format, rule.time.zone)
 
     def _sensor_of(self, matched: _Topic, item: Item) -> str | Rejection:
