@@ -229,6 +229,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     check.add_argument("--topic-name", required=True, help="the message's MQTT topic")
     check.add_argument("payload", nargs="?", default="-",
                        help="the payload; '-' or nothing reads it from stdin")
+    _discover_parser(commands, env)
     return parser
 
 
@@ -289,6 +290,27 @@ def local_settings(args: argparse.Namespace) -> LocalSettings:
     return local
 
 
+def _discover_parser(commands: argparse._SubParsersAction[_Parser],
+                     env: Mapping[str, str]) -> None:
+    integer, real = _number(int, "this flag"), _number(float, "this flag")
+    discover = commands.add_parser(
+        "discover", help="listen to a broker and propose a mapping file for what it sees",
+        formatter_class=DefaultsHelpFormatter,
+        description="Prints a proposed mapping file on stdout and, on stderr, what each "
+                    "rule would accept, reject or ignore of the messages heard.")
+    _flag(discover, env, "mqtt-url", "broker URL: mqtt://[user[:pass]@]host[:port] or "
+          "mqtts://", "mqtt://localhost:1883")
+    _flag(discover, env, "mqtt-password-file", "read the MQTT password from this file")
+    _flag(discover, env, "mqtt-ca-file", "CA bundle to verify the broker (mqtts://)")
+    discover.add_argument("--topic", action="append", default=None,
+                          help="topic filter to listen to, repeatable (default #)")
+    discover.add_argument("--seconds", type=real, default=30.0,
+                          help="how long to listen")
+    discover.add_argument("--max-messages", type=integer, default=10_000,
+                          help="stop listening after this many messages")
+    _mapping_flags(discover, env)
+
+
 def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     """Validated settings from parsed arguments and the environment."""
     mongodb_uri = args.mongodb_uri
@@ -338,6 +360,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     try:
         args = build_parser(env).parse_args(argv)
+        if args.command == "discover":
+            from ingest.discover import main as discover  # noqa: PLC0415 - its own command
+
+            return discover(args, env)
         if args.command == "check":
             from ingest.check import check  # noqa: PLC0415 - a separate, short-lived command
 

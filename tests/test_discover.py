@@ -1,0 +1,183 @@
+"""``ingest discover``: a mixed fleet on a real broker, retained and live; the proposal must
+load as a mapping file and, with the presets it names, store every data message."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiomqtt
+import orjson
+
+from ingest.decode import Limits
+from ingest.mapping import Mapping
+from ingest.patterns import Captured, payload_kind
+from ingest.rules import load_preset, parse
+from tests.support.procs import ROOT
+
+if TYPE_CHECKING:
+    from tests.support.procs import Broker
+
+NOW = time.time()
+BINARY = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01"
+
+
+def fleet() -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+    """(retained, live) messages of a mixed fleet."""
+    def js(doc: Any) -> bytes:
+        return orjson.dumps(doc)
+
+    retained = [
+        ("zigbee2mqtt/bridge/state", b"online"),
+        ("zigbee2mqtt/Living Room", js({"temperature": 21.5, "occupancy": True})),
+        ("tele/tasmota_1A2B3C/LWT", b"Online"),
+        *((f"factory/line1/press-{n}/status", b"online") for n in (7, 8, 9)),
+    ]
+    live = [
+        ("zigbee2mqtt/hall", js({"temperature": 20.5, "linkquality": 100})),
+        ("tele/tasmota_1A2B3C/SENSOR", js({"Time": "2026-11-21T09:00:00",
+                                           "AM2301": {"Temperature": 22.5}, "TempUnit": "C"})),
+        *((f"factory/line1/press-{n}/telemetry",
+           js({"ts": int(NOW * 1000) - n, "spindle": {"rpm": 1200 + n, "temp": 40.5},
+               "mode": "auto", "alarms": []})) for n in (7, 8, 9)),
+        *((f"plant/boiler-{n}/{q}", f"{70 + n}.5".encode())
+          for n in (1, 2) for q in ("temperature", "pressure")),
+        ("plant/boiler-1/pump", b"ON"), ("plant/boiler-2/pump", b"OFF"),
+        ("sensors/s1/readings", js({"ts": NOW - 5, "temp": 20.1})),
+        ("sensors/s2/readings", js({"ts": NOW - 5, "temp": 20.2, "hum": 41})),
+        ("lab/gw1/senml", js([{"bn": "urn:dev:mac:0024befffe804ff1:", "bt": NOW,
+                               "n": "temp", "u": "Cel", "v": 22.5},
+                              {"n": "hum", "u": "%RH", "v": 40}])),
+        ("telegraf/host1", f"cpu,host=a usage=0.5 {int(NOW * 1e9)}".encode()),
+        ("telegraf/host2", f"cpu,host=b usage=0.7 {int(NOW * 1e9)}".encode()),
+        ("cams/door/snapshot", BINARY),
+    ]
+    return retained, live
+
+
+def test_payload_kinds_are_recognised() -> None:
+    retained, live = fleet()
+    kinds = {topic: payload_kind(topic, payload) for topic, payload in retained + live}
+    assert kinds["factory/line1/press-7/telemetry"] == "json"
+    assert kinds["plant/boiler-1/temperature"] == "value"
+    assert kinds["sensors/s1/readings"] == "ingest"
+    assert kinds["lab/gw1/senml"] == "senml"
+    assert kinds["telegraf/host1"] == "influx"
+    assert kinds["cams/door/snapshot"] == "binary"
+
+
+def check_proposal(text: str, presets: list[str], messages: list[tuple[str, bytes]]) -> None:
+    """The proposal loads; with the presets it stores every message but the binary one."""
+    rules = parse(text, "proposal")
+    for name in presets:
+        rules.extend(load_preset(name))
+    mapping = Mapping(rules)
+    outcomes = {}
+    for topic, payload in messages:
+        result = mapping.decode(topic, payload, time.time(), Limits())
+        assert result.rule is not None, f"{topic}: no rule"
+        assert not result.decoded.rejections, (topic, result.decoded.rejections)
+        outcomes[topic] = "ignored" if result.ignored else len(result.decoded.readings)
+    assert outcomes["cams/door/snapshot"] == "ignored"
+    assert outcomes["factory/line1/press-7/status"] == "ignored"
+    assert outcomes["zigbee2mqtt/bridge/state"] == "ignored"
+    stored = [t for t, n in outcomes.items() if n != "ignored"]
+    assert all(outcomes[t] >= 1 for t in stored)
+    assert outcomes["lab/gw1/senml"] == 1  # temp and hum: one reading of two values
+
+
+def test_a_proposal_from_a_capture_stores_the_fleet() -> None:
+    from ingest.discover import finish  # noqa: PLC0415
+
+    retained, live = fleet()
+    captured = [Captured(t, p, retained=True) for t, p in retained]
+    captured += [Captured(t, p) for t, p in live]
+    out, err = io.StringIO(), io.StringIO()
+    assert finish(captured, [], [], out, err) == 0
+    text = out.getvalue()
+    assert "use --preset tasmota" in text
+    assert "use --preset zigbee2mqtt" in text
+    assert 'topic = "plant/{sensor_id}/{measurement}"' in text
+    assert 'field = "ts"' in text  # epoch milliseconds found and used
+    check_proposal(text, ["tasmota", "zigbee2mqtt"], retained + live)
+    report = err.getvalue()
+    assert "accepted" in report
+    assert "--preset tasmota --preset zigbee2mqtt" in report
+
+
+async def test_discover_listens_to_a_broker_and_proposes_a_working_mapping(
+        persistent: Broker) -> None:
+    retained, live = fleet()
+    async with aiomqtt.Client("127.0.0.1", persistent.port) as client:
+        for topic, payload in retained:
+            await client.publish(topic, payload, qos=1, retain=True)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ingest", "discover", "--mqtt-url", persistent.url,
+        "--seconds", "5", cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    first = await asyncio.wait_for(proc.stderr.readline(), 20)
+    assert first.startswith(b"listening to #"), first
+    async with aiomqtt.Client("127.0.0.1", persistent.port) as client:
+        for topic, payload in live:
+            await client.publish(topic, payload, qos=1)
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), 30)
+    report = stderr.decode()
+    assert proc.returncode == 0, report
+    assert f"captured {len(retained) + len(live)} message(s)" in report
+    assert f"({len(retained)} retained)" in report
+    text = stdout.decode()
+    check_proposal(text, ["tasmota", "zigbee2mqtt"], retained + live)
+    assert "--preset tasmota --preset zigbee2mqtt --mapping <this file>" in report
+
+
+def test_discover_with_no_broker_is_one_line() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "ingest", "discover", "--mqtt-url", "mqtt://127.0.0.1:1",
+         "--seconds", "1"], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert out.returncode == 1
+    assert out.stderr.strip().startswith("ingest: error: broker 127.0.0.1:1:")
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_plain_values_name_their_measurement_from_the_topic() -> None:
+    """Two Gen1-Shelly-like devices under a base topic no preset knows."""
+    from ingest.patterns import propose  # noqa: PLC0415
+
+    messages = [Captured(f"home/{device}/{tail}", payload.encode())
+                for device in ("sh1-AAA1", "sh1-AAA2")
+                for tail, payload in (("relay/0", "on"), ("relay/0/power", "22.5"),
+                                      ("relay/1/power", "0"), ("temperature", "41.2"))]
+    found = {"/".join(p.levels): p.measurement for p in propose(messages)}
+    assert found == {"home/{sensor_id}/relay/{level4}/power": "relay_{level4}_power",
+                     "home/{sensor_id}/relay/0": "relay_0",
+                     "home/{sensor_id}/temperature": "temperature"}
+
+
+def test_discover_with_an_unknown_preset_is_one_line() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "ingest", "discover", "--preset", "nope", "--seconds", "1"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert out.returncode == 2
+    assert out.stderr.startswith("ingest: error: --preset nope: unknown preset (known: ")
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_topics_your_mapping_covers_are_not_proposed_again() -> None:
+    from ingest.discover import finish  # noqa: PLC0415
+
+    retained, live = fleet()
+    mine = parse('[[rule]]\nname = "boilers"\ntopic = "plant/{sensor_id}/{measurement}"\n'
+                 'format = "value"\n', "--mapping mine.toml")
+    captured = [Captured(t, p) for t, p in retained + live]
+    out, err = io.StringIO(), io.StringIO()
+    assert finish(captured, mine, [], out, err) == 0
+    assert 'topic = "plant/' not in out.getvalue()
+    assert "boilers" in err.getvalue()  # your rule's counts are in the report
+    check_proposal(out.getvalue() + '\n[[rule]]\nname = "boilers"\n'
+                   'topic = "plant/{sensor_id}/{measurement}"\nformat = "value"\n'
+                   '[rule.values]\nON = true\nOFF = false\n',
+                   ["tasmota", "zigbee2mqtt"], retained + live)

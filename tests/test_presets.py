@@ -1,0 +1,391 @@
+"""Presets against device-shaped messages: through the engine, ``ingest check``, and the
+real daemon with a real broker and store in both modes."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ingest.decode import Limits
+from ingest.mapping import Mapping
+from ingest.rules import parse, preset_names
+from tests.support.devices import PRESETS, Expected, Message, base_time, load, same_value
+from tests.support.procs import ROOT, Daemon, eventually
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from ingest.model import Reading
+    from tests.support.procs import Broker
+
+# The order docs/presets.md recommends when combining them (fixed prefixes first), then
+# any other shipped preset.
+ORDER = ("homeassistant", "zigbee2mqtt", "tasmota", "shelly", "esphome", "senml", "influx")
+COMBINED = (*ORDER, *sorted(set(preset_names()) - set(ORDER)))
+
+
+def outcome(mapping: Mapping, msg: Message, now: float, t: float,
+            any_ignore_rule: bool = False) -> list[str]:
+    """What is wrong with the engine's answer to one fixture message (empty: nothing)."""
+    result = mapping.decode(msg.topic, msg.payload, now, Limits())
+    name = result.rule.name if result.rule is not None else None
+    same_rule = name == msg.rule or (any_ignore_rule and msg.ignored)
+    problems = [] if same_rule else [f"rule {name}, expected {msg.rule}"]
+    reasons = [r.reason for r in result.decoded.rejections]
+    if msg.ignored:
+        return problems + ([] if result.ignored else ["not ignored"])
+    if msg.rejections:
+        return problems + ([] if reasons == list(msg.rejections) else [f"rejected {reasons}"])
+    if reasons:
+        problems.append(f"rejected: {result.decoded.rejections}")
+    got = result.decoded.readings
+    if len(got) != len(msg.readings):
+        return [*problems, f"{len(got)} readings, expected {len(msg.readings)}"]
+    for reading, want in zip(got, msg.readings, strict=True):
+        problems += reading_problems(reading, want, now, t)
+    return problems
+
+
+def reading_problems(reading: Reading, want: Expected, now: float, t: float) -> list[str]:
+    """What differs between a decoded reading and the fixture's expected one."""
+    problems = []
+    if reading.sensor_id != want.sensor_id:
+        problems.append(f"sensor {reading.sensor_id}, expected {want.sensor_id}")
+    if reading.values.keys() != want.values.keys() or not all(
+            same_value(reading.values[k], v) for k, v in want.values.items()):
+        problems.append(f"values {reading.values}, expected {want.values}")
+    if (reading.tags or None) != (want.tags or None):
+        problems.append(f"tags {reading.tags}, expected {want.tags}")
+    if want.ts == "T" and abs(reading.epoch - t) > 0.0005:
+        problems.append(f"time {reading.epoch}, expected {t}")
+    # Arrival times of one sensor are made distinct: a millisecond later per reading that
+    # arrived in the same millisecond (fixtures have fewer than 100 messages).
+    if want.ts == "arrival" and not now - 0.001 <= reading.epoch <= now + 0.1:
+        problems.append(f"time {reading.epoch}, expected the arrival time {now}")
+    return problems
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_fixture_gives_the_documented_readings(preset: str) -> None:
+    now = time.time()
+    t = base_time(now)
+    mapping = Mapping.load(None, [preset])
+    wrong = {m.topic: p for m in load(preset, t) if (p := outcome(mapping, m, now, t))}
+    assert wrong == {}
+
+
+def test_presets_combined_leave_every_fixture_on_its_own_rule() -> None:
+    """All shipped presets loaded at once: names unique, no preset shadowing another's
+    readings (a housekeeping topic may be ignored by another preset's identical rule)."""
+    assert set(ORDER) <= set(preset_names())
+    now = time.time()
+    t = base_time(now)
+    mapping = Mapping.load(None, COMBINED)
+    wrong = {m.topic: p for preset in PRESETS for m in load(preset, t)
+             if (p := outcome(mapping, m, now, t, any_ignore_rule=True))}
+    assert wrong == {}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_check_shows_a_fixture_reading_and_an_ignored_topic(preset: str) -> None:
+    messages = load(preset, base_time(time.time()))
+    stored = next(m for m in messages if m.readings and m.readings[0].ts == "arrival")
+    ignored = next(m for m in messages if m.ignored)
+    out = _check(preset, stored)
+    assert out.returncode == 0, out.stderr
+    line = orjson.loads(out.stdout)
+    want = stored.readings[0]
+    assert (line["rule"], line["sensor_id"], line["values"]) == (
+        stored.rule, want.sensor_id, want.values)
+    assert line["tags"] == (want.tags or {})
+    out = _check(preset, ignored)
+    assert (out.returncode, out.stdout.strip()) == (0, f"ignored by rule {ignored.rule}")
+
+
+def _check(preset: str, msg: Message) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ingest", "check", "--preset", preset, "--topic-name",
+         msg.topic, msg.payload.decode()],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_files_name_what_they_follow(preset: str) -> None:
+    text = (ROOT / "ingest" / "presets" / f"{preset}.toml").read_text()
+    assert re.search(r"^# .*\bfollows\b", text, re.MULTILINE | re.IGNORECASE), "name the source"
+    assert f"--preset {preset}" in text.splitlines()[0]
+
+
+# ---------------------------------------------------------------- the real daemon
+
+def prefixed(preset: str, root: str, directory: Path) -> Path:
+    """The preset as a user's copy under a base topic of their own (``root/...``): what
+    docs/presets.md tells a user to do, and what keeps tests apart on one broker."""
+    text = (ROOT / "ingest" / "presets" / f"{preset}.toml").read_text()
+    text, n = re.subn(r'^topic = "(.*)"$', lambda m: f'topic = "{root}/{m.group(1)}"', text,
+                      flags=re.MULTILINE)
+    assert n > 0
+    path = directory / f"{preset}.toml"
+    path.write_text(text)
+    return path
+
+
+async def stored_rows(db: Any, mode: str) -> list[dict[str, Any]]:
+    """Every stored reading: sensor_id, ts, values, tags, and its bucket document."""
+    rows: list[dict[str, Any]] = []
+    if mode == "timeseries":
+        for doc in await db["readings"].find({}).to_list():
+            meta = dict(doc["meta"])
+            values = {k: v for k, v in doc.items() if k not in {"_id", "ts", "meta", "units"}}
+            rows.append({"sensor_id": meta.pop("sensor_id"), "ts": doc["ts"],
+                         "values": values, "tags": meta or None, "doc": None})
+        return rows
+    for doc in await db["buckets"].find({}).to_list():
+        for entry in doc["readings"]:
+            values = {k: v for k, v in entry.items() if k not in {"ts", "seq"}}
+            rows.append({"sensor_id": doc["sensor_id"], "ts": entry["ts"], "values": values,
+                         "tags": doc.get("tags"), "doc": doc})
+    return rows
+
+
+def exact_statistics(doc: dict[str, Any]) -> dict[str, Any]:
+    """Bucket statistics recomputed from the document's readings: numbers and booleans
+    (as 0/1), no statistics for strings."""
+    stats: dict[str, dict[str, Any]] = {}
+    for entry in doc["readings"]:
+        for name, value in entry.items():
+            if name in {"ts", "seq"} or isinstance(value, str):
+                continue
+            number = int(value) if isinstance(value, bool) else value
+            s = stats.setdefault(name, {"count": 0, "sum": 0, "min": number, "max": number})
+            s["count"] += 1
+            s["sum"] += number
+            s["min"], s["max"] = min(s["min"], number), max(s["max"], number)
+    return stats
+
+
+def assert_counted(metrics: dict[str, float], messages: list[Message]) -> None:
+    """Ignored topics counted per rule, accepted messages per rule, no other rejection."""
+    ignored: dict[str, int] = {}
+    accepted: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    for m in messages:
+        if m.ignored:
+            ignored[m.rule] = ignored.get(m.rule, 0) + 1
+        elif m.readings:
+            accepted[m.rule] = accepted.get(m.rule, 0) + 1
+        for reason in m.rejections:
+            reasons[reason] = reasons.get(reason, 0) + 1
+    for rule, count in ignored.items():
+        assert metrics[f'ingest_messages_ignored_total{{rule="{rule}"}}'] == count, rule
+    for rule, count in accepted.items():
+        assert metrics[f'ingest_rule_messages_total{{outcome="accepted",rule="{rule}"}}'] \
+            == count, rule
+    rejected = {k: v for k, v in metrics.items()
+                if k.startswith("ingest_readings_rejected_total{") and v}
+    assert rejected == {f'ingest_readings_rejected_total{{reason="{r}"}}': float(n)
+                        for r, n in reasons.items()}
+
+
+def find_row(rows: list[dict[str, Any]], sensor_id: str, values: dict[str, Any]
+             ) -> dict[str, Any] | None:
+    for row in rows:
+        if row["sensor_id"] == sensor_id and row["values"].keys() == values.keys() and all(
+                same_value(row["values"][k], v) for k, v in values.items()):
+            rows.remove(row)
+            return row
+    return None
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+async def test_preset_messages_are_stored_through_the_daemon(
+        preset: str, daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str,
+        db: Any, tmp_path: Path) -> None:
+    proc = daemon("--mapping", str(prefixed(preset, topic_root, tmp_path)))
+    started = time.time()
+    t = base_time(started)
+    messages = load(preset, t)
+    await publish([(f"{topic_root}/{m.topic}", m.payload) for m in messages])
+    finished = time.time()
+    expected = [(m, r) for m in messages for r in m.readings]
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == len(messages))
+    await eventually(lambda: proc.metric(
+        f'ingest_readings_written_total{{mode="{mode}"}}') == len(expected))
+    assert_counted(proc.metrics(), messages)
+
+    rows = await stored_rows(db, mode)
+    assert len(rows) == len(expected)
+    instant = datetime.fromtimestamp(t, UTC)
+    for msg, want in expected:
+        row = find_row(rows, want.sensor_id, want.values)
+        assert row is not None, f"{msg.topic}: {want} not stored"
+        if want.ts == "T":
+            assert row["ts"] == instant, msg.topic
+        else:
+            assert started - 1 <= row["ts"].timestamp() <= finished + 5, msg.topic
+        if mode == "timeseries":
+            assert row["tags"] == want.tags, msg.topic
+        else:
+            assert set(want.tags or {}) <= set(row["tags"] or {}), msg.topic
+    if mode == "bucket":
+        for doc in await db["buckets"].find({}).to_list():
+            assert doc["count"] == len(doc["readings"])
+            assert doc.get("stats", {}) == exact_statistics(doc), doc["sensor_id"]
+    assert proc.stop() == 0
+
+
+async def test_a_preset_by_name_subscribes_to_its_topics_and_each_message_counts_once(
+        broker: Broker, mongo_uri: str, db_name: str, db: Any, tmp_path: Path,
+        publish: Any) -> None:
+    """``--preset zigbee2mqtt`` with no --topic: the daemon subscribes to the preset's
+    filters, whose overlaps (``zigbee2mqtt/+/availability`` and ``zigbee2mqtt/+/+``) must
+    not deliver a message twice; a topic outside the preset never arrives."""
+    device = f"dev{uuid.uuid4().hex[:8]}"
+    proc = Daemon(["--mqtt-url", broker.url, "--mongodb-uri", mongo_uri, "--db", db_name,
+                   "--client-id", f"ingest-{device}", "--flush-interval", "0.2",
+                   "--mode", "timeseries", "--preset", "zigbee2mqtt"],
+                  tmp_path / "daemon.log").start()
+    try:
+        await publish([(f"zigbee2mqtt/{device}", b'{"temperature":21.5,"state":"ON"}'),
+                       (f"zigbee2mqtt/{device}/availability", b'{"state":"online"}'),
+                       (f"elsewhere/{device}", b'{"temperature":1}'),
+                       # Last, on a topic only one filter matches: once it is written, any
+                       # second copy of the messages before it has been received too.
+                       (f"zigbee2mqtt/{device}-last", b'{"temperature":1}')])
+        await eventually(
+            lambda: proc.metric('ingest_readings_written_total{mode="timeseries"}') == 2)
+        metrics = proc.metrics()
+        assert metrics["ingest_messages_received_total"] == 3
+        assert metrics['ingest_messages_ignored_total{rule="z2m-availability"}'] == 1
+        docs = await db["readings"].find({"meta.sensor_id": device}).to_list()
+        assert [(d["temperature"], d["state"]) for d in docs] == [(21.5, True)]
+    finally:
+        assert proc.stop() == 0
+
+
+def test_shelly_notify_status_rule_as_documented() -> None:
+    """docs/presets.md: swap the ignored events/rpc rule for the commented one to read
+    NotifyStatus (with the device's own time); NotifyEvent then falls out as rejected."""
+    text = (ROOT / "ingest" / "presets" / "shelly.toml").read_text()
+    ignored = 'name = "shelly2-events"\ntopic = "+/events/rpc"\nignore = true\n'
+    assert ignored in text
+    start = text.index('# [[rule]]\n# name = "shelly2-notify"')
+    notify = "\n".join(line.removeprefix("# ") for line in text[start:].splitlines())
+    rules = parse(text[:start].replace(ignored, 'name = "gone"\ntopic = "nothing/here"\n'
+                                       'ignore = true\n') + notify, "copy")
+    now = time.time()
+    t = base_time(now)
+    status = orjson.dumps({"src": "shellypro4pm-f008d1d8b8b8", "dst": "user_1",
+                           "method": "NotifyStatus", "params": {
+                               "ts": round(t, 2), "switch:0": {"id": 0, "output": True,
+                                                               "source": "button"}}})
+    result = Mapping(rules).decode("shellypro4pm-f008d1d8b8b8/events/rpc", status, now,
+                                   Limits())
+    assert not result.decoded.rejections
+    [reading] = result.decoded.readings
+    assert (reading.sensor_id, reading.values) == (
+        "shellypro4pm-f008d1d8b8b8", {"params_switch_0_output": True})
+    assert reading.epoch == pytest.approx(t, abs=0.01)
+    event = orjson.dumps({"src": "shellyplus1-a8032abe54dc", "dst": "user_1",
+                          "method": "NotifyEvent", "params": {"ts": round(t, 2), "events": [
+                              {"component": "input:0", "id": 0, "event": "single_push",
+                               "ts": round(t, 2)}]}})
+    result = Mapping(rules).decode("shellyplus1-a8032abe54dc/events/rpc", event, now, Limits())
+    assert [r.reason for r in result.decoded.rejections] == ["bad_value", "no_measurements"]
+
+
+_HOSTILE_LEVEL = st.text(min_size=0, max_size=300).filter(lambda s: "/" not in s
+                                                          and "\0" not in s)
+_HOSTILE_PAYLOAD = st.one_of(
+    st.binary(max_size=2000),
+    st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                 lambda inner: st.lists(inner, max_size=5)
+                 | st.dictionaries(st.text(max_size=80), inner, max_size=8),
+                 max_leaves=40).map(lambda doc: orjson.dumps(
+                     doc, option=orjson.OPT_NON_STR_KEYS) if _dumpable(doc) else b"null"))
+_ALL = Mapping.load(None, COMBINED)
+_SAFE = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_FIELD = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _dumpable(doc: object) -> bool:
+    try:
+        orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS)
+    except (TypeError, orjson.JSONEncodeError):
+        return False
+    return True
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(preset=st.sampled_from(PRESETS), index=st.integers(0, 40), level=_HOSTILE_LEVEL,
+       payload=_HOSTILE_PAYLOAD)
+def test_hostile_device_names_and_payloads_through_the_presets(
+        preset: str, index: int, level: str, payload: bytes) -> None:
+    """A fixture topic with its device level replaced by anything, and any payload: no
+    exception, and every stored sensor id, field name and tag stays inside the guard."""
+    messages = load(preset, base_time(time.time()))
+    levels = messages[index % len(messages)].topic.split("/")
+    levels[1 if len(levels) > 1 else 0] = level
+    result = _ALL.decode("/".join(levels), payload, time.time(), Limits())
+    for reading in result.decoded.readings:
+        assert _SAFE.fullmatch(reading.sensor_id)
+        assert all(_FIELD.fullmatch(name) and name not in {"ts", "_id", "meta"}
+                   for name in reading.values)
+        assert all(len(v) <= 256 for v in (reading.tags or {}).values())
+        assert all(not isinstance(v, str) or len(v.encode()) <= 256
+                   for v in reading.values.values())
+
+
+def test_plain_values_of_one_device_in_one_millisecond_are_all_stored_in_bucket_mode(
+) -> None:
+    """Shelly Gen1 publishes relay/0/power, relay/0/energy, temperature... in one burst:
+    each value is its own message, and several arrive within a millisecond."""
+    from ingest.writers import Plan  # noqa: PLC0415
+    from ingest.writers.bucket import unique_readings  # noqa: PLC0415
+
+    mapping = Mapping.load(None, ["shelly"])
+    now = math.floor(time.time()) + 0.1234
+    readings = [r for topic, payload in (
+        ("shellies/shelly1pm-84CCA8ADE5E2/relay/0/power", b"22.54"),
+        ("shellies/shelly1pm-84CCA8ADE5E2/relay/0/energy", b"3065"),
+        ("shellies/shelly1pm-84CCA8ADE5E2/temperature", b"41.62"))
+        for r in mapping.decode(topic, payload, now, Limits()).decoded.readings]
+    plan = Plan([], [])
+    kept = unique_readings(readings, plan)
+    assert plan.conflicts == []
+    assert sum(len(r.values) for r in kept) == 3
+
+
+def _matches(topic_filter: str, topic: str) -> bool:
+    """MQTT topic filter matching (``+`` one level, ``#`` the rest)."""
+    want, got = topic_filter.split("/"), topic.split("/")
+    for i, level in enumerate(want):
+        if level == "#":
+            return True
+        if i >= len(got) or (level not in {"+", got[i]}):
+            return False
+    return len(want) == len(got)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_each_reading_message_matches_one_filter_of_its_preset(preset: str) -> None:
+    """No two rules of a preset cover a topic that carries readings, so the preset needs
+    no joined (broader) subscription to be read once per message."""
+    subscriptions = {rule.subscription for rule in Mapping.load(None, [preset]).rules}
+    for msg in load(preset, base_time(time.time())):
+        if msg.readings:
+            matching = [f for f in subscriptions if _matches(f, msg.topic)]
+            assert len(matching) == 1, (msg.topic, matching)
