@@ -221,7 +221,7 @@ class Mapping:
         matched = self.match(topic)
         if matched is None:
             return Result(None, Decoded(rejections=[Rejection(
-                "no_rule", f"no mapping rule matches topic {topic[:200]!r}")]))
+                "no_rule", f"no mapping rule matches topic {repr(topic)[:200]}")]))
         rule = matched.rule
         if rule.ignore:
             return Result(rule, Decoded(), ignored=True)

@@ -22,18 +22,21 @@ from pymongo.errors import PyMongoError
 from ingest.batcher import Batch, Batcher, merged
 from ingest.decode import Limits, decode
 from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, WriteError
-from ingest.model import Rejection
+from ingest.model import Decoded, Rejection
 from ingest.retry import backoff
 from ingest.writers.rejects import reject_docs
 
 if TYPE_CHECKING:
     from ingest.config import Settings
     from ingest.metrics import Health, Metrics
-    from ingest.model import Decoded, Inbound, Reading
+    from ingest.model import Inbound, Reading
     from ingest.writers import Outcome, Writer
     from ingest.writers.rejects import RejectsWriter
 
 logger = logging.getLogger(__name__)
+# The ``rule`` label of messages that arrive through a subscription the daemon widened
+# and that no rule takes (not a valid rule name, so it never collides with one).
+OUTSIDE_RULES = "(outside the rules)"
 # Python memory of what a message leaves in a batch besides its payload (measured with
 # tracemalloc on decoded messages, rounded up): the message itself, each reading (a
 # tuple, its datetime and values dict), each value, each reject document.
@@ -90,10 +93,16 @@ class Pipeline:
         self._mapping = settings.mapping
         # (rule, outcome) -> messages since the last scrape; outcome "ignored" included.
         self._rule_counts: dict[tuple[str, str], int] = {}
+        # Subscriptions derived from the rules may be wider than the rules (partly
+        # overlapping filters are joined into one): what arrives only through that
+        # widening was never asked for, so it is ignored, not rejected as no_rule.
+        self._widened = (self._mapping is not None
+                         and settings.topics == self._mapping.subscriptions())
         if self._mapping is not None:
             rules = self._mapping.rules
+            ignored = [r.name for r in rules if r.ignore]
             metrics.init_rules([r.name for r in rules if not r.ignore],
-                               [r.name for r in rules if r.ignore])
+                               [*ignored, OUTSIDE_RULES] if self._widened else ignored)
 
     @property
     def buffered(self) -> int:
@@ -151,6 +160,10 @@ class Pipeline:
         assert self._mapping is not None
         result = self._mapping.decode(message.topic, message.payload, message.received_at,
                                       self._limits)
+        if result.rule is None and self._widened:
+            key = (OUTSIDE_RULES, "ignored")
+            self._rule_counts[key] = self._rule_counts.get(key, 0) + 1
+            return Decoded()
         if result.rule is not None:
             if result.ignored:
                 outcome = "ignored"

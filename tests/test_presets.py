@@ -251,7 +251,9 @@ async def test_a_preset_by_name_subscribes_to_its_topics_and_each_message_counts
         publish: Any) -> None:
     """``--preset zigbee2mqtt`` with no --topic: the daemon subscribes to the preset's
     filters, whose overlaps (``zigbee2mqtt/+/availability`` and ``zigbee2mqtt/+/+``) must
-    not deliver a message twice; a topic outside the preset never arrives."""
+    not deliver a message twice; a topic outside the preset never arrives. The preset's
+    filters are joined into ``zigbee2mqtt/+/#``: a topic that only this widening brings in
+    and no rule takes is acked and counted as ignored, not rejected as ``no_rule``."""
     device = f"dev{uuid.uuid4().hex[:8]}"
     proc = Daemon(["--mqtt-url", broker.url, "--mongodb-uri", mongo_uri, "--db", db_name,
                    "--client-id", f"ingest-{device}", "--flush-interval", "0.2",
@@ -261,14 +263,17 @@ async def test_a_preset_by_name_subscribes_to_its_topics_and_each_message_counts
         await publish([(f"zigbee2mqtt/{device}", b'{"temperature":21.5,"state":"ON"}'),
                        (f"zigbee2mqtt/{device}/availability", b'{"state":"online"}'),
                        (f"elsewhere/{device}", b'{"temperature":1}'),
+                       (f"zigbee2mqtt/{device}/not/a/device/topic", b"1"),
                        # Last, on a topic only one filter matches: once it is written, any
                        # second copy of the messages before it has been received too.
                        (f"zigbee2mqtt/{device}-last", b'{"temperature":1}')])
         await eventually(
             lambda: proc.metric('ingest_readings_written_total{mode="timeseries"}') == 2)
         metrics = proc.metrics()
-        assert metrics["ingest_messages_received_total"] == 3
+        assert metrics["ingest_messages_received_total"] == 4
         assert metrics['ingest_messages_ignored_total{rule="z2m-availability"}'] == 1
+        assert metrics['ingest_messages_ignored_total{rule="(outside the rules)"}'] == 1
+        assert metrics['ingest_readings_rejected_total{reason="no_rule"}'] == 0
         docs = await db["readings"].find({"meta.sensor_id": device}).to_list()
         assert [(d["temperature"], d["state"]) for d in docs] == [(21.5, True)]
     finally:
