@@ -220,7 +220,7 @@ class SparkplugState:
         problems: list[Rejection] = []
         for index, metric in enumerate(payload.metrics):
             name = metric.name
-            if type(name) is not str or not name or len(name) > MAX_NAME_BYTES:
+            if bad_name(name):
                 problems.append(Rejection("bad_field_name",
                                           f"metric {index}: missing or invalid name", index))
                 continue
@@ -272,22 +272,47 @@ class SparkplugState:
             self.forget_devices(topic.node_key)
         self.install(table)
 
+    def death_applies(self, topic: Topic, decoded: Any) -> bool:  # noqa: ANN401
+        """False for a stale NDEATH: its bdSeq is not the one of the NBIRTH held."""
+        if topic.type != "NDEATH":
+            return True
+        table = self.tables.get(topic.key)
+        bd_seq = next((m.long_value for m in decoded.metrics
+                       if m.name == "bdSeq" and m.WhichOneof("value") == "long_value"), None)
+        return table is None or bd_seq is None or table.bd_seq is None or bd_seq == table.bd_seq
+
     def death(self, topic: Topic, decoded: Any) -> bool:  # noqa: ANN401
         """Apply a DEATH; False if it was stale (an older session's NDEATH) and ignored."""
-        table = self.tables.get(topic.key)
+        if not self.death_applies(topic, decoded):
+            self.counts.stale_deaths += 1
+            return False
         if topic.type == "NDEATH":
-            bd_seq = next((m.long_value for m in decoded.metrics
-                           if m.name == "bdSeq" and m.WhichOneof("value") == "long_value"),
-                          None)
-            if table is not None and bd_seq is not None and table.bd_seq is not None \
-                    and bd_seq != table.bd_seq:
-                self.counts.stale_deaths += 1
-                return False
             self.forget_devices(topic.node_key)
             self.seqs.pop(topic.node_key, None)
+        table = self.tables.get(topic.key)
         if table is not None:
             table.online = False
         return True
+
+
+def bad_name(name: object) -> bool:
+    """True if a BIRTH metric name cannot be used (missing, not UTF-8, too long)."""
+    return type(name) is not str or not name or len(name) > MAX_NAME_BYTES
+
+
+def datatype_name(datatype: int) -> str:
+    """The specification's name of a datatype number (unknown numbers as digits)."""
+    return DATATYPES[datatype] if 0 <= datatype < len(DATATYPES) else str(datatype)
+
+
+_DATATYPE_IDS = {name: number for number, name in enumerate(DATATYPES)}
+
+
+def datatype_id(name: object) -> int:
+    """The number of a datatype name written by :func:`datatype_name`."""
+    if type(name) is str:
+        return _DATATYPE_IDS.get(name, int(name) if name.isdigit() else 0)
+    return 0
 
 
 def decode_payload(payload: bytes, limits: Limits) -> Any | Parsed:  # noqa: ANN401
@@ -371,9 +396,8 @@ def _value(metric: Any, datatype: int) -> object:  # noqa: ANN401
     spec = _SCALARS.get(datatype)
     member = metric.WhichOneof("value")
     if spec is None:
-        name = DATATYPES[datatype] if 0 <= datatype < len(DATATYPES) else str(datatype)
         return Rejection("unsupported_type",
-                         f"datatype {name} is not stored (refused whole)")
+                         f"datatype {datatype_name(datatype)} is not stored (refused whole)")
     if member != spec[0]:
         return Rejection("bad_value", f"datatype {DATATYPES[datatype]} but the value is "
                                       f"{member or 'missing'}")
