@@ -157,3 +157,36 @@ def nbirth(metrics: list[Metric], bd_seq: int, timestamp: int, seq: int = 0) -> 
 def ndeath(bd_seq: int, timestamp: int | None = None) -> bytes:
     """An NDEATH (the edge node's will): its ``bdSeq`` and no seq."""
     return payload([Metric("bdSeq", None, None, INT64, bd_seq)], timestamp)
+
+
+# --- a simulated fleet for ``loadgen publish --format sparkplug`` ---------------------------
+# Group <sensor prefix>, one edge node per sensor, named by its index, so the daemon's
+# sensor ids (<group>-<edge node>) are loadgen's own (<prefix>-<n>) and verify works as is.
+FLEET_ALIASES = (("hum", 1), ("temp", 2))
+_DOUBLE_VALUE = tag(13, _FIXED64)
+_PACK_DOUBLE = struct.Struct("<d").pack
+
+
+def fleet_topic(group: str, index: int, kind: str = "NDATA") -> str:
+    """The topic of edge node ``index`` of the fleet."""
+    return topic(group, kind, str(index))
+
+
+def fleet_birth(timestamp: int) -> bytes:
+    """An edge node's NBIRTH: hum and temp (Double, aliases 1 and 2), null until measured."""
+    return nbirth([Metric(name, alias, timestamp, DOUBLE, is_null=True)
+                   for name, alias in FLEET_ALIASES], bd_seq=0, timestamp=timestamp, seq=0)
+
+
+def fleet_data(readings: list[tuple[int, float, float]], seq: int) -> bytes:
+    """An NDATA of ``(ts_ms, hum, temp)`` readings: aliases only, as the specification asks."""
+    out = bytearray()
+    for ts_ms, hum, temp in readings:
+        head = uint(3, ts_ms)
+        for alias, value in ((1, hum), (2, temp)):
+            body = b"\x10" + varint(alias) + head + _DOUBLE_VALUE + _PACK_DOUBLE(value)
+            out += b"\x12" + varint(len(body)) + body
+    if readings:
+        out += uint(1, readings[-1][0])
+    out += uint(3, seq)
+    return bytes(out)

@@ -256,3 +256,17 @@ def test_tables_are_bounded():
     assert list(state.tables) == ["G1/E2", "G1/E3", "G1/E4"]
     assert reasons(ndata(state, [Metric(alias=1, timestamp=T0, datatype=enc.DOUBLE,
                                         value=1.0)], 1, node="E0")) == ["no_birth"]
+
+
+def test_loadgen_fleet_payloads_decode_to_loadgen_readings():
+    state = spb.SparkplugState()
+    born = state.parse(enc.fleet_topic("lg1", 3, "NBIRTH"), enc.fleet_birth(T0), LIMITS)
+    assert born.items == []  # null values only
+    assert born.rejections == []
+    parsed = state.parse(enc.fleet_topic("lg1", 3),
+                         enc.fleet_data([(T0, 45.5, 21.25), (T0 + 10, 46.0, 21.5)], 1), LIMITS)
+    assert parsed.rejections == []
+    assert [(i.sensor, i.ts, i.fields) for i in parsed.items] == [
+        ("lg1-3", T0, {"hum": 45.5, "temp": 21.25}),
+        ("lg1-3", T0 + 10, {"hum": 46.0, "temp": 21.5})]
+    assert state.counts.skipped["null"] == 2
