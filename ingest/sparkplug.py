@@ -28,8 +28,10 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from pymongo.asynchronous.collection import AsyncCollection
+    from pymongo.asynchronous.database import AsyncDatabase
 
     from ingest.decode import Limits
+    from ingest.mapping import Mapping
     from ingest.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -38,6 +40,13 @@ BIRTHS_COLLECTION = "sparkplug_births"
 # edge node that never sent a BIRTH must not become a flood of reads).
 MISS_SECONDS = 5.0
 _UNSAFE_KEY = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def attach_store(mapping: Mapping, db: AsyncDatabase[dict[str, Any]]) -> None:
+    """Give the mapping's ``sparkplug`` format its MongoDB store (without: memory only)."""
+    fmt = mapping.stateful.get("sparkplug")
+    if isinstance(fmt, SparkplugFormat):
+        fmt.store = BirthStore(db[BIRTHS_COLLECTION])
 
 
 def birth_doc(topic: spb.Topic, table: spb.Table, decoded: Any,  # noqa: ANN401
