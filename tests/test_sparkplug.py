@@ -270,3 +270,25 @@ def test_loadgen_fleet_payloads_decode_to_loadgen_readings():
         ("lg1-3", T0, {"hum": 45.5, "temp": 21.25}),
         ("lg1-3", T0 + 10, {"hum": 46.0, "temp": 21.5})]
     assert state.counts.skipped["null"] == 2
+
+
+def test_the_preset_turns_metrics_into_readings_through_the_mapping():
+    from ingest.mapping import Mapping  # noqa: PLC0415
+
+    mapping = Mapping.load(None, ["sparkplug"])
+    assert mapping.subscriptions() == ("spBv1.0/#",)
+    result = mapping.decode(enc.topic("Plant 1", "NBIRTH", "E"), enc.nbirth(
+        [Metric("Inputs/Temp A", 1, T0, enc.DOUBLE, 20.5, properties={"engUnit": "degC"}),
+         Metric("Mode", 2, T0, enc.STRING, "auto")], 0, T0), T0 / 1000, LIMITS)
+    assert result.rule is not None
+    assert result.decoded.rejections == []
+    [reading] = result.decoded.readings
+    assert reading.sensor_id == "Plant_1-E"
+    assert reading.ms == T0
+    assert reading.values == {"Inputs_Temp_A": 20.5, "Mode": "auto"}
+    assert reading.tags == {"group": "Plant 1", "node": "E"}
+    assert reading.units == {"Inputs_Temp_A": "degC"}
+    data = mapping.decode(enc.topic("Plant 1", "NDATA", "E"), enc.payload(
+        [Metric(alias=1, timestamp=T0 + 1, datatype=enc.DOUBLE, value=21.0)], T0, 1),
+        T0 / 1000, LIMITS)
+    assert [r.values for r in data.decoded.readings] == [{"Inputs_Temp_A": 21.0}]

@@ -15,7 +15,7 @@ import pytest
 
 from loadgen import sparkplug as enc
 from loadgen.sparkplug import Metric
-from tests.support.mongo import COLLECTION
+from tests.support.mongo import COLLECTION, failpoint
 from tests.support.procs import eventually, http_status
 
 if TYPE_CHECKING:
@@ -207,3 +207,22 @@ async def test_a_birth_seen_by_one_daemon_serves_the_others_and_a_restart(
     assert again.metric('ingest_sparkplug_table_lookups_total{outcome="found"}') == 1
     assert (await readings(db, mode))[-1][2] == {"v": 30}
     assert again.stop() == 0
+
+
+@pytest.mark.parametrize("mode", ["timeseries"])
+async def test_a_birth_is_acked_only_after_its_alias_table_is_stored(
+        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str,
+        db: Any, mongo: Any) -> None:
+    proc = start(daemon, topic_root)
+    g, t0 = topic_root, NOW_MS
+    # time-series writes are inserts: only the BIRTH's store (an update) fails
+    async with failpoint(mongo, ["update"]):
+        await publish([(enc.topic(g, "NBIRTH", "E"), enc.nbirth(
+            [Metric("v", 1, t0, enc.INT32, 5)], bd_seq=0, timestamp=t0))])
+        await eventually(lambda: "cannot store a BIRTH" in proc.logs())
+        assert proc.metric("ingest_messages_acked_total") == 0
+        assert await db.sparkplug_births.count_documents({}) == 0
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)
+    assert await db.sparkplug_births.count_documents({"_id": f"{g}/E"}) == 1
+    assert await readings(db, mode) == [(f"{g}-E", t0, {"v": 5})]
+    assert proc.stop() == 0
