@@ -83,12 +83,12 @@ def table_of(doc: dict[str, Any]) -> spb.Table:
     table = spb.Table(str(doc["_id"]), doc.get("bd_seq"), doc.get("seq"), None,
                       online=bool(doc.get("online", True)))
     for entry in doc.get("metrics", []):
-        definition = spb.Definition(entry["name"], spb.datatype_id(entry.get("datatype")),
-                                    entry.get("units"))
-        table.by_name[definition.name] = definition
+        declared = spb.definition(entry["name"], spb.datatype_id(entry.get("datatype")),
+                                  entry.get("units"))
+        table.by_name[declared.name] = declared
         alias = entry.get("alias")
         if alias is not None:
-            table.by_alias[int(alias)] = definition
+            table.by_alias[int(alias)] = declared
     return table
 
 

@@ -134,6 +134,13 @@ class Definition(NamedTuple):
     name: str
     datatype: int
     units: str | None
+    protocol: bool = False  # bdSeq, Node Control/*: kept in the BIRTH document only
+
+
+def definition(name: str, datatype: int, units: str | None) -> Definition:
+    """A metric's definition, marked if it is one of the protocol's own."""
+    return Definition(name, datatype, units,
+                      name in PROTOCOL_METRICS or name.startswith(PROTOCOL_PREFIXES))
 
 
 @dataclass(slots=True)
@@ -147,6 +154,9 @@ class Table:
     by_alias: dict[int, Definition] = field(default_factory=dict)
     by_name: dict[str, Definition] = field(default_factory=dict)
     online: bool = True
+    # The readings' sensor id and tags, worked out once (see _items).
+    sensor: str = ""
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 class Counts:
@@ -226,15 +236,15 @@ class SparkplugState:
                 continue
             if name == "bdSeq" and metric.WhichOneof("value") == "long_value":
                 table.bd_seq = metric.long_value
-            definition = Definition(name, metric.datatype, _units(metric))
-            table.by_name[name] = definition
+            declared = definition(name, metric.datatype, _units(metric))
+            table.by_name[name] = declared
             if metric.HasField("alias"):
                 if metric.alias in table.by_alias:
                     problems.append(Rejection(
                         "unknown_alias", f"metric {name[:60]!r}: alias {metric.alias} "
                         "declared twice in the BIRTH (the later one is not used)", index))
                     continue
-                table.by_alias[metric.alias] = definition
+                table.by_alias[metric.alias] = declared
         return table, problems
 
     def parse(self, topic_name: str, payload: bytes, limits: Limits) -> Parsed:
@@ -406,28 +416,30 @@ def _value(metric: Any, datatype: int) -> object:  # noqa: ANN401
 
 def _items(topic: Topic, decoded: Any, table: Table, counts: Counts) -> Parsed:  # noqa: ANN401
     """Readings of a BIRTH or DATA: metrics grouped by timestamp, one item per timestamp."""
-    sensor = sensor_id(topic)
-    tags = {"group": topic.group, "node": topic.node}
-    if topic.device is not None:
-        tags["device"] = topic.device
+    if not table.sensor:
+        table.sensor = sensor_id(topic)
+        table.tags = {"group": topic.group, "node": topic.node}
+        if topic.device is not None:
+            table.tags["device"] = topic.device
+    sensor, tags = table.sensor, table.tags
     data = topic.type.endswith("DATA")
     default_ms = decoded.timestamp if decoded.HasField("timestamp") else None
     items: dict[int | None, Item] = {}
     problems: list[Rejection] = []
     for index, metric in enumerate(decoded.metrics):
-        definition = _resolve(metric, table, data)
-        if definition is None:
+        declared = _resolve(metric, table, data)
+        if declared is None:
             continue  # a BIRTH metric birth() refused already
-        if isinstance(definition, Rejection):
-            problems.append(Rejection(definition.reason, definition.detail, index))
+        if isinstance(declared, Rejection):
+            problems.append(Rejection(declared.reason, declared.detail, index))
             continue
-        name = definition.name
-        if name in PROTOCOL_METRICS or name.startswith(PROTOCOL_PREFIXES):
+        if declared.protocol:
             continue
         if metric.is_null or metric.is_transient:
             counts.skipped["null" if metric.is_null else "transient"] += 1
             continue
-        datatype = metric.datatype if metric.HasField("datatype") else definition.datatype
+        name: str = declared.name
+        datatype = metric.datatype if metric.HasField("datatype") else declared.datatype
         value = _value(metric, datatype)
         if isinstance(value, Rejection):
             problems.append(Rejection(value.reason, f"metric {name[:60]!r}: {value.detail}",
@@ -444,12 +456,12 @@ def _items(topic: Topic, decoded: Any, table: Table, counts: Counts) -> Parsed: 
                                                    "same timestamp (the first is kept)", index))
             continue
         item.fields[name] = value
-        if definition.units is not None:
+        if declared.units is not None:
             units = item.units
             if units is None:
                 units = {}
                 items[ms] = item = item._replace(units=units)
-            units[name] = definition.units
+            units[name] = declared.units
     return Parsed(list(items.values()), problems)
 
 
@@ -457,20 +469,20 @@ def _resolve(metric: Any, table: Table, data: bool  # noqa: ANN401
              ) -> Definition | Rejection | None:
     """The BIRTH definition a metric refers to (None: a BIRTH metric already refused)."""
     if data and metric.HasField("alias"):
-        definition = table.by_alias.get(metric.alias)
-        if definition is None:
+        found = table.by_alias.get(metric.alias)
+        if found is None:
             return Rejection("unknown_alias", f"alias {metric.alias} not declared in the "
                                               f"BIRTH of {table.key[:120]!r}")
-        return definition
+        return found
     name = metric.name
     if type(name) is not str or not name:
         if not data:
             return None
         return Rejection("bad_field_name", "metric with neither a known alias nor a name")
-    definition = table.by_name.get(name)
-    if definition is None and not data:
+    found = table.by_name.get(name)
+    if found is None and not data:
         return None
-    if definition is None:
+    if found is None:
         return Rejection("unknown_alias", f"metric {name[:60]!r} not declared in the BIRTH "
                                           f"of {table.key[:120]!r}")
-    return definition
+    return found
