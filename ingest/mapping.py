@@ -184,9 +184,10 @@ class Mapping:
         out = Decoded(rejections=parsed.rejections)
         window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
         several = len(parsed.items) > 1
-        for index, item in enumerate(parsed.items):
-            reading = self._reading(matched, item, received_at, window, out.rejections,
-                                    index if several else None)
+        for position, item in enumerate(parsed.items):
+            index = item.position if item.position is not None else (
+                position if several else None)
+            reading = self._reading(matched, item, received_at, window, out.rejections, index)
             if reading is not None:
                 out.readings.append(reading)
         return Result(rule, out)
@@ -276,16 +277,24 @@ class Mapping:
     def _values(self, rule: Rule, fields: dict[str, object], rejections: list[Rejection],
                 index: int | None) -> dict[str, int | float | bool | str]:
         values: dict[str, int | float | bool | str] = {}
+        names = self._names[rule.name]
         for raw, raw_value in fields.items():
             if raw_value is None:
                 continue
-            name = self._resolve(rule, raw)
+            name = names.get(raw)
+            if name is None:
+                name = self._resolve(rule, raw)
             if type(name) is not str:
                 rejections.append(_at(name, index))  # type: ignore[arg-type]
                 continue
             if not name:
                 continue
-            stored = _value(rule, name, raw_value)
+            kind = type(raw_value)
+            if kind is bool or (kind is float and math.isfinite(raw_value)) or (  # type: ignore[arg-type]
+                    kind is int and _INT64_MIN <= raw_value <= _INT64_MAX):  # type: ignore[operator]
+                stored: object = raw_value  # the common case, without a call
+            else:
+                stored = _value(rule, name, raw_value)
             if type(stored) is Rejection:
                 rejections.append(_at(stored, index))
                 continue

@@ -31,6 +31,7 @@ class Item(NamedTuple):
     units: dict[str, str] | None = None  # units by field name (SenML)
     context: dict[str, str] | None = None  # extra template variables ({measurement}, {tag.x})
     problems: list[Rejection] | None = None  # fields the format refused (array, too deep...)
+    position: int | None = None  # where in the message (array item, line), for rejections
 
 
 class Parsed(NamedTuple):

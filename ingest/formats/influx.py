@@ -42,7 +42,7 @@ def parse(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) 
             out.rejections.append(Rejection(item.reason, item.detail,
                                             index if several else None))
         else:
-            out.items.append(item)
+            out.items.append(item._replace(position=index) if several else item)
     return out
 
 

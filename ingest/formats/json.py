@@ -66,7 +66,8 @@ def parse(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) 
                 index if several else None))
             continue
         ts = fields.pop(rule.time.field, None) if rule.time.field is not None else None
-        out.items.append(Item(fields, ts, problems=problems or None))
+        out.items.append(Item(fields, ts, problems=problems or None,
+                              position=index if several else None))
     return out
 
 

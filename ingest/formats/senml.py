@@ -153,5 +153,7 @@ def _values(record: dict[str, object], base: dict[str, object], name: str, item:
             fields[f"{name}_sum"] = float(base["bs"]) + s if base["bs"] else s  # type: ignore[operator,arg-type]
         else:
             problems.append(Rejection("bad_value", f"{name[:60]}: s must be a number"))
-    if type(unit) is str and unit and name in fields:
-        units[name] = unit
+    if type(unit) is str and unit:
+        for stored in (name, f"{name}_sum"):
+            if stored in fields:
+                units[stored] = unit

@@ -191,6 +191,8 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
     labels = _labels(chunk)
     if labels:
         update["$set"] = labels
+    if len(inc) == 2:  # only strings: no statistics, and the validator wants a stats object
+        update["$setOnInsert"]["stats"] = {}
     return UpdateOne(
         {"sensor_id": sensor_id, "bucket_start": start,
          "count": {"$lte": max_readings - len(chunk)},
