@@ -9,6 +9,8 @@ from __future__ import annotations
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ingest.decode import Limits
 from ingest.formats import sparkplug as spb
@@ -292,3 +294,31 @@ def test_the_preset_turns_metrics_into_readings_through_the_mapping():
         [Metric(alias=1, timestamp=T0 + 1, datatype=enc.DOUBLE, value=21.0)], T0, 1),
         T0 / 1000, LIMITS)
     assert [r.values for r in data.decoded.readings] == [{"Inputs_Temp_A": 21.0}]
+
+
+VALID = [enc.nbirth([TEMP, RUN, Metric("c", 3, T0, enc.INT8, -1)], 0, T0),
+         enc.payload([Metric(alias=1, timestamp=T0, datatype=enc.DOUBLE, value=1.0),
+                      Metric(alias=3, timestamp=T0, datatype=enc.INT8, value=2)], T0, 1)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(["NBIRTH", "NDATA", "NDEATH", "DBIRTH", "DDATA", "DDEATH"]),
+       base=st.sampled_from(VALID), cut=st.integers(0, 200),
+       flips=st.lists(st.tuples(st.integers(0, 199), st.integers(0, 255)), max_size=4),
+       noise=st.binary(max_size=64))
+def test_mangled_payloads_never_crash_and_never_invent_metrics(kind, base, cut, flips, noise):
+    state = spb.SparkplugState()
+    birth(state, [TEMP, RUN, Metric("c", 3, T0, enc.INT8, -1)])
+    payload = bytearray(base[:cut] + noise)
+    for pos, byte in flips:
+        if pos < len(payload):
+            payload[pos] = byte
+    device = "D" if kind[0] == "D" else None
+    parsed = state.parse(enc.topic("G1", kind, "E1", device), bytes(payload), LIMITS)
+    declared = {"Inputs/Temp", "Outputs/Running", "c"}
+    for item in parsed.items:
+        if kind == "NDATA":  # resolved through the BIRTH: only names it declared
+            assert set(item.fields) <= declared
+        assert item.sensor == ("G1-E1-D" if device else "G1-E1")
+    assert all(r.reason in (*spb.REASONS, "bad_value", "bad_field_name", "too_large",
+                            "too_many_readings") for r in parsed.rejections)
