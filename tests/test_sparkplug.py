@@ -50,7 +50,7 @@ def test_birth_then_data_by_alias():
     assert item.fields == {"Inputs/Temp": 21.5, "Outputs/Running": True}
     assert item.ts == T0
     assert item.sensor == "G1-E1"
-    assert item.tags == {"group": "G1", "node": "E1"}
+    assert item.tags is None  # the rule's topic captures are the tags
     assert item.units == {"Inputs/Temp": "°C"}
     parsed = ndata(state, [Metric(alias=1, timestamp=T0 + 500, value=None, datatype=None,
                                   raw_value=enc.tag(13, 1) + struct.pack("<d", 22.25)),
@@ -278,7 +278,7 @@ def test_the_preset_turns_metrics_into_readings_through_the_mapping():
     from ingest.mapping import Mapping  # noqa: PLC0415
 
     mapping = Mapping.load(None, ["sparkplug"])
-    assert mapping.subscriptions() == ("spBv1.0/#",)
+    assert set(mapping.subscriptions()) >= {"spBv1.0/+/+/+", "spBv1.0/+/+/+/+"}
     result = mapping.decode(enc.topic("Plant 1", "NBIRTH", "E"), enc.nbirth(
         [Metric("Inputs/Temp A", 1, T0, enc.DOUBLE, 20.5, properties={"engUnit": "degC"}),
          Metric("Mode", 2, T0, enc.STRING, "auto")], 0, T0), T0 / 1000, LIMITS)
@@ -294,6 +294,13 @@ def test_the_preset_turns_metrics_into_readings_through_the_mapping():
         [Metric(alias=1, timestamp=T0 + 1, datatype=enc.DOUBLE, value=21.0)], T0, 1),
         T0 / 1000, LIMITS)
     assert [r.values for r in data.decoded.readings] == [{"Inputs_Temp_A": 21.0}]
+    device = mapping.decode(enc.topic("Plant 1", "DBIRTH", "E", "D 1"), enc.payload(
+        [Metric("x", 7, T0, enc.INT8, 1)], T0, 2), T0 / 1000, LIMITS)
+    [reading] = device.decoded.readings
+    assert reading.sensor_id == "Plant_1-E-D_1"
+    assert reading.tags == {"group": "Plant 1", "node": "E", "device": "D 1"}
+    state = mapping.decode("spBv1.0/STATE/host1", b'{"online": true}', T0 / 1000, LIMITS)
+    assert state.ignored
 
 
 VALID = [enc.nbirth([TEMP, RUN, Metric("c", 3, T0, enc.INT8, -1)], 0, T0),

@@ -139,7 +139,8 @@ async def test_birth_data_rebirth_death_and_hostile_payloads(
     # (the death ended the node's counter: no gap)
     assert metrics["ingest_sparkplug_seq_gaps_total"] == 1
     assert metrics['ingest_readings_rejected_total{reason="no_birth"}'] == 3
-    assert metrics['ingest_rule_messages_total{outcome="rejected",rule="sparkplug"}'] == 8
+    assert metrics['ingest_rule_messages_total{outcome="rejected",rule="sparkplug-node"}'] == 7
+    assert metrics['ingest_rule_messages_total{outcome="rejected",rule="sparkplug-device"}'] == 1
     assert http_status(proc.metrics_port, "/healthz") == 200
     assert proc.stop() == 0
 

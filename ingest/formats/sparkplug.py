@@ -104,7 +104,23 @@ class Topic(NamedTuple):
         return f"{self.group}/{self.node}"
 
 
+_TOPICS: dict[str, Topic | None] = {}
+_TOPIC_CACHE = 100_000
+
+
 def parse_topic(topic: str) -> Topic | None:
+    """:func:`topic_of`, remembered (bounded: cleared when full)."""
+    known = _TOPICS.get(topic, _TOPICS)
+    if known is not _TOPICS:
+        return known  # type: ignore[return-value]
+    parsed = topic_of(topic)
+    if len(_TOPICS) >= _TOPIC_CACHE:
+        _TOPICS.clear()
+    _TOPICS[topic] = parsed
+    return parsed
+
+
+def topic_of(topic: str) -> Topic | None:
     """``spBv1.0/<group>/<type>/<node>[/<device>]`` (or ``spBv1.0/STATE/<host>``), or None."""
     parts = topic.split("/")
     if len(parts) < 3 or parts[0] != NAMESPACE or not all(parts[1:]):
@@ -154,9 +170,7 @@ class Table:
     by_alias: dict[int, Definition] = field(default_factory=dict)
     by_name: dict[str, Definition] = field(default_factory=dict)
     online: bool = True
-    # The readings' sensor id and tags, worked out once (see _items).
-    sensor: str = ""
-    tags: dict[str, str] = field(default_factory=dict)
+    sensor: str = ""  # the readings' sensor id, worked out once (see _items)
 
 
 class Counts:
@@ -418,10 +432,7 @@ def _items(topic: Topic, decoded: Any, table: Table, counts: Counts) -> Parsed: 
     """Readings of a BIRTH or DATA: metrics grouped by timestamp, one item per timestamp."""
     if not table.sensor:
         table.sensor = sensor_id(topic)
-        table.tags = {"group": topic.group, "node": topic.node}
-        if topic.device is not None:
-            table.tags["device"] = topic.device
-    sensor, tags = table.sensor, table.tags
+    sensor = table.sensor
     data = topic.type.endswith("DATA")
     default_ms = decoded.timestamp if decoded.HasField("timestamp") else None
     items: dict[int | None, Item] = {}
@@ -450,7 +461,8 @@ def _items(topic: Topic, decoded: Any, table: Table, counts: Counts) -> Parsed: 
         if item is None:
             # ts in whole milliseconds (the preset reads it with time.format = "epoch_ms");
             # no timestamp at all: the arrival time.
-            item = items[ms] = Item({}, ms, None, sensor, tags, None, None, None)
+            # Tags come from the rule's topic captures (the preset's group, node, device).
+            item = items[ms] = Item({}, ms, None, sensor, None, None, None, None)
         if name in item.fields:
             problems.append(Rejection("bad_value", f"metric {name[:60]!r}: twice at the "
                                                    "same timestamp (the first is kept)", index))
