@@ -151,12 +151,17 @@ class Definition(NamedTuple):
     datatype: int
     units: str | None
     protocol: bool = False  # bdSeq, Node Control/*: kept in the BIRTH document only
+    member: str | None = None  # the oneof member carrying its value (None: not stored)
+    floating: bool = False  # Float or Double: the value needs only a finiteness check
 
 
 def definition(name: str, datatype: int, units: str | None) -> Definition:
     """A metric's definition, marked if it is one of the protocol's own."""
+    spec = _SCALARS.get(datatype)
+    member = spec[0] if spec is not None else None
     return Definition(name, datatype, units,
-                      name in PROTOCOL_METRICS or name.startswith(PROTOCOL_PREFIXES))
+                      name in PROTOCOL_METRICS or name.startswith(PROTOCOL_PREFIXES),
+                      member, member in ("float_value", "double_value"))
 
 
 @dataclass(slots=True)
@@ -434,35 +439,42 @@ def _items(topic: Topic, decoded: Any, table: Table, counts: Counts) -> Parsed: 
         table.sensor = sensor_id(topic)
     sensor = table.sensor
     data = topic.type.endswith("DATA")
+    by_alias = table.by_alias
     default_ms = decoded.timestamp if decoded.HasField("timestamp") else None
     items: dict[int | None, Item] = {}
     problems: list[Rejection] = []
     for index, metric in enumerate(decoded.metrics):
-        declared = _resolve(metric, table, data)
-        if declared is None:
-            continue  # a BIRTH metric birth() refused already
-        if isinstance(declared, Rejection):
-            problems.append(Rejection(declared.reason, declared.detail, index))
-            continue
+        if data and metric.HasField("alias"):
+            declared = by_alias.get(metric.alias)
+            if declared is None:
+                problems.append(Rejection("unknown_alias", f"alias {metric.alias} not declared "
+                                          f"in the BIRTH of {table.key[:120]!r}", index))
+                continue
+        else:
+            found = _by_name(metric, table, data)
+            if found is None:
+                continue  # a BIRTH metric birth() refused already
+            if isinstance(found, Rejection):
+                problems.append(Rejection(found.reason, found.detail, index))
+                continue
+            declared = found
         if declared.protocol:
             continue
         if metric.is_null or metric.is_transient:
             counts.skipped["null" if metric.is_null else "transient"] += 1
             continue
-        name: str = declared.name
-        datatype = metric.datatype if metric.HasField("datatype") else declared.datatype
-        value = _value(metric, datatype)
+        value = _value_of(metric, declared)
         if isinstance(value, Rejection):
-            problems.append(Rejection(value.reason, f"metric {name[:60]!r}: {value.detail}",
-                                      index))
+            problems.append(Rejection(value.reason, f"metric {declared.name[:60]!r}: "
+                                      f"{value.detail}", index))
             continue
         ms = metric.timestamp if metric.HasField("timestamp") else default_ms
         item = items.get(ms)
         if item is None:
-            # ts in whole milliseconds (the preset reads it with time.format = "epoch_ms");
-            # no timestamp at all: the arrival time.
-            # Tags come from the rule's topic captures (the preset's group, node, device).
+            # ts in whole milliseconds (the format's time.format is epoch_ms); no
+            # timestamp at all: the arrival time. Tags come from the rule's captures.
             item = items[ms] = Item({}, ms, None, sensor, None, None, None, None)
+        name = declared.name
         if name in item.fields:
             problems.append(Rejection("bad_value", f"metric {name[:60]!r}: twice at the "
                                                    "same timestamp (the first is kept)", index))
@@ -477,15 +489,22 @@ def _items(topic: Topic, decoded: Any, table: Table, counts: Counts) -> Parsed: 
     return Parsed(list(items.values()), problems)
 
 
-def _resolve(metric: Any, table: Table, data: bool  # noqa: ANN401
+def _value_of(metric: Any, declared: Definition) -> object:  # noqa: ANN401
+    """The value of a metric as its BIRTH declared it (the fast path), else :func:`_value`."""
+    if metric.HasField("datatype") and metric.datatype != declared.datatype:
+        return _value(metric, metric.datatype)
+    member = declared.member
+    if member is None or metric.WhichOneof("value") != member:
+        return _value(metric, declared.datatype)
+    raw = getattr(metric, member)
+    if declared.floating:
+        return raw if raw - raw == 0 else Rejection("bad_value", "not a finite number")
+    return _convert(raw, declared.datatype, member)
+
+
+def _by_name(metric: Any, table: Table, data: bool  # noqa: ANN401
              ) -> Definition | Rejection | None:
-    """The BIRTH definition a metric refers to (None: a BIRTH metric already refused)."""
-    if data and metric.HasField("alias"):
-        found = table.by_alias.get(metric.alias)
-        if found is None:
-            return Rejection("unknown_alias", f"alias {metric.alias} not declared in the "
-                                              f"BIRTH of {table.key[:120]!r}")
-        return found
+    """The BIRTH definition a metric names (None: a BIRTH metric already refused)."""
     name = metric.name
     if type(name) is not str or not name:
         if not data:
