@@ -227,3 +227,37 @@ async def test_a_birth_is_acked_only_after_its_alias_table_is_stored(
     assert await db.sparkplug_births.count_documents({"_id": f"{g}/E"}) == 1
     assert await readings(db, mode) == [(f"{g}-E", t0, {"v": 5})]
     assert proc.stop() == 0
+
+
+@pytest.mark.parametrize("mode", ["bucket"])
+async def test_births_to_every_daemon_and_shared_data_follow_a_rebirth_that_moves_aliases(
+        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str,
+        db: Any) -> None:
+    g, t0 = topic_root, NOW_MS
+    share = f"$share/g{g}/spBv1.0/{g}"
+    topics = ["--topic", f"spBv1.0/{g}/NBIRTH/+", "--topic", f"spBv1.0/{g}/NDEATH/+",
+              "--topic", f"{share}/NDATA/+"]
+    procs = [daemon("--preset", "sparkplug", *topics, client_id=f"g{g}-{i}") for i in range(2)]
+
+    def ndata(seq: int, value: int) -> tuple[str, bytes]:
+        return enc.topic(g, "NDATA", "E"), enc.payload(
+            [data(1, t0 + seq, enc.uint(10, value))], t0 + seq, seq)
+
+    await publish([
+        (enc.topic(g, "NBIRTH", "E"), enc.nbirth([Metric("a", 1, t0, enc.INT32, is_null=True)],
+                                                 bd_seq=0, timestamp=t0)),
+        *[ndata(seq, seq) for seq in range(1, 11)],
+        # rebirth: alias 1 is now "b"
+        (enc.topic(g, "NBIRTH", "E"), enc.nbirth([Metric("b", 1, t0, enc.INT32, is_null=True)],
+                                                 bd_seq=0, timestamp=t0 + 100)),
+        *[ndata(100 + seq, seq) for seq in range(1, 11)],
+    ])
+    await eventually(lambda: sum(p.metric("ingest_messages_acked_total") for p in procs) == 24)
+    stored = await readings(db, mode)
+    assert [r[2] for r in stored] == [{"a": i} for i in range(1, 11)] + [
+        {"b": i} for i in range(1, 11)]
+    assert await db.rejects.count_documents({}) == 0
+    assert all(p.metric('ingest_sparkplug_messages_total{type="NBIRTH"}') == 2 for p in procs)
+    assert all(p.metric('ingest_sparkplug_messages_total{type="NDATA"}') > 0 for p in procs)
+    for p in procs:
+        assert p.stop() == 0
