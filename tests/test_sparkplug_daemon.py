@@ -7,6 +7,8 @@ daemon's protobuf schema).
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from loadgen import sparkplug as enc
+from loadgen.cli import main as loadgen_main
 from loadgen.sparkplug import Metric
 from tests.support.mongo import COLLECTION, failpoint
 from tests.support.procs import eventually, http_status
@@ -261,3 +264,31 @@ async def test_births_to_every_daemon_and_shared_data_follow_a_rebirth_that_move
     assert all(p.metric('ingest_sparkplug_messages_total{type="NDATA"}') > 0 for p in procs)
     for p in procs:
         assert p.stop() == 0
+
+
+async def test_a_loadgen_sparkplug_fleet_arrives_exactly_once(
+        daemon: Callable[..., Daemon], mode: str, broker: Any, topic_root: str,
+        mongo_uri: str, db_name: str, tmp_path: Any,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    group = f"g{topic_root}"
+    proc = start(daemon, group)
+    manifest = tmp_path / "run.json"
+    count = 240
+    publish = subprocess.run(
+        [sys.executable, "-m", "loadgen", "publish", "--format", "sparkplug",
+         "--mqtt-url", broker.url, "--sensor-prefix", group, "--sensors", "4",
+         "--count", str(count), "--per-message", "3", "--qos", "1", "--rate", "0",
+         "--processes", "2", "--start", "now-1h", "--time-step", "5",
+         "--manifest", str(manifest), "--json"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert publish.returncode == 0, publish.stderr
+    await eventually(
+        lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') >= count)
+    code = loadgen_main(["verify", "--manifest", str(manifest), "--mongodb-uri", mongo_uri,
+                         "--db", db_name, "--mode", mode], env={})
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"expected {count}, found {count}, missing 0, duplicated 0, wrong 0" in out
+    assert proc.metric('ingest_sparkplug_messages_total{type="NBIRTH"}') == 4
+    assert proc.metric("ingest_sparkplug_seq_gaps_total") == 0
+    assert proc.stop() == 0
