@@ -145,8 +145,12 @@ class SparkplugFormat:
         if parsed is None or parsed.type in ("STATE", "NCMD", "DCMD"):
             return True
         data = parsed.type.endswith("DATA")
-        if data and self.state.table(parsed.key) is not None:
-            return True  # the hot path: one dict lookup
+        if data:
+            held = self.state.table(parsed.key)
+            if held is not None and held.online:
+                return True  # the hot path: one dict lookup
+            # Missing, or closed by a DEATH: another daemon may have stored a new BIRTH.
+            return await self._load(parsed.key, closing)
         decoded = None if data else spb.decode_payload(payload, limits)
         if isinstance(decoded, Parsed):
             return True  # parse() refuses it the same way
@@ -157,8 +161,6 @@ class SparkplugFormat:
         if (parsed.type != "NBIRTH" and self.state.table(key) is None
                 and not await self._load(key, closing)):
             return False
-        if data:
-            return True
         if parsed.type.endswith("BIRTH"):
             table, _ = self.state.birth(parsed, decoded)
             doc = birth_doc(parsed, table, decoded, time.time())
@@ -169,7 +171,10 @@ class SparkplugFormat:
         return True
 
     async def _load(self, key: str, closing: Callable[[], bool]) -> bool:
-        """Read ``key``'s table from MongoDB into memory (unless it was missing just now)."""
+        """Read ``key``'s table from MongoDB into memory (unless read in vain just now).
+
+        A table missing there, or offline, is not read again for ``MISS_SECONDS``.
+        """
         missed = self._missed.get(key)
         if missed is not None and time.monotonic() - missed < MISS_SECONDS:
             return True
@@ -183,16 +188,16 @@ class SparkplugFormat:
         if not await _retry(load, "read an alias table", closing):
             return False
         table = found[0]
-        if table is None:
-            self._lookups["missing"] += 1
+        self._lookups["missing" if table is None else "found"] += 1
+        if table is not None:
+            self.state.install(table)
+        if table is None or not table.online:
             self._missed[key] = time.monotonic()
             self._missed.move_to_end(key)
             while len(self._missed) > self.state.max_tables:
                 self._missed.popitem(last=False)
         else:
-            self._lookups["found"] += 1
             self._missed.pop(key, None)
-            self.state.install(table)
         return True
 
     def sync_metrics(self, metrics: Metrics) -> None:

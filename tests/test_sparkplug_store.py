@@ -88,3 +88,16 @@ async def test_a_new_nbirth_closes_its_devices_in_the_store(db):
                         enc.payload([Metric(alias=5, timestamp=T0, datatype=enc.INT16,
                                             value=1)], T0, 2))
     assert [r.reason for r in parsed.rejections] == ["no_birth"]
+
+
+async def test_a_daemon_holding_a_closed_table_finds_a_birth_another_daemon_stored(db):
+    store = BirthStore(db[BIRTHS_COLLECTION])
+    first, second = SparkplugFormat(store=store), SparkplugFormat(store=store)
+    await feed(second, enc.topic("G", "NBIRTH", "E"), BIRTH)
+    await feed(second, enc.topic("G", "NDEATH", "E"), enc.ndeath(7))
+    # The edge node reconnects; its new NBIRTH goes to the other daemon.
+    await feed(first, enc.topic("G", "NBIRTH", "E"), enc.nbirth(
+        [Metric("Other", 1, T0, enc.FLOAT, 0.5)], bd_seq=8, timestamp=T0))
+    parsed = await feed(second, enc.topic("G", "NDATA", "E"), data(1))
+    assert [i.fields for i in parsed.items] == [{"Other": 2.5}]
+    assert second._lookups == {"found": 1, "missing": 0}
