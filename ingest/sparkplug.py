@@ -18,11 +18,14 @@ from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from bson.errors import InvalidDocument
 from pymongo.errors import PyMongoError
 
+from ingest.errors import RefusedWriteError
 from ingest.formats import Parsed
 from ingest.formats import sparkplug as spb
 from ingest.retry import backoff
+from ingest.writers import as_write_error
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -223,12 +226,23 @@ class SparkplugFormat:
 
 async def _retry(step: Callable[[], Awaitable[None]], what: str,
                  closing: Callable[[], bool]) -> bool:
-    """Run ``step`` until it succeeds (MongoDB errors: back off); False if closing first."""
+    """Run ``step`` until it succeeds; False if closing first.
+
+    Transient MongoDB errors are retried with backoff. A refusal for the data itself
+    (document too large, validation) is logged and given up: the table is still used from
+    memory, and retrying would block the daemon for good.
+    """
     attempt = 0
     while not closing():
         try:
             await step()
-        except PyMongoError as exc:
+        except (PyMongoError, InvalidDocument) as exc:
+            error = as_write_error(exc)
+            if isinstance(error, RefusedWriteError):
+                # An expected server answer, not a bug: no traceback.
+                logger.error("sparkplug: MongoDB refused to %s (kept in memory only): %s",  # noqa: TRY400
+                             what, error)
+                return True
             attempt += 1
             delay = backoff(attempt)
             logger.warning("sparkplug: cannot %s (attempt %d, retrying in %.2fs): %s", what,

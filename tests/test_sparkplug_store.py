@@ -6,6 +6,7 @@ from ingest.decode import Limits
 from ingest.sparkplug import BIRTHS_COLLECTION, BirthStore, SparkplugFormat
 from loadgen import sparkplug as enc
 from loadgen.sparkplug import Metric
+from tests.support.mongo import failpoint
 
 T0 = 1_795_000_000_000
 LIMITS = Limits()
@@ -101,3 +102,13 @@ async def test_a_daemon_holding_a_closed_table_finds_a_birth_another_daemon_stor
     parsed = await feed(second, enc.topic("G", "NDATA", "E"), data(1))
     assert [i.fields for i in parsed.items] == [{"Other": 2.5}]
     assert second._lookups == {"found": 1, "missing": 0}
+
+
+async def test_a_birth_mongodb_refuses_for_its_data_is_used_from_memory_not_retried(db, mongo):
+    fmt = SparkplugFormat(store=BirthStore(db[BIRTHS_COLLECTION]))
+    async with failpoint(mongo, ["update"], code=2):  # BadValue: the data's fault
+        parsed = await feed(fmt, enc.topic("G", "NBIRTH", "E"), BIRTH)
+    assert [i.fields for i in parsed.items] == [{"Temp/A": 1.5, "Count": 3}]
+    assert await db[BIRTHS_COLLECTION].count_documents({}) == 0
+    parsed = await feed(fmt, enc.topic("G", "NDATA", "E"), data(1))
+    assert [i.fields for i in parsed.items] == [{"Temp/A": 2.5}]
