@@ -329,3 +329,13 @@ def test_mangled_payloads_never_crash_and_never_invent_metrics(kind, base, cut, 
         assert item.sensor == ("G1-E1-D" if device else "G1-E1")
     assert all(r.reason in (*spb.REASONS, "bad_value", "bad_field_name", "too_large",
                             "too_many_readings") for r in parsed.rejections)
+
+
+def test_an_alias_declared_twice_is_not_used_for_the_second_metric():
+    state = spb.SparkplugState()
+    born = birth(state, [Metric("a", 1, T0, enc.INT32, 1), Metric("b", 1, T0, enc.INT32, 2)])
+    assert [i.fields for i in born.items] == [{"a": 1, "b": 2}]
+    assert reasons(born) == ["unknown_alias"]
+    assert "declared twice" in born.rejections[0].detail
+    parsed = ndata(state, [Metric(alias=1, timestamp=T0, datatype=enc.INT32, value=5)], 1)
+    assert [i.fields for i in parsed.items] == [{"a": 5}]
