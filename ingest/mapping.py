@@ -62,7 +62,7 @@ class _Topic(NamedTuple):
 
     rule: Rule
     captures: dict[str, str]
-    tags: dict[str, str] | None
+    tags: dict[str, str]  # shared by the topic's readings, never changed
     sensor: str | Rejection | None  # None: decided per item (payload or line tags)
 
 
@@ -152,7 +152,7 @@ class Mapping:
         problem = _tag_problem(tags)
         if problem is not None:  # a hostile topic: its readings are refused, not cut
             sensor = problem
-        return _Topic(rule, captures, tags or None, sensor)
+        return _Topic(rule, captures, tags, sensor)
 
     def stateful_for(self, topic: str) -> Stateful | None:
         """The stateful format whose rule takes ``topic`` (its prepare() comes first)."""
@@ -366,13 +366,13 @@ def _value(rule: Rule, name: str, value: object) -> object:
     return Rejection("bad_value", f"{name}: unsupported value ({kind.__name__})")
 
 
-def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection | None:
+def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection:
     """The reading's tags: the topic's, the payload's (line protocol), the rule's."""
     rule = matched.rule
     if item.tags is None and (item.context is None or not rule.tags):
         tags = matched.tags
     else:
-        tags = dict(matched.tags or {})
+        tags = dict(matched.tags)
         for key, tag_value in (item.tags or {}).items():
             safe_key = safe(key)
             if safe_key in RESERVED_TAGS or not 1 <= len(safe_key) <= 64:
@@ -386,7 +386,7 @@ def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection | None:
         problem = _tag_problem(tags)
         if problem is not None:
             return problem
-    return tags or None
+    return tags
 
 
 def _tag_problem(tags: dict[str, str]) -> Rejection | None:
