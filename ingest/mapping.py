@@ -66,6 +66,69 @@ class _Topic(NamedTuple):
     sensor: str | Rejection | None  # None: decided per item (payload or line tags)
 
 
+def _covers(wide: list[str], narrow: list[str]) -> bool:
+    """Whether every topic matching filter ``narrow`` matches filter ``wide`` (by levels)."""
+    if wide[0] in {"+", "#"} and narrow[0].startswith("$"):
+        return False  # wildcards never match a level starting with '$' there
+    for i, level in enumerate(wide):
+        if level == "#":
+            return True  # also the parent level: a/# matches a
+        if i >= len(narrow) or narrow[i] == "#":
+            return False
+        if level != "+" and narrow[i] != level:
+            return False
+    return len(narrow) == len(wide)
+
+
+def _overlap(a: list[str], b: list[str]) -> bool:
+    """Whether some topic matches both filters."""
+    if (a[0] in {"+", "#"} and b[0].startswith("$")) or (
+            b[0] in {"+", "#"} and a[0].startswith("$")):
+        return False
+    for i in range(max(len(a), len(b))):
+        x = a[i] if i < len(a) else None
+        y = b[i] if i < len(b) else None
+        if x == "#" or y == "#":
+            return True
+        if x is None or y is None:
+            return False
+        if x != y and "+" not in {x, y}:
+            return False
+    return True
+
+
+def _join(a: list[str], b: list[str]) -> list[str]:
+    """The narrowest filter (of this simple form) that covers both."""
+    out: list[str] = []
+    for i in range(max(len(a), len(b))):
+        x = a[i] if i < len(a) else None
+        y = b[i] if i < len(b) else None
+        if x is None or y is None or x == "#" or y == "#":
+            out.append("#")
+            break
+        out.append(x if x == y else "+")
+    return out
+
+
+def disjoint_filters(filters: Sequence[str]) -> tuple[str, ...]:
+    """``filters`` made non-overlapping: covered ones dropped, overlapping ones joined."""
+    pending = [f.split("/") for f in dict.fromkeys(filters)]
+    done: list[list[str]] = []
+    while pending:
+        current = pending.pop(0)
+        for other in done:
+            if _covers(other, current):
+                break
+            if _overlap(other, current):
+                done.remove(other)
+                pending.insert(0, _join(other, current))
+                break
+        else:
+            done = [d for d in done if not _covers(current, d)]
+            done.append(current)
+    return tuple("/".join(f) for f in done)
+
+
 def safe(text: str) -> str:
     """Each run of characters outside ``[A-Za-z0-9_-]`` becomes ``_``."""
     return _UNSAFE.sub("_", text)
@@ -103,6 +166,7 @@ class Mapping:
         self._group_rule = {self._regex.groupindex[f"r{i}"]: i for i in range(len(self.rules))}
         self._cache: dict[str, _Topic | None] = {}
         self._names: dict[str, dict[str, str | Rejection]] = {r.name: {} for r in self.rules}
+        self._last_arrival: dict[str, int] = {}  # sensor -> last arrival time given, in ms
         # One object per stateful format in use, shared by its rules.
         self.stateful: dict[str, Stateful] = {
             name: make() for name, make in _STATEFUL.items()
@@ -119,8 +183,15 @@ class Mapping:
         return cls(rules)
 
     def subscriptions(self) -> tuple[str, ...]:
-        """Each rule's filter with captures as ``+``, once each, in rule order."""
-        return tuple(dict.fromkeys(rule.subscription for rule in self.rules))
+        """Topic filters covering every rule's filter, no two of which overlap.
+
+        A broker delivers a message once per matching subscription (mosquitto 2 does), so
+        overlapping subscriptions would store a message twice. A filter that another one
+        covers is left out; two that partly overlap (``a/bridge/#`` and ``a/+`` share
+        ``a/bridge``) are replaced by one covering both (``a/+/#``), whose messages that
+        no rule takes are rejected as ``no_rule``.
+        """
+        return disjoint_filters([rule.subscription for rule in self.rules])
 
     def match(self, topic: str) -> _Topic | None:
         """The first rule whose filter matches ``topic``, with what it captured."""
@@ -208,40 +279,62 @@ class Mapping:
         rule = matched.rule
         if item.problems:
             rejections.extend(_at(p, index) for p in item.problems)
-        instant = self._instant(item, rule, now)
-        if instant is None:
-            rejections.append(Rejection("bad_timestamp", f"time {str(item.ts)[:60]!r} is not "
-                                        f"{rule.time.format} time", index))
+        sensor = matched.sensor
+        if sensor is None:
+            sensor = self._sensor_of(matched, item)
+        if type(sensor) is not str:
+            rejections.append(_at(sensor, index))  # type: ignore[arg-type]
             return None
-        epoch, ms = instant
+        if item.ts is None and item.epoch is None:  # timed at arrival
+            ms = self._arrival(sensor, math.floor(now * 1000))
+            epoch = ms / 1000
+        else:
+            instant = self._instant(item, rule, now)
+            if instant is None:
+                rejections.append(Rejection("bad_timestamp", f"time {str(item.ts)[:60]!r} is "
+                                            f"not {rule.time.format} time", index))
+                return None
+            epoch, ms = instant
         if not window[0] <= epoch <= window[1]:
             rejections.append(Rejection("ts_out_of_window",
                                         f"ts {epoch:.3f} outside the accepted window", index))
-            return None
-        sensor = self._sensor_of(matched, item)
-        if isinstance(sensor, Rejection):
-            rejections.append(_at(sensor, index))
             return None
         values = self._values(rule, item.fields, rejections, index)
         if not values:
             rejections.append(Rejection("no_measurements", "no measurement left to store",
                                         index))
             return None
-        tags = _tags(matched, item)
-        if isinstance(tags, Rejection):
-            rejections.append(_at(tags, index))
-            return None
+        if item.tags is None and item.context is None:  # tags from the topic only
+            tags: dict[str, str] | Rejection = matched.tags
+        else:
+            tags = _tags(matched, item)
+            if isinstance(tags, Rejection):
+                rejections.append(_at(tags, index))
+                return None
         units = None
         if item.units:
             renamed = ((self._resolve(rule, k), u[:64]) for k, u in item.units.items())
             units = {k: u for k, u in renamed if type(k) is str and k in values} or None
-        return Reading(sensor, timestamp(ms), epoch, values, None, ms, tags, units)
+        return _new(Reading, (sensor, timestamp(ms), epoch, values, None, ms, tags, units))
+
+    def _arrival(self, sensor: str, ms: int) -> int:
+        """An arrival time in milliseconds, after the sensor's previous one.
+
+        A reading is identified by its sensor and millisecond: devices that publish each
+        value as its own message (Shelly, ESPHome) send bursts within one millisecond,
+        which must not become one reading refused as ``ts_conflict``.
+        """
+        last = self._last_arrival.get(sensor)
+        if last is not None and ms <= last:
+            ms = last + 1
+        elif len(self._last_arrival) >= TOPIC_CACHE:
+            self._last_arrival.clear()
+        self._last_arrival[sensor] = ms
+        return ms
 
     def _instant(self, item: Item, rule: Rule, now: float) -> tuple[float, int] | None:
         if item.epoch is not None:  # SenML: resolved, relative below 2**28
             return from_seconds(item.epoch + now if item.epoch < senml.RELATIVE else item.epoch)
-        if item.ts is None:
-            return from_seconds(now)
         return parse(item.ts, rule.time.format, rule.time.zone)
 
     def _sensor_of(self, matched: _Topic, item: Item) -> str | Rejection:
@@ -309,6 +402,7 @@ class Mapping:
 
 
 _DROP_VALUE = object()
+_new = tuple.__new__  # builds a NamedTuple without its argument handling
 
 
 def _at(rejection: Rejection, index: int | None) -> Rejection:

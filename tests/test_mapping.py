@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -110,9 +111,27 @@ def test_unknown_preset_lists_the_known_ones() -> None:
         Mapping.load(None, ["nope"])
 
 
-def test_subscriptions_replace_captures_with_plus_once_each() -> None:
+def test_subscriptions_replace_captures_with_plus_and_never_overlap() -> None:
     m = mapping(Z2M + '[[rule]]\nname = "z2"\ntopic = "zigbee2mqtt/{x}"\nsensor_id = "{x}"\n')
-    assert m.subscriptions() == ("zigbee2mqtt/bridge/#", "zigbee2mqtt/+")
+    # zigbee2mqtt/bridge matches both filters: a broker would deliver it twice.
+    assert m.subscriptions() == ("zigbee2mqtt/+/#",)
+    assert reasons(run(m, "zigbee2mqtt/a/b/c", {"x": 1})) == ["no_rule"]
+    two = mapping('[[rule]]\nname = "a"\ntopic = "tele/{sensor_id}/SENSOR"\n'
+                  '[[rule]]\nname = "b"\ntopic = "tele/{sensor_id}/STATE"\n'
+                  '[[rule]]\nname = "c"\ntopic = "shellies/#"\nignore = true\n'
+                  '[[rule]]\nname = "d"\ntopic = "shellies/{sensor_id}/relay/{measurement}"\n'
+                  'format = "value"\n')
+    assert two.subscriptions() == ("tele/+/SENSOR", "tele/+/STATE", "shellies/#")
+
+
+def test_readings_timed_at_arrival_get_distinct_milliseconds_per_sensor() -> None:
+    m = mapping('[[rule]]\nname = "r"\ntopic = "shellies/{sensor_id}/relay/0/{measurement}"\n'
+                'format = "value"\n')
+    at = math.floor(NOW) + 0.1234
+    times = [run(m, f"shellies/{sensor}/relay/0/{name}", b"1", now=at).decoded.readings[0].ms
+             for sensor, name in (("a", "power"), ("a", "energy"), ("b", "power"), ("a", "x"))]
+    base = math.floor(at * 1000)
+    assert times == [base, base + 1, base, base + 2]
 
 
 # --- matcher ------------------------------------------------------------------------------

@@ -205,3 +205,38 @@ line_text = st.text(st.sampled_from(list('ab=, \\"\'#tTfF0123456789.-+eiu\nxé')
 def test_any_line_protocol_text(text: str, site: str) -> None:
     checked(f"i/{site}", text.encode())
     checked("i/site", f"m,host=h {text}".encode())
+
+
+@SETTINGS
+@given(ms=st.one_of(st.integers(-(6 * 10**13), 6 * 10**13),
+                    st.integers(3_999_999_999_000, 4_000_000_001_000)))
+def test_millisecond_timestamps_are_exact(ms: int) -> None:
+    from datetime import UTC, datetime, timedelta  # noqa: PLC0415
+
+    from ingest.formats.times import timestamp  # noqa: PLC0415
+
+    assert timestamp(ms) == datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+
+
+filter_level = st.sampled_from(["a", "b", "$s", "+"])
+mqtt_filter = st.builds(lambda levels, tail: "/".join(levels + (["#"] if tail else [])),
+                        st.lists(filter_level, min_size=1, max_size=4), st.booleans())
+topic_level = st.sampled_from(["a", "b", "c", "$s", ""])
+
+
+@SETTINGS
+@given(filters=st.lists(mqtt_filter, min_size=1, max_size=6),
+       topics=st.lists(st.lists(topic_level, min_size=1, max_size=5), max_size=30))
+def test_subscriptions_cover_every_filter_and_never_overlap(filters: list[str],
+                                                            topics: list[list[str]]) -> None:
+    from paho.mqtt.client import topic_matches_sub  # noqa: PLC0415
+
+    from ingest.mapping import disjoint_filters  # noqa: PLC0415
+
+    result = disjoint_filters(filters)
+    for levels in topics:
+        topic = "/".join(levels)
+        wanted = any(topic_matches_sub(f, topic) for f in filters)
+        got = sum(topic_matches_sub(f, topic) for f in result)
+        assert got == (1 if wanted else got)  # each wanted topic: exactly one subscription
+        assert got <= 1  # never delivered twice
