@@ -26,6 +26,7 @@ from ingest.retry import backoff
 from ingest.schema import Schema
 from ingest.sharding import shard_collection
 from ingest.source import MqttSource
+from ingest.sparkplug import attach_store
 from ingest.writers.bucket import BucketWriter
 from ingest.writers.rejects import RejectsWriter
 from ingest.writers.timeseries import TimeseriesWriter
@@ -140,6 +141,8 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
     client = mongo_client(settings)
     try:
         writer = make_writer(settings, client)
+        if settings.mapping is not None and not settings.dry_run:
+            attach_store(settings.mapping, client[settings.db])
         source = MqttSource(settings, metrics, health)
         rejects = RejectsWriter(client[settings.db][settings.rejects_collection])
         pipeline = Pipeline(settings, writer, rejects, source, metrics, health)

@@ -22,12 +22,14 @@ from ingest.formats import MAX_TAG_BYTES, MAX_TAGS, influx, json, senml, value
 from ingest.formats.times import from_seconds, parse, timestamp
 from ingest.model import Decoded, Reading, Rejection
 from ingest.rules import RESERVED_TAGS, check_unique, load_file, load_preset
+from ingest.sparkplug import SparkplugFormat
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from ingest.decode import Limits
     from ingest.formats import Item, Parsed
+    from ingest.formats.stateful import Stateful
     from ingest.rules import Rule
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
@@ -41,6 +43,10 @@ _DROP = ""  # a field name resolved to "leave it out, silently"
 _FORMATS: dict[str, Callable[[bytes, Rule, dict[str, str], Limits], Parsed]] = {
     "json": json.parse, "value": value.parse, "senml": senml.parse, "influx": influx.parse,
 }
+
+
+# Formats with state across messages (see ingest.formats.stateful), made once per Mapping.
+_STATEFUL: dict[str, Callable[[], Stateful]] = {"sparkplug": SparkplugFormat}
 
 
 class Result(NamedTuple):
@@ -161,6 +167,10 @@ class Mapping:
         self._cache: dict[str, _Topic | None] = {}
         self._names: dict[str, dict[str, str | Rejection]] = {r.name: {} for r in self.rules}
         self._last_arrival: dict[str, int] = {}  # sensor -> last arrival time given, in ms
+        # One object per stateful format in use, shared by its rules.
+        self.stateful: dict[str, Stateful] = {
+            name: make() for name, make in _STATEFUL.items()
+            if any(r.format == name and not r.ignore for r in self.rules)}
 
     @classmethod
     def load(cls, mapping_file: str | None, presets: Sequence[str]) -> Mapping:
@@ -215,6 +225,15 @@ class Mapping:
             sensor = problem
         return _Topic(rule, captures, tags, sensor)
 
+    def stateful_for(self, topic: str) -> Stateful | None:
+        """The stateful format whose rule takes ``topic`` (its prepare() comes first)."""
+        if not self.stateful:
+            return None
+        matched = self.match(topic)
+        if matched is None or matched.rule.ignore:
+            return None
+        return self.stateful.get(matched.rule.format)
+
     def decode(self, topic: str, payload: bytes, received_at: float, limits: Limits
                ) -> Result:
         """Readings and rejections of one message, or ignored, or ``no_rule``."""
@@ -230,7 +249,9 @@ class Mapping:
                 "too_large", f"{len(payload)} bytes > {limits.max_message_bytes}")]))
         if rule.format == "ingest":
             return Result(rule, self._ingest(matched, topic, payload, received_at, limits))
-        parsed = _FORMATS[rule.format](payload, rule, matched.captures, limits)
+        stateful = self.stateful.get(rule.format) if self.stateful else None
+        parsed = (stateful.parse(topic, payload, limits) if stateful is not None
+                  else _FORMATS[rule.format](payload, rule, matched.captures, limits))
         out = Decoded(rejections=parsed.rejections)
         window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
         several = len(parsed.items) > 1

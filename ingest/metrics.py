@@ -20,6 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ingest.decode import REASONS
 from ingest.errors import StartupError
+from ingest.formats import sparkplug
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -126,7 +127,34 @@ class Metrics:
         self.info = Gauge(
             "info", "Constant 1, labelled with the daemon's mode.", ["mode", "dry_run"],
             namespace=NAMESPACE, registry=r)
-        for reason in REASONS:
+        self.sparkplug_messages = Counter(
+            "sparkplug_messages", "Sparkplug B messages seen, by message type.", ["type"],
+            namespace=NAMESPACE, registry=r)
+        self.sparkplug_seq_gaps = Counter(
+            "sparkplug_seq_gaps", "Sparkplug B messages whose seq was not the one after the "
+            "edge node's previous (expected with a shared subscription).",
+            namespace=NAMESPACE, registry=r)
+        self.sparkplug_stale_deaths = Counter(
+            "sparkplug_stale_deaths", "Sparkplug B NDEATHs ignored because their bdSeq is not "
+            "the current NBIRTH's (an older connection's will).", namespace=NAMESPACE,
+            registry=r)
+        self.sparkplug_skipped = Counter(
+            "sparkplug_metrics_skipped", "Sparkplug B metrics not stored by rule: null "
+            "values, transient metrics.", ["why"], namespace=NAMESPACE, registry=r)
+        self.sparkplug_lookups = Counter(
+            "sparkplug_table_lookups", "Alias tables read from MongoDB because they were not "
+            "in memory, by outcome (found, missing).", ["outcome"], namespace=NAMESPACE,
+            registry=r)
+        self.sparkplug_tables = Gauge(
+            "sparkplug_alias_tables", "Sparkplug B alias tables held in memory.",
+            namespace=NAMESPACE, registry=r)
+        for kind in sparkplug.MESSAGE_TYPES:
+            self.sparkplug_messages.labels(kind)
+        for why in sparkplug.SKIPS:
+            self.sparkplug_skipped.labels(why)
+        for outcome in ("found", "missing"):
+            self.sparkplug_lookups.labels(outcome)
+        for reason in (*REASONS, *sparkplug.REASONS):
             self.readings_rejected.labels(reason)
         for kind in WRITE_ERROR_KINDS:
             self.write_errors.labels(mode, kind)

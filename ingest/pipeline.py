@@ -126,6 +126,13 @@ class Pipeline:
                 self._health.saturated = False
             if self._closed:
                 return False
+        if self._mapping is not None and self._mapping.stateful:
+            # A stateful format (Sparkplug) first brings its state up to date, with I/O:
+            # a BIRTH is stored before its message can be acknowledged.
+            step = self._mapping.stateful_for(message.topic)
+            if step is not None and not await step.prepare(
+                    message.topic, message.payload, self._limits, lambda: self._closed):
+                return False
         # Per-message counts are kept as plain ints and handed to the metrics at scrape
         # time (sync_metrics): a Prometheus counter takes a lock on every inc().
         self._received += 1
@@ -168,7 +175,10 @@ class Pipeline:
             if result.ignored:
                 outcome = "ignored"
             else:
-                outcome = "accepted" if result.decoded.readings else "rejected"
+                # Nothing stored and nothing refused (a Sparkplug DEATH): handled, accepted.
+                decoded = result.decoded
+                outcome = ("accepted" if decoded.readings or not decoded.rejections
+                           else "rejected")
             key = (result.rule.name, outcome)
             self._rule_counts[key] = self._rule_counts.get(key, 0) + 1
         return result.decoded
@@ -182,6 +192,9 @@ class Pipeline:
             else:
                 metrics.rule_messages.labels(rule, outcome).inc(count)
         self._rule_counts.clear()
+        if self._mapping is not None:
+            for stateful in self._mapping.stateful.values():
+                stateful.sync_metrics(metrics)
         metrics.messages_received.inc(self._received)
         metrics.received_bytes.inc(self._received_bytes)
         metrics.readings_accepted.inc(self._accepted)

@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from ingest.errors import ConfigError
 from ingest.formats.times import TIME_FORMATS
 
-FORMATS = ("ingest", "json", "value", "senml", "influx")
+FORMATS = ("ingest", "json", "value", "senml", "influx", "sparkplug")
 STRINGS = ("keep", "drop", "reject")
 MAX_STRING_BYTES = 65_536
 MAX_RULES = 1000
@@ -34,6 +34,7 @@ _OPTIONS = frozenset({"name", "topic", "ignore", "format", "sensor_id", "measure
                       "flatten", "drop", "keep", "strings", "max_string_bytes", "values",
                       "time", "tags"})
 _TIME_OPTIONS = frozenset({"field", "format", "zone"})
+_DEFAULT_TIME = {"influx": "epoch_ns", "sparkplug": "epoch_ms"}
 
 
 class Template:
@@ -336,7 +337,8 @@ def _values(table: object) -> dict[str, int | float | bool | str]:
 
 def _time(table: object, fmt: str) -> tuple[TimeSpec, bool]:
     if table is None:  # line protocol's timestamps are nanoseconds unless told otherwise
-        return TimeSpec(format="epoch_ns" if fmt == "influx" else "auto"), False
+        # (and Sparkplug's milliseconds)
+        return TimeSpec(format=_DEFAULT_TIME.get(fmt, "auto")), False
     if type(table) is not dict:
         raise TypeError("time must be a table ([rule.time])")
     unknown = set(table) - _TIME_OPTIONS

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from loadgen import sparkplug
 from loadgen.bench import MODES, BenchError, BenchSettings, run_bench
 from loadgen.config import (
     ConfigError,
@@ -70,6 +71,8 @@ def publish_of(args: argparse.Namespace, preset: Preset, run_id: str) -> Publish
     if step is None:
         step = max(0.001, round(sensors / rate, 3)) if rate > 0 else 0.001
     prefix = args.topic_prefix or ("sensors" if args.use_running else f"bench{run_id}")
+    if args.format == "sparkplug":  # the daemons subscribe to <prefix>/#
+        prefix = sparkplug.NAMESPACE
     return validate_publish(PublishSettings(
         host=broker.host, port=broker.port, username=broker.username, password=broker.password,
         sensors=sensors, rate=rate, duration=None,
@@ -78,7 +81,7 @@ def publish_of(args: argparse.Namespace, preset: Preset, run_id: str) -> Publish
         qos=args.qos, seed=args.seed if args.seed is not None else secrets.randbelow(2**31),
         sensor_prefix=f"lg{run_id}", topic_prefix=prefix,
         start_ms=parse_start(preset.start, time.time()), step_ms=parse_step(step),
-        processes=1, late_every=preset.late_every))
+        processes=1, late_every=preset.late_every, payload_format=args.format))
 
 
 def bench_settings(args: argparse.Namespace, preset: Preset) -> BenchSettings:
@@ -105,7 +108,8 @@ def bench_settings(args: argparse.Namespace, preset: Preset) -> BenchSettings:
         metrics_urls={"bucket": args.metrics_url_bucket,
                       "timeseries": args.metrics_url_timeseries},
         daemon_mqtt_url=daemon_url, daemon_password_file=password_file,
-        daemon_args=tuple(args.daemon_arg), query_runs=args.query_runs,
+        daemon_args=(*(("--preset", "sparkplug") if args.format == "sparkplug" else ()),
+                     *args.daemon_arg), query_runs=args.query_runs,
         latency_samples=args.latency_samples, wait_timeout=args.wait_timeout)
 
 
@@ -116,6 +120,7 @@ def workload(args: argparse.Namespace, publish: PublishSettings) -> dict[str, An
             "count": publish.count, "per_message": publish.per_message, "rate": publish.rate,
             "qos": publish.qos, "start": preset.start, "time_step_s": publish.step_ms / 1000,
             "late_every": publish.late_every, "seed": publish.seed,
+            "format": publish.payload_format,
             "sensor_prefix": publish.sensor_prefix, "topic_prefix": publish.topic_prefix,
             "use_running": args.use_running, "mqtt_url": redact(args.mqtt_url),
             "mongodb_uri": redact(args.mongodb_uri)}

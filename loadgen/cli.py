@@ -86,7 +86,15 @@ def _publish_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> N
     _flag(parser, env, "late-every", "send every Nth message of each sensor after all others "
           "(late, out-of-order data; 0: off; needs --count)", 0, type=int)
     _flag(parser, env, "manifest", "write the run's manifest (for verify) to this file")
+    _format_flag(parser, env)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def _format_flag(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    _flag(parser, env, "format", "payloads: json, or sparkplug (a Sparkplug B fleet: group "
+          "<sensor prefix>, one edge node per sensor, NBIRTH then NDATA on "
+          "spBv1.0/<prefix>/NDATA/<n>; --topic-prefix is not used)", "json",
+          choices=["json", "sparkplug"])
 
 
 def _mqtt_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
@@ -135,6 +143,7 @@ def _bench_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> Non
     _flag(parser, env, "rate", "override the preset's readings/s (0: as fast as possible)",
           type=float)
     _flag(parser, env, "qos", "publish QoS", 1, type=int)
+    _format_flag(parser, env)
     _flag(parser, env, "seed", "seed of the simulated values (default: random)", type=int)
     _flag(parser, env, "topic-prefix", "topic prefix (default: bench<run id>, sensors with "
           "--use-running)")
@@ -208,7 +217,7 @@ def publish_settings(args: argparse.Namespace, now: float) -> PublishSettings:
         sensor_prefix=prefix, topic_prefix=args.topic_prefix,
         start_ms=parse_start(args.start, now), step_ms=parse_step(step),
         processes=args.processes, manifest=args.manifest, json=args.json,
-        max_inflight=args.max_inflight))
+        max_inflight=args.max_inflight, payload_format=args.format))
 
 
 def warn_outside_window(settings: PublishSettings, now: float) -> None:

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 type VerifyMode = Literal["bucket", "timeseries", "both"]
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+_GROUP = re.compile(r"^[A-Za-z0-9_]{1,100}$")  # a Sparkplug group id the daemon keeps as is
+PAYLOAD_FORMATS = ("json", "sparkplug")
 _TOPIC_PREFIX = re.compile(r"^[^#+\x00]{1,200}$")
 _RELATIVE = re.compile(r"^now(?:([+-])(\d+(?:\.\d+)?)([smhd]))?$")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -53,6 +55,7 @@ class PublishSettings:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     late_every: int = 0
+    payload_format: str = "json"  # json | sparkplug
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +170,12 @@ def validate_publish(settings: PublishSettings) -> PublishSettings:
          "--late-every: must be 0 (off) or at least 2"),
         (settings.late_every == 0 or settings.count is not None,
          "--late-every: needs --count (late messages are sent after all others)"),
+        (settings.payload_format in PAYLOAD_FORMATS,
+         f"--format: must be one of {', '.join(PAYLOAD_FORMATS)}"),
+        (settings.payload_format != "sparkplug"
+         or bool(_GROUP.fullmatch(settings.sensor_prefix)),
+         ("--sensor-prefix: with --format sparkplug it is the group id and must match "
+          "[A-Za-z0-9_]{1,100} (no '-': the daemon's sensor ids are <group>-<edge node>)")),
     ]
     for ok, message in checks:
         if not ok:

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from pymongo.errors import PyMongoError
@@ -56,6 +57,8 @@ class Sampler(threading.Thread):
                  interval: float) -> None:
         super().__init__(name=f"sampler-{mode}", daemon=True)
         self.coll, self.mode = coll, mode
+        # Looked up by timestamp, which every payload format carries (Sparkplug has no seq).
+        self.published = run
         self.pending = {(run.sensor_id(x.sensor), x.seq): x for x in samples}
         self.seen: dict[Sample, float] = {}
         self.interval = interval
@@ -73,22 +76,23 @@ class Sampler(threading.Thread):
                 found = set()
             ended = time.monotonic()
             self.polls.append(ended - began)
-            for key in found:
-                sample = self.pending.pop(key, None)
+            for sensor, seq in found:
+                sample = self.pending.pop((sensor, seq), None) if seq is not None else None
                 if sample is not None:
                     self.seen[sample] = (began + ended) / 2
             self.stopping.wait(max(0.0, self.interval - (ended - began)))
 
-    def _poll(self) -> set[tuple[str, int]]:
+    def _poll(self) -> set[tuple[str, int | None]]:
         ids = sorted({k[0] for k in self.pending})
-        seqs = sorted({k[1] for k in self.pending})
+        times = sorted({_date(self.published.ts_ms(k[1])) for k in self.pending})
         if self.mode == "bucket":
-            docs = self.coll.find({"sensor_id": {"$in": ids}, "readings.seq": {"$in": seqs}},
-                                  {"_id": 0, "sensor_id": 1, "readings.seq": 1})
-            return {(d["sensor_id"], r.get("seq")) for d in docs for r in d.get("readings", [])}
-        docs = self.coll.find({"meta.sensor_id": {"$in": ids}, "seq": {"$in": seqs}},
-                              {"_id": 0, "meta": 1, "seq": 1})
-        return {(d["meta"]["sensor_id"], d.get("seq")) for d in docs}
+            docs = self.coll.find({"sensor_id": {"$in": ids}, "readings.ts": {"$in": times}},
+                                  {"_id": 0, "sensor_id": 1, "readings.ts": 1})
+            return {(d["sensor_id"], self.published.seq_of(_ms(r.get("ts"))))
+                    for d in docs for r in d.get("readings", [])}
+        docs = self.coll.find({"meta.sensor_id": {"$in": ids}, "ts": {"$in": times}},
+                              {"_id": 0, "meta": 1, "ts": 1})
+        return {(d["meta"]["sensor_id"], self.published.seq_of(_ms(d.get("ts")))) for d in docs}
 
     def stop(self) -> None:
         """End the polling loop and wait for it."""
@@ -118,3 +122,16 @@ def latency_figures(sampler: Sampler, summary: Summary, samples: int) -> dict[st
 def rounded(value: float | None, digits: int = 1) -> float | None:
     """``value`` rounded to ``digits``, or None."""
     return None if value is None else round(value, digits)
+
+
+def _date(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def _ms(value: object) -> int | None:
+    """Epoch milliseconds of a stored date (naive dates are UTC), or None."""
+    if not isinstance(value, datetime):
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return round(value.timestamp() * 1000)

@@ -47,6 +47,13 @@ class Run:
         """Timestamp in epoch milliseconds of any sensor's reading ``seq``."""
         return self.start_ms + seq * self.step_ms
 
+    def seq_of(self, ts_ms: int | None) -> int | None:
+        """The seq whose timestamp is ``ts_ms``, or None if it is off the run's grid."""
+        if ts_ms is None:
+            return None
+        seq, off = divmod(ts_ms - self.start_ms, self.step_ms)
+        return seq if off == 0 else None
+
 
 @dataclass(frozen=True, slots=True)
 class Shape:

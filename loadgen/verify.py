@@ -115,6 +115,8 @@ class Tally:
         report = self.report
         report.found += 1
         seq = reading.get("seq")
+        if seq is None:  # formats with no per-reading seq (Sparkplug B): placed by its ts
+            seq = self.expected.run.seq_of(to_ms(reading.get("ts")))
         seen = self.seen[sensor_id]
         if type(seq) is not int or not 0 <= seq < len(seen):
             report.unexpected += 1

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from loadgen import payloads
+from loadgen import payloads, sparkplug
 from loadgen.ratelimit import Pacer
 from loadgen.wire import Connection, publish_packet, remaining_length
 
@@ -73,7 +73,11 @@ class Worker:
                                 s.start_ms, s.step_ms, s.topic_prefix)
         self.model = payloads.Model(s.seed)
         self.shapes = [self.model.shape(i) for i in self.sensors]
-        topics = [self.run.topic(i).encode() for i in self.sensors]
+        # Sparkplug B: one edge node per sensor, an NBIRTH each before its NDATA.
+        self.sparkplug = s.payload_format == "sparkplug"
+        self.spb_seq = dict.fromkeys(self.sensors, 0)  # the NBIRTH is seq 0
+        topics = [(sparkplug.fleet_topic(s.sensor_prefix, i) if self.sparkplug
+                   else self.run.topic(i)).encode() for i in self.sensors]
         self.heads = [len(t).to_bytes(2, "big") + t for t in topics]
         share = len(self.sensors) / s.sensors
         self.pacer = Pacer(s.rate * share, burst=max(1000, s.per_message))
@@ -102,6 +106,8 @@ class Worker:
         self.pacer.restart()
         deadline = r.started + s.duration if s.duration is not None else float("inf")
         done = self.planned == 0
+        if self.sparkplug and not done:
+            self._births()
         while not done and not self.stop.requested:
             now = time.monotonic()
             if now >= deadline:
@@ -127,6 +133,30 @@ class Worker:
         self.conn.close()
         return r
 
+    def _births(self) -> None:
+        """Publish each edge node's NBIRTH first, on the same connection as its NDATA.
+
+        Not counted as messages or readings (they carry null values only); at QoS 1 their
+        PUBACKs are not tracked (packet ids above the data's range).
+        """
+        payload = sparkplug.fleet_birth(self.run.start_ms)
+        births = []
+        for n, index in enumerate(self.sensors):
+            name = sparkplug.fleet_topic(self.s.sensor_prefix, index, "NBIRTH").encode()
+            births.append(publish_packet(name, payload, self.s.qos, 65535 - n % 1000))
+        for start in range(0, len(births), MAX_BATCH_MESSAGES):
+            self.conn.write(b"".join(births[start:start + MAX_BATCH_MESSAGES]))
+
+    def _sparkplug_data(self, pos: int, first: int, count: int) -> bytes:
+        run, shape = self.run, self.shapes[pos]
+        readings = []
+        for seq in range(first, first + count):
+            ts_ms = run.ts_ms(seq)
+            readings.append((ts_ms, *self.model.values(shape, seq, ts_ms)))
+        index = self.sensors[pos]
+        self.spb_seq[index] = spb_seq = (self.spb_seq[index] + 1) % 256
+        return sparkplug.fleet_data(readings, spb_seq)
+
     def _build(self, allowance: int, room: int) -> tuple[list[bytes], int, bool]:
         """Encode up to ``room`` messages holding about ``allowance`` readings."""
         batch: list[bytes] = []
@@ -139,7 +169,8 @@ class Worker:
             if item is None:
                 return batch, readings, True
             pos, first, k = item
-            payload = payloads.message(run, model, shapes[pos], first, k)
+            payload = (self._sparkplug_data(pos, first, k) if self.sparkplug
+                       else payloads.message(run, model, shapes[pos], first, k))
             if qos1:
                 self.next_id = self.next_id % 65535 + 1
                 self.inflight.add(self.next_id)

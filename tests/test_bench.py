@@ -20,7 +20,7 @@ from loadgen.config import BenchSettings, ConfigError, parse_mqtt_url, redact
 from loadgen.payloads import late_plan, message_plan
 from loadgen.report import SECTIONS, percentile, render_markdown
 from loadgen.wire import RefusedError, connect_packet
-from tests.support.procs import ROOT, free_port, wait_port
+from tests.support.procs import ROOT, Broker, free_port, wait_port
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -285,3 +285,22 @@ def test_bench_refused_credentials_exit_2_at_once(
     assert "refused" in err
     assert SECRET not in err
     assert time.monotonic() - started < 10
+
+
+def test_bench_runs_a_sparkplug_fleet_through_the_preset(
+        broker: Broker, mongo_uri: str, bench_db: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "loadgen", "bench", f"--mqtt-url={broker.url}",
+         f"--mongodb-uri={mongo_uri}", f"--out={tmp_path / 'out'}", "--db", bench_db,
+         "--modes", "bucket", "--format", "sparkplug", "--preset", "few-sensors",
+         "--count", "200", "--query-runs", "1", "--latency-samples", "5",
+         "--daemon-arg=--flush-interval=0.2", "--wait-timeout", "40", "--json"],
+        capture_output=True, text=True, cwd=ROOT, timeout=90, check=False)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["workload"]["format"] == "sparkplug"
+    figures = report["modes"]["bucket"]
+    assert figures["published"] == figures["written"] == 200
+    assert figures["rejected"] == 0
+    assert figures["verify"]["ok"], figures["verify"]
+    assert figures["latency_ms"]["seen"] > 0

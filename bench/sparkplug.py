@@ -1,0 +1,181 @@
+"""Sparkplug B against JSON: readings/s of the daemon (--dry-run) over the same readings.
+
+Method of bench.consume: for each payload format, a backlog of QoS 1 messages is queued at
+a real mosquitto for the daemon's persistent session while it is offline; the daemon then
+connects and the clock runs from its first received message until the last one is
+acknowledged (read from its metrics). --dry-run: decode, batch and plan the writes, no
+MongoDB (a BIRTH's alias table stays in memory). The readings are the same in every
+format: ``--sensors`` sensors, two measurements (hum, temp) each, ``--per-message`` per
+message. Formats: ``ingest`` (the default path, no mapping), ``json`` (a mapping rule of
+format json), ``sparkplug`` (--preset sparkplug: one NBIRTH per edge node, then NDATA
+with aliases only). Runs are back to back on one machine: compare the ratios.
+
+    .venv/bin/python -m bench.sparkplug [--messages 20000] [--per-message 1] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from loadgen import sparkplug as spb
+from tests.support.procs import Broker, Daemon, metrics_of
+
+JSON_RULE = """
+[[rule]]
+name = "bench-json"
+topic = "bench/{sensor_id}/readings"
+format = "json"
+[rule.time]
+field = "ts"
+format = "epoch_s"
+"""
+
+
+def readings(messages: int, per_message: int, sensors: int) -> list[tuple[int, list[tuple]]]:
+    """(sensor, [(ts_ms, seq, hum, temp)...]) per message, the same for every format."""
+    start = int(time.time() * 1000) - 3_600_000
+    out = []
+    for i in range(messages):
+        batch = []
+        for j in range(per_message):
+            seq = (i // sensors) * per_message + j
+            batch.append((start + seq * 10, seq, 40.0 + seq % 7, 20.0 + (seq % 50) / 10))
+        out.append((i % sensors, batch))
+    return out
+
+
+def encode(fmt: str, plan: list[tuple[int, list[tuple]]], sensors: int
+           ) -> list[tuple[str, bytes]]:
+    """The messages of one format: topic and payload (Sparkplug: NBIRTHs first)."""
+    out: list[tuple[str, bytes]] = []
+    if fmt == "sparkplug":
+        start = plan[0][1][0][0]
+        out = [(spb.fleet_topic("bench", s, "NBIRTH"), spb.fleet_birth(start))
+               for s in range(sensors)]
+        seqs = [0] * sensors
+        for sensor, batch in plan:
+            seqs[sensor] = (seqs[sensor] + 1) % 256
+            data = [(ts, hum, temp) for ts, _seq, hum, temp in batch]
+            out.append((spb.fleet_topic("bench", sensor), spb.fleet_data(data, seqs[sensor])))
+        return out
+    for sensor, batch in plan:
+        items = [{"ts": ts / 1000, "hum": hum, "temp": temp} | ({"seq": seq} if fmt == "ingest"
+                                                                  else {})
+                 for ts, seq, hum, temp in batch]
+        body = items[0] if len(items) == 1 else (
+            {"sensor_id": f"s{sensor}", "readings": items} if fmt == "ingest" else items)
+        out.append((f"bench/s{sensor}/readings", orjson.dumps(body)))
+    return out
+
+
+def preload(broker: Broker, messages: list[tuple[str, bytes]]) -> None:
+    """Publish every message at QoS 1 and wait for the broker's acknowledgements."""
+    from paho.mqtt import client as paho  # noqa: PLC0415
+    from paho.mqtt.enums import CallbackAPIVersion  # noqa: PLC0415
+
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id="bench-pub",
+                         protocol=paho.MQTTv5)
+    client.max_inflight_messages_set(1000)
+    client.connect("127.0.0.1", broker.port)
+    client.loop_start()
+    try:
+        for start in range(0, len(messages), 1000):
+            infos = [client.publish(topic, payload, qos=1)
+                     for topic, payload in messages[start:start + 1000]]
+            for info in infos:
+                info.wait_for_publish(timeout=60)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def consume(fmt: str, messages: list[tuple[str, bytes]], workdir: Path) -> float:
+    """Readings/s of a --dry-run daemon draining ``messages`` queued for it."""
+    broker = Broker(workdir)
+    broker.start()
+    args = ["--dry-run", "--mqtt-url", broker.url, "--mongodb-uri", "mongodb://127.0.0.1:1",
+            "--client-id", f"bench-{fmt}", "--log-level", "warning",
+            # The backlog fills batches by size; a short linger only closes the last one
+            # (Sparkplug's 100 extra BIRTH messages would otherwise wait a whole second).
+            "--flush-interval", "0.05"]
+    if fmt == "sparkplug":
+        args += ["--preset", "sparkplug"]
+    elif fmt == "json":
+        rule = workdir / "json.toml"
+        rule.write_text(JSON_RULE, encoding="utf-8")
+        args += ["--mapping", str(rule)]
+    else:
+        args += ["--topic", "bench/#"]
+    try:
+        first = Daemon(args, workdir / f"daemon-{fmt}.log").start()
+        first.stop()  # the persistent session exists and queues the backlog
+        preload(broker, messages)
+        daemon = Daemon(args, workdir / f"daemon-{fmt}.log").start(wait_ready=False)
+        t0 = 0.0
+        try:
+            while True:
+                try:
+                    metrics = metrics_of(daemon.metrics_port)
+                except OSError:
+                    time.sleep(0.02)
+                    continue
+                now = time.perf_counter()
+                if not t0 and metrics.get("ingest_messages_received_total", 0) > 0:
+                    t0 = now
+                if metrics.get("ingest_messages_acked_total", 0) >= len(messages):
+                    written = metrics['ingest_readings_written_total{mode="bucket"}']
+                    return written / (now - t0)
+                time.sleep(0.02)
+        finally:
+            daemon.stop()
+    finally:
+        broker.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--per-message", type=int, default=1)
+    parser.add_argument("--sensors", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3, help="runs per format, interleaved")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    plan = readings(args.messages, args.per_message, args.sensors)
+    formats = ("ingest", "json", "sparkplug")
+    encoded = {fmt: encode(fmt, plan, args.sensors) for fmt in formats}
+    rates: dict[str, list[float]] = {fmt: [] for fmt in formats}
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(args.rounds):
+            for fmt in formats:
+                workdir = Path(tmp) / f"{fmt}-{round_}"
+                workdir.mkdir()
+                rates[fmt].append(consume(fmt, encoded[fmt], workdir))
+    result = {fmt: {"readings_per_s": round(statistics.median(r)),
+                    "runs": [round(x) for x in r],
+                    "payload_bytes_per_reading": round(
+                        sum(len(p) for _, p in encoded[fmt]) / (args.messages
+                                                                * args.per_message), 1)}
+              for fmt, r in rates.items()}
+    base = result["ingest"]["readings_per_s"]
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{args.messages} messages x {args.per_message} readings, {args.sensors} sensors, "
+          f"median of {args.rounds} interleaved runs, --dry-run")
+    print("| format | readings/s | / ingest default | payload bytes/reading |")
+    print("|---|---|---|---|")
+    for fmt, r in result.items():
+        print(f"| {fmt} | {r['readings_per_s']:,} | {r['readings_per_s'] / base:.2f} "
+              f"| {r['payload_bytes_per_reading']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

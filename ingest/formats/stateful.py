@@ -1,0 +1,35 @@
+"""The one extension of the format interface: a format with state across messages.
+
+A plain format is a pure function of one payload. A stateful one (Sparkplug B, whose DATA
+messages refer to aliases declared by an earlier BIRTH) is an object, one per format
+name, shared by the rules that use it. For each message one of its rules takes, the
+pipeline first awaits :meth:`Stateful.prepare` (which may do I/O: store a BIRTH before the
+message can be acknowledged, read a table missing from memory), then the mapping calls
+:meth:`Stateful.parse`, which is synchronous and pure apart from the state it reads and
+updates. Both are called in message order, one message at a time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ingest.decode import Limits
+    from ingest.formats import Parsed
+    from ingest.metrics import Metrics
+
+
+class Stateful(Protocol):
+    """A payload format that keeps state across messages."""
+
+    async def prepare(self, topic: str, payload: bytes, limits: Limits,
+                      closing: Callable[[], bool]) -> bool:
+        """Bring the state up to date for this message; False if ``closing`` made it give up."""
+
+    def parse(self, topic: str, payload: bytes, limits: Limits) -> Parsed:
+        """The message's items and rejections, given the state (which it may update)."""
+
+    def sync_metrics(self, metrics: Metrics) -> None:
+        """Move the format's own counts into the metrics (called before each scrape)."""

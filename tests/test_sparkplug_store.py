@@ -1,0 +1,114 @@
+"""Sparkplug alias tables in MongoDB: two daemons' formats sharing one store (real driver)."""
+
+from __future__ import annotations
+
+from ingest.decode import Limits
+from ingest.sparkplug import BIRTHS_COLLECTION, BirthStore, SparkplugFormat
+from loadgen import sparkplug as enc
+from loadgen.sparkplug import Metric
+from tests.support.mongo import failpoint
+
+T0 = 1_795_000_000_000
+LIMITS = Limits()
+
+
+def never() -> bool:
+    return False
+
+
+async def feed(fmt: SparkplugFormat, topic: str, payload: bytes):
+    assert await fmt.prepare(topic, payload, LIMITS, never)
+    return fmt.parse(topic, payload, LIMITS)
+
+
+BIRTH = enc.nbirth([Metric("Temp/A", 1, T0, enc.FLOAT, 1.5,
+                           properties={"engUnit": "degC", "Quality": "good"}),
+                    Metric("Count", 2, T0, enc.UINT32, 3)], bd_seq=7, timestamp=T0)
+
+
+def data(seq: int, value: float = 2.5) -> bytes:
+    return enc.payload([Metric(alias=1, timestamp=T0 + seq, datatype=enc.FLOAT, value=value)],
+                       T0 + seq, seq)
+
+
+async def test_a_birth_seen_by_one_daemon_serves_another(db):
+    store = BirthStore(db[BIRTHS_COLLECTION])
+    first, second = SparkplugFormat(store=store), SparkplugFormat(store=store)
+    await feed(first, enc.topic("G", "NBIRTH", "E"), BIRTH)
+    doc = await db[BIRTHS_COLLECTION].find_one({"_id": "G/E"})
+    assert doc["bd_seq"] == 7
+    assert doc["online"] is True
+    assert doc["sensor_id"] == "G-E"
+    assert doc["metrics"][2] == {"name": "Temp/A", "datatype": "Float", "alias": 1,
+                                 "units": "degC",
+                                 "properties": {"engUnit": "degC", "Quality": "good"}}
+    # The second daemon never saw the BIRTH: it reads the table once, then from memory.
+    parsed = await feed(second, enc.topic("G", "NDATA", "E"), data(1))
+    assert [i.fields for i in parsed.items] == [{"Temp/A": 2.5}]
+    assert second._lookups == {"found": 1, "missing": 0}
+    await feed(second, enc.topic("G", "NDATA", "E"), data(2))
+    assert second._lookups == {"found": 1, "missing": 0}
+
+
+async def test_death_and_unknown_nodes_are_not_guessed(db):
+    store = BirthStore(db[BIRTHS_COLLECTION])
+    first, second = SparkplugFormat(store=store), SparkplugFormat(store=store)
+    parsed = await feed(second, enc.topic("G", "NDATA", "X"), data(1))
+    assert [r.reason for r in parsed.rejections] == ["no_birth"]
+    await feed(second, enc.topic("G", "NDATA", "X"), data(2))
+    assert second._lookups["missing"] == 1  # not read again right away
+    await feed(first, enc.topic("G", "NBIRTH", "E"), BIRTH)
+    await feed(first, enc.topic("G", "DBIRTH", "E", "D"),
+               enc.payload([Metric("p", 5, T0, enc.INT16, -2)], T0, 1))
+    device = await db[BIRTHS_COLLECTION].find_one({"_id": "G/E/D"})
+    assert device["bd_seq"] == 7
+    assert device["online"] is True
+    # A stale will (older bdSeq) changes nothing; the matching one closes node and device.
+    await feed(first, enc.topic("G", "NDEATH", "E"), enc.ndeath(6))
+    assert (await db[BIRTHS_COLLECTION].find_one({"_id": "G/E"}))["online"] is True
+    await feed(first, enc.topic("G", "NDEATH", "E"), enc.ndeath(7))
+    states = {d["_id"]: d["online"] async for d in db[BIRTHS_COLLECTION].find()}
+    assert states == {"G/E": False, "G/E/D": False}
+    # A daemon starting now does not use the closed table.
+    third = SparkplugFormat(store=store)
+    parsed = await feed(third, enc.topic("G", "NDATA", "E"), data(3))
+    assert [r.reason for r in parsed.rejections] == ["no_birth"]
+
+
+async def test_a_new_nbirth_closes_its_devices_in_the_store(db):
+    store = BirthStore(db[BIRTHS_COLLECTION])
+    fmt = SparkplugFormat(store=store)
+    await feed(fmt, enc.topic("G", "NBIRTH", "E"), BIRTH)
+    await feed(fmt, enc.topic("G", "DBIRTH", "E", "D"),
+               enc.payload([Metric("p", 5, T0, enc.INT16, -2)], T0, 1))
+    await feed(fmt, enc.topic("G", "NBIRTH", "E"), BIRTH)
+    states = {d["_id"]: d["online"] async for d in db[BIRTHS_COLLECTION].find()}
+    assert states == {"G/E": True, "G/E/D": False}
+    other = SparkplugFormat(store=store)
+    parsed = await feed(other, enc.topic("G", "DDATA", "E", "D"),
+                        enc.payload([Metric(alias=5, timestamp=T0, datatype=enc.INT16,
+                                            value=1)], T0, 2))
+    assert [r.reason for r in parsed.rejections] == ["no_birth"]
+
+
+async def test_a_daemon_holding_a_closed_table_finds_a_birth_another_daemon_stored(db):
+    store = BirthStore(db[BIRTHS_COLLECTION])
+    first, second = SparkplugFormat(store=store), SparkplugFormat(store=store)
+    await feed(second, enc.topic("G", "NBIRTH", "E"), BIRTH)
+    await feed(second, enc.topic("G", "NDEATH", "E"), enc.ndeath(7))
+    # The edge node reconnects; its new NBIRTH goes to the other daemon.
+    await feed(first, enc.topic("G", "NBIRTH", "E"), enc.nbirth(
+        [Metric("Other", 1, T0, enc.FLOAT, 0.5)], bd_seq=8, timestamp=T0))
+    parsed = await feed(second, enc.topic("G", "NDATA", "E"), data(1))
+    assert [i.fields for i in parsed.items] == [{"Other": 2.5}]
+    assert second._lookups == {"found": 1, "missing": 0}
+
+
+async def test_a_birth_mongodb_refuses_for_its_data_is_used_from_memory_not_retried(db, mongo):
+    fmt = SparkplugFormat(store=BirthStore(db[BIRTHS_COLLECTION]))
+    async with failpoint(mongo, ["update"], code=2):  # BadValue: the data's fault
+        parsed = await feed(fmt, enc.topic("G", "NBIRTH", "E"), BIRTH)
+    assert [i.fields for i in parsed.items] == [{"Temp/A": 1.5, "Count": 3}]
+    assert await db[BIRTHS_COLLECTION].count_documents({}) == 0
+    parsed = await feed(fmt, enc.topic("G", "NDATA", "E"), data(1))
+    assert [i.fields for i in parsed.items] == [{"Temp/A": 2.5}]
