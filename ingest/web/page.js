@@ -42,6 +42,10 @@ function chart(target, answer) {
                   scale: `m${i}`, spanGaps: true, points: { size: 4 } });
   });
   const axes = [{}, { scale: "m0", size: 40 }];
+  if (answer.series.length > 1) {  // the second line's scale on the right; others unlabelled
+    axes.push({ scale: "m1", side: 1, size: 40, grid: { show: false },
+                stroke: COLORS[1] });
+  }
   const scales = { x: { time: true } };
   return new uPlot({ width: 320, height: 130, series, axes, scales,
                      legend: { show: true, live: false }, cursor: { show: false } },
