@@ -24,6 +24,8 @@ MAX_SENSORS = 100
 MAX_MEASUREMENTS = 10
 MAX_WINDOW = timedelta(days=31)  # sensors and raw readings: how far one request may scan
 MAX_POINTS = 20_000  # series: steps x sensors x measurements in one answer
+KNOWN_PARAMETERS = frozenset({"since", "until", "sensor", "measurement", "step", "limit",
+                              "cursor"})
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)?$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
             "w": 604_800_000, None: 1000}
@@ -48,10 +50,10 @@ class Params:
         self._query = query
         self._values = values
         self.now = now
-        known = {"since", "until", "sensor", "measurement", "step", "limit", "cursor"}
-        unknown = sorted(set(query) - known)
+        unknown = sorted(set(query) - KNOWN_PARAMETERS)
         if unknown:
-            raise ParamError(unknown[0], f"unknown parameter (known: {', '.join(sorted(known))})")
+            raise ParamError(unknown[0], "unknown parameter (known: "
+                                         f"{', '.join(sorted(KNOWN_PARAMETERS))})")
 
     def one(self, name: str) -> str | None:
         """The single value of ``name`` (None if absent); given twice is an error."""
