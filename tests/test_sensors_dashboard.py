@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl, urlsplit
 import yaml
 
 from ingest.api import ReadApi, api_client
+from ingest.cli import api_settings_from, build_parser
 from ingest.config import ApiSettings
 from ingest.params import KNOWN_PARAMETERS
 from tests.test_api import NOW, apis, fleet, get, write_both  # noqa: F401 - fixtures
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "grafana" / "dashboards" / "sensors.json"
 DATASOURCES = ROOT / "grafana" / "provisioning" / "datasources"
+COMPOSE = ROOT / "deploy" / "compose.yaml"
 INFINITY = "yesoreyeram-infinity-datasource"
 GRAFANA_MACROS = {"__from", "__to", "__interval_ms", "__interval"}
 _VARIABLE = re.compile(r"\$\{?(\w+)(?::\w+)?\}?")
@@ -126,3 +128,14 @@ async def test_every_query_is_answered_by_both_layouts(apis: dict[str, Any]) -> 
                        if w in answer)
             assert answer[key], f"{where} ({mode}): nothing under {key}"
 
+
+def test_compose_runs_the_api_where_the_data_source_points() -> None:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    service = compose["services"]["api"]
+    env = {k: str(v) for k, v in service["environment"].items()}
+    settings = api_settings_from(build_parser(env).parse_args(service["command"]))
+    source = provisioned()["iot-api"]
+    assert source["url"] == f"http://api:{settings.port}"
+    assert source["url"] in source["jsonData"]["allowedHosts"]
+    grafana = compose["services"]["grafana"]["environment"]
+    assert grafana["GF_INSTALL_PLUGINS"].split()[0] == INFINITY
