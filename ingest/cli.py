@@ -31,6 +31,8 @@ from ingest.errors import ConfigError, SchemaError
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
+    from ingest.mapping import Mapping as RuleMapping
+
 ENV_PREFIX = "INGEST_"
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off", ""}
@@ -141,6 +143,7 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
           type=real)
     _flag(parser, env, "shutdown-timeout", "seconds to drain on SIGTERM before giving up",
           10.0, type=real)
+    _mapping_flags(parser, env)
     parser.add_argument("--dry-run", action="store_true", default=None,
                         help="decode, batch and build writes, send nothing to MongoDB "
                              "[env INGEST_DRY_RUN]")
@@ -182,6 +185,24 @@ def api_settings_from(args: argparse.Namespace) -> ApiSettings:
         bucket_span_seconds=args.bucket_span_seconds, host=args.api_host, port=args.api_port,
         grafana_url=args.grafana_url, query_timeout=args.query_timeout,
     ))
+
+
+def _mapping_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    _flag(parser, env, "mapping", "mapping rules file (TOML; see docs/mapping.md)")
+    parser.add_argument("--preset", action="append", default=None,
+                        help="shipped mapping preset, repeatable, after --mapping's rules "
+                             "[env INGEST_PRESET, comma-separated]")
+
+
+def load_mapping(args: argparse.Namespace, env: Mapping[str, str]) -> RuleMapping | None:
+    """The compiled rules of --mapping and --preset, or None when neither is given."""
+    presets = args.preset or [p.strip() for p in env.get("INGEST_PRESET", "").split(",")
+                              if p.strip()]
+    if not args.mapping and not presets:
+        return None
+    from ingest.mapping import Mapping as RuleMapping  # noqa: PLC0415 - only with rules
+
+    return RuleMapping.load(args.mapping, presets)
 
 
 class _DescribedDefaults(argparse.RawDescriptionHelpFormatter,
@@ -226,6 +247,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     init.add_argument("--shard", action="store_true", default=None,
                       help="also shard the collection (on a mongos; a no-op with a "
                            "warning elsewhere) [env INGEST_SHARD]")
+    check = commands.add_parser(
+        "check", help="show what a message would be stored as (or why it is rejected)",
+        formatter_class=fmt)
+    _mapping_flags(check, env)
+    check.add_argument("--topic-name", required=True, help="the message's MQTT topic")
+    check.add_argument("payload", nargs="?", default="-",
+                       help="the payload; '-' or nothing reads it from stdin")
     return parser
 
 
@@ -249,7 +277,10 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         password = read_secret(args.mqtt_password_file, "--mqtt-password-file")
     mqtt = type(mqtt)(mqtt.host, mqtt.port, mqtt.tls, mqtt.username, password,
                       args.mqtt_ca_file, args.mqtt_cert_file, args.mqtt_key_file)
+    mapping = load_mapping(args, env)
     topics = args.topic or [t.strip() for t in env.get("INGEST_TOPIC", "sensors/#").split(",")]
+    if mapping is not None and not args.topic and "INGEST_TOPIC" not in env:
+        topics = list(mapping.subscriptions())
     dry_run = args.dry_run if args.dry_run is not None else _env_bool(env, "DRY_RUN")
     return validate(Settings(
         **common, mqtt=mqtt, topics=tuple(topics), shared_group=args.shared_group,
@@ -263,7 +294,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         max_message_bytes=args.max_message_bytes,
         max_readings_per_message=args.max_readings_per_message,
         max_past_seconds=args.max_past_seconds, max_future_seconds=args.max_future_seconds,
-        shutdown_timeout=args.shutdown_timeout, dry_run=dry_run,
+        shutdown_timeout=args.shutdown_timeout, dry_run=dry_run, mapping=mapping,
     ))
 
 
@@ -274,6 +305,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         args = build_parser(env).parse_args(argv)
         if args.command == "api":
             return _execute_api(api_settings_from(args), args.log_level)
+        if args.command == "check":
+            from ingest.check import check  # noqa: PLC0415 - a separate, short-lived command
+
+            return check(load_mapping(args, env), args.topic_name, args.payload)
         settings = settings_from(args, env)
     except ConfigError as exc:
         print(f"ingest: error: {exc}", file=sys.stderr)  # noqa: T201 - before logging exists

@@ -11,10 +11,13 @@ import re
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 from urllib.parse import unquote, urlsplit
 
 from ingest.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ingest.mapping import Mapping
 
 type Mode = Literal["bucket", "timeseries"]
 type Granularity = Literal["seconds", "minutes", "hours"]
@@ -83,6 +86,8 @@ class Settings:
     max_future_seconds: float = 600.0
     shutdown_timeout: float = 10.0
     dry_run: bool = False
+    # Mapping rules (--mapping, --preset), compiled by the CLI; None: the default format.
+    mapping: Mapping | None = field(default=None, repr=False, compare=False)
 
     @property
     def span_seconds(self) -> int:

@@ -14,12 +14,16 @@ from typing import Any
 
 import orjson
 
-from ingest.model import Decoded, Number, Reading, Rejection
+from ingest.model import Decoded, Reading, Rejection, Scalar
 
 # Reasons given when a reading is written, not decoded.
 WRITE_REASONS: tuple[str, ...] = (
     "write_rejected",     # MongoDB refused the document (validator, size...)
     "ts_conflict",        # bucket mode: the sensor has a stored reading at that ts, other values
+)
+# Reasons only the mapping rules give (ingest/mapping.py).
+MAPPING_REASONS: tuple[str, ...] = (
+    "no_rule",            # mapping rules are configured and none matches the topic
 )
 # Every reason a reading can be rejected for; metrics initialise one series per reason.
 REASONS: tuple[str, ...] = (
@@ -37,6 +41,7 @@ REASONS: tuple[str, ...] = (
     "ts_out_of_window",   # ts too far in the past or the future
     "bad_seq",            # seq that is not a non-negative 64-bit integer
     "no_measurements",    # a reading with no numeric measurement
+    *MAPPING_REASONS,
     *WRITE_REASONS,
 )
 
@@ -71,15 +76,19 @@ def sensor_from_topic(topic: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[1] else None
 
 
-def decode(topic: str, payload: bytes, received_at: float, limits: Limits) -> Decoded:
-    """Turn one MQTT message into readings and rejections; never raises for bad input."""
+def decode(topic: str, payload: bytes, received_at: float, limits: Limits,
+           sensor: str | None = None) -> Decoded:
+    """Turn one MQTT message into readings and rejections; never raises for bad input.
+
+    ``sensor`` (a mapping rule's sensor id) replaces the one taken from the topic.
+    """
     if len(payload) > limits.max_message_bytes:
         return _whole("too_large", f"{len(payload)} bytes > {limits.max_message_bytes}")
     try:
         doc = orjson.loads(payload)
     except orjson.JSONDecodeError as exc:
         return _whole(_json_reason(payload), str(exc).split("\n", 1)[0][:200])
-    default_sensor: object = sensor_from_topic(topic)
+    default_sensor: object = sensor_from_topic(topic) if sensor is None else sensor
     items: Any
     if type(doc) is dict and "readings" in doc:
         items = doc["readings"]
@@ -152,7 +161,7 @@ def _reading(
     seq = item.get("seq")
     if seq is not None and (type(seq) is not int or not 0 <= seq <= _INT64_MAX):
         return "bad_seq", "seq must be a non-negative integer"
-    values: dict[str, Number] = {}
+    values: dict[str, Scalar] = {}
     for key, value in item.items():
         if key in RESERVED:
             continue

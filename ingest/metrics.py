@@ -29,6 +29,7 @@ NAMESPACE = "ingest"
 _WRITE_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _BATCH_BUCKETS = (1, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10_000, 50_000)
 WRITE_ERROR_KINDS = ("transient", "rejected")
+RULE_OUTCOMES = ("accepted", "rejected")
 # The *_created series double the output and no dashboard uses them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -70,6 +71,12 @@ class Metrics:
         self.readings_rejected = Counter(
             "readings_rejected", "Readings rejected, by reason.", ["reason"],
             namespace=NAMESPACE, registry=r)
+        self.messages_ignored = Counter(
+            "messages_ignored", "Messages matched by a mapping rule with ignore = true: "
+            "acknowledged, not stored.", ["rule"], namespace=NAMESPACE, registry=r)
+        self.rule_messages = Counter(
+            "rule_messages", "Messages taken by each mapping rule: accepted if at least one "
+            "reading was, else rejected.", ["rule", "outcome"], namespace=NAMESPACE, registry=r)
         self.rejects_written = Counter(
             "rejects_written", "Documents written to the rejects collection.",
             namespace=NAMESPACE, registry=r)
@@ -110,6 +117,14 @@ class Metrics:
             self.readings_rejected.labels(reason)
         for kind in WRITE_ERROR_KINDS:
             self.write_errors.labels(mode, kind)
+
+    def init_rules(self, names: list[str], ignored: list[str]) -> None:
+        """Create every mapping rule's series at 0 (rules are bounded by the configuration)."""
+        for name in names:
+            for outcome in RULE_OUTCOMES:
+                self.rule_messages.labels(name, outcome)
+        for name in ignored:
+            self.messages_ignored.labels(name)
 
     def reject(self, reason: str, count: int = 1) -> None:
         """Count rejected readings."""

@@ -9,10 +9,12 @@ if TYPE_CHECKING:
     from datetime import datetime
 
 type Number = int | float
+# A measurement's value: numbers from every format; booleans and strings from mappings.
+type Scalar = int | float | bool | str
 
 
 class Reading(NamedTuple):
-    """One accepted sensor reading: a timestamp and its numeric measurements.
+    """One accepted sensor reading: a timestamp, its measurements, and tags and units.
 
     A NamedTuple rather than a frozen dataclass: one is built per reading on the hot
     path, and a tuple is several times cheaper to create.
@@ -21,11 +23,15 @@ class Reading(NamedTuple):
     sensor_id: str
     ts: datetime  # whole milliseconds, as BSON stores it (the decoder truncates)
     epoch: float
-    values: dict[str, Number]
+    values: dict[str, Scalar]
     seq: int | None = None
     # ``ts`` as whole milliseconds since the epoch (set by the decoder, which has it
     # cheaply): bucket mode's identity of a reading. None: computed from ``ts``.
     ms: int | None = None
+    # Tags (from topic captures, line protocol tags, rule constants) and units (SenML
+    # ``u``) by measurement; None when empty, so the default path allocates nothing.
+    tags: dict[str, str] | None = None
+    units: dict[str, str] | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -24,7 +24,7 @@ from ingest.writers.rejects import reject_docs
 if TYPE_CHECKING:
     from ingest.config import Settings
     from ingest.metrics import Health, Metrics
-    from ingest.model import Inbound, Reading
+    from ingest.model import Decoded, Inbound, Reading
     from ingest.writers import Writer
     from ingest.writers.rejects import RejectsWriter
 
@@ -62,6 +62,13 @@ class Pipeline:
         self._received = self._received_bytes = self._accepted = 0
         self._closed = False
         metrics.buffer_limit.set(settings.max_buffered_readings)
+        self._mapping = settings.mapping
+        # (rule, outcome) -> messages since the last scrape; outcome "ignored" included.
+        self._rule_counts: dict[tuple[str, str], int] = {}
+        if self._mapping is not None:
+            rules = self._mapping.rules
+            metrics.init_rules([r.name for r in rules if not r.ignore],
+                               [r.name for r in rules if r.ignore])
 
     @property
     def buffered(self) -> int:
@@ -90,7 +97,10 @@ class Pipeline:
         # time (sync_metrics): a Prometheus counter takes a lock on every inc().
         self._received += 1
         self._received_bytes += len(message.payload)
-        decoded = decode(message.topic, message.payload, message.received_at, self._limits)
+        if self._mapping is None:  # the default format: no rule lookup at all
+            decoded = decode(message.topic, message.payload, message.received_at, self._limits)
+        else:
+            decoded = self._mapped(message)
         for rejection in decoded.rejections:
             self._metrics.reject(rejection.reason)
         self._accepted += len(decoded.readings)
@@ -105,9 +115,29 @@ class Pipeline:
             self._opened.set()
         return True
 
+    def _mapped(self, message: Inbound) -> Decoded:
+        """Decode through the mapping rules, counting each rule's messages."""
+        assert self._mapping is not None
+        result = self._mapping.decode(message.topic, message.payload, message.received_at,
+                                      self._limits)
+        if result.rule is not None:
+            if result.ignored:
+                outcome = "ignored"
+            else:
+                outcome = "accepted" if result.decoded.readings else "rejected"
+            key = (result.rule.name, outcome)
+            self._rule_counts[key] = self._rule_counts.get(key, 0) + 1
+        return result.decoded
+
     def sync_metrics(self) -> None:
         """Move the per-message counts into the metrics (called before each scrape)."""
         metrics = self._metrics
+        for (rule, outcome), count in self._rule_counts.items():
+            if outcome == "ignored":
+                metrics.messages_ignored.labels(rule).inc(count)
+            else:
+                metrics.rule_messages.labels(rule, outcome).inc(count)
+        self._rule_counts.clear()
         metrics.messages_received.inc(self._received)
         metrics.received_bytes.inc(self._received_bytes)
         metrics.readings_accepted.inc(self._accepted)

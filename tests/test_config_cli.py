@@ -125,10 +125,11 @@ def _samples(action: argparse.Action) -> tuple[tuple[str, object], tuple[str, ob
     return ("from-env", "from-env"), ("from-cli", "from-cli")
 
 
-# --topic, --dry-run and --shard read their variables after parsing; tested below.
+# --topic, --preset, --dry-run and --shard read their variables after parsing (--preset:
+# tests/test_mapping_cli.py); the others are tested here.
 GENERIC = [(command, action.dest) for command in ("run", "init-db")
            for action in option_actions(command)
-           if action.dest not in {"topic", "dry_run", "shard"}]
+           if action.dest not in {"topic", "dry_run", "shard", "preset"}]
 
 
 @pytest.mark.parametrize(("command", "dest"), GENERIC, ids=[f"{c}-{d}" for c, d in GENERIC])

@@ -66,12 +66,19 @@ def ts_key(ts: datetime) -> int:
     return (ts - _EPOCH) // _MS
 
 
+def same_values(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two readings' values are the same, ``True`` and ``1`` being different."""
+    if a != b:
+        return False
+    return all((type(value) is bool) is (type(b[name]) is bool) for name, value in a.items())
+
+
 def same_reading(reading: Reading, stored: dict[str, Any]) -> bool:
     """Whether a stored ``readings`` entry holds exactly this reading's values and seq."""
     if stored.get("seq") != reading.seq:
         return False
     values = {k: v for k, v in stored.items() if k not in {"ts", "seq"}}
-    return values == reading.values
+    return same_values(values, reading.values)
 
 
 def conflict_detail(reading: Reading) -> str:
@@ -85,7 +92,11 @@ def reading_bytes(reading: Reading) -> int:
     """Upper estimate of a reading's BSON size inside the ``readings`` array."""
     # array index key and sub-document framing ~16, ts 12, seq 13, each value 10 + name
     values = reading.values
-    return 41 + 10 * len(values) + sum(map(len, values))
+    size = 41 + 10 * len(values) + sum(map(len, values))
+    for value in values.values():
+        if type(value) is str:
+            size += len(value) * 4  # UTF-8: at most 4 bytes a character
+    return size
 
 
 def group_readings(readings: list[Reading], span: int) -> dict[tuple[str, float], list[Reading]]:
@@ -116,7 +127,7 @@ def unique_readings(group: list[Reading], plan: Plan) -> list[Reading]:
         first = seen.get(key)
         if first is None:
             seen[key] = reading
-        elif first.values == reading.values and first.seq == reading.seq:
+        elif first.seq == reading.seq and same_values(first.values, reading.values):
             plan.duplicates += 1
         else:
             plan.conflicts.append((reading, conflict_detail(reading)))
@@ -173,14 +184,21 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
         inc, mins, maxs = _single(chunk[0], size)
     else:
         inc, mins, maxs = _coalesced(chunk, size)
+    update: dict[str, Any] = {
+        "$push": {"readings": {"$each": [reading_doc(r) for r in chunk]}},
+        "$inc": inc, "$min": mins, "$max": maxs,
+        "$setOnInsert": {"schema_version": SCHEMA_VERSION}}
+    labels = _labels(chunk)
+    if labels:
+        update["$set"] = labels
+    if len(inc) == 2:  # only strings: no statistics, and the validator wants a stats object
+        update["$setOnInsert"]["stats"] = {}
     return UpdateOne(
         {"sensor_id": sensor_id, "bucket_start": start,
          "count": {"$lte": max_readings - len(chunk)},
          "bytes": {"$lte": max(MAX_BUCKET_BYTES - size, 0)},
          "readings.ts": {"$nin": [r.ts for r in chunk]}},
-        {"$push": {"readings": {"$each": [reading_doc(r) for r in chunk]}},
-         "$inc": inc, "$min": mins, "$max": maxs,
-         "$setOnInsert": {"schema_version": SCHEMA_VERSION}},
+        update,
         upsert=True,
         # The filter could also be served by the unique {sensor_id, readings.ts} index,
         # which would scan every reading of the sensor: name the one that finds the
@@ -192,12 +210,30 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
 type _Stats = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
 
 
+def _labels(chunk: list[Reading]) -> dict[str, str]:
+    """``$set`` of the chunk's tags and units (``tags.<k>``, ``units.<m>``); the last wins."""
+    labels: dict[str, str] = {}
+    for reading in chunk:
+        if reading.tags is not None:
+            for key, value in reading.tags.items():
+                labels[f"tags.{key}"] = value
+        if reading.units is not None:
+            for name, unit in reading.units.items():
+                labels[f"units.{name}"] = unit
+    return labels
+
+
 def _single(reading: Reading, size: int) -> _Stats:
     """``$inc``, ``$min`` and ``$max`` for one reading."""
     inc: dict[str, Any] = {"count": 1, "bytes": size}
     mins: dict[str, Any] = {"first_ts": reading.ts}
     maxs: dict[str, Any] = {"last_ts": reading.ts}
     for name, value in reading.values.items():
+        kind = type(value)
+        if kind is str:  # strings are stored, without statistics
+            continue
+        if kind is bool:  # a boolean counts as 0/1: sum is the number of trues
+            value = int(value)  # noqa: PLW2901
         keys = _STAT_KEYS.get(name) or _stat_keys(name)
         inc[keys[0]] = 1
         inc[keys[1]] = float(value)
@@ -211,6 +247,11 @@ def _coalesced(chunk: list[Reading], size: int) -> _Stats:
     acc: dict[str, list[Any]] = {}  # name -> [count, sum, min, max]
     for reading in chunk:
         for name, value in reading.values.items():
+            kind = type(value)
+            if kind is str:
+                continue
+            if kind is bool:
+                value = int(value)  # noqa: PLW2901
             stat = acc.get(name)
             if stat is None:
                 acc[name] = [1, float(value), value, value]

@@ -1,6 +1,7 @@
 """Time-series mode (the bridge): one document per reading in a native time-series collection.
 
-Documents are ``{"ts", "meta": {"sensor_id"}, "seq"?, <measurements in name order>}``:
+Documents are ``{"ts", "meta": {"sensor_id", <tags>?}, "seq"?, "units"?, <measurements in
+name order>}``:
 a stable field order and no null or empty fields, because a change of a field's type
 closes MongoDB's internal bucket early. A batch is sorted by sensor and time and sent with
 one unordered ``insert_many`` so MongoDB's bucket catalog fills buckets densely. A partial
@@ -22,9 +23,16 @@ if TYPE_CHECKING:
 
 def reading_document(reading: Reading) -> dict[str, Any]:
     """The time-series document for one reading."""
-    doc: dict[str, Any] = {"ts": reading.ts, "meta": {"sensor_id": reading.sensor_id}}
+    meta: dict[str, Any] = {"sensor_id": reading.sensor_id}
+    if reading.tags is not None:  # in name order: a meta field order is part of the series
+        tags = reading.tags
+        for key in sorted(tags):
+            meta[key] = tags[key]
+    doc: dict[str, Any] = {"ts": reading.ts, "meta": meta}
     if reading.seq is not None:
         doc["seq"] = reading.seq
+    if reading.units is not None:
+        doc["units"] = dict(sorted(reading.units.items()))
     values = reading.values
     for name in sorted(values):
         doc[name] = values[name]

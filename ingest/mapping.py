@@ -1,0 +1,370 @@
+"""Mapping rules at work: which rule takes a topic, then what its format makes of the payload.
+
+All topic filters are compiled into one regular expression (alternatives in rule order,
+so the first matching rule wins), asked once per topic: the answer, with the topic's
+captures, tags and sensor id, is kept in a bounded cache. A format parses the payload
+into raw items (:mod:`ingest.formats`); :meth:`Mapping.decode` applies the rule to each:
+field names made safe and kept or dropped, values mapped, strings bounded, the time
+read, the sensor id and tags filled in. Nothing here does I/O per message or raises for
+bad input: problems are counted rejections, field by field where the rest can be stored.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, NamedTuple
+
+from ingest.decode import SENSOR_ID_PATTERN, decode
+from ingest.errors import ConfigError
+from ingest.formats import MAX_TAG_BYTES, MAX_TAGS, influx, json, senml, value
+from ingest.formats.times import from_seconds, parse, timestamp
+from ingest.model import Decoded, Reading, Rejection
+from ingest.rules import RESERVED_TAGS, check_unique, load_file, load_preset
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from ingest.decode import Limits
+    from ingest.formats import Item, Parsed
+    from ingest.rules import Rule
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+_SENSOR = re.compile(SENSOR_ID_PATTERN)
+# Measurement names that would collide with a document's own fields in either mode.
+RESERVED_FIELDS = frozenset({"ts", "seq", "sensor_id", "_id", "meta", "tags", "units"})
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+TOPIC_CACHE = 100_000  # topics remembered with their rule, captures, tags and sensor id
+NAME_CACHE = 10_000  # field names remembered per rule
+_DROP = ""  # a field name resolved to "leave it out, silently"
+_FORMATS: dict[str, Callable[[bytes, Rule, dict[str, str], Limits], Parsed]] = {
+    "json": json.parse, "value": value.parse, "senml": senml.parse, "influx": influx.parse,
+}
+
+
+class Result(NamedTuple):
+    """What the mapping made of one message."""
+
+    rule: Rule | None  # None: no rule matched (``no_rule``)
+    decoded: Decoded
+    ignored: bool = False
+
+
+class _Topic(NamedTuple):
+    """What is known about a topic once matched: rule, captures, tags, sensor id."""
+
+    rule: Rule
+    captures: dict[str, str]
+    tags: dict[str, str] | None
+    sensor: str | Rejection | None  # None: decided per item (payload or line tags)
+
+
+def safe(text: str) -> str:
+    """Each run of characters outside ``[A-Za-z0-9_-]`` becomes ``_``."""
+    return _UNSAFE.sub("_", text)
+
+
+def _filter_regex(rule: Rule, index: int) -> str:
+    levels = rule.topic.split("/")
+    out: list[str] = []
+    tail = ""
+    for level in levels:
+        if level == "#":
+            tail = "(?:/.*)?" if out else ".*"
+            break
+        if level == "+":
+            out.append("[^/]*")
+        elif level.startswith("{"):
+            out.append(f"(?P<r{index}_{level[1:-1]}>[^/]*)")
+        else:
+            out.append(re.escape(level))
+    # MQTT: a filter starting with a wildcard does not match topics starting with '$'.
+    guard = r"(?!\$)" if levels[0] in {"+", "#"} or levels[0].startswith("{") else ""
+    return guard + "/".join(out) + tail
+
+
+class Mapping:
+    """The compiled rules of a mapping file and presets."""
+
+    def __init__(self, rules: Sequence[Rule]) -> None:
+        if not rules:
+            raise ConfigError("--mapping/--preset: no rules")
+        check_unique(list(rules))
+        self.rules = tuple(rules)
+        self._regex = re.compile("|".join(
+            f"(?P<r{i}>{_filter_regex(rule, i)})" for i, rule in enumerate(self.rules)))
+        self._group_rule = {self._regex.groupindex[f"r{i}"]: i for i in range(len(self.rules))}
+        self._cache: dict[str, _Topic | None] = {}
+        self._names: dict[str, dict[str, str | Rejection]] = {r.name: {} for r in self.rules}
+
+    @classmethod
+    def load(cls, mapping_file: str | None, presets: Sequence[str]) -> Mapping:
+        """Rules of a mapping file first, then of each preset in order."""
+        rules: list[Rule] = []
+        if mapping_file:
+            rules.extend(load_file(mapping_file))
+        for name in presets:
+            rules.extend(load_preset(name))
+        return cls(rules)
+
+    def subscriptions(self) -> tuple[str, ...]:
+        """Each rule's filter with captures as ``+``, once each, in rule order."""
+        return tuple(dict.fromkeys(rule.subscription for rule in self.rules))
+
+    def match(self, topic: str) -> _Topic | None:
+        """The first rule whose filter matches ``topic``, with what it captured."""
+        known = self._cache.get(topic, self)
+        if known is not self:
+            return known  # type: ignore[return-value]
+        found = self._match(topic)
+        if len(self._cache) >= TOPIC_CACHE:
+            self._cache.clear()
+        self._cache[topic] = found
+        return found
+
+    def _match(self, topic: str) -> _Topic | None:
+        m = self._regex.fullmatch(topic)
+        if m is None or m.lastindex is None:
+            return None
+        index = self._group_rule[m.lastindex]
+        rule = self.rules[index]
+        captures = {name: m.group(f"r{index}_{name}") for name in rule.captures}
+        tags = {k: v for k, v in captures.items() if k not in {"sensor_id", "measurement"}}
+        tags.update((k, t.render(captures) or "") for k, t in rule.tags.items()
+                    if not t.names - captures.keys())
+        sensor: str | Rejection | None = None
+        template = rule.sensor_id
+        if template is not None and not template.names - captures.keys():
+            sensor = _sensor(template.render(captures) or "")
+        elif rule.format == "ingest" and template is None:
+            sensor = ""  # the ingest format's own default
+        problem = _tag_problem(tags)
+        if problem is not None:  # a hostile topic: its readings are refused, not cut
+            sensor = problem
+        return _Topic(rule, captures, tags or None, sensor)
+
+    def decode(self, topic: str, payload: bytes, received_at: float, limits: Limits
+               ) -> Result:
+        """Readings and rejections of one message, or ignored, or ``no_rule``."""
+        matched = self.match(topic)
+        if matched is None:
+            return Result(None, Decoded(rejections=[Rejection(
+                "no_rule", f"no mapping rule matches topic {topic[:200]!r}")]))
+        rule = matched.rule
+        if rule.ignore:
+            return Result(rule, Decoded(), ignored=True)
+        if len(payload) > limits.max_message_bytes:
+            return Result(rule, Decoded(rejections=[Rejection(
+                "too_large", f"{len(payload)} bytes > {limits.max_message_bytes}")]))
+        if rule.format == "ingest":
+            return Result(rule, self._ingest(matched, topic, payload, received_at, limits))
+        parsed = _FORMATS[rule.format](payload, rule, matched.captures, limits)
+        out = Decoded(rejections=parsed.rejections)
+        window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
+        several = len(parsed.items) > 1
+        for position, item in enumerate(parsed.items):
+            index = item.position if item.position is not None else (
+                position if several else None)
+            reading = self._reading(matched, item, received_at, window, out.rejections, index)
+            if reading is not None:
+                out.readings.append(reading)
+        return Result(rule, out)
+
+    def _ingest(self, matched: _Topic, topic: str, payload: bytes, received_at: float,
+                limits: Limits) -> Decoded:
+        sensor = matched.sensor
+        if isinstance(sensor, Rejection):
+            return Decoded(rejections=[sensor])
+        decoded = decode(topic, payload, received_at, limits, sensor or None)
+        if matched.tags:
+            decoded.readings = [r._replace(tags=matched.tags) for r in decoded.readings]
+        return decoded
+
+    def _reading(self, matched: _Topic, item: Item, now: float, window: tuple[float, float],
+                 rejections: list[Rejection], index: int | None) -> Reading | None:
+        """Apply the rule to one item; a reading, or None with the rejection appended."""
+        rule = matched.rule
+        if item.problems:
+            rejections.extend(_at(p, index) for p in item.problems)
+        instant = self._instant(item, rule, now)
+        if instant is None:
+            rejections.append(Rejection("bad_timestamp", f"time {str(item.ts)[:60]!r} is not "
+                                        f"{rule.time.format} time", index))
+            return None
+        epoch, ms = instant
+        if not window[0] <= epoch <= window[1]:
+            rejections.append(Rejection("ts_out_of_window",
+                                        f"ts {epoch:.3f} outside the accepted window", index))
+            return None
+        sensor = self._sensor_of(matched, item)
+        if isinstance(sensor, Rejection):
+            rejections.append(_at(sensor, index))
+            return None
+        values = self._values(rule, item.fields, rejections, index)
+        if not values:
+            rejections.append(Rejection("no_measurements", "no measurement left to store",
+                                        index))
+            return None
+        tags = _tags(matched, item)
+        if isinstance(tags, Rejection):
+            rejections.append(_at(tags, index))
+            return None
+        units = None
+        if item.units:
+            renamed = ((self._resolve(rule, k), u[:64]) for k, u in item.units.items())
+            units = {k: u for k, u in renamed if type(k) is str and k in values} or None
+        return Reading(sensor, timestamp(ms), epoch, values, None, ms, tags, units)
+
+    def _instant(self, item: Item, rule: Rule, now: float) -> tuple[float, int] | None:
+        if item.epoch is not None:  # SenML: resolved, relative below 2**28
+            return from_seconds(item.epoch + now if item.epoch < senml.RELATIVE else item.epoch)
+        if item.ts is None:
+            return from_seconds(now)
+        return parse(item.ts, rule.time.format, rule.time.zone)
+
+    def _sensor_of(self, matched: _Topic, item: Item) -> str | Rejection:
+        if matched.sensor is not None:
+            return matched.sensor
+        template = matched.rule.sensor_id
+        if template is not None:
+            context = item.context or matched.captures
+            rendered = template.render(context)
+            if rendered is None:
+                missing = ", ".join(sorted(n for n in template.names if n not in context))
+                return Rejection("no_sensor_id", f"sensor_id {template.text!r}: no value for "
+                                                 f"{{{missing}}}")
+            return _sensor(rendered)
+        if item.sensor:
+            return _sensor(item.sensor.rstrip(":/."))
+        sensor = matched.captures.get("sensor_id")
+        if sensor is None:
+            return Rejection("no_sensor_id", "no sensor id in the payload or the topic")
+        return _sensor(sensor)
+
+    def _resolve(self, rule: Rule, raw: str) -> str | Rejection:
+        """A field name as stored ("" to leave it out), or why it cannot be stored."""
+        names = self._names[rule.name]
+        known = names.get(raw)
+        if known is not None:
+            return known
+        result = _resolve_name(rule, raw)
+        if len(names) < NAME_CACHE:
+            names[raw] = result
+        return result
+
+    def _values(self, rule: Rule, fields: dict[str, object], rejections: list[Rejection],
+                index: int | None) -> dict[str, int | float | bool | str]:
+        values: dict[str, int | float | bool | str] = {}
+        for raw, raw_value in fields.items():
+            if raw_value is None:
+                continue
+            name = self._resolve(rule, raw)
+            if type(name) is not str:
+                rejections.append(_at(name, index))  # type: ignore[arg-type]
+                continue
+            if not name:
+                continue
+            stored = _value(rule, name, raw_value)
+            if type(stored) is Rejection:
+                rejections.append(_at(stored, index))
+                continue
+            if stored is _DROP_VALUE:
+                continue
+            if name in values:
+                rejections.append(Rejection("bad_field_name", f"{raw[:60]!r}: same name as "
+                                            f"another field once made safe ({name})", index))
+                continue
+            values[name] = stored  # type: ignore[assignment]
+        return values
+
+
+_DROP_VALUE = object()
+
+
+def _at(rejection: Rejection, index: int | None) -> Rejection:
+    if index is None or rejection.index == index:
+        return rejection
+    return Rejection(rejection.reason, rejection.detail, index)
+
+
+def _sensor(text: str) -> str | Rejection:
+    sensor = safe(text)
+    if _SENSOR.fullmatch(sensor):
+        return sensor
+    return Rejection("bad_sensor_id", f"sensor id {text[:60]!r} does not make a valid id "
+                                      f"({SENSOR_ID_PATTERN} once made safe)")
+
+
+def _resolve_name(rule: Rule, raw: str) -> str | Rejection:
+    name = safe(raw)
+    if rule.keep and not any(fnmatchcase(raw, g) or fnmatchcase(name, g) for g in rule.keep):
+        return _DROP
+    if any(fnmatchcase(raw, g) or fnmatchcase(name, g) for g in rule.drop):
+        return _DROP
+    if not 1 <= len(name) <= 64 or name in RESERVED_FIELDS:
+        return Rejection("bad_field_name", f"field {raw[:60]!r} does not make a valid name "
+                                           "([A-Za-z0-9_-]{1,64}, not ts, seq, sensor_id, "
+                                           "_id, meta, tags or units)")
+    return name
+
+
+def _value(rule: Rule, name: str, value: object) -> object:
+    """The value to store, ``_DROP_VALUE``, or a field-level Rejection."""
+    kind = type(value)
+    if kind is float:
+        if math.isfinite(value):  # type: ignore[arg-type]
+            return value
+        return Rejection("bad_value", f"{name}: not a finite number")
+    if kind is bool:
+        return value
+    if kind is int:
+        return value if _INT64_MIN <= value <= _INT64_MAX else float(value)  # type: ignore[operator,arg-type]
+    if kind is str:
+        mapped = rule.values.get(value, _DROP_VALUE) if rule.values else _DROP_VALUE  # type: ignore[call-overload]
+        if mapped is not _DROP_VALUE:
+            return mapped
+        if rule.strings == "drop":
+            return _DROP_VALUE
+        if rule.strings == "reject":
+            return Rejection("bad_value", f'{name}: a string (strings = "reject")')
+        limit = rule.max_string_bytes
+        if len(value) > limit or (len(value) * 4 > limit and len(value.encode()) > limit):  # type: ignore[arg-type,attr-defined]
+            return Rejection("bad_value", f"{name}: string longer than {limit} bytes")
+        return value
+    if kind is list:
+        return Rejection("bad_value", f"{name}: an array (leave it out with drop)")
+    return Rejection("bad_value", f"{name}: unsupported value ({kind.__name__})")
+
+
+def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection | None:
+    """The reading's tags: the topic's, the payload's (line protocol), the rule's."""
+    rule = matched.rule
+    if item.tags is None and (item.context is None or not rule.tags):
+        tags = matched.tags
+    else:
+        tags = dict(matched.tags or {})
+        for key, tag_value in (item.tags or {}).items():
+            safe_key = safe(key)
+            if safe_key in RESERVED_TAGS or not 1 <= len(safe_key) <= 64:
+                continue
+            tags[safe_key] = tag_value
+        if item.context is not None:
+            for key, template in rule.tags.items():
+                rendered = template.render(item.context)
+                if rendered is not None:
+                    tags[key] = rendered
+        problem = _tag_problem(tags)
+        if problem is not None:
+            return problem
+    return tags or None
+
+
+def _tag_problem(tags: dict[str, str]) -> Rejection | None:
+    """Why a reading's tags cannot be stored (too many, too long), or None."""
+    if len(tags) > MAX_TAGS:
+        return Rejection("bad_value", f"more than {MAX_TAGS} tags")
+    for key, tag_value in tags.items():
+        if len(tag_value) > MAX_TAG_BYTES or len(tag_value.encode()) > MAX_TAG_BYTES:
+            return Rejection("bad_value", f"tag {key}: longer than {MAX_TAG_BYTES} bytes")
+    return None

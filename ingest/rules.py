@@ -1,0 +1,379 @@
+"""Mapping files: TOML read with ``tomllib``, validated into :class:`Rule` objects.
+
+Every problem raises :class:`ConfigError` with one line naming the source, the rule and
+the problem (``--mapping FILE: rule 'NAME': ...``), so the CLI prints it and exits 2.
+Presets are ordinary mapping files shipped in ``ingest/presets``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from ingest.errors import ConfigError
+from ingest.formats.times import TIME_FORMATS
+
+FORMATS = ("ingest", "json", "value", "senml", "influx")
+STRINGS = ("keep", "drop", "reject")
+MAX_STRING_BYTES = 65_536
+MAX_RULES = 1000
+_RULE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]{0,63})\}")
+_VAR = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]{0,63}(?:\.[A-Za-z0-9_-]{1,64})?)\}")
+_TAG_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_FLATTEN = re.compile(r"[A-Za-z0-9_-]{1,8}")
+# Tag names that would collide with the documents' own fields.
+RESERVED_TAGS = frozenset({"sensor_id", "units", "_id"})
+_OPTIONS = frozenset({"name", "topic", "ignore", "format", "sensor_id", "measurement",
+                      "flatten", "drop", "keep", "strings", "max_string_bytes", "values",
+                      "time", "tags"})
+_TIME_OPTIONS = frozenset({"field", "format", "zone"})
+
+
+class Template:
+    """A string with ``{name}`` variables, parsed once; ``{{`` and ``}}`` are literal braces."""
+
+    __slots__ = ("names", "parts", "single", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        parts: list[tuple[bool, str]] = []  # (is_variable, literal or name)
+        pos = 0
+        for match in _VAR.finditer(text):
+            parts.append((False, text[pos:match.start()]))
+            parts.append((True, match.group(1)))
+            pos = match.end()
+        parts.append((False, text[pos:]))
+        for is_var, literal in parts:
+            if not is_var and ("{" in literal.replace("{{", "") or
+                               "}" in literal.replace("}}", "")):
+                raise ValueError(f"template {text!r}: a '{{' or '}}' that is not a "
+                                 "{name} variable")
+        self.parts = tuple((v, p if v else p.replace("{{", "{").replace("}}", "}"))
+                           for v, p in parts if v or p)
+        self.names = frozenset(p for v, p in self.parts if v)
+        only = self.parts[0] if len(self.parts) == 1 else None
+        self.single = only[1] if only is not None and only[0] else None
+
+    def render(self, variables: dict[str, str]) -> str | None:
+        """The text with its variables filled in; None if one is missing."""
+        if self.single is not None:
+            return variables.get(self.single)
+        out = []
+        for is_var, part in self.parts:
+            if is_var:
+                value = variables.get(part)
+                if value is None:
+                    return None
+                out.append(value)
+            else:
+                out.append(part)
+        return "".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class TimeSpec:
+    """Where a reading's time is and in what form."""
+
+    field: str | None = None
+    format: str = "auto"
+    zone: ZoneInfo | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Rule:
+    """One validated mapping rule."""
+
+    name: str
+    topic: str
+    source: str
+    captures: tuple[str, ...]
+    ignore: bool = False
+    format: str = "json"
+    sensor_id: Template | None = None  # None: the format's default (see docs/mapping.md)
+    measurement: Template | None = None
+    flatten: str = "_"
+    drop: tuple[str, ...] = ()
+    keep: tuple[str, ...] = ()
+    strings: str = "keep"
+    max_string_bytes: int = 256
+    values: dict[str, int | float | bool | str] = field(default_factory=dict)
+    time: TimeSpec = field(default_factory=TimeSpec)
+    time_configured: bool = False
+    tags: dict[str, Template] = field(default_factory=dict)
+
+    @property
+    def subscription(self) -> str:
+        """The topic filter to subscribe to: captures become ``+``."""
+        return _CAPTURE.sub("+", self.topic)
+
+
+def preset_names() -> list[str]:
+    """The presets shipped in the package."""
+    folder = resources.files("ingest") / "presets"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def load_preset(name: str) -> list[Rule]:
+    """The rules of a shipped preset."""
+    if not _RULE_NAME.fullmatch(name) or name not in preset_names():
+        known = ", ".join(preset_names()) or "none"
+        raise ConfigError(f"--preset {name}: unknown preset (known: {known})")
+    text = (resources.files("ingest") / "presets" / f"{name}.toml").read_text("utf-8")
+    return parse(text, f"--preset {name}")
+
+
+def load_file(path: str) -> list[Rule]:
+    """The rules of a mapping file."""
+    source = f"--mapping {path}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source}: not UTF-8 text") from None
+    return parse(text, source)
+
+
+def parse(text: str, source: str) -> list[Rule]:
+    """Validate a mapping file's text into rules; ``source`` names it in errors."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    extra = set(doc) - {"rule"}
+    if extra:
+        raise ConfigError(f"{source}: unknown top-level key(s) {', '.join(sorted(extra))} "
+                          "(rules are [[rule]] tables)")
+    raw = doc.get("rule", [])
+    if type(raw) is not list or not raw:
+        raise ConfigError(f"{source}: no [[rule]] tables")
+    if len(raw) > MAX_RULES:
+        raise ConfigError(f"{source}: {len(raw)} rules, at most {MAX_RULES}")
+    return [_rule(entry, source, index) for index, entry in enumerate(raw, 1)]
+
+
+def check_unique(rules: list[Rule]) -> None:
+    """Rule names are metric labels: refuse the same name twice across all sources."""
+    seen: dict[str, Rule] = {}
+    for rule in rules:
+        first = seen.setdefault(rule.name, rule)
+        if first is not rule:
+            where = "" if first.source == rule.source else f" (also in {first.source})"
+            raise ConfigError(f"{rule.source}: rule {rule.name!r}: the name is used twice"
+                              f"{where}; rule names must be unique")
+
+
+def _rule(entry: object, source: str, index: int) -> Rule:
+    if type(entry) is not dict:
+        raise ConfigError(f"{source}: rule #{index}: must be a table")
+    name = entry.get("name")
+    if type(name) is not str or not _RULE_NAME.fullmatch(name):
+        raise ConfigError(f"{source}: rule #{index}: name must match [A-Za-z0-9_-]{{1,64}}, "
+                          f"got {name!r}")
+    try:
+        return _build(entry, source, name)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{source}: rule {name!r}: {exc}") from None
+
+
+def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
+    unknown = set(entry) - _OPTIONS
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(sorted(unknown))}")
+    topic = _text(entry, "topic", None)
+    if topic is None:
+        raise ValueError("topic is required")
+    captures = _check_topic(topic)
+    ignore = _boolean(entry, "ignore")
+    if ignore:
+        extra = set(entry) - {"name", "topic", "ignore"}
+        if extra:
+            raise ValueError(f"ignore = true takes no other options (got "
+                             f"{', '.join(sorted(extra))})")
+        return Rule(name, topic, source, captures, ignore=True)
+    fmt = _choice(entry, "format", FORMATS, "json")
+    time, configured = _time(entry.get("time"), fmt)
+    return Rule(
+        name, topic, source, captures, format=fmt,
+        sensor_id=_sensor_template(entry, fmt, captures),
+        measurement=_measurement_template(entry, fmt, captures),
+        flatten=_flatten(entry), drop=_globs(entry, "drop"), keep=_globs(entry, "keep"),
+        strings=_choice(entry, "strings", STRINGS, "keep"),
+        max_string_bytes=_max_string_bytes(entry), values=_values(entry.get("values", {})),
+        time=time, time_configured=configured, tags=_tags(entry.get("tags", {}), fmt, captures),
+    )
+
+
+def _check_topic(topic: str) -> tuple[str, ...]:
+    if not topic or len(topic) > 1024 or "\0" in topic:
+        raise ValueError("topic must be a non-empty MQTT topic filter")
+    if topic.startswith("$share/"):
+        raise ValueError("topic: use --shared-group, not a $share/ filter")
+    levels = topic.split("/")
+    captures: list[str] = []
+    for position, level in enumerate(levels):
+        match = _CAPTURE.fullmatch(level)
+        if match:
+            if match.group(1) in captures:
+                raise ValueError(f"topic {topic!r}: capture {{{match.group(1)}}} used twice")
+            captures.append(match.group(1))
+        elif level == "#":
+            if position != len(levels) - 1:
+                raise ValueError(f"topic {topic!r}: '#' must be the last level")
+        elif level != "+" and any(c in level for c in "+#{}"):
+            raise ValueError(f"topic {topic!r}: '+', '#' and {{capture}} must fill a whole "
+                             "level")
+    return tuple(captures)
+
+
+def _text(entry: dict[str, Any], key: str, default: str | None) -> str | None:
+    value = entry.get(key, default)
+    if value is not None and type(value) is not str:
+        raise TypeError(f"{key} must be a string")
+    return value
+
+
+def _boolean(entry: dict[str, Any], key: str) -> bool:
+    value = entry.get(key, False)
+    if type(value) is not bool:
+        raise TypeError(f"{key} must be true or false")
+    return value
+
+
+def _choice(entry: dict[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:
+    value = entry.get(key, default)
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+    return str(value)
+
+
+def _template(text: str, key: str, allowed: set[str], fmt: str) -> Template:
+    template = Template(text)
+    for var in template.names:
+        if var in allowed or (fmt == "influx" and var.startswith("tag.")):
+            continue
+        known = ", ".join(f"{{{n}}}" for n in sorted(allowed)) or "none"
+        raise ValueError(f"{key} = {text!r}: {{{var}}} is not a capture of the topic "
+                         f"(known: {known})")
+    return template
+
+
+def _sensor_template(entry: dict[str, Any], fmt: str, captures: tuple[str, ...]
+                     ) -> Template | None:
+    text = _text(entry, "sensor_id", None)
+    allowed = set(captures) | ({"measurement"} if fmt == "influx" else set())
+    if text is not None:
+        return _template(text, "sensor_id", allowed, fmt)
+    if "sensor_id" in captures:
+        return Template("{sensor_id}")
+    if fmt in {"json", "value", "influx"}:
+        raise ValueError("no sensor id: capture {sensor_id} in the topic or set sensor_id "
+                         '(a template such as "{device}" or "{tag.room}")')
+    return None  # ingest: the payload or the topic's second level; senml: the base name
+
+
+def _measurement_template(entry: dict[str, Any], fmt: str, captures: tuple[str, ...]
+                          ) -> Template | None:
+    text = _text(entry, "measurement", None)
+    if fmt == "value":
+        if text is None:
+            if "measurement" not in captures:
+                raise ValueError("format value needs a measurement name: capture "
+                                 "{measurement} in the topic or set measurement")
+            text = "{measurement}"
+        return _template(text, "measurement", set(captures), fmt)
+    if fmt == "influx":
+        return _template(text or "{field}", "measurement",
+                         set(captures) | {"measurement", "field"}, fmt)
+    if text is not None:
+        raise ValueError("measurement applies to the value and influx formats only")
+    return None
+
+
+def _flatten(entry: dict[str, Any]) -> str:
+    value = _text(entry, "flatten", "_")
+    if value is None or not _FLATTEN.fullmatch(value):
+        raise ValueError("flatten must be 1 to 8 of [A-Za-z0-9_-] (never '.')")
+    return value
+
+
+def _globs(entry: dict[str, Any], key: str) -> tuple[str, ...]:
+    value = entry.get(key, [])
+    if type(value) is not list or any(type(g) is not str or not g for g in value):
+        raise TypeError(f"{key} must be a list of non-empty strings (names or globs)")
+    return tuple(value)
+
+
+def _max_string_bytes(entry: dict[str, Any]) -> int:
+    value = entry.get("max_string_bytes", 256)
+    if type(value) is not int or not 1 <= value <= MAX_STRING_BYTES:
+        raise ValueError(f"max_string_bytes must be an integer from 1 to {MAX_STRING_BYTES}")
+    return value
+
+
+def _values(table: object) -> dict[str, int | float | bool | str]:
+    if type(table) is not dict:
+        raise TypeError('values must be a table of "string" = replacement')
+    for key, value in table.items():
+        kind = type(value)
+        if kind is float and not math.isfinite(value):
+            raise ValueError(f"values.{key}: not a finite number")
+        if kind not in {int, float, bool, str}:
+            raise TypeError(f"values.{key}: must be a number, true/false or a string")
+        if kind is int and not -(2**63) <= value < 2**63:
+            raise ValueError(f"values.{key}: outside the 64-bit integer range")
+    return dict(table)
+
+
+def _time(table: object, fmt: str) -> tuple[TimeSpec, bool]:
+    if table is None:  # line protocol's timestamps are nanoseconds unless told otherwise
+        return TimeSpec(format="epoch_ns" if fmt == "influx" else "auto"), False
+    if type(table) is not dict:
+        raise TypeError("time must be a table ([rule.time])")
+    unknown = set(table) - _TIME_OPTIONS
+    if unknown:
+        raise ValueError(f"time: unknown option(s) {', '.join(sorted(unknown))}")
+    time_field = table.get("field")
+    if time_field is not None and (type(time_field) is not str or not time_field):
+        raise TypeError("time.field must be a non-empty string")
+    if time_field is not None and fmt != "json":
+        raise ValueError(f"time.field applies to the json format (format {fmt} has its own "
+                         "time)")
+    time_format = table.get("format", "auto")
+    if time_format not in TIME_FORMATS:
+        raise ValueError(f"time.format must be one of {', '.join(TIME_FORMATS)}, "
+                         f"got {time_format!r}")
+    zone_name = table.get("zone")
+    zone = None
+    if time_format == "local":
+        if type(zone_name) is not str or not zone_name:
+            raise ValueError('time.format = "local" needs time.zone (e.g. "Europe/Berlin")')
+        try:
+            zone = ZoneInfo(zone_name)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"time.zone {zone_name!r}: unknown time zone") from None
+    elif zone_name is not None:
+        raise ValueError('time.zone applies to time.format = "local" only')
+    return TimeSpec(time_field, time_format, zone), True
+
+
+def _tags(table: object, fmt: str, captures: tuple[str, ...]) -> dict[str, Template]:
+    if type(table) is not dict:
+        raise TypeError('tags must be a table of name = "value or {capture}"')
+    allowed = set(captures) | ({"measurement"} if fmt == "influx" else set())
+    out = {}
+    for key, value in table.items():
+        if not _TAG_KEY.fullmatch(key) or key in RESERVED_TAGS:
+            raise ValueError(f"tags.{key}: tag names match [A-Za-z0-9_-]{{1,64}} and are not "
+                             f"{', '.join(sorted(RESERVED_TAGS))}")
+        if type(value) is not str:
+            raise TypeError(f"tags.{key}: must be a string")
+        out[key] = _template(value, f"tags.{key}", allowed, fmt)
+    return out
