@@ -30,6 +30,8 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)?$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
             "w": 604_800_000, None: 1000}
 _SENSOR_ID = re.compile(f"^{SENSOR_ID_PATTERN}$")
+# Stored next to the measurements, never one of them (time-series documents hold units).
+NOT_MEASUREMENT_NAMES = RESERVED | {"tags", "units"}
 _NAME = re.compile(f"^{NAME_PATTERN}$")
 
 
@@ -89,7 +91,8 @@ class Params:
                 item = item.strip()  # noqa: PLW2901
                 if not item:
                     continue
-                if not pattern.match(item) or (name == "measurement" and item in RESERVED):
+                reserved = name == "measurement" and item in NOT_MEASUREMENT_NAMES
+                if not pattern.match(item) or reserved:
                     raise ParamError(name, f"{item[:40]!r} is not a valid {name} name")
                 if item not in out:
                     out.append(item)

@@ -322,10 +322,11 @@ def series(layout: Layout, sensor_ids: list[str], measurements: list[str],
             {"$match": {"sensor_id": {"$in": sensor_ids},
                         "bucket_start": {"$gte": floor_to(since, layout.span_seconds),
                                          "$lt": until}}},
-            {"$project": {"_id": 0, "sensor_id": 1, "readings": 1}},
+            {"$project": {"_id": 0, "sensor_id": 1, "readings": 1, "units": 1}},
             {"$unwind": "$readings"},
             {"$match": {"readings.ts": {"$gte": since, "$lt": until}}},
-            {"$replaceWith": {"$mergeObjects": ["$readings", {"sensor_id": "$sensor_id"}]}},
+            {"$replaceWith": {"$mergeObjects": ["$readings", {"sensor_id": "$sensor_id",
+                                                              "units": "$units"}]}},
         ]
     else:
         head = [
@@ -334,15 +335,16 @@ def series(layout: Layout, sensor_ids: list[str], measurements: list[str],
             {"$addFields": {"sensor_id": "$meta.sensor_id"}},
         ]
     values = {f"v{i}": _numeric(f"${m}") for i, m in enumerate(measurements)}
+    units = {f"u{i}": f"$units.{m}" for i, m in enumerate(measurements)}
     group: dict[str, Any] = {"_id": {"s": "$sensor_id", "t": "$t"}}
     for i in range(len(measurements)):
         v = f"$v{i}"
         group |= {f"m{i}_count": {"$sum": {"$cond": [{"$isNumber": v}, 1, 0]}},
                   f"m{i}_sum": {"$sum": v}, f"m{i}_min": {"$min": v},
-                  f"m{i}_max": {"$max": v}}
+                  f"m{i}_max": {"$max": v}, f"m{i}_unit": {"$max": f"$u{i}"}}
     return [
         *head,
-        {"$project": {"_id": 0, "sensor_id": 1, "t": _bin("$ts", step_ms), **values}},
+        {"$project": {"_id": 0, "sensor_id": 1, "t": _bin("$ts", step_ms), **values, **units}},
         {"$group": group},
         {"$sort": {"_id.s": 1, "_id.t": 1}},
     ]
@@ -354,7 +356,8 @@ def _series_stats(sensor_ids: list[str], measurements: list[str], since: datetim
     for i, m in enumerate(measurements):
         stats = f"$stats.{m}"
         group |= {f"m{i}_count": {"$sum": f"{stats}.count"}, f"m{i}_sum": {"$sum": f"{stats}.sum"},
-                  f"m{i}_min": {"$min": f"{stats}.min"}, f"m{i}_max": {"$max": f"{stats}.max"}}
+                  f"m{i}_min": {"$min": f"{stats}.min"}, f"m{i}_max": {"$max": f"{stats}.max"},
+                  f"m{i}_unit": {"$max": f"$units.{m}"}}
     return [
         {"$match": {"sensor_id": {"$in": sensor_ids},
                     "bucket_start": {"$gte": since, "$lt": until}}},
@@ -371,18 +374,22 @@ def series_answer(docs: list[dict[str, Any]], sensor_ids: list[str], measurement
     left out.
     """
     points: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    units: dict[tuple[str, int], str] = {}
     for doc in docs:
         sensor, t = doc["_id"]["s"], iso(doc["_id"]["t"])
         for i in range(len(measurements)):
             count = doc.get(f"m{i}_count") or 0
             if count <= 0:
                 continue
+            unit = doc.get(f"m{i}_unit")
+            if isinstance(unit, str):
+                units[sensor, i] = max(unit, units.get((sensor, i), unit))
             total = doc[f"m{i}_sum"]
             points.setdefault((sensor, i), []).append({
                 "t": t, "count": int(count), "min": _plain(doc[f"m{i}_min"]),
                 "avg": total / count, "max": _plain(doc[f"m{i}_max"]),
             })
-    return [{"sensor_id": s, "measurement": m, "points": points[s, i]}
+    return [{"sensor_id": s, "measurement": m, "unit": units.get((s, i)), "points": points[s, i]}
             for s in sensor_ids for i, m in enumerate(measurements) if (s, i) in points]
 
 

@@ -35,8 +35,12 @@ SENSORS = ("s1", "s2", "s3")
 MAX_READINGS = 6  # several documents per sensor-hour
 
 
+UNITS = {"temp": "Cel", "hum": "%RH"}
+
+
 def fleet() -> list[Reading]:
-    """Three sensors over three hours; a number, a sometimes-present integer, a boolean."""
+    """Three sensors over three hours: a number, a sometimes-present integer, a boolean,
+    a string; s1 has units and a tag, s2 a tag that changes in the third hour."""
     rng = random.Random(18)
     out = []
     for sensor in SENSORS:
@@ -48,8 +52,18 @@ def fleet() -> list[Reading]:
                 values["hum"] = rng.randint(30, 60)
             if sensor != "s3":
                 values["on"] = i % 4 == 0
-            out.append(Reading(sensor, ts, ts.timestamp(), values, i))
+            tags = units = None
+            if sensor == "s1":
+                tags = {"room": "kitchen"}
+                units = {m: u for m, u in UNITS.items() if m in values}
+            elif sensor == "s2":
+                values["state"] = "busy" if i % 2 else "idle"
+                tags = {"room": "hall" if i < 20 else "attic"}
+            out.append(Reading(sensor, ts, ts.timestamp(), values, i, tags=tags, units=units))
     return out
+
+
+TAGS = {"s1": {"room": "kitchen"}, "s2": {"room": "attic"}, "s3": {}}
 
 
 def batches(readings: list[Reading]) -> list[list[Reading]]:
@@ -141,6 +155,8 @@ async def test_sensors_list_is_the_same_and_complete(apis: dict[str, Any]) -> No
         assert entry["readings"] == len(mine)
         assert entry["last_seen"] == iso(max(r.ts for r in mine))
         assert entry["measurements"] == sorted({m for r in mine for m in r.values})
+        assert entry["tags"] == TAGS[entry["sensor_id"]]
+        assert entry["units"] == (UNITS if entry["sensor_id"] == "s1" else {})
     # paging: one sensor a page, the cursor leads through all of them
     seen, path = [], f"/api/sensors?since={iso(since)}&limit=1"
     while True:
@@ -193,7 +209,7 @@ async def test_series_match_each_other_and_the_readings(apis: dict[str, Any], st
                                                          source: str) -> None:
     readings = apis["readings"]
     since, until = START + timedelta(minutes=7), START + timedelta(hours=2, minutes=50)
-    path = (f"/api/series?sensor=s1,s2,s3&measurement=temp,hum,on&since={iso(since)}"
+    path = (f"/api/series?sensor=s1,s2,s3&measurement=temp,hum,on,state&since={iso(since)}"
             f"&until={iso(until)}&step={step}")
     bucket = await get(apis, "bucket", path)
     series = await get(apis, "timeseries", path)
@@ -207,7 +223,10 @@ async def test_series_match_each_other_and_the_readings(apis: dict[str, Any], st
     assert high >= until
     pairs = [(s, m) for s in SENSORS for m in ("temp", "hum", "on")
              if any(r.sensor_id == s and m in r.values for r in readings)]
-    assert [(e["sensor_id"], e["measurement"]) for e in bucket["series"]] == pairs
+    assert [(e["sensor_id"], e["measurement"]) for e in bucket["series"]] == pairs  # no strings
+    for answer in (bucket, series):
+        assert [e["unit"] for e in answer["series"]] == [
+            UNITS.get(m) if s == "s1" else None for s, m in pairs]
     for b, s in zip(bucket["series"], series["series"], strict=True):
         want = expected_series(readings, b["sensor_id"], b["measurement"], low, high, step_td)
         for points in (b["points"], s["points"]):
