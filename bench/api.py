@@ -10,7 +10,7 @@ Writes the same fleet-day through both real writers (one database, ``buckets`` a
                 (bucket mode: summed bucket statistics)
     series-5m   the same with step 5m (both layouts aggregate raw readings)
 
-    .venv/bin/python -m bench.api [--sensors 10] [--hours 24] [--interval 60]
+    .venv/bin/python -m bench.api [--sensors 10] [--hours 24] [--interval 300]
         [--requests 50] [--mongodb-uri URI]
 
 Without --mongodb-uri it starts the mongoeco emulator, which is far slower than MongoDB
@@ -44,6 +44,7 @@ from ingest.writers.timeseries import TimeseriesWriter
 from tests.support.procs import start_emulator
 
 DAY = datetime(2026, 5, 1, tzinfo=UTC)
+BATCH = 500  # readings per write, as a daemon's batch under light load
 
 
 def fleet(sensors: int, hours: int, interval: int, seed: int) -> list[Reading]:
@@ -70,9 +71,9 @@ async def load(db: Any, readings: list[Reading]) -> dict[str, float]:  # noqa: A
     for mode, writer in writers.items():
         await writer.ensure_schema()
         start = time.perf_counter()
-        for i in range(0, len(readings), 2000):
-            outcome = await writer.write(writer.plan(readings[i:i + 2000]))
-            assert outcome.written == len(readings[i:i + 2000]), outcome
+        for i in range(0, len(readings), BATCH):
+            outcome = await writer.write(writer.plan(readings[i:i + BATCH]))
+            assert outcome.written == len(readings[i:i + BATCH]), outcome
         took[mode] = time.perf_counter() - start
     return took
 
@@ -152,7 +153,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sensors", type=int, default=10)
     parser.add_argument("--hours", type=int, default=24)
-    parser.add_argument("--interval", type=int, default=60, help="seconds between readings")
+    parser.add_argument("--interval", type=int, default=300, help="seconds between readings")
     parser.add_argument("--requests", type=int, default=50, help="per query and layout")
     parser.add_argument("--mongodb-uri", help="default: the mongoeco emulator")
     parser.add_argument("--seed", type=int, default=1)

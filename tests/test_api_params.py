@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from multidict import MultiDict
 
+from ingest.cli import api_settings_from, build_parser, main
 from ingest.params import ParamError, Params, encode_cursor, parse_duration, parse_time
 from ingest.reads import Cursor, page_after
 from tests.test_api import get, serving
@@ -105,3 +106,25 @@ async def test_timeseries_readings_at_one_time_are_all_paged_through(
                 temps += [r["values"]["temp"] for r in page["readings"]]
                 path = f"{base}&cursor={page['next']}" if page["next"] else ""
     assert sorted(temps) == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--api-port", "70000"], "--api-port: must be between 0 and 65535"),
+    (["--mongodb-uri", "http://x"], "--mongodb-uri: must start with mongodb://"),
+    (["--mongodb-uri-file", "/nonexistent/uri"], "--mongodb-uri-file: cannot read"),
+    (["--query-timeout", "0"], "--query-timeout: must be a finite number greater than 0"),
+    (["--collection", "a.b"], "--collection: use letters"),
+])
+def test_api_command_refuses_bad_flags_in_one_line(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["api", *argv], env={}) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ingest: error: {message}")
+    assert err.count("\n") == 1
+
+
+def test_api_flags_come_from_the_environment_too() -> None:
+    env = {"INGEST_MODE": "timeseries", "INGEST_API_PORT": "9000", "INGEST_DB": "plant"}
+    settings = api_settings_from(build_parser(env).parse_args(["api"]))
+    assert (settings.mode, settings.port, settings.db, settings.collection) == (
+        "timeseries", 9000, "plant", "readings")
