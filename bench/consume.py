@@ -43,8 +43,11 @@ def payloads(messages: int, per_message: int) -> list[bytes]:
     return out
 
 
-def preload(broker: Broker, lines: list[bytes]) -> None:
-    """Publish every payload at QoS 1 and wait until the broker has acknowledged each."""
+def preload(broker: Broker, lines: list[bytes], topics: list[str] | None = None) -> None:
+    """Publish every payload at QoS 1 and wait until the broker has acknowledged each.
+
+    ``topics``: the topic of each payload (default: all on one sensor's topic).
+    """
     client = paho.Client(CallbackAPIVersion.VERSION2, client_id="bench-pub",
                          protocol=paho.MQTTv5)
     client.max_inflight_messages_set(1000)
@@ -53,8 +56,9 @@ def preload(broker: Broker, lines: list[bytes]) -> None:
     try:
         # In windows: paho scans its whole outgoing queue on every PUBACK.
         for start in range(0, len(lines), 1000):
-            infos = [client.publish(TOPIC.format(sensor="s0"), line, qos=1)
-                     for line in lines[start:start + 1000]]
+            infos = [client.publish(topics[i] if topics else TOPIC.format(sensor="s0"),
+                                    lines[i], qos=1)
+                     for i in range(start, min(start + 1000, len(lines)))]
             for info in infos:
                 info.wait_for_publish(timeout=60)
                 if not info.is_published():
@@ -83,13 +87,14 @@ def run_mosquitto_sub(broker: Broker, lines: list[bytes]) -> float:
 
 def run_daemon(
     broker: Broker, lines: list[bytes], workdir: Path, batch: int,
+    extra: tuple[str, ...] = ("--topic", "bench/#"), topics: list[str] | None = None,
 ) -> tuple[float, float]:
-    args = ["--dry-run", "--mqtt-url", broker.url, "--topic", "bench/#",
+    args = ["--dry-run", "--mqtt-url", broker.url, *extra,
             "--mongodb-uri", "mongodb://127.0.0.1:1", "--client-id", "bench-ingest",
             "--batch-size", str(batch), "--log-level", "warning"]
     first = Daemon(args, workdir / "daemon.log").start()
     first.stop()  # the persistent session now exists and queues messages
-    preload(broker, lines)
+    preload(broker, lines, topics)
     daemon = Daemon(args, workdir / "daemon.log").start(wait_ready=False)
     t0 = t1 = 0.0
     try:

@@ -58,6 +58,9 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _CACHE_LIMIT = 100_000
 _valid_names: set[str] = set()
 _valid_sensors: set[str] = set()
+# Building a Reading through tuple.__new__ skips the NamedTuple's argument handling, the
+# larger part of its cost on the hot path (tags and units are None here).
+_new = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +194,8 @@ def _reading(
     seconds = math.floor(epoch)
     if micros < 500_000 and epoch - seconds > 0.5:  # microseconds rounded up to a new second
         seconds += 1
-    return Reading(sensor, ts, epoch, values, seq, seconds * 1000 + micros // 1000)
+    return _new(Reading, (sensor, ts, epoch, values, seq, seconds * 1000 + micros // 1000,
+                          None, None))
 
 
 def _epoch(raw: object, now: float) -> float | None:

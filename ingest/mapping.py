@@ -56,7 +56,7 @@ class _Topic(NamedTuple):
 
     rule: Rule
     captures: dict[str, str]
-    tags: dict[str, str] | None
+    tags: dict[str, str]  # shared by the topic's readings, never changed
     sensor: str | Rejection | None  # None: decided per item (payload or line tags)
 
 
@@ -142,7 +142,7 @@ class Mapping:
         problem = _tag_problem(tags)
         if problem is not None:  # a hostile topic: its readings are refused, not cut
             sensor = problem
-        return _Topic(rule, captures, tags or None, sensor)
+        return _Topic(rule, captures, tags, sensor)
 
     def decode(self, topic: str, payload: bytes, received_at: float, limits: Limits
                ) -> Result:
@@ -214,7 +214,7 @@ class Mapping:
         if item.units:
             renamed = ((self._resolve(rule, k), u[:64]) for k, u in item.units.items())
             units = {k: u for k, u in renamed if type(k) is str and k in values} or None
-        return Reading(sensor, timestamp(ms), epoch, values, None, ms, tags, units)
+        return _new(Reading, (sensor, timestamp(ms), epoch, values, None, ms, tags, units))
 
     def _instant(self, item: Item, rule: Rule, now: float) -> tuple[float, int] | None:
         if item.epoch is not None:  # SenML: resolved, relative below 2**28
@@ -256,16 +256,24 @@ class Mapping:
     def _values(self, rule: Rule, fields: dict[str, object], rejections: list[Rejection],
                 index: int | None) -> dict[str, int | float | bool | str]:
         values: dict[str, int | float | bool | str] = {}
+        names = self._names[rule.name]
         for raw, raw_value in fields.items():
             if raw_value is None:
                 continue
-            name = self._resolve(rule, raw)
+            name = names.get(raw)
+            if name is None:
+                name = self._resolve(rule, raw)
             if type(name) is not str:
                 rejections.append(_at(name, index))  # type: ignore[arg-type]
                 continue
             if not name:
                 continue
-            stored = _value(rule, name, raw_value)
+            kind = type(raw_value)
+            if kind is bool or (kind is float and math.isfinite(raw_value)) or (  # type: ignore[arg-type]
+                    kind is int and _INT64_MIN <= raw_value <= _INT64_MAX):  # type: ignore[operator]
+                stored: object = raw_value  # the common case, without a call
+            else:
+                stored = _value(rule, name, raw_value)
             if type(stored) is Rejection:
                 rejections.append(_at(stored, index))
                 continue
@@ -280,6 +288,7 @@ class Mapping:
 
 
 _DROP_VALUE = object()
+_new = tuple.__new__  # builds a NamedTuple without its argument handling
 
 
 def _at(rejection: Rejection, index: int | None) -> Rejection:
@@ -337,13 +346,13 @@ def _value(rule: Rule, name: str, value: object) -> object:
     return Rejection("bad_value", f"{name}: unsupported value ({kind.__name__})")
 
 
-def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection | None:
+def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection:
     """The reading's tags: the topic's, the payload's (line protocol), the rule's."""
     rule = matched.rule
     if item.tags is None and (item.context is None or not rule.tags):
         tags = matched.tags
     else:
-        tags = dict(matched.tags or {})
+        tags = dict(matched.tags)
         for key, tag_value in (item.tags or {}).items():
             safe_key = safe(key)
             if safe_key in RESERVED_TAGS or not 1 <= len(safe_key) <= 64:
@@ -357,7 +366,7 @@ def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection | None:
         problem = _tag_problem(tags)
         if problem is not None:
             return problem
-    return tags or None
+    return tags
 
 
 def _tag_problem(tags: dict[str, str]) -> Rejection | None:

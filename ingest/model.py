@@ -28,9 +28,12 @@ class Reading(NamedTuple):
     # ``ts`` as whole milliseconds since the epoch (set by the decoder, which has it
     # cheaply): bucket mode's identity of a reading. None: computed from ``ts``.
     ms: int | None = None
-    # Tags (from topic captures, line protocol tags, rule constants) and units (SenML
-    # ``u``) by measurement; None when empty, so the default path allocates nothing.
+    # Tags (topic captures, line protocol tags, rule constants). None: a reading of the
+    # default decoder, whose values are numbers only; the mapping path always sets a dict
+    # (often empty and shared), which tells the writers that values may also be booleans
+    # or strings. So the default path allocates nothing and does no per-kind work.
     tags: dict[str, str] | None = None
+    # Units by measurement (SenML ``u``); None when there are none.
     units: dict[str, str] | None = None
 
 

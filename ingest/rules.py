@@ -271,6 +271,8 @@ def _sensor_template(entry: dict[str, Any], fmt: str, captures: tuple[str, ...]
     allowed = set(captures) | ({"measurement"} if fmt == "influx" else set())
     if text is not None:
         return _template(text, "sensor_id", allowed, fmt)
+    if fmt == "senml":
+        return None  # the base name, else the {sensor_id} capture (see formats/senml.py)
     if "sensor_id" in captures:
         return Template("{sensor_id}")
     if fmt in {"json", "value", "influx"}:

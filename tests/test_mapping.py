@@ -338,6 +338,13 @@ def test_senml_relative_time_and_sensor_from_the_topic() -> None:
     (reading,) = run(m, "senml/dev1", [{"n": "temp", "v": 1, "t": -5}], now=AT).decoded.readings
     assert reading.sensor_id == "dev1"
     assert reading.ms == int((AT - 5) * 1000)
+    # A base name in the payload wins over the capture; an explicit template over both.
+    (named,) = run(m, "senml/dev1", [{"bn": "gw7/", "n": "t", "v": 1}]).decoded.readings
+    assert named.sensor_id == "gw7"
+    explicit = mapping('[[rule]]\nname = "r"\ntopic = "senml/{dev}"\nformat = "senml"\n'
+                       'sensor_id = "{dev}"\n')
+    (fixed,) = run(explicit, "senml/dev1", [{"bn": "gw7/", "n": "t", "v": 1}]).decoded.readings
+    assert fixed.sensor_id == "dev1"
 
 
 # --- influx -------------------------------------------------------------------------------
@@ -387,3 +394,16 @@ def test_field_refusals_name_the_field_and_keep_the_rest() -> None:
     assert result.decoded.readings[0].values == {"good": 1, "_set": 2}
     assert result.decoded.rejections == [Rejection("bad_value", "bad: an array (leave it "
                                                                 "out with drop)")]
+
+
+def test_the_benchmark_stream_is_fully_decoded_by_its_rule() -> None:
+    from bench.mapping import RULE, zigbee2mqtt  # noqa: PLC0415
+
+    lines, topics = zigbee2mqtt(20, 7)
+    m = mapping(RULE)
+    results = [m.decode(t, p, NOW, LIMITS) for p, t in zip(lines, topics, strict=True)]
+    assert all(r.decoded.rejections == [] for r in results)
+    readings = [reading for r in results for reading in r.decoded.readings]
+    assert len(readings) == 20
+    assert len({r.sensor_id for r in readings}) == 7
+    assert all(len(r.values) == 6 and r.values["update_state"] == "idle" for r in readings)

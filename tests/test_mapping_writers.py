@@ -19,8 +19,12 @@ T0 = 1_790_000_000 // HOUR * HOUR
 NO_DB: Any = defaultdict(lambda: None)
 
 
-def reading(epoch: float, values: dict[str, Any], tags: dict[str, str] | None = None,
+MAPPED: dict[str, str] = {}  # what the mapping path gives a reading without tags
+
+
+def reading(epoch: float, values: dict[str, Any], tags: dict[str, str] | None = MAPPED,
             units: dict[str, str] | None = None, sensor: str = "s1") -> Reading:
+    """A reading as the mapping path makes it (tags None: as the default decoder does)."""
     ts = datetime.fromtimestamp(epoch, UTC)
     return Reading(sensor, ts, epoch, values, None, int(epoch * 1000), tags, units)
 
@@ -55,6 +59,7 @@ def test_tags_and_units_are_set_on_the_bucket_and_the_default_path_sets_nothing(
                                reading(T0 + 2, {"t": 2}, {"room": "b"})])
     assert plan.ops[0]._doc["$set"] == {"tags.room": "b", "units.t": "Cel"}
     assert "$set" not in bucket(NO_DB).plan([reading(T0 + 1, {"t": 1})]).ops[0]._doc
+    assert "$set" not in bucket(NO_DB).plan([reading(T0 + 1, {"t": 1}, None)]).ops[0]._doc
 
 
 def test_true_and_1_are_different_readings() -> None:
@@ -79,6 +84,7 @@ def test_timeseries_documents_hold_tags_in_meta_in_name_order_and_units_per_docu
     assert doc["units"] == {"b": "bool"}
     assert doc["b"] is True
     assert list(reading_document(reading(T0, {"t": 1}))) == ["ts", "meta", "t"]
+    assert reading_document(reading(T0, {"t": 1}, None))["meta"] == {"sensor_id": "s1"}
 
 
 mixed = st.one_of(st.booleans(), st.integers(-1000, 1000),
@@ -136,3 +142,18 @@ async def test_timeseries_writer_stores_any_scalar_with_meta_tags_and_units(db: 
     assert doc["meta"] == {"sensor_id": "s1", "room": "k"}
     assert (doc["on"], doc["state"], doc["t"], doc["units"]) == (True, "idle", 21.5,
                                                                  {"t": "Cel"})
+
+
+def test_readings_of_the_mapping_path_always_get_per_kind_statistics() -> None:
+    from ingest.decode import Limits  # noqa: PLC0415
+    from ingest.mapping import Mapping  # noqa: PLC0415
+    from ingest.rules import parse  # noqa: PLC0415
+
+    rules = parse('[[rule]]\nname = "r"\ntopic = "z/{sensor_id}"\n', "test")
+    result = Mapping(rules).decode("z/a", b'{"on": true, "mode": "eco"}', T0 + 1.0, Limits())
+    (mapped,) = result.decoded.readings
+    assert mapped.tags == {}  # no tags, yet not None: values may be booleans and strings
+    doc = bucket(NO_DB).plan([mapped]).ops[0]._doc
+    assert doc["$min"]["stats.on.min"] == 1
+    assert type(doc["$min"]["stats.on.min"]) is int
+    assert "stats.mode.count" not in doc["$inc"]

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from ingest.rules import Rule
 
 
+_new = tuple.__new__
+
+
 class _TooMany(Exception):  # noqa: N818 - a signal inside flatten, never seen outside
     pass
 
@@ -66,8 +69,9 @@ def parse(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) 
                 index if several else None))
             continue
         ts = fields.pop(rule.time.field, None) if rule.time.field is not None else None
-        out.items.append(Item(fields, ts, problems=problems or None,
-                              position=index if several else None))
+        # Positional, through tuple.__new__: the NamedTuple's keyword handling is slow.
+        out.items.append(_new(Item, (fields, ts, None, None, None, None, None,
+                                     problems or None, index if several else None)))
     return out
 
 

@@ -93,10 +93,21 @@ def reading_bytes(reading: Reading) -> int:
     # array index key and sub-document framing ~16, ts 12, seq 13, each value 10 + name
     values = reading.values
     size = 41 + 10 * len(values) + sum(map(len, values))
-    for value in values.values():
-        if type(value) is str:
-            size += len(value) * 4  # UTF-8: at most 4 bytes a character
+    if reading.tags is not None:  # the mapping path: strings too (UTF-8: 4 bytes a character)
+        size += sum([len(v) * 4 for v in values.values() if type(v) is str])
     return size
+
+
+def stat_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The values that get statistics: numbers, and booleans as 0/1; not strings."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        kind = type(value)
+        if kind is bool:
+            out[name] = int(value)
+        elif kind is not str:
+            out[name] = value
+    return out
 
 
 def group_readings(readings: list[Reading], span: int) -> dict[tuple[str, float], list[Reading]]:
@@ -181,14 +192,13 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
     and none of the chunk's timestamps, so no document holds a reading twice.
     """
     if len(chunk) == 1:  # the common case of a large fleet: no coalescing to do
-        inc, mins, maxs = _single(chunk[0], size)
+        inc, mins, maxs, labels = _single(chunk[0], size)
     else:
-        inc, mins, maxs = _coalesced(chunk, size)
+        inc, mins, maxs, labels = _coalesced(chunk, size)
     update: dict[str, Any] = {
         "$push": {"readings": {"$each": [reading_doc(r) for r in chunk]}},
         "$inc": inc, "$min": mins, "$max": maxs,
         "$setOnInsert": {"schema_version": SCHEMA_VERSION}}
-    labels = _labels(chunk)
     if labels:
         update["$set"] = labels
     if len(inc) == 2:  # only strings: no statistics, and the validator wants a stats object
@@ -207,20 +217,20 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
     )
 
 
-type _Stats = tuple[dict[str, Any], dict[str, Any], dict[str, Any]]
+type _Stats = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]
 
 
-def _labels(chunk: list[Reading]) -> dict[str, str]:
-    """``$set`` of the chunk's tags and units (``tags.<k>``, ``units.<m>``); the last wins."""
-    labels: dict[str, str] = {}
-    for reading in chunk:
-        if reading.tags is not None:
-            for key, value in reading.tags.items():
-                labels[f"tags.{key}"] = value
-        if reading.units is not None:
-            for name, unit in reading.units.items():
-                labels[f"units.{name}"] = unit
-    return labels
+def _label(reading: Reading, labels: dict[str, str]) -> None:
+    """Add a reading's tags and units to the ``$set`` (``tags.<k>``, ``units.<m>``).
+
+    Only readings of the mapping path (tags not None) have any; the last one wins.
+    """
+    if reading.tags:
+        for key, value in reading.tags.items():
+            labels[f"tags.{key}"] = value
+    if reading.units is not None:
+        for name, unit in reading.units.items():
+            labels[f"units.{name}"] = unit
 
 
 def _single(reading: Reading, size: int) -> _Stats:
@@ -228,30 +238,30 @@ def _single(reading: Reading, size: int) -> _Stats:
     inc: dict[str, Any] = {"count": 1, "bytes": size}
     mins: dict[str, Any] = {"first_ts": reading.ts}
     maxs: dict[str, Any] = {"last_ts": reading.ts}
-    for name, value in reading.values.items():
-        kind = type(value)
-        if kind is str:  # strings are stored, without statistics
-            continue
-        if kind is bool:  # a boolean counts as 0/1: sum is the number of trues
-            value = int(value)  # noqa: PLW2901
+    labels: dict[str, str] = {}
+    values = reading.values
+    if reading.tags is not None:  # the mapping path: booleans as 0/1, no strings
+        values = stat_values(values)
+        _label(reading, labels)
+    for name, value in values.items():
         keys = _STAT_KEYS.get(name) or _stat_keys(name)
         inc[keys[0]] = 1
         inc[keys[1]] = float(value)
         mins[keys[2]] = value
         maxs[keys[3]] = value
-    return inc, mins, maxs
+    return inc, mins, maxs, labels
 
 
 def _coalesced(chunk: list[Reading], size: int) -> _Stats:
     """``$inc``, ``$min`` and ``$max`` for several readings of one sensor-span."""
     acc: dict[str, list[Any]] = {}  # name -> [count, sum, min, max]
+    labels: dict[str, str] = {}
     for reading in chunk:
-        for name, value in reading.values.items():
-            kind = type(value)
-            if kind is str:
-                continue
-            if kind is bool:
-                value = int(value)  # noqa: PLW2901
+        values = reading.values
+        if reading.tags is not None:  # the mapping path: booleans as 0/1, no strings
+            values = stat_values(values)
+            _label(reading, labels)
+        for name, value in values.items():
             stat = acc.get(name)
             if stat is None:
                 acc[name] = [1, float(value), value, value]
@@ -271,7 +281,7 @@ def _coalesced(chunk: list[Reading], size: int) -> _Stats:
         inc[keys[1]] = total
         mins[keys[2]] = low
         maxs[keys[3]] = high
-    return inc, mins, maxs
+    return inc, mins, maxs, labels
 
 
 class BucketWriter:

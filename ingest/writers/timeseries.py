@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 def reading_document(reading: Reading) -> dict[str, Any]:
     """The time-series document for one reading."""
     meta: dict[str, Any] = {"sensor_id": reading.sensor_id}
-    if reading.tags is not None:  # in name order: a meta field order is part of the series
+    if reading.tags:  # in name order: a meta field order is part of the series
         tags = reading.tags
         for key in sorted(tags):
             meta[key] = tags[key]
