@@ -92,6 +92,15 @@ def test_series_panel_draws_min_max_bands() -> None:
     assert overrides["max"]["custom.fillBelowTo"] == "min"
 
 
+def test_time_columns_parse_the_api_times() -> None:
+    # The API writes ISO 8601 UTC with milliseconds and Z (reads.iso); the backend
+    # parser reads them with Go's RFC 3339 layout, fractional seconds included.
+    for where, query in queries(dashboard()):
+        for column in query["columns"]:
+            if column["type"] == "timestamp":
+                assert column["timestampFormat"] == "2006-01-02T15:04:05.999999999Z07:00", where
+
+
 async def test_urls_ask_existing_endpoints_with_known_parameters_and_variables() -> None:
     data = dashboard()
     variables = {v["name"] for v in data["templating"]["list"]} | GRAFANA_MACROS
