@@ -16,14 +16,17 @@ from typing import TYPE_CHECKING, NoReturn
 
 from ingest import __version__
 from ingest.config import (
+    DEFAULT_BUCKET_SPAN_SECONDS,
     DEFAULT_COLLECTION,
     DEFAULT_METRICS_PORT,
     GRANULARITIES,
     MODES,
+    ApiSettings,
     Settings,
     parse_mqtt_url,
     read_secret,
     validate,
+    validate_api,
 )
 from ingest.errors import ConfigError, IncompatibleError, SchemaError, StartupError
 
@@ -153,6 +156,44 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
                              "[env INGEST_DRY_RUN]")
 
 
+def _api_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    integer, real = _number(int, "this flag"), _number(float, "this flag")
+    _flag(parser, env, "mode", "layout of the collection read", "bucket", choices=MODES)
+    _flag(parser, env, "mongodb-uri", "MongoDB connection string; a read-only user is enough",
+          "mongodb://localhost:27017")
+    _flag(parser, env, "mongodb-uri-file", "read the MongoDB URI from this file (Docker secret)")
+    _flag(parser, env, "db", "database name", "iot")
+    _flag(parser, env, "collection",
+          "collection read (default: buckets in bucket mode, readings in timeseries mode)")
+    _flag(parser, env, "rejects-collection", "the daemons' rejects collection", "rejects")
+    _flag(parser, env, "bucket-span-seconds", "bucket mode: span of one document, as the "
+          "daemon writes it", DEFAULT_BUCKET_SPAN_SECONDS, type=integer)
+    _flag(parser, env, "api-host", "address of the API, its page and /metrics",
+          "0.0.0.0")  # noqa: S104 - reached from outside; bind to a private address if needed
+    _flag(parser, env, "api-port", "port of the API, its page and /metrics (0: any)", 8080,
+          type=integer)
+    _flag(parser, env, "grafana-url", "Grafana's address, for the page's dashboard link",
+          "http://localhost:3000")
+    _flag(parser, env, "query-timeout", "seconds one query may run (maxTimeMS)", 10.0,
+          type=real)
+    _flag(parser, env, "log-level", "logging level", "info",
+          choices=["debug", "info", "warning", "error"])
+
+
+def api_settings_from(args: argparse.Namespace) -> ApiSettings:
+    """Validated settings of ``ingest api``."""
+    mongodb_uri = args.mongodb_uri
+    if args.mongodb_uri_file:
+        mongodb_uri = read_secret(args.mongodb_uri_file, "--mongodb-uri-file")
+    return validate_api(ApiSettings(
+        mode=args.mode, mongodb_uri=mongodb_uri, db=args.db,
+        collection=args.collection or DEFAULT_COLLECTION.get(args.mode, "buckets"),
+        rejects_collection=args.rejects_collection,
+        bucket_span_seconds=args.bucket_span_seconds, host=args.api_host, port=args.api_port,
+        grafana_url=args.grafana_url, query_timeout=args.query_timeout,
+    ))
+
+
 def _mapping_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     _flag(parser, env, "mapping", "mapping rules file (TOML; see docs/mapping.md)")
     parser.add_argument("--preset", action="append", default=None,
@@ -214,6 +255,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "init-db", help="create collections and indexes (and shard them), then exit",
         formatter_class=_DescribedDefaults, description=INIT_DB_HELP)
     _common_flags(init, env)
+    api = commands.add_parser(
+        "api", help="serve the read API, its page and its metrics (read-only)",
+        formatter_class=fmt)
+    _api_flags(api, env)
     init.add_argument("--shard", action="store_true", default=None,
                       help="also shard the collection (on a mongos; a no-op with a "
                            "warning elsewhere) [env INGEST_SHARD]")
@@ -364,6 +409,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             from ingest.discover import main as discover  # noqa: PLC0415 - its own command
 
             return discover(args, env)
+        if args.command == "api":
+            return _execute_api(api_settings_from(args), args.log_level)
         if args.command == "check":
             from ingest.check import check  # noqa: PLC0415 - a separate, short-lived command
 
@@ -393,6 +440,26 @@ def _execute_local(local: LocalSettings) -> int:
     except StartupError as exc:
         print(f"ingest local: error: {exc}", file=sys.stderr)  # noqa: T201
         return 1
+
+
+def _execute_api(settings: ApiSettings, log_level: str) -> int:
+    import uvloop  # noqa: PLC0415 - only the running server needs it
+
+    from ingest import api  # noqa: PLC0415 - keeps --help and config errors fast
+
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        uvloop.run(api.serve(settings))
+    except ConfigError as exc:
+        print(f"ingest: error: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+    except StartupError as exc:
+        print(f"ingest: error: {exc}", file=sys.stderr)  # noqa: T201
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 def _execute(command: str, settings: Settings, shard: bool = False) -> int:

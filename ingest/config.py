@@ -274,3 +274,40 @@ def _check_positive(settings: Settings) -> None:
     for flag, value in positive.items():
         if not (value > 0 and math.isfinite(value)):  # also refuses NaN and infinity
             raise ConfigError(f"{flag}: must be a finite number greater than 0, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSettings:
+    """What ``ingest api`` needs: where to read, which layout, where to listen."""
+
+    mode: Mode = "bucket"
+    mongodb_uri: str = field(default="mongodb://localhost:27017", repr=False)
+    db: str = "iot"
+    collection: str = "buckets"
+    rejects_collection: str = "rejects"
+    bucket_span_seconds: int = DEFAULT_BUCKET_SPAN_SECONDS
+    host: str = "0.0.0.0"  # noqa: S104 - the API and its page are reached from outside
+    port: int = 8080
+    grafana_url: str = "http://localhost:3000"
+    query_timeout: float = 10.0
+
+
+def validate_api(settings: ApiSettings) -> ApiSettings:
+    """Check the API's settings; returns them unchanged when valid."""
+    if settings.mode not in MODES:
+        raise ConfigError(f"--mode: must be one of {', '.join(MODES)}, got {settings.mode!r}")
+    if not settings.mongodb_uri.startswith(("mongodb://", "mongodb+srv://")):
+        raise ConfigError("--mongodb-uri: must start with mongodb:// or mongodb+srv://")
+    for flag, name in (("--db", settings.db), ("--collection", settings.collection),
+                       ("--rejects-collection", settings.rejects_collection)):
+        if not _NAME.match(name):
+            raise ConfigError(f"{flag}: use letters, digits, '_' or '-', got {name!r}")
+    if not 0 <= settings.port <= 65535:
+        raise ConfigError("--api-port: must be between 0 and 65535")
+    for flag, value in (("--bucket-span-seconds", settings.bucket_span_seconds),
+                        ("--query-timeout", settings.query_timeout)):
+        if not (value > 0 and math.isfinite(value)):
+            raise ConfigError(f"{flag}: must be a finite number greater than 0, got {value}")
+    if not settings.grafana_url.startswith(("http://", "https://", "/")):
+        raise ConfigError("--grafana-url: must start with http://, https:// or /")
+    return settings

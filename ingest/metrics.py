@@ -261,3 +261,29 @@ class MetricsServer:
                 return b"503 Service Unavailable", text, ("; ".join(problems) + "\n").encode()
             return b"200 OK", text, b"ready\n"
         return b"404 Not Found", text, b"not found\n"
+
+
+API_ENDPOINTS = ("sensors", "readings", "series", "rejects", "info", "page", "static", "health",
+                 "metrics", "other")
+API_STATUS_CLASSES = ("2xx", "4xx", "5xx")
+_API_SECONDS_BUCKETS = (0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class ApiMetrics:
+    """The read API's own metrics (``ingest api``), in a registry of their own."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.request_seconds = Histogram(
+            "api_request_seconds", "Time to answer one read API request, by endpoint and "
+            "status class.", ["endpoint", "status"], buckets=_API_SECONDS_BUCKETS,
+            namespace=NAMESPACE, registry=r)
+        self.series_source = Counter(
+            "api_series_source", "Series answers by where they came from: bucket statistics "
+            "or raw readings.", ["source"], namespace=NAMESPACE, registry=r)
+        for endpoint in API_ENDPOINTS:
+            for status in API_STATUS_CLASSES:
+                self.request_seconds.labels(endpoint, status)
+        for source in ("stats", "readings"):
+            self.series_source.labels(source)

@@ -40,7 +40,7 @@ MOSQUITTO_DIR = DEPLOY / "mosquitto"
 INGEST_SERVICES = {"ingest-bucket": "bucket", "ingest-timeseries": "timeseries"}
 EXPECTED_SERVICES = {"mosquitto", "mongodb", *INGEST_SERVICES, "mongodb-exporter",
                      "prometheus", "grafana", "loadgen", "mongodb-test", "tests",
-                     "mongo-config", "mongo-shard", "mongos", "tests-sharded"}
+                     "mongo-config", "mongo-shard", "mongos", "tests-sharded", "api"}
 # The image is FROM scratch (no shell, no HTTP client): Prometheus's up{job="mongodb"}
 # is its health. loadgen and tests are one-shot jobs, not services to wait for.
 NO_HEALTHCHECK = {"mongodb-exporter", "loadgen", "tests", "tests-sharded"}

@@ -42,7 +42,7 @@ BENCH_OUT = DEPLOY / "bench-out"
 DASHBOARD = ROOT / "grafana" / "dashboards" / "ingest.json"
 OPT_IN = "INGEST_TEST_STACK"
 # Always started; the image of the daemons is built by `up --build`.
-CORE = ("mosquitto", "mongodb", "ingest-bucket", "ingest-timeseries", "prometheus")
+CORE = ("mosquitto", "mongodb", "ingest-bucket", "ingest-timeseries", "prometheus", "api")
 # Started when their image is present (no stand-in exists for them on machines without a
 # registry; the GitHub workflow pulls them).
 OPTIONAL = {"mongodb-exporter": "percona/mongodb_exporter:0.42.0",
@@ -54,6 +54,7 @@ MQTT_URL = "mqtt://sensor@127.0.0.1:1883"
 SENSOR_PASSWORD_FILE = DEPLOY / "secrets" / "mqtt-sensor-password"
 PROMETHEUS = "http://127.0.0.1:9090"
 GRAFANA = "http://127.0.0.1:3000"
+API = "http://127.0.0.1:8080"
 GRACE_SECONDS = 30  # stop_grace_period of the ingest services
 
 
@@ -307,6 +308,13 @@ async def test_readings_published_as_sensor_land_in_both_modes(
             ] == [(r["ts"], r["seq"], r["temp"], r["hum"]) for r in sent]
     temp = bucket["stats"]["temp"]
     assert (temp["min"], temp["max"], temp["sum"], temp["count"]) == (20.5, 22.5, 64.5, 3)
+    # The read API of the stack (the bucket layout) answers with the same readings.
+    query = urllib.parse.urlencode({"sensor": sensor, "since": "2026-09-21T00:00:00Z",
+                                    "until": "2026-09-22T00:00:00Z"})
+    with urllib.request.urlopen(f"{API}/api/readings?{query}", timeout=10) as answer:
+        readings = json.loads(answer.read())["readings"]
+    assert [(r["seq"], r["values"]) for r in readings] == [
+        (r["seq"], {"temp": r["temp"], "hum": r["hum"]}) for r in sent]
 
 
 async def test_the_daemons_user_cannot_publish_and_anonymous_clients_are_refused(

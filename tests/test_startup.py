@@ -109,6 +109,14 @@ def test_metrics_port_in_use(taken_port: int) -> None:
     assert "in use" in line
 
 
+def test_api_port_in_use(taken_port: int) -> None:
+    line = failure_line(ingest("api", "--mongodb-uri", "mongodb://127.0.0.1:1/?"
+                               "serverSelectionTimeoutMS=200", "--api-host", "127.0.0.1",
+                               "--api-port", str(taken_port)), 1)
+    assert "--api-port" in line
+    assert f"127.0.0.1:{taken_port}" in line
+
+
 def test_the_two_modes_default_to_distinct_metrics_ports() -> None:
     """Two daemons on one host, as the docs show them, do not collide."""
     from ingest.cli import build_parser, settings_from  # noqa: PLC0415

@@ -1,0 +1,199 @@
+"""The read API's query parameters: parsed and checked, or one error naming the parameter.
+
+Pure functions over a multi-dict of strings (what aiohttp hands out), so every rule is
+unit-testable without a server.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+import orjson
+
+from ingest.decode import NAME_PATTERN, RESERVED, SENSOR_ID_PATTERN
+from ingest.reads import Cursor, from_ms
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+MAX_SENSORS = 100
+MAX_MEASUREMENTS = 10
+MAX_WINDOW = timedelta(days=31)  # sensors and raw readings: how far one request may scan
+MAX_POINTS = 20_000  # series: steps x sensors x measurements in one answer
+KNOWN_PARAMETERS = frozenset({"since", "until", "sensor", "measurement", "step", "limit",
+                              "cursor"})
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)?$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
+            "w": 604_800_000, None: 1000}
+_SENSOR_ID = re.compile(f"^{SENSOR_ID_PATTERN}$")
+# Stored next to the measurements, never one of them (time-series documents hold units).
+NOT_MEASUREMENT_NAMES = RESERVED | {"tags", "units"}
+_NAME = re.compile(f"^{NAME_PATTERN}$")
+
+
+class ParamError(ValueError):
+    """A bad query parameter: answered with 400 and ``{"error": {"parameter", "message"}}``."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(f"{parameter}: {message}")
+        self.parameter = parameter
+        self.message = message
+
+
+class Params:
+    """Typed access to one request's query string."""
+
+    def __init__(self, query: Mapping[str, str], values: Callable[[str], Sequence[str]],
+                 now: datetime) -> None:
+        self._query = query
+        self._values = values
+        self.now = now
+        unknown = sorted(set(query) - KNOWN_PARAMETERS)
+        if unknown:
+            raise ParamError(unknown[0], "unknown parameter (known: "
+                                         f"{', '.join(sorted(KNOWN_PARAMETERS))})")
+
+    def one(self, name: str) -> str | None:
+        """The single value of ``name`` (None if absent); given twice is an error."""
+        values = self._values(name)
+        if len(values) > 1:
+            raise ParamError(name, "given more than once")
+        return values[0] if values else None
+
+    def time(self, name: str, default: datetime) -> datetime:
+        """An instant: ISO 8601 with a zone, epoch milliseconds, ``now`` or ``now-<duration>``."""
+        text = self.one(name)
+        if text is None or text == "":
+            return default
+        return parse_time(name, text, self.now)
+
+    def window(self, default: timedelta, max_window: timedelta | None = MAX_WINDOW
+               ) -> tuple[datetime, datetime]:
+        """``since`` and ``until`` (default: the last ``default`` up to now)."""
+        until = self.time("until", self.now)
+        since = self.time("since", until - default)
+        if since >= until:
+            raise ParamError("since", "must be before until")
+        if max_window is not None and until - since > max_window:
+            raise ParamError("since", f"the window may span at most {max_window.days} days")
+        return since, until
+
+    def names(self, name: str, pattern: re.Pattern[str], most: int, *,
+              required: bool) -> list[str]:
+        """A repeatable, comma-separable list of names, in order, without repeats."""
+        out: list[str] = []
+        for value in self._values(name):
+            for item in value.split(","):
+                item = item.strip()  # noqa: PLW2901
+                if not item:
+                    continue
+                reserved = name == "measurement" and item in NOT_MEASUREMENT_NAMES
+                if not pattern.match(item) or reserved:
+                    raise ParamError(name, f"{item[:40]!r} is not a valid {name} name")
+                if item not in out:
+                    out.append(item)
+        if required and not out:
+            raise ParamError(name, "required (repeat it or separate names by commas)")
+        if len(out) > most:
+            raise ParamError(name, f"at most {most} per request, got {len(out)}")
+        return out
+
+    def sensors(self, *, required: bool = True) -> list[str]:
+        """The ``sensor`` list."""
+        return self.names("sensor", _SENSOR_ID, MAX_SENSORS, required=required)
+
+    def measurements(self, *, required: bool) -> list[str]:
+        """The ``measurement`` list."""
+        return self.names("measurement", _NAME, MAX_MEASUREMENTS, required=required)
+
+    def limit(self, default: int, most: int) -> int:
+        """``limit``: 1 to ``most``."""
+        text = self.one("limit")
+        if text is None:
+            return default
+        if not text.isdigit() or not 1 <= int(text) <= most:
+            raise ParamError("limit", f"must be a whole number from 1 to {most}, "
+                                      f"got {text[:20]!r}")
+        return int(text)
+
+    def step_ms(self, default_ms: int) -> int:
+        """``step``: a duration such as ``30s``, ``5m``, ``1h``, ``500ms``; bare: seconds."""
+        text = self.one("step")
+        if text is None or text == "":
+            return default_ms
+        return parse_duration("step", text)
+
+    def cursor(self, kind: str) -> list[object] | None:
+        """The decoded ``cursor`` of a previous answer of this endpoint, or None."""
+        text = self.one("cursor")
+        if not text:
+            return None
+        try:
+            value = orjson.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        except (binascii.Error, ValueError):
+            raise ParamError("cursor", "not a cursor returned by this API") from None
+        if not isinstance(value, list) or not value or value[0] != kind:
+            raise ParamError("cursor", "not a cursor returned by this endpoint")
+        return value[1:]
+
+    def reading_cursor(self) -> Cursor | None:
+        """The cursor of ``/api/readings``."""
+        value = self.cursor("r")
+        if value is None:
+            return None
+        match value:
+            case [str(sensor), int(ts_ms), int(seen)] if seen >= 1:
+                return Cursor(sensor, ts_ms, seen)
+        raise ParamError("cursor", "not a cursor returned by this endpoint")
+
+    def sensor_cursor(self) -> str | None:
+        """The cursor of ``/api/sensors``: the last sensor id of the previous page."""
+        value = self.cursor("s")
+        if value is None:
+            return None
+        match value:
+            case [str(sensor)]:
+                return sensor
+        raise ParamError("cursor", "not a cursor returned by this endpoint")
+
+
+def encode_cursor(kind: str, *parts: object) -> str:
+    """An opaque, URL-safe cursor."""
+    return base64.urlsafe_b64encode(orjson.dumps([kind, *parts])).decode().rstrip("=")
+
+
+def parse_duration(name: str, text: str) -> int:
+    """A duration in whole milliseconds (at least 1)."""
+    match = _DURATION.match(text.strip())
+    if match is None:
+        raise ParamError(name, f"expects a duration such as 500ms, 30s, 5m, 1h or 1d, "
+                               f"got {text[:20]!r}")
+    ms = round(float(match.group(1)) * _UNIT_MS[match.group(2)])
+    if ms < 1:
+        raise ParamError(name, "must be at least 1ms")
+    return ms
+
+
+def parse_time(name: str, text: str, now: datetime) -> datetime:
+    """An instant: ISO 8601 with a zone, epoch milliseconds, ``now`` or ``now-<duration>``."""
+    text = text.strip()
+    if text == "now":
+        return now
+    if text.startswith("now-"):
+        return now - timedelta(milliseconds=parse_duration(name, text[4:]))
+    if text.isdigit():
+        if len(text) > 15:
+            raise ParamError(name, "epoch milliseconds out of range")
+        return from_ms(int(text))
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise ParamError(name, "expects ISO 8601 (2026-05-01T08:00:00Z), epoch milliseconds, "
+                               f"now or now-1h, got {text[:40]!r}") from None
+    if value.tzinfo is None:
+        raise ParamError(name, "needs a time zone (Z or +hh:mm)")
+    return value.astimezone(UTC)

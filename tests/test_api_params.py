@@ -1,0 +1,130 @@
+"""The read API's parameters and paging, without a server (and one paging case through it)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from multidict import MultiDict
+
+from ingest.cli import api_settings_from, build_parser, main
+from ingest.params import ParamError, Params, encode_cursor, parse_duration, parse_time
+from ingest.reads import Cursor, page_after
+from tests.test_api import get, serving
+
+NOW = datetime(2026, 5, 1, 12, tzinfo=UTC)
+
+
+def params(**query: str | list[str]) -> Params:
+    multi: MultiDict[str] = MultiDict()
+    for key, value in query.items():
+        for item in value if isinstance(value, list) else [value]:
+            multi.add(key, item)
+    return Params(multi, lambda name: multi.getall(name, []), NOW)
+
+
+@pytest.mark.parametrize(("text", "ms"), [("500ms", 500), ("30s", 30_000), ("30", 30_000),
+                                          ("5m", 300_000), ("1.5h", 5_400_000),
+                                          ("1d", 86_400_000), ("2w", 1_209_600_000)])
+def test_durations(text: str, ms: int) -> None:
+    assert parse_duration("step", text) == ms
+
+
+@pytest.mark.parametrize("text", ["", "-5m", "5 minutes", "0", "0.1ms", "1y"])
+def test_bad_durations_name_the_parameter(text: str) -> None:
+    with pytest.raises(ParamError) as caught:
+        parse_duration("step", text)
+    assert caught.value.parameter == "step"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("now", NOW), ("now-90m", NOW - timedelta(minutes=90)),
+    ("2026-05-01T08:00:00Z", datetime(2026, 5, 1, 8, tzinfo=UTC)),
+    ("2026-05-01T10:00:00+02:00", datetime(2026, 5, 1, 8, tzinfo=UTC)),
+    ("1777622400000", datetime(2026, 5, 1, 8, tzinfo=UTC)),  # Grafana's ${__from}
+])
+def test_times(text: str, expected: datetime) -> None:
+    assert parse_time("since", text, NOW) == expected
+
+
+def test_sensors_and_measurements_are_lists_in_order_without_repeats() -> None:
+    p = params(sensor=["b,a", "b", "c"], measurement="temp")
+    assert p.sensors() == ["b", "a", "c"]
+    assert p.measurements(required=True) == ["temp"]
+    with pytest.raises(ParamError, match="at most 100"):
+        params(sensor=",".join(f"s{i}" for i in range(101))).sensors()
+    for reserved in ("ts", "meta", "units", "tags"):
+        with pytest.raises(ParamError):
+            params(measurement=reserved).measurements(required=True)
+
+
+def test_cursors_round_trip_and_are_checked() -> None:
+    cursor = encode_cursor("r", "s1", 1_777_622_400_000, 2)
+    assert params(cursor=cursor).reading_cursor() == Cursor("s1", 1_777_622_400_000, 2)
+    for bad in (encode_cursor("r", "s1", "x", 1), encode_cursor("r", "s1", 1, 0),
+                encode_cursor("s", "s1"), "!!!"):
+        with pytest.raises(ParamError) as caught:
+            params(cursor=bad).reading_cursor()
+        assert caught.value.parameter == "cursor"
+
+
+def docs(*rows: tuple[str, int]) -> list[dict[str, Any]]:
+    return [{"sensor_id": s, "ts": datetime.fromtimestamp(ms / 1000, UTC), "n": i}
+            for i, (s, ms) in enumerate(rows)]
+
+
+def test_paging_keeps_readings_that_share_a_time() -> None:
+    rows = docs(("a", 1000), ("a", 2000), ("a", 2000), ("a", 2000), ("b", 500))
+    page, cursor = page_after(rows[:3], None, 2)
+    assert [d["n"] for d in page] == [0, 1]
+    assert cursor == Cursor("a", 2000, 1)
+    # the next query starts at the cursor's time: one reading there was already returned
+    page, cursor = page_after(rows[1:4], cursor, 1)
+    assert [d["n"] for d in page] == [2]
+    assert cursor == Cursor("a", 2000, 2)
+    page, cursor = page_after(rows[1:], cursor, 5)
+    assert [d["n"] for d in page] == [3, 4]
+    assert cursor is None
+
+
+async def test_timeseries_readings_at_one_time_are_all_paged_through(
+        mongo: Any, db: Any, db_name: str) -> None:
+    await db.create_collection("readings", timeseries={"timeField": "ts", "metaField": "meta"})
+    ts = datetime(2026, 5, 1, 11, 5, tzinfo=UTC)  # before the served clock (11:10)
+    await db.readings.insert_many([{"ts": ts, "meta": {"sensor_id": "s1"}, "temp": float(i)}
+                                   for i in range(3)])
+    async with serving(mongo, db_name, "timeseries") as url:
+        import aiohttp  # noqa: PLC0415
+
+        async with aiohttp.ClientSession() as http:
+            apis = {"timeseries": url, "http": http}
+            base = "/api/readings?sensor=s1&since=2026-05-01T11:00:00Z&limit=1"
+            temps, path = [], base
+            while path:
+                page = await get(apis, "timeseries", path)
+                temps += [r["values"]["temp"] for r in page["readings"]]
+                path = f"{base}&cursor={page['next']}" if page["next"] else ""
+    assert sorted(temps) == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--api-port", "70000"], "--api-port: must be between 0 and 65535"),
+    (["--mongodb-uri", "http://x"], "--mongodb-uri: must start with mongodb://"),
+    (["--mongodb-uri-file", "/nonexistent/uri"], "--mongodb-uri-file: cannot read"),
+    (["--query-timeout", "0"], "--query-timeout: must be a finite number greater than 0"),
+    (["--collection", "a.b"], "--collection: use letters"),
+])
+def test_api_command_refuses_bad_flags_in_one_line(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["api", *argv], env={}) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ingest: error: {message}")
+    assert err.count("\n") == 1
+
+
+def test_api_flags_come_from_the_environment_too() -> None:
+    env = {"INGEST_MODE": "timeseries", "INGEST_API_PORT": "9000", "INGEST_DB": "plant"}
+    settings = api_settings_from(build_parser(env).parse_args(["api"]))
+    assert (settings.mode, settings.port, settings.db, settings.collection) == (
+        "timeseries", 9000, "plant", "readings")

@@ -1,0 +1,150 @@
+"""grafana/dashboards/sensors.json: its structure, its data source, and URLs the API answers.
+
+Every Infinity query (panels and variables) names the provisioned data source by uid,
+asks an endpoint of the API with parameters it knows, and uses only variables the
+dashboard defines; with Grafana's macros filled in, each URL is asked of a real API
+over both layouts and must answer 200 with the field the query's root selector reads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlsplit
+
+import yaml
+
+from ingest.api import ReadApi, api_client
+from ingest.cli import api_settings_from, build_parser
+from ingest.config import ApiSettings
+from ingest.params import KNOWN_PARAMETERS
+from tests.test_api import NOW, apis, fleet, get, write_both  # noqa: F401 - fixtures
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+DASHBOARD = ROOT / "grafana" / "dashboards" / "sensors.json"
+DATASOURCES = ROOT / "grafana" / "provisioning" / "datasources"
+COMPOSE = ROOT / "deploy" / "compose.yaml"
+INFINITY = "yesoreyeram-infinity-datasource"
+GRAFANA_MACROS = {"__from", "__to", "__interval_ms", "__interval"}
+_VARIABLE = re.compile(r"\$\{?(\w+)(?::\w+)?\}?")
+
+
+def dashboard() -> dict[str, Any]:
+    data = json.loads(DASHBOARD.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def provisioned() -> dict[str, dict[str, Any]]:
+    sources: dict[str, dict[str, Any]] = {}
+    for path in DATASOURCES.glob("*.yaml"):
+        for source in yaml.safe_load(path.read_text())["datasources"]:
+            sources[source["uid"]] = source
+    return sources
+
+
+def queries(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, Infinity query) for every panel target and query variable."""
+    for panel in data["panels"]:
+        for target in panel["targets"]:
+            yield f"panel {panel['title']!r}", target
+    for variable in data["templating"]["list"]:
+        yield f"variable {variable['name']}", variable["query"]["infinityQuery"]
+
+
+def test_structure_and_data_source() -> None:
+    data = dashboard()
+    assert data["uid"] == "iot-sensors"
+    sources = provisioned()
+    assert sources["iot-api"]["type"] == INFINITY
+    ids = [panel["id"] for panel in data["panels"]]
+    assert len(ids) == len(set(ids))
+    kinds = {panel["type"] for panel in data["panels"]}
+    assert {"timeseries", "table", "barchart"} <= kinds
+    names = {v["name"] for v in data["templating"]["list"]}
+    assert names == {"sensor", "measurement"}
+    for panel in data["panels"]:
+        assert set(panel["gridPos"]) == {"h", "w", "x", "y"}
+        assert panel["datasource"] == {"type": INFINITY, "uid": "iot-api"}
+        assert panel.get("repeat") in {None, *names}
+    for variable in data["templating"]["list"]:
+        assert variable["datasource"] == {"type": INFINITY, "uid": "iot-api"}
+        assert variable["query"]["queryType"] == "infinity"
+        assert variable["refresh"] == 2  # on time range change: the API is asked per window
+    for where, query in queries(data):
+        assert query["datasource"] == {"type": INFINITY, "uid": "iot-api"}, where
+        assert query["type"] == "json", where
+        assert query["source"] == "url", where
+        assert query["parser"] == "backend", where
+
+
+def test_series_panel_draws_min_max_bands() -> None:
+    panel = next(p for p in dashboard()["panels"] if p["type"] == "timeseries")
+    columns = {c["selector"]: c["type"] for c in panel["targets"][0]["columns"]}
+    assert columns == {"t": "timestamp", "min": "number", "avg": "number", "max": "number"}
+    overrides = {o["matcher"]["options"]: {p["id"]: p["value"] for p in o["properties"]}
+                 for o in panel["fieldConfig"]["overrides"]}
+    assert overrides["max"]["custom.fillBelowTo"] == "min"
+
+
+def test_time_columns_parse_the_api_times() -> None:
+    # The API writes ISO 8601 UTC with milliseconds and Z (reads.iso); the backend
+    # parser reads them with Go's RFC 3339 layout, fractional seconds included.
+    for where, query in queries(dashboard()):
+        for column in query["columns"]:
+            if column["type"] == "timestamp":
+                assert column["timestampFormat"] == "2006-01-02T15:04:05.999999999Z07:00", where
+
+
+async def test_urls_ask_existing_endpoints_with_known_parameters_and_variables() -> None:
+    data = dashboard()
+    variables = {v["name"] for v in data["templating"]["list"]} | GRAFANA_MACROS
+    client = api_client(ApiSettings())
+    routes = {r.resource.canonical for r in ReadApi(ApiSettings(), client).app().router.routes()
+              if r.resource is not None}
+    await client.close()
+    for where, query in queries(data):
+        url = urlsplit(query["url"])
+        assert url.path in routes, f"{where}: {url.path} is not an API endpoint"
+        for name, value in parse_qsl(url.query):
+            assert name in KNOWN_PARAMETERS, f"{where}: unknown parameter {name}"
+            for used in _VARIABLE.findall(value):
+                assert used in variables, f"{where}: ${used} is not defined"
+    for panel in data["panels"]:
+        for used in _VARIABLE.findall(panel["title"]):
+            assert used in variables, f"panel title uses undefined ${used}"
+
+
+def filled(url: str) -> str:
+    """A dashboard URL with Grafana's macros and the variables filled in."""
+    since = int((NOW.timestamp() - 4 * 3600) * 1000)
+    values = {"__from": str(since), "__to": str(int(NOW.timestamp() * 1000)),
+              "__interval_ms": "600000", "sensor": "s1", "measurement": "temp"}
+    return _VARIABLE.sub(lambda m: values[m.group(1)], url)
+
+
+async def test_every_query_is_answered_by_both_layouts(apis: dict[str, Any]) -> None:  # noqa: F811
+    for where, query in queries(dashboard()):
+        for mode in ("bucket", "timeseries"):
+            answer = await get(apis, mode, filled(query["url"]))
+            # the first name in the root selector that the answer has: what it reads
+            key = next(w for w in re.findall(r"[a-z_]+", query["root_selector"])
+                       if w in answer)
+            assert answer[key], f"{where} ({mode}): nothing under {key}"
+
+
+def test_compose_runs_the_api_where_the_data_source_points() -> None:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    service = compose["services"]["api"]
+    env = {k: str(v) for k, v in service["environment"].items()}
+    settings = api_settings_from(build_parser(env).parse_args(service["command"]))
+    source = provisioned()["iot-api"]
+    assert source["url"] == f"http://api:{settings.port}"
+    assert source["url"] in source["jsonData"]["allowedHosts"]
+    grafana = compose["services"]["grafana"]["environment"]
+    assert grafana["GF_INSTALL_PLUGINS"].split()[0] == INFINITY
