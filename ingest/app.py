@@ -142,7 +142,7 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
     try:
         writer = make_writer(settings, client)
         if settings.mapping is not None and not settings.dry_run:
-            attach_store(settings.mapping, client[settings.db])
+            attach_store(settings.mapping.stateful, client[settings.db])
         source = MqttSource(settings, metrics, health)
         rejects = RejectsWriter(client[settings.db][settings.rejects_collection])
         pipeline = Pipeline(settings, writer, rejects, source, metrics, health)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from pymongo.asynchronous.database import AsyncDatabase
 
     from ingest.decode import Limits
-    from ingest.mapping import Mapping
+    from ingest.formats.stateful import Stateful
     from ingest.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -45,9 +45,9 @@ MISS_SECONDS = 5.0
 _UNSAFE_KEY = re.compile(r"[^A-Za-z0-9_-]+")
 
 
-def attach_store(mapping: Mapping, db: AsyncDatabase[dict[str, Any]]) -> None:
-    """Give the mapping's ``sparkplug`` format its MongoDB store (without: memory only)."""
-    fmt = mapping.stateful.get("sparkplug")
+def attach_store(stateful: dict[str, Stateful], db: AsyncDatabase[dict[str, Any]]) -> None:
+    """Give the ``sparkplug`` format of ``Mapping.stateful`` its MongoDB store."""
+    fmt = stateful.get("sparkplug")
     if isinstance(fmt, SparkplugFormat):
         fmt.store = BirthStore(db[BIRTHS_COLLECTION])
 
