@@ -211,7 +211,13 @@ class Mapping:
         index = self._group_rule[m.lastindex]
         rule = self.rules[index]
         captures = {name: m.group(f"r{index}_{name}") for name in rule.captures}
-        tags = {k: v for k, v in captures.items() if k not in {"sensor_id", "measurement"}}
+        # Captures that build the sensor id or the measurement name are part of those,
+        # not tags: as tags they would change from message to message of one sensor.
+        named = {"sensor_id", "measurement"}
+        for template in (rule.sensor_id, rule.measurement):
+            if template is not None:
+                named |= template.names
+        tags = {k: v for k, v in captures.items() if k not in named}
         tags.update((k, t.render(captures) or "") for k, t in rule.tags.items()
                     if not t.names - captures.keys())
         sensor: str | Rejection | None = None
