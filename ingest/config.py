@@ -182,12 +182,8 @@ def validate(settings: Settings) -> Settings:
         raise ConfigError("--topic: at least one non-empty topic filter is required")
     if settings.shared_group is not None and not _NAME.match(settings.shared_group):
         raise ConfigError("--shared-group: use letters, digits, '_' or '-' (no '/', '+', '#')")
-    if not settings.mongodb_uri.startswith(("mongodb://", "mongodb+srv://")):
-        raise ConfigError("--mongodb-uri: must start with mongodb:// or mongodb+srv://")
-    for flag, name in (("--db", settings.db), ("--collection", settings.collection),
-                       ("--rejects-collection", settings.rejects_collection)):
-        if not _NAME.match(name):
-            raise ConfigError(f"{flag}: use letters, digits, '_' or '-', got {name!r}")
+    _check_store(settings.mongodb_uri, settings.db, settings.collection,
+                 settings.rejects_collection)
     if settings.max_inflight_messages > MAX_RECEIVE_MAXIMUM:
         raise ConfigError(f"--max-inflight-messages: at most {MAX_RECEIVE_MAXIMUM} (MQTT 5)")
     if settings.max_buffered_readings < settings.batch_size:
@@ -292,16 +288,22 @@ class ApiSettings:
     query_timeout: float = 10.0
 
 
+def _check_store(uri: str, db: str, collection: str, rejects: str) -> None:
+    """The MongoDB URI's scheme and the database and collection names."""
+    if not uri.startswith(("mongodb://", "mongodb+srv://")):
+        raise ConfigError("--mongodb-uri: must start with mongodb:// or mongodb+srv://")
+    for flag, name in (("--db", db), ("--collection", collection),
+                       ("--rejects-collection", rejects)):
+        if not _NAME.match(name):
+            raise ConfigError(f"{flag}: use letters, digits, '_' or '-', got {name!r}")
+
+
 def validate_api(settings: ApiSettings) -> ApiSettings:
     """Check the API's settings; returns them unchanged when valid."""
     if settings.mode not in MODES:
         raise ConfigError(f"--mode: must be one of {', '.join(MODES)}, got {settings.mode!r}")
-    if not settings.mongodb_uri.startswith(("mongodb://", "mongodb+srv://")):
-        raise ConfigError("--mongodb-uri: must start with mongodb:// or mongodb+srv://")
-    for flag, name in (("--db", settings.db), ("--collection", settings.collection),
-                       ("--rejects-collection", settings.rejects_collection)):
-        if not _NAME.match(name):
-            raise ConfigError(f"{flag}: use letters, digits, '_' or '-', got {name!r}")
+    _check_store(settings.mongodb_uri, settings.db, settings.collection,
+                 settings.rejects_collection)
     if not 0 <= settings.port <= 65535:
         raise ConfigError("--api-port: must be between 0 and 65535")
     for flag, value in (("--bucket-span-seconds", settings.bucket_span_seconds),
