@@ -96,25 +96,29 @@ def run_daemon(
     first.stop()  # the persistent session now exists and queues messages
     preload(broker, lines, topics)
     daemon = Daemon(args, workdir / "daemon.log").start(wait_ready=False)
-    t0 = t1 = 0.0
     try:
-        while True:
-            try:
-                metrics = metrics_of(daemon.metrics_port)
-            except OSError:
-                time.sleep(0.02)
-                continue
-            now = time.perf_counter()
-            if not t0 and metrics.get("ingest_messages_received_total", 0) > 0:
-                t0 = now
-            if metrics.get("ingest_messages_acked_total", 0) >= len(lines):
-                t1 = now
-                readings = metrics['ingest_readings_written_total{mode="bucket"}']
-                break
-            time.sleep(0.02)
+        seconds, readings = drain(daemon, len(lines))
     finally:
         daemon.stop()
-    return len(lines) / (t1 - t0), readings / (t1 - t0)
+    return len(lines) / seconds, readings / seconds
+
+
+def drain(daemon: Daemon, messages: int) -> tuple[float, float]:
+    """Scrape a starting daemon until it has acked ``messages``: (seconds from its first
+    received message to the scrape that shows them all, bucket readings written)."""
+    t0 = 0.0
+    while True:
+        try:
+            metrics = metrics_of(daemon.metrics_port)
+        except OSError:
+            time.sleep(0.02)
+            continue
+        now = time.perf_counter()
+        if not t0 and metrics.get("ingest_messages_received_total", 0) > 0:
+            t0 = now
+        if metrics.get("ingest_messages_acked_total", 0) >= messages:
+            return now - t0, metrics['ingest_readings_written_total{mode="bucket"}']
+        time.sleep(0.02)
 
 
 def main() -> int:

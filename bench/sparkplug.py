@@ -24,8 +24,9 @@ from pathlib import Path
 
 import orjson
 
+from bench.consume import drain
 from loadgen import sparkplug as spb
-from tests.support.procs import Broker, Daemon, metrics_of
+from tests.support.procs import Broker, Daemon
 
 JSON_RULE = """
 [[rule]]
@@ -118,23 +119,11 @@ def consume(fmt: str, messages: list[tuple[str, bytes]], workdir: Path) -> float
         first.stop()  # the persistent session exists and queues the backlog
         preload(broker, messages)
         daemon = Daemon(args, workdir / f"daemon-{fmt}.log").start(wait_ready=False)
-        t0 = 0.0
         try:
-            while True:
-                try:
-                    metrics = metrics_of(daemon.metrics_port)
-                except OSError:
-                    time.sleep(0.02)
-                    continue
-                now = time.perf_counter()
-                if not t0 and metrics.get("ingest_messages_received_total", 0) > 0:
-                    t0 = now
-                if metrics.get("ingest_messages_acked_total", 0) >= len(messages):
-                    written = metrics['ingest_readings_written_total{mode="bucket"}']
-                    return written / (now - t0)
-                time.sleep(0.02)
+            seconds, written = drain(daemon, len(messages))
         finally:
             daemon.stop()
+        return written / seconds
     finally:
         broker.stop()
 
