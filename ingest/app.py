@@ -142,7 +142,9 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
     try:
         writer = make_writer(settings, client)
         if settings.mapping is not None and not settings.dry_run:
-            attach_store(settings.mapping.stateful, client[settings.db])
+            attach_store(settings.mapping.stateful, client[settings.db],
+                         None if settings.shared_group is None
+                         else (settings.collection, settings.client_id))
         source = MqttSource(settings, metrics, health)
         rejects = RejectsWriter(client[settings.db][settings.rejects_collection])
         pipeline = Pipeline(settings, writer, rejects, source, metrics, health)

@@ -107,6 +107,8 @@ class Settings:
         """Topic filters as subscribed, with the shared-subscription prefix if any."""
         if self.shared_group is None:
             return self.topics
+        if self.mapping is not None:  # BIRTH/DEATH unshared when a format needs them all
+            return self.mapping.shared_subscriptions(self.topics, self.shared_group)
         return tuple(f"$share/{self.shared_group}/{topic}" for topic in self.topics)
 
 
@@ -182,6 +184,8 @@ def validate(settings: Settings) -> Settings:
         raise ConfigError("--topic: at least one non-empty topic filter is required")
     if settings.shared_group is not None and not _NAME.match(settings.shared_group):
         raise ConfigError("--shared-group: use letters, digits, '_' or '-' (no '/', '+', '#')")
+    if settings.shared_group is not None and settings.mapping is not None:
+        settings.mapping.shared_subscriptions(settings.topics, settings.shared_group)
     _check_store(settings.mongodb_uri, settings.db, settings.collection,
                  settings.rejects_collection)
     if settings.max_inflight_messages > MAX_RECEIVE_MAXIMUM:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from ingest.decode import SENSOR_ID_PATTERN, decode
 from ingest.errors import ConfigError
 from ingest.formats import MAX_TAG_BYTES, MAX_TAGS, influx, json, senml, value
+from ingest.formats.sparkplug import shared_subscriptions as sparkplug_shared
 from ingest.formats.times import from_seconds, parse, timestamp
 from ingest.model import Decoded, Reading, Rejection
 from ingest.rules import RESERVED_TAGS, check_unique, load_file, load_preset
@@ -192,6 +193,20 @@ class Mapping:
         no rule takes are rejected as ``no_rule``.
         """
         return disjoint_filters([rule.subscription for rule in self.rules])
+
+    def shared_subscriptions(self, topics: Sequence[str], group: str) -> tuple[str, ...]:
+        """``topics`` as a daemon of the shared group ``group`` subscribes to them.
+
+        Every filter gets the ``$share/<group>/`` prefix, except where a stateful format
+        needs every daemon to see some messages: with a ``sparkplug`` rule, the BIRTH and
+        DEATH topics are subscribed unshared (:func:`sparkplug.shared_subscriptions`).
+        """
+        if "sparkplug" not in self.stateful:
+            return tuple(f"$share/{group}/{topic}" for topic in topics)
+        try:
+            return sparkplug_shared(topics, group)
+        except ValueError as exc:
+            raise ConfigError(f"--shared-group: {exc}") from None
 
     def match(self, topic: str) -> _Topic | None:
         """The first rule whose filter matches ``topic``, with what it captured."""

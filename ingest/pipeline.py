@@ -131,7 +131,8 @@ class Pipeline:
             # a BIRTH is stored before its message can be acknowledged.
             step = self._mapping.stateful_for(message.topic)
             if step is not None and not await step.prepare(
-                    message.topic, message.payload, self._limits, lambda: self._closed):
+                    message.topic, message.payload, self._limits, lambda: self._closed,
+                    message.generation):
                 return False
         # Per-message counts are kept as plain ints and handed to the metrics at scrape
         # time (sync_metrics): a Prometheus counter takes a lock on every inc().

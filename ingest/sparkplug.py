@@ -11,6 +11,7 @@ the pure :mod:`ingest.formats.sparkplug`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -19,7 +20,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from bson.errors import InvalidDocument
-from pymongo.errors import PyMongoError
+from pymongo.errors import DuplicateKeyError, PyMongoError
 
 from ingest.errors import RefusedWriteError
 from ingest.formats import Parsed
@@ -45,11 +46,17 @@ MISS_SECONDS = 5.0
 _UNSAFE_KEY = re.compile(r"[^A-Za-z0-9_-]+")
 
 
-def attach_store(stateful: dict[str, Stateful], db: AsyncDatabase[dict[str, Any]]) -> None:
-    """Give the ``sparkplug`` format of ``Mapping.stateful`` its MongoDB store."""
+def attach_store(stateful: dict[str, Stateful], db: AsyncDatabase[dict[str, Any]],
+                 claim_as: tuple[str, str] | None = None) -> None:
+    """Give the ``sparkplug`` format of ``Mapping.stateful`` its MongoDB store.
+
+    ``claim_as`` = (readings collection, client id) when the daemon is one of a shared
+    group: every daemon of the group receives every BIRTH, and the first to claim it
+    stores its readings (see :meth:`BirthStore.save`).
+    """
     fmt = stateful.get("sparkplug")
     if isinstance(fmt, SparkplugFormat):
-        fmt.store = BirthStore(db[BIRTHS_COLLECTION])
+        fmt.store = BirthStore(db[BIRTHS_COLLECTION], claim_as)
 
 
 def birth_doc(topic: spb.Topic, table: spb.Table, decoded: Any,  # noqa: ANN401
@@ -77,14 +84,15 @@ def birth_doc(topic: spb.Topic, table: spb.Table, decoded: Any,  # noqa: ANN401
         "birth_ts": (datetime.fromtimestamp(table.birth_ms / 1000, UTC)
                      if table.birth_ms is not None and table.birth_ms < 2**42 else None),
         "received_at": datetime.fromtimestamp(received_at, UTC), "online": True,
-        "metrics": metrics,
+        "digest": table.digest, "node_digest": table.node_digest, "metrics": metrics,
     }
 
 
 def table_of(doc: dict[str, Any]) -> spb.Table:
     """The alias table a stored BIRTH document holds."""
     table = spb.Table(str(doc["_id"]), doc.get("bd_seq"), doc.get("seq"), None,
-                      online=bool(doc.get("online", True)))
+                      online=bool(doc.get("online", True)), digest=doc.get("digest"),
+                      node_digest=doc.get("node_digest"))
     for entry in doc.get("metrics", []):
         declared = spb.definition(entry["name"], spb.datatype_id(entry.get("datatype")),
                                   entry.get("units"))
@@ -96,30 +104,72 @@ def table_of(doc: dict[str, Any]) -> spb.Table:
 
 
 class BirthStore:
-    """The ``sparkplug_births`` collection."""
+    """The ``sparkplug_births`` collection.
 
-    def __init__(self, collection: AsyncCollection[dict[str, Any]]) -> None:
+    Several daemons may store the same BIRTH (every daemon of a shared group receives it):
+    a document is only replaced by a BIRTH with another payload digest and no earlier
+    timestamp, so the first store wins, the others change nothing, and a slower daemon
+    never puts an older BIRTH back; DEATHs and a new NBIRTH close only the
+    documents of the session they end (matched by digest), so a late one from a slower
+    daemon never closes a newer session.
+    """
+
+    def __init__(self, collection: AsyncCollection[dict[str, Any]],
+                 claim_as: tuple[str, str] | None = None) -> None:
         self.collection = collection
+        self.claim_as = claim_as
 
-    async def save(self, topic: spb.Topic, doc: dict[str, Any]) -> None:
-        """Replace the table of ``topic``; an NBIRTH also marks its devices offline."""
-        await self.collection.replace_one({"_id": doc["_id"]}, doc, upsert=True)
-        if topic.type == "NBIRTH":
+    async def save(self, topic: spb.Topic, doc: dict[str, Any]) -> bool:
+        """Store a BIRTH's table; True if this daemon is to store its readings.
+
+        An NBIRTH also closes its devices born under an earlier NBIRTH. With ``claim_as``,
+        the readings are claimed per readings collection (``claims.<collection>``): the
+        first daemon to claim them, or the claimant itself when its message comes again
+        (a redelivery), stores them; every other daemon only updates its tables.
+        """
+        query: dict[str, Any] = {"_id": doc["_id"], "digest": {"$ne": doc["digest"]}}
+        if doc["birth_ts"] is not None:  # never back to an older BIRTH (a slower daemon's)
+            query["$or"] = [{"birth_ts": {"$lte": doc["birth_ts"]}}, {"birth_ts": None}]
+        wrote = False
+        with contextlib.suppress(DuplicateKeyError):  # stored already, or a newer one is
+            done = await self.collection.replace_one(query, doc, upsert=True)
+            wrote = bool(done.modified_count or done.upserted_id is not None)
+        if wrote and topic.type == "NBIRTH":
             await self._offline({"group": topic.group, "node": topic.node,
-                                 "device": {"$ne": None}}, doc["received_at"])
+                                 "device": {"$ne": None},
+                                 "node_digest": {"$ne": doc["digest"]}}, doc["received_at"])
+        if self.claim_as is None:
+            return True
+        where, me = self.claim_as
+        claim = f"claims.{where}"
+        done = await self.collection.update_one(
+            {"_id": doc["_id"], "digest": doc["digest"], claim: {"$exists": False}},
+            {"$set": {claim: me}})
+        if done.modified_count:
+            return True
+        held = await self.collection.find_one({"_id": doc["_id"]}, {"claims": 1})
+        return held is not None and (held.get("claims") or {}).get(where) == me
 
     async def load(self, key: str) -> spb.Table | None:
         """The stored table of ``key``, or None."""
         doc = await self.collection.find_one({"_id": key})
         return None if doc is None else table_of(doc)
 
-    async def close(self, topic: spb.Topic, at: float) -> None:
-        """A DEATH: the node and its devices (NDEATH) or the device (DDEATH) go offline."""
+    async def close(self, topic: spb.Topic, at: float, held: spb.Table | None) -> None:
+        """A DEATH: the node and its devices (NDEATH) or the device (DDEATH) go offline.
+
+        ``held`` is the table the DEATH ends: only documents of its session are closed.
+        """
         when = datetime.fromtimestamp(at, UTC)
         if topic.type == "NDEATH":
-            await self._offline({"group": topic.group, "node": topic.node}, when)
+            query: dict[str, Any] = {"group": topic.group, "node": topic.node}
+            if held is not None and held.node_digest is not None:
+                query["node_digest"] = held.node_digest
         else:
-            await self._offline({"_id": topic.key}, when)
+            query = {"_id": topic.key}
+            if held is not None and held.digest is not None:
+                query["digest"] = held.digest
+        await self._offline(query, when)
 
     async def _offline(self, query: dict[str, Any], when: datetime) -> None:
         await self.collection.update_many(query, {"$set": {"online": False, "death_at": when}})
@@ -134,16 +184,24 @@ class SparkplugFormat:
         self.store = store  # None (dry run, ``ingest check``): memory only
         self._missed: OrderedDict[str, float] = OrderedDict()
         self._lookups = {"found": 0, "missing": 0}
+        self._generation: int | None = None
+        self._quiet: bytes | None = None  # a BIRTH whose readings another daemon stores
 
     def parse(self, topic: str, payload: bytes, limits: Limits) -> Parsed:
         """Items of one message (see :meth:`SparkplugState.parse`)."""
+        if self._quiet is not None and payload is self._quiet:
+            self._quiet = None
+            return self.state.parse(topic, payload, limits, readings=False)
         return self.state.parse(topic, payload, limits)
 
     async def prepare(self, topic: str, payload: bytes, limits: Limits,  # noqa: PLR0911
-                      closing: Callable[[], bool]) -> bool:
+                      closing: Callable[[], bool], generation: int = 0) -> bool:
         """Store a BIRTH or DEATH, or load a missing table; False if given up (closing)."""
+        self._quiet = None
         if self.store is None:
             return True
+        if generation != self._generation:
+            self._reconnected(generation)
         parsed = spb.parse_topic(topic)
         if parsed is None or parsed.type in ("STATE", "NCMD", "DCMD"):
             return True
@@ -154,7 +212,7 @@ class SparkplugFormat:
                 return True  # the hot path: one dict lookup
             # Missing, or closed by a DEATH: another daemon may have stored a new BIRTH.
             return await self._load(parsed.key, closing)
-        decoded = None if data else spb.decode_payload(payload, limits)
+        decoded = spb.decode_payload(payload, limits)
         if isinstance(decoded, Parsed):
             return True  # parse() refuses it the same way
         store = self.store
@@ -165,13 +223,46 @@ class SparkplugFormat:
                 and not await self._load(key, closing)):
             return False
         if parsed.type.endswith("BIRTH"):
-            table, _ = self.state.birth(parsed, decoded)
-            doc = birth_doc(parsed, table, decoded, time.time())
-            return await _retry(lambda: store.save(parsed, doc), "store a BIRTH", closing)
+            return await self._birth(parsed, decoded, payload, closing)
         if self.state.death_applies(parsed, decoded):
-            return await _retry(lambda: store.close(parsed, time.time()), "store a DEATH",
-                                closing)
+            held = self.state.table(parsed.key)
+            return await _retry(lambda: store.close(parsed, time.time(), held),
+                                "store a DEATH", closing)
         return True
+
+    async def _birth(self, topic: spb.Topic, decoded: Any, payload: bytes,  # noqa: ANN401
+                     closing: Callable[[], bool]) -> bool:
+        """Store a BIRTH; its readings are left to another daemon if that one claimed them."""
+        store = self.store
+        assert store is not None
+        table, _ = self.state.birth(topic, decoded, payload)
+        doc = birth_doc(topic, table, decoded, time.time())
+        mine = [True]  # a document MongoDB refuses: stored from memory, by every daemon
+
+        async def save() -> None:
+            mine[0] = await store.save(topic, doc)
+
+        if not await _retry(save, "store a BIRTH", closing):
+            return False
+        if not mine[0]:
+            self._quiet = payload
+        logger.debug("sparkplug: %s of %s stored; its readings stored %s", topic.type,
+                     topic.key, "here" if mine[0] else "by another daemon")
+        return True
+
+    def _reconnected(self, generation: int) -> None:
+        """A new MQTT connection: BIRTHs published meanwhile were missed (QoS 0).
+
+        The tables in memory may be stale (a rebirth another daemon received and stored
+        while this one was away), so they are dropped and read again from MongoDB when
+        next needed.
+        """
+        if self._generation is not None and self.state.tables:
+            logger.info("sparkplug: reconnected; %d alias tables will be read again from "
+                        "MongoDB when next used", len(self.state.tables))
+            self.state.tables.clear()
+            self._missed.clear()
+        self._generation = generation
 
     async def _load(self, key: str, closing: Callable[[], bool]) -> bool:
         """Read ``key``'s table from MongoDB into memory (unless read in vain just now).

@@ -12,8 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ingest.config import Settings, validate
 from ingest.decode import Limits
+from ingest.errors import ConfigError
 from ingest.formats import sparkplug as spb
+from ingest.mapping import Mapping
 from loadgen import sparkplug as enc
 from loadgen.sparkplug import Metric
 
@@ -161,7 +164,7 @@ def test_null_transient_historical():
     ], 1)
     assert parsed.rejections == []
     assert [(i.ts, i.fields) for i in parsed.items] == [(T0 - 60_000, {"c": 7})]
-    assert state.counts.skipped == {"null": 1, "transient": 1}
+    assert state.counts.skipped == {"null": 1, "transient": 1, "other_daemon": 0}
 
 
 def test_complex_types_refused_whole():
@@ -339,3 +342,35 @@ def test_an_alias_declared_twice_is_not_used_for_the_second_metric():
     assert "declared twice" in born.rejections[0].detail
     parsed = ndata(state, [Metric(alias=1, timestamp=T0, datatype=enc.INT32, value=5)], 1)
     assert [i.fields for i in parsed.items] == [{"a": 5}]
+
+
+def test_a_shared_group_subscribes_births_and_deaths_unshared_and_data_shared() -> None:
+    preset = Mapping.load(None, ["sparkplug"])
+    assert preset.shared_subscriptions(preset.subscriptions(), "g") == (
+        "$share/g/spBv1.0/STATE/+",
+        "spBv1.0/+/NBIRTH/+", "$share/g/spBv1.0/+/NDATA/+", "spBv1.0/+/NDEATH/+",
+        "$share/g/spBv1.0/+/NCMD/+",
+        "spBv1.0/+/DBIRTH/+/+", "$share/g/spBv1.0/+/DDATA/+/+", "spBv1.0/+/DDEATH/+/+",
+        "$share/g/spBv1.0/+/DCMD/+/+")
+    assert preset.shared_subscriptions(["spBv1.0/P1/#", "spBv1.0/+/NDATA/+", "plant/#"],
+                                       "g") == (
+        "spBv1.0/P1/NBIRTH/+", "$share/g/spBv1.0/P1/NDATA/+", "spBv1.0/P1/NDEATH/+",
+        "$share/g/spBv1.0/P1/NCMD/+", "spBv1.0/P1/DBIRTH/+/+", "$share/g/spBv1.0/P1/DDATA/+/+",
+        "spBv1.0/P1/DDEATH/+/+", "$share/g/spBv1.0/P1/DCMD/+/+",
+        "$share/g/spBv1.0/+/NDATA/+", "$share/g/plant/#")
+    with pytest.raises(ConfigError, match=r"--shared-group: topic filter '#' also takes "):
+        preset.shared_subscriptions(["#"], "g")
+    # no stateful format: every filter shared as given
+    json_only = Mapping.load(None, ["tasmota"])
+    assert json_only.shared_subscriptions(["#"], "g") == ("$share/g/#",)
+
+
+def test_settings_subscriptions_split_only_when_a_shared_group_is_in_effect() -> None:
+    preset = Mapping.load(None, ["sparkplug"])
+    topics = preset.subscriptions()
+    assert Settings(topics=topics, mapping=preset).subscriptions == topics
+    shared = Settings(topics=topics, mapping=preset, shared_group="g").subscriptions
+    assert "spBv1.0/+/NBIRTH/+" in shared
+    assert "$share/g/spBv1.0/+/DDATA/+/+" in shared
+    with pytest.raises(ConfigError, match="--shared-group: topic filter '#'"):
+        validate(Settings(topics=("#",), mapping=preset, shared_group="g"))

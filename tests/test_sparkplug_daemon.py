@@ -182,7 +182,7 @@ async def test_units_tags_and_transient_metrics_are_stored_as_documented(
 
 
 @pytest.mark.parametrize("mode", ["bucket"])
-async def test_a_birth_seen_by_one_daemon_serves_the_others_and_a_restart(
+async def test_a_birth_reaches_every_daemon_of_a_shared_group_and_serves_a_restart(
         daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str,
         db: Any) -> None:
     g, t0 = topic_root, NOW_MS
@@ -195,12 +195,13 @@ async def test_a_birth_seen_by_one_daemon_serves_the_others_and_a_restart(
     await publish([(enc.topic(g, "NDATA", "E"),
                     enc.payload([data(1, t0 + i, enc.uint(11, i))], t0 + i, i))
                    for i in range(1, 21)])
-    await eventually(lambda: sum(p.metric("ingest_messages_acked_total") for p in procs) == 21)
+    # each daemon acks the BIRTH, and its share of the DATA
+    await eventually(lambda: sum(p.metric("ingest_messages_acked_total") for p in procs) == 22)
     assert [r[2]["v"] for r in await readings(db, mode)] == list(range(1, 21))
     assert await db.rejects.count_documents({}) == 0
-    # The daemon that did not get the BIRTH read its table from MongoDB, once.
-    assert sorted(p.metric('ingest_sparkplug_table_lookups_total{outcome="found"}')
-                  for p in procs) == [0, 1]
+    # Both daemons got the BIRTH (unshared): neither had to read the table from MongoDB.
+    assert [p.metric('ingest_sparkplug_table_lookups_total{outcome="found"}')
+            for p in procs] == [0, 0]
     for p in procs:
         assert p.stop() == 0
     # A restarted daemon has no tables in memory: it reads them back.
@@ -232,36 +233,44 @@ async def test_a_birth_is_acked_only_after_its_alias_table_is_stored(
     assert proc.stop() == 0
 
 
-@pytest.mark.parametrize("mode", ["bucket"])
-async def test_births_to_every_daemon_and_shared_data_follow_a_rebirth_that_moves_aliases(
+async def test_a_shared_group_follows_a_rebirth_that_moves_aliases_storing_everything_once(
         daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str,
         db: Any) -> None:
     g, t0 = topic_root, NOW_MS
-    share = f"$share/g{g}/spBv1.0/{g}"
-    topics = ["--topic", f"spBv1.0/{g}/NBIRTH/+", "--topic", f"spBv1.0/{g}/NDEATH/+",
-              "--topic", f"{share}/NDATA/+"]
-    procs = [daemon("--preset", "sparkplug", *topics, client_id=f"g{g}-{i}") for i in range(2)]
+    procs = [start(daemon, g, "--shared-group", f"g{g}", client_id=f"g{g}-{i}")
+             for i in range(2)]
 
-    def ndata(seq: int, value: int) -> tuple[str, bytes]:
+    def ndata(seq: int, first: int, second: int) -> tuple[str, bytes]:
         return enc.topic(g, "NDATA", "E"), enc.payload(
-            [data(1, t0 + seq, enc.uint(10, value))], t0 + seq, seq)
+            [data(1, t0 + seq, enc.uint(10, first)), data(2, t0 + seq, enc.uint(10, second))],
+            t0 + seq, seq)
 
     await publish([
-        (enc.topic(g, "NBIRTH", "E"), enc.nbirth([Metric("a", 1, t0, enc.INT32, is_null=True)],
-                                                 bd_seq=0, timestamp=t0)),
-        *[ndata(seq, seq) for seq in range(1, 11)],
-        # rebirth: alias 1 is now "b"
-        (enc.topic(g, "NBIRTH", "E"), enc.nbirth([Metric("b", 1, t0, enc.INT32, is_null=True)],
-                                                 bd_seq=0, timestamp=t0 + 100)),
-        *[ndata(100 + seq, seq) for seq in range(1, 11)],
+        (enc.topic(g, "NBIRTH", "E"), enc.nbirth(
+            [Metric("a", 1, t0, enc.INT32, 100), Metric("b", 2, t0, enc.INT32, 200)],
+            bd_seq=0, timestamp=t0)),
+        *[ndata(seq, seq, -seq & 0xFFFFFFFF) for seq in range(1, 11)],
+        # rebirth: the aliases of "a" and "b" swap; DATA follows at once
+        (enc.topic(g, "NBIRTH", "E"), enc.nbirth(
+            [Metric("b", 1, t0 + 100, enc.INT32, 300), Metric("a", 2, t0 + 100, enc.INT32, 400)],
+            bd_seq=0, timestamp=t0 + 100)),
+        *[ndata(100 + seq, -seq & 0xFFFFFFFF, seq) for seq in range(1, 11)],
     ])
     await eventually(lambda: sum(p.metric("ingest_messages_acked_total") for p in procs) == 24)
     stored = await readings(db, mode)
-    assert [r[2] for r in stored] == [{"a": i} for i in range(1, 11)] + [
-        {"b": i} for i in range(1, 11)]
+    assert [(ts - t0, values) for _, ts, values in stored] == [
+        (0, {"a": 100, "b": 200}), *[(seq, {"a": seq, "b": -seq}) for seq in range(1, 11)],
+        (100, {"a": 400, "b": 300}),
+        *[(100 + seq, {"a": seq, "b": -seq}) for seq in range(1, 11)]]
     assert await db.rejects.count_documents({}) == 0
-    assert all(p.metric('ingest_sparkplug_messages_total{type="NBIRTH"}') == 2 for p in procs)
-    assert all(p.metric('ingest_sparkplug_messages_total{type="NDATA"}') > 0 for p in procs)
+    # Every daemon received both BIRTHs and took part of the DATA; each BIRTH's readings
+    # were stored by one of them, not read back from MongoDB by the other.
+    for p in procs:
+        assert p.metric('ingest_sparkplug_messages_total{type="NBIRTH"}') == 2
+        assert p.metric('ingest_sparkplug_messages_total{type="NDATA"}') > 0
+        assert p.metric('ingest_sparkplug_table_lookups_total{outcome="found"}') == 0
+    assert sum(p.metric('ingest_sparkplug_metrics_skipped_total{why="other_daemon"}')
+               for p in procs) == 2 * 4  # two BIRTHs of bdSeq, Node Control/Rebirth, a, b
     for p in procs:
         assert p.stop() == 0
 

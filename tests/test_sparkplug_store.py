@@ -81,7 +81,9 @@ async def test_a_new_nbirth_closes_its_devices_in_the_store(db):
     await feed(fmt, enc.topic("G", "NBIRTH", "E"), BIRTH)
     await feed(fmt, enc.topic("G", "DBIRTH", "E", "D"),
                enc.payload([Metric("p", 5, T0, enc.INT16, -2)], T0, 1))
-    await feed(fmt, enc.topic("G", "NBIRTH", "E"), BIRTH)
+    # a rebirth: the same metrics, a later timestamp (identical bytes would be one BIRTH)
+    await feed(fmt, enc.topic("G", "NBIRTH", "E"), enc.nbirth(
+        [Metric("Temp/A", 1, T0 + 1, enc.FLOAT, 1.5)], bd_seq=7, timestamp=T0 + 1))
     states = {d["_id"]: d["online"] async for d in db[BIRTHS_COLLECTION].find()}
     assert states == {"G/E": True, "G/E/D": False}
     other = SparkplugFormat(store=store)
@@ -112,3 +114,81 @@ async def test_a_birth_mongodb_refuses_for_its_data_is_used_from_memory_not_retr
     assert await db[BIRTHS_COLLECTION].count_documents({}) == 0
     parsed = await feed(fmt, enc.topic("G", "NDATA", "E"), data(1))
     assert [i.fields for i in parsed.items] == [{"Temp/A": 2.5}]
+
+
+async def test_daemons_of_a_shared_group_store_a_birth_and_its_readings_once(db):
+    births = db[BIRTHS_COLLECTION]
+    first = SparkplugFormat(store=BirthStore(births, ("buckets", "ingest-a")))
+    second = SparkplugFormat(store=BirthStore(births, ("buckets", "ingest-b")))
+    other_mode = SparkplugFormat(store=BirthStore(births, ("readings", "ingest-ts")))
+    topic = enc.topic("G", "NBIRTH", "E")
+    assert [i.fields for i in (await feed(first, topic, BIRTH)).items] == [
+        {"Temp/A": 1.5, "Count": 3}]
+    stored = await births.find_one({"_id": "G/E"})
+    # Every daemon gets the BIRTH: the table is everyone's, the readings the claimant's.
+    assert (await feed(second, topic, BIRTH)).items == []
+    assert second.state.counts.skipped["other_daemon"] == 4
+    assert await births.find_one({"_id": "G/E"}) == {**stored,
+                                                     "claims": {"buckets": "ingest-a"}}
+    # A daemon writing another collection claims for that one; a redelivery to the
+    # claimant stores its readings again (the writers settle duplicates).
+    assert len((await feed(other_mode, topic, BIRTH)).items) == 1
+    assert len((await feed(first, topic, BIRTH)).items) == 1
+    assert (await feed(second, topic, BIRTH)).items == []
+    parsed = await feed(second, enc.topic("G", "NDATA", "E"), data(1))
+    assert [i.fields for i in parsed.items] == [{"Temp/A": 2.5}]
+    assert second._lookups == {"found": 0, "missing": 0}
+
+
+async def test_a_late_death_from_a_slower_daemon_does_not_close_the_next_session(db):
+    births = db[BIRTHS_COLLECTION]
+    fast = SparkplugFormat(store=BirthStore(births, ("buckets", "a")))
+    slow = SparkplugFormat(store=BirthStore(births, ("buckets", "b")))
+    rebirth = enc.nbirth([Metric("New", 1, T0 + 5, enc.FLOAT, 0.5)], bd_seq=8,
+                         timestamp=T0 + 5)
+    device = enc.payload([Metric("p", 5, T0 + 5, enc.INT16, -2)], T0 + 5, 1)
+    for step in (fast, slow):
+        await feed(step, enc.topic("G", "NBIRTH", "E"), BIRTH)
+    await feed(fast, enc.topic("G", "NDEATH", "E"), enc.ndeath(7))
+    await feed(fast, enc.topic("G", "NBIRTH", "E"), rebirth)
+    await feed(fast, enc.topic("G", "DBIRTH", "E", "D"), device)
+    # the slower daemon processes the same DEATH and NBIRTH afterwards
+    await feed(slow, enc.topic("G", "NDEATH", "E"), enc.ndeath(7))
+    await feed(slow, enc.topic("G", "NBIRTH", "E"), rebirth)
+    states = {d["_id"]: (d["online"], d["bd_seq"]) async for d in births.find()}
+    assert states == {"G/E": (True, 8), "G/E/D": (True, 8)}
+
+
+async def test_after_a_reconnect_tables_are_read_again_from_mongodb(db):
+    births = db[BIRTHS_COLLECTION]
+    away, other = SparkplugFormat(store=BirthStore(births)), SparkplugFormat(
+        store=BirthStore(births))
+
+    async def on(fmt: SparkplugFormat, generation: int, topic: str, payload: bytes):
+        assert await fmt.prepare(topic, payload, LIMITS, never, generation)
+        return fmt.parse(topic, payload, LIMITS)
+
+    await on(away, 1, enc.topic("G", "NBIRTH", "E"), BIRTH)
+    # While "away" is disconnected, a rebirth moves alias 1 to another metric; only the
+    # other daemon receives (and stores) it.
+    await on(other, 1, enc.topic("G", "NBIRTH", "E"), enc.nbirth(
+        [Metric("Moved", 1, T0 + 9, enc.FLOAT, 0.5)], bd_seq=8, timestamp=T0 + 9))
+    parsed = await on(away, 2, enc.topic("G", "NDATA", "E"), data(10))
+    assert [i.fields for i in parsed.items] == [{"Moved": 2.5}]
+    assert away._lookups == {"found": 1, "missing": 0}
+
+
+async def test_a_slower_daemon_neither_stores_an_older_birth_again_nor_puts_it_back(db):
+    births = db[BIRTHS_COLLECTION]
+    fast = SparkplugFormat(store=BirthStore(births, ("readings", "a")))
+    slow = SparkplugFormat(store=BirthStore(births, ("readings", "b")))
+    topic = enc.topic("G", "NBIRTH", "E")
+    rebirth = enc.nbirth([Metric("Moved", 1, T0 + 5, enc.FLOAT, 0.5)], bd_seq=7,
+                         timestamp=T0 + 5)
+    assert len((await feed(fast, topic, BIRTH)).items) == 1
+    assert len((await feed(fast, topic, rebirth)).items) == 1
+    assert (await feed(slow, topic, BIRTH)).items == []
+    assert (await feed(slow, topic, rebirth)).items == []
+    doc = await births.find_one({"_id": "G/E"})
+    assert [m["name"] for m in doc["metrics"]][-1] == "Moved"
+    assert doc["claims"] == {"readings": "a"}

@@ -32,6 +32,7 @@ State rules (Sparkplug 3.0, chapters 5 and 6):
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections import OrderedDict
@@ -45,6 +46,8 @@ from ingest.formats.sparkplug_pb import Payload
 from ingest.model import Rejection
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ingest.decode import Limits
 
 NAMESPACE = "spBv1.0"
@@ -58,7 +61,9 @@ REASONS: tuple[str, ...] = (
     "unknown_alias",      # a DATA metric whose alias (or name) its BIRTH did not declare
     "unsupported_type",   # DataSet, Template, Bytes, File, PropertySet, arrays: not stored
 )
-SKIPS = ("null", "transient")  # metrics skipped without a rejection (see module doc)
+# Metrics skipped without a rejection (see module doc); "other_daemon": a BIRTH's metrics
+# that another daemon of a shared group stores (every daemon receives every BIRTH).
+SKIPS = ("null", "transient", "other_daemon")
 DATATYPES = ("Unknown", "Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32",
              "UInt64", "Float", "Double", "Boolean", "String", "DateTime", "Text", "UUID",
              "DataSet", "Bytes", "File", "Template", "PropertySet", "PropertySetList",
@@ -176,6 +181,8 @@ class Table:
     by_name: dict[str, Definition] = field(default_factory=dict)
     online: bool = True
     sensor: str = ""  # the readings' sensor id, worked out once (see _items)
+    digest: str | None = None  # the BIRTH payload's digest (see :func:`digest`)
+    node_digest: str | None = None  # the digest of the node's NBIRTH it belongs to
 
 
 class Counts:
@@ -238,14 +245,19 @@ class SparkplugState:
 
     # --- parsing ---------------------------------------------------------------------
 
-    def birth(self, topic: Topic, payload: Any) -> tuple[Table, list[Rejection]]:  # noqa: ANN401
+    def birth(self, topic: Topic, payload: Any, raw: bytes = b""  # noqa: ANN401
+              ) -> tuple[Table, list[Rejection]]:
         """The table a parsed BIRTH declares, and the metrics it could not declare."""
         bd_seq = None
+        own = digest(raw)
+        node_digest: str | None = own
         if topic.type == "DBIRTH":
             node = self.tables.get(topic.node_key)
             bd_seq = node.bd_seq if node is not None else None
+            node_digest = node.digest if node is not None else None
         table = Table(topic.key, bd_seq, payload.seq if payload.HasField("seq") else None,
-                      payload.timestamp if payload.HasField("timestamp") else None)
+                      payload.timestamp if payload.HasField("timestamp") else None,
+                      digest=own, node_digest=node_digest)
         problems: list[Rejection] = []
         for index, metric in enumerate(payload.metrics):
             name = metric.name
@@ -266,8 +278,13 @@ class SparkplugState:
                 table.by_alias[metric.alias] = declared
         return table, problems
 
-    def parse(self, topic_name: str, payload: bytes, limits: Limits) -> Parsed:
-        """One message as items (readings before the rule), with the tables held now."""
+    def parse(self, topic_name: str, payload: bytes, limits: Limits,
+              readings: bool = True) -> Parsed:
+        """One message as items (readings before the rule), with the tables held now.
+
+        ``readings=False``: a BIRTH updates the tables only (another daemon of a shared
+        group stores its readings and rejections).
+        """
         topic = parse_topic(topic_name)
         if topic is None:
             return refused("bad_topic", f"not a Sparkplug B topic: {topic_name[:120]!r}")
@@ -283,8 +300,11 @@ class SparkplugState:
             self.death(topic, decoded)
             return Parsed([], [])
         if topic.type in ("NBIRTH", "DBIRTH"):
-            table, problems = self.birth(topic, decoded)
+            table, problems = self.birth(topic, decoded, payload)
             self.adopt(topic, table)
+            if not readings:
+                self.counts.skipped["other_daemon"] += len(decoded.metrics)
+                return Parsed([], [])
             parsed = _items(topic, decoded, table, self.counts)
             parsed.rejections.extend(problems)
             return parsed
@@ -322,6 +342,69 @@ class SparkplugState:
         if table is not None:
             table.online = False
         return True
+
+
+def digest(payload: bytes) -> str:
+    """A BIRTH's identity: the daemons of a shared group agree on it (same bytes)."""
+    return hashlib.blake2b(payload, digest_size=12).hexdigest()
+
+
+# Message types every daemon of a shared group must see, in order with the DATA it gets.
+UNSHARED_TYPES = ("NBIRTH", "NDEATH", "DBIRTH", "DDEATH")
+_SHAPES = tuple((kind, [NAMESPACE, "+", kind, "+"]) for kind in ("NBIRTH", "NDATA", "NDEATH",
+                                                                  "NCMD")) + tuple(
+    (kind, [NAMESPACE, "+", kind, "+", "+"]) for kind in ("DBIRTH", "DDATA", "DDEATH", "DCMD"))
+_STATE_SHAPE = [NAMESPACE, "STATE", "+"]
+
+
+def _intersect(levels: list[str], shape: list[str]) -> list[str] | None:
+    """The filter matching the topics both match (``shape`` has no ``#``), or None."""
+    out: list[str] = []
+    for i, level in enumerate(shape):
+        if i >= len(levels):
+            return None
+        mine = levels[i]
+        if mine == "#":
+            return out + shape[i:]
+        if mine == "+":
+            out.append(level)
+        elif level in ("+", mine):
+            out.append(mine)
+        else:
+            return None
+    return out if len(levels) == len(shape) else None
+
+
+def shared_subscriptions(topics: Sequence[str], group: str) -> tuple[str, ...]:
+    """``topics`` for a shared group: BIRTH and DEATH topics unshared, the rest shared.
+
+    Each filter that takes Sparkplug BIRTH or DEATH topics is split by message type, so
+    every daemon of the group receives every BIRTH and DEATH, in order with the DATA it
+    gets, while each DATA message goes to one daemon. The pieces of one filter match
+    disjoint topic sets, so no message arrives twice. Topics under ``spBv1.0/`` that are
+    no Sparkplug message type are not subscribed then. A filter whose first level is a
+    wildcard cannot be split (MQTT has no "all but" filter): ValueError.
+    """
+    out: list[str] = []
+    for topic in topics:
+        levels = topic.split("/")
+        pieces = [(kind, _intersect(levels, shape)) for kind, shape in _SHAPES]
+        found = [(kind, piece) for kind, piece in pieces if piece is not None]
+        if not any(kind in UNSHARED_TYPES for kind, _ in found):
+            out.append(f"$share/{group}/{topic}")
+            continue
+        if levels[0] != NAMESPACE:
+            raise ValueError(
+                f"topic filter {topic!r} also takes Sparkplug BIRTH and DEATH topics, which "
+                "every daemon of a shared group must receive on its own subscription; "
+                f"subscribe {NAMESPACE}/# with a filter of its own and narrow this one")
+        state = _intersect(levels, _STATE_SHAPE)
+        if state is not None:
+            found.append(("STATE", state))
+        for kind, piece in found:
+            text = "/".join(piece)
+            out.append(text if kind in UNSHARED_TYPES else f"$share/{group}/{text}")
+    return tuple(dict.fromkeys(out))
 
 
 def bad_name(name: object) -> bool:

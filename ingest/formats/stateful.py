@@ -25,8 +25,12 @@ class Stateful(Protocol):
     """A payload format that keeps state across messages."""
 
     async def prepare(self, topic: str, payload: bytes, limits: Limits,
-                      closing: Callable[[], bool]) -> bool:
-        """Bring the state up to date for this message; False if ``closing`` made it give up."""
+                      closing: Callable[[], bool], generation: int = 0) -> bool:
+        """Bring the state up to date for this message; False if ``closing`` made it give up.
+
+        ``generation`` numbers the MQTT connection the message came on: a change means a
+        reconnect, after which messages published meanwhile may be missing.
+        """
 
     def parse(self, topic: str, payload: bytes, limits: Limits) -> Parsed:
         """The message's items and rejections, given the state (which it may update)."""
