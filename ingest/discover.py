@@ -29,6 +29,7 @@ import aiomqtt
 from ingest.config import parse_mqtt_url, read_secret
 from ingest.decode import Limits
 from ingest.errors import ConfigError
+from ingest.formats import sparkplug as spb
 from ingest.mapping import Mapping
 from ingest.patterns import Captured, Pattern, propose, rule_text
 from ingest.rules import load_file, load_preset, parse, preset_names
@@ -45,6 +46,8 @@ MAX_MESSAGES = 100_000  # a hard bound on what one run keeps in memory
 MAX_PAYLOAD = 64 * 1024  # payloads kept per message (larger ones are cut for analysis)
 MAX_BYTES = 64 * 1024 * 1024  # payload bytes kept in all: listening stops there
 PRESET_FIT = 0.9  # share of a preset's non-ignored messages it must store to be proposed
+# Rejections that mean "an earlier message is needed", not "this is not the format".
+WAITING = frozenset({"no_birth", "unknown_alias"})
 
 
 @dataclass
@@ -54,6 +57,9 @@ class Tally:
     accepted: int = 0
     rejected: int = 0
     ignored: int = 0
+    # Of the rejected: messages a stateful format refused only for want of an earlier
+    # message (a Sparkplug DATA whose BIRTH came before the capture): they fit the format.
+    waiting: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
     example: str = ""
 
@@ -104,11 +110,20 @@ def tally(rules: Sequence[Rule], messages: Sequence[Captured], now: float
             count.accepted += 1
         else:
             count.rejected += 1
+            reasons = {r.reason for r in result.decoded.rejections}
+            if reasons and reasons <= WAITING and result.rule.format in mapping.stateful:
+                count.waiting += 1
         for rejection in result.decoded.rejections:
             count.reasons[rejection.reason] += 1
             if not count.example:
                 count.example = f"{msg.topic}: {rejection.reason}: {rejection.detail}"[:200]
     return counts, unmatched
+
+
+def sparkplug_types(messages: Sequence[Captured]) -> Counter[str]:
+    """Captured Sparkplug B messages by message type (NBIRTH, NDATA, ..., STATE)."""
+    return Counter(parsed.type for parsed in (spb.topic_of(m.topic) for m in messages)
+                   if parsed is not None)
 
 
 def recognise(messages: Sequence[Captured], now: float, skip: Sequence[str]
@@ -121,9 +136,11 @@ def recognise(messages: Sequence[Captured], now: float, skip: Sequence[str]
         counts, _ = tally(load_preset(name), messages, now)
         total = Tally(sum(c.accepted for c in counts.values()),
                       sum(c.rejected for c in counts.values()),
-                      sum(c.ignored for c in counts.values()))
+                      sum(c.ignored for c in counts.values()),
+                      sum(c.waiting for c in counts.values()))
         stored = total.accepted + total.rejected
-        if total.accepted and total.accepted >= PRESET_FIT * stored:
+        fitting = total.accepted + total.waiting
+        if fitting and fitting >= PRESET_FIT * stored:
             fits.append((name, total))
     return fits
 
@@ -177,7 +194,11 @@ def advice(counts: dict[str, Tally], patterns: list[Pattern], fits: list[str],
         tips.append("run with " + " ".join(f"--preset {n}" for n in fits)
                     + " --mapping <this file> (your file's rules are tried first)")
     for name, c in counts.items():
-        if c.rejected:
+        if c.waiting:
+            tips.append(f"rule {name}: {c.waiting} message(s) refer to a BIRTH published "
+                        "before the capture (no_birth, unknown_alias): the daemon stores "
+                        "them once it has the BIRTH (docs/sparkplug.md)")
+        if c.rejected > c.waiting:
             reasons = ", ".join(f"{r} x{k}" for r, k in c.reasons.most_common(3))
             tips.append(f"rule {name}: {c.rejected} message(s) rejected ({reasons}), "
                         f"e.g. {c.example}")
@@ -230,6 +251,10 @@ def finish(messages: list[Captured], given: list[Rule], presets: Sequence[str],
     counts, unmatched = tally(rules, messages, now)
     sources = {r.name: r.source.removeprefix("--") for r in rules}
     out.write(text)
+    types = sparkplug_types(messages)
+    if types:
+        err.write("Sparkplug B messages: " + ", ".join(
+            f"{kind} {types[kind]}" for kind in spb.MESSAGE_TYPES if types[kind]) + "\n")
     report(counts, sources, len(unmatched), err)
     advice(counts, patterns, [n for n, _ in fits], err)
     return 0

@@ -181,3 +181,31 @@ def test_topics_your_mapping_covers_are_not_proposed_again() -> None:
                    'topic = "plant/{sensor_id}/{measurement}"\nformat = "value"\n'
                    '[rule.values]\nON = true\nOFF = false\n',
                    ["tasmota", "zigbee2mqtt"], retained + live)
+
+
+def test_sparkplug_traffic_is_recognised_even_when_its_births_came_before_the_capture(
+        ) -> None:
+    from ingest.discover import finish  # noqa: PLC0415
+    from loadgen import sparkplug as enc  # noqa: PLC0415
+    from loadgen.sparkplug import Metric  # noqa: PLC0415
+
+    t0 = int(NOW * 1000) - 60_000
+
+    def ndata(node: str, seq: int) -> Captured:
+        return Captured(enc.topic("Plant1", "NDATA", node), enc.payload(
+            [Metric(alias=1, timestamp=t0 + seq, datatype=enc.FLOAT, value=1.5)], t0 + seq, seq))
+
+    # E1's BIRTH was published before the capture began; E2 connects during it.
+    captured = [ndata("E1", seq) for seq in range(1, 6)]
+    captured.append(Captured("spBv1.0/STATE/scada", b'{"online": true, "timestamp": 1}'))
+    captured.append(Captured(enc.topic("Plant1", "NBIRTH", "E2"), enc.nbirth(
+        [Metric("Temp", 1, t0, enc.FLOAT, 20.0)], bd_seq=0, timestamp=t0)))
+    captured += [ndata("E2", seq) for seq in range(1, 4)]
+    out, err = io.StringIO(), io.StringIO()
+    assert finish(captured, [], [], out, err) == 0
+    assert "use --preset sparkplug" in out.getvalue()
+    assert "spBv1.0" not in out.getvalue().split("[[rule]]", 1)[-1]  # no rule proposed
+    report = err.getvalue()
+    assert "Sparkplug B messages: NBIRTH 1, NDATA 8, STATE 1" in report
+    assert "--preset sparkplug" in report
+    assert "5 message(s) refer to a BIRTH published before the capture" in report
