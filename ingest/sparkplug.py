@@ -134,7 +134,9 @@ class BirthStore:
         with contextlib.suppress(DuplicateKeyError):  # stored already, or a newer one is
             done = await self.collection.replace_one(query, doc, upsert=True)
             wrote = bool(done.modified_count or done.upserted_id is not None)
-        if wrote and topic.type == "NBIRTH":
+        if topic.type == "NBIRTH" and (wrote or await self.collection.find_one(
+                {"_id": doc["_id"], "digest": doc["digest"]}, {"_id": 1}) is not None):
+            # this NBIRTH is the node's current one (also when a retry finds it stored)
             await self._offline({"group": topic.group, "node": topic.node,
                                  "device": {"$ne": None},
                                  "node_digest": {"$ne": doc["digest"]}}, doc["received_at"])
