@@ -19,6 +19,7 @@ from loadgen import sparkplug as enc
 from loadgen.cli import main as loadgen_main
 from loadgen.sparkplug import Metric
 from tests.support.mongo import COLLECTION, failpoint
+from tests.support.proxy import Proxy
 from tests.support.procs import eventually, http_status
 
 if TYPE_CHECKING:
@@ -301,3 +302,42 @@ async def test_a_loadgen_sparkplug_fleet_arrives_exactly_once(
     assert proc.metric('ingest_sparkplug_messages_total{type="NBIRTH"}') == 4
     assert proc.metric("ingest_sparkplug_seq_gaps_total") == 0
     assert proc.stop() == 0
+
+
+@pytest.mark.parametrize("mode", ["bucket"])
+async def test_a_daemon_that_missed_a_rebirth_while_disconnected_reads_it_back(
+        daemon: Callable[..., Daemon], mode: str, publish: Any, broker: Any,
+        topic_root: str, db: Any) -> None:
+    g, t0 = topic_root, NOW_MS
+    proxy = Proxy("127.0.0.1", broker.port).start()
+    try:
+        away = start(daemon, g, "--shared-group", f"g{g}", client_id=f"g{g}-away",
+                     broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        other = start(daemon, g, "--shared-group", f"g{g}", client_id=f"g{g}-other")
+        await publish([(enc.topic(g, "NBIRTH", "E"), enc.nbirth(
+            [Metric("a", 1, t0, enc.INT32, is_null=True)], bd_seq=0, timestamp=t0))])
+        await eventually(lambda: away.metric("ingest_sparkplug_alias_tables") == 1
+                         and other.metric("ingest_sparkplug_alias_tables") == 1)
+        # A partition: the rebirth (QoS 0, as edge nodes publish it) reaches only "other".
+        proxy.cut()
+        await publish([(enc.topic(g, "NBIRTH", "E"), enc.nbirth(
+            [Metric("b", 1, t0 + 100, enc.INT32, is_null=True)], bd_seq=0,
+            timestamp=t0 + 100))], qos=0)
+        await eventually(lambda: other.metric("ingest_messages_acked_total") == 2)
+        proxy.drop()
+        proxy.heal()
+        await eventually(lambda: away.metric("ingest_mqtt_reconnects_total") >= 1
+                         and away.metric("ingest_mqtt_connected") == 1)
+        await publish([(enc.topic(g, "NDATA", "E"), enc.payload(
+            [data(1, t0 + 100 + seq, enc.uint(10, seq))], t0 + 100 + seq, seq))
+            for seq in range(1, 11)])
+        await eventually(lambda: away.metric("ingest_messages_acked_total")
+                         + other.metric("ingest_messages_acked_total") == 13)
+        assert [r[2] for r in await readings(db, mode)] == [{"b": seq} for seq in range(1, 11)]
+        assert away.metric('ingest_sparkplug_messages_total{type="NDATA"}') > 0
+        assert away.metric('ingest_sparkplug_table_lookups_total{outcome="found"}') == 1
+        assert await db.rejects.count_documents({}) == 0
+        for p in (away, other):
+            assert p.stop() == 0
+    finally:
+        proxy.stop()
