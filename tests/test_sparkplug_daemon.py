@@ -19,8 +19,8 @@ from loadgen import sparkplug as enc
 from loadgen.cli import main as loadgen_main
 from loadgen.sparkplug import Metric
 from tests.support.mongo import COLLECTION, failpoint
-from tests.support.proxy import Proxy
 from tests.support.procs import eventually, http_status
+from tests.support.proxy import Proxy
 
 if TYPE_CHECKING:
     from collections.abc import Callable
