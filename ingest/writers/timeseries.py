@@ -29,7 +29,7 @@ from pymongo.errors import PyMongoError
 
 from ingest import mongo_errors
 from ingest.writers import Outcome, Plan, send
-from ingest.writers.bucket import ts_key
+from ingest.writers.bucket import bson_dates, ts_key
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -81,16 +81,18 @@ def documents(readings: list[Reading]) -> list[dict[str, Any]]:
     """:func:`reading_document` for each reading, each with a new ``_id`` first.
 
     The same documents, built with less work for readings of the default decoder (no
-    tags, no units): the sorted field order is looked up once per field list, and one
-    ``meta`` object is shared by a sensor's documents (nothing changes them). The ``_id``
+    tags, no units): the sorted field order is looked up once per field list, one
+    ``meta`` object is shared by a sensor's documents (nothing changes them), and ``ts``
+    is a :class:`~ingest.writers.bucket.BsonDate`. The ``_id``
     is what the driver would add (see :func:`object_ids`); given here, the driver does
     not generate one per document.
     """
     ids = object_ids(len(readings))
+    dates = bson_dates(readings)
     metas: dict[str, dict[str, Any]] = {}
     docs: list[dict[str, Any]] = []
     append = docs.append
-    for oid, reading in zip(ids, readings, strict=True):
+    for oid, date, reading in zip(ids, dates, readings, strict=True):
         if reading.tags or reading.units is not None:
             append({"_id": oid, **reading_document(reading)})
             continue
@@ -103,9 +105,9 @@ def documents(readings: list[Reading]) -> list[dict[str, Any]]:
         if order is not None:
             values = {name: values[name] for name in order}
         if reading.seq is None:
-            append({"_id": oid, "ts": reading.ts, "meta": meta, **values})
+            append({"_id": oid, "ts": date, "meta": meta, **values})
         else:
-            append({"_id": oid, "ts": reading.ts, "meta": meta, "seq": reading.seq, **values})
+            append({"_id": oid, "ts": date, "meta": meta, "seq": reading.seq, **values})
     return docs
 
 
