@@ -91,8 +91,18 @@ class BsonDate(DatetimeMS):
             return self.ms == int(other)
         return NotImplemented
 
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
     def __hash__(self) -> int:
         return hash(self.ms)
+
+    def __le__(self, other: DatetimeMS | int) -> bool:
+        return self.ms <= int(other)
+
+    def __ge__(self, other: DatetimeMS | int) -> bool:
+        return self.ms >= int(other)
 
     def __lt__(self, other: DatetimeMS | int) -> bool:
         return self.ms < int(other)
