@@ -159,7 +159,11 @@ def _reading(
             return "bad_sensor_id", f"sensor_id must match {SENSOR_ID_PATTERN}"
         if len(_valid_sensors) < _CACHE_LIMIT:
             _valid_sensors.add(sensor)
-    epoch = _epoch(item.get("ts"), now)
+    raw = item.get("ts")
+    if type(raw) is int:  # whole epoch seconds, the usual case: no call, no checks
+        epoch: float | None = float(raw)
+    else:
+        epoch = _epoch(raw, now)
     if epoch is None:
         return "bad_timestamp", "ts must be epoch seconds or ISO-8601 with an offset"
     if not window[0] <= epoch <= window[1]:
