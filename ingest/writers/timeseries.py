@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import struct
 import time
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from bson.errors import InvalidDocument
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from ingest.schema import Schema
 
 
+_BY_SENSOR_AND_TIME = attrgetter("sensor_id", "epoch")
 # Sensors per duplicate lookup: a redelivery burst becomes several small queries.
 LOOKUP_SENSORS = 256
 
@@ -162,7 +164,7 @@ class TimeseriesWriter:
 
     def plan(self, readings: list[Reading]) -> Plan:
         """One document per reading, sorted by sensor and time."""
-        ordered = sorted(readings, key=lambda r: (r.sensor_id, r.epoch))
+        ordered = sorted(readings, key=_BY_SENSOR_AND_TIME)
         return Plan(documents(ordered), [[r] for r in ordered])
 
     async def write(self, plan: Plan) -> Outcome:
