@@ -160,8 +160,11 @@ def _reading(
         if len(_valid_sensors) < _CACHE_LIMIT:
             _valid_sensors.add(sensor)
     raw = item.get("ts")
-    if type(raw) is int:  # whole epoch seconds, the usual case: no call, no checks
-        epoch: float | None = float(raw)
+    whole: int | None = None
+    epoch: float | None
+    if type(raw) is int:  # whole epoch seconds, the usual case: no call, no rounding
+        whole = raw
+        epoch = float(raw)
     else:
         epoch = _epoch(raw, now)
     if epoch is None:
@@ -194,6 +197,9 @@ def _reading(
         values[key] = value
     if not values:
         return "no_measurements", "no numeric measurement in reading"
+    if whole is not None:  # already whole milliseconds
+        return _new(Reading, (sensor, datetime.fromtimestamp(whole, UTC), epoch, values, seq,
+                              whole * 1000, None, None))
     ts = datetime.fromtimestamp(epoch, UTC)
     micros = ts.microsecond
     if micros % 1000:  # BSON dates hold milliseconds: keep the instant MongoDB will store
