@@ -92,6 +92,7 @@ def documents(readings: list[Reading]) -> list[dict[str, Any]]:
     ids = object_ids(len(readings))
     dates = bson_dates(readings)
     metas: dict[str, dict[str, Any]] = {}
+    sorted_names = _SORTED
     docs: list[dict[str, Any]] = []
     append = docs.append
     for oid, date, reading in zip(ids, dates, readings, strict=True):
@@ -103,13 +104,21 @@ def documents(readings: list[Reading]) -> list[dict[str, Any]]:
         if meta is None:
             meta = metas[sensor] = {"sensor_id": sensor}
         values = reading.values
-        order = _sorted_names(tuple(values))
-        if order is not None:
-            values = {name: values[name] for name in order}
+        names = tuple(values)
+        try:
+            order = sorted_names[names]
+        except KeyError:
+            order = _sorted_names(names)
         if reading.seq is None:
-            append({"_id": oid, "ts": date, "meta": meta, **values})
+            doc = {"_id": oid, "ts": date, "meta": meta}
         else:
-            append({"_id": oid, "ts": date, "meta": meta, "seq": reading.seq, **values})
+            doc = {"_id": oid, "ts": date, "meta": meta, "seq": reading.seq}
+        if order is None:
+            doc.update(values)
+        else:
+            for name in order:
+                doc[name] = values[name]
+        append(doc)
     return docs
 
 
