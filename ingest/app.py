@@ -195,8 +195,8 @@ def _fewer_collections() -> Iterator[None]:
     the collector ran hundreds of times a second, its full passes walking every buffered
     reading and every object of start-up: 15% of the daemon's CPU. Start-up objects are
     frozen (never walked again) and young collections wait for 20,000 allocations; the
-    pipeline's data is freed by reference counting, not by the collector, so this holds
-    no more memory than a few thousand objects of cyclic garbage.
+    pipeline's data is freed by reference counting, not by the collector, so what waits
+    longer is cyclic garbage only, some 20,000 objects at most.
     """
     before = gc.get_threshold()
     gc.freeze()

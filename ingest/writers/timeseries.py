@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 
 _BY_SENSOR_AND_TIME = attrgetter("sensor_id", "epoch")
+
 # Sensors per duplicate lookup: a redelivery burst becomes several small queries.
 LOOKUP_SENSORS = 256
 
@@ -82,12 +83,11 @@ def _sorted_names(names: tuple[str, ...]) -> tuple[str, ...] | None:
 def documents(readings: list[Reading]) -> list[dict[str, Any]]:
     """:func:`reading_document` for each reading, each with a new ``_id`` first.
 
-    The same documents, built with less work for readings of the default decoder (no
-    tags, no units): the sorted field order is looked up once per field list, one
-    ``meta`` object is shared by a sensor's documents (nothing changes them), and ``ts``
-    is a :class:`~ingest.writers.bucket.BsonDate`. The ``_id``
-    is what the driver would add (see :func:`object_ids`); given here, the driver does
-    not generate one per document.
+    The same documents, built with less work for readings without tags or units: the
+    sorted field order is looked up once per field list, one ``meta`` object is shared by
+    a sensor's documents (nothing changes them), and ``ts`` is a
+    :class:`~ingest.writers.bucket.BsonDate`. The ``_id`` is what the driver would add
+    (see :func:`object_ids`); given here, the driver does not make one per document.
     """
     ids = object_ids(len(readings))
     dates = bson_dates(readings)
