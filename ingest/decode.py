@@ -159,7 +159,14 @@ def _reading(
             return "bad_sensor_id", f"sensor_id must match {SENSOR_ID_PATTERN}"
         if len(_valid_sensors) < _CACHE_LIMIT:
             _valid_sensors.add(sensor)
-    epoch = _epoch(item.get("ts"), now)
+    raw = item.get("ts")
+    whole: int | None = None
+    epoch: float | None
+    if type(raw) is int:  # whole epoch seconds, the usual case: no call, no rounding
+        whole = raw
+        epoch = float(raw)
+    else:
+        epoch = _epoch(raw, now)
     if epoch is None:
         return "bad_timestamp", "ts must be epoch seconds or ISO-8601 with an offset"
     if not window[0] <= epoch <= window[1]:
@@ -190,6 +197,9 @@ def _reading(
         values[key] = value
     if not values:
         return "no_measurements", "no numeric measurement in reading"
+    if whole is not None:  # already whole milliseconds
+        return _new(Reading, (sensor, datetime.fromtimestamp(whole, UTC), epoch, values, seq,
+                              whole * 1000, None, None))
     ts = datetime.fromtimestamp(epoch, UTC)
     micros = ts.microsecond
     if micros % 1000:  # BSON dates hold milliseconds: keep the instant MongoDB will store

@@ -54,9 +54,13 @@ class Decoded:
     rejections: list[Rejection] = field(default_factory=list)
 
 
-@dataclass(slots=True, frozen=True)
-class Inbound:
-    """One MQTT message as received, with what is needed to acknowledge it later."""
+class Inbound(NamedTuple):
+    """One MQTT message as received, with what is needed to acknowledge it later.
+
+    A NamedTuple for the same reason as :class:`Reading`: one is built per message, and
+    a frozen dataclass's ``__init__`` (``object.__setattr__`` per field) costs more than
+    twice as much.
+    """
 
     topic: str
     payload: bytes

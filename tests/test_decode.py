@@ -188,6 +188,16 @@ def test_ts_is_kept_to_the_millisecond_as_bson_stores_it() -> None:
     assert reading.epoch == pytest.approx(NOW - 800 + 0.123956, abs=1e-6)
 
 
+@given(st.integers(int(NOW) - 86400 * 300, int(NOW) + 500))
+def test_whole_second_ts_is_the_same_reading_as_the_equal_float(epoch: int) -> None:
+    whole = accepted(run({"ts": epoch, "t": 1}))
+    as_float = accepted(run({"ts": float(epoch), "t": 1}))
+    assert whole == as_float
+    assert type(whole.epoch) is float
+    assert whole.ms == epoch * 1000
+    assert whole.ts == datetime.fromtimestamp(epoch, UTC)
+
+
 @pytest.mark.parametrize("payload", [{"t": 1}, {"ts": None, "t": 1}])
 def test_absent_or_null_ts_is_the_arrival_time(payload: dict[str, Any]) -> None:
     reading = accepted(run(payload))

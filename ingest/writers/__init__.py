@@ -103,7 +103,7 @@ async def send(request: Awaitable[object], plan: Plan, collide: bool = False) ->
         return split_bulk_error(exc, plan, collide)
     except (PyMongoError, InvalidDocument) as exc:
         raise as_write_error(exc) from exc
-    return Outcome(written=sum(len(group) for group in plan.groups))
+    return Outcome(written=sum(map(len, plan.groups)))
 
 
 def as_write_error(exc: PyMongoError | InvalidDocument) -> WriteError:

@@ -28,8 +28,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+from bson.datetime_ms import DatetimeMS
 from bson.errors import InvalidDocument
 from pymongo import ReadPreference, UpdateOne
 from pymongo.errors import PyMongoError
@@ -57,6 +59,8 @@ SETTLE_ROUNDS = 3
 SETTLE_CONCURRENCY = 16
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
+_new = object.__new__
+_ms_of = attrgetter("ms")
 
 
 def ts_key(ts: datetime) -> int:
@@ -64,6 +68,77 @@ def ts_key(ts: datetime) -> int:
     if ts.tzinfo is None:  # a client without tz_aware returns naive UTC datetimes
         ts = ts.replace(tzinfo=UTC)
     return (ts - _EPOCH) // _MS
+
+
+class BsonDate(DatetimeMS):
+    """A BSON date (UTC milliseconds) built cheaply; equal to the datetime of that instant.
+
+    pymongo's C encoder spends three times as long on a timezone-aware ``datetime`` (it
+    calls ``utcoffset()`` in Python) as on a ``DatetimeMS``, whose own constructor checks
+    its argument in Python. The writers make these instead from the milliseconds the
+    decoder computed: the encoder writes the same bytes (``int()`` of it, as for any
+    ``DatetimeMS``), and it compares equal to the ``datetime`` it stands for.
+    """
+
+    __slots__ = ("ms",)
+    ms: int
+
+    def __int__(self) -> int:
+        return self.ms
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, datetime):
+            return self.ms == ts_key(other)
+        if isinstance(other, DatetimeMS):
+            return self.ms == int(other)
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash(self.ms)
+
+    def __le__(self, other: DatetimeMS | int) -> bool:
+        return self.ms <= int(other)
+
+    def __ge__(self, other: DatetimeMS | int) -> bool:
+        return self.ms >= int(other)
+
+    def __lt__(self, other: DatetimeMS | int) -> bool:
+        return self.ms < int(other)
+
+    def __gt__(self, other: DatetimeMS | int) -> bool:
+        return self.ms > int(other)
+
+    def __repr__(self) -> str:
+        return f"BsonDate({self.ms})"
+
+    def timestamp(self) -> float:
+        """Seconds since the epoch, as ``datetime.timestamp()`` gives them."""
+        return self.ms / 1000
+
+    def as_datetime(self, *_args: object, **_kwargs: object) -> datetime:
+        """The instant as an aware UTC datetime."""
+        return _EPOCH + self.ms * _MS
+
+
+def bson_date(ms: int) -> BsonDate:
+    """A :class:`BsonDate` of ``ms`` milliseconds since the epoch."""
+    date = _new(BsonDate)
+    date.ms = ms
+    return date
+
+
+def bson_dates(readings: list[Reading]) -> list[BsonDate]:
+    """The readings' times as :class:`BsonDate` objects, in order."""
+    new, out = _new, []
+    for reading in readings:
+        date = new(BsonDate)
+        date.ms = reading.ms if reading.ms is not None else ts_key(reading.ts)
+        out.append(date)
+    return out
 
 
 def same_values(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -160,7 +235,10 @@ def chunks(group: list[Reading], max_readings: int) -> list[tuple[list[Reading],
     chunk: list[Reading] = []
     size = 0
     for reading in group:
-        grow = reading_bytes(reading)
+        values = reading.values
+        # reading_bytes, inlined for the default decoder's readings (numbers only)
+        grow = (41 + 10 * len(values) + sum(map(len, values)) if reading.tags is None
+                else reading_bytes(reading))
         if chunk and (len(chunk) >= max_readings or size + grow > MAX_BUCKET_BYTES):
             out.append((chunk, size))
             chunk, size = [], 0
@@ -183,20 +261,27 @@ def _stat_keys(name: str) -> tuple[str, str, str, str]:
     return keys
 
 
-def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readings: int,
-               size: int) -> UpdateOne:
+def update_for(sensor_id: str, start: datetime | BsonDate, chunk: list[Reading],
+               max_readings: int, size: int) -> UpdateOne:
     """One upsert that appends ``chunk`` to a document of that sensor-span with room for it.
 
     Room means both fewer than ``max_readings - n`` readings and fewer than
     ``MAX_BUCKET_BYTES - size`` estimated bytes, so no document outgrows MongoDB's limit,
     and none of the chunk's timestamps, so no document holds a reading twice.
     """
+    dates = bson_dates(chunk)
     if len(chunk) == 1:  # the common case of a large fleet: no coalescing to do
         inc, mins, maxs, labels = _single(chunk[0], size)
+        mins["first_ts"] = maxs["last_ts"] = dates[0]
     else:
         inc, mins, maxs, labels = _coalesced(chunk, size)
+        mins["first_ts"] = min(dates, key=_ms_of)
+        maxs["last_ts"] = max(dates, key=_ms_of)
+    # reading_doc's documents, with the BSON dates
     update: dict[str, Any] = {
-        "$push": {"readings": {"$each": [reading_doc(r) for r in chunk]}},
+        "$push": {"readings": {"$each": [
+            {"ts": d, **r.values} if r.seq is None else {"ts": d, "seq": r.seq, **r.values}
+            for d, r in zip(dates, chunk, strict=True)]}},
         "$inc": inc, "$min": mins, "$max": maxs,
         "$setOnInsert": {"schema_version": SCHEMA_VERSION}}
     if labels:
@@ -207,7 +292,7 @@ def update_for(sensor_id: str, start: datetime, chunk: list[Reading], max_readin
         {"sensor_id": sensor_id, "bucket_start": start,
          "count": {"$lte": max_readings - len(chunk)},
          "bytes": {"$lte": max(MAX_BUCKET_BYTES - size, 0)},
-         "readings.ts": {"$nin": [r.ts for r in chunk]}},
+         "readings.ts": {"$nin": dates}},
         update,
         upsert=True,
         # The filter could also be served by the unique {sensor_id, readings.ts} index,
@@ -236,8 +321,8 @@ def _label(reading: Reading, labels: dict[str, str]) -> None:
 def _single(reading: Reading, size: int) -> _Stats:
     """``$inc``, ``$min`` and ``$max`` for one reading."""
     inc: dict[str, Any] = {"count": 1, "bytes": size}
-    mins: dict[str, Any] = {"first_ts": reading.ts}
-    maxs: dict[str, Any] = {"last_ts": reading.ts}
+    mins: dict[str, Any] = {"first_ts": None}  # set by update_for
+    maxs: dict[str, Any] = {"last_ts": None}
     labels: dict[str, str] = {}
     values = reading.values
     if reading.tags is not None:  # the mapping path: booleans as 0/1, no strings
@@ -273,8 +358,8 @@ def _coalesced(chunk: list[Reading], size: int) -> _Stats:
             elif value > stat[3]:
                 stat[3] = value
     inc: dict[str, Any] = {"count": len(chunk), "bytes": size}
-    mins: dict[str, Any] = {"first_ts": min(r.ts for r in chunk)}
-    maxs: dict[str, Any] = {"last_ts": max(r.ts for r in chunk)}
+    mins: dict[str, Any] = {"first_ts": None}  # set by update_for
+    maxs: dict[str, Any] = {"last_ts": None}
     for name, (count, total, low, high) in acc.items():
         keys = _STAT_KEYS.get(name) or _stat_keys(name)
         inc[keys[0]] = count
@@ -314,7 +399,7 @@ class BucketWriter:
         """Coalesce a batch into one upsert per sensor-span (more only past the cap)."""
         plan = Plan([], [])
         for (sensor_id, start), group in group_readings(readings, self._span).items():
-            start_dt = datetime.fromtimestamp(start, UTC)
+            start_dt = bson_date(int(start) * 1000)
             for chunk, size in chunks(unique_readings(group, plan), self._max):
                 plan.ops.append(update_for(sensor_id, start_dt, chunk, self._max, size))
                 plan.groups.append(chunk)
