@@ -176,3 +176,51 @@ async def test_a_lost_session_forgets_the_messages_in_flight_and_goes_on(
         assert await stored_values(db, "bucket", "seq") == list(range(8))
     finally:
         volatile.stop()
+
+
+async def test_two_daemons_with_one_client_id_take_the_session_in_turn_and_store_each_reading_once(
+        daemon: Callable[..., Daemon], topic_root: str, db: Any, publish: Any) -> None:
+    """Fault model: "Another client connects with the same client id (session takeover)".
+    Two daemons started with one ``--client-id`` (a second replica without
+    ``--shared-group``): the broker closes the older connection whenever the other
+    connects, each says so in its log and reconnects, taking the session back. Whichever
+    holds the session gets the messages, unacknowledged ones are resent to the next
+    holder, and bucket mode stores each reading once: nothing lost, nothing twice."""
+    first = daemon()
+    second = daemon()  # the same client id: the fixture derives it from the topic
+    await publish(messages(topic_root, 60))
+    for proc in (first, second):  # each has been put out by the other
+        await eventually(lambda proc=proc: proc.metric("ingest_mqtt_reconnects_total") >= 2)
+    assert await stored(db, "bucket") > 0
+    second.stop()  # the first holds the session from now on
+
+    async def all_stored() -> bool:
+        return await stored_values(db, "bucket", "seq") == list(range(60))
+
+    await eventually(all_stored, timeout=60)
+    # Everything was acknowledged: the session holds nothing for a new process.
+    first.stop()
+    third = daemon()
+    await publish(messages(topic_root, 1, start=100))
+    await eventually(lambda: third.metric("ingest_messages_acked_total") >= 1)
+    assert await stored(db, "bucket") == 61
+
+
+async def test_the_brokers_reason_for_closing_the_connection_is_logged_with_what_to_do(
+        daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any,
+        publish: Any) -> None:
+    """A broker that closes the connection with an MQTT 5 DISCONNECT says why; for 0x8E
+    (session taken over: another client connected with the daemon's client id, as EMQX,
+    HiveMQ and the MQTT 5 specification do) the log names the client id and what to do,
+    rather than aiomqtt's "Disconnected during message iteration". The daemon reconnects
+    and goes on."""
+    with proxied(broker) as proxy:
+        proc = daemon(broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        proxy.disconnect(0x8E)
+        await eventually(lambda: "another client connected with client id "
+                         f"ingest-{topic_root}" in proc.logs())
+        assert "Session taken over" in proc.logs()
+        await eventually(lambda: proc.metric("ingest_mqtt_connected") == 1)
+        await publish(messages(topic_root, 1))
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)
+    assert await stored(db, "bucket") == 1

@@ -25,6 +25,7 @@ class Proxy:
         self._thread = threading.Thread(target=self._run, daemon=True, name="proxy")
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._clients: set[asyncio.StreamWriter] = set()
         self._refusals = 0
         self._refuse_code = 0x88
         self.refused = 0
@@ -50,6 +51,13 @@ class Proxy:
         """Close every open connection; bytes held by a cut are thrown away, not sent."""
         asyncio.run_coroutine_threadsafe(self._close_connections(), self._loop).result(5)
 
+    def disconnect(self, code: int) -> None:
+        """Send every client an MQTT 5 DISCONNECT with reason ``code`` (as a broker does,
+        e.g. 0x8E session taken over) and close its connection (call it while no other
+        traffic flows, so the packet is not cut into another)."""
+        packet = bytes((0xE0, 2, code, 0))  # reason, no properties
+        asyncio.run_coroutine_threadsafe(self._close_connections(packet), self._loop).result(5)
+
     def stop(self) -> None:
         self._open.set()
         asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(5)
@@ -61,7 +69,12 @@ class Proxy:
             self._server.close()
         await self._close_connections()
 
-    async def _close_connections(self) -> None:
+    async def _close_connections(self, last: bytes = b"") -> None:
+        if last:
+            for writer in list(self._clients):
+                with contextlib.suppress(OSError):
+                    writer.write(last)
+                    await writer.drain()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -91,10 +104,12 @@ class Proxy:
         except OSError:
             writer.close()
             return
+        self._clients.add(writer)
         try:
             await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
         finally:
             self._tasks.discard(task)
+            self._clients.discard(writer)
             for stream in (writer, up_writer):
                 stream.close()
 
