@@ -59,10 +59,14 @@ async def test_pubacks_lost_with_a_dying_connection_are_sent_again_not_written_a
             await publish(messages(topic_root, 20))
             await eventually(lambda: proc.metric("ingest_messages_received_total") == 20)
             proxy.cut()  # ...until the PUBACKs can no longer reach the broker
-        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 20)
+        # The writes were retried with backoff while refused: the next attempt can be up
+        # to 30 s away (the backoff's cap), however long the refusal lasted.
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 20,
+                         timeout=90)
         proxy.drop()  # the held PUBACKs never arrive
         proxy.heal()
-        await eventually(lambda: proc.metric("ingest_redeliveries_reacked_total") == 20)
+        await eventually(lambda: proc.metric("ingest_redeliveries_reacked_total") == 20,
+                         timeout=60)
         await eventually(lambda: proc.metric("ingest_mqtt_connected") == 1)
     assert proc.metric("ingest_messages_received_total") == 20
     assert proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 20

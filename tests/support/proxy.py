@@ -11,7 +11,8 @@ import threading
 
 class Proxy:
     """Forwards 127.0.0.1:<port> to a target; ``cut()`` stops forwarding without closing
-    anything (like a network partition), ``heal()`` resumes."""
+    anything (like a network partition: bytes and closes from either side are held),
+    ``heal()`` resumes."""
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
@@ -120,6 +121,8 @@ class Proxy:
                     await asyncio.sleep(0.05)
                 writer.write(data)
                 await writer.drain()
+        while not self._open.is_set():  # a partition holds a close as it holds bytes
+            await asyncio.sleep(0.05)
         writer.close()
 
 
