@@ -74,6 +74,9 @@ class FaultRun:
         self.counted: Counter[str] = Counter()
 
     def _daemon(self) -> Daemon:
+        # A refusal still pending from a "refuse" fault would meet the new process's first
+        # connection, which the daemon rightly takes as a configuration error (exit 1).
+        self.proxy.refuse(0)
         return self.start("--max-inflight-messages", str(RECEIVE_MAXIMUM), "--batch-size", "20",
                           broker_url=f"mqtt://127.0.0.1:{self.proxy.port}")
 
