@@ -17,7 +17,7 @@ from ingest.metrics import Health, Metrics
 from ingest.model import Inbound
 from ingest.source import MqttSource
 from tests.support.mongo import failpoint, stored, stored_values
-from tests.support.procs import Broker, eventually
+from tests.support.procs import Broker, eventually, http_status
 from tests.support.proxy import Proxy
 
 if TYPE_CHECKING:
@@ -228,3 +228,73 @@ async def test_the_brokers_reason_for_closing_the_connection_is_logged_with_what
         await publish(messages(topic_root, 1))
         await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)
     assert await stored(db, "bucket") == 1
+
+
+async def test_a_connect_left_unanswered_times_out_and_is_tried_again(
+        daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any,
+        publish: Any) -> None:
+    """Fault model: "CONNECT unanswered (partition while connecting)". The connection is
+    dropped during a partition, so the reconnect's CONNECT is held and no CONNACK comes:
+    the attempt times out (aiomqtt's 10 s), is logged and tried again with backoff, and
+    once the partition heals the daemon connects and messages flow."""
+    with proxied(broker) as proxy:
+        proc = daemon(broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        proxy.cut()
+        proxy.drop()
+        await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 2, timeout=60)
+        assert "timed out" in proc.logs()
+        assert proc.metric("ingest_mqtt_connected") == 0
+        proxy.heal()
+        await eventually(lambda: proc.metric("ingest_mqtt_connected") == 1, timeout=60)
+        await publish(messages(topic_root, 1))
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)
+    assert await stored(db, "bucket") == 1
+
+
+async def test_a_suback_that_never_comes_times_out_and_the_connection_is_made_again(
+        daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any,
+        publish: Any) -> None:
+    """Fault model: "SUBACK never arrives". CONNECT is answered, then the SUBSCRIBE is held
+    (a partition right after CONNACK): the daemon never reports itself connected or
+    ready without its subscription; the subscribe times out, the connection is made
+    again, and once traffic flows the subscription is in place and messages arrive."""
+    with proxied(broker) as proxy:
+        proc = daemon(broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        proxy.hold_after_connect()
+        proxy.drop()
+        await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 2, timeout=60)
+        assert "timed out" in proc.logs()
+        assert proc.metric("ingest_mqtt_connected") == 0
+        assert http_status(proc.metrics_port, "/readyz") == 503
+        proxy.hold_after_connect(False)
+        await eventually(lambda: proc.metric("ingest_mqtt_connected") == 1, timeout=60)
+        await publish(messages(topic_root, 1))
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)
+    assert await stored(db, "bucket") == 1
+
+
+async def test_a_stop_while_the_broker_is_unreachable_leaves_the_messages_to_the_next_process(
+        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
+        mongo: Any, publish: Any) -> None:
+    """Fault model: "SIGTERM while the broker is unreachable". The writes finish, their
+    PUBACKs cannot reach the broker, the process exits 0 within its shutdown timeout.
+    The broker sends the messages again (DUP) to the next process, which finds their
+    readings stored and acknowledges them without writing: each reading once, in both
+    modes (time-series mode looks the readings of a DUP up before inserting them)."""
+    with proxied(broker) as proxy:
+        proc = daemon("--shutdown-timeout", "60", broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+            await publish(messages(topic_root, 10))
+            await eventually(lambda: proc.metric("ingest_messages_received_total") == 10)
+            proxy.cut()  # the broker is unreachable from now on
+        await eventually(lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}')
+                         == 10, timeout=90)  # after the backoff's next attempt
+        assert proc.stop() == 0
+        proxy.drop()  # the PUBACKs held by the partition are lost
+        proxy.heal()
+        again = daemon(broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        await eventually(lambda: again.metric("ingest_messages_acked_total") == 10, timeout=60)
+    assert again.metric("ingest_messages_received_total") == 10
+    assert again.metric(f'ingest_duplicate_readings_total{{mode="{mode}"}}') == 10
+    assert again.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 0
+    assert await stored_values(db, mode, "seq") == list(range(10))

@@ -30,6 +30,7 @@ class Proxy:
         self._refusals = 0
         self._refuse_code = 0x88
         self.refused = 0
+        self._hold_after_first = False
 
     def refuse(self, count: int, code: int = 0x88) -> None:
         """Answer the next ``count`` connections' CONNECT with an MQTT 5 CONNACK carrying
@@ -51,6 +52,12 @@ class Proxy:
     def drop(self) -> None:
         """Close every open connection; bytes held by a cut are thrown away, not sent."""
         asyncio.run_coroutine_threadsafe(self._close_connections(), self._loop).result(5)
+
+    def hold_after_connect(self, hold: bool = True) -> None:
+        """While set, new connections forward the client's first packet (CONNECT) and the
+        broker's answers, then hold everything else the client sends (its SUBSCRIBE):
+        a partition that begins right after CONNACK."""
+        self._hold_after_first = hold
 
     def disconnect(self, code: int) -> None:
         """Send every client an MQTT 5 DISCONNECT with reason ``code`` (as a broker does,
@@ -107,18 +114,25 @@ class Proxy:
             return
         self._clients.add(writer)
         try:
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            await asyncio.gather(self._pipe(reader, up_writer, upstream=True),
+                                 self._pipe(up_reader, writer))
         finally:
             self._tasks.discard(task)
             self._clients.discard(writer)
             for stream in (writer, up_writer):
                 stream.close()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    upstream: bool = False) -> None:
+        hold_after_first = upstream and self._hold_after_first
+        chunks = 0
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await reader.read(65536):
                 while not self._open.is_set():  # partition: hold the bytes, send nothing
                     await asyncio.sleep(0.05)
+                while hold_after_first and chunks and self._hold_after_first:
+                    await asyncio.sleep(0.05)
+                chunks += 1
                 writer.write(data)
                 await writer.drain()
         while not self._open.is_set():  # a partition holds a close as it holds bytes
