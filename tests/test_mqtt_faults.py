@@ -266,7 +266,7 @@ async def test_a_suback_that_never_comes_times_out_and_the_connection_is_made_ag
         assert "timed out" in proc.logs()
         assert proc.metric("ingest_mqtt_connected") == 0
         assert http_status(proc.metrics_port, "/readyz") == 503
-        proxy.hold_after_connect(False)
+        proxy.hold_after_connect(hold=False)
         await eventually(lambda: proc.metric("ingest_mqtt_connected") == 1, timeout=60)
         await publish(messages(topic_root, 1))
         await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)

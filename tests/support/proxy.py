@@ -53,7 +53,7 @@ class Proxy:
         """Close every open connection; bytes held by a cut are thrown away, not sent."""
         asyncio.run_coroutine_threadsafe(self._close_connections(), self._loop).result(5)
 
-    def hold_after_connect(self, hold: bool = True) -> None:
+    def hold_after_connect(self, *, hold: bool = True) -> None:
         """While set, new connections forward the client's first packet (CONNECT) and the
         broker's answers, then hold everything else the client sends (its SUBSCRIBE):
         a partition that begins right after CONNACK."""
