@@ -298,3 +298,24 @@ async def test_a_stop_while_the_broker_is_unreachable_leaves_the_messages_to_the
     assert again.metric(f'ingest_duplicate_readings_total{{mode="{mode}"}}') == 10
     assert again.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 0
     assert await stored_values(db, mode, "seq") == list(range(10))
+
+
+async def test_a_stop_whose_writes_outlast_the_shutdown_timeout_loses_nothing(
+        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
+        mongo: Any, publish: Any) -> None:
+    """Fault model: "SIGTERM, writes still in flight at --shutdown-timeout". MongoDB
+    refuses the writes; SIGTERM waits --shutdown-timeout, says what it leaves, and exits
+    without acknowledging anything. The next process receives the messages again and
+    writes them: each reading once."""
+    proc = daemon("--shutdown-timeout", "2")
+    async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+        await publish(messages(topic_root, 6))
+        await eventually(lambda: proc.metric("ingest_messages_received_total") == 6)
+        started = time.monotonic()
+        assert proc.stop() == 0
+        assert time.monotonic() - started < 20
+        assert "shutdown timeout" in proc.logs()
+    again = daemon()
+    await eventually(lambda: again.metric("ingest_messages_acked_total") == 6, timeout=60)
+    assert again.metric("ingest_messages_received_total") == 6
+    assert await stored_values(db, mode, "seq") == list(range(6))
