@@ -97,6 +97,9 @@ def test_a_hint_naming_a_missing_index_is_schema_gone_not_bad_data() -> None:
     OperationFailure("interrupted", 11601), OperationFailure("new code", 999_999),
     # a data code with a label saying the server wants it retried
     OperationFailure("x", 2, {"code": 2, "errorLabels": ["RetryableWriteError"]}),
+    # BadValue / FailedToParse of a whole command: the command's fault, not a reading's
+    # (a refusal would send every reading of the batch to rejects, one by one)
+    OperationFailure("unknown option", 2), OperationFailure("cannot parse", 9),
 ])
 def test_a_failed_command_is_retried_unless_its_data_is_at_fault(exc: Exception) -> None:
     error = mongo_errors.translate(exc, "write")  # type: ignore[arg-type]
