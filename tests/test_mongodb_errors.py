@@ -32,6 +32,7 @@ from ingest.schema import BUCKET_INDEX, Schema
 from ingest.sharding import shard_collection
 from ingest.writers import Plan, split_bulk_error
 from ingest.writers.bucket import MAX_BUCKET_BYTES, BucketWriter
+from ingest.writers.timeseries import TimeseriesWriter
 from tests.support.mongo import failpoint
 
 HOUR = 3600
@@ -144,6 +145,26 @@ def test_the_settle_lookup_reads_from_the_primary_whatever_the_collection_says(
                     rejects_max_bytes=1 << 20, retention_days=None, span_seconds=HOUR)
     writer = BucketWriter(coll, schema, HOUR, 3600)
     assert writer._primary().read_preference == ReadPreference.PRIMARY
+
+
+async def test_the_time_series_duplicate_lookup_reads_from_the_primary(
+        mongo: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A secondary may not have the reading that was just written: the DUP lookup would
+    call it new and insert it again."""
+    coll = mongo.iot.get_collection("readings", read_preference=SecondaryPreferred())
+    schema = Schema(mongo.iot, "readings", rejects_collection="rejects",
+                    rejects_max_bytes=1 << 20, retention_days=None, span_seconds=HOUR)
+    writer = TimeseriesWriter(coll, schema)
+    used: list[Any] = []
+    primary = writer._primary
+
+    def spy() -> Any:
+        used.append(primary().read_preference)
+        return primary()
+
+    monkeypatch.setattr(writer, "_primary", spy)
+    await writer.skip_stored([reading("a", T0)])
+    assert used == [ReadPreference.PRIMARY]
 
 
 # --- the schema ---------------------------------------------------------------------------------
