@@ -149,11 +149,14 @@ class FaultRun:
 
 
 def verify(manifest: Path, mongo_uri: str, db_name: str, mode: str) -> dict[str, Any]:
+    """``loadgen verify``'s report, or ``{"error": ...}`` if it could not run (MongoDB
+    busy or unreachable: the caller waits and tries again)."""
     run = subprocess.run([sys.executable, "-m", "loadgen", "verify", "--manifest",
                           str(manifest), "--mongodb-uri", mongo_uri, "--db", db_name,
                           "--mode", mode, "--json"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
-    assert run.stdout, run.stderr
+    if not run.stdout:
+        return {"error": run.stderr[-1000:], "missing": None}
     report: dict[str, Any] = json.loads(run.stdout)["modes"][0]
     return report
 
