@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 from bson.errors import InvalidDocument
 from pymongo.errors import OperationFailure
+from pymongo.errors import WriteError as OneOperationFailed
 
 from ingest.errors import RefusedWriteError, SchemaGoneError, WriteError
 
@@ -117,8 +118,11 @@ def translate(exc: PyMongoError | InvalidDocument, call: Call) -> WriteError:
     labels = _labels(exc)
     if hint_missing(code, str(exc)):
         return SchemaGoneError(message)
+    # pymongo raises WriteError for the one operation of a single write (update_one,
+    # insert_one) the server refused in ``writeErrors``: judged as an operation.
+    refusing = DATA_CODES if isinstance(exc, OneOperationFailed) else COMMAND_DATA_CODES
     if call != "lookup" and not labels & RETRY_LABELS and (
-            isinstance(exc, InvalidDocument) or code in COMMAND_DATA_CODES):
+            isinstance(exc, InvalidDocument) or code in refusing):
         return RefusedWriteError(message)
     return WriteError(message)
 

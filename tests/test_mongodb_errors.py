@@ -21,6 +21,7 @@ from pymongo.errors import (
     OperationFailure,
     ServerSelectionTimeoutError,
 )
+from pymongo.errors import WriteError as PyMongoWriteError
 from pymongo.read_preferences import SecondaryPreferred
 
 from ingest import mongo_errors
@@ -110,7 +111,9 @@ def test_a_failed_command_is_retried_unless_its_data_is_at_fault(exc: Exception)
 
 def test_a_command_refused_for_its_data_is_refused_but_a_lookup_never_is() -> None:
     for exc in (InvalidDocument("cannot encode"), OperationFailure("too large", 10334),
-                OperationFailure("Document failed validation", 121)):
+                OperationFailure("Document failed validation", 121),
+                # the one operation of update_one / insert_one, from ``writeErrors``
+                PyMongoWriteError("bad value", 2), PyMongoWriteError("type", 14)):
         assert type(mongo_errors.translate(exc, "write")) is RefusedWriteError
         assert type(mongo_errors.translate(exc, "lookup")) is WriteError
     missing = OperationFailure("hint provided does not correspond to an existing index", 2)
