@@ -1,8 +1,8 @@
 """CPU cost of the write side per reading: plan() plus BSON encoding of what is sent.
 
 No server is involved: this is the daemon's own share of a write (pymongo encodes a
-bulk with the same C BSON encoder). Together with bench.consume (MQTT receive, decode,
-batch, ack in --dry-run) it gives the CPU per reading of a daemon process.
+bulk with the same C BSON encoder). bench.e2e measures the whole path (MQTT receive,
+decode, batch, encode, send to a MongoDB sink, ack) as the CPU per reading of a process.
 
     .venv/bin/python -m bench.encode --readings 200000
 """

@@ -1,8 +1,8 @@
 """Mapping benchmark: the default path and a Zigbee2MQTT stream through its rule, one run.
 
 All streams are single-reading messages drained by the daemon (--dry-run) from a
-pre-loaded backlog in a real mosquitto, as in bench.consume: the default stream is
-bench.consume's (``{"ts", "seq", "temp", "hum"}``), once on one topic as there and once
+pre-loaded, confirmed backlog in a real mosquitto, timed with bench.e2e's clock
+(bench.backlog): the default stream (``{"ts", "seq", "temp", "hum"}``), once on one topic and once
 spread over the same ``--sensors`` topics as the Zigbee2MQTT stream (in bucket mode, the
 number of sensors in a batch sets the number of upserts, whatever the format); that one
 is ``{"battery":100,"battery_low":false,"occupancy":true,"temperature":21.7,
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from bench.consume import payloads, run_daemon
+from bench.backlog import payloads, run_daemon
 from ingest.decode import Limits, decode
 from ingest.mapping import Mapping
 from ingest.rules import parse, preset_names
@@ -174,7 +174,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    labels = {"default": "default format, one sensor (bench.consume's stream)",
+    labels = {"default": "default format, one sensor",
               "default_fleet": f"default format, the same payloads on {args.sensors} sensors",
               "zigbee2mqtt": f"Zigbee2MQTT through {source}, {args.sensors} sensors"}
     print("| stream (1 reading/message) | readings/s, each round | median |\n|---|---|---|")

@@ -1,14 +1,15 @@
 """Sparkplug B against JSON: readings/s of the daemon (--dry-run) over the same readings.
 
-Method of bench.consume: for each payload format, a backlog of QoS 1 messages is queued at
-a real mosquitto for the daemon's persistent session while it is offline; the daemon then
-connects and the clock runs from its first received message until the last one is
-acknowledged (read from its metrics). --dry-run: decode, batch and plan the writes, no
-MongoDB (a BIRTH's alias table stays in memory). The readings are the same in every
-format: ``--sensors`` sensors, two measurements (hum, temp) each, ``--per-message`` per
-message. Formats: ``ingest`` (the default path, no mapping), ``json`` (a mapping rule of
-format json), ``sparkplug`` (--preset sparkplug: one NBIRTH per edge node, then NDATA
-with aliases only). Runs are back to back on one machine: compare the ratios.
+For each payload format, a backlog of QoS 1 messages, each acknowledged by the broker, is
+queued at a real mosquitto for the daemon's persistent session while it is offline; the
+daemon then connects and is timed with bench.e2e's clock, from the first message to reach
+its socket to its last acknowledgement (bench.backlog). --dry-run: decode, batch and plan
+the writes, no MongoDB (a BIRTH's alias table stays in memory). The readings are the same
+in every format: ``--sensors`` sensors (a fleet: message i comes from sensor i mod N), two
+measurements (hum, temp) each, ``--per-message`` per message. Formats: ``ingest`` (the
+default path, no mapping), ``json`` (a mapping rule of format json), ``sparkplug``
+(--preset sparkplug: one NBIRTH per edge node, then NDATA with aliases only). The rounds
+interleave the formats on one machine: compare the ratios.
 
     .venv/bin/python -m bench.sparkplug [--messages 20000] [--per-message 1] [--rounds 3]
 """
@@ -24,9 +25,9 @@ from pathlib import Path
 
 import orjson
 
-from bench.consume import drain
+from bench.backlog import drain
 from loadgen import sparkplug as spb
-from tests.support.procs import Broker, Daemon
+from tests.support.procs import Broker
 
 JSON_RULE = """
 [[rule]]
@@ -76,27 +77,6 @@ def encode(fmt: str, plan: list[tuple[int, list[tuple]]], sensors: int
     return out
 
 
-def preload(broker: Broker, messages: list[tuple[str, bytes]]) -> None:
-    """Publish every message at QoS 1 and wait for the broker's acknowledgements."""
-    from paho.mqtt import client as paho  # noqa: PLC0415
-    from paho.mqtt.enums import CallbackAPIVersion  # noqa: PLC0415
-
-    client = paho.Client(CallbackAPIVersion.VERSION2, client_id="bench-pub",
-                         protocol=paho.MQTTv5)
-    client.max_inflight_messages_set(1000)
-    client.connect("127.0.0.1", broker.port)
-    client.loop_start()
-    try:
-        for start in range(0, len(messages), 1000):
-            infos = [client.publish(topic, payload, qos=1)
-                     for topic, payload in messages[start:start + 1000]]
-            for info in infos:
-                info.wait_for_publish(timeout=60)
-    finally:
-        client.disconnect()
-        client.loop_stop()
-
-
 def consume(fmt: str, messages: list[tuple[str, bytes]], workdir: Path) -> float:
     """Readings/s of a --dry-run daemon draining ``messages`` queued for it."""
     broker = Broker(workdir)
@@ -115,15 +95,8 @@ def consume(fmt: str, messages: list[tuple[str, bytes]], workdir: Path) -> float
     else:
         args += ["--topic", "bench/#"]
     try:
-        first = Daemon(args, workdir / f"daemon-{fmt}.log").start()
-        first.stop()  # the persistent session exists and queues the backlog
-        preload(broker, messages)
-        daemon = Daemon(args, workdir / f"daemon-{fmt}.log").start(wait_ready=False)
-        try:
-            seconds, written = drain(daemon, len(messages))
-        finally:
-            daemon.stop()
-        return written / seconds
+        seconds, counters = drain(broker, args, workdir, messages, f"daemon-{fmt}")
+        return counters["ingest_readings_written_total"] / seconds
     finally:
         broker.stop()
 
@@ -132,7 +105,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--per-message", type=int, default=1)
-    parser.add_argument("--sensors", type=int, default=100)
+    parser.add_argument("--sensors", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3, help="runs per format, interleaved")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()

@@ -75,6 +75,14 @@ class Metrics:
             "ts and values) is already stored: redeliveries after a crash, retried writes "
             "whose first attempt landed, or a sensor sending a reading twice (bucket mode).",
             ["mode"], namespace=NAMESPACE, registry=r).labels(mode)
+        self.duplicate_checked = Counter(
+            "duplicate_checked_readings", "Readings looked up before being written again "
+            "because they may be stored already (time-series mode: a DUP redelivery or a "
+            "retried write); the normal path looks nothing up.",
+            ["mode"], namespace=NAMESPACE, registry=r).labels(mode)
+        self.duplicate_check_seconds = Counter(
+            "duplicate_check_seconds", "Time spent in those lookups.",
+            ["mode"], namespace=NAMESPACE, registry=r).labels(mode)
         self.readings_rejected = Counter(
             "readings_rejected", "Readings rejected, by reason.", ["reason"],
             namespace=NAMESPACE, registry=r)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 from bson.errors import InvalidDocument
 from pymongo.errors import OperationFailure
+from pymongo.errors import WriteError as OneOperationFailed
 
 from ingest.errors import RefusedWriteError, SchemaGoneError, WriteError
 
@@ -56,6 +57,11 @@ DATA_CODES: Mapping[int, str] = {
     10334: "BSONObjectTooLarge",
     17419: "document too large after the update (assertion 17419)",
 }
+# Of those, the ones that refuse a whole command for its data. A command fails as a whole
+# for what it is (an option, its parsing, its size): a BadValue or FailedToParse there
+# says nothing about a reading, so it is retried, and the problems of one document are
+# reported per operation (``writeErrors``) instead.
+COMMAND_DATA_CODES = frozenset({121, 10334, 17419})
 # Codes the server documents as transient, by category (RetriableError, NetworkError,
 # Interruption, ShutdownError, NotPrimaryError, StaleShardVersionError, ...) or by what
 # it asks of the client (82, 409). Listed for the docs and the logs: every code not in
@@ -112,8 +118,11 @@ def translate(exc: PyMongoError | InvalidDocument, call: Call) -> WriteError:
     labels = _labels(exc)
     if hint_missing(code, str(exc)):
         return SchemaGoneError(message)
+    # pymongo raises WriteError for the one operation of a single write (update_one,
+    # insert_one) the server refused in ``writeErrors``: judged as an operation.
+    refusing = DATA_CODES if isinstance(exc, OneOperationFailed) else COMMAND_DATA_CODES
     if call != "lookup" and not labels & RETRY_LABELS and (
-            isinstance(exc, InvalidDocument) or code in DATA_CODES):
+            isinstance(exc, InvalidDocument) or code in refusing):
         return RefusedWriteError(message)
     return WriteError(message)
 

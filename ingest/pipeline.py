@@ -351,7 +351,11 @@ class Pipeline:
         checked = [reading for reading in pending if id(reading) in suspects]
         if not checked:
             return pending
+        started = time.perf_counter()
         fresh = await self._writer.skip_stored(checked)
+        if self._writer.mode == "timeseries":  # bucket mode settles in its writes instead
+            self._metrics.duplicate_checked.inc(len(checked))
+            self._metrics.duplicate_check_seconds.inc(time.perf_counter() - started)
         if len(fresh) < len(checked):
             self._metrics.duplicates.inc(len(checked) - len(fresh))
             logger.info("%d readings of a redelivery or a retried write are stored "

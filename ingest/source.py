@@ -254,8 +254,9 @@ class MqttSource:
                 if fatal is not None:
                     raise fatal from None
                 if connected_once:
-                    logger.warning("MQTT connection to %s lost (%s); retrying in %.1fs",
-                                   address, exc, delay)
+                    logger.warning("MQTT connection to %s lost (%s)%s; retrying in %.1fs",
+                                   address, exc, _lost_hint(exc, self._settings.client_id),
+                                   delay)
                 elif attempt == 1:
                     logger.warning("cannot reach the MQTT broker at %s (%s): waiting for it, "
                                    "retrying with backoff; check --mqtt-url if it does not "
@@ -430,5 +431,27 @@ def _refused_for_good(exc: aiomqtt.MqttError) -> bool:
 
 
 async def _until_disconnected(client: aiomqtt.Client) -> None:
-    async for _ in client.messages:
-        pass
+    try:
+        async for _ in client.messages:
+            pass
+    except aiomqtt.MqttError as exc:
+        # aiomqtt's iterator says only "Disconnected during message iteration"; the
+        # broker's reason (e.g. 0x8E session taken over) is in the disconnect it recorded.
+        disconnected = getattr(client, "_disconnected", None)
+        if (isinstance(disconnected, asyncio.Future) and disconnected.done()
+                and not disconnected.cancelled()
+                and isinstance(disconnected.exception(), aiomqtt.MqttError)):
+            raise disconnected.exception() from exc  # type: ignore[misc]
+        raise
+
+
+def _lost_hint(exc: aiomqtt.MqttError, client_id: str) -> str:
+    """What to do about a lost connection, when its reason says."""
+    code = getattr(exc, "rc", None)
+    if getattr(code, "value", code) == _SESSION_TAKEN_OVER:
+        return (f"; another client connected with client id {client_id}: give each "
+                "daemon its own --client-id (or --shared-group to split the topics)")
+    return ""
+
+
+_SESSION_TAKEN_OVER = 0x8E

@@ -118,3 +118,24 @@ def test_every_test_the_docs_name_exists() -> None:
                                   page.read_text(encoding="utf-8"))}
     named = {n for n in named if not n.endswith("_py") and "." not in n}
     assert sorted(named - defined) == []
+
+
+def test_every_test_the_docs_name_by_file_is_in_that_file() -> None:
+    """``file.py::test_name`` (from ``tests/``) names a test of that file; ``::test_name``
+    after it names a test of the same file (the fault model's and MongoDB errors' tables)."""
+    missing, seen = [], 0
+    for page in PAGES:
+        for cell in re.split(r"\||\n\n", page.read_text(encoding="utf-8")):
+            current = None
+            for m in re.finditer(r"`(?:(?:tests/)?(test_\w+\.py))?::(test_\w+?)(?:\[[\w-]+\])?`",
+                                 cell):
+                current, seen = m.group(1) or current, seen + 1
+                if current is None:
+                    missing.append(f"{page.name}: ::{m.group(2)} without a file")
+                    continue
+                path = ROOT / "tests" / current
+                text = path.read_text(encoding="utf-8") if path.exists() else ""
+                if not re.search(rf"def {m.group(2)}\(", text):
+                    missing.append(f"{page.name}: {current}::{m.group(2)}")
+    assert seen > 50  # the pattern still matches how the pages cite tests
+    assert missing == []

@@ -424,7 +424,10 @@ async def test_stopped_mid_stream_then_restarted_loses_nothing(
     holds before exiting 0, so nothing is written twice in either mode; after SIGKILL
     bucket mode counts nothing twice, and time-series mode may store the readings of the
     writes in flight twice (the number is printed; see docs/delivery.md)."""
-    proc = daemon("--batch-size", "50")
+    # SIGTERM must write and ack everything it holds: give the drain all the time the
+    # emulator needs under load (the default --shutdown-timeout, 10 s, can expire first,
+    # and the messages of the writes then in flight come back as redeliveries).
+    proc = daemon("--batch-size", "50", "--shutdown-timeout", "120")
     manifest = tmp_path / "run.json"
     count = 1200
     publisher = subprocess.Popen(
@@ -434,7 +437,9 @@ async def test_stopped_mid_stream_then_restarted_loses_nothing(
     try:
         await eventually(lambda: proc.metric("ingest_messages_acked_total") >= 150)
         proc.signal(sig)
-        assert proc.wait() == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
+        assert proc.wait(timeout=150) == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
+        if sig == signal.SIGTERM:
+            assert "shutdown timeout" not in proc.logs().lower(), proc.logs()[-2000:]
         again = daemon("--batch-size", "50")
         out, err = publisher.communicate(timeout=60)
     finally:
@@ -444,8 +449,8 @@ async def test_stopped_mid_stream_then_restarted_loses_nothing(
     await eventually(
         lambda: again.metric("ingest_buffered_readings") == 0
         and again.metric("ingest_messages_received_total")
-        == again.metric("ingest_messages_acked_total"), timeout=30)
-    await eventually(lambda: _at_least(stored(db, mode), count), timeout=30)
+        == again.metric("ingest_messages_acked_total"), timeout=90)
+    await eventually(lambda: _at_least(stored(db, mode), count), timeout=60)
     code = main(["verify", "--manifest", str(manifest), "--mongodb-uri", mongo_uri,
                  "--db", db_name, "--mode", mode], env={})
     report = capsys.readouterr().out

@@ -21,6 +21,7 @@ from pymongo.errors import (
     OperationFailure,
     ServerSelectionTimeoutError,
 )
+from pymongo.errors import WriteError as PyMongoWriteError
 from pymongo.read_preferences import SecondaryPreferred
 
 from ingest import mongo_errors
@@ -32,6 +33,7 @@ from ingest.schema import BUCKET_INDEX, Schema
 from ingest.sharding import shard_collection
 from ingest.writers import Plan, split_bulk_error
 from ingest.writers.bucket import MAX_BUCKET_BYTES, BucketWriter
+from ingest.writers.timeseries import TimeseriesWriter
 from tests.support.mongo import failpoint
 
 HOUR = 3600
@@ -97,6 +99,9 @@ def test_a_hint_naming_a_missing_index_is_schema_gone_not_bad_data() -> None:
     OperationFailure("interrupted", 11601), OperationFailure("new code", 999_999),
     # a data code with a label saying the server wants it retried
     OperationFailure("x", 2, {"code": 2, "errorLabels": ["RetryableWriteError"]}),
+    # BadValue / FailedToParse of a whole command: the command's fault, not a reading's
+    # (a refusal would send every reading of the batch to rejects, one by one)
+    OperationFailure("unknown option", 2), OperationFailure("cannot parse", 9),
 ])
 def test_a_failed_command_is_retried_unless_its_data_is_at_fault(exc: Exception) -> None:
     error = mongo_errors.translate(exc, "write")  # type: ignore[arg-type]
@@ -106,7 +111,9 @@ def test_a_failed_command_is_retried_unless_its_data_is_at_fault(exc: Exception)
 
 def test_a_command_refused_for_its_data_is_refused_but_a_lookup_never_is() -> None:
     for exc in (InvalidDocument("cannot encode"), OperationFailure("too large", 10334),
-                OperationFailure("Document failed validation", 121)):
+                OperationFailure("Document failed validation", 121),
+                # the one operation of update_one / insert_one, from ``writeErrors``
+                PyMongoWriteError("bad value", 2), PyMongoWriteError("type", 14)):
         assert type(mongo_errors.translate(exc, "write")) is RefusedWriteError
         assert type(mongo_errors.translate(exc, "lookup")) is WriteError
     missing = OperationFailure("hint provided does not correspond to an existing index", 2)
@@ -141,6 +148,26 @@ def test_the_settle_lookup_reads_from_the_primary_whatever_the_collection_says(
                     rejects_max_bytes=1 << 20, retention_days=None, span_seconds=HOUR)
     writer = BucketWriter(coll, schema, HOUR, 3600)
     assert writer._primary().read_preference == ReadPreference.PRIMARY
+
+
+async def test_the_time_series_duplicate_lookup_reads_from_the_primary(
+        mongo: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A secondary may not have the reading that was just written: the DUP lookup would
+    call it new and insert it again."""
+    coll = mongo.iot.get_collection("readings", read_preference=SecondaryPreferred())
+    schema = Schema(mongo.iot, "readings", rejects_collection="rejects",
+                    rejects_max_bytes=1 << 20, retention_days=None, span_seconds=HOUR)
+    writer = TimeseriesWriter(coll, schema)
+    used: list[Any] = []
+    primary = writer._primary
+
+    def spy() -> Any:
+        used.append(primary().read_preference)
+        return primary()
+
+    monkeypatch.setattr(writer, "_primary", spy)
+    await writer.skip_stored([reading("a", T0)])
+    assert used == [ReadPreference.PRIMARY]
 
 
 # --- the schema ---------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from ingest.metrics import Health, Metrics
 from ingest.model import Inbound
 from ingest.source import MqttSource
 from tests.support.mongo import failpoint, stored, stored_values
-from tests.support.procs import Broker, eventually
+from tests.support.procs import Broker, eventually, http_status
 from tests.support.proxy import Proxy
 
 if TYPE_CHECKING:
@@ -59,18 +59,24 @@ async def test_pubacks_lost_with_a_dying_connection_are_sent_again_not_written_a
             await publish(messages(topic_root, 20))
             await eventually(lambda: proc.metric("ingest_messages_received_total") == 20)
             proxy.cut()  # ...until the PUBACKs can no longer reach the broker
-        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 20)
+        # The writes were retried with backoff while refused: the next attempt can be up
+        # to 30 s away (the backoff's cap), however long the refusal lasted.
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 20,
+                         timeout=90)
         proxy.drop()  # the held PUBACKs never arrive
         proxy.heal()
-        await eventually(lambda: proc.metric("ingest_redeliveries_reacked_total") == 20)
+        await eventually(lambda: proc.metric("ingest_redeliveries_reacked_total") == 20,
+                         timeout=60)
         await eventually(lambda: proc.metric("ingest_mqtt_connected") == 1)
-    assert proc.metric("ingest_messages_received_total") == 20
-    assert proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 20
-    assert proc.metric(f'ingest_duplicate_readings_total{{mode="{mode}"}}') == 0
+        assert proc.metric("ingest_messages_received_total") == 20
+        assert proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 20
+        assert proc.metric(f'ingest_duplicate_readings_total{{mode="{mode}"}}') == 0
+        # A clean stop through the proxy: the second PUBACKs (counted when queued) go out
+        # before the DISCONNECT; tearing the proxy down first could cut them off.
+        assert proc.stop() == 0
     assert await stored_values(db, mode, "seq") == list(range(20))
     assert await stored(db, mode) == 20
     # The second PUBACKs reached the broker: a new connection gets nothing again.
-    proc.stop()
     again = daemon()
     await publish(messages(topic_root, 1, start=100))
     await eventually(lambda: again.metric("ingest_messages_acked_total") == 1)
@@ -176,3 +182,142 @@ async def test_a_lost_session_forgets_the_messages_in_flight_and_goes_on(
         assert await stored_values(db, "bucket", "seq") == list(range(8))
     finally:
         volatile.stop()
+
+
+async def test_two_daemons_with_one_client_id_take_the_session_in_turn_and_store_each_reading_once(
+        daemon: Callable[..., Daemon], topic_root: str, db: Any, publish: Any) -> None:
+    """Fault model: "Another client connects with the same client id (session takeover)".
+    Two daemons started with one ``--client-id`` (a second replica without
+    ``--shared-group``): the broker closes the older connection whenever the other
+    connects, each says so in its log and reconnects, taking the session back. Whichever
+    holds the session gets the messages, unacknowledged ones are resent to the next
+    holder, and bucket mode stores each reading once: nothing lost, nothing twice."""
+    first = daemon()
+    second = daemon()  # the same client id: the fixture derives it from the topic
+    await publish(messages(topic_root, 60))
+    for proc in (first, second):  # each has been put out by the other
+        await eventually(lambda proc=proc: proc.metric("ingest_mqtt_reconnects_total") >= 2)
+    assert await stored(db, "bucket") > 0
+    second.stop()  # the first holds the session from now on
+
+    async def all_stored() -> bool:
+        return await stored_values(db, "bucket", "seq") == list(range(60))
+
+    await eventually(all_stored, timeout=60)
+    # Everything was acknowledged: the session holds nothing for a new process.
+    first.stop()
+    third = daemon()
+    await publish(messages(topic_root, 1, start=100))
+    await eventually(lambda: third.metric("ingest_messages_acked_total") >= 1)
+    assert await stored(db, "bucket") == 61
+
+
+async def test_the_brokers_reason_for_closing_the_connection_is_logged_with_what_to_do(
+        daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any,
+        publish: Any) -> None:
+    """A broker that closes the connection with an MQTT 5 DISCONNECT says why; for 0x8E
+    (session taken over: another client connected with the daemon's client id, as EMQX,
+    HiveMQ and the MQTT 5 specification do) the log names the client id and what to do,
+    rather than aiomqtt's "Disconnected during message iteration". The daemon reconnects
+    and goes on."""
+    with proxied(broker) as proxy:
+        proc = daemon(broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        proxy.disconnect(0x8E)
+        await eventually(lambda: "another client connected with client id "
+                         f"ingest-{topic_root}" in proc.logs())
+        assert "Session taken over" in proc.logs()
+        await eventually(lambda: proc.metric("ingest_mqtt_connected") == 1)
+        await publish(messages(topic_root, 1))
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)
+    assert await stored(db, "bucket") == 1
+
+
+async def test_a_connect_left_unanswered_times_out_and_is_tried_again(
+        daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any,
+        publish: Any) -> None:
+    """Fault model: "CONNECT unanswered (partition while connecting)". The connection is
+    dropped during a partition, so the reconnect's CONNECT is held and no CONNACK comes:
+    the attempt times out (aiomqtt's 10 s), is logged and tried again with backoff, and
+    once the partition heals the daemon connects and messages flow."""
+    with proxied(broker) as proxy:
+        proc = daemon(broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        proxy.cut()
+        proxy.drop()
+        await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 2, timeout=60)
+        assert "timed out" in proc.logs()
+        assert proc.metric("ingest_mqtt_connected") == 0
+        proxy.heal()
+        await eventually(lambda: proc.metric("ingest_mqtt_connected") == 1, timeout=60)
+        await publish(messages(topic_root, 1))
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)
+    assert await stored(db, "bucket") == 1
+
+
+async def test_a_suback_that_never_comes_times_out_and_the_connection_is_made_again(
+        daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any,
+        publish: Any) -> None:
+    """Fault model: "SUBACK never arrives". CONNECT is answered, then the SUBSCRIBE is held
+    (a partition right after CONNACK): the daemon never reports itself connected or
+    ready without its subscription; the subscribe times out, the connection is made
+    again, and once traffic flows the subscription is in place and messages arrive."""
+    with proxied(broker) as proxy:
+        proc = daemon(broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        proxy.hold_after_connect()
+        proxy.drop()
+        await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 2, timeout=60)
+        assert "timed out" in proc.logs()
+        assert proc.metric("ingest_mqtt_connected") == 0
+        assert http_status(proc.metrics_port, "/readyz") == 503
+        proxy.hold_after_connect(hold=False)
+        await eventually(lambda: proc.metric("ingest_mqtt_connected") == 1, timeout=60)
+        await publish(messages(topic_root, 1))
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)
+    assert await stored(db, "bucket") == 1
+
+
+async def test_a_stop_while_the_broker_is_unreachable_leaves_the_messages_to_the_next_process(
+        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
+        mongo: Any, publish: Any) -> None:
+    """Fault model: "SIGTERM while the broker is unreachable". The writes finish, their
+    PUBACKs cannot reach the broker, the process exits 0 within its shutdown timeout.
+    The broker sends the messages again (DUP) to the next process, which finds their
+    readings stored and acknowledges them without writing: each reading once, in both
+    modes (time-series mode looks the readings of a DUP up before inserting them)."""
+    with proxied(broker) as proxy:
+        proc = daemon("--shutdown-timeout", "60", broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+            await publish(messages(topic_root, 10))
+            await eventually(lambda: proc.metric("ingest_messages_received_total") == 10)
+            proxy.cut()  # the broker is unreachable from now on
+        await eventually(lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}')
+                         == 10, timeout=90)  # after the backoff's next attempt
+        assert proc.stop() == 0
+        proxy.drop()  # the PUBACKs held by the partition are lost
+        proxy.heal()
+        again = daemon(broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        await eventually(lambda: again.metric("ingest_messages_acked_total") == 10, timeout=60)
+    assert again.metric("ingest_messages_received_total") == 10
+    assert again.metric(f'ingest_duplicate_readings_total{{mode="{mode}"}}') == 10
+    assert again.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 0
+    assert await stored_values(db, mode, "seq") == list(range(10))
+
+
+async def test_a_stop_whose_writes_outlast_the_shutdown_timeout_loses_nothing(
+        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
+        mongo: Any, publish: Any) -> None:
+    """Fault model: "SIGTERM, writes still in flight at --shutdown-timeout". MongoDB
+    refuses the writes; SIGTERM waits --shutdown-timeout, says what it leaves, and exits
+    without acknowledging anything. The next process receives the messages again and
+    writes them: each reading once."""
+    proc = daemon("--shutdown-timeout", "2")
+    async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+        await publish(messages(topic_root, 6))
+        await eventually(lambda: proc.metric("ingest_messages_received_total") == 6)
+        started = time.monotonic()
+        assert proc.stop() == 0
+        assert time.monotonic() - started < 20
+        assert "shutdown timeout" in proc.logs()
+    again = daemon()
+    await eventually(lambda: again.metric("ingest_messages_acked_total") == 6, timeout=60)
+    assert again.metric("ingest_messages_received_total") == 6
+    assert await stored_values(db, mode, "seq") == list(range(6))

@@ -108,7 +108,7 @@ async def test_a_daemon_holding_a_closed_table_finds_a_birth_another_daemon_stor
 
 async def test_a_birth_mongodb_refuses_for_its_data_is_used_from_memory_not_retried(db, mongo):
     fmt = SparkplugFormat(store=BirthStore(db[BIRTHS_COLLECTION]))
-    async with failpoint(mongo, ["update"], code=2):  # BadValue: the data's fault
+    async with failpoint(mongo, ["update"], code=121):  # validation: the data's fault
         parsed = await feed(fmt, enc.topic("G", "NBIRTH", "E"), BIRTH)
     assert [i.fields for i in parsed.items] == [{"Temp/A": 1.5, "Count": 3}]
     assert await db[BIRTHS_COLLECTION].count_documents({}) == 0

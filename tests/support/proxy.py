@@ -11,7 +11,8 @@ import threading
 
 class Proxy:
     """Forwards 127.0.0.1:<port> to a target; ``cut()`` stops forwarding without closing
-    anything (like a network partition), ``heal()`` resumes."""
+    anything (like a network partition: bytes and closes from either side are held),
+    ``heal()`` resumes."""
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
@@ -25,9 +26,11 @@ class Proxy:
         self._thread = threading.Thread(target=self._run, daemon=True, name="proxy")
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._clients: set[asyncio.StreamWriter] = set()
         self._refusals = 0
         self._refuse_code = 0x88
         self.refused = 0
+        self._hold_after_first = False
 
     def refuse(self, count: int, code: int = 0x88) -> None:
         """Answer the next ``count`` connections' CONNECT with an MQTT 5 CONNACK carrying
@@ -50,6 +53,19 @@ class Proxy:
         """Close every open connection; bytes held by a cut are thrown away, not sent."""
         asyncio.run_coroutine_threadsafe(self._close_connections(), self._loop).result(5)
 
+    def hold_after_connect(self, *, hold: bool = True) -> None:
+        """While set, new connections forward the client's first packet (CONNECT) and the
+        broker's answers, then hold everything else the client sends (its SUBSCRIBE):
+        a partition that begins right after CONNACK."""
+        self._hold_after_first = hold
+
+    def disconnect(self, code: int) -> None:
+        """Send every client an MQTT 5 DISCONNECT with reason ``code`` (as a broker does,
+        e.g. 0x8E session taken over) and close its connection (call it while no other
+        traffic flows, so the packet is not cut into another)."""
+        packet = bytes((0xE0, 2, code, 0))  # reason, no properties
+        asyncio.run_coroutine_threadsafe(self._close_connections(packet), self._loop).result(5)
+
     def stop(self) -> None:
         self._open.set()
         asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(5)
@@ -61,7 +77,12 @@ class Proxy:
             self._server.close()
         await self._close_connections()
 
-    async def _close_connections(self) -> None:
+    async def _close_connections(self, last: bytes = b"") -> None:
+        if last:
+            for writer in list(self._clients):
+                with contextlib.suppress(OSError):
+                    writer.write(last)
+                    await writer.drain()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -91,20 +112,31 @@ class Proxy:
         except OSError:
             writer.close()
             return
+        self._clients.add(writer)
         try:
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            await asyncio.gather(self._pipe(reader, up_writer, upstream=True),
+                                 self._pipe(up_reader, writer))
         finally:
             self._tasks.discard(task)
+            self._clients.discard(writer)
             for stream in (writer, up_writer):
                 stream.close()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    upstream: bool = False) -> None:
+        hold_after_first = upstream and self._hold_after_first
+        chunks = 0
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await reader.read(65536):
                 while not self._open.is_set():  # partition: hold the bytes, send nothing
                     await asyncio.sleep(0.05)
+                while hold_after_first and chunks and self._hold_after_first:
+                    await asyncio.sleep(0.05)
+                chunks += 1
                 writer.write(data)
                 await writer.drain()
+        while not self._open.is_set():  # a partition holds a close as it holds bytes
+            await asyncio.sleep(0.05)
         writer.close()
 
 
