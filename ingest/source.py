@@ -339,7 +339,8 @@ class MqttSource:
         # reconnect of the persistent session (they would be stored again each time).
         options = SubscribeOptions(qos=wanted,
                                    retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
-        for topic in self._settings.subscriptions:
+        subscriptions = () if self._settings.drain_only else self._settings.subscriptions
+        for topic in subscriptions:
             granted = await client.subscribe(topic, options=options)
             codes = [code if isinstance(code, int) else code.value for code in granted]
             if any(code != wanted for code in codes):
@@ -347,11 +348,17 @@ class MqttSource:
                 # ack-after-write guarantee into at-most-once.
                 raise aiomqtt.MqttError(f"broker answered {codes} to subscribing {topic!r} at "
                                         f"QoS {wanted}")
+        # After subscribing, so a message is delivered twice rather than not at all: the
+        # other form (plain or shared) a session of another --workers count may hold
+        # (ingest/workers.py). "No subscription existed" (0x11) is the usual answer.
+        for topic in (self._settings.subscriptions if self._settings.drain_only
+                      else self._settings.other_subscriptions):
+            await client.unsubscribe(topic)
         self._health.mqtt_connected = True
         self._metrics.mqtt_connected.set(1)
         logger.info("connected to %s:%d as %s; subscribed to %s",
                     self._settings.mqtt.host, self._settings.mqtt.port,
-                    self._settings.client_id, ", ".join(self._settings.subscriptions))
+                    self._settings.client_id, ", ".join(subscriptions) or "nothing (draining)")
 
     def _disconnected(self) -> None:
         self._client = None
