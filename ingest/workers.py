@@ -207,7 +207,9 @@ async def drain_session(settings: Settings, client_id: str, outer: app.Shutdown)
                     metrics_host="127.0.0.1", metrics_port=0)
     sock = listen("127.0.0.1", 0)
     port = int(sock.getsockname()[1])
-    inner = app.Shutdown(_deadline(settings))
+    # No watchdog of its own: it would end the whole process once the drain is over (the
+    # daemon's own Shutdown guards the process).
+    inner = app.Shutdown(None)
     run = asyncio.create_task(app.run(drain, inner, metrics_sock=sock), name="drain-session")
     idle = asyncio.create_task(_until_idle(port), name="drain-idle")
     stop = asyncio.create_task(outer.requested.wait(), name="drain-stop")
@@ -324,37 +326,52 @@ def supervise(settings: Settings) -> int:
 async def _supervise(settings: Settings, workers: list[Worker], public: socket.socket) -> int:
     loop = asyncio.get_running_loop()
     exited: asyncio.Queue[Worker] = asyncio.Queue()
-    signals = 0
-
-    def forward() -> None:
-        nonlocal signals
-        signals += 1
-        logger.info("signal received: %s every worker", "forcing" if signals > 1 else
-                    "draining")
-        _signal_all(workers)
-
+    state = _Stopping(workers)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, forward)
+        loop.add_signal_handler(sig, state.signal)
     for worker in workers:
         loop.add_reader(worker.process.sentinel, _on_exit, loop, exited, worker)
     logger.info("%d workers: client ids %s; shared group %s", len(workers),
                 ", ".join(worker_client_id(settings.client_id, w.index) for w in workers),
                 settings.shared_group or settings.derived_group)
-    status, error = 0, None
     async with AggregateServer(public, workers):
-        for left in range(len(workers), 0, -1):
-            worker = await exited.get()
-            code = worker.process.exitcode or 0
-            report = _report(worker)
-            if code != 0 and status == 0:
-                status, error = code, report
-                if signals == 0 and left > 1:
-                    logger.error("worker %d exited with status %s; stopping the others",
-                                 worker.index, _status(code))
-                    _signal_all(workers)
-    if error is not None:
-        raise error
-    return 1 if status else 0
+        for _ in workers:
+            state.exited(await exited.get())
+    if state.error is not None:
+        raise state.error
+    return 1 if state.failed else 0
+
+
+class _Stopping:
+    """The parent's view of the shutdown: who asked, what failed."""
+
+    def __init__(self, workers: list[Worker]) -> None:
+        self.workers = workers
+        self.signals = 0  # signals passed on to the workers
+        self.failed = False
+        self.error: Exception | None = None  # the first start-up error a worker reported
+
+    def signal(self) -> None:
+        """SIGTERM/SIGINT to the parent: the first drains every worker, the next forces."""
+        self.signals += 1
+        logger.info("signal received: %s every worker",
+                    "forcing" if self.signals > 1 else "draining")
+        _signal_all(self.workers)
+
+    def exited(self, worker: Worker) -> None:
+        """A worker has exited: unasked, it fails the daemon and stops the others."""
+        code = worker.process.exitcode or 0
+        report = _report(worker)
+        self.error = self.error or report
+        unasked = self.signals == 0
+        if code != 0 or unasked:
+            self.failed = True
+        if unasked:
+            if report is None:  # a start-up error is said once, by the CLI
+                logger.error("worker %d exited with status %s; stopping the others",
+                             worker.index, _status(code))
+            self.signals = 1
+            _signal_all(self.workers)
 
 
 def _on_exit(loop: asyncio.AbstractEventLoop, exited: asyncio.Queue[Worker],
