@@ -31,6 +31,8 @@ from ingest.workers import (
     worker_client_id,
     worker_settings,
 )
+from loadgen import sparkplug as enc
+from loadgen.sparkplug import Metric
 from tests.support.mongo import stored
 from tests.support.procs import Broker, eventually, http_status, parse_metrics
 
@@ -38,6 +40,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from tests.support.procs import Daemon
+
+
+NOW = int(time.time() * 1000)
 
 
 def reading(topic_root: str, sensor: int, second: int) -> tuple[str, str]:
@@ -265,3 +270,41 @@ def test_a_start_up_error_of_the_workers_is_one_line_from_the_parent(tmp_path: P
     line = failure_line(result, 1)
     assert "refused" in line
     assert result.stderr.count("ingest: error:") == 1
+
+
+async def test_workers_whose_parent_is_killed_drain_and_exit(
+        daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
+        topic_root: str) -> None:
+    proc = daemon("--workers", "2")
+    assert proc.process is not None
+    workers = children(proc.process.pid)
+    await publish(batch(topic_root, 0, 10))
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 10)
+    proc.process.kill()
+    proc.wait()
+
+    def gone() -> bool:
+        return not any(Path(f"/proc/{pid}").exists() for pid in workers)
+
+    await eventually(gone, timeout=30)
+    logs = proc.logs()
+    assert logs.count("the parent process is gone: draining and stopping") == 2
+    assert "[worker 1]: stopped" in logs
+
+
+async def test_sparkplug_and_dry_run_run_in_the_workers(
+        daemon: Callable[..., Daemon], publish: Callable[..., Any], topic_root: str) -> None:
+    """Which worker gets which edge node's messages is the broker's choice: this checks
+    that the preset runs in the workers, not how Sparkplug state is shared."""
+    proc = daemon("--workers", "2", "--preset", "sparkplug", "--dry-run",
+                  "--topic", f"spBv1.0/{topic_root}/#")
+    births = [(enc.topic(topic_root, "NBIRTH", f"E{n}"), enc.nbirth(
+        [Metric("Temp", 1, NOW, enc.DOUBLE, 20.5)], bd_seq=0, timestamp=NOW))
+        for n in range(6)]
+    await publish(births)
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 6)
+    metrics = proc.metrics()
+    assert metrics['ingest_sparkplug_messages_total{type="NBIRTH"}'] == 6
+    assert metrics['ingest_info{dry_run="true",mode="bucket"}'] == 1
+    assert metrics["ingest_workers"] == 2
+    assert proc.stop() == 0
