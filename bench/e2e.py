@@ -101,6 +101,9 @@ class Run:
     sink_cpu_seconds: float | None = None  # fakemongo's whole CPU, to show it is not the limit
     scrapes: int = 0  # metrics requests the daemon answered during the run
     load: float = 0.0  # the machine's 1-minute load average when the run started
+    # mosquitto's CPU from the consumer's start to its end (the broker is single-threaded:
+    # near ``seconds``, it is the limit)
+    broker_cpu_seconds: float = 0.0
     complete: bool = False
 
     def figures(self) -> dict[str, Any]:
@@ -114,6 +117,7 @@ class Run:
         out["cpu_us_per_reading"] = (self.cpu_seconds / done_readings * 1e6
                                      if done_readings else 0.0)
         out["lost"] = self.lost
+        out["broker_busy"] = self.broker_cpu_seconds / self.seconds if self.seconds else 0.0
         return out
 
     @property
@@ -478,8 +482,11 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
         client_id = f"bench-{consumer}"
         session(broker, client_id, qos, settings.workers)
         run.published = publish(broker, helpers["qos1pub"], lines, messages)
+        assert broker.process is not None
+        broker_cpu = cpu_of(broker.process.pid)
         if consumer == "mosquitto_sub":
             measure_sub(run, broker, client_id, settings.workers)
+            run.broker_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
             return run
         sink_uri = None
         if consumer != "dry-run":
@@ -489,6 +496,7 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
             sink_uri = sink.stdout.readline().strip()
         watch = measure_daemon(run, broker, client_id, sink_uri, rundir, settings.daemon_args,
                                settings.workers)
+        run.broker_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
         if sink is None:
             timed(run, watch)
         else:
@@ -573,6 +581,7 @@ def summarize(runs: list[Run], settings: Settings) -> list[dict[str, Any]]:
                     "cpu_us_per_reading": statistics.median(
                         f["cpu_us_per_reading"] for f in figures),
                     "clock_error_max": max(f["clock_error"] for f in figures),
+                    "broker_busy": statistics.median(f["broker_busy"] for f in figures),
                     "published": sum(r.published for r in mine),
                     "received": sum(r.received for r in mine),
                     "dropped": sum(r.dropped for r in mine),
@@ -598,14 +607,15 @@ def markdown(report: dict[str, Any]) -> str:
     rows = [("| readings/msg | QoS | consumer | msg/s (min / median / max) "
              "| readings/s (median) | ratio to mosquitto_sub (min / median / max) "
              "| CPU µs/reading | published | received | dropped | written | at sink "
-             "| clock error |"),
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| clock error | broker CPU / run time (median) |"),
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows.extend(
         f"| {s['per_message']} | {s['qos']} | {s['consumer']} | {trio(s['msg_per_s'], ',.0f')} "
         f"| {s['readings_per_s']['median']:,.0f} | {trio(s['ratio'], '.2f')} "
         f"| {s['cpu_us_per_reading']:.1f} | {count(s['published'])} "
         f"| {count(s['received'])} | {count(s['dropped'])} | {count(s['written'])} "
-        f"| {count(s['at_sink'])} | ±{s['clock_error_max']:.1%} |"
+        f"| {count(s['at_sink'])} | ±{s['clock_error_max']:.1%} "
+        f"| {s['broker_busy']:.2f} |"
         for s in report["summary"])
     loads = [r["load"] for r in report["runs"]]
     rows.append("")
