@@ -418,6 +418,8 @@ def _worker_main(settings: Settings, index: int, sock: socket.socket, report: Co
     for handler in logging.getLogger().handlers:
         handler.setFormatter(logging.Formatter(
             f"%(asctime)s %(levelname)s %(name)s [worker {index}]: %(message)s"))
+    if settings.mapping is not None:  # this process's own copy (forked)
+        settings.mapping.spread_arrivals(index, settings.workers)
     import uvloop  # noqa: PLC0415 - as in the CLI
 
     code = 0

@@ -8,6 +8,7 @@ must neither strand the messages queued while the daemon was down nor deliver th
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import time
@@ -308,3 +309,23 @@ async def test_sparkplug_and_dry_run_run_in_the_workers(
     assert metrics['ingest_info{dry_run="true",mode="bucket"}'] == 1
     assert metrics["ingest_workers"] == 2
     assert proc.stop() == 0
+
+
+def test_workers_never_give_a_sensor_the_same_arrival_millisecond() -> None:
+    """A device's burst of one-value messages is spread over the workers by the group:
+    each worker gives its own residue of milliseconds, so no two readings collide."""
+    from ingest.decode import Limits  # noqa: PLC0415
+    from ingest.mapping import Mapping  # noqa: PLC0415
+
+    workers = [Mapping.load(None, ["shelly"]) for _ in range(3)]
+    for index, mapping in enumerate(workers):
+        mapping.spread_arrivals(index, 3)
+    now = math.floor(time.time()) + 0.1234
+    given = []
+    for mapping in workers:
+        for topic in ("relay/0/power", "relay/0/energy", "temperature"):
+            decoded = mapping.decode(f"shellies/shelly1pm-84CCA8ADE5E2/{topic}", b"1.5", now,
+                                     Limits()).decoded
+            given.extend(reading.ms for reading in decoded.readings)
+    assert len(set(given)) == 9
+    assert max(given) - math.floor(now * 1000) < 9
