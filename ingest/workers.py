@@ -216,7 +216,12 @@ async def drain_session(settings: Settings, client_id: str, outer: app.Shutdown)
     forced = asyncio.create_task(outer.forced.wait(), name="drain-forced")
     try:
         await asyncio.wait({run, idle, stop}, return_when=asyncio.FIRST_COMPLETED)
-        if not run.done():
+        drained = idle.done()
+        if drained:
+            logger.info("nothing new for %s for %.0f s: stopping its drain", client_id,
+                        IDLE_SECONDS)
+            inner.requested.set()  # as a signal would, without saying there was one
+        elif not run.done():
             inner.signal()
             await asyncio.wait({run, forced}, return_when=asyncio.FIRST_COMPLETED)
             if not run.done():
@@ -225,7 +230,7 @@ async def drain_session(settings: Settings, client_id: str, outer: app.Shutdown)
     finally:
         for task in (idle, stop, forced):
             task.cancel()
-    if not idle.done() or idle.cancelled():
+    if not drained:
         return False
     await end_session(settings, client_id)
     logger.info("session %s drained and ended", client_id)

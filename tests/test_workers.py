@@ -7,6 +7,7 @@ must neither strand the messages queued while the daemon was down nor deliver th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -214,7 +215,10 @@ async def test_one_to_two_workers_takes_the_queue_and_drops_the_plain_subscripti
 async def test_two_to_one_worker_drains_and_ends_the_retired_session(
         daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
         topic_root: str) -> None:
-    proc = await switch_async(daemon, publish, db, topic_root, "2", "1")
+    # A short shutdown timeout: the process's watchdog (armed by a signal, 16 s here) must
+    # not be armed by the end of the drain.
+    proc = await switch_async(daemon, publish, db, topic_root, "2", "1",
+                              "--shutdown-timeout", "1")
     logs = proc.logs()
     # The group spread the 40 queued messages over both sessions: the retired worker's
     # were taken (by a drain of its session) and the session ended.
@@ -223,6 +227,9 @@ async def test_two_to_one_worker_drains_and_ends_the_retired_session(
     drained = 40 - (metrics["ingest_messages_received_total"] - 40)
     assert 0 < drained < 40
     assert metrics['ingest_duplicate_readings_total{mode="bucket"}'] == 0
+    await asyncio.sleep(17)
+    assert proc.process is not None
+    assert proc.process.poll() is None, proc.logs()
     assert proc.stop() == 0
     # The next start finds no session left to drain.
     again = daemon("--workers", "1")
@@ -231,7 +238,7 @@ async def test_two_to_one_worker_drains_and_ends_the_retired_session(
 
 
 async def switch_async(daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
-                       topic_root: str, before: str, after: str) -> Daemon:
+                       topic_root: str, before: str, after: str, *extra: str) -> Daemon:
     """Run with ``before`` workers, stop, publish while down, run with ``after``, publish
     again: every message stored once (the received counts are checked by the caller)."""
     first = daemon("--workers", before)
@@ -239,7 +246,7 @@ async def switch_async(daemon: Callable[..., Daemon], publish: Callable[..., Any
     await eventually(lambda: first.metric("ingest_messages_acked_total") == 20)
     assert first.stop() == 0
     await publish(batch(topic_root, 20, 40))  # queued in the sessions while down
-    second = daemon("--workers", after)
+    second = daemon("--workers", after, *extra)
     await publish(batch(topic_root, 60, 40))  # through the subscriptions held now
     deadline = time.monotonic() + 30
     while await stored(db, "bucket") < 100 and time.monotonic() < deadline:
