@@ -35,7 +35,7 @@ from ingest.workers import (
 )
 from loadgen import sparkplug as enc
 from loadgen.sparkplug import Metric
-from tests.support.mongo import stored
+from tests.support.mongo import failpoint, stored
 from tests.support.procs import Broker, eventually, http_status, parse_metrics
 
 if TYPE_CHECKING:
@@ -336,3 +336,22 @@ def test_workers_never_give_a_sensor_the_same_arrival_millisecond() -> None:
             given.extend(reading.ms for reading in decoded.readings)
     assert len(set(given)) == 9
     assert max(given) - math.floor(now * 1000) < 9
+
+
+async def test_a_second_signal_makes_every_worker_exit_without_its_writes(
+        daemon: Callable[..., Daemon], publish: Callable[..., Any], mongo: Any,
+        topic_root: str) -> None:
+    proc = daemon("--workers", "2", "--shutdown-timeout", "120")
+    async with failpoint(mongo, ["update"]):  # every bucket write fails, and is retried
+        await publish(batch(topic_root, 0, 20))
+        await eventually(lambda: proc.metric("ingest_messages_received_total") == 20)
+        proc.signal(signal.SIGTERM)
+        await eventually(lambda: proc.logs().count("draining in-flight batches") == 2)
+        assert proc.process is not None
+        assert proc.process.poll() is None  # draining: the writes cannot succeed
+        proc.signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    logs = proc.logs()
+    assert "signal received: forcing every worker" in logs
+    for index in (0, 1):
+        assert f"[worker {index}]: second signal: exiting without waiting" in logs
