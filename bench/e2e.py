@@ -223,6 +223,37 @@ def publish(broker: Broker, qos1pub: Path, path: Path, messages: int) -> int:
     return int(result["acked"])
 
 
+def _read_stamps(procs: list[subprocess.Popen[bytes]],
+                 expected: int) -> tuple[int, dict[int, bytes], dict[int, bytes], float]:
+    """Read mosquitto_sub's lines until ``expected`` or a stall: their count, the first and
+    last chunk of each process, and the processes' CPU at the first message."""
+    fds = []
+    for proc in procs:
+        assert proc.stdout is not None
+        fds.append(proc.stdout.fileno())
+    heads: dict[int, bytes] = {}
+    tails: dict[int, bytes] = {}
+    cpu_first = 0.0
+    lines = 0
+    while lines < expected:
+        ready, _, _ = select.select(fds, [], [], STALL)
+        if not ready:
+            break
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                fds.remove(fd)  # this one has exited
+                continue
+            if not heads:
+                cpu_first = sum(cpu_of(p.pid) for p in procs)
+            heads.setdefault(fd, chunk)
+            lines += chunk.count(b"\n")
+            tails[fd] = (tails.get(fd, b"") + chunk)[-256:]
+        if not fds:
+            break
+    return lines, heads, tails, cpu_first
+
+
 def measure_sub(run: Run, broker: Broker, client_id: str, workers: int = 1) -> None:
     """mosquitto_sub: its own receipt times (``-F %U``) of the first and last message.
 
@@ -232,33 +263,16 @@ def measure_sub(run: Run, broker: Broker, client_id: str, workers: int = 1) -> N
     procs = [subprocess.Popen(
         ["mosquitto_sub", "-p", str(broker.port), "-V", "5", "-i", worker, "-c",
          "-x", "3600", "-q", str(run.qos), "-t", topic_filter(client_id, workers),
-         "-F", "%U", "-D", "connect", "receive-maximum", str(RECEIVE_MAXIMUM)],
+         "-F", "%U", "-D", "connect", "receive-maximum", str(RECEIVE_MAXIMUM),
+         *(["-C", str(run.published)] if workers == 1 else [])],
         stdout=subprocess.PIPE) for worker in client_ids(client_id, workers)]
-    fds = {}
-    for proc in procs:
-        assert proc.stdout is not None
-        fds[proc.stdout.fileno()] = proc
-    heads: dict[int, bytes] = {}
-    tails: dict[int, bytes] = {}
-    cpu_first = 0.0
     lines = 0
     try:
-        while lines < run.published:
-            ready, _, _ = select.select(list(fds), [], [], STALL)
-            if not ready:
-                break
-            for fd in ready:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    continue
-                if not heads:
-                    cpu_first = sum(cpu_of(p.pid) for p in procs)
-                heads.setdefault(fd, chunk)
-                lines += chunk.count(b"\n")
-                tails[fd] = (tails.get(fd, b"") + chunk)[-256:]
+        lines, heads, tails, cpu_first = _read_stamps(procs, run.published)
     finally:
-        for proc in procs:
-            proc.kill()  # -C cannot end a shared group's share: we count the lines
+        if workers > 1 or lines < run.published:  # a member of a group has no count of its
+            for proc in procs:                      # own; one stalled was interrupted
+                os.kill(proc.pid, signal.SIGKILL)  # not Popen.kill: it reaps (wait4 below)
     cpu = 0.0
     for proc in procs:
         _, _, usage = os.wait4(proc.pid, 0)
