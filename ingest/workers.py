@@ -72,6 +72,9 @@ PROBE_TIMEOUT = 5.0
 # scrape and probe timeouts (10 s and 5 s), so the parent still answers when one is stuck.
 ASK_TIMEOUT = 2.0
 IDLE_SECONDS = 2.0  # a retired session with nothing new for this long has been drained
+# A retired session still busy after this long holds a subscription we do not know of
+# (a changed --shared-group): it is left alone rather than keeping the daemon from starting.
+DRAIN_MAX_SECONDS = 60.0
 POLL_SECONDS = 0.5
 PARENT_POLL_SECONDS = 1.0
 DRAIN = signal.SIGUSR1  # parent to worker: drain and stop; a second one forces
@@ -153,7 +156,7 @@ async def retire_sessions(settings: Settings, shutdown: app.Shutdown) -> None:
         try:
             if not await session_exists(settings, client_id):
                 return
-        except aiomqtt.MqttError as exc:
+        except (aiomqtt.MqttError, OSError) as exc:
             logger.debug("not looking for retired sessions: %s", exc)
             return
         if shutdown.requested.is_set():
@@ -215,9 +218,17 @@ async def drain_session(settings: Settings, client_id: str, outer: app.Shutdown)
     stop = asyncio.create_task(outer.requested.wait(), name="drain-stop")
     forced = asyncio.create_task(outer.forced.wait(), name="drain-forced")
     try:
-        await asyncio.wait({run, idle, stop}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({run, idle, stop}, timeout=DRAIN_MAX_SECONDS,
+                           return_when=asyncio.FIRST_COMPLETED)
         drained = idle.done()
-        if drained:
+        if not (drained or run.done() or stop.done()):
+            logger.warning("session %s still receives messages after %.0f s: it holds a "
+                           "subscription other than %s (was --shared-group changed?); "
+                           "leaving it (its new messages wait there for a daemon that uses "
+                           "its subscription, or until it expires)", client_id,
+                           DRAIN_MAX_SECONDS, ", ".join(drain.subscriptions))
+            inner.requested.set()
+        elif drained:
             logger.info("nothing new for %s for %.0f s: stopping its drain", client_id,
                         IDLE_SECONDS)
             inner.requested.set()  # as a signal would, without saying there was one
