@@ -104,6 +104,7 @@ class Run:
     # mosquitto's CPU from the consumer's start to its end (the broker is single-threaded:
     # near ``seconds``, it is the limit)
     broker_cpu_seconds: float = 0.0
+    broker_publish_cpu_seconds: float = 0.0  # mosquitto's CPU to take in the backlog
     complete: bool = False
 
     def figures(self) -> dict[str, Any]:
@@ -495,9 +496,11 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
     try:
         client_id = f"bench-{consumer}"
         session(broker, client_id, qos, settings.workers)
-        run.published = publish(broker, helpers["qos1pub"], lines, messages)
         assert broker.process is not None
         broker_cpu = cpu_of(broker.process.pid)
+        run.published = publish(broker, helpers["qos1pub"], lines, messages)
+        run.broker_publish_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
+        broker_cpu += run.broker_publish_cpu_seconds
         if consumer == "mosquitto_sub":
             measure_sub(run, broker, client_id, settings.workers)
             run.broker_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
