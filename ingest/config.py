@@ -100,7 +100,7 @@ class Settings:
     # Consumer processes (--workers, resolved by the CLI; see ingest/workers.py).
     workers: int = 1
     # Take only what the session already holds: subscribe nothing, unsubscribe the
-    # subscriptions (a retired worker's session, drained then ended; ingest/workers.py).
+    # subscriptions (a retired worker's session, drained then ended; ingest/sessions.py).
     drain_only: bool = False
 
     @property

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from ingest.aggregate import merge
 from ingest.cli import build_parser, settings_from
 from ingest.config import Settings
 from ingest.errors import ConfigError
@@ -29,7 +30,6 @@ from ingest.workers import (
     AUTO_MAX,
     auto_workers,
     cgroup_cpus,
-    merge,
     worker_client_id,
     worker_settings,
 )
