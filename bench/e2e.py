@@ -27,6 +27,7 @@ counted on every side: published (PUBACKed), received, dropped, written, seen at
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -69,6 +70,10 @@ class Settings:
     consumers: tuple[str, ...] = CONSUMERS
     rounds: int = 5
     daemon_args: tuple[str, ...] = ()
+    # Consumer processes: the daemon's --workers, and as many mosquitto_sub on one shared
+    # group. With more than one, each has its own session and the backlog is spread over
+    # them by the broker before they connect.
+    workers: int = 1
 
 
 @dataclass
@@ -96,6 +101,10 @@ class Run:
     sink_cpu_seconds: float | None = None  # fakemongo's whole CPU, to show it is not the limit
     scrapes: int = 0  # metrics requests the daemon answered during the run
     load: float = 0.0  # the machine's 1-minute load average when the run started
+    # mosquitto's CPU from the consumer's start to its end (the broker is single-threaded:
+    # near ``seconds``, it is the limit)
+    broker_cpu_seconds: float = 0.0
+    broker_publish_cpu_seconds: float = 0.0  # mosquitto's CPU to take in the backlog
     complete: bool = False
 
     def figures(self) -> dict[str, Any]:
@@ -109,6 +118,7 @@ class Run:
         out["cpu_us_per_reading"] = (self.cpu_seconds / done_readings * 1e6
                                      if done_readings else 0.0)
         out["lost"] = self.lost
+        out["broker_busy"] = self.broker_cpu_seconds / self.seconds if self.seconds else 0.0
         return out
 
     @property
@@ -162,6 +172,26 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def cpu_of_tree(pid: int) -> float:
+    """cpu_of a process and its running children (the workers of ``--workers N``)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii").split()
+    total = cpu_of(pid)
+    for child in children:
+        with contextlib.suppress(OSError):  # it has just exited
+            total += cpu_of(int(child))
+    return total
+
+
+def client_ids(client_id: str, workers: int) -> list[str]:
+    """The client ids of ``ingest run --workers N`` (ingest/workers.py)."""
+    return [client_id if k == 0 else f"{client_id}-w{k}" for k in range(workers)]
+
+
+def topic_filter(client_id: str, workers: int) -> str:
+    """The filter as the consumers subscribe it: shared with more than one worker."""
+    return FILTER if workers == 1 else f"$share/{client_id}/{FILTER}"
+
+
 def scrape(port: int) -> dict[str, float]:
     """The daemon's counters that the bench reads (a small parser: no labels but mode)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
@@ -175,11 +205,13 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def session(broker: Broker, client_id: str, qos: int) -> None:
-    """Create the consumer's persistent session, so the backlog queues for it."""
-    subprocess.run(["mosquitto_sub", "-p", str(broker.port), "-V", "5", "-i", client_id, "-c",
-                    "-x", "3600", "-q", str(qos), "-t", FILTER, "-E"], check=True,
-                   capture_output=True, timeout=30)
+def session(broker: Broker, client_id: str, qos: int, workers: int = 1) -> None:
+    """Create the consumers' persistent sessions, so the backlog queues for them."""
+    for worker in client_ids(client_id, workers):
+        subprocess.run(["mosquitto_sub", "-p", str(broker.port), "-V", "5", "-i", worker,
+                        "-c", "-x", "3600", "-q", str(qos), "-t",
+                        topic_filter(client_id, workers), "-E"], check=True,
+                       capture_output=True, timeout=30)
 
 
 def publish(broker: Broker, qos1pub: Path, path: Path, messages: int) -> int:
@@ -192,43 +224,69 @@ def publish(broker: Broker, qos1pub: Path, path: Path, messages: int) -> int:
     return int(result["acked"])
 
 
-def measure_sub(run: Run, broker: Broker, client_id: str) -> None:
-    """mosquitto_sub: its own receipt times (``-F %U``) of the first and last message."""
-    proc = subprocess.Popen(
-        ["mosquitto_sub", "-p", str(broker.port), "-V", "5", "-i", client_id, "-c",
-         "-x", "3600", "-q", str(run.qos), "-t", FILTER, "-C", str(run.published),
-         "-F", "%U", "-D", "connect", "receive-maximum", str(RECEIVE_MAXIMUM)],
-        stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    head, tail = b"", b""
+def _read_stamps(procs: list[subprocess.Popen[bytes]],
+                 expected: int) -> tuple[int, dict[int, bytes], dict[int, bytes], float]:
+    """Read mosquitto_sub's lines until ``expected`` or a stall: their count, the first and
+    last chunk of each process, and the processes' CPU at the first message."""
+    fds = []
+    for proc in procs:
+        assert proc.stdout is not None
+        fds.append(proc.stdout.fileno())
+    heads: dict[int, bytes] = {}
+    tails: dict[int, bytes] = {}
     cpu_first = 0.0
     lines = 0
-    try:
-        while True:
-            ready, _, _ = select.select([fd], [], [], STALL)
-            if not ready:
-                break
+    while lines < expected:
+        ready, _, _ = select.select(fds, [], [], STALL)
+        if not ready:
+            break
+        for fd in ready:
             chunk = os.read(fd, 1 << 16)
             if not chunk:
-                break
-            if not head:
-                cpu_first = cpu_of(proc.pid)
-            head = head or chunk
+                fds.remove(fd)  # this one has exited
+                continue
+            if not heads:
+                cpu_first = sum(cpu_of(p.pid) for p in procs)
+            heads.setdefault(fd, chunk)
             lines += chunk.count(b"\n")
-            tail = (tail + chunk)[-256:]
+            tails[fd] = (tails.get(fd, b"") + chunk)[-256:]
+        if not fds:
+            break
+    return lines, heads, tails, cpu_first
+
+
+def measure_sub(run: Run, broker: Broker, client_id: str, workers: int = 1) -> None:
+    """mosquitto_sub: its own receipt times (``-F %U``) of the first and last message.
+
+    With ``workers`` > 1, as many mosquitto_sub on the shared group, each on its session:
+    from the first message any of them received to the last.
+    """
+    procs = [subprocess.Popen(
+        ["mosquitto_sub", "-p", str(broker.port), "-V", "5", "-i", worker, "-c",
+         "-x", "3600", "-q", str(run.qos), "-t", topic_filter(client_id, workers),
+         "-F", "%U", "-D", "connect", "receive-maximum", str(RECEIVE_MAXIMUM),
+         *(["-C", str(run.published)] if workers == 1 else [])],
+        stdout=subprocess.PIPE) for worker in client_ids(client_id, workers)]
+    lines = 0
+    try:
+        lines, heads, tails, cpu_first = _read_stamps(procs, run.published)
     finally:
-        if lines < run.published:  # stalled or interrupted (not reaped yet: wait4 below)
-            proc.kill()
-    _, _, usage = os.wait4(proc.pid, 0)
-    proc.returncode = 0
-    proc.stdout.close()
+        if workers > 1 or lines < run.published:  # a member of a group has no count of its
+            for proc in procs:                      # own; one stalled was interrupted
+                os.kill(proc.pid, signal.SIGKILL)  # not Popen.kill: it reaps (wait4 below)
+    cpu = 0.0
+    for proc in procs:
+        _, _, usage = os.wait4(proc.pid, 0)
+        proc.returncode = 0
+        assert proc.stdout is not None
+        proc.stdout.close()
+        cpu += usage.ru_utime + usage.ru_stime
     run.received = lines
     if lines:
-        first = float(head.split(b"\n", 1)[0])
-        last = float(tail.rstrip(b"\n").rsplit(b"\n", 1)[-1])
+        first = min(float(head.split(b"\n", 1)[0]) for head in heads.values())
+        last = max(float(tail.rstrip(b"\n").rsplit(b"\n", 1)[-1]) for tail in tails.values())
         run.seconds = run.seconds_low = run.seconds_high = last - first
-    run.cpu_seconds = usage.ru_utime + usage.ru_stime - cpu_first
+    run.cpu_seconds = cpu - cpu_first
     run.complete = lines == run.published
 
 
@@ -293,7 +351,7 @@ def watch_daemon(daemon: Daemon, broker: Broker,
             time.sleep(FAST)
             continue
         answered = time.monotonic()
-        cpu = cpu_of(daemon.process.pid)
+        cpu = cpu_of_tree(daemon.process.pid)
         done = int(counters.get("ingest_messages_acked_total", 0)
                    + counters.get("ingest_messages_dropped_total", 0))
         received = int(counters.get("ingest_messages_received_total", 0))
@@ -323,7 +381,8 @@ def client_socket(broker: Broker) -> tuple[float, float, dict[str, int]]:
     """The kernel's figures of the one client socket to the broker (``ss -ti``).
 
     Returns when the look started and ended, and ``bytes_received`` and ``lastsnd``
-    (milliseconds since it last sent data) when exactly one client is connected.
+    (milliseconds since it last sent data) of the consumer's sockets: the most any of
+    them received, and the most recent send of any.
     """
     before = time.monotonic()
     out = subprocess.run(["ss", "-tinH", "state", "established", "dst",
@@ -332,9 +391,9 @@ def client_socket(broker: Broker) -> tuple[float, float, dict[str, int]]:
     after = time.monotonic()
     figures: dict[str, int] = {}
     for name in ("bytes_received", "lastsnd"):
-        found = re.findall(rf"\b{name}:(\d+)", out)
-        if len(found) == 1:
-            figures[name] = int(found[0])
+        found = [int(x) for x in re.findall(rf"\b{name}:(\d+)", out)]
+        if found:
+            figures[name] = max(found) if name == "bytes_received" else min(found)
     return before, after, figures
 
 
@@ -342,7 +401,7 @@ def last_send(broker: Broker) -> tuple[float, float] | None:
     """Bounds of the instant the one client socket to the broker last sent data.
 
     From the kernel (``lastsnd``, counted in jiffies), so the daemon's event loop has no
-    part in it. None unless exactly one client is connected.
+    part in it. None when no client is connected.
     """
     before, after, figures = client_socket(broker)
     if "lastsnd" not in figures:
@@ -383,10 +442,11 @@ def timed(run: Run, watch: Watch, writes: tuple[float, float] | None = None) -> 
 
 
 def measure_daemon(run: Run, broker: Broker, client_id: str, sink_uri: str | None,
-                   workdir: Path, extra: tuple[str, ...]) -> Watch:
+                   workdir: Path, extra: tuple[str, ...], workers: int = 1) -> Watch:
     """``ingest run`` from its first received message to its last ack, from its metrics."""
     args = ["--mqtt-url", broker.url, "--topic", FILTER, "--client-id", client_id,
-            "--qos", str(run.qos), "--log-level", "warning", "--db", "bench", *extra]
+            "--qos", str(run.qos), "--log-level", "warning", "--db", "bench",
+            "--workers", str(workers), *extra]
     if sink_uri is None:
         args += ["--dry-run", "--mongodb-uri", "mongodb://127.0.0.1:1"]
     else:
@@ -435,10 +495,15 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
     sink = None
     try:
         client_id = f"bench-{consumer}"
-        session(broker, client_id, qos)
+        session(broker, client_id, qos, settings.workers)
+        assert broker.process is not None
+        broker_cpu = cpu_of(broker.process.pid)
         run.published = publish(broker, helpers["qos1pub"], lines, messages)
+        run.broker_publish_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
+        broker_cpu += run.broker_publish_cpu_seconds
         if consumer == "mosquitto_sub":
-            measure_sub(run, broker, client_id)
+            measure_sub(run, broker, client_id, settings.workers)
+            run.broker_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
             return run
         sink_uri = None
         if consumer != "dry-run":
@@ -446,7 +511,9 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
                                     text=True)
             assert sink.stdout is not None
             sink_uri = sink.stdout.readline().strip()
-        watch = measure_daemon(run, broker, client_id, sink_uri, rundir, settings.daemon_args)
+        watch = measure_daemon(run, broker, client_id, sink_uri, rundir, settings.daemon_args,
+                               settings.workers)
+        run.broker_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
         if sink is None:
             timed(run, watch)
         else:
@@ -531,6 +598,7 @@ def summarize(runs: list[Run], settings: Settings) -> list[dict[str, Any]]:
                     "cpu_us_per_reading": statistics.median(
                         f["cpu_us_per_reading"] for f in figures),
                     "clock_error_max": max(f["clock_error"] for f in figures),
+                    "broker_busy": statistics.median(f["broker_busy"] for f in figures),
                     "published": sum(r.published for r in mine),
                     "received": sum(r.received for r in mine),
                     "dropped": sum(r.dropped for r in mine),
@@ -556,21 +624,22 @@ def markdown(report: dict[str, Any]) -> str:
     rows = [("| readings/msg | QoS | consumer | msg/s (min / median / max) "
              "| readings/s (median) | ratio to mosquitto_sub (min / median / max) "
              "| CPU µs/reading | published | received | dropped | written | at sink "
-             "| clock error |"),
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| clock error | broker CPU / run time (median) |"),
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows.extend(
         f"| {s['per_message']} | {s['qos']} | {s['consumer']} | {trio(s['msg_per_s'], ',.0f')} "
         f"| {s['readings_per_s']['median']:,.0f} | {trio(s['ratio'], '.2f')} "
         f"| {s['cpu_us_per_reading']:.1f} | {count(s['published'])} "
         f"| {count(s['received'])} | {count(s['dropped'])} | {count(s['written'])} "
-        f"| {count(s['at_sink'])} | ±{s['clock_error_max']:.1%} |"
+        f"| {count(s['at_sink'])} | ±{s['clock_error_max']:.1%} "
+        f"| {s['broker_busy']:.2f} |"
         for s in report["summary"])
     loads = [r["load"] for r in report["runs"]]
     rows.append("")
     rows.append(f"Sums over {report['settings']['rounds']} rounds; "
                 f"{report['settings']['sensors']:,} sensors; 1-minute load average at the "
                 f"start of the runs: {min(loads):.2f} to {max(loads):.2f} on {report['cpus']} "
-                "CPUs.")
+                f"CPUs; {report['settings'].get('workers', 1)} worker(s).")
     return "\n".join(rows)
 
 
@@ -586,6 +655,9 @@ def main() -> int:
     parser.add_argument("--consumers", default=",".join(CONSUMERS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path, help="write the whole report here")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="the daemon's --workers, and as many mosquitto_sub on a shared "
+                             "group")
     parser.add_argument("--daemon-arg", action="append", default=[],
                         help="extra argument for ingest run (repeatable)")
     args = parser.parse_args()
@@ -604,7 +676,7 @@ def main() -> int:
         sensors=args.sensors, messages=args.messages, batched_messages=args.batched_messages,
         per_message=tuple(int(x) for x in args.per_message.split(",")),
         qos=tuple(int(x) for x in args.qos.split(",")), consumers=consumers,
-        rounds=args.rounds, daemon_args=tuple(args.daemon_arg))
+        rounds=args.rounds, daemon_args=tuple(args.daemon_arg), workers=args.workers)
     report = run_all(settings, progress=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -33,6 +33,7 @@ from ingest.writers.rejects import RejectsWriter
 from ingest.writers.timeseries import TimeseriesWriter
 
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Callable, Iterator
 
     from ingest.config import Settings
@@ -131,11 +132,15 @@ def mongo_reason(exc: BaseException) -> str:
 
 
 async def run(settings: Settings, shutdown: Shutdown | None = None,
-              metrics: Metrics | None = None) -> None:
-    """Run the daemon until a signal (or ``shutdown``, when given by a caller) stops it."""
+              metrics: Metrics | None = None, metrics_sock: socket.socket | None = None) -> None:
+    """Run the daemon until a signal (or ``shutdown``, when given by a caller) stops it.
+
+    ``metrics_sock``: serve /metrics on this listening socket instead of binding
+    --metrics-host/--metrics-port (a worker of ``--workers N``).
+    """
     if shutdown is None:
         shutdown = Shutdown(settings.shutdown_timeout + DISCONNECT_TIMEOUT + WATCHDOG_SLACK)
-        _install_signal_handlers(shutdown)
+        install_signal_handlers(shutdown)
     metrics = metrics or Metrics(settings.mode)
     metrics.info.labels(settings.mode, str(settings.dry_run).lower()).set(1)
     health = Health(mongodb_ok=settings.dry_run)
@@ -150,7 +155,7 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
         rejects = RejectsWriter(client[settings.db][settings.rejects_collection])
         pipeline = Pipeline(settings, writer, rejects, source, metrics, health)
         server = MetricsServer(settings.metrics_host, settings.metrics_port, metrics, health,
-                               before_scrape=pipeline.sync_metrics)
+                               before_scrape=pipeline.sync_metrics, sock=metrics_sock)
         async with (server,
                     contextlib.AsyncExitStack() as stack):
             if not settings.dry_run:
@@ -293,7 +298,8 @@ async def _drain(settings: Settings, source: MqttSource, pipeline: Pipeline,
     source.release()
 
 
-def _install_signal_handlers(shutdown: Shutdown) -> None:
+def install_signal_handlers(shutdown: Shutdown) -> None:
+    """First SIGTERM/SIGINT drains, a second forces (see :class:`Shutdown`)."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):

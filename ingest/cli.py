@@ -150,6 +150,9 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
           type=real)
     _flag(parser, env, "shutdown-timeout", "seconds to drain on SIGTERM before giving up",
           10.0, type=real)
+    _flag(parser, env, "workers", "consumer processes on one shared subscription group, one "
+          "metrics endpoint (auto: the CPUs this process may use, at most 8; see "
+          "docs/scaling.md)", "auto")
     _mapping_flags(parser, env)
     parser.add_argument("--dry-run", action="store_true", default=None,
                         help="decode, batch and build writes, send nothing to MongoDB "
@@ -397,7 +400,20 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         max_readings_per_message=args.max_readings_per_message,
         max_past_seconds=args.max_past_seconds, max_future_seconds=args.max_future_seconds,
         shutdown_timeout=args.shutdown_timeout, dry_run=dry_run, mapping=mapping,
+        workers=_workers(args.workers),
     ))
+
+
+def _workers(text: str) -> int:
+    """--workers: a number, or auto (the CPUs this process may use, capped)."""
+    from ingest.workers import auto_workers  # noqa: PLC0415 - only `run` needs it
+
+    if text.strip().lower() == "auto":
+        return auto_workers()
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--workers: expects a number or auto, got {text!r}") from None
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
@@ -467,12 +483,19 @@ def _execute(command: str, settings: Settings, shard: bool = False) -> int:
 
     from ingest import app  # noqa: PLC0415 - keeps --help and config errors fast
 
+    status = 0
     try:
         if command == "init-db":
             uvloop.run(app.init_db(settings, shard=shard))
             logger.info("collections and indexes ready in %s", settings.db)
+        elif settings.workers > 1:
+            from ingest import workers  # noqa: PLC0415 - only several workers need it
+
+            status = workers.supervise(settings)
         else:
-            uvloop.run(app.run(settings))
+            from ingest.workers import run_one  # noqa: PLC0415 - as app
+
+            uvloop.run(run_one(settings))
     except ConfigError as exc:
         print(f"ingest: error: {exc}", file=sys.stderr)  # noqa: T201
         return 2
@@ -487,4 +510,4 @@ def _execute(command: str, settings: Settings, shard: bool = False) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    return 0
+    return status

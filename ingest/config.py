@@ -35,6 +35,7 @@ MAX_TIMESERIES_SPAN = 31_536_000  # MongoDB's limit for bucketMaxSpanSeconds
 # 1970, which 20,000 days (1.728e9 s) stays under from October 2024 on.
 MAX_TTL_SECONDS = 2**31 - 1
 MAX_TIMESERIES_RETENTION_DAYS = 20_000
+MAX_WORKERS = 64  # an explicit --workers; auto stops at ingest.workers.AUTO_MAX
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -96,6 +97,11 @@ class Settings:
     dry_run: bool = False
     # Mapping rules (--mapping, --preset), compiled by the CLI; None: the default format.
     mapping: Mapping | None = field(default=None, repr=False, compare=False)
+    # Consumer processes (--workers, resolved by the CLI; see ingest/workers.py).
+    workers: int = 1
+    # Take only what the session already holds: subscribe nothing, unsubscribe the
+    # subscriptions (a retired worker's session, drained then ended; ingest/sessions.py).
+    drain_only: bool = False
 
     @property
     def span_seconds(self) -> int:
@@ -110,6 +116,23 @@ class Settings:
         if self.mapping is not None:  # BIRTH/DEATH unshared when a format needs them all
             return self.mapping.shared_subscriptions(self.topics, self.shared_group)
         return tuple(f"$share/{self.shared_group}/{topic}" for topic in self.topics)
+
+    @property
+    def derived_group(self) -> str:
+        """The shared group of --workers N > 1 without --shared-group: the client id."""
+        return re.sub(r"[^A-Za-z0-9_-]", "-", self.client_id)[:64] or "ingest"
+
+    @property
+    def other_subscriptions(self) -> tuple[str, ...]:
+        """The other form of each filter, unsubscribed after subscribing.
+
+        A session keeps its subscriptions: after a switch between one worker (plain
+        filters) and several (a shared group), the old form would deliver every message
+        a second time.
+        """
+        if self.shared_group is None:
+            return tuple(f"$share/{self.derived_group}/{topic}" for topic in self.topics)
+        return self.topics
 
 
 def parse_mqtt_url(url: str) -> MqttSettings:
@@ -199,6 +222,8 @@ def validate(settings: Settings) -> Settings:
     _check_retention(settings)
     if not 0 <= settings.metrics_port <= 65535:
         raise ConfigError("--metrics-port: must be between 0 and 65535")
+    if not 1 <= settings.workers <= MAX_WORKERS:
+        raise ConfigError(f"--workers: must be between 1 and {MAX_WORKERS}, or auto")
     _check_tls(settings.mqtt)
     return settings
 

@@ -254,7 +254,9 @@ class Local:
         args = ["run", "--mode", mode, "--mqtt-url", mqtt_url, "--mongodb-uri", mongodb_uri,
                 "--db", s.db, "--topic", s.topic, "--client-id", f"ingest-local-{mode}",
                 "--metrics-host", "127.0.0.1", "--metrics-port", str(s.metrics_port_of(mode)),
-                "--log-level", s.log_level]
+                "--log-level", s.log_level,
+                # One process per mode: the embedded store, not the daemon, is the limit.
+                "--workers", "1"]
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "ingest", *args, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,

@@ -168,6 +168,9 @@ class Mapping:
         self._cache: dict[str, _Topic | None] = {}
         self._names: dict[str, dict[str, str | Rejection]] = {r.name: {} for r in self.rules}
         self._last_arrival: dict[str, int] = {}  # sensor -> last arrival time given, in ms
+        # Arrival milliseconds given by this process are == _arrival_slot (mod
+        # _arrival_stride): see spread_arrivals.
+        self._arrival_slot, self._arrival_stride = 0, 1
         # One object per stateful format in use, shared by its rules.
         self.stateful: dict[str, Stateful] = {
             name: make() for name, make in _STATEFUL.items()
@@ -338,6 +341,14 @@ class Mapping:
             units = {k: u for k, u in renamed if type(k) is str and k in values} or None
         return _new(Reading, (sensor, timestamp(ms), epoch, values, None, ms, tags, units))
 
+    def spread_arrivals(self, slot: int, stride: int) -> None:
+        """Give only arrival milliseconds == ``slot`` (mod ``stride``).
+
+        Worker ``slot`` of ``--workers stride``: two workers never give one sensor the
+        same millisecond (a sensor's burst is spread over the workers by the group).
+        """
+        self._arrival_slot, self._arrival_stride = slot, stride
+
     def _arrival(self, sensor: str, ms: int) -> int:
         """An arrival time in milliseconds, after the sensor's previous one.
 
@@ -350,6 +361,7 @@ class Mapping:
             ms = last + 1
         elif len(self._last_arrival) >= TOPIC_CACHE:
             self._last_arrival.clear()
+        ms += (self._arrival_slot - ms) % self._arrival_stride
         self._last_arrival[sensor] = ms
         return ms
 

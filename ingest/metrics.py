@@ -23,6 +23,7 @@ from ingest.errors import StartupError
 from ingest.formats import sparkplug
 
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Callable
     from types import TracebackType
 
@@ -132,6 +133,10 @@ class Metrics:
         self.mongodb_up = Gauge(
             "mongodb_up", "1 while the last MongoDB operation succeeded.",
             namespace=NAMESPACE, registry=r)
+        self.workers = Gauge(
+            "workers", "Consumer processes behind this endpoint (1 per process; the "
+            "endpoint of --workers N sums them).", namespace=NAMESPACE, registry=r)
+        self.workers.set(1)
         self.info = Gauge(
             "info", "Constant 1, labelled with the daemon's mode.", ["mode", "dry_run"],
             namespace=NAMESPACE, registry=r)
@@ -211,8 +216,9 @@ class MetricsServer:
     """Serves /metrics (Prometheus text), /healthz and /readyz on one port."""
 
     def __init__(self, host: str, port: int, metrics: Metrics, health: Health,
-                 before_scrape: Callable[[], None] | None = None) -> None:
-        self._host, self._port = host, port
+                 before_scrape: Callable[[], None] | None = None,
+                 sock: socket.socket | None = None) -> None:
+        self._host, self._port, self._sock = host, port, sock
         self._metrics, self._health = metrics, health
         self._before_scrape = before_scrape
         self._server: asyncio.Server | None = None
@@ -224,6 +230,9 @@ class MetricsServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def __aenter__(self) -> Self:
+        if self._sock is not None:  # bound by the parent of --workers N
+            self._server = await asyncio.start_server(self._handle, sock=self._sock)
+            return self
         try:
             self._server = await asyncio.start_server(self._handle, self._host, self._port)
         except OSError as exc:

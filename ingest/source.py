@@ -91,6 +91,9 @@ class MqttSource:
         self._received_on = 0
         self._fresh_on = 0  # the last connection a new (not DUP) QoS 1 message came on
         self._reacks: list[Inbound] = []  # DUPs to acknowledge again once connected
+        # The first connection resumed a session, which may hold the other form of each
+        # filter (see _connected); None until the first CONNACK.
+        self._resumed: bool | None = None
         paho_hooks.check_compatible(aiomqtt.Client(settings.mqtt.host,
                                                    protocol=aiomqtt.ProtocolVersion.V5))
         self._stop = asyncio.Event()
@@ -309,6 +312,7 @@ class MqttSource:
             wake.set()
 
         def on_session(present: bool) -> None:
+            self._resumed = present if self._resumed is None else self._resumed
             # Without the old session no redelivery will come: earlier entries can never
             # be acknowledged (their readings are still written, at least once).
             if not present:
@@ -340,7 +344,8 @@ class MqttSource:
         # reconnect of the persistent session (they would be stored again each time).
         options = SubscribeOptions(qos=wanted,
                                    retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
-        for topic in self._settings.subscriptions:
+        subscriptions = () if self._settings.drain_only else self._settings.subscriptions
+        for topic in subscriptions:
             granted = await client.subscribe(topic, options=options)
             codes = [code if isinstance(code, int) else code.value for code in granted]
             if any(code != wanted for code in codes):
@@ -348,11 +353,21 @@ class MqttSource:
                 # ack-after-write guarantee into at-most-once.
                 raise aiomqtt.MqttError(f"broker answered {codes} to subscribing {topic!r} at "
                                         f"QoS {wanted}")
+        # After subscribing, so a message is delivered twice rather than not at all: the
+        # other form (plain or shared) a session of another --workers count may hold
+        # (ingest/workers.py). "No subscription existed" (0x11) is the usual answer. Only
+        # for a session that existed before this process: a new one holds nothing else.
+        if self._settings.drain_only:
+            unsubscribe = self._settings.subscriptions
+        else:
+            unsubscribe = self._settings.other_subscriptions if self._resumed else ()
+        for topic in unsubscribe:
+            await client.unsubscribe(topic)
         self._health.mqtt_connected = True
         self._metrics.mqtt_connected.set(1)
         logger.info("connected to %s:%d as %s; subscribed to %s",
                     self._settings.mqtt.host, self._settings.mqtt.port,
-                    self._settings.client_id, ", ".join(self._settings.subscriptions))
+                    self._settings.client_id, ", ".join(subscriptions) or "nothing (draining)")
 
     def _disconnected(self) -> None:
         self._client = None

@@ -111,7 +111,7 @@ def daemon(tmp_path: Path, broker: Broker, mongo_uri: str, db_name: str,
         args = ["--mqtt-url", broker_url or broker.url, "--topic", f"{topic_root}/#",
                 "--mongodb-uri", mongodb_uri or mongo_uri, "--db", db_name,
                 "--client-id", client_id or f"ingest-{topic_root}", "--flush-interval", "0.2",
-                "--log-level", "debug", "--mode", mode, *extra]
+                "--log-level", "debug", "--mode", mode, "--workers", "1", *extra]
         proc = Daemon(args, tmp_path / f"daemon-{len(started)}.log")
         started.append(proc)
         return proc.start(wait_ready=wait_ready)

@@ -153,3 +153,16 @@ def test_tiny_run_accounts_for_every_message() -> None:
     table = markdown(report)
     assert table.count("\n| 1 | 1 |") == 4
     assert table.count("\n| 100 | 1 |") == 4
+
+
+def test_tiny_run_with_two_workers_spreads_the_backlog_and_accounts_for_every_message() -> None:
+    settings = Settings(sensors=20, messages=200, batched_messages=10, per_message=(1,),
+                        qos=(1,), consumers=("mosquitto_sub", "bucket"), rounds=1, workers=2)
+    report = run_all(settings)
+    for run in report["runs"]:
+        assert run["complete"], run
+        assert set(run["lost"].values()) == {0}, run
+        assert run["published"] == run["received"] == run["messages"], run
+    bucket = next(run for run in report["runs"] if run["consumer"] == "bucket")
+    assert bucket["sink_readings"] == 200, bucket
+    assert "2 worker(s)" in markdown(report)

@@ -157,6 +157,8 @@ def test_ingest_services_are_two_modes_on_one_database(
         assert settings.shutdown_timeout + 5 <= grace, (settings.shutdown_timeout, grace)
         assert settings.shutdown_timeout >= 20, "the drain gets most of the grace period"
         assert settings.subscriptions == (f"$share/{settings.shared_group}/sensors/#",)
+        # Set, not auto: without a CPU limit auto would be the host's CPUs for each daemon.
+        assert settings.workers == 2
         found[name] = settings
     bucket, timeseries = found.values()
     assert bucket.db == timeseries.db

@@ -321,3 +321,17 @@ def test_pods_run_locked_down() -> None:
     dockerfile = (ROOT / "deploy" / "Dockerfile").read_text(encoding="utf-8")
     assert "USER 10001:10001" in dockerfile
     assert 'ENTRYPOINT ["ingest"]' in dockerfile
+
+
+def test_auto_workers_is_one_per_cpu_of_the_pods_limit(tmp_path: Path) -> None:
+    """No INGEST_WORKERS: the daemon reads the CPU limit as its cgroup quota."""
+    from ingest.workers import cgroup_cpus  # noqa: PLC0415
+
+    for workload in _workloads():
+        container = _container(workload)
+        env = {e["name"] for e in container.get("env", [])}
+        assert "INGEST_WORKERS" not in env
+        cpu = str(container["resources"]["limits"]["cpu"])
+        millis = int(cpu.removesuffix("m")) if cpu.endswith("m") else int(float(cpu) * 1000)
+        (tmp_path / "cpu.max").write_text(f"{millis * 100} 100000\n")  # as the kubelet sets it
+        assert cgroup_cpus(tmp_path) == 1, "one worker per pod: scale with replicas"

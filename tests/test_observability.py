@@ -188,11 +188,13 @@ def prometheus_dir(tmp_path: Path) -> Path:
     return directory
 
 
-@pytest.fixture
-def two_daemons(daemon: Callable[..., Daemon], topic_root: str) -> dict[str, Daemon]:
-    """Both modes in dry-run, each in its own shared group, like the compose stack."""
+@pytest.fixture(params=["1", "2"], ids=["one-worker", "two-workers"])
+def two_daemons(daemon: Callable[..., Daemon], topic_root: str,
+                request: pytest.FixtureRequest) -> dict[str, Daemon]:
+    """Both modes in dry-run, each in its own shared group, like the compose stack; with
+    one worker and with two (the endpoint then merges the workers' metrics)."""
     return {mode: daemon("--mode", mode, "--dry-run", "--shared-group", f"ingest-{mode}",
-                         client_id=f"ingest-{mode}-{topic_root}")
+                         "--workers", request.param, client_id=f"ingest-{mode}-{topic_root}")
             for mode in sorted(MODES)}
 
 
