@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 import ssl
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 from urllib.parse import unquote, urlsplit
@@ -131,8 +131,12 @@ class Settings:
         a second time.
         """
         if self.shared_group is None:
-            return tuple(f"$share/{self.derived_group}/{topic}" for topic in self.topics)
-        return self.topics
+            # What the workers subscribe, including a format's split (Sparkplug DATA
+            # shared, BIRTH/DEATH plain): only the shared filters are the other form.
+            shared = replace(self, shared_group=self.derived_group).subscriptions
+            return tuple(topic for topic in shared if topic.startswith("$share/"))
+        subscribed = set(self.subscriptions)
+        return tuple(topic for topic in self.topics if topic not in subscribed)
 
 
 def parse_mqtt_url(url: str) -> MqttSettings:

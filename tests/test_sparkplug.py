@@ -374,3 +374,18 @@ def test_settings_subscriptions_split_only_when_a_shared_group_is_in_effect() ->
     assert "$share/g/spBv1.0/+/DDATA/+/+" in shared
     with pytest.raises(ConfigError, match="--shared-group: topic filter '#'"):
         validate(Settings(topics=("#",), mapping=preset, shared_group="g"))
+
+
+def test_a_switch_between_one_and_several_workers_unsubscribes_the_split_filters() -> None:
+    # A session of the other worker count holds the other form of each filter; with the
+    # Sparkplug split that form is the shared DATA filters, not "$share/<group>/<topic>".
+    preset = Mapping.load(None, ["sparkplug"])
+    topics = preset.subscriptions()
+    one = Settings(topics=topics, mapping=preset, client_id="c")
+    several = Settings(topics=topics, mapping=preset, client_id="c", shared_group="c")
+    assert set(one.other_subscriptions) == {
+        topic for topic in several.subscriptions if topic.startswith("$share/")}
+    assert "$share/c/spBv1.0/+/NDATA/+" in one.other_subscriptions
+    # ...and the plain BIRTH/DEATH filters the workers keep are not unsubscribed.
+    assert set(several.other_subscriptions) == set(topics) - set(several.subscriptions)
+    assert not set(several.other_subscriptions) & set(several.subscriptions)
