@@ -211,8 +211,9 @@ def validate(settings: Settings) -> Settings:
         raise ConfigError("--topic: at least one non-empty topic filter is required")
     if settings.shared_group is not None and not _NAME.match(settings.shared_group):
         raise ConfigError("--shared-group: use letters, digits, '_' or '-' (no '/', '+', '#')")
-    if settings.shared_group is not None and settings.mapping is not None:
-        settings.mapping.shared_subscriptions(settings.topics, settings.shared_group)
+    group = settings.shared_group or (settings.derived_group if settings.workers > 1 else None)
+    if group is not None and settings.mapping is not None:  # workers share a group too
+        settings.mapping.shared_subscriptions(settings.topics, group)
     _check_store(settings.mongodb_uri, settings.db, settings.collection,
                  settings.rejects_collection)
     if settings.max_inflight_messages > MAX_RECEIVE_MAXIMUM:
