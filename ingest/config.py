@@ -211,9 +211,7 @@ def validate(settings: Settings) -> Settings:
         raise ConfigError("--topic: at least one non-empty topic filter is required")
     if settings.shared_group is not None and not _NAME.match(settings.shared_group):
         raise ConfigError("--shared-group: use letters, digits, '_' or '-' (no '/', '+', '#')")
-    group = settings.shared_group or (settings.derived_group if settings.workers > 1 else None)
-    if group is not None and settings.mapping is not None:  # workers share a group too
-        settings.mapping.shared_subscriptions(settings.topics, group)
+    _check_split(settings)
     _check_store(settings.mongodb_uri, settings.db, settings.collection,
                  settings.rejects_collection)
     if settings.max_inflight_messages > MAX_RECEIVE_MAXIMUM:
@@ -232,6 +230,20 @@ def validate(settings: Settings) -> Settings:
     _check_tls(settings.mqtt)
     return settings
 
+
+
+def _check_split(settings: Settings) -> None:
+    """A format that splits shared filters (Sparkplug) must be able to split these."""
+    group = settings.shared_group or (settings.derived_group if settings.workers > 1 else None)
+    if group is None or settings.mapping is None:  # workers share a group too
+        return
+    try:
+        settings.mapping.shared_subscriptions(settings.topics, group)
+    except ConfigError as exc:
+        if settings.shared_group is not None:
+            raise
+        raise ConfigError(str(exc).replace("--shared-group:", "--workers: several "
+                                           "workers share a group;", 1)) from None
 
 def _check_retention(settings: Settings) -> None:
     """--retention-days within what MongoDB accepts as expireAfterSeconds."""

@@ -374,7 +374,8 @@ def test_settings_subscriptions_split_only_when_a_shared_group_is_in_effect() ->
     assert "$share/g/spBv1.0/+/DDATA/+/+" in shared
     with pytest.raises(ConfigError, match="--shared-group: topic filter '#'"):
         validate(Settings(topics=("#",), mapping=preset, shared_group="g"))
-    with pytest.raises(ConfigError, match="--shared-group: topic filter '#'"):
+    with pytest.raises(ConfigError, match="--workers: several workers share a group; topic "
+                       "filter '#'"):
         validate(Settings(topics=("#",), mapping=preset, workers=2))  # a derived group
 
 
