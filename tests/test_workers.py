@@ -302,17 +302,17 @@ async def test_workers_whose_parent_is_killed_drain_and_exit(
 
 async def test_sparkplug_and_dry_run_run_in_the_workers(
         daemon: Callable[..., Daemon], publish: Callable[..., Any], topic_root: str) -> None:
-    """Which worker gets which edge node's messages is the broker's choice: this checks
-    that the preset runs in the workers, not how Sparkplug state is shared."""
+    """The workers share a group, so the preset's BIRTH and DEATH filters are subscribed
+    unshared: every worker receives every BIRTH (docs/sparkplug.md, shared groups)."""
     proc = daemon("--workers", "2", "--preset", "sparkplug", "--dry-run",
                   "--topic", f"spBv1.0/{topic_root}/#")
     births = [(enc.topic(topic_root, "NBIRTH", f"E{n}"), enc.nbirth(
         [Metric("Temp", 1, NOW, enc.DOUBLE, 20.5)], bd_seq=0, timestamp=NOW))
         for n in range(6)]
     await publish(births)
-    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 6)
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 12)
     metrics = proc.metrics()
-    assert metrics['ingest_sparkplug_messages_total{type="NBIRTH"}'] == 6
+    assert metrics['ingest_sparkplug_messages_total{type="NBIRTH"}'] == 12  # 6 per worker
     assert metrics['ingest_info{dry_run="true",mode="bucket"}'] == 1
     assert metrics["ingest_workers"] == 2
     assert proc.stop() == 0
