@@ -5,6 +5,12 @@ id, so messages published while the daemon is away wait at the broker. Every QoS
 message is acknowledged only after its write (paho's manual ack), and the broker sends
 at most Receive Maximum unacknowledged messages: that is the backpressure.
 
+Received messages wait in the connection's inbox until the pipeline takes them. The inbox
+is bounded in messages (``max_inflight_messages``) and in bytes (a quarter of
+``max_buffered_bytes``, :data:`INBOX_SHARE`): over either bound, reading the socket
+pauses (after the packet being read), so TCP and the broker hold the backlog, QoS 0
+included; it resumes once the inbox is down to half of both bounds.
+
 A PUBACK cannot be confirmed: one queued just before the connection dies may never reach
 the broker, which then resends the message with DUP on the resumed session. So a written
 and acknowledged message is remembered (topic, payload size and hash) until the broker has
@@ -46,6 +52,73 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 YIELD_EVERY = 500  # messages decoded between two yields to the event loop
+INBOX_SHARE = 4  # the inbox holds at most max_buffered_bytes / INBOX_SHARE bytes
+# Estimated memory of a received message besides its payload and topic (the Inbound,
+# its bytes and str objects, the deque slot); as pipeline.MESSAGE_BYTES.
+INBOX_MESSAGE_BYTES = 256
+
+
+class _Inbox:
+    """One connection's received messages not yet taken, and the pause of its reader."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, health: Health) -> None:
+        self.messages: deque[Inbound] = deque()
+        self.bytes = 0
+        self.wake = asyncio.Event()
+        self.reader: paho_hooks.Reader | None = None
+        self._metrics = metrics
+        self._health = health
+        self._limit = settings.max_inflight_messages
+        self._limit_bytes = max(1, settings.max_buffered_bytes // INBOX_SHARE)
+        self._paused_since = 0.0  # monotonic; 0 while reading
+
+    def put(self, message: Inbound) -> None:
+        """Append a received message; pause reading past a bound."""
+        self.messages.append(message)
+        self.bytes += _size(message)
+        if ((len(self.messages) >= self._limit or self.bytes >= self._limit_bytes)
+                and not self._paused_since and self.reader is not None):
+            self.reader.pause()
+            self._paused_since = time.monotonic()
+            self._health.reading_paused = True
+            self._metrics.read_paused.set(1)
+            self._metrics.read_pauses.inc()
+        self.wake.set()
+
+    def take(self) -> Inbound:
+        """The oldest message; resume reading below half of both bounds."""
+        message = self.messages.popleft()
+        self.bytes -= _size(message)
+        if (self._paused_since and len(self.messages) <= self._limit // 2
+                and self.bytes <= self._limit_bytes // 2):
+            self._unpaused()
+            if self.reader is not None:
+                self.reader.resume()
+        return message
+
+    def _unpaused(self) -> None:
+        self.sync_metrics()
+        self._paused_since = 0.0
+        self._health.reading_paused = False
+        self._metrics.read_paused.set(0)
+
+    def close(self) -> None:
+        """The connection is gone: a pause ends with it (a new connection reads)."""
+        if self._paused_since:
+            self._unpaused()
+        self._metrics.inbox_bytes.set(0)
+
+    def sync_metrics(self) -> None:
+        """Move the pause's time so far and the inbox's size into the metrics."""
+        if self._paused_since:
+            now = time.monotonic()
+            self._metrics.read_paused_seconds.inc(now - self._paused_since)
+            self._paused_since = now
+        self._metrics.inbox_bytes.set(self.bytes)
+
+
+def _size(message: Inbound) -> int:
+    return INBOX_MESSAGE_BYTES + len(message.payload) + len(message.topic)
 
 
 @dataclass(slots=True)
@@ -95,6 +168,13 @@ class MqttSource:
                                                    protocol=aiomqtt.ProtocolVersion.V5))
         self._stop = asyncio.Event()
         self._release = asyncio.Event()
+        self._inbox: _Inbox | None = None  # the current connection's
+        metrics.inbox_limit_bytes.set(max(1, settings.max_buffered_bytes // INBOX_SHARE))
+
+    def sync_metrics(self) -> None:
+        """Move the inbox's size and the pause's time into the metrics (before a scrape)."""
+        if self._inbox is not None:
+            self._inbox.sync_metrics()
 
     def _new_client(self) -> aiomqtt.Client:
         mqtt = self._settings.mqtt
@@ -105,6 +185,7 @@ class MqttSource:
             mqtt.host, mqtt.port,
             username=mqtt.username, password=mqtt.password,
             identifier=self._settings.client_id,
+            keepalive=self._settings.mqtt_keepalive,
             protocol=aiomqtt.ProtocolVersion.V5,
             clean_start=False,
             properties=props,
@@ -242,11 +323,11 @@ class MqttSource:
         while not self._stop.is_set():
             try:
                 client = self._new_client()
-                inbox, wake = self._receiver(client)
+                inbox = self._receiver(client)
                 async with client:
                     attempt, connected_once = 0, True
                     await self._connected(client)
-                    await self._consume_until_stopped(client, inbox, wake, sink)
+                    await self._consume_until_stopped(client, inbox, sink)
             except aiomqtt.MqttError as exc:
                 attempt += 1
                 delay = backoff(attempt, base=0.5)
@@ -284,28 +365,21 @@ class MqttSource:
                 "and --client-id")
         return None
 
-    def _receiver(self, client: aiomqtt.Client) -> tuple[deque[Inbound], asyncio.Event]:
+    def _receiver(self, client: aiomqtt.Client) -> _Inbox:
         """Route this connection's messages into a fresh inbox (see paho_hooks)."""
-        inbox: deque[Inbound] = deque()
-        wake = asyncio.Event()
+        if self._inbox is not None:
+            self._inbox.close()  # the previous connection's: forgotten, as its messages
+        inbox = self._inbox = _Inbox(self._settings, self._metrics, self._health)
         generation = self._generation + 1  # the number _connected() gives this connection
 
-        limit = self._settings.max_inflight_messages
-        dropped = self._metrics.messages_dropped.labels("qos0_overflow")
-
         def deliver(topic: str, payload: bytes, mid: int, qos: int, dup: bool) -> None:
-            # QoS 1/2 messages are bounded by Receive Maximum at the broker; QoS 0 has no
-            # flow control, so past the same bound it is dropped, as QoS 0 allows, and
-            # counted.
+            # QoS 1/2 messages are bounded by Receive Maximum at the broker; any message
+            # past the inbox's bounds pauses the reader, so QoS 0 waits in TCP and at the
+            # broker instead of being dropped here.
             message = Inbound(topic, payload, mid, qos, generation, time.time(), dup)
-            if qos == 0:
-                if len(inbox) >= limit:
-                    dropped.inc()
-                    return
-            elif not self._arrived(message, client):
+            if qos and not self._arrived(message, client):
                 return
-            inbox.append(message)
-            wake.set()
+            inbox.put(message)
 
         def on_session(present: bool) -> None:
             # Without the old session no redelivery will come: earlier entries can never
@@ -319,8 +393,8 @@ class MqttSource:
             if self._client is client:
                 self._disconnected()  # acks from now on wait for the next connection
 
-        paho_hooks.install(client, deliver, on_session, on_lost)
-        return inbox, wake
+        inbox.reader = paho_hooks.install(client, deliver, on_session, on_lost)
+        return inbox
 
     async def _connected(self, client: aiomqtt.Client) -> None:
         self._generation += 1
@@ -358,10 +432,9 @@ class MqttSource:
         self._health.mqtt_connected = False
         self._metrics.mqtt_connected.set(0)
 
-    async def _consume_until_stopped(self, client: aiomqtt.Client, inbox: deque[Inbound],
-                                     wake: asyncio.Event,
+    async def _consume_until_stopped(self, client: aiomqtt.Client, inbox: _Inbox,
                                      sink: Callable[[Inbound], Awaitable[bool]]) -> None:
-        consume = asyncio.create_task(self._consume(inbox, wake, sink), name="mqtt-consume")
+        consume = asyncio.create_task(self._consume(inbox, sink), name="mqtt-consume")
         # Our receive path bypasses aiomqtt's queue, so its iterator only ever ends by
         # raising MqttError when the connection drops: a public way to watch for that.
         watch = asyncio.create_task(_until_disconnected(client), name="mqtt-watch")
@@ -380,6 +453,7 @@ class MqttSource:
         finally:
             if self._client is client:
                 self._disconnected()
+            inbox.close()
             for task in (consume, watch, stop):
                 if task.done() and not task.cancelled():
                     task.exception()  # seen: a drop during the drain is handled by on_lost
@@ -391,12 +465,13 @@ class MqttSource:
                         if not e.taken and e.message.generation == generation]:
                 del self._unacked[mid]
 
-    async def _consume(self, inbox: deque[Inbound], wake: asyncio.Event,
+    async def _consume(self, inbox: _Inbox,
                        sink: Callable[[Inbound], Awaitable[bool]]) -> None:
+        messages, wake = inbox.messages, inbox.wake
         while True:
             count = 0
-            while inbox:
-                message = inbox.popleft()
+            while messages:
+                message = inbox.take()
                 taken = await sink(message)
                 if message.qos:
                     self._taken(message, taken)
