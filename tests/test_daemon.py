@@ -325,20 +325,37 @@ async def test_sigterm_while_waiting_for_mongodb_exits_promptly(
     assert time.monotonic() - started < 5
 
 
-async def test_a_qos0_flood_is_bounded_and_counted_while_writes_are_blocked(
-        daemon: Callable[..., Daemon], publish: Any, topic_root: str, mongo: Any) -> None:
+async def test_a_qos0_burst_while_writes_are_blocked_pauses_reading_and_loses_nothing(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any,
+        mongo: Any) -> None:
+    """QoS 0 has no flow control. With writes blocked, the pipeline fills (20 readings),
+    then the inbox (50 messages): the daemon stops reading its socket, says so
+    (``ingest_mqtt_read_paused``, ``/readyz``), and the rest of the burst waits in TCP and
+    at the broker. Once writes work again, every one of the 2,000 readings is stored, on
+    the same connection."""
     proc = daemon("--batch-size", "10", "--max-buffered-readings", "20",
                   "--max-inflight-messages", "50", "--write-concurrency", "1")
+    burst = [one(topic_root, f"s{i % 10}", i) for i in range(2000)]
     async with failpoint(mongo, ["update"]):
-        await publish([one(topic_root, "s1", i) for i in range(400)], qos=0)
-        await eventually(lambda: proc.metric(
-            'ingest_messages_dropped_total{reason="qos0_overflow"}') > 0)
+        await publish(burst, qos=0)
+        await eventually(lambda: proc.metric("ingest_mqtt_read_paused") == 1)
+        time.sleep(1.0)
         metrics = proc.metrics()
         assert metrics["ingest_buffered_readings"] <= 20
-        received = metrics["ingest_messages_received_total"]
-        dropped = metrics['ingest_messages_dropped_total{reason="qos0_overflow"}']
-        assert received + dropped <= 400
-        assert received <= 20 + 50 + 10
+        assert metrics["ingest_messages_received_total"] <= 20 + 1
+        assert metrics["ingest_mqtt_read_paused"] == 1
+        assert 0 < metrics["ingest_inbox_bytes"] <= 51 * 1024
+        assert _status(proc, "/readyz") == 503
+    await eventually(lambda: proc.metric('ingest_readings_written_total{mode="bucket"}')
+                     == 2000, timeout=120)
+    assert await stored(db, "bucket") == 2000
+    assert await stored_values(db, "bucket", "seq") == list(range(2000))
+    metrics = proc.metrics()
+    assert metrics["ingest_mqtt_read_pauses_total"] >= 1
+    assert metrics["ingest_mqtt_read_paused_seconds_total"] >= 1.0
+    assert metrics["ingest_mqtt_read_paused"] == 0
+    assert metrics["ingest_mqtt_reconnects_total"] == 0
+    assert "ingest_messages_dropped_total" not in metrics
 
 
 async def test_a_broker_restart_during_a_write_neither_loses_nor_duplicates(
