@@ -143,6 +143,7 @@ def test_tiny_run_accounts_for_every_message() -> None:
         assert run["complete"], run
         assert set(run["lost"].values()) == {0}, run
         assert run["published"] == run["received"] == run["messages"], run
+        assert run["broker_dropped"] == 0, run  # read from the broker's $SYS
         assert run["seconds_low"] <= run["seconds"] <= run["seconds_high"], run
         if run["consumer"] != "mosquitto_sub":
             assert run["acked"] == run["messages"], run
