@@ -374,9 +374,12 @@ def timed(run: Run, watch: Watch, writes: tuple[float, float] | None = None) -> 
     """
     samples = watch.samples
     k = watch.first_nonzero()
-    end = samples[-1]
+    # The first scrape that showed the final count: a run that stalled (messages lost on
+    # the way) ended there, not after the wait for more that never came.
+    j = next(i for i, sample in enumerate(samples) if sample.done == samples[-1].done)
+    end = samples[j]
     before_start = samples[k - 1] if k else None
-    before_end = samples[-2] if len(samples) > 1 else samples[-1]
+    before_end = samples[j - 1] if j else samples[j]
     start_low = before_start.sent if before_start else samples[k].sent
     start_high = samples[k].answered
     end_low, end_high = before_end.sent, end.answered
