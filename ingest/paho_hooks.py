@@ -29,7 +29,9 @@ aiomqtt gives us connection handling, reconnects and subscribe; two things it la
   connection and the session, and the check is re-armed on resume.
 
 Every paho and aiomqtt internal used here (the methods in :data:`REQUIRED`, the callback
-properties, ``_in_packet``, ``_sock``, aiomqtt's ``_client`` and callbacks) is checked at
+properties, ``_in_packet``, ``_sock``, the keepalive state in
+:data:`KEEPALIVE_ATTRIBUTES` and ``time_func``, aiomqtt's ``_client``, callbacks and
+``_disconnected``) is checked at
 start-up by :func:`check_compatible`, which refuses to run on other shapes
 (tests/test_paho_contract.py holds the behaviour behind each). pyproject.toml pins
 paho-mqtt and aiomqtt to the minor versions those tests cover.
