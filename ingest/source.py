@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -326,7 +327,7 @@ class MqttSource:
                 inbox = self._receiver(client)
                 async with client:
                     attempt, connected_once = 0, True
-                    await self._connected(client)
+                    self._connected(client)
                     await self._consume_until_stopped(client, inbox, sink)
             except aiomqtt.MqttError as exc:
                 attempt += 1
@@ -396,7 +397,7 @@ class MqttSource:
         inbox.reader = paho_hooks.install(client, deliver, on_session, on_lost)
         return inbox
 
-    async def _connected(self, client: aiomqtt.Client) -> None:
+    def _connected(self, client: aiomqtt.Client) -> None:
         self._generation += 1
         self._client = client
         # Redeliveries adopted before this point (they arrive right after CONNACK) whose
@@ -408,13 +409,15 @@ class MqttSource:
         for message in reacks:
             if message.generation == self._generation:
                 self._reack(client, message)
+
+    async def _subscribe(self, client: aiomqtt.Client) -> None:
         wanted = self._settings.qos
         # Retained messages only when the subscription is new, not again on every
         # reconnect of the persistent session (they would be stored again each time).
         options = SubscribeOptions(qos=wanted,
                                    retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
         for topic in self._settings.subscriptions:
-            granted = await client.subscribe(topic, options=options)
+            granted = await client.subscribe(topic, options=options, timeout=math.inf)
             codes = [code if isinstance(code, int) else code.value for code in granted]
             if any(code != wanted for code in codes):
                 # 0x80 and above: refused (e.g. ACL); a lower QoS would silently turn the
@@ -434,13 +437,26 @@ class MqttSource:
 
     async def _consume_until_stopped(self, client: aiomqtt.Client, inbox: _Inbox,
                                      sink: Callable[[Inbound], Awaitable[bool]]) -> None:
+        # Consuming starts before the subscription is confirmed: a resumed session's
+        # backlog arrives ahead of the SUBACK and can be more than the inbox holds, so the
+        # inbox must drain (and reading resume) for the SUBACK to be read at all, however
+        # long the pipeline takes (a MongoDB outage): the SUBACK is waited for without a
+        # timeout, next to the watch for a lost connection.
         consume = asyncio.create_task(self._consume(inbox, sink), name="mqtt-consume")
         # Our receive path bypasses aiomqtt's queue, so its iterator only ever ends by
         # raising MqttError when the connection drops: a public way to watch for that.
         watch = asyncio.create_task(_until_disconnected(client), name="mqtt-watch")
         stop: asyncio.Task[Any] = asyncio.create_task(self._stop.wait(), name="mqtt-stop")
+        subscribed = asyncio.create_task(self._subscribe(client), name="mqtt-subscribe")
         try:
-            await asyncio.wait({consume, watch, stop}, return_when=asyncio.FIRST_COMPLETED)
+            waiting = {consume, watch, stop, subscribed}
+            while True:
+                done, waiting = await asyncio.wait(waiting,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                if subscribed in done:
+                    subscribed.result()  # a refused subscription raises: a failed connection
+                if done - {subscribed}:
+                    break
             for task in (watch, consume):
                 if task.done():
                     task.result()  # re-raise the disconnect or a failure
@@ -454,7 +470,7 @@ class MqttSource:
             if self._client is client:
                 self._disconnected()
             inbox.close()
-            for task in (consume, watch, stop):
+            for task in (consume, watch, stop, subscribed):
                 if task.done() and not task.cancelled():
                     task.exception()  # seen: a drop during the drain is handled by on_lost
                 task.cancel()

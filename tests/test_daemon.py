@@ -331,11 +331,11 @@ async def test_a_qos0_burst_while_writes_are_blocked_pauses_reading_and_loses_no
     """QoS 0 has no flow control. With writes blocked, the pipeline fills (20 readings),
     then the inbox (50 messages): the daemon stops reading its socket, says so
     (``ingest_mqtt_read_paused``, ``/readyz``), and the rest of the burst waits in TCP and
-    at the broker. Once writes work again, every one of the 2,000 readings is stored, on
+    at the broker. Once writes work again, every one of the 500 readings is stored, on
     the same connection."""
     proc = daemon("--batch-size", "10", "--max-buffered-readings", "20",
                   "--max-inflight-messages", "50", "--write-concurrency", "1")
-    burst = [one(topic_root, f"s{i % 10}", i) for i in range(2000)]
+    burst = [one(topic_root, f"s{i % 10}", i) for i in range(500)]
     async with failpoint(mongo, ["update"]):
         await publish(burst, qos=0)
         await eventually(lambda: proc.metric("ingest_mqtt_read_paused") == 1)
@@ -347,15 +347,42 @@ async def test_a_qos0_burst_while_writes_are_blocked_pauses_reading_and_loses_no
         assert 0 < metrics["ingest_inbox_bytes"] <= 51 * 1024
         assert _status(proc, "/readyz") == 503
     await eventually(lambda: proc.metric('ingest_readings_written_total{mode="bucket"}')
-                     == 2000, timeout=120)
-    assert await stored(db, "bucket") == 2000
-    assert await stored_values(db, "bucket", "seq") == list(range(2000))
+                     == 500, timeout=120)
+    assert await stored(db, "bucket") == 500
+    assert await stored_values(db, "bucket", "seq") == list(range(500))
     metrics = proc.metrics()
     assert metrics["ingest_mqtt_read_pauses_total"] >= 1
     assert metrics["ingest_mqtt_read_paused_seconds_total"] >= 1.0
     assert metrics["ingest_mqtt_read_paused"] == 0
     assert metrics["ingest_mqtt_reconnects_total"] == 0
     assert "ingest_messages_dropped_total" not in metrics
+
+
+async def test_a_qos0_backlog_larger_than_the_inbox_is_drained_on_connect(
+        daemon: Callable[..., Daemon], tmp_path: Path, topic_root: str, db: Any) -> None:
+    """500 QoS 0 messages queued at the broker for the daemon's session while it was
+    away: on connect they all come before the SUBACK, 10 times what the inbox holds.
+    Reading pauses with the SUBACK still unread; the daemon consumes the inbox anyway,
+    reads on, and stores every reading (the subscription is confirmed meanwhile)."""
+    queueing = Broker(tmp_path, extra="queue_qos0_messages true\n")
+    queueing.start()
+    try:
+        args = ("--batch-size", "10", "--max-inflight-messages", "50")
+        first = daemon(*args, broker_url=queueing.url)
+        assert first.stop() == 0  # the persistent session stays at the broker
+        async with aiomqtt.Client("127.0.0.1", queueing.port) as client:
+            for i in range(500):
+                await client.publish(*one(topic_root, f"s{i % 10}", i), qos=0)
+        proc = daemon(*args, broker_url=queueing.url, wait_ready=False)
+        await eventually(lambda: _status(proc, "/healthz") == 200, timeout=60)
+        await eventually(lambda: proc.metric('ingest_readings_written_total{mode="bucket"}')
+                         == 500, timeout=120)
+        assert await stored_values(db, "bucket", "seq") == list(range(500))
+        assert proc.metric("ingest_mqtt_read_pauses_total") >= 1
+        assert proc.metric("ingest_mqtt_reconnects_total") == 0
+        assert _status(proc, "/readyz") == 200
+    finally:
+        queueing.stop()
 
 
 async def test_a_broker_restart_during_a_write_neither_loses_nor_duplicates(
