@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import socket
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -62,6 +63,7 @@ PUBACK = 0x40
 PUBACK_HEAD = bytes((PUBACK, 2))
 READ_BURST = 500  # packets handled per readable event, at most
 RECV_BURST = 200  # socket reads per readable event, at most (12.5 MiB)
+TCP_ESTABLISHED = 1  # tcpi_state in Linux's struct tcp_info
 
 
 # paho Client methods the hooks call or replace, with their parameters (after self).
@@ -355,11 +357,17 @@ class _Buffered:
         paho closes the connection when its PINGRESP has not been read within a
         keepalive; paused, we do not read it. PINGREQ still goes out once per keepalive
         (the broker closes a connection silent for 1.5 keepalives), and the check is
-        re-armed by :meth:`resume`.
+        re-armed by :meth:`resume`. A connection the broker closed is noticed from the
+        kernel's TCP state (called about once a second by aiomqtt), since its EOF is not
+        read either.
         """
         paho = self._paho
         if not self._paused or paho._sock is None:  # noqa: SLF001
             return self._raw_misc()  # type: ignore[no-any-return]
+        if _peer_closed(paho._sock):  # noqa: SLF001
+            # Unread, the broker's FIN (a restart, a takeover) would go unnoticed until
+            # a PINGREQ failed: the connection is over, whatever waits unread in it.
+            return paho._loop_rc_handle(MQTTErrorCode.MQTT_ERR_CONN_LOST)  # type: ignore[no-any-return]  # noqa: SLF001
         keepalive = paho._keepalive  # noqa: SLF001
         now = paho_client.time_func()
         last = max(self._pinged, paho._last_msg_out)  # noqa: SLF001
@@ -368,6 +376,18 @@ class _Buffered:
             self._pinged = paho._last_msg_out = now  # noqa: SLF001
         paho._ping_t = 0  # noqa: SLF001 - its PINGRESP waits unread behind the data
         return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+
+def _peer_closed(sock: Any) -> bool:  # noqa: ANN401 - a socket or an SSLSocket
+    """Whether the peer has closed its side of a TCP connection (Linux; else False)."""
+    option = getattr(socket, "TCP_INFO", None)
+    if option is None:
+        return False
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, option, 1)
+    except (OSError, AttributeError):
+        return False
+    return bool(info) and info[0] != TCP_ESTABLISHED
 
 
 def _buffer_reads(client: aiomqtt.Client, paho: Any) -> _Buffered:  # noqa: ANN401

@@ -465,6 +465,33 @@ async def test_messages_not_yet_taken_when_the_connection_drops_are_processed_on
     assert await stored_values(db, "bucket", "seq") == list(range(20))
 
 
+async def test_a_reconnect_while_reading_is_paused_reads_again_and_loses_nothing(
+        daemon: Callable[..., Daemon], persistent: Broker, topic_root: str, db: Any,
+        mongo: Any) -> None:
+    """Writes fail, the pipeline and the inbox fill (its byte bound: a quarter of 8,000
+    bytes, a few messages) and reading pauses; then the broker restarts. The new
+    connection reads from the start (the old inbox is forgotten, its messages come
+    again), pauses again on the redeliveries, and once writes work every reading is
+    stored once and reading is no longer paused."""
+    proc = daemon("--batch-size", "5", "--max-buffered-readings", "5",
+                  "--max-buffered-bytes", "8000", "--write-concurrency", "1",
+                  broker_url=persistent.url)
+    async with writes_failing(proc, mongo, "bucket", persistent,
+                              [one(topic_root, "s1", i) for i in range(30)]):
+        await eventually(lambda: proc.metric("ingest_mqtt_read_paused") == 1)
+        persistent.restart()
+        # Noticed while paused (the broker's FIN, from the TCP state); the redeliveries
+        # fill the new connection's inbox ahead of its SUBACK, so it pauses again.
+        await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 1)
+        await eventually(lambda: proc.metric("ingest_mqtt_read_pauses_total") >= 2)
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 30, timeout=60)
+    assert proc.metric("ingest_mqtt_connected") == 1
+    assert await stored(db, "bucket") == 30
+    assert await stored_values(db, "bucket", "seq") == list(range(30))
+    assert proc.metric("ingest_mqtt_read_paused") == 0
+    await eventually(lambda: _status(proc, "/readyz") == 200)
+
+
 async def test_writes_finishing_while_the_broker_is_down_are_acked_after_it_returns(
         daemon: Callable[..., Daemon], persistent: Broker, topic_root: str, db: Any,
         mongo: Any) -> None:

@@ -417,6 +417,29 @@ async def test_a_pause_longer_than_two_keepalives_keeps_the_connection(
     assert lost.is_set()
 
 
+async def test_a_connection_the_broker_closes_during_a_pause_is_noticed(
+        broker: Broker) -> None:
+    """Paused, the reader does not read the broker's EOF: the kernel's TCP state tells
+    that the peer closed, within seconds rather than at the next keepalive (60 s)."""
+    proxy = Proxy("127.0.0.1", broker.port).start()
+    lost = asyncio.Event()
+    try:
+        client = aiomqtt.Client("127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5,
+                                keepalive=60)
+        reader = paho_hooks.install(client, lambda *_: None, lambda _: None, lost.set)
+        async with client:
+            reader.pause()
+            await asyncio.sleep(1.5)
+            assert not lost.is_set()  # a pause alone ends nothing
+            proxy.drop()
+            await asyncio.wait_for(lost.wait(), 10)
+    except aiomqtt.MqttError:
+        pass  # the disconnect surfaces when the context exits
+    finally:
+        proxy.stop()
+    assert lost.is_set()
+
+
 @pytest.mark.parametrize("name", [*paho_hooks.KEEPALIVE_ATTRIBUTES, "_disconnected"])
 async def test_a_missing_keepalive_internal_is_refused(name: str) -> None:
     client = aiomqtt.Client("127.0.0.1")
