@@ -67,6 +67,9 @@ class FaultRun:
         self.reacked = self.adopted = 0.0
 
     def _daemon(self) -> Daemon:
+        # Refusals still pending from a "refuse" fault are meant for reconnects: a new
+        # process's first connection refused (0x87) is a start-up failure by design.
+        self.proxy.refuse(0)
         return self.start("--max-inflight-messages", str(RECEIVE_MAXIMUM), "--batch-size", "20",
                           broker_url=f"mqtt://127.0.0.1:{self.proxy.port}")
 
