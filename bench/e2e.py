@@ -19,7 +19,9 @@ the request left and the answer came back, which bounds the true instants; the k
 figures for the daemon's MQTT socket (``ss``) and fakemongo's first and last write
 narrow those bounds without the daemon's event loop. CPU is the
 consumer's own utime + stime from /proc/<pid>/stat over the same window. Losses are
-counted on every side: published (PUBACKed), received, dropped, written, seen at the sink.
+counted on every side: published (PUBACKed), dropped by the broker (its
+``$SYS/broker/publish/messages/dropped``, read before and after the run), received,
+written, seen at the sink.
 
     .venv/bin/python -m bench.e2e [--sensors 1000] [--rounds 5] [--json out.json]
 """
@@ -56,6 +58,8 @@ START_TIMEOUT = 120.0  # the daemon's start-up, before its first message, on a b
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 JIFFY = 0.010  # the kernel's socket timestamps tick at HZ >= 100
 ARRIVED = 64  # bytes: more than CONNACK and SUBACK, so at least one PUBLISH has arrived
+SYS_INTERVAL = 1  # seconds between the broker's $SYS updates (mosquitto's sys_interval)
+DROPPED = "$SYS/broker/publish/messages/dropped"
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ class Run:
     messages: int
     published: int = 0
     received: int = 0  # messages the consumer took
-    dropped: int = 0  # the daemon's ingest_messages_dropped_total (QoS 0 overflow)
+    broker_dropped: int | None = None  # messages the broker dropped during the run
     acked: int = 0  # the daemon's ingest_messages_acked_total (QoS 0: done with)
     written: int = 0  # readings the daemon counts as written
     rejected: int = 0
@@ -130,8 +134,8 @@ class Run:
     def lost(self) -> dict[str, int]:
         """Where messages or readings went missing (all zero for a clean run)."""
         out = {"not_published": self.messages - self.published,
-               "not_received": self.published - self.received - self.dropped,
-               "dropped": self.dropped}
+               "not_received": self.published - self.received - (self.broker_dropped or 0),
+               "broker_dropped": self.broker_dropped or 0}
         if self.consumer != "mosquitto_sub":
             out["not_written"] = self.received * self.per_message - self.written - self.rejected
         if self.sink_readings is not None:
@@ -212,6 +216,17 @@ def session(broker: Broker, client_id: str, qos: int, workers: int = 1) -> None:
                         "-c", "-x", "3600", "-q", str(qos), "-t",
                         topic_filter(client_id, workers), "-E"], check=True,
                        capture_output=True, timeout=30)
+
+
+def broker_dropped(broker: Broker) -> int | None:
+    """The broker's count of messages it dropped (queue limits, offline QoS 0), or None.
+
+    mosquitto publishes it retained under $SYS every ``sys_interval`` seconds.
+    """
+    proc = subprocess.run(["mosquitto_sub", "-p", str(broker.port), "-t", DROPPED, "-C", "1",
+                           "-W", "5"], capture_output=True, text=True, timeout=30, check=False)
+    value = proc.stdout.strip()
+    return int(value) if proc.returncode == 0 and value.isdigit() else None
 
 
 def publish(broker: Broker, qos1pub: Path, path: Path, messages: int) -> int:
@@ -325,7 +340,7 @@ class Watch:
 
 def watch_daemon(daemon: Daemon, broker: Broker,
                  target: int) -> tuple[Watch, dict[str, float]]:
-    """Scrape until ``target`` messages are acked or dropped, or nothing moves for STALL."""
+    """Scrape until ``target`` messages are acked, or nothing moves for STALL."""
     assert daemon.process is not None
     moved = time.monotonic()
     # Nothing can have been received before the daemon was started.
@@ -352,8 +367,7 @@ def watch_daemon(daemon: Daemon, broker: Broker,
             continue
         answered = time.monotonic()
         cpu = cpu_of_tree(daemon.process.pid)
-        done = int(counters.get("ingest_messages_acked_total", 0)
-                   + counters.get("ingest_messages_dropped_total", 0))
+        done = int(counters.get("ingest_messages_acked_total", 0))
         received = int(counters.get("ingest_messages_received_total", 0))
         if (done, received) != (watch.samples[-1].done, watch.samples[-1].received):
             moved = answered
@@ -419,9 +433,12 @@ def timed(run: Run, watch: Watch, writes: tuple[float, float] | None = None) -> 
     """
     samples = watch.samples
     k = watch.first_nonzero()
-    end = samples[-1]
+    # The first scrape that showed the final count: a run that stalled (messages lost on
+    # the way) ended there, not after the wait for more that never came.
+    j = next(i for i, sample in enumerate(samples) if sample.done == samples[-1].done)
+    end = samples[j]
     before_start = samples[k - 1] if k else None
-    before_end = samples[-2] if len(samples) > 1 else samples[-1]
+    before_end = samples[j - 1] if j else samples[j]
     start_low = before_start.sent if before_start else samples[k].sent
     start_high = samples[k].answered
     end_low, end_high = before_end.sent, end.answered
@@ -465,11 +482,10 @@ def measure_daemon(run: Run, broker: Broker, client_id: str, sink_uri: str | Non
         daemon.stop()
     run.scrapes = watch.answered()
     run.received = int(counters.get("ingest_messages_received_total", 0))
-    run.dropped = int(counters.get("ingest_messages_dropped_total", 0))
     run.acked = int(counters.get("ingest_messages_acked_total", 0))
     run.written = int(counters.get("ingest_readings_written_total", 0))
     run.rejected = int(counters.get("ingest_readings_rejected_total", 0))
-    run.complete = run.acked + run.dropped >= run.published
+    run.complete = run.acked >= run.published
     return watch
 
 
@@ -490,7 +506,7 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
     """One consumer on a fresh broker holding the backlog."""
     run = Run(consumer, round_no, per_message, qos, messages, load=os.getloadavg()[0])
     rundir = Path(tempfile.mkdtemp(dir=workdir))
-    broker = Broker(rundir, extra="queue_qos0_messages true\n")
+    broker = Broker(rundir, extra=f"queue_qos0_messages true\nsys_interval {SYS_INTERVAL}\n")
     broker.start()
     sink = None
     try:
@@ -498,12 +514,14 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
         session(broker, client_id, qos, settings.workers)
         assert broker.process is not None
         broker_cpu = cpu_of(broker.process.pid)
+        dropped_before = broker_dropped(broker)
         run.published = publish(broker, helpers["qos1pub"], lines, messages)
         run.broker_publish_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
         broker_cpu += run.broker_publish_cpu_seconds
         if consumer == "mosquitto_sub":
             measure_sub(run, broker, client_id, settings.workers)
             run.broker_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
+            count_broker_drops(run, broker, dropped_before)
             return run
         sink_uri = None
         if consumer != "dry-run":
@@ -529,6 +547,7 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
             sink = None
             first, last = stats["firstWriteMonotonicNs"], stats["lastWriteMonotonicNs"]
             timed(run, watch, (first / 1e9, last / 1e9) if first else None)
+        count_broker_drops(run, broker, dropped_before)
         return run
     finally:
         if sink is not None:
@@ -536,6 +555,13 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
             sink.communicate()
         broker.stop()
         shutil.rmtree(rundir, ignore_errors=True)
+
+
+def count_broker_drops(run: Run, broker: Broker, before: int | None) -> None:
+    """What the broker dropped during the run (after its next $SYS update)."""
+    time.sleep(SYS_INTERVAL + 0.2)
+    after = broker_dropped(broker)
+    run.broker_dropped = None if before is None or after is None else after - before
 
 
 def run_all(settings: Settings, progress: bool = False) -> dict[str, Any]:
@@ -601,7 +627,8 @@ def summarize(runs: list[Run], settings: Settings) -> list[dict[str, Any]]:
                     "broker_busy": statistics.median(f["broker_busy"] for f in figures),
                     "published": sum(r.published for r in mine),
                     "received": sum(r.received for r in mine),
-                    "dropped": sum(r.dropped for r in mine),
+                    "broker_dropped": (None if any(r.broker_dropped is None for r in mine)
+                                       else sum(r.broker_dropped or 0 for r in mine)),
                     "written": (None if consumer == "mosquitto_sub"
                                 else sum(r.written for r in mine)),
                     "at_sink": (None if consumer in ("mosquitto_sub", "dry-run")
@@ -623,14 +650,14 @@ def markdown(report: dict[str, Any]) -> str:
 
     rows = [("| readings/msg | QoS | consumer | msg/s (min / median / max) "
              "| readings/s (median) | ratio to mosquitto_sub (min / median / max) "
-             "| CPU µs/reading | published | received | dropped | written | at sink "
-             "| clock error | broker CPU / run time (median) |"),
+             "| CPU µs/reading | published | dropped by the broker | received | written "
+             "| at sink | clock error | broker CPU / run time (median) |"),
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows.extend(
         f"| {s['per_message']} | {s['qos']} | {s['consumer']} | {trio(s['msg_per_s'], ',.0f')} "
         f"| {s['readings_per_s']['median']:,.0f} | {trio(s['ratio'], '.2f')} "
         f"| {s['cpu_us_per_reading']:.1f} | {count(s['published'])} "
-        f"| {count(s['received'])} | {count(s['dropped'])} | {count(s['written'])} "
+        f"| {count(s['broker_dropped'])} | {count(s['received'])} | {count(s['written'])} "
         f"| {count(s['at_sink'])} | ±{s['clock_error_max']:.1%} "
         f"| {s['broker_busy']:.2f} |"
         for s in report["summary"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -155,7 +156,8 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
         rejects = RejectsWriter(client[settings.db][settings.rejects_collection])
         pipeline = Pipeline(settings, writer, rejects, source, metrics, health)
         server = MetricsServer(settings.metrics_host, settings.metrics_port, metrics, health,
-                               before_scrape=pipeline.sync_metrics, sock=metrics_sock)
+                               before_scrape=functools.partial(_sync_metrics, pipeline, source),
+                               sock=metrics_sock)
         async with (server,
                     contextlib.AsyncExitStack() as stack):
             if not settings.dry_run:
@@ -277,6 +279,12 @@ async def _watch_mongodb(client: AsyncMongoClient[dict[str, Any]], health: Healt
             health.mongodb_ok = True
         metrics.mongodb_up.set(1 if health.mongodb_ok else 0)
         await asyncio.sleep(PING_INTERVAL)
+
+
+def _sync_metrics(pipeline: Pipeline, source: MqttSource) -> None:
+    """Move the per-message counts into the metrics, before each scrape."""
+    pipeline.sync_metrics()
+    source.sync_metrics()
 
 
 async def _drain(settings: Settings, source: MqttSource, pipeline: Pipeline,

@@ -138,6 +138,9 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     _flag(parser, env, "max-inflight-messages",
           "MQTT 5 Receive Maximum: unacknowledged messages the broker may send", 10_000,
           type=integer)
+    _flag(parser, env, "mqtt-keepalive", "MQTT keepalive in seconds: PINGREQ when the "
+          "connection is otherwise idle; no answer within it means the broker is gone", 60,
+          type=integer)
     _flag(parser, env, "bucket-max-readings", "bucket mode: most readings in one document",
           3600, type=integer)
     _flag(parser, env, "max-message-bytes", "reject larger payloads before parsing",
@@ -395,6 +398,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         max_buffered_readings=args.max_buffered_readings,
         max_buffered_bytes=args.max_buffered_bytes,
         max_inflight_messages=args.max_inflight_messages,
+        mqtt_keepalive=args.mqtt_keepalive,
         bucket_max_readings=args.bucket_max_readings,
         max_message_bytes=args.max_message_bytes,
         max_readings_per_message=args.max_readings_per_message,

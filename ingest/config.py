@@ -85,6 +85,7 @@ class Settings:
     max_buffered_readings: int = 50_000
     max_buffered_bytes: int = 64 * 1024 * 1024
     max_inflight_messages: int = 10_000
+    mqtt_keepalive: int = 60
     bucket_span_seconds: int | None = None
     bucket_max_readings: int = 3600
     granularity: Granularity = "seconds"
@@ -216,6 +217,8 @@ def validate(settings: Settings) -> Settings:
                  settings.rejects_collection)
     if settings.max_inflight_messages > MAX_RECEIVE_MAXIMUM:
         raise ConfigError(f"--max-inflight-messages: at most {MAX_RECEIVE_MAXIMUM} (MQTT 5)")
+    if settings.mqtt_keepalive > MAX_RECEIVE_MAXIMUM:
+        raise ConfigError(f"--mqtt-keepalive: at most {MAX_RECEIVE_MAXIMUM} seconds (MQTT 5)")
     if settings.max_buffered_readings < settings.batch_size:
         raise ConfigError("--max-buffered-readings: must be at least --batch-size")
     if (settings.mode == "timeseries" and settings.bucket_span_seconds is not None
@@ -301,6 +304,7 @@ def _check_positive(settings: Settings) -> None:
         "--max-buffered-readings": settings.max_buffered_readings,
         "--max-buffered-bytes": settings.max_buffered_bytes,
         "--max-inflight-messages": settings.max_inflight_messages,
+        "--mqtt-keepalive": settings.mqtt_keepalive,
         "--bucket-max-readings": settings.bucket_max_readings,
         "--max-message-bytes": settings.max_message_bytes,
         "--max-readings-per-message": settings.max_readings_per_message,

@@ -50,11 +50,6 @@ class Metrics:
         self.messages_acked = Counter(
             "messages_acked", "MQTT messages acknowledged after their write.",
             namespace=NAMESPACE, registry=r)
-        self.messages_dropped = Counter(
-            "messages_dropped", "QoS 0 messages dropped because the inbox was full "
-            "(QoS 0 has no flow control; QoS 1 messages are never dropped).", ["reason"],
-            namespace=NAMESPACE, registry=r)
-        self.messages_dropped.labels("qos0_overflow")
         self.redeliveries_adopted = Counter(
             "redeliveries_adopted", "Messages redelivered after a reconnect while their "
             "write was in flight: acknowledged once written, not written again.",
@@ -123,6 +118,24 @@ class Metrics:
             namespace=NAMESPACE, registry=r)
         self.buffer_limit_bytes = Gauge(
             "buffer_limit_bytes", "The configured bound on buffered bytes.",
+            namespace=NAMESPACE, registry=r)
+        self.inbox_bytes = Gauge(
+            "inbox_bytes", "Estimated memory held by messages received from the broker and "
+            "not yet taken by the pipeline (payloads, topics, per-message overhead).",
+            namespace=NAMESPACE, registry=r)
+        self.inbox_limit_bytes = Gauge(
+            "inbox_limit_bytes", "The bound on inbox bytes (a quarter of "
+            "--max-buffered-bytes): reading from the broker pauses beyond it.",
+            namespace=NAMESPACE, registry=r)
+        self.read_paused = Gauge(
+            "mqtt_read_paused", "1 while reading from the broker is paused because the "
+            "inbox is full (TCP and the broker hold the backlog).",
+            namespace=NAMESPACE, registry=r)
+        self.read_pauses = Counter(
+            "mqtt_read_pauses", "Times reading from the broker paused (inbox full).",
+            namespace=NAMESPACE, registry=r)
+        self.read_paused_seconds = Counter(
+            "mqtt_read_paused_seconds", "Seconds reading from the broker was paused.",
             namespace=NAMESPACE, registry=r)
         self.mqtt_connected = Gauge(
             "mqtt_connected", "1 while connected to the MQTT broker.",
@@ -196,6 +209,7 @@ class Health:
     mqtt_connected: bool = False
     mongodb_ok: bool = False
     saturated: bool = False
+    reading_paused: bool = False  # the MQTT inbox is full: the socket is not read
     stopping: bool = False
     # The broker is contacted once MongoDB is ready: until then MQTT is not "down".
     mqtt_started: bool = False
@@ -207,6 +221,7 @@ class Health:
             (not self.mongodb_ok, "mongodb unreachable"),
             (not self.mqtt_connected, mqtt),
             (self.saturated, "buffer saturated"),
+            (self.reading_paused, "inbox saturated (reading from the broker paused)"),
             (self.stopping, "shutting down"),
         )
         return [text for failed, text in checks if failed]

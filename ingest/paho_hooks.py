@@ -19,8 +19,19 @@ aiomqtt gives us connection handling, reconnects and subscribe; two things it la
   identifiers. QoS 2 keeps paho's own handler (it tracks PUBREC/PUBREL state) and
   reaches the same callback through ``on_message``.
 
+* Pausing the reader. :func:`install` returns the connection's :class:`Reader`; its
+  :meth:`~Reader.pause` takes paho's socket off the event loop (``remove_reader``) and ends
+  the current read burst after the packet being handled, so TCP and the broker hold the
+  backlog; :meth:`~Reader.resume` puts it back and reads what was already buffered (in
+  our buffer or in the TLS object, which the kernel socket no longer signals). While
+  paused, paho's client-side keepalive check is suspended (its PINGRESP waits unread
+  behind the data): PINGREQ still goes out every keepalive, so the broker keeps the
+  connection and the session, and the check is re-armed on resume.
+
 Every paho and aiomqtt internal used here (the methods in :data:`REQUIRED`, the callback
-properties, ``_in_packet``, ``_sock``, aiomqtt's ``_client`` and callbacks) is checked at
+properties, ``_in_packet``, ``_sock``, the keepalive state in
+:data:`KEEPALIVE_ATTRIBUTES` and ``time_func``, aiomqtt's ``_client``, callbacks and
+``_disconnected``) is checked at
 start-up by :func:`check_compatible`, which refuses to run on other shapes
 (tests/test_paho_contract.py holds the behaviour behind each). pyproject.toml pins
 paho-mqtt and aiomqtt to the minor versions those tests cover.
@@ -28,10 +39,12 @@ paho-mqtt and aiomqtt to the minor versions those tests cover.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
+import socket
 from importlib.metadata import version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import paho.mqtt.client as paho_client
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
@@ -50,6 +63,7 @@ PUBACK = 0x40
 PUBACK_HEAD = bytes((PUBACK, 2))
 READ_BURST = 500  # packets handled per readable event, at most
 RECV_BURST = 200  # socket reads per readable event, at most (12.5 MiB)
+TCP_ESTABLISHED = 1  # tcpi_state in Linux's struct tcp_info
 
 
 # paho Client methods the hooks call or replace, with their parameters (after self).
@@ -62,7 +76,11 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "loop_read": ("max_packets",),
     "ack": ("mid", "qos"),
     "manual_ack_set": ("on",),
+    "loop_misc": (),
+    "_send_pingreq": (),
 }
+# paho Client attributes the paused keepalive reads or re-arms.
+KEEPALIVE_ATTRIBUTES = ("_keepalive", "_ping_t", "_last_msg_out", "_last_bytes_received")
 CALLBACKS = ("on_connect", "on_disconnect", "on_message")  # paho properties we chain
 # paho's packet-in-progress dict, read by handle_publish and by the reader's contract
 IN_PACKET_KEYS = frozenset({"command", "have_remaining", "remaining_count", "remaining_mult",
@@ -104,6 +122,12 @@ def _incompatibility(client: aiomqtt.Client) -> str | None:
         ("paho Client._in_packet keys", lambda: isinstance(
             getattr(paho, "_in_packet", None), dict) and set(paho._in_packet) == IN_PACKET_KEYS),  # noqa: SLF001
         ("paho Client._sock", lambda: hasattr(paho, "_sock")),
+        *((f"paho Client.{name} (a number)", functools.partial(
+            lambda n: isinstance(getattr(paho, n, None), int | float), name))
+          for name in KEEPALIVE_ATTRIBUTES),
+        ("paho time_func", lambda: callable(getattr(paho_client, "time_func", None))),
+        ("aiomqtt Client._disconnected (a Future)", lambda: isinstance(
+            getattr(client, "_disconnected", None), asyncio.Future)),
         *((f"aiomqtt Client.{name}(client, userdata, flags, reason_code, properties)",
            functools.partial(_takes, getattr(client, name, None), 5))
           for name in AIOMQTT_CALLBACKS),
@@ -124,8 +148,10 @@ def _paho(client: aiomqtt.Client) -> Any:  # noqa: ANN401 - paho's client, untyp
 
 
 def install(client: aiomqtt.Client, deliver: Deliver,
-            on_session: Callable[[bool], None], on_lost: Callable[[], None]) -> None:
+            on_session: Callable[[bool], None], on_lost: Callable[[], None]) -> Reader:
     """Switch on manual acks and route every received PUBLISH to ``deliver``.
+
+    Returns the connection's :class:`Reader`, which ``deliver`` may pause.
 
     ``on_session`` gets the session-present flag of an accepted CONNACK (aiomqtt drops
     it; a refusal says nothing about the session), before any redelivered message of
@@ -172,7 +198,21 @@ def install(client: aiomqtt.Client, deliver: Deliver,
     paho.on_connect = on_connect
     paho.on_disconnect = on_disconnect
     paho._handle_publish = handle_publish  # noqa: SLF001
-    _buffer_reads(paho)
+    return _buffer_reads(client, paho)
+
+
+class Reader(Protocol):
+    """A connection's socket reader, as the source sees it."""
+
+    @property
+    def paused(self) -> bool:
+        """Whether reading is paused."""
+
+    def pause(self) -> None:
+        """Stop reading the socket after the packet being handled."""
+
+    def resume(self) -> None:
+        """Read the socket again, starting with what is already buffered."""
 
 
 class _Buffered:
@@ -187,9 +227,14 @@ class _Buffered:
     nothing about the socket or our buffer; only the first ends the call.
     """
 
-    def __init__(self, paho: Any) -> None:  # noqa: ANN401
+    def __init__(self, client: aiomqtt.Client, paho: Any) -> None:  # noqa: ANN401
+        self._client = client
         self._paho = paho
         self._raw_recv = paho._sock_recv  # noqa: SLF001 - keeps paho's TLS/error handling
+        self._raw_misc = paho.loop_misc
+        self._loop = asyncio.get_running_loop()
+        self._paused = False
+        self._pinged = 0.0  # paho's clock: the last PINGREQ sent while paused
         self._data = b""
         self._pos = 0
         self._packets = 0  # packets handled in this call of loop_read
@@ -228,6 +273,11 @@ class _Buffered:
         while True:
             if paho._sock is None:  # noqa: SLF001
                 return MQTTErrorCode.MQTT_ERR_NO_CONN
+            if self._paused:
+                # The packet just handled paused us: the rest waits in the socket, our
+                # buffer or paho's packet in progress.
+                self._absorb_pending()
+                return MQTTErrorCode.MQTT_ERR_SUCCESS
             self._waiting = False
             rc = paho._packet_read()  # noqa: SLF001
             if rc > 0:
@@ -239,10 +289,113 @@ class _Buffered:
             self._packets += 1
 
 
-def _buffer_reads(paho: Any) -> None:  # noqa: ANN401
-    buffered = _Buffered(paho)
+    def _absorb_pending(self) -> None:
+        """Move what the TLS object has decrypted into our buffer.
+
+        aiomqtt's reader callback calls :meth:`loop_read` again while the TLS socket has
+        ``pending()`` bytes; paused, we take them (at most one TLS record) so that its
+        loop ends.
+        """
+        pending = getattr(self._paho._sock, "pending", None)  # noqa: SLF001
+        if pending is None or pending() <= 0:
+            return
+        data = self._raw_recv(pending())
+        self._data = self._data[self._pos:] + data
+        self._pos = 0
+
+    @property
+    def paused(self) -> bool:
+        """Whether reading is paused."""
+        return self._paused
+
+    def pause(self) -> None:
+        """Take the socket off the event loop; the current burst ends after this packet."""
+        sock = self._paho._sock  # noqa: SLF001
+        if self._paused or sock is None:
+            return
+        self._paused = True
+        self._pinged = 0.0
+        self._loop.remove_reader(sock.fileno())
+
+    def resume(self) -> None:
+        """Put the socket back on the event loop, re-arm the keepalive, read the buffer.
+
+        Bytes already in our buffer or in the TLS object do not make the kernel socket
+        readable, so one read is scheduled directly.
+        """
+        paho = self._paho
+        if not self._paused:
+            return
+        self._paused = False
+        sock = paho._sock  # noqa: SLF001
+        if sock is None:
+            return  # gone meanwhile; a reconnect starts a new, unpaused reader
+        # The answers to the PINGREQs sent while paused are behind the data not yet read:
+        # the keepalive check starts afresh.
+        paho._last_bytes_received = paho_client.time_func()  # noqa: SLF001
+        paho._ping_t = 0  # noqa: SLF001
+        self._loop.add_reader(sock.fileno(), self._readable)
+        self._loop.call_soon(self._readable)
+
+    def _readable(self) -> None:
+        """The reader callback after a resume: aiomqtt's own, which a pause removed."""
+        client, paho = self._client, self._paho
+        try:
+            while True:
+                self.loop_read()
+                pending = getattr(paho._sock, "pending", None)  # noqa: SLF001
+                if self._paused or pending is None or pending() <= 0:
+                    break
+        except Exception as exc:  # noqa: BLE001 - handed to aiomqtt, as its callback does
+            disconnected = client._disconnected  # noqa: SLF001
+            if not disconnected.done():
+                disconnected.set_exception(exc)
+
+    def loop_misc(self) -> MQTTErrorCode:
+        """Keepalive and timeouts (paho's); while paused, PINGREQs without the PINGRESP check.
+
+        paho closes the connection when its PINGRESP has not been read within a
+        keepalive; paused, we do not read it. PINGREQ still goes out once per keepalive
+        (the broker closes a connection silent for 1.5 keepalives), and the check is
+        re-armed by :meth:`resume`. A connection the broker closed is noticed from the
+        kernel's TCP state (called about once a second by aiomqtt), since its EOF is not
+        read either.
+        """
+        paho = self._paho
+        if not self._paused or paho._sock is None:  # noqa: SLF001
+            return self._raw_misc()  # type: ignore[no-any-return]
+        if _peer_closed(paho._sock):  # noqa: SLF001
+            # Unread, the broker's FIN (a restart, a takeover) would go unnoticed until
+            # a PINGREQ failed: the connection is over, whatever waits unread in it.
+            return paho._loop_rc_handle(MQTTErrorCode.MQTT_ERR_CONN_LOST)  # type: ignore[no-any-return]  # noqa: SLF001
+        keepalive = paho._keepalive  # noqa: SLF001
+        now = paho_client.time_func()
+        last = max(self._pinged, paho._last_msg_out)  # noqa: SLF001
+        if keepalive and now - last >= keepalive:
+            paho._send_pingreq()  # noqa: SLF001
+            self._pinged = paho._last_msg_out = now  # noqa: SLF001
+        paho._ping_t = 0  # noqa: SLF001 - its PINGRESP waits unread behind the data
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+
+def _peer_closed(sock: Any) -> bool:  # noqa: ANN401 - a socket or an SSLSocket
+    """Whether the peer has closed its side of a TCP connection (Linux; else False)."""
+    option = getattr(socket, "TCP_INFO", None)
+    if option is None:
+        return False
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, option, 1)
+    except (OSError, AttributeError):
+        return False
+    return bool(info) and info[0] != TCP_ESTABLISHED
+
+
+def _buffer_reads(client: aiomqtt.Client, paho: Any) -> _Buffered:  # noqa: ANN401
+    buffered = _Buffered(client, paho)
     paho._sock_recv = buffered.sock_recv  # noqa: SLF001
     paho.loop_read = buffered.loop_read
+    paho.loop_misc = buffered.loop_misc
+    return buffered
 
 
 def _skip_properties(data: bytes | bytearray, pos: int) -> int:

@@ -5,6 +5,12 @@ id, so messages published while the daemon is away wait at the broker. Every QoS
 message is acknowledged only after its write (paho's manual ack), and the broker sends
 at most Receive Maximum unacknowledged messages: that is the backpressure.
 
+Received messages wait in the connection's inbox until the pipeline takes them. The inbox
+is bounded in messages (``max_inflight_messages``) and in bytes (a quarter of
+``max_buffered_bytes``, :data:`INBOX_SHARE`): over either bound, reading the socket
+pauses (after the packet being read), so TCP and the broker hold the backlog, QoS 0
+included; it resumes once the inbox is down to half of both bounds.
+
 A PUBACK cannot be confirmed: one queued just before the connection dies may never reach
 the broker, which then resends the message with DUP on the resumed session. So a written
 and acknowledged message is remembered (topic, payload size and hash) until the broker has
@@ -22,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -46,6 +53,80 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 YIELD_EVERY = 500  # messages decoded between two yields to the event loop
+INBOX_SHARE = 4  # the inbox holds at most max_buffered_bytes / INBOX_SHARE bytes
+# Seconds of reading (paused time does not count) a SUBACK or UNSUBACK may take.
+ANSWER_TIMEOUT = 10.0
+# Estimated memory of a received message besides its payload and topic (the Inbound,
+# its bytes and str objects, the deque slot); as pipeline.MESSAGE_BYTES.
+INBOX_MESSAGE_BYTES = 256
+
+
+class _Inbox:
+    """One connection's received messages not yet taken, and the pause of its reader."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, health: Health) -> None:
+        self.messages: deque[Inbound] = deque()
+        self.bytes = 0
+        self.wake = asyncio.Event()
+        self.reader: paho_hooks.Reader | None = None
+        self._metrics = metrics
+        self._health = health
+        self._limit = settings.max_inflight_messages
+        self._limit_bytes = max(1, settings.max_buffered_bytes // INBOX_SHARE)
+        self._paused_since = 0.0  # monotonic; 0 while reading
+
+    def put(self, message: Inbound) -> None:
+        """Append a received message; pause reading past a bound."""
+        self.messages.append(message)
+        self.bytes += _size(message)
+        if ((len(self.messages) >= self._limit or self.bytes >= self._limit_bytes)
+                and not self._paused_since and self.reader is not None):
+            self.reader.pause()
+            self._paused_since = time.monotonic()
+            self._health.reading_paused = True
+            self._metrics.read_paused.set(1)
+            self._metrics.read_pauses.inc()
+        self.wake.set()
+
+    def take(self) -> Inbound:
+        """The oldest message; resume reading below half of both bounds."""
+        message = self.messages.popleft()
+        self.bytes -= _size(message)
+        if (self._paused_since and len(self.messages) <= self._limit // 2
+                and self.bytes <= self._limit_bytes // 2):
+            self._unpaused()
+            if self.reader is not None:
+                self.reader.resume()
+        return message
+
+    def _unpaused(self) -> None:
+        self.sync_metrics()
+        self._paused_since = 0.0
+        self._health.reading_paused = False
+        self._metrics.read_paused.set(0)
+
+    @property
+    def paused(self) -> bool:
+        """Whether reading from the broker is paused."""
+        return bool(self._paused_since)
+
+    def close(self) -> None:
+        """The connection is gone: a pause ends with it (a new connection reads)."""
+        if self._paused_since:
+            self._unpaused()
+        self._metrics.inbox_bytes.set(0)
+
+    def sync_metrics(self) -> None:
+        """Move the pause's time so far and the inbox's size into the metrics."""
+        if self._paused_since:
+            now = time.monotonic()
+            self._metrics.read_paused_seconds.inc(now - self._paused_since)
+            self._paused_since = now
+        self._metrics.inbox_bytes.set(self.bytes)
+
+
+def _size(message: Inbound) -> int:
+    return INBOX_MESSAGE_BYTES + len(message.payload) + len(message.topic)
 
 
 @dataclass(slots=True)
@@ -98,6 +179,13 @@ class MqttSource:
                                                    protocol=aiomqtt.ProtocolVersion.V5))
         self._stop = asyncio.Event()
         self._release = asyncio.Event()
+        self._inbox: _Inbox | None = None  # the current connection's
+        metrics.inbox_limit_bytes.set(max(1, settings.max_buffered_bytes // INBOX_SHARE))
+
+    def sync_metrics(self) -> None:
+        """Move the inbox's size and the pause's time into the metrics (before a scrape)."""
+        if self._inbox is not None:
+            self._inbox.sync_metrics()
 
     def _new_client(self) -> aiomqtt.Client:
         mqtt = self._settings.mqtt
@@ -108,6 +196,7 @@ class MqttSource:
             mqtt.host, mqtt.port,
             username=mqtt.username, password=mqtt.password,
             identifier=self._settings.client_id,
+            keepalive=self._settings.mqtt_keepalive,
             protocol=aiomqtt.ProtocolVersion.V5,
             clean_start=False,
             properties=props,
@@ -245,11 +334,11 @@ class MqttSource:
         while not self._stop.is_set():
             try:
                 client = self._new_client()
-                inbox, wake = self._receiver(client)
+                inbox = self._receiver(client)
                 async with client:
                     attempt, connected_once = 0, True
-                    await self._connected(client)
-                    await self._consume_until_stopped(client, inbox, wake, sink)
+                    self._connected(client)
+                    await self._consume_until_stopped(client, inbox, sink)
             except aiomqtt.MqttError as exc:
                 attempt += 1
                 delay = backoff(attempt, base=0.5)
@@ -288,28 +377,21 @@ class MqttSource:
                 "and --client-id")
         return None
 
-    def _receiver(self, client: aiomqtt.Client) -> tuple[deque[Inbound], asyncio.Event]:
+    def _receiver(self, client: aiomqtt.Client) -> _Inbox:
         """Route this connection's messages into a fresh inbox (see paho_hooks)."""
-        inbox: deque[Inbound] = deque()
-        wake = asyncio.Event()
+        if self._inbox is not None:
+            self._inbox.close()  # the previous connection's: forgotten, as its messages
+        inbox = self._inbox = _Inbox(self._settings, self._metrics, self._health)
         generation = self._generation + 1  # the number _connected() gives this connection
 
-        limit = self._settings.max_inflight_messages
-        dropped = self._metrics.messages_dropped.labels("qos0_overflow")
-
         def deliver(topic: str, payload: bytes, mid: int, qos: int, dup: bool) -> None:
-            # QoS 1/2 messages are bounded by Receive Maximum at the broker; QoS 0 has no
-            # flow control, so past the same bound it is dropped, as QoS 0 allows, and
-            # counted.
+            # QoS 1/2 messages are bounded by Receive Maximum at the broker; any message
+            # past the inbox's bounds pauses the reader, so QoS 0 waits in TCP and at the
+            # broker instead of being dropped here.
             message = Inbound(topic, payload, mid, qos, generation, time.time(), dup)
-            if qos == 0:
-                if len(inbox) >= limit:
-                    dropped.inc()
-                    return
-            elif not self._arrived(message, client):
+            if qos and not self._arrived(message, client):
                 return
-            inbox.append(message)
-            wake.set()
+            inbox.put(message)
 
         def on_session(present: bool) -> None:
             self._resumed = present if self._resumed is None else self._resumed
@@ -324,10 +406,10 @@ class MqttSource:
             if self._client is client:
                 self._disconnected()  # acks from now on wait for the next connection
 
-        paho_hooks.install(client, deliver, on_session, on_lost)
-        return inbox, wake
+        inbox.reader = paho_hooks.install(client, deliver, on_session, on_lost)
+        return inbox
 
-    async def _connected(self, client: aiomqtt.Client) -> None:
+    def _connected(self, client: aiomqtt.Client) -> None:
         self._generation += 1
         self._client = client
         # Redeliveries adopted before this point (they arrive right after CONNACK) whose
@@ -339,6 +421,8 @@ class MqttSource:
         for message in reacks:
             if message.generation == self._generation:
                 self._reack(client, message)
+
+    async def _subscribe(self, client: aiomqtt.Client, inbox: _Inbox) -> None:
         wanted = self._settings.qos
         # Retained messages only when the subscription is new, not again on every
         # reconnect of the persistent session (they would be stored again each time).
@@ -346,7 +430,8 @@ class MqttSource:
                                    retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
         subscriptions = () if self._settings.drain_only else self._settings.subscriptions
         for topic in subscriptions:
-            granted = await client.subscribe(topic, options=options)
+            granted = await _answered(client.subscribe(topic, options=options, timeout=math.inf),
+                                      inbox, f"subscribing {topic!r}")
             codes = [code if isinstance(code, int) else code.value for code in granted]
             if any(code != wanted for code in codes):
                 # 0x80 and above: refused (e.g. ACL); a lower QoS would silently turn the
@@ -362,7 +447,8 @@ class MqttSource:
         else:
             unsubscribe = self._settings.other_subscriptions if self._resumed else ()
         for topic in unsubscribe:
-            await client.unsubscribe(topic)
+            await _answered(client.unsubscribe(topic, timeout=math.inf), inbox,
+                            f"unsubscribing {topic!r}")
         self._health.mqtt_connected = True
         self._metrics.mqtt_connected.set(1)
         logger.info("connected to %s:%d as %s; subscribed to %s",
@@ -374,16 +460,29 @@ class MqttSource:
         self._health.mqtt_connected = False
         self._metrics.mqtt_connected.set(0)
 
-    async def _consume_until_stopped(self, client: aiomqtt.Client, inbox: deque[Inbound],
-                                     wake: asyncio.Event,
+    async def _consume_until_stopped(self, client: aiomqtt.Client, inbox: _Inbox,
                                      sink: Callable[[Inbound], Awaitable[bool]]) -> None:
-        consume = asyncio.create_task(self._consume(inbox, wake, sink), name="mqtt-consume")
+        # Consuming starts before the subscription is confirmed: a resumed session's
+        # backlog arrives ahead of the SUBACK and can be more than the inbox holds, so the
+        # inbox must drain (and reading resume) for the SUBACK to be read at all, however
+        # long the pipeline takes (a MongoDB outage): the SUBACK's timeout counts only the
+        # time spent reading (see _answered), next to the watch for a lost connection.
+        consume = asyncio.create_task(self._consume(inbox, sink), name="mqtt-consume")
         # Our receive path bypasses aiomqtt's queue, so its iterator only ever ends by
         # raising MqttError when the connection drops: a public way to watch for that.
         watch = asyncio.create_task(_until_disconnected(client), name="mqtt-watch")
         stop: asyncio.Task[Any] = asyncio.create_task(self._stop.wait(), name="mqtt-stop")
+        subscribed = asyncio.create_task(self._subscribe(client, inbox),
+                                         name="mqtt-subscribe")
         try:
-            await asyncio.wait({consume, watch, stop}, return_when=asyncio.FIRST_COMPLETED)
+            waiting = {consume, watch, stop, subscribed}
+            while True:
+                done, waiting = await asyncio.wait(waiting,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                if subscribed in done:
+                    subscribed.result()  # a refused subscription raises: a failed connection
+                if done - {subscribed}:
+                    break
             for task in (watch, consume):
                 if task.done():
                     task.result()  # re-raise the disconnect or a failure
@@ -396,7 +495,8 @@ class MqttSource:
         finally:
             if self._client is client:
                 self._disconnected()
-            for task in (consume, watch, stop):
+            inbox.close()
+            for task in (consume, watch, stop, subscribed):
                 if task.done() and not task.cancelled():
                     task.exception()  # seen: a drop during the drain is handled by on_lost
                 task.cancel()
@@ -407,12 +507,13 @@ class MqttSource:
                         if not e.taken and e.message.generation == generation]:
                 del self._unacked[mid]
 
-    async def _consume(self, inbox: deque[Inbound], wake: asyncio.Event,
+    async def _consume(self, inbox: _Inbox,
                        sink: Callable[[Inbound], Awaitable[bool]]) -> None:
+        messages, wake = inbox.messages, inbox.wake
         while True:
             count = 0
-            while inbox:
-                message = inbox.popleft()
+            while messages:
+                message = inbox.take()
                 taken = await sink(message)
                 if message.qos:
                     self._taken(message, taken)
@@ -470,3 +571,27 @@ def _lost_hint(exc: aiomqtt.MqttError, client_id: str) -> str:
 
 
 _SESSION_TAKEN_OVER = 0x8E
+
+
+async def _answered[T](request: Awaitable[T], inbox: _Inbox, what: str) -> T:
+    """The broker's answer to ``request``, or MqttError after ANSWER_TIMEOUT s of reading.
+
+    The answer may sit behind a backlog the paused reader has not read yet (a resumed
+    session's messages arrive ahead of the SUBACK), so time paused does not count; a
+    broker that does not answer while we read gets the connection made again.
+    """
+    task = asyncio.ensure_future(request)
+    waited = 0.0
+    try:
+        while True:
+            start = time.monotonic()
+            done, _ = await asyncio.wait({task}, timeout=1.0)
+            if done:
+                return task.result()
+            if not inbox.paused:
+                waited += time.monotonic() - start
+            if waited >= ANSWER_TIMEOUT:
+                raise aiomqtt.MqttError(f"{what}: no answer from the broker in "
+                                        f"{ANSWER_TIMEOUT:.0f} s of reading (timed out)")
+    finally:
+        task.cancel()

@@ -131,6 +131,11 @@ def test_clock_bounds_come_from_the_scrapes_around_the_events() -> None:
     timed(run, watch, (0.5, 1.15))
     assert (run.seconds_low, run.seconds_high) == (pytest.approx(1.15 - 0.5),
                                                    pytest.approx(1.3 - 0.2))
+    # A run that lost messages stalls: it ends at the first scrape showing its final
+    # count, not at the last one, 20 s later.
+    watch.samples += [Sample(21.2, 21.3, 100, 100, 3.5), Sample(22.2, 22.3, 100, 100, 3.5)]
+    timed(run, watch)
+    assert run.seconds_high == pytest.approx(1.3 - 0.2)
 
 
 def test_tiny_run_accounts_for_every_message() -> None:
@@ -143,6 +148,7 @@ def test_tiny_run_accounts_for_every_message() -> None:
         assert run["complete"], run
         assert set(run["lost"].values()) == {0}, run
         assert run["published"] == run["received"] == run["messages"], run
+        assert run["broker_dropped"] == 0, run  # read from the broker's $SYS
         assert run["seconds_low"] <= run["seconds"] <= run["seconds_high"], run
         if run["consumer"] != "mosquitto_sub":
             assert run["acked"] == run["messages"], run

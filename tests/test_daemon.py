@@ -325,20 +325,64 @@ async def test_sigterm_while_waiting_for_mongodb_exits_promptly(
     assert time.monotonic() - started < 5
 
 
-async def test_a_qos0_flood_is_bounded_and_counted_while_writes_are_blocked(
-        daemon: Callable[..., Daemon], publish: Any, topic_root: str, mongo: Any) -> None:
+async def test_a_qos0_burst_while_writes_are_blocked_pauses_reading_and_loses_nothing(
+        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any,
+        mongo: Any) -> None:
+    """QoS 0 has no flow control. With writes blocked, the pipeline fills (20 readings),
+    then the inbox (50 messages): the daemon stops reading its socket, says so
+    (``ingest_mqtt_read_paused``, ``/readyz``), and the rest of the burst waits in TCP and
+    at the broker. Once writes work again, every one of the 500 readings is stored, on
+    the same connection."""
     proc = daemon("--batch-size", "10", "--max-buffered-readings", "20",
                   "--max-inflight-messages", "50", "--write-concurrency", "1")
+    burst = [one(topic_root, f"s{i % 10}", i) for i in range(500)]
     async with failpoint(mongo, ["update"]):
-        await publish([one(topic_root, "s1", i) for i in range(400)], qos=0)
-        await eventually(lambda: proc.metric(
-            'ingest_messages_dropped_total{reason="qos0_overflow"}') > 0)
+        await publish(burst, qos=0)
+        await eventually(lambda: proc.metric("ingest_mqtt_read_paused") == 1)
+        time.sleep(1.0)
         metrics = proc.metrics()
         assert metrics["ingest_buffered_readings"] <= 20
-        received = metrics["ingest_messages_received_total"]
-        dropped = metrics['ingest_messages_dropped_total{reason="qos0_overflow"}']
-        assert received + dropped <= 400
-        assert received <= 20 + 50 + 10
+        assert metrics["ingest_messages_received_total"] <= 20 + 1
+        assert metrics["ingest_mqtt_read_paused"] == 1
+        assert 0 < metrics["ingest_inbox_bytes"] <= 51 * 1024
+        assert _status(proc, "/readyz") == 503
+    await eventually(lambda: proc.metric('ingest_readings_written_total{mode="bucket"}')
+                     == 500, timeout=120)
+    assert await stored(db, "bucket") == 500
+    assert await stored_values(db, "bucket", "seq") == list(range(500))
+    metrics = proc.metrics()
+    assert metrics["ingest_mqtt_read_pauses_total"] >= 1
+    assert metrics["ingest_mqtt_read_paused_seconds_total"] >= 1.0
+    assert metrics["ingest_mqtt_read_paused"] == 0
+    assert metrics["ingest_mqtt_reconnects_total"] == 0
+    assert "ingest_messages_dropped_total" not in metrics
+
+
+async def test_a_qos0_backlog_larger_than_the_inbox_is_drained_on_connect(
+        daemon: Callable[..., Daemon], tmp_path: Path, topic_root: str, db: Any) -> None:
+    """500 QoS 0 messages queued at the broker for the daemon's session while it was
+    away: on connect they all come before the SUBACK, 10 times what the inbox holds.
+    Reading pauses with the SUBACK still unread; the daemon consumes the inbox anyway,
+    reads on, and stores every reading (the subscription is confirmed meanwhile)."""
+    queueing = Broker(tmp_path, extra="queue_qos0_messages true\n")
+    queueing.start()
+    try:
+        args = ("--batch-size", "10", "--max-inflight-messages", "50")
+        first = daemon(*args, broker_url=queueing.url)
+        assert first.stop() == 0  # the persistent session stays at the broker
+        async with aiomqtt.Client("127.0.0.1", queueing.port) as client:
+            for i in range(500):
+                await client.publish(*one(topic_root, f"s{i % 10}", i), qos=0)
+        proc = daemon(*args, broker_url=queueing.url, wait_ready=False)
+        await eventually(lambda: _status(proc, "/healthz") == 200, timeout=60)
+        await eventually(lambda: proc.metric('ingest_readings_written_total{mode="bucket"}')
+                         == 500, timeout=120)
+        assert await stored_values(db, "bucket", "seq") == list(range(500))
+        assert proc.metric("ingest_mqtt_read_pauses_total") >= 1
+        assert proc.metric("ingest_mqtt_reconnects_total") == 0
+        assert _status(proc, "/readyz") == 200
+    finally:
+        queueing.stop()
 
 
 async def test_a_broker_restart_during_a_write_neither_loses_nor_duplicates(
@@ -419,6 +463,33 @@ async def test_messages_not_yet_taken_when_the_connection_drops_are_processed_on
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 20, timeout=30)
     assert await stored(db, "bucket") == 20
     assert await stored_values(db, "bucket", "seq") == list(range(20))
+
+
+async def test_a_reconnect_while_reading_is_paused_reads_again_and_loses_nothing(
+        daemon: Callable[..., Daemon], persistent: Broker, topic_root: str, db: Any,
+        mongo: Any) -> None:
+    """Writes fail, the pipeline and the inbox fill (its byte bound: a quarter of 8,000
+    bytes, a few messages) and reading pauses; then the broker restarts. The new
+    connection reads from the start (the old inbox is forgotten, its messages come
+    again), pauses again on the redeliveries, and once writes work every reading is
+    stored once and reading is no longer paused."""
+    proc = daemon("--batch-size", "5", "--max-buffered-readings", "5",
+                  "--max-buffered-bytes", "8000", "--write-concurrency", "1",
+                  broker_url=persistent.url)
+    async with writes_failing(proc, mongo, "bucket", persistent,
+                              [one(topic_root, "s1", i) for i in range(30)]):
+        await eventually(lambda: proc.metric("ingest_mqtt_read_paused") == 1)
+        persistent.restart()
+        # Noticed while paused (the broker's FIN, from the TCP state); the redeliveries
+        # fill the new connection's inbox ahead of its SUBACK, so it pauses again.
+        await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 1)
+        await eventually(lambda: proc.metric("ingest_mqtt_read_pauses_total") >= 2)
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 30, timeout=60)
+    assert proc.metric("ingest_mqtt_connected") == 1
+    assert await stored(db, "bucket") == 30
+    assert await stored_values(db, "bucket", "seq") == list(range(30))
+    assert proc.metric("ingest_mqtt_read_paused") == 0
+    await eventually(lambda: _status(proc, "/readyz") == 200)
 
 
 async def test_writes_finishing_while_the_broker_is_down_are_acked_after_it_returns(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import pytest
 
 from ingest.schema import BUCKET_INDEX
 from tests.support.mongo import failpoint, stored, stored_values
@@ -81,38 +82,46 @@ def rss_bytes(proc: Daemon) -> int:
     return int(line.split()[1]) * 1024
 
 
+@pytest.mark.parametrize("qos", [1, 0])
 async def test_messages_with_no_accepted_reading_are_bounded_in_bytes_during_an_outage(
         daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any,
-        mongo: Any) -> None:
+        mongo: Any, qos: int) -> None:
     """250 invalid 200 KB messages (50 MB) while MongoDB refuses every insert: none has
     a reading, so only the byte bound stops the pipeline taking them. It holds at most
-    the bound plus one message, says so in ``ingest_buffered_bytes`` and ``/readyz``,
-    and the process grows by at most the bound plus Receive Maximum messages (the
-    broker's own limit on what it sends ahead), not by the 50 MB published."""
-    bound, size, inflight = 2 << 20, 200_000, 20
-    proc = daemon("--max-buffered-bytes", str(bound), "--max-inflight-messages",
-                  str(inflight), "--batch-size", "10")
+    the bound plus one message, says so in ``ingest_buffered_bytes`` and ``/readyz``.
+    Receive Maximum (10,000 by default) does not stop the broker sending them, and QoS 0
+    has no flow control at all: the inbox's own byte bound (a quarter of the bound) stops
+    the daemon reading. The process grows by at most the two bounds and a packet, not
+    by the 50 MB published, and nothing is lost."""
+    bound, size, count = 2 << 20, 200_000, 250
+    proc = daemon("--max-buffered-bytes", str(bound), "--batch-size", "10")
     before = rss_bytes(proc)
-    bad = [(f"{topic_root}/s1/readings", b"{" + b"x" * size) for _ in range(250)]
+    bad = [(f"{topic_root}/s1/readings", b"{" + b"x" * size) for _ in range(count)]
     async with failpoint(mongo, ["insert"]):
-        await publish(bad)
+        await publish(bad, qos=qos)
         await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 503)
-        await eventually(lambda: proc.metric("ingest_messages_received_total") >= bound // size)
+        await eventually(lambda: proc.metric("ingest_mqtt_read_paused") == 1)
         time.sleep(1.0)
         metrics = proc.metrics()
         assert metrics["ingest_buffer_limit_bytes"] == bound
         assert bound <= metrics["ingest_buffered_bytes"] <= bound + size + 4096
         assert metrics["ingest_messages_received_total"] <= bound // size + 1
         assert metrics["ingest_buffered_readings"] == 0
+        assert metrics["ingest_inbox_limit_bytes"] == bound // 4
+        assert metrics["ingest_inbox_bytes"] <= bound // 4 + size + 4096
         grown = rss_bytes(proc) - before
-        print(f"\n250 x {size} B invalid messages during an outage: "  # noqa: T201
+        print(f"\n{count} x {size} B invalid messages at QoS {qos} during an outage: "  # noqa: T201
               f"ingest_buffered_bytes {metrics['ingest_buffered_bytes']:.0f} "
-              f"(bound {bound}), RSS +{grown / 2**20:.1f} MiB")
-        assert grown < bound + inflight * size + (8 << 20)
-    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 250, timeout=90)
-    assert await db.rejects.count_documents({"reason": "invalid_json"}) == 250
+              f"(bound {bound}), ingest_inbox_bytes {metrics['ingest_inbox_bytes']:.0f}, "
+              f"RSS {before / 2**20:.1f} -> {(before + grown) / 2**20:.1f} MiB")
+        assert grown < bound + bound // 4 + size + (8 << 20)
+    await eventually(lambda: proc.metric("ingest_messages_received_total") == count,
+                     timeout=90)
+    await eventually(lambda: proc.metric("ingest_rejects_written_total") == count, timeout=90)
+    assert await db.rejects.count_documents({"reason": "invalid_json"}) == count
     await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 200)
     assert proc.metric("ingest_buffered_bytes") == 0
+    assert proc.metric("ingest_mqtt_reconnects_total") == 0
 
 
 async def test_a_start_refused_for_a_missing_privilege_waits_unready_instead_of_exiting(

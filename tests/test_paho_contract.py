@@ -3,8 +3,9 @@
 Each test pins one behaviour the hooks rely on, against the installed paho-mqtt and
 aiomqtt (pyproject.toml pins their minor versions): the packet reader's contract with
 paho's ``_packet_read`` (a socket that returns chunks the way a kernel does), the
-PUBLISH parser against paho's own encoder, the PUBACK bytes, the CONNACK callback, and
-the start-up check that refuses other shapes.
+PUBLISH parser against paho's own encoder, the PUBACK bytes, the CONNACK callback,
+pausing the reader (TCP and TLS) and the keepalive while paused, and the start-up check
+that refuses other shapes.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from paho.mqtt.properties import Properties
 
 from ingest import paho_hooks
 from ingest.errors import IncompatibleError
-from tests.support.procs import ROOT
+from tests.support.procs import ROOT, Broker, free_port
 from tests.support.proxy import Proxy
+from tests.test_daemon import make_tls_files
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from tests.support.procs import Broker
+    from pathlib import Path
 
 
 def varint(n: int) -> bytes:
@@ -319,3 +320,130 @@ async def test_a_partition_is_noticed_by_the_keepalive_through_the_hooks(
 async def _until(condition: Callable[[], bool]) -> None:
     while not condition():
         await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "tls"])
+async def test_a_paused_reader_reads_nothing_more_and_resumes_from_what_it_buffered(
+        broker: Broker, tmp_path: Path, transport: str) -> None:
+    """200 small messages wait in the socket of a paused reader. On resume, one recv
+    takes them all into the reader's buffer and the first delivery pauses again: the
+    rest sits in the buffer, the kernel socket is empty (nothing more will arrive), and
+    nothing more is read while paused. The next resume delivers them all at once: a
+    reader that only re-registered the socket would wait for a byte that never comes."""
+    host, port, tls_params = "127.0.0.1", broker.port, None
+    secure = None
+    if transport == "tls":
+        tls = make_tls_files(tmp_path)
+        port = free_port()
+        secure = Broker(tmp_path, extra=(
+            f"listener {port} 127.0.0.1\n"
+            f"cafile {tls['ca.crt']}\ncertfile {tls['server.crt']}\n"
+            f"keyfile {tls['server.key']}\n"))
+        secure.start()
+        tls_params = aiomqtt.TLSParameters(ca_certs=str(tls["ca.crt"]))
+    topic = f"pause/{uuid.uuid4().hex[:8]}"
+    got: list[bytes] = []
+    pause_at: list[int] = []
+
+    def deliver(_topic: str, payload: bytes, *_: object) -> None:
+        got.append(payload)
+        if len(got) in pause_at:
+            reader.pause()
+
+    client = aiomqtt.Client(host, port, protocol=aiomqtt.ProtocolVersion.V5, keepalive=60,
+                            tls_params=tls_params)
+    reader = paho_hooks.install(client, deliver, lambda _: None, lambda: None)
+    try:
+        async with client, aiomqtt.Client(host, (secure or broker).port) as publisher:
+            await client.subscribe(topic, qos=0)
+            reader.pause()
+            for i in range(200):
+                await publisher.publish(topic, str(i).encode(), qos=0)
+            await asyncio.sleep(0.5)
+            assert got == []  # all 200 wait in the socket
+            pause_at.append(1)
+            reader.resume()
+            await asyncio.wait_for(_until(lambda: len(got) >= 1), 5)
+            await asyncio.sleep(0.5)
+            assert got == [b"0"]  # paused after the packet that asked for it
+            assert reader.paused
+            reader.resume()
+            await asyncio.wait_for(_until(lambda: len(got) == 200), 5)
+            assert got == [str(i).encode() for i in range(200)]
+            assert not reader.paused
+    finally:
+        if secure is not None:
+            secure.stop()
+
+
+async def test_a_pause_longer_than_two_keepalives_keeps_the_connection(
+        broker: Broker) -> None:
+    """Paused for 4 s with keepalive 1 s, data waiting unread in front of the PINGRESPs:
+    paho's own check would close the connection after about a keepalive, the broker its
+    side after 1.5 without a PINGREQ. PINGREQs keep going out, the connection and the
+    message waiting in it survive the pause, and on resume the check is armed again: a
+    partition afterwards is still noticed."""
+    proxy = Proxy("127.0.0.1", broker.port).start()
+    topic = f"keepalive/{uuid.uuid4().hex[:8]}"
+    lost = asyncio.Event()
+    got: list[bytes] = []
+    try:
+        client = aiomqtt.Client("127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5,
+                                keepalive=1)
+        reader = paho_hooks.install(client, lambda _t, p, *_: got.append(p),
+                                    lambda _: None, lost.set)
+        paho = client._client
+        pings: list[float] = []
+        send_pingreq = paho._send_pingreq
+        paho._send_pingreq = lambda: pings.append(0) or send_pingreq()
+        async with client, aiomqtt.Client("127.0.0.1", broker.port) as publisher:
+            await client.subscribe(topic, qos=1)
+            reader.pause()
+            await publisher.publish(topic, b"waiting", qos=1)
+            await asyncio.sleep(4)
+            assert not lost.is_set()
+            assert got == []
+            assert len(pings) >= 2  # about one per keepalive
+            reader.resume()
+            await asyncio.wait_for(_until(lambda: got == [b"waiting"]), 5)
+            await asyncio.sleep(2)
+            assert not lost.is_set()  # the PINGRESPs read after the resume count
+            proxy.cut()
+            await asyncio.wait_for(lost.wait(), 30)
+    except aiomqtt.MqttError:
+        pass  # the disconnect surfaces when the context exits
+    finally:
+        proxy.stop()
+    assert lost.is_set()
+
+
+async def test_a_connection_the_broker_closes_during_a_pause_is_noticed(
+        broker: Broker) -> None:
+    """Paused, the reader does not read the broker's EOF: the kernel's TCP state tells
+    that the peer closed, within seconds rather than at the next keepalive (60 s)."""
+    proxy = Proxy("127.0.0.1", broker.port).start()
+    lost = asyncio.Event()
+    try:
+        client = aiomqtt.Client("127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5,
+                                keepalive=60)
+        reader = paho_hooks.install(client, lambda *_: None, lambda _: None, lost.set)
+        async with client:
+            reader.pause()
+            await asyncio.sleep(1.5)
+            assert not lost.is_set()  # a pause alone ends nothing
+            proxy.drop()
+            await asyncio.wait_for(lost.wait(), 10)
+    except aiomqtt.MqttError:
+        pass  # the disconnect surfaces when the context exits
+    finally:
+        proxy.stop()
+    assert lost.is_set()
+
+
+@pytest.mark.parametrize("name", [*paho_hooks.KEEPALIVE_ATTRIBUTES, "_disconnected"])
+async def test_a_missing_keepalive_internal_is_refused(name: str) -> None:
+    client = aiomqtt.Client("127.0.0.1")
+    target = client if name == "_disconnected" else client._client
+    setattr(target, name, None)
+    with pytest.raises(IncompatibleError, match=name):
+        paho_hooks.check_compatible(client)
