@@ -19,6 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.errors import StartupError
+from ingest.metrics import answer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -105,18 +106,7 @@ class AggregateServer:
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
-            path = request.split(b" ", 2)[1].split(b"?", 1)[0] if b" " in request else b""
-            status, ctype, body = await self._route(path)
-            writer.write(b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
-                         b"Connection: close\r\n\r\n%s" % (status, ctype, len(body), body))
-            await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ConnectionError) as exc:
-            logger.debug("metrics request dropped: %s", exc)
-        finally:
-            writer.close()
+        await answer(reader, writer, self._route)
 
     async def _route(self, path: bytes) -> tuple[bytes, bytes, bytes]:
         text = b"text/plain; charset=utf-8"

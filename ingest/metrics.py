@@ -24,7 +24,7 @@ from ingest.formats import sparkplug
 
 if TYPE_CHECKING:
     import socket
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
     from types import TracebackType
 
 logger = logging.getLogger(__name__)
@@ -227,6 +227,27 @@ class Health:
         return [text for failed, text in checks if failed]
 
 
+type Answer = tuple[bytes, bytes, bytes]  # status line, content type, body
+
+
+async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 route: Callable[[bytes], Answer | Awaitable[Answer]]) -> None:
+    """Answer one HTTP/1.1 GET with what ``route`` gives for its path, then close."""
+    try:
+        request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+        path = request.split(b" ", 2)[1].split(b"?", 1)[0] if b" " in request else b""
+        routed = route(path)
+        status, ctype, body = routed if isinstance(routed, tuple) else await routed
+        writer.write(b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+                     b"Connection: close\r\n\r\n%s" % (status, ctype, len(body), body))
+        await writer.drain()
+    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+            ConnectionError) as exc:
+        logger.debug("metrics request dropped: %s", exc)
+    finally:
+        writer.close()
+
+
 class MetricsServer:
     """Serves /metrics (Prometheus text), /healthz and /readyz on one port."""
 
@@ -266,18 +287,7 @@ class MetricsServer:
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
-            path = request.split(b" ", 2)[1].split(b"?", 1)[0] if b" " in request else b""
-            status, ctype, body = self._route(path)
-            writer.write(b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
-                         b"Connection: close\r\n\r\n%s" % (status, ctype, len(body), body))
-            await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ConnectionError) as exc:
-            logger.debug("metrics request dropped: %s", exc)
-        finally:
-            writer.close()
+        await answer(reader, writer, self._route)
 
     def _route(self, path: bytes) -> tuple[bytes, bytes, bytes]:
         text = b"text/plain; charset=utf-8"
