@@ -77,9 +77,13 @@ class _Inbox:
 
     def put(self, message: Inbound) -> None:
         """Append a received message; pause reading past a bound."""
-        self.messages.append(message)
-        self.bytes += _size(message)
-        if ((len(self.messages) >= self._limit or self.bytes >= self._limit_bytes)
+        messages = self.messages
+        messages.append(message)
+        # A message's size: INBOX_MESSAGE_BYTES, its payload and its topic (inlined here
+        # and in take: they run for every message)
+        self.bytes = size = (self.bytes + INBOX_MESSAGE_BYTES + len(message.payload)
+                             + len(message.topic))
+        if ((len(messages) >= self._limit or size >= self._limit_bytes)
                 and not self._paused_since and self.reader is not None):
             self.reader.pause()
             self._paused_since = time.monotonic()
@@ -91,7 +95,7 @@ class _Inbox:
     def take(self) -> Inbound:
         """The oldest message; resume reading below half of both bounds."""
         message = self.messages.popleft()
-        self.bytes -= _size(message)
+        self.bytes -= INBOX_MESSAGE_BYTES + len(message.payload) + len(message.topic)
         if (self._paused_since and len(self.messages) <= self._limit // 2
                 and self.bytes <= self._limit_bytes // 2):
             self._unpaused()
@@ -123,10 +127,6 @@ class _Inbox:
             self._metrics.read_paused_seconds.inc(now - self._paused_since)
             self._paused_since = now
         self._metrics.inbox_bytes.set(self.bytes)
-
-
-def _size(message: Inbound) -> int:
-    return INBOX_MESSAGE_BYTES + len(message.payload) + len(message.topic)
 
 
 @dataclass(slots=True)
@@ -383,12 +383,14 @@ class MqttSource:
             self._inbox.close()  # the previous connection's: forgotten, as its messages
         inbox = self._inbox = _Inbox(self._settings, self._metrics, self._health)
         generation = self._generation + 1  # the number _connected() gives this connection
+        new_tuple, now = tuple.__new__, time.time
 
         def deliver(topic: str, payload: bytes, mid: int, qos: int, dup: bool) -> None:
             # QoS 1/2 messages are bounded by Receive Maximum at the broker; any message
             # past the inbox's bounds pauses the reader, so QoS 0 waits in TCP and at the
             # broker instead of being dropped here.
-            message = Inbound(topic, payload, mid, qos, generation, time.time(), dup)
+            # Inbound(...) without its Python-level __new__ (what that does, one call less)
+            message = new_tuple(Inbound, (topic, payload, mid, qos, generation, now(), dup))
             if qos and not self._arrived(message, client):
                 return
             inbox.put(message)

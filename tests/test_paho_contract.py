@@ -164,6 +164,47 @@ async def test_every_complete_packet_is_delivered_before_the_reader_waits(
     assert [len(p) for p in payloads_of(hooked)] == sizes
 
 
+PINGRESP = bytes((0xD0, 0))
+
+
+@settings(max_examples=60, deadline=None)
+@example(segment=65536, cuts=[])  # the whole stream in the buffer at once
+@given(segment=st.sampled_from([1, 2, 3, 7, 13, 536, 65536]),
+       cuts=st.lists(st.integers(0, 10**6), max_size=8))
+async def test_publishes_between_other_packets_are_delivered_in_order_and_keep_alive(
+        segment: int, cuts: list[int]) -> None:
+    """PUBLISH packets handled straight from the reader's buffer and the packets paho
+    reads itself (PINGRESP, and publishes cut across reads) interleave in any order and
+    any cut: every PUBLISH is delivered once, in order, with its topic, id, QoS, DUP and
+    payload; a PINGRESP reaches paho (its keepalive clock is cleared); and receiving
+    counts for the keepalive."""
+    hooked = Hooked(segment)
+    big = 130 * b"x"  # a two-byte remaining length
+    packets = [
+        (publish_packet("a/1", b"one", 1, 1), ("a/1", b"one", 1, 1, False)),
+        (PINGRESP, None),
+        (publish_packet("b", b"", 0, 0), ("b", b"", 0, 0, False)),
+        (publish_packet("é/2", big, 65535, 1, dup=True, props=bytes((0x02, 0, 0, 0, 60))),
+         ("é/2", big, 65535, 1, True)),
+        (PINGRESP, None),
+        (publish_packet("c", b"three", 2, 1), ("c", b"three", 2, 1, False)),
+    ]
+    stream = b"".join(packet for packet, _ in packets)
+    expected = [want for _, want in packets if want is not None]
+    hooked.paho._last_bytes_received = 0.0
+    hooked.paho._ping_t = 1.0  # as after a PINGREQ: reading a PINGRESP clears it
+    points = sorted({cut % (len(stream) + 1) for cut in cuts} | {len(stream)})
+    sent = 0
+    for point in points:
+        hooked.sock.feed(stream[sent:point])
+        sent = point
+        hooked.readable()
+    assert hooked.delivered == expected
+    assert hooked.paho._ping_t == 0
+    assert hooked.paho._last_bytes_received > 0
+    assert hooked.paho._in_packet["command"] == 0  # no packet left half read
+
+
 async def test_a_burst_of_reads_yields_to_the_event_loop_and_resumes_exactly() -> None:
     """One readable event does a bounded amount of work; the rest waits in the socket
     (still readable), not in the reader's buffer."""

@@ -269,19 +269,27 @@ def update_for(sensor_id: str, start: datetime | BsonDate, chunk: list[Reading],
     ``MAX_BUCKET_BYTES - size`` estimated bytes, so no document outgrows MongoDB's limit,
     and none of the chunk's timestamps, so no document holds a reading twice.
     """
-    dates = bson_dates(chunk)
     if len(chunk) == 1:  # the common case of a large fleet: no coalescing to do
-        inc, mins, maxs, labels = _single(chunk[0], size)
-        mins["first_ts"] = maxs["last_ts"] = dates[0]
+        reading = chunk[0]
+        date = _new(BsonDate)
+        date.ms = reading.ms if reading.ms is not None else ts_key(reading.ts)
+        dates = [date]
+        inc, mins, maxs, labels = _single(reading, size)
+        mins["first_ts"] = maxs["last_ts"] = date
+        # reading_doc's document, with the BSON date
+        pushed = [{"ts": date, **reading.values} if reading.seq is None
+                  else {"ts": date, "seq": reading.seq, **reading.values}]
     else:
+        dates = bson_dates(chunk)
         inc, mins, maxs, labels = _coalesced(chunk, size)
         mins["first_ts"] = min(dates, key=_ms_of)
         maxs["last_ts"] = max(dates, key=_ms_of)
-    # reading_doc's documents, with the BSON dates
-    update: dict[str, Any] = {
-        "$push": {"readings": {"$each": [
+        # reading_doc's documents, with the BSON dates
+        pushed = [
             {"ts": d, **r.values} if r.seq is None else {"ts": d, "seq": r.seq, **r.values}
-            for d, r in zip(dates, chunk, strict=True)]}},
+            for d, r in zip(dates, chunk, strict=True)]
+    update: dict[str, Any] = {
+        "$push": {"readings": {"$each": pushed}},
         "$inc": inc, "$min": mins, "$max": maxs,
         "$setOnInsert": {"schema_version": SCHEMA_VERSION}}
     if labels:
