@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from tests.support.mongo import failpoint, stored, stored_values
-from tests.support.procs import Broker, eventually, free_port, http_status
+from tests.support.procs import Broker, eventually, free_port, http_status, password_broker
 from tests.support.proxy import Proxy
 
 if TYPE_CHECKING:
@@ -420,9 +420,7 @@ async def test_run_refuses_a_collection_of_the_wrong_kind_with_one_line(
 async def test_broker_credentials_come_from_a_password_file_and_never_reach_the_logs(
         daemon: Callable[..., Daemon], tmp_path: Path, topic_root: str, db: Any) -> None:
     secret = "s3cret-Pa55"
-    passwd = tmp_path / "passwd"
-    subprocess.run(["mosquitto_passwd", "-b", "-c", str(passwd), "ingest", secret], check=True)
-    locked = Broker(tmp_path, extra=f"allow_anonymous false\npassword_file {passwd}\n")
+    locked = password_broker(tmp_path, "ingest", secret, extra="allow_anonymous false\n")
     locked.start()
     try:
         good, bad = tmp_path / "good", tmp_path / "bad"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.support.procs import ROOT, Broker, free_port, http_status
+from tests.support.procs import ROOT, Broker, free_port, http_status, password_broker
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -210,12 +210,7 @@ def test_a_broker_never_reached_is_not_a_lost_connection(tmp_path: Path) -> None
 
 
 def test_a_broker_refusing_the_credentials_stops_the_start(tmp_path: Path) -> None:
-    passwd = tmp_path / "passwd"
-    tool = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
-    subprocess.run([tool, "-c", "-b", str(passwd), "alice", "right"], check=True,
-                   capture_output=True)
-    passwd.chmod(0o600)
-    broker = Broker(tmp_path, extra=f"password_file {passwd}\n")
+    broker = password_broker(tmp_path, "alice", "right")
     broker.start()
     try:
         result = ingest("run", "--dry-run", "--metrics-port", "0", "--mqtt-url",

@@ -36,7 +36,7 @@ from ingest.workers import (
 from loadgen import sparkplug as enc
 from loadgen.sparkplug import Metric
 from tests.support.mongo import failpoint, stored
-from tests.support.procs import Broker, eventually, http_status, parse_metrics
+from tests.support.procs import eventually, http_status, parse_metrics, password_broker
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -258,17 +258,9 @@ async def switch_async(daemon: Callable[..., Daemon], publish: Callable[..., Any
 
 
 def test_a_start_up_error_of_the_workers_is_one_line_from_the_parent(tmp_path: Path) -> None:
-    import shutil  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-
     from tests.test_startup import failure_line, ingest  # noqa: PLC0415
 
-    passwd = tmp_path / "passwd"
-    tool = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
-    subprocess.run([tool, "-c", "-b", str(passwd), "alice", "right"], check=True,
-                   capture_output=True)
-    passwd.chmod(0o600)
-    broker = Broker(tmp_path, extra=f"password_file {passwd}\n")
+    broker = password_broker(tmp_path, "alice", "right")
     broker.start()
     try:
         result = ingest("run", "--workers", "3", "--dry-run", "--metrics-port", "0",

@@ -37,6 +37,16 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
     raise TimeoutError(f"nothing listens on port {port} after {timeout}s")
 
 
+def password_broker(directory: Path, user: str, password: str, extra: str = "") -> Broker:
+    """A Broker (not started) whose password file knows ``user`` with ``password``."""
+    passwd = directory / "passwd"
+    tool = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
+    subprocess.run([tool, "-c", "-b", str(passwd), user, password], check=True,
+                   capture_output=True)
+    passwd.chmod(0o600)
+    return Broker(directory, extra=f"{extra}password_file {passwd}\n")
+
+
 @dataclass
 class Broker:
     """A mosquitto of our own on a free port, restartable with its persistence."""
