@@ -19,11 +19,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.errors import StartupError
-from ingest.metrics import answer
+from ingest.metrics import HttpEndpoint
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
-    from types import TracebackType
 
 logger = logging.getLogger(__name__)
 
@@ -84,13 +83,13 @@ async def ask(port: int, path: str) -> tuple[int, str]:
         return 0, "no answer (malformed reply)"
 
 
-class AggregateServer:
+class AggregateServer(HttpEndpoint):
     """The public /metrics, /healthz and /readyz, answered by asking every worker."""
 
     def __init__(self, sock: socket.socket, workers: list[Endpoint]) -> None:
         self._sock = sock
         self._workers = workers
-        self._server: asyncio.Server | None = None
+        self._server = None
 
     async def __aenter__(self) -> Self:
         self._server = await asyncio.start_server(self._handle, sock=self._sock)
@@ -98,15 +97,6 @@ class AggregateServer:
         logger.info("metrics and health of %d workers on http://%s:%d/metrics",
                     len(self._workers), host, port)
         return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await answer(reader, writer, self._route)
 
     async def _route(self, path: bytes) -> tuple[bytes, bytes, bytes]:
         text = b"text/plain; charset=utf-8"

@@ -230,25 +230,40 @@ class Health:
 type Answer = tuple[bytes, bytes, bytes]  # status line, content type, body
 
 
-async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 route: Callable[[bytes], Answer | Awaitable[Answer]]) -> None:
-    """Answer one HTTP/1.1 GET with what ``route`` gives for its path, then close."""
-    try:
-        request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
-        path = request.split(b" ", 2)[1].split(b"?", 1)[0] if b" " in request else b""
-        routed = route(path)
-        status, ctype, body = routed if isinstance(routed, tuple) else await routed
-        writer.write(b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
-                     b"Connection: close\r\n\r\n%s" % (status, ctype, len(body), body))
-        await writer.drain()
-    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-            ConnectionError) as exc:
-        logger.debug("metrics request dropped: %s", exc)
-    finally:
-        writer.close()
+class HttpEndpoint:
+    """One small HTTP/1.1 endpoint: each GET answered with what ``_route`` gives its path.
+
+    Subclasses start ``self._server`` in ``__aenter__``; leaving the context closes it.
+    """
+
+    _server: asyncio.Server | None = None
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    def _route(self, path: bytes) -> Answer | Awaitable[Answer]:
+        raise NotImplementedError
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            path = request.split(b" ", 2)[1].split(b"?", 1)[0] if b" " in request else b""
+            routed = self._route(path)
+            status, ctype, body = routed if isinstance(routed, tuple) else await routed
+            writer.write(b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+                         b"Connection: close\r\n\r\n%s" % (status, ctype, len(body), body))
+            await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ConnectionError) as exc:
+            logger.debug("metrics request dropped: %s", exc)
+        finally:
+            writer.close()
 
 
-class MetricsServer:
+class MetricsServer(HttpEndpoint):
     """Serves /metrics (Prometheus text), /healthz and /readyz on one port."""
 
     def __init__(self, host: str, port: int, metrics: Metrics, health: Health,
@@ -257,7 +272,7 @@ class MetricsServer:
         self._host, self._port, self._sock = host, port, sock
         self._metrics, self._health = metrics, health
         self._before_scrape = before_scrape
-        self._server: asyncio.Server | None = None
+        self._server = None
 
     @property
     def port(self) -> int:
@@ -279,15 +294,6 @@ class MetricsServer:
                 "--metrics-port (0: any) or --metrics-host") from None
         logger.info("metrics and health on http://%s:%d/metrics", self._host, self.port)
         return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await answer(reader, writer, self._route)
 
     def _route(self, path: bytes) -> tuple[bytes, bytes, bytes]:
         text = b"text/plain; charset=utf-8"
