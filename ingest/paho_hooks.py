@@ -188,15 +188,7 @@ def install(client: aiomqtt.Client, deliver: Deliver,
         qos = (command & 0x06) >> 1
         if qos == 2:
             return original()  # type: ignore[no-any-return]
-        data = packet["packet"]
-        end = 2 + int.from_bytes(data[0:2])
-        topic = bytes(data[2:end]).decode("utf-8", "replace")
-        mid = 0
-        if qos:
-            mid = int.from_bytes(data[end:end + 2])
-            end += 2
-        dup = bool(command & 0x08)
-        deliver(topic, bytes(data[_skip_properties(data, end):]), mid, qos, dup)
+        _deliver_publish(deliver, command, bytes(packet["packet"]))
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
     paho.on_message = on_message
@@ -329,17 +321,9 @@ class _Buffered:
             stop = at + length
             if stop > size:
                 break
-            body = data[at:stop]
-            end = 2 + int.from_bytes(body[0:2])
-            topic = body[2:end].decode("utf-8", "replace")
-            mid = 0
-            if qos:
-                mid = int.from_bytes(body[end:end + 2])
-                end += 2
             self._pos = pos = stop
             handled += 1
-            deliver(topic, body[_skip_properties(body, end):], mid, qos,
-                    bool(command & 0x08))
+            _deliver_publish(deliver, command, data[at:stop])
         if not handled:
             return False
         self._packets += handled
@@ -454,6 +438,22 @@ def _buffer_reads(client: aiomqtt.Client, paho: Any,  # noqa: ANN401
     paho.loop_read = buffered.loop_read
     paho.loop_misc = buffered.loop_misc
     return buffered
+
+
+def _deliver_publish(deliver: Deliver, command: int, body: bytes) -> None:
+    """Hand a QoS 0 or 1 PUBLISH to ``deliver``: its first header byte and its body.
+
+    The body is parsed directly (topic, packet id, properties skipped, payload); see the
+    module docstring for why skipping the properties is safe.
+    """
+    qos = (command & 0x06) >> 1
+    end = 2 + int.from_bytes(body[0:2])
+    topic = body[2:end].decode("utf-8", "replace")
+    mid = 0
+    if qos:
+        mid = int.from_bytes(body[end:end + 2])
+        end += 2
+    deliver(topic, body[_skip_properties(body, end):], mid, qos, bool(command & 0x08))
 
 
 def _skip_properties(data: bytes | bytearray, pos: int) -> int:
