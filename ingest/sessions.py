@@ -23,13 +23,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from ingest import app, paho_hooks
 from ingest.aggregate import ask, listen
 from ingest.config import MAX_WORKERS
+from ingest.source import SESSION_EXPIRY
 
 if TYPE_CHECKING:
     from ingest.config import Settings
 
 logger = logging.getLogger(__name__)
 
-SESSION_EXPIRY = 7 * 86400  # as MqttSource's
 PROBE_TIMEOUT = 5.0
 IDLE_SECONDS = 2.0  # a retired session with nothing new for this long has been drained
 # A retired session still busy after this long holds a subscription we do not know of

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 YIELD_EVERY = 500  # messages decoded between two yields to the event loop
+# Seconds the broker keeps the daemon's session (and queues for it) while it is away.
+SESSION_EXPIRY = 7 * 86400
 INBOX_SHARE = 4  # the inbox holds at most max_buffered_bytes / INBOX_SHARE bytes
 # Seconds of reading (paused time does not count) a SUBACK or UNSUBACK may take.
 ANSWER_TIMEOUT = 10.0
@@ -154,7 +156,7 @@ class MqttSource:
     """Consumes the configured topics and acknowledges messages on request."""
 
     def __init__(self, settings: Settings, metrics: Metrics, health: Health,
-                 session_expiry: int = 7 * 86400) -> None:
+                 session_expiry: int = SESSION_EXPIRY) -> None:
         self._settings = settings
         self._metrics = metrics
         self._health = health
