@@ -29,6 +29,7 @@ from ingest.schema import Schema
 from ingest.sharding import shard_collection
 from ingest.source import MqttSource
 from ingest.sparkplug import attach_store
+from ingest.writers import bulk
 from ingest.writers.bucket import BucketWriter
 from ingest.writers.rejects import RejectsWriter
 from ingest.writers.timeseries import TimeseriesWriter
@@ -100,6 +101,10 @@ def make_writer(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) ->
                     rejects_max_bytes=settings.rejects_max_bytes,
                     retention_days=settings.retention_days, span_seconds=settings.span_seconds,
                     granularity=settings.granularity, custom_span=settings.bucket_span_seconds)
+    problem = bulk.fast_path_problem()
+    if problem is not None:
+        logger.warning("this pymongo's bulk internals differ (%s): writing through its "
+                       "public bulk API, at more CPU per reading", problem)
     if settings.mode == "timeseries":
         return TimeseriesWriter(db[settings.collection], schema)
     return BucketWriter(db[settings.collection], schema, settings.span_seconds,

@@ -56,6 +56,8 @@ _SENSOR_ID = re.compile(SENSOR_ID_PATTERN)
 # the document's own fields in time-series mode.
 RESERVED = frozenset({"ts", "seq", "sensor_id", "_id", "meta"})
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# Doubles within this magnitude take the fast check (the others: the full one).
+_INT64_RANGE = float(2**63)
 # Names and ids already checked against their pattern (bounded, so hostile input cannot
 # grow them without limit); a set lookup is much cheaper than a regex match.
 _CACHE_LIMIT = 100_000
@@ -146,10 +148,14 @@ def _names(keys: Any) -> str:  # noqa: ANN401 - any iterable of keys
 def _reading(
     item: object, default_sensor: object, now: float, window: tuple[float, float]
 ) -> Reading | tuple[str, str]:
-    """Validate one reading object; return it or ``(reason, detail)``."""
+    """Validate one reading object; return it or ``(reason, detail)``.
+
+    The object is the decoder's own (fresh from orjson): its reserved keys are popped
+    and what is left becomes the reading's ``values``, with no copy.
+    """
     if type(item) is not dict:
         return "bad_shape", f"a reading must be an object, got {type(item).__name__}"
-    sensor = item.get("sensor_id", default_sensor)
+    sensor = item.pop("sensor_id", default_sensor)
     if sensor is None:
         return "no_sensor_id", "no sensor_id in payload or topic"
     if type(sensor) is not str:
@@ -159,7 +165,7 @@ def _reading(
             return "bad_sensor_id", f"sensor_id must match {SENSOR_ID_PATTERN}"
         if len(_valid_sensors) < _CACHE_LIMIT:
             _valid_sensors.add(sensor)
-    raw = item.get("ts")
+    raw = item.pop("ts", None)
     whole: int | None = None
     epoch: float | None
     if type(raw) is int:  # whole epoch seconds, the usual case: no call, no rounding
@@ -171,9 +177,30 @@ def _reading(
         return "bad_timestamp", "ts must be epoch seconds or ISO-8601 with an offset"
     if not window[0] <= epoch <= window[1]:
         return "ts_out_of_window", f"ts {epoch:.3f} outside the accepted window"
-    seq = item.get("seq")
+    seq = item.pop("seq", None)
     if seq is not None and (type(seq) is not int or not 0 <= seq <= _INT64_MAX):
         return "bad_seq", "seq must be a non-negative integer"
+    values: dict[str, Scalar] = item
+    # The usual case, checked with the least work: names seen before (reserved names
+    # never enter that set), finite numbers within the 64-bit integer range.
+    if item and _valid_names.issuperset(item):
+        for value in item.values():
+            kind = type(value)
+            if kind is float:
+                if not -_INT64_RANGE <= value <= _INT64_RANGE:  # also false for NaN
+                    break
+            elif kind is not int or not _INT64_MIN <= value <= _INT64_MAX:
+                break
+        else:
+            return _timed(sensor, epoch, whole, values, seq)
+    checked = _values(item)
+    if isinstance(checked, tuple):
+        return checked
+    return _timed(sensor, epoch, whole, checked, seq)
+
+
+def _values(item: dict[str, Any]) -> dict[str, Scalar] | tuple[str, str]:
+    """The measurements of a reading object (reserved keys popped), or why not."""
     values: dict[str, Scalar] = {}
     for key, value in item.items():
         if key in RESERVED:
@@ -197,17 +224,20 @@ def _reading(
         values[key] = value
     if not values:
         return "no_measurements", "no numeric measurement in reading"
+    return values
+
+
+def _timed(sensor: str, epoch: float, whole: int | None, values: dict[str, Scalar],
+           seq: int | None) -> Reading:
+    """The reading, its time as BSON will store it (whole milliseconds, floored)."""
     if whole is not None:  # already whole milliseconds
-        return _new(Reading, (sensor, datetime.fromtimestamp(whole, UTC), epoch, values, seq,
-                              whole * 1000, None, None))
-    ts = datetime.fromtimestamp(epoch, UTC)
-    micros = ts.microsecond
-    if micros % 1000:  # BSON dates hold milliseconds: keep the instant MongoDB will store
-        ts = ts.replace(microsecond=micros - micros % 1000)
+        return _new(Reading, (sensor, None, epoch, values, seq, whole * 1000, None, None))
+    # The instant MongoDB will store: datetime's microseconds, truncated to milliseconds.
+    micros = datetime.fromtimestamp(epoch, UTC).microsecond
     seconds = math.floor(epoch)
     if micros < 500_000 and epoch - seconds > 0.5:  # microseconds rounded up to a new second
         seconds += 1
-    return _new(Reading, (sensor, ts, epoch, values, seq, seconds * 1000 + micros // 1000,
+    return _new(Reading, (sensor, None, epoch, values, seq, seconds * 1000 + micros // 1000,
                           None, None))
 
 

@@ -20,7 +20,7 @@ from ingest.decode import SENSOR_ID_PATTERN, decode
 from ingest.errors import ConfigError
 from ingest.formats import MAX_TAG_BYTES, MAX_TAGS, influx, json, senml, value
 from ingest.formats.sparkplug import shared_subscriptions as sparkplug_shared
-from ingest.formats.times import from_seconds, parse, timestamp
+from ingest.formats.times import from_seconds, parse
 from ingest.model import Decoded, Reading, Rejection
 from ingest.rules import RESERVED_TAGS, check_unique, load_file, load_preset
 from ingest.sparkplug import SparkplugFormat
@@ -339,7 +339,7 @@ class Mapping:
         if item.units:
             renamed = ((self._resolve(rule, k), u[:64]) for k, u in item.units.items())
             units = {k: u for k, u in renamed if type(k) is str and k in values} or None
-        return _new(Reading, (sensor, timestamp(ms), epoch, values, None, ms, tags, units))
+        return _new(Reading, (sensor, None, epoch, values, None, ms, tags, units))
 
     def spread_arrivals(self, slot: int, stride: int) -> None:
         """Give only arrival milliseconds == ``slot`` (mod ``stride``).

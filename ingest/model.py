@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
-if TYPE_CHECKING:
-    from datetime import datetime
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
 
 type Number = int | float
 # A measurement's value: numbers from every format; booleans and strings from mappings.
@@ -21,7 +22,10 @@ class Reading(NamedTuple):
     """
 
     sensor_id: str
-    ts: datetime  # whole milliseconds, as BSON stores it (the decoder truncates)
+    # The time as a datetime, whole milliseconds as BSON stores it, or None when ``ms``
+    # is set: the decoders leave it out (building a datetime costs more than the rest of
+    # a reading's tuple, and the writers use ``ms``); :attr:`ts` gives it either way.
+    when: datetime | None
     epoch: float
     values: dict[str, Scalar]
     seq: int | None = None
@@ -35,6 +39,15 @@ class Reading(NamedTuple):
     tags: dict[str, str] | None = None
     # Units by measurement (SenML ``u``); None when there are none.
     units: dict[str, str] | None = None
+
+    @property
+    def ts(self) -> datetime:
+        """The time as an aware UTC datetime (whole milliseconds)."""
+        when = self.when
+        if when is not None:
+            return when
+        assert self.ms is not None, "a Reading needs its time: when or ms"
+        return _EPOCH + self.ms * _MS
 
 
 @dataclass(slots=True, frozen=True)

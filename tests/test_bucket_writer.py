@@ -47,22 +47,22 @@ def test_one_update_per_sensor_hour() -> None:
              reading("a", T0 + HOUR + 1), reading("b", T0 + 4)]
     plan = writer_for(NO_DB).plan(batch)
     assert len(plan.ops) == 3
-    keys = [(op._filter["sensor_id"], op._filter["bucket_start"]) for op in plan.ops]
+    keys = [(op["q"]["sensor_id"], op["q"]["bucket_start"]) for op in plan.ops]
     start = datetime.fromtimestamp(T0, UTC)
     later = datetime.fromtimestamp(T0 + HOUR, UTC)
     assert keys == [("a", start), ("b", start), ("a", later)]
     assert [len(g) for g in plan.groups] == [2, 2, 1]
-    first = plan.ops[0]._doc
+    first = plan.ops[0]["u"]
     assert first["$inc"]["count"] == 2
     assert [r["ts"] for r in first["$push"]["readings"]["$each"]] == [
         batch[0].ts, batch[2].ts]
     assert first["$setOnInsert"] == {"schema_version": 1}
-    assert plan.ops[0]._upsert is True
+    assert plan.ops[0]["upsert"] is True
 
 
 def test_late_reading_goes_to_the_bucket_of_its_own_hour() -> None:
     plan = writer_for(NO_DB).plan([reading("a", T0 + 10), reading("a", T0 - 5)])
-    starts = sorted(op._filter["bucket_start"] for op in plan.ops)
+    starts = sorted(op["q"]["bucket_start"] for op in plan.ops)
     assert starts == [datetime.fromtimestamp(T0 - HOUR, UTC), datetime.fromtimestamp(T0, UTC)]
 
 
@@ -70,14 +70,14 @@ def test_group_larger_than_the_cap_is_split_and_each_filter_leaves_room() -> Non
     batch = [reading("a", T0 + i) for i in range(12)]
     plan = writer_for(NO_DB, max_readings=5).plan(batch)
     assert [len(g) for g in plan.groups] == [5, 5, 2]
-    assert [op._filter["count"] for op in plan.ops] == [{"$lte": 0}, {"$lte": 0}, {"$lte": 3}]
-    assert all(op._filter["bytes"]["$lte"] > 0 for op in plan.ops)
+    assert [op["q"]["count"] for op in plan.ops] == [{"$lte": 0}, {"$lte": 0}, {"$lte": 3}]
+    assert all(op["q"]["bytes"]["$lte"] > 0 for op in plan.ops)
 
 
 def test_statistics_of_one_update() -> None:
     batch = [reading("a", T0 + 1, temp=22.5, hum=40), reading("a", T0 + 2, temp=21.0),
              reading("a", T0 + 3, temp=23.5, hum=41)]
-    op = writer_for(NO_DB).plan(batch).ops[0]._doc
+    op = writer_for(NO_DB).plan(batch).ops[0]["u"]
     assert op["$inc"] == {"count": 3, "bytes": sum(reading_bytes(r) for r in batch),
                           "stats.temp.count": 3, "stats.temp.sum": 67.0,
                           "stats.hum.count": 2, "stats.hum.sum": 81.0}

@@ -37,7 +37,7 @@ def bucket(db: Any) -> BucketWriter:
 
 def test_booleans_count_as_0_1_and_strings_get_no_statistics_single_and_coalesced() -> None:
     one = bucket(NO_DB).plan([reading(T0 + 1, {"on": True, "mode": "eco", "t": 20})])
-    doc = one.ops[0]._doc
+    doc = one.ops[0]["u"]
     assert doc["$inc"]["stats.on.sum"] == 1.0
     assert doc["$min"]["stats.on.min"] == 1
     assert type(doc["$min"]["stats.on.min"]) is int
@@ -46,7 +46,7 @@ def test_booleans_count_as_0_1_and_strings_get_no_statistics_single_and_coalesce
     batch = [reading(T0 + 1, {"on": True, "mode": "eco"}),
              reading(T0 + 2, {"on": False, "mode": "away"}),
              reading(T0 + 3, {"on": True})]
-    doc = bucket(NO_DB).plan(batch).ops[0]._doc
+    doc = bucket(NO_DB).plan(batch).ops[0]["u"]
     assert doc["$inc"]["stats.on.count"] == 3
     assert doc["$inc"]["stats.on.sum"] == 2
     assert (doc["$min"]["stats.on.min"], doc["$max"]["stats.on.max"]) == (0, 1)
@@ -57,9 +57,9 @@ def test_booleans_count_as_0_1_and_strings_get_no_statistics_single_and_coalesce
 def test_tags_and_units_are_set_on_the_bucket_and_the_default_path_sets_nothing() -> None:
     plan = bucket(NO_DB).plan([reading(T0 + 1, {"t": 1}, {"room": "a"}, {"t": "Cel"}),
                                reading(T0 + 2, {"t": 2}, {"room": "b"})])
-    assert plan.ops[0]._doc["$set"] == {"tags.room": "b", "units.t": "Cel"}
-    assert "$set" not in bucket(NO_DB).plan([reading(T0 + 1, {"t": 1})]).ops[0]._doc
-    assert "$set" not in bucket(NO_DB).plan([reading(T0 + 1, {"t": 1}, None)]).ops[0]._doc
+    assert plan.ops[0]["u"]["$set"] == {"tags.room": "b", "units.t": "Cel"}
+    assert "$set" not in bucket(NO_DB).plan([reading(T0 + 1, {"t": 1})]).ops[0]["u"]
+    assert "$set" not in bucket(NO_DB).plan([reading(T0 + 1, {"t": 1}, None)]).ops[0]["u"]
 
 
 def test_true_and_1_are_different_readings() -> None:
@@ -153,7 +153,7 @@ def test_readings_of_the_mapping_path_always_get_per_kind_statistics() -> None:
     result = Mapping(rules).decode("z/a", b'{"on": true, "mode": "eco"}', T0 + 1.0, Limits())
     (mapped,) = result.decoded.readings
     assert mapped.tags == {}  # no tags, yet not None: values may be booleans and strings
-    doc = bucket(NO_DB).plan([mapped]).ops[0]._doc
+    doc = bucket(NO_DB).plan([mapped]).ops[0]["u"]
     assert doc["$min"]["stats.on.min"] == 1
     assert type(doc["$min"]["stats.on.min"]) is int
     assert "stats.mode.count" not in doc["$inc"]

@@ -16,6 +16,7 @@ import time
 from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
+from unittest import mock
 
 import bson
 import pytest
@@ -86,7 +87,7 @@ def test_bucket_updates_encode_as_with_datetimes_and_push_reading_docs(
     plan = bucket_writer(cap).plan(readings)
     assert plan.ops
     for op, chunk in zip(plan.ops, plan.groups, strict=True):
-        query, update = op._filter, op._doc
+        query, update = op["q"], op["u"]
         assert bson.encode(query) == bson.encode(as_datetimes(query))
         assert bson.encode(update) == bson.encode(as_datetimes(update))
         pushed = as_datetimes(update["$push"]["readings"]["$each"])
@@ -98,6 +99,21 @@ def test_bucket_updates_encode_as_with_datetimes_and_push_reading_docs(
         assert query["bucket_start"].as_datetime() == start
         assert next(iter(update["$min"])) == "first_ts"
         assert next(iter(update["$max"])) == "last_ts"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(a_reading(), min_size=1, max_size=30), st.sampled_from([2, 5, 3600]),
+       st.booleans())
+def test_the_single_pass_bucket_plan_sends_the_bytes_of_the_general_one(
+        readings: list[Reading], cap: int, repeat: bool) -> None:
+    if repeat:  # the same millisecond twice in a group: the general path settles it
+        readings = [*readings, readings[0]]
+    fast = bucket_writer(cap).plan(readings)
+    with mock.patch.object(bucket_mod, "_fast_update", lambda *_args: None):
+        general = bucket_writer(cap).plan(readings)
+    assert [bson.encode(op) for op in fast.ops] == [bson.encode(op) for op in general.ops]
+    assert fast.groups == general.groups
+    assert (fast.duplicates, fast.conflicts) == (general.duplicates, general.conflicts)
 
 
 @settings(max_examples=150, deadline=None)

@@ -8,7 +8,7 @@ truncated as BSON stores dates for fractional seconds. Nothing here raises for b
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -21,8 +21,6 @@ _DIGITS = {"epoch_s": 0, "epoch_ms": 3, "epoch_us": 6, "epoch_ns": 9}
 # milliseconds, below 1e17 microseconds, else nanoseconds.
 _AUTO = ((1e11, 0), (1e14, 3), (1e17, 6))
 _MAX_TEXT = 64  # longer strings are no timestamp (and not worth parsing)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_EXACT_MS = 4_000_000_000_000  # |ms| below this (year 2096): ms / 1000 errs < 0.5 µs
 _LIMIT = 60_000_000_000  # seconds either side of the epoch (about year 3871 and year 68)
 
 type Instant = tuple[float, int]
@@ -103,14 +101,3 @@ def parse(raw: object, fmt: str, zone: ZoneInfo | None) -> Instant | None:
         return text(raw, fmt, zone)  # type: ignore[arg-type]
     return None
 
-
-def timestamp(ms: int) -> datetime:
-    """The UTC datetime of whole milliseconds since the epoch (as BSON stores it).
-
-    Until 2096, ``ms / 1000`` is within far less than half a microsecond of the exact
-    value and ``fromtimestamp`` rounds to the microsecond: exact, in one call. Beyond,
-    exact arithmetic.
-    """
-    if -_EXACT_MS < ms < _EXACT_MS:
-        return datetime.fromtimestamp(ms / 1000, UTC)
-    return _EPOCH + timedelta(milliseconds=ms)

@@ -29,17 +29,17 @@ import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from bson.datetime_ms import DatetimeMS
 from bson.errors import InvalidDocument
-from pymongo import ReadPreference, UpdateOne
+from pymongo import ReadPreference
 from pymongo.errors import PyMongoError
 
 from ingest import mongo_errors
 from ingest.errors import WriteError
 from ingest.schema import BUCKET_INDEX, READINGS_INDEX
-from ingest.writers import Outcome, Plan, send
+from ingest.writers import Outcome, Plan, bulk, send
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -262,12 +262,15 @@ def _stat_keys(name: str) -> tuple[str, str, str, str]:
 
 
 def update_for(sensor_id: str, start: datetime | BsonDate, chunk: list[Reading],
-               max_readings: int, size: int) -> UpdateOne:
+               max_readings: int, size: int) -> dict[str, Any]:
     """One upsert that appends ``chunk`` to a document of that sensor-span with room for it.
 
     Room means both fewer than ``max_readings - n`` readings and fewer than
     ``MAX_BUCKET_BYTES - size`` estimated bytes, so no document outgrows MongoDB's limit,
     and none of the chunk's timestamps, so no document holds a reading twice.
+
+    Returned as the update command's statement (:func:`upsert`), which
+    :mod:`ingest.writers.bulk` sends.
     """
     if len(chunk) == 1:  # the common case of a large fleet: no coalescing to do
         reading = chunk[0]
@@ -296,18 +299,89 @@ def update_for(sensor_id: str, start: datetime | BsonDate, chunk: list[Reading],
         update["$set"] = labels
     if len(inc) == 2:  # only strings: no statistics, and the validator wants a stats object
         update["$setOnInsert"]["stats"] = {}
-    return UpdateOne(
+    return upsert(
         {"sensor_id": sensor_id, "bucket_start": start,
          "count": {"$lte": max_readings - len(chunk)},
          "bytes": {"$lte": max(MAX_BUCKET_BYTES - size, 0)},
          "readings.ts": {"$nin": dates}},
-        update,
-        upsert=True,
-        # The filter could also be served by the unique {sensor_id, readings.ts} index,
-        # which would scan every reading of the sensor: name the one that finds the
-        # sensor-span's few documents (by name: pymongo converts a key pattern per call).
-        hint=BUCKET_INDEX,
-    )
+        update)
+
+
+def upsert(query: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """The update command's statement for one bucket upsert, as pymongo builds it.
+
+    The filter could also be served by the unique ``{sensor_id, readings.ts}`` index,
+    which would scan every reading of the sensor: the hint names the index that finds the
+    sensor-span's few documents.
+    """
+    return {"q": query, "u": update, "multi": False, "upsert": True, "hint": BUCKET_INDEX}
+
+
+def _fast_update(sensor_id: str, start: BsonDate, group: list[Reading],
+                 max_readings: int) -> dict[str, Any] | None:
+    """:func:`update_for` of a whole group in one pass, for the default decoder's readings.
+
+    For a group whose readings are numbers only (no tags), all timed in milliseconds,
+    each at its own millisecond, and that fit one document; otherwise None (the general
+    path then splits, settles repeats and labels). Builds the same statement.
+    """
+    count = len(group)
+    times = [reading.ms for reading in group]
+    if (count > max_readings or None in times
+            or (count > 1 and len(set(times)) < count)):
+        return None
+    stamps = cast("list[int]", times)
+    new, date_type = _new, BsonDate
+    dates: list[BsonDate] = []
+    pushed: list[dict[str, Any]] = []
+    acc: dict[str, list[Any]] = {}  # name -> [count, sum, min, max]
+    size = 0
+    for reading, ms in zip(group, stamps, strict=True):
+        if reading.tags is not None:
+            return None
+        date = new(date_type)
+        date.ms = ms
+        dates.append(date)
+        values = reading.values
+        size += 41 + 10 * len(values) + sum(map(len, values))  # reading_bytes
+        pushed.append({"ts": date, **values} if reading.seq is None
+                      else {"ts": date, "seq": reading.seq, **values})
+        for name, value in values.items():
+            stat = acc.get(name)
+            if stat is None:
+                acc[name] = [1, float(value), value, value]
+                continue
+            stat[0] += 1
+            stat[1] += value
+            if value < stat[2]:
+                stat[2] = value
+            elif value > stat[3]:
+                stat[3] = value
+    if size > MAX_BUCKET_BYTES:
+        return None
+    low, high = min(stamps), max(stamps)
+    first = new(date_type)
+    first.ms = low
+    last = new(date_type)
+    last.ms = high
+    inc: dict[str, Any] = {"count": count, "bytes": size}
+    mins: dict[str, Any] = {"first_ts": first}
+    maxs: dict[str, Any] = {"last_ts": last}
+    keys_of = _STAT_KEYS
+    for name, (n, total, smallest, largest) in acc.items():
+        keys = keys_of.get(name) or _stat_keys(name)
+        inc[keys[0]] = n
+        inc[keys[1]] = total
+        mins[keys[2]] = smallest
+        maxs[keys[3]] = largest
+    return {"q": {"sensor_id": sensor_id, "bucket_start": start,
+                  "count": {"$lte": max_readings - count},
+                  "bytes": {"$lte": MAX_BUCKET_BYTES - size},
+                  "readings.ts": {"$nin": dates}},
+            "u": {"$push": {"readings": {"$each": pushed}},
+                  "$inc": inc, "$min": mins, "$max": maxs,
+                  "$setOnInsert": {"schema_version": SCHEMA_VERSION}},
+            "multi": False, "upsert": True, "hint": BUCKET_INDEX}
 
 
 type _Stats = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]
@@ -406,11 +480,17 @@ class BucketWriter:
     def plan(self, readings: list[Reading]) -> Plan:
         """Coalesce a batch into one upsert per sensor-span (more only past the cap)."""
         plan = Plan([], [])
+        ops, groups, limit = plan.ops, plan.groups, self._max
         for (sensor_id, start), group in group_readings(readings, self._span).items():
             start_dt = bson_date(int(start) * 1000)
-            for chunk, size in chunks(unique_readings(group, plan), self._max):
-                plan.ops.append(update_for(sensor_id, start_dt, chunk, self._max, size))
-                plan.groups.append(chunk)
+            op = _fast_update(sensor_id, start_dt, group, limit)
+            if op is not None:
+                ops.append(op)
+                groups.append(group)
+                continue
+            for chunk, size in chunks(unique_readings(group, plan), limit):
+                ops.append(update_for(sensor_id, start_dt, chunk, limit, size))
+                groups.append(chunk)
         return plan
 
     async def write(self, plan: Plan) -> Outcome:
@@ -450,7 +530,7 @@ class BucketWriter:
         return readings
 
     async def _send(self, plan: Plan) -> Outcome:
-        return await send(self._collection.bulk_write(plan.ops, ordered=False), plan,
+        return await send(bulk.execute(self._collection, bulk.UPDATE, plan.ops), plan,
                           collide=True)
 
     async def settle(self, groups: list[list[Reading]], outcome: Outcome) -> list[Reading]:

@@ -29,7 +29,7 @@ from pymongo import ReadPreference
 from pymongo.errors import PyMongoError
 
 from ingest import mongo_errors
-from ingest.writers import Outcome, Plan, send
+from ingest.writers import Outcome, Plan, bulk, send
 from ingest.writers.bucket import bson_dates, ts_key
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ class TimeseriesWriter:
 
     async def write(self, plan: Plan) -> Outcome:
         """Send the plan in one unordered insert_many."""
-        return await send(self._collection.insert_many(plan.ops, ordered=False), plan)
+        return await send(bulk.execute(self._collection, bulk.INSERT, plan.ops), plan)
 
     async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
         """Those of ``readings`` not stored yet: same sensor, ts, seq and values.
