@@ -62,10 +62,8 @@ def estimate_bytes(settings: PublishSettings, mode: str) -> float | None:
               else TimeseriesWriter(none, none))
     total = 0
     for start in range(0, len(readings), size):
-        for op in writer.plan(readings[start:start + size]).ops:
-            if mode == "bucket":  # an update statement as the update command carries it
-                op = {"q": op._filter, "u": op._doc, "upsert": True}  # noqa: SLF001, PLW2901
-            total += len(bson.encode(op))
+        # each op is the statement the command carries: an update's or a document
+        total += sum(len(bson.encode(op)) for op in writer.plan(readings[start:start + size]).ops)
     return round(total / len(readings), 1)
 
 

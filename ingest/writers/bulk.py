@@ -43,10 +43,17 @@ def _fast() -> tuple[Runner | None, str | None]:
     try:
         from pymongo import _csot  # noqa: PLC0415 - private: looked up once, guarded
         from pymongo.asynchronous.bulk import _AsyncBulk  # noqa: PLC0415
+        from pymongo.bulk_shared import _Run  # noqa: PLC0415
         from pymongo.message import _INSERT, _UPDATE  # noqa: PLC0415
         from pymongo.operations import _Op  # noqa: PLC0415
     except ImportError as exc:
         return None, str(exc)
+    probe = _Run(_INSERT)
+    if not (isinstance(getattr(probe, "ops", None), list)
+            and isinstance(getattr(probe, "index_map", None), list)
+            and getattr(probe, "idx_offset", None) == 0
+            and callable(getattr(_AsyncBulk, "gen_unordered", None))):
+        return None, "_Run(op_type) with ops, index_map, idx_offset; gen_unordered"
     init = tuple(inspect.signature(_AsyncBulk.__init__).parameters)[:4]
     if init != ("self", "collection", "ordered", "bypass_document_validation"):
         return None, f"_AsyncBulk({', '.join(init[1:])})"
@@ -61,8 +68,13 @@ def _fast() -> tuple[Runner | None, str | None]:
     async def run_bulk(collection: AsyncCollection[Any], kind: str,
                        statements: list[dict[str, Any]]) -> None:
         bulk = _AsyncBulk(collection, False, None)  # noqa: FBT003 - unordered
-        code = kinds[kind]
-        bulk.ops = [(code, statement) for statement in statements]
+        # The one run of operations that gen_unordered would sort them into, made at
+        # once: all of one kind, in order (index_map maps errors back to statements).
+        run = _Run(kinds[kind])
+        run.ops = statements
+        run.index_map = list(range(len(statements)))
+        bulk.ops = statements  # type: ignore[assignment]  # only its emptiness counts now
+        bulk.gen_unordered = lambda: iter((run,))  # type: ignore[method-assign]
         # bulk_write and insert_many pass _Op.INSERT for every kind of operation.
         await bulk.execute(collection.write_concern, None, _Op.INSERT)
 
