@@ -97,6 +97,13 @@ def decode(topic: str, payload: bytes, received_at: float, limits: Limits,
     except orjson.JSONDecodeError as exc:
         return _whole(_json_reason(payload), str(exc).split("\n", 1)[0][:200])
     default_sensor: object = sensor_from_topic(topic) if sensor is None else sensor
+    if type(doc) is dict and "readings" not in doc and limits.max_readings > 0:
+        # One reading object, the most common message: no list of items to go through.
+        result = _reading(doc, default_sensor, received_at, (
+            received_at - limits.max_past_seconds, received_at + limits.max_future_seconds))
+        if isinstance(result, Reading):
+            return Decoded([result], [])
+        return Decoded([], [Rejection(*result)])
     items: Any
     if type(doc) is dict and "readings" in doc:
         items = doc["readings"]
@@ -192,6 +199,9 @@ def _reading(
             elif kind is not int or not _INT64_MIN <= value <= _INT64_MAX:
                 break
         else:
+            if whole is not None:  # _timed's usual case, inline: whole milliseconds
+                return _new(Reading, (sensor, None, epoch, values, seq, whole * 1000, None,
+                                      None))
             return _timed(sensor, epoch, whole, values, seq)
     checked = _values(item)
     if isinstance(checked, tuple):

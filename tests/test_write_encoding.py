@@ -116,6 +116,26 @@ def test_the_single_pass_bucket_plan_sends_the_bytes_of_the_general_one(
     assert (fast.duplicates, fast.conflicts) == (general.duplicates, general.conflicts)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["temp", "hum", "co2", "v-2"]), min_size=1, max_size=4,
+                unique=True),
+       st.lists(st.lists(st.one_of(numbers, st.sampled_from([0.0, -0.0, 0, 1, 1.0])),
+                         min_size=4, max_size=4), min_size=1, max_size=40),
+       st.permutations(range(40)))
+def test_a_group_of_readings_with_the_same_names_gets_the_general_plans_statistics(
+        names: list[str], rows: list[list[Any]], order: list[int]) -> None:
+    # Ties of 1 and 1.0, -0.0 first, ints and floats mixed: the sum, minimum and maximum
+    # (and their types) are those of the reading-by-reading path.
+    readings = [Reading("s1", None, float(T0 + second), dict(zip(names, row, strict=False)),
+                        None, (T0 + second) * 1000)
+                for second, row in zip(order, rows, strict=False)]
+    fast = bucket_writer().plan(readings)
+    with mock.patch.object(bucket_mod, "_fast_update", return_value=None):
+        general = bucket_writer().plan(readings)
+    assert len(fast.ops) == 1
+    assert bson.encode(fast.ops[0]) == bson.encode(general.ops[0])
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(a_reading(), min_size=1, max_size=30))
 def test_timeseries_documents_are_reading_documents_with_an_id_first(

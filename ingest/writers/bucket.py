@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
-from operator import attrgetter
+from functools import reduce
+from operator import add, attrgetter
 from typing import TYPE_CHECKING, Any, cast
 
 from bson.datetime_ms import DatetimeMS
@@ -42,6 +43,8 @@ from ingest.schema import BUCKET_INDEX, READINGS_INDEX
 from ingest.writers import Outcome, Plan, bulk, send
 
 if TYPE_CHECKING:
+    from collections.abc import KeysView
+
     from pymongo.asynchronous.collection import AsyncCollection
 
     from ingest.model import Reading
@@ -188,13 +191,25 @@ def stat_values(values: dict[str, Any]) -> dict[str, Any]:
 def group_readings(readings: list[Reading], span: int) -> dict[tuple[str, float], list[Reading]]:
     """Group readings by sensor and span, keeping arrival order inside each group."""
     groups: dict[tuple[str, float], list[Reading]] = {}
+    last_sensor: str | None = None
+    last_start = 0.0
+    group: list[Reading] = []
     for reading in readings:
-        key = (reading.sensor_id, reading.epoch // span * span)
-        group = groups.get(key)
-        if group is None:
-            groups[key] = [reading]
-        else:
+        sensor = reading.sensor_id
+        start = reading.epoch // span * span
+        # A message's readings come one after the other, of one sensor (the same string
+        # object) and mostly of one span: no key to build and look up for those.
+        if sensor is last_sensor and start == last_start:
             group.append(reading)
+            continue
+        key = (sensor, start)
+        found = groups.get(key)
+        if found is None:
+            group = groups[key] = [reading]
+        else:
+            group = found
+            group.append(reading)
+        last_sensor, last_start = sensor, start
     return groups
 
 
@@ -317,36 +332,11 @@ def upsert(query: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return {"q": query, "u": update, "multi": False, "upsert": True, "hint": BUCKET_INDEX}
 
 
-def _fast_update(sensor_id: str, start: BsonDate, group: list[Reading],
-                 max_readings: int) -> dict[str, Any] | None:
-    """:func:`update_for` of a whole group in one pass, for the default decoder's readings.
-
-    For a group whose readings are numbers only (no tags), all timed in milliseconds,
-    each at its own millisecond, and that fit one document; otherwise None (the general
-    path then splits, settles repeats and labels). Builds the same statement.
-    """
-    count = len(group)
-    times = [reading.ms for reading in group]
-    if (count > max_readings or None in times
-            or (count > 1 and len(set(times)) < count)):
-        return None
-    stamps = cast("list[int]", times)
-    new, date_type = _new, BsonDate
-    dates: list[BsonDate] = []
-    pushed: list[dict[str, Any]] = []
-    acc: dict[str, list[Any]] = {}  # name -> [count, sum, min, max]
-    size = 0
-    for reading, ms in zip(group, stamps, strict=True):
-        if reading.tags is not None:
-            return None
-        date = new(date_type)
-        date.ms = ms
-        dates.append(date)
-        values = reading.values
-        size += 41 + 10 * len(values) + sum(map(len, values))  # reading_bytes
-        pushed.append({"ts": date, **values} if reading.seq is None
-                      else {"ts": date, "seq": reading.seq, **values})
-        for name, value in values.items():
+def _by_reading(group: list[Reading]) -> dict[str, list[Any]]:
+    """Each measurement's ``[count, sum, min, max]`` over readings of numbers only."""
+    acc: dict[str, list[Any]] = {}
+    for reading in group:
+        for name, value in reading.values.items():
             stat = acc.get(name)
             if stat is None:
                 acc[name] = [1, float(value), value, value]
@@ -357,8 +347,98 @@ def _fast_update(sensor_id: str, start: BsonDate, group: list[Reading],
                 stat[2] = value
             elif value > stat[3]:
                 stat[3] = value
+    return acc
+
+
+def _by_column(group: list[Reading]) -> dict[str, list[Any]]:
+    """:func:`_by_reading` of readings that all have the same names, a column at a time.
+
+    The same figures: the sum is added up in reading order from the first value as a
+    float, and ``min``/``max`` keep the first of equal values, as :func:`_by_reading`.
+    """
+    count = len(group)
+    acc: dict[str, list[Any]] = {}
+    for name in group[0].values:
+        column = [reading.values[name] for reading in group]
+        acc[name] = [count, reduce(add, column[1:], float(column[0])), min(column),
+                     max(column)]
+    return acc
+
+
+def _one_update(sensor_id: str, start: BsonDate, reading: Reading,
+                max_readings: int) -> dict[str, Any] | None:
+    """:func:`_fast_update` of a group of one reading (a large fleet's usual group)."""
+    ms = reading.ms
+    if ms is None or reading.tags is not None:
+        return None
+    date = _new(BsonDate)
+    date.ms = ms
+    values = reading.values
+    size = 41 + 10 * len(values) + sum(map(len, values))  # reading_bytes
     if size > MAX_BUCKET_BYTES:
         return None
+    inc: dict[str, Any] = {"count": 1, "bytes": size}
+    mins: dict[str, Any] = {"first_ts": date}
+    maxs: dict[str, Any] = {"last_ts": date}
+    keys_of = _STAT_KEYS
+    for name, value in values.items():
+        keys = keys_of.get(name) or _stat_keys(name)
+        inc[keys[0]] = 1
+        inc[keys[1]] = float(value)
+        mins[keys[2]] = value
+        maxs[keys[3]] = value
+    seq = reading.seq
+    return {"q": {"sensor_id": sensor_id, "bucket_start": start,
+                  "count": {"$lte": max_readings - 1},
+                  "bytes": {"$lte": MAX_BUCKET_BYTES - size},
+                  "readings.ts": {"$nin": [date]}},
+            "u": {"$push": {"readings": {"$each": [
+                      {"ts": date, **values} if seq is None
+                      else {"ts": date, "seq": seq, **values}]}},
+                  "$inc": inc, "$min": mins, "$max": maxs,
+                  "$setOnInsert": {"schema_version": SCHEMA_VERSION}},
+            "multi": False, "upsert": True, "hint": BUCKET_INDEX}
+
+
+def _fast_update(sensor_id: str, start: BsonDate, group: list[Reading],
+                 max_readings: int) -> dict[str, Any] | None:
+    """:func:`update_for` of a whole group in one pass, for the default decoder's readings.
+
+    For a group whose readings are numbers only (no tags), all timed in milliseconds,
+    each at its own millisecond, and that fit one document; otherwise None (the general
+    path then splits, settles repeats and labels). Builds the same statement.
+    """
+    count = len(group)
+    if count == 1:
+        return _one_update(sensor_id, start, group[0], max_readings)
+    times = [reading.ms for reading in group]
+    if (count > max_readings or None in times
+            or (count > 1 and len(set(times)) < count)):
+        return None
+    stamps = cast("list[int]", times)
+    new, date_type = _new, BsonDate
+    dates: list[BsonDate] = []
+    pushed: list[dict[str, Any]] = []
+    size = grow = 0
+    names: KeysView[str] | None = None
+    uniform = True  # every reading has the same measurement names
+    for reading, ms in zip(group, stamps, strict=True):
+        if reading.tags is not None:
+            return None
+        date = new(date_type)
+        date.ms = ms
+        dates.append(date)
+        values = reading.values
+        if values.keys() != names:  # the same names have the same reading_bytes
+            uniform = names is None
+            names = values.keys()
+            grow = 41 + 10 * len(values) + sum(map(len, values))
+        size += grow
+        pushed.append({"ts": date, **values} if reading.seq is None
+                      else {"ts": date, "seq": reading.seq, **values})
+    if size > MAX_BUCKET_BYTES:
+        return None
+    acc = _by_column(group) if uniform and count > 2 else _by_reading(group)
     low, high = min(stamps), max(stamps)
     first = new(date_type)
     first.ms = low
