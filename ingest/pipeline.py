@@ -49,9 +49,11 @@ REJECT_DOC_BYTES = 768
 def held_bytes(message: Inbound, readings: list[Reading], docs: list[dict[str, Any]]) -> int:
     """Estimated memory one taken message holds until it is acknowledged."""
     size = MESSAGE_BYTES + len(message.payload) + len(message.topic)
-    if readings:
+    if len(readings) == 1:  # most messages: no generator for one reading
+        size += READING_BYTES + VALUE_BYTES * len(readings[0].values)
+    elif readings:
         size += READING_BYTES * len(readings) + VALUE_BYTES * sum(
-            len(reading.values) for reading in readings)
+            [len(reading.values) for reading in readings])
     for doc in docs:
         size += REJECT_DOC_BYTES + len(doc["payload"]) + len(doc["detail"])
     return size

@@ -213,9 +213,12 @@ def test_any_line_protocol_text(text: str, site: str) -> None:
 def test_millisecond_timestamps_are_exact(ms: int) -> None:
     from datetime import UTC, datetime, timedelta  # noqa: PLC0415
 
-    from ingest.formats.times import timestamp  # noqa: PLC0415
+    from ingest.model import Reading  # noqa: PLC0415
 
-    assert timestamp(ms) == datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+    # A reading keeps its time in milliseconds; its datetime is derived, exactly.
+    reading = Reading("s", None, ms / 1000, {"v": 1}, None, ms)
+    assert reading.ts == datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+    assert reading.ts.tzinfo is UTC
 
 
 filter_level = st.sampled_from(["a", "b", "$s", "+"])
