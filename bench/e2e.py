@@ -46,12 +46,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ingest.config import Settings as DaemonSettings
 from tests.support.procs import Broker, Daemon
 
 HERE = Path(__file__).resolve().parent
 FILTER = "sensors/#"
 CONSUMERS = ("mosquitto_sub", "dry-run", "bucket", "timeseries")
-RECEIVE_MAXIMUM = 10_000  # the daemon's default --max-inflight-messages, given to both
+RECEIVE_MAXIMUM = DaemonSettings().max_inflight_messages  # the daemon's default, given to both
 FAST, SLOW = 0.02, 0.25  # scrape intervals (s): near the start and end, in between
 STALL = 20.0  # no progress for this long: the run ends and the rest counts as lost
 START_TIMEOUT = 120.0  # the daemon's start-up, before its first message, on a busy machine

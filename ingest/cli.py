@@ -123,8 +123,8 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
           "0.0.0.0")  # noqa: S104 - scraped from outside; bind to a private address if needed
     _flag(parser, env, "metrics-port", "port of /metrics, /healthz, /readyz (0: any; default "
           "9108 in bucket mode, 9109 in timeseries mode)", type=integer)
-    _flag(parser, env, "batch-size", "close a batch at this many readings (or messages)", 2000,
-          type=integer)
+    _flag(parser, env, "batch-size", "close a batch at this many readings (or messages)",
+          10_000, type=integer)
     _flag(parser, env, "flush-interval", "close a batch this many seconds after it opened", 1.0,
           type=real)
     _flag(parser, env, "write-concurrency", "batches written at once", 2, type=integer)
@@ -136,7 +136,7 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
           "many bytes (payloads, readings, reject documents; estimated)", 64 * 1024 * 1024,
           type=integer)
     _flag(parser, env, "max-inflight-messages",
-          "MQTT 5 Receive Maximum: unacknowledged messages the broker may send", 10_000,
+          "MQTT 5 Receive Maximum: unacknowledged messages the broker may send", 30_000,
           type=integer)
     _flag(parser, env, "mqtt-keepalive", "MQTT keepalive in seconds: PINGREQ when the "
           "connection is otherwise idle; no answer within it means the broker is gone", 60,

@@ -79,12 +79,12 @@ class Settings:
     rejects_max_bytes: int = 16 * 1024 * 1024
     metrics_host: str = "0.0.0.0"  # noqa: S104 - a daemon's metrics are scraped from outside
     metrics_port: int = 9108
-    batch_size: int = 2000
+    batch_size: int = 10_000
     flush_interval: float = 1.0
     write_concurrency: int = 2
     max_buffered_readings: int = 50_000
     max_buffered_bytes: int = 64 * 1024 * 1024
-    max_inflight_messages: int = 10_000
+    max_inflight_messages: int = 30_000
     mqtt_keepalive: int = 60
     bucket_span_seconds: int | None = None
     bucket_max_readings: int = 3600

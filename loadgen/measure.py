@@ -16,6 +16,7 @@ import bson
 from pymongo.errors import PyMongoError
 
 from ingest import queries
+from ingest.config import Settings
 from ingest.decode import Limits, decode
 from ingest.writers.bucket import BucketWriter
 from ingest.writers.timeseries import TimeseriesWriter
@@ -28,8 +29,10 @@ if TYPE_CHECKING:
     from loadgen.config import PublishSettings
 
 logger = logging.getLogger(__name__)
+_DEFAULTS = Settings()
 # Bytes-per-reading estimate: the daemon's default batching (--batch-size, --flush-interval).
-DAEMON_BATCH, DAEMON_LINGER, DAEMON_BUCKET_MAX = 2000, 1.0, 3600
+DAEMON_BATCH, DAEMON_LINGER, DAEMON_BUCKET_MAX = (
+    _DEFAULTS.batch_size, _DEFAULTS.flush_interval, _DEFAULTS.bucket_max_readings)
 ESTIMATE_READINGS = 20_000
 
 

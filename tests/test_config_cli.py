@@ -72,7 +72,7 @@ def test_defaults() -> None:
     assert s.bucket_span_seconds is None
     assert s.span_seconds == 3600
     assert s.bucket_max_readings == 3600
-    assert s.batch_size == 2000
+    assert s.batch_size == 10_000
     assert s.flush_interval == 1.0
     assert s.granularity == "seconds"
     assert s.dry_run is False

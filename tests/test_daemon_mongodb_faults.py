@@ -89,7 +89,7 @@ async def test_messages_with_no_accepted_reading_are_bounded_in_bytes_during_an_
     """250 invalid 200 KB messages (50 MB) while MongoDB refuses every insert: none has
     a reading, so only the byte bound stops the pipeline taking them. It holds at most
     the bound plus one message, says so in ``ingest_buffered_bytes`` and ``/readyz``.
-    Receive Maximum (10,000 by default) does not stop the broker sending them, and QoS 0
+    Receive Maximum (30,000 by default) does not stop the broker sending them, and QoS 0
     has no flow control at all: the inbox's own byte bound (a quarter of the bound) stops
     the daemon reading. The process grows by at most the two bounds and a packet, not
     by the 50 MB published, and nothing is lost."""
