@@ -124,7 +124,7 @@ def decode(topic: str, payload: bytes, received_at: float, limits: Limits,
         return _whole("no_readings", "no readings in message")
     if len(items) > limits.max_readings:
         return _whole("too_many_readings", f"{len(items)} readings > {limits.max_readings}")
-    out = Decoded()
+    out = Decoded([], [])
     window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
     for index, item in enumerate(items):
         result = _reading(item, default_sensor, received_at, window)
@@ -137,7 +137,7 @@ def decode(topic: str, payload: bytes, received_at: float, limits: Limits,
 
 
 def _whole(reason: str, detail: str) -> Decoded:
-    return Decoded(rejections=[Rejection(reason, detail)])
+    return Decoded([], [Rejection(reason, detail)])
 
 
 def _json_reason(payload: bytes) -> str:

@@ -263,20 +263,20 @@ class Mapping:
         """Readings and rejections of one message, or ignored, or ``no_rule``."""
         matched = self.match(topic)
         if matched is None:
-            return Result(None, Decoded(rejections=[Rejection(
+            return Result(None, Decoded([], [Rejection(
                 "no_rule", f"no mapping rule matches topic {repr(topic)[:200]}")]))
         rule = matched.rule
         if rule.ignore:
-            return Result(rule, Decoded(), ignored=True)
+            return Result(rule, Decoded([], []), ignored=True)
         if len(payload) > limits.max_message_bytes:
-            return Result(rule, Decoded(rejections=[Rejection(
+            return Result(rule, Decoded([], [Rejection(
                 "too_large", f"{len(payload)} bytes > {limits.max_message_bytes}")]))
         if rule.format == "ingest":
             return Result(rule, self._ingest(matched, topic, payload, received_at, limits))
         stateful = self.stateful.get(rule.format) if self.stateful else None
         parsed = (stateful.parse(topic, payload, limits) if stateful is not None
                   else _FORMATS[rule.format](payload, rule, matched.captures, limits))
-        out = Decoded(rejections=parsed.rejections)
+        out = Decoded([], parsed.rejections)
         window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
         several = len(parsed.items) > 1
         for position, item in enumerate(parsed.items):
@@ -291,10 +291,11 @@ class Mapping:
                 limits: Limits) -> Decoded:
         sensor = matched.sensor
         if isinstance(sensor, Rejection):
-            return Decoded(rejections=[sensor])
+            return Decoded([], [sensor])
         decoded = decode(topic, payload, received_at, limits, sensor or None)
         if matched.tags:
-            decoded.readings = [r._replace(tags=matched.tags) for r in decoded.readings]
+            decoded = Decoded([r._replace(tags=matched.tags) for r in decoded.readings],
+                              decoded.rejections)
         return decoded
 
     def _reading(self, matched: _Topic, item: Item, now: float, window: tuple[float, float],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
@@ -59,12 +59,14 @@ class Rejection:
     index: int | None = None
 
 
-@dataclass(slots=True)
-class Decoded:
-    """What one MQTT message turned into."""
+class Decoded(NamedTuple):
+    """What one MQTT message turned into (a NamedTuple: one is built per message).
 
-    readings: list[Reading] = field(default_factory=list)
-    rejections: list[Rejection] = field(default_factory=list)
+    Both lists are given at every construction: a default list would be shared.
+    """
+
+    readings: list[Reading]
+    rejections: list[Rejection]
 
 
 class Inbound(NamedTuple):

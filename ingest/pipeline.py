@@ -173,7 +173,7 @@ class Pipeline:
         if result.rule is None and self._widened:
             key = (OUTSIDE_RULES, "ignored")
             self._rule_counts[key] = self._rule_counts.get(key, 0) + 1
-            return Decoded()
+            return Decoded([], [])
         if result.rule is not None:
             if result.ignored:
                 outcome = "ignored"
