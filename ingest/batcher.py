@@ -60,29 +60,30 @@ class Batcher:
         self._max = max_items
         self._linger = linger
         self._clock = clock
-        self._current: Batch | None = None
+        # The open batch, if any (read by the pipeline: an attribute, not a call).
+        self.current: Batch | None = None
         self._numbers = 0
 
     def add(self, message: Inbound, readings: list[Reading],
             rejects: list[dict[str, Any]], held_bytes: int = 0) -> Batch | None:
         """Add one decoded message (holding ``held_bytes``); return the batch if it is full."""
-        batch = self._current
+        batch = self.current
         if batch is None:
             self._numbers += 1
-            batch = self._current = Batch(self._numbers, self._clock())
+            batch = self.current = Batch(self._numbers, self._clock())
         batch.messages.append(message)
         batch.readings.extend(readings)
         batch.ends.append(len(batch.readings))
         batch.rejects.extend(rejects)
         batch.held_bytes += held_bytes
         if len(batch.readings) >= self._max or len(batch.messages) >= self._max:
-            self._current = None
+            self.current = None
             return batch
         return None
 
     def deadline(self) -> float | None:
         """When the open batch must be flushed, or None if no batch is open."""
-        return None if self._current is None else self._current.opened_at + self._linger
+        return None if self.current is None else self.current.opened_at + self._linger
 
     def due(self) -> Batch | None:
         """Close and return the open batch if its linger has passed."""
@@ -93,5 +94,5 @@ class Batcher:
 
     def take(self) -> Batch | None:
         """Close and return the open batch now (flush on close)."""
-        batch, self._current = self._current, None
+        batch, self.current = self.current, None
         return batch

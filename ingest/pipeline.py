@@ -88,6 +88,8 @@ class Pipeline:
         self._space = asyncio.Condition()
         self._buffered = 0
         self._held_bytes = 0
+        self._max_buffered = settings.max_buffered_readings
+        self._max_held_bytes = settings.max_buffered_bytes
         self._received = self._received_bytes = self._accepted = 0
         self._closed = False
         metrics.buffer_limit.set(settings.max_buffered_readings)
@@ -119,7 +121,8 @@ class Pipeline:
         """
         if self._closed:
             return False
-        if self._full():
+        if (self._buffered >= self._max_buffered
+                or self._held_bytes >= self._max_held_bytes):  # _full(), inline
             self._health.saturated = True
             try:
                 async with self._space:
@@ -152,8 +155,9 @@ class Pipeline:
                 if decoded.rejections else [])
         size = held_bytes(message, decoded.readings, docs)
         self._held_bytes += size
-        had_open = self._batcher.deadline() is not None
-        full = self._batcher.add(message, decoded.readings, docs, size)
+        batcher = self._batcher
+        had_open = batcher.current is not None
+        full = batcher.add(message, decoded.readings, docs, size)
         if full is not None:
             self._dispatch(full)
         elif not had_open:
@@ -162,8 +166,8 @@ class Pipeline:
 
     def _full(self) -> bool:
         """Whether the pipeline holds as much as it may (readings or bytes)."""
-        return (self._buffered >= self._settings.max_buffered_readings
-                or self._held_bytes >= self._settings.max_buffered_bytes)
+        return (self._buffered >= self._max_buffered
+                or self._held_bytes >= self._max_held_bytes)
 
     def _mapped(self, message: Inbound) -> Decoded:
         """Decode through the mapping rules, counting each rule's messages."""
