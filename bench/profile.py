@@ -35,13 +35,19 @@ from tests.support.procs import Broker, Daemon
 
 GC_HOOK = """import atexit, gc, sys, time
 _spent = [0.0, 0.0]
+_by_gen = [[0, 0.0], [0, 0.0], [0, 0.0]]
 def _hook(phase, info):
     if phase == "start":
         _spent[1] = time.process_time()
     else:
-        _spent[0] += time.process_time() - _spent[1]
+        took = time.process_time() - _spent[1]
+        _spent[0] += took
+        _by_gen[info["generation"]][0] += 1
+        _by_gen[info["generation"]][1] += took
 gc.callbacks.append(_hook)
-atexit.register(lambda: sys.stderr.write(f"GC_SECONDS {_spent[0]:.3f}\\n"))
+atexit.register(lambda: sys.stderr.write(
+    f"GC_SECONDS {_spent[0]:.3f} " + " ".join(
+        f"gen{g}:{n}x/{s:.2f}s" for g, (n, s) in enumerate(_by_gen)) + "\\n"))
 """
 
 
@@ -72,9 +78,10 @@ def report(args: argparse.Namespace, cpu: float, daemon: Daemon, spy: str | None
     print(f"{args.mode}, {args.per_message} readings a message, {args.sensors} sensors: "
           f"{cpu * 1e6 / readings:.1f} µs of daemon CPU per reading "
           f"({cpu:.2f} s for {readings:,} readings); 1-minute load {os.getloadavg()[0]:.2f}")
-    found = re.search(r"GC_SECONDS ([0-9.]+)", daemon.logs())
+    found = re.search(r"GC_SECONDS ([0-9.]+) (.*)", daemon.logs())
     if found:  # over the daemon's whole life, start-up included
-        print(f"garbage collector: {float(found.group(1)):.2f} s")
+        print(f"garbage collector: {float(found.group(1)):.2f} s "
+              f"(collections/time by generation: {found.group(2)})")
     if spy and samples.exists():
         print(top(samples, args.top))
     elif not spy:

@@ -198,7 +198,7 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
 
 
 # Allocations (net, of container objects) between two young-generation collections.
-GC_THRESHOLD = 20_000
+GC_THRESHOLD = 100_000
 
 
 @contextlib.contextmanager
@@ -208,9 +208,12 @@ def _fewer_collections() -> Iterator[None]:
     Every reading allocates a few dicts and tuples, and with the default threshold (2,000)
     the collector ran hundreds of times a second, its full passes walking every buffered
     reading and every object of start-up: 15% of the daemon's CPU. Start-up objects are
-    frozen (never walked again) and young collections wait for 20,000 allocations; the
-    pipeline's data is freed by reference counting, not by the collector, so what waits
-    longer is cyclic garbage only, some 20,000 objects at most.
+    frozen (never walked again) and young collections wait for 100,000 allocations (net
+    of what was freed): more than a few batches of readings in flight hold, so a
+    collection rarely finds the pipeline's live data to walk and promote (at 20,000, with
+    10,000-reading batches, the collector took a tenth of the CPU again). The pipeline's
+    data is freed by reference counting, not by the collector, so what waits longer is
+    cyclic garbage only, some 100,000 objects at most.
     """
     before = gc.get_threshold()
     gc.freeze()
