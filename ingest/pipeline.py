@@ -95,6 +95,8 @@ class Pipeline:
         metrics.buffer_limit.set(settings.max_buffered_readings)
         metrics.buffer_limit_bytes.set(settings.max_buffered_bytes)
         self._mapping = settings.mapping
+        # Whether messages may need the format's state brought up to date first (I/O).
+        self._stateful = self._mapping is not None and bool(self._mapping.stateful)
         # (rule, outcome) -> messages since the last scrape; outcome "ignored" included.
         self._rule_counts: dict[tuple[str, str], int] = {}
         # Subscriptions derived from the rules may be wider than the rules (partly
@@ -139,6 +141,26 @@ class Pipeline:
                     message.topic, message.payload, self._limits, lambda: self._closed,
                     message.generation):
                 return False
+        self._take(message)
+        return True
+
+    def take_now(self, message: Inbound) -> bool | None:
+        """:meth:`submit` without a coroutine, when nothing needs waiting for.
+
+        Returns None when :meth:`submit` must take the message instead: the pipeline is
+        full, or the format keeps state (Sparkplug) and may need I/O first. The source
+        calls this for every message; a coroutine each cost more than the batching.
+        """
+        if self._closed:
+            return False
+        if (self._buffered >= self._max_buffered or self._held_bytes >= self._max_held_bytes
+                or self._stateful):
+            return None
+        self._take(message)
+        return True
+
+    def _take(self, message: Inbound) -> None:
+        """Decode one message into the open batch (there is room for it)."""
         # Per-message counts are kept as plain ints and handed to the metrics at scrape
         # time (sync_metrics): a Prometheus counter takes a lock on every inc().
         self._received += 1
@@ -162,7 +184,6 @@ class Pipeline:
             self._dispatch(full)
         elif not had_open:
             self._opened.set()
-        return True
 
     def _full(self) -> bool:
         """Whether the pipeline holds as much as it may (readings or bytes)."""
