@@ -221,3 +221,27 @@ async def test_readings_of_a_redelivered_message_are_checked_and_no_others() -> 
     assert sorted(writer.stored) == [0, 1, 2]
     assert acks.mids == [1, 2, 3]
     assert metrics.duplicates._value.get() == 1
+
+
+async def test_take_now_takes_what_fits_and_leaves_waiting_to_submit() -> None:
+    # The source's synchronous path: a message is taken at once while there is room,
+    # None (submit must take it, waiting) once the pipeline is full, False once closed.
+    settings = Settings(batch_size=4, flush_interval=60, max_buffered_readings=4)
+    writer, acks = ScriptedWriter([]), Acks()
+    pipeline = Pipeline(settings, writer, Rejects(), acks, Metrics("bucket"),  # type: ignore[arg-type]
+                        Health())
+
+    def message(i: int) -> Inbound:
+        payload = orjson.dumps({"ts": NOW - 10, "seq": i, "v": i})
+        return Inbound("sensors/a/readings", payload, i + 1, 1, 1, NOW)
+
+    assert [pipeline.take_now(message(i)) for i in range(5)] == [True] * 4 + [None]
+    assert pipeline.buffered == 4
+    waiting = asyncio.create_task(pipeline.submit(message(4)))
+    task = asyncio.create_task(pipeline.run())
+    assert await asyncio.wait_for(waiting, 30) is True  # written, room again, taken
+    await asyncio.wait_for(pipeline.drain(), 30)
+    task.cancel()
+    assert writer.stored == [0, 1, 2, 3, 4]
+    assert acks.mids == [1, 2, 3, 4, 5]
+    assert pipeline.take_now(message(5)) is False
