@@ -86,7 +86,7 @@ def test_help_shows_each_default_once() -> None:
     text = " ".join(result.stdout.split())
     assert "(default: None)" not in text
     assert text.count("sensors/#") == 1
-    assert "(default: 2000)" in text  # the flags with a default still show it
+    assert "(default: 10000)" in text  # the flags with a default still show it
 
 
 # --------------------------------------------------------------------------- environment
