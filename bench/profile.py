@@ -91,7 +91,8 @@ def drain(args: argparse.Namespace, work: Path, broker: Broker, uri: str,
     os.environ["PYTHONPATH"] = str(work / "hook")
     daemon = Daemon(["--mqtt-url", broker.url, "--topic", "sensors/#", "--client-id",
                      "profile", "--qos", "1", "--log-level", "warning", "--db", "bench",
-                     "--mode", args.mode, "--mongodb-uri", uri], work / "daemon.log")
+                     "--mode", args.mode, "--mongodb-uri", uri, "--workers", "1"],
+                    work / "daemon.log")
     try:
         daemon.start(wait_ready=True)
         assert daemon.process is not None
