@@ -126,11 +126,19 @@ class _Inbox:
         """Whether reading from the broker is paused."""
         return bool(self._paused_since)
 
-    def close(self) -> None:
-        """The connection is gone: a pause ends with it (a new connection reads)."""
+    def close(self) -> list[Inbound]:
+        """The connection is gone: a pause ends with it (a new connection reads).
+
+        Returns the messages never taken (``current`` and those left), held no more.
+        """
         if self._paused_since:
             self._unpaused()
+        untaken = [self.current, *self.messages] if self.current else [*self.messages]
+        self.messages.clear()
+        self.current = None
+        self.bytes = 0
         self._metrics.inbox_bytes.set(0)
+        return untaken
 
     def sync_metrics(self) -> None:
         """Move the pause's time so far and the inbox's size into the metrics."""
@@ -559,13 +567,9 @@ class MqttSource:
         (``current``); the broker redelivers them. Called when the connection ends and
         again (doing nothing more) when the next one begins.
         """
-        inbox.close()
-        untaken = [*inbox.messages, inbox.current] if inbox.current else inbox.messages
-        for message in untaken:
+        for message in inbox.close():
             if message.qos:
                 self._forget(message)
-        inbox.messages.clear()
-        inbox.current = None
 
     def _forget(self, message: Inbound) -> None:
         """Forget an unacknowledged message the pipeline did not take."""

@@ -81,6 +81,8 @@ async def test_a_connection_ending_forgets_what_the_pipeline_did_not_take() -> N
     consume.cancel()
     source._disconnected()
     source._close(first.inbox)
+    assert (list(first.inbox.messages), first.inbox.current, first.inbox.bytes) == ([], None, 0)
+    assert sorted(source._unacked) == [1]  # only the message the pipeline took
 
     second = Connection(source)
     taken = offered[:1]
