@@ -188,7 +188,8 @@ def install(client: aiomqtt.Client, deliver: Deliver,
         qos = (command & 0x06) >> 1
         if qos == 2:
             return original()  # type: ignore[no-any-return]
-        _deliver_publish(deliver, command, bytes(packet["packet"]))
+        body = bytes(packet["packet"])
+        _deliver_publish(deliver, command, body, 0, len(body))
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
     paho.on_message = on_message
@@ -304,26 +305,28 @@ class _Buffered:
         handled = 0
         while pos + 1 < size and not self._paused:
             command = data[pos]
-            qos = (command & 0x06) >> 1
-            if command & 0xF0 != PUBLISH or qos == 2:
+            if command & 0xF0 != PUBLISH or command & 0x06 == 0x04:  # not a PUBLISH; QoS 2
                 break
             # The remaining length: a variable byte integer of at most 4 bytes.
-            length, shift, at = 0, 0, pos + 1
-            while at < size and at - pos <= 4:
-                byte = data[at]
-                at += 1
-                length |= (byte & 0x7F) << shift
-                if not byte & 0x80:
-                    break
-                shift += 7
-            else:
-                break  # incomplete (or malformed: paho's reader refuses it)
+            length = data[pos + 1]
+            at = pos + 2
+            if length & 0x80:
+                length, shift, at = 0, 0, pos + 1
+                while at < size and at - pos <= 4:
+                    byte = data[at]
+                    at += 1
+                    length |= (byte & 0x7F) << shift
+                    if not byte & 0x80:
+                        break
+                    shift += 7
+                else:
+                    break  # incomplete (or malformed: paho's reader refuses it)
             stop = at + length
             if stop > size:
                 break
             self._pos = pos = stop
             handled += 1
-            _deliver_publish(deliver, command, data[at:stop])
+            _deliver_publish(deliver, command, data, at, stop)
         if not handled:
             return False
         self._packets += handled
@@ -440,20 +443,28 @@ def _buffer_reads(client: aiomqtt.Client, paho: Any,  # noqa: ANN401
     return buffered
 
 
-def _deliver_publish(deliver: Deliver, command: int, body: bytes) -> None:
+def _deliver_publish(deliver: Deliver, command: int, data: bytes, at: int, stop: int) -> None:
     """Hand a QoS 0 or 1 PUBLISH to ``deliver``: its first header byte and its body.
 
-    The body is parsed directly (topic, packet id, properties skipped, payload); see the
-    module docstring for why skipping the properties is safe.
+    The body is ``data[at:stop]``, parsed in place (topic, packet id, properties
+    skipped, payload); see the module docstring for why skipping the properties is safe.
     """
-    qos = (command & 0x06) >> 1
-    end = 2 + int.from_bytes(body[0:2])
-    topic = body[2:end].decode("utf-8", "replace")
-    mid = 0
-    if qos:
-        mid = int.from_bytes(body[end:end + 2])
-        end += 2
-    deliver(topic, body[_skip_properties(body, end):], mid, qos, bool(command & 0x08))
+    try:
+        end = at + 2 + (data[at] << 8 | data[at + 1])
+        topic = data[at + 2:end].decode("utf-8", "replace")
+        mid = 0
+        if command & 0x06:
+            mid = data[end] << 8 | data[end + 1]
+            end += 2
+        if data[end] < 0x80:  # the usual property length: one byte
+            end += 1 + data[end]
+        else:
+            end = _skip_properties(data, end)
+    except IndexError:
+        end = stop + 1
+    if end > stop:  # in the buffer, the next packet's bytes would be taken for it
+        raise ValueError("malformed PUBLISH: its header runs past its end")
+    deliver(topic, data[end:stop], mid, (command & 0x06) >> 1, bool(command & 0x08))
 
 
 def _skip_properties(data: bytes | bytearray, pos: int) -> int:

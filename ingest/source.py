@@ -66,10 +66,14 @@ INBOX_MESSAGE_BYTES = 256
 class _Inbox:
     """One connection's received messages not yet taken, and the pause of its reader."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, health: Health) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, health: Health,
+                 generation: int) -> None:
+        self.generation = generation  # of the connection whose messages it holds
         self.messages: deque[Inbound] = deque()
         self.bytes = 0
-        self.wake = asyncio.Event()
+        self.wake = asyncio.Event()  # set when a message arrives in the empty inbox
+        # The message last taken, until the pipeline has said whether it took it.
+        self.current: Inbound | None = None
         self.reader: paho_hooks.Reader | None = None
         self._metrics = metrics
         self._health = health
@@ -85,18 +89,24 @@ class _Inbox:
         # and in take: they run for every message)
         self.bytes = size = (self.bytes + INBOX_MESSAGE_BYTES + len(message.payload)
                              + len(message.topic))
-        if ((len(messages) >= self._limit or size >= self._limit_bytes)
+        count = len(messages)
+        if count == 1:
+            # The consumer clears ``wake`` only once it has emptied the inbox.
+            self.wake.set()
+        if ((count >= self._limit or size >= self._limit_bytes)
                 and not self._paused_since and self.reader is not None):
-            self.reader.pause()
-            self._paused_since = time.monotonic()
-            self._health.reading_paused = True
-            self._metrics.read_paused.set(1)
-            self._metrics.read_pauses.inc()
-        self.wake.set()
+            self._pause(self.reader)
+
+    def _pause(self, reader: paho_hooks.Reader) -> None:
+        reader.pause()
+        self._paused_since = time.monotonic()
+        self._health.reading_paused = True
+        self._metrics.read_paused.set(1)
+        self._metrics.read_pauses.inc()
 
     def take(self) -> Inbound:
-        """The oldest message; resume reading below half of both bounds."""
-        message = self.messages.popleft()
+        """The oldest message, now :attr:`current`; resume reading below half of both bounds."""
+        self.current = message = self.messages.popleft()
         self.bytes -= INBOX_MESSAGE_BYTES + len(message.payload) + len(message.topic)
         if (self._paused_since and len(self.messages) <= self._limit // 2
                 and self.bytes <= self._limit_bytes // 2):
@@ -116,11 +126,19 @@ class _Inbox:
         """Whether reading from the broker is paused."""
         return bool(self._paused_since)
 
-    def close(self) -> None:
-        """The connection is gone: a pause ends with it (a new connection reads)."""
+    def close(self) -> list[Inbound]:
+        """The connection is gone: a pause ends with it (a new connection reads).
+
+        Returns the messages never taken (``current`` and those left), held no more.
+        """
         if self._paused_since:
             self._unpaused()
+        untaken = [self.current, *self.messages] if self.current else [*self.messages]
+        self.messages.clear()
+        self.current = None
+        self.bytes = 0
         self._metrics.inbox_bytes.set(0)
+        return untaken
 
     def sync_metrics(self) -> None:
         """Move the pause's time so far and the inbox's size into the metrics."""
@@ -133,11 +151,16 @@ class _Inbox:
 
 @dataclass(slots=True)
 class _Unacked:
-    """A QoS 1 message in the pipeline, and the connection that may acknowledge it."""
+    """A QoS 1 message whose acknowledgement is not simply its own connection's business.
+
+    Either it is written and waits for the connection that may acknowledge it
+    (``written``), or a DUP redelivery on a later connection adopted it (``owner``). Every
+    other unacknowledged message is held in ``MqttSource._unacked`` as itself (its
+    owner is the connection it came on): one object less per message.
+    """
 
     message: Inbound
     owner: int
-    taken: bool = False  # accepted by the pipeline (not just waiting in an inbox)
     written: bool = False
 
 
@@ -145,11 +168,7 @@ class _Unacked:
 # connection its PUBACK was queued on, the QoS 1 messages received on that connection
 # by then, and (topic, payload size, payload hash) to recognise its DUP. A plain tuple:
 # one is built per acknowledged message.
-type _Acked = tuple[int, int, tuple[str, int, int]]
-
-
-def _identity(message: Inbound) -> tuple[str, int, int]:
-    return message.topic, len(message.payload), hash(message.payload)
+type _Acked = tuple[int, int, str, int, int]
 
 
 class MqttSource:
@@ -163,8 +182,9 @@ class MqttSource:
         self._session_expiry = session_expiry
         self._client: aiomqtt.Client | None = None
         self._generation = 0
-        # QoS 1 messages taken from the broker and not yet acknowledged, by packet id.
-        self._unacked: dict[int, _Unacked] = {}
+        # QoS 1 messages received from the broker and not yet acknowledged, by packet id:
+        # the message itself, or an _Unacked record once its state is more than that.
+        self._unacked: dict[int, Inbound | _Unacked] = {}
         # Acknowledged messages whose PUBACK may not have reached the broker, by packet id,
         # in the order acknowledged (see the module docstring).
         # (An OrderedDict: a plain dict's first key is found by scanning the slots that
@@ -216,14 +236,20 @@ class MqttSource:
         Until that redelivery arrives the ack waits (``written``). The PUBACKs of one
         call go out in one write.
         """
+        unacked, generation, client = self._unacked, self._generation, self._client
         done, now = 0, []
         for message in messages:
-            if message.qos == 0:
+            if not message.qos:
                 done += 1  # nothing to acknowledge: done with
+            elif (unacked.get(message.mid) is message and message.generation == generation
+                  and client is not None):
+                # The usual case, inlined: received on this connection, nothing else.
+                del unacked[message.mid]
+                now.append(message)
             elif self._ackable(message):
                 now.append(message)
-        if now and self._client is not None:
-            paho_hooks.ack_many(self._client, [message.mid for message in now])
+        if now and client is not None:
+            paho_hooks.ack_many(client, [message.mid for message in now])
             self._remember(now)
         return done + len(now)
 
@@ -232,8 +258,10 @@ class MqttSource:
         acked, generation = self._acked, self._generation
         seq = self._received if self._received_on == generation else 0
         for message in messages:
-            acked[message.mid] = (generation, seq, _identity(message))
-            acked.move_to_end(message.mid)  # the order is the order of the PUBACKs
+            mid, payload = message.mid, message.payload
+            if mid in acked:
+                del acked[mid]  # the order is the order of the PUBACKs
+            acked[mid] = (generation, seq, message.topic, len(payload), hash(payload))
         self._forget_acked()
         while len(acked) > 2 * self._settings.max_inflight_messages:
             acked.popitem(last=False)  # a hard bound; the proofs normally come first
@@ -244,15 +272,18 @@ class MqttSource:
         Done per batch of PUBACKs rather than per message received: remembering one a
         little longer costs a few bytes, not correctness.
         """
-        acked, window = self._acked, self._settings.max_inflight_messages
-        while acked:
-            acked_on, seq, _ = acked[next(iter(acked))]
-            if acked_on < self._fresh_on:
-                acked.popitem(last=False)  # its DUP would have come before a new message
-            elif acked_on == self._received_on and seq + window <= self._received:
-                acked.popitem(last=False)  # the broker sent Receive Maximum more after it
+        acked, fresh_on, received_on = self._acked, self._fresh_on, self._received_on
+        proven = self._received - self._settings.max_inflight_messages
+        certain = 0
+        for acked_on, seq, _topic, _size, _hash in acked.values():
+            # Its DUP would have come before a new message on a later connection; or the
+            # broker sent Receive Maximum more on its connection after it.
+            if acked_on < fresh_on or (acked_on == received_on and seq <= proven):
+                certain += 1
             else:
-                return
+                break
+        for _ in range(certain):
+            acked.popitem(last=False)
 
     def _arrived(self, message: Inbound, client: aiomqtt.Client) -> bool:
         """Account for a QoS 1 message; True if it is new to the pipeline."""
@@ -265,13 +296,14 @@ class MqttSource:
             self._fresh_on = generation
         elif self._redelivered(message) or self._reacked(message, client):
             return False
-        self._unacked[mid] = _Unacked(message, generation)
+        self._unacked[mid] = message
         return True
 
     def _reacked(self, message: Inbound, client: aiomqtt.Client) -> bool:
         """Acknowledge again a DUP of a message already written and acknowledged."""
         entry = self._acked.get(message.mid)
-        if entry is None or entry[2] != _identity(message):
+        payload = message.payload
+        if entry is None or entry[2:] != (message.topic, len(payload), hash(payload)):
             return False
         self._metrics.redeliveries_reacked.inc()
         if self._client is client:
@@ -284,9 +316,17 @@ class MqttSource:
         paho_hooks.ack(client, message.mid, message.qos)
         self._remember([message])
 
+    def _record(self, mid: int) -> _Unacked | None:
+        """The unacknowledged message with this packet id as a record, to read or change."""
+        entry = self._unacked.get(mid)
+        if entry is None or isinstance(entry, _Unacked):
+            return entry
+        record = self._unacked[mid] = _Unacked(entry, entry.generation)
+        return record
+
     def _ackable(self, message: Inbound) -> bool:
         """Forget a written QoS 1 message if the current connection may ack it now."""
-        entry = self._unacked.get(message.mid)
+        entry = self._record(message.mid)
         if entry is None or entry.message is not message:
             return False  # superseded: the session was lost and the id reused
         if entry.owner != self._generation or self._client is None:
@@ -297,8 +337,9 @@ class MqttSource:
 
     def _redelivered(self, message: Inbound) -> bool:
         """Adopt a DUP redelivery of a message already in the pipeline; True if adopted."""
-        entry = self._unacked.get(message.mid)
-        if (entry is None or not entry.taken or entry.message.topic != message.topic
+        entry = self._record(message.mid)
+        if (entry is None or not self._taken(entry.message)
+                or entry.message.topic != message.topic
                 or entry.message.payload != message.payload):
             return False  # not in the pipeline: process the redelivery as a new message
         entry.owner = message.generation
@@ -307,11 +348,25 @@ class MqttSource:
         self._metrics.redeliveries_adopted.inc()
         return True
 
+    def _taken(self, message: Inbound) -> bool:
+        """Whether the pipeline took this (unacknowledged) message.
+
+        A message not taken waits in its connection's inbox or is being offered to the
+        pipeline (the inbox's ``current``); when a connection ends, the messages its inbox
+        still holds are forgotten (:meth:`_close`), so every message left from
+        an earlier connection was taken.
+        """
+        inbox = self._inbox
+        if inbox is None or message.generation != inbox.generation:
+            return True
+        return message is not inbox.current and all(m is not message for m in inbox.messages)
+
     def _ack_adopted(self, client: aiomqtt.Client, mid: int) -> None:
         """Acknowledge an adopted redelivery whose original write has finished."""
         entry = self._unacked.pop(mid)
-        paho_hooks.ack(client, mid, entry.message.qos)
-        self._remember([entry.message])
+        message = entry.message if isinstance(entry, _Unacked) else entry
+        paho_hooks.ack(client, mid, message.qos)
+        self._remember([message])
         self._metrics.messages_acked.inc()
 
     def stop_consuming(self) -> None:
@@ -382,10 +437,10 @@ class MqttSource:
     def _receiver(self, client: aiomqtt.Client) -> _Inbox:
         """Route this connection's messages into a fresh inbox (see paho_hooks)."""
         if self._inbox is not None:
-            self._inbox.close()  # the previous connection's: forgotten, as its messages
-        inbox = self._inbox = _Inbox(self._settings, self._metrics, self._health)
+            self._close(self._inbox)  # the previous connection's: forgotten, as its messages
         generation = self._generation + 1  # the number _connected() gives this connection
-        new_tuple, now = tuple.__new__, time.time
+        inbox = self._inbox = _Inbox(self._settings, self._metrics, self._health, generation)
+        new_tuple, now, arrived, put = tuple.__new__, time.time, self._arrived, inbox.put
 
         def deliver(topic: str, payload: bytes, mid: int, qos: int, dup: bool) -> None:
             # QoS 1/2 messages are bounded by Receive Maximum at the broker; any message
@@ -393,16 +448,15 @@ class MqttSource:
             # broker instead of being dropped here.
             # Inbound(...) without its Python-level __new__ (what that does, one call less)
             message = new_tuple(Inbound, (topic, payload, mid, qos, generation, now(), dup))
-            if qos and not self._arrived(message, client):
-                return
-            inbox.put(message)
+            if not qos or arrived(message, client):
+                put(message)
 
         def on_session(present: bool) -> None:
             self._resumed = present if self._resumed is None else self._resumed
             # Without the old session no redelivery will come: earlier entries can never
             # be acknowledged (their readings are still written, at least once).
             if not present:
-                for mid in [m for m, e in self._unacked.items() if e.owner < generation]:
+                for mid in [m for m, e in self._unacked.items() if _owner(e) < generation]:
                     del self._unacked[mid]
                 self._acked.clear()  # a new session: nothing will be resent
 
@@ -419,7 +473,8 @@ class MqttSource:
         # Redeliveries adopted before this point (they arrive right after CONNACK) whose
         # write had already finished: acknowledge them now.
         for mid, entry in list(self._unacked.items()):
-            if entry.owner == self._generation and entry.written:
+            if (isinstance(entry, _Unacked) and entry.owner == self._generation
+                    and entry.written):
                 self._ack_adopted(client, mid)
         reacks, self._reacks = self._reacks, []
         for message in reacks:
@@ -499,43 +554,49 @@ class MqttSource:
         finally:
             if self._client is client:
                 self._disconnected()
-            inbox.close()
+            self._close(inbox)
             for task in (consume, watch, stop, subscribed):
                 if task.done() and not task.cancelled():
                     task.exception()  # seen: a drop during the drain is handled by on_lost
                 task.cancel()
-            # Messages of this connection the pipeline never took (left in the inbox, or
-            # cut off while waiting for buffer space) will be redelivered: forget them.
-            generation = self._generation
-            for mid in [m for m, e in self._unacked.items()
-                        if not e.taken and e.message.generation == generation]:
-                del self._unacked[mid]
+
+    def _close(self, inbox: _Inbox) -> None:
+        """End a connection's inbox: the messages the pipeline never took are forgotten.
+
+        They are left in the inbox, or were cut off while waiting for buffer space
+        (``current``); the broker redelivers them. Called when the connection ends and
+        again (doing nothing more) when the next one begins.
+        """
+        for message in inbox.close():
+            if message.qos:
+                self._forget(message)
+
+    def _forget(self, message: Inbound) -> None:
+        """Forget an unacknowledged message the pipeline did not take."""
+        entry = self._unacked.get(message.mid)
+        if entry is message or (isinstance(entry, _Unacked) and entry.message is message):
+            del self._unacked[message.mid]
 
     async def _consume(self, inbox: _Inbox,
                        sink: Callable[[Inbound], Awaitable[bool]]) -> None:
-        messages, wake = inbox.messages, inbox.wake
+        messages, wake, take = inbox.messages, inbox.wake, inbox.take
         while True:
             count = 0
             while messages:
-                message = inbox.take()
-                taken = await sink(message)
-                if message.qos:
-                    self._taken(message, taken)
+                message = take()  # now the inbox's current
+                if not await sink(message) and message.qos:
+                    self._forget(message)
+                inbox.current = None
                 count += 1
                 if count % YIELD_EVERY == 0:
                     await asyncio.sleep(0)  # let the writers and the acker run
             wake.clear()
             await wake.wait()
 
-    def _taken(self, message: Inbound, taken: bool) -> None:
-        """Record that the pipeline took a QoS 1 message, or forget it if it did not."""
-        entry = self._unacked.get(message.mid)
-        if entry is None or entry.message is not message:
-            return
-        if taken:
-            entry.taken = True
-        else:
-            del self._unacked[message.mid]
+
+def _owner(entry: Inbound | _Unacked) -> int:
+    """The connection that may acknowledge an unacknowledged message."""
+    return entry.owner if isinstance(entry, _Unacked) else entry.generation
 
 
 # CONNACK reason codes that no retry can fix: bad protocol, client id, credentials,

@@ -238,6 +238,22 @@ async def test_the_publish_parser_reads_what_paho_encodes() -> None:
     assert hooked.delivered == [("a/b/c", b'{"t": 1}', 7, 1, True), ("é/x", b"zero", 0, 0, False)]
 
 
+async def test_a_publish_whose_header_runs_past_its_end_ends_the_connection() -> None:
+    """The parser reads a packet in place in the read buffer: a topic length longer than
+    the packet must not take the next packet's bytes for the rest of its header (a
+    broken connection, handed to aiomqtt as any reader error), whether the packet is
+    parsed from the buffer or by paho's reader (here cut across reads)."""
+    good = publish_packet("t", b"next", 9, 1)
+    for segment in (65536, 3):
+        hooked = Hooked(segment)
+        bad = bytearray(publish_packet("t", b"", 8, 1))
+        bad[2:4] = (200).to_bytes(2)  # topic length 200 in a 7-byte body
+        hooked.sock.feed(bytes(bad) + good)
+        with pytest.raises(ValueError, match="malformed PUBLISH"):
+            hooked.readable()
+        assert hooked.delivered == []
+
+
 async def test_ack_many_queues_exactly_the_bytes_of_pahos_own_pubacks() -> None:
     hooked = Hooked(1448)
     queued: list[tuple[int, bytes]] = []
