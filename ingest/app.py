@@ -177,7 +177,8 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
                 helpers.append(group.create_task(_watch_mongodb(client, health, metrics),
                                                  name="mongodb-ping"))
             helpers.append(group.create_task(pipeline.run(), name="pipeline"))
-            consumer = group.create_task(source.run(pipeline.submit), name="mqtt-source")
+            consumer = group.create_task(source.run(pipeline.submit, pipeline.take_now),
+                                         name="mqtt-source")
             await shutdown.requested.wait()
             deadline = asyncio.get_running_loop().time() + settings.shutdown_timeout
             await _drain(settings, source, pipeline, shutdown)

@@ -169,6 +169,8 @@ class _Unacked:
 # by then, and (topic, payload size, payload hash) to recognise its DUP. A plain tuple:
 # one is built per acknowledged message.
 type _Acked = tuple[int, int, str, int, int]
+# Takes a message at once if it can: True taken, False refused, None: await the sink.
+type TakeNow = Callable[[Inbound], bool | None]
 
 
 class MqttSource:
@@ -378,8 +380,13 @@ class MqttSource:
         self._stop.set()
         self._release.set()
 
-    async def run(self, sink: Callable[[Inbound], Awaitable[bool]]) -> None:
+    async def run(self, sink: Callable[[Inbound], Awaitable[bool]],
+                  take_now: TakeNow | None = None) -> None:
         """Connect, consume into ``sink`` and reconnect until stopped.
+
+        ``take_now``, if given, is tried first for each message: it takes the message
+        at once and says whether it did, or returns None for ``sink`` to take it (and
+        wait as needed): one coroutine less per message.
 
         A first connection that no retry can fix (credentials, client id, authorisation,
         a certificate that does not verify) stops the daemon with :class:`StartupError`; a
@@ -395,7 +402,8 @@ class MqttSource:
                 async with client:
                     attempt, connected_once = 0, True
                     self._connected(client)
-                    await self._consume_until_stopped(client, inbox, sink)
+                    await self._consume_until_stopped(client, inbox, sink,
+                                                      take_now or _not_now)
             except aiomqtt.MqttError as exc:
                 attempt += 1
                 delay = backoff(attempt, base=0.5)
@@ -520,13 +528,15 @@ class MqttSource:
         self._metrics.mqtt_connected.set(0)
 
     async def _consume_until_stopped(self, client: aiomqtt.Client, inbox: _Inbox,
-                                     sink: Callable[[Inbound], Awaitable[bool]]) -> None:
+                                     sink: Callable[[Inbound], Awaitable[bool]],
+                                     take_now: TakeNow) -> None:
         # Consuming starts before the subscription is confirmed: a resumed session's
         # backlog arrives ahead of the SUBACK and can be more than the inbox holds, so the
         # inbox must drain (and reading resume) for the SUBACK to be read at all, however
         # long the pipeline takes (a MongoDB outage): the SUBACK's timeout counts only the
         # time spent reading (see _answered), next to the watch for a lost connection.
-        consume = asyncio.create_task(self._consume(inbox, sink), name="mqtt-consume")
+        consume = asyncio.create_task(self._consume(inbox, sink, take_now),
+                                      name="mqtt-consume")
         # Our receive path bypasses aiomqtt's queue, so its iterator only ever ends by
         # raising MqttError when the connection drops: a public way to watch for that.
         watch = asyncio.create_task(_until_disconnected(client), name="mqtt-watch")
@@ -577,14 +587,18 @@ class MqttSource:
         if entry is message or (isinstance(entry, _Unacked) and entry.message is message):
             del self._unacked[message.mid]
 
-    async def _consume(self, inbox: _Inbox,
-                       sink: Callable[[Inbound], Awaitable[bool]]) -> None:
+    async def _consume(self, inbox: _Inbox, sink: Callable[[Inbound], Awaitable[bool]],
+                       take_now: TakeNow | None = None) -> None:
         messages, wake, take = inbox.messages, inbox.wake, inbox.take
+        now = take_now or _not_now
         while True:
             count = 0
             while messages:
                 message = take()  # now the inbox's current
-                if not await sink(message) and message.qos:
+                taken = now(message)
+                if taken is None:
+                    taken = await sink(message)
+                if not taken and message.qos:
                     self._forget(message)
                 inbox.current = None
                 count += 1
@@ -592,6 +606,11 @@ class MqttSource:
                     await asyncio.sleep(0)  # let the writers and the acker run
             wake.clear()
             await wake.wait()
+
+
+def _not_now(_message: Inbound) -> bool | None:
+    """A ``take_now`` that leaves every message to the sink."""
+    return None
 
 
 def _owner(entry: Inbound | _Unacked) -> int:
