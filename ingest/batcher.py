@@ -74,7 +74,8 @@ class Batcher:
         batch.messages.append(message)
         batch.readings.extend(readings)
         batch.ends.append(len(batch.readings))
-        batch.rejects.extend(rejects)
+        if rejects:
+            batch.rejects.extend(rejects)
         batch.held_bytes += held_bytes
         if len(batch.readings) >= self._max or len(batch.messages) >= self._max:
             self.current = None

@@ -101,8 +101,8 @@ def decode(topic: str, payload: bytes, received_at: float, limits: Limits,
         # One reading object, the most common message: no list of items to go through.
         result = _reading(doc, default_sensor, received_at, (
             received_at - limits.max_past_seconds, received_at + limits.max_future_seconds))
-        if isinstance(result, Reading):
-            return Decoded([result], [])
+        if isinstance(result, Reading):  # Decoded(...) without its Python-level __new__
+            return _new(Decoded, ([result], []))
         return Decoded([], [Rejection(*result)])
     items: Any
     if type(doc) is dict and "readings" in doc:

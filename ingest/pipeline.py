@@ -44,6 +44,8 @@ MESSAGE_BYTES = 256
 READING_BYTES = 512
 VALUE_BYTES = 48
 REJECT_DOC_BYTES = 768
+# The reject documents of a message with none (shared: nothing appends to it).
+_NO_DOCS: list[dict[str, Any]] = []
 
 
 def held_bytes(message: Inbound, readings: list[Reading], docs: list[dict[str, Any]]) -> int:
@@ -163,23 +165,33 @@ class Pipeline:
         """Decode one message into the open batch (there is room for it)."""
         # Per-message counts are kept as plain ints and handed to the metrics at scrape
         # time (sync_metrics): a Prometheus counter takes a lock on every inc().
+        payload = message.payload
         self._received += 1
-        self._received_bytes += len(message.payload)
+        self._received_bytes += len(payload)
         if self._mapping is None:  # the default format: no rule lookup at all
-            decoded = decode(message.topic, message.payload, message.received_at, self._limits)
+            readings, rejections = decode(message.topic, payload, message.received_at,
+                                          self._limits)
         else:
-            decoded = self._mapped(message)
-        for rejection in decoded.rejections:
-            self._metrics.reject(rejection.reason)
-        self._accepted += len(decoded.readings)
-        self._buffered += len(decoded.readings)
-        docs = (reject_docs(message, decoded.rejections, self._writer.mode)
-                if decoded.rejections else [])
-        size = held_bytes(message, decoded.readings, docs)
+            readings, rejections = self._mapped(message)
+        count = len(readings)
+        self._accepted += count
+        self._buffered += count
+        if rejections:
+            for rejection in rejections:
+                self._metrics.reject(rejection.reason)
+            docs = reject_docs(message, rejections, self._writer.mode)
+            size = held_bytes(message, readings, docs)
+        elif count == 1:  # held_bytes of the usual message, inline
+            size = (MESSAGE_BYTES + READING_BYTES + len(payload) + len(message.topic)
+                    + VALUE_BYTES * len(readings[0].values))
+            docs = _NO_DOCS
+        else:
+            docs = _NO_DOCS
+            size = held_bytes(message, readings, docs)
         self._held_bytes += size
         batcher = self._batcher
         had_open = batcher.current is not None
-        full = batcher.add(message, decoded.readings, docs, size)
+        full = batcher.add(message, readings, docs, size)
         if full is not None:
             self._dispatch(full)
         elif not had_open:
