@@ -83,6 +83,9 @@ def drain(broker: Broker, args: list[str], workdir: Path, messages: list[tuple[s
     ...) with a fixed ``--client-id``. Raises if the daemon did not ack every message.
     """
     log = workdir / f"{name}.log"
+    # One process, as bench.e2e's default: these compare formats per worker (and
+    # --workers auto would make the figures depend on the machine's CPUs).
+    args = ["--workers", "1", *args]
     first = Daemon(args, log).start()
     first.stop()  # the persistent session now exists and queues the backlog
     preload(broker, messages)

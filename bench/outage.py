@@ -56,7 +56,9 @@ def main() -> int:
     broker.start()
     daemon = None
     try:
-        daemon = Daemon(["--mqtt-url", broker.url, "--topic", "outage/#", "--mongodb-uri", uri,
+        # One process (its RSS is what is measured); --daemon-arg=--workers=N overrides.
+        daemon = Daemon(["--workers", "1", "--mqtt-url", broker.url, "--topic", "outage/#",
+                         "--mongodb-uri", uri,
                          "--db", "outage", "--client-id", "outage", "--log-level", "warning",
                          "--qos", str(args.qos), *args.daemon_arg], tmp / "daemon.log").start()
         assert daemon.process is not None

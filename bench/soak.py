@@ -117,7 +117,9 @@ def run(args: argparse.Namespace, out: Path, tmp: Path, uri: str) -> dict[str, A
     manifest = out / f"manifest-{args.mode}-{run_id}.json"
     broker = Broker(tmp)
     broker.start()
-    daemon = Daemon(["--mode", args.mode, "--mqtt-url", broker.url, "--topic", f"{prefix}/#",
+    # One process, whose RSS and CPU are sampled; --daemon-arg=--workers=N overrides.
+    daemon = Daemon(["--workers", "1", "--mode", args.mode, "--mqtt-url", broker.url,
+                     "--topic", f"{prefix}/#",
                      "--mongodb-uri-file", str(uri_file), "--db", db,
                      "--client-id", f"soak-{run_id}", "--log-level", "warning",
                      *args.daemon_arg], out / f"daemon-{args.mode}-{run_id}.log")
