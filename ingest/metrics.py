@@ -95,7 +95,7 @@ class Metrics:
             "write_ops", "Write operations sent to MongoDB (updates or inserted documents).",
             ["mode"], namespace=NAMESPACE, registry=r).labels(mode)
         self.write_requests = Counter(
-            "write_requests", "bulk_write / insert_many calls sent to MongoDB.", ["mode"],
+            "write_requests", "Bulk writes (update or insert) sent to MongoDB.", ["mode"],
             namespace=NAMESPACE, registry=r).labels(mode)
         self.write_errors = Counter(
             "write_errors", "Failed writes, by kind (transient: retried).", ["mode", "kind"],

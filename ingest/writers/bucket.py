@@ -1,12 +1,13 @@
 """Bucket mode: one document per sensor per span, upserted with running statistics.
 
-A batch is coalesced so that all readings of one sensor-span become one ``UpdateOne``
+A batch is coalesced so that all readings of one sensor-span become one upsert
 (``$push``/``$each``, ``$inc``, ``$min``, ``$max``, ``$setOnInsert``), all sent in one
-unordered ``bulk_write``. A document never holds more than ``max_readings``: the filter
-only matches a document with room for the whole group (``count <= max - n``); otherwise
-the upsert starts a new document with the same ``sensor_id`` and ``bucket_start``.
-The match and the update are one atomic step per document, so concurrent writers never
-overfill a document; at worst they start two documents for one span, which readers sum.
+unordered bulk write (:mod:`ingest.writers.bulk`). A document never holds more than
+``max_readings``: the filter only matches a document with room for the whole group
+(``count <= max - n``); otherwise the upsert starts a new document with the same
+``sensor_id`` and ``bucket_start``. The match and the update are one atomic step per
+document, so concurrent writers never overfill a document; at worst they start two
+documents for one span, which readers sum.
 
 Writes are idempotent. A reading is identified by its sensor and its timestamp (to the
 millisecond, as BSON stores it), and no reading is ever stored twice:
@@ -574,7 +575,7 @@ class BucketWriter:
         return plan
 
     async def write(self, plan: Plan) -> Outcome:
-        """Send the plan in one unordered bulk_write; settle readings already stored.
+        """Send the plan in one unordered bulk write; settle readings already stored.
 
         Operations refused with a duplicate key are settled (:meth:`settle`) and what is
         not stored yet is planned and sent again, for up to ``SETTLE_ROUNDS`` rounds.

@@ -4,8 +4,9 @@ Documents are ``{"ts", "meta": {"sensor_id", <tags>?}, "seq"?, "units"?, <measur
 name order>}``:
 a stable field order and no null or empty fields, because a change of a field's type
 closes MongoDB's internal bucket early. A batch is sorted by sensor and time and sent with
-one unordered ``insert_many`` so MongoDB's bucket catalog fills buckets densely. A partial
-failure retries only the documents that failed with a transient error.
+one unordered bulk insert (:mod:`ingest.writers.bulk`) so MongoDB's bucket catalog fills
+buckets densely. A partial failure retries only the documents that failed with a
+transient error.
 
 A time-series collection has no unique index, so a reading written twice is stored twice.
 The daemon knows when that can happen (a message redelivered with DUP, a write retried
@@ -177,7 +178,7 @@ class TimeseriesWriter:
         return Plan(documents(ordered), [[r] for r in ordered])
 
     async def write(self, plan: Plan) -> Outcome:
-        """Send the plan in one unordered insert_many."""
+        """Send the plan in one unordered bulk insert."""
         return await send(bulk.execute(self._collection, bulk.INSERT, plan.ops), plan)
 
     async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
