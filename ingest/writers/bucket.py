@@ -333,11 +333,21 @@ def upsert(query: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return {"q": query, "u": update, "multi": False, "upsert": True, "hint": BUCKET_INDEX}
 
 
-def _by_reading(group: list[Reading]) -> dict[str, list[Any]]:
-    """Each measurement's ``[count, sum, min, max]`` over readings of numbers only."""
+def _by_reading(group: list[Reading], labels: dict[str, str] | None = None
+                ) -> dict[str, list[Any]]:
+    """Each measurement's ``[count, sum, min, max]``, reading by reading.
+
+    Readings of the mapping path (tags not None) count booleans as 0/1 and strings not
+    at all; their tags and units go to ``labels`` when it is given.
+    """
     acc: dict[str, list[Any]] = {}
     for reading in group:
-        for name, value in reading.values.items():
+        values = reading.values
+        if reading.tags is not None:
+            values = stat_values(values)
+            if labels is not None:
+                _label(reading, labels)
+        for name, value in values.items():
             stat = acc.get(name)
             if stat is None:
                 acc[name] = [1, float(value), value, value]
@@ -440,21 +450,8 @@ def _fast_update(sensor_id: str, start: BsonDate, group: list[Reading],
     if size > MAX_BUCKET_BYTES:
         return None
     acc = _by_column(group) if uniform and count > 2 else _by_reading(group)
-    low, high = min(stamps), max(stamps)
-    first = new(date_type)
-    first.ms = low
-    last = new(date_type)
-    last.ms = high
-    inc: dict[str, Any] = {"count": count, "bytes": size}
-    mins: dict[str, Any] = {"first_ts": first}
-    maxs: dict[str, Any] = {"last_ts": last}
-    keys_of = _STAT_KEYS
-    for name, (n, total, smallest, largest) in acc.items():
-        keys = keys_of.get(name) or _stat_keys(name)
-        inc[keys[0]] = n
-        inc[keys[1]] = total
-        mins[keys[2]] = smallest
-        maxs[keys[3]] = largest
+    inc, mins, maxs = _statistics(acc, count, size, bson_date(min(stamps)),
+                                  bson_date(max(stamps)))
     return {"q": {"sensor_id": sensor_id, "bucket_start": start,
                   "count": {"$lte": max_readings - count},
                   "bytes": {"$lte": MAX_BUCKET_BYTES - size},
@@ -502,34 +499,26 @@ def _single(reading: Reading, size: int) -> _Stats:
 
 def _coalesced(chunk: list[Reading], size: int) -> _Stats:
     """``$inc``, ``$min`` and ``$max`` for several readings of one sensor-span."""
-    acc: dict[str, list[Any]] = {}  # name -> [count, sum, min, max]
     labels: dict[str, str] = {}
-    for reading in chunk:
-        values = reading.values
-        if reading.tags is not None:  # the mapping path: booleans as 0/1, no strings
-            values = stat_values(values)
-            _label(reading, labels)
-        for name, value in values.items():
-            stat = acc.get(name)
-            if stat is None:
-                acc[name] = [1, float(value), value, value]
-                continue
-            stat[0] += 1
-            stat[1] += value
-            if value < stat[2]:
-                stat[2] = value
-            elif value > stat[3]:
-                stat[3] = value
-    inc: dict[str, Any] = {"count": len(chunk), "bytes": size}
-    mins: dict[str, Any] = {"first_ts": None}  # set by update_for
-    maxs: dict[str, Any] = {"last_ts": None}
-    for name, (count, total, low, high) in acc.items():
-        keys = _STAT_KEYS.get(name) or _stat_keys(name)
-        inc[keys[0]] = count
-        inc[keys[1]] = total
-        mins[keys[2]] = low
-        maxs[keys[3]] = high
+    acc = _by_reading(chunk, labels)
+    inc, mins, maxs = _statistics(acc, len(chunk), size, None, None)  # dates: update_for
     return inc, mins, maxs, labels
+
+
+def _statistics(acc: dict[str, list[Any]], count: int, size: int, first: BsonDate | None,
+                last: BsonDate | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``$inc``, ``$min`` and ``$max`` of a group from its measurements' statistics."""
+    inc: dict[str, Any] = {"count": count, "bytes": size}
+    mins: dict[str, Any] = {"first_ts": first}
+    maxs: dict[str, Any] = {"last_ts": last}
+    keys_of = _STAT_KEYS
+    for name, (n, total, smallest, largest) in acc.items():
+        keys = keys_of.get(name) or _stat_keys(name)
+        inc[keys[0]] = n
+        inc[keys[1]] = total
+        mins[keys[2]] = smallest
+        maxs[keys[3]] = largest
+    return inc, mins, maxs
 
 
 class BucketWriter:
