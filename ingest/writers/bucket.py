@@ -388,16 +388,8 @@ def _one_update(sensor_id: str, start: BsonDate, reading: Reading,
     size = 41 + 10 * len(values) + sum(map(len, values))  # reading_bytes
     if size > MAX_BUCKET_BYTES:
         return None
-    inc: dict[str, Any] = {"count": 1, "bytes": size}
-    mins: dict[str, Any] = {"first_ts": date}
-    maxs: dict[str, Any] = {"last_ts": date}
-    keys_of = _STAT_KEYS
-    for name, value in values.items():
-        keys = keys_of.get(name) or _stat_keys(name)
-        inc[keys[0]] = 1
-        inc[keys[1]] = float(value)
-        mins[keys[2]] = value
-        maxs[keys[3]] = value
+    inc, mins, maxs, _labels = _single(reading, size)  # no labels: no tags
+    mins["first_ts"] = maxs["last_ts"] = date
     seq = reading.seq
     return {"q": {"sensor_id": sensor_id, "bucket_start": start,
                   "count": {"$lte": max_readings - 1},
