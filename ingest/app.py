@@ -94,6 +94,18 @@ def mongo_client(settings: Settings, **options: Any) -> AsyncMongoClient[dict[st
                             connect=False, **options)
 
 
+def warn_about(settings: Settings) -> None:
+    """Log the settings that work but slow the daemon down (one line each)."""
+    enough = settings.batch_size * (settings.write_concurrency + 1)
+    if settings.qos == 1 and settings.max_inflight_messages < enough:
+        logger.warning(
+            "--max-inflight-messages %d is below --batch-size x (--write-concurrency + 1) = "
+            "%d: at QoS 1 the broker stops sending before batches of single-reading "
+            "messages fill, so they close only at --flush-interval; raise it to %d "
+            "(at most 65535) or lower --batch-size", settings.max_inflight_messages, enough,
+            min(enough, 65535))
+
+
 def make_writer(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) -> Writer:
     """The writer for the configured mode."""
     db = client[settings.db]
@@ -147,6 +159,7 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
     if shutdown is None:
         shutdown = Shutdown(settings.shutdown_timeout + DISCONNECT_TIMEOUT + WATCHDOG_SLACK)
         install_signal_handlers(shutdown)
+    warn_about(settings)
     metrics = metrics or Metrics(settings.mode)
     metrics.info.labels(settings.mode, str(settings.dry_run).lower()).set(1)
     health = Health(mongodb_ok=settings.dry_run)

@@ -287,3 +287,18 @@ async def test_a_mongodb_ping_without_answer_says_so(
     assert not health.mongodb_ok
     assert "MongoDB ping failed: no answer within" in caplog.text
     assert "TimeoutError" not in caplog.text
+
+
+def test_a_receive_maximum_too_small_for_the_batches_is_named_at_start(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from ingest import app  # noqa: PLC0415
+    from ingest.config import Settings  # noqa: PLC0415
+
+    app.warn_about(Settings())  # the defaults keep the rule
+    assert not caplog.records
+    app.warn_about(Settings(batch_size=10_000, max_inflight_messages=10_000))
+    assert "--max-inflight-messages 10000 is below" in caplog.text
+    assert "raise it to 30000" in caplog.text
+    caplog.clear()
+    app.warn_about(Settings(batch_size=10_000, max_inflight_messages=10_000, qos=0))
+    assert not caplog.records  # no Receive Maximum at QoS 0
