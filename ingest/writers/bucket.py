@@ -285,7 +285,7 @@ def update_for(sensor_id: str, start: datetime | BsonDate, chunk: list[Reading],
     ``MAX_BUCKET_BYTES - size`` estimated bytes, so no document outgrows MongoDB's limit,
     and none of the chunk's timestamps, so no document holds a reading twice.
 
-    Returned as the update command's statement (:func:`upsert`), which
+    Returned as the update command's statement (:func:`statement`), which
     :mod:`ingest.writers.bulk` sends.
     """
     if len(chunk) == 1:  # the common case of a large fleet: no coalescing to do
@@ -307,6 +307,21 @@ def update_for(sensor_id: str, start: datetime | BsonDate, chunk: list[Reading],
         pushed = [
             {"ts": d, **r.values} if r.seq is None else {"ts": d, "seq": r.seq, **r.values}
             for d, r in zip(dates, chunk, strict=True)]
+    return statement(sensor_id, start, dates, pushed, size, max_readings,
+                     (inc, mins, maxs, labels))
+
+
+def statement(sensor_id: str, start: datetime | BsonDate, dates: list[BsonDate],
+              pushed: list[dict[str, Any]], size: int, max_readings: int,
+              stats: _Stats) -> dict[str, Any]:
+    """The update command's statement for one bucket upsert, as pymongo builds it.
+
+    ``stats`` are the ``$inc``, ``$min``, ``$max`` and ``$set`` (tags and units) of the
+    readings pushed. The filter could also be served by the unique
+    ``{sensor_id, readings.ts}`` index, which would scan every reading of the sensor: the
+    hint names the index that finds the sensor-span's few documents.
+    """
+    inc, mins, maxs, labels = stats
     update: dict[str, Any] = {
         "$push": {"readings": {"$each": pushed}},
         "$inc": inc, "$min": mins, "$max": maxs,
@@ -315,22 +330,11 @@ def update_for(sensor_id: str, start: datetime | BsonDate, chunk: list[Reading],
         update["$set"] = labels
     if len(inc) == 2:  # only strings: no statistics, and the validator wants a stats object
         update["$setOnInsert"]["stats"] = {}
-    return upsert(
-        {"sensor_id": sensor_id, "bucket_start": start,
-         "count": {"$lte": max_readings - len(chunk)},
-         "bytes": {"$lte": max(MAX_BUCKET_BYTES - size, 0)},
-         "readings.ts": {"$nin": dates}},
-        update)
-
-
-def upsert(query: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """The update command's statement for one bucket upsert, as pymongo builds it.
-
-    The filter could also be served by the unique ``{sensor_id, readings.ts}`` index,
-    which would scan every reading of the sensor: the hint names the index that finds the
-    sensor-span's few documents.
-    """
-    return {"q": query, "u": update, "multi": False, "upsert": True, "hint": BUCKET_INDEX}
+    return {"q": {"sensor_id": sensor_id, "bucket_start": start,
+                  "count": {"$lte": max_readings - len(dates)},
+                  "bytes": {"$lte": max(MAX_BUCKET_BYTES - size, 0)},
+                  "readings.ts": {"$nin": dates}},
+            "u": update, "multi": False, "upsert": True, "hint": BUCKET_INDEX}
 
 
 def _by_reading(group: list[Reading], labels: dict[str, str] | None = None
@@ -378,29 +382,17 @@ def _by_column(group: list[Reading]) -> dict[str, list[Any]]:
 
 def _one_update(sensor_id: str, start: BsonDate, reading: Reading,
                 max_readings: int) -> dict[str, Any] | None:
-    """:func:`_fast_update` of a group of one reading (a large fleet's usual group)."""
-    ms = reading.ms
-    if ms is None or reading.tags is not None:
+    """:func:`_fast_update` of a group of one reading (a large fleet's usual group).
+
+    :func:`update_for` without the splitting and settling a group of one never needs.
+    """
+    if reading.ms is None or reading.tags is not None:
         return None
-    date = _new(BsonDate)
-    date.ms = ms
     values = reading.values
     size = 41 + 10 * len(values) + sum(map(len, values))  # reading_bytes
     if size > MAX_BUCKET_BYTES:
         return None
-    inc, mins, maxs, _labels = _single(reading, size)  # no labels: no tags
-    mins["first_ts"] = maxs["last_ts"] = date
-    seq = reading.seq
-    return {"q": {"sensor_id": sensor_id, "bucket_start": start,
-                  "count": {"$lte": max_readings - 1},
-                  "bytes": {"$lte": MAX_BUCKET_BYTES - size},
-                  "readings.ts": {"$nin": [date]}},
-            "u": {"$push": {"readings": {"$each": [
-                      {"ts": date, **values} if seq is None
-                      else {"ts": date, "seq": seq, **values}]}},
-                  "$inc": inc, "$min": mins, "$max": maxs,
-                  "$setOnInsert": {"schema_version": SCHEMA_VERSION}},
-            "multi": False, "upsert": True, "hint": BUCKET_INDEX}
+    return update_for(sensor_id, start, [reading], max_readings, size)
 
 
 def _fast_update(sensor_id: str, start: BsonDate, group: list[Reading],
@@ -444,14 +436,8 @@ def _fast_update(sensor_id: str, start: BsonDate, group: list[Reading],
     acc = _by_column(group) if uniform and count > 2 else _by_reading(group)
     inc, mins, maxs = _statistics(acc, count, size, bson_date(min(stamps)),
                                   bson_date(max(stamps)))
-    return {"q": {"sensor_id": sensor_id, "bucket_start": start,
-                  "count": {"$lte": max_readings - count},
-                  "bytes": {"$lte": MAX_BUCKET_BYTES - size},
-                  "readings.ts": {"$nin": dates}},
-            "u": {"$push": {"readings": {"$each": pushed}},
-                  "$inc": inc, "$min": mins, "$max": maxs,
-                  "$setOnInsert": {"schema_version": SCHEMA_VERSION}},
-            "multi": False, "upsert": True, "hint": BUCKET_INDEX}
+    return statement(sensor_id, start, dates, pushed, size, max_readings,
+                     (inc, mins, maxs, {}))
 
 
 type _Stats = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]
