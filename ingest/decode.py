@@ -97,10 +97,10 @@ def decode(topic: str, payload: bytes, received_at: float, limits: Limits,
     except orjson.JSONDecodeError as exc:
         return _whole(_json_reason(payload), str(exc).split("\n", 1)[0][:200])
     default_sensor: object = sensor_from_topic(topic) if sensor is None else sensor
+    window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
     if type(doc) is dict and "readings" not in doc and limits.max_readings > 0:
         # One reading object, the most common message: no list of items to go through.
-        result = _reading(doc, default_sensor, received_at, (
-            received_at - limits.max_past_seconds, received_at + limits.max_future_seconds))
+        result = _reading(doc, default_sensor, received_at, window)
         if isinstance(result, Reading):  # Decoded(...) without its Python-level __new__
             return _new(Decoded, ([result], []))
         return Decoded([], [Rejection(*result)])
@@ -125,7 +125,6 @@ def decode(topic: str, payload: bytes, received_at: float, limits: Limits,
     if len(items) > limits.max_readings:
         return _whole("too_many_readings", f"{len(items)} readings > {limits.max_readings}")
     out = Decoded([], [])
-    window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
     for index, item in enumerate(items):
         result = _reading(item, default_sensor, received_at, window)
         if isinstance(result, Reading):

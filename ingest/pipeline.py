@@ -51,9 +51,7 @@ _NO_DOCS: list[dict[str, Any]] = []
 def held_bytes(message: Inbound, readings: list[Reading], docs: list[dict[str, Any]]) -> int:
     """Estimated memory one taken message holds until it is acknowledged."""
     size = MESSAGE_BYTES + len(message.payload) + len(message.topic)
-    if len(readings) == 1:  # most messages: no generator for one reading
-        size += READING_BYTES + VALUE_BYTES * len(readings[0].values)
-    elif readings:
+    if readings:
         size += READING_BYTES * len(readings) + VALUE_BYTES * sum(
             [len(reading.values) for reading in readings])
     for doc in docs:
@@ -125,8 +123,7 @@ class Pipeline:
         """
         if self._closed:
             return False
-        if (self._buffered >= self._max_buffered
-                or self._held_bytes >= self._max_held_bytes):  # _full(), inline
+        if self._full():
             self._health.saturated = True
             try:
                 async with self._space:

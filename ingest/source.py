@@ -173,6 +173,11 @@ type _Acked = tuple[int, int, str, int, int]
 type TakeNow = Callable[[Inbound], bool | None]
 
 
+def _not_now(_message: Inbound) -> bool | None:
+    """A ``take_now`` that leaves every message to the sink."""
+    return None
+
+
 class MqttSource:
     """Consumes the configured topics and acknowledges messages on request."""
 
@@ -381,7 +386,7 @@ class MqttSource:
         self._release.set()
 
     async def run(self, sink: Callable[[Inbound], Awaitable[bool]],
-                  take_now: TakeNow | None = None) -> None:
+                  take_now: TakeNow = _not_now) -> None:
         """Connect, consume into ``sink`` and reconnect until stopped.
 
         ``take_now``, if given, is tried first for each message: it takes the message
@@ -403,7 +408,7 @@ class MqttSource:
                     attempt, connected_once = 0, True
                     self._connected(client)
                     await self._consume_until_stopped(client, inbox, sink,
-                                                      take_now or _not_now)
+                                                      take_now)
             except aiomqtt.MqttError as exc:
                 attempt += 1
                 delay = backoff(attempt, base=0.5)
@@ -588,14 +593,13 @@ class MqttSource:
             del self._unacked[message.mid]
 
     async def _consume(self, inbox: _Inbox, sink: Callable[[Inbound], Awaitable[bool]],
-                       take_now: TakeNow | None = None) -> None:
+                       take_now: TakeNow = _not_now) -> None:
         messages, wake, take = inbox.messages, inbox.wake, inbox.take
-        now = take_now or _not_now
         while True:
             count = 0
             while messages:
                 message = take()  # now the inbox's current
-                taken = now(message)
+                taken = take_now(message)
                 if taken is None:
                     taken = await sink(message)
                 if not taken and message.qos:
@@ -606,11 +610,6 @@ class MqttSource:
                     await asyncio.sleep(0)  # let the writers and the acker run
             wake.clear()
             await wake.wait()
-
-
-def _not_now(_message: Inbound) -> bool | None:
-    """A ``take_now`` that leaves every message to the sink."""
-    return None
 
 
 def _owner(entry: Inbound | _Unacked) -> int:
