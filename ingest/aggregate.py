@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
@@ -18,8 +17,7 @@ from prometheus_client import CollectorRegistry, Metric, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest.errors import StartupError
-from ingest.metrics import HttpEndpoint
+from ingest.metrics import HttpEndpoint, cannot_listen
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -52,11 +50,7 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         sock = socket.create_server((host, port), reuse_port=False)
     except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise StartupError(
-            f"--metrics-port: cannot listen on {host}:{port} ({reason}): another process "
-            "uses it (the other mode's daemon?); choose a free --metrics-port (0: any) or "
-            "--metrics-host") from None
+        raise cannot_listen(host, port, exc) from None
     sock.setblocking(False)  # noqa: FBT003
     return sock
 

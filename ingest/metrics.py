@@ -230,6 +230,15 @@ class Health:
 type Answer = tuple[bytes, bytes, bytes]  # status line, content type, body
 
 
+def cannot_listen(host: str, port: int, exc: OSError) -> StartupError:
+    """The one-line start-up error for a metrics address that cannot be bound."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return StartupError(
+        f"--metrics-port: cannot listen on {host}:{port} ({reason}): another process "
+        "uses it (the other mode's daemon?); choose a free --metrics-port (0: any) or "
+        "--metrics-host")
+
+
 class HttpEndpoint:
     """One small HTTP/1.1 endpoint: each GET answered with what ``_route`` gives its path.
 
@@ -287,11 +296,7 @@ class MetricsServer(HttpEndpoint):
         try:
             self._server = await asyncio.start_server(self._handle, self._host, self._port)
         except OSError as exc:
-            reason = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise StartupError(
-                f"--metrics-port: cannot listen on {self._host}:{self._port} ({reason}): "
-                "another process uses it (the other mode's daemon?); choose a free "
-                "--metrics-port (0: any) or --metrics-host") from None
+            raise cannot_listen(self._host, self._port, exc) from None
         logger.info("metrics and health on http://%s:%d/metrics", self._host, self.port)
         return self
 
