@@ -32,7 +32,7 @@ from tests.support.proxy import Proxy
 from tests.test_daemon import make_tls_files
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
 
@@ -110,6 +110,16 @@ class Hooked:
             calls += 1
         return calls
 
+    def feed_cut(self, stream: bytes, cuts: list[int]) -> Iterator[int]:
+        """Feed ``stream`` in pieces ending at ``cuts`` (taken modulo its length, then
+        the end), reading after each; yield the bytes fed so far."""
+        sent = 0
+        for point in sorted({cut % (len(stream) + 1) for cut in cuts} | {len(stream)}):
+            self.sock.feed(stream[sent:point])
+            sent = point
+            self.readable()
+            yield sent
+
 
 def payloads_of(hooked: Hooked) -> list[bytes]:
     return [m[1] for m in hooked.delivered]
@@ -153,12 +163,7 @@ async def test_every_complete_packet_is_delivered_before_the_reader_waits(
                for i, size in enumerate(sizes)]
     stream = b"".join(packets)
     ends = [sum(map(len, packets[:i + 1])) for i in range(len(packets))]
-    points = sorted({cut % (len(stream) + 1) for cut in cuts} | {len(stream)})
-    sent = 0
-    for point in points:
-        hooked.sock.feed(stream[sent:point])
-        sent = point
-        hooked.readable()
+    for sent in hooked.feed_cut(stream, cuts):
         complete = sum(1 for end in ends if end <= sent)
         assert [m[2] for m in hooked.delivered] == list(range(1, complete + 1))
     assert [len(p) for p in payloads_of(hooked)] == sizes
@@ -193,12 +198,7 @@ async def test_publishes_between_other_packets_are_delivered_in_order_and_keep_a
     expected = [want for _, want in packets if want is not None]
     hooked.paho._last_bytes_received = 0.0
     hooked.paho._ping_t = 1.0  # as after a PINGREQ: reading a PINGRESP clears it
-    points = sorted({cut % (len(stream) + 1) for cut in cuts} | {len(stream)})
-    sent = 0
-    for point in points:
-        hooked.sock.feed(stream[sent:point])
-        sent = point
-        hooked.readable()
+    list(hooked.feed_cut(stream, cuts))  # every piece fed and read
     assert hooked.delivered == expected
     assert hooked.paho._ping_t == 0
     assert hooked.paho._last_bytes_received > 0
