@@ -90,6 +90,22 @@ def test_a_hint_naming_a_missing_index_is_schema_gone_not_bad_data() -> None:
     assert isinstance(outcome.error, SchemaGoneError)
 
 
+def test_a_timeseries_plans_failed_documents_are_each_its_own_reading() -> None:
+    # One document per reading: the plan lists them as groups of one without building
+    # a list for each (Singles); a partial failure still finds the reading by its index.
+    readings = [reading(name, T0 + i) for i, name in enumerate("cab")]
+    plan = TimeseriesWriter(None, None).plan(readings)  # type: ignore[arg-type]
+    assert plan.readings() == 3
+    assert [group[0].sensor_id for group in plan.groups] == ["a", "b", "c"]
+    outcome = split_bulk_error(BulkWriteError({"writeErrors": [
+        {"index": 0, "code": 11601, "errmsg": "interrupted"},
+        {"index": 2, "code": 121, "errmsg": "failed validation"}], "nInserted": 1}), plan)
+    assert [r.sensor_id for r in outcome.retry] == ["a"]
+    assert [(r.sensor_id, detail) for r, detail in outcome.refused] == [
+        ("c", "code 121: failed validation")]
+    assert outcome.written == 1
+
+
 # --- a whole command failed --------------------------------------------------------------------
 
 @pytest.mark.parametrize("exc", [

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from bson.errors import InvalidDocument
 from pymongo.errors import BulkWriteError, PyMongoError
@@ -16,15 +17,43 @@ if TYPE_CHECKING:
 
     from ingest.model import Reading
 
+class Singles(Sequence[list["Reading"]]):
+    """Readings that are one operation each, as groups of one, made only when asked."""
+
+    __slots__ = ("readings",)
+
+    def __init__(self, readings: list[Reading]) -> None:
+        self.readings = readings
+
+    def __len__(self) -> int:
+        return len(self.readings)
+
+    @overload
+    def __getitem__(self, index: int) -> list[Reading]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[list[Reading]]: ...
+    def __getitem__(self, index: int | slice) -> list[Reading] | list[list[Reading]]:
+        if isinstance(index, slice):
+            return [[reading] for reading in self.readings[index]]
+        return [self.readings[index]]
+
+
 @dataclass(slots=True)
 class Plan:
     """The write operations for one batch, each with the readings it carries."""
 
     ops: list[Any]
-    groups: list[list[Reading]]
+    groups: Sequence[list[Reading]]
     # Readings dropped while planning because the batch holds the same reading twice.
     duplicates: int = 0
     conflicts: list[tuple[Reading, str]] = field(default_factory=list)
+
+    def readings(self) -> int:
+        """How many readings the operations carry."""
+        groups = self.groups
+        if isinstance(groups, Singles):
+            return len(groups)
+        return sum(map(len, groups))
 
 
 @dataclass(slots=True)
@@ -103,7 +132,7 @@ async def send(request: Awaitable[object], plan: Plan, collide: bool = False) ->
         return split_bulk_error(exc, plan, collide)
     except (PyMongoError, InvalidDocument) as exc:
         raise as_write_error(exc) from exc
-    return Outcome(written=sum(map(len, plan.groups)))
+    return Outcome(written=plan.readings())
 
 
 def as_write_error(exc: PyMongoError | InvalidDocument) -> WriteError:

@@ -527,8 +527,9 @@ class BucketWriter:
 
     def plan(self, readings: list[Reading]) -> Plan:
         """Coalesce a batch into one upsert per sensor-span (more only past the cap)."""
-        plan = Plan([], [])
-        ops, groups, limit = plan.ops, plan.groups, self._max
+        ops: list[Any] = []
+        groups: list[list[Reading]] = []
+        plan, limit = Plan(ops, groups), self._max
         for (sensor_id, start), group in group_readings(readings, self._span).items():
             start_dt = bson_date(int(start) * 1000)
             op = _fast_update(sensor_id, start_dt, group, limit)
