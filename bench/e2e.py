@@ -39,6 +39,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import urllib.request
@@ -589,8 +590,22 @@ def run_all(settings: Settings, progress: bool = False) -> dict[str, Any]:
                                   f"±{f['clock_error']:.1%} {f['cpu_us_per_reading']:6.1f} "
                                   f"µs/reading lost {f['lost']}", file=sys.stderr)
     return {"settings": asdict(settings), "load_average": os.getloadavg(),
-            "cpus": os.cpu_count(), "runs": [r.figures() for r in runs],
+            "cpus": os.cpu_count(), "python": interpreter(), "runs": [r.figures() for r in runs],
             "summary": summarize(runs, settings)}
+
+
+def interpreter() -> str:
+    """The daemon's Python (this one: the daemon runs as ``sys.executable -m ingest``).
+
+    The daemon's CPU per reading depends on how CPython was built: profile-guided and
+    link-time optimisation (``--enable-optimizations --with-lto``, as in the official
+    image and distributions' builds) run its Python code markedly faster than a build
+    without them (pyenv's default), which the configure flags say.
+    """
+    flags = str(sysconfig.get_config_var("CONFIG_ARGS") or "")
+    built = [flag for flag in ("--enable-optimizations", "--with-lto") if flag in flags]
+    return (f"{sys.implementation.name} {sys.version.split()[0]}, configured "
+            f"{' '.join(built) if built else 'without --enable-optimizations or --with-lto'}")
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -667,7 +682,8 @@ def markdown(report: dict[str, Any]) -> str:
     rows.append(f"Sums over {report['settings']['rounds']} rounds; "
                 f"{report['settings']['sensors']:,} sensors; 1-minute load average at the "
                 f"start of the runs: {min(loads):.2f} to {max(loads):.2f} on {report['cpus']} "
-                f"CPUs; {report['settings'].get('workers', 1)} worker(s).")
+                f"CPUs; {report['settings'].get('workers', 1)} worker(s); "
+                f"{report.get('python', 'Python')}.")
     return "\n".join(rows)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import socket
@@ -16,6 +17,7 @@ import pytest
 from ingest.cli import build_parser, main, settings_from
 from ingest.config import Settings, parse_mqtt_url, validate
 from ingest.errors import ConfigError
+from ingest.workers import auto_workers
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -77,6 +79,18 @@ def test_defaults() -> None:
     assert s.granularity == "seconds"
     assert s.dry_run is False
     assert s.client_id == f"ingest-bucket-{socket.gethostname()}"
+
+
+def test_every_flag_default_is_the_settings_default() -> None:
+    # cli.py repeats each default of Settings for its flag: a drift between the two
+    # would make `ingest run` and the library (loadgen, the benchmarks) disagree.
+    # Two defaults are the CLI's own: the client id names the host, and --workers
+    # defaults to the machine's CPUs.
+    ran, library = settings(), Settings()
+    differ = {f.name for f in dataclasses.fields(Settings)
+              if getattr(ran, f.name) != getattr(library, f.name)}
+    assert differ <= {"client_id", "workers"}
+    assert ran.workers == auto_workers()
 
 
 def test_timeseries_mode_defaults_to_the_readings_collection() -> None:
