@@ -388,8 +388,7 @@ def _one_update(sensor_id: str, start: BsonDate, reading: Reading,
     """
     if reading.ms is None or reading.tags is not None:
         return None
-    values = reading.values
-    size = 41 + 10 * len(values) + sum(map(len, values))  # reading_bytes
+    size = reading_bytes(reading)
     if size > MAX_BUCKET_BYTES:
         return None
     return update_for(sensor_id, start, [reading], max_readings, size)
@@ -407,8 +406,7 @@ def _fast_update(sensor_id: str, start: BsonDate, group: list[Reading],
     if count == 1:
         return _one_update(sensor_id, start, group[0], max_readings)
     times = [reading.ms for reading in group]
-    if (count > max_readings or None in times
-            or (count > 1 and len(set(times)) < count)):
+    if count > max_readings or None in times or len(set(times)) < count:
         return None
     stamps = cast("list[int]", times)
     new, date_type = _new, BsonDate
@@ -427,7 +425,7 @@ def _fast_update(sensor_id: str, start: BsonDate, group: list[Reading],
         if values.keys() != names:  # the same names have the same reading_bytes
             uniform = names is None
             names = values.keys()
-            grow = 41 + 10 * len(values) + sum(map(len, values))
+            grow = reading_bytes(reading)
         size += grow
         pushed.append({"ts": date, **values} if reading.seq is None
                       else {"ts": date, "seq": reading.seq, **values})
