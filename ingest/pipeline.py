@@ -152,6 +152,7 @@ class Pipeline:
         """
         if self._closed:
             return False
+        # _full(), inline: this runs for every message
         if (self._buffered >= self._max_buffered or self._held_bytes >= self._max_held_bytes
                 or self._stateful):
             return None

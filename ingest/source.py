@@ -370,8 +370,7 @@ class MqttSource:
 
     def _ack_adopted(self, client: aiomqtt.Client, mid: int) -> None:
         """Acknowledge an adopted redelivery whose original write has finished."""
-        entry = self._unacked.pop(mid)
-        message = entry.message if isinstance(entry, _Unacked) else entry
+        message = _message_of(self._unacked.pop(mid))
         paho_hooks.ack(client, mid, message.qos)
         self._remember([message])
         self._metrics.messages_acked.inc()
@@ -589,7 +588,7 @@ class MqttSource:
     def _forget(self, message: Inbound) -> None:
         """Forget an unacknowledged message the pipeline did not take."""
         entry = self._unacked.get(message.mid)
-        if entry is message or (isinstance(entry, _Unacked) and entry.message is message):
+        if entry is not None and _message_of(entry) is message:
             del self._unacked[message.mid]
 
     async def _consume(self, inbox: _Inbox, sink: Callable[[Inbound], Awaitable[bool]],
@@ -615,6 +614,11 @@ class MqttSource:
 def _owner(entry: Inbound | _Unacked) -> int:
     """The connection that may acknowledge an unacknowledged message."""
     return entry.owner if isinstance(entry, _Unacked) else entry.generation
+
+
+def _message_of(entry: Inbound | _Unacked) -> Inbound:
+    """The unacknowledged message an entry of ``MqttSource._unacked`` stands for."""
+    return entry.message if isinstance(entry, _Unacked) else entry
 
 
 # CONNACK reason codes that no retry can fix: bad protocol, client id, credentials,
