@@ -49,7 +49,11 @@ REASONS: tuple[str, ...] = (
 # document) could overflow to infinity; no sensor measures anything this large.
 MAX_MAGNITUDE = 1e300
 NAME_PATTERN = r"[A-Za-z0-9_-]{1,64}"
-SENSOR_ID_PATTERN = r"[A-Za-z0-9_-]{1,128}"
+# A sensor id is the device's own name, kept exactly: any text a topic level can hold
+# (every Unicode character but the control characters), 1 to 128 characters. Sensor ids
+# are values, never field names, so MongoDB needs no escaping of them.
+SENSOR_ID_PATTERN = r"[^\x00-\x1f\x7f-\x9f]{1,128}"
+SENSOR_ID_RULE = "1 to 128 characters, no control characters"
 _NAME = re.compile(NAME_PATTERN)
 _SENSOR_ID = re.compile(SENSOR_ID_PATTERN)
 # Keys of a reading that are not measurements; "_id" and "meta" would collide with
@@ -165,10 +169,10 @@ def _reading(
     if sensor is None:
         return "no_sensor_id", "no sensor_id in payload or topic"
     if type(sensor) is not str:
-        return "bad_sensor_id", f"sensor_id must be a string matching {SENSOR_ID_PATTERN}"
+        return "bad_sensor_id", f"sensor_id must be a string of {SENSOR_ID_RULE}"
     if sensor not in _valid_sensors:
         if not _SENSOR_ID.fullmatch(sensor):
-            return "bad_sensor_id", f"sensor_id must match {SENSOR_ID_PATTERN}"
+            return "bad_sensor_id", f"sensor_id {sensor[:60]!r}: {SENSOR_ID_RULE}"
         if len(_valid_sensors) < _CACHE_LIMIT:
             _valid_sensors.add(sensor)
     raw = item.pop("ts", None)

@@ -16,7 +16,7 @@ import re
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, NamedTuple
 
-from ingest.decode import SENSOR_ID_PATTERN, decode
+from ingest.decode import SENSOR_ID_PATTERN, SENSOR_ID_RULE, decode
 from ingest.errors import ConfigError
 from ingest.formats import MAX_TAG_BYTES, MAX_TAGS, influx, json, senml, value
 from ingest.formats.sparkplug import shared_subscriptions as sparkplug_shared
@@ -446,11 +446,13 @@ def _at(rejection: Rejection, index: int | None) -> Rejection:
 
 
 def _sensor(text: str) -> str | Rejection:
-    sensor = safe(text)
-    if _SENSOR.fullmatch(sensor):
-        return sensor
-    return Rejection("bad_sensor_id", f"sensor id {text[:60]!r} does not make a valid id "
-                                      f"({SENSOR_ID_PATTERN} once made safe)")
+    """The device's own name as its sensor id, kept exactly, or why it cannot be one.
+
+    Never made "safe": two devices whose names differ stay two sensors.
+    """
+    if _SENSOR.fullmatch(text):
+        return text
+    return Rejection("bad_sensor_id", f"sensor id {text[:60]!r}: {SENSOR_ID_RULE}")
 
 
 def _resolve_name(rule: Rule, raw: str) -> str | Rejection:
