@@ -16,7 +16,7 @@ import re
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, NamedTuple
 
-from ingest.decode import SENSOR_ID_PATTERN, SENSOR_ID_RULE, decode
+from ingest.decode import SENSOR_ID_PATTERN, SENSOR_ID_RULE, Arrivals, decode
 from ingest.errors import ConfigError
 from ingest.formats import MAX_TAG_BYTES, MAX_TAGS, influx, json, senml, value
 from ingest.formats.sparkplug import shared_subscriptions as sparkplug_shared
@@ -167,10 +167,8 @@ class Mapping:
         self._group_rule = {self._regex.groupindex[f"r{i}"]: i for i in range(len(self.rules))}
         self._cache: dict[str, _Topic | None] = {}
         self._names: dict[str, dict[str, str | Rejection]] = {r.name: {} for r in self.rules}
-        self._last_arrival: dict[str, int] = {}  # sensor -> last arrival time given, in ms
-        # Arrival milliseconds given by this process are == _arrival_slot (mod
-        # _arrival_stride): see spread_arrivals.
-        self._arrival_slot, self._arrival_stride = 0, 1
+        # Arrival times of readings without their own (see ingest.decode.Arrivals).
+        self.arrivals = Arrivals()
         # One object per stateful format in use, shared by its rules.
         self.stateful: dict[str, Stateful] = {
             name: make() for name, make in _STATEFUL.items()
@@ -292,7 +290,7 @@ class Mapping:
         sensor = matched.sensor
         if isinstance(sensor, Rejection):
             return Decoded([], [sensor])
-        decoded = decode(topic, payload, received_at, limits, sensor or None)
+        decoded = decode(topic, payload, received_at, limits, sensor or None, self.arrivals)
         if matched.tags:
             decoded = Decoded([r._replace(tags=matched.tags) for r in decoded.readings],
                               decoded.rejections)
@@ -311,7 +309,7 @@ class Mapping:
             rejections.append(_at(sensor, index))  # type: ignore[arg-type]
             return None
         if item.ts is None and item.epoch is None:  # timed at arrival
-            ms = self._arrival(sensor, math.floor(now * 1000))
+            ms = self.arrivals.next(sensor, math.floor(now * 1000))
             epoch = ms / 1000
         else:
             instant = self._instant(item, rule, now)
@@ -341,30 +339,6 @@ class Mapping:
             renamed = ((self._resolve(rule, k), u[:64]) for k, u in item.units.items())
             units = {k: u for k, u in renamed if type(k) is str and k in values} or None
         return _new(Reading, (sensor, None, epoch, values, None, ms, tags, units))
-
-    def spread_arrivals(self, slot: int, stride: int) -> None:
-        """Give only arrival milliseconds == ``slot`` (mod ``stride``).
-
-        Worker ``slot`` of ``--workers stride``: two workers never give one sensor the
-        same millisecond (a sensor's burst is spread over the workers by the group).
-        """
-        self._arrival_slot, self._arrival_stride = slot, stride
-
-    def _arrival(self, sensor: str, ms: int) -> int:
-        """An arrival time in milliseconds, after the sensor's previous one.
-
-        A reading is identified by its sensor and millisecond: devices that publish each
-        value as its own message (Shelly, ESPHome) send bursts within one millisecond,
-        which must not become one reading refused as ``ts_conflict``.
-        """
-        last = self._last_arrival.get(sensor)
-        if last is not None and ms <= last:
-            ms = last + 1
-        elif len(self._last_arrival) >= TOPIC_CACHE:
-            self._last_arrival.clear()
-        ms += (self._arrival_slot - ms) % self._arrival_stride
-        self._last_arrival[sensor] = ms
-        return ms
 
     def _instant(self, item: Item, rule: Rule, now: float) -> tuple[float, int] | None:
         if item.epoch is not None:  # SenML: resolved, relative below 2**28

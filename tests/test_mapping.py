@@ -164,7 +164,7 @@ def test_wildcards_do_not_match_dollar_topics_and_plus_is_one_level() -> None:
 def test_captures_become_tags_and_unsafe_ids_are_made_safe() -> None:
     m = mapping('[[rule]]\nname = "r"\ntopic = "home/{room}/{sensor_id}"\n')
     reading = run(m, "home/Living Room/Door Sensor", {"contact": False}).decoded.readings[0]
-    assert reading.sensor_id == "Door_Sensor"
+    assert reading.sensor_id == "Door Sensor"
     assert reading.tags == {"room": "Living Room"}
 
 
@@ -184,7 +184,7 @@ def test_zigbee2mqtt_payload_is_one_reading_with_booleans_strings_and_nested_fie
     result = run(m, "zigbee2mqtt/Living Room", payload)
     assert result.decoded.rejections == []
     (reading,) = result.decoded.readings
-    assert reading.sensor_id == "Living_Room"
+    assert reading.sensor_id == "Living Room"
     assert reading.values == {"battery": 100, "battery_low": False, "occupancy": True,
                               "temperature": 21.7, "linkquality": 134, "action": "single",
                               "state": True}
@@ -341,7 +341,7 @@ def test_senml_pack_resolves_base_fields_units_and_groups_by_time() -> None:
             {"n": "ext", "v": 1, "future_": 1}]
     result = run(m, "senml/gw1", pack, now=AT)
     first, second = result.decoded.readings
-    assert first.sensor_id == "urn_dev_mac_0024befffe804ff1"
+    assert first.sensor_id == "urn:dev:mac:0024befffe804ff1"
     assert first.ms == EPOCH * 1000
     assert first.values == {"temp": 22.5, "hum": 40, "door": False, "state": "idle",
                             "energy_sum": 100}

@@ -69,8 +69,8 @@ def test_tags_are_the_bucket_key_units_are_set_and_the_default_path_sets_nothing
 
 def test_true_and_1_are_different_readings() -> None:
     assert same_value(1, 1.0)
-    assert not same_value(True, 1)
-    assert not same_value(0, False)
+    assert not same_value(True, 1)  # noqa: FBT003
+    assert not same_value(0, False)  # noqa: FBT003
     assert new_fields(reading(T0, {"a": True}), {"a": True}) == {}
     assert isinstance(new_fields(reading(T0, {"a": True}), {"a": 1}), str)
     plan = bucket(NO_DB).plan([reading(T0, {"a": True}), reading(T0, {"a": 1})])

@@ -235,17 +235,15 @@ def ms_of(reading: Reading) -> int:
 def unique_readings(group: list[Reading], plan: Plan) -> list[tuple[Reading, list[Reading]]]:
     """One series' group, one reading per instant, each with the readings it stands for.
 
-    Readings at one instant merge their fields (:func:`~ingest.writers.instants.merged`);
-    one that adds nothing is counted in ``plan.duplicates``, one whose field has another
-    value at that instant is refused in ``plan.conflicts``.
+    Readings at one instant with other fields merge; one that repeats a field is left
+    for a later round, in ``plan.deferred`` (:func:`~ingest.writers.instants.merge_series`).
     """
     keys = {reading.ms for reading in group}
     if len(keys) == len(group) and None not in keys:
         # the common case (every reading decoded, each at its own instant), at C speed
         return [(reading, [reading]) for reading in group]
-    out, duplicates, conflicts = merge_series(group, ms_of)
-    plan.duplicates += duplicates
-    plan.conflicts.extend(conflicts)
+    out, deferred = merge_series(group, ms_of)
+    plan.deferred.extend(deferred)
     return out
 
 
@@ -561,10 +559,12 @@ class BucketWriter:
         """Send the plan in one unordered bulk write; settle readings already stored.
 
         Operations refused with a duplicate key are settled (:meth:`settle`) and what is
-        not stored yet is planned and sent again, for up to ``SETTLE_ROUNDS`` rounds.
+        not stored yet is planned and sent again, for up to ``SETTLE_ROUNDS`` rounds;
+        the plan's deferred readings follow in rounds of their own.
         """
         outcome = Outcome()
-        for round_no in range(SETTLE_ROUNDS + 1):
+        settled = 0
+        while True:
             result = await self._send(plan)
             outcome.written += result.written
             outcome.retry.extend(result.retry)
@@ -573,20 +573,26 @@ class BucketWriter:
             outcome.duplicates += plan.duplicates
             outcome.conflicts.extend(plan.conflicts)
             collided = [plan.groups[i] for i in result.collided]
-            if not collided:
+            pending: list[Reading] = []
+            if collided:
+                if settled == SETTLE_ROUNDS:  # still racing: the pipeline retries the rest
+                    outcome.retry.extend(r for group in collided for r in group)
+                else:
+                    try:
+                        pending = await self.settle(collided, outcome)
+                    except WriteError as exc:  # the pipeline retries them after a backoff
+                        outcome.retry.extend(r for group in collided for r in group)
+                        outcome.error = exc
+                    # A round that leaves readings to write again met a racing writer;
+                    # deferred readings' rounds make progress and are not counted.
+                    settled += bool(pending)
+            if outcome.retry:  # deferred readings come after the ones to retry
+                outcome.retry.extend(pending + plan.deferred)
                 break
-            if round_no == SETTLE_ROUNDS:  # still racing: the pipeline retries the rest
-                outcome.retry.extend(r for group in collided for r in group)
+            pending.extend(plan.deferred)
+            if not pending:
                 break
-            try:
-                fresh = await self.settle(collided, outcome)
-            except WriteError as exc:  # the pipeline retries them after a backoff
-                outcome.retry.extend(r for group in collided for r in group)
-                outcome.error = exc
-                break
-            if not fresh:
-                break
-            plan = self.plan(fresh)
+            plan = self.plan(pending)
         return outcome
 
     async def skip_stored(self, readings: list[Reading]) -> list[Reading]:

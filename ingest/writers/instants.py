@@ -100,29 +100,29 @@ def stored_values(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def merge_series(group: list[Reading], instant: Callable[[Reading], Hashable],
-                 ) -> tuple[list[tuple[Reading, list[Reading]]], int,
-                            list[tuple[Reading, str]]]:
-    """Readings, one per instant, each with the readings it stands for.
+                 ) -> tuple[list[tuple[Reading, list[Reading]]], list[Reading]]:
+    """Readings, one per instant, each with the readings it stands for; and the deferred.
 
     ``instant(reading)`` names a reading's series and instant (within one series, its
-    millisecond is enough). Returns the merged readings in order of
-    their first arrival, how many readings were duplicates, and the conflicts refused.
+    millisecond is enough). Readings of one instant whose fields are disjoint merge. One
+    that repeats a field of an earlier one is deferred, to be judged once the earlier
+    ones are written, against what is then stored: so whether it is a duplicate, a
+    conflict or adds something is decided as if every reading were written one after
+    the other, whatever the batches. Merged readings come in order of first arrival.
     """
     seen: dict[Hashable, tuple[Reading, list[Reading]]] = {}
-    duplicates = 0
-    conflicts: list[tuple[Reading, str]] = []
+    deferred: list[Reading] = []
     for reading in group:
         key = instant(reading)
         first = seen.get(key)
         if first is None:
             seen[key] = (reading, [reading])
             continue
+        if not first[0].values.keys().isdisjoint(reading.values):
+            deferred.append(reading)
+            continue
         result = merged(first[0], reading)
-        if result is None:
-            duplicates += 1
-        elif isinstance(result, str):
-            conflicts.append((reading, result))
-        else:
-            first[1].append(reading)
-            seen[key] = (result, first[1])
-    return list(seen.values()), duplicates, conflicts
+        assert isinstance(result, tuple), "disjoint fields always merge"
+        first[1].append(reading)
+        seen[key] = (result, first[1])
+    return list(seen.values()), deferred

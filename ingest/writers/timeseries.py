@@ -35,6 +35,7 @@ from pymongo import ReadPreference
 from pymongo.errors import PyMongoError
 
 from ingest import mongo_errors
+from ingest.errors import WriteError
 from ingest.writers import Outcome, Plan, Singles, bulk, send
 from ingest.writers.bucket import bson_dates, ms_of, ts_key
 from ingest.writers.instants import (
@@ -205,23 +206,48 @@ class TimeseriesWriter:
             # the common case: no two readings of one sensor at one instant, at C speed
             # (a reading without ``ms`` counts as its own instant only once per sensor)
             return Plan(documents(ordered), Singles(ordered))
-        pairs, duplicates, conflicts = merge_series(ordered, _instant)
+        pairs, deferred = merge_series(ordered, _instant)
         ordered = [reading for reading, _ in pairs]
-        return Plan(documents(ordered), [originals for _, originals in pairs], duplicates,
-                    conflicts)
+        return Plan(documents(ordered), [originals for _, originals in pairs],
+                    deferred=deferred)
 
     async def write(self, plan: Plan) -> Outcome:
         """Leave out what is stored at the plan's instants, then one unordered bulk insert.
 
-        Raises :class:`WriteError` if the lookup fails (nothing was inserted then).
+        The plan's deferred readings follow in rounds of their own. Raises
+        :class:`WriteError` if the first lookup fails (nothing was inserted then).
         """
-        plan = await self._without_stored(plan)
-        if plan.ops:
-            outcome = await send(bulk.execute(self._collection, bulk.INSERT, plan.ops), plan)
-        else:
-            outcome = Outcome()
-        outcome.duplicates += plan.duplicates
-        outcome.conflicts.extend(plan.conflicts)
+        outcome = Outcome()
+        first = True
+        while True:
+            try:
+                plan = await self._without_stored(plan)
+                result = (await send(bulk.execute(self._collection, bulk.INSERT, plan.ops),
+                                     plan) if plan.ops else Outcome())
+            except WriteError as exc:
+                if first:
+                    raise
+                # a later round: what the earlier rounds wrote stays counted, and so does
+                # what this round's lookup found stored
+                outcome.duplicates += plan.duplicates
+                outcome.conflicts.extend(plan.conflicts)
+                outcome.retry.extend(r for group in plan.groups for r in group)
+                outcome.retry.extend(plan.deferred)
+                outcome.error = exc
+                break
+            first = False
+            outcome.written += result.written
+            outcome.retry.extend(result.retry)
+            outcome.refused.extend(result.refused)
+            outcome.error = result.error or outcome.error
+            outcome.duplicates += plan.duplicates
+            outcome.conflicts.extend(plan.conflicts)
+            if outcome.retry:  # deferred readings come after the ones to retry
+                outcome.retry.extend(plan.deferred)
+                break
+            if not plan.deferred:
+                break
+            plan = self.plan(plan.deferred)
         return outcome
 
     async def _without_stored(self, plan: Plan) -> Plan:
@@ -235,23 +261,28 @@ class TimeseriesWriter:
             return plan
         ops: list[Any] = []
         groups: list[list[Reading]] = []
-        out = Plan(ops, groups, plan.duplicates, list(plan.conflicts))
+        out = Plan(ops, groups, plan.duplicates, list(plan.conflicts), plan.deferred)
         for doc, group in zip(plan.ops, plan.groups, strict=True):
             fields = stored.get(_doc_instant(doc))
             if fields is None:
                 ops.append(doc)
                 groups.append(group)
                 continue
-            part = self._unstored(group, fields, out)
+            part, kept = self._unstored(group, fields, out)
             if part is not None:
                 ops.append({"_id": doc["_id"], **reading_document(part)})
-                groups.append(group)
+                groups.append(kept)
         return out
 
     @staticmethod
-    def _unstored(group: list[Reading], fields: dict[str, Any], plan: Plan) -> Reading | None:
-        """The readings of one instant less what ``fields`` (stored there) already holds."""
+    def _unstored(group: list[Reading], fields: dict[str, Any], plan: Plan
+                  ) -> tuple[Reading | None, list[Reading]]:
+        """The readings of one instant less what ``fields`` (stored there) already holds.
+
+        Returns what is left to store, and the readings that still add something.
+        """
         part: Reading | None = None
+        kept: list[Reading] = []
         for reading in group:
             new = new_fields(reading, fields)
             if isinstance(new, str):
@@ -261,9 +292,10 @@ class TimeseriesWriter:
                 plan.duplicates += 1
                 continue
             fields.update(new)
+            kept.append(reading)
             rest = with_fields(reading, new)
             part = rest if part is None else merged(part, rest)  # type: ignore[assignment]
-        return part
+        return part, kept
 
     async def stored_at(self, docs: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
         """The fields stored at the instants of ``docs``, by (sensor, tags, millisecond).
