@@ -106,9 +106,9 @@ def test_check_exits_1_when_everything_is_rejected_and_says_why(tmp_path: Path) 
                   'm v=1,bad="' + "x" * 300 + '"\nnot a line')
     assert done.returncode == 0
     out = done.stdout.decode().splitlines()
-    assert orjson.loads(out[0])["values"] == {"v": 1.0}
+    assert orjson.loads(out[0])["values"] == {"m_v": 1.0}
     assert sorted(out[1:]) == [
-        "rejected (reading 0): bad_value: bad: string longer than 256 bytes",
+        "rejected (reading 0): bad_value: m_bad: string longer than 256 bytes",
         "rejected (reading 1): bad_shape: not line protocol: Failed to parse key of field."]
     done = ingest("check", "--topic-name", "sensors/s1", '{"temp": "hot"}')
     assert done.returncode == 1
