@@ -66,9 +66,11 @@ def test_subscriptions_come_from_the_rules_unless_topics_are_given(tmp_path: Pat
     env = {"INGEST_PRESET": "senml,influx"}
     args = build_parser(env).parse_args(["run", "--mapping", str(path)])
     settings = settings_from(args, env)
-    assert settings.topics == ("home/#", "senml/#", "influx/+")  # home/# covers home/+/+
+    # home/# covers home/+/+
+    assert settings.topics == ("home/#", "senml/#", "telegraf/+/+/#", "telegraf/+", "influx/+")
     assert settings.mapping is not None
-    assert [r.name for r in settings.mapping.rules] == ["a", "b", "senml", "influx"]
+    assert [r.name for r in settings.mapping.rules] == [
+        "a", "b", "senml", "telegraf", "telegraf-one-level", "influx"]
     args = build_parser(env).parse_args(["run", "--preset", "senml", "--topic", "x/#"])
     settings = settings_from(args, env)
     assert settings.topics == ("x/#",)
