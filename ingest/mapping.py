@@ -478,6 +478,8 @@ def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection:
     else:
         tags = dict(matched.tags)
         for key, tag_value in (item.tags or {}).items():
+            if key in rule.named_tags:  # part of the sensor id or the measurement names
+                continue
             safe_key = safe(key)
             if safe_key in RESERVED_TAGS or not 1 <= len(safe_key) <= 64:
                 continue

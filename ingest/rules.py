@@ -108,6 +108,9 @@ class Rule:
     time: TimeSpec = field(default_factory=TimeSpec)
     time_configured: bool = False
     tags: dict[str, Template] = field(default_factory=dict)
+    # Payload tags (line protocol) the sensor id or measurement templates use
+    # ({tag.host}): part of those, not also tags, as captures are not.
+    named_tags: frozenset[str] = frozenset()
 
     @property
     def subscription(self) -> str:
@@ -201,10 +204,14 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
         return Rule(name, topic, source, captures, ignore=True)
     fmt = _choice(entry, "format", FORMATS, "json")
     time, configured = _time(entry.get("time"), fmt)
+    sensor_id = _sensor_template(entry, fmt, captures)
+    measurement = _measurement_template(entry, fmt, captures)
+    named = (sensor_id.names if sensor_id else set()) | (
+        measurement.names if measurement else set())
     return Rule(
-        name, topic, source, captures, format=fmt,
-        sensor_id=_sensor_template(entry, fmt, captures),
-        measurement=_measurement_template(entry, fmt, captures),
+        name, topic, source, captures, format=fmt, sensor_id=sensor_id,
+        measurement=measurement,
+        named_tags=frozenset(n[4:] for n in named if n.startswith("tag.")),
         flatten=_flatten(entry), drop=_globs(entry, "drop"), keep=_globs(entry, "keep"),
         strings=_choice(entry, "strings", STRINGS, "keep"),
         max_string_bytes=_max_string_bytes(entry), values=_values(entry.get("values", {})),
@@ -274,12 +281,14 @@ def _sensor_template(entry: dict[str, Any], fmt: str, captures: tuple[str, ...]
         return _template(text, "sensor_id", allowed, fmt)
     if fmt == "senml":
         return None  # the base name, else the {sensor_id} capture (see formats/senml.py)
+    if fmt == "influx":
+        return None  # the host tag, else the {sensor_id} capture (see formats/influx.py)
     if "sensor_id" in captures:
         return Template("{sensor_id}")
-    if fmt in {"json", "value", "influx"}:
+    if fmt in {"json", "value"}:
         raise ValueError("no sensor id: capture {sensor_id} in the topic or set sensor_id "
-                         '(a template such as "{device}" or "{tag.room}")')
-    return None  # ingest: the payload or the topic's second level; senml: the base name
+                         '(a template such as "{device}" or "{site}-{device}")')
+    return None  # ingest: the payload or the topic's second level
 
 
 def _measurement_template(entry: dict[str, Any], fmt: str, captures: tuple[str, ...]
@@ -292,9 +301,9 @@ def _measurement_template(entry: dict[str, Any], fmt: str, captures: tuple[str, 
                                  "{measurement} in the topic or set measurement")
             text = "{measurement}"
         return _template(text, "measurement", set(captures), fmt)
-    if fmt == "influx":
-        return _template(text or "{field}", "measurement",
-                         set(captures) | {"measurement", "field"}, fmt)
+    if fmt == "influx":  # None: <measurement>_<field> (see formats/influx.py)
+        return None if text is None else _template(
+            text, "measurement", set(captures) | {"measurement", "field"}, fmt)
     if text is not None:
         raise ValueError("measurement applies to the value and influx formats only")
     return None
