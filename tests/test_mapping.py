@@ -383,7 +383,7 @@ def test_line_protocol_lines_tags_types_and_escaping() -> None:
     assert kitchen.values == {"climate_temp": 22.5, "climate_hum": 40, "climate_ok": True,
                               "climate_state": 'a "q"'}
     assert kitchen.tags == {"site": "home"}  # room is the sensor id, not also a tag
-    assert living.sensor_id == "living_room"
+    assert living.sensor_id == "living room"
     assert living.tags == {"site": "home"}
     assert abs(living.epoch - AT) < 0.002
     assert sorted((r.reason, r.index) for r in result.decoded.rejections) == [

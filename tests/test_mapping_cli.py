@@ -92,7 +92,7 @@ def test_check_prints_the_readings_that_would_be_stored(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     (line,) = done.stdout.decode().splitlines()
     assert orjson.loads(line) == {
-        "rule": "z2m", "sensor_id": "Hall_Way", "ts": "2026-11-21T09:00:00.500+00:00",
+        "rule": "z2m", "sensor_id": "Hall Way", "ts": "2026-11-21T09:00:00.500+00:00",
         "values": {"occupancy": True, "update_state": "idle"}, "tags": {}, "units": {}}
     done = ingest("check", "--mapping", str(path), "--topic-name", "zigbee2mqtt/bridge/state",
                   "online")
