@@ -229,7 +229,7 @@ def _reading(
         checked = _values(item)
         if isinstance(checked, tuple):
             return checked
-        return _new(Reading, (sensor, None, ms / 1000, checked, seq, ms, None, None))
+        return _new(Reading, (sensor, None, ms / 1000, checked, seq, ms, None, None, None))
     if type(raw) is int:  # whole epoch seconds, the usual case: no call, no rounding
         whole = raw
         epoch = float(raw)
@@ -256,7 +256,7 @@ def _reading(
         else:
             if whole is not None:  # _timed's usual case, inline: whole milliseconds
                 return _new(Reading, (sensor, None, epoch, values, seq, whole * 1000, None,
-                                      None))
+                                      None, None))
             return _timed(sensor, epoch, whole, values, seq)
     checked = _values(item)
     if isinstance(checked, tuple):
@@ -296,14 +296,15 @@ def _timed(sensor: str, epoch: float, whole: int | None, values: dict[str, Scala
            seq: int | None) -> Reading:
     """The reading, its time as BSON will store it (whole milliseconds, floored)."""
     if whole is not None:  # already whole milliseconds
-        return _new(Reading, (sensor, None, epoch, values, seq, whole * 1000, None, None))
+        return _new(Reading, (sensor, None, epoch, values, seq, whole * 1000, None, None,
+                              None))
     # The instant MongoDB will store: datetime's microseconds, truncated to milliseconds.
     micros = datetime.fromtimestamp(epoch, UTC).microsecond
     seconds = math.floor(epoch)
     if micros < 500_000 and epoch - seconds > 0.5:  # microseconds rounded up to a new second
         seconds += 1
     return _new(Reading, (sensor, None, epoch, values, seq, seconds * 1000 + micros // 1000,
-                          None, None))
+                          None, None, None))
 
 
 def _epoch(raw: object, now: float) -> float | None:

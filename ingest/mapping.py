@@ -328,17 +328,22 @@ class Mapping:
                                         index))
             return None
         if item.tags is None and item.context is None:  # tags from the topic only
-            tags: dict[str, str] | Rejection = matched.tags
+            tags = matched.tags
         else:
-            tags = _tags(matched, item)
-            if isinstance(tags, Rejection):
-                rejections.append(_at(tags, index))
+            found = _tags(matched, item)
+            if isinstance(found, Rejection):
+                rejections.append(_at(found, index))
                 return None
+            tags = found
         units = None
         if item.units:
             renamed = ((self._resolve(rule, k), u[:64]) for k, u in item.units.items())
             units = {k: u for k, u in renamed if type(k) is str and k in values} or None
-        return _new(Reading, (sensor, None, epoch, values, None, ms, tags, units))
+        info = None
+        if rule.info and not tags.keys().isdisjoint(rule.info):  # descriptive tags apart
+            info = {k: v for k, v in tags.items() if k in rule.info}
+            tags = {k: v for k, v in tags.items() if k not in rule.info}
+        return _new(Reading, (sensor, None, epoch, values, None, ms, tags, units, info))
 
     def _instant(self, item: Item, rule: Rule, now: float) -> tuple[float, int] | None:
         if item.epoch is not None:  # SenML: resolved, relative below 2**28

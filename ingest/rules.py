@@ -32,7 +32,7 @@ _FLATTEN = re.compile(r"[A-Za-z0-9_-]{1,8}")
 RESERVED_TAGS = frozenset({"sensor_id", "units", "_id"})
 _OPTIONS = frozenset({"name", "topic", "ignore", "format", "sensor_id", "measurement",
                       "flatten", "drop", "keep", "strings", "max_string_bytes", "values",
-                      "time", "tags"})
+                      "time", "tags", "info"})
 _TIME_OPTIONS = frozenset({"field", "format", "zone"})
 _DEFAULT_TIME = {"influx": "epoch_ns", "sparkplug": "epoch_ms"}
 
@@ -111,6 +111,9 @@ class Rule:
     # Payload tags (line protocol) the sensor id or measurement templates use
     # ({tag.host}): part of those, not also tags, as captures are not.
     named_tags: frozenset[str] = frozenset()
+    # Tags that describe a reading rather than identify its series (``info = [...]``):
+    # stored with it (``info``), never part of the series' key.
+    info: frozenset[str] = frozenset()
 
     @property
     def subscription(self) -> str:
@@ -216,6 +219,7 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
         strings=_choice(entry, "strings", STRINGS, "keep"),
         max_string_bytes=_max_string_bytes(entry), values=_values(entry.get("values", {})),
         time=time, time_configured=configured, tags=_tags(entry.get("tags", {}), fmt, captures),
+        info=_info(entry),
     )
 
 
@@ -321,6 +325,15 @@ def _globs(entry: dict[str, Any], key: str) -> tuple[str, ...]:
     if type(value) is not list or any(type(g) is not str or not g for g in value):
         raise TypeError(f"{key} must be a list of non-empty strings (names or globs)")
     return tuple(value)
+
+
+def _info(entry: dict[str, Any]) -> frozenset[str]:
+    """The tag names the rule marks as descriptive (``info = ["rssi", "model"]``)."""
+    names = entry.get("info", [])
+    if type(names) is not list or any(type(n) is not str or not _TAG_KEY.fullmatch(n)
+                                      for n in names):
+        raise TypeError("info must be a list of tag names ([A-Za-z0-9_-]{1,64})")
+    return frozenset(names)
 
 
 def _max_string_bytes(entry: dict[str, Any]) -> int:

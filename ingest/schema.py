@@ -138,17 +138,19 @@ class Schema:
         the uniqueness of its instants. One line names the collection and what to do.
         """
         coll = self.db[self.collection]
-        old = await coll.find_one({"schema_version": {"$ne": BUCKET_SCHEMA_VERSION}},
-                                  {"schema_version": 1})
-        if old is not None:
-            what = (f"holds bucket documents of schema_version {old.get('schema_version')!r}, "
-                    f"this daemon writes {BUCKET_SCHEMA_VERSION}")
-        else:
-            names = {index["name"] async for index in await coll.list_indexes()}
-            stale = sorted(names & set(OLD_BUCKET_INDEXES))
-            if not stale:
-                return
+        # Two cheap looks, not a scan: the indexes of an earlier shape (``ingest migrate``
+        # drops them last), and the oldest document (by _id).
+        names = {index["name"] async for index in await coll.list_indexes()}
+        stale = sorted(names & set(OLD_BUCKET_INDEXES))
+        oldest = await coll.find_one({}, {"schema_version": 1}, sort=[("_id", 1)])
+        if oldest is not None and oldest.get("schema_version") != BUCKET_SCHEMA_VERSION:
+            what = (f"holds bucket documents of schema_version "
+                    f"{oldest.get('schema_version')!r}, this daemon writes "
+                    f"{BUCKET_SCHEMA_VERSION}")
+        elif stale:
             what = f"has the index {stale[0]} of an earlier document shape"
+        else:
+            return
         raise SchemaError(
             f"{self.db.name}.{self.collection} {what}: "
             f"run `ingest migrate --db {self.db.name} --collection {self.collection}` once "
@@ -162,15 +164,9 @@ class Schema:
         how many documents changed and which indexes were dropped. Idempotent.
         """
         coll = self.db[self.collection]
-        dropped: list[str] = []
-        indexes = await (await coll.list_indexes()).to_list()
-        for index in indexes:
-            if index["name"] in OLD_BUCKET_INDEXES:
-                await coll.drop_index(index["name"])
-                dropped.append(index["name"])
         changed = 0
         cursor = coll.find({"schema_version": {"$ne": BUCKET_SCHEMA_VERSION}},
-                           {"tags": 1, "schema_version": 1})
+                           {"tags": 1, "schema_version": 1}, sort=[("_id", 1)])
         async for doc in cursor:
             tags = dict(sorted((doc.get("tags") or {}).items()))
             result = await coll.update_one(
@@ -178,6 +174,14 @@ class Schema:
                 {"$set": {"tags": tags, "schema_version": BUCKET_SCHEMA_VERSION}},
                 bypass_document_validation=True)
             changed += result.modified_count
+        # Last: while they exist, the daemon refuses the collection (a migration cut
+        # short is found and can be run again).
+        dropped: list[str] = []
+        indexes = await (await coll.list_indexes()).to_list()
+        for index in indexes:
+            if index["name"] in OLD_BUCKET_INDEXES:
+                await coll.drop_index(index["name"])
+                dropped.append(index["name"])
         return changed, dropped
 
     def timeseries_options(self) -> dict[str, Any]:

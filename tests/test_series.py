@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from ingest.model import Reading
 from ingest.schema import Schema
-from ingest.writers.bucket import BucketWriter, ts_key
+from ingest.writers.bucket import BucketWriter
 from ingest.writers.instants import merged, new_fields, same_value, tags_key
 from ingest.writers.timeseries import TimeseriesWriter
+from tests.support.mongo import instants
 
 HOUR = 3600
 T0 = 1_790_000_000 // HOUR * HOUR
@@ -59,28 +60,11 @@ class Model:
 
 
 async def stored_bucket(coll: Any) -> dict[Instant, dict[str, Any]]:
-    out: dict[Instant, dict[str, Any]] = {}
-    async for doc in coll.find({}):
-        for entry in doc["readings"]:
-            key = (doc["sensor_id"], tags_key(doc["tags"]), ts_key(entry["ts"]))
-            assert key not in out, f"instant stored twice: {key}"
-            out[key] = {k: v for k, v in entry.items() if k not in {"ts", "seq"}}
-    return out
+    return await instants(coll, "bucket")
 
 
 async def stored_timeseries(coll: Any) -> dict[Instant, dict[str, Any]]:
-    out: dict[Instant, dict[str, Any]] = {}
-    async for doc in coll.find({}).sort("_id"):
-        meta = doc["meta"]
-        tags = {k: v for k, v in meta.items() if k != "sensor_id"}
-        key = (meta["sensor_id"], tags_key(tags), ts_key(doc["ts"]))
-        fields = out.setdefault(key, {})
-        for name, value in doc.items():
-            if name in {"_id", "ts", "meta", "seq", "units"}:
-                continue
-            assert name not in fields, f"field {name} stored twice at {key}"
-            fields[name] = value
-    return out
+    return await instants(coll, "timeseries")
 
 
 def writers(db: Any) -> tuple[BucketWriter, TimeseriesWriter]:

@@ -456,11 +456,14 @@ type _Stats = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, st
 
 
 def _label(reading: Reading, labels: dict[str, str]) -> None:
-    """Add a reading's units to the ``$set`` (``units.<m>``); the last one wins.
+    """Add a reading's units and info to the ``$set`` (``units.<m>``, ``info.<k>``).
 
-    Only readings of the mapping path (tags not None) have any. The series' tags are
-    part of the document's key, never set here.
+    The last one wins. Only readings of the mapping path (tags not None) have any. The
+    series' tags are part of the document's key, never set here.
     """
+    if reading.info is not None:
+        for key, value in reading.info.items():
+            labels[f"info.{key}"] = value
     if reading.units is not None:
         for name, unit in reading.units.items():
             labels[f"units.{name}"] = unit

@@ -80,6 +80,8 @@ def reading_document(reading: Reading) -> dict[str, Any]:
         doc["seq"] = reading.seq
     if reading.units is not None:
         doc["units"] = dict(sorted(reading.units.items()))
+    if reading.info is not None:
+        doc["info"] = dict(sorted(reading.info.items()))
     values = reading.values
     for name in sorted(values):
         doc[name] = values[name]
@@ -114,7 +116,7 @@ def documents(readings: list[Reading]) -> list[dict[str, Any]]:
     docs: list[dict[str, Any]] = []
     append = docs.append
     for oid, date, reading in zip(ids, dates, readings, strict=True):
-        if reading.tags or reading.units is not None:
+        if reading.tags or reading.units is not None or reading.info is not None:
             append({"_id": oid, **reading_document(reading)})
             continue
         sensor = reading.sensor_id
