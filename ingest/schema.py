@@ -154,7 +154,7 @@ class Schema:
         raise SchemaError(
             f"{self.db.name}.{self.collection} {what}: "
             f"run `ingest migrate --db {self.db.name} --collection {self.collection}` once "
-            "(docs/documents.md#schema-versions), or choose another --collection")
+            "(docs/readings.md#document-versions), or choose another --collection")
 
     async def migrate_buckets(self) -> tuple[int, list[str]]:
         """Bring bucket documents of an earlier shape to this one; drop the old indexes.
