@@ -13,6 +13,7 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
+import bson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -213,8 +214,8 @@ async def test_another_reading_at_a_stored_time_is_refused_as_a_conflict(db: Any
     assert outcome.written == 1
     assert outcome.duplicates == 1
     assert [(r.sensor_id, r.values) for r, _ in outcome.conflicts] == [
-        ("b", {"v": 2.0}), ("a", {"v": 9.0})]
-    assert "a already has v=1.0 at" in outcome.conflicts[1][1]
+        ("a", {"v": 9.0}), ("b", {"v": 2.0})]
+    assert "a already has v=1.0 at" in outcome.conflicts[0][1]
     assert await stored_values(db, "bucket", "v") == [1.0, 1.0]
 
 
@@ -328,6 +329,29 @@ async def test_documents_also_stay_under_a_byte_budget(db: Any, monkeypatch: Any
     assert len(docs) >= 21 * bucket.reading_bytes(written[0]) // 4000
     assert sum(d["count"] for d in docs) == 21
     await expected_vs_stored(db.buckets, written)
+
+
+async def test_thousands_of_names_count_their_statistics_in_the_byte_budget(
+        db: Any, monkeypatch: Any) -> None:
+    """A sensor whose readings each bring new measurement names grows by its ``stats`` as
+    much as by its readings: every document's real BSON size stays within twice the
+    budget (the margin MongoDB's 16 MiB limit has over the 8 MiB budget)."""
+    from ingest.writers import bucket  # noqa: PLC0415
+
+    budget = 16_384
+    monkeypatch.setattr(bucket, "MAX_BUCKET_BYTES", budget)
+    writer = writer_for(db)
+    await writer.ensure_schema()
+    readings = [Reading("a", None, T0 + i / 10, {f"n{3 * i + k:04d}": 1.0 for k in range(3)},
+                        None, T0 * 1000 + i * 100) for i in range(1000)]
+    for start in range(0, len(readings), 250):
+        outcome = await writer.write(writer.plan(readings[start:start + 250]))
+        assert outcome.written == 250
+    docs = await db.buckets.find({}).to_list()
+    assert sum(d["count"] for d in docs) == 1000
+    assert len({name for d in docs for name in d["stats"]}) == 3000
+    assert max(len(bson.encode(d)) for d in docs) <= 2 * budget
+    assert all(d["bytes"] <= budget for d in docs)
 
 
 def test_a_reading_larger_than_the_budget_goes_alone_and_the_server_decides() -> None:

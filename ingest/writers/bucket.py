@@ -72,8 +72,9 @@ logger = logging.getLogger(__name__)
 # 2: the series' tags are part of a document's key (``tags``, always present), sensor
 # ids are kept exactly, one entry per instant.
 SCHEMA_VERSION = 2
-# Estimated BSON bytes of readings one document may hold: half of MongoDB's 16 MiB limit,
-# so the estimate can be off by 2x and an update still fits.
+# Estimated BSON bytes of one document (its readings, and the statistics and units their
+# measurements add): half of MongoDB's 16 MiB limit, so the estimate can be off by 2x and
+# an update still fits (the key's tags and info are bounded: 32 of 256 bytes each).
 MAX_BUCKET_BYTES = 8 * 1024 * 1024
 # Rounds of "write, settle the collisions, write what is left" before giving the rest
 # back to the pipeline's retry loop (only a writer racing on the very same readings
@@ -168,12 +169,22 @@ def bson_dates(readings: list[Reading]) -> list[BsonDate]:
 
 
 def reading_bytes(reading: Reading) -> int:
-    """Upper estimate of a reading's BSON size inside the ``readings`` array."""
-    # array index key and sub-document framing ~16, ts 12, seq 13, each value 10 + name
+    """Upper estimate of what a reading adds to its document's BSON size.
+
+    Its entry in ``readings`` and, for each of its measurements, the ``stats.<m>`` entry
+    (and ``units.<m>``) it may add: a document whose readings each bring new names grows
+    by its statistics as much as by its readings.
+    """
+    # entry: array index key and sub-document framing ~16, ts 12, seq 13, each value
+    # 10 + name; stats.<m>: {count, sum, min, max} 60 + name
     values = reading.values
-    size = 41 + 10 * len(values) + sum(map(len, values))
+    size = 41 + 70 * len(values) + 2 * sum(map(len, values))
     if reading.tags is not None:  # the mapping path: strings too (UTF-8: 4 bytes a character)
         size += sum([len(v) * 4 for v in values.values() if type(v) is str])
+        if reading.units:
+            size += sum(len(m) + 7 + 4 * len(u) for m, u in reading.units.items())
+        if reading.info:
+            size += sum(len(k) + 7 + 4 * len(v) for k, v in reading.info.items())
     return size
 
 
@@ -264,7 +275,7 @@ def chunks(group: list[Reading], max_readings: int) -> list[tuple[list[Reading],
     for reading in group:
         values = reading.values
         # reading_bytes, inlined for the default decoder's readings (numbers only)
-        grow = (41 + 10 * len(values) + sum(map(len, values)) if reading.tags is None
+        grow = (41 + 70 * len(values) + 2 * sum(map(len, values)) if reading.tags is None
                 else reading_bytes(reading))
         if chunk and (len(chunk) >= max_readings or size + grow > MAX_BUCKET_BYTES):
             out.append((chunk, size))
@@ -650,7 +661,7 @@ class BucketWriter:
         """
         date = bson_date(ms_of(reading))
         part = reading._replace(values=new)
-        inc, mins, maxs, labels = _single(part, 10 * len(new) + sum(map(len, new)))
+        inc, mins, maxs, labels = _single(part, reading_bytes(part) - 41)  # no new entry
         del inc["count"], mins["first_ts"], maxs["last_ts"]
         update: dict[str, Any] = {
             op: fields for op, fields in (("$inc", inc), ("$min", mins), ("$max", maxs))
