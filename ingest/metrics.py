@@ -72,9 +72,8 @@ class Metrics:
             "whose first attempt landed, or a sensor sending a reading twice (bucket mode).",
             ["mode"], namespace=NAMESPACE, registry=r).labels(mode)
         self.duplicate_checked = Counter(
-            "duplicate_checked_readings", "Readings looked up before being written again "
-            "because they may be stored already (time-series mode: a DUP redelivery or a "
-            "retried write); the normal path looks nothing up.",
+            "duplicate_checked_readings", "Time-series mode: instants looked up before "
+            "being inserted (every batch's: what is stored there is left out).",
             ["mode"], namespace=NAMESPACE, registry=r).labels(mode)
         self.duplicate_check_seconds = Counter(
             "duplicate_check_seconds", "Time spent in those lookups.",

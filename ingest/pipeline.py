@@ -239,6 +239,10 @@ class Pipeline:
         self._received = self._received_bytes = self._accepted = 0
         metrics.buffered_readings.set(self._buffered)
         metrics.buffered_bytes.set(self._held_bytes)
+        checked, seconds = self._writer.take_lookups()
+        if checked:
+            metrics.duplicate_checked.inc(checked)
+            metrics.duplicate_check_seconds.inc(seconds)
 
     def flush(self) -> None:
         """Close the open batch now (used at shutdown)."""
@@ -388,11 +392,7 @@ class Pipeline:
         checked = [reading for reading in pending if id(reading) in suspects]
         if not checked:
             return pending
-        started = time.perf_counter()
         fresh = await self._writer.skip_stored(checked)
-        if self._writer.mode == "timeseries":  # bucket mode settles in its writes instead
-            self._metrics.duplicate_checked.inc(len(checked))
-            self._metrics.duplicate_check_seconds.inc(time.perf_counter() - started)
         if len(fresh) < len(checked):
             self._metrics.duplicates.inc(len(checked) - len(fresh))
             logger.info("%d readings of a redelivery or a retried write are stored "

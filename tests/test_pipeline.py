@@ -63,6 +63,9 @@ class ScriptedWriter:
         self.stored += list(plan.ops)
         return Outcome(written=len(plan.ops))
 
+    def take_lookups(self) -> tuple[int, float]:
+        return 0, 0.0
+
     async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
         self.checked.append([r.seq for r in readings])  # type: ignore[misc]
         return [r for r in readings if r.seq not in self.stored]

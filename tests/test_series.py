@@ -100,7 +100,7 @@ def a_reading(draw: st.DrawFn) -> Reading:
     return reading(sensor, ms, draw(values), tags, draw(st.none() | st.integers(0, 3)))
 
 
-@settings(max_examples=20, deadline=None,
+@settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=st.lists(st.lists(a_reading(), min_size=1, max_size=8), min_size=1, max_size=4),
        replays=st.lists(st.integers(0, 3), max_size=2))

@@ -1,4 +1,5 @@
-"""Time-series mode: readings that may be stored already are looked up before insert."""
+"""Time-series mode: every write looks up the instants it would store, and leaves out
+what is there (duplicates), refuses changed fields (conflicts) and adds new fields."""
 
 from __future__ import annotations
 
@@ -37,7 +38,12 @@ async def test_only_readings_not_stored_yet_are_kept(db: Any) -> None:
              reading("c", T0 + 1, seq=1, temp=20.5, hum=40)]  # another sensor
     again = [reading("a", T0 + 1, seq=1, hum=40, temp=20.5),  # value order does not matter
              reading("b", T0 + 1.001, seq=2, temp=21.0)]      # nor int against float
-    assert await writer.skip_stored([*fresh, *again]) == fresh
+    outcome = await writer.write(writer.plan([*fresh, *again]))
+    assert (outcome.written, outcome.duplicates) == (2, 2)
+    assert [r for r, _ in outcome.conflicts] == [fresh[1]]
+    assert await db.readings.count_documents({}) == 4
+    assert writer.take_lookups()[0] == 2 + 5
+    assert writer.take_lookups() == (0, 0.0)
 
 
 async def test_a_failed_lookup_is_a_retriable_write_error(db: Any, mongo: Any) -> None:
@@ -45,7 +51,7 @@ async def test_a_failed_lookup_is_a_retriable_write_error(db: Any, mongo: Any) -
     await writer.ensure_schema()
     async with failpoint(mongo, ["find"], code=11602):
         with pytest.raises(WriteError, match="code 11602") as caught:
-            await writer.skip_stored([reading("a", T0)])
+            await writer.write(writer.plan([reading("a", T0)]))
     assert type(caught.value) is WriteError  # retriable, not refused
 
 
@@ -57,4 +63,6 @@ async def test_many_sensors_are_looked_up_in_several_queries(db: Any, monkeypatc
     stored = [reading(f"s{i}", T0 + i, seq=i) for i in range(5)]
     await writer.write(writer.plan(stored))
     fresh = [reading(f"s{i}", T0 + 100 + i, seq=i) for i in range(5)]
-    assert await writer.skip_stored(stored + fresh) == fresh
+    outcome = await writer.write(writer.plan(stored + fresh))
+    assert (outcome.written, outcome.duplicates) == (5, 5)
+    assert await db.readings.count_documents({}) == 10

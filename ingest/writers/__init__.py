@@ -92,6 +92,9 @@ class Writer(Protocol):
     async def write(self, plan: Plan) -> Outcome:
         """Send a plan; raise :class:`WriteError` if nothing is known to be written."""
 
+    def take_lookups(self) -> tuple[int, float]:
+        """Instants looked up before writing since the last call, and the seconds spent."""
+
     async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
         """Those of ``readings`` not stored yet; raise :class:`WriteError` on failure.
 

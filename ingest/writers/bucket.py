@@ -597,9 +597,9 @@ class BucketWriter:
                     except WriteError as exc:  # the pipeline retries them after a backoff
                         outcome.retry.extend(r for group in collided for r in group)
                         outcome.error = exc
-                    # A round that leaves readings to write again met a racing writer;
-                    # deferred readings' rounds make progress and are not counted.
-                    settled += bool(pending)
+                    # Only a round that settles nothing counts towards the limit (a
+                    # racing writer); one that settles some readings made progress.
+                    settled += len(pending) == sum(map(len, collided))
             if outcome.retry:  # deferred readings come after the ones to retry
                 outcome.retry.extend(pending + plan.deferred)
                 break
@@ -608,6 +608,10 @@ class BucketWriter:
                 break
             plan = self.plan(pending)
         return outcome
+
+    def take_lookups(self) -> tuple[int, float]:
+        """None: the unique index finds stored instants; settle looks only those up."""
+        return 0, 0.0
 
     async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
         """All of them: bucket writes settle stored readings themselves (unique index)."""

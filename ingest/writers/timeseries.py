@@ -188,6 +188,9 @@ class TimeseriesWriter:
         # The lookup must see what the primary just acknowledged.
         self._primary_coll: AsyncCollection[dict[str, Any]] | None = None
         self._schema = schema
+        # Instants looked up before inserting, and the time it took (see take_lookups).
+        self._checked = 0
+        self._check_seconds = 0.0
 
     def _primary(self) -> AsyncCollection[dict[str, Any]]:
         """The collection, read from the primary whatever its read preference says."""
@@ -258,7 +261,12 @@ class TimeseriesWriter:
         A document whose instant holds stored fields is built again from the fields of
         its readings that are not stored (readings merged in order, as the plan did).
         """
-        stored = await self.stored_at(plan.ops)
+        started = time.perf_counter()
+        try:
+            stored = await self.stored_at(plan.ops)
+        finally:
+            self._checked += len(plan.ops)
+            self._check_seconds += time.perf_counter() - started
         if not stored:
             return plan
         ops: list[Any] = []
@@ -335,28 +343,15 @@ class TimeseriesWriter:
         return found
 
     async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
-        """Those of ``readings`` not stored yet: same sensor, ts, seq and values.
+        """All of them: every write looks up the instants it would store (:meth:`write`)."""
+        return readings
 
-        One ``find`` per ``LOOKUP_SENSORS`` sensors, each clause a sensor and its times
-        (the ``{meta.sensor_id, ts}`` index, and the time range prunes buckets).
-        """
-        by_sensor: dict[str, list[Reading]] = {}
-        for reading in readings:
-            by_sensor.setdefault(reading.sensor_id, []).append(reading)
-        groups = list(by_sensor.items())
-        stored: set[tuple[Any, ...]] = set()
-        for start in range(0, len(groups), LOOKUP_SENSORS):
-            query = {"$or": [
-                {"meta.sensor_id": sensor,
-                 "ts": {"$gte": min(r.ts for r in group), "$lte": max(r.ts for r in group),
-                        "$in": [r.ts for r in group]}}
-                for sensor, group in groups[start:start + LOOKUP_SENSORS]]}
-            try:
-                docs = await self._primary().find(query, {"_id": 0}).to_list()
-            except (PyMongoError, InvalidDocument) as exc:
-                raise mongo_errors.translate(exc, "lookup") from exc
-            stored.update(_identity(doc) for doc in docs)
-        return [r for r in readings if _identity(reading_document(r)) not in stored]
+    def take_lookups(self) -> tuple[int, float]:
+        """Instants looked up since the last call, and the seconds it took."""
+        taken = self._checked, self._check_seconds
+        self._checked, self._check_seconds = 0, 0.0
+        return taken
+
 
 def _instant(reading: Reading) -> tuple[str, TagsKey, int]:
     """A reading's series and instant."""
@@ -370,9 +365,3 @@ def _doc_instant(doc: dict[str, Any]) -> tuple[str, TagsKey, int]:
         return meta["sensor_id"], NO_TAGS, ts_key(doc["ts"])
     tags = {k: v for k, v in meta.items() if k != "sensor_id"}
     return meta["sensor_id"], tags_key(tags), ts_key(doc["ts"])
-
-
-def _identity(doc: dict[str, Any]) -> tuple[Any, ...]:
-    """What makes two time-series documents the same reading (field order aside)."""
-    values = tuple(sorted((k, v) for k, v in doc.items() if k not in {"ts", "meta", "_id"}))
-    return doc["meta"]["sensor_id"], ts_key(doc["ts"]), values
