@@ -171,6 +171,8 @@ class Mapping:
         # Arrival milliseconds given by this process are == _arrival_slot (mod
         # _arrival_stride): see spread_arrivals.
         self._arrival_slot, self._arrival_stride = 0, 1
+        # Set during decode_at: items without a time take the given one exactly.
+        self._exact = False
         # One object per stateful format in use, shared by its rules.
         self.stateful: dict[str, Stateful] = {
             name: make() for name, make in _STATEFUL.items()
@@ -287,6 +289,18 @@ class Mapping:
                 out.readings.append(reading)
         return Result(rule, out)
 
+    def decode_at(self, topic: str, payload: bytes, ms: int, limits: Limits) -> Result:
+        """:meth:`decode` with items that have no time of their own at ``ms`` exactly.
+
+        Not spread as arrivals (see :meth:`spread_arrivals`): a retained state's
+        first-seen time must give the same instant in every worker and every delivery.
+        """
+        self._exact = True
+        try:
+            return self.decode(topic, payload, ms / 1000, limits)
+        finally:
+            self._exact = False
+
     def _ingest(self, matched: _Topic, topic: str, payload: bytes, received_at: float,
                 limits: Limits) -> Decoded:
         sensor = matched.sensor
@@ -311,7 +325,8 @@ class Mapping:
             rejections.append(_at(sensor, index))  # type: ignore[arg-type]
             return None
         if item.ts is None and item.epoch is None:  # timed at arrival
-            ms = self._arrival(sensor, math.floor(now * 1000))
+            ms = (round(now * 1000) if self._exact
+                  else self._arrival(sensor, math.floor(now * 1000)))
             epoch = ms / 1000
         else:
             instant = self._instant(item, rule, now)
