@@ -173,8 +173,8 @@ class Pipeline:
             return False
         ms, new = found
         self._metrics.retained_messages.labels("new" if new else "known").inc()
-        self._tell_retained("storing them at the time any daemon first saw each state "
-                            "(--retained store)")
+        self._tell_retained(message, "storing them at the time any daemon first saw "
+                            "each state (--retained store)")
         full = self._take(message, ms)
         batch = full or self._batcher.current
         assert batch is not None  # the message was just added to it
@@ -186,7 +186,8 @@ class Pipeline:
         self._received += 1
         self._received_bytes += len(message.payload)
         self._metrics.retained_messages.labels("skipped").inc()
-        self._tell_retained("skipping them, counted in ingest_retained_messages_total"
+        self._tell_retained(message, "skipping them, counted in "
+                            "ingest_retained_messages_total"
                             '{outcome="skipped"} (--retained ignore; --retained store '
                             "stores them)")
         size = held_bytes(message, [], _NO_DOCS)
@@ -199,12 +200,12 @@ class Pipeline:
         elif not had_open:
             self._opened.set()
 
-    def _tell_retained(self, what: str) -> None:
+    def _tell_retained(self, message: Inbound, what: str) -> None:
+        """Say once what becomes of retained messages (not once per message)."""
         if not self._told_retained:
             self._told_retained = True
-            logger.info("retained messages arrive on subscribing (old state, e.g. on %r); "
-                        "%s", self._settings.topics[0] if len(self._settings.topics) == 1
-                        else ", ".join(self._settings.topics), what)
+            logger.info("retained messages arrive on subscribing (old state; the first on "
+                        "%r); %s", message.topic[:200], what)
 
     async def _first_seen_of(self, message: Inbound) -> tuple[int, bool] | None:
         """When the retained state was first seen (epoch ms) and whether that is now.

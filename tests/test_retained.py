@@ -258,13 +258,14 @@ SHELLY = "shellies/shelly1pm-84CCA8ADE5E2/temperature"
 ARRIVED = 1_790_000_000.1234
 
 
-def inbound(mid: int, retained: bool, at: float = ARRIVED, topic: str = SHELLY) -> Inbound:
-    return Inbound(topic, b"21.5", mid, 1, 1, at, False, retained)
+def inbound(mid: int, *, retained: bool, at: float = ARRIVED) -> Inbound:
+    return Inbound(SHELLY, b"21.5", mid, 1, 1, at, dup=False, retained=retained)
 
 
 async def test_ignore_acknowledges_and_counts_a_retained_message_in_its_turn() -> None:
     writer, acks, metrics = await through_pipeline(
-        [inbound(1, False), inbound(2, True), inbound(3, False, ARRIVED + 1)], "ignore")
+        [inbound(1, retained=False), inbound(2, retained=True),
+         inbound(3, retained=False, at=ARRIVED + 1)], "ignore")
     assert acks.mids == [1, 2, 3]  # in arrival order, the skipped one included
     assert len(writer.written) == 2
     assert writer.checked == []
@@ -280,12 +281,14 @@ async def test_store_gives_a_retained_state_the_same_instant_in_every_worker() -
     record = Recorded(failures=2)  # retried like a write
     given = []
     for worker, arrived in ((0, ARRIVED), (1, ARRIVED + 5)):
-        writer, acks, metrics = await through_pipeline(
-            [inbound(1, True, arrived), inbound(2, False, arrived)], "store", worker, record)
+        writer, acks, _ = await through_pipeline(
+            [inbound(1, retained=True, at=arrived), inbound(2, retained=False, at=arrived)],
+            "store", worker, record)
         assert acks.mids == [1, 2]
         [retained] = writer.checked  # looked up: the live reading is not
         [live] = [reading for reading in writer.written if reading is not retained]
         assert len(writer.written) == 2
-        assert live.ms is not None and live.ms % 2 == worker
+        assert live.ms is not None
+        assert live.ms % 2 == worker
         given.append(retained.ms)
     assert given == [int(ARRIVED * 1000)] * 2
