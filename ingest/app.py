@@ -24,6 +24,8 @@ from ingest.config import redact_mongodb_uri
 from ingest.errors import StartupError
 from ingest.metrics import Health, Metrics, MetricsServer
 from ingest.pipeline import Pipeline
+from ingest.retained import COLLECTION as RETAINED_COLLECTION
+from ingest.retained import FirstSeen
 from ingest.retry import backoff
 from ingest.schema import BUCKET_SCHEMA_VERSION, Schema
 from ingest.sharding import shard_collection
@@ -201,7 +203,9 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
                          else (settings.collection, settings.client_id))
         source = MqttSource(settings, metrics, health)
         rejects = RejectsWriter(client[settings.db][settings.rejects_collection])
-        pipeline = Pipeline(settings, writer, rejects, source, metrics, health)
+        first_seen = (FirstSeen(client[settings.db][RETAINED_COLLECTION])
+                      if settings.retained == "store" and not settings.dry_run else None)
+        pipeline = Pipeline(settings, writer, rejects, source, metrics, health, first_seen)
         server = MetricsServer(settings.metrics_host, settings.metrics_port, metrics, health,
                                before_scrape=functools.partial(_sync_metrics, pipeline, source),
                                sock=metrics_sock)

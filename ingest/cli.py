@@ -21,6 +21,7 @@ from ingest.config import (
     DEFAULT_METRICS_PORT,
     GRANULARITIES,
     MODES,
+    RETAINED,
     ApiSettings,
     Settings,
     parse_mqtt_url,
@@ -153,6 +154,9 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
           type=real)
     _flag(parser, env, "shutdown-timeout", "seconds to drain on SIGTERM before giving up",
           10.0, type=real)
+    _flag(parser, env, "retained", "a retained message the broker sends because the daemon "
+          "subscribed is old state: ignore (acknowledge and count it) or store (at the time "
+          "any daemon first saw it; see docs/configuration.md)", "ignore", choices=RETAINED)
     _flag(parser, env, "workers", "consumer processes on one shared subscription group, one "
           "metrics endpoint (auto: the CPUs this process may use, at most 8; see "
           "docs/scaling.md)", "auto")
@@ -415,7 +419,8 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         max_message_bytes=args.max_message_bytes,
         max_readings_per_message=args.max_readings_per_message,
         max_past_seconds=args.max_past_seconds, max_future_seconds=args.max_future_seconds,
-        shutdown_timeout=args.shutdown_timeout, dry_run=dry_run, mapping=mapping,
+        shutdown_timeout=args.shutdown_timeout, retained=args.retained, dry_run=dry_run,
+        mapping=mapping,
         workers=_workers(args.workers),
     ))
 

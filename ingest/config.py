@@ -21,8 +21,11 @@ if TYPE_CHECKING:
 
 type Mode = Literal["bucket", "timeseries"]
 type Granularity = Literal["seconds", "minutes", "hours"]
+# What to do with a retained message the broker sends because the daemon subscribed.
+type Retained = Literal["ignore", "store"]
 MODES: tuple[str, ...] = get_args(Mode.__value__)
 GRANULARITIES: tuple[str, ...] = get_args(Granularity.__value__)
+RETAINED: tuple[str, ...] = get_args(Retained.__value__)
 DEFAULT_COLLECTION: dict[str, str] = {"bucket": "buckets", "timeseries": "readings"}
 DEFAULT_BUCKET_SPAN_SECONDS = 3600
 # Distinct per mode, so the two daemons can run side by side on one host.
@@ -95,6 +98,9 @@ class Settings:
     max_past_seconds: float = 365 * 86400.0
     max_future_seconds: float = 600.0
     shutdown_timeout: float = 10.0
+    # A retained message delivered because the daemon subscribed is old state: skipped
+    # and counted (ignore), or stored at the time it was first seen (store).
+    retained: Retained = "ignore"
     dry_run: bool = False
     # Mapping rules (--mapping, --preset), compiled by the CLI; None: the default format.
     mapping: Mapping | None = field(default=None, repr=False, compare=False)
@@ -202,6 +208,9 @@ def validate(settings: Settings) -> Settings:
         raise ConfigError(f"--mode: must be one of {', '.join(MODES)}, got {settings.mode!r}")
     if settings.granularity not in GRANULARITIES:
         raise ConfigError(f"--granularity: must be one of {', '.join(GRANULARITIES)}")
+    if settings.retained not in RETAINED:
+        raise ConfigError(f"--retained: must be one of {', '.join(RETAINED)}, "
+                          f"got {settings.retained!r}")
     # QoS 2 is refused: paho answers PUBREC on arrival, so a message received but not yet
     # written would be lost on a crash. At QoS 1 the broker downgrades QoS 2 publishes and
     # we get at-least-once with the ack after the write.

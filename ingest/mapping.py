@@ -169,6 +169,8 @@ class Mapping:
         self._names: dict[str, dict[str, str | Rejection]] = {r.name: {} for r in self.rules}
         # Arrival times of readings without their own (see ingest.decode.Arrivals).
         self.arrivals = Arrivals()
+        # Set during decode_at: items without a time take the given one exactly.
+        self._exact = False
         # One object per stateful format in use, shared by its rules.
         self.stateful: dict[str, Stateful] = {
             name: make() for name, make in _STATEFUL.items()
@@ -285,12 +287,25 @@ class Mapping:
                 out.readings.append(reading)
         return Result(rule, out)
 
+    def decode_at(self, topic: str, payload: bytes, ms: int, limits: Limits) -> Result:
+        """:meth:`decode` with items that have no time of their own at ``ms`` exactly.
+
+        Not spread as arrivals (see :class:`~ingest.decode.Arrivals`): a retained state's
+        first-seen time must give the same instant in every worker and every delivery.
+        """
+        self._exact = True
+        try:
+            return self.decode(topic, payload, ms / 1000, limits)
+        finally:
+            self._exact = False
+
     def _ingest(self, matched: _Topic, topic: str, payload: bytes, received_at: float,
                 limits: Limits) -> Decoded:
         sensor = matched.sensor
         if isinstance(sensor, Rejection):
             return Decoded([], [sensor])
-        decoded = decode(topic, payload, received_at, limits, sensor or None, self.arrivals)
+        decoded = decode(topic, payload, received_at, limits, sensor or None,
+                         None if self._exact else self.arrivals)
         if matched.tags:
             decoded = Decoded([r._replace(tags=matched.tags) for r in decoded.readings],
                               decoded.rejections)
@@ -309,7 +324,8 @@ class Mapping:
             rejections.append(_at(sensor, index))  # type: ignore[arg-type]
             return None
         if item.ts is None and item.epoch is None:  # timed at arrival
-            ms = self.arrivals.next(sensor, math.floor(now * 1000))
+            ms = (round(now * 1000) if self._exact
+                  else self.arrivals.next(sensor, math.floor(now * 1000)))
             epoch = ms / 1000
         else:
             instant = self._instant(item, rule, now)

@@ -34,6 +34,9 @@ _WRITE_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 _BATCH_BUCKETS = (1, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10_000, 50_000)
 WRITE_ERROR_KINDS = ("transient", "rejected")
 RULE_OUTCOMES = ("accepted", "rejected")
+# What became of retained messages sent because the daemon subscribed (--retained):
+# skipped (ignore), or stored at a time first seen now (new) or recorded earlier (known).
+RETAINED_OUTCOMES = ("skipped", "new", "known")
 # The *_created series double the output and no dashboard uses them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -84,6 +87,12 @@ class Metrics:
         self.messages_ignored = Counter(
             "messages_ignored", "Messages matched by a mapping rule with ignore = true: "
             "acknowledged, not stored.", ["rule"], namespace=NAMESPACE, registry=r)
+        self.retained_messages = Counter(
+            "retained_messages", "Retained messages the broker sent because the daemon "
+            "subscribed (old state, not new readings), by outcome: skipped (--retained "
+            "ignore; acknowledged, not stored), or stored (--retained store) at the time it "
+            "was first seen, now (new) or by an earlier delivery (known).", ["outcome"],
+            namespace=NAMESPACE, registry=r)
         self.rule_messages = Counter(
             "rule_messages", "Messages taken by each mapping rule: accepted if at least one "
             "reading was, else rejected.", ["rule", "outcome"], namespace=NAMESPACE, registry=r)
@@ -183,6 +192,8 @@ class Metrics:
             self.readings_rejected.labels(reason)
         for kind in WRITE_ERROR_KINDS:
             self.write_errors.labels(mode, kind)
+        for outcome in RETAINED_OUTCOMES:
+            self.retained_messages.labels(outcome)
 
     def init_rules(self, names: list[str], ignored: list[str]) -> None:
         """Create every mapping rule's series at 0 (rules are bounded by the configuration)."""

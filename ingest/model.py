@@ -89,3 +89,6 @@ class Inbound(NamedTuple):
     generation: int
     received_at: float
     dup: bool = False
+    # The RETAIN flag as delivered: set only on a retained message the broker sent because
+    # the daemon subscribed (Retain As Published is off), i.e. old state, not a new reading.
+    retained: bool = False

@@ -15,8 +15,8 @@ aiomqtt gives us connection handling, reconnects and subscribe; two things it la
   ``threading.Condition``, a debug log line, and aiomqtt wraps that again in its own
   ``Message`` and ``Topic``. That is most of the CPU a message costs. :func:`install`
   replaces paho's PUBLISH handler for QoS 0 and 1 with a direct parse of the packet
-  (topic, packet id, properties skipped, payload) and hands ``(topic, payload, mid, qos)``
-  to our callback. Skipping the properties is safe because our CONNECT advertises no
+  (topic, packet id, properties skipped, payload) and hands ``(topic, payload, mid, qos,
+  dup, retain)`` to our callback. Skipping the properties is safe because our CONNECT advertises no
   Topic Alias Maximum (so the broker may not alias topics) and we set no subscription
   identifiers. QoS 2 keeps paho's own handler (it tracks PUBREC/PUBREL state) and
   reaches the same callback through ``on_message``.
@@ -60,7 +60,8 @@ if TYPE_CHECKING:
 
     import aiomqtt
 
-type Deliver = Callable[[str, bytes, int, int, bool], None]  # topic, payload, mid, qos, dup
+# topic, payload, mid, qos, dup, retain (the PUBLISH's RETAIN flag as delivered)
+type Deliver = Callable[[str, bytes, int, int, bool, bool], None]
 RECV_BYTES = 65536
 PUBACK = 0x40
 PUBLISH = 0x30
@@ -180,7 +181,8 @@ def install(client: aiomqtt.Client, deliver: Deliver,
         aiomqtt_on_disconnect(*args)
 
     def on_message(_client: object, _userdata: object, message: Any) -> None:  # noqa: ANN401
-        deliver(message.topic, message.payload, message.mid, message.qos, bool(message.dup))
+        deliver(message.topic, message.payload, message.mid, message.qos, bool(message.dup),
+                bool(message.retain))
 
     def handle_publish() -> MQTTErrorCode:
         packet = paho._in_packet  # noqa: SLF001
@@ -464,7 +466,8 @@ def _deliver_publish(deliver: Deliver, command: int, data: bytes, at: int, stop:
         end = stop + 1
     if end > stop:  # in the buffer, the next packet's bytes would be taken for it
         raise ValueError("malformed PUBLISH: its header runs past its end")
-    deliver(topic, data[end:stop], mid, (command & 0x06) >> 1, bool(command & 0x08))
+    deliver(topic, data[end:stop], mid, (command & 0x06) >> 1, bool(command & 0x08),
+            bool(command & 0x01))
 
 
 def _skip_properties(data: bytes | bytearray, pos: int) -> int:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ingest.config import Settings
     from ingest.metrics import Health, Metrics
     from ingest.model import Inbound, Reading
+    from ingest.retained import FirstSeen
     from ingest.writers import Outcome, Writer
     from ingest.writers.rejects import RejectsWriter
 
@@ -70,7 +71,8 @@ class Pipeline:
     """Decode and batch submitted messages; write batches; ack them in order."""
 
     def __init__(self, settings: Settings, writer: Writer, rejects: RejectsWriter,
-                 acker: Acker, metrics: Metrics, health: Health) -> None:
+                 acker: Acker, metrics: Metrics, health: Health,
+                 first_seen: FirstSeen | None = None) -> None:
         self._settings = settings
         self._writer = writer
         self._rejects = rejects
@@ -92,6 +94,10 @@ class Pipeline:
         self._max_held_bytes = settings.max_buffered_bytes
         self._received = self._received_bytes = self._accepted = 0
         self._closed = False
+        # --retained store: where retained states' first-seen times are recorded (None:
+        # dry run, or --retained ignore).
+        self._first_seen = first_seen
+        self._told_retained = False  # the one log line about retained messages is out
         metrics.buffer_limit.set(settings.max_buffered_readings)
         metrics.buffer_limit_bytes.set(settings.max_buffered_bytes)
         self._mapping = settings.mapping
@@ -132,6 +138,15 @@ class Pipeline:
                 self._health.saturated = False
             if self._closed:
                 return False
+        if message.retained:
+            return await self._take_retained(message)
+        if not await self._prepared(message):
+            return False
+        self._take(message)
+        return True
+
+    async def _prepared(self, message: Inbound) -> bool:
+        """Bring a stateful format's state up to date; False if given up (closing)."""
         if self._mapping is not None and self._mapping.stateful:
             # A stateful format (Sparkplug) first brings its state up to date, with I/O:
             # a BIRTH is stored before its message can be acknowledged.
@@ -140,8 +155,86 @@ class Pipeline:
                     message.topic, message.payload, self._limits, lambda: self._closed,
                     message.generation):
                 return False
-        self._take(message)
         return True
+
+    async def _take_retained(self, message: Inbound) -> bool:
+        """A retained message sent because we subscribed: old state, not a new reading.
+
+        --retained ignore: acknowledged (in order, with its batch) and counted, not
+        stored. --retained store: decoded at the time this state was first seen (see
+        ingest/retained.py), and its readings looked up before they are written, as a
+        redelivery's are: it may have been stored by another delivery already.
+        """
+        if self._settings.retained == "ignore":
+            self._skip_retained(message)
+            return True
+        found = await self._first_seen_of(message)
+        if found is None or not await self._prepared(message):
+            return False
+        ms, new = found
+        self._metrics.retained_messages.labels("new" if new else "known").inc()
+        self._tell_retained(message, "storing them at the time any daemon first saw "
+                            "each state (--retained store)")
+        full = self._take(message, ms)
+        batch = full or self._batcher.current
+        assert batch is not None  # the message was just added to it
+        batch.suspect = True
+        return True
+
+    def _skip_retained(self, message: Inbound) -> None:
+        """Count a retained message and batch it without readings (it is acked in turn)."""
+        self._received += 1
+        self._received_bytes += len(message.payload)
+        self._metrics.retained_messages.labels("skipped").inc()
+        self._tell_retained(message, "skipping them, counted in "
+                            "ingest_retained_messages_total"
+                            '{outcome="skipped"} (--retained ignore; --retained store '
+                            "stores them)")
+        size = held_bytes(message, [], _NO_DOCS)
+        self._held_bytes += size
+        batcher = self._batcher
+        had_open = batcher.current is not None
+        full = batcher.add(message, [], _NO_DOCS, size)
+        if full is not None:
+            self._dispatch(full)
+        elif not had_open:
+            self._opened.set()
+
+    def _tell_retained(self, message: Inbound, what: str) -> None:
+        """Say once what becomes of retained messages (not once per message)."""
+        if not self._told_retained:
+            self._told_retained = True
+            logger.info("retained messages arrive on subscribing (old state; the first on "
+                        "%r); %s", message.topic[:200], what)
+
+    async def _first_seen_of(self, message: Inbound) -> tuple[int, bool] | None:
+        """When the retained state was first seen (epoch ms) and whether that is now.
+
+        A MongoDB failure is retried like a write; None if the pipeline closes first
+        (the message is left unacknowledged and the broker sends it again). A refusal
+        for the data (not expected: the document is a topic, a hash and a date) falls
+        back to this arrival's time, logged.
+        """
+        arrived = int(message.received_at * 1000)
+        if self._first_seen is None:  # dry run: nothing is recorded
+            return arrived, True
+        attempt = 0
+        while not self._closed:
+            try:
+                found = await self._first_seen.first_seen(message.topic, message.payload,
+                                                         message.received_at)
+            except RefusedWriteError as exc:
+                logger.error("cannot record the retained state of %r (storing it at its "  # noqa: TRY400 - a server's answer, not a bug
+                             "arrival time): %s", message.topic[:200], exc)
+                return arrived, True
+            except WriteError as exc:
+                attempt += 1
+                await self._failed(exc, attempt)
+                continue
+            if attempt:
+                self._health.mongodb_ok = True
+            return found
+        return None
 
     def take_now(self, message: Inbound) -> bool | None:
         """:meth:`submit` without a coroutine, when nothing needs waiting for.
@@ -154,23 +247,31 @@ class Pipeline:
             return False
         # _full(), inline: this runs for every message
         if (self._buffered >= self._max_buffered or self._held_bytes >= self._max_held_bytes
-                or self._stateful):
+                or self._stateful or message.retained):
             return None
         self._take(message)
         return True
 
-    def _take(self, message: Inbound) -> None:
-        """Decode one message into the open batch (there is room for it)."""
+    def _take(self, message: Inbound, first_seen: int | None = None) -> Batch | None:
+        """Decode one message into the open batch (there is room for it).
+
+        ``first_seen`` (epoch ms): a retained state's time, used instead of the arrival
+        time for readings without their own. Returns the batch this closed, if any.
+        """
         # Per-message counts are kept as plain ints and handed to the metrics at scrape
         # time (sync_metrics): a Prometheus counter takes a lock on every inc().
         payload = message.payload
         self._received += 1
         self._received_bytes += len(payload)
         if self._mapping is None:  # the default format: no rule lookup at all
-            readings, rejections = decode(message.topic, payload, message.received_at,
-                                          self._limits, None, ARRIVALS)
+            if first_seen is None:
+                readings, rejections = decode(message.topic, payload, message.received_at,
+                                              self._limits, None, ARRIVALS)
+            else:  # a retained state: its readings without a time take first_seen exactly
+                readings, rejections = decode(message.topic, payload, first_seen / 1000,
+                                              self._limits)
         else:
-            readings, rejections = self._mapped(message)
+            readings, rejections = self._mapped(message, first_seen)
         count = len(readings)
         self._accepted += count
         self._buffered += count
@@ -194,17 +295,22 @@ class Pipeline:
             self._dispatch(full)
         elif not had_open:
             self._opened.set()
+        return full
 
     def _full(self) -> bool:
         """Whether the pipeline holds as much as it may (readings or bytes)."""
         return (self._buffered >= self._max_buffered
                 or self._held_bytes >= self._max_held_bytes)
 
-    def _mapped(self, message: Inbound) -> Decoded:
+    def _mapped(self, message: Inbound, first_seen: int | None = None) -> Decoded:
         """Decode through the mapping rules, counting each rule's messages."""
         assert self._mapping is not None
-        result = self._mapping.decode(message.topic, message.payload, message.received_at,
-                                      self._limits)
+        if first_seen is None:
+            result = self._mapping.decode(message.topic, message.payload,
+                                          message.received_at, self._limits)
+        else:
+            result = self._mapping.decode_at(message.topic, message.payload, first_seen,
+                                             self._limits)
         if result.rule is None and self._widened:
             key = (OUTSIDE_RULES, "ignored")
             self._rule_counts[key] = self._rule_counts.get(key, 0) + 1
@@ -473,13 +579,18 @@ class Pipeline:
 
 
 def _redelivered(batch: Batch) -> set[int] | None:
-    """Ids of the readings of messages the broker sent again (DUP), if any."""
-    if not any(message.dup for message in batch.messages):
+    """Ids of the readings that may be stored already, if any.
+
+    Those of messages the broker sent again (DUP), and of retained states taken to be
+    stored (``batch.suspect``).
+    """
+    retained = batch.suspect
+    if not retained and not any(message.dup for message in batch.messages):
         return None
     suspects: set[int] = set()
     start = 0
     for message, end in zip(batch.messages, batch.ends, strict=True):
-        if message.dup:
+        if message.dup or (retained and message.retained):
             suspects.update(id(reading) for reading in batch.readings[start:end])
         start = end
     return suspects

@@ -454,12 +454,14 @@ class MqttSource:
         inbox = self._inbox = _Inbox(self._settings, self._metrics, self._health, generation)
         new_tuple, now, arrived, put = tuple.__new__, time.time, self._arrived, inbox.put
 
-        def deliver(topic: str, payload: bytes, mid: int, qos: int, dup: bool) -> None:
+        def deliver(topic: str, payload: bytes, mid: int, qos: int, dup: bool,
+                    retain: bool) -> None:
             # QoS 1/2 messages are bounded by Receive Maximum at the broker; any message
             # past the inbox's bounds pauses the reader, so QoS 0 waits in TCP and at the
             # broker instead of being dropped here.
             # Inbound(...) without its Python-level __new__ (what that does, one call less)
-            message = new_tuple(Inbound, (topic, payload, mid, qos, generation, now(), dup))
+            message = new_tuple(Inbound, (topic, payload, mid, qos, generation, now(), dup,
+                                          retain))
             if not qos or arrived(message, client):
                 put(message)
 
@@ -496,8 +498,10 @@ class MqttSource:
     async def _subscribe(self, client: aiomqtt.Client, inbox: _Inbox) -> None:
         wanted = self._settings.qos
         # Retained messages only when the subscription is new, not again on every
-        # reconnect of the persistent session (they would be stored again each time).
-        options = SubscribeOptions(qos=wanted,
+        # reconnect of the persistent session. Retain As Published off: the RETAIN flag
+        # then marks exactly the retained messages sent because of a subscription (old
+        # state; --retained says what to do with them), never a live publish.
+        options = SubscribeOptions(qos=wanted, retainAsPublished=False,
                                    retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
         subscriptions = () if self._settings.drain_only else self._settings.subscriptions
         for topic in subscriptions:

@@ -77,6 +77,7 @@ def test_defaults() -> None:
     assert s.batch_size == 10_000
     assert s.flush_interval == 1.0
     assert s.granularity == "seconds"
+    assert s.retained == "ignore"
     assert s.dry_run is False
     assert s.client_id == f"ingest-bucket-{socket.gethostname()}"
 
@@ -173,6 +174,7 @@ def test_env_sets_the_flag_and_the_command_line_wins(command: str, dest: str) ->
     ({"INGEST_BUCKET_MAX_READINGS": "100"}, "bucket_max_readings", 100),
     ({"INGEST_RETENTION_DAYS": "30"}, "retention_days", 30.0),
     ({"INGEST_GRANULARITY": "hours"}, "granularity", "hours"),
+    ({"INGEST_RETAINED": "store"}, "retained", "store"),
     ({"INGEST_MAX_MESSAGE_BYTES": "2048"}, "max_message_bytes", 2048),
     ({"INGEST_TOPIC": "a/#"}, "topics", ("a/#",)),
     ({"INGEST_TOPIC": "a/#,b/+/x"}, "topics", ("a/#", "b/+/x")),
@@ -360,6 +362,7 @@ def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> Non
     ({"topics": ()}, "--topic"),
     ({"retention_days": 0.0}, "--retention-days"),
     ({"bucket_span_seconds": 0}, "--bucket-span-seconds"),
+    ({"retained": "keep"}, "--retained"),
 ])
 def test_validate_names_the_flag(overrides: dict[str, object], flag: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -406,6 +409,8 @@ BAD_CONFIGS: list[tuple[list[str], dict[str, str], str]] = [
     (["--mqtt-url", "http://host"], {}, "--mqtt-url"),
     (["--mode", "bogus"], {}, "--mode"),
     ([], {"INGEST_MODE": "bogus"}, "--mode"),
+    (["--retained", "keep"], {}, "--retained"),
+    ([], {"INGEST_RETAINED": "keep"}, "--retained"),
     (["--batch-size", "-1"], {}, "--batch-size"),
     (["--flush-interval", "0"], {}, "--flush-interval"),
     (["--qos", "3"], {}, "--qos"),

@@ -288,10 +288,12 @@ async def test_retained_messages_are_stored_once_not_on_every_reconnect(
     async with aiomqtt.Client("127.0.0.1", broker.port) as client:
         await client.publish(topic, payload, qos=1, retain=True)
     try:
-        first = daemon()  # a new session: the retained message is delivered once
+        # A new session: the retained message is delivered once (and stored, as asked).
+        first = daemon("--retained", "store")
         await eventually(lambda: first.metric("ingest_messages_acked_total") == 1)
         assert first.stop() == 0
-        again = daemon()  # the same persistent session: its subscription already exists
+        # The same persistent session: its subscription already exists.
+        again = daemon("--retained", "store")
         time.sleep(1.0)
         assert again.metric("ingest_messages_received_total") == 0
         assert await stored(db, "bucket") == 1

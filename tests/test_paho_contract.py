@@ -24,6 +24,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from ingest import paho_hooks
 from ingest.errors import IncompatibleError
@@ -46,14 +47,15 @@ def varint(n: int) -> bytes:
 
 
 def publish_packet(topic: str, payload: bytes, mid: int = 0, qos: int = 0,
-                   dup: bool = False, props: bytes = b"") -> bytes:
+                   dup: bool = False, props: bytes = b"", retain: bool = False) -> bytes:
     """An MQTT 5 PUBLISH as a broker sends it."""
     name = topic.encode()
     body = len(name).to_bytes(2) + name
     if qos:
         body += mid.to_bytes(2)
     body += varint(len(props)) + props + payload
-    return bytes((0x30 | qos << 1 | (0x08 if dup else 0),)) + varint(len(body)) + body
+    return (bytes((0x30 | qos << 1 | (0x08 if dup else 0) | (0x01 if retain else 0),))
+            + varint(len(body)) + body)
 
 
 class KernelSocket:
@@ -93,7 +95,7 @@ class Hooked:
 
     def __init__(self, segment: int) -> None:
         self.client = aiomqtt.Client("127.0.0.1", protocol=aiomqtt.ProtocolVersion.V5)
-        self.delivered: list[tuple[str, bytes, int, int, bool]] = []
+        self.delivered: list[tuple[str, bytes, int, int, bool, bool]] = []
         self.sessions: list[bool] = []
         paho_hooks.install(self.client, lambda *m: self.delivered.append(m),
                            self.sessions.append, lambda: None)
@@ -180,19 +182,19 @@ async def test_publishes_between_other_packets_are_delivered_in_order_and_keep_a
         segment: int, cuts: list[int]) -> None:
     """PUBLISH packets handled straight from the reader's buffer and the packets paho
     reads itself (PINGRESP, and publishes cut across reads) interleave in any order and
-    any cut: every PUBLISH is delivered once, in order, with its topic, id, QoS, DUP and
-    payload; a PINGRESP reaches paho (its keepalive clock is cleared); and receiving
+    any cut: every PUBLISH is delivered once, in order, with its topic, id, QoS, DUP, RETAIN
+    and payload; a PINGRESP reaches paho (its keepalive clock is cleared); and receiving
     counts for the keepalive."""
     hooked = Hooked(segment)
     big = 130 * b"x"  # a two-byte remaining length
     packets = [
-        (publish_packet("a/1", b"one", 1, 1), ("a/1", b"one", 1, 1, False)),
+        (publish_packet("a/1", b"one", 1, 1, retain=True), ("a/1", b"one", 1, 1, False, True)),
         (PINGRESP, None),
-        (publish_packet("b", b"", 0, 0), ("b", b"", 0, 0, False)),
+        (publish_packet("b", b"", 0, 0, retain=True), ("b", b"", 0, 0, False, True)),
         (publish_packet("é/2", big, 65535, 1, dup=True, props=bytes((0x02, 0, 0, 0, 60))),
-         ("é/2", big, 65535, 1, True)),
+         ("é/2", big, 65535, 1, True, False)),
         (PINGRESP, None),
-        (publish_packet("c", b"three", 2, 1), ("c", b"three", 2, 1, False)),
+        (publish_packet("c", b"three", 2, 1), ("c", b"three", 2, 1, False, False)),
     ]
     stream = b"".join(packet for packet, _ in packets)
     expected = [want for _, want in packets if want is not None]
@@ -231,11 +233,58 @@ async def test_the_publish_parser_reads_what_paho_encodes() -> None:
     props.ContentType = "application/json"
     sender._send_publish(7, b"a/b/c", b'{"t": 1}', 1, retain=False, dup=True,
                          properties=props)
-    sender._send_publish(0, "é/x".encode(), b"zero", 0, retain=False, dup=False)
+    sender._send_publish(0, "é/x".encode(), b"zero", 0, retain=True, dup=False)
     hooked = Hooked(1448)
     hooked.sock.feed(b"".join(queued))
     hooked.readable()
-    assert hooked.delivered == [("a/b/c", b'{"t": 1}', 7, 1, True), ("é/x", b"zero", 0, 0, False)]
+    assert hooked.delivered == [("a/b/c", b'{"t": 1}', 7, 1, True, False),
+                                ("é/x", b"zero", 0, 0, False, True)]
+
+
+async def test_only_retained_messages_sent_on_subscribing_arrive_with_retain(
+        broker: Broker) -> None:
+    """With the daemon's subscription options (Retain As Published off, Retain Handling
+    1), mosquitto sets RETAIN on the retained message it sends because of a new
+    subscription, and on nothing else: not on a live publish made with retain, not on
+    one queued for the session while away, not again on a resubscription."""
+    topic = f"ret/{uuid.uuid4().hex[:8]}"
+    ident = f"c-{uuid.uuid4().hex[:8]}"
+    got: list[tuple[bytes, bool]] = []
+    options = SubscribeOptions(qos=1, retainAsPublished=False,
+                               retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 60
+
+    def session(clean_start: bool) -> aiomqtt.Client:
+        client = aiomqtt.Client("127.0.0.1", broker.port, identifier=ident,
+                                protocol=aiomqtt.ProtocolVersion.V5, clean_start=clean_start,
+                                properties=props)
+        def deliver(_topic: str, payload: bytes, mid: int, qos: int, _dup: bool,
+                    retain: bool) -> None:
+            got.append((payload, retain))
+            paho_hooks.ack(client, mid, qos)
+
+        paho_hooks.install(client, deliver, lambda _: None, lambda: None)
+        return client
+
+    async def until(count: int) -> None:
+        await asyncio.wait_for(_until(lambda: len(got) == count), 10)
+
+    async with aiomqtt.Client("127.0.0.1", broker.port) as publisher:
+        await publisher.publish(topic, b"old", qos=1, retain=True)
+        async with session(clean_start=True) as client:
+            await client.subscribe(topic, options=options)
+            await until(1)
+            await publisher.publish(topic, b"live", qos=1, retain=True)
+            await until(2)
+        await publisher.publish(topic, b"queued", qos=1, retain=True)
+        async with session(clean_start=False) as client:
+            await until(3)
+            await client.subscribe(topic, options=options)  # the session holds it
+            await publisher.publish(topic, b"end", qos=1, retain=False)
+            await until(4)
+        await publisher.publish(topic, b"", qos=1, retain=True)  # clears the retained one
+    assert got == [(b"old", True), (b"live", False), (b"queued", False), (b"end", False)]
 
 
 async def test_a_publish_whose_header_runs_past_its_end_ends_the_connection() -> None:
