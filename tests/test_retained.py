@@ -198,6 +198,9 @@ class Recorder:
         self.written += plan.ops
         return Outcome(written=len(plan.ops))
 
+    def take_lookups(self) -> tuple[int, float]:
+        return 0, 0.0
+
     async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
         self.checked += readings
         return readings
@@ -231,7 +234,7 @@ async def through_pipeline(messages: list[Inbound], retained: str, worker: int =
                            record: Recorded | None = None) -> tuple[Recorder, Acks, Metrics]:
     """Messages through a pipeline as worker ``worker`` of two, with the shelly preset."""
     mapping = Mapping.load(None, ["shelly"])
-    mapping.spread_arrivals(worker, 2)
+    mapping.arrivals.spread(worker, 2)
     settings = Settings(batch_size=10, flush_interval=0.05, retained=retained,  # type: ignore[arg-type]
                         mapping=mapping)
     writer, acks, metrics = Recorder(), Acks(), Metrics("timeseries")
