@@ -19,7 +19,7 @@ from ingest.decode import NAME_PATTERN, RESERVED, SENSOR_ID_PATTERN
 from ingest.reads import Cursor, from_ms, iso, to_ms
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
 MAX_SENSORS = 100
 MAX_MEASUREMENTS = 10
@@ -31,8 +31,17 @@ EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 MAX_STEP = timedelta(days=365)
 _MAX_SEEN = 10**9  # a reading cursor's count of readings at one time already returned
-KNOWN_PARAMETERS = frozenset({"since", "until", "sensor", "measurement", "step", "limit",
-                              "cursor"})
+# The parameters each endpoint reads (its OpenAPI description, ingest/openapi.py, lists
+# the same); any other is a 400 naming it.
+ENDPOINT_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "sensors": ("since", "until", "limit", "cursor"),
+    "readings": ("sensor", "since", "until", "measurement", "limit", "cursor"),
+    "series": ("sensor", "measurement", "since", "until", "step"),
+    "rejects": ("since", "limit"),
+    "info": (),
+}
+KNOWN_PARAMETERS = frozenset(p for ps in ENDPOINT_PARAMETERS.values() for p in ps)
+LIMITS = {"sensors": (100, 1000), "readings": (1000, 10_000), "rejects": (100, 1000)}
 # ASCII digits only: str.isdigit() and a Unicode \d accept digits that int() refuses
 # ("²") or reads in another script ("٣").
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)?$", re.ASCII)
@@ -58,14 +67,14 @@ class Params:
     """Typed access to one request's query string."""
 
     def __init__(self, query: Mapping[str, str], values: Callable[[str], Sequence[str]],
-                 now: datetime) -> None:
+                 now: datetime, known: Iterable[str] = KNOWN_PARAMETERS) -> None:
         self._query = query
         self._values = values
         self.now = now
-        unknown = sorted(set(query) - KNOWN_PARAMETERS)
+        unknown = sorted(set(query) - set(known))
         if unknown:
-            raise ParamError(unknown[0], "unknown parameter (known: "
-                                         f"{', '.join(sorted(KNOWN_PARAMETERS))})")
+            raise ParamError(unknown[0], "unknown parameter (known here: "
+                                         f"{', '.join(sorted(known))})")
 
     def one(self, name: str) -> str | None:
         """The single value of ``name`` (None if absent); given twice is an error."""

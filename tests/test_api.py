@@ -256,6 +256,8 @@ async def test_rejects_of_the_last_hour(apis: dict[str, Any]) -> None:
     ("/api/readings?sensor=s1&since=now&until=now-1h", "since"),
     ("/api/readings?sensor=s1&measurement=$where", "measurement"),
     ("/api/readings?sensor=s1&sensors=s2", "sensors"),
+    ("/api/sensors?since=now-2h&step=1m", "step"),  # a parameter of another endpoint
+    ("/api/info?since=now", "since"),
     ("/api/series?sensor=s1", "measurement"),
     ("/api/series?sensor=s1&measurement=temp&step=fast", "step"),
     ("/api/series?sensor=s1&measurement=temp&step=1s&since=now-1d", "step"),
