@@ -30,7 +30,7 @@ from tests.test_api import NOW, fleet, serving, write_both
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-ENDPOINTS = ("/api/sensors", "/api/readings", "/api/series", "/api/rejects")
+ENDPOINTS = ("/api/sensors", "/api/readings", "/api/series", "/api/rejects", "/api/info")
 # parameters an error may name though the request left them out: the required ones, and
 # series' step (its default, 1m, over a long window is too many points)
 IMPLIED = {"/api/readings": {"sensor"}, "/api/series": {"sensor", "measurement", "step"}}

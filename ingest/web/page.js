@@ -43,9 +43,10 @@ function valueRange(_u, min, max) {
   return uPlot.rangeNum(min, max, 0.15, false);
 }
 
-// One small chart per measurement, each with its own labelled scale and all on the
-// window the series answer covered: one chart with a scale per line drew lines of few
-// points on top of each other, and a single point on an axis of years.
+// One small chart per measurement, each with its own labelled scale: in one chart, lines
+// of few points on scales of their own lie on top of each other. The time axis is the
+// window the series answer covered, even for one point (which uPlot alone would put on
+// an axis of years).
 function chart(target, answer, series, i, withTimeAxis) {
   const xs = series.points.map((p) => Date.parse(p.t) / 1000);
   const ys = series.points.map((p) => p.avg);
@@ -59,12 +60,12 @@ function chart(target, answer, series, i, withTimeAxis) {
   const box = el("div", undefined, "chart");
   box.dataset.measurement = series.measurement;
   target.append(caption, box);
-  const window = [Date.parse(answer.since) / 1000, Date.parse(answer.until) / 1000];
+  const hour = [Date.parse(answer.since) / 1000, Date.parse(answer.until) / 1000];
   const u = new uPlot({
     width: 320, height: withTimeAxis ? 116 : 72,
     padding: [8, 24, withTimeAxis ? 0 : 8, 0],  // one plot width with or without time axis
     legend: { show: false }, cursor: { show: false },
-    scales: { x: { time: true, range: () => window }, y: { range: valueRange } },
+    scales: { x: { time: true, range: () => hour }, y: { range: valueRange } },
     axes: [{ show: withTimeAxis, size: 44 }, { size: 50, space: 20, stroke: color }],
     series: [{}, { label: series.measurement, stroke: color, width: 1.5, spanGaps: true,
                    points: { show: xs.length <= 30, size: 6, fill: color } }],
