@@ -25,7 +25,7 @@ from ingest.errors import StartupError
 from ingest.metrics import Health, Metrics, MetricsServer
 from ingest.pipeline import Pipeline
 from ingest.retry import backoff
-from ingest.schema import Schema
+from ingest.schema import BUCKET_SCHEMA_VERSION, Schema
 from ingest.sharding import shard_collection
 from ingest.source import MqttSource
 from ingest.sparkplug import attach_store
@@ -106,13 +106,19 @@ def warn_about(settings: Settings) -> None:
             min(enough, 65535))
 
 
+def make_schema(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) -> Schema:
+    """The collections, validators and indexes of the configured mode."""
+    return Schema(client[settings.db], settings.collection,
+                  rejects_collection=settings.rejects_collection,
+                  rejects_max_bytes=settings.rejects_max_bytes,
+                  retention_days=settings.retention_days, span_seconds=settings.span_seconds,
+                  granularity=settings.granularity, custom_span=settings.bucket_span_seconds)
+
+
 def make_writer(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) -> Writer:
     """The writer for the configured mode."""
     db = client[settings.db]
-    schema = Schema(db, settings.collection, rejects_collection=settings.rejects_collection,
-                    rejects_max_bytes=settings.rejects_max_bytes,
-                    retention_days=settings.retention_days, span_seconds=settings.span_seconds,
-                    granularity=settings.granularity, custom_span=settings.bucket_span_seconds)
+    schema = make_schema(settings, client)
     problem = bulk.fast_path_problem()
     if problem is not None:
         logger.warning("this pymongo's bulk internals differ (%s): writing through its "
@@ -133,6 +139,29 @@ async def init_db(settings: Settings, shard: bool = False) -> None:
         await make_writer(settings, client).ensure_schema()
         if shard:
             await shard_collection(client, settings.mode, settings.db, settings.collection)
+    except ConnectionFailure as exc:
+        raise StartupError(f"--mongodb-uri: cannot reach MongoDB at "
+                           f"{redact_mongodb_uri(settings.mongodb_uri)} ({mongo_reason(exc)}); "
+                           "start it or correct --mongodb-uri") from None
+    finally:
+        await client.close()
+
+
+async def migrate(settings: Settings) -> None:
+    """``ingest migrate``: bring a bucket collection to this version's shape, then return."""
+    if settings.mode != "bucket":
+        logger.info("time-series collections keep their shape: nothing to migrate")
+        return
+    quick = ({} if "serverselectiontimeoutms" in settings.mongodb_uri.lower()
+             else {"serverSelectionTimeoutMS": INIT_DB_WAIT_MS})
+    client = mongo_client(settings, **quick)
+    try:
+        schema = make_schema(settings, client)
+        changed, dropped = await schema.migrate_buckets()
+        logger.info("migrated %s.%s: %d documents brought to schema_version %d; dropped "
+                    "indexes: %s", settings.db, settings.collection, changed,
+                    BUCKET_SCHEMA_VERSION, ", ".join(dropped) or "none")
+        await schema.ensure_buckets()
     except ConnectionFailure as exc:
         raise StartupError(f"--mongodb-uri: cannot reach MongoDB at "
                            f"{redact_mongodb_uri(settings.mongodb_uri)} ({mongo_reason(exc)}); "

@@ -265,6 +265,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "api", help="serve the read API, its page and its metrics (read-only)",
         formatter_class=fmt)
     _api_flags(api, env)
+    migrate = commands.add_parser(
+        "migrate", help="bring a bucket collection written by an earlier version to this "
+        "version's document shape, once, then exit", formatter_class=_DescribedDefaults,
+        description=MIGRATE_HELP)
+    _common_flags(migrate, env)
     init.add_argument("--shard", action="store_true", default=None,
                       help="also shard the collection (on a mongos; a no-op with a "
                            "warning elsewhere) [env INGEST_SHARD]")
@@ -284,6 +289,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
+MIGRATE_HELP = """\
+Bring the bucket collection (--db, --collection) to the document shape this version
+writes (schema_version 2: the series' tags in every document's key), then exit. The
+daemon refuses to start on a collection holding an earlier shape and names this
+command. Stop every daemon writing to the collection first; running it twice changes
+nothing the second time. Time-series collections need no migration.
+"""
 DEFAULT_MQTT_PORT = 1883
 LOCAL_HELP = """\
 Start a mosquitto broker, an embedded MongoDB-compatible store and the daemon in both
@@ -492,6 +504,8 @@ def _execute(command: str, settings: Settings, shard: bool = False) -> int:
         if command == "init-db":
             uvloop.run(app.init_db(settings, shard=shard))
             logger.info("collections and indexes ready in %s", settings.db)
+        elif command == "migrate":
+            uvloop.run(app.migrate(settings))
         elif settings.workers > 1:
             from ingest import workers  # noqa: PLC0415 - only several workers need it
 

@@ -49,7 +49,11 @@ REASONS: tuple[str, ...] = (
 # document) could overflow to infinity; no sensor measures anything this large.
 MAX_MAGNITUDE = 1e300
 NAME_PATTERN = r"[A-Za-z0-9_-]{1,64}"
-SENSOR_ID_PATTERN = r"[A-Za-z0-9_-]{1,128}"
+# A sensor id is the device's own name, kept exactly: any text a topic level can hold
+# (every Unicode character but the control characters), 1 to 128 characters. Sensor ids
+# are values, never field names, so MongoDB needs no escaping of them.
+SENSOR_ID_PATTERN = r"[^\x00-\x1f\x7f-\x9f]{1,128}"
+SENSOR_ID_RULE = "1 to 128 characters, no control characters"
 _NAME = re.compile(NAME_PATTERN)
 _SENSOR_ID = re.compile(SENSOR_ID_PATTERN)
 # Keys of a reading that are not measurements; "_id" and "meta" would collide with
@@ -66,6 +70,46 @@ _valid_sensors: set[str] = set()
 # Building a Reading through tuple.__new__ skips the NamedTuple's argument handling, the
 # larger part of its cost on the hot path (tags and units are None here).
 _new = tuple.__new__
+
+
+class Arrivals:
+    """Arrival times for readings without their own: one instant per reading.
+
+    A reading without a time takes its arrival time, in milliseconds, but never one at
+    or before the last arrival time given to its sensor: several such readings of one
+    sensor (in one message, or in a burst of messages within a millisecond, as devices
+    that publish each value as its own message send) are timed apart, a millisecond
+    each, in the order they came, instead of meeting at one instant. Worker ``slot`` of
+    ``stride`` workers gives only milliseconds == slot (mod stride), so two workers never
+    give one sensor the same one. The daemon's default format uses the process's
+    :data:`ARRIVALS`; each set of mapping rules has its own.
+    """
+
+    __slots__ = ("_last", "_slot", "_stride")
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}  # sensor -> last arrival time given, in ms
+        self._slot, self._stride = 0, 1
+
+    def spread(self, slot: int, stride: int) -> None:
+        """Give only milliseconds == ``slot`` (mod ``stride``): worker ``slot`` of ``stride``."""
+        self._slot, self._stride = slot, stride
+
+    def next(self, sensor: str, ms: int) -> int:
+        """The arrival time to give a reading of ``sensor`` that arrived at ``ms``."""
+        last = self._last.get(sensor)
+        if last is not None and ms <= last:
+            ms = last + 1
+        elif len(self._last) >= _CACHE_LIMIT:
+            self._last.clear()
+        if self._stride > 1:
+            ms += (self._slot - ms) % self._stride
+        self._last[sensor] = ms
+        return ms
+
+
+# This process's arrival times for the default format.
+ARRIVALS = Arrivals()
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +129,12 @@ def sensor_from_topic(topic: str) -> str | None:
 
 
 def decode(topic: str, payload: bytes, received_at: float, limits: Limits,
-           sensor: str | None = None) -> Decoded:
+           sensor: str | None = None, arrivals: Arrivals | None = None) -> Decoded:
     """Turn one MQTT message into readings and rejections; never raises for bad input.
 
     ``sensor`` (a mapping rule's sensor id) replaces the one taken from the topic.
+    ``arrivals``: readings without a time take their sensor's next arrival millisecond
+    from it (the daemon's); without it they all take ``received_at``.
     """
     if len(payload) > limits.max_message_bytes:
         return _whole("too_large", f"{len(payload)} bytes > {limits.max_message_bytes}")
@@ -100,7 +146,7 @@ def decode(topic: str, payload: bytes, received_at: float, limits: Limits,
     window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
     if type(doc) is dict and "readings" not in doc and limits.max_readings > 0:
         # One reading object, the most common message: no list of items to go through.
-        result = _reading(doc, default_sensor, received_at, window)
+        result = _reading(doc, default_sensor, received_at, window, arrivals)
         if isinstance(result, Reading):  # Decoded(...) without its Python-level __new__
             return _new(Decoded, ([result], []))
         return Decoded([], [Rejection(*result)])
@@ -126,7 +172,7 @@ def decode(topic: str, payload: bytes, received_at: float, limits: Limits,
         return _whole("too_many_readings", f"{len(items)} readings > {limits.max_readings}")
     out = Decoded([], [])
     for index, item in enumerate(items):
-        result = _reading(item, default_sensor, received_at, window)
+        result = _reading(item, default_sensor, received_at, window, arrivals)
         if isinstance(result, Reading):
             out.readings.append(result)
         else:
@@ -152,7 +198,8 @@ def _names(keys: Any) -> str:  # noqa: ANN401 - any iterable of keys
 
 
 def _reading(
-    item: object, default_sensor: object, now: float, window: tuple[float, float]
+    item: object, default_sensor: object, now: float, window: tuple[float, float],
+    arrivals: Arrivals | None,
 ) -> Reading | tuple[str, str]:
     """Validate one reading object; return it or ``(reason, detail)``.
 
@@ -165,15 +212,24 @@ def _reading(
     if sensor is None:
         return "no_sensor_id", "no sensor_id in payload or topic"
     if type(sensor) is not str:
-        return "bad_sensor_id", f"sensor_id must be a string matching {SENSOR_ID_PATTERN}"
+        return "bad_sensor_id", f"sensor_id must be a string of {SENSOR_ID_RULE}"
     if sensor not in _valid_sensors:
         if not _SENSOR_ID.fullmatch(sensor):
-            return "bad_sensor_id", f"sensor_id must match {SENSOR_ID_PATTERN}"
+            return "bad_sensor_id", f"sensor_id {sensor[:60]!r}: {SENSOR_ID_RULE}"
         if len(_valid_sensors) < _CACHE_LIMIT:
             _valid_sensors.add(sensor)
     raw = item.pop("ts", None)
     whole: int | None = None
     epoch: float | None
+    if raw is None and arrivals is not None:  # timed at its sensor's next arrival ms
+        ms = arrivals.next(sensor, math.floor(now * 1000))
+        seq = item.pop("seq", None)
+        if seq is not None and (type(seq) is not int or not 0 <= seq <= _INT64_MAX):
+            return "bad_seq", "seq must be a non-negative integer"
+        checked = _values(item)
+        if isinstance(checked, tuple):
+            return checked
+        return _new(Reading, (sensor, None, ms / 1000, checked, seq, ms, None, None, None))
     if type(raw) is int:  # whole epoch seconds, the usual case: no call, no rounding
         whole = raw
         epoch = float(raw)
@@ -200,7 +256,7 @@ def _reading(
         else:
             if whole is not None:  # _timed's usual case, inline: whole milliseconds
                 return _new(Reading, (sensor, None, epoch, values, seq, whole * 1000, None,
-                                      None))
+                                      None, None))
             return _timed(sensor, epoch, whole, values, seq)
     checked = _values(item)
     if isinstance(checked, tuple):
@@ -240,14 +296,15 @@ def _timed(sensor: str, epoch: float, whole: int | None, values: dict[str, Scala
            seq: int | None) -> Reading:
     """The reading, its time as BSON will store it (whole milliseconds, floored)."""
     if whole is not None:  # already whole milliseconds
-        return _new(Reading, (sensor, None, epoch, values, seq, whole * 1000, None, None))
+        return _new(Reading, (sensor, None, epoch, values, seq, whole * 1000, None, None,
+                              None))
     # The instant MongoDB will store: datetime's microseconds, truncated to milliseconds.
     micros = datetime.fromtimestamp(epoch, UTC).microsecond
     seconds = math.floor(epoch)
     if micros < 500_000 and epoch - seconds > 0.5:  # microseconds rounded up to a new second
         seconds += 1
     return _new(Reading, (sensor, None, epoch, values, seq, seconds * 1000 + micros // 1000,
-                          None, None))
+                          None, None, None))
 
 
 def _epoch(raw: object, now: float) -> float | None:

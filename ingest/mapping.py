@@ -16,7 +16,7 @@ import re
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, NamedTuple
 
-from ingest.decode import SENSOR_ID_PATTERN, decode
+from ingest.decode import SENSOR_ID_PATTERN, SENSOR_ID_RULE, Arrivals, decode
 from ingest.errors import ConfigError
 from ingest.formats import MAX_TAG_BYTES, MAX_TAGS, influx, json, senml, value
 from ingest.formats.sparkplug import shared_subscriptions as sparkplug_shared
@@ -167,10 +167,8 @@ class Mapping:
         self._group_rule = {self._regex.groupindex[f"r{i}"]: i for i in range(len(self.rules))}
         self._cache: dict[str, _Topic | None] = {}
         self._names: dict[str, dict[str, str | Rejection]] = {r.name: {} for r in self.rules}
-        self._last_arrival: dict[str, int] = {}  # sensor -> last arrival time given, in ms
-        # Arrival milliseconds given by this process are == _arrival_slot (mod
-        # _arrival_stride): see spread_arrivals.
-        self._arrival_slot, self._arrival_stride = 0, 1
+        # Arrival times of readings without their own (see ingest.decode.Arrivals).
+        self.arrivals = Arrivals()
         # One object per stateful format in use, shared by its rules.
         self.stateful: dict[str, Stateful] = {
             name: make() for name, make in _STATEFUL.items()
@@ -292,7 +290,7 @@ class Mapping:
         sensor = matched.sensor
         if isinstance(sensor, Rejection):
             return Decoded([], [sensor])
-        decoded = decode(topic, payload, received_at, limits, sensor or None)
+        decoded = decode(topic, payload, received_at, limits, sensor or None, self.arrivals)
         if matched.tags:
             decoded = Decoded([r._replace(tags=matched.tags) for r in decoded.readings],
                               decoded.rejections)
@@ -311,7 +309,7 @@ class Mapping:
             rejections.append(_at(sensor, index))  # type: ignore[arg-type]
             return None
         if item.ts is None and item.epoch is None:  # timed at arrival
-            ms = self._arrival(sensor, math.floor(now * 1000))
+            ms = self.arrivals.next(sensor, math.floor(now * 1000))
             epoch = ms / 1000
         else:
             instant = self._instant(item, rule, now)
@@ -330,41 +328,22 @@ class Mapping:
                                         index))
             return None
         if item.tags is None and item.context is None:  # tags from the topic only
-            tags: dict[str, str] | Rejection = matched.tags
+            tags = matched.tags
         else:
-            tags = _tags(matched, item)
-            if isinstance(tags, Rejection):
-                rejections.append(_at(tags, index))
+            found = _tags(matched, item)
+            if isinstance(found, Rejection):
+                rejections.append(_at(found, index))
                 return None
+            tags = found
         units = None
         if item.units:
             renamed = ((self._resolve(rule, k), u[:64]) for k, u in item.units.items())
             units = {k: u for k, u in renamed if type(k) is str and k in values} or None
-        return _new(Reading, (sensor, None, epoch, values, None, ms, tags, units))
-
-    def spread_arrivals(self, slot: int, stride: int) -> None:
-        """Give only arrival milliseconds == ``slot`` (mod ``stride``).
-
-        Worker ``slot`` of ``--workers stride``: two workers never give one sensor the
-        same millisecond (a sensor's burst is spread over the workers by the group).
-        """
-        self._arrival_slot, self._arrival_stride = slot, stride
-
-    def _arrival(self, sensor: str, ms: int) -> int:
-        """An arrival time in milliseconds, after the sensor's previous one.
-
-        A reading is identified by its sensor and millisecond: devices that publish each
-        value as its own message (Shelly, ESPHome) send bursts within one millisecond,
-        which must not become one reading refused as ``ts_conflict``.
-        """
-        last = self._last_arrival.get(sensor)
-        if last is not None and ms <= last:
-            ms = last + 1
-        elif len(self._last_arrival) >= TOPIC_CACHE:
-            self._last_arrival.clear()
-        ms += (self._arrival_slot - ms) % self._arrival_stride
-        self._last_arrival[sensor] = ms
-        return ms
+        info = None
+        if rule.info and not tags.keys().isdisjoint(rule.info):  # descriptive tags apart
+            info = {k: v for k, v in tags.items() if k in rule.info}
+            tags = {k: v for k, v in tags.items() if k not in rule.info}
+        return _new(Reading, (sensor, None, epoch, values, None, ms, tags, units, info))
 
     def _instant(self, item: Item, rule: Rule, now: float) -> tuple[float, int] | None:
         if item.epoch is not None:  # SenML: resolved, relative below 2**28
@@ -446,11 +425,13 @@ def _at(rejection: Rejection, index: int | None) -> Rejection:
 
 
 def _sensor(text: str) -> str | Rejection:
-    sensor = safe(text)
-    if _SENSOR.fullmatch(sensor):
-        return sensor
-    return Rejection("bad_sensor_id", f"sensor id {text[:60]!r} does not make a valid id "
-                                      f"({SENSOR_ID_PATTERN} once made safe)")
+    """The device's own name as its sensor id, kept exactly, or why it cannot be one.
+
+    Never made "safe": two devices whose names differ stay two sensors.
+    """
+    if _SENSOR.fullmatch(text):
+        return text
+    return Rejection("bad_sensor_id", f"sensor id {text[:60]!r}: {SENSOR_ID_RULE}")
 
 
 def _resolve_name(rule: Rule, raw: str) -> str | Rejection:
@@ -502,6 +483,8 @@ def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection:
     else:
         tags = dict(matched.tags)
         for key, tag_value in (item.tags or {}).items():
+            if key in rule.named_tags:  # part of the sensor id or the measurement names
+                continue
             safe_key = safe(key)
             if safe_key in RESERVED_TAGS or not 1 <= len(safe_key) <= 64:
                 continue

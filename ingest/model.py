@@ -15,7 +15,9 @@ type Scalar = int | float | bool | str
 
 
 class Reading(NamedTuple):
-    """One accepted sensor reading: a timestamp, its measurements, and tags and units.
+    """One accepted sensor reading: a timestamp, its measurements, tags, units and info.
+
+    Its series is ``sensor_id`` and ``tags`` (the identity tags); its instant is ``ms``.
 
     A NamedTuple rather than a frozen dataclass: one is built per reading on the hot
     path, and a tuple is several times cheaper to create.
@@ -39,6 +41,9 @@ class Reading(NamedTuple):
     tags: dict[str, str] | None = None
     # Units by measurement (SenML ``u``); None when there are none.
     units: dict[str, str] | None = None
+    # Descriptive tags (a rule's ``info``): stored with the reading, not part of its
+    # series; None when there are none.
+    info: dict[str, str] | None = None
 
     @property
     def ts(self) -> datetime:

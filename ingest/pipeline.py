@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pymongo.errors import PyMongoError
 
 from ingest.batcher import Batch, Batcher, merged
-from ingest.decode import Limits, decode
+from ingest.decode import ARRIVALS, Limits, decode
 from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, WriteError
 from ingest.model import Decoded, Rejection
 from ingest.retry import backoff
@@ -168,7 +168,7 @@ class Pipeline:
         self._received_bytes += len(payload)
         if self._mapping is None:  # the default format: no rule lookup at all
             readings, rejections = decode(message.topic, payload, message.received_at,
-                                          self._limits)
+                                          self._limits, None, ARRIVALS)
         else:
             readings, rejections = self._mapped(message)
         count = len(readings)

@@ -32,7 +32,7 @@ _FLATTEN = re.compile(r"[A-Za-z0-9_-]{1,8}")
 RESERVED_TAGS = frozenset({"sensor_id", "units", "_id"})
 _OPTIONS = frozenset({"name", "topic", "ignore", "format", "sensor_id", "measurement",
                       "flatten", "drop", "keep", "strings", "max_string_bytes", "values",
-                      "time", "tags"})
+                      "time", "tags", "info"})
 _TIME_OPTIONS = frozenset({"field", "format", "zone"})
 _DEFAULT_TIME = {"influx": "epoch_ns", "sparkplug": "epoch_ms"}
 
@@ -108,6 +108,12 @@ class Rule:
     time: TimeSpec = field(default_factory=TimeSpec)
     time_configured: bool = False
     tags: dict[str, Template] = field(default_factory=dict)
+    # Payload tags (line protocol) the sensor id or measurement templates use
+    # ({tag.host}): part of those, not also tags, as captures are not.
+    named_tags: frozenset[str] = frozenset()
+    # Tags that describe a reading rather than identify its series (``info = [...]``):
+    # stored with it (``info``), never part of the series' key.
+    info: frozenset[str] = frozenset()
 
     @property
     def subscription(self) -> str:
@@ -201,14 +207,19 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
         return Rule(name, topic, source, captures, ignore=True)
     fmt = _choice(entry, "format", FORMATS, "json")
     time, configured = _time(entry.get("time"), fmt)
+    sensor_id = _sensor_template(entry, fmt, captures)
+    measurement = _measurement_template(entry, fmt, captures)
+    named = (sensor_id.names if sensor_id else set()) | (
+        measurement.names if measurement else set())
     return Rule(
-        name, topic, source, captures, format=fmt,
-        sensor_id=_sensor_template(entry, fmt, captures),
-        measurement=_measurement_template(entry, fmt, captures),
+        name, topic, source, captures, format=fmt, sensor_id=sensor_id,
+        measurement=measurement,
+        named_tags=frozenset(n[4:] for n in named if n.startswith("tag.")),
         flatten=_flatten(entry), drop=_globs(entry, "drop"), keep=_globs(entry, "keep"),
         strings=_choice(entry, "strings", STRINGS, "keep"),
         max_string_bytes=_max_string_bytes(entry), values=_values(entry.get("values", {})),
         time=time, time_configured=configured, tags=_tags(entry.get("tags", {}), fmt, captures),
+        info=_info(entry),
     )
 
 
@@ -274,12 +285,14 @@ def _sensor_template(entry: dict[str, Any], fmt: str, captures: tuple[str, ...]
         return _template(text, "sensor_id", allowed, fmt)
     if fmt == "senml":
         return None  # the base name, else the {sensor_id} capture (see formats/senml.py)
+    if fmt == "influx":
+        return None  # the host tag, else the {sensor_id} capture (see formats/influx.py)
     if "sensor_id" in captures:
         return Template("{sensor_id}")
-    if fmt in {"json", "value", "influx"}:
+    if fmt in {"json", "value"}:
         raise ValueError("no sensor id: capture {sensor_id} in the topic or set sensor_id "
-                         '(a template such as "{device}" or "{tag.room}")')
-    return None  # ingest: the payload or the topic's second level; senml: the base name
+                         '(a template such as "{device}" or "{site}-{device}")')
+    return None  # ingest: the payload or the topic's second level
 
 
 def _measurement_template(entry: dict[str, Any], fmt: str, captures: tuple[str, ...]
@@ -292,9 +305,9 @@ def _measurement_template(entry: dict[str, Any], fmt: str, captures: tuple[str, 
                                  "{measurement} in the topic or set measurement")
             text = "{measurement}"
         return _template(text, "measurement", set(captures), fmt)
-    if fmt == "influx":
-        return _template(text or "{field}", "measurement",
-                         set(captures) | {"measurement", "field"}, fmt)
+    if fmt == "influx":  # None: <measurement>_<field> (see formats/influx.py)
+        return None if text is None else _template(
+            text, "measurement", set(captures) | {"measurement", "field"}, fmt)
     if text is not None:
         raise ValueError("measurement applies to the value and influx formats only")
     return None
@@ -312,6 +325,15 @@ def _globs(entry: dict[str, Any], key: str) -> tuple[str, ...]:
     if type(value) is not list or any(type(g) is not str or not g for g in value):
         raise TypeError(f"{key} must be a list of non-empty strings (names or globs)")
     return tuple(value)
+
+
+def _info(entry: dict[str, Any]) -> frozenset[str]:
+    """The tag names the rule marks as descriptive (``info = ["rssi", "model"]``)."""
+    names = entry.get("info", [])
+    if type(names) is not list or any(type(n) is not str or not _TAG_KEY.fullmatch(n)
+                                      for n in names):
+        raise TypeError("info must be a list of tag names ([A-Za-z0-9_-]{1,64})")
+    return frozenset(names)
 
 
 def _max_string_bytes(entry: dict[str, Any]) -> int:

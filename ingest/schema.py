@@ -21,12 +21,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NAMESPACE_EXISTS = 48
-# The bucket collection's indexes; the writer names them in its hints.
-BUCKET_KEY = [("sensor_id", 1), ("bucket_start", 1)]
-BUCKET_INDEX = "sensor_id_1_bucket_start_1"
-# Unique across documents: no reading of a sensor is stored twice.
-READINGS_KEY = [("sensor_id", 1), ("readings.ts", 1)]
-READINGS_INDEX = "sensor_id_1_readings.ts_1"
+# The bucket collection's indexes; the writer names them in its hints. A series is a
+# sensor id and its tags (the whole ``tags`` object, keys in name order).
+BUCKET_KEY = [("sensor_id", 1), ("tags", 1), ("bucket_start", 1)]
+BUCKET_INDEX = "sensor_id_1_tags_1_bucket_start_1"
+# Unique across documents: no instant of a series is stored twice.
+READINGS_KEY = [("sensor_id", 1), ("tags", 1), ("readings.ts", 1)]
+READINGS_INDEX = "sensor_id_1_tags_1_readings.ts_1"
+# The document shape the bucket writer writes (see ingest.writers.bucket), and the
+# indexes of earlier shapes, which ``ingest migrate`` drops.
+BUCKET_SCHEMA_VERSION = 2
+OLD_BUCKET_INDEXES = ("sensor_id_1_bucket_start_1", "sensor_id_1_readings.ts_1")
 # Same key with other options (85), or same name with another spec or options (86).
 INDEX_CONFLICTS = frozenset({85, 86})
 BUCKET_TTL_INDEX = "bucket_start_ttl"
@@ -37,10 +42,11 @@ TIMESERIES_INDEX = "meta.sensor_id_1_ts_1"
 BUCKET_VALIDATOR: dict[str, Any] = {
     "$jsonSchema": {
         "bsonType": "object",
-        "required": ["sensor_id", "bucket_start", "count", "bytes", "first_ts", "last_ts",
-                     "readings", "stats", "schema_version"],
+        "required": ["sensor_id", "tags", "bucket_start", "count", "bytes", "first_ts",
+                     "last_ts", "readings", "stats", "schema_version"],
         "properties": {
             "sensor_id": {"bsonType": "string", "pattern": f"^{SENSOR_ID_PATTERN}$"},
+            "tags": {"bsonType": "object"},
             "bucket_start": {"bsonType": "date"},
             "count": {"bsonType": ["int", "long"], "minimum": 1},
             "bytes": {"bsonType": ["int", "long"], "minimum": 1},
@@ -50,7 +56,7 @@ BUCKET_VALIDATOR: dict[str, Any] = {
             # on every update, and a full bucket holds thousands of readings.
             "readings": {"bsonType": "array"},
             "stats": {"bsonType": "object"},
-            "schema_version": {"bsonType": ["int", "long"]},
+            "schema_version": {"enum": [BUCKET_SCHEMA_VERSION]},
         },
     }
 }
@@ -98,7 +104,9 @@ class Schema:
         elif _is_timeseries(info) or info.get("type", "collection") != "collection":
             raise SchemaError(f"{self.db.name}.{self.collection} exists but is not a regular "
                               "collection; bucket mode will not write into it")
-        elif info["options"].get("validator") != BUCKET_VALIDATOR:
+        else:
+            await self.check_bucket_version()
+        if info is not None and info["options"].get("validator") != BUCKET_VALIDATOR:
             # An older validator: bring it up to date.
             await self.db.command({"collMod": self.collection, "validator": BUCKET_VALIDATOR,
                                    "validationLevel": "strict", "validationAction": "error"})
@@ -113,7 +121,7 @@ class Schema:
             if exc.code != DUPLICATE_KEY:
                 raise
             raise SchemaError(
-                f"{self.db.name}.{self.collection} holds a reading twice (same sensor_id and "
+                f"{self.db.name}.{self.collection} holds a reading twice (same series and "
                 f"ts), so the unique index {READINGS_INDEX} cannot be built: "
                 f"{str(exc)[:200]}"
             ) from exc
@@ -122,6 +130,59 @@ class Schema:
             expire = int(self.retention_days * 86400) + self.span_seconds
             await self.ensure_ttl(BUCKET_TTL_INDEX, "bucket_start", expire)
         await self.ensure_rejects()
+
+    async def check_bucket_version(self) -> None:
+        """Refuse a bucket collection holding documents of an earlier shape.
+
+        Mixing shapes in one collection would split a series between two keys and break
+        the uniqueness of its instants. One line names the collection and what to do.
+        """
+        coll = self.db[self.collection]
+        # Two cheap looks, not a scan: the indexes of an earlier shape (``ingest migrate``
+        # drops them last), and the oldest document (by _id).
+        names = {index["name"] async for index in await coll.list_indexes()}
+        stale = sorted(names & set(OLD_BUCKET_INDEXES))
+        oldest = await coll.find_one({}, {"schema_version": 1}, sort=[("_id", 1)])
+        if oldest is not None and oldest.get("schema_version") != BUCKET_SCHEMA_VERSION:
+            what = (f"holds bucket documents of schema_version "
+                    f"{oldest.get('schema_version')!r}, this daemon writes "
+                    f"{BUCKET_SCHEMA_VERSION}")
+        elif stale:
+            what = f"has the index {stale[0]} of an earlier document shape"
+        else:
+            return
+        raise SchemaError(
+            f"{self.db.name}.{self.collection} {what}: "
+            f"run `ingest migrate --db {self.db.name} --collection {self.collection}` once "
+            "(docs/readings.md#document-versions), or choose another --collection")
+
+    async def migrate_buckets(self) -> tuple[int, list[str]]:
+        """Bring bucket documents of an earlier shape to this one; drop the old indexes.
+
+        Version 1 documents get ``tags`` as their series (the tags they were last written
+        with, keys in name order; ``{}`` without any) and ``schema_version`` 2. Returns
+        how many documents changed and which indexes were dropped. Idempotent.
+        """
+        coll = self.db[self.collection]
+        changed = 0
+        cursor = coll.find({"schema_version": {"$ne": BUCKET_SCHEMA_VERSION}},
+                           {"tags": 1, "schema_version": 1}, sort=[("_id", 1)])
+        async for doc in cursor:
+            tags = dict(sorted((doc.get("tags") or {}).items()))
+            result = await coll.update_one(
+                {"_id": doc["_id"], "schema_version": doc.get("schema_version")},
+                {"$set": {"tags": tags, "schema_version": BUCKET_SCHEMA_VERSION}},
+                bypass_document_validation=True)
+            changed += result.modified_count
+        # Last: while they exist, the daemon refuses the collection (a migration cut
+        # short is found and can be run again).
+        dropped: list[str] = []
+        indexes = await (await coll.list_indexes()).to_list()
+        for index in indexes:
+            if index["name"] in OLD_BUCKET_INDEXES:
+                await coll.drop_index(index["name"])
+                dropped.append(index["name"])
+        return changed, dropped
 
     def timeseries_options(self) -> dict[str, Any]:
         """The ``timeseries`` option of the collection as configured."""

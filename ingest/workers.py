@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from ingest import app
 from ingest.aggregate import AggregateServer, Endpoint, listen
+from ingest.decode import ARRIVALS
 from ingest.errors import ConfigError, IncompatibleError, SchemaError, StartupError
 from ingest.sessions import deadline, retire_sessions, worker_client_id
 
@@ -241,8 +242,9 @@ def _worker_main(settings: Settings, index: int, sock: socket.socket, report: Co
     for handler in logging.getLogger().handlers:
         handler.setFormatter(logging.Formatter(
             f"%(asctime)s %(levelname)s %(name)s [worker {index}]: %(message)s"))
-    if settings.mapping is not None:  # this process's own copy (forked)
-        settings.mapping.spread_arrivals(index, settings.workers)
+    ARRIVALS.spread(index, settings.workers)  # this process's own (forked)
+    if settings.mapping is not None:
+        settings.mapping.arrivals.spread(index, settings.workers)
     import uvloop  # noqa: PLC0415 - as in the CLI
 
     code = 0

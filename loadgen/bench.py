@@ -61,7 +61,7 @@ def run_phase(settings: BenchSettings, publish: PublishSettings, phase: Phase,
     before = {m: counters(scrape(u), m) for m, u in phase.urls.items()}
     run = payloads.Run(publish.seed, publish.sensor_prefix, publish.sensors,
                        publish.per_message, publish.start_ms, publish.step_ms,
-                       publish.topic_prefix)
+                       publish.topic_prefix, publish.separator)
     samples = plan_samples(publish, settings.latency_samples)
     samplers = {m: Sampler(db[settings.collections[m]], m, run, samples,
                            settings.poll_interval) for m in phase.modes}
@@ -111,7 +111,7 @@ def measure_after(settings: BenchSettings, publish: PublishSettings, summary: Su
     name = settings.collections[mode]
     run = payloads.Run(publish.seed, publish.sensor_prefix, publish.sensors,
                        publish.per_message, publish.start_ms, publish.step_ms,
-                       publish.topic_prefix)
+                       publish.topic_prefix, publish.separator)
     counts = summary.counts()
     top = max(counts, default=0)
     last_ms = run.ts_ms(top - 1) if top else publish.start_ms

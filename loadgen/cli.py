@@ -239,6 +239,7 @@ def manifest_of(summary: Summary) -> dict[str, Any]:
     return {"version": MANIFEST_VERSION, "seed": s.seed, "sensor_prefix": s.sensor_prefix,
             "sensors": s.sensors, "per_message": s.per_message, "start_ms": s.start_ms,
             "step_ms": s.step_ms, "topic_prefix": s.topic_prefix, "qos": s.qos,
+            "separator": s.separator,
             "readings": summary.total("readings"), "counts": summary.counts()}
 
 
@@ -248,7 +249,8 @@ def expected_from_manifest(path: str) -> Expected:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         run = payloads.Run(int(data["seed"]), str(data["sensor_prefix"]), int(data["sensors"]),
                            int(data["per_message"]), int(data["start_ms"]),
-                           int(data["step_ms"]), str(data.get("topic_prefix", "sensors")))
+                           int(data["step_ms"]), str(data.get("topic_prefix", "sensors")),
+                           str(data.get("separator", "-")))
         counts = tuple(int(c) for c in data["counts"])
     except OSError as exc:
         raise ConfigError(f"--manifest: cannot read {path}: {exc.strerror}") from None

@@ -57,6 +57,11 @@ class PublishSettings:
     late_every: int = 0
     payload_format: str = "json"  # json | sparkplug
 
+    @property
+    def separator(self) -> str:
+        """Between the sensor prefix and the index in the daemon's sensor ids."""
+        return "/" if self.payload_format == "sparkplug" else "-"
+
 
 @dataclass(frozen=True, slots=True)
 class VerifySettings:
@@ -175,7 +180,7 @@ def validate_publish(settings: PublishSettings) -> PublishSettings:
         (settings.payload_format != "sparkplug"
          or bool(_GROUP.fullmatch(settings.sensor_prefix)),
          ("--sensor-prefix: with --format sparkplug it is the group id and must match "
-          "[A-Za-z0-9_]{1,100} (no '-': the daemon's sensor ids are <group>-<edge node>)")),
+          "[A-Za-z0-9_]{1,100} (the daemon's sensor ids are <group>/<edge node>)")),
     ]
     for ok, message in checks:
         if not ok:

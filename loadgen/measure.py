@@ -44,7 +44,7 @@ def estimate_bytes(settings: PublishSettings, mode: str) -> float | None:
     """
     s = settings
     run = payloads.Run(s.seed, s.sensor_prefix, s.sensors, s.per_message, s.start_ms,
-                       s.step_ms, s.topic_prefix)
+                       s.step_ms, s.topic_prefix, s.separator)
     model = payloads.Model(s.seed)
     shapes = [model.shape(i) for i in range(s.sensors)]
     limits = payloads.split_count(s.count or 0, s.sensors)

@@ -34,10 +34,13 @@ class Run:
     start_ms: int
     step_ms: int
     topic_prefix: str = "sensors"
+    # Between the prefix and the index in a sensor id: "/" for a Sparkplug B fleet, whose
+    # sensor ids the daemon makes <group>/<edge node>.
+    separator: str = "-"
 
     def sensor_id(self, index: int) -> str:
         """The id of the sensor at ``index``."""
-        return f"{self.sensor_prefix}-{index}"
+        return f"{self.sensor_prefix}{self.separator}{index}"
 
     def topic(self, index: int) -> str:
         """The topic sensor ``index`` publishes to."""

@@ -70,7 +70,7 @@ class Worker:
         self.counters = counters
         self.sensors = payloads.worker_sensors(s.sensors, s.processes, worker)
         self.run = payloads.Run(s.seed, s.sensor_prefix, s.sensors, s.per_message,
-                                s.start_ms, s.step_ms, s.topic_prefix)
+                                s.start_ms, s.step_ms, s.topic_prefix, s.separator)
         self.model = payloads.Model(s.seed)
         self.shapes = [self.model.shape(i) for i in self.sensors]
         # Sparkplug B: one edge node per sensor, an NBIRTH each before its NDATA.

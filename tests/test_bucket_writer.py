@@ -56,7 +56,8 @@ def test_one_update_per_sensor_hour() -> None:
     assert first["$inc"]["count"] == 2
     assert [r["ts"] for r in first["$push"]["readings"]["$each"]] == [
         batch[0].ts, batch[2].ts]
-    assert first["$setOnInsert"] == {"schema_version": 1}
+    assert first["$setOnInsert"] == {"schema_version": 2}
+    assert all(op["q"]["tags"] == {} for op in plan.ops)
     assert plan.ops[0]["upsert"] is True
 
 
@@ -213,7 +214,7 @@ async def test_another_reading_at_a_stored_time_is_refused_as_a_conflict(db: Any
     assert outcome.duplicates == 1
     assert [(r.sensor_id, r.values) for r, _ in outcome.conflicts] == [
         ("b", {"v": 2.0}), ("a", {"v": 9.0})]
-    assert "already has a reading at" in outcome.conflicts[1][1]
+    assert "a already has v=1.0 at" in outcome.conflicts[1][1]
     assert await stored_values(db, "bucket", "v") == [1.0, 1.0]
 
 
@@ -273,7 +274,7 @@ async def test_a_refused_update_does_not_stop_the_others(db: Any) -> None:
     """The validator refuses one operation; the rest of the unordered bulk is applied."""
     writer = writer_for(db)
     await writer.ensure_schema()
-    bad = reading("bad id!", T0 + 1)  # bypasses decode; the validator's pattern refuses it
+    bad = reading("bad\x01id", T0 + 1)  # bypasses decode; the validator's pattern refuses it
     good = [reading("a", T0 + 1), reading("b", T0 + 2)]
     outcome = await writer.write(writer.plan([good[0], bad, good[1]]))
     assert outcome.written == 2
@@ -288,9 +289,9 @@ async def test_schema_is_idempotent_with_validator_index_ttl_and_capped_rejects(
     await writer.ensure_schema()
     await writer.ensure_schema()
     indexes = await db.buckets.index_information()
-    assert indexes[BUCKET_INDEX]["key"] == [("sensor_id", 1), ("bucket_start", 1)]
+    assert indexes[BUCKET_INDEX]["key"] == [("sensor_id", 1), ("tags", 1), ("bucket_start", 1)]
     assert not indexes[BUCKET_INDEX].get("unique")
-    assert indexes[READINGS_INDEX]["key"] == [("sensor_id", 1), ("readings.ts", 1)]
+    assert indexes[READINGS_INDEX]["key"] == [("sensor_id", 1), ("tags", 1), ("readings.ts", 1)]
     assert indexes[READINGS_INDEX]["unique"] is True
     assert indexes[BUCKET_TTL_INDEX]["expireAfterSeconds"] == 7 * 86400 + HOUR
     options = await db.buckets.options()

@@ -52,8 +52,12 @@ def fleet() -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
         ("lab/gw1/senml", js([{"bn": "urn:dev:mac:0024befffe804ff1:", "bt": NOW,
                                "n": "temp", "u": "Cel", "v": 22.5},
                               {"n": "hum", "u": "%RH", "v": 40}])),
-        ("telegraf/host1", f"cpu,host=a usage=0.5 {int(NOW * 1e9)}".encode()),
-        ("telegraf/host2", f"cpu,host=b usage=0.7 {int(NOW * 1e9)}".encode()),
+        # Telegraf's outputs.mqtt (taken by --preset influx), and line protocol on topics
+        # of another publisher (proposed).
+        ("telegraf/host1/cpu", f"cpu,host=host1 usage=0.5 {int(NOW * 1e9)}".encode()),
+        ("telegraf/host2/cpu", f"cpu,host=host2 usage=0.7 {int(NOW * 1e9)}".encode()),
+        ("meters/m1", f"power,phase=1 watts=230.5 {int(NOW * 1e9)}".encode()),
+        ("meters/m2", f"power,phase=1 watts=115.0 {int(NOW * 1e9)}".encode()),
         ("cams/door/snapshot", BINARY),
     ]
     return retained, live
@@ -66,7 +70,7 @@ def test_payload_kinds_are_recognised() -> None:
     assert kinds["plant/boiler-1/temperature"] == "value"
     assert kinds["sensors/s1/readings"] == "ingest"
     assert kinds["lab/gw1/senml"] == "senml"
-    assert kinds["telegraf/host1"] == "influx"
+    assert kinds["telegraf/host1/cpu"] == "influx"
     assert kinds["cams/door/snapshot"] == "binary"
 
 
@@ -99,14 +103,16 @@ def test_a_proposal_from_a_capture_stores_the_fleet() -> None:
     out, err = io.StringIO(), io.StringIO()
     assert finish(captured, [], [], out, err) == 0
     text = out.getvalue()
+    assert "use --preset influx" in text
     assert "use --preset tasmota" in text
     assert "use --preset zigbee2mqtt" in text
     assert 'topic = "plant/{sensor_id}/{measurement}"' in text
+    assert 'topic = "meters/{sensor_id}"\nformat = "influx"' in text
     assert 'field = "ts"' in text  # epoch milliseconds found and used
-    check_proposal(text, ["tasmota", "zigbee2mqtt"], retained + live)
+    check_proposal(text, ["influx", "tasmota", "zigbee2mqtt"], retained + live)
     report = err.getvalue()
     assert "accepted" in report
-    assert "--preset tasmota --preset zigbee2mqtt" in report
+    assert "--preset influx --preset tasmota --preset zigbee2mqtt" in report
 
 
 async def test_discover_listens_to_a_broker_and_proposes_a_working_mapping(
@@ -130,8 +136,8 @@ async def test_discover_listens_to_a_broker_and_proposes_a_working_mapping(
     assert f"captured {len(retained) + len(live)} message(s)" in report
     assert f"({len(retained)} retained)" in report
     text = stdout.decode()
-    check_proposal(text, ["tasmota", "zigbee2mqtt"], retained + live)
-    assert "--preset tasmota --preset zigbee2mqtt --mapping <this file>" in report
+    check_proposal(text, ["influx", "tasmota", "zigbee2mqtt"], retained + live)
+    assert "--preset influx --preset tasmota --preset zigbee2mqtt --mapping <this file>" in report
 
 
 def test_discover_with_no_broker_is_one_line() -> None:
@@ -180,7 +186,7 @@ def test_topics_your_mapping_covers_are_not_proposed_again() -> None:
     check_proposal(out.getvalue() + '\n[[rule]]\nname = "boilers"\n'
                    'topic = "plant/{sensor_id}/{measurement}"\nformat = "value"\n'
                    '[rule.values]\nON = true\nOFF = false\n',
-                   ["tasmota", "zigbee2mqtt"], retained + live)
+                   ["influx", "tasmota", "zigbee2mqtt"], retained + live)
 
 
 def test_sparkplug_traffic_is_recognised_even_when_its_births_came_before_the_capture(

@@ -164,7 +164,7 @@ def test_wildcards_do_not_match_dollar_topics_and_plus_is_one_level() -> None:
 def test_captures_become_tags_and_unsafe_ids_are_made_safe() -> None:
     m = mapping('[[rule]]\nname = "r"\ntopic = "home/{room}/{sensor_id}"\n')
     reading = run(m, "home/Living Room/Door Sensor", {"contact": False}).decoded.readings[0]
-    assert reading.sensor_id == "Door_Sensor"
+    assert reading.sensor_id == "Door Sensor"
     assert reading.tags == {"room": "Living Room"}
 
 
@@ -184,7 +184,7 @@ def test_zigbee2mqtt_payload_is_one_reading_with_booleans_strings_and_nested_fie
     result = run(m, "zigbee2mqtt/Living Room", payload)
     assert result.decoded.rejections == []
     (reading,) = result.decoded.readings
-    assert reading.sensor_id == "Living_Room"
+    assert reading.sensor_id == "Living Room"
     assert reading.values == {"battery": 100, "battery_low": False, "occupancy": True,
                               "temperature": 21.7, "linkquality": 134, "action": "single",
                               "state": True}
@@ -341,7 +341,7 @@ def test_senml_pack_resolves_base_fields_units_and_groups_by_time() -> None:
             {"n": "ext", "v": 1, "future_": 1}]
     result = run(m, "senml/gw1", pack, now=AT)
     first, second = result.decoded.readings
-    assert first.sensor_id == "urn_dev_mac_0024befffe804ff1"
+    assert first.sensor_id == "urn:dev:mac:0024befffe804ff1"
     assert first.ms == EPOCH * 1000
     assert first.values == {"temp": 22.5, "hum": 40, "door": False, "state": "idle",
                             "energy_sum": 100}
@@ -382,12 +382,53 @@ def test_line_protocol_lines_tags_types_and_escaping() -> None:
     assert kitchen.ms == EPOCH * 1000
     assert kitchen.values == {"climate_temp": 22.5, "climate_hum": 40, "climate_ok": True,
                               "climate_state": 'a "q"'}
-    assert kitchen.tags == {"site": "home", "room": "kitchen"}
-    assert living.sensor_id == "living_room"
-    assert living.tags == {"site": "home", "room": "living room"}
+    assert kitchen.tags == {"site": "home"}  # room is the sensor id, not also a tag
+    assert living.sensor_id == "living room"
+    assert living.tags == {"site": "home"}
     assert abs(living.epoch - AT) < 0.002
     assert sorted((r.reason, r.index) for r in result.decoded.rejections) == [
         ("bad_shape", 2), ("no_sensor_id", 3)]
+
+
+def test_line_protocol_defaults_name_each_field_by_its_measurement_and_take_the_host_tag(
+        ) -> None:
+    """Without sensor_id and measurement: the host tag is the sensor id (the topic's
+    {sensor_id} without one), the other tags stay, fields are <measurement>_<field> and a
+    field named value takes the measurement's name, as Telegraf's Prometheus output."""
+    m = mapping('[[rule]]\nname = "r"\ntopic = "lp/{sensor_id}"\nformat = "influx"\n'
+                '[[rule]]\nname = "nocapture"\ntopic = "lp2/+"\nformat = "influx"\n')
+    text = (f"mem,host=h1 free=100i,used=5i {EPOCH}000000000\n"
+            f"disk,host=h1,path=/boot free=300i,used=9i {EPOCH}000000000\n"
+            f"temperature,room=hall value=21.5,battery=90i {EPOCH}000000000\n")
+    result = run(m, "lp/topic-id", text, now=AT)
+    assert result.decoded.rejections == []
+    mem, disk, temperature = result.decoded.readings
+    assert (mem.sensor_id, mem.values, mem.tags) == (
+        "h1", {"mem_free": 100, "mem_used": 5}, {})
+    assert (disk.sensor_id, disk.values, disk.tags) == (
+        "h1", {"disk_free": 300, "disk_used": 9}, {"path": "/boot"})
+    assert (temperature.sensor_id, temperature.values, temperature.tags) == (
+        "topic-id", {"temperature": 21.5, "temperature_battery": 90}, {"room": "hall"})
+    # No host tag and nothing captured: that line is refused, the other one kept.
+    result = run(m, "lp2/x", f"cpu usage=1\ncpu,host=h2 usage=2 {EPOCH}000000000", now=AT)
+    assert [(r.sensor_id, r.values) for r in result.decoded.readings] == [
+        ("h2", {"cpu_usage": 2.0})]
+    assert [(r.reason, r.index) for r in result.decoded.rejections] == [("no_sensor_id", 0)]
+
+
+def test_a_line_tag_that_builds_the_sensor_id_or_a_name_is_not_also_a_tag() -> None:
+    m = mapping('[[rule]]\nname = "by-tag"\ntopic = "a/+"\nformat = "influx"\n'
+                'sensor_id = "{tag.host}-{tag.cpu}"\nmeasurement = "{tag.core}_{field}"\n'
+                '[[rule]]\nname = "by-topic"\ntopic = "b/{sensor_id}"\nformat = "influx"\n'
+                'sensor_id = "{sensor_id}"\n')
+    line = "cpu,host=h1,cpu=cpu0,core=c1,dc=west usage=1"
+    (reading,) = run(m, "a/x", line).decoded.readings
+    assert (reading.sensor_id, reading.values, reading.tags) == (
+        "h1-cpu0", {"c1_usage": 1.0}, {"dc": "west"})
+    # The sensor id taken from the topic: the host tag is one more tag.
+    (reading,) = run(m, "b/dev", line).decoded.readings
+    assert (reading.sensor_id, reading.values, reading.tags) == (
+        "dev", {"cpu_usage": 1.0}, {"host": "h1", "cpu": "cpu0", "core": "c1", "dc": "west"})
 
 
 def test_line_protocol_timestamps_in_another_precision() -> None:

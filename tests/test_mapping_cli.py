@@ -66,9 +66,11 @@ def test_subscriptions_come_from_the_rules_unless_topics_are_given(tmp_path: Pat
     env = {"INGEST_PRESET": "senml,influx"}
     args = build_parser(env).parse_args(["run", "--mapping", str(path)])
     settings = settings_from(args, env)
-    assert settings.topics == ("home/#", "senml/#", "influx/+")  # home/# covers home/+/+
+    # home/# covers home/+/+
+    assert settings.topics == ("home/#", "senml/#", "telegraf/+/+/#", "telegraf/+", "influx/+")
     assert settings.mapping is not None
-    assert [r.name for r in settings.mapping.rules] == ["a", "b", "senml", "influx"]
+    assert [r.name for r in settings.mapping.rules] == [
+        "a", "b", "senml", "telegraf", "telegraf-one-level", "influx"]
     args = build_parser(env).parse_args(["run", "--preset", "senml", "--topic", "x/#"])
     settings = settings_from(args, env)
     assert settings.topics == ("x/#",)
@@ -90,7 +92,7 @@ def test_check_prints_the_readings_that_would_be_stored(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     (line,) = done.stdout.decode().splitlines()
     assert orjson.loads(line) == {
-        "rule": "z2m", "sensor_id": "Hall_Way", "ts": "2026-11-21T09:00:00.500+00:00",
+        "rule": "z2m", "sensor_id": "Hall Way", "ts": "2026-11-21T09:00:00.500+00:00",
         "values": {"occupancy": True, "update_state": "idle"}, "tags": {}, "units": {}}
     done = ingest("check", "--mapping", str(path), "--topic-name", "zigbee2mqtt/bridge/state",
                   "online")
@@ -106,9 +108,9 @@ def test_check_exits_1_when_everything_is_rejected_and_says_why(tmp_path: Path) 
                   'm v=1,bad="' + "x" * 300 + '"\nnot a line')
     assert done.returncode == 0
     out = done.stdout.decode().splitlines()
-    assert orjson.loads(out[0])["values"] == {"v": 1.0}
+    assert orjson.loads(out[0])["values"] == {"m_v": 1.0}
     assert sorted(out[1:]) == [
-        "rejected (reading 0): bad_value: bad: string longer than 256 bytes",
+        "rejected (reading 0): bad_value: m_bad: string longer than 256 bytes",
         "rejected (reading 1): bad_shape: not line protocol: Failed to parse key of field."]
     done = ingest("check", "--topic-name", "sensors/s1", '{"temp": "hot"}')
     assert done.returncode == 1

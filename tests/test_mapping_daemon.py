@@ -94,7 +94,7 @@ async def _rejects(db: Any) -> bool:
 
 
 async def _check_buckets(coll: Any) -> None:
-    doc = await coll.find_one({"sensor_id": "Living_Room"})
+    doc = await coll.find_one({"sensor_id": "Living Room"})
     assert doc["count"] == 2
     assert doc["tags"] == {"site": "home"}
     stats = doc["stats"]
@@ -110,7 +110,7 @@ async def _check_buckets(coll: Any) -> None:
     assert type(first["battery_low"]) is bool
     assert (first["update_state"], second["update_state"]) == ("idle", "updating")
     assert first["ts"].timestamp() == HOUR + 10.5
-    senml = await coll.find_one({"sensor_id": "urn_dev_mac_0024befffe804ff1"})
+    senml = await coll.find_one({"sensor_id": "urn:dev:mac:0024befffe804ff1"})
     assert senml["units"] == {"temp": "Cel"}
     assert senml["stats"]["door"] == {"count": 1, "sum": 1, "min": 1, "max": 1}
     assert senml["readings"][0]["door"] is True
@@ -120,15 +120,15 @@ async def _check_buckets(coll: Any) -> None:
 
 
 async def _check_timeseries(coll: Any) -> None:
-    docs = await coll.find({"meta.sensor_id": "Living_Room"}).sort("ts", 1).to_list()
-    assert [d["meta"] for d in docs] == [{"sensor_id": "Living_Room", "site": "home"}] * 2
+    docs = await coll.find({"meta.sensor_id": "Living Room"}).sort("ts", 1).to_list()
+    assert [d["meta"] for d in docs] == [{"sensor_id": "Living Room", "site": "home"}] * 2
     assert [d["battery_low"] for d in docs] == [False, True]
     assert all(type(d["battery_low"]) is bool for d in docs)
     assert [d["update_state"] for d in docs] == ["idle", "updating"]
     assert [d["AM2301_Humidity"] for d in docs] == [40.5, 41.5]
     assert "last_seen" not in docs[0]
     assert docs[0]["ts"].timestamp() == HOUR + 10.5
-    (senml,) = await coll.find({"meta.sensor_id": "urn_dev_mac_0024befffe804ff1"}).to_list()
+    (senml,) = await coll.find({"meta.sensor_id": "urn:dev:mac:0024befffe804ff1"}).to_list()
     assert senml["units"] == {"temp": "Cel"}
     assert (senml["temp"], senml["door"]) == (22.5, True)
     assert await coll.count_documents({"meta.site": "home"}) == 2

@@ -25,7 +25,7 @@ from ingest.rules import parse
 NOW = time.time()
 LIMITS = Limits(max_message_bytes=64 * 1024, max_readings=50)
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-SENSOR = re.compile(r"[A-Za-z0-9_-]{1,128}")
+SENSOR = re.compile(r"[^\x00-\x1f\x7f-\x9f]{1,128}")  # kept exactly, no control characters
 RULES = """
 [[rule]]
 name = "ignored"

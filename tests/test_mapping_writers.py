@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from ingest.model import Reading
 from ingest.schema import Schema
-from ingest.writers.bucket import BucketWriter, reading_bytes, same_reading, same_values
+from ingest.writers.bucket import BucketWriter, reading_bytes
+from ingest.writers.instants import new_fields, same_value
 from ingest.writers.timeseries import TimeseriesWriter, reading_document
 
 HOUR = 3600
@@ -54,20 +55,24 @@ def test_booleans_count_as_0_1_and_strings_get_no_statistics_single_and_coalesce
     assert "stats.mode.count" not in doc["$inc"]
 
 
-def test_tags_and_units_are_set_on_the_bucket_and_the_default_path_sets_nothing() -> None:
-    plan = bucket(NO_DB).plan([reading(T0 + 1, {"t": 1}, {"room": "a"}, {"t": "Cel"}),
+def test_tags_are_the_bucket_key_units_are_set_and_the_default_path_sets_nothing() -> None:
+    plan = bucket(NO_DB).plan([reading(T0 + 1, {"t": 1}, {"room": "a", "floor": "1"},
+                                       {"t": "Cel"}),
                                reading(T0 + 2, {"t": 2}, {"room": "b"})])
-    assert plan.ops[0]["u"]["$set"] == {"tags.room": "b", "units.t": "Cel"}
+    assert [op["q"]["tags"] for op in plan.ops] == [{"floor": "1", "room": "a"}, {"room": "b"}]
+    assert list(plan.ops[0]["q"]["tags"]) == ["floor", "room"]  # name order: one key
+    assert plan.ops[0]["u"]["$set"] == {"units.t": "Cel"}
+    assert "$set" not in plan.ops[1]["u"]
     assert "$set" not in bucket(NO_DB).plan([reading(T0 + 1, {"t": 1})]).ops[0]["u"]
     assert "$set" not in bucket(NO_DB).plan([reading(T0 + 1, {"t": 1}, None)]).ops[0]["u"]
 
 
 def test_true_and_1_are_different_readings() -> None:
-    assert same_values({"a": 1}, {"a": 1.0})
-    assert not same_values({"a": True}, {"a": 1})
-    assert not same_values({"a": 0}, {"a": False})
-    assert same_reading(reading(T0, {"a": True}), {"ts": 0, "a": True})
-    assert not same_reading(reading(T0, {"a": True}), {"ts": 0, "a": 1})
+    assert same_value(1, 1.0)
+    assert not same_value(True, 1)  # noqa: FBT003
+    assert not same_value(0, False)  # noqa: FBT003
+    assert new_fields(reading(T0, {"a": True}), {"a": True}) == {}
+    assert isinstance(new_fields(reading(T0, {"a": True}), {"a": 1}), str)
     plan = bucket(NO_DB).plan([reading(T0, {"a": True}), reading(T0, {"a": 1})])
     assert len(plan.conflicts) == 1
     assert plan.duplicates == 0
@@ -127,7 +132,8 @@ async def test_stored_statistics_are_exact_for_mixed_kinds(db: Any, batches: Any
         assert type(stats["min"]) is not bool
     stored = [{k: v for k, v in r.items() if k != "ts"} for r in doc["readings"]]
     for got, want in zip(stored, written, strict=True):
-        assert same_values(got, want)
+        assert got == want
+        assert all(same_value(got[k], want[k]) for k in want)
 
 
 async def test_timeseries_writer_stores_any_scalar_with_meta_tags_and_units(db: Any) -> None:

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ingest.decode import Limits
-from ingest.mapping import Mapping
+from ingest.mapping import Mapping, Result
 from ingest.rules import parse, preset_names
 from tests.support.devices import PRESETS, Expected, Message, base_time, load, same_value
 from tests.support.procs import ROOT, Daemon, eventually
@@ -321,7 +321,8 @@ _HOSTILE_PAYLOAD = st.one_of(
                  max_leaves=40).map(lambda doc: orjson.dumps(
                      doc, option=orjson.OPT_NON_STR_KEYS) if _dumpable(doc) else b"null"))
 _ALL = Mapping.load(None, COMBINED)
-_SAFE = re.compile(r"[A-Za-z0-9_-]{1,128}")
+# A sensor id: the device's name kept exactly, no control characters, 1 to 128 characters.
+_SAFE = re.compile(r"[^\x00-\x1f\x7f-\x9f]{1,128}")
 _FIELD = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -340,7 +341,8 @@ def _dumpable(doc: object) -> bool:
 def test_hostile_device_names_and_payloads_through_the_presets(
         preset: str, index: int, level: str, payload: bytes) -> None:
     """A fixture topic with its device level replaced by anything, and any payload: no
-    exception, and every stored sensor id, field name and tag stays inside the guard."""
+    exception, and every stored sensor id, field name and tag stays inside the guard; a
+    sensor id is the device level itself (or built from it), never a "safe" spelling."""
     messages = load(preset, base_time(time.time()))
     levels = messages[index % len(messages)].topic.split("/")
     levels[1 if len(levels) > 1 else 0] = level
@@ -371,7 +373,8 @@ def test_plain_values_of_one_device_in_one_millisecond_are_all_stored_in_bucket_
     plan = Plan([], [])
     kept = unique_readings(readings, plan)
     assert plan.conflicts == []
-    assert sum(len(r.values) for r in kept) == 3
+    assert plan.deferred == []
+    assert sum(len(r.values) for r, _ in kept) == 3
 
 
 def _matches(topic_filter: str, topic: str) -> bool:
@@ -394,3 +397,154 @@ def test_each_reading_message_matches_one_filter_of_its_preset(preset: str) -> N
         if msg.readings:
             matching = [f for f in subscriptions if _matches(f, msg.topic)]
             assert len(matching) == 1, (msg.topic, matching)
+
+
+# ---------------------------------------------------------------- Telegraf (--preset influx)
+
+# One interval of Telegraf's mem, disk and cpu inputs (one timestamp), by metric name.
+TELEGRAF = {
+    "mem": ["mem,host=h1 free=100i,used=5i"],
+    "disk": ["disk,host=h1,path=/ free=200i,used=7i",
+             "disk,host=h1,path=/boot free=300i,used=9i"],
+    "cpu": ["cpu,host=h1,cpu=cpu0 usage_idle=91.5", "cpu,host=h1,cpu=cpu1 usage_idle=88.0"],
+}
+# What must be stored: (sensor id, tags) -> values, each value once, under a name and a
+# series that tell it apart (the host tag is the sensor id, not also a tag).
+TELEGRAF_SERIES: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, Any]] = {
+    ("h1", ()): {"mem_free": 100, "mem_used": 5},
+    ("h1", (("path", "/"),)): {"disk_free": 200, "disk_used": 7},
+    ("h1", (("path", "/boot"),)): {"disk_free": 300, "disk_used": 9},
+    ("h1", (("cpu", "cpu0"),)): {"cpu_usage_idle": 91.5},
+    ("h1", (("cpu", "cpu1"),)): {"cpu_usage_idle": 88.0},
+}
+# Telegraf's outputs.mqtt layouts that carry line protocol, with the topic template
+# (plugins/outputs/mqtt/README.md): the rule of the preset expected to take them.
+LAYOUTS = {
+    "non-batch": "telegraf",  # one metric per message on telegraf/<host>/<name>
+    "batch": "telegraf",  # the metrics of one topic in one message
+    "batch-host-topic": "telegraf-one-level",  # batch, topic = 'telegraf/{{ .Tag "host" }}'
+}
+
+
+def telegraf_messages(layout: str, ns: int, root: str = "telegraf"
+                      ) -> list[tuple[str, bytes]]:
+    """One interval as outputs.mqtt publishes it with data_format = "influx" (Telegraf's
+    influx serializer ends every line with a newline)."""
+    def text(lines: list[str]) -> bytes:
+        return "".join(f"{line} {ns}\n" for line in lines).encode()
+
+    if layout == "non-batch":
+        return [(f"{root}/h1/{name}", text([line]))
+                for name, lines in TELEGRAF.items() for line in lines]
+    if layout == "batch":
+        return [(f"{root}/h1/{name}", text(lines)) for name, lines in TELEGRAF.items()]
+    return [(f"{root}/h1", text([line for lines in TELEGRAF.values() for line in lines]))]
+
+
+def series_of(rows: list[tuple[str, dict[str, str] | None, dict[str, Any]]]
+              ) -> dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, Any]]:
+    """(sensor id, tags, values) rows by series; a series twice is a failure."""
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, Any]] = {}
+    for sensor, tags, values in rows:
+        key = (sensor, tuple(sorted((tags or {}).items())))
+        assert key not in out, f"series {key} stored twice"
+        out[key] = values
+    return out
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_telegraf_layouts_give_each_value_once_under_its_own_name_and_series(
+        layout: str) -> None:
+    mapping = Mapping.load(None, ["influx"])
+    now = time.time()
+    ns = (math.floor(now) - 3600) * 10**9
+    readings = []
+    for topic, payload in telegraf_messages(layout, ns):
+        result = mapping.decode(topic, payload, now, Limits())
+        assert result.rule is not None
+        assert (result.rule.name, result.decoded.rejections) == (LAYOUTS[layout], [])
+        readings += result.decoded.readings
+    assert {r.ms for r in readings} == {ns // 10**6}
+    got = series_of([(r.sensor_id, r.tags, r.values) for r in readings])
+    assert got == TELEGRAF_SERIES
+    assert all(same_value(got[k][name], v) for k, want in TELEGRAF_SERIES.items()
+               for name, v in want.items())
+
+
+def test_telegraf_topics_without_the_host_and_the_other_layouts() -> None:
+    """omit_hostname: telegraf/<name> carries no host: refused, never stored under the
+    measurement's name as a sensor; telegraf/<host>/<name> without a host tag takes the
+    topic's host; the field and homie-v4 layouts publish bare values, refused as not line
+    protocol (docs/presets.md says which rules read them); influx/<id> as before."""
+    mapping = Mapping.load(None, ["influx"])
+    now = time.time()
+
+    def decode(topic: str, payload: str) -> Result:
+        return mapping.decode(topic, payload.encode(), now, Limits())
+
+    result = decode("telegraf/mem", "mem free=100i")
+    assert [r.reason for r in result.decoded.rejections] == ["no_sensor_id"]
+    (reading,) = decode("telegraf/h1/mem", "mem free=100i").decoded.readings
+    assert (reading.sensor_id, reading.values, reading.tags) == ("h1", {"mem_free": 100}, {})
+    for topic, value in (("telegraf/h1/mem/free", "100"),
+                         ("telegraf/h1/$homie", "4.0")):
+        result = decode(topic, value)
+        assert result.rule is not None
+        assert result.rule.name == "telegraf"
+        assert [r.reason for r in result.decoded.rejections] == ["bad_shape"]
+    (reading,) = decode("influx/kitchen", "climate,room=kitchen temp=22.5").decoded.readings
+    assert (reading.sensor_id, reading.values, reading.tags) == (
+        "kitchen", {"climate_temp": 22.5}, {"room": "kitchen"})
+
+
+def test_the_field_layout_rule_in_the_docs_reads_telegraf_field_topics() -> None:
+    """docs/presets.md's rule for layout = "field" with the tags in the topic template."""
+    docs = (ROOT / "docs" / "presets.md").read_text()
+    block = re.search(r"```toml\n(# layout = \"field\".*?)```", docs, re.DOTALL)
+    assert block is not None
+    mapping = Mapping(parse(block.group(1), "docs") + parse(
+        (ROOT / "ingest" / "presets" / "influx.toml").read_text(), "--preset influx"))
+    now = time.time()
+    got = []
+    for topic, value in (("telegraf/h1/disk/sda1/free", b"300"),
+                         ("telegraf/h1/disk/sda2/free", b"200"),
+                         ("telegraf/h1/mem/free", b"100")):
+        result = mapping.decode(topic, value, now, Limits())
+        assert result.decoded.rejections == []
+        got += [(r.sensor_id, r.tags, r.values) for r in result.decoded.readings]
+    assert got == [("h1", {"device": "sda1"}, {"disk_free": 300}),
+                   ("h1", {"device": "sda2"}, {"disk_free": 200}),
+                   ("h1", {}, {"mem_free": 100})]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+async def test_telegraf_metrics_are_stored_once_each_by_series_through_the_daemon(
+        layout: str, daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str,
+        db: Any, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    proc = daemon("--mapping", str(prefixed("influx", topic_root, tmp_path)))
+    ns = (math.floor(time.time()) - 3600) * 10**9
+    messages = telegraf_messages(layout, ns, f"{topic_root}/telegraf")
+    await publish(messages)
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == len(messages))
+    rule = LAYOUTS[layout]
+    assert proc.metric(f'ingest_rule_messages_total{{outcome="accepted",rule="{rule}"}}') \
+        == len(messages)
+
+    def settled() -> bool:  # every reading written or refused
+        metrics = proc.metrics()
+        return metrics.get(f'ingest_readings_written_total{{mode="{mode}"}}', 0) + sum(
+            v for k, v in metrics.items()
+            if k.startswith("ingest_readings_rejected_total{")) >= len(TELEGRAF_SERIES)
+
+    await eventually(settled)
+    metrics = proc.metrics()
+    assert {k: v for k, v in metrics.items()
+            if k.startswith("ingest_readings_rejected_total{") and v} == {}
+    assert metrics[f'ingest_readings_written_total{{mode="{mode}"}}'] == len(TELEGRAF_SERIES)
+    rows = await stored_rows(db, mode)
+    assert {row["ts"] for row in rows} == {datetime.fromtimestamp(ns // 10**9, UTC)}
+    got = series_of([(row["sensor_id"], row["tags"], row["values"]) for row in rows])
+    assert got == TELEGRAF_SERIES
+    assert all(same_value(got[k][name], v) for k, want in TELEGRAF_SERIES.items()
+               for name, v in want.items())
+    assert proc.stop() == 0

@@ -52,7 +52,7 @@ def test_birth_then_data_by_alias():
     # bdSeq and Node Control/Rebirth are the protocol's, not measurements
     assert item.fields == {"Inputs/Temp": 21.5, "Outputs/Running": True}
     assert item.ts == T0
-    assert item.sensor == "G1-E1"
+    assert item.sensor == "G1/E1"
     assert item.tags is None  # the rule's topic captures are the tags
     assert item.units == {"Inputs/Temp": "°C"}
     parsed = ndata(state, [Metric(alias=1, timestamp=T0 + 500, value=None, datatype=None,
@@ -245,13 +245,17 @@ def test_limits_and_topics():
         assert state.parse(topic, b'{"online": true}', LIMITS) == ([], [])
 
 
-def test_sensor_ids_are_safe_and_keep_their_parts_apart():
+def test_sensor_ids_are_the_topic_ids_exactly_and_keep_their_parts_apart():
     topic = spb.parse_topic("spBv1.0/Plant 1/DDATA/Line-3/PLC.7")
     assert topic is not None
-    assert spb.sensor_id(topic) == "Plant_1-Line_3-PLC_7"
+    assert spb.sensor_id(topic) == "Plant 1/Line-3/PLC.7"
     node = spb.parse_topic("spBv1.0/G/NDATA/E")
     assert node is not None
-    assert spb.sensor_id(node) == "G-E"
+    assert spb.sensor_id(node) == "G/E"
+    # ids that a "safe" spelling would merge stay apart
+    ids = {spb.sensor_id(spb.parse_topic(f"spBv1.0/G/NDATA/{n}"))  # type: ignore[arg-type]
+           for n in ("Line 3", "Line_3", "Line-3", "Линия")}
+    assert len(ids) == 4
 
 
 def test_tables_are_bounded():
@@ -272,8 +276,8 @@ def test_loadgen_fleet_payloads_decode_to_loadgen_readings():
                          enc.fleet_data([(T0, 45.5, 21.25), (T0 + 10, 46.0, 21.5)], 1), LIMITS)
     assert parsed.rejections == []
     assert [(i.sensor, i.ts, i.fields) for i in parsed.items] == [
-        ("lg1-3", T0, {"hum": 45.5, "temp": 21.25}),
-        ("lg1-3", T0 + 10, {"hum": 46.0, "temp": 21.5})]
+        ("lg1/3", T0, {"hum": 45.5, "temp": 21.25}),
+        ("lg1/3", T0 + 10, {"hum": 46.0, "temp": 21.5})]
     assert state.counts.skipped["null"] == 2
 
 
@@ -288,7 +292,7 @@ def test_the_preset_turns_metrics_into_readings_through_the_mapping():
     assert result.rule is not None
     assert result.decoded.rejections == []
     [reading] = result.decoded.readings
-    assert reading.sensor_id == "Plant_1-E"
+    assert reading.sensor_id == "Plant 1/E"
     assert reading.ms == T0
     assert reading.values == {"Inputs_Temp_A": 20.5, "Mode": "auto"}
     assert reading.tags == {"group": "Plant 1", "node": "E"}
@@ -300,7 +304,7 @@ def test_the_preset_turns_metrics_into_readings_through_the_mapping():
     device = mapping.decode(enc.topic("Plant 1", "DBIRTH", "E", "D 1"), enc.payload(
         [Metric("x", 7, T0, enc.INT8, 1)], T0, 2), T0 / 1000, LIMITS)
     [reading] = device.decoded.readings
-    assert reading.sensor_id == "Plant_1-E-D_1"
+    assert reading.sensor_id == "Plant 1/E/D 1"
     assert reading.tags == {"group": "Plant 1", "node": "E", "device": "D 1"}
     state = mapping.decode("spBv1.0/STATE/host1", b'{"online": true}', T0 / 1000, LIMITS)
     assert state.ignored
@@ -329,7 +333,7 @@ def test_mangled_payloads_never_crash_and_never_invent_metrics(kind, base, cut, 
     for item in parsed.items:
         if kind == "NDATA":  # resolved through the BIRTH: only names it declared
             assert set(item.fields) <= declared
-        assert item.sensor == ("G1-E1-D" if device else "G1-E1")
+        assert item.sensor == ("G1/E1/D" if device else "G1/E1")
     assert all(r.reason in (*spb.REASONS, "bad_value", "bad_field_name", "too_large",
                             "too_many_readings") for r in parsed.rejections)
 

@@ -65,7 +65,7 @@ async def test_birth_data_rebirth_death_and_hostile_payloads(
         db: Any) -> None:
     proc = start(daemon, topic_root, "--max-message-bytes", "65536")
     g, t0 = topic_root, NOW_MS
-    node, dev = f"{g}-E1", f"{g}-E1-D_1"
+    node, dev = f"{g}/E1", f"{g}/E1/D.1"
     deep = enc.metric(Metric("leaf", None, t0, enc.INT32, 1))
     for _ in range(150):
         deep = enc.metric(Metric("t", None, t0, enc.TEMPLATE, raw_value=enc.blob(18, enc.blob(
@@ -167,14 +167,14 @@ async def test_units_tags_and_transient_metrics_are_stored_as_documented(
                     raw_value=enc.tag(12, 5) + struct.pack("<f", 0.5))], t0 + 10, 1)),
     ])
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 2)
-    assert await readings(db, mode) == [(f"{g}-E", t0 - 60_000, {"Temp": 0.5}),
-                                        (f"{g}-E", t0 + 10, {"Temp": 1.25})]
+    assert await readings(db, mode) == [(f"{g}/E", t0 - 60_000, {"Temp": 0.5}),
+                                        (f"{g}/E", t0 + 10, {"Temp": 1.25})]
     doc = await db[COLLECTION[mode]].find_one({})
     if mode == "bucket":
         assert doc["tags"] == {"group": g, "node": "E"}
         assert doc["units"] == {"Temp": "degC"}
     else:
-        assert doc["meta"] == {"sensor_id": f"{g}-E", "group": g, "node": "E"}
+        assert doc["meta"] == {"sensor_id": f"{g}/E", "group": g, "node": "E"}
         assert doc["units"] == {"Temp": "degC"}
     metrics = proc.metrics()
     assert metrics['ingest_sparkplug_metrics_skipped_total{why="transient"}'] == 2
@@ -230,7 +230,7 @@ async def test_a_birth_is_acked_only_after_its_alias_table_is_stored(
         assert await db.sparkplug_births.count_documents({}) == 0
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)
     assert await db.sparkplug_births.count_documents({"_id": f"{g}/E"}) == 1
-    assert await readings(db, mode) == [(f"{g}-E", t0, {"v": 5})]
+    assert await readings(db, mode) == [(f"{g}/E", t0, {"v": 5})]
     assert proc.stop() == 0
 
 

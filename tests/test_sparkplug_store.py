@@ -38,7 +38,7 @@ async def test_a_birth_seen_by_one_daemon_serves_another(db):
     doc = await db[BIRTHS_COLLECTION].find_one({"_id": "G/E"})
     assert doc["bd_seq"] == 7
     assert doc["online"] is True
-    assert doc["sensor_id"] == "G-E"
+    assert doc["sensor_id"] == "G/E"
     assert doc["metrics"][2] == {"name": "Temp/A", "datatype": "Float", "alias": 1,
                                  "units": "degC",
                                  "properties": {"engUnit": "degC", "Quality": "good"}}

@@ -313,21 +313,40 @@ async def test_sparkplug_and_dry_run_run_in_the_workers(
 def test_workers_never_give_a_sensor_the_same_arrival_millisecond() -> None:
     """A device's burst of one-value messages is spread over the workers by the group:
     each worker gives its own residue of milliseconds, so no two readings collide."""
-    from ingest.decode import Limits  # noqa: PLC0415
+    from ingest.decode import Arrivals  # noqa: PLC0415
+
+    workers = [Arrivals() for _ in range(3)]
+    for index, arrivals in enumerate(workers):
+        arrivals.spread(index, 3)
+    now = math.floor(time.time() * 1000) + 123
+    given = [arrivals.next("shelly1pm-84CCA8ADE5E2", now) for arrivals in workers
+             for _ in range(3)]
+    assert len(set(given)) == 9
+    assert max(given) - now < 9
+    assert [g % 3 for g in given] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+def test_the_default_format_and_the_rules_time_a_burst_apart_the_same_way() -> None:
+    """Readings without a time of one sensor never meet at one instant, whichever path
+    decodes them: each gives the next millisecond of its sensor."""
+    from ingest.decode import Arrivals, Limits, decode  # noqa: PLC0415
     from ingest.mapping import Mapping  # noqa: PLC0415
 
-    workers = [Mapping.load(None, ["shelly"]) for _ in range(3)]
-    for index, mapping in enumerate(workers):
-        mapping.spread_arrivals(index, 3)
+    mapping = Mapping.load(None, ["shelly"])
     now = math.floor(time.time()) + 0.1234
     given = []
-    for mapping in workers:
-        for topic in ("relay/0/power", "relay/0/energy", "temperature"):
-            decoded = mapping.decode(f"shellies/shelly1pm-84CCA8ADE5E2/{topic}", b"1.5", now,
-                                     Limits()).decoded
-            given.extend(reading.ms for reading in decoded.readings)
-    assert len(set(given)) == 9
-    assert max(given) - math.floor(now * 1000) < 9
+    for topic in ("relay/0/power", "relay/0/energy", "temperature"):
+        decoded = mapping.decode(f"shellies/shelly-burst/{topic}", b"1.5", now,
+                                 Limits()).decoded
+        given.extend(reading.ms for reading in decoded.readings)
+    start = math.floor(now * 1000)
+    assert given == list(range(start, start + 3))
+    arrivals = Arrivals()
+    decoded = decode("sensors/shelly-burst/x", b'[{"t": 1}, {"t": 2}]', now, Limits(), None,
+                     arrivals)
+    decoded_too = decode("sensors/shelly-burst/x", b'{"t": 3}', now, Limits(), None, arrivals)
+    assert [r.ms for r in decoded.readings + decoded_too.readings] == [start, start + 1,
+                                                                       start + 2]
 
 
 async def test_a_second_signal_makes_every_worker_exit_without_its_writes(

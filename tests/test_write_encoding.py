@@ -30,6 +30,7 @@ from ingest.schema import Schema
 from ingest.writers import bucket as bucket_mod
 from ingest.writers import timeseries as ts_mod
 from ingest.writers.bucket import BsonDate, BucketWriter, bson_date, reading_doc
+from ingest.writers.instants import merge_series
 from ingest.writers.timeseries import TimeseriesWriter, documents, object_ids, reading_document
 
 HOUR = 3600
@@ -91,8 +92,10 @@ def test_bucket_updates_encode_as_with_datetimes_and_push_reading_docs(
         assert bson.encode(query) == bson.encode(as_datetimes(query))
         assert bson.encode(update) == bson.encode(as_datetimes(update))
         pushed = as_datetimes(update["$push"]["readings"]["$each"])
-        assert bson.encode({"a": pushed}) == bson.encode({"a": [reading_doc(r) for r in chunk]})
-        assert as_datetimes(query["readings.ts"]["$nin"]) == [r.ts for r in chunk]
+        # The chunk's readings, one per instant (readings of one instant merged)
+        entries = [r for r, _ in merge_series(chunk, bucket_mod.ms_of)[0]]
+        assert bson.encode({"a": pushed}) == bson.encode({"a": [reading_doc(r) for r in entries]})
+        assert as_datetimes(query["readings.ts"]["$nin"]) == [r.ts for r in entries]
         assert update["$min"]["first_ts"].as_datetime() == min(r.ts for r in chunk)
         assert update["$max"]["last_ts"].as_datetime() == max(r.ts for r in chunk)
         start = datetime.fromtimestamp(chunk[0].epoch // HOUR * HOUR, UTC)

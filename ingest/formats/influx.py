@@ -1,10 +1,13 @@
 """``influx``: InfluxDB line protocol, one reading per line.
 
-``climate,room=kitchen temp=22.5,hum=40i,ok=t,state="idle" 1795251600000000000``:
-the line's tags become the reading's tags; each field becomes a measurement named by
-the rule's ``measurement`` template (default ``{field}``; ``{measurement}`` is the
-line's measurement); the timestamp is nanoseconds unless ``[rule.time]`` gives another
-unit, and a line without one takes the arrival time. Lines are parsed by
+``disk,host=h1,path=/boot free=300i,used=9i 1795251600000000000``: the line's tags
+become the reading's tags; each field becomes a measurement named
+``<measurement>_<field>`` (``disk_free``), or ``<measurement>`` for a field named
+``value``, as Telegraf's Prometheus output names them, unless the rule's ``measurement``
+template says otherwise. Without a ``sensor_id`` template the sensor id is the ``host``
+tag (then not also a tag), else the topic's ``{sensor_id}`` capture. The timestamp is
+nanoseconds unless ``[rule.time]`` gives another unit, and a line without one takes the
+arrival time. Lines are parsed by
 ``line_protocol_parser`` (a C parser following InfluxDB's own grammar and escaping);
 blank lines and ``#`` comments are skipped.
 """
@@ -57,15 +60,21 @@ def _line(line: str, rule: Rule, captures: dict[str, str]) -> Item | Rejection:
     raw_fields: dict[str, object] = point["fields"]
     if len(tags) > MAX_TAGS or len(raw_fields) > MAX_FIELDS:
         return Rejection("bad_shape", f"more than {MAX_TAGS} tags or {MAX_FIELDS} fields")
+    measurement = str(point["measurement"])
     context = dict(captures)
-    context["measurement"] = str(point["measurement"])
+    context["measurement"] = measurement
     for key, tag in tags.items():
         context[f"tag.{key}"] = tag
+    # The default sensor id: the host tag Telegraf adds to every metric (the topic's
+    # {sensor_id} when there is none); it identifies the sensor, so it is not a tag too.
+    host = tags.pop("host", None) if rule.sensor_id is None else None
     template = rule.measurement
-    assert template is not None  # the rules loader sets "{field}" by default
     fields: dict[str, object] = {}
     problems: list[Rejection] = []
     for key, value in raw_fields.items():
+        if template is None:
+            fields[measurement if key == "value" else f"{measurement}_{key}"] = value
+            continue
         context["field"] = key
         name = template.render(context)
         if name is None:
@@ -73,5 +82,5 @@ def _line(line: str, rule: Rule, captures: dict[str, str]) -> Item | Rejection:
                                                         "template has no value"))
             continue
         fields[name] = value
-    return Item(fields, point["time"], None, None, tags or None, None, context,
+    return Item(fields, point["time"], None, host, tags or None, None, context,
                 problems or None)

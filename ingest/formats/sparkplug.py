@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -86,7 +85,6 @@ MAX_TABLES = 10_000  # alias tables held in memory (least recently used are evic
 MAX_PROPERTIES = 32  # scalar properties kept per metric in the BIRTH document
 MAX_NAME_BYTES = 512  # a metric name longer than this is refused
 _INT64_MAX = 2**63 - 1
-_SAFE_PART = re.compile(r"[^A-Za-z0-9_]+")
 
 
 class Topic(NamedTuple):
@@ -141,12 +139,14 @@ def topic_of(topic: str) -> Topic | None:
 
 
 def sensor_id(topic: Topic) -> str:
-    """``<group>-<node>[-<device>]``, each part made safe (runs outside [A-Za-z0-9_] -> ``_``).
+    """``<group>/<node>[/<device>]``: the ids exactly as the topic has them.
 
-    ``-`` only ever separates the parts, so the parts can be read back from an id.
+    A Sparkplug id is a topic level, so it holds no ``/``: the parts can be read back from
+    the sensor id, and two edge nodes or devices never share one.
     """
-    parts = [topic.group, topic.node] + ([topic.device] if topic.device is not None else [])
-    return "-".join(_SAFE_PART.sub("_", part) for part in parts)
+    if topic.device is None:
+        return f"{topic.group}/{topic.node}"
+    return f"{topic.group}/{topic.node}/{topic.device}"
 
 
 class Definition(NamedTuple):

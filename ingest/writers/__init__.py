@@ -47,6 +47,10 @@ class Plan:
     # Readings dropped while planning because the batch holds the same reading twice.
     duplicates: int = 0
     conflicts: list[tuple[Reading, str]] = field(default_factory=list)
+    # Readings that repeat a field of an earlier reading of their series and instant in
+    # the batch: written (or refused) in a later round, once the earlier one is stored
+    # (see ingest.writers.instants.merge_series).
+    deferred: list[Reading] = field(default_factory=list)
 
     def readings(self) -> int:
         """How many readings the operations carry."""

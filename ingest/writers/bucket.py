@@ -1,27 +1,36 @@
-"""Bucket mode: one document per sensor per span, upserted with running statistics.
+"""Bucket mode: one document per series per span, upserted with running statistics.
 
-A batch is coalesced so that all readings of one sensor-span become one upsert
+A series is a sensor id and its identity tags: a document's key is ``sensor_id``,
+``tags`` (the identity tags in name order, ``{}`` for none) and ``bucket_start``, and its
+tags are exactly the series' own. A batch is coalesced so that all readings of one
+series-span become one upsert
 (``$push``/``$each``, ``$inc``, ``$min``, ``$max``, ``$setOnInsert``), all sent in one
 unordered bulk write (:mod:`ingest.writers.bulk`). A document never holds more than
 ``max_readings``: the filter only matches a document with room for the whole group
 (``count <= max - n``); otherwise the upsert starts a new document with the same
-``sensor_id`` and ``bucket_start``. The match and the update are one atomic step per
+``sensor_id``, ``tags`` and ``bucket_start``. The match and the update are one atomic step per
 document, so concurrent writers never overfill a document; at worst they start two
 documents for one span, which readers sum.
 
-Writes are idempotent. A reading is identified by its sensor and its timestamp (to the
-millisecond, as BSON stores it), and no reading is ever stored twice:
+Writes are idempotent. A reading is identified by its series and its instant (the
+millisecond, as BSON stores it), and one instant of a series is one entry of
+``readings`` (:mod:`ingest.writers.instants`): readings that meet within a batch are
+merged before writing, and no instant is ever stored twice:
 
 - within a document, the filter only matches a document holding none of the group's
   timestamps (``readings.ts: {$nin: [...]}``);
-- across documents, the unique index ``{sensor_id: 1, readings.ts: 1}`` refuses, with a
-  duplicate-key error, any update or insert that would store a stored reading again.
+- across documents, the unique index ``{sensor_id: 1, tags: 1, readings.ts: 1}``
+  refuses, with a duplicate-key error, any update or insert that would store a stored
+  instant again.
 
 Either check makes the whole update fail atomically, counts and statistics included. The
-writer then looks up which readings of that group are stored (:meth:`BucketWriter.settle`):
-identical ones are dropped and counted as duplicates (a redelivery after a crash, or a
-retried write whose first attempt did land), ones with other values are refused as
-``ts_conflict``, and the rest are written again.
+writer then looks up the stored entries at those instants (:meth:`BucketWriter.settle`):
+a reading whose fields are all stored with the same values is a duplicate (a redelivery
+after a crash, or a retried write whose first attempt did land); one with a stored field
+of another value is refused as ``ts_conflict``; one that only adds fields is merged into
+the stored entry (``$set`` of ``readings.$.<field>`` and its statistics, matched only
+while those fields are absent, so a retried merge never applies twice); the rest are
+written again.
 """
 
 from __future__ import annotations
@@ -42,9 +51,17 @@ from ingest import mongo_errors
 from ingest.errors import WriteError
 from ingest.schema import BUCKET_INDEX, READINGS_INDEX
 from ingest.writers import Outcome, Plan, bulk, send
+from ingest.writers.instants import (
+    NO_TAGS,
+    TagsKey,
+    merge_series,
+    new_fields,
+    stored_values,
+    tags_key,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import KeysView
+    from collections.abc import Awaitable, KeysView
 
     from pymongo.asynchronous.collection import AsyncCollection
 
@@ -52,7 +69,9 @@ if TYPE_CHECKING:
     from ingest.schema import Schema
 
 logger = logging.getLogger(__name__)
-SCHEMA_VERSION = 1
+# 2: the series' tags are part of a document's key (``tags``, always present), sensor
+# ids are kept exactly, one entry per instant.
+SCHEMA_VERSION = 2
 # Estimated BSON bytes of readings one document may hold: half of MongoDB's 16 MiB limit,
 # so the estimate can be off by 2x and an update still fits.
 MAX_BUCKET_BYTES = 8 * 1024 * 1024
@@ -65,10 +84,13 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 _new = object.__new__
 _ms_of = attrgetter("ms")
+_EMPTY: dict[str, str] = {}  # the tags of a series without any (shared, never changed)
 
 
-def ts_key(ts: datetime) -> int:
+def ts_key(ts: datetime | DatetimeMS) -> int:
     """A timestamp as BSON stores it: whole milliseconds since the epoch (floored)."""
+    if isinstance(ts, DatetimeMS):  # a BsonDate of a document built here
+        return int(ts)
     if ts.tzinfo is None:  # a client without tz_aware returns naive UTC datetimes
         ts = ts.replace(tzinfo=UTC)
     return (ts - _EPOCH) // _MS
@@ -145,28 +167,6 @@ def bson_dates(readings: list[Reading]) -> list[BsonDate]:
     return out
 
 
-def same_values(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two readings' values are the same, ``True`` and ``1`` being different."""
-    if a != b:
-        return False
-    return all((type(value) is bool) is (type(b[name]) is bool) for name, value in a.items())
-
-
-def same_reading(reading: Reading, stored: dict[str, Any]) -> bool:
-    """Whether a stored ``readings`` entry holds exactly this reading's values and seq."""
-    if stored.get("seq") != reading.seq:
-        return False
-    values = {k: v for k, v in stored.items() if k not in {"ts", "seq"}}
-    return same_values(values, reading.values)
-
-
-def conflict_detail(reading: Reading) -> str:
-    """Why a reading whose sensor and time are stored with other values is refused."""
-    return (f"sensor {reading.sensor_id} already has a reading at "
-            f"{reading.ts.isoformat(timespec='milliseconds')} with other values; "
-            "the stored one is kept")
-
-
 def reading_bytes(reading: Reading) -> int:
     """Upper estimate of a reading's BSON size inside the ``readings`` array."""
     # array index key and sub-document framing ~16, ts 12, seq 13, each value 10 + name
@@ -189,51 +189,62 @@ def stat_values(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def group_readings(readings: list[Reading], span: int) -> dict[tuple[str, float], list[Reading]]:
-    """Group readings by sensor and span, keeping arrival order inside each group."""
-    groups: dict[tuple[str, float], list[Reading]] = {}
+type GroupKey = tuple[str, TagsKey, float]
+
+
+def group_readings(readings: list[Reading], span: int) -> dict[GroupKey, list[Reading]]:
+    """Group readings by series and span, keeping arrival order inside each group."""
+    groups: dict[GroupKey, list[Reading]] = {}
     last_sensor: str | None = None
+    last_tags: dict[str, str] | None = None
     last_start = 0.0
     group: list[Reading] = []
+    keys: dict[int, TagsKey] = {}  # by id() of a tags dict: topics share theirs
     for reading in readings:
         sensor = reading.sensor_id
+        tags = reading.tags
         start = reading.epoch // span * span
-        # A message's readings come one after the other, of one sensor (the same string
-        # object) and mostly of one span: no key to build and look up for those.
-        if sensor is last_sensor and start == last_start:
+        # A message's readings come one after the other, of one series (the same string
+        # and tags objects) and mostly of one span: no key to build and look up for those.
+        if sensor is last_sensor and tags is last_tags and start == last_start:
             group.append(reading)
             continue
-        key = (sensor, start)
+        if not tags:
+            tags_of = NO_TAGS
+        else:
+            found_key = keys.get(id(tags))
+            if found_key is None:
+                found_key = keys[id(tags)] = tags_key(tags)
+            tags_of = found_key
+        key = (sensor, tags_of, start)
         found = groups.get(key)
         if found is None:
             group = groups[key] = [reading]
         else:
             group = found
             group.append(reading)
-        last_sensor, last_start = sensor, start
+        last_sensor, last_tags, last_start = sensor, tags, start
     return groups
 
 
-def unique_readings(group: list[Reading], plan: Plan) -> list[Reading]:
-    """The group without repeated timestamps: the first reading of each millisecond wins.
+def ms_of(reading: Reading) -> int:
+    """A reading's instant: whole milliseconds since the epoch."""
+    return reading.ms if reading.ms is not None else ts_key(reading.ts)
 
-    Repeats with the same values are counted in ``plan.duplicates``; repeats with other
-    values are refused in ``plan.conflicts``.
+
+def unique_readings(group: list[Reading], plan: Plan) -> list[tuple[Reading, list[Reading]]]:
+    """One series' group, one reading per instant, each with the readings it stands for.
+
+    Readings at one instant with other fields merge; one that repeats a field is left
+    for a later round, in ``plan.deferred`` (:func:`~ingest.writers.instants.merge_series`).
     """
     keys = {reading.ms for reading in group}
     if len(keys) == len(group) and None not in keys:
-        return group  # the common case (every reading decoded), checked at C speed
-    seen: dict[int, Reading] = {}
-    for reading in group:
-        key = reading.ms if reading.ms is not None else ts_key(reading.ts)
-        first = seen.get(key)
-        if first is None:
-            seen[key] = reading
-        elif first.seq == reading.seq and same_values(first.values, reading.values):
-            plan.duplicates += 1
-        else:
-            plan.conflicts.append((reading, conflict_detail(reading)))
-    return list(seen.values())
+        # the common case (every reading decoded, each at its own instant), at C speed
+        return [(reading, [reading]) for reading in group]
+    out, deferred = merge_series(group, ms_of)
+    plan.deferred.extend(deferred)
+    return out
 
 
 def reading_doc(reading: Reading) -> dict[str, Any]:
@@ -277,9 +288,9 @@ def _stat_keys(name: str) -> tuple[str, str, str, str]:
     return keys
 
 
-def update_for(sensor_id: str, start: datetime | BsonDate, chunk: list[Reading],
-               max_readings: int, size: int) -> dict[str, Any]:
-    """One upsert that appends ``chunk`` to a document of that sensor-span with room for it.
+def update_for(sensor_id: str, tags: dict[str, str], start: datetime | BsonDate,
+               chunk: list[Reading], max_readings: int, size: int) -> dict[str, Any]:
+    """One upsert that appends ``chunk`` to a document of that series-span with room for it.
 
     Room means both fewer than ``max_readings - n`` readings and fewer than
     ``MAX_BUCKET_BYTES - size`` estimated bytes, so no document outgrows MongoDB's limit,
@@ -307,19 +318,22 @@ def update_for(sensor_id: str, start: datetime | BsonDate, chunk: list[Reading],
         pushed = [
             {"ts": d, **r.values} if r.seq is None else {"ts": d, "seq": r.seq, **r.values}
             for d, r in zip(dates, chunk, strict=True)]
-    return statement(sensor_id, start, dates, pushed, size, max_readings,
+    return statement(sensor_id, tags, start, dates, pushed, size, max_readings,
                      (inc, mins, maxs, labels))
 
 
-def statement(sensor_id: str, start: datetime | BsonDate, dates: list[BsonDate],
+def statement(sensor_id: str, tags: dict[str, str], start: datetime | BsonDate,
+              dates: list[BsonDate],
               pushed: list[dict[str, Any]], size: int, max_readings: int,
               stats: _Stats) -> dict[str, Any]:
     """The update command's statement for one bucket upsert, as pymongo builds it.
 
-    ``stats`` are the ``$inc``, ``$min``, ``$max`` and ``$set`` (tags and units) of the
-    readings pushed. The filter could also be served by the unique
-    ``{sensor_id, readings.ts}`` index, which would scan every reading of the sensor: the
-    hint names the index that finds the sensor-span's few documents.
+    ``stats`` are the ``$inc``, ``$min``, ``$max`` and ``$set`` (units) of the readings
+    pushed. ``tags`` are the series' identity tags in name order: an equality match on
+    the whole object, which an upsert copies into the new document. The filter could
+    also be served by the unique ``{sensor_id, tags, readings.ts}`` index, which would
+    scan every reading of the series: the hint names the index that finds the
+    series-span's few documents.
     """
     inc, mins, maxs, labels = stats
     update: dict[str, Any] = {
@@ -330,7 +344,7 @@ def statement(sensor_id: str, start: datetime | BsonDate, dates: list[BsonDate],
         update["$set"] = labels
     if len(inc) == 2:  # only strings: no statistics, and the validator wants a stats object
         update["$setOnInsert"]["stats"] = {}
-    return {"q": {"sensor_id": sensor_id, "bucket_start": start,
+    return {"q": {"sensor_id": sensor_id, "tags": tags, "bucket_start": start,
                   "count": {"$lte": max_readings - len(dates)},
                   "bytes": {"$lte": max(MAX_BUCKET_BYTES - size, 0)},
                   "readings.ts": {"$nin": dates}},
@@ -342,7 +356,7 @@ def _by_reading(group: list[Reading], labels: dict[str, str] | None = None
     """Each measurement's ``[count, sum, min, max]``, reading by reading.
 
     Readings of the mapping path (tags not None) count booleans as 0/1 and strings not
-    at all; their tags and units go to ``labels`` when it is given.
+    at all; their units go to ``labels`` when it is given.
     """
     acc: dict[str, list[Any]] = {}
     for reading in group:
@@ -380,7 +394,7 @@ def _by_column(group: list[Reading]) -> dict[str, list[Any]]:
     return acc
 
 
-def _one_update(sensor_id: str, start: BsonDate, reading: Reading,
+def _one_update(sensor_id: str, tags: dict[str, str], start: BsonDate, reading: Reading,
                 max_readings: int) -> dict[str, Any] | None:
     """:func:`_fast_update` of a group of one reading (a large fleet's usual group).
 
@@ -391,10 +405,10 @@ def _one_update(sensor_id: str, start: BsonDate, reading: Reading,
     size = reading_bytes(reading)
     if size > MAX_BUCKET_BYTES:
         return None
-    return update_for(sensor_id, start, [reading], max_readings, size)
+    return update_for(sensor_id, tags, start, [reading], max_readings, size)
 
 
-def _fast_update(sensor_id: str, start: BsonDate, group: list[Reading],
+def _fast_update(sensor_id: str, tags: dict[str, str], start: BsonDate, group: list[Reading],
                  max_readings: int) -> dict[str, Any] | None:
     """:func:`update_for` of a whole group in one pass, for the default decoder's readings.
 
@@ -404,7 +418,7 @@ def _fast_update(sensor_id: str, start: BsonDate, group: list[Reading],
     """
     count = len(group)
     if count == 1:
-        return _one_update(sensor_id, start, group[0], max_readings)
+        return _one_update(sensor_id, tags, start, group[0], max_readings)
     times = [reading.ms for reading in group]
     if count > max_readings or None in times or len(set(times)) < count:
         return None
@@ -434,7 +448,7 @@ def _fast_update(sensor_id: str, start: BsonDate, group: list[Reading],
     acc = _by_column(group) if uniform and count > 2 else _by_reading(group)
     inc, mins, maxs = _statistics(acc, count, size, bson_date(min(stamps)),
                                   bson_date(max(stamps)))
-    return statement(sensor_id, start, dates, pushed, size, max_readings,
+    return statement(sensor_id, tags, start, dates, pushed, size, max_readings,
                      (inc, mins, maxs, {}))
 
 
@@ -442,13 +456,14 @@ type _Stats = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, st
 
 
 def _label(reading: Reading, labels: dict[str, str]) -> None:
-    """Add a reading's tags and units to the ``$set`` (``tags.<k>``, ``units.<m>``).
+    """Add a reading's units and info to the ``$set`` (``units.<m>``, ``info.<k>``).
 
-    Only readings of the mapping path (tags not None) have any; the last one wins.
+    The last one wins. Only readings of the mapping path (tags not None) have any. The
+    series' tags are part of the document's key, never set here.
     """
-    if reading.tags:
-        for key, value in reading.tags.items():
-            labels[f"tags.{key}"] = value
+    if reading.info is not None:
+        for key, value in reading.info.items():
+            labels[f"info.{key}"] = value
     if reading.units is not None:
         for name, unit in reading.units.items():
             labels[f"units.{name}"] = unit
@@ -528,26 +543,31 @@ class BucketWriter:
         ops: list[Any] = []
         groups: list[list[Reading]] = []
         plan, limit = Plan(ops, groups), self._max
-        for (sensor_id, start), group in group_readings(readings, self._span).items():
+        for (sensor_id, tags_of, start), group in group_readings(readings, self._span).items():
             start_dt = bson_date(int(start) * 1000)
-            op = _fast_update(sensor_id, start_dt, group, limit)
+            tags = dict(tags_of) if tags_of else _EMPTY
+            op = _fast_update(sensor_id, tags, start_dt, group, limit)
             if op is not None:
                 ops.append(op)
                 groups.append(group)
                 continue
-            for chunk, size in chunks(unique_readings(group, plan), limit):
-                ops.append(update_for(sensor_id, start_dt, chunk, limit, size))
-                groups.append(chunk)
+            pairs = unique_readings(group, plan)
+            sources = {id(reading): originals for reading, originals in pairs}
+            for chunk, size in chunks([reading for reading, _ in pairs], limit):
+                ops.append(update_for(sensor_id, tags, start_dt, chunk, limit, size))
+                groups.append([o for reading in chunk for o in sources[id(reading)]])
         return plan
 
     async def write(self, plan: Plan) -> Outcome:
         """Send the plan in one unordered bulk write; settle readings already stored.
 
         Operations refused with a duplicate key are settled (:meth:`settle`) and what is
-        not stored yet is planned and sent again, for up to ``SETTLE_ROUNDS`` rounds.
+        not stored yet is planned and sent again, for up to ``SETTLE_ROUNDS`` rounds;
+        the plan's deferred readings follow in rounds of their own.
         """
         outcome = Outcome()
-        for round_no in range(SETTLE_ROUNDS + 1):
+        settled = 0
+        while True:
             result = await self._send(plan)
             outcome.written += result.written
             outcome.retry.extend(result.retry)
@@ -556,20 +576,26 @@ class BucketWriter:
             outcome.duplicates += plan.duplicates
             outcome.conflicts.extend(plan.conflicts)
             collided = [plan.groups[i] for i in result.collided]
-            if not collided:
+            pending: list[Reading] = []
+            if collided:
+                if settled == SETTLE_ROUNDS:  # still racing: the pipeline retries the rest
+                    outcome.retry.extend(r for group in collided for r in group)
+                else:
+                    try:
+                        pending = await self.settle(collided, outcome)
+                    except WriteError as exc:  # the pipeline retries them after a backoff
+                        outcome.retry.extend(r for group in collided for r in group)
+                        outcome.error = exc
+                    # A round that leaves readings to write again met a racing writer;
+                    # deferred readings' rounds make progress and are not counted.
+                    settled += bool(pending)
+            if outcome.retry:  # deferred readings come after the ones to retry
+                outcome.retry.extend(pending + plan.deferred)
                 break
-            if round_no == SETTLE_ROUNDS:  # still racing: the pipeline retries the rest
-                outcome.retry.extend(r for group in collided for r in group)
+            pending.extend(plan.deferred)
+            if not pending:
                 break
-            try:
-                fresh = await self.settle(collided, outcome)
-            except WriteError as exc:  # the pipeline retries them after a backoff
-                outcome.retry.extend(r for group in collided for r in group)
-                outcome.error = exc
-                break
-            if not fresh:
-                break
-            plan = self.plan(fresh)
+            plan = self.plan(pending)
         return outcome
 
     async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
@@ -583,57 +609,125 @@ class BucketWriter:
     async def settle(self, groups: list[list[Reading]], outcome: Outcome) -> list[Reading]:
         """Sort readings refused with a duplicate key: stored already, conflicting, or not.
 
-        Raises :class:`WriteError` if the lookup fails (nothing is counted then). Stored
-        duplicates are counted in ``outcome.duplicates``, conflicts go to
-        ``outcome.conflicts``; the readings not stored are returned, to be written again.
+        Raises :class:`WriteError` if a lookup or a merge fails (nothing is counted then).
+        Stored duplicates are counted in ``outcome.duplicates``, conflicts go to
+        ``outcome.conflicts``, readings that add fields to a stored instant are merged
+        into it (counted in ``outcome.written``); the readings not stored are returned,
+        to be written again (with those whose merge found the entry changed meanwhile).
         """
         limit = asyncio.Semaphore(SETTLE_CONCURRENCY)
 
-        async def lookup(group: list[Reading]) -> dict[int, dict[str, Any]]:
+        async def lookup(group: list[Reading]) -> dict[int, tuple[Any, dict[str, Any]]]:
             async with limit:
                 return await self.stored(group)
 
-        results = await asyncio.gather(*(lookup(group) for group in groups),
-                                       return_exceptions=True)
-        found: list[dict[int, dict[str, Any]]] = []
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-            found.append(result)
-        fresh: list[Reading] = []
-        duplicates = 0
-        conflicts: list[tuple[Reading, str]] = []
-        for group, stored in zip(groups, found, strict=True):
-            for reading in group:
-                entry = stored.get(ts_key(reading.ts))
-                if entry is None:
-                    fresh.append(reading)
-                elif same_reading(reading, entry):
-                    duplicates += 1
+        found = await _all([lookup(group) for group in groups])
+        fresh, merges, duplicates, conflicts = _sort_stored(groups, found)
+        if duplicates or conflicts or merges:
+            logger.info("settled %d readings at stored instants: %d duplicates, %d conflicts, "
+                        "%d merged", duplicates + len(conflicts) + len(merges), duplicates,
+                        len(conflicts), len(merges))
+        if merges:
+            async def merge(reading: Reading, doc_id: Any, new: dict[str, Any]) -> bool:  # noqa: ANN401
+                async with limit:
+                    return await self._merge(reading, doc_id, new)
+
+            done = await _all([merge(*m) for m in merges])
+            for (reading, _, _), applied in zip(merges, done, strict=True):
+                if applied:
+                    outcome.written += 1
                 else:
-                    conflicts.append((reading, conflict_detail(reading)))
-        if duplicates or conflicts:
-            logger.info("settled %d readings already stored: %d duplicates, %d conflicts",
-                        duplicates + len(conflicts), duplicates, len(conflicts))
+                    fresh.append(reading)
         outcome.duplicates += duplicates
         outcome.conflicts.extend(conflicts)
         return fresh
 
-    async def stored(self, group: list[Reading]) -> dict[int, dict[str, Any]]:
-        """Stored ``readings`` entries of one sensor within the group's time range, by ts."""
-        low = min(r.ts for r in group)
-        high = max(r.ts for r in group)
+    async def _merge(self, reading: Reading, doc_id: Any, new: dict[str, Any]) -> bool:  # noqa: ANN401
+        """Add ``new`` fields to the stored entry of the reading's instant in ``doc_id``.
+
+        Matched only while the entry lacks every one of them, so a merge retried after it
+        landed changes nothing (False: settle that reading again).
+        """
+        date = bson_date(ms_of(reading))
+        part = reading._replace(values=new)
+        inc, mins, maxs, labels = _single(part, 10 * len(new) + sum(map(len, new)))
+        del inc["count"], mins["first_ts"], maxs["last_ts"]
+        update: dict[str, Any] = {
+            op: fields for op, fields in (("$inc", inc), ("$min", mins), ("$max", maxs))
+            if fields}
+        update["$set"] = {f"readings.$.{k}": v for k, v in new.items()} | labels
+        query = {"_id": doc_id, "readings": {"$elemMatch": {
+            "ts": date, **{k: {"$exists": False} for k in new}}}}
+        try:
+            result = await self._collection.update_one(query, update)
+        except (PyMongoError, InvalidDocument) as exc:
+            raise mongo_errors.translate(exc, "write") from exc
+        return result.matched_count == 1
+
+    async def stored(self, group: list[Reading]) -> dict[int, tuple[Any, dict[str, Any]]]:
+        """Stored ``readings`` entries of one series at the group's instants, by instant.
+
+        Each with the ``_id`` of the document that holds it.
+        """
+        first = group[0]
+        dates = [bson_date(ms_of(r)) for r in group]
+        low, high = min(dates, key=_ms_of), max(dates, key=_ms_of)
+        tags = dict(tags_key(first.tags))
         pipeline: list[dict[str, Any]] = [
-            {"$match": {"sensor_id": group[0].sensor_id,
-                        "readings.ts": {"$in": [r.ts for r in group]}}},
-            {"$project": {"_id": 0, "readings": {"$filter": {
+            {"$match": {"sensor_id": first.sensor_id, "tags": tags,
+                        "readings.ts": {"$in": dates}}},
+            {"$project": {"_id": 1, "readings": {"$filter": {
                 "input": "$readings", "as": "r",
                 "cond": {"$and": [{"$gte": ["$$r.ts", low]}, {"$lte": ["$$r.ts", high]}]},
             }}}},
         ]
         try:
             cursor = await self._primary().aggregate(pipeline, hint=READINGS_INDEX)
-            return {ts_key(entry["ts"]): entry
+            return {ts_key(entry["ts"]): (doc["_id"], entry)
                     async for doc in cursor for entry in doc["readings"]}
         except (PyMongoError, InvalidDocument) as exc:
             raise mongo_errors.translate(exc, "lookup") from exc
+
+
+type _Merge = tuple["Reading", Any, dict[str, Any]]
+
+
+def _sort_stored(groups: list[list[Reading]], found: list[dict[int, tuple[Any, dict[str, Any]]]]
+                 ) -> tuple[list[Reading], list[_Merge], int, list[tuple[Reading, str]]]:
+    """Each reading against the stored entry of its instant, if any.
+
+    Returns the readings not stored, the merges to make (reading, document, new fields),
+    how many are duplicates, and the conflicts. A later reading of one instant meets
+    the entry with the fields of the earlier merges.
+    """
+    fresh: list[Reading] = []
+    merges: list[_Merge] = []
+    duplicates = 0
+    conflicts: list[tuple[Reading, str]] = []
+    for group, stored in zip(groups, found, strict=True):
+        for reading in group:
+            hit = stored.get(ms_of(reading))
+            if hit is None:
+                fresh.append(reading)
+                continue
+            doc_id, entry = hit
+            new = new_fields(reading, stored_values(entry))
+            if isinstance(new, str):
+                conflicts.append((reading, new))
+            elif not new:
+                duplicates += 1
+            else:
+                merges.append((reading, doc_id, new))
+                entry.update(new)
+    return fresh, merges, duplicates, conflicts
+
+
+async def _all[T](requests: list[Awaitable[T]]) -> list[T]:
+    """The results of ``requests`` run together; the first failure raised after all end."""
+    results = await asyncio.gather(*requests, return_exceptions=True)
+    out: list[T] = []
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+        out.append(result)
+    return out

@@ -8,12 +8,18 @@ one unordered bulk insert (:mod:`ingest.writers.bulk`) so MongoDB's bucket catal
 buckets densely. A partial failure retries only the documents that failed with a
 transient error.
 
-A time-series collection has no unique index, so a reading written twice is stored twice.
-The daemon knows when that can happen (a message redelivered with DUP, a write retried
-after a failure that may have come after it landed); for exactly those readings,
-:meth:`TimeseriesWriter.skip_stored` first looks up which are stored (the
-``{meta.sensor_id, ts}`` index serves it) and only the rest are inserted. The normal
-path sends no lookup.
+One instant of a series (its sensor id and tags, ``meta``) is one reading, as in bucket
+mode (:mod:`ingest.writers.instants`): readings that meet within a batch are merged into
+one document. A time-series collection has no unique index, so before each insert the
+writer looks up what is stored at the batch's instants (one ``find`` per
+``LOOKUP_SENSORS`` sensors, served by the ``{meta.sensor_id, ts}`` index, the batch's
+time range pruning buckets): a reading whose fields are all stored with the same values
+is a duplicate, one with a stored field of another value is refused (``ts_conflict``),
+and one that adds fields is inserted with only those, as a second document at that
+instant, which readers merge. So both layouts store and refuse the same readings.
+Writers racing on one instant (two daemons given two readings of one series and
+millisecond at once) can both find nothing and both insert; readers then keep the
+first document's value of a field.
 """
 
 from __future__ import annotations
@@ -29,8 +35,19 @@ from pymongo import ReadPreference
 from pymongo.errors import PyMongoError
 
 from ingest import mongo_errors
+from ingest.errors import WriteError
 from ingest.writers import Outcome, Plan, Singles, bulk, send
-from ingest.writers.bucket import bson_dates, ts_key
+from ingest.writers.bucket import bson_dates, ms_of, ts_key
+from ingest.writers.instants import (
+    NO_TAGS,
+    TagsKey,
+    merge_series,
+    merged,
+    new_fields,
+    stored_values,
+    tags_key,
+    with_fields,
+)
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -63,6 +80,8 @@ def reading_document(reading: Reading) -> dict[str, Any]:
         doc["seq"] = reading.seq
     if reading.units is not None:
         doc["units"] = dict(sorted(reading.units.items()))
+    if reading.info is not None:
+        doc["info"] = dict(sorted(reading.info.items()))
     values = reading.values
     for name in sorted(values):
         doc[name] = values[name]
@@ -97,7 +116,7 @@ def documents(readings: list[Reading]) -> list[dict[str, Any]]:
     docs: list[dict[str, Any]] = []
     append = docs.append
     for oid, date, reading in zip(ids, dates, readings, strict=True):
-        if reading.tags or reading.units is not None:
+        if reading.tags or reading.units is not None or reading.info is not None:
             append({"_id": oid, **reading_document(reading)})
             continue
         sensor = reading.sensor_id
@@ -182,13 +201,138 @@ class TimeseriesWriter:
         await self._schema.ensure_timeseries()
 
     def plan(self, readings: list[Reading]) -> Plan:
-        """One document per reading, sorted by sensor and time."""
+        """One document per series and instant, sorted by sensor and time."""
         ordered = sorted(readings, key=_BY_SENSOR_AND_TIME)
-        return Plan(documents(ordered), Singles(ordered))
+        keys = {(reading.sensor_id, reading.ms) for reading in ordered}
+        if len(keys) == len(ordered):
+            # the common case: no two readings of one sensor at one instant, at C speed
+            # (a reading without ``ms`` counts as its own instant only once per sensor)
+            return Plan(documents(ordered), Singles(ordered))
+        pairs, deferred = merge_series(ordered, _instant)
+        ordered = [reading for reading, _ in pairs]
+        return Plan(documents(ordered), [originals for _, originals in pairs],
+                    deferred=deferred)
 
     async def write(self, plan: Plan) -> Outcome:
-        """Send the plan in one unordered bulk insert."""
-        return await send(bulk.execute(self._collection, bulk.INSERT, plan.ops), plan)
+        """Leave out what is stored at the plan's instants, then one unordered bulk insert.
+
+        The plan's deferred readings follow in rounds of their own. Raises
+        :class:`WriteError` if the first lookup fails (nothing was inserted then).
+        """
+        outcome = Outcome()
+        first = True
+        while True:
+            try:
+                plan = await self._without_stored(plan)
+                result = (await send(bulk.execute(self._collection, bulk.INSERT, plan.ops),
+                                     plan) if plan.ops else Outcome())
+            except WriteError as exc:
+                if first:
+                    raise
+                # a later round: what the earlier rounds wrote stays counted, and so does
+                # what this round's lookup found stored
+                outcome.duplicates += plan.duplicates
+                outcome.conflicts.extend(plan.conflicts)
+                outcome.retry.extend(r for group in plan.groups for r in group)
+                outcome.retry.extend(plan.deferred)
+                outcome.error = exc
+                break
+            first = False
+            outcome.written += result.written
+            outcome.retry.extend(result.retry)
+            outcome.refused.extend(result.refused)
+            outcome.error = result.error or outcome.error
+            outcome.duplicates += plan.duplicates
+            outcome.conflicts.extend(plan.conflicts)
+            if outcome.retry:  # deferred readings come after the ones to retry
+                outcome.retry.extend(plan.deferred)
+                break
+            if not plan.deferred:
+                break
+            plan = self.plan(plan.deferred)
+        return outcome
+
+    async def _without_stored(self, plan: Plan) -> Plan:
+        """``plan`` without what is stored: duplicates, conflicts, and stored fields.
+
+        A document whose instant holds stored fields is built again from the fields of
+        its readings that are not stored (readings merged in order, as the plan did).
+        """
+        stored = await self.stored_at(plan.ops)
+        if not stored:
+            return plan
+        ops: list[Any] = []
+        groups: list[list[Reading]] = []
+        out = Plan(ops, groups, plan.duplicates, list(plan.conflicts), plan.deferred)
+        for doc, group in zip(plan.ops, plan.groups, strict=True):
+            fields = stored.get(_doc_instant(doc))
+            if fields is None:
+                ops.append(doc)
+                groups.append(group)
+                continue
+            part, kept = self._unstored(group, fields, out)
+            if part is not None:
+                ops.append({"_id": doc["_id"], **reading_document(part)})
+                groups.append(kept)
+        return out
+
+    @staticmethod
+    def _unstored(group: list[Reading], fields: dict[str, Any], plan: Plan
+                  ) -> tuple[Reading | None, list[Reading]]:
+        """The readings of one instant less what ``fields`` (stored there) already holds.
+
+        Returns what is left to store, and the readings that still add something.
+        """
+        part: Reading | None = None
+        kept: list[Reading] = []
+        for reading in group:
+            new = new_fields(reading, fields)
+            if isinstance(new, str):
+                plan.conflicts.append((reading, new))
+                continue
+            if not new:
+                plan.duplicates += 1
+                continue
+            fields.update(new)
+            kept.append(reading)
+            rest = with_fields(reading, new)
+            part = rest if part is None else merged(part, rest)  # type: ignore[assignment]
+        return part, kept
+
+    async def stored_at(self, docs: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+        """The fields stored at the instants of ``docs``, by (sensor, tags, millisecond).
+
+        One ``find`` per ``LOOKUP_SENSORS`` sensors, each clause a sensor and its times.
+        Raises :class:`WriteError` if a lookup fails.
+        """
+        by_sensor: dict[str, list[Any]] = {}
+        for doc in docs:
+            dates = by_sensor.get(doc["meta"]["sensor_id"])
+            if dates is None:
+                by_sensor[doc["meta"]["sensor_id"]] = [doc["ts"]]
+            else:
+                dates.append(doc["ts"])
+        groups = list(by_sensor.items())
+        found: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for start in range(0, len(groups), LOOKUP_SENSORS):
+            query = {"$or": [
+                {"meta.sensor_id": sensor,
+                 "ts": {"$gte": min(dates, key=ts_key), "$lte": max(dates, key=ts_key),
+                        "$in": dates}}
+                for sensor, dates in groups[start:start + LOOKUP_SENSORS]]}
+            try:
+                cursor = self._primary().find(query, {"_id": 0, "seq": 0, "units": 0})
+                async for doc in cursor:
+                    key = _doc_instant(doc)
+                    values = stored_values(doc)
+                    known = found.get(key)
+                    if known is None:
+                        found[key] = values
+                    else:  # several documents at one instant: the first holds a field
+                        known.update({k: v for k, v in values.items() if k not in known})
+            except (PyMongoError, InvalidDocument) as exc:
+                raise mongo_errors.translate(exc, "lookup") from exc
+        return found
 
     async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
         """Those of ``readings`` not stored yet: same sensor, ts, seq and values.
@@ -213,6 +357,20 @@ class TimeseriesWriter:
                 raise mongo_errors.translate(exc, "lookup") from exc
             stored.update(_identity(doc) for doc in docs)
         return [r for r in readings if _identity(reading_document(r)) not in stored]
+
+def _instant(reading: Reading) -> tuple[str, TagsKey, int]:
+    """A reading's series and instant."""
+    return reading.sensor_id, tags_key(reading.tags), ms_of(reading)
+
+
+def _doc_instant(doc: dict[str, Any]) -> tuple[str, TagsKey, int]:
+    """A time-series document's series and instant (its ``meta`` less the sensor id)."""
+    meta = doc["meta"]
+    if len(meta) == 1:
+        return meta["sensor_id"], NO_TAGS, ts_key(doc["ts"])
+    tags = {k: v for k, v in meta.items() if k != "sensor_id"}
+    return meta["sensor_id"], tags_key(tags), ts_key(doc["ts"])
+
 
 def _identity(doc: dict[str, Any]) -> tuple[Any, ...]:
     """What makes two time-series documents the same reading (field order aside)."""

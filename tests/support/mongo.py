@@ -51,3 +51,41 @@ async def stored_values(db: Any, mode: str, field: str) -> list[Any]:
         return sorted(d[field] for d in docs)
     docs = await coll.find({}).to_list()
     return sorted(r[field] for d in docs for r in d["readings"] if field in r)
+
+
+type Instant = tuple[str, tuple[tuple[str, str], ...], int]
+
+
+async def instants(coll: Any, mode: str) -> dict[Instant, dict[str, Any]]:
+    """What a reader gets back: the fields stored at each (sensor, tags, millisecond).
+
+    A bucket entry is one instant; in time-series mode several documents of one series
+    and instant are one reading (their fields merged, the first document's first). Fails
+    if an instant (bucket) or a field of one (time series) is stored twice.
+    """
+    out: dict[Instant, dict[str, Any]] = {}
+    if mode == "bucket":
+        async for doc in coll.find({}):
+            for entry in doc["readings"]:
+                key = (doc["sensor_id"], _tags_key(doc["tags"]), _ms(entry["ts"]))
+                assert key not in out, f"instant stored twice: {key}"
+                out[key] = {k: v for k, v in entry.items() if k not in {"ts", "seq"}}
+        return out
+    async for doc in coll.find({}).sort("_id"):
+        meta = doc["meta"]
+        tags = {k: v for k, v in meta.items() if k != "sensor_id"}
+        fields = out.setdefault((meta["sensor_id"], _tags_key(tags), _ms(doc["ts"])), {})
+        for name, value in doc.items():
+            if name in {"_id", "ts", "meta", "seq", "units", "info"}:
+                continue
+            assert name not in fields, f"field {name} stored twice at {meta} {doc['ts']}"
+            fields[name] = value
+    return out
+
+
+def _tags_key(tags: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(tags.items()))
+
+
+def _ms(ts: Any) -> int:
+    return round(ts.timestamp() * 1000)
