@@ -49,7 +49,7 @@ _ABOUT: dict[str, tuple[str, dict[str, str]]] = {
     "cursor": ("The next value of the previous answer of the same endpoint.", {}),
 }
 _REQUIRED = {"readings": {"sensor"}, "series": {"sensor", "measurement"}}
-_NAME_PATTERNS = {"sensor": "^[A-Za-z0-9_-]{1,128}$", "measurement": "^[A-Za-z0-9_-]{1,64}$"}
+_LISTS = {"sensor", "measurement"}  # repeatable, or comma-separated
 _SUMMARIES = {
     "sensors": "Who reported in a window: readings count, measurements, last seen, tags, units",
     "readings": "Raw readings of some sensors in a window, by sensor then time, paged",
@@ -63,7 +63,7 @@ def _parameter(endpoint: str, name: str) -> Schema:
     about, per_endpoint = _ABOUT[name]
     description = f"{about} {per_endpoint.get(endpoint, '')}".strip()
     schema: Schema
-    if name in _NAME_PATTERNS:
+    if name in _LISTS:
         schema = {"type": "array", "items": {"type": "string"}}
     elif name == "limit":
         default, most = LIMITS[endpoint]
