@@ -134,11 +134,12 @@ class Params:
         text = self.one("limit")
         if text is None:
             return default
-        if (not _DIGITS.fullmatch(text) or len(text) > len(str(most))
-                or not 1 <= int(text) <= most):
+        digits = text.lstrip("0")  # int() refuses over 4300 digits
+        if (not _DIGITS.fullmatch(text) or len(digits) > len(str(most))
+                or not 1 <= int(digits or "0") <= most):
             raise ParamError("limit", f"must be a whole number from 1 to {most}, "
                                       f"got {text[:20]!r}")
-        return int(text)
+        return int(digits)
 
     def step_ms(self, default_ms: int) -> int:
         """``step``: a duration such as ``30s``, ``5m``, ``1h``, ``500ms``; bare: seconds."""
@@ -221,7 +222,8 @@ def parse_time(name: str, text: str, now: datetime) -> datetime:
     if _DIGITS.fullmatch(text):
         # more digits than LATEST has is out of range; int() is not asked (it refuses
         # over 4300 digits)
-        ms = int(text) if len(text) <= len(str(to_ms(LATEST))) else to_ms(LATEST)
+        digits = text.lstrip("0") or "0"
+        ms = int(digits) if len(digits) <= len(str(to_ms(LATEST))) else to_ms(LATEST)
         return _instant(name, text, ms)
     try:
         value = datetime.fromisoformat(text)

@@ -266,6 +266,7 @@ async def test_rejects_of_the_last_hour(apis: dict[str, Any]) -> None:
     # what int() and datetime refuse or cannot hold: a 400, never a 500
     ("/api/readings?sensor=s1&limit=%C2%B2", "limit"),  # "²": isdigit() but not int()
     ("/api/readings?sensor=s1&limit=" + "1" * 5000, "limit"),  # over int()'s 4300 digits
+    ("/api/readings?sensor=s1&limit=" + "0" * 5000, "limit"),
     ("/api/readings?sensor=s1&since=%C2%B2", "since"),
     ("/api/rejects?since=%D9%A3", "since"),  # an Arabic-Indic 3: int() reads it
     ("/api/readings?sensor=s1&since=999999999999999", "since"),  # 15 digits: year 33658

@@ -60,6 +60,13 @@ def test_times_out_of_range_or_in_other_digits_name_the_parameter(text: str) -> 
     assert caught.value.parameter == "until"
 
 
+def test_a_limit_may_have_leading_zeros_of_any_length() -> None:
+    assert params(limit="0" * 5000 + "25").limit(100, 1000) == 25
+    assert params(limit="01000").limit(100, 1000) == 1000
+    assert parse_time("since", "0" * 5000 + "1777622400000", NOW) == datetime(
+        2026, 5, 1, 8, tzinfo=UTC)
+
+
 def test_a_step_may_be_a_year_at_most() -> None:
     assert params(step="365d").step_ms(1000) == 365 * 86_400_000
     for text in ("366d", "53w", "9" * 400, "99999999999999999999w"):
