@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run", "--disable-dev-shm-usage",
-         "--hide-scrollbars", "--window-size=1280,1000", "--remote-debugging-port=0")
+         "--disable-component-update", "--disable-sync", "--no-first-run",
+         "--disable-dev-shm-usage", "--hide-scrollbars", "--window-size=1280,1000",
+         "--remote-debugging-port=0")
 
 
 def chromium_binary() -> str | None:
