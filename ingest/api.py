@@ -5,6 +5,7 @@
     GET /api/series    min/avg/max/count per step (bucket statistics when they fit)
     GET /api/rejects   the latest rejections and their count by reason
     GET /api/info      the layout served and the Grafana address (for the page)
+    GET /openapi.json  the OpenAPI 3.1 description of the endpoints above
     GET /              the page; /static/ its files
     GET /metrics, /healthz, /readyz
 
@@ -31,10 +32,17 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
-from ingest import reads
+from ingest import __version__, openapi, reads
 from ingest.errors import ConfigError, StartupError
 from ingest.metrics import API_ENDPOINTS, ApiMetrics
-from ingest.params import MAX_POINTS, ParamError, Params, encode_cursor
+from ingest.params import (
+    ENDPOINT_PARAMETERS,
+    LIMITS,
+    MAX_POINTS,
+    ParamError,
+    Params,
+    encode_cursor,
+)
 from ingest.reads import Layout
 
 if TYPE_CHECKING:
@@ -80,6 +88,7 @@ class ReadApi:
         self.metrics = metrics or ApiMetrics()
         self.clock = clock
         self._max_time_ms = int(settings.query_timeout * 1000)
+        self._openapi = openapi.description(__version__)
 
     def app(self) -> web.Application:
         """The aiohttp application."""
@@ -90,6 +99,7 @@ class ReadApi:
         get("/api/series", self.series, name="series")
         get("/api/rejects", self.rejects_handler, name="rejects")
         get("/api/info", self.info, name="info")
+        get("/openapi.json", self.openapi, name="openapi")
         get("/", self.page, name="page")
         get("/healthz", self.healthz, name="health")
         get("/readyz", self.readyz, name="health-ready")
@@ -124,10 +134,11 @@ class ReadApi:
             time.perf_counter() - start)
         return response
 
-    def params(self, request: web.Request) -> Params:
-        """The request's parameters, read at one instant."""
+    def params(self, request: web.Request, endpoint: str) -> Params:
+        """The request's parameters (only those ``endpoint`` reads), read at one instant."""
         query = request.query
-        return Params(query, lambda name: query.getall(name, []), self.clock())
+        return Params(query, lambda name: query.getall(name, []), self.clock(),
+                      ENDPOINT_PARAMETERS[endpoint])
 
     async def aggregate(self, collection: AsyncCollection[dict[str, Any]],
                         pipeline: Pipeline) -> list[dict[str, Any]]:
@@ -138,9 +149,9 @@ class ReadApi:
 
     async def sensors(self, request: web.Request) -> web.Response:
         """``GET /api/sensors?since&until&limit&cursor``."""
-        p = self.params(request)
+        p = self.params(request, "sensors")
         since, until = p.window(timedelta(hours=24))
-        limit = p.limit(100, 1000)
+        limit = p.limit(*LIMITS["sensors"])
         after = p.sensor_cursor()
         docs = await self.aggregate(self.collection,
                                     reads.sensors(self.layout, since, until, after, limit))
@@ -154,11 +165,11 @@ class ReadApi:
 
     async def readings(self, request: web.Request) -> web.Response:
         """``GET /api/readings?sensor&since&until&measurement&limit&cursor``."""
-        p = self.params(request)
+        p = self.params(request, "readings")
         since, until = p.window(timedelta(hours=1))
         sensor_ids = p.sensors()
         measurements = p.measurements(required=False)
-        limit = p.limit(1000, 10_000)
+        limit = p.limit(*LIMITS["readings"])
         cursor = p.reading_cursor()
         fetch = limit + 1 + (cursor.seen_at_ts if cursor else 0)
         docs = await self.aggregate(self.collection, reads.readings(
@@ -173,7 +184,7 @@ class ReadApi:
 
     async def series(self, request: web.Request) -> web.Response:
         """``GET /api/series?sensor&measurement&since&until&step``."""
-        p = self.params(request)
+        p = self.params(request, "series")
         since, until = p.window(timedelta(hours=1), max_window=None)
         sensor_ids = p.sensors()
         measurements = p.measurements(required=True)
@@ -197,9 +208,9 @@ class ReadApi:
 
     async def rejects_handler(self, request: web.Request) -> web.Response:
         """``GET /api/rejects?since&limit``: the latest rejections and counts by reason."""
-        p = self.params(request)
+        p = self.params(request, "rejects")
         since = p.time("since", p.now - timedelta(hours=1))
-        limit = p.limit(100, 1000)
+        limit = p.limit(*LIMITS["rejects"])
         latest, reasons = await asyncio.gather(
             self.aggregate(self.rejects, reads.rejects(since, limit)),
             self.aggregate(self.rejects, reads.reject_reasons(since)))
@@ -210,14 +221,19 @@ class ReadApi:
             "reasons": [{"reason": d["_id"], "count": d["count"]} for d in reasons],
         })
 
-    async def info(self, _request: web.Request) -> web.Response:
+    async def info(self, request: web.Request) -> web.Response:
         """``GET /api/info``: what this API serves, and where the Grafana dashboard is."""
+        self.params(request, "info")  # it takes none: refuse any
         s = self.settings
         return json_response({
             "mode": s.mode, "db": s.db, "collection": s.collection,
             "bucket_span_seconds": s.bucket_span_seconds if s.mode == "bucket" else None,
             "grafana_dashboard": s.grafana_url.rstrip("/") + DASHBOARD_PATH,
         })
+
+    async def openapi(self, _request: web.Request) -> web.Response:
+        """``GET /openapi.json``: the OpenAPI description of the read API."""
+        return json_response(self._openapi)
 
     async def page(self, _request: web.Request) -> web.FileResponse:
         """The page (``/``)."""

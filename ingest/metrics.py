@@ -326,8 +326,8 @@ class MetricsServer(HttpEndpoint):
         return b"404 Not Found", text, b"not found\n"
 
 
-API_ENDPOINTS = ("sensors", "readings", "series", "rejects", "info", "page", "static", "health",
-                 "metrics", "other")
+API_ENDPOINTS = ("sensors", "readings", "series", "rejects", "info", "openapi", "page", "static",
+                 "health", "metrics", "other")
 API_STATUS_CLASSES = ("2xx", "4xx", "5xx")
 _API_SECONDS_BUCKETS = (0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 

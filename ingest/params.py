@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import re
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -15,18 +16,36 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ingest.decode import NAME_PATTERN, RESERVED, SENSOR_ID_PATTERN
-from ingest.reads import Cursor, from_ms
+from ingest.reads import Cursor, from_ms, iso, to_ms
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
 MAX_SENSORS = 100
 MAX_MEASUREMENTS = 10
 MAX_WINDOW = timedelta(days=31)  # sensors and raw readings: how far one request may scan
 MAX_POINTS = 20_000  # series: steps x sensors x measurements in one answer
-KNOWN_PARAMETERS = frozenset({"since", "until", "sensor", "measurement", "step", "limit",
-                              "cursor"})
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)?$")
+# The instants a time parameter may name: [EARLIEST, LATEST). With MAX_STEP, a window
+# widened to whole steps stays inside what a datetime holds (years 1 to 9999).
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 1, 1, tzinfo=UTC)
+MAX_STEP = timedelta(days=365)
+_MAX_SEEN = 10**9  # a reading cursor's count of readings at one time already returned
+# The parameters each endpoint reads (its OpenAPI description, ingest/openapi.py, lists
+# the same); any other is a 400 naming it.
+ENDPOINT_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "sensors": ("since", "until", "limit", "cursor"),
+    "readings": ("sensor", "since", "until", "measurement", "limit", "cursor"),
+    "series": ("sensor", "measurement", "since", "until", "step"),
+    "rejects": ("since", "limit"),
+    "info": (),
+}
+KNOWN_PARAMETERS = frozenset(p for ps in ENDPOINT_PARAMETERS.values() for p in ps)
+LIMITS = {"sensors": (100, 1000), "readings": (1000, 10_000), "rejects": (100, 1000)}
+# ASCII digits only: str.isdigit() and a Unicode \d accept digits that int() refuses
+# ("²") or reads in another script ("٣").
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)?$", re.ASCII)
+_DIGITS = re.compile(r"[0-9]+")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
             "w": 604_800_000, None: 1000}
 _SENSOR_ID = re.compile(f"^{SENSOR_ID_PATTERN}$")
@@ -48,14 +67,14 @@ class Params:
     """Typed access to one request's query string."""
 
     def __init__(self, query: Mapping[str, str], values: Callable[[str], Sequence[str]],
-                 now: datetime) -> None:
+                 now: datetime, known: Iterable[str] = KNOWN_PARAMETERS) -> None:
         self._query = query
         self._values = values
         self.now = now
-        unknown = sorted(set(query) - KNOWN_PARAMETERS)
+        unknown = sorted(set(query) - set(known))
         if unknown:
-            raise ParamError(unknown[0], "unknown parameter (known: "
-                                         f"{', '.join(sorted(KNOWN_PARAMETERS))})")
+            raise ParamError(unknown[0], "unknown parameter (known here: "
+                                         f"{', '.join(sorted(known))})")
 
     def one(self, name: str) -> str | None:
         """The single value of ``name`` (None if absent); given twice is an error."""
@@ -115,17 +134,22 @@ class Params:
         text = self.one("limit")
         if text is None:
             return default
-        if not text.isdigit() or not 1 <= int(text) <= most:
+        digits = text.lstrip("0")  # int() refuses over 4300 digits
+        if (not _DIGITS.fullmatch(text) or len(digits) > len(str(most))
+                or not 1 <= int(digits or "0") <= most):
             raise ParamError("limit", f"must be a whole number from 1 to {most}, "
                                       f"got {text[:20]!r}")
-        return int(text)
+        return int(digits)
 
     def step_ms(self, default_ms: int) -> int:
         """``step``: a duration such as ``30s``, ``5m``, ``1h``, ``500ms``; bare: seconds."""
         text = self.one("step")
         if text is None or text == "":
             return default_ms
-        return parse_duration("step", text)
+        ms = parse_duration("step", text)
+        if ms > MAX_STEP // timedelta(milliseconds=1):
+            raise ParamError("step", f"at most {MAX_STEP.days}d, got {text[:20]!r}")
+        return ms
 
     def cursor(self, kind: str) -> list[object] | None:
         """The decoded ``cursor`` of a previous answer of this endpoint, or None."""
@@ -146,7 +170,9 @@ class Params:
         if value is None:
             return None
         match value:
-            case [str(sensor), int(ts_ms), int(seen)] if seen >= 1:
+            case [str(sensor), int(ts_ms), int(seen)] if (
+                    _whole(ts_ms, to_ms(EARLIEST), to_ms(LATEST) - 1)
+                    and _whole(seen, 1, _MAX_SEEN)):
                 return Cursor(sensor, ts_ms, seen)
         raise ParamError("cursor", "not a cursor returned by this endpoint")
 
@@ -161,6 +187,11 @@ class Params:
         raise ParamError("cursor", "not a cursor returned by this endpoint")
 
 
+def _whole(value: int, low: int, high: int) -> bool:
+    """Whether a decoded JSON number is a whole number (not a boolean) in ``[low, high]``."""
+    return not isinstance(value, bool) and low <= value <= high
+
+
 def encode_cursor(kind: str, *parts: object) -> str:
     """An opaque, URL-safe cursor."""
     return base64.urlsafe_b64encode(orjson.dumps([kind, *parts])).decode().rstrip("=")
@@ -172,7 +203,10 @@ def parse_duration(name: str, text: str) -> int:
     if match is None:
         raise ParamError(name, f"expects a duration such as 500ms, 30s, 5m, 1h or 1d, "
                                f"got {text[:20]!r}")
-    ms = round(float(match.group(1)) * _UNIT_MS[match.group(2)])
+    exact = float(match.group(1)) * _UNIT_MS[match.group(2)]
+    if not math.isfinite(exact):
+        raise ParamError(name, f"too long, got {text[:20]!r}")
+    ms = round(exact)
     if ms < 1:
         raise ParamError(name, "must be at least 1ms")
     return ms
@@ -184,11 +218,13 @@ def parse_time(name: str, text: str, now: datetime) -> datetime:
     if text == "now":
         return now
     if text.startswith("now-"):
-        return now - timedelta(milliseconds=parse_duration(name, text[4:]))
-    if text.isdigit():
-        if len(text) > 15:
-            raise ParamError(name, "epoch milliseconds out of range")
-        return from_ms(int(text))
+        return _instant(name, text, to_ms(now) - parse_duration(name, text[4:]))
+    if _DIGITS.fullmatch(text):
+        # more digits than LATEST has is out of range; int() is not asked (it refuses
+        # over 4300 digits)
+        digits = text.lstrip("0") or "0"
+        ms = int(digits) if len(digits) <= len(str(to_ms(LATEST))) else to_ms(LATEST)
+        return _instant(name, text, ms)
     try:
         value = datetime.fromisoformat(text)
     except ValueError:
@@ -196,4 +232,22 @@ def parse_time(name: str, text: str, now: datetime) -> datetime:
                                f"now or now-1h, got {text[:40]!r}") from None
     if value.tzinfo is None:
         raise ParamError(name, "needs a time zone (Z or +hh:mm)")
-    return value.astimezone(UTC)
+    try:
+        value = value.astimezone(UTC)
+    except OverflowError:  # the first or last hours of years 1 and 9999 in another zone
+        raise _out_of_range(name, text) from None
+    if not EARLIEST <= value < LATEST:
+        raise _out_of_range(name, text)
+    return value
+
+
+def _instant(name: str, text: str, ms: int) -> datetime:
+    """Milliseconds since the epoch as an instant, if in range."""
+    if not to_ms(EARLIEST) <= ms < to_ms(LATEST):
+        raise _out_of_range(name, text)
+    return from_ms(ms)
+
+
+def _out_of_range(name: str, text: str) -> ParamError:
+    return ParamError(name, f"out of range: times from {iso(EARLIEST)} up to (not "
+                            f"including) {iso(LATEST)}, got {text[:40]!r}")

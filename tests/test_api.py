@@ -248,7 +248,7 @@ async def test_rejects_of_the_last_hour(apis: dict[str, Any]) -> None:
     ("/api/readings?sensor=s1&since=yesterday", "since"),
     ("/api/readings?sensor=s1&since=2026-05-01T08:00:00", "since"),
     ("/api/readings?since=now-1h", "sensor"),
-    ("/api/readings?sensor=a%01b", "sensor"),
+    ("/api/readings?sensor=a%01b", "sensor"),  # a control character
     ("/api/readings?sensor=s1&limit=0", "limit"),
     ("/api/readings?sensor=s1&limit=10001", "limit"),
     ("/api/readings?sensor=s1&cursor=xyz", "cursor"),
@@ -256,11 +256,35 @@ async def test_rejects_of_the_last_hour(apis: dict[str, Any]) -> None:
     ("/api/readings?sensor=s1&since=now&until=now-1h", "since"),
     ("/api/readings?sensor=s1&measurement=$where", "measurement"),
     ("/api/readings?sensor=s1&sensors=s2", "sensors"),
+    ("/api/sensors?since=now-2h&step=1m", "step"),  # a parameter of another endpoint
+    ("/api/info?since=now", "since"),
     ("/api/series?sensor=s1", "measurement"),
     ("/api/series?sensor=s1&measurement=temp&step=fast", "step"),
     ("/api/series?sensor=s1&measurement=temp&step=1s&since=now-1d", "step"),
     ("/api/series?sensor=s1&measurement=temp&step=1m&step=2m", "step"),
     ("/api/sensors?cursor=WyJyIiwiczEiLDEsMV0", "cursor"),  # a readings cursor
+    # what int() and datetime refuse or cannot hold: a 400, never a 500
+    ("/api/readings?sensor=s1&limit=%C2%B2", "limit"),  # "²": isdigit() but not int()
+    ("/api/readings?sensor=s1&limit=" + "1" * 5000, "limit"),  # over int()'s 4300 digits
+    ("/api/readings?sensor=s1&limit=" + "0" * 5000, "limit"),
+    ("/api/readings?sensor=s1&since=%C2%B2", "since"),
+    ("/api/rejects?since=%D9%A3", "since"),  # an Arabic-Indic 3: int() reads it
+    ("/api/readings?sensor=s1&since=999999999999999", "since"),  # 15 digits: year 33658
+    ("/api/readings?sensor=s1&since=now-99999999999w", "since"),
+    ("/api/readings?sensor=s1&since=now-999999d", "since"),
+    ("/api/series?sensor=s1&measurement=temp&since=now-" + "9" * 400 + "w", "since"),
+    ("/api/readings?sensor=s1&since=0001-01-01T00:00:00%2B01:00", "since"),
+    ("/api/readings?sensor=s1&until=9999-12-31T23:59:59-01:00", "until"),
+    ("/api/series?sensor=s1&measurement=temp&since=0001-01-01T00:00:00Z", "since"),
+    ("/api/series?sensor=s1&measurement=temp&until=9999-12-31T00:00:00Z", "until"),
+    ("/api/rejects?since=1969-12-31T23:59:59Z", "since"),
+    ("/api/series?sensor=s1&measurement=temp&step=99999999999999999999w", "step"),
+    ("/api/series?sensor=s1&measurement=temp&step=" + "9" * 400, "step"),
+    (("/api/series?sensor=s1&measurement=temp&since=8999-01-01T00:00:00Z"
+      "&until=8999-01-02T00:00:00Z&step=366d"), "step"),
+    # a readings cursor whose time or count is out of range
+    ("/api/readings?sensor=s1&cursor=WyJyIiwiczEiLDk5OTk5OTk5OTk5OTk5OTk5LDFd", "cursor"),
+    ("/api/readings?sensor=s1&cursor=WyJyIiwiczEiLDEsMTg0NDY3NDQwNzM3MDk1NTE2MTVd", "cursor"),
 ])
 async def test_bad_parameters_are_one_json_error_naming_the_parameter(
         apis: dict[str, Any], path: str, parameter: str) -> None:

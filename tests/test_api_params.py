@@ -43,9 +43,36 @@ def test_bad_durations_name_the_parameter(text: str) -> None:
     ("2026-05-01T08:00:00Z", datetime(2026, 5, 1, 8, tzinfo=UTC)),
     ("2026-05-01T10:00:00+02:00", datetime(2026, 5, 1, 8, tzinfo=UTC)),
     ("1777622400000", datetime(2026, 5, 1, 8, tzinfo=UTC)),  # Grafana's ${__from}
+    # the ends of the range a time may name
+    ("0", datetime(1970, 1, 1, tzinfo=UTC)), ("now-2939w", datetime(1970, 1, 2, 12, tzinfo=UTC)),
+    ("9998-12-31T23:59:59.999Z", datetime(9998, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)),
 ])
 def test_times(text: str, expected: datetime) -> None:
     assert parse_time("since", text, NOW) == expected
+
+
+@pytest.mark.parametrize("text", ["1969-12-31T23:59:59.999Z", "9999-01-01T00:00:00Z",
+                                  "253370764800000", "now-2940w", "0001-01-01T00:00:00+01:00",
+                                  "9999-12-31T23:59:59-01:00", "²", "٣", "1" * 5000])
+def test_times_out_of_range_or_in_other_digits_name_the_parameter(text: str) -> None:
+    with pytest.raises(ParamError) as caught:
+        parse_time("until", text, NOW)
+    assert caught.value.parameter == "until"
+
+
+def test_a_limit_may_have_leading_zeros_of_any_length() -> None:
+    assert params(limit="0" * 5000 + "25").limit(100, 1000) == 25
+    assert params(limit="01000").limit(100, 1000) == 1000
+    assert parse_time("since", "0" * 5000 + "1777622400000", NOW) == datetime(
+        2026, 5, 1, 8, tzinfo=UTC)
+
+
+def test_a_step_may_be_a_year_at_most() -> None:
+    assert params(step="365d").step_ms(1000) == 365 * 86_400_000
+    for text in ("366d", "53w", "9" * 400, "99999999999999999999w"):
+        with pytest.raises(ParamError) as caught:
+            params(step=text).step_ms(1000)
+        assert caught.value.parameter == "step"
 
 
 def test_sensors_and_measurements_are_lists_in_order_without_repeats() -> None:

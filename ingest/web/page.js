@@ -3,8 +3,9 @@
 "use strict";
 
 const MAX_CARDS = 24;
-const MAX_LINES = 4;
+const MAX_CHARTS = 4;  // measurements charted per card (index.html says so)
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+const NUMBER = new Intl.NumberFormat(undefined, { maximumFractionDigits: 2 });
 
 async function getJSON(path) {
   const resp = await fetch(path);
@@ -22,54 +23,73 @@ function el(tag, text, cls) {
   return node;
 }
 
+function plural(n, word) {
+  return `${n} ${n === 1 ? word : `${word}s`}`;
+}
+
 function age(iso) {
   const seconds = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
   return seconds < 90 ? `${seconds} s ago` : `${Math.round(seconds / 60)} min ago`;
 }
 
-function chart(target, answer) {
-  const times = new Set();
-  answer.series.forEach((s) => s.points.forEach((p) => times.add(Date.parse(p.t) / 1000)));
-  const xs = [...times].sort((a, b) => a - b);
-  const index = new Map(xs.map((x, i) => [x, i]));
-  const data = [xs];
-  const series = [{}];
-  answer.series.forEach((s, i) => {
-    const ys = new Array(xs.length).fill(null);
-    s.points.forEach((p) => { ys[index.get(Date.parse(p.t) / 1000)] = p.avg; });
-    data.push(ys);
-    series.push({ label: s.measurement, stroke: COLORS[i % COLORS.length], width: 1.5,
-                  scale: `m${i}`, spanGaps: true, points: { size: 4 } });
-  });
-  const axes = [{}, { scale: "m0", size: 40 }];
-  if (answer.series.length > 1) {  // the second line's scale on the right; others unlabelled
-    axes.push({ scale: "m1", side: 1, size: 40, grid: { show: false },
-                stroke: COLORS[1] });
+// A value's scale: a little room above and below, and room around a single value (whose
+// own range would be empty).
+function valueRange(_u, min, max) {
+  if (min === null || max === null) return [0, 1];
+  if (min === max) {
+    const room = Math.abs(min) / 10 || 1;
+    return [min - room, max + room];
   }
-  const scales = { x: { time: true } };
-  return new uPlot({ width: 320, height: 130, series, axes, scales,
-                     legend: { show: true, live: false }, cursor: { show: false } },
-                   data, target);
+  return uPlot.rangeNum(min, max, 0.15, false);
+}
+
+// One small chart per measurement, each with its own labelled scale: in one chart, lines
+// of few points on scales of their own lie on top of each other. The time axis is the
+// window the series answer covered, even for one point (which uPlot alone would put on
+// an axis of years).
+function chart(target, answer, series, i, withTimeAxis) {
+  const xs = series.points.map((p) => Date.parse(p.t) / 1000);
+  const ys = series.points.map((p) => p.avg);
+  const color = COLORS[i % COLORS.length];
+  const caption = el("div", undefined, "caption");
+  const name = el("span", series.measurement, "name");
+  name.style.color = color;
+  const unit = series.unit ? ` ${series.unit}` : "";
+  caption.append(name, el("span", `: latest ${NUMBER.format(ys[ys.length - 1])}${unit}`,
+                          "last"));
+  const box = el("div", undefined, "chart");
+  box.dataset.measurement = series.measurement;
+  target.append(caption, box);
+  const hour = [Date.parse(answer.since) / 1000, Date.parse(answer.until) / 1000];
+  const u = new uPlot({
+    width: 320, height: withTimeAxis ? 116 : 72,
+    padding: [8, 24, withTimeAxis ? 0 : 8, 0],  // one plot width with or without time axis
+    legend: { show: false }, cursor: { show: false },
+    scales: { x: { time: true, range: () => hour }, y: { range: valueRange } },
+    axes: [{ show: withTimeAxis, size: 44 }, { size: 50, space: 20, stroke: color }],
+    series: [{}, { label: series.measurement, stroke: color, width: 1.5, spanGaps: true,
+                   points: { show: xs.length <= 30, size: 6, fill: color } }],
+  }, [xs, ys], box);
+  box.uplot = u;  // the tests read its scales and draw positions through DevTools
 }
 
 async function sensorCard(sensor) {
   const card = el("div", undefined, "card");
   card.dataset.sensor = sensor.sensor_id;
   card.append(el("h3", sensor.sensor_id));
-  card.append(el("div", `${sensor.readings} readings, last ${age(sensor.last_seen)}; ` +
-                        sensor.measurements.join(", "), "meta"));
-  const names = sensor.measurements.slice(0, MAX_LINES);
+  const names = sensor.measurements.slice(0, MAX_CHARTS);
+  const left = sensor.measurements.length - names.length;
+  card.append(el("div", `${plural(sensor.readings, "reading")}, last ${age(sensor.last_seen)}; ` +
+                        sensor.measurements.join(", ") +
+                        (left > 0 ? ` (charts of the first ${MAX_CHARTS})` : ""), "meta"));
   if (names.length === 0) return card;
   const query = new URLSearchParams({ sensor: sensor.sensor_id, measurement: names.join(","),
                                       since: "now-1h", step: "1m" });
   const answer = await getJSON(`api/series?${query}`);
   if (answer.series.length === 0) {
     card.append(el("div", "no numeric measurements to draw", "empty"));
-  } else {
-    const box = el("div", undefined, "chart");
-    card.append(box);
-    chart(box, answer);
   }
+  answer.series.forEach((s, i) => chart(card, answer, s, i, i === answer.series.length - 1));
   return card;
 }
 
@@ -99,8 +119,8 @@ async function showRejects() {
   const latest = document.querySelector("#rejects tbody");
   latest.replaceChildren(...answer.rejects.map((r) => {
     const row = el("tr");
-    row.append(el("td", new Date(r.at).toLocaleTimeString()), el("td", r.reason),
-               el("td", r.topic || ""), el("td", r.detail || "", "detail"));
+    row.append(el("td", new Date(r.at).toLocaleTimeString()), el("td", r.mode || ""),
+               el("td", r.reason), el("td", r.topic || ""), el("td", r.detail || "", "detail"));
     return row;
   }));
 }

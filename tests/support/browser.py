@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--no-first-run", "--disable-dev-shm-usage",
-         "--hide-scrollbars", "--window-size=1280,1000", "--remote-debugging-port=0")
+         "--disable-component-update", "--disable-sync", "--no-first-run",
+         "--disable-dev-shm-usage", "--hide-scrollbars", "--window-size=1280,1000",
+         "--remote-debugging-port=0")
 
 
 def chromium_binary() -> str | None:
@@ -150,8 +151,10 @@ class Chromium:
         finally:
             self._event = previous  # type: ignore[method-assign]
 
-    async def screenshot(self, path: Path) -> None:
-        """Save a PNG of the whole page."""
+    async def screenshot(self, path: Path, clip: dict[str, float] | None = None) -> None:
+        """Save a PNG of the whole page, or of ``clip`` (x, y, width, height in CSS pixels
+        of the document) at one device pixel per CSS pixel."""
+        extra: dict[str, Any] = {} if clip is None else {"clip": {**clip, "scale": 1}}
         result = await self.send("Page.captureScreenshot", format="png",
-                                 captureBeyondViewport=True)
+                                 captureBeyondViewport=True, **extra)
         path.write_bytes(base64.b64decode(result["data"]))
