@@ -88,7 +88,8 @@ async def test_bucket_documents_hold_an_hour_of_one_sensor_with_its_statistics(
     assert doc["stats"]["hum"] == {"count": 1, "sum": 40.0, "min": 40, "max": 40}
     assert doc["first_ts"].timestamp() == hour + 5
     assert doc["last_ts"].timestamp() == hour + 20
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2
+    assert doc["tags"] == {}
     assert {"ts", "seq", "temp"} == set(next(r for r in doc["readings"] if "seq" in r))
 
 

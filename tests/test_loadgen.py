@@ -270,9 +270,9 @@ def _bucket(sensor_id: str, readings: list[dict[str, Any]]) -> dict[str, Any]:
         stats[name] = {"count": len(column), "sum": sum(column), "min": min(column),
                        "max": max(column)}
     stamps = [r["ts"] for r in readings]
-    return {"sensor_id": sensor_id, "bucket_start": _date(START_MS), "readings": readings,
-            "count": len(readings), "stats": stats, "first_ts": min(stamps),
-            "last_ts": max(stamps), "schema_version": 1}
+    return {"sensor_id": sensor_id, "tags": {}, "bucket_start": _date(START_MS),
+            "readings": readings, "count": len(readings), "stats": stats,
+            "first_ts": min(stamps), "last_ts": max(stamps), "schema_version": 2}
 
 
 @pytest.fixture

@@ -376,15 +376,17 @@ async def test_the_bucket_validator_refuses_malformed_documents_and_updates(db: 
         assert info["options"]["validationAction"] == "error"
 
         now = at(hour_start(0))
-        good = {"sensor_id": "a", "bucket_start": now, "count": 1, "bytes": 52,
+        good = {"sensor_id": "a", "tags": {}, "bucket_start": now, "count": 1, "bytes": 52,
                 "first_ts": now, "last_ts": now, "readings": [{"ts": now, "seq": 0, "v": 1.0}],
                 "stats": {"v": {"count": 1, "sum": 1.0, "min": 1.0, "max": 1.0}},
-                "schema_version": 1}
+                "schema_version": 2}
         await db.buckets.insert_one(dict(good))
         bad: dict[str, dict[str, Any]] = {
             "count 0": {"count": 0}, "count a double": {"count": 1.0},
             "count a string": {"count": "1"}, "bytes 0": {"bytes": 0},
-            "sensor_id outside the pattern": {"sensor_id": "bad id!"},
+            "sensor_id with a control character": {"sensor_id": "bad\x01id"},
+            "tags a string": {"tags": "a=b"},
+            "schema_version of an earlier shape": {"schema_version": 1},
             "bucket_start a string": {"bucket_start": now.isoformat()},
             "readings an object": {"readings": {}}, "stats an array": {"stats": []},
             "schema_version a double": {"schema_version": 1.5},
