@@ -38,7 +38,7 @@ from ingest.writers.timeseries import TimeseriesWriter
 
 if TYPE_CHECKING:
     import socket
-    from collections.abc import Callable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterator
 
     from ingest.config import Settings
     from ingest.writers import Writer
@@ -131,22 +131,29 @@ def make_writer(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) ->
                         settings.bucket_max_readings)
 
 
-async def init_db(settings: Settings, shard: bool = False) -> None:
-    """Create collections and indexes for the configured mode (and shard), then return."""
+@contextlib.asynccontextmanager
+async def _one_shot_client(settings: Settings) -> AsyncIterator[AsyncMongoClient[dict[str, Any]]]:
+    """A client for a one-shot command; an unreachable server is one start-up line."""
     # A one-shot command should not sit silent for the driver's 30 s default.
     quick = ({} if "serverselectiontimeoutms" in settings.mongodb_uri.lower()
              else {"serverSelectionTimeoutMS": INIT_DB_WAIT_MS})
     client = mongo_client(settings, **quick)
     try:
-        await make_writer(settings, client).ensure_schema()
-        if shard:
-            await shard_collection(client, settings.mode, settings.db, settings.collection)
+        yield client
     except ConnectionFailure as exc:
         raise StartupError(f"--mongodb-uri: cannot reach MongoDB at "
                            f"{redact_mongodb_uri(settings.mongodb_uri)} ({mongo_reason(exc)}); "
                            "start it or correct --mongodb-uri") from None
     finally:
         await client.close()
+
+
+async def init_db(settings: Settings, shard: bool = False) -> None:
+    """Create collections and indexes for the configured mode (and shard), then return."""
+    async with _one_shot_client(settings) as client:
+        await make_writer(settings, client).ensure_schema()
+        if shard:
+            await shard_collection(client, settings.mode, settings.db, settings.collection)
 
 
 async def migrate(settings: Settings) -> None:
@@ -154,22 +161,13 @@ async def migrate(settings: Settings) -> None:
     if settings.mode != "bucket":
         logger.info("time-series collections keep their shape: nothing to migrate")
         return
-    quick = ({} if "serverselectiontimeoutms" in settings.mongodb_uri.lower()
-             else {"serverSelectionTimeoutMS": INIT_DB_WAIT_MS})
-    client = mongo_client(settings, **quick)
-    try:
+    async with _one_shot_client(settings) as client:
         schema = make_schema(settings, client)
         changed, dropped = await schema.migrate_buckets()
         logger.info("migrated %s.%s: %d documents brought to schema_version %d; dropped "
                     "indexes: %s", settings.db, settings.collection, changed,
                     BUCKET_SCHEMA_VERSION, ", ".join(dropped) or "none")
         await schema.ensure_buckets()
-    except ConnectionFailure as exc:
-        raise StartupError(f"--mongodb-uri: cannot reach MongoDB at "
-                           f"{redact_mongodb_uri(settings.mongodb_uri)} ({mongo_reason(exc)}); "
-                           "start it or correct --mongodb-uri") from None
-    finally:
-        await client.close()
 
 
 def mongo_reason(exc: BaseException) -> str:

@@ -77,6 +77,15 @@ class Outcome:
     # Why ``retry`` is not empty, when the writer knows better than "retry these".
     error: WriteError | None = None
 
+    def add(self, sent: Outcome, plan: Plan) -> None:
+        """Count one round: what sending ``plan`` did, and what planning it found."""
+        self.written += sent.written
+        self.retry.extend(sent.retry)
+        self.refused.extend(sent.refused)
+        self.error = sent.error or self.error
+        self.duplicates += plan.duplicates
+        self.conflicts.extend(plan.conflicts)
+
 
 class Writer(Protocol):
     """One storage layout. Upstream stages never know which one is active."""

@@ -580,12 +580,7 @@ class BucketWriter:
         settled = 0
         while True:
             result = await self._send(plan)
-            outcome.written += result.written
-            outcome.retry.extend(result.retry)
-            outcome.refused.extend(result.refused)
-            outcome.error = result.error or outcome.error
-            outcome.duplicates += plan.duplicates
-            outcome.conflicts.extend(plan.conflicts)
+            outcome.add(result, plan)
             collided = [plan.groups[i] for i in result.collided]
             pending: list[Reading] = []
             if collided:

@@ -241,12 +241,7 @@ class TimeseriesWriter:
                 outcome.error = exc
                 break
             first = False
-            outcome.written += result.written
-            outcome.retry.extend(result.retry)
-            outcome.refused.extend(result.refused)
-            outcome.error = result.error or outcome.error
-            outcome.duplicates += plan.duplicates
-            outcome.conflicts.extend(plan.conflicts)
+            outcome.add(result, plan)
             if outcome.retry:  # deferred readings come after the ones to retry
                 outcome.retry.extend(plan.deferred)
                 break
