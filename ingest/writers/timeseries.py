@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import os
 import time
-from operator import attrgetter
+from itertools import groupby
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from bson.errors import InvalidDocument
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 
 
 _BY_SENSOR_AND_TIME = attrgetter("sensor_id", "epoch")
+_FIRST = itemgetter(0)
 _new_object = object.__new__
 
 # Sensors per duplicate lookup: a redelivery burst becomes several small queries.
@@ -308,21 +310,19 @@ class TimeseriesWriter:
         One ``find`` per ``LOOKUP_SENSORS`` sensors, each clause a sensor and its times.
         Raises :class:`WriteError` if a lookup fails.
         """
-        by_sensor: dict[str, list[Any]] = {}
-        for doc in docs:
-            dates = by_sensor.get(doc["meta"]["sensor_id"])
-            if dates is None:
-                by_sensor[doc["meta"]["sensor_id"]] = [doc["ts"]]
-            else:
-                dates.append(doc["ts"])
-        groups = list(by_sensor.items())
+        # The documents come sorted by sensor and time: one run per sensor, its first and
+        # last times its range.
+        sensors = [doc["meta"]["sensor_id"] for doc in docs]
+        dates = [doc["ts"] for doc in docs]
+        clauses: list[dict[str, Any]] = []
+        for sensor, run in groupby(zip(sensors, dates, strict=True), key=_FIRST):
+            times = [date for _, date in run]
+            when = (times[0] if len(times) == 1
+                    else {"$gte": times[0], "$lte": times[-1], "$in": times})
+            clauses.append({"meta.sensor_id": sensor, "ts": when})
         found: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for start in range(0, len(groups), LOOKUP_SENSORS):
-            query = {"$or": [
-                {"meta.sensor_id": sensor,
-                 "ts": {"$gte": min(dates, key=ts_key), "$lte": max(dates, key=ts_key),
-                        "$in": dates}}
-                for sensor, dates in groups[start:start + LOOKUP_SENSORS]]}
+        for start in range(0, len(clauses), LOOKUP_SENSORS):
+            query = {"$or": clauses[start:start + LOOKUP_SENSORS]}
             try:
                 cursor = self._primary().find(query, {"_id": 0, "seq": 0, "units": 0})
                 async for doc in cursor:
