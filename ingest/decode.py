@@ -56,9 +56,9 @@ SENSOR_ID_PATTERN = r"[^\x00-\x1f\x7f-\x9f]{1,128}"
 SENSOR_ID_RULE = "1 to 128 characters, no control characters"
 _NAME = re.compile(NAME_PATTERN)
 _SENSOR_ID = re.compile(SENSOR_ID_PATTERN)
-# Keys of a reading that are not measurements; "_id" and "meta" would collide with
-# the document's own fields in time-series mode.
-RESERVED = frozenset({"ts", "seq", "sensor_id", "_id", "meta"})
+# Keys of a reading that are not measurements; "_id", "meta", "units", "info" and "tags"
+# would collide with the documents' own fields.
+RESERVED = frozenset({"ts", "seq", "sensor_id", "_id", "meta", "units", "info", "tags"})
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # Doubles within this magnitude take the fast check (the others: the full one).
 _INT64_RANGE = float(2**63)

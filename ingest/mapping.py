@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _SENSOR = re.compile(SENSOR_ID_PATTERN)
 # Measurement names that would collide with a document's own fields in either mode.
-RESERVED_FIELDS = frozenset({"ts", "seq", "sensor_id", "_id", "meta", "tags", "units"})
+RESERVED_FIELDS = frozenset({"ts", "seq", "sensor_id", "_id", "meta", "tags", "units",
+                             "info"})
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 TOPIC_CACHE = 100_000  # topics remembered with their rule, captures, tags and sensor id
 NAME_CACHE = 10_000  # field names remembered per rule
@@ -459,7 +460,7 @@ def _resolve_name(rule: Rule, raw: str) -> str | Rejection:
     if not 1 <= len(name) <= 64 or name in RESERVED_FIELDS:
         return Rejection("bad_field_name", f"field {raw[:60]!r} does not make a valid name "
                                            "([A-Za-z0-9_-]{1,64}, not ts, seq, sensor_id, "
-                                           "_id, meta, tags or units)")
+                                           "_id, meta, tags, units or info)")
     return name
 
 

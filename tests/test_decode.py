@@ -515,7 +515,7 @@ def test_reserved_keys_are_not_measurements() -> None:
     assert (reading.sensor_id, reading.seq, reading.epoch) == ("s1", 7, NOW - 5)
 
 
-@pytest.mark.parametrize("key", ["_id", "meta"])
+@pytest.mark.parametrize("key", ["_id", "meta", "units", "info", "tags"])
 def test_numeric_id_and_meta_are_not_measurements_either(key: str) -> None:
     assert accepted(run({key: 5, "t": 1})).values == {"t": 1}
 
