@@ -224,11 +224,10 @@ def _sensors_bucket(span: int, since: datetime, until: datetime, after: SeriesKe
             "names": {"$reduce": {"input": "$r", "initialValue": [],
                                   "in": {"$setUnion": ["$$value", _keys("$$this")]}}},
         }},
-        {"$sort": {"last": 1}},  # the latest document's info last (it wins)
         {"$group": {"_id": {"s": "$sensor_id", "tags": {"$ifNull": ["$tags", {}]}},
                     "readings": {"$sum": "$n"}, "last_seen": {"$max": "$last"},
                     "names": {"$push": "$names"}, "units": {"$mergeObjects": "$units"},
-                    "info": {"$mergeObjects": "$info"}}},
+                    "latest": _latest_info("$last")}},
         *_sensor_page(after, limit),
     ]
 
@@ -243,19 +242,26 @@ def _sensors_timeseries(since: datetime, until: datetime, after: SeriesKey | Non
                                            "cond": {"$ne": ["$$this.k", "sensor_id"]}}}}
     return [
         {"$match": match},
-        {"$sort": {"ts": 1, "_id": 1}},  # the latest reading's info last (it wins)
         {"$project": {"_id": 0, "meta": 1, "ts": 1, "units": 1, "info": 1,
                       "names": _keys("$$ROOT")}},
         {"$group": {"_id": {"meta": "$meta", "ts": "$ts"}, "names": {"$push": "$names"},
                     "units": {"$mergeObjects": "$units"}, "info": {"$mergeObjects": "$info"}}},
-        {"$sort": {"_id.ts": 1}},
         {"$group": {"_id": "$_id.meta", "readings": {"$sum": 1},
                     "last_seen": {"$max": "$_id.ts"}, "names": {"$push": _union("$names")},
-                    "units": {"$mergeObjects": "$units"}, "info": {"$mergeObjects": "$info"}}},
+                    "units": {"$mergeObjects": "$units"}, "latest": _latest_info("$_id.ts")}},
         {"$project": {"_id": {"s": "$_id.sensor_id", "tags": tags}, "readings": 1,
-                      "last_seen": 1, "names": 1, "units": 1, "info": 1}},
+                      "last_seen": 1, "names": 1, "units": 1, "latest": 1}},
         *_sensor_page(after, limit),
     ]
+
+
+def _latest_info(ts: str) -> dict[str, Any]:
+    """The ``info`` of the latest row: ``{ts, info}`` objects compare by ``ts`` first.
+
+    No sort of the window's documents is needed for it (a ``$group`` sees them in any
+    order).
+    """
+    return {"$max": {"ts": ts, "info": {"$ifNull": ["$info", {}]}}}
 
 
 def _sensor_page(after: SeriesKey | None, limit: int) -> Pipeline:
@@ -264,8 +270,8 @@ def _sensor_page(after: SeriesKey | None, limit: int) -> Pipeline:
         *_series_after(after),
         {"$sort": {"_id.s": 1, "_id.tags": 1}},
         {"$limit": limit + 1},
-        {"$project": {"_id": 1, "readings": 1, "last_seen": 1, "units": 1, "info": 1,
-                      "names": _union("$names")}},
+        {"$project": {"_id": 1, "readings": 1, "last_seen": 1, "units": 1,
+                      "info": "$latest.info", "names": _union("$names")}},
     ]
 
 

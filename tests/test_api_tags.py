@@ -40,7 +40,8 @@ def telegraf() -> list[Reading]:
         ts = at(i * 4)
         for path, free in (("/", 200 + i), ("/boot", 300 - i)):
             out.append(Reading("h1", ts, ts.timestamp(), {"disk_free": free, "disk_used": i},
-                               tags={"path": path}, info={"os": "linux"}))
+                               tags={"path": path},
+                               info={"os": "linux-6.1" if i == 9 else "linux"}))
         out.append(Reading("h1", ts, ts.timestamp(), {"mem_free": 1000 + i}, tags={}))
         out.append(Reading(COMMA, ts, ts.timestamp(), {"temp": 20 + i}, tags={}))
     return out
@@ -112,7 +113,7 @@ async def test_sensors_lists_each_series_with_its_tags(apis: dict[str, Any]) -> 
         ("h1", {"path": "/boot"}, 10, ["disk_free", "disk_used"]),
     ]
     by_label = {s["label"]: s for s in answer["sensors"]}
-    assert by_label["h1{path=/boot}"]["info"] == {"os": "linux"}
+    assert by_label["h1{path=/boot}"]["info"] == {"os": "linux-6.1"}  # the latest
     assert by_label["h1"]["info"] == {}
     assert by_label[DEVICE]["units"] == {"pressure": "bar", "temp": "Cel"}
     # a page per series
@@ -156,7 +157,7 @@ async def test_tag_selects_series(apis: dict[str, Any]) -> None:
     assert len(boot["readings"]) == 10
     disks = await both(apis, f"/api/readings?sensor=h1&tag=path:/&tag=path:/boot&{WINDOW}")
     assert len(disks["readings"]) == 20
-    none = await both(apis, f"/api/readings?sensor=h1&tag=path:/&tag=os:linux&{WINDOW}")
+    none = await both(apis, f"/api/readings?sensor=h1&tag=path:/&tag=os:linux-6.1&{WINDOW}")
     assert none["readings"] == []  # os is descriptive (info), not a tag of the series
     series = await both(apis, f"/api/series?sensor=h1&tag=path:/boot&measurement=disk_free"
                               f"&{WINDOW}&step=1h")
