@@ -204,3 +204,26 @@ async def test_a_sensor_id_with_a_comma_is_asked_for_percent_encoded(
     series = await both(apis, f"/api/series?sensor=Hall%2C+east&measurement=temp&{WINDOW}"
                               "&step=1h")
     assert [s["sensor_id"] for s in series["series"]] == [COMMA]
+
+
+async def test_a_sensor_of_many_series_is_bounded_by_the_points_answered(
+        mongo: Any, db: Any, db_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # at most 100 points here (20,000 in the product, too many for the emulator): 3 series
+    # of one sensor, a reading a second; 40 steps of 1 s pass the first check (steps x
+    # sensors x measurements) but the answer would hold 120 points
+    monkeypatch.setattr("ingest.api.MAX_POINTS", 100)
+    await db.create_collection("readings", timeseries={"timeField": "ts", "metaField": "meta"})
+    start = NOW - timedelta(seconds=40)
+    await db.readings.insert_many([
+        {"ts": start + timedelta(seconds=i), "meta": {"sensor_id": "h1", "k": k}, "v": i}
+        for k in "abc" for i in range(40)])
+    window = f"since={iso(start)}&until={iso(NOW)}&step=1s"
+    async with serving(mongo, db_name, "timeseries") as url, aiohttp.ClientSession() as http:
+        apis = {"timeseries": url, "http": http}
+        error = await get(apis, "timeseries", f"/api/series?sensor=h1&measurement=v&{window}",
+                          status=400)
+        assert error["error"]["parameter"] == "step"
+        assert "holds 120 points" in error["error"]["message"]
+        one = await get(apis, "timeseries", f"/api/series?sensor=h1&measurement=v&tag=k:b"
+                                            f"&{window}")
+    assert [(s["label"], len(s["points"])) for s in one["series"]] == [("h1{k=b}", 40)]
