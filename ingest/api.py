@@ -1,8 +1,9 @@
 """``ingest api``: a read-only HTTP API over either layout, its page, and its own metrics.
 
-    GET /api/sensors   who reported in a window: measurements, last seen, tags, units
-    GET /api/readings  raw readings of some sensors in a window, paged with a cursor
-    GET /api/series    min/avg/max/count per step (bucket statistics when they fit)
+    GET /api/sensors   the series (sensor and tags) that reported in a window: measurements,
+                       last seen, units, descriptive tags
+    GET /api/readings  raw readings of some series in a window, paged with a cursor
+    GET /api/series    min/avg/max/count per series and step (bucket statistics when they fit)
     GET /api/rejects   the latest rejections and their count by reason
     GET /api/info      the layout served and the Grafana address (for the page)
     GET /openapi.json  the OpenAPI 3.1 description of the endpoints above
@@ -24,6 +25,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_plus
 
 import orjson
 from aiohttp import web
@@ -43,7 +45,7 @@ from ingest.params import (
     Params,
     encode_cursor,
 )
-from ingest.reads import Layout
+from ingest.reads import Cursor, Layout, Selection
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -137,8 +139,12 @@ class ReadApi:
     def params(self, request: web.Request, endpoint: str) -> Params:
         """The request's parameters (only those ``endpoint`` reads), read at one instant."""
         query = request.query
+        raw: dict[str, list[str]] = {}
+        for pair in request.rel_url.raw_query_string.split("&"):
+            name, _, value = pair.partition("=")
+            raw.setdefault(unquote_plus(name), []).append(value)
         return Params(query, lambda name: query.getall(name, []), self.clock(),
-                      ENDPOINT_PARAMETERS[endpoint])
+                      ENDPOINT_PARAMETERS[endpoint], raw=lambda name: raw.get(name, []))
 
     async def aggregate(self, collection: AsyncCollection[dict[str, Any]],
                         pipeline: Pipeline) -> list[dict[str, Any]]:
@@ -160,33 +166,65 @@ class ReadApi:
         return json_response({
             "since": reads.iso(since), "until": reads.iso(until),
             "sensors": [reads.sensor_answer(d) for d in docs],
-            "next": encode_cursor("s", docs[-1]["_id"]) if more else None,
+            "next": encode_cursor("s", *last_series(docs)) if more else None,
         })
 
     async def readings(self, request: web.Request) -> web.Response:
-        """``GET /api/readings?sensor&since&until&measurement&limit&cursor``."""
+        """``GET /api/readings?sensor&tag&since&until&measurement&limit&cursor``."""
         p = self.params(request, "readings")
         since, until = p.window(timedelta(hours=1))
-        sensor_ids = p.sensors()
+        selection = Selection(p.sensors(), p.tags())
         measurements = p.measurements(required=False)
         limit = p.limit(*LIMITS["readings"])
-        cursor = p.reading_cursor()
-        fetch = limit + 1 + (cursor.seen_at_ts if cursor else 0)
-        docs = await self.aggregate(self.collection, reads.readings(
-            self.layout, sensor_ids, since, until, measurements, cursor, fetch))
-        page, after = reads.page_after(docs, cursor, limit)
+        after = p.reading_cursor()
+        # Rows sorted by series, time and _id; a time-series instant may span several
+        # rows, so the last instant of a full fetch may be cut: it is fetched again with
+        # the next rows. Bucket mode ends in one round (one row per instant).
+        entries: list[tuple[reads.SeriesKey, int, dict[str, Any]]] = []
+        fetch = limit + 2
+        while True:
+            rows = await self.aggregate(self.collection, reads.readings(
+                self.layout, selection, since, until, measurements, after, fetch))
+            complete = len(rows) < fetch
+            merged = reads.merge_rows(rows, complete)
+            entries += merged
+            if complete or len(entries) > limit:
+                break
+            if merged:
+                after = Cursor(merged[-1][0], merged[-1][1])
+            fetch *= 2
+        page = entries[:limit]
+        if measurements and not self.layout.bucket and page:
+            await self._first_seqs(page)
+        more = len(entries) > limit
         return json_response({
             "since": reads.iso(since), "until": reads.iso(until),
-            "readings": [reads.reading_answer(d, measurements) for d in page],
-            "next": (encode_cursor("r", after.sensor_id, after.ts_ms, after.seen_at_ts)
-                     if after else None),
+            "readings": [reads.reading_answer(key, doc, measurements)
+                         for key, _, doc in page],
+            "next": (encode_cursor("r", page[-1][0].sensor_id, page[-1][0].tag_dict,
+                                   page[-1][1]) if more else None),
         })
 
+    async def _first_seqs(self, page: list[tuple[reads.SeriesKey, int, dict[str, Any]]]
+                          ) -> None:
+        """Set each reading's ``seq`` from its first document holding one (time-series)."""
+        found = await self.aggregate(self.collection,
+                                     reads.first_seqs([(k, ms) for k, ms, _ in page]))
+        seqs = {(reads.series_key(d["_id"]["meta"]["sensor_id"], d["_id"]["meta"]),
+                 reads.to_ms(d["_id"]["ts"])): d["seq"] for d in found}
+        for key, ms, doc in page:
+            seq = seqs.get((key, ms))
+            if seq is None:
+                doc.pop("seq", None)
+            else:
+                doc["seq"] = seq
+
     async def series(self, request: web.Request) -> web.Response:
-        """``GET /api/series?sensor&measurement&since&until&step``."""
+        """``GET /api/series?sensor&tag&measurement&since&until&step``."""
         p = self.params(request, "series")
         since, until = p.window(timedelta(hours=1), max_window=None)
-        sensor_ids = p.sensors()
+        selection = Selection(p.sensors(), p.tags())
+        sensor_ids = selection.sensor_ids
         measurements = p.measurements(required=True)
         step_ms = p.step_ms(60_000)
         low, high = reads.floor_ms(since, step_ms), reads.ceil_ms(until, step_ms)
@@ -198,12 +236,18 @@ class ReadApi:
                                      f"{len(measurements)} measurements); at most "
                                      f"{MAX_POINTS}: use a longer step or a shorter window")
         source = "stats" if reads.uses_stats(self.layout, step_ms) else "readings"
-        self.metrics.series_source.labels(source).inc()
         docs = await self.aggregate(self.collection, reads.series(
-            self.layout, sensor_ids, measurements, low, high, step_ms))
+            self.layout, selection, measurements, low, high, step_ms))
+        answer = reads.series_answer(docs, sensor_ids, measurements)
+        held = sum(len(s["points"]) for s in answer)
+        if held > MAX_POINTS:  # sensors of many series: more than one series each
+            raise ParamError("step", f"the answer holds {held} points ({len(answer)} "
+                                     f"series x measurements); at most {MAX_POINTS}: use a "
+                                     "longer step, a shorter window or select series by tag")
+        self.metrics.series_source.labels(source).inc()
         return json_response({
             "since": reads.iso(low), "until": reads.iso(high), "step_seconds": step_ms / 1000,
-            "source": source, "series": reads.series_answer(docs, sensor_ids, measurements),
+            "source": source, "series": answer,
         })
 
     async def rejects_handler(self, request: web.Request) -> web.Response:
@@ -281,6 +325,12 @@ class ReadApi:
             raise ConfigError(f"--mode {self.settings.mode}: {self.settings.db}."
                               f"{self.settings.collection} is {kind} collection; use --mode "
                               f"{'timeseries' if timeseries else 'bucket'}")
+
+
+def last_series(docs: list[dict[str, Any]]) -> tuple[str, dict[str, str]]:
+    """The sensor id and tags of the last row of a sensors page (its cursor)."""
+    key = reads.sensor_key(docs[-1])
+    return key.sensor_id, key.tag_dict
 
 
 def api_client(settings: ApiSettings) -> AsyncMongoClient[dict[str, Any]]:

@@ -19,6 +19,7 @@ from ingest.params import (
     MAX_POINTS,
     MAX_SENSORS,
     MAX_STEP,
+    MAX_TAG_PARAMETERS,
     MAX_WINDOW,
 )
 from ingest.reads import iso
@@ -40,7 +41,13 @@ _ABOUT: dict[str, tuple[str, dict[str, str]]] = {
         "rejects": "Default: 1 hour ago."}),
     "until": (f"End of the window (excluded). {_TIME} Default: now.",
               {"series": "Rounded up to a whole step."}),
-    "sensor": (f"Sensor ids, at most {MAX_SENSORS}. {_NAMES}", {}),
+    "sensor": ((f"Sensor ids, at most {MAX_SENSORS}. Repeat the parameter or separate ids "
+               "by a literal comma; a percent-encoded comma (%2C) is part of an id "
+               "(sensor=a%2Cb asks for the sensor 'a,b')."), {}),
+    "tag": ((f"Select series by tag: key:value (path:/boot), repeatable, at most "
+            f"{MAX_TAG_PARAMETERS}, never split on commas. A series is selected when, for "
+            "every key given, its tag of that key has one of the values given for it "
+            "(tag=path:/&tag=path:/boot: either; tag=path:/&tag=host:h1: both)."), {}),
     "measurement": (f"Measurement names, at most {MAX_MEASUREMENTS}. {_NAMES}", {
         "readings": "Only readings with one of them, and only their values."}),
     "step": ((f"{_DURATION} Default: 1m. Steps are aligned to the epoch; at most "
@@ -49,11 +56,12 @@ _ABOUT: dict[str, tuple[str, dict[str, str]]] = {
     "cursor": ("The next value of the previous answer of the same endpoint.", {}),
 }
 _REQUIRED = {"readings": {"sensor"}, "series": {"sensor", "measurement"}}
-_LISTS = {"sensor", "measurement"}  # repeatable, or comma-separated
+_LISTS = {"sensor", "measurement", "tag"}  # repeatable
 _SUMMARIES = {
-    "sensors": "Who reported in a window: readings count, measurements, last seen, tags, units",
-    "readings": "Raw readings of some sensors in a window, by sensor then time, paged",
-    "series": "min/avg/max/count per step of some sensors' measurements",
+    "sensors": "The series (sensor id and tags) that reported in a window: readings count, "
+               "measurements, last seen, units, descriptive tags",
+    "readings": "Raw readings of some series in a window, by series then time, paged",
+    "series": "min/avg/max/count per step of some series' measurements",
     "rejects": "The latest rejections and their count by reason",
     "info": "What this API serves (layout, collection) and the Grafana dashboard's address",
 }
@@ -88,21 +96,28 @@ _INSTANT: Schema = {"type": "string", "format": "date-time"}
 _NEXT: Schema = {"type": ["string", "null"],
                  "description": "A cursor for the next page, or null when this was the last."}
 _VALUE: Schema = {"type": ["number", "boolean", "string"]}
+_TAGS: Schema = {"type": "object", "additionalProperties": _STRING,
+                 "description": "The series' identity tags (keys in name order; {} for none)."}
+_LABEL: Schema = {"type": "string",
+                  "description": "The series' display name: h1, or h1{path=/boot} with tags."}
 _WINDOW = {"since": _INSTANT, "until": _INSTANT}
 _ANSWERS: dict[str, Schema] = {
     "sensors": _object({**_WINDOW, "sensors": {"type": "array", "items": _object({
-        "sensor_id": _STRING, "last_seen": _INSTANT, "readings": {"type": "integer"},
-        "measurements": {"type": "array", "items": _STRING},
-        "tags": {"type": "object", "additionalProperties": _STRING},
-        "units": {"type": "object", "additionalProperties": _STRING}})}, "next": _NEXT}),
+        "sensor_id": _STRING, "tags": _TAGS, "label": _LABEL, "last_seen": _INSTANT,
+        "readings": {"type": "integer"}, "measurements": {"type": "array", "items": _STRING},
+        "units": {"type": "object", "additionalProperties": _STRING},
+        "info": {"type": "object", "additionalProperties": _STRING,
+                 "description": "Descriptive tags (not part of the series), the latest "
+                                "stored."}})}, "next": _NEXT}),
     "readings": _object({**_WINDOW, "readings": {"type": "array", "items": _object({
-        "sensor_id": _STRING, "ts": _INSTANT, "seq": {"type": "integer"},
+        "sensor_id": _STRING, "tags": _TAGS, "ts": _INSTANT, "seq": {"type": "integer"},
         "values": {"type": "object", "additionalProperties": _VALUE}},
-        ["sensor_id", "ts", "values"])}, "next": _NEXT}),
+        ["sensor_id", "tags", "ts", "values"])}, "next": _NEXT}),
     "series": _object({**_WINDOW, "step_seconds": {"type": "number"},
                        "source": {"enum": ["stats", "readings"]},
                        "series": {"type": "array", "items": _object({
-                           "sensor_id": _STRING, "measurement": _STRING,
+                           "sensor_id": _STRING, "tags": _TAGS, "label": _LABEL,
+                           "measurement": _STRING,
                            "unit": {"type": ["string", "null"]},
                            "points": {"type": "array", "items": _object({
                                "t": _INSTANT, "count": {"type": "integer"},

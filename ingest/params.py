@@ -12,17 +12,21 @@ import math
 import re
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
+from urllib.parse import unquote_plus
 
 import orjson
 
 from ingest.decode import NAME_PATTERN, RESERVED, SENSOR_ID_PATTERN
-from ingest.reads import Cursor, from_ms, iso, to_ms
+from ingest.formats import MAX_TAG_BYTES
+from ingest.reads import Cursor, SeriesKey, from_ms, iso, to_ms
+from ingest.rules import RESERVED_TAGS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
 
 MAX_SENSORS = 100
 MAX_MEASUREMENTS = 10
+MAX_TAG_PARAMETERS = 20  # tag=key:value selectors in one request
 MAX_WINDOW = timedelta(days=31)  # sensors and raw readings: how far one request may scan
 MAX_POINTS = 20_000  # series: steps x sensors x measurements in one answer
 # The instants a time parameter may name: [EARLIEST, LATEST). With MAX_STEP, a window
@@ -30,13 +34,12 @@ MAX_POINTS = 20_000  # series: steps x sensors x measurements in one answer
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 MAX_STEP = timedelta(days=365)
-_MAX_SEEN = 10**9  # a reading cursor's count of readings at one time already returned
 # The parameters each endpoint reads (its OpenAPI description, ingest/openapi.py, lists
 # the same); any other is a 400 naming it.
 ENDPOINT_PARAMETERS: dict[str, tuple[str, ...]] = {
     "sensors": ("since", "until", "limit", "cursor"),
-    "readings": ("sensor", "since", "until", "measurement", "limit", "cursor"),
-    "series": ("sensor", "measurement", "since", "until", "step"),
+    "readings": ("sensor", "tag", "since", "until", "measurement", "limit", "cursor"),
+    "series": ("sensor", "tag", "measurement", "since", "until", "step"),
     "rejects": ("since", "limit"),
     "info": (),
 }
@@ -49,9 +52,11 @@ _DIGITS = re.compile(r"[0-9]+")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
             "w": 604_800_000, None: 1000}
 _SENSOR_ID = re.compile(f"^{SENSOR_ID_PATTERN}$")
+_TAG_VALUE = re.compile(r"^[^\x00-\x1f\x7f-\x9f]*$")
 # Stored next to the measurements, never one of them (time-series documents hold units).
 NOT_MEASUREMENT_NAMES = RESERVED | {"tags", "units"}
 _NAME = re.compile(f"^{NAME_PATTERN}$")
+_TAG_KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as rules and mappings make them
 
 
 class ParamError(ValueError):
@@ -67,9 +72,16 @@ class Params:
     """Typed access to one request's query string."""
 
     def __init__(self, query: Mapping[str, str], values: Callable[[str], Sequence[str]],
-                 now: datetime, known: Iterable[str] = KNOWN_PARAMETERS) -> None:
+                 now: datetime, known: Iterable[str] = KNOWN_PARAMETERS,
+                 raw: Callable[[str], Sequence[str]] | None = None) -> None:
+        """A query string's parameters.
+
+        ``values(name)``: the decoded values of a parameter; ``raw(name)``: the same
+        values as sent, still percent-encoded (None: the decoded values are the raw ones).
+        """
         self._query = query
         self._values = values
+        self._raw = raw
         self.now = now
         unknown = sorted(set(query) - set(known))
         if unknown:
@@ -103,23 +115,40 @@ class Params:
 
     def names(self, name: str, pattern: re.Pattern[str], most: int, *,
               required: bool) -> list[str]:
-        """A repeatable, comma-separable list of names, in order, without repeats."""
+        """A repeatable, comma-separable list of names, in order, without repeats.
+
+        Sensor ids may hold a comma: only a literal comma of the query string separates
+        them, a percent-encoded one (``%2C``, as URLSearchParams and urlencode send a
+        comma of a value) belongs to the id. Measurement names hold no comma: any
+        separates them.
+        """
         out: list[str] = []
-        for value in self._values(name):
-            for item in value.split(","):
+        for item in self._items(name):
+            if name == "measurement":
                 item = item.strip()  # noqa: PLW2901
-                if not item:
-                    continue
-                reserved = name == "measurement" and item in NOT_MEASUREMENT_NAMES
-                if not pattern.match(item) or reserved:
-                    raise ParamError(name, f"{item[:40]!r} is not a valid {name} name")
-                if item not in out:
-                    out.append(item)
+            if not item:
+                continue
+            reserved = name == "measurement" and item in NOT_MEASUREMENT_NAMES
+            if not pattern.match(item) or reserved:
+                raise ParamError(name, f"{item[:40]!r} is not a valid {name} name")
+            if item not in out:
+                out.append(item)
         if required and not out:
             raise ParamError(name, "required (repeat it or separate names by commas)")
         if len(out) > most:
             raise ParamError(name, f"at most {most} per request, got {len(out)}")
         return out
+
+    def _items(self, name: str) -> list[str]:
+        """The comma-separated items of every value of ``name`` (see :meth:`names`)."""
+        items: list[str] = []
+        if name == "sensor" and self._raw is not None:
+            for value in self._raw(name):
+                items += [unquote_plus(part) for part in value.split(",")]
+        else:
+            for value in self._values(name):
+                items += value.split(",")
+        return items
 
     def sensors(self, *, required: bool = True) -> list[str]:
         """The ``sensor`` list."""
@@ -128,6 +157,35 @@ class Params:
     def measurements(self, *, required: bool) -> list[str]:
         """The ``measurement`` list."""
         return self.names("measurement", _NAME, MAX_MEASUREMENTS, required=required)
+
+    def tags(self) -> dict[str, list[str]]:
+        """The ``tag`` selectors: ``key:value``, repeatable, never split.
+
+        By key, the values asked for: a series is selected when, for every key given,
+        its tag of that key has one of the values given for it.
+        """
+        values = self._values("tag")
+        if len(values) > MAX_TAG_PARAMETERS:
+            raise ParamError("tag", f"at most {MAX_TAG_PARAMETERS} per request, "
+                                    f"got {len(values)}")
+        out: dict[str, list[str]] = {}
+        for value in values:
+            key, colon, wanted = value.partition(":")
+            if not colon:
+                raise ParamError("tag", f"expects key:value (path:/boot), got {value[:40]!r}")
+            if not _TAG_KEY.match(key) or key in RESERVED_TAGS:
+                raise ParamError("tag", f"{key[:40]!r} is not a tag name (letters, digits, "
+                                        "_ and -, 1 to 64 characters; not "
+                                        f"{', '.join(sorted(RESERVED_TAGS))})")
+            if len(wanted.encode()) > MAX_TAG_BYTES:
+                raise ParamError("tag", f"the value of {key} is longer than {MAX_TAG_BYTES} "
+                                        "bytes")
+            if not _TAG_VALUE.match(wanted):
+                raise ParamError("tag", f"the value of {key} holds a control character")
+            chosen = out.setdefault(key, [])
+            if wanted not in chosen:
+                chosen.append(wanted)
+        return out
 
     def limit(self, default: int, most: int) -> int:
         """``limit``: 1 to ``most``."""
@@ -165,26 +223,35 @@ class Params:
         return value[1:]
 
     def reading_cursor(self) -> Cursor | None:
-        """The cursor of ``/api/readings``."""
+        """The cursor of ``/api/readings``: the last series and instant of the previous page."""
         value = self.cursor("r")
         if value is None:
             return None
         match value:
-            case [str(sensor), int(ts_ms), int(seen)] if (
-                    _whole(ts_ms, to_ms(EARLIEST), to_ms(LATEST) - 1)
-                    and _whole(seen, 1, _MAX_SEEN)):
-                return Cursor(sensor, ts_ms, seen)
+            case [str(sensor), dict(tags), int(ts_ms)] if (
+                    _whole(ts_ms, to_ms(EARLIEST), to_ms(LATEST) - 1)):
+                return Cursor(_series_key(sensor, tags), ts_ms)
         raise ParamError("cursor", "not a cursor returned by this endpoint")
 
-    def sensor_cursor(self) -> str | None:
-        """The cursor of ``/api/sensors``: the last sensor id of the previous page."""
+    def sensor_cursor(self) -> SeriesKey | None:
+        """The cursor of ``/api/sensors``: the last series of the previous page."""
         value = self.cursor("s")
         if value is None:
             return None
         match value:
-            case [str(sensor)]:
-                return sensor
+            case [str(sensor), dict(tags)]:
+                return _series_key(sensor, tags)
         raise ParamError("cursor", "not a cursor returned by this endpoint")
+
+
+def _series_key(sensor: str, tags: dict[str, object]) -> SeriesKey:
+    """A cursor's series, checked: it goes into a query (tag names as field names)."""
+    if (not _SENSOR_ID.match(sensor)
+            or not all(isinstance(k, str) and _TAG_KEY.match(k) and k not in RESERVED_TAGS
+                       and isinstance(v, str) and len(v) <= MAX_TAG_BYTES
+                       for k, v in tags.items())):
+        raise ParamError("cursor", "not a cursor returned by this endpoint")
+    return SeriesKey(sensor, tuple(sorted((k, str(v)) for k, v in tags.items())))
 
 
 def _whole(value: int, low: int, high: int) -> bool:

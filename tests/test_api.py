@@ -63,7 +63,13 @@ def fleet() -> list[Reading]:
     return out
 
 
-TAGS = {"s1": {"room": "kitchen"}, "s2": {"room": "attic"}, "s3": {}}
+# (sensor, tags) of each series: s2's tag changed, so it has two
+SERIES = [("s1", {"room": "kitchen"}), ("s2", {"room": "attic"}), ("s2", {"room": "hall"}),
+          ("s3", {})]
+
+
+def series_of(reading: Reading) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return reading.sensor_id, tuple(sorted((reading.tags or {}).items()))
 
 
 def batches(readings: list[Reading]) -> list[list[Reading]]:
@@ -149,23 +155,26 @@ async def test_sensors_list_is_the_same_and_complete(apis: dict[str, Any]) -> No
     readings = apis["readings"]
     since = START + timedelta(minutes=30)
     answer = await both(apis, f"/api/sensors?since={iso(since)}")
-    assert [s["sensor_id"] for s in answer["sensors"]] == list(SENSORS)
+    assert [(s["sensor_id"], s["tags"]) for s in answer["sensors"]] == SERIES
     for entry in answer["sensors"]:
-        mine = [r for r in readings if r.sensor_id == entry["sensor_id"] and r.ts >= since]
+        key = (entry["sensor_id"], tuple(sorted(entry["tags"].items())))
+        mine = [r for r in readings if series_of(r) == key and r.ts >= since]
         assert entry["readings"] == len(mine)
         assert entry["last_seen"] == iso(max(r.ts for r in mine))
         assert entry["measurements"] == sorted({m for r in mine for m in r.values})
-        assert entry["tags"] == TAGS[entry["sensor_id"]]
         assert entry["units"] == (UNITS if entry["sensor_id"] == "s1" else {})
-    # paging: one sensor a page, the cursor leads through all of them
+        assert entry["info"] == {}
+    assert [s["label"] for s in answer["sensors"]] == [
+        "s1{room=kitchen}", "s2{room=attic}", "s2{room=hall}", "s3"]
+    # paging: one series a page, the cursor leads through all of them
     seen, path = [], f"/api/sensors?since={iso(since)}&limit=1"
     while True:
         page = await both(apis, path)
-        seen += [s["sensor_id"] for s in page["sensors"]]
+        seen += [(s["sensor_id"], s["tags"]) for s in page["sensors"]]
         if page["next"] is None:
             break
         path = f"/api/sensors?since={iso(since)}&limit=1&cursor={page['next']}"
-    assert seen == list(SENSORS)
+    assert seen == SERIES
 
 
 async def test_raw_readings_page_through_both_layouts_alike(apis: dict[str, Any]) -> None:
@@ -180,24 +189,31 @@ async def test_raw_readings_page_through_both_layouts_alike(apis: dict[str, Any]
         pages += 1
         path = f"{base}&cursor={page['next']}" if page["next"] else ""
     expected = sorted((r for r in readings if r.sensor_id in {"s1", "s3"}
-                       and since <= r.ts < until), key=lambda r: (r.sensor_id, r.epoch))
+                       and since <= r.ts < until), key=lambda r: (series_of(r), r.epoch))
     assert pages == math.ceil(len(expected) / 7)
-    assert [(g["sensor_id"], g["ts"], g["seq"]) for g in got] == [
-        (r.sensor_id, iso(r.ts), r.seq) for r in expected]
+    assert [(g["sensor_id"], g["tags"], g["ts"], g["seq"]) for g in got] == [
+        (r.sensor_id, r.tags or {}, iso(r.ts), r.seq) for r in expected]
     assert [g["values"] for g in got] == [r.values for r in expected]
     # one measurement: only readings that have it, and only its value
     hum = await both(apis, f"/api/readings?sensor=s2&measurement=hum&since={iso(START)}"
                            f"&until={iso(NOW)}")
     assert [g["values"] for g in hum["readings"]] == [
-        {"hum": r.values["hum"]} for r in sorted(readings, key=lambda r: r.epoch)
+        {"hum": r.values["hum"]} for r in sorted(readings, key=lambda r: (series_of(r), r.epoch))
         if r.sensor_id == "s2" and "hum" in r.values]
+    # one series of s2, by its tag
+    hall = await both(apis, f"/api/readings?sensor=s2&tag=room:hall&since={iso(START)}"
+                            f"&until={iso(NOW)}")
+    assert [g["seq"] for g in hall["readings"]] == list(range(20))
+    assert {g["tags"]["room"] for g in hall["readings"]} == {"hall"}
 
 
-def expected_series(readings: list[Reading], sensor: str, name: str, low: datetime,
-                    high: datetime, step: timedelta) -> list[tuple[str, int, float, float, float]]:
+def expected_series(readings: list[Reading], sensor: str, tags: dict[str, str], name: str,
+                    low: datetime, high: datetime, step: timedelta
+                    ) -> list[tuple[str, int, float, float, float]]:
     groups: dict[datetime, list[float]] = {}
     for r in readings:
-        if r.sensor_id == sensor and name in r.values and low <= r.ts < high:
+        if (series_of(r) == (sensor, tuple(sorted(tags.items()))) and name in r.values
+                and low <= r.ts < high):
             t = low + step * ((r.ts - low) // step)
             groups.setdefault(t, []).append(numeric(r.values[name]))
     return [(iso(t), len(v), min(v), sum(v) / len(v), max(v)) for t, v in sorted(groups.items())]
@@ -221,14 +237,17 @@ async def test_series_match_each_other_and_the_readings(apis: dict[str, Any], st
     step_td = timedelta(seconds=bucket["step_seconds"])
     assert low <= since
     assert high >= until
-    pairs = [(s, m) for s in SENSORS for m in ("temp", "hum", "on")
-             if any(r.sensor_id == s and m in r.values for r in readings)]
-    assert [(e["sensor_id"], e["measurement"]) for e in bucket["series"]] == pairs  # no strings
+    pairs = [(s, t, m) for s, t in SERIES for m in ("temp", "hum", "on")
+             if any(series_of(r) == (s, tuple(t.items())) and m in r.values and low <= r.ts < high
+                    for r in readings)]
+    assert [(e["sensor_id"], e["tags"], e["measurement"])
+            for e in bucket["series"]] == pairs  # no strings
     for answer in (bucket, series):
         assert [e["unit"] for e in answer["series"]] == [
-            UNITS.get(m) if s == "s1" else None for s, m in pairs]
+            UNITS.get(m) if s == "s1" else None for s, _, m in pairs]
     for b, s in zip(bucket["series"], series["series"], strict=True):
-        want = expected_series(readings, b["sensor_id"], b["measurement"], low, high, step_td)
+        want = expected_series(readings, b["sensor_id"], b["tags"], b["measurement"], low, high,
+                               step_td)
         for points in (b["points"], s["points"]):
             assert [(p["t"], p["count"], p["min"], p["max"]) for p in points] == [
                 (t, n, lo, hi) for t, n, lo, _, hi in want]

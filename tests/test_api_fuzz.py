@@ -57,14 +57,18 @@ names = st.lists(st.sampled_from(["s1", "s2", "s3", "temp", "hum", "on", "state"
                                   "units", "a.b", "$where", "x" * 200]), min_size=1,
                  max_size=12).map(",".join)
 json_leaves = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats()
-               | st.text(max_size=20) | st.sampled_from(["r", "s", "s1"]))
+               | st.text(max_size=20) | st.sampled_from(["r", "s", "s1"])
+               | st.dictionaries(st.text(max_size=8) | st.sampled_from(["room", "$gt", "a.b"]),
+                                 st.text(max_size=8) | st.integers(), max_size=3))
 cursors = (st.lists(json_leaves, max_size=5).map(
                lambda v: base64.urlsafe_b64encode(orjson.dumps(v)).decode().rstrip("="))
            | st.builds(lambda kind, rest: base64.urlsafe_b64encode(
                orjson.dumps([kind, *rest])).decode().rstrip("="),
                st.sampled_from(["r", "s"]), st.lists(json_leaves, max_size=3)))
+tags = st.lists(st.sampled_from(["room", "path", "sensor_id", "$where", "a.b", "", "x" * 70])
+                | st.text(max_size=5), min_size=1, max_size=2).map(":".join) | st.text(max_size=20)
 VALUES = {"since": times, "until": times, "step": durations | numbers, "limit": numbers,
-          "sensor": names, "measurement": names, "cursor": cursors}
+          "sensor": names, "measurement": names, "cursor": cursors, "tag": tags}
 anything = st.text(max_size=60).map(lambda t: quote(t, safe="")) | st.binary(
     max_size=40).map(lambda b: quote_from_bytes(b, safe=""))
 
@@ -75,7 +79,8 @@ PLAUSIBLE = {"since": st.sampled_from(["now-3h", "now-90m", "2026-05-01T08:30:00
              "until": st.sampled_from(["now", "2026-05-01T10:00:00+02:00"]) | near,
              "step": st.sampled_from(["1m", "10m", "1h", "90m", "2h", "1d", "365d", "500ms"]),
              "limit": st.integers(1, 1000).map(str), "sensor": st.just("s1,s2"),
-             "measurement": st.just("temp,on,state"), "cursor": st.just("")}
+             "measurement": st.just("temp,on,state"), "cursor": st.just(""),
+             "tag": st.sampled_from(["room:kitchen", "room:hall"])}
 
 
 @st.composite

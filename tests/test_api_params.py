@@ -10,7 +10,7 @@ from multidict import MultiDict
 
 from ingest.cli import api_settings_from, build_parser, main
 from ingest.params import ParamError, Params, encode_cursor, parse_duration, parse_time
-from ingest.reads import Cursor, page_after
+from ingest.reads import Cursor, SeriesKey, merge_rows
 from tests.test_api import get, serving
 
 NOW = datetime(2026, 5, 1, 12, tzinfo=UTC)
@@ -87,52 +87,79 @@ def test_sensors_and_measurements_are_lists_in_order_without_repeats() -> None:
 
 
 def test_cursors_round_trip_and_are_checked() -> None:
-    cursor = encode_cursor("r", "s1", 1_777_622_400_000, 2)
-    assert params(cursor=cursor).reading_cursor() == Cursor("s1", 1_777_622_400_000, 2)
-    for bad in (encode_cursor("r", "s1", "x", 1), encode_cursor("r", "s1", 1, 0),
-                encode_cursor("s", "s1"), "!!!"):
+    cursor = encode_cursor("r", "s1", {"path": "/boot", "host": "h1"}, 1_777_622_400_000)
+    assert params(cursor=cursor).reading_cursor() == Cursor(
+        SeriesKey("s1", (("host", "h1"), ("path", "/boot"))), 1_777_622_400_000)
+    for bad in (encode_cursor("r", "s1", {}, "x"), encode_cursor("r", "s1", 1, 1),
+                encode_cursor("r", "s1", {"$gt": "a"}, 1),  # a tag name goes into a query
+                encode_cursor("r", "s1", {"a.b": "x"}, 1), encode_cursor("r", "s1", {"a": 1}, 1),
+                encode_cursor("r", "a\x01", {}, 1), encode_cursor("s", "s1", {}), "!!!"):
         with pytest.raises(ParamError) as caught:
             params(cursor=bad).reading_cursor()
         assert caught.value.parameter == "cursor"
+    assert params(cursor=encode_cursor("s", "h1", {"path": "/"})).sensor_cursor() == SeriesKey(
+        "h1", (("path", "/"),))
 
 
-def docs(*rows: tuple[str, int]) -> list[dict[str, Any]]:
-    return [{"sensor_id": s, "ts": datetime.fromtimestamp(ms / 1000, UTC), "n": i}
-            for i, (s, ms) in enumerate(rows)]
+def test_tag_selectors() -> None:
+    p = params(tag=["path:/boot", "path:/", "host:h1:8080", "path:/boot", "empty:"])
+    assert p.tags() == {"path": ["/boot", "/"], "host": ["h1:8080"], "empty": [""]}
+    assert params().tags() == {}
+    assert params(tag="path:a,b").tags() == {"path": ["a,b"]}  # never split
+    for bad in ("path", "a.b:x", "$where:1", "sensor_id:s1", ":x", "path:a\x01",
+                "path:" + "x" * 257):
+        with pytest.raises(ParamError) as caught:
+            params(tag=bad).tags()
+        assert caught.value.parameter == "tag"
+    with pytest.raises(ParamError, match="at most 20"):
+        params(tag=[f"k{i}:v" for i in range(21)]).tags()
 
 
-def test_paging_keeps_readings_that_share_a_time() -> None:
-    rows = docs(("a", 1000), ("a", 2000), ("a", 2000), ("a", 2000), ("b", 500))
-    page, cursor = page_after(rows[:3], None, 2)
-    assert [d["n"] for d in page] == [0, 1]
-    assert cursor == Cursor("a", 2000, 1)
-    # the next query starts at the cursor's time: one reading there was already returned
-    page, cursor = page_after(rows[1:4], cursor, 1)
-    assert [d["n"] for d in page] == [2]
-    assert cursor == Cursor("a", 2000, 2)
-    page, cursor = page_after(rows[1:], cursor, 5)
-    assert [d["n"] for d in page] == [3, 4]
-    assert cursor is None
+def test_only_a_literal_comma_separates_sensor_ids() -> None:
+    multi: MultiDict[str] = MultiDict([("sensor", "a,b"), ("sensor", "c,d")])
+    raw = {"sensor": ["a%2Cb", "c,d"]}
+    p = Params(multi, lambda name: multi.getall(name, []), NOW,
+               raw=lambda name: raw.get(name, []))
+    assert p.sensors() == ["a,b", "c", "d"]
 
 
-async def test_timeseries_readings_at_one_time_are_all_paged_through(
+def rows(*spec: tuple[str, int, int, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"sensor_id": s, "tags": {"sensor_id": s}, "ts": datetime.fromtimestamp(
+        ms / 1000, UTC), "_id": n, **values} for s, ms, n, values in spec]
+
+
+def test_rows_of_one_instant_merge_and_a_cut_instant_waits() -> None:
+    fetched = rows(("a", 1000, 1, {"x": 1, "seq": 0}), ("a", 1000, 2, {"y": 2, "x": 9, "seq": 5}),
+                   ("a", 2000, 3, {"x": 3}), ("b", 2000, 4, {"x": 4}))
+    merged = merge_rows(fetched, complete=True)
+    assert [(k.sensor_id, ms, {n: d[n] for n in ("x", "y", "seq") if n in d})
+            for k, ms, d in merged] == [("a", 1000, {"x": 1, "y": 2, "seq": 0}),
+                                        ("a", 2000, {"x": 3}), ("b", 2000, {"x": 4})]
+    # a full fetch may have cut the last instant: it is left for the next one
+    assert [ms for _, ms, _ in merge_rows(fetched, complete=False)] == [1000, 2000]
+
+
+async def test_timeseries_documents_at_one_instant_are_one_reading_across_pages(
         mongo: Any, db: Any, db_name: str) -> None:
     await db.create_collection("readings", timeseries={"timeField": "ts", "metaField": "meta"})
     ts = datetime(2026, 5, 1, 11, 5, tzinfo=UTC)  # before the served clock (11:10)
-    await db.readings.insert_many([{"ts": ts, "meta": {"sensor_id": "s1"}, "temp": float(i)}
-                                   for i in range(3)])
+    # each instant written in three batches (three documents)
+    await db.readings.insert_many([
+        {"ts": ts + timedelta(seconds=s), "meta": {"sensor_id": "s1"}, f"m{i}": float(i)}
+        for s in range(3) for i in range(3)])
     async with serving(mongo, db_name, "timeseries") as url:
         import aiohttp  # noqa: PLC0415
 
         async with aiohttp.ClientSession() as http:
             apis = {"timeseries": url, "http": http}
             base = "/api/readings?sensor=s1&since=2026-05-01T11:00:00Z&limit=1"
-            temps, path = [], base
+            got, path = [], base
             while path:
                 page = await get(apis, "timeseries", path)
-                temps += [r["values"]["temp"] for r in page["readings"]]
+                got += page["readings"]
                 path = f"{base}&cursor={page['next']}" if page["next"] else ""
-    assert sorted(temps) == [0.0, 1.0, 2.0]
+    assert [r["values"] for r in got] == [{"m0": 0.0, "m1": 1.0, "m2": 2.0}] * 3
+    assert [r["ts"] for r in got] == [f"2026-05-01T11:05:0{s}.000Z" for s in range(3)]
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -16,7 +16,8 @@ from tests.test_api import apis, get  # noqa: F401 - fixtures
 DOC = description(__version__)
 # a valid value of each parameter, for each endpoint's happy path
 VALID = {"since": "2026-05-01T08:00:00Z", "until": "2026-05-01T10:00:00Z", "sensor": "s1,s2",
-         "measurement": "temp,on", "step": "1h", "limit": "5", "cursor": ""}
+         "measurement": "temp,on", "step": "1h", "limit": "5", "cursor": "",
+         "tag": "room:kitchen"}
 
 
 def validator(name: str) -> Draft202012Validator:

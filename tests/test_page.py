@@ -258,3 +258,36 @@ async def test_page_draws_every_value_of_a_sensor_of_one_two_or_many_readings(
                 assert drawn(image, x - card["clip"]["x"], y - card["clip"]["y"], color), (
                     what, value)
     assert sum(1 for c in cards.values() for chart in c["charts"] if chart["ticks"]) == 3
+
+
+async def test_each_series_is_a_card_titled_with_its_tags(
+        mode: str, db: Any, api_process: Callable[..., int], tmp_path: Path) -> None:
+    now = time.time()
+    readings = []
+    for i in range(5):
+        epoch = round(now - 60 * (30 - 5 * i), 3)
+        ts = datetime.fromtimestamp(epoch, UTC)
+        for path, free in (("/", 200.0 + i), ("/boot", 300.0 + i)):
+            readings.append(Reading("h1", ts, epoch, {"disk_free": free}, i,
+                                    tags={"path": path}))
+        readings.append(Reading("h1", ts, epoch, {"mem_free": 1000.0 + i}, i, tags={}))
+    await store(db, mode, readings)
+    port = api_process("--mode", mode)
+    async with Chromium(tmp_path / "chromium") as browser:
+        await browser.open(f"http://127.0.0.1:{port}/")
+        await eventually(lambda: browser.evaluate("document.body.dataset.ready === '1'"))
+        await browser.screenshot(tmp_path / "page.png")
+        cards = await browser.evaluate(
+            "[...document.querySelectorAll('.card')].map((c) => ({"
+            "title: c.querySelector('h3').textContent, meta: c.querySelector('.meta').textContent,"
+            "charts: [...c.querySelectorAll('.chart')].map((b) => ({"
+            "measurement: b.dataset.measurement, ys: b.uplot.data[1]}))}))")
+        errors = list(browser.errors)
+    assert errors == []
+    assert [c["title"] for c in cards] == ["h1", "h1 {path=/}", "h1 {path=/boot}"]
+    assert all(c["meta"].startswith("5 readings, last ") for c in cards)
+    # each card charts its own series only
+    assert [c["charts"] for c in cards] == [
+        [{"measurement": "mem_free", "ys": [1000.0 + i for i in range(5)]}],
+        [{"measurement": "disk_free", "ys": [200.0 + i for i in range(5)]}],
+        [{"measurement": "disk_free", "ys": [300.0 + i for i in range(5)]}]]

@@ -12,7 +12,7 @@ import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import yaml
 
@@ -83,13 +83,29 @@ def test_structure_and_data_source() -> None:
         assert query["parser"] == "backend", where
 
 
-def test_series_panel_draws_min_max_bands() -> None:
+def test_series_panel_draws_each_series_named_by_its_tags() -> None:
     panel = next(p for p in dashboard()["panels"] if p["type"] == "timeseries")
-    columns = {c["selector"]: c["type"] for c in panel["targets"][0]["columns"]}
-    assert columns == {"t": "timestamp", "min": "number", "avg": "number", "max": "number"}
-    overrides = {o["matcher"]["options"]: {p["id"]: p["value"] for p in o["properties"]}
-                 for o in panel["fieldConfig"]["overrides"]}
-    assert overrides["max"]["custom.fillBelowTo"] == "min"
+    target = panel["targets"][0]
+    columns = {c["selector"]: c["type"] for c in target["columns"]}
+    assert columns == {"t": "timestamp", "series": "string", "min": "number", "avg": "number",
+                       "max": "number"}
+    # rows of every series (the root selector reads each one's label), made one field per
+    # series and figure by Infinity (format timeseries: a long frame becomes wide, the
+    # string column a label), named by that label in the legend
+    assert target["format"] == "timeseries"
+    assert target["root_selector"].startswith("series.($label := label;")
+    assert panel["fieldConfig"]["defaults"]["displayName"] == (
+        "${__field.labels.series} ${__field.name}")
+    # a sensor id is sent percent-encoded: a comma in it is not a separator
+    assert "sensor=${sensor:percentencode}" in target["url"]
+
+
+def test_tables_and_bars_name_series_by_their_label() -> None:
+    panels = {p["title"]: p for p in dashboard()["panels"]}
+    assert '"series": label' in panels["Last seen"]["targets"][0]["root_selector"]
+    bars = panels["Readings per series"]
+    assert bars["options"]["xField"] == "series"
+    assert [c["selector"] for c in bars["targets"][0]["columns"]] == ["series", "readings"]
 
 
 def test_time_columns_parse_the_api_times() -> None:
@@ -121,12 +137,13 @@ async def test_urls_ask_existing_endpoints_with_known_parameters_and_variables()
             assert used in variables, f"panel title uses undefined ${used}"
 
 
-def filled(url: str) -> str:
-    """A dashboard URL with Grafana's macros and the variables filled in."""
+def filled(url: str, sensor: str = "s1") -> str:
+    """A dashboard URL with Grafana's macros and the variables filled in (percent-encoded
+    where the URL says so, as Infinity sends every value)."""
     since = int((NOW.timestamp() - 4 * 3600) * 1000)
     values = {"__from": str(since), "__to": str(int(NOW.timestamp() * 1000)),
-              "__interval_ms": "600000", "sensor": "s1", "measurement": "temp"}
-    return _VARIABLE.sub(lambda m: values[m.group(1)], url)
+              "__interval_ms": "600000", "sensor": sensor, "measurement": "temp"}
+    return _VARIABLE.sub(lambda m: quote(values[m.group(1)], safe=""), url)
 
 
 async def test_every_query_is_answered_by_both_layouts(apis: dict[str, Any]) -> None:  # noqa: F811
@@ -137,6 +154,11 @@ async def test_every_query_is_answered_by_both_layouts(apis: dict[str, Any]) -> 
             key = next(w for w in re.findall(r"[a-z_]+", query["root_selector"])
                        if w in answer)
             assert answer[key], f"{where} ({mode}): nothing under {key}"
+    # the series panel of s2 (two series: its tag changed) gets both, each with its label
+    panel = next(p for p in dashboard()["panels"] if p["type"] == "timeseries")
+    for mode in ("bucket", "timeseries"):
+        answer = await get(apis, mode, filled(panel["targets"][0]["url"], "s2"))
+        assert [s["label"] for s in answer["series"]] == ["s2{room=attic}", "s2{room=hall}"]
 
 
 def test_compose_runs_the_api_where_the_data_source_points() -> None:

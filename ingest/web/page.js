@@ -1,5 +1,5 @@
-// The page of `ingest api`: sensors of the last hour with a small chart each, and the
-// rejections of the last hour. Plain JS over the API's own endpoints; uPlot draws.
+// The page of `ingest api`: the series (a sensor and its tags) of the last hour with small
+// charts each, and the rejections of the last hour. Plain JS over the API's own endpoints; uPlot draws.
 "use strict";
 
 const MAX_CARDS = 24;
@@ -73,23 +73,42 @@ function chart(target, answer, series, i, withTimeAxis) {
   box.uplot = u;  // the tests read its scales and draw positions through DevTools
 }
 
+// A series' tags as written in its title: {path=/boot} ("" without tags).
+function tagText(tags) {
+  const pairs = Object.entries(tags).map(([k, v]) => `${k}=${v}`);
+  return pairs.length ? `{${pairs.join(",")}}` : "";
+}
+
+// Whether two tag objects are the same (the API gives keys in name order).
+function sameTags(a, b) {
+  return JSON.stringify(Object.entries(a)) === JSON.stringify(Object.entries(b));
+}
+
 async function sensorCard(sensor) {
   const card = el("div", undefined, "card");
   card.dataset.sensor = sensor.sensor_id;
-  card.append(el("h3", sensor.sensor_id));
+  card.dataset.tags = tagText(sensor.tags);
+  const title = el("h3", sensor.sensor_id);
+  if (card.dataset.tags) {
+    title.append(" ", el("span", card.dataset.tags, "tags"));
+  }
+  card.append(title);
   const names = sensor.measurements.slice(0, MAX_CHARTS);
   const left = sensor.measurements.length - names.length;
   card.append(el("div", `${plural(sensor.readings, "reading")}, last ${age(sensor.last_seen)}; ` +
                         sensor.measurements.join(", ") +
                         (left > 0 ? ` (charts of the first ${MAX_CHARTS})` : ""), "meta"));
   if (names.length === 0) return card;
+  // this series only: its tags select it and the series with more tags, left out here
   const query = new URLSearchParams({ sensor: sensor.sensor_id, measurement: names.join(","),
                                       since: "now-1h", step: "1m" });
+  Object.entries(sensor.tags).forEach(([k, v]) => query.append("tag", `${k}:${v}`));
   const answer = await getJSON(`api/series?${query}`);
-  if (answer.series.length === 0) {
+  const mine = answer.series.filter((s) => sameTags(s.tags, sensor.tags));
+  if (mine.length === 0) {
     card.append(el("div", "no numeric measurements to draw", "empty"));
   }
-  answer.series.forEach((s, i) => chart(card, answer, s, i, i === answer.series.length - 1));
+  mine.forEach((s, i) => chart(card, answer, s, i, i === mine.length - 1));
   return card;
 }
 
@@ -100,7 +119,7 @@ async function showSensors() {
   target.replaceChildren(...cards);
   const note = document.getElementById("sensors-note");
   note.textContent = answer.sensors.length === 0 ? "No sensor reported in the last hour." :
-    answer.next ? `The first ${MAX_CARDS} sensors by name; Grafana shows them all.` : "";
+    answer.next ? `The first ${MAX_CARDS} series by name; Grafana shows them all.` : "";
 }
 
 async function showRejects() {
