@@ -182,7 +182,7 @@ async def test_the_time_series_duplicate_lookup_reads_from_the_primary(
         return primary()
 
     monkeypatch.setattr(writer, "_primary", spy)
-    await writer.stored_at(writer.plan([reading("a", T0)]).ops)  # the lookup of a write
+    await writer.stored_at(writer.plan([reading("a", T0)]).lookup)  # the lookup of a write
     assert used == [ReadPreference.PRIMARY]
 
 

@@ -51,6 +51,9 @@ class Plan:
     # the batch: written (or refused) in a later round, once the earlier one is stored
     # (see ingest.writers.instants.merge_series).
     deferred: list[Reading] = field(default_factory=list)
+    # Time-series mode: each sensor's times in the plan, in order (the lookup before the
+    # insert: ingest.writers.timeseries).
+    lookup: list[tuple[str, list[Any]]] = field(default_factory=list)
 
     def readings(self) -> int:
         """How many readings the operations carry."""

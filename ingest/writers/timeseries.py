@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import os
 import time
-from itertools import groupby
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from bson.errors import InvalidDocument
@@ -58,7 +57,6 @@ if TYPE_CHECKING:
 
 
 _BY_SENSOR_AND_TIME = attrgetter("sensor_id", "epoch")
-_FIRST = itemgetter(0)
 _new_object = object.__new__
 
 # Sensors per duplicate lookup: a redelivery burst becomes several small queries.
@@ -102,8 +100,19 @@ def _sorted_names(names: tuple[str, ...]) -> tuple[str, ...] | None:
         return result
 
 
+type Runs = list[tuple[str, list[Any]]]
+
+
 def documents(readings: list[Reading]) -> list[dict[str, Any]]:
-    """:func:`reading_document` for each reading, each with a new ``_id`` first.
+    """:func:`reading_document` for each reading, each with a new ``_id`` first."""
+    return _documents(readings)[0]
+
+
+def _documents(readings: list[Reading]) -> tuple[list[dict[str, Any]], Runs, bool]:
+    """:func:`documents`, with what the lookup before the insert needs, in the same pass.
+
+    ``readings`` are sorted by sensor and time. Also returns each sensor's run of times
+    (BSON dates, in order) and whether two readings of one sensor share a millisecond.
 
     The same documents, built with less work for readings without tags or units: the
     sorted field order is looked up once per field list, one ``meta`` object is shared by
@@ -117,11 +126,24 @@ def documents(readings: list[Reading]) -> list[dict[str, Any]]:
     sorted_names = _SORTED
     docs: list[dict[str, Any]] = []
     append = docs.append
+    runs: Runs = []
+    times: list[Any] = []
+    last_sensor: str | None = None
+    last_ms = -1
+    collided = False
     for oid, date, reading in zip(ids, dates, readings, strict=True):
+        sensor = reading.sensor_id
+        if sensor != last_sensor:
+            times = [date]
+            runs.append((sensor, times))
+            last_sensor = sensor
+        else:
+            collided = collided or date.ms == last_ms
+            times.append(date)
+        last_ms = date.ms
         if reading.tags or reading.units is not None or reading.info is not None:
             append({"_id": oid, **reading_document(reading)})
             continue
-        sensor = reading.sensor_id
         meta = metas.get(sensor)
         if meta is None:
             meta = metas[sensor] = {"sensor_id": sensor}
@@ -141,7 +163,7 @@ def documents(readings: list[Reading]) -> list[dict[str, Any]]:
             for name in order:
                 doc[name] = values[name]
         append(doc)
-    return docs
+    return docs, runs, collided
 
 
 class _IdState:
@@ -208,15 +230,14 @@ class TimeseriesWriter:
     def plan(self, readings: list[Reading]) -> Plan:
         """One document per series and instant, sorted by sensor and time."""
         ordered = sorted(readings, key=_BY_SENSOR_AND_TIME)
-        keys = {(reading.sensor_id, reading.ms) for reading in ordered}
-        if len(keys) == len(ordered):
-            # the common case: no two readings of one sensor at one instant, at C speed
-            # (a reading without ``ms`` counts as its own instant only once per sensor)
-            return Plan(documents(ordered), Singles(ordered))
+        docs, runs, collided = _documents(ordered)
+        if not collided:  # the common case: no two readings of one sensor at one instant
+            return Plan(docs, Singles(ordered), lookup=runs)
         pairs, deferred = merge_series(ordered, _instant)
         ordered = [reading for reading, _ in pairs]
-        return Plan(documents(ordered), [originals for _, originals in pairs],
-                    deferred=deferred)
+        docs, runs, _ = _documents(ordered)
+        return Plan(docs, [originals for _, originals in pairs], deferred=deferred,
+                    lookup=runs)
 
     async def write(self, plan: Plan) -> Outcome:
         """Leave out what is stored at the plan's instants, then one unordered bulk insert.
@@ -260,7 +281,7 @@ class TimeseriesWriter:
         """
         started = time.perf_counter()
         try:
-            stored = await self.stored_at(plan.ops)
+            stored = await self.stored_at(plan.lookup)
         finally:
             self._checked += len(plan.ops)
             self._check_seconds += time.perf_counter() - started
@@ -304,22 +325,17 @@ class TimeseriesWriter:
             part = rest if part is None else merged(part, rest)  # type: ignore[assignment]
         return part, kept
 
-    async def stored_at(self, docs: list[dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, Any]]:
-        """The fields stored at the instants of ``docs``, by (sensor, tags, millisecond).
+    async def stored_at(self, runs: Runs) -> dict[tuple[Any, ...], dict[str, Any]]:
+        """The fields stored at the given times, by (sensor, tags, millisecond).
 
-        One ``find`` per ``LOOKUP_SENSORS`` sensors, each clause a sensor and its times.
-        Raises :class:`WriteError` if a lookup fails.
+        ``runs``: each sensor's times, in order (a plan's ``lookup``). One ``find`` per
+        ``LOOKUP_SENSORS`` sensors, each clause a sensor and its times. Raises
+        :class:`WriteError` if a lookup fails.
         """
-        # The documents come sorted by sensor and time: one run per sensor, its first and
-        # last times its range.
-        sensors = [doc["meta"]["sensor_id"] for doc in docs]
-        dates = [doc["ts"] for doc in docs]
-        clauses: list[dict[str, Any]] = []
-        for sensor, run in groupby(zip(sensors, dates, strict=True), key=_FIRST):
-            times = [date for _, date in run]
-            when = (times[0] if len(times) == 1
-                    else {"$gte": times[0], "$lte": times[-1], "$in": times})
-            clauses.append({"meta.sensor_id": sensor, "ts": when})
+        clauses = [{"meta.sensor_id": sensor,
+                    "ts": times[0] if len(times) == 1
+                    else {"$gte": times[0], "$lte": times[-1], "$in": times}}
+                   for sensor, times in runs]
         found: dict[tuple[Any, ...], dict[str, Any]] = {}
         for start in range(0, len(clauses), LOOKUP_SENSORS):
             query = {"$or": clauses[start:start + LOOKUP_SENSORS]}
