@@ -243,19 +243,22 @@ def ms_of(reading: Reading) -> int:
     return reading.ms if reading.ms is not None else ts_key(reading.ts)
 
 
-def unique_readings(group: list[Reading], plan: Plan) -> list[tuple[Reading, list[Reading]]]:
-    """One series' group, one reading per instant, each with the readings it stands for.
+def unique_readings(group: list[Reading], plan: Plan
+                    ) -> tuple[list[Reading], dict[int, list[Reading]] | None]:
+    """One series' group, one reading per instant; and, if some merged, their sources.
 
     Readings at one instant with other fields merge; one that repeats a field is left
     for a later round, in ``plan.deferred`` (:func:`~ingest.writers.instants.merge_series`).
+    The sources map ``id()`` of each reading returned to the readings it stands for;
+    None when every reading is its own instant (the group itself is returned).
     """
     keys = {reading.ms for reading in group}
     if len(keys) == len(group) and None not in keys:
-        # the common case (every reading decoded, each at its own instant), at C speed
-        return [(reading, [reading]) for reading in group]
+        return group, None  # the common case (each reading its own instant), at C speed
     out, deferred = merge_series(group, ms_of)
     plan.deferred.extend(deferred)
-    return out
+    return [reading for reading, _ in out], {id(reading): originals
+                                             for reading, originals in out}
 
 
 def reading_doc(reading: Reading) -> dict[str, Any]:
@@ -562,11 +565,11 @@ class BucketWriter:
                 ops.append(op)
                 groups.append(group)
                 continue
-            pairs = unique_readings(group, plan)
-            sources = {id(reading): originals for reading, originals in pairs}
-            for chunk, size in chunks([reading for reading, _ in pairs], limit):
+            unique, sources = unique_readings(group, plan)
+            for chunk, size in chunks(unique, limit):
                 ops.append(update_for(sensor_id, tags, start_dt, chunk, limit, size))
-                groups.append([o for reading in chunk for o in sources[id(reading)]])
+                groups.append(chunk if sources is None
+                              else [o for reading in chunk for o in sources[id(reading)]])
         return plan
 
     async def write(self, plan: Plan) -> Outcome:
