@@ -320,9 +320,12 @@ async def _drain(settings: Settings, source: MqttSource, pipeline: Pipeline,
     if drained in done:
         logger.info("in-flight batches written and acknowledged")
     else:
+        lost = pipeline.unwritten_qos0()
+        source.count_lost(lost)
         logger.warning("shutdown timeout or second signal: %d buffered readings not written "
-                       "(their messages are unacknowledged and will be redelivered)",
-                       pipeline.buffered)
+                       "(their QoS 1 messages are unacknowledged and will be redelivered; "
+                       "%d QoS 0 messages among them are lost, counted in "
+                       "ingest_messages_lost_total)", pipeline.buffered, lost)
     for task in (drained, forced):
         task.cancel()
     source.release()

@@ -320,3 +320,75 @@ async def test_a_stop_whose_writes_outlast_the_shutdown_timeout_loses_nothing(
     await eventually(lambda: again.metric("ingest_messages_acked_total") == 6, timeout=60)
     assert again.metric("ingest_messages_received_total") == 6
     assert await stored_values(db, mode, "seq") == list(range(6))
+
+
+def fixed_width(topic_root: str, count: int) -> list[tuple[str, bytes]]:
+    """Messages of one size each (three sensors, ``seq`` 100 and up), whose inbox share
+    (``ingest_inbox_bytes``) tells how many wait there."""
+    ts = int(NOW) - 600
+    return [(f"{topic_root}/s{i % 3}/readings",
+             orjson.dumps({"ts": ts + i, "seq": 100 + i, "temp": 20.5}))
+            for i in range(count)]
+
+
+def inbox_share(message: tuple[str, bytes]) -> int:
+    """A message's estimated bytes in the inbox (ingest.source.INBOX_MESSAGE_BYTES + ...)."""
+    from ingest.source import INBOX_MESSAGE_BYTES  # noqa: PLC0415
+
+    return INBOX_MESSAGE_BYTES + len(message[0]) + len(message[1])
+
+
+async def qos0_waiting_in_the_inbox(proc: Daemon, mongo: Any, publish: Any, mode: str,
+                                    sent: list[tuple[str, bytes]]) -> None:
+    """Publish ``sent`` at QoS 0 while MongoDB refuses the writes (hold the fail point
+    around this): 10 readings fill the pipeline, one waits for room, the rest in the inbox."""
+    await publish(sent, qos=0)
+    waiting = (len(sent) - 11) * inbox_share(sent[0])
+    await eventually(lambda: proc.metric("ingest_messages_received_total") == 10
+                     and proc.metric("ingest_inbox_bytes") == waiting)
+    await eventually(lambda: proc.metric(
+        f'ingest_write_errors_total{{kind="transient",mode="{mode}"}}') >= 1)
+
+
+QOS0_FLAGS = ("--qos", "0", "--batch-size", "5", "--max-buffered-readings", "10")
+
+
+async def test_qos0_messages_read_before_a_reconnect_are_written_after_it(
+        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
+        mongo: Any, publish: Any) -> None:
+    """Fault model: "Connection lost with QoS 0 messages in the inbox". MongoDB refuses
+    the writes, so the pipeline is full and 39 QoS 0 messages wait in the daemon's inbox
+    (one more for room in the pipeline); then the connection drops. The broker does not
+    resend QoS 0: the inbox is the only copy, so its messages are taken first on the next
+    connection and written once MongoDB accepts writes again (before, the 40 were thrown
+    away with the old connection's inbox, uncounted)."""
+    sent = fixed_width(topic_root, 50)
+    with proxied(broker) as proxy:
+        proc = daemon(*QOS0_FLAGS, broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+            await qos0_waiting_in_the_inbox(proc, mongo, publish, mode, sent)
+            proxy.drop()
+            await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 1
+                             and proc.metric("ingest_mqtt_connected") == 1)
+        # After the backoff's next attempt (up to 30 s).
+        await eventually(lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}')
+                         == 50, timeout=90)
+        assert proc.metric("ingest_messages_received_total") == 50
+        assert proc.metric("ingest_messages_lost_total") == 0
+    assert await stored_values(db, mode, "seq") == list(range(100, 150))
+
+
+async def test_a_stop_with_qos0_messages_in_the_inbox_counts_and_logs_them_as_lost(
+        daemon: Callable[..., Daemon], mode: str, topic_root: str, mongo: Any,
+        publish: Any) -> None:
+    """Fault model: "SIGTERM with QoS 0 messages in the inbox". The messages read and never
+    taken, and those taken whose write outlasts --shutdown-timeout, cannot be sent again
+    by the broker: the stop says how many are lost, rather than dropping them silently."""
+    proc = daemon(*QOS0_FLAGS, "--shutdown-timeout", "2")
+    async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+        await qos0_waiting_in_the_inbox(proc, mongo, publish, mode, fixed_width(topic_root, 30))
+        assert proc.metric("ingest_messages_lost_total") == 0
+        assert proc.stop() == 0
+    assert ("stopping with 20 QoS 0 messages read from the broker and not taken by the "
+            "pipeline: they are lost") in proc.logs()
+    assert "10 QoS 0 messages among them are lost" in proc.logs()
