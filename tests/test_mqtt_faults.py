@@ -183,32 +183,52 @@ async def test_a_lost_session_forgets_the_messages_in_flight_and_goes_on(
         volatile.stop()
 
 
-async def test_two_daemons_with_one_client_id_take_the_session_in_turn_and_store_each_reading_once(
-        daemon: Callable[..., Daemon], topic_root: str, db: Any, publish: Any) -> None:
-    """Fault model: "Another client connects with the same client id (session takeover)".
-    Two daemons started with one ``--client-id`` (a second replica without
-    ``--shared-group``): the broker closes the older connection whenever the other
-    connects, each says so in its log and reconnects, taking the session back. Whichever
-    holds the session gets the messages, unacknowledged ones are resent to the next
-    holder, and bucket mode stores each reading once: nothing lost, nothing twice."""
-    first = daemon()
-    second = daemon()  # the same client id: the fixture derives it from the topic
-    await publish(messages(topic_root, 60))
-    for proc in (first, second):  # each has been put out by the other
-        await eventually(lambda proc=proc: proc.metric("ingest_mqtt_reconnects_total") >= 2)
-    assert await stored(db, "bucket") > 0
-    second.stop()  # the first holds the session from now on
-
-    async def all_stored() -> bool:
-        return await stored_values(db, "bucket", "seq") == list(range(60))
-
-    await eventually(all_stored, timeout=60)
-    # Everything was acknowledged: the session holds nothing for a new process.
-    first.stop()
-    third = daemon()
+async def test_a_second_daemon_with_the_client_id_of_a_running_one_refuses_to_start(
+        daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any,
+        publish: Any) -> None:
+    """Fault model: "A second daemon on the same host with the same client id". A daemon
+    runs with two workers (client ids X and X-w1); a second one started with X and one
+    worker would take X's session and take X-w1's as a retired worker's. It refuses to
+    start instead, in one line naming the running daemon and --client-id, before it
+    reaches the broker: the running one keeps its connections (no reconnect) and stores
+    what follows, once. (Before, the second took both sessions, the first's workers
+    reconnected and took them back, in turn.)"""
+    first = daemon("--workers", "2")
+    assert first.process is not None
+    second = daemon(wait_ready=False)
+    assert second.wait(timeout=30) == 1
+    lines = second.logs().strip().splitlines()
+    assert lines[-1].startswith(f"ingest: error: --client-id: another ingest daemon (pid "
+                                f"{first.process.pid}) on this host uses client id "
+                                f"ingest-{topic_root} with the broker at 127.0.0.1:"
+                                f"{broker.port}"), lines
+    assert "taking the messages queued for" not in second.logs()
+    await publish(messages(topic_root, 30))
+    await eventually(lambda: first.metric("ingest_messages_acked_total") == 30)
+    assert first.metric("ingest_mqtt_reconnects_total") == 0
+    assert await stored_values(db, "bucket", "seq") == list(range(30))
+    # Once the first has stopped, its client id is free: the next daemon takes it.
+    assert first.stop() == 0
+    third = daemon("--workers", "2")
     await publish(messages(topic_root, 1, start=100))
-    await eventually(lambda: third.metric("ingest_messages_acked_total") >= 1)
-    assert await stored(db, "bucket") == 61
+    await eventually(lambda: third.metric("ingest_messages_acked_total") == 1)
+    assert await stored(db, "bucket") == 31
+
+
+async def test_a_live_daemons_session_is_not_retired_as_an_earlier_runs_worker(
+        daemon: Callable[..., Daemon], topic_root: str) -> None:
+    """A daemon whose client id is that of another one's worker 1 (``X-w1``) runs; a
+    daemon with client id X and one worker looks for sessions of retired workers: it
+    finds X-w1 in use on this host, leaves it alone (no probe, no drain) and starts."""
+    first = daemon(client_id=f"ingest-{topic_root}-w1")
+    second = daemon()
+    assert second.process is not None
+    assert (f"not looking for retired sessions from ingest-{topic_root}-w1 on: a running "
+            f"daemon (pid {first.process.pid if first.process else 0}) uses it"
+            in second.logs())
+    assert "taking the messages queued for" not in second.logs()
+    assert first.metric("ingest_mqtt_reconnects_total") == 0
+    assert first.metric("ingest_mqtt_connected") == 1
 
 
 async def test_the_brokers_reason_for_closing_the_connection_is_logged_with_what_to_do(
