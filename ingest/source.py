@@ -487,7 +487,7 @@ class MqttSource:
     def _receiver(self, client: aiomqtt.Client) -> _Inbox:
         """Route this connection's messages into a fresh inbox (see paho_hooks)."""
         if self._inbox is not None:
-            self._close(self._inbox)  # the previous connection's: forgotten, as its messages
+            self._close(self._inbox)  # the previous connection's (usually closed already)
         generation = self._generation + 1  # the number _connected() gives this connection
         inbox = self._inbox = _Inbox(self._settings, self._metrics, self._health, generation)
         inbox.seed(self._carried)  # before anything new: the order they were read in
