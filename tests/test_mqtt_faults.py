@@ -5,6 +5,7 @@ Each test names the row of docs/fault-model.md it covers.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from typing import TYPE_CHECKING, Any
@@ -396,6 +397,31 @@ async def test_qos0_messages_read_before_a_reconnect_are_written_after_it(
         assert proc.metric("ingest_messages_received_total") == 50
         assert proc.metric("ingest_messages_lost_total") == 0
     assert await stored_values(db, mode, "seq") == list(range(100, 150))
+
+
+async def test_qos0_messages_behind_a_paused_reader_are_written_after_a_reconnect(
+        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
+        mongo: Any, publish: Any) -> None:
+    """The issue's case: reading paused during a MongoDB outage (the inbox holds 20
+    messages), then the connection drops. The messages in the inbox, and those the broker
+    had already sent into the daemon's socket behind the pause, are the only copies:
+    all 100 are written once MongoDB is back."""
+    sent = fixed_width(topic_root, 100)
+    with proxied(broker) as proxy:
+        proc = daemon(*QOS0_FLAGS, "--max-inflight-messages", "20",
+                      broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+            await publish(sent, qos=0)
+            await eventually(lambda: proc.metric("ingest_mqtt_read_paused") == 1
+                             and proc.metric("ingest_messages_received_total") == 10)
+            await asyncio.sleep(0.5)  # the rest is in the daemon's socket by now
+            proxy.drop()
+            await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 1
+                             and proc.metric("ingest_mqtt_connected") == 1, timeout=30)
+        await eventually(lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}')
+                         == 100, timeout=90)
+        assert proc.metric("ingest_messages_lost_total") == 0
+    assert await stored_values(db, mode, "seq") == list(range(100, 200))
 
 
 async def test_a_stop_with_qos0_messages_in_the_inbox_counts_and_logs_them_as_lost(
