@@ -313,7 +313,7 @@ async def _drain(settings: Settings, source: MqttSource, pipeline: Pipeline,
                  shutdown: Shutdown) -> None:
     """Stop consuming, write and ack what is in flight, then disconnect."""
     source.stop_consuming()
-    drained = asyncio.create_task(pipeline.drain(), name="drain")
+    drained = asyncio.create_task(_hand_over_and_drain(source, pipeline), name="drain")
     forced = asyncio.create_task(shutdown.forced.wait(), name="forced")
     done, _ = await asyncio.wait({drained, forced}, timeout=settings.shutdown_timeout,
                                  return_when=asyncio.FIRST_COMPLETED)
@@ -329,6 +329,12 @@ async def _drain(settings: Settings, source: MqttSource, pipeline: Pipeline,
     for task in (drained, forced):
         task.cancel()
     source.release()
+
+
+async def _hand_over_and_drain(source: MqttSource, pipeline: Pipeline) -> None:
+    """The QoS 0 messages read and not taken yet first (nothing would resend them)."""
+    await source.hand_over(pipeline.submit)
+    await pipeline.drain()
 
 
 def install_signal_handlers(shutdown: Shutdown) -> None:

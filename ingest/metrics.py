@@ -52,8 +52,8 @@ class Metrics:
             namespace=NAMESPACE, registry=r)
         self.messages_lost = Counter(
             "messages_lost", "QoS 0 messages read from the broker and not written because "
-            "the daemon stopped before taking them (the broker does not resend QoS 0; QoS 1 "
-            "messages are left unacknowledged and resent).", namespace=NAMESPACE, registry=r)
+            "the daemon stopped first (the broker does not resend QoS 0; QoS 1 messages are "
+            "left unacknowledged and resent).", namespace=NAMESPACE, registry=r)
         self.redeliveries_adopted = Counter(
             "redeliveries_adopted", "Messages redelivered after a reconnect while their "
             "write was in flight: acknowledged once written, not written again.",

@@ -11,8 +11,9 @@ is bounded in messages (``max_inflight_messages``) and in bytes (a quarter of
 pauses (after the packet being read), so TCP and the broker hold the backlog, QoS 0
 included; it resumes once the inbox is down to half of both bounds. When a connection
 ends, its inbox's QoS 1 messages are left to the broker to resend; its QoS 0 messages,
-which the broker does not resend, are taken first on the next connection (a stop before
-then loses them, counted in ``ingest_messages_lost_total``).
+which the broker does not resend, are taken first on the next connection, or by the
+drain of a stop (:meth:`MqttSource.hand_over`); a stop that cannot write them counts them
+in ``ingest_messages_lost_total``.
 
 A PUBACK cannot be confirmed: one queued just before the connection dies may never reach
 the broker, which then resends the message with DUP on the resumed session. So a written
@@ -220,6 +221,10 @@ class MqttSource:
         # the daemon's only copy (the broker does not resend QoS 0), taken first on the
         # next connection, or counted as lost if the daemon stops first.
         self._carried: list[Inbound] = []
+        # At a stop: the QoS 0 messages read and not taken when taking stopped, for the
+        # pipeline to take before it drains (hand_over); ready once they are known.
+        self._handover: deque[Inbound] = deque()
+        self._handover_ready = asyncio.Event()
         # The first connection resumed a session, which may hold the other form of each
         # filter (see _connected); None until the first CONNACK.
         self._resumed: bool | None = None
@@ -402,6 +407,28 @@ class MqttSource:
         """Let :meth:`run` disconnect and return (after the last ack)."""
         self._stop.set()
         self._release.set()
+        self._lost()  # what hand_over did not give the pipeline
+
+    async def hand_over(self, sink: Callable[[Inbound], Awaitable[bool]]) -> None:
+        """After :meth:`stop_consuming`: give ``sink`` the QoS 0 messages read and not taken.
+
+        The broker does not send them again, so they are taken (and written with the rest
+        of the drain) rather than lost; QoS 1 ones are left to the broker. Waits until the
+        source has stopped taking. What is left when this is cancelled (the shutdown
+        timeout) is counted as lost by :meth:`release`.
+        """
+        await self._handover_ready.wait()
+        handover = self._handover
+        while handover:
+            if not await sink(handover[0]):
+                return
+            handover.popleft()
+
+    def _stopped_taking(self) -> None:
+        """Taking has stopped: the QoS 0 messages carried so far go to :meth:`hand_over`."""
+        self._handover.extend(self._carried)
+        self._carried = []
+        self._handover_ready.set()
 
     async def run(self, sink: Callable[[Inbound], Awaitable[bool]],
                   take_now: TakeNow = _not_now) -> None:
@@ -417,8 +444,11 @@ class MqttSource:
         """
         try:
             await self._run(sink, take_now)
-        finally:
-            self._lost()  # also when cancelled (a stop past its timeout)
+        except BaseException:
+            self._lost()  # cancelled (a stop past its timeout) or failed
+            raise
+        if self._release.is_set():
+            self._lost()  # read during the drain; else the drain has yet to take them
 
     async def _run(self, sink: Callable[[Inbound], Awaitable[bool]], take_now: TakeNow) -> None:
         attempt, connected_once = 0, False
@@ -455,6 +485,7 @@ class MqttSource:
                     await asyncio.wait_for(self._stop.wait(), delay)
             finally:
                 self._disconnected()
+        self._stopped_taking()  # when stopped between connections (else done already)
 
     def count_lost(self, count: int) -> None:
         """Count QoS 0 messages lost elsewhere (taken by the pipeline, never written)."""
@@ -462,7 +493,9 @@ class MqttSource:
 
     def _lost(self) -> None:
         """Count and log the QoS 0 messages read and never taken: stopping loses them."""
-        lost, self._carried = len(self._carried), []
+        lost = len(self._carried) + len(self._handover)
+        self._carried = []
+        self._handover.clear()
         if lost:
             self.count_lost(lost)
             logger.warning("stopping with %d QoS 0 messages read from the broker and not "
@@ -603,6 +636,8 @@ class MqttSource:
             consume.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await consume
+            self._close(inbox)  # what it had read: QoS 1 left to the broker, QoS 0 carried
+            self._stopped_taking()
             logger.info("stopped consuming; waiting for in-flight batches before disconnect")
             await self._release.wait()
         finally:
