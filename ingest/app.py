@@ -344,19 +344,28 @@ async def _drain(settings: Settings, source: MqttSource, pipeline: Pipeline,
                  shutdown: Shutdown) -> None:
     """Stop consuming, write and ack what is in flight, then disconnect."""
     source.stop_consuming()
-    drained = asyncio.create_task(pipeline.drain(), name="drain")
+    drained = asyncio.create_task(_hand_over_and_drain(source, pipeline), name="drain")
     forced = asyncio.create_task(shutdown.forced.wait(), name="forced")
     done, _ = await asyncio.wait({drained, forced}, timeout=settings.shutdown_timeout,
                                  return_when=asyncio.FIRST_COMPLETED)
     if drained in done:
         logger.info("in-flight batches written and acknowledged")
     else:
+        lost = pipeline.unwritten_qos0()
+        source.count_lost(lost)
         logger.warning("shutdown timeout or second signal: %d buffered readings not written "
-                       "(their messages are unacknowledged and will be redelivered)",
-                       pipeline.buffered)
+                       "(their QoS 1 messages are unacknowledged and will be redelivered; "
+                       "%d QoS 0 messages among them are lost, counted in "
+                       "ingest_messages_lost_total)", pipeline.buffered, lost)
     for task in (drained, forced):
         task.cancel()
     source.release()
+
+
+async def _hand_over_and_drain(source: MqttSource, pipeline: Pipeline) -> None:
+    """The QoS 0 messages read and not taken yet first (nothing would resend them)."""
+    await source.hand_over(pipeline.submit)
+    await pipeline.drain()
 
 
 def install_signal_handlers(shutdown: Shutdown) -> None:

@@ -511,14 +511,8 @@ def _execute(command: str, settings: Settings, shard: bool = False) -> int:
             logger.info("collections and indexes ready in %s", settings.db)
         elif command == "migrate":
             uvloop.run(app.migrate(settings))
-        elif settings.workers > 1:
-            from ingest import workers  # noqa: PLC0415 - only several workers need it
-
-            status = workers.supervise(settings)
         else:
-            from ingest.workers import run_one  # noqa: PLC0415 - as app
-
-            uvloop.run(run_one(settings))
+            status = _run_daemon(settings)
     except ConfigError as exc:
         print(f"ingest: error: {exc}", file=sys.stderr)  # noqa: T201
         return 2
@@ -534,3 +528,27 @@ def _execute(command: str, settings: Settings, shard: bool = False) -> int:
     except KeyboardInterrupt:
         return 130
     return status
+
+
+def _run_daemon(settings: Settings) -> int:
+    """``ingest run``: one daemon, or the parent of its workers; the exit status."""
+    import uvloop  # noqa: PLC0415 - as in _execute
+
+    from ingest import owner  # noqa: PLC0415 - as app
+    from ingest.sessions import worker_client_id  # noqa: PLC0415 - as app
+
+    # Every session this daemon uses, for as long as it runs (forked workers inherit the
+    # locks): a second daemon with the same client ids refuses to start.
+    held = owner.claim_all(settings, [worker_client_id(settings.client_id, index)
+                                      for index in range(settings.workers)])
+    try:
+        if settings.workers > 1:
+            from ingest import workers  # noqa: PLC0415 - only several workers need it
+
+            return workers.supervise(settings)
+        from ingest.workers import run_one  # noqa: PLC0415 - as app
+
+        uvloop.run(run_one(settings))
+        return 0
+    finally:
+        owner.release(held)

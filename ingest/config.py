@@ -157,9 +157,7 @@ def parse_mqtt_url(url: str) -> MqttSettings:
     except ValueError:
         # The driver's message may quote the password (an unencoded '/' or '#' in it
         # shifts the parse), so say only what is wrong.
-        raise ConfigError("--mqtt-url: cannot parse the host and port (percent-encode "
-                          "reserved characters such as '/', '#' or '@' in the password)"
-                          ) from None
+        raise ConfigError(_bad_port(url)) from None
     if parts.scheme not in {"mqtt", "mqtts"}:
         raise ConfigError(
             f"--mqtt-url: scheme must be mqtt:// or mqtts://, got {parts.scheme or 'none'!r}"
@@ -179,6 +177,26 @@ def parse_mqtt_url(url: str) -> MqttSettings:
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password is not None else None,
     )
+
+
+def _bad_port(url: str) -> str:
+    """What is wrong with a URL whose port urlsplit cannot read, in one line."""
+    unparsable = ("--mqtt-url: cannot parse the host and port (percent-encode reserved "
+                  "characters such as '/', '#' or '@' in the password)")
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return unparsable
+    host_port = parts.netloc.rpartition("@")[2]
+    # Only a netloc that really ends the authority (no '@' after it, which would make it
+    # part of a password with an unencoded '/', '#' or '?') is quoted.
+    match = re.fullmatch(r"(\[[^\]]*\]|[^:\[\]]*):([^:]*)", host_port)
+    if match and "@" not in url.partition(parts.netloc)[2]:
+        port = match.group(2)
+        if port.isdigit():
+            return f"--mqtt-url: port {port} is out of range: it must be between 1 and 65535"
+        return f"--mqtt-url: port {port!r} is not a number"
+    return unparsable
 
 
 def _redact_url(url: str) -> str:

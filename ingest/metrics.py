@@ -53,6 +53,10 @@ class Metrics:
         self.messages_acked = Counter(
             "messages_acked", "MQTT messages acknowledged after their write.",
             namespace=NAMESPACE, registry=r)
+        self.messages_lost = Counter(
+            "messages_lost", "QoS 0 messages read from the broker and not written because "
+            "the daemon stopped first (the broker does not resend QoS 0; QoS 1 messages are "
+            "left unacknowledged and resent).", namespace=NAMESPACE, registry=r)
         self.redeliveries_adopted = Counter(
             "redeliveries_adopted", "Messages redelivered after a reconnect while their "
             "write was in flight: acknowledged once written, not written again.",
@@ -161,6 +165,16 @@ class Metrics:
         self.info = Gauge(
             "info", "Constant 1, labelled with the daemon's mode.", ["mode", "dry_run"],
             namespace=NAMESPACE, registry=r)
+        self._sparkplug(r)
+        for reason in (*REASONS, *sparkplug.REASONS):
+            self.readings_rejected.labels(reason)
+        for kind in WRITE_ERROR_KINDS:
+            self.write_errors.labels(mode, kind)
+        for outcome in RETAINED_OUTCOMES:
+            self.retained_messages.labels(outcome)
+
+    def _sparkplug(self, r: CollectorRegistry) -> None:
+        """The Sparkplug B metrics, each known label value at 0."""
         self.sparkplug_messages = Counter(
             "sparkplug_messages", "Sparkplug B messages seen, by message type.", ["type"],
             namespace=NAMESPACE, registry=r)
@@ -188,12 +202,6 @@ class Metrics:
             self.sparkplug_skipped.labels(why)
         for outcome in ("found", "missing"):
             self.sparkplug_lookups.labels(outcome)
-        for reason in (*REASONS, *sparkplug.REASONS):
-            self.readings_rejected.labels(reason)
-        for kind in WRITE_ERROR_KINDS:
-            self.write_errors.labels(mode, kind)
-        for outcome in RETAINED_OUTCOMES:
-            self.retained_messages.labels(outcome)
 
     def init_rules(self, names: list[str], ignored: list[str]) -> None:
         """Create every mapping rule's series at 0 (rules are bounded by the configuration)."""

@@ -236,6 +236,7 @@ class _Buffered:
         self._raw_misc = paho.loop_misc
         self._loop = asyncio.get_running_loop()
         self._paused = False
+        self._closing = False  # the peer has closed: read up to its EOF, pause no more
         self._pinged = 0.0  # paho's clock: the last PINGREQ sent while paused
         self._data = b""
         self._pos = 0
@@ -357,7 +358,7 @@ class _Buffered:
     def pause(self) -> None:
         """Take the socket off the event loop; the current burst ends after this packet."""
         sock = self._paho._sock  # noqa: SLF001
-        if self._paused or sock is None:
+        if self._paused or sock is None or self._closing:
             return
         self._paused = True
         self._pinged = 0.0
@@ -412,8 +413,12 @@ class _Buffered:
             return self._raw_misc()  # type: ignore[no-any-return]
         if _peer_closed(paho._sock):  # noqa: SLF001
             # Unread, the broker's FIN (a restart, a takeover) would go unnoticed until
-            # a PINGREQ failed: the connection is over, whatever waits unread in it.
-            return paho._loop_rc_handle(MQTTErrorCode.MQTT_ERR_CONN_LOST)  # type: ignore[no-any-return]  # noqa: SLF001
+            # a PINGREQ failed. What the broker sent before it waits in the socket, QoS 0
+            # messages too, which no one sends again: read it all, past the inbox's
+            # bound (the socket's buffer bounds it); the EOF then ends the connection.
+            self._closing = True
+            self.resume()
+            return MQTTErrorCode.MQTT_ERR_SUCCESS
         keepalive = paho._keepalive  # noqa: SLF001
         now = paho_client.time_func()
         last = max(self._pinged, paho._last_msg_out)  # noqa: SLF001

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pymongo.errors import PyMongoError
@@ -86,6 +87,8 @@ class Pipeline:
         # resolves the future, the acker waits for the futures in dispatch order.
         self._write_queue: asyncio.Queue[tuple[Batch, asyncio.Future[None]]] = asyncio.Queue()
         self._ack_queue: asyncio.Queue[tuple[Batch, asyncio.Future[None]]] = asyncio.Queue()
+        # Every batch dispatched and not yet acknowledged, in order (what a stop leaves).
+        self._dispatched: deque[tuple[Batch, asyncio.Future[None]]] = deque()
         self._opened = asyncio.Event()
         self._space = asyncio.Condition()
         self._buffered = 0
@@ -363,6 +366,13 @@ class Pipeline:
         await self._write_queue.join()
         await self._ack_queue.join()
 
+    def unwritten_qos0(self) -> int:
+        """QoS 0 messages taken and not written yet (a stop now loses them)."""
+        held = [batch for batch, done in self._dispatched if not done.done()]
+        if self._batcher.current is not None:
+            held.append(self._batcher.current)
+        return sum(1 for batch in held for message in batch.messages if not message.qos)
+
     async def run(self) -> None:
         """Run the linger timer, the write workers and the acker until cancelled."""
         async with asyncio.TaskGroup() as group:
@@ -375,6 +385,7 @@ class Pipeline:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._write_queue.put_nowait((batch, done))
         self._ack_queue.put_nowait((batch, done))
+        self._dispatched.append((batch, done))
 
     async def _linger(self) -> None:
         while True:
@@ -421,6 +432,7 @@ class Pipeline:
                 self._metrics.messages_acked.inc(self._acker.ack_all(batch.messages))
             finally:
                 self._ack_queue.task_done()
+                self._dispatched.popleft()
             # The batch (payloads included) is let go only now: until acknowledged, a
             # written batch waits here behind the ones opened before it.
             self._held_bytes -= batch.held_bytes

@@ -20,7 +20,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from prometheus_client.parser import text_string_to_metric_families
 
-from ingest import app, paho_hooks
+from ingest import app, owner, paho_hooks
 from ingest.aggregate import ask, listen
 from ingest.config import MAX_WORKERS
 from ingest.source import SESSION_EXPIRY
@@ -51,23 +51,41 @@ def deadline(settings: Settings) -> float:
 async def retire_sessions(settings: Settings, shutdown: app.Shutdown) -> None:
     """Drain and end the sessions of workers ``settings.workers`` and up, while they exist.
 
-    Worker ids are contiguous, so the first one without a session ends the search. A
-    broker that cannot be reached is left to the daemon's own connection to report.
+    Worker ids are contiguous, so the first one without a session ends the search, as
+    does one that a running daemon on this host uses (ingest/owner.py). A broker that
+    cannot be reached is left to the daemon's own connection to report.
     """
     for index in range(settings.workers, MAX_WORKERS):
         client_id = worker_client_id(settings.client_id, index)
         try:
-            if not await session_exists(settings, client_id):
+            # A session a live process on this host uses is not a retired one: even a
+            # probe would take it over.
+            held = owner.claim(settings, client_id)
+        except owner.SessionInUseError as exc:
+            logger.info("not looking for retired sessions from %s on: a running daemon "
+                        "(pid %s) uses it", client_id, exc.pid or "unknown")
+            return
+        try:
+            if not await _retire(settings, client_id, shutdown):
                 return
-        except (aiomqtt.MqttError, OSError) as exc:
-            logger.debug("not looking for retired sessions: %s", exc)
-            return
-        if shutdown.requested.is_set():
-            return
-        logger.info("taking the messages queued for %s (a worker of an earlier run with "
-                    "more workers), then ending its session", client_id)
-        if not await drain_session(settings, client_id, shutdown):
-            return
+        finally:
+            if held is not None:
+                held.close()
+
+
+async def _retire(settings: Settings, client_id: str, shutdown: app.Shutdown) -> bool:
+    """Drain and end one retired worker's session; False once there is nothing more."""
+    try:
+        if not await session_exists(settings, client_id):
+            return False
+    except (aiomqtt.MqttError, OSError) as exc:
+        logger.debug("not looking for retired sessions: %s", exc)
+        return False
+    if shutdown.requested.is_set():
+        return False
+    logger.info("taking the messages queued for %s (a worker of an earlier run with "
+                "more workers), then ending its session", client_id)
+    return await drain_session(settings, client_id, shutdown)
 
 
 def _client(settings: Settings, client_id: str, clean_start: bool,

@@ -9,7 +9,11 @@ Received messages wait in the connection's inbox until the pipeline takes them. 
 is bounded in messages (``max_inflight_messages``) and in bytes (a quarter of
 ``max_buffered_bytes``, :data:`INBOX_SHARE`): over either bound, reading the socket
 pauses (after the packet being read), so TCP and the broker hold the backlog, QoS 0
-included; it resumes once the inbox is down to half of both bounds.
+included; it resumes once the inbox is down to half of both bounds. When a connection
+ends, its inbox's QoS 1 messages are left to the broker to resend; its QoS 0 messages,
+which the broker does not resend, are taken first on the next connection, or by the
+drain of a stop (:meth:`MqttSource.hand_over`); a stop that cannot write them counts them
+in ``ingest_messages_lost_total``.
 
 A PUBACK cannot be confirmed: one queued just before the connection dies may never reach
 the broker, which then resends the message with DUP on the resumed session. So a written
@@ -126,6 +130,18 @@ class _Inbox:
         """Whether reading from the broker is paused."""
         return bool(self._paused_since)
 
+    def seed(self, messages: list[Inbound]) -> None:
+        """Start with messages read on an earlier connection (taken first, in order).
+
+        They count towards the bounds: the first message read past them pauses reading.
+        """
+        if not messages:
+            return
+        self.messages.extend(messages)
+        self.bytes += sum(INBOX_MESSAGE_BYTES + len(m.payload) + len(m.topic)
+                          for m in messages)
+        self.wake.set()
+
     def close(self) -> list[Inbound]:
         """The connection is gone: a pause ends with it (a new connection reads).
 
@@ -201,6 +217,14 @@ class MqttSource:
         self._received_on = 0
         self._fresh_on = 0  # the last connection a new (not DUP) QoS 1 message came on
         self._reacks: list[Inbound] = []  # DUPs to acknowledge again once connected
+        # QoS 0 messages read on a connection that ended before the pipeline took them:
+        # the daemon's only copy (the broker does not resend QoS 0), taken first on the
+        # next connection, or counted as lost if the daemon stops first.
+        self._carried: list[Inbound] = []
+        # At a stop: the QoS 0 messages read and not taken when taking stopped, for the
+        # pipeline to take before it drains (hand_over); ready once they are known.
+        self._handover: deque[Inbound] = deque()
+        self._handover_ready = asyncio.Event()
         # The first connection resumed a session, which may hold the other form of each
         # filter (see _connected); None until the first CONNACK.
         self._resumed: bool | None = None
@@ -383,6 +407,28 @@ class MqttSource:
         """Let :meth:`run` disconnect and return (after the last ack)."""
         self._stop.set()
         self._release.set()
+        self._lost()  # what hand_over did not give the pipeline
+
+    async def hand_over(self, sink: Callable[[Inbound], Awaitable[bool]]) -> None:
+        """After :meth:`stop_consuming`: give ``sink`` the QoS 0 messages read and not taken.
+
+        The broker does not send them again, so they are taken (and written with the rest
+        of the drain) rather than lost; QoS 1 ones are left to the broker. Waits until the
+        source has stopped taking. What is left when this is cancelled (the shutdown
+        timeout) is counted as lost by :meth:`release`.
+        """
+        await self._handover_ready.wait()
+        handover = self._handover
+        while handover:
+            if not await sink(handover[0]):
+                return
+            handover.popleft()
+
+    def _stopped_taking(self) -> None:
+        """Taking has stopped: the QoS 0 messages carried so far go to :meth:`hand_over`."""
+        self._handover.extend(self._carried)
+        self._carried = []
+        self._handover_ready.set()
 
     async def run(self, sink: Callable[[Inbound], Awaitable[bool]],
                   take_now: TakeNow = _not_now) -> None:
@@ -396,6 +442,15 @@ class MqttSource:
         a certificate that does not verify) stops the daemon with :class:`StartupError`; a
         broker not reachable yet is waited for, and said so at once.
         """
+        try:
+            await self._run(sink, take_now)
+        except BaseException:
+            self._lost()  # cancelled (a stop past its timeout) or failed
+            raise
+        if self._release.is_set():
+            self._lost()  # read during the drain; else the drain has yet to take them
+
+    async def _run(self, sink: Callable[[Inbound], Awaitable[bool]], take_now: TakeNow) -> None:
         attempt, connected_once = 0, False
         self._health.mqtt_started = True
         address = f"{self._settings.mqtt.host}:{self._settings.mqtt.port}"
@@ -430,6 +485,22 @@ class MqttSource:
                     await asyncio.wait_for(self._stop.wait(), delay)
             finally:
                 self._disconnected()
+        self._stopped_taking()  # when stopped between connections (else done already)
+
+    def count_lost(self, count: int) -> None:
+        """Count QoS 0 messages lost elsewhere (taken by the pipeline, never written)."""
+        self._metrics.messages_lost.inc(count)
+
+    def _lost(self) -> None:
+        """Count and log the QoS 0 messages read and never taken: stopping loses them."""
+        lost = len(self._carried) + len(self._handover)
+        self._carried = []
+        self._handover.clear()
+        if lost:
+            self.count_lost(lost)
+            logger.warning("stopping with %d QoS 0 messages read from the broker and not "
+                           "taken by the pipeline: they are lost (the broker does not send "
+                           "QoS 0 again); counted in ingest_messages_lost_total", lost)
 
     def _fatal(self, exc: aiomqtt.MqttError, address: str) -> StartupError | None:
         """A first connection failure no retry can fix, as one line; None otherwise."""
@@ -449,9 +520,11 @@ class MqttSource:
     def _receiver(self, client: aiomqtt.Client) -> _Inbox:
         """Route this connection's messages into a fresh inbox (see paho_hooks)."""
         if self._inbox is not None:
-            self._close(self._inbox)  # the previous connection's: forgotten, as its messages
+            self._close(self._inbox)  # the previous connection's (usually closed already)
         generation = self._generation + 1  # the number _connected() gives this connection
         inbox = self._inbox = _Inbox(self._settings, self._metrics, self._health, generation)
+        inbox.seed(self._carried)  # before anything new: the order they were read in
+        self._carried = []
         new_tuple, now, arrived, put = tuple.__new__, time.time, self._arrived, inbox.put
 
         def deliver(topic: str, payload: bytes, mid: int, qos: int, dup: bool,
@@ -567,6 +640,8 @@ class MqttSource:
             consume.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await consume
+            self._close(inbox)  # what it had read: QoS 1 left to the broker, QoS 0 carried
+            self._stopped_taking()
             logger.info("stopped consuming; waiting for in-flight batches before disconnect")
             await self._release.wait()
         finally:
@@ -579,15 +654,19 @@ class MqttSource:
                 task.cancel()
 
     def _close(self, inbox: _Inbox) -> None:
-        """End a connection's inbox: the messages the pipeline never took are forgotten.
+        """End a connection's inbox: the messages the pipeline never took.
 
         They are left in the inbox, or were cut off while waiting for buffer space
-        (``current``); the broker redelivers them. Called when the connection ends and
-        again (doing nothing more) when the next one begins.
+        (``current``). QoS 1 ones are forgotten: the broker redelivers them. QoS 0 ones
+        are the daemon's only copy: they are carried over to the next connection's inbox.
+        Called when the connection ends and again (doing nothing more) when the next one
+        begins.
         """
         for message in inbox.close():
             if message.qos:
                 self._forget(message)
+            else:
+                self._carried.append(message)
 
     def _forget(self, message: Inbound) -> None:
         """Forget an unacknowledged message the pipeline did not take."""
@@ -605,8 +684,11 @@ class MqttSource:
                 taken = take_now(message)
                 if taken is None:
                     taken = await sink(message)
-                if not taken and message.qos:
-                    self._forget(message)
+                if not taken:
+                    if message.qos:
+                        self._forget(message)
+                    else:  # refused while stopping: counted as lost when run() ends
+                        self._carried.append(message)
                 inbox.current = None
                 count += 1
                 if count % YIELD_EVERY == 0:

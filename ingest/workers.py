@@ -12,6 +12,9 @@ the daemon of ``ingest run --workers 1`` with:
 * shared group: ``--shared-group``, or the client id (characters other than letters,
   digits, ``_`` and ``-`` replaced by ``-``) when it is not given.
 
+The CLI takes this host's lock on every worker's client id before the workers are
+forked (ingest/owner.py); they inherit it, so it is held while any of them runs.
+
 Sessions outlive a change of the worker count, so two things are cleaned up at start
 (also with one worker, where nothing else of this module runs):
 

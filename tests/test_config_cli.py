@@ -269,6 +269,22 @@ def test_bad_mqtt_url(url: str) -> None:
     assert message.startswith("--mqtt-url: ")
 
 
+@pytest.mark.parametrize(("url", "said"), [
+    ("mqtt://localhost:99999", "port 99999 is out of range: it must be between 1 and 65535"),
+    ("mqtt://user:pass@[::1]:65536", "port 65536 is out of range"),
+    ("mqtt://localhost:abc", "port 'abc' is not a number"),
+    # An unencoded '/' in the password: the port urlsplit sees is part of the password,
+    # which is not quoted.
+    ("mqtt://user:99999/x@host", "percent-encode reserved characters"),
+])
+def test_a_bad_port_is_said_as_such_and_a_password_is_never_quoted(url: str, said: str
+                                                                   ) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_mqtt_url(url)
+    assert said in str(info.value)
+    assert "99999/x" not in str(info.value)
+
+
 def test_shared_group_prefixes_every_subscription() -> None:
     s = settings("--shared-group", "g", "--topic", "a/#", "--topic", "b/+/c")
     assert s.subscriptions == ("$share/g/a/#", "$share/g/b/+/c")

@@ -5,7 +5,9 @@ Each test names the row of docs/fault-model.md it covers.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import signal
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -183,32 +185,52 @@ async def test_a_lost_session_forgets_the_messages_in_flight_and_goes_on(
         volatile.stop()
 
 
-async def test_two_daemons_with_one_client_id_take_the_session_in_turn_and_store_each_reading_once(
-        daemon: Callable[..., Daemon], topic_root: str, db: Any, publish: Any) -> None:
-    """Fault model: "Another client connects with the same client id (session takeover)".
-    Two daemons started with one ``--client-id`` (a second replica without
-    ``--shared-group``): the broker closes the older connection whenever the other
-    connects, each says so in its log and reconnects, taking the session back. Whichever
-    holds the session gets the messages, unacknowledged ones are resent to the next
-    holder, and bucket mode stores each reading once: nothing lost, nothing twice."""
-    first = daemon()
-    second = daemon()  # the same client id: the fixture derives it from the topic
-    await publish(messages(topic_root, 60))
-    for proc in (first, second):  # each has been put out by the other
-        await eventually(lambda proc=proc: proc.metric("ingest_mqtt_reconnects_total") >= 2)
-    assert await stored(db, "bucket") > 0
-    second.stop()  # the first holds the session from now on
-
-    async def all_stored() -> bool:
-        return await stored_values(db, "bucket", "seq") == list(range(60))
-
-    await eventually(all_stored, timeout=60)
-    # Everything was acknowledged: the session holds nothing for a new process.
-    first.stop()
-    third = daemon()
+async def test_a_second_daemon_with_the_client_id_of_a_running_one_refuses_to_start(
+        daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any,
+        publish: Any) -> None:
+    """Fault model: "A second daemon on the same host with the same client id". A daemon
+    runs with two workers (client ids X and X-w1); a second one started with X and one
+    worker would take X's session and take X-w1's as a retired worker's. It refuses to
+    start instead, in one line naming the running daemon and --client-id, before it
+    reaches the broker: the running one keeps its connections (no reconnect) and stores
+    what follows, once. (Before, the second took both sessions, the first's workers
+    reconnected and took them back, in turn.)"""
+    first = daemon("--workers", "2")
+    assert first.process is not None
+    second = daemon(wait_ready=False)
+    assert second.wait(timeout=30) == 1
+    lines = second.logs().strip().splitlines()
+    assert lines[-1].startswith(f"ingest: error: --client-id: another ingest daemon (pid "
+                                f"{first.process.pid}) on this host uses client id "
+                                f"ingest-{topic_root} with the broker at 127.0.0.1:"
+                                f"{broker.port}"), lines
+    assert "taking the messages queued for" not in second.logs()
+    await publish(messages(topic_root, 30))
+    await eventually(lambda: first.metric("ingest_messages_acked_total") == 30)
+    assert first.metric("ingest_mqtt_reconnects_total") == 0
+    assert await stored_values(db, "bucket", "seq") == list(range(30))
+    # Once the first has stopped, its client id is free: the next daemon takes it.
+    assert first.stop() == 0
+    third = daemon("--workers", "2")
     await publish(messages(topic_root, 1, start=100))
-    await eventually(lambda: third.metric("ingest_messages_acked_total") >= 1)
-    assert await stored(db, "bucket") == 61
+    await eventually(lambda: third.metric("ingest_messages_acked_total") == 1)
+    assert await stored(db, "bucket") == 31
+
+
+async def test_a_live_daemons_session_is_not_retired_as_an_earlier_runs_worker(
+        daemon: Callable[..., Daemon], topic_root: str) -> None:
+    """A daemon whose client id is that of another one's worker 1 (``X-w1``) runs; a
+    daemon with client id X and one worker looks for sessions of retired workers: it
+    finds X-w1 in use on this host, leaves it alone (no probe, no drain) and starts."""
+    first = daemon(client_id=f"ingest-{topic_root}-w1")
+    second = daemon()
+    assert second.process is not None
+    assert (f"not looking for retired sessions from ingest-{topic_root}-w1 on: a running "
+            f"daemon (pid {first.process.pid if first.process else 0}) uses it"
+            in second.logs())
+    assert "taking the messages queued for" not in second.logs()
+    assert first.metric("ingest_mqtt_reconnects_total") == 0
+    assert first.metric("ingest_mqtt_connected") == 1
 
 
 async def test_the_brokers_reason_for_closing_the_connection_is_logged_with_what_to_do(
@@ -320,3 +342,116 @@ async def test_a_stop_whose_writes_outlast_the_shutdown_timeout_loses_nothing(
     await eventually(lambda: again.metric("ingest_messages_acked_total") == 6, timeout=60)
     assert again.metric("ingest_messages_received_total") == 6
     assert await stored_values(db, mode, "seq") == list(range(6))
+
+
+def fixed_width(topic_root: str, count: int) -> list[tuple[str, bytes]]:
+    """Messages of one size each (three sensors, ``seq`` 100 and up), whose inbox share
+    (``ingest_inbox_bytes``) tells how many wait there."""
+    ts = int(NOW) - 600
+    return [(f"{topic_root}/s{i % 3}/readings",
+             orjson.dumps({"ts": ts + i, "seq": 100 + i, "temp": 20.5}))
+            for i in range(count)]
+
+
+def inbox_share(message: tuple[str, bytes]) -> int:
+    """A message's estimated bytes in the inbox (ingest.source.INBOX_MESSAGE_BYTES + ...)."""
+    from ingest.source import INBOX_MESSAGE_BYTES  # noqa: PLC0415
+
+    return INBOX_MESSAGE_BYTES + len(message[0]) + len(message[1])
+
+
+async def qos0_waiting_in_the_inbox(proc: Daemon, mongo: Any, publish: Any, mode: str,
+                                    sent: list[tuple[str, bytes]]) -> None:
+    """Publish ``sent`` at QoS 0 while MongoDB refuses the writes (hold the fail point
+    around this): 10 readings fill the pipeline, one waits for room, the rest in the inbox."""
+    await publish(sent, qos=0)
+    waiting = (len(sent) - 11) * inbox_share(sent[0])
+    await eventually(lambda: proc.metric("ingest_messages_received_total") == 10
+                     and proc.metric("ingest_inbox_bytes") == waiting)
+    await eventually(lambda: proc.metric(
+        f'ingest_write_errors_total{{kind="transient",mode="{mode}"}}') >= 1)
+
+
+QOS0_FLAGS = ("--qos", "0", "--batch-size", "5", "--max-buffered-readings", "10")
+
+
+async def test_qos0_messages_read_before_a_reconnect_are_written_after_it(
+        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
+        mongo: Any, publish: Any) -> None:
+    """Fault model: "Connection lost with QoS 0 messages in the inbox". MongoDB refuses
+    the writes, so the pipeline is full and 39 QoS 0 messages wait in the daemon's inbox
+    (one more for room in the pipeline); then the connection drops. The broker does not
+    resend QoS 0: the inbox is the only copy, so its messages are taken first on the next
+    connection and written once MongoDB accepts writes again (before, the 40 were thrown
+    away with the old connection's inbox, uncounted)."""
+    sent = fixed_width(topic_root, 50)
+    with proxied(broker) as proxy:
+        proc = daemon(*QOS0_FLAGS, broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+            await qos0_waiting_in_the_inbox(proc, mongo, publish, mode, sent)
+            proxy.drop()
+            await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 1
+                             and proc.metric("ingest_mqtt_connected") == 1)
+        # After the backoff's next attempt (up to 30 s).
+        await eventually(lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}')
+                         == 50, timeout=90)
+        assert proc.metric("ingest_messages_received_total") == 50
+        assert proc.metric("ingest_messages_lost_total") == 0
+    assert await stored_values(db, mode, "seq") == list(range(100, 150))
+
+
+async def test_qos0_messages_behind_a_paused_reader_are_written_after_a_reconnect(
+        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
+        mongo: Any, publish: Any) -> None:
+    """The issue's case: reading paused during a MongoDB outage (the inbox holds 20
+    messages), then the connection drops. The messages in the inbox, and those the broker
+    had already sent into the daemon's socket behind the pause, are the only copies:
+    all 100 are written once MongoDB is back."""
+    sent = fixed_width(topic_root, 100)
+    with proxied(broker) as proxy:
+        proc = daemon(*QOS0_FLAGS, "--max-inflight-messages", "20",
+                      broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+            await publish(sent, qos=0)
+            await eventually(lambda: proc.metric("ingest_mqtt_read_paused") == 1
+                             and proc.metric("ingest_messages_received_total") == 10)
+            await asyncio.sleep(0.5)  # the rest is in the daemon's socket by now
+            proxy.drop()
+            await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 1
+                             and proc.metric("ingest_mqtt_connected") == 1, timeout=30)
+        await eventually(lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}')
+                         == 100, timeout=90)
+        assert proc.metric("ingest_messages_lost_total") == 0
+    assert await stored_values(db, mode, "seq") == list(range(100, 200))
+
+
+async def test_a_stop_writes_the_qos0_messages_waiting_in_the_inbox(
+        daemon: Callable[..., Daemon], mode: str, topic_root: str, db: Any, mongo: Any,
+        publish: Any) -> None:
+    """Fault model: "SIGTERM with QoS 0 messages in the inbox". MongoDB is back but the
+    pipeline has not caught up (19 messages wait in the inbox, one for room) when SIGTERM
+    comes: the drain takes them first, since nothing would send them again, and writes
+    them with the rest; none is lost (before, the 20 were dropped with the inbox)."""
+    proc = daemon(*QOS0_FLAGS, "--shutdown-timeout", "60")
+    async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+        await qos0_waiting_in_the_inbox(proc, mongo, publish, mode, fixed_width(topic_root, 30))
+    proc.signal(signal.SIGTERM)  # as soon as MongoDB accepts writes again
+    assert proc.wait(timeout=90) == 0
+    assert "QoS 0 messages read from the broker and not taken" not in proc.logs()
+    assert await stored_values(db, mode, "seq") == list(range(100, 130))
+
+
+async def test_a_stop_with_qos0_messages_in_the_inbox_counts_and_logs_them_as_lost(
+        daemon: Callable[..., Daemon], mode: str, topic_root: str, mongo: Any,
+        publish: Any) -> None:
+    """Fault model: "SIGTERM with QoS 0 messages in the inbox". The messages read and never
+    taken, and those taken whose write outlasts --shutdown-timeout, cannot be sent again
+    by the broker: the stop says how many are lost, rather than dropping them silently."""
+    proc = daemon(*QOS0_FLAGS, "--shutdown-timeout", "2")
+    async with failpoint(mongo, [WRITE_COMMAND[mode]]):
+        await qos0_waiting_in_the_inbox(proc, mongo, publish, mode, fixed_width(topic_root, 30))
+        assert proc.metric("ingest_messages_lost_total") == 0
+        assert proc.stop() == 0
+    assert ("stopping with 20 QoS 0 messages read from the broker and not taken by the "
+            "pipeline: they are lost") in proc.logs()
+    assert "10 QoS 0 messages among them are lost" in proc.logs()

@@ -546,6 +546,39 @@ async def test_a_connection_the_broker_closes_during_a_pause_is_noticed(
     assert lost.is_set()
 
 
+@pytest.mark.parametrize("close", ["drop", "hang_up"])
+async def test_what_the_broker_sent_before_closing_during_a_pause_is_still_read(
+        broker: Broker, close: str) -> None:
+    """QoS 0 messages that reached the socket while reading was paused are the only copy
+    (the broker does not resend QoS 0): when the peer closes, the reader reads up to its
+    EOF, past the pause, then reports the connection lost. ``drop``: the connection is
+    closed under both sides; ``hang_up``: the broker closes it (after reading an EOF)."""
+    proxy = Proxy("127.0.0.1", broker.port).start()
+    topic = f"t{uuid.uuid4().hex[:10]}/s1/readings"
+    received: list[bytes] = []
+    lost = asyncio.Event()
+    try:
+        client = aiomqtt.Client("127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5,
+                                keepalive=60)
+        reader = paho_hooks.install(client, lambda _t, payload, *_: received.append(payload),
+                                    lambda _: None, lost.set)
+        async with client:
+            await client.subscribe(topic, qos=0)
+            reader.pause()
+            async with aiomqtt.Client("127.0.0.1", broker.port) as publisher:
+                for i in range(5):
+                    await publisher.publish(topic, b"%d" % i, qos=0)
+            await asyncio.sleep(0.5)  # in the paused client's socket by now
+            assert received == []
+            getattr(proxy, close)()
+            await asyncio.wait_for(lost.wait(), 10)
+    except aiomqtt.MqttError:
+        pass  # the disconnect surfaces when the context exits
+    finally:
+        proxy.stop()
+    assert received == [b"0", b"1", b"2", b"3", b"4"]
+
+
 @pytest.mark.parametrize("name", [*paho_hooks.KEEPALIVE_ATTRIBUTES, "_disconnected"])
 async def test_a_missing_keepalive_internal_is_refused(name: str) -> None:
     client = aiomqtt.Client("127.0.0.1")

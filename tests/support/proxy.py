@@ -27,6 +27,8 @@ class Proxy:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._clients: set[asyncio.StreamWriter] = set()
+        self._upstreams: set[asyncio.StreamWriter] = set()
+        self._hung_up: set[asyncio.StreamWriter] = set()
         self._refusals = 0
         self._refuse_code = 0x88
         self.refused = 0
@@ -52,6 +54,20 @@ class Proxy:
     def drop(self) -> None:
         """Close every open connection; bytes held by a cut are thrown away, not sent."""
         asyncio.run_coroutine_threadsafe(self._close_connections(), self._loop).result(5)
+
+    def hang_up(self) -> None:
+        """End every connection from the client's side towards the broker, losing
+        nothing the broker sent: the broker reads an EOF (a client gone without
+        DISCONNECT), stops sending and closes; whatever it sent before is forwarded to
+        the client, then the client's connection is closed. What the client sends
+        meanwhile (PUBACKs) is thrown away, as a connection that died would."""
+        asyncio.run_coroutine_threadsafe(self._hang_up(), self._loop).result(5)
+
+    async def _hang_up(self) -> None:
+        for writer in list(self._upstreams):
+            self._hung_up.add(writer)
+            with contextlib.suppress(OSError, RuntimeError):
+                writer.write_eof()
 
     def hold_after_connect(self, *, hold: bool = True) -> None:
         """While set, new connections forward the client's first packet (CONNECT) and the
@@ -113,12 +129,18 @@ class Proxy:
             writer.close()
             return
         self._clients.add(writer)
+        self._upstreams.add(up_writer)
+        upstream = asyncio.create_task(self._pipe(reader, up_writer, upstream=True))
         try:
-            await asyncio.gather(self._pipe(reader, up_writer, upstream=True),
-                                 self._pipe(up_reader, writer))
+            await self._pipe(up_reader, writer)  # the broker's side ends the connection...
         finally:
+            upstream.cancel()  # ...and with it what the client sends
+            with contextlib.suppress(asyncio.CancelledError):
+                await upstream
             self._tasks.discard(task)
             self._clients.discard(writer)
+            self._upstreams.discard(up_writer)
+            self._hung_up.discard(up_writer)
             for stream in (writer, up_writer):
                 stream.close()
 
@@ -133,6 +155,8 @@ class Proxy:
                 while hold_after_first and chunks and self._hold_after_first:
                     await asyncio.sleep(0.05)
                 chunks += 1
+                if writer in self._hung_up:
+                    continue  # the broker's side is closed: lost, as with a dead connection
                 writer.write(data)
                 await writer.drain()
         while not self._open.is_set():  # a partition holds a close as it holds bytes
