@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import os
 import time
-from operator import attrgetter
+from itertools import groupby, islice
+from operator import attrgetter, eq
 from typing import TYPE_CHECKING, Any
 
 from bson.errors import InvalidDocument
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
 
 
 _BY_SENSOR_AND_TIME = attrgetter("sensor_id", "epoch")
+_SENSOR = attrgetter("sensor_id")
+_DATE_MS = attrgetter("ms")
 _new_object = object.__new__
 
 # Sensors per duplicate lookup: a redelivery burst becomes several small queries.
@@ -126,24 +129,11 @@ def _documents(readings: list[Reading]) -> tuple[list[dict[str, Any]], Runs, boo
     sorted_names = _SORTED
     docs: list[dict[str, Any]] = []
     append = docs.append
-    runs: Runs = []
-    times: list[Any] = []
-    last_sensor: str | None = None
-    last_ms = -1
-    collided = False
     for oid, date, reading in zip(ids, dates, readings, strict=True):
-        sensor = reading.sensor_id
-        if sensor != last_sensor:
-            times = [date]
-            runs.append((sensor, times))
-            last_sensor = sensor
-        else:
-            collided = collided or date.ms == last_ms
-            times.append(date)
-        last_ms = date.ms
         if reading.tags or reading.units is not None or reading.info is not None:
             append({"_id": oid, **reading_document(reading)})
             continue
+        sensor = reading.sensor_id
         meta = metas.get(sensor)
         if meta is None:
             meta = metas[sensor] = {"sensor_id": sensor}
@@ -163,7 +153,29 @@ def _documents(readings: list[Reading]) -> tuple[list[dict[str, Any]], Runs, boo
             for name in order:
                 doc[name] = values[name]
         append(doc)
+    runs, collided = _runs(readings, dates)
     return docs, runs, collided
+
+
+def _runs(readings: list[Reading], dates: list[Any]) -> tuple[Runs, bool]:
+    """Each sensor's run of times, and whether two of one sensor share a millisecond.
+
+    ``readings`` are sorted by sensor and time, so equal instants are neighbours. The
+    work per reading is done by builtins (map, groupby, slices); Python runs once a sensor.
+    """
+    sensors = list(map(_SENSOR, readings))
+    stamps = list(map(_DATE_MS, dates))
+    runs: Runs = []
+    collided = False
+    start = 0
+    for sensor, run in groupby(sensors):
+        end = start + len(list(run))
+        if end - start > 1 and not collided:
+            part = stamps[start:end]
+            collided = any(map(eq, part, islice(part, 1, None)))
+        runs.append((sensor, dates[start:end]))
+        start = end
+    return runs, collided
 
 
 class _IdState:
