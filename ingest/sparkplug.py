@@ -92,7 +92,7 @@ def table_of(doc: dict[str, Any]) -> spb.Table:
     """The alias table a stored BIRTH document holds."""
     table = spb.Table(str(doc["_id"]), doc.get("bd_seq"), doc.get("seq"), None,
                       online=bool(doc.get("online", True)), digest=doc.get("digest"),
-                      node_digest=doc.get("node_digest"))
+                      node_digest=doc.get("node_digest"), closed_by=doc.get("closed_by"))
     for entry in doc.get("metrics", []):
         declared = spb.definition(entry["name"], spb.datatype_id(entry.get("datatype")),
                                   entry.get("units"))
@@ -157,13 +157,18 @@ class BirthStore:
         doc = await self.collection.find_one({"_id": key})
         return None if doc is None else table_of(doc)
 
-    async def close(self, topic: spb.Topic, at: float, held: spb.Table | None) -> None:
+    async def close(self, topic: spb.Topic, at: float, held: spb.Table | None,
+                    refused: tuple[str, int | None] | None = None) -> None:
         """A DEATH: the node and its devices (NDEATH) or the device (DDEATH) go offline.
 
         ``held`` is the table the DEATH ends: only documents of its session are closed.
+        ``refused`` = (reason, payload timestamp or None) for a BIRTH refused whole, which
+        ends its session the same way (an NBIRTH as an NDEATH, a DBIRTH as a DDEATH); its
+        documents say why (``closed_by``); with the BIRTH's timestamp, none born after it
+        is closed.
         """
         when = datetime.fromtimestamp(at, UTC)
-        if topic.type == "NDEATH":
+        if topic.type in ("NDEATH", "NBIRTH"):
             query: dict[str, Any] = {"group": topic.group, "node": topic.node}
             if held is not None and held.node_digest is not None:
                 query["node_digest"] = held.node_digest
@@ -171,10 +176,21 @@ class BirthStore:
             query = {"_id": topic.key}
             if held is not None and held.digest is not None:
                 query["digest"] = held.digest
-        await self._offline(query, when)
+        if refused is None:
+            await self._offline(query, when)
+            return
+        reason, birth_ms = refused
+        if birth_ms is not None and birth_ms < 2**42:
+            query["$or"] = [{"birth_ts": {"$lte": datetime.fromtimestamp(birth_ms / 1000, UTC)}},
+                            {"birth_ts": None}]
+        await self._offline(query, when, spb.refused_birth_detail(topic.type, reason))
 
-    async def _offline(self, query: dict[str, Any], when: datetime) -> None:
-        await self.collection.update_many(query, {"$set": {"online": False, "death_at": when}})
+    async def _offline(self, query: dict[str, Any], when: datetime,
+                       closed_by: str | None = None) -> None:
+        change: dict[str, Any] = {"online": False, "death_at": when}
+        if closed_by is not None:
+            change["closed_by"] = closed_by
+        await self.collection.update_many(query, {"$set": change})
 
 
 class SparkplugFormat:
@@ -201,6 +217,7 @@ class SparkplugFormat:
         """Store a BIRTH or DEATH, or load a missing table; False if given up (closing)."""
         self._quiet = None
         if self.store is None:
+            self._too_large(topic, payload, limits)
             return True
         if generation != self._generation:
             self._reconnected(generation)
@@ -215,8 +232,9 @@ class SparkplugFormat:
             # Missing, or closed by a DEATH: another daemon may have stored a new BIRTH.
             return await self._load(parsed.key, closing)
         decoded = spb.decode_payload(payload, limits)
-        if isinstance(decoded, Parsed):
-            return True  # parse() refuses it the same way
+        if isinstance(decoded, Parsed):  # parse() refuses it the same way
+            return (not parsed.type.endswith("BIRTH")
+                    or await self._refused_birth(parsed, payload, decoded, closing))
         store = self.store
         # DATA and DEATH need their own table (a DEATH to check its bdSeq), a DBIRTH its
         # node's (for the bdSeq it records); an NBIRTH replaces what is there.
@@ -251,6 +269,38 @@ class SparkplugFormat:
         logger.debug("sparkplug: %s of %s stored; its readings stored %s", topic.type,
                      topic.key, "here" if mine[0] else "by another daemon")
         return True
+
+    async def _refused_birth(self, topic: spb.Topic, payload: bytes, refusal: Parsed,
+                             closing: Callable[[], bool]) -> bool:
+        """A BIRTH refused whole ends the session it follows in MongoDB too.
+
+        Otherwise a restarted daemon, or another one that reads the table later, would
+        take the old aliases back for the new session's DATA.
+        """
+        store = self.store
+        assert store is not None
+        loaded = self.state.table(topic.key) is None
+        if loaded and not await self._load(topic.key, closing):
+            return False
+        held = self.state.table(topic.key)
+        # A table read from MongoDB just now may be of a later session (another daemon is
+        # ahead): then only documents born no later than this BIRTH are closed.
+        refused = (refusal.rejections[0].reason,
+                   spb.leading_timestamp(payload) if loaded else None)
+        logger.debug("sparkplug: %s of %s refused (%s): its DATA is rejected as no_birth "
+                     "until a usable BIRTH comes", topic.type, topic.key[:120], refused[0])
+        if not await _retry(lambda: store.close(topic, time.time(), held, refused),
+                            "close the session of a refused BIRTH", closing):
+            return False
+        self.state.refused_birth(topic, refused[0])  # parse() is not called if too large
+        return True
+
+    def _too_large(self, topic: str, payload: bytes, limits: Limits) -> None:
+        """Without a store: a BIRTH too large to reach parse() still ends its session."""
+        parsed = spb.parse_topic(topic)
+        if (parsed is not None and parsed.type.endswith("BIRTH")
+                and len(payload) > limits.max_message_bytes):
+            self.state.refused_birth(parsed, "too_large")
 
     def _reconnected(self, generation: int) -> None:
         """A new MQTT connection: BIRTHs published meanwhile were missed (QoS 0).

@@ -19,6 +19,10 @@ State rules (Sparkplug 3.0, chapters 5 and 6):
   ``unknown_alias``).
 - NDEATH whose bdSeq matches the NBIRTH's closes the node and its devices; a stale one
   (an older connection's will) is counted and changes nothing. DDEATH closes the device.
+- A BIRTH refused whole (``invalid_protobuf``, ``too_large``, ``too_many_readings``) still
+  ends the session it follows (a new NBIRTH begins a new session, usable or not): the
+  node and its devices (NBIRTH) or the device (DBIRTH) are closed as by a DEATH, so their
+  DATA is ``no_birth`` until a usable BIRTH comes, never read with the old aliases.
 - ``seq`` (0-255, one counter per edge node, wrapping to 0) is checked: a gap is counted,
   never a reason to refuse data (a historian stores what arrives).
 - ``is_null``: no value to store, skipped. ``is_transient``: not for historians, skipped.
@@ -183,6 +187,7 @@ class Table:
     sensor: str = ""  # the readings' sensor id, worked out once (see _items)
     digest: str | None = None  # the BIRTH payload's digest (see :func:`digest`)
     node_digest: str | None = None  # the digest of the node's NBIRTH it belongs to
+    closed_by: str | None = None  # why it is offline, when not by a DEATH (DATA's detail)
 
 
 class Counts:
@@ -293,6 +298,8 @@ class SparkplugState:
             return Parsed([], [])  # host state and commands: nothing to store
         decoded = decode_payload(payload, limits)
         if isinstance(decoded, Parsed):
+            if topic.type in ("NBIRTH", "DBIRTH"):
+                self.refused_birth(topic, decoded.rejections[0].reason)
             return decoded
         if topic.type != "NDEATH":
             self._sequence(topic, decoded.seq if decoded.HasField("seq") else None)
@@ -310,7 +317,8 @@ class SparkplugState:
             return parsed
         held = self.table(topic.key)
         if held is None or not held.online:
-            why = "no BIRTH seen" if held is None else "closed by a DEATH"
+            why = ("no BIRTH seen" if held is None
+                   else held.closed_by or "closed by a DEATH")
             return refused("no_birth", f"{topic.type} for {topic.key[:120]!r}: {why} "
                                        "(aliases are not guessed)")
         return _items(topic, decoded, held, self.counts)
@@ -320,6 +328,21 @@ class SparkplugState:
         if topic.type == "NBIRTH":
             self.forget_devices(topic.node_key)
         self.install(table)
+
+    def refused_birth(self, topic: Topic, reason: str) -> None:
+        """A BIRTH refused whole: the session it follows ends, as by a DEATH.
+
+        The table is kept, closed, so that DATA says why it is refused.
+        """
+        if topic.type == "NBIRTH":
+            self.forget_devices(topic.node_key)
+            self.seqs.pop(topic.node_key, None)
+        table = self.tables.get(topic.key)
+        if table is None:
+            table = Table(topic.key, None, None, None)
+            self.install(table)
+        table.online = False
+        table.closed_by = refused_birth_detail(topic.type, reason)
 
     def death_applies(self, topic: Topic, decoded: Any) -> bool:  # noqa: ANN401
         """False for a stale NDEATH: its bdSeq is not the one of the NBIRTH held."""
@@ -342,6 +365,27 @@ class SparkplugState:
         if table is not None:
             table.online = False
         return True
+
+
+def refused_birth_detail(kind: str, reason: str) -> str:
+    """Why DATA is refused after a BIRTH that was refused whole."""
+    return f"its last {kind} was refused ({reason}); waiting for a usable BIRTH"
+
+
+def leading_timestamp(payload: bytes) -> int | None:
+    """The payload's ``timestamp`` if it is the first field (as encoders write it), or None.
+
+    Read without parsing the rest: the payload may be one refused as too large or broken.
+    """
+    if payload[:1] != b"\x08":  # field 1 (timestamp), varint
+        return None
+    value = shift = 0
+    for byte in payload[1:11]:
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value if value < 2**64 else None
+        shift += 7
+    return None
 
 
 def digest(payload: bytes) -> str:
