@@ -81,18 +81,22 @@ def birth_doc(topic: spb.Topic, table: spb.Table, decoded: Any,  # noqa: ANN401
         "_id": topic.key, "group": topic.group, "node": topic.node, "device": topic.device,
         "sensor_id": spb.sensor_id(topic), "type": topic.type, "bd_seq": table.bd_seq,
         "seq": table.seq,
-        "birth_ts": (datetime.fromtimestamp(table.birth_ms / 1000, UTC)
-                     if table.birth_ms is not None and table.birth_ms < 2**42 else None),
+        "birth_ts": _date(table.birth_ms),
         "received_at": datetime.fromtimestamp(received_at, UTC), "online": True,
         "digest": table.digest, "node_digest": table.node_digest, "metrics": metrics,
     }
 
 
-def table_of(doc: dict[str, Any]) -> spb.Table:
-    """The alias table a stored BIRTH document holds."""
-    table = spb.Table(str(doc["_id"]), doc.get("bd_seq"), doc.get("seq"), None,
-                      online=bool(doc.get("online", True)), digest=doc.get("digest"),
-                      node_digest=doc.get("node_digest"), closed_by=doc.get("closed_by"))
+def table_of(doc: dict[str, Any], key: str | None = None) -> spb.Table:
+    """The alias table a stored BIRTH document holds (with the one it replaced)."""
+    table = spb.Table(key or str(doc["_id"]), doc.get("bd_seq"), doc.get("seq"),
+                      _ms(doc.get("birth_ts")), online=bool(doc.get("online", True)),
+                      digest=doc.get("digest"), node_digest=doc.get("node_digest"),
+                      closed_by=doc.get("closed_by"), closed_ms=_ms(doc.get("closed_ts")),
+                      from_store=True)
+    previous = doc.get("previous")
+    if isinstance(previous, dict):
+        table.previous = table_of(previous, table.key)
     for entry in doc.get("metrics", []):
         declared = spb.definition(entry["name"], spb.datatype_id(entry.get("datatype")),
                                   entry.get("units"))
@@ -101,6 +105,21 @@ def table_of(doc: dict[str, Any]) -> spb.Table:
         if alias is not None:
             table.by_alias[int(alias)] = declared
     return table
+
+
+def _ms(value: object) -> int | None:
+    """A stored date as epoch milliseconds (None stays None)."""
+    return round(value.timestamp() * 1000) if isinstance(value, datetime) else None
+
+
+def _date(ms: int | None) -> datetime | None:
+    """Epoch milliseconds as a BSON date (None if absent or beyond its range)."""
+    return datetime.fromtimestamp(ms / 1000, UTC) if ms is not None and 0 <= ms < 2**42 else None
+
+
+# What a document keeps of the session a new BIRTH replaces (``previous``).
+_PREVIOUS = ("digest", "node_digest", "bd_seq", "birth_ts", "online", "closed_by",
+             "closed_ts", "metrics")
 
 
 class BirthStore:
@@ -130,6 +149,11 @@ class BirthStore:
         query: dict[str, Any] = {"_id": doc["_id"], "digest": {"$ne": doc["digest"]}}
         if doc["birth_ts"] is not None:  # never back to an older BIRTH (a slower daemon's)
             query["$or"] = [{"birth_ts": {"$lte": doc["birth_ts"]}}, {"birth_ts": None}]
+            # The session it replaces is kept: DATA of it redelivered after a restart is
+            # still read with its own aliases (see spb._session).
+            old = await self.collection.find_one(query, dict.fromkeys(_PREVIOUS, 1))
+            if old is not None and old.get("birth_ts") is not None:
+                doc["previous"] = {k: old[k] for k in _PREVIOUS if k in old}
         wrote = False
         with contextlib.suppress(DuplicateKeyError):  # stored already, or a newer one is
             done = await self.collection.replace_one(query, doc, upsert=True)
@@ -164,8 +188,8 @@ class BirthStore:
         ``held`` is the table the DEATH ends: only documents of its session are closed.
         ``refused`` = (reason, payload timestamp or None) for a BIRTH refused whole, which
         ends its session the same way (an NBIRTH as an NDEATH, a DBIRTH as a DDEATH); its
-        documents say why (``closed_by``); with the BIRTH's timestamp, none born after it
-        is closed.
+        documents say why (``closed_by``) and when (``closed_ts``, the BIRTH's time); when
+        the table held was read from MongoDB, none born after that BIRTH is closed.
         """
         when = datetime.fromtimestamp(at, UTC)
         if topic.type in ("NDEATH", "NBIRTH"):
@@ -180,16 +204,15 @@ class BirthStore:
             await self._offline(query, when)
             return
         reason, birth_ms = refused
-        if birth_ms is not None and birth_ms < 2**42:
-            query["$or"] = [{"birth_ts": {"$lte": datetime.fromtimestamp(birth_ms / 1000, UTC)}},
-                            {"birth_ts": None}]
-        await self._offline(query, when, spb.refused_birth_detail(topic.type, reason))
+        closed_ts = _date(birth_ms)
+        if closed_ts is not None and (held is None or held.from_store):
+            query["$or"] = [{"birth_ts": {"$lte": closed_ts}}, {"birth_ts": None}]
+        await self._offline(query, when, {"closed_by": spb.refused_birth_detail(
+            topic.type, reason), "closed_ts": closed_ts})
 
     async def _offline(self, query: dict[str, Any], when: datetime,
-                       closed_by: str | None = None) -> None:
-        change: dict[str, Any] = {"online": False, "death_at": when}
-        if closed_by is not None:
-            change["closed_by"] = closed_by
+                       why: dict[str, Any] | None = None) -> None:
+        change: dict[str, Any] = {"online": False, "death_at": when, **(why or {})}
         await self.collection.update_many(query, {"$set": change})
 
 
@@ -283,16 +306,15 @@ class SparkplugFormat:
         if loaded and not await self._load(topic.key, closing):
             return False
         held = self.state.table(topic.key)
-        # A table read from MongoDB just now may be of a later session (another daemon is
-        # ahead): then only documents born no later than this BIRTH are closed.
-        refused = (refusal.rejections[0].reason,
-                   spb.leading_timestamp(payload) if loaded else None)
+        # A table read from MongoDB may be of a later session (another daemon is ahead, or
+        # this BIRTH is redelivered after a restart): see BirthStore.close.
+        refused = (refusal.rejections[0].reason, spb.leading_timestamp(payload))
         logger.debug("sparkplug: %s of %s refused (%s): its DATA is rejected as no_birth "
                      "until a usable BIRTH comes", topic.type, topic.key[:120], refused[0])
         if not await _retry(lambda: store.close(topic, time.time(), held, refused),
                             "close the session of a refused BIRTH", closing):
             return False
-        self.state.refused_birth(topic, refused[0])  # parse() is not called if too large
+        self.state.refused_birth(topic, *refused)  # parse() is not called if too large
         return True
 
     def _too_large(self, topic: str, payload: bytes, limits: Limits) -> None:
@@ -300,7 +322,7 @@ class SparkplugFormat:
         parsed = spb.parse_topic(topic)
         if (parsed is not None and parsed.type.endswith("BIRTH")
                 and len(payload) > limits.max_message_bytes):
-            self.state.refused_birth(parsed, "too_large")
+            self.state.refused_birth(parsed, "too_large", spb.leading_timestamp(payload))
 
     def _reconnected(self, generation: int) -> None:
         """A new MQTT connection: BIRTHs published meanwhile were missed (QoS 0).

@@ -378,8 +378,8 @@ async def test_a_refused_rebirth_ends_the_old_session_also_across_a_restart(
             [Metric("level", 7, t0, enc.INT16, 1)], t0, 1)),
         ndata(2, 21.0),
         (enc.topic(g, "NBIRTH", "E"), refused),
-        ndata(3, 1013.0),  # alias 1 of the refused rebirth: "pressure", not "temp"
-        ddata(4, 2),  # the device belonged to the session that ended
+        ndata(11, 1013.0),  # alias 1 of the refused rebirth: "pressure", not "temp"
+        ddata(12, 2),  # the device belonged to the session that ended
     ])
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 6)
     before = [(node, t0, {"temp": 20.5}), (node, t0 + 2, {"temp": 21.0}),
@@ -392,7 +392,7 @@ async def test_a_refused_rebirth_ends_the_old_session_also_across_a_restart(
     assert proc.stop() == 0
     # A restarted daemon reads the tables from MongoDB: the old session does not come back.
     again = start(daemon, g, *limits)
-    await publish([ndata(5, 1014.0), ddata(6, 3)])
+    await publish([ndata(13, 1014.0), ddata(14, 3)])
     await eventually(lambda: again.metric("ingest_messages_acked_total") == 2)
     assert sorted(await readings(db, mode)) == sorted(before)
     rejects = await db.rejects.find({}, {"reason": 1, "detail": 1}).to_list()

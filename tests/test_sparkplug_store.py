@@ -216,7 +216,7 @@ async def test_a_refused_rebirth_closes_only_the_session_it_ends_for_every_daemo
     assert states == {"G/E": (False, why), "G/E/D": (False, why)}
     # Its DATA is not read with the old aliases, by this daemon or one that starts now.
     for fmt in (fast, SparkplugFormat(store=BirthStore(births))):
-        parsed = await feed(fmt, enc.topic("G", "NDATA", "E"), data(1, 1013.0))
+        parsed = await feed(fmt, enc.topic("G", "NDATA", "E"), data(6, 1013.0))
         assert parsed.items == []
         assert [(r.reason, why in r.detail) for r in parsed.rejections] == [("no_birth", True)]
     await feed(fast, node, rebirth)
@@ -228,7 +228,7 @@ async def test_a_refused_rebirth_closes_only_the_session_it_ends_for_every_daemo
             "invalid_protobuf"]
         assert (await births.find_one({"_id": "G/E"}))["online"] is True
         assert (await feed(step, node, rebirth)).items == []  # the other daemon's to store
-        parsed = await feed(step, enc.topic("G", "NDATA", "E"), data(2, 3.5))
+        parsed = await feed(step, enc.topic("G", "NDATA", "E"), data(10, 3.5))
         assert [i.fields for i in parsed.items] == [{"Pressure": 3.5}]
     doc = await births.find_one({"_id": "G/E"})
     assert (doc["online"], doc.get("closed_by"), doc["metrics"][-1]["name"]) == (
@@ -272,3 +272,39 @@ async def test_a_birth_too_large_to_be_parsed_ends_the_session_without_a_store()
     parsed = await feed(fmt, enc.topic("G", "NDATA", "E"), data(1))
     assert [r.reason for r in parsed.rejections] == ["no_birth"]
     assert "its last NBIRTH was refused (too_large)" in parsed.rejections[0].detail
+
+
+async def test_data_redelivered_after_a_restart_is_read_with_the_session_it_was_sent_in(db):
+    """A restarted daemon gets DATA again that was not yet acknowledged, though BIRTHs after
+    it were stored: it reads each message with the session its timestamp falls in (the
+    stored one, or the one that replaced), never a later one's aliases."""
+    births = db[BIRTHS_COLLECTION]
+    first = SparkplugFormat(store=BirthStore(births))
+    node = enc.topic("G", "NBIRTH", "E")
+
+    def restarted() -> SparkplugFormat:
+        return SparkplugFormat(store=BirthStore(births))
+
+    async def values(fmt: SparkplugFormat, seq: int) -> list[dict[str, object]] | str:
+        parsed = await feed(fmt, enc.topic("G", "NDATA", "E"), data(seq, float(seq)))
+        return [i.fields for i in parsed.items] or parsed.rejections[0].reason
+
+    await feed(first, node, BIRTH)  # alias 1 = Temp/A, at T0
+    await feed(first, node, enc.nbirth([Metric("Moved", 1, T0 + 5, enc.FLOAT, 0.5)],
+                                       bd_seq=8, timestamp=T0 + 5))
+    again = restarted()
+    assert await values(again, 3) == [{"Temp/A": 3.0}]
+    assert await values(again, 6) == [{"Moved": 6.0}]
+    assert await values(restarted(), -1) == "no_birth"  # before any session stored
+    # A refused rebirth at T0 + 8, then a usable one at T0 + 10.
+    await feed(first, node, enc.nbirth([Metric("X", 1, T0 + 8, enc.FLOAT, 0.5)], bd_seq=8,
+                                       timestamp=T0 + 8) + b"\xff")
+    again = restarted()
+    assert await values(again, 7) == [{"Moved": 7.0}]
+    assert await values(again, 9) == "no_birth"
+    await feed(first, node, enc.nbirth([Metric("Last", 1, T0 + 10, enc.FLOAT, 0.5)],
+                                       bd_seq=8, timestamp=T0 + 10))
+    again = restarted()
+    assert [await values(again, seq) for seq in (7, 9, 11)] == [
+        [{"Moved": 7.0}], "no_birth", [{"Last": 11.0}]]
+    assert await values(again, 3) == "no_birth"  # two sessions back: not kept
