@@ -108,8 +108,10 @@ def table_of(doc: dict[str, Any], key: str | None = None) -> spb.Table:
 
 
 def _ms(value: object) -> int | None:
-    """A stored date as epoch milliseconds (None stays None)."""
-    return round(value.timestamp() * 1000) if isinstance(value, datetime) else None
+    """A stored date as epoch milliseconds (None stays None; BSON dates are UTC)."""
+    if not isinstance(value, datetime):
+        return None
+    return round(value.replace(tzinfo=value.tzinfo or UTC).timestamp() * 1000)
 
 
 def _date(ms: int | None) -> datetime | None:
@@ -302,8 +304,7 @@ class SparkplugFormat:
         """
         store = self.store
         assert store is not None
-        loaded = self.state.table(topic.key) is None
-        if loaded and not await self._load(topic.key, closing):
+        if self.state.table(topic.key) is None and not await self._load(topic.key, closing):
             return False
         held = self.state.table(topic.key)
         # A table read from MongoDB may be of a later session (another daemon is ahead, or
