@@ -94,9 +94,10 @@ def table_of(doc: dict[str, Any], key: str | None = None) -> spb.Table:
                       digest=doc.get("digest"), node_digest=doc.get("node_digest"),
                       closed_by=doc.get("closed_by"), closed_ms=_ms(doc.get("closed_ts")),
                       from_store=True)
-    previous = doc.get("previous")
-    if isinstance(previous, dict):
-        table.previous = table_of(previous, table.key)
+    history = doc.get("history")
+    if isinstance(history, list):
+        table.earlier = tuple(table_of(entry, table.key) for entry in history
+                              if isinstance(entry, dict))
     for entry in doc.get("metrics", []):
         declared = spb.definition(entry["name"], spb.datatype_id(entry.get("datatype")),
                                   entry.get("units"))
@@ -119,9 +120,30 @@ def _date(ms: int | None) -> datetime | None:
     return datetime.fromtimestamp(ms / 1000, UTC) if ms is not None and 0 <= ms < 2**42 else None
 
 
-# What a document keeps of the session a new BIRTH replaces (``previous``).
-_PREVIOUS = ("digest", "node_digest", "bd_seq", "birth_ts", "online", "closed_by",
-             "closed_ts", "metrics")
+# What a document keeps of each session a new BIRTH replaces (``history``, newest first).
+_SESSION = ("digest", "node_digest", "bd_seq", "birth_ts", "online", "closed_by",
+            "closed_ts", "metrics")
+# At most this many earlier sessions, and metric entries in all of them (the document
+# must stay far below MongoDB's 16 MiB). A message can be redelivered only while it is one
+# of the broker's Receive Maximum unacknowledged ones, each BIRTH one of them.
+MAX_HISTORY = 8
+MAX_HISTORY_METRICS = 20_000
+
+
+def _history(old: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``history`` of the document replacing ``old``: its session first, then old's."""
+    entries = [{k: old[k] for k in _SESSION if k in old}]
+    earlier = old.get("history")
+    entries.extend(e for e in (earlier if isinstance(earlier, list) else [])
+                   if isinstance(e, dict))
+    kept: list[dict[str, Any]] = []
+    total = 0
+    for entry in entries[:MAX_HISTORY]:
+        total += len(entry.get("metrics") or [])
+        if total > MAX_HISTORY_METRICS:
+            break
+        kept.append(entry)
+    return kept
 
 
 class BirthStore:
@@ -151,11 +173,11 @@ class BirthStore:
         query: dict[str, Any] = {"_id": doc["_id"], "digest": {"$ne": doc["digest"]}}
         if doc["birth_ts"] is not None:  # never back to an older BIRTH (a slower daemon's)
             query["$or"] = [{"birth_ts": {"$lte": doc["birth_ts"]}}, {"birth_ts": None}]
-            # The session it replaces is kept: DATA of it redelivered after a restart is
-            # still read with its own aliases (see spb._session).
-            old = await self.collection.find_one(query, dict.fromkeys(_PREVIOUS, 1))
+            # The sessions it replaces are kept: DATA of them redelivered after a restart
+            # is still read with their own aliases (see spb._session).
+            old = await self.collection.find_one(query, [*_SESSION, "history"])
             if old is not None and old.get("birth_ts") is not None:
-                doc["previous"] = {k: old[k] for k in _PREVIOUS if k in old}
+                doc["history"] = _history(old)
         wrote = False
         with contextlib.suppress(DuplicateKeyError):  # stored already, or a newer one is
             done = await self.collection.replace_one(query, doc, upsert=True)

@@ -277,7 +277,7 @@ async def test_a_birth_too_large_to_be_parsed_ends_the_session_without_a_store()
 async def test_data_redelivered_after_a_restart_is_read_with_the_session_it_was_sent_in(db):
     """A restarted daemon gets DATA again that was not yet acknowledged, though BIRTHs after
     it were stored: it reads each message with the session its timestamp falls in (the
-    stored one, or the one that replaced), never a later one's aliases."""
+    stored one, or one of those it replaced), never a later one's aliases."""
     births = db[BIRTHS_COLLECTION]
     first = SparkplugFormat(store=BirthStore(births))
     node = enc.topic("G", "NBIRTH", "E")
@@ -307,4 +307,15 @@ async def test_data_redelivered_after_a_restart_is_read_with_the_session_it_was_
     again = restarted()
     assert [await values(again, seq) for seq in (7, 9, 11)] == [
         [{"Moved": 7.0}], "no_birth", [{"Last": 11.0}]]
-    assert await values(again, 3) == "no_birth"  # two sessions back: not kept
+    assert await values(again, 3) == [{"Temp/A": 3.0}]  # three sessions back
+    # The history is bounded: eight sessions.
+    for step in range(11, 20):
+        await feed(first, node, enc.nbirth([Metric(f"S{step}", 1, T0 + 10 * step, enc.FLOAT,
+                                                   0.5)], bd_seq=8, timestamp=T0 + 10 * step))
+    again = restarted()
+    assert await values(again, 10 * 12 + 1) == [{"S12": 121.0}]
+    assert await values(again, 10 * 11 + 1) == [{"S11": 111.0}]
+    assert await values(again, 11) == "no_birth"
+    doc = await births.find_one({"_id": "G/E"})
+    assert [h["metrics"][-1]["name"] for h in doc["history"]] == [
+        f"S{step}" for step in range(18, 10, -1)]

@@ -190,7 +190,7 @@ class Table:
     closed_by: str | None = None  # why it is offline, when not by a DEATH (DATA's detail)
     closed_ms: int | None = None  # the timestamp of the refused BIRTH that closed it
     from_store: bool = False  # read from MongoDB, not from a BIRTH seen in order
-    previous: Table | None = None  # from MongoDB: the session this one replaced
+    earlier: tuple[Table, ...] = ()  # from MongoDB: sessions this one replaced, newest first
 
 
 class Counts:
@@ -384,16 +384,16 @@ def _session(held: Table | None, at_ms: int | None) -> Table | str:
 
     In order, a DATA message belongs to the table held (if open). A table read from
     MongoDB may be later than a DATA message redelivered after a restart (stored while the
-    message waited for its acknowledgement): an older message is read with the session
-    that table replaced, if its time falls in it, and never with a later table's aliases.
+    message waited for its acknowledgement): an older message is read with the earlier
+    session its time falls in, and never with a later table's aliases.
     """
     if held is None:
         return "no BIRTH seen"
     if (held.from_store and at_ms is not None and held.birth_ms is not None
             and at_ms < held.birth_ms):
-        earlier = held.previous
-        if (earlier is None or (earlier.birth_ms is not None and at_ms < earlier.birth_ms)
-                or not _open_at(earlier, at_ms)):
+        earlier = next((t for t in held.earlier
+                        if t.birth_ms is not None and t.birth_ms <= at_ms), None)
+        if earlier is None or not _open_at(earlier, at_ms):
             return "older than the BIRTH stored for it, and of no session known"
         return earlier
     if not _open_at(held, at_ms):
