@@ -70,6 +70,7 @@ topic = "{root}/#"
 format = "ingest"
 """
 RECEIVE_MAXIMUM = 40
+READY_SECONDS = 90.0  # a restarted daemon's wait for /readyz
 PER_MESSAGE = 2
 RATE = 24  # readings/s published while the faults run (the emulator is slow)
 WRITE_COMMAND = {"bucket": "update", "timeseries": "insert"}
@@ -100,8 +101,13 @@ class FaultRun:
         # connection, which the daemon rightly takes as a configuration error (exit 1).
         self.proxy.refuse(0)
         extra = () if self.node is None else self.node.daemon_args
-        return self.start("--max-inflight-messages", str(RECEIVE_MAXIMUM), "--batch-size", "20",
-                          *extra, broker_url=f"mqtt://127.0.0.1:{self.proxy.port}")
+        proc = self.start("--max-inflight-messages", str(RECEIVE_MAXIMUM), "--batch-size", "20",
+                          *extra, broker_url=f"mqtt://127.0.0.1:{self.proxy.port}",
+                          wait_ready=False)
+        # Ready once its backlog lets the SUBACK through: with MongoDB refusing or holding
+        # writes, each BIRTH of the backlog waits for its store (docs/sparkplug.md).
+        proc.wait_ready(timeout=READY_SECONDS)
+        return proc
 
     async def maybe_rebirth(self) -> None:
         """Now and then a refused rebirth of the Sparkplug node (:class:`SparkplugNode`).
