@@ -46,8 +46,10 @@ REASONS: tuple[str, ...] = (
 )
 
 # Beyond this a bucket's running sum (stats.<m>.sum, at most ~160,000 readings of a
-# document) could overflow to infinity; no sensor measures anything this large.
+# document) could overflow to infinity; no sensor measures anything this large. The one
+# bound for every path: the default format here, every mapping format in ingest.mapping.
 MAX_MAGNITUDE = 1e300
+BEYOND_MAGNITUDE = "not a finite number within ±1e300"  # the bad_value detail
 NAME_PATTERN = r"[A-Za-z0-9_-]{1,64}"
 # A sensor id is the device's own name, kept exactly: any text a topic level can hold
 # (every Unicode character but the control characters), 1 to 128 characters. Sensor ids
@@ -278,7 +280,7 @@ def _values(item: dict[str, Any]) -> dict[str, Scalar] | tuple[str, str]:
         kind = type(value)
         if kind is float:
             if not -MAX_MAGNITUDE <= value <= MAX_MAGNITUDE:  # also false for NaN
-                return "bad_value", f"{key}: not a finite number within ±1e300"
+                return "bad_value", f"{key}: {BEYOND_MAGNITUDE}"
         elif kind is not int:
             return "bad_value", f"{key}: expected a number, got {type(value).__name__}"
         elif not _INT64_MIN <= value <= _INT64_MAX:

@@ -16,10 +16,18 @@ import re
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, NamedTuple
 
-from ingest.decode import SENSOR_ID_PATTERN, SENSOR_ID_RULE, Arrivals, decode
+from ingest.decode import (
+    BEYOND_MAGNITUDE,
+    MAX_MAGNITUDE,
+    SENSOR_ID_PATTERN,
+    SENSOR_ID_RULE,
+    Arrivals,
+    decode,
+)
 from ingest.errors import ConfigError
 from ingest.formats import MAX_TAG_BYTES, MAX_TAGS, influx, json, senml, value
 from ingest.formats.sparkplug import shared_subscriptions as sparkplug_shared
+from ingest.formats.times import LIMIT as TIME_LIMIT
 from ingest.formats.times import from_seconds, parse
 from ingest.model import Decoded, Reading, Rejection
 from ingest.rules import RESERVED_TAGS, check_unique, load_file, load_preset
@@ -331,8 +339,7 @@ class Mapping:
         else:
             instant = self._instant(item, rule, now)
             if instant is None:
-                rejections.append(Rejection("bad_timestamp", f"time {str(item.ts)[:60]!r} is "
-                                            f"not {rule.time.format} time", index))
+                rejections.append(Rejection("bad_timestamp", _bad_time(item, rule), index))
                 return None
             epoch, ms = instant
         if not window[0] <= epoch <= window[1]:
@@ -413,7 +420,7 @@ class Mapping:
             if not name:
                 continue
             kind = type(raw_value)
-            if kind is bool or (kind is float and math.isfinite(raw_value)) or (  # type: ignore[arg-type]
+            if kind is bool or (kind is float and -MAX_MAGNITUDE <= raw_value <= MAX_MAGNITUDE) or (  # type: ignore[operator]
                     kind is int and _INT64_MIN <= raw_value <= _INT64_MAX):  # type: ignore[operator]
                 stored: object = raw_value  # the common case, without a call
             else:
@@ -439,6 +446,14 @@ def _at(rejection: Rejection, index: int | None) -> Rejection:
     if index is None or rejection.index == index:
         return rejection
     return Rejection(rejection.reason, rejection.detail, index)
+
+
+def _bad_time(item: Item, rule: Rule) -> str:
+    """The detail of a time that gives no instant."""
+    if item.epoch is not None:  # SenML: bt + t, in seconds
+        return (f"SenML time (bt + t) {item.epoch:.6g} s is beyond ±{TIME_LIMIT:,} s of "
+                "the epoch (SenML times are seconds; bt in milliseconds?)")
+    return f"time {str(item.ts)[:60]!r} is not {rule.time.format} time"
 
 
 def _sensor(text: str) -> str | Rejection:
@@ -467,14 +482,12 @@ def _resolve_name(rule: Rule, raw: str) -> str | Rejection:
 def _value(rule: Rule, name: str, value: object) -> object:
     """The value to store, ``_DROP_VALUE``, or a field-level Rejection."""
     kind = type(value)
-    if kind is float:
-        if math.isfinite(value):  # type: ignore[arg-type]
-            return value
-        return Rejection("bad_value", f"{name}: not a finite number")
+    if kind is float or kind is int:
+        if not -MAX_MAGNITUDE <= value <= MAX_MAGNITUDE:  # type: ignore[operator]  # and NaN
+            return Rejection("bad_value", f"{name}: {BEYOND_MAGNITUDE}")
+        return value if kind is float or _INT64_MIN <= value <= _INT64_MAX else float(value)  # type: ignore[operator,arg-type]
     if kind is bool:
         return value
-    if kind is int:
-        return value if _INT64_MIN <= value <= _INT64_MAX else float(value)  # type: ignore[operator,arg-type]
     if kind is str:
         mapped = rule.values.get(value, _DROP_VALUE) if rule.values else _DROP_VALUE  # type: ignore[call-overload]
         if mapped is not _DROP_VALUE:

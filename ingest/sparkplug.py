@@ -81,18 +81,23 @@ def birth_doc(topic: spb.Topic, table: spb.Table, decoded: Any,  # noqa: ANN401
         "_id": topic.key, "group": topic.group, "node": topic.node, "device": topic.device,
         "sensor_id": spb.sensor_id(topic), "type": topic.type, "bd_seq": table.bd_seq,
         "seq": table.seq,
-        "birth_ts": (datetime.fromtimestamp(table.birth_ms / 1000, UTC)
-                     if table.birth_ms is not None and table.birth_ms < 2**42 else None),
+        "birth_ts": _date(table.birth_ms),
         "received_at": datetime.fromtimestamp(received_at, UTC), "online": True,
         "digest": table.digest, "node_digest": table.node_digest, "metrics": metrics,
     }
 
 
-def table_of(doc: dict[str, Any]) -> spb.Table:
-    """The alias table a stored BIRTH document holds."""
-    table = spb.Table(str(doc["_id"]), doc.get("bd_seq"), doc.get("seq"), None,
-                      online=bool(doc.get("online", True)), digest=doc.get("digest"),
-                      node_digest=doc.get("node_digest"))
+def table_of(doc: dict[str, Any], key: str | None = None) -> spb.Table:
+    """The alias table a stored BIRTH document holds (with the one it replaced)."""
+    table = spb.Table(key or str(doc["_id"]), doc.get("bd_seq"), doc.get("seq"),
+                      _ms(doc.get("birth_ts")), online=bool(doc.get("online", True)),
+                      digest=doc.get("digest"), node_digest=doc.get("node_digest"),
+                      closed_by=doc.get("closed_by"), closed_ms=_ms(doc.get("closed_ts")),
+                      from_store=True)
+    history = doc.get("history")
+    if isinstance(history, list):
+        table.earlier = tuple(table_of(entry, table.key) for entry in history
+                              if isinstance(entry, dict))
     for entry in doc.get("metrics", []):
         declared = spb.definition(entry["name"], spb.datatype_id(entry.get("datatype")),
                                   entry.get("units"))
@@ -101,6 +106,44 @@ def table_of(doc: dict[str, Any]) -> spb.Table:
         if alias is not None:
             table.by_alias[int(alias)] = declared
     return table
+
+
+def _ms(value: object) -> int | None:
+    """A stored date as epoch milliseconds (None stays None; BSON dates are UTC)."""
+    if not isinstance(value, datetime):
+        return None
+    return round(value.replace(tzinfo=value.tzinfo or UTC).timestamp() * 1000)
+
+
+def _date(ms: int | None) -> datetime | None:
+    """Epoch milliseconds as a BSON date (None if absent or beyond its range)."""
+    return datetime.fromtimestamp(ms / 1000, UTC) if ms is not None and 0 <= ms < 2**42 else None
+
+
+# What a document keeps of each session a new BIRTH replaces (``history``, newest first).
+_SESSION = ("digest", "node_digest", "bd_seq", "birth_ts", "online", "closed_by",
+            "closed_ts", "metrics")
+# At most this many earlier sessions, and metric entries in all of them (the document
+# must stay far below MongoDB's 16 MiB). A message can be redelivered only while it is one
+# of the broker's Receive Maximum unacknowledged ones, each BIRTH one of them.
+MAX_HISTORY = 8
+MAX_HISTORY_METRICS = 20_000
+
+
+def _history(old: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``history`` of the document replacing ``old``: its session first, then old's."""
+    entries = [{k: old[k] for k in _SESSION if k in old}]
+    earlier = old.get("history")
+    entries.extend(e for e in (earlier if isinstance(earlier, list) else [])
+                   if isinstance(e, dict))
+    kept: list[dict[str, Any]] = []
+    total = 0
+    for entry in entries[:MAX_HISTORY]:
+        total += len(entry.get("metrics") or [])
+        if total > MAX_HISTORY_METRICS:
+            break
+        kept.append(entry)
+    return kept
 
 
 class BirthStore:
@@ -130,6 +173,11 @@ class BirthStore:
         query: dict[str, Any] = {"_id": doc["_id"], "digest": {"$ne": doc["digest"]}}
         if doc["birth_ts"] is not None:  # never back to an older BIRTH (a slower daemon's)
             query["$or"] = [{"birth_ts": {"$lte": doc["birth_ts"]}}, {"birth_ts": None}]
+            # The sessions it replaces are kept: DATA of them redelivered after a restart
+            # is still read with their own aliases (see spb._session).
+            old = await self.collection.find_one(query, [*_SESSION, "history"])
+            if old is not None and old.get("birth_ts") is not None:
+                doc["history"] = _history(old)
         wrote = False
         with contextlib.suppress(DuplicateKeyError):  # stored already, or a newer one is
             done = await self.collection.replace_one(query, doc, upsert=True)
@@ -157,13 +205,18 @@ class BirthStore:
         doc = await self.collection.find_one({"_id": key})
         return None if doc is None else table_of(doc)
 
-    async def close(self, topic: spb.Topic, at: float, held: spb.Table | None) -> None:
+    async def close(self, topic: spb.Topic, at: float, held: spb.Table | None,
+                    refused: tuple[str, int | None] | None = None) -> None:
         """A DEATH: the node and its devices (NDEATH) or the device (DDEATH) go offline.
 
         ``held`` is the table the DEATH ends: only documents of its session are closed.
+        ``refused`` = (reason, payload timestamp or None) for a BIRTH refused whole, which
+        ends its session the same way (an NBIRTH as an NDEATH, a DBIRTH as a DDEATH); its
+        documents say why (``closed_by``) and when (``closed_ts``, the BIRTH's time); when
+        the table held was read from MongoDB, none born after that BIRTH is closed.
         """
         when = datetime.fromtimestamp(at, UTC)
-        if topic.type == "NDEATH":
+        if topic.type in ("NDEATH", "NBIRTH"):
             query: dict[str, Any] = {"group": topic.group, "node": topic.node}
             if held is not None and held.node_digest is not None:
                 query["node_digest"] = held.node_digest
@@ -171,10 +224,20 @@ class BirthStore:
             query = {"_id": topic.key}
             if held is not None and held.digest is not None:
                 query["digest"] = held.digest
-        await self._offline(query, when)
+        if refused is None:
+            await self._offline(query, when)
+            return
+        reason, birth_ms = refused
+        closed_ts = _date(birth_ms)
+        if closed_ts is not None and (held is None or held.from_store):
+            query["$or"] = [{"birth_ts": {"$lte": closed_ts}}, {"birth_ts": None}]
+        await self._offline(query, when, {"closed_by": spb.refused_birth_detail(
+            topic.type, reason), "closed_ts": closed_ts})
 
-    async def _offline(self, query: dict[str, Any], when: datetime) -> None:
-        await self.collection.update_many(query, {"$set": {"online": False, "death_at": when}})
+    async def _offline(self, query: dict[str, Any], when: datetime,
+                       why: dict[str, Any] | None = None) -> None:
+        change: dict[str, Any] = {"online": False, "death_at": when, **(why or {})}
+        await self.collection.update_many(query, {"$set": change})
 
 
 class SparkplugFormat:
@@ -201,6 +264,7 @@ class SparkplugFormat:
         """Store a BIRTH or DEATH, or load a missing table; False if given up (closing)."""
         self._quiet = None
         if self.store is None:
+            self._too_large(topic, payload, limits)
             return True
         if generation != self._generation:
             self._reconnected(generation)
@@ -215,8 +279,9 @@ class SparkplugFormat:
             # Missing, or closed by a DEATH: another daemon may have stored a new BIRTH.
             return await self._load(parsed.key, closing)
         decoded = spb.decode_payload(payload, limits)
-        if isinstance(decoded, Parsed):
-            return True  # parse() refuses it the same way
+        if isinstance(decoded, Parsed):  # parse() refuses it the same way
+            return (not parsed.type.endswith("BIRTH")
+                    or await self._refused_birth(parsed, payload, decoded, closing))
         store = self.store
         # DATA and DEATH need their own table (a DEATH to check its bdSeq), a DBIRTH its
         # node's (for the bdSeq it records); an NBIRTH replaces what is there.
@@ -251,6 +316,36 @@ class SparkplugFormat:
         logger.debug("sparkplug: %s of %s stored; its readings stored %s", topic.type,
                      topic.key, "here" if mine[0] else "by another daemon")
         return True
+
+    async def _refused_birth(self, topic: spb.Topic, payload: bytes, refusal: Parsed,
+                             closing: Callable[[], bool]) -> bool:
+        """A BIRTH refused whole ends the session it follows in MongoDB too.
+
+        Otherwise a restarted daemon, or another one that reads the table later, would
+        take the old aliases back for the new session's DATA.
+        """
+        store = self.store
+        assert store is not None
+        if self.state.table(topic.key) is None and not await self._load(topic.key, closing):
+            return False
+        held = self.state.table(topic.key)
+        # A table read from MongoDB may be of a later session (another daemon is ahead, or
+        # this BIRTH is redelivered after a restart): see BirthStore.close.
+        refused = (refusal.rejections[0].reason, spb.leading_timestamp(payload))
+        logger.debug("sparkplug: %s of %s refused (%s): its DATA is rejected as no_birth "
+                     "until a usable BIRTH comes", topic.type, topic.key[:120], refused[0])
+        if not await _retry(lambda: store.close(topic, time.time(), held, refused),
+                            "close the session of a refused BIRTH", closing):
+            return False
+        self.state.refused_birth(topic, *refused)  # parse() is not called if too large
+        return True
+
+    def _too_large(self, topic: str, payload: bytes, limits: Limits) -> None:
+        """Without a store: a BIRTH too large to reach parse() still ends its session."""
+        parsed = spb.parse_topic(topic)
+        if (parsed is not None and parsed.type.endswith("BIRTH")
+                and len(payload) > limits.max_message_bytes):
+            self.state.refused_birth(parsed, "too_large", spb.leading_timestamp(payload))
 
     def _reconnected(self, generation: int) -> None:
         """A new MQTT connection: BIRTHs published meanwhile were missed (QoS 0).

@@ -26,6 +26,14 @@ restart. What is left (partitions that heal, reconnects the broker ends, write o
 that pause reading and fill the daemon's inbox, a twin) must then lose nothing at all:
 missing, duplicated and wrong are 0 in both modes.
 
+Beside the fleet, a Sparkplug B edge node of the test's own goes through refused rebirths
+(``rebirth``, drawn from a random stream of its own, so a seed's other faults are the same
+with or without it): DATA, then an NBIRTH the daemon refuses whole (too many metrics, too
+large or broken) that moves alias 1 to another metric, DATA that must be refused
+(``no_birth``, never stored under the old alias), a usable NBIRTH and DATA stored under
+its new name. With it, the fleet goes through a rule of its own that makes its topic's
+last level a tag: every reading of the run is of a tagged series (a sensor and its tags).
+
 Seeded and reproducible in its choices (the moments depend on the machine): the seed is
 printed. ``INGEST_FAULT_SEED=n`` replays one, ``INGEST_FAULT_SECONDS=s`` runs longer (the
 default keeps the run in the normal suite short), ``INGEST_FAULT_KINDS=drop,refuse``
@@ -46,9 +54,12 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+import aiomqtt
 import pytest
 
-from tests.support.mongo import failpoint
+from loadgen import sparkplug as enc
+from loadgen.sparkplug import Metric
+from tests.support.mongo import COLLECTION, failpoint
 from tests.support.procs import ROOT, Broker, eventually
 from tests.support.proxy import Proxy
 
@@ -64,8 +75,21 @@ SECONDS = float(os.environ.get("INGEST_FAULT_SECONDS", "10"))
 FAULTS = ["partition", "drop", "hangup", "refuse", "kill", "term", "twin", "writes", "slow",
           "broker"]
 QOS0_FAULTS = ["partition", "hangup", "twin", "writes", "slow"]  # see the docstring
-KINDS = os.environ.get("INGEST_FAULT_KINDS", ",".join(FAULTS)).split(",")
+KINDS = os.environ.get("INGEST_FAULT_KINDS", ",".join([*FAULTS, "rebirth"])).split(",")
+REBIRTH_CHANCE = 0.25  # after each fault, of a refused rebirth (at least one per run)
+# The daemon's limits with the Sparkplug node: above any loadgen message, below a refused
+# rebirth.
+SPARKPLUG_LIMITS = ("--max-readings-per-message", "50", "--max-message-bytes", "65536")
+# The fleet through a rule of its own beside the node's preset; its topic's last level
+# ("readings") becomes a tag, so every reading of the fleet is of a tagged series.
+FLEET_RULE = """
+[[rule]]
+name = "fleet"
+topic = "{root}/{{sensor_id}}/{{stream}}"
+format = "ingest"
+"""
 RECEIVE_MAXIMUM = 40
+READY_SECONDS = 90.0  # a restarted daemon's wait for /readyz
 PER_MESSAGE = 2
 RATE = 24  # readings/s published while the faults run (the emulator is slow)
 WRITE_COMMAND = {"bucket": "update", "timeseries": "insert"}
@@ -83,15 +107,18 @@ class FaultRun:
     """The daemon behind a proxy, restarted as the faults require; a log of what was done."""
 
     def __init__(self, start: Callable[..., Daemon], proxy: Proxy, broker: Broker,
-                 mongo: Any, mode: str, rng: random.Random, qos: int) -> None:
+                 mongo: Any, mode: str, rng: random.Random, qos: int,
+                 node: SparkplugNode | None = None) -> None:
         self.start, self.proxy, self.broker = start, proxy, broker
         self.mongo, self.mode, self.rng, self.qos = mongo, mode, rng, qos
+        self.node = node
         self.flags = ["--max-inflight-messages", str(RECEIVE_MAXIMUM), "--batch-size", "20"]
         if qos == 0:
             # A small pipeline: write outages fill it, so messages wait in the inbox when
             # the broker ends the connection (what a reconnect must not lose at QoS 0).
             self.flags += ["--max-buffered-readings", "40"]
-        self.kinds = [k for k in KINDS if qos or k in QOS0_FAULTS] or ["partition"]
+        self.kinds = [k for k in KINDS if k in FAULTS and (qos or k in QOS0_FAULTS)
+                      ] or ["partition"]
         self.done: Counter[str] = Counter()
         self.proc = self._daemon()
         self.counted: Counter[str] = Counter()
@@ -100,8 +127,28 @@ class FaultRun:
         # A refusal still pending from a "refuse" fault would meet the new process's first
         # connection, which the daemon rightly takes as a configuration error (exit 1).
         self.proxy.refuse(0)
-        return self.start(*self.flags, broker_url=f"mqtt://127.0.0.1:{self.proxy.port}",
-                          wait_ready=wait_ready)
+        extra = () if self.node is None else self.node.daemon_args
+        proc = self.start(*self.flags, *extra, broker_url=f"mqtt://127.0.0.1:{self.proxy.port}",
+                          wait_ready=False)
+        if wait_ready:
+            # Ready once its backlog lets the SUBACK through: with MongoDB refusing or
+            # holding writes, each BIRTH of the backlog waits for its store
+            # (docs/sparkplug.md).
+            proc.wait_ready(timeout=READY_SECONDS)
+        return proc
+
+    async def maybe_rebirth(self) -> None:
+        """Now and then a refused rebirth of the Sparkplug node (:class:`SparkplugNode`).
+
+        Drawn from the node's random stream; the first time always.
+        """
+        node = self.node
+        if node is not None and (not self.done["rebirth"]
+                                 or node.rng.random() < REBIRTH_CHANCE):
+            if not self.done["rebirth"]:
+                await node.birth()
+            self.done["rebirth"] += 1
+            await node.refused_rebirth()
 
     def pause(self, low: float = 0.2, high: float = 1.5) -> None:
         time.sleep(self.rng.uniform(low, high))
@@ -180,6 +227,133 @@ class FaultRun:
             self.counted[name] += metrics.get(name.format(mode=self.mode), 0.0)
 
 
+class SparkplugNode:
+    """An edge node publishing to the broker directly (QoS 1, like the fleet), and the
+    readings the daemon must store from it: exactly these, under these names."""
+
+    def __init__(self, broker: Broker, group: str, mapping: Path, rng: random.Random) -> None:
+        self.broker, self.group, self.rng = broker, group, rng
+        self.sensor = f"{group}/E"
+        self.daemon_args = ("--mapping", str(mapping), "--preset", "sparkplug",
+                            "--topic", f"spBv1.0/{group}/#", *SPARKPLUG_LIMITS)
+        self.t0 = int(time.time() * 1000) - 3_600_000
+        self.step = 0
+        self.name = "temp"
+        self.expected: dict[int, dict[str, float]] = {}  # ts ms -> values
+        self.refused: list[int] = []  # ts of DATA that must not be stored
+        self.reasons: Counter[str] = Counter()
+
+    def _next(self) -> int:
+        self.step += 1
+        return self.t0 + self.step
+
+    def _birth(self, name: str, at: int) -> bytes:
+        return enc.nbirth([Metric(name, 1, at, enc.DOUBLE, is_null=True)], bd_seq=0,
+                          timestamp=at)
+
+    def _data(self, at: int) -> bytes:
+        return enc.payload([Metric(alias=1, timestamp=at, datatype=enc.DOUBLE,
+                                   value=float(at - self.t0))], at, (at - self.t0) % 256)
+
+    async def _send(self, messages: list[tuple[str, bytes]]) -> None:
+        async with aiomqtt.Client("127.0.0.1", self.broker.port,
+                                  identifier=f"edge-{self.group}") as client:
+            for topic, payload in messages:
+                await client.publish(topic, payload, qos=1)
+
+    async def birth(self) -> None:
+        """The node's first NBIRTH."""
+        await self._send([(enc.topic(self.group, "NBIRTH", "E"),
+                           self._birth(self.name, self._next()))])
+
+    async def refused_rebirth(self) -> None:
+        """DATA; a refused NBIRTH moving alias 1; DATA to refuse; a usable NBIRTH; DATA."""
+        other = "pressure" if self.name == "temp" else "temp"
+        reason = self.rng.choice(["too_many_readings", "too_large", "invalid_protobuf"])
+        self.reasons[reason] += 1
+        before, at = self._next(), self._next()
+        refused = {
+            "too_many_readings": enc.nbirth(
+                [Metric(other, 1, at, enc.DOUBLE, is_null=True)]
+                + [Metric(f"x{i}", 2 + i, at, enc.DOUBLE, is_null=True) for i in range(60)],
+                bd_seq=0, timestamp=at),
+            "too_large": enc.nbirth(
+                [Metric(other, 1, at, enc.DOUBLE, is_null=True),
+                 Metric("note", 2, at, enc.STRING, "x" * 70_000)], bd_seq=0, timestamp=at),
+            "invalid_protobuf": enc.nbirth([Metric(other, 1, at, enc.DOUBLE, is_null=True)],
+                                           bd_seq=0, timestamp=at) + b"\xff",
+        }[reason]
+        during, reborn, after = (self._next() for _ in range(3))
+        node = enc.topic(self.group, "NBIRTH", "E"), enc.topic(self.group, "NDATA", "E")
+        await self._send([(node[1], self._data(before)), (node[0], refused),
+                          (node[1], self._data(during)),
+                          (node[0], self._birth(other, reborn)), (node[1], self._data(after))])
+        self.expected[before] = {self.name: float(before - self.t0)}
+        self.refused.append(during)
+        self.expected[after] = {other: float(after - self.t0)}
+        self.name = other
+
+    async def stored(self, db: Any, mode: str) -> list[tuple[int, dict[str, Any]]]:
+        """(ts ms, values) of every reading stored for the node."""
+        coll = db[COLLECTION[mode]]
+        out: list[tuple[int, dict[str, Any]]] = []
+        if mode == "bucket":
+            async for doc in coll.find({"sensor_id": self.sensor}):
+                out.extend((_ms(r["ts"]), {k: v for k, v in r.items() if k != "ts"})
+                           for r in doc["readings"])
+        else:
+            out.extend([(_ms(doc["ts"]), {k: v for k, v in doc.items()
+                                          if k not in ("_id", "ts", "meta")})
+                        async for doc in coll.find({"meta.sensor_id": self.sensor})])
+        return sorted(out, key=lambda r: r[0])
+
+    def check(self, stored: list[tuple[int, dict[str, Any]]]) -> dict[str, int]:
+        """Missing, duplicated and wrong readings of the node (as ``loadgen verify``)."""
+        seen = Counter(ts for ts, _ in stored)
+        wrong = sum(1 for ts, values in stored if self.expected.get(ts) != values)
+        return {"expected": len(self.expected),
+                "missing": sum(1 for ts in self.expected if not seen[ts]),
+                "duplicated": sum(n - 1 for ts, n in seen.items() if ts in self.expected),
+                "wrong": wrong}
+
+
+def sparkplug_node(broker: Broker, group: str, tmp_path: Path, seed: int
+                   ) -> SparkplugNode | None:
+    """The Sparkplug node of the run (with its rule for the fleet), unless left out."""
+    if "rebirth" not in KINDS:
+        return None
+    rules = tmp_path / "fleet.toml"
+    rules.write_text(FLEET_RULE.format(root=group))
+    # A random stream of its own: the seed's other faults are the same with or without it.
+    return SparkplugNode(broker, group, rules, random.Random(seed + 1))
+
+
+async def check_node(node: SparkplugNode | None, run: FaultRun, db: Any, mode: str,
+                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The node's readings: all there, none wrong, none of the refused DATA; bucket mode
+    exactly once (time-series duplicates fall under the run's bound of process exits)."""
+    if node is None:
+        return
+    stored = await node.stored(db, mode)
+    found = node.check(stored)
+    with capsys.disabled():
+        print(f"fault run: {mode}: Sparkplug node: {run.done['rebirth']} refused "  # noqa: T201
+              f"rebirths {dict(sorted(node.reasons.items()))}; {found}")
+    assert (found["missing"], found["wrong"]) == (0, 0), (
+        found, [(ts - node.t0, values, node.expected.get(ts)) for ts, values in stored
+                if node.expected.get(ts) != values])
+    assert not set(node.refused) & {ts for ts, _ in stored}, stored
+    if mode == "bucket":
+        assert found["duplicated"] == 0, (found, stored)
+    else:
+        exits = run.done["kill"] + run.done["term"]
+        assert found["duplicated"] <= exits * RECEIVE_MAXIMUM, (found, stored)
+
+
+def _ms(value: Any) -> int:
+    return int(value.timestamp() * 1000)
+
+
 def verify(manifest: Path, mongo_uri: str, db_name: str, mode: str) -> dict[str, Any]:
     """``loadgen verify``'s report, or ``{"error": ...}`` if it could not run (MongoDB
     busy or unreachable: the caller waits and tries again)."""
@@ -191,6 +365,22 @@ def verify(manifest: Path, mongo_uri: str, db_name: str, mode: str) -> dict[str,
         return {"error": run.stderr[-1000:], "missing": None}
     report: dict[str, Any] = json.loads(run.stdout)["modes"][0]
     return report
+
+
+def summarise(run: str, faults: dict[str, int], report: dict[str, Any], c: dict[str, float],
+              capsys: pytest.CaptureFixture[str]) -> None:
+    """Print what a run did: its faults, the verify result and the daemon's counters."""
+    with capsys.disabled():
+        print(f"fault run: {run}: faults {faults}; expected {report['expected']}, "  # noqa: T201
+              f"missing {report['missing']}, duplicated {report['duplicated']}, "
+              f"wrong {report['wrong']}; PUBACKs re-sent for "
+              f"{c['redeliveries_reacked_total']:.0f} DUPs, "
+              f"{c['redeliveries_adopted_total']:.0f} DUPs adopted by writes in flight; "
+              f"{c['readings_written_total']:.0f} readings written, "
+              f"{c['duplicate_readings_total']:.0f} not written again as duplicates; "
+              f"duplicate lookups: {c['duplicate_checked_readings_total']:.0f} readings in "
+              f"{c['duplicate_check_seconds_total']:.3f} s (batch writes "
+              f"{c['batch_write_seconds_sum']:.3f} s in all)")
 
 
 @pytest.fixture
@@ -208,7 +398,7 @@ def persistent(tmp_path: Path) -> Iterator[Broker]:
 @pytest.mark.parametrize("qos", [1, 0], ids=["qos1", "qos0"])
 async def test_random_faults_lose_nothing_and_duplicate_only_what_a_kill_explains(
         daemon: Callable[..., Daemon], mode: str, qos: int, persistent: Broker,
-        topic_root: str, mongo: Any, mongo_uri: str, db_name: str, tmp_path: Path,
+        topic_root: str, mongo: Any, mongo_uri: str, db_name: str, db: Any, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     seed = int(os.environ.get("INGEST_FAULT_SEED", random.randrange(10**6)))
     with capsys.disabled():
@@ -218,8 +408,9 @@ async def test_random_faults_lose_nothing_and_duplicate_only_what_a_kill_explain
     proxy = Proxy("127.0.0.1", persistent.port).start()
     manifest = tmp_path / "run.json"
     count = int(RATE * SECONDS * 0.6)  # the publisher ends before the faults do
+    node = sparkplug_node(persistent, topic_root, tmp_path, seed)
     # The daemon first: its subscription must exist before anything is published.
-    run = FaultRun(daemon, proxy, persistent, mongo, mode, rng, qos)
+    run = FaultRun(daemon, proxy, persistent, mongo, mode, rng, qos, node)
     publisher = subprocess.Popen(
         [sys.executable, "-m", "loadgen", "publish", "--mqtt-url", persistent.url,
          "--topic-prefix", topic_root, "--sensors", "12", "--count", str(count),
@@ -232,6 +423,7 @@ async def test_random_faults_lose_nothing_and_duplicate_only_what_a_kill_explain
         while time.monotonic() < deadline:
             run.pause(0.1, 1.0)
             await run.one(publisher_done=publisher.poll() is not None)
+            await run.maybe_rebirth()
         out, err = publisher.communicate(timeout=120)
         assert publisher.returncode == 0, err
         summary = json.loads(out)
@@ -248,6 +440,9 @@ async def test_random_faults_lose_nothing_and_duplicate_only_what_a_kill_explain
             settled = (metrics["ingest_buffered_readings"] == 0
                        and metrics["ingest_messages_received_total"]
                        == metrics["ingest_messages_acked_total"])
+            if node is not None:  # the node's readings are all there too
+                last.append(node.check(await node.stored(db, mode)))
+                settled = settled and last[-1]["missing"] == 0
             return report if report["missing"] == 0 and settled else None
 
         try:
@@ -262,22 +457,13 @@ async def test_random_faults_lose_nothing_and_duplicate_only_what_a_kill_explain
     faults = dict(sorted(run.done.items()))
     c = {name.split("{")[0].removeprefix("ingest_"): value
          for name, value in run.counted.items()}
-    with capsys.disabled():
-        print(f"fault run: {mode}, QoS {qos}: faults {faults}; expected {report['expected']}, "  # noqa: T201
-              f"missing {report['missing']}, duplicated {report['duplicated']}, "
-              f"wrong {report['wrong']}; PUBACKs re-sent for "
-              f"{c['redeliveries_reacked_total']:.0f} DUPs, "
-              f"{c['redeliveries_adopted_total']:.0f} DUPs adopted by writes in flight; "
-              f"{c['readings_written_total']:.0f} readings written, "
-              f"{c['duplicate_readings_total']:.0f} not written again as duplicates; "
-              f"duplicate lookups: {c['duplicate_checked_readings_total']:.0f} readings in "
-              f"{c['duplicate_check_seconds_total']:.3f} s (batch writes "
-              f"{c['batch_write_seconds_sum']:.3f} s in all)")
+    summarise(f"{mode}, QoS {qos}", faults, report, c, capsys)
     assert (report["expected"], report["missing"], report["wrong"],
             report["unexpected"], report["bad_documents"]) == (count, 0, 0, 0, 0), report
     # A QoS 0 message read and lost by a stop would be counted here (none is published
     # in the runs with stops).
     assert c["messages_lost_total"] == 0, c
+    await check_node(node, run, db, mode, capsys)
     if mode == "bucket" or qos == 0:
         assert report["duplicated"] == 0, report
     else:

@@ -255,6 +255,15 @@ def test_non_finite_and_huge_numbers() -> None:
     m = mapping('[[rule]]\nname = "r"\ntopic = "a/{sensor_id}"\n')
     result = run(m, "a/s", b'{"big": 99999999999999999999, "ok": 1}')
     assert result.decoded.readings[0].values == {"big": 1e20, "ok": 1}
+    # The default format's bound (a bucket's running sum stays finite) holds here too.
+    result = run(m, "a/s", b'{"v": 1e300, "w": -1.7e308, "x": 1.7e308, "ok": 1}')
+    assert result.decoded.readings[0].values == {"v": 1e300, "ok": 1}
+    assert [r.detail for r in result.decoded.rejections] == [
+        "w: not a finite number within ±1e300", "x: not a finite number within ±1e300"]
+    values = mapping('[[rule]]\nname = "r"\ntopic = "v/{sensor_id}/{m}"\nformat = "value"\n'
+                     'measurement = "{m}"\n')
+    for text in ("1" + "0" * 400, "-" + "9" * 301, "1.7e308"):  # the first: no double holds it
+        assert reasons(run(values, "v/s/t", text)) == ["bad_value", "no_measurements"]
 
 
 # --- time ---------------------------------------------------------------------------------
@@ -364,6 +373,17 @@ def test_senml_relative_time_and_sensor_from_the_topic() -> None:
                        'sensor_id = "{dev}"\n')
     (fixed,) = run(explicit, "senml/dev1", [{"bn": "gw7/", "n": "t", "v": 1}]).decoded.readings
     assert fixed.sensor_id == "dev1"
+
+
+def test_senml_time_in_milliseconds_is_refused_saying_what_is_wrong() -> None:
+    m = Mapping.load(None, ["senml"])
+    result = run(m, "senml/gw1", [{"bn": "dev:", "bt": EPOCH * 1000, "n": "temp", "v": 1}],
+                 now=AT)
+    assert result.decoded.readings == []
+    detail = ("SenML time (bt + t) 1.79525e+12 s is beyond ±60,000,000,000 s of the epoch "
+              "(SenML times are seconds; bt in milliseconds?)")
+    assert [(r.reason, r.detail) for r in result.decoded.rejections] == [
+        ("bad_timestamp", detail)]
 
 
 # --- influx -------------------------------------------------------------------------------

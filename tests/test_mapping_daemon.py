@@ -132,3 +132,69 @@ async def _check_timeseries(coll: Any) -> None:
     assert senml["units"] == {"temp": "Cel"}
     assert (senml["temp"], senml["door"]) == (22.5, True)
     assert await coll.count_documents({"meta.site": "home"}) == 2
+
+
+BOUNDS = """
+[[rule]]
+name = "json"
+topic = "{root}/json/{{sensor_id}}"
+format = "json"
+
+[[rule]]
+name = "value"
+topic = "{root}/value/{{sensor_id}}/{{measurement}}"
+format = "value"
+measurement = "{{measurement}}"
+
+[[rule]]
+name = "senml"
+topic = "{root}/senml/#"
+format = "senml"
+"""
+
+
+async def test_values_beyond_the_bound_are_refused_on_every_path_and_sums_stay_finite(
+        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any,
+        tmp_path: Path) -> None:
+    """±1e300 bounds every format (two 1.7e308 would make a bucket's stats sum Infinity),
+    the mapping formats and Sparkplug doubles as the default format."""
+    from loadgen import sparkplug as enc  # noqa: PLC0415 - only this test publishes Sparkplug
+    from loadgen.sparkplug import Metric  # noqa: PLC0415
+
+    mapping = tmp_path / "bounds.toml"
+    mapping.write_text(BOUNDS.format(root=topic_root))
+    proc = daemon("--mapping", str(mapping), "--preset", "sparkplug",
+                  "--topic", f"spBv1.0/{topic_root}/#")
+    t0 = int(HOUR * 1000)
+    huge = 1.7e308
+    await publish([
+        *[(f"{topic_root}/json/j", orjson.dumps({"v": huge, "ok": i})) for i in range(2)],
+        *[(f"{topic_root}/value/w/v", repr(huge).encode()) for _ in range(2)],
+        (f"{topic_root}/value/w/v", b"1" + b"0" * 400),  # an integer no double holds
+        (f"{topic_root}/value/w/ok", b"3"),
+        (f"{topic_root}/senml/s", orjson.dumps(
+            [{"bn": "s:", "bt": HOUR, "bv": huge, "n": "v", "v": huge},
+             {"n": "ok", "v": 1, "bv": 0}])),
+        (enc.topic(topic_root, "NBIRTH", "E"), enc.nbirth(
+            [Metric("v", 1, t0, enc.DOUBLE, huge), Metric("ok", 2, t0, enc.INT32, 1)],
+            bd_seq=0, timestamp=t0)),
+        (enc.topic(topic_root, "NDATA", "E"), enc.payload(
+            [Metric(alias=1, timestamp=t0 + 1, datatype=enc.DOUBLE, value=huge),
+             Metric(alias=2, timestamp=t0 + 1, datatype=enc.INT32, value=2)], t0 + 1, 1)),
+    ])
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 9)
+    rejects = await db["rejects"].find({}, {"reason": 1, "detail": 1}).to_list()
+    assert sorted((r["reason"], r["detail"]) for r in rejects) == sorted(
+        [("bad_value", "v: not a finite number within ±1e300")] * 8
+        + [("no_measurements", "no measurement left to store")] * 3), rejects
+    coll = db[COLLECTION[mode]]
+    if mode == "bucket":
+        docs = await coll.find({}).to_list()
+        assert {d["sensor_id"]: d["count"] for d in docs} == {
+            "j": 2, "w": 1, "s": 1, f"{topic_root}-E": 2}
+        sums = [s["sum"] for d in docs for s in d["stats"].values()]
+        assert all(abs(s) < 1e300 for s in sums), sums
+    else:
+        assert await coll.count_documents({}) == 6
+        assert await coll.count_documents({"v": {"$exists": True}}) == 0
+    assert proc.stop() == 0

@@ -396,3 +396,31 @@ def test_a_switch_between_one_and_several_workers_unsubscribes_the_split_filters
     # ...and the plain BIRTH/DEATH filters the workers keep are not unsubscribed.
     assert set(several.other_subscriptions) == set(topics) - set(several.subscriptions)
     assert not set(several.other_subscriptions) & set(several.subscriptions)
+
+
+@settings(max_examples=200, deadline=None)
+@given(stamp=st.integers(0, 2**64 - 1), rest=st.binary(max_size=32))
+def test_a_refused_payloads_timestamp_is_read_when_it_comes_first(stamp, rest):
+    payload = enc.payload([], stamp) + rest
+    assert spb.leading_timestamp(payload) == stamp
+    assert spb.leading_timestamp(enc.payload([TEMP], None, 1)) is None
+    assert spb.leading_timestamp(b"\x08" + b"\xff" * 12) is None  # a varint never ending
+    assert spb.leading_timestamp(b"") is None
+
+
+def test_a_refused_rebirth_closes_the_node_and_its_devices_in_memory():
+    state = spb.SparkplugState()
+    birth(state, [TEMP])
+    state.parse(enc.topic("G1", "DBIRTH", "E1", "D"), enc.payload(
+        [Metric("x", 7, T0, enc.INT8, 1)], T0, 1), LIMITS)
+    refused = state.parse(enc.topic("G1", "NBIRTH", "E1"),
+                          enc.nbirth([TEMP] * 3, 0, T0 + 5), Limits(max_readings=2))
+    assert [r.reason for r in refused.rejections] == ["too_many_readings"]
+    why = {enc.topic("G1", "NDATA", "E1"): "its last NBIRTH was refused (too_many_readings)",
+           enc.topic("G1", "DDATA", "E1", "D"): "no BIRTH seen"}  # the device's forgotten
+    for topic, detail in why.items():
+        parsed = state.parse(topic, VALID[1], LIMITS)
+        assert parsed.items == []
+        assert [(r.reason, detail in r.detail) for r in parsed.rejections] == [
+            ("no_birth", True)]
+    assert state.table("G1/E1").closed_ms == T0 + 5

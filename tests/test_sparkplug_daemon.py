@@ -341,3 +341,93 @@ async def test_a_daemon_that_missed_a_rebirth_while_disconnected_reads_it_back(
             assert p.stop() == 0
     finally:
         proxy.stop()
+
+
+@pytest.mark.parametrize("refusal", ["too_many_readings", "too_large", "invalid_protobuf"])
+async def test_a_refused_rebirth_ends_the_old_session_also_across_a_restart(
+        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any,
+        refusal: str) -> None:
+    """A rebirth the daemon cannot use still ends the session it follows: the next DATA's
+    alias 1 (now "pressure") is never stored as "temp", before or after a restart."""
+    g, t0 = topic_root, NOW_MS
+    limits = ("--max-readings-per-message", "6", "--max-message-bytes", "4096")
+    proc = start(daemon, g, *limits)
+    node, dev = f"{g}-E", f"{g}-E-D"
+
+    def ndata(seq: int, value: float) -> tuple[str, bytes]:
+        return enc.topic(g, "NDATA", "E"), enc.payload([data(1, t0 + seq, double(value))],
+                                                       t0 + seq, seq)
+
+    def ddata(seq: int, value: int) -> tuple[str, bytes]:
+        return enc.topic(g, "DDATA", "E", "D"), enc.payload(
+            [data(7, t0 + seq, enc.uint(10, value))], t0 + seq, seq)
+
+    moved = [Metric("pressure", 1, t0 + 10, enc.DOUBLE, 1013.0)]
+    refused = {  # the rebirth, refused whole for each reason
+        "too_many_readings": enc.nbirth(
+            moved + [Metric(f"x{i}", 10 + i, t0 + 10, enc.DOUBLE, 0.0) for i in range(6)],
+            bd_seq=1, timestamp=t0 + 10),
+        "too_large": enc.nbirth([*moved, Metric("note", 2, t0 + 10, enc.STRING, "x" * 5000)],
+                                bd_seq=1, timestamp=t0 + 10),
+        "invalid_protobuf": enc.nbirth(moved, bd_seq=1, timestamp=t0 + 10)[:-3],
+    }[refusal]
+    await publish([
+        (enc.topic(g, "NBIRTH", "E"), enc.nbirth(
+            [Metric("temp", 1, t0, enc.DOUBLE, 20.5)], bd_seq=0, timestamp=t0)),
+        (enc.topic(g, "DBIRTH", "E", "D"), enc.payload(
+            [Metric("level", 7, t0, enc.INT16, 1)], t0, 1)),
+        ndata(2, 21.0),
+        (enc.topic(g, "NBIRTH", "E"), refused),
+        ndata(11, 1013.0),  # alias 1 of the refused rebirth: "pressure", not "temp"
+        ddata(12, 2),  # the device belonged to the session that ended
+    ])
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 6)
+    before = [(node, t0, {"temp": 20.5}), (node, t0 + 2, {"temp": 21.0}),
+              (dev, t0, {"level": 1})]
+    assert sorted(await readings(db, mode)) == sorted(before)
+    why = f"its last NBIRTH was refused ({refusal}); waiting for a usable BIRTH"
+    births = {d["_id"]: d async for d in db.sparkplug_births.find()}
+    assert {k: (d["online"], d.get("closed_by")) for k, d in births.items()} == {
+        f"{g}/E": (False, why), f"{g}/E/D": (False, why)}
+    assert proc.stop() == 0
+    # A restarted daemon reads the tables from MongoDB: the old session does not come back.
+    again = start(daemon, g, *limits)
+    await publish([ndata(13, 1014.0), ddata(14, 3)])
+    await eventually(lambda: again.metric("ingest_messages_acked_total") == 2)
+    assert sorted(await readings(db, mode)) == sorted(before)
+    rejects = await db.rejects.find({}, {"reason": 1, "detail": 1}).to_list()
+    assert sorted(r["reason"] for r in rejects) == sorted([refusal] + ["no_birth"] * 4)
+    assert all(why in r["detail"] for r in rejects if r["reason"] == "no_birth"), rejects
+    # The next usable BIRTH opens a new session with its own aliases.
+    await publish([
+        (enc.topic(g, "NBIRTH", "E"), enc.nbirth(moved, bd_seq=1, timestamp=t0 + 20)),
+        ndata(21, 1015.0),
+    ])
+    await eventually(lambda: again.metric("ingest_messages_acked_total") == 4)
+    assert sorted(await readings(db, mode)) == sorted(
+        [*before, (node, t0 + 10, {"pressure": 1013.0}), (node, t0 + 21, {"pressure": 1015.0})])
+    assert again.stop() == 0
+
+
+@pytest.mark.parametrize("mode", ["bucket"])
+async def test_a_refused_dbirth_ends_its_devices_session_only(
+        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str,
+        db: Any) -> None:
+    g, t0 = topic_root, NOW_MS
+    proc = start(daemon, g, "--max-readings-per-message", "3")
+    await publish([
+        (enc.topic(g, "NBIRTH", "E"), enc.nbirth([], bd_seq=0, timestamp=t0)),
+        (enc.topic(g, "DBIRTH", "E", "D"), enc.payload(
+            [Metric("level", 7, t0, enc.INT16, 1)], t0, 1)),
+        (enc.topic(g, "DBIRTH", "E", "D"), enc.payload(
+            [Metric(f"m{i}", 7 + i, t0 + 5, enc.INT16, 1) for i in range(4)], t0 + 5, 2)),
+        (enc.topic(g, "DDATA", "E", "D"), enc.payload(
+            [data(7, t0 + 6, enc.uint(10, 9))], t0 + 6, 3)),
+    ])
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 4)
+    assert await readings(db, mode) == [(f"{g}-E-D", t0, {"level": 1})]
+    births = {d["_id"]: d["online"] async for d in db.sparkplug_births.find()}
+    assert births == {f"{g}/E": True, f"{g}/E/D": False}
+    assert sorted([r["reason"] async for r in db.rejects.find()]) == [
+        "no_birth", "too_many_readings"]
+    assert proc.stop() == 0

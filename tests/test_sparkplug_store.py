@@ -192,3 +192,130 @@ async def test_a_slower_daemon_neither_stores_an_older_birth_again_nor_puts_it_b
     doc = await births.find_one({"_id": "G/E"})
     assert [m["name"] for m in doc["metrics"]][-1] == "Moved"
     assert doc["claims"] == {"readings": "a"}
+
+
+async def test_a_refused_rebirth_closes_only_the_session_it_ends_for_every_daemon(db):
+    """Every daemon of a shared group receives the refused NBIRTH, some after the next
+    usable one was stored: the session that one opened stays online for all of them."""
+    births = db[BIRTHS_COLLECTION]
+    fast = SparkplugFormat(store=BirthStore(births, ("buckets", "a")))
+    slow = SparkplugFormat(store=BirthStore(births, ("buckets", "b")))
+    node, device = enc.topic("G", "NBIRTH", "E"), enc.topic("G", "DBIRTH", "E", "D")
+    dbirth = enc.payload([Metric("p", 5, T0, enc.INT16, -2)], T0, 1)
+    refused = enc.nbirth([Metric("Pressure", 1, T0 + 5, enc.DOUBLE, 1013.0)], bd_seq=8,
+                         timestamp=T0 + 5) + b"\xff"  # a broken tag: invalid_protobuf
+    rebirth = enc.nbirth([Metric("Pressure", 1, T0 + 9, enc.FLOAT, 0.5)], bd_seq=8,
+                         timestamp=T0 + 9)
+    for step in (fast, slow):
+        await feed(step, node, BIRTH)
+        await feed(step, device, dbirth)
+    parsed = await feed(fast, node, refused)
+    assert [r.reason for r in parsed.rejections] == ["invalid_protobuf"]
+    states = {d["_id"]: (d["online"], d.get("closed_by")) async for d in births.find()}
+    why = "its last NBIRTH was refused (invalid_protobuf); waiting for a usable BIRTH"
+    assert states == {"G/E": (False, why), "G/E/D": (False, why)}
+    # Its DATA is not read with the old aliases, by this daemon or one that starts now.
+    for fmt in (fast, SparkplugFormat(store=BirthStore(births))):
+        parsed = await feed(fmt, enc.topic("G", "NDATA", "E"), data(6, 1013.0))
+        assert parsed.items == []
+        assert [(r.reason, why in r.detail) for r in parsed.rejections] == [("no_birth", True)]
+    await feed(fast, node, rebirth)
+    # The slower daemon processes the refused NBIRTH only now, and so does one that was
+    # restarted meanwhile (it reads the table, which is already the next session's).
+    restarted = SparkplugFormat(store=BirthStore(births, ("buckets", "c")))
+    for step in (slow, restarted):
+        assert [r.reason for r in (await feed(step, node, refused)).rejections] == [
+            "invalid_protobuf"]
+        assert (await births.find_one({"_id": "G/E"}))["online"] is True
+        assert (await feed(step, node, rebirth)).items == []  # the other daemon's to store
+        parsed = await feed(step, enc.topic("G", "NDATA", "E"), data(10, 3.5))
+        assert [i.fields for i in parsed.items] == [{"Pressure": 3.5}]
+    doc = await births.find_one({"_id": "G/E"})
+    assert (doc["online"], doc.get("closed_by"), doc["metrics"][-1]["name"]) == (
+        True, None, "Pressure")
+
+
+async def test_a_refused_dbirth_closes_its_device_and_nothing_else(db):
+    store = BirthStore(db[BIRTHS_COLLECTION])
+    fmt = SparkplugFormat(store=store)
+    device = enc.topic("G", "DBIRTH", "E", "D")
+    await feed(fmt, enc.topic("G", "NBIRTH", "E"), BIRTH)
+    await feed(fmt, device, enc.payload([Metric("p", 5, T0, enc.INT16, -2)], T0, 1))
+    await feed(fmt, enc.topic("G", "DBIRTH", "E", "D2"),
+               enc.payload([Metric("q", 5, T0, enc.INT16, -2)], T0, 2))
+    small = Limits(max_readings=1)
+    huge = enc.payload([Metric("p", 5, T0 + 1, enc.INT16, 1),
+                        Metric("r", 6, T0 + 1, enc.INT16, 1)], T0 + 1, 3)
+    assert await fmt.prepare(device, huge, small, never)
+    assert [r.reason for r in fmt.parse(device, huge, small).rejections] == [
+        "too_many_readings"]
+    states = {d["_id"]: d["online"] async for d in db[BIRTHS_COLLECTION].find()}
+    assert states == {"G/E": True, "G/E/D": False, "G/E/D2": True}
+    ddata = enc.payload([Metric(alias=5, timestamp=T0 + 2, datatype=enc.INT16, value=4)],
+                        T0 + 2, 4)
+    for fmt_now in (fmt, SparkplugFormat(store=store)):
+        parsed = await feed(fmt_now, enc.topic("G", "DDATA", "E", "D"), ddata)
+        assert [r.reason for r in parsed.rejections] == ["no_birth"]
+        parsed = await feed(fmt_now, enc.topic("G", "DDATA", "E", "D2"), ddata)
+        assert [i.fields for i in parsed.items] == [{"q": 4}]
+        parsed = await feed(fmt_now, enc.topic("G", "NDATA", "E"), data(5))
+        assert [i.fields for i in parsed.items] == [{"Temp/A": 2.5}]
+
+
+async def test_a_birth_too_large_to_be_parsed_ends_the_session_without_a_store():
+    """``--dry-run``: the tables are in memory only, and a too-large NBIRTH still ends its
+    session (the mapping refuses it before the format parses it)."""
+    fmt = SparkplugFormat()
+    await feed(fmt, enc.topic("G", "NBIRTH", "E"), BIRTH)
+    small = Limits(max_message_bytes=len(BIRTH) - 1)
+    assert await fmt.prepare(enc.topic("G", "NBIRTH", "E"), BIRTH, small, never)
+    parsed = await feed(fmt, enc.topic("G", "NDATA", "E"), data(1))
+    assert [r.reason for r in parsed.rejections] == ["no_birth"]
+    assert "its last NBIRTH was refused (too_large)" in parsed.rejections[0].detail
+
+
+async def test_data_redelivered_after_a_restart_is_read_with_the_session_it_was_sent_in(db):
+    """A restarted daemon gets DATA again that was not yet acknowledged, though BIRTHs after
+    it were stored: it reads each message with the session its timestamp falls in (the
+    stored one, or one of those it replaced), never a later one's aliases."""
+    births = db[BIRTHS_COLLECTION]
+    first = SparkplugFormat(store=BirthStore(births))
+    node = enc.topic("G", "NBIRTH", "E")
+
+    def restarted() -> SparkplugFormat:
+        return SparkplugFormat(store=BirthStore(births))
+
+    async def values(fmt: SparkplugFormat, seq: int) -> list[dict[str, object]] | str:
+        parsed = await feed(fmt, enc.topic("G", "NDATA", "E"), data(seq, float(seq)))
+        return [i.fields for i in parsed.items] or parsed.rejections[0].reason
+
+    await feed(first, node, BIRTH)  # alias 1 = Temp/A, at T0
+    await feed(first, node, enc.nbirth([Metric("Moved", 1, T0 + 5, enc.FLOAT, 0.5)],
+                                       bd_seq=8, timestamp=T0 + 5))
+    again = restarted()
+    assert await values(again, 3) == [{"Temp/A": 3.0}]
+    assert await values(again, 6) == [{"Moved": 6.0}]
+    assert await values(restarted(), -1) == "no_birth"  # before any session stored
+    # A refused rebirth at T0 + 8, then a usable one at T0 + 10.
+    await feed(first, node, enc.nbirth([Metric("X", 1, T0 + 8, enc.FLOAT, 0.5)], bd_seq=8,
+                                       timestamp=T0 + 8) + b"\xff")
+    again = restarted()
+    assert await values(again, 7) == [{"Moved": 7.0}]
+    assert await values(again, 9) == "no_birth"
+    await feed(first, node, enc.nbirth([Metric("Last", 1, T0 + 10, enc.FLOAT, 0.5)],
+                                       bd_seq=8, timestamp=T0 + 10))
+    again = restarted()
+    assert [await values(again, seq) for seq in (7, 9, 11)] == [
+        [{"Moved": 7.0}], "no_birth", [{"Last": 11.0}]]
+    assert await values(again, 3) == [{"Temp/A": 3.0}]  # three sessions back
+    # The history is bounded: eight sessions.
+    for step in range(11, 20):
+        await feed(first, node, enc.nbirth([Metric(f"S{step}", 1, T0 + 10 * step, enc.FLOAT,
+                                                   0.5)], bd_seq=8, timestamp=T0 + 10 * step))
+    again = restarted()
+    assert await values(again, 10 * 12 + 1) == [{"S12": 121.0}]
+    assert await values(again, 10 * 11 + 1) == [{"S11": 111.0}]
+    assert await values(again, 11) == "no_birth"
+    doc = await births.find_one({"_id": "G/E"})
+    assert [h["metrics"][-1]["name"] for h in doc["history"]] == [
+        f"S{step}" for step in range(18, 10, -1)]

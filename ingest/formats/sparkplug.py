@@ -19,6 +19,10 @@ State rules (Sparkplug 3.0, chapters 5 and 6):
   ``unknown_alias``).
 - NDEATH whose bdSeq matches the NBIRTH's closes the node and its devices; a stale one
   (an older connection's will) is counted and changes nothing. DDEATH closes the device.
+- A BIRTH refused whole (``invalid_protobuf``, ``too_large``, ``too_many_readings``) still
+  ends the session it follows (a new NBIRTH begins a new session, usable or not): the
+  node and its devices (NBIRTH) or the device (DBIRTH) are closed as by a DEATH, so their
+  DATA is ``no_birth`` until a usable BIRTH comes, never read with the old aliases.
 - ``seq`` (0-255, one counter per edge node, wrapping to 0) is checked: a gap is counted,
   never a reason to refuse data (a historian stores what arrives).
 - ``is_null``: no value to store, skipped. ``is_transient``: not for historians, skipped.
@@ -183,6 +187,10 @@ class Table:
     sensor: str = ""  # the readings' sensor id, worked out once (see _items)
     digest: str | None = None  # the BIRTH payload's digest (see :func:`digest`)
     node_digest: str | None = None  # the digest of the node's NBIRTH it belongs to
+    closed_by: str | None = None  # why it is offline, when not by a DEATH (DATA's detail)
+    closed_ms: int | None = None  # the timestamp of the refused BIRTH that closed it
+    from_store: bool = False  # read from MongoDB, not from a BIRTH seen in order
+    earlier: tuple[Table, ...] = ()  # from MongoDB: sessions this one replaced, newest first
 
 
 class Counts:
@@ -293,6 +301,9 @@ class SparkplugState:
             return Parsed([], [])  # host state and commands: nothing to store
         decoded = decode_payload(payload, limits)
         if isinstance(decoded, Parsed):
+            if topic.type in ("NBIRTH", "DBIRTH"):
+                self.refused_birth(topic, decoded.rejections[0].reason,
+                                   leading_timestamp(payload))
             return decoded
         if topic.type != "NDEATH":
             self._sequence(topic, decoded.seq if decoded.HasField("seq") else None)
@@ -309,10 +320,13 @@ class SparkplugState:
             parsed.rejections.extend(problems)
             return parsed
         held = self.table(topic.key)
-        if held is None or not held.online:
-            why = "no BIRTH seen" if held is None else "closed by a DEATH"
-            return refused("no_birth", f"{topic.type} for {topic.key[:120]!r}: {why} "
-                                       "(aliases are not guessed)")
+        if held is None or not held.online or held.from_store:
+            session = _session(held, decoded.timestamp if decoded.HasField("timestamp")
+                               else None)
+            if isinstance(session, str):
+                return refused("no_birth", f"{topic.type} for {topic.key[:120]!r}: "
+                                           f"{session} (aliases are not guessed)")
+            held = session
         return _items(topic, decoded, held, self.counts)
 
     def adopt(self, topic: Topic, table: Table) -> None:
@@ -320,6 +334,27 @@ class SparkplugState:
         if topic.type == "NBIRTH":
             self.forget_devices(topic.node_key)
         self.install(table)
+
+    def refused_birth(self, topic: Topic, reason: str, at_ms: int | None) -> None:
+        """A BIRTH refused whole (stamped ``at_ms``) ends the session it follows.
+
+        As a DEATH does. The table is kept, closed, so that DATA says why it is refused.
+        A table read from MongoDB that is later than the BIRTH (a redelivery of it after a
+        restart, the table stored meanwhile) is not the session it ends: nothing changes.
+        """
+        table = self.tables.get(topic.key)
+        if (table is not None and table.from_store and at_ms is not None
+                and table.birth_ms is not None and at_ms < table.birth_ms):
+            return
+        if topic.type == "NBIRTH":
+            self.forget_devices(topic.node_key)
+            self.seqs.pop(topic.node_key, None)
+        if table is None:
+            table = Table(topic.key, None, None, None)
+            self.install(table)
+        table.online = False
+        table.closed_by = refused_birth_detail(topic.type, reason)
+        table.closed_ms = at_ms
 
     def death_applies(self, topic: Topic, decoded: Any) -> bool:  # noqa: ANN401
         """False for a stale NDEATH: its bdSeq is not the one of the NBIRTH held."""
@@ -342,6 +377,59 @@ class SparkplugState:
         if table is not None:
             table.online = False
         return True
+
+
+def _session(held: Table | None, at_ms: int | None) -> Table | str:
+    """The table a DATA message stamped ``at_ms`` is read with, or why there is none.
+
+    In order, a DATA message belongs to the table held (if open). A table read from
+    MongoDB may be later than a DATA message redelivered after a restart (stored while the
+    message waited for its acknowledgement): an older message is read with the earlier
+    session its time falls in, and never with a later table's aliases.
+    """
+    if held is None:
+        return "no BIRTH seen"
+    if (held.from_store and at_ms is not None and held.birth_ms is not None
+            and at_ms < held.birth_ms):
+        earlier = next((t for t in held.earlier
+                        if t.birth_ms is not None and t.birth_ms <= at_ms), None)
+        if earlier is None or not _open_at(earlier, at_ms):
+            return "older than the BIRTH stored for it, and of no session known"
+        return earlier
+    if not _open_at(held, at_ms):
+        return held.closed_by or "closed by a DEATH"
+    return held
+
+
+def _open_at(table: Table, at_ms: int | None) -> bool:
+    """Whether ``table`` was the open session at ``at_ms``.
+
+    A table read from MongoDB, closed by a refused BIRTH stamped later than ``at_ms``,
+    was: that DATA is a redelivery from before the BIRTH. (In order, closed is closed.)
+    """
+    return table.online or (table.from_store and at_ms is not None
+                            and table.closed_ms is not None and at_ms < table.closed_ms)
+
+
+def refused_birth_detail(kind: str, reason: str) -> str:
+    """Why DATA is refused after a BIRTH that was refused whole."""
+    return f"its last {kind} was refused ({reason}); waiting for a usable BIRTH"
+
+
+def leading_timestamp(payload: bytes) -> int | None:
+    """The payload's ``timestamp`` if it is the first field (as encoders write it), or None.
+
+    Read without parsing the rest: the payload may be one refused as too large or broken.
+    """
+    if payload[:1] != b"\x08":  # field 1 (timestamp), varint
+        return None
+    value = shift = 0
+    for byte in payload[1:11]:
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value if value < 2**64 else None
+        shift += 7
+    return None
 
 
 def digest(payload: bytes) -> str:

@@ -21,14 +21,14 @@ _DIGITS = {"epoch_s": 0, "epoch_ms": 3, "epoch_us": 6, "epoch_ns": 9}
 # milliseconds, below 1e17 microseconds, else nanoseconds.
 _AUTO = ((1e11, 0), (1e14, 3), (1e17, 6))
 _MAX_TEXT = 64  # longer strings are no timestamp (and not worth parsing)
-_LIMIT = 60_000_000_000  # seconds either side of the epoch (about year 3871 and year 68)
+LIMIT = 60_000_000_000  # seconds either side of the epoch (about year 3871 and year 68)
 
 type Instant = tuple[float, int]
 
 
 def from_seconds(epoch: float) -> Instant | None:
     """Epoch seconds: the instant and its whole milliseconds, as the default decoder does."""
-    if not math.isfinite(epoch) or abs(epoch) > _LIMIT:
+    if not math.isfinite(epoch) or abs(epoch) > LIMIT:
         return None
     micros = datetime.fromtimestamp(epoch, UTC).microsecond
     seconds = math.floor(epoch)
@@ -40,7 +40,7 @@ def from_seconds(epoch: float) -> Instant | None:
 def from_units(value: float, digits: int) -> Instant | None:
     """A count of 10**-digits seconds since the epoch (int exact, float as it comes)."""
     if type(value) is int:
-        if abs(value) > _LIMIT * 10**digits:
+        if abs(value) > LIMIT * 10**digits:
             return None
         scale = 10**digits
         ms = value * 1000 // scale if digits < 3 else value // (scale // 1000)
