@@ -191,7 +191,7 @@ async def test_values_beyond_the_bound_are_refused_on_every_path_and_sums_stay_f
     if mode == "bucket":
         docs = await coll.find({}).to_list()
         assert {d["sensor_id"]: d["count"] for d in docs} == {
-            "j": 2, "w": 1, "s": 1, f"{topic_root}-E": 2}
+            "j": 2, "w": 1, "s": 1, f"{topic_root}/E": 2}
         sums = [s["sum"] for d in docs for s in d["stats"].values()]
         assert all(abs(s) < 1e300 for s in sums), sums
     else:

@@ -352,7 +352,7 @@ async def test_a_refused_rebirth_ends_the_old_session_also_across_a_restart(
     g, t0 = topic_root, NOW_MS
     limits = ("--max-readings-per-message", "6", "--max-message-bytes", "4096")
     proc = start(daemon, g, *limits)
-    node, dev = f"{g}-E", f"{g}-E-D"
+    node, dev = f"{g}/E", f"{g}/E/D"
 
     def ndata(seq: int, value: float) -> tuple[str, bytes]:
         return enc.topic(g, "NDATA", "E"), enc.payload([data(1, t0 + seq, double(value))],
@@ -425,7 +425,7 @@ async def test_a_refused_dbirth_ends_its_devices_session_only(
             [data(7, t0 + 6, enc.uint(10, 9))], t0 + 6, 3)),
     ])
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 4)
-    assert await readings(db, mode) == [(f"{g}-E-D", t0, {"level": 1})]
+    assert await readings(db, mode) == [(f"{g}/E/D", t0, {"level": 1})]
     births = {d["_id"]: d["online"] async for d in db.sparkplug_births.find()}
     assert births == {f"{g}/E": True, f"{g}/E/D": False}
     assert sorted([r["reason"] async for r in db.rejects.find()]) == [
