@@ -5,8 +5,8 @@ daemon (``--dry-run``: decode, batch, plan the writes, acknowledge). The daemon 
 connects once, so its persistent session exists; then every message is published at QoS 1
 and each PUBACK is required, so the backlog is known to be at the broker; then the daemon
 starts again, through bench.e2e's relay, and drains it. It is timed as bench.e2e times
-it: from its connect to the moment the broker has its last PUBACK, both dated by the
-relay on the broker's side of the socket, so nothing in the daemon takes the time. For
+it: from its connect to the moment the broker has processed its last PUBACK, both dated
+by the relay on the broker's side of the socket, so nothing in the daemon takes the time. For
 the daemon against ``mosquitto_sub`` and the write path against a MongoDB sink, use
 bench.e2e.
 """
@@ -97,6 +97,7 @@ def drain(broker: Broker, args: list[str], workdir: Path, messages: list[tuple[s
             watch, counters = e2e.watch_daemon(daemon, relay, len(messages), 1, [client_id])
         finally:
             daemon.stop()
+        relay.wait_closed(e2e.CLOSE_TIMEOUT)
         relay.stop()
     finally:
         relay.kill()

@@ -45,11 +45,14 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.relay import Relay
 from ingest.config import Settings as DaemonSettings
 from tests.support.procs import Broker, Daemon
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 HERE = Path(__file__).resolve().parent
 FILTER = "sensors/#"
@@ -58,6 +61,7 @@ RECEIVE_MAXIMUM = DaemonSettings().max_inflight_messages  # the daemon's default
 FAST, SLOW = 0.02, 0.25  # scrape intervals (s): near the start and end, in between
 STALL = 20.0  # no progress for this long: the run ends and the rest counts as lost
 START_TIMEOUT = 120.0  # the daemon's start-up, before its first message, on a busy machine
+CLOSE_TIMEOUT = 10.0  # for the broker to read a stopped consumer's connection to its end
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SYS_INTERVAL = 1  # seconds between the broker's $SYS updates (mosquitto's sys_interval)
 DROPPED = "$SYS/broker/publish/messages/dropped"
@@ -105,6 +109,9 @@ class Run:
     sink_ops: int | None = None
     sink_requests: int | None = None
     connected: float = 0.0  # the consumer's first connect at the relay (monotonic)
+    first_message_seconds: float = 0.0  # connect -> the broker's first PUBLISH to it
+    # from the last PUBACK reaching the broker's socket to the broker having processed it
+    broker_read_lag: float = 0.0
     seconds: float = 0.0  # best estimate of connect -> last PUBACK at the broker (QoS 1)
     seconds_low: float = 0.0  # bounds (equal at QoS 1: both ends are the relay's)
     seconds_high: float = 0.0
@@ -271,8 +278,8 @@ def sub_command(port: int, worker: str, run: Run, topic: str, single: bool) -> l
 
 def measure_sub(run: Run, relay: Relay, client_id: str, workdir: Path,
                 workers: int = 1) -> float | None:
-    """Run mosquitto_sub through the relay until the broker has every PUBACK (QoS 1), it
-    exits after the last message (QoS 0), or nothing moves for STALL; returns when it
+    """Run mosquitto_sub through the relay until the broker has processed every PUBACK
+    (QoS 1), it exits after the last message (QoS 0), or nothing moves for STALL; returns when it
     exited (QoS 0), as the bench saw it.
 
     With ``workers`` > 1, as many mosquitto_sub on the shared group, each on its session
@@ -294,7 +301,7 @@ def measure_sub(run: Run, relay: Relay, client_id: str, workdir: Path,
     try:
         while True:
             exited.update(relay.poll(FAST, also=[f for f in exits if f not in exited]))
-            if run.qos == 1 and relay.pubacks >= run.published:
+            if run.qos == 1 and relay.processed is not None:
                 break
             if run.qos == 0 and (exited or (workers > 1 and relay.publishes >= run.published)):
                 ended = time.monotonic()
@@ -332,17 +339,22 @@ def _finish(proc: subprocess.Popen[bytes], exited: bool) -> float:
 def settle(run: Run, relay: Relay, client_id: str, workers: int,
            ended: float | None = None) -> None:
     """The counts and the clock from the relay's final report: from the consumer's first
-    connect to the broker's last PUBACK (QoS 1), or to ``ended`` (QoS 0, mosquitto_sub);
-    the daemon at QoS 0 is timed by ``timed``."""
+    connect to the moment the broker had processed the last PUBACK (QoS 1), or to
+    ``ended`` (QoS 0, mosquitto_sub); the daemon at QoS 0 is timed by ``timed``."""
     mine = relay.mine(client_ids(client_id, workers))
     run.delivered = sum(c["publishes"] for c in mine)
     run.pubacks = sum(c["pubacks"] for c in mine)
     run.relay_cpu_seconds = relay.cpu_seconds
     run.connected = min((c["connect_ns"] / 1e9 for c in mine), default=0.0)
+    first = min((c["first_publish_ns"] / 1e9 for c in mine if c["first_publish_ns"]),
+                default=0.0)
+    run.first_message_seconds = first - run.connected if first and run.connected else 0.0
     if run.qos == 1:
-        reached = relay.final["reached_ns"] / 1e9
+        processed = relay.final["processed_ns"] / 1e9
         last = max((c["last_puback_ns"] / 1e9 for c in mine), default=0.0)
-        end = reached if reached and run.pubacks >= run.published else last
+        end = processed if processed and run.pubacks >= run.published else last
+        if processed:
+            run.broker_read_lag = processed - relay.final["reached_ns"] / 1e9
         if end and run.connected:
             run.seconds = run.seconds_low = run.seconds_high = end - run.connected
     elif run.consumer == "mosquitto_sub" and run.connected:
@@ -416,8 +428,8 @@ def watch_daemon(daemon: Daemon, relay: Relay, target: int, qos: int,
         moved = max(moved, relay.moved)
         watch.samples.append(Sample(sent, answered, done, received, cpu))
         patience = STALL if received or done else START_TIMEOUT
-        finished = relay.pubacks if qos == 1 else done
-        if finished >= target or answered - moved > patience:
+        finished = (relay.processed is not None) if qos == 1 else done >= target
+        if finished or answered - moved > patience:
             return watch, counters
         time.sleep(next_interval(watch, target))
 
@@ -523,7 +535,7 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
     rundir = Path(tempfile.mkdtemp(dir=workdir))
     broker = Broker(rundir, extra=f"queue_qos0_messages true\nsys_interval {SYS_INTERVAL}\n")
     broker.start()
-    sink = relay = None
+    relay = None
     try:
         client_id = f"bench-{consumer}"
         session(broker, client_id, qos, settings.workers)
@@ -537,27 +549,13 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
         if consumer == "mosquitto_sub":
             ended = measure_sub(run, relay, client_id, rundir, settings.workers)
             run.broker_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
+            relay.wait_closed(CLOSE_TIMEOUT)
             relay.stop()
             settle(run, relay, client_id, settings.workers, ended)
         else:
-            sink_uri = None
-            if consumer != "dry-run":
-                sink = subprocess.Popen([str(helpers["fakemongo"])], stdout=subprocess.PIPE,
-                                        text=True)
-                assert sink.stdout is not None
-                sink_uri = sink.stdout.readline().strip()
-            watch = measure_daemon(run, relay, client_id, sink_uri, rundir,
-                                   settings.daemon_args, settings.workers)
-            run.broker_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
-            relay.stop()
-            settle(run, relay, client_id, settings.workers)
-            writes = None
-            if sink is not None:
-                stats = sink_stats(run, sink)
-                sink = None
-                first, last = stats["firstWriteMonotonicNs"], stats["lastWriteMonotonicNs"]
-                writes = (first / 1e9, last / 1e9) if first else None
-            timed(run, watch, writes)
+            pid, before = broker.process.pid, broker_cpu
+            run_daemon(run, settings, relay, client_id, rundir, helpers["fakemongo"],
+                       lambda: cpu_of(pid) - before)
         run.left_at_broker = left_at_broker(broker, client_id, qos, settings.workers)
         count_broker_drops(run, broker, dropped_before)
         run.complete = run.messages_done >= run.published and run.left_at_broker == 0
@@ -565,11 +563,37 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
     finally:
         if relay is not None:
             relay.kill()
+        broker.stop()
+        shutil.rmtree(rundir, ignore_errors=True)
+
+
+def run_daemon(run: Run, settings: Settings, relay: Relay, client_id: str, rundir: Path,
+               fakemongo: Path, broker_cpu: Callable[[], float]) -> None:
+    """The daemon drains the backlog through the relay (and writes to fakemongo)."""
+    sink = None
+    try:
+        sink_uri = None
+        if run.consumer != "dry-run":
+            sink = subprocess.Popen([str(fakemongo)], stdout=subprocess.PIPE, text=True)
+            assert sink.stdout is not None
+            sink_uri = sink.stdout.readline().strip()
+        watch = measure_daemon(run, relay, client_id, sink_uri, rundir, settings.daemon_args,
+                               settings.workers)
+        run.broker_cpu_seconds = broker_cpu()
+        relay.wait_closed(CLOSE_TIMEOUT)
+        relay.stop()
+        settle(run, relay, client_id, settings.workers)
+        writes = None
+        if sink is not None:
+            stats = sink_stats(run, sink)
+            sink = None
+            first, last = stats["firstWriteMonotonicNs"], stats["lastWriteMonotonicNs"]
+            writes = (first / 1e9, last / 1e9) if first else None
+        timed(run, watch, writes)
+    finally:
         if sink is not None:
             sink.kill()
             sink.communicate()
-        broker.stop()
-        shutil.rmtree(rundir, ignore_errors=True)
 
 
 def sink_stats(run: Run, sink: subprocess.Popen[str]) -> dict[str, Any]:

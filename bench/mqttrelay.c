@@ -13,10 +13,16 @@
  *   connect IDX NS          a consumer's connection accepted (CLOCK_MONOTONIC, ns)
  *   client IDX ID           the client id of its CONNECT packet
  *   progress PUBACKS PUBLISHES NS     at most every 20 ms, when a count moved
+ *   processed NS            the broker has processed the TARGET-th PUBACK (below)
+ *   closed IDX NS           both directions of a connection have ended
  * and on SIGTERM one JSON line with the totals and every connection, then exit 0.
- * A PUBACK is counted, and dated, once the write that hands it to the broker's socket
- * has returned: from then on the broker has it. "reached_ns" is when the PUBACKs of all
- * connections together reached TARGET (0: not reached).
+ * A PUBACK is counted once the write that hands it to the broker's socket has returned;
+ * "reached_ns" is when the PUBACKs of all connections together reached TARGET (0: not
+ * reached). Right after the TARGET-th PUBACK the relay sends the broker one PINGREQ of
+ * its own on that connection: the broker reads a connection's packets in order, so its
+ * PINGRESP ("processed_ns", when it reached the relay) proves it has processed every
+ * PUBACK before it. That PINGRESP is forwarded to the consumer like any other (MQTT
+ * clients take a PINGRESP they did not ask for as a sign of life).
  *
  * Build: gcc -O2 -Wall -pthread -o mqttrelay mqttrelay.c  (bench/build.sh)
  */
@@ -41,11 +47,14 @@
 #define MAX_CONNECTIONS 256
 #define PUBLISH 3
 #define PUBACK 4
+#define PINGREQ 12
+#define PINGRESP 13
 
 struct parser {  /* MQTT framing across reads: fixed header, remaining length, body */
     int state;   /* 0: type byte next, 1: in the remaining length, 2: in the body */
     int type;
     uint32_t remaining, multiplier;
+    unsigned long long counts[16];  /* completed packets by type */
 };
 
 struct connection {
@@ -57,13 +66,14 @@ struct connection {
     int head_done;
     atomic_ullong pubacks, publishes;
     atomic_llong first_publish_ns, last_publish_ns, last_puback_ns;
+    atomic_ullong ping_index;  /* which PINGRESP answers the relay's PINGREQ (0: none) */
     struct parser up, down;
 };
 
 static struct connection *connections[MAX_CONNECTIONS];
 static atomic_int n_connections;
 static atomic_ullong total_pubacks, total_publishes;
-static atomic_llong reached_ns;
+static atomic_llong reached_ns, processed_ns;
 static unsigned long long target;
 static volatile sig_atomic_t stopping;
 static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -85,11 +95,14 @@ static void say(const char *fmt, ...) {
     pthread_mutex_unlock(&out_lock);
 }
 
-/* Feed bytes; return the packets of type `want` completed in them. */
-static unsigned long long feed(struct parser *p, const uint8_t *buf, size_t n, int want) {
+/* Feed bytes, counting completed packets by type; with `stop` > 0, stop right after the
+ * `stop`-th completed packet of type `type`. Returns the bytes consumed. */
+static size_t feed(struct parser *p, const uint8_t *buf, size_t n, int type,
+                   unsigned long long stop) {
     unsigned long long found = 0;
     size_t i = 0;
     while (i < n) {
+        int completed = 0;
         if (p->state == 0) {
             p->type = buf[i++] >> 4;
             p->remaining = 0;
@@ -100,24 +113,22 @@ static unsigned long long feed(struct parser *p, const uint8_t *buf, size_t n, i
             p->remaining += (uint32_t)(b & 127) * p->multiplier;
             p->multiplier *= 128;
             if (!(b & 128)) {
-                if (p->remaining == 0) {
-                    found += p->type == want;
-                    p->state = 0;
-                } else {
-                    p->state = 2;
-                }
+                completed = p->remaining == 0;
+                p->state = completed ? 0 : 2;
             }
         } else {
             size_t take = n - i < p->remaining ? n - i : p->remaining;
             i += take;
             p->remaining -= (uint32_t)take;
-            if (p->remaining == 0) {
-                found += p->type == want;
-                p->state = 0;
-            }
+            completed = p->remaining == 0;
+            if (completed) p->state = 0;
+        }
+        if (completed) {
+            p->counts[p->type]++;
+            if (stop && p->type == type && ++found == stop) return i;
         }
     }
-    return found;
+    return i;
 }
 
 static size_t varint(const uint8_t *b, size_t n, size_t *at, int *ok) {
@@ -173,37 +184,53 @@ static int write_all(int fd, const uint8_t *buf, size_t n) {
     return 0;
 }
 
-/* consumer -> broker: CONNECT's client id, PUBACKs */
+/* consumer -> broker: CONNECT's client id, PUBACKs, and the relay's PINGREQ after the
+ * TARGET-th PUBACK */
 static void *upstream(void *arg) {
     struct connection *c = arg;
     static __thread uint8_t buf[1 << 16];
+    static const uint8_t pingreq[2] = {PINGREQ << 4, 0};
     for (;;) {
         ssize_t r = read(c->client, buf, sizeof buf);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) break;
+        size_t n = (size_t)r;
         if (!c->head_done) {
             size_t take = sizeof c->head - c->head_len;
-            if (take > (size_t)r) take = (size_t)r;
+            if (take > n) take = n;
             memcpy(c->head + c->head_len, buf, take);
             c->head_len += take;
             parse_connect(c);
         }
-        unsigned long long acks = feed(&c->up, buf, (size_t)r, PUBACK);
-        if (write_all(c->broker, buf, (size_t)r) < 0) break;
+        struct parser probe = c->up;
+        feed(&probe, buf, n, 0, 0);
+        unsigned long long acks = probe.counts[PUBACK] - c->up.counts[PUBACK];
+        unsigned long long prior = acks ? atomic_fetch_add(&total_pubacks, acks) : 0;
+        int crosses = target && acks && prior < target && prior + acks >= target;
+        size_t split = crosses ? feed(&c->up, buf, n, PUBACK, target - prior) : n;
+        if (!crosses) c->up = probe;
+        if (write_all(c->broker, buf, split) < 0) break;
         if (acks) {
             int64_t t = now_ns();  /* the broker's socket has them now */
             atomic_fetch_add(&c->pubacks, acks);
             atomic_store(&c->last_puback_ns, t);
-            unsigned long long before = atomic_fetch_add(&total_pubacks, acks);
-            if (target && before < target && before + acks >= target)
-                atomic_store(&reached_ns, t);
+        }
+        if (crosses) {
+            atomic_store(&reached_ns, atomic_load(&c->last_puback_ns));
+            /* every PINGREQ before it is the consumer's: the broker answers in order */
+            atomic_store(&c->ping_index, c->up.counts[PINGREQ] + 1);
+            if (write_all(c->broker, pingreq, sizeof pingreq) < 0) break;
+            if (split < n) {
+                feed(&c->up, buf + split, n - split, 0, 0);
+                if (write_all(c->broker, buf + split, n - split) < 0) break;
+            }
         }
     }
     shutdown(c->broker, SHUT_WR);  /* the consumer closed: so does its side at the broker */
     return NULL;
 }
 
-/* broker -> consumer: PUBLISHes */
+/* broker -> consumer: PUBLISHes, and the PINGRESP to the relay's PINGREQ */
 static void *connection_main(void *arg) {
     struct connection *c = arg;
     pthread_t up;
@@ -218,7 +245,9 @@ static void *connection_main(void *arg) {
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) break;
         int64_t t = now_ns();
-        unsigned long long pubs = feed(&c->down, buf, (size_t)r, PUBLISH);
+        unsigned long long pubs = c->down.counts[PUBLISH];
+        feed(&c->down, buf, (size_t)r, 0, 0);
+        pubs = c->down.counts[PUBLISH] - pubs;
         if (pubs) {
             long long zero = 0;
             atomic_compare_exchange_strong(&c->first_publish_ns, &zero, t);
@@ -226,6 +255,11 @@ static void *connection_main(void *arg) {
             atomic_fetch_add(&c->publishes, pubs);
             atomic_fetch_add(&total_publishes, pubs);
         }
+        unsigned long long ping = atomic_load(&c->ping_index);
+        long long unset = 0;
+        if (ping && c->down.counts[PINGRESP] >= ping
+            && atomic_compare_exchange_strong(&processed_ns, &unset, t))
+            say("processed %lld\n", (long long)t);
         if (write_all(c->client, buf, (size_t)r) < 0) break;
     }
     shutdown(c->client, SHUT_WR);
@@ -233,6 +267,7 @@ static void *connection_main(void *arg) {
     close(c->client);
     close(c->broker);
     free(buf);
+    say("closed %d %lld\n", c->index, (long long)now_ns());
     return NULL;
 }
 
@@ -299,8 +334,9 @@ static void accept_one(int listener, int broker_port) {
 static void report(void) {
     pthread_mutex_lock(&out_lock);
     printf("{\"pubacks\": %llu, \"publishes\": %llu, \"target\": %llu, \"reached_ns\": %lld, "
-           "\"connections\": [", atomic_load(&total_pubacks), atomic_load(&total_publishes),
-           target, (long long)atomic_load(&reached_ns));
+           "\"processed_ns\": %lld, \"connections\": [", atomic_load(&total_pubacks),
+           atomic_load(&total_publishes), target, (long long)atomic_load(&reached_ns),
+           (long long)atomic_load(&processed_ns));
     int n = atomic_load(&n_connections);
     for (int i = 0; i < n; i++) {
         struct connection *c = connections[i];

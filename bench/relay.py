@@ -4,8 +4,9 @@ Every consumer of ``bench.e2e`` (``mosquitto_sub`` or the daemon) connects to th
 broker through the relay, which forwards bytes unchanged and reports, from the broker's
 side of the connection, when each connection was accepted and with which client id, how
 many PUBLISH packets the broker sent and how many PUBACK packets reached the broker's
-socket, and when the PUBACKs of all connections reached a target. No consumer times or
-counts itself; the relay's CPU is measured with the rest (``cpu``).
+socket, and when the broker had processed the PUBACK that made the target (the answer
+to a PINGREQ the relay sends right after it). No consumer times or counts itself; the
+relay's own CPU is reported beside the figures (``cpu_seconds``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import select
 import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +35,8 @@ class Relay:
     pubacks: int = 0  # PUBACKs the broker's socket took, all connections
     publishes: int = 0  # PUBLISHes the broker sent, all connections
     moved: float = 0.0  # when the relay last reported a count that moved
+    processed: float | None = None  # when the broker had processed the target's PUBACKs
+    closed: dict[int, float] = field(default_factory=dict)  # connection -> both ends shut
     final: dict[str, Any] = field(default_factory=dict)  # the report at its end
     cpu_seconds: float = 0.0
     _pending: bytes = b""
@@ -79,6 +83,11 @@ class Relay:
         elif kind == "client":
             index, _, client_id = rest.partition(" ")
             self.clients[int(index)] = client_id
+        elif kind == "processed":
+            self.processed = int(rest) / 1e9
+        elif kind == "closed":
+            index, ns = rest.split()
+            self.closed[int(index)] = int(ns) / 1e9
         elif kind == "progress":
             acks, pubs, ns = rest.split()
             self.pubacks, self.publishes, self.moved = int(acks), int(pubs), int(ns) / 1e9
@@ -87,6 +96,16 @@ class Relay:
         """When the first of these clients connected, or None."""
         times = [self.connects[i] for i, cid in self.clients.items() if cid in client_ids]
         return min(times) if times else None
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Wait until every connection has ended on both sides (the broker has read all
+        the consumer sent, to its end); whether they all did within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while set(self.closed) != set(self.connects):
+            if time.monotonic() > deadline:
+                return False
+            self.poll(0.05)
+        return True
 
     def stop(self) -> dict[str, Any]:
         """End the relay; its final report (totals, ``reached_ns``, every connection)."""
