@@ -76,7 +76,8 @@ def preload(broker: Broker, messages: list[tuple[str, bytes]]) -> None:
 
 def drain(broker: Broker, args: list[str], workdir: Path, messages: list[tuple[str, bytes]],
           name: str = "daemon") -> tuple[float, dict[str, float]]:
-    """(seconds from the first message to the last ack, the daemon's counters at the end).
+    """(seconds from its connect to the broker's processing of its last ack, the daemon's
+    counters at the end).
 
     ``args``: ``ingest run`` arguments (``--mqtt-url``, topics or a mapping, ``--dry-run``
     ...) with a fixed ``--client-id``. Raises if the daemon did not ack every message.

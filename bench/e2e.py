@@ -14,9 +14,10 @@ broker before the consumer connects. The consumers:
 
 No consumer times itself. Each connects through ``mqttrelay`` (C, bench/relay.py), which
 dates from the broker's side of the socket the consumer's connect and the moment the
-broker's socket took the PUBACK that completed the backlog, and counts the PUBLISHes the
-broker sent and the PUBACKs it got. At QoS 1 the clock runs from connect to that last
-PUBACK, and a message counts as done only once its PUBACK reached the broker; afterwards
+broker had processed the PUBACK that completed the backlog (its answer to a PINGREQ the
+relay sends right after it), and counts the PUBLISHes the broker sent and the PUBACKs it
+got. At QoS 1 the clock runs from connect to that moment, and a message counts as done
+only once its PUBACK reached the broker; afterwards
 a client resuming the consumer's session must be sent nothing (``left at the broker``).
 At QoS 0 the clock ends when the single mosquitto_sub exits after the backlog (``-C``),
 or, for the daemon, between the scrapes of its metrics around its last acknowledgement,
