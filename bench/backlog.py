@@ -4,16 +4,15 @@ Shared by bench.mapping and bench.sparkplug, which compare payload formats throu
 daemon (``--dry-run``: decode, batch, plan the writes, acknowledge). The daemon first
 connects once, so its persistent session exists; then every message is published at QoS 1
 and each PUBACK is required, so the backlog is known to be at the broker; then the daemon
-starts again and drains it. It is timed as bench.e2e times it (``watch_daemon`` and
-``timed``): from the first message to reach its socket to its last acknowledgement,
-bracketed by scrapes and narrowed by the kernel's figures for its MQTT socket (``ss``),
-so a busy event loop answering a scrape late does not move the clock. For the daemon
-against ``mosquitto_sub`` and the write path against a MongoDB sink, use bench.e2e.
+starts again, through bench.e2e's relay, and drains it. It is timed as bench.e2e times
+it: from its connect to the moment the broker has processed its last PUBACK, both dated
+by the relay on the broker's side of the socket, so nothing in the daemon takes the time. For
+the daemon against ``mosquitto_sub`` and the write path against a MongoDB sink, use
+bench.e2e.
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 from typing import TYPE_CHECKING
 
@@ -77,7 +76,8 @@ def preload(broker: Broker, messages: list[tuple[str, bytes]]) -> None:
 
 def drain(broker: Broker, args: list[str], workdir: Path, messages: list[tuple[str, bytes]],
           name: str = "daemon") -> tuple[float, dict[str, float]]:
-    """(seconds from the first message to the last ack, the daemon's counters at the end).
+    """(seconds from its connect to the broker's processing of its last ack, the daemon's
+    counters at the end).
 
     ``args``: ``ingest run`` arguments (``--mqtt-url``, topics or a mapping, ``--dry-run``
     ...) with a fixed ``--client-id``. Raises if the daemon did not ack every message.
@@ -89,23 +89,25 @@ def drain(broker: Broker, args: list[str], workdir: Path, messages: list[tuple[s
     first = Daemon(args, log).start()
     first.stop()  # the persistent session now exists and queues the backlog
     preload(broker, messages)
-    daemon = Daemon(args, log).start(wait_ready=False)
+    client_id = args[args.index("--client-id") + 1]
+    relay = e2e.Relay.start(e2e.tools()["mqttrelay"], broker.port, len(messages))
     try:
-        watch, counters = e2e.watch_daemon(daemon, broker, len(messages))
-        if shutil.which("ss"):
-            # As bench.e2e: twice, apart, so a PUBACK still queued would show.
-            one = e2e.last_send(broker)
-            time.sleep(0.05)
-            two = e2e.last_send(broker)
-            if one and two and abs(one[0] - two[0]) < e2e.JIFFY + 0.005:
-                watch.last_ack = (max(one[0], two[0]), min(one[1], two[1]))
+        url = args.index("--mqtt-url") + 1
+        daemon = Daemon([*args[:url], relay.url, *args[url + 1:]], log).start(wait_ready=False)
+        try:
+            watch, counters = e2e.watch_daemon(daemon, relay, len(messages), 1, [client_id])
+        finally:
+            daemon.stop()
+        relay.wait_closed(e2e.CLOSE_TIMEOUT)
+        relay.stop()
     finally:
-        daemon.stop()
-    if counters.get("ingest_messages_acked_total", 0) < len(messages):
-        raise RuntimeError(f"the daemon acknowledged {counters} of {len(messages)} "
-                           f"messages:\n{daemon.logs()[-2000:]}")
+        relay.kill()
     run = e2e.Run(name, 0, 1, 1, len(messages), published=len(messages))
+    e2e.settle(run, relay, client_id, 1)
     e2e.timed(run, watch)
+    if run.pubacks < len(messages):
+        raise RuntimeError(f"the broker has {run.pubacks} PUBACKs of {len(messages)} "
+                           f"messages:\n{daemon.logs()[-2000:]}")
     return run.seconds, counters
 
 

@@ -6,22 +6,25 @@ session is created for the consumer's client id, then ``qos1pub`` (C) publishes 
 message at QoS 1 and must count a PUBACK for each, so the backlog is known to be in the
 broker before the consumer connects. The consumers:
 
-- ``mosquitto_sub``: the C client, MQTT 5, same Receive Maximum as the daemon;
+- ``mosquitto_sub``: the C client, MQTT 5, same Receive Maximum as the daemon, writing
+  every message to a file;
 - ``dry-run``: ``ingest run --dry-run`` (decode, batch, build the writes, ack);
 - ``bucket`` / ``timeseries``: ``ingest run`` writing to ``fakemongo``, a C server that
   answers the MongoDB wire protocol at once and counts what it receives.
 
-The clock runs from the consumer's first message to its last acknowledgement (the
-daemon) or receipt (mosquitto_sub), as the bench process sees them: mosquitto_sub's
-output is read as it comes; the daemon's metrics are scraped (fast before the first
-message and near the end, slowly in between), and each scrape is bracketed by the time
-the request left and the answer came back, which bounds the true instants; the kernel's
-figures for the daemon's MQTT socket (``ss``) and fakemongo's first and last write
-narrow those bounds without the daemon's event loop. CPU is the
-consumer's own utime + stime from /proc/<pid>/stat over the same window. Losses are
-counted on every side: published (PUBACKed), dropped by the broker (its
-``$SYS/broker/publish/messages/dropped``, read before and after the run), received,
-written, seen at the sink.
+No consumer times itself. Each connects through ``mqttrelay`` (C, bench/relay.py), which
+dates from the broker's side of the socket the consumer's connect and the moment the
+broker had processed the PUBACK that completed the backlog (its answer to a PINGREQ the
+relay sends right after it), and counts the PUBLISHes the broker sent and the PUBACKs it
+got. At QoS 1 the clock runs from connect to that moment, and a message counts as done
+only once its PUBACK reached the broker; afterwards
+a client resuming the consumer's session must be sent nothing (``left at the broker``).
+At QoS 0 the clock ends when the single mosquitto_sub exits after the backlog (``-C``),
+or, for the daemon, between the scrapes of its metrics around its last acknowledgement,
+after fakemongo's last write. CPU is the consumer's own utime + stime from /proc over
+the same window. Losses are counted on every side: published (PUBACKed), dropped by the
+broker (its ``$SYS/broker/publish/messages/dropped``, read before and after the run),
+delivered and PUBACKed (the relay), received, written, seen at the sink.
 
     .venv/bin/python -m bench.e2e [--sensors 1000] [--rounds 5] [--json out.json]
 """
@@ -32,8 +35,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
-import select
 import shutil
 import signal
 import statistics
@@ -45,10 +46,14 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from bench.relay import Relay
 from ingest.config import Settings as DaemonSettings
 from tests.support.procs import Broker, Daemon
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 HERE = Path(__file__).resolve().parent
 FILTER = "sensors/#"
@@ -57,9 +62,8 @@ RECEIVE_MAXIMUM = DaemonSettings().max_inflight_messages  # the daemon's default
 FAST, SLOW = 0.02, 0.25  # scrape intervals (s): near the start and end, in between
 STALL = 20.0  # no progress for this long: the run ends and the rest counts as lost
 START_TIMEOUT = 120.0  # the daemon's start-up, before its first message, on a busy machine
+CLOSE_TIMEOUT = 10.0  # for the broker to read a stopped consumer's connection to its end
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-JIFFY = 0.010  # the kernel's socket timestamps tick at HZ >= 100
-ARRIVED = 64  # bytes: more than CONNACK and SUBACK, so at least one PUBLISH has arrived
 SYS_INTERVAL = 1  # seconds between the broker's $SYS updates (mosquitto's sys_interval)
 DROPPED = "$SYS/broker/publish/messages/dropped"
 
@@ -92,19 +96,29 @@ class Run:
     qos: int
     messages: int
     published: int = 0
-    received: int = 0  # messages the consumer took
+    # PUBLISHes the broker sent the consumer, and PUBACKs that reached the broker (QoS 1):
+    # the relay's counts, from the broker's side of the consumer's connections
+    delivered: int = 0
+    pubacks: int = 0
+    received: int = 0  # the consumer's own count: lines mosquitto_sub wrote; the daemon's
     broker_dropped: int | None = None  # messages the broker dropped during the run
+    left_at_broker: int | None = None  # what the broker still held for the sessions after
     acked: int = 0  # the daemon's ingest_messages_acked_total (QoS 0: done with)
     written: int = 0  # readings the daemon counts as written
     rejected: int = 0
     sink_readings: int | None = None  # readings seen by fakemongo (inserts, $push elements)
     sink_ops: int | None = None
     sink_requests: int | None = None
-    seconds: float = 0.0  # best estimate of first message -> last ack/receipt
-    seconds_low: float = 0.0  # bounds from the scrape brackets (equal for mosquitto_sub)
+    connected: float = 0.0  # the consumer's first connect at the relay (monotonic)
+    first_message_seconds: float = 0.0  # connect -> the broker's first PUBLISH to it
+    # from the last PUBACK reaching the broker's socket to the broker having processed it
+    broker_read_lag: float = 0.0
+    seconds: float = 0.0  # best estimate of connect -> last PUBACK at the broker (QoS 1)
+    seconds_low: float = 0.0  # bounds (equal at QoS 1: both ends are the relay's)
     seconds_high: float = 0.0
     cpu_seconds: float = 0.0
     sink_cpu_seconds: float | None = None  # fakemongo's whole CPU, to show it is not the limit
+    relay_cpu_seconds: float = 0.0  # the relay's whole CPU: the clock's own cost
     scrapes: int = 0  # metrics requests the daemon answered during the run
     load: float = 0.0  # the machine's 1-minute load average when the run started
     # mosquitto's CPU from the consumer's start to its end (the broker is single-threaded:
@@ -116,6 +130,7 @@ class Run:
     def figures(self) -> dict[str, Any]:
         """The run as JSON, with its rates."""
         out = asdict(self)
+        out["messages_done"] = self.messages_done
         out["msg_per_s"] = self.messages_done / self.seconds if self.seconds else 0.0
         out["readings_per_s"] = out["msg_per_s"] * self.per_message
         out["clock_error"] = ((self.seconds_high - self.seconds_low) / 2 / self.seconds
@@ -129,15 +144,26 @@ class Run:
 
     @property
     def messages_done(self) -> int:
-        """Messages taken and finished with (the rate counts these)."""
-        return self.received if self.consumer == "mosquitto_sub" else self.acked
+        """Messages finished with, which the rate counts: at QoS 1 those whose PUBACK the
+        broker has, never more; at QoS 0 those mosquitto_sub wrote out of those the
+        broker sent, or the daemon acknowledged (wrote)."""
+        if self.qos == 1:
+            return self.pubacks
+        if self.consumer == "mosquitto_sub":
+            return min(self.received, self.delivered)
+        return self.acked
 
     @property
     def lost(self) -> dict[str, int]:
         """Where messages or readings went missing (all zero for a clean run)."""
+        dropped = self.broker_dropped or 0
         out = {"not_published": self.messages - self.published,
-               "not_received": self.published - self.received - (self.broker_dropped or 0),
-               "broker_dropped": self.broker_dropped or 0}
+               "broker_dropped": dropped,
+               "not_delivered": self.published - dropped - self.delivered,
+               "not_received": self.delivered - self.received,
+               "left_at_broker": self.left_at_broker or 0}
+        if self.qos == 1:
+            out["not_acked"] = self.published - self.pubacks
         if self.consumer != "mosquitto_sub":
             out["not_written"] = self.received * self.per_message - self.written - self.rejected
         if self.sink_readings is not None:
@@ -148,7 +174,7 @@ class Run:
 def tools() -> dict[str, Path]:
     """The C helpers, built on first use (or when their source is newer)."""
     out = {}
-    for name in ("fakemongo", "qos1pub"):
+    for name in ("fakemongo", "qos1pub", "mqttrelay"):
         binary, source = HERE / name, HERE / f"{name}.c"
         if not binary.exists() or binary.stat().st_mtime < source.stat().st_mtime:
             subprocess.run([str(HERE / "build.sh")], check=True)
@@ -241,70 +267,104 @@ def publish(broker: Broker, qos1pub: Path, path: Path, messages: int) -> int:
     return int(result["acked"])
 
 
-def _read_stamps(procs: list[subprocess.Popen[bytes]],
-                 expected: int) -> tuple[int, dict[int, bytes], dict[int, bytes], float]:
-    """Read mosquitto_sub's lines until ``expected`` or a stall: their count, the first and
-    last chunk of each process, and the processes' CPU at the first message."""
-    fds = []
-    for proc in procs:
-        assert proc.stdout is not None
-        fds.append(proc.stdout.fileno())
-    heads: dict[int, bytes] = {}
-    tails: dict[int, bytes] = {}
-    cpu_first = 0.0
-    lines = 0
-    while lines < expected:
-        ready, _, _ = select.select(fds, [], [], STALL)
-        if not ready:
-            break
-        for fd in ready:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                fds.remove(fd)  # this one has exited
-                continue
-            if not heads:
-                cpu_first = sum(cpu_of(p.pid) for p in procs)
-            heads.setdefault(fd, chunk)
-            lines += chunk.count(b"\n")
-            tails[fd] = (tails.get(fd, b"") + chunk)[-256:]
-        if not fds:
-            break
-    return lines, heads, tails, cpu_first
+def sub_command(port: int, worker: str, run: Run, topic: str, single: bool) -> list[str]:
+    """The baseline: ``mosquitto_sub`` (MQTT 5, the daemon's Receive Maximum) writing each
+    message to a file. At QoS 0 a single one exits after the backlog (``-C``); at QoS 1 it
+    is stopped once the broker has every PUBACK (with ``-C`` it could exit first)."""
+    return ["mosquitto_sub", "-p", str(port), "-V", "5", "-i", worker, "-c", "-x", "3600",
+            "-q", str(run.qos), "-t", topic, "-D", "connect", "receive-maximum",
+            str(RECEIVE_MAXIMUM), *(["-C", str(run.published)] if run.qos == 0 and single
+                                    else [])]
 
 
-def measure_sub(run: Run, broker: Broker, client_id: str, workers: int = 1) -> None:
-    """mosquitto_sub: its own receipt times (``-F %U``) of the first and last message.
+def measure_sub(run: Run, relay: Relay, client_id: str, workdir: Path,
+                workers: int = 1) -> float | None:
+    """Run mosquitto_sub through the relay until the broker has processed every PUBACK
+    (QoS 1), it exits after the last message (QoS 0), or nothing moves for STALL; returns when it
+    exited (QoS 0), as the bench saw it.
 
-    With ``workers`` > 1, as many mosquitto_sub on the shared group, each on its session:
-    from the first message any of them received to the last.
+    With ``workers`` > 1, as many mosquitto_sub on the shared group, each on its session
+    (at QoS 0 these have no count of their own: the end is when the broker sent the last
+    message). ``received`` is the lines in their files, the client's own count; what the
+    rate counts comes from the relay (``settle``).
     """
-    procs = [subprocess.Popen(
-        ["mosquitto_sub", "-p", str(broker.port), "-V", "5", "-i", worker, "-c",
-         "-x", "3600", "-q", str(run.qos), "-t", topic_filter(client_id, workers),
-         "-F", "%U", "-D", "connect", "receive-maximum", str(RECEIVE_MAXIMUM),
-         *(["-C", str(run.published)] if workers == 1 else [])],
-        stdout=subprocess.PIPE) for worker in client_ids(client_id, workers)]
-    lines = 0
+    outs = [workdir / f"sub-{k}.txt" for k in range(workers)]
+    procs = []
+    for worker, out in zip(client_ids(client_id, workers), outs, strict=True):
+        with out.open("wb") as sink:
+            procs.append(subprocess.Popen(sub_command(
+                relay.port, worker, run, topic_filter(client_id, workers), workers == 1),
+                stdout=sink))
+    exits = [os.pidfd_open(proc.pid) for proc in procs]
+    started = time.monotonic()
+    ended: float | None = None
+    exited: set[int] = set()
     try:
-        lines, heads, tails, cpu_first = _read_stamps(procs, run.published)
+        while True:
+            exited.update(relay.poll(FAST, also=[f for f in exits if f not in exited]))
+            if run.qos == 1 and relay.processed is not None:
+                break
+            if run.qos == 0 and (exited or (workers > 1 and relay.publishes >= run.published)):
+                ended = time.monotonic()
+                break
+            if len(exited) == len(exits):
+                break  # all gone: nothing more will come
+            patience = STALL if relay.connects else START_TIMEOUT
+            if time.monotonic() - max(started, relay.moved) > patience:
+                break
     finally:
-        if workers > 1 or lines < run.published:  # a member of a group has no count of its
-            for proc in procs:                      # own; one stalled was interrupted
-                os.kill(proc.pid, signal.SIGKILL)  # not Popen.kill: it reaps (wait4 below)
-    cpu = 0.0
-    for proc in procs:
+        run.cpu_seconds = sum(_finish(proc, pidfd in exited)
+                              for proc, pidfd in zip(procs, exits, strict=True))
+        for pidfd in exits:
+            os.close(pidfd)
+    run.received = sum(out.read_bytes().count(b"\n") for out in outs)
+    return ended
+
+
+def _finish(proc: subprocess.Popen[bytes], exited: bool) -> float:
+    """End a mosquitto_sub (SIGTERM: a clean disconnect, its file flushed); its CPU."""
+    if exited:
         _, _, usage = os.wait4(proc.pid, 0)
-        proc.returncode = 0
-        assert proc.stdout is not None
-        proc.stdout.close()
-        cpu += usage.ru_utime + usage.ru_stime
-    run.received = lines
-    if lines:
-        first = min(float(head.split(b"\n", 1)[0]) for head in heads.values())
-        last = max(float(tail.rstrip(b"\n").rsplit(b"\n", 1)[-1]) for tail in tails.values())
-        run.seconds = run.seconds_low = run.seconds_high = last - first
-    run.cpu_seconds = cpu - cpu_first
-    run.complete = lines == run.published
+        proc.returncode = 0  # reaped above
+        return usage.ru_utime + usage.ru_stime
+    cpu = cpu_of(proc.pid)  # what it spent on the run; it idles from here
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return cpu
+
+
+def settle(run: Run, relay: Relay, client_id: str, workers: int,
+           ended: float | None = None) -> None:
+    """The counts and the clock from the relay's final report: from the consumer's first
+    connect to the moment the broker had processed the last PUBACK (QoS 1), or to
+    ``ended`` (QoS 0, mosquitto_sub); the daemon at QoS 0 is timed by ``timed``."""
+    mine = relay.mine(client_ids(client_id, workers))
+    run.delivered = sum(c["publishes"] for c in mine)
+    run.pubacks = sum(c["pubacks"] for c in mine)
+    run.relay_cpu_seconds = relay.cpu_seconds
+    run.connected = min((c["connect_ns"] / 1e9 for c in mine), default=0.0)
+    first = min((c["first_publish_ns"] / 1e9 for c in mine if c["first_publish_ns"]),
+                default=0.0)
+    run.first_message_seconds = first - run.connected if first and run.connected else 0.0
+    if run.qos == 1:
+        processed = relay.final["processed_ns"] / 1e9
+        last = max((c["last_puback_ns"] / 1e9 for c in mine), default=0.0)
+        end = processed if processed and run.pubacks >= run.published else last
+        if processed:
+            run.broker_read_lag = processed - relay.final["reached_ns"] / 1e9
+        if end and run.connected:
+            run.seconds = run.seconds_low = run.seconds_high = end - run.connected
+    elif run.consumer == "mosquitto_sub" and run.connected:
+        # After the broker sent the last message, by the exit the bench saw.
+        last = max((c["last_publish_ns"] / 1e9 for c in mine), default=0.0)
+        high = ended if ended is not None else last
+        run.seconds_low = max(0.0, last - run.connected)
+        run.seconds_high = max(run.seconds_low, high - run.connected)
+        run.seconds = (run.seconds_low + run.seconds_high) / 2
 
 
 @dataclass
@@ -324,12 +384,8 @@ class Watch:
     """The scrape loop of one daemon run."""
 
     samples: list[Sample] = field(default_factory=list)
-    # When the first PUBLISH reached the daemon's socket: after ``quiet`` (a look that saw
-    # none), by the second value (a look that saw one); from the kernel, see client_socket.
-    quiet: float = 0.0
-    first_arrival: tuple[float, float] | None = None
-    # QoS 1: when the last PUBACK left the daemon's socket (see last_send)
-    last_ack: tuple[float, float] | None = None
+    # The daemon's CPU when the bench saw the relay report its connect (the clock's start)
+    cpu_at_connect: float | None = None
 
     def first_nonzero(self) -> int:
         """Index of the first sample that shows a message received."""
@@ -340,21 +396,18 @@ class Watch:
         return sum(not s.refused for s in self.samples)
 
 
-def watch_daemon(daemon: Daemon, broker: Broker,
-                 target: int) -> tuple[Watch, dict[str, float]]:
-    """Scrape until ``target`` messages are acked, or nothing moves for STALL."""
+def watch_daemon(daemon: Daemon, relay: Relay, target: int, qos: int,
+                 ids: list[str]) -> tuple[Watch, dict[str, float]]:
+    """Scrape until ``target`` messages are done (QoS 1: PUBACKs at the broker, from the
+    relay; QoS 0: acked, from the daemon), or nothing moves for STALL."""
     assert daemon.process is not None
     moved = time.monotonic()
     # Nothing can have been received before the daemon was started.
-    watch, counters = Watch([Sample(moved, moved, 0, 0, 0.0, refused=True)], moved), {}
-    look = shutil.which("ss") is not None
+    watch, counters = Watch([Sample(moved, moved, 0, 0, 0.0, refused=True)]), {}
     while True:
-        if look and watch.first_arrival is None:
-            before, after, figures = client_socket(broker)
-            if figures.get("bytes_received", 0) > ARRIVED:
-                watch.first_arrival = (watch.quiet, after)
-            else:
-                watch.quiet = before
+        relay.poll(0)
+        if watch.cpu_at_connect is None and relay.connected(ids) is not None:
+            watch.cpu_at_connect = cpu_of_tree(daemon.process.pid)
         sent = time.monotonic()
         try:
             counters = scrape(daemon.metrics_port)
@@ -373,9 +426,11 @@ def watch_daemon(daemon: Daemon, broker: Broker,
         received = int(counters.get("ingest_messages_received_total", 0))
         if (done, received) != (watch.samples[-1].done, watch.samples[-1].received):
             moved = answered
+        moved = max(moved, relay.moved)
         watch.samples.append(Sample(sent, answered, done, received, cpu))
         patience = STALL if received or done else START_TIMEOUT
-        if done >= target or answered - moved > patience:
+        finished = (relay.processed is not None) if qos == 1 else done >= target
+        if finished or answered - moved > patience:
             return watch, counters
         time.sleep(next_interval(watch, target))
 
@@ -393,77 +448,41 @@ def next_interval(watch: Watch, target: int) -> float:
     return FAST if remaining < 2.5 * SLOW else min(SLOW, remaining / 3)
 
 
-def client_socket(broker: Broker) -> tuple[float, float, dict[str, int]]:
-    """The kernel's figures of the one client socket to the broker (``ss -ti``).
-
-    Returns when the look started and ended, and ``bytes_received`` and ``lastsnd``
-    (milliseconds since it last sent data) of the consumer's sockets: the most any of
-    them received, and the most recent send of any.
-    """
-    before = time.monotonic()
-    out = subprocess.run(["ss", "-tinH", "state", "established", "dst",
-                          f"127.0.0.1:{broker.port}"], capture_output=True, text=True,
-                         check=False).stdout
-    after = time.monotonic()
-    figures: dict[str, int] = {}
-    for name in ("bytes_received", "lastsnd"):
-        found = [int(x) for x in re.findall(rf"\b{name}:(\d+)", out)]
-        if found:
-            figures[name] = max(found) if name == "bytes_received" else min(found)
-    return before, after, figures
-
-
-def last_send(broker: Broker) -> tuple[float, float] | None:
-    """Bounds of the instant the one client socket to the broker last sent data.
-
-    From the kernel (``lastsnd``, counted in jiffies), so the daemon's event loop has no
-    part in it. None when no client is connected.
-    """
-    before, after, figures = client_socket(broker)
-    if "lastsnd" not in figures:
-        return None
-    ago = figures["lastsnd"] / 1000
-    return before - ago - JIFFY, after - ago + 0.001
-
-
 def timed(run: Run, watch: Watch, writes: tuple[float, float] | None = None) -> None:
-    """Bound first message and last ack by the scrapes around them.
+    """The daemon's CPU over the clock's window and, at QoS 0, the clock's end.
 
-    ``writes``: when fakemongo saw the first and the last write (monotonic clock). The
-    first message came before the first write, the last ack after the last write: the
-    sink's clock narrows the brackets whatever the daemon's event loop is doing.
+    The clock starts at the consumer's connect (``run.connected``, from the relay). At
+    QoS 1 it ends at the broker's last PUBACK (``settle``); at QoS 0 nothing on the wire
+    dates the end, so it is bracketed by the scrapes around the daemon's last
+    acknowledgement (after the scrape sent before the one that showed the final count, by
+    that one's answer) and, with ``writes`` (fakemongo's first and last write, monotonic),
+    after the last write.
     """
     samples = watch.samples
-    k = watch.first_nonzero()
     # The first scrape that showed the final count: a run that stalled (messages lost on
     # the way) ended there, not after the wait for more that never came.
     j = next(i for i, sample in enumerate(samples) if sample.done == samples[-1].done)
     end = samples[j]
-    before_start = samples[k - 1] if k else None
     before_end = samples[j - 1] if j else samples[j]
-    start_low = before_start.sent if before_start else samples[k].sent
-    start_high = samples[k].answered
-    end_low, end_high = before_end.sent, end.answered
-    if watch.first_arrival is not None:  # the kernel saw it arrive: the earlier event
-        start_low = watch.first_arrival[0]
-        start_high = max(start_low, min(start_high, watch.first_arrival[1]))
-    if writes is not None:
-        start_high = max(start_low, min(start_high, writes[0]))
-        end_low = min(end_high, max(end_low, writes[1]))
-    if watch.last_ack is not None:
-        end_low = min(end_high, max(end_low, watch.last_ack[0]))
-        end_high = max(end_low, min(end_high, watch.last_ack[1]))
-    run.seconds_low = max(0.0, end_low - start_high)
-    run.seconds_high = end_high - start_low
-    run.seconds = (run.seconds_low + run.seconds_high) / 2
-    cpu_start = before_start.cpu if before_start and not before_start.refused else samples[k].cpu
-    run.cpu_seconds = end.cpu - cpu_start
+    if run.qos == 0 and run.connected:
+        end_low, end_high = before_end.sent, end.answered
+        if writes is not None:
+            end_low = min(end_high, max(end_low, writes[1]))
+        run.seconds_low = max(0.0, end_low - run.connected)
+        run.seconds_high = max(run.seconds_low, end_high - run.connected)
+        run.seconds = (run.seconds_low + run.seconds_high) / 2
+    k = watch.first_nonzero() if any(s.received or s.done for s in samples) else len(samples)
+    before = samples[k - 1] if k else None
+    start_cpu = watch.cpu_at_connect
+    if start_cpu is None:
+        start_cpu = before.cpu if before and not before.refused else samples[min(k, j)].cpu
+    run.cpu_seconds = end.cpu - start_cpu
 
 
-def measure_daemon(run: Run, broker: Broker, client_id: str, sink_uri: str | None,
+def measure_daemon(run: Run, relay: Relay, client_id: str, sink_uri: str | None,
                    workdir: Path, extra: tuple[str, ...], workers: int = 1) -> Watch:
-    """``ingest run`` from its first received message to its last ack, from its metrics."""
-    args = ["--mqtt-url", broker.url, "--topic", FILTER, "--client-id", client_id,
+    """``ingest run`` through the relay, until it is done; its counters from its metrics."""
+    args = ["--mqtt-url", relay.url, "--topic", FILTER, "--client-id", client_id,
             "--qos", str(run.qos), "--log-level", "warning", "--db", "bench",
             "--workers", str(workers), *extra]
     if sink_uri is None:
@@ -472,14 +491,8 @@ def measure_daemon(run: Run, broker: Broker, client_id: str, sink_uri: str | Non
         args += ["--mode", run.consumer, "--mongodb-uri", sink_uri]
     daemon = Daemon(args, workdir / f"daemon-{run.consumer}.log").start(wait_ready=False)
     try:
-        watch, counters = watch_daemon(daemon, broker, run.published)
-        if run.qos == 1 and shutil.which("ss"):
-            # Twice, apart: a PUBACK still queued at the first look would move the second.
-            first = last_send(broker)
-            time.sleep(0.05)
-            second = last_send(broker)
-            if first and second and abs(first[0] - second[0]) < JIFFY + 0.005:
-                watch.last_ack = (max(first[0], second[0]), min(first[1], second[1]))
+        watch, counters = watch_daemon(daemon, relay, run.published, run.qos,
+                                       client_ids(client_id, workers))
     finally:
         daemon.stop()
     run.scrapes = watch.answered()
@@ -487,8 +500,21 @@ def measure_daemon(run: Run, broker: Broker, client_id: str, sink_uri: str | Non
     run.acked = int(counters.get("ingest_messages_acked_total", 0))
     run.written = int(counters.get("ingest_readings_written_total", 0))
     run.rejected = int(counters.get("ingest_readings_rejected_total", 0))
-    run.complete = run.acked >= run.published
     return watch
+
+
+def left_at_broker(broker: Broker, client_id: str, qos: int, workers: int) -> int:
+    """Messages the broker still holds for the consumer's sessions once it has gone: what
+    it sends a client that resumes them (a message whose PUBACK never reached it comes
+    again), within a second."""
+    total = 0
+    for worker in client_ids(client_id, workers):
+        proc = subprocess.run(["mosquitto_sub", "-p", str(broker.port), "-V", "5", "-i",
+                               worker, "-c", "-x", "3600", "-q", str(qos), "-t",
+                               topic_filter(client_id, workers), "-W", "1"],
+                              capture_output=True, timeout=30, check=False)
+        total += proc.stdout.count(b"\n")
+    return total
 
 
 def sink_counts(run: Run, stats: dict[str, Any]) -> None:
@@ -505,12 +531,12 @@ def sink_counts(run: Run, stats: dict[str, Any]) -> None:
 
 def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, qos: int,
             messages: int, lines: Path, workdir: Path, helpers: dict[str, Path]) -> Run:
-    """One consumer on a fresh broker holding the backlog."""
+    """One consumer on a fresh broker holding the backlog, through a fresh relay."""
     run = Run(consumer, round_no, per_message, qos, messages, load=os.getloadavg()[0])
     rundir = Path(tempfile.mkdtemp(dir=workdir))
     broker = Broker(rundir, extra=f"queue_qos0_messages true\nsys_interval {SYS_INTERVAL}\n")
     broker.start()
-    sink = None
+    relay = None
     try:
         client_id = f"bench-{consumer}"
         session(broker, client_id, qos, settings.workers)
@@ -520,43 +546,69 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
         run.published = publish(broker, helpers["qos1pub"], lines, messages)
         run.broker_publish_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
         broker_cpu += run.broker_publish_cpu_seconds
+        relay = Relay.start(helpers["mqttrelay"], broker.port, run.published)
         if consumer == "mosquitto_sub":
-            measure_sub(run, broker, client_id, settings.workers)
+            ended = measure_sub(run, relay, client_id, rundir, settings.workers)
             run.broker_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
-            count_broker_drops(run, broker, dropped_before)
-            return run
+            relay.wait_closed(CLOSE_TIMEOUT)
+            relay.stop()
+            settle(run, relay, client_id, settings.workers, ended)
+        else:
+            pid, before = broker.process.pid, broker_cpu
+            run_daemon(run, settings, relay, client_id, rundir, helpers["fakemongo"],
+                       lambda: cpu_of(pid) - before)
+        run.left_at_broker = left_at_broker(broker, client_id, qos, settings.workers)
+        count_broker_drops(run, broker, dropped_before)
+        run.complete = run.messages_done >= run.published and run.left_at_broker == 0
+        return run
+    finally:
+        if relay is not None:
+            relay.kill()
+        broker.stop()
+        shutil.rmtree(rundir, ignore_errors=True)
+
+
+def run_daemon(run: Run, settings: Settings, relay: Relay, client_id: str, rundir: Path,
+               fakemongo: Path, broker_cpu: Callable[[], float]) -> None:
+    """The daemon drains the backlog through the relay (and writes to fakemongo)."""
+    sink = None
+    try:
         sink_uri = None
-        if consumer != "dry-run":
-            sink = subprocess.Popen([str(helpers["fakemongo"])], stdout=subprocess.PIPE,
-                                    text=True)
+        if run.consumer != "dry-run":
+            sink = subprocess.Popen([str(fakemongo)], stdout=subprocess.PIPE, text=True)
             assert sink.stdout is not None
             sink_uri = sink.stdout.readline().strip()
-        watch = measure_daemon(run, broker, client_id, sink_uri, rundir, settings.daemon_args,
+        watch = measure_daemon(run, relay, client_id, sink_uri, rundir, settings.daemon_args,
                                settings.workers)
-        run.broker_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
-        if sink is None:
-            timed(run, watch)
-        else:
-            sink.terminate()
-            assert sink.stdout is not None
-            out = sink.stdout.read()
-            _, _, usage = os.wait4(sink.pid, 0)
-            sink.returncode = 0
-            sink.stdout.close()
-            run.sink_cpu_seconds = usage.ru_utime + usage.ru_stime
-            stats = json.loads(out.strip().splitlines()[-1])
-            sink_counts(run, stats)
+        run.broker_cpu_seconds = broker_cpu()
+        relay.wait_closed(CLOSE_TIMEOUT)
+        relay.stop()
+        settle(run, relay, client_id, settings.workers)
+        writes = None
+        if sink is not None:
+            stats = sink_stats(run, sink)
             sink = None
             first, last = stats["firstWriteMonotonicNs"], stats["lastWriteMonotonicNs"]
-            timed(run, watch, (first / 1e9, last / 1e9) if first else None)
-        count_broker_drops(run, broker, dropped_before)
-        return run
+            writes = (first / 1e9, last / 1e9) if first else None
+        timed(run, watch, writes)
     finally:
         if sink is not None:
             sink.kill()
             sink.communicate()
-        broker.stop()
-        shutil.rmtree(rundir, ignore_errors=True)
+
+
+def sink_stats(run: Run, sink: subprocess.Popen[str]) -> dict[str, Any]:
+    """Stop fakemongo; its counts (also into ``run``) and its CPU."""
+    sink.terminate()
+    assert sink.stdout is not None
+    out = sink.stdout.read()
+    _, _, usage = os.wait4(sink.pid, 0)
+    sink.returncode = 0
+    sink.stdout.close()
+    run.sink_cpu_seconds = usage.ru_utime + usage.ru_stime
+    stats: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    sink_counts(run, stats)
+    return stats
 
 
 def count_broker_drops(run: Run, broker: Broker, before: int | None) -> None:
@@ -641,8 +693,14 @@ def summarize(runs: list[Run], settings: Settings) -> list[dict[str, Any]]:
                         f["cpu_us_per_reading"] for f in figures),
                     "clock_error_max": max(f["clock_error"] for f in figures),
                     "broker_busy": statistics.median(f["broker_busy"] for f in figures),
+                    "relay_cpu_us_per_message": statistics.median(
+                        r.relay_cpu_seconds / r.published * 1e6 if r.published else 0.0
+                        for r in mine),
                     "published": sum(r.published for r in mine),
+                    "delivered": sum(r.delivered for r in mine),
                     "received": sum(r.received for r in mine),
+                    "pubacks": None if qos == 0 else sum(r.pubacks for r in mine),
+                    "left_at_broker": sum(r.left_at_broker or 0 for r in mine),
                     "broker_dropped": (None if any(r.broker_dropped is None for r in mine)
                                        else sum(r.broker_dropped or 0 for r in mine)),
                     "written": (None if consumer == "mosquitto_sub"
@@ -666,24 +724,28 @@ def markdown(report: dict[str, Any]) -> str:
 
     rows = [("| readings/msg | QoS | consumer | msg/s (min / median / max) "
              "| readings/s (median) | ratio to mosquitto_sub (min / median / max) "
-             "| CPU µs/reading | published | dropped by the broker | received | written "
-             "| at sink | clock error | broker CPU / run time (median) |"),
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| CPU µs/reading | published | dropped by the broker | delivered | received "
+             "| PUBACKs at the broker | left at the broker | written | at sink | clock error "
+             "| broker CPU / run time (median) |"),
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows.extend(
         f"| {s['per_message']} | {s['qos']} | {s['consumer']} | {trio(s['msg_per_s'], ',.0f')} "
         f"| {s['readings_per_s']['median']:,.0f} | {trio(s['ratio'], '.2f')} "
         f"| {s['cpu_us_per_reading']:.1f} | {count(s['published'])} "
-        f"| {count(s['broker_dropped'])} | {count(s['received'])} | {count(s['written'])} "
+        f"| {count(s['broker_dropped'])} | {count(s['delivered'])} | {count(s['received'])} "
+        f"| {count(s['pubacks'])} | {count(s['left_at_broker'])} | {count(s['written'])} "
         f"| {count(s['at_sink'])} | ±{s['clock_error_max']:.1%} "
         f"| {s['broker_busy']:.2f} |"
         for s in report["summary"])
     loads = [r["load"] for r in report["runs"]]
     rows.append("")
+    relay = [s["relay_cpu_us_per_message"] for s in report["summary"]]
     rows.append(f"Sums over {report['settings']['rounds']} rounds; "
                 f"{report['settings']['sensors']:,} sensors; 1-minute load average at the "
                 f"start of the runs: {min(loads):.2f} to {max(loads):.2f} on {report['cpus']} "
                 f"CPUs; {report['settings'].get('workers', 1)} worker(s); "
-                f"{report.get('python', 'Python')}.")
+                f"{report.get('python', 'Python')}; the relay that takes the clock spent "
+                f"{min(relay):.1f} to {max(relay):.1f} µs of CPU a message.")
     return "\n".join(rows)
 
 

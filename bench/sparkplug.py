@@ -2,8 +2,8 @@
 
 For each payload format, a backlog of QoS 1 messages, each acknowledged by the broker, is
 queued at a real mosquitto for the daemon's persistent session while it is offline; the
-daemon then connects and is timed with bench.e2e's clock, from the first message to reach
-its socket to its last acknowledgement (bench.backlog). --dry-run: decode, batch and plan
+daemon then connects and is timed with bench.e2e's clock, from its connect to the moment
+the broker has processed its last acknowledgement (bench.backlog). --dry-run: decode, batch and plan
 the writes, no MongoDB (a BIRTH's alias table stays in memory). The readings are the same
 in every format: ``--sensors`` sensors (a fleet: message i comes from sensor i mod N), two
 measurements (hum, temp) each, ``--per-message`` per message. Formats: ``ingest`` (the

@@ -1,5 +1,6 @@
 """The end-to-end benchmark's instruments: fakemongo answers the real driver and counts
-exactly, and a tiny bench run accounts for every message on every side."""
+exactly, the relay times and counts every consumer from the broker's side, and a tiny
+bench run accounts for every message on every side."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import pytest
 from pymongo import InsertOne, MongoClient, UpdateOne
 from pymongo.errors import OperationFailure
 
+from bench import e2e
 from bench.e2e import CONSUMERS, Run, Sample, Settings, Watch, markdown, run_all, timed, tools
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
 
 @pytest.fixture
@@ -114,29 +117,31 @@ def test_legacy_op_query_hello(fakemongo: tuple[str, subprocess.Popen[str]]) -> 
     assert reply["maxWireVersion"] >= 17
 
 
-def test_clock_bounds_come_from_the_scrapes_around_the_events() -> None:
-    run = Run("bucket", 1, 1, 1, 100)
+def test_at_qos_0_the_daemon_is_timed_from_its_connect_to_the_scrapes_around_its_end() -> None:
+    run = Run("bucket", 1, 1, 0, 100, connected=0.3)
     # sent, answered, done, received, cpu
     watch = Watch([Sample(0.0, 0.1, 0, 0, 1.0), Sample(0.2, 0.3, 0, 0, 1.5),
                    Sample(0.4, 0.6, 10, 20, 2.0), Sample(1.0, 1.1, 90, 95, 3.0),
-                   Sample(1.2, 1.3, 100, 100, 3.5)])
+                   Sample(1.2, 1.3, 100, 100, 3.5)], cpu_at_connect=1.6)
     timed(run, watch)
-    # first message after 0.2 (a scrape sent then saw none), by 0.6; last ack after 1.0,
-    # by 1.3
-    assert run.seconds_low == pytest.approx(1.0 - 0.6)
-    assert run.seconds_high == pytest.approx(1.3 - 0.2)
-    assert run.seconds == pytest.approx((0.4 + 1.1) / 2)
-    assert run.cpu_seconds == pytest.approx(3.5 - 1.5)
-    # The sink's first and last write narrow both brackets: first message by 0.5, last
-    # ack after 1.15.
+    # From the relay's connect (0.3) to the last acknowledgement: after 1.0 (the scrape
+    # sent before the one that showed it), by 1.3; CPU from the connect on.
+    assert (run.seconds_low, run.seconds_high) == (pytest.approx(0.7), pytest.approx(1.0))
+    assert run.seconds == pytest.approx(0.85)
+    assert run.cpu_seconds == pytest.approx(3.5 - 1.6)
+    # fakemongo's last write narrows the end: after 1.15.
     timed(run, watch, (0.5, 1.15))
-    assert (run.seconds_low, run.seconds_high) == (pytest.approx(1.15 - 0.5),
-                                                   pytest.approx(1.3 - 0.2))
+    assert run.seconds_low == pytest.approx(1.15 - 0.3)
     # A run that lost messages stalls: it ends at the first scrape showing its final
     # count, not at the last one, 20 s later.
     watch.samples += [Sample(21.2, 21.3, 100, 100, 3.5), Sample(22.2, 22.3, 100, 100, 3.5)]
     timed(run, watch)
-    assert run.seconds_high == pytest.approx(1.3 - 0.2)
+    assert run.seconds_high == pytest.approx(1.0)
+    # At QoS 1 both ends are the relay's (settle): timed leaves the clock alone.
+    qos1 = Run("bucket", 1, 1, 1, 100, connected=0.3, seconds=0.9, seconds_low=0.9,
+               seconds_high=0.9)
+    timed(qos1, watch)
+    assert (qos1.seconds_low, qos1.seconds, qos1.seconds_high) == (0.9, 0.9, 0.9)
 
 
 def test_tiny_run_accounts_for_every_message() -> None:
@@ -149,8 +154,16 @@ def test_tiny_run_accounts_for_every_message() -> None:
         assert run["complete"], run
         assert set(run["lost"].values()) == {0}, run
         assert run["published"] == run["received"] == run["messages"], run
-        assert run["broker_dropped"] == 0, run  # read from the broker's $SYS
-        assert run["seconds_low"] <= run["seconds"] <= run["seconds_high"], run
+        # the broker's side: every message sent, every PUBACK taken (the relay), nothing
+        # left in the session afterwards, nothing dropped ($SYS)
+        assert run["delivered"] == run["pubacks"] == run["messages_done"] == run["messages"]
+        assert run["left_at_broker"] == 0, run
+        assert run["broker_dropped"] == 0, run
+        # from the consumer's connect to the broker's answer to a PINGREQ sent after the
+        # last PUBACK, both dated by the relay
+        assert 0 < run["seconds_low"] == run["seconds"] == run["seconds_high"], run
+        assert run["broker_read_lag"] > 0, run
+        assert run["relay_cpu_seconds"] > 0, run
         if run["consumer"] != "mosquitto_sub":
             assert run["acked"] == run["messages"], run
             assert run["written"] == readings, run
@@ -162,6 +175,73 @@ def test_tiny_run_accounts_for_every_message() -> None:
     assert table.count("\n| 100 | 1 |") == 4
     # the interpreter's build is part of the figures (PGO/LTO change the CPU per reading)
     assert f"{sys.version.split()[0]}, configured " in table
+    assert "the relay that takes the clock spent" in table
+
+
+def test_at_qos_0_the_baseline_is_timed_to_its_exit_after_the_backlog() -> None:
+    settings = Settings(sensors=20, messages=300, per_message=(1,), qos=(0,),
+                        consumers=("mosquitto_sub",), rounds=1)
+    [run] = run_all(settings)["runs"]
+    assert run["complete"], run
+    assert run["delivered"] == run["received"] == run["messages_done"] == 300, run
+    assert run["pubacks"] == 0, run  # QoS 0: nothing to acknowledge
+    # after the broker sent the last message, by the exit the bench saw
+    assert 0 < run["seconds_low"] <= run["seconds"] <= run["seconds_high"], run
+
+
+UNACKING_CONSUMER = """
+import signal, sys
+from paho.mqtt import client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+port, client_id, topic, total, unacked = sys.argv[1:6]
+seen = 0
+
+
+def on_message(client, userdata, message):
+    global seen
+    seen += 1
+    print(message.payload.decode(), flush=True)  # its own count: every message
+    if seen <= int(total) - int(unacked):
+        client.ack(message.mid, message.qos)
+
+
+client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
+                     protocol=mqtt.MQTTv5, manual_ack=True)
+client.on_message = on_message
+client.on_connect = lambda c, *_: c.subscribe(topic, qos=1)
+props = Properties(PacketTypes.CONNECT)
+props.SessionExpiryInterval = 3600
+client.connect("127.0.0.1", int(port), clean_start=False, properties=props)
+signal.signal(signal.SIGTERM, lambda *_: client.disconnect())
+client.loop_forever()
+"""
+
+
+def test_a_consumer_that_leaves_pubacks_unsent_is_not_counted_as_done(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    script = tmp_path / "consumer.py"
+    script.write_text(UNACKING_CONSUMER)
+
+    def consumer(port: int, worker: str, run: Run, topic: str, single: bool) -> list[str]:
+        return [sys.executable, str(script), str(port), worker, topic, str(run.published),
+                "7"]
+
+    monkeypatch.setattr(e2e, "sub_command", consumer)
+    monkeypatch.setattr(e2e, "STALL", 2.0)  # it never finishes: do not wait 20 s
+    settings = Settings(sensors=20, messages=200, per_message=(1,), qos=(1,),
+                        consumers=("mosquitto_sub",), rounds=1)
+    report = run_all(settings)
+    [run] = report["runs"]
+    # It wrote every message out, but the broker got 193 PUBACKs and sends the other 7
+    # to whoever resumes the session: 193 are done, and the run is not complete.
+    assert run["received"] == run["delivered"] == 200, run
+    assert run["pubacks"] == run["messages_done"] == 193, run
+    assert run["lost"]["not_acked"] == run["left_at_broker"] == 7, run
+    assert not run["complete"]
+    assert not report["summary"][0]["complete"]
 
 
 def test_tiny_run_with_two_workers_spreads_the_backlog_and_accounts_for_every_message() -> None:

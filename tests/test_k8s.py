@@ -335,3 +335,20 @@ def test_auto_workers_is_one_per_cpu_of_the_pods_limit(tmp_path: Path) -> None:
         millis = int(cpu.removesuffix("m")) if cpu.endswith("m") else int(float(cpu) * 1000)
         (tmp_path / "cpu.max").write_text(f"{millis * 100} 100000\n")  # as the kubelet sets it
         assert cgroup_cpus(tmp_path) == 1, "one worker per pod: scale with replicas"
+
+
+def test_the_qos_setting_says_what_the_broker_must_hold_for_qos_0() -> None:
+    """The broker is not deployed here, so the ConfigMap says, where the QoS is chosen,
+    what mosquitto needs before a fleet is switched to QoS 0 (docs/delivery.md)."""
+    lines = (K8S / "configmap.yaml").read_text(encoding="utf-8").splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("INGEST_QOS:"))
+    comment = []
+    for line in reversed(lines[:at]):
+        if not line.strip().startswith("#"):
+            break
+        comment.insert(0, line.strip().lstrip("# "))
+    text = " ".join(comment)
+    assert "max_queued_messages" in text
+    assert "stops reading" in text  # why: the daemon pushes back, the broker drops
+    assert "x the longest pause" in text  # how much
+    assert "docs/delivery.md" in text
