@@ -118,7 +118,7 @@ async def test_bad_input_is_counted_stored_in_rejects_and_never_blocks_good_read
         (topic, orjson.dumps({"temp": "22.5"})),
         (topic, orjson.dumps({"$set": 1})),
         (topic, b"[" * 3000),
-        (f"{topic_root}/bad$id/readings", orjson.dumps({"temp": 1})),
+        (f"{topic_root}/{'x' * 129}/readings", orjson.dumps({"temp": 1})),  # id too long
         (topic, orjson.dumps([{"ts": NOW - 3, "temp": 1}, {"ts": NOW - 2, "temp": True},
                               {"ts": NOW - 1, "temp": 2}])),
         (topic, orjson.dumps({"ts": 0, "temp": 1})),
