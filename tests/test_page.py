@@ -6,6 +6,7 @@ installed by ``.ci/run``) loads the page through the DevTools protocol.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -27,7 +28,7 @@ from tests.support.png import Image, read_png
 from tests.support.procs import ROOT, eventually, free_port, http_status
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterator
     from pathlib import Path
 
     from tests.support.procs import Daemon
@@ -205,15 +206,23 @@ def drawn(image: Image, x: float, y: float, color: tuple[int, int, int]) -> bool
     return any(sum(abs(a - b) for a, b in zip(p, color, strict=True)) < 90 for p in near)
 
 
-async def test_page_draws_every_value_of_a_sensor_of_one_two_or_many_readings(
-        mode: str, db: Any, api_process: Callable[..., int], tmp_path: Path) -> None:
-    readings = few_and_many(time.time())
+@contextlib.asynccontextmanager
+async def page_of(readings: list[Reading], db: Any, mode: str,
+                  api_process: Callable[..., int], tmp_path: Path) -> AsyncIterator[Chromium]:
+    """The page of an API over ``readings``, loaded in Chromium (screenshot: page.png)."""
     await store(db, mode, readings)
     port = api_process("--mode", mode)
     async with Chromium(tmp_path / "chromium") as browser:
         await browser.open(f"http://127.0.0.1:{port}/")
         await eventually(lambda: browser.evaluate("document.body.dataset.ready === '1'"))
         await browser.screenshot(tmp_path / "page.png")
+        yield browser
+
+
+async def test_page_draws_every_value_of_a_sensor_of_one_two_or_many_readings(
+        mode: str, db: Any, api_process: Callable[..., int], tmp_path: Path) -> None:
+    readings = few_and_many(time.time())
+    async with page_of(readings, db, mode, api_process, tmp_path) as browser:
         metas = await browser.evaluate(
             "Object.fromEntries([...document.querySelectorAll('.card')].map((c) => "
             "[c.dataset.sensor, c.querySelector('.meta').textContent]))")
@@ -271,12 +280,7 @@ async def test_each_series_is_a_card_titled_with_its_tags(
             readings.append(Reading("h1", ts, epoch, {"disk_free": free}, i,
                                     tags={"path": path}))
         readings.append(Reading("h1", ts, epoch, {"mem_free": 1000.0 + i}, i, tags={}))
-    await store(db, mode, readings)
-    port = api_process("--mode", mode)
-    async with Chromium(tmp_path / "chromium") as browser:
-        await browser.open(f"http://127.0.0.1:{port}/")
-        await eventually(lambda: browser.evaluate("document.body.dataset.ready === '1'"))
-        await browser.screenshot(tmp_path / "page.png")
+    async with page_of(readings, db, mode, api_process, tmp_path) as browser:
         cards = await browser.evaluate(
             "[...document.querySelectorAll('.card')].map((c) => ({"
             "title: c.querySelector('h3').textContent, meta: c.querySelector('.meta').textContent,"
