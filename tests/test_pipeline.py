@@ -15,6 +15,7 @@ from ingest.metrics import Health, Metrics
 from ingest.model import Inbound, Reading
 from ingest.pipeline import Pipeline
 from ingest.writers import Outcome, Plan
+from tests.support.acks import Acks
 
 if TYPE_CHECKING:
     import pytest
@@ -78,15 +79,6 @@ class Rejects:
     async def write(self, docs: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]]:
         self.docs += docs
         return len(docs), []
-
-
-class Acks:
-    def __init__(self) -> None:
-        self.mids: list[int] = []
-
-    def ack_all(self, messages: list[Inbound]) -> int:
-        self.mids += [message.mid for message in messages]
-        return len(messages)
 
 
 async def run_pipeline(writer: ScriptedWriter, count: int, **overrides: Any) -> tuple[

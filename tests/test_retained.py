@@ -27,6 +27,7 @@ from ingest.model import Inbound, Reading
 from ingest.pipeline import Pipeline
 from ingest.retained import COLLECTION, FirstSeen
 from ingest.writers import Outcome, Plan
+from tests.support.acks import Acks
 from tests.support.mongo import COLLECTION as READINGS
 from tests.support.mongo import failpoint
 from tests.support.procs import eventually
@@ -219,15 +220,6 @@ class Recorded:
             raise WriteError("connection reset")
         new = topic not in self.times
         return self.times.setdefault(topic, int(now * 1000)), new
-
-
-class Acks:
-    def __init__(self) -> None:
-        self.mids: list[int] = []
-
-    def ack_all(self, messages: list[Inbound]) -> int:
-        self.mids += [message.mid for message in messages]
-        return len(messages)
 
 
 async def through_pipeline(messages: list[Inbound], retained: str, worker: int = 0,
