@@ -1,17 +1,26 @@
-"""Mapping benchmark: the default path and a Zigbee2MQTT stream through its rule, one run.
+"""Mapping benchmark: the default path and a device stream through its preset, one run.
 
 All streams are single-reading messages drained by the daemon (--dry-run) from a
 pre-loaded, confirmed backlog in a real mosquitto, timed with bench.e2e's clock
 (bench.backlog): the default stream (``{"ts", "seq", "temp", "hum"}``), once on one topic and once
-spread over the same ``--sensors`` topics as the Zigbee2MQTT stream (in bucket mode, the
-number of sensors in a batch sets the number of upserts, whatever the format); that one
-is ``{"battery":100,"battery_low":false,"occupancy":true,"temperature":21.7,
-"linkquality":134,"update":{"state":"idle"}}`` on ``zigbee2mqtt/Sensor <n>`` for
-``--sensors`` sensors, decoded by the zigbee2mqtt rule (the shipped preset when there is
-one, else the minimal rule below). The rounds alternate, and the ratio compares readings/s
-of the two streams within the same run (the machine may be shared and noisy).
+spread over the same ``--sensors`` topics as the device stream (in bucket mode, the
+number of sensors in a batch sets the number of upserts, whatever the format). The device
+stream (``--stream``) is one of:
+
+- ``zigbee2mqtt`` (default): ``{"battery":100,"battery_low":false,"occupancy":true,
+  "temperature":21.7,"linkquality":134,"update":{"state":"idle"}}`` on
+  ``zigbee2mqtt/Sensor <n>``, decoded by the zigbee2mqtt rule (the shipped preset when
+  there is one, else the minimal rule below);
+- ``ttn``: The Things Stack v3 uplinks as its MQTT server publishes them (about 1 KB:
+  device ids, correlation ids, one gateway's ``rx_metadata``, settings, four values in
+  ``decoded_payload``) on ``v3/bench-app@ttn/devices/sensor-<n>/up``, through the shipped
+  ``ttn`` preset.
+
+The rounds alternate, and the ratio compares readings/s of the streams within the same
+run (the machine may be shared and noisy).
 
     .venv/bin/python -m bench.mapping [--messages 50000] [--sensors 1000] [--rounds 2]
+    .venv/bin/python -m bench.mapping --stream ttn    # The Things Stack uplinks instead
     .venv/bin/python -m bench.mapping --in-process    # decode + plan only, CPU time
 """
 
@@ -23,6 +32,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +46,8 @@ from ingest.writers.bucket import BucketWriter
 from tests.support.procs import Broker
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ingest.model import Reading
 
 RULE = """
@@ -66,15 +78,78 @@ def zigbee2mqtt(messages: int, sensors: int) -> tuple[list[bytes], list[str]]:
     return lines, topics
 
 
-def in_process(messages: int, sensors: int, rounds: int) -> dict[str, float]:
+def ttn(messages: int, sensors: int) -> tuple[list[bytes], list[str]]:
+    """The Things Stack v3 uplinks (data-formats/_index.md's full example) and topics.
+
+    ``uplink_message.received_at`` (the preset's time) a millisecond apart per message,
+    an hour ago, as the default stream's ``ts``; four decoded values.
+    """
+    start = time.time() - 3600
+    lines, topics = [], []
+    for i in range(messages):
+        device, eui = f"sensor-{i % sensors}", f"70B3D57ED00{i % sensors:05X}"
+        at = datetime.fromtimestamp(start + i * 0.001, UTC)
+        ns = at.strftime("%Y-%m-%dT%H:%M:%S.%f") + "339Z"  # nine fraction digits
+        later = (at + timedelta(milliseconds=230)).strftime("%Y-%m-%dT%H:%M:%S.%f") + "143Z"
+        lines.append(orjson.dumps({
+            "end_device_ids": {"device_id": device,
+                               "application_ids": {"application_id": "bench-app"},
+                               "dev_eui": eui, "join_eui": "70B3D57ED0000000",
+                               "dev_addr": f"260B{i % sensors:04X}"},
+            "correlation_ids": [f"as:up:01J{i:023d}", f"gs:conn:01J{i:021d}",
+                                f"gs:uplink:01J{i:023d}", f"ns:uplink:01J{i:023d}",
+                                f"rpc:/ttn.lorawan.v3.GsNs/HandleUplink:01J{i:023d}"],
+            "received_at": later,
+            "uplink_message": {
+                "session_key_id": "AXA50tHUGUucuzS/bCGMNw==", "f_port": 2, "f_cnt": i // sensors,
+                "frm_payload": "CWgBGgEQ",
+                "decoded_payload": {"temperature": 20 + (i % 50) / 10,
+                                    "humidity": 40 + i % 30 / 2, "battery": 3.0 + i % 7 / 10,
+                                    "light": 100 + i % 900},
+                "rx_metadata": [{
+                    "gateway_ids": {"gateway_id": "gtw-1", "eui": "9C5C8E00001A05C4"},
+                    "time": ns, "timestamp": 2463457000 + i, "rssi": -35 - i % 80,
+                    "channel_rssi": -35 - i % 80, "snr": 5.2, "uplink_token":
+                    "ChIKEAoEZ3R3MRIInFyOAAAaBcQQ6L3Vlgk=", "channel_index": 2,
+                    "received_at": ns}],
+                "settings": {"data_rate": {"lora": {"bandwidth": 125000, "spreading_factor": 7,
+                                                    "coding_rate": "4/5"}},
+                             "frequency": "868300000", "timestamp": 2463457000 + i},
+                "received_at": ns, "consumed_airtime": "0.056576s",
+                "network_ids": {"net_id": "000013", "tenant_id": "ttn", "cluster_id": "eu1"}}}))
+        topics.append(f"v3/bench-app@ttn/devices/{device}/up")
+    return lines, topics
+
+
+# --stream: (messages, sensors) -> payloads and topics, the preset, a fallback rule.
+STREAMS: dict[str, tuple[Callable[[int, int], tuple[list[bytes], list[str]]], str,
+                         str | None]] = {
+    "zigbee2mqtt": (zigbee2mqtt, "zigbee2mqtt", RULE),
+    "ttn": (ttn, "ttn", None),
+}
+LABELS = {"zigbee2mqtt": "Zigbee2MQTT", "ttn": "The Things Stack v3 uplinks"}
+
+
+def stream_mapping(stream: str) -> tuple[Mapping, str]:
+    """The stream's rules (its preset, else the fallback rule) and where they come from."""
+    _, preset, rule = STREAMS[stream]
+    if preset in preset_names():
+        return Mapping.load(None, [preset]), f"preset {preset}"
+    if rule is None:
+        raise SystemExit(f"bench.mapping: --stream {stream} needs the {preset} preset")
+    return Mapping(parse(rule, "bench")), "bench/mapping.py's minimal rule"
+
+
+def in_process(messages: int, sensors: int, rounds: int, stream: str = "zigbee2mqtt"
+               ) -> dict[str, float]:
     """CPU microseconds per reading to decode and plan bucket writes, best of ``rounds``.
 
     The daemon's share of the work that differs between the two streams, without the
     broker, the MQTT client and the machine's other load (process time, not wall time).
     """
     default_lines = payloads(messages, 1)
-    z2m_lines, z2m_topics = zigbee2mqtt(messages, sensors)
-    mapping = Mapping(parse(RULE, "bench"))
+    z2m_lines, z2m_topics = STREAMS[stream][0](messages, sensors)
+    mapping, _ = stream_mapping(stream)
     limits = Limits()
     writer = BucketWriter(defaultdict(lambda: None), None, 3600, 3600)  # type: ignore[arg-type]
     now = time.time()
@@ -99,11 +174,9 @@ def in_process(messages: int, sensors: int, rounds: int) -> dict[str, float]:
             out.extend(mapping.decode(topic, line, now, limits).decoded.readings)
         return out
 
-    best = {"default": float("inf"), "default_fleet": float("inf"),
-            "zigbee2mqtt": float("inf")}
+    best = {"default": float("inf"), "default_fleet": float("inf"), stream: float("inf")}
     for _ in range(rounds):
-        for name, run in (("default", default), ("default_fleet", fleet),
-                          ("zigbee2mqtt", mapped)):
+        for name, run in (("default", default), ("default_fleet", fleet), (stream, mapped)):
             started = time.process_time()
             readings = run()
             for start in range(0, len(readings), 2000):
@@ -126,6 +199,8 @@ def one_run(workdir: Path, lines: list[bytes], batch: int, extra: tuple[str, ...
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--stream", choices=sorted(STREAMS), default="zigbee2mqtt",
+                        help="the device stream compared with the default path")
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--sensors", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2)
@@ -134,55 +209,58 @@ def main() -> int:
     parser.add_argument("--in-process", action="store_true",
                         help="only decode and plan in this process (CPU time per reading)")
     args = parser.parse_args()
+    stream = args.stream
     if args.in_process:
-        best = in_process(args.messages, args.sensors, max(args.rounds, 3))
+        best = in_process(args.messages, args.sensors, max(args.rounds, 3), stream)
         print(f"CPU µs per reading (decode + bucket plan, best of {max(args.rounds, 3)}): "
               f"default, one sensor {best['default']:.2f}; default, {args.sensors} sensors "
-              f"{best['default_fleet']:.2f}; zigbee2mqtt, {args.sensors} sensors "
-              f"{best['zigbee2mqtt']:.2f}. Readings/s ratio zigbee2mqtt / default: "
-              f"{best['default'] / best['zigbee2mqtt']:.2f} (one sensor), "
-              f"{best['default_fleet'] / best['zigbee2mqtt']:.2f} ({args.sensors} sensors)")
+              f"{best['default_fleet']:.2f}; {stream}, {args.sensors} sensors "
+              f"{best[stream]:.2f}. Readings/s ratio {stream} / default: "
+              f"{best['default'] / best[stream]:.2f} (one sensor), "
+              f"{best['default_fleet'] / best[stream]:.2f} ({args.sensors} sensors)")
         return 0
     default_lines = payloads(args.messages, 1)
     fleet_topics = [f"bench/s{i % args.sensors}/readings" for i in range(args.messages)]
-    z2m_lines, z2m_topics = zigbee2mqtt(args.messages, args.sensors)
-    rates: dict[str, list[float]] = {"default": [], "default_fleet": [], "zigbee2mqtt": []}
+    make, preset, rule = STREAMS[stream]
+    device_lines, device_topics = make(args.messages, args.sensors)
+    rates: dict[str, list[float]] = {"default": [], "default_fleet": [], stream: []}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        if "zigbee2mqtt" in preset_names():
-            rule_args: tuple[str, ...] = ("--preset", "zigbee2mqtt")
-            source = "preset zigbee2mqtt"
+        _, source = stream_mapping(stream)
+        if preset in preset_names():
+            rule_args: tuple[str, ...] = ("--preset", preset)
         else:
-            (workdir / "z2m.toml").write_text(RULE)
-            rule_args = ("--mapping", str(workdir / "z2m.toml"))
-            source = "bench/mapping.py's minimal rule"
+            (workdir / "rule.toml").write_text(rule or "")
+            rule_args = ("--mapping", str(workdir / "rule.toml"))
         for _ in range(args.rounds):
             rates["default"].append(one_run(workdir, default_lines, args.batch_size,
                                             ("--topic", "bench/#"), None))
             rates["default_fleet"].append(one_run(workdir, default_lines, args.batch_size,
                                                   ("--topic", "bench/#"), fleet_topics))
-            rates["zigbee2mqtt"].append(one_run(workdir, z2m_lines, args.batch_size,
-                                                rule_args, z2m_topics))
+            rates[stream].append(one_run(workdir, device_lines, args.batch_size,
+                                         rule_args, device_topics))
     medians = {name: statistics.median(values) for name, values in rates.items()}
-    z2m = medians["zigbee2mqtt"]
-    result = {"messages": args.messages, "sensors": args.sensors, "rounds": args.rounds,
-              "rule": source,
+    device = medians[stream]
+    result = {"stream": stream, "messages": args.messages, "sensors": args.sensors,
+              "rounds": args.rounds, "rule": source,
+              "bytes_per_message": round(sum(map(len, device_lines)) / len(device_lines)),
               **{f"{name}_readings_per_s": [round(r) for r in values]
                  for name, values in rates.items()},
-              "ratio_to_default": round(z2m / medians["default"], 3),
-              "ratio_to_default_fleet": round(z2m / medians["default_fleet"], 3)}
+              "ratio_to_default": round(device / medians["default"], 3),
+              "ratio_to_default_fleet": round(device / medians["default_fleet"], 3)}
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     labels = {"default": "default format, one sensor",
               "default_fleet": f"default format, the same payloads on {args.sensors} sensors",
-              "zigbee2mqtt": f"Zigbee2MQTT through {source}, {args.sensors} sensors"}
+              stream: f"{LABELS[stream]} through {source}, {args.sensors} sensors"}
     print("| stream (1 reading/message) | readings/s, each round | median |\n|---|---|---|")
     for name, values in rates.items():
         print(f"| {labels[name]} | {', '.join(f'{r:,.0f}' for r in values)} "
               f"| {medians[name]:,.0f} |")
-    print(f"\nratio zigbee2mqtt / default, one sensor: {result['ratio_to_default']:.2f}; "
-          f"/ default, {args.sensors} sensors: {result['ratio_to_default_fleet']:.2f}")
+    print(f"\nratio {stream} / default, one sensor: {result['ratio_to_default']:.2f}; "
+          f"/ default, {args.sensors} sensors: {result['ratio_to_default_fleet']:.2f} "
+          f"({result['bytes_per_message']} bytes per {stream} message)")
     return 0
 
 

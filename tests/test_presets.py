@@ -68,6 +68,9 @@ def reading_problems(reading: Reading, want: Expected, now: float, t: float) -> 
         problems.append(f"values {reading.values}, expected {want.values}")
     if (reading.tags or None) != (want.tags or None):
         problems.append(f"tags {reading.tags}, expected {want.tags}")
+    if reading.info != want.info or reading.units != want.units:
+        problems.append(f"info {reading.info} units {reading.units}, expected {want.info} "
+                        f"{want.units}")
     if want.ts == "T" and abs(reading.epoch - t) > 0.0005:
         problems.append(f"time {reading.epoch}, expected {t}")
     # Arrival times of one sensor are made distinct: a millisecond later per reading that
@@ -100,8 +103,9 @@ def test_presets_combined_leave_every_fixture_on_its_own_rule() -> None:
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_check_shows_a_fixture_reading_and_an_ignored_topic(preset: str) -> None:
-    messages = load(preset, base_time(time.time()))
-    stored = next(m for m in messages if m.readings and m.readings[0].ts == "arrival")
+    t = base_time(time.time())
+    messages = load(preset, t)
+    stored = min((m for m in messages if m.readings), key=lambda m: m.readings[0].ts != "arrival")
     ignored = next(m for m in messages if m.ignored)
     out = _check(preset, stored)
     assert out.returncode == 0, out.stderr
@@ -110,6 +114,8 @@ def test_check_shows_a_fixture_reading_and_an_ignored_topic(preset: str) -> None
     assert (line["rule"], line["sensor_id"], line["values"]) == (
         stored.rule, want.sensor_id, want.values)
     assert line["tags"] == (want.tags or {})
+    if want.ts == "T":
+        assert datetime.fromisoformat(line["ts"]) == datetime.fromtimestamp(t, UTC)
     out = _check(preset, ignored)
     assert (out.returncode, out.stdout.strip()) == (0, f"ignored by rule {ignored.rule}")
 
@@ -148,15 +154,18 @@ async def stored_rows(db: Any, mode: str) -> list[dict[str, Any]]:
     if mode == "timeseries":
         for doc in await db["readings"].find({}).to_list():
             meta = dict(doc["meta"])
-            values = {k: v for k, v in doc.items() if k not in {"_id", "ts", "meta", "units"}}
+            values = {k: v for k, v in doc.items()
+                      if k not in {"_id", "ts", "meta", "units", "info"}}
             rows.append({"sensor_id": meta.pop("sensor_id"), "ts": doc["ts"],
-                         "values": values, "tags": meta or None, "doc": None})
+                         "values": values, "tags": meta or None, "doc": None,
+                         "info": doc.get("info"), "units": doc.get("units")})
         return rows
     for doc in await db["buckets"].find({}).to_list():
         for entry in doc["readings"]:
             values = {k: v for k, v in entry.items() if k not in {"ts", "seq"}}
             rows.append({"sensor_id": doc["sensor_id"], "ts": entry["ts"], "values": values,
-                         "tags": doc.get("tags"), "doc": doc})
+                         "tags": doc.get("tags"), "doc": doc, "info": doc.get("info"),
+                         "units": doc.get("units")})
     return rows
 
 
@@ -237,8 +246,11 @@ async def test_preset_messages_are_stored_through_the_daemon(
             assert started - 1 <= row["ts"].timestamp() <= finished + 5, msg.topic
         if mode == "timeseries":
             assert row["tags"] == want.tags, msg.topic
-        else:
+            assert (row["info"], row["units"]) == (want.info, want.units), msg.topic
+        else:  # a bucket holds the tags, info and units of its last write
             assert set(want.tags or {}) <= set(row["tags"] or {}), msg.topic
+            assert (want.info or {}).items() <= (row["info"] or {}).items(), msg.topic
+            assert (want.units or {}).items() <= (row["units"] or {}).items(), msg.topic
     if mode == "bucket":
         for doc in await db["buckets"].find({}).to_list():
             assert doc["count"] == len(doc["readings"])

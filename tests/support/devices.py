@@ -7,8 +7,12 @@ string is sent as is; anything else as compact JSON), the rule expected to take 
 Payload times are placeholders filled in relative to a base time ``T`` (whole seconds plus
 250 ms, an hour ago) so the fixtures never age out of the accepted window:
 ``@T_ISO_Z@`` (``...T..:..:..250Z``), ``@T_ISO_PLUS1@`` (the same instant at +01:00),
-``"@T_MS@"`` (epoch milliseconds) and ``"@T_S@"`` (epoch seconds, a float).
-A reading's ``ts`` is ``"T"`` (that instant) or ``"arrival"`` (the time it was received).
+``"@T_MS@"`` (epoch milliseconds) and ``"@T_S@"`` (epoch seconds, a float); to the
+nanosecond as LoRaWAN servers write them, within the same millisecond:
+``@T_ISO_NS_Z@`` (``...250339525Z``), ``@T_ISO_NS_UTC@`` (``...250023242+00:00``), and
+``@T_LATER_ISO_NS_Z@``, two seconds after ``T`` (a later time in the same message).
+A reading's ``ts`` is ``"T"`` (that instant) or ``"arrival"`` (the time it was received);
+``info`` and ``units``, when given, are its descriptive tags and units.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "devices"
-PRESETS = ("zigbee2mqtt", "tasmota", "shelly", "esphome", "homeassistant")
+PRESETS = ("zigbee2mqtt", "tasmota", "shelly", "esphome", "homeassistant", "ttn", "chirpstack")
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,8 @@ class Expected:
     ts: str  # "T" or "arrival"
     values: dict[str, int | float | bool | str]
     tags: dict[str, str] | None
+    info: dict[str, str] | None = None
+    units: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -56,8 +62,13 @@ def render(text: str, t: float) -> str:
     """Fill the time placeholders of a payload for base time ``t``."""
     instant = datetime.fromtimestamp(t, UTC)
     plus1 = instant.astimezone(timezone(timedelta(hours=1)))
+    second = instant.strftime("%Y-%m-%dT%H:%M:%S")
+    later = (instant + timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%S")
     return (text.replace('"@T_MS@"', str(round(t * 1000)))
                 .replace('"@T_S@"', f"{t:.2f}")
+                .replace("@T_ISO_NS_Z@", f"{second}.250339525Z")
+                .replace("@T_ISO_NS_UTC@", f"{second}.250023242+00:00")
+                .replace("@T_LATER_ISO_NS_Z@", f"{later}.250773143Z")
                 .replace("@T_ISO_Z@", instant.isoformat(timespec="milliseconds")
                          .replace("+00:00", "Z"))
                 .replace("@T_ISO_PLUS1@", plus1.isoformat(timespec="milliseconds")))
@@ -77,8 +88,8 @@ def _message(entry: dict[str, Any], t: float) -> Message:
     readings: tuple[Expected, ...] = ()
     rejections: tuple[str, ...] = ()
     if isinstance(expect, list):
-        readings = tuple(Expected(r["sensor_id"], r["ts"], r["values"], r.get("tags"))
-                         for r in expect)
+        readings = tuple(Expected(r["sensor_id"], r["ts"], r["values"], r.get("tags"),
+                                  r.get("info"), r.get("units")) for r in expect)
     elif isinstance(expect, dict):
         rejections = tuple(expect["rejections"])
     return Message(entry["source"], entry["topic"], render(text, t).encode(), entry["rule"],

@@ -1,0 +1,174 @@
+"""The LoRaWAN presets (``ttn``, ``chirpstack``) against what their servers can send that
+the vendors' examples do not show: uplinks without a decoded payload, identities that are
+not strings or are too long, times that are not times, ChirpStack's protobuf marshaler.
+
+The documented messages themselves (every value with its sensor, type, tags, info and
+time, through the engine and through the daemon in both modes) are fixtures of
+tests/test_presets.py (tests/fixtures/devices/ttn.json, chirpstack.json).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+import pytest
+
+from ingest.decode import Limits
+from ingest.formats import MAX_TAG_BYTES
+from ingest.mapping import Mapping, Result
+from tests.support.devices import base_time, load
+
+TTN_TOPIC = "v3/app1@ttn/devices/dev1/up"
+CS_TOPIC = "application/17c82e96-be03-4f38-aef3-f83d48582d97/device/0101010101010101/event/up"
+
+
+def _documented(preset: str, rule: str) -> dict[str, Any]:
+    """The first documented uplink of a preset's fixtures that gives a reading, as a dict."""
+    t = base_time(time.time())
+    msg = next(m for m in load(preset, t) if m.rule == rule and m.readings
+               and m.readings[0].ts == "T")
+    doc: dict[str, Any] = orjson.loads(msg.payload)
+    return doc
+
+
+def _decode(preset: str, topic: str, payload: bytes | dict[str, Any]) -> Result:
+    body = payload if isinstance(payload, bytes) else orjson.dumps(payload)
+    return Mapping.load(None, [preset]).decode(topic, body, time.time(), Limits())
+
+
+def _reasons(result: Result) -> list[str]:
+    return [r.reason for r in result.decoded.rejections]
+
+
+@pytest.mark.parametrize("decoded", [None, "gkHe", [1, 2], 21.5, {}])
+def test_ttn_uplink_without_a_decoded_object_is_a_counted_rejection(decoded: object) -> None:
+    """No formatter (absent), a formatter's output that is not an object, or nothing in
+    it: refused with a reason, never stored empty."""
+    doc = _documented("ttn", "ttn-up")
+    if decoded is None:
+        del doc["uplink_message"]["decoded_payload"]
+    else:
+        doc["uplink_message"]["decoded_payload"] = decoded
+    result = _decode("ttn", TTN_TOPIC, doc)
+    assert result.decoded.readings == []
+    assert _reasons(result) == ["no_measurements"]
+
+
+@pytest.mark.parametrize("decoded", [None, "qg==", [], {}])
+def test_chirpstack_uplink_without_an_object_is_a_counted_rejection(decoded: object) -> None:
+    doc = _documented("chirpstack", "chirpstack-up")
+    if decoded is None:
+        del doc["object"]
+    else:
+        doc["object"] = decoded
+    result = _decode("chirpstack", CS_TOPIC, doc)
+    assert result.decoded.readings == []
+    assert _reasons(result) == ["no_measurements"]
+
+
+# (preset, topic, path to the descriptive field, its info name)
+IDENTITY = [("ttn", TTN_TOPIC, ("end_device_ids", "dev_eui"), "dev_eui"),
+            ("chirpstack", CS_TOPIC, ("deviceInfo", "deviceName"), "device_name")]
+
+
+@pytest.mark.parametrize(("preset", "topic", "path", "name"), IDENTITY)
+@pytest.mark.parametrize("value", [None, 3.5, True, {"x": "y"}, ["a"]])
+def test_descriptive_ids_that_are_not_strings_are_left_out(
+        preset: str, topic: str, path: tuple[str, str], name: str, value: object) -> None:
+    """A DevEUI or device name that is null, a float, a boolean, an object or an array is
+    absent: the reading is stored without it, under the topic's sensor id."""
+    doc = _documented(preset, f"{preset}-up")
+    doc[path[0]][path[1]] = value
+    result = _decode(preset, topic, doc)
+    assert _reasons(result) == []
+    [reading] = result.decoded.readings
+    assert name not in (reading.info or {})
+    assert name not in reading.values
+    assert reading.sensor_id == topic.split("/")[3]
+
+
+@pytest.mark.parametrize(("preset", "topic", "path", "name"), IDENTITY)
+def test_a_descriptive_id_that_is_an_integer_is_its_decimal_text(
+        preset: str, topic: str, path: tuple[str, str], name: str) -> None:
+    doc = _documented(preset, f"{preset}-up")
+    doc[path[0]][path[1]] = 1234
+    [reading] = _decode(preset, topic, doc).decoded.readings
+    assert reading.info == {name: "1234"}
+
+
+@pytest.mark.parametrize(("preset", "topic", "path", "name"), IDENTITY)
+def test_a_huge_descriptive_id_is_never_stored_whole(
+        preset: str, topic: str, path: tuple[str, str], name: str) -> None:
+    """10,000 characters where a DevEUI or device name belongs: the reading is either
+    refused with a counted reason or stored without a value beyond the tag limit."""
+    doc = _documented(preset, f"{preset}-up")
+    doc[path[0]][path[1]] = "x" * 10_000
+    result = _decode(preset, topic, doc)
+    for reading in result.decoded.readings:
+        assert all(len(v.encode()) <= MAX_TAG_BYTES for v in (reading.info or {}).values())
+        assert all(len(v.encode()) <= MAX_TAG_BYTES for v in (reading.tags or {}).values())
+    if not result.decoded.readings:
+        assert _reasons(result) == ["bad_value"]
+
+
+@pytest.mark.parametrize(("preset", "topic"), [
+    ("ttn", "v3/app1@ttn/devices/{}/up"),
+    ("chirpstack", "application/17c82e96-be03-4f38-aef3-f83d48582d97/device/{}/event/up")])
+def test_a_device_level_too_long_for_a_sensor_id_is_refused(preset: str, topic: str) -> None:
+    doc = _documented(preset, f"{preset}-up")
+    result = _decode(preset, topic.format("d" * 129), doc)
+    assert result.decoded.readings == []
+    assert _reasons(result) == ["bad_sensor_id"]
+    [reading] = _decode(preset, topic.format("d" * 128), doc).decoded.readings
+    assert reading.sensor_id == "d" * 128
+
+
+@pytest.mark.parametrize("when", ["yesterday", "2026-13-01T00:00:00Z", "", True, [1]])
+def test_ttn_uplink_with_a_reception_time_that_is_no_time_is_refused(when: object) -> None:
+    doc = _documented("ttn", "ttn-up")
+    doc["uplink_message"]["received_at"] = when
+    result = _decode("ttn", TTN_TOPIC, doc)
+    assert result.decoded.readings == []
+    assert _reasons(result) == ["bad_timestamp"]
+
+
+def test_chirpstack_time_in_whole_seconds_and_with_an_offset() -> None:
+    """chrono's to_rfc3339 writes no fraction for a whole second, and any offset."""
+    doc = _documented("chirpstack", "chirpstack-up")
+    t = int(base_time(time.time()))
+    for text in (time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t)),
+                 time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t + 7200)) + "+02:00"):
+        doc["time"] = text
+        [reading] = _decode("chirpstack", CS_TOPIC, doc).decoded.readings
+        assert reading.epoch == t
+
+
+def test_chirpstack_protobuf_marshaler_is_refused_as_not_json() -> None:
+    """``json = false``: an UplinkEvent in the protobuf binary encoding (deduplication_id,
+    time, f_port, object) is counted as invalid, not read."""
+    seconds = int(time.time())
+    varint = bytearray()
+    while True:
+        byte, seconds = seconds & 0x7F, seconds >> 7
+        varint.append(byte | (0x80 if seconds else 0))
+        if not seconds:
+            break
+    timestamp = b"\x08" + bytes(varint) + b"\x10\x95\x9a\xef\x3a"
+    payload = (b"\x0a\x243ac7e3c4-4401-4b8d-9386-a5c902f9202d"
+                b"\x12" + bytes([len(timestamp)]) + timestamp + b"\x40\x01")
+    result = _decode("chirpstack", CS_TOPIC, payload)
+    assert result.decoded.readings == []
+    assert _reasons(result) in (["invalid_utf8"], ["invalid_json"])
+
+
+def test_chirpstack_codec_fields_named_like_the_event_stay_measurements() -> None:
+    """A codec may return fields named as the event's own (``devEui``, ``fPort``): inside
+    ``object`` they are measurements, and the sensor is still the topic's."""
+    doc = _documented("chirpstack", "chirpstack-up")
+    doc["object"] = {"temperature": 21.0, "devEui": "not-the-sensor", "fPort": 9.0}
+    [reading] = _decode("chirpstack", CS_TOPIC, doc).decoded.readings
+    assert reading.sensor_id == "0101010101010101"
+    assert reading.values == {"temperature": 21.0, "devEui": "not-the-sensor", "fPort": 9.0}
+    assert reading.info == {"device_name": "Test device"}
