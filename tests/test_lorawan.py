@@ -157,7 +157,7 @@ def test_chirpstack_protobuf_marshaler_is_refused_as_not_json() -> None:
             break
     timestamp = b"\x08" + bytes(varint) + b"\x10\x95\x9a\xef\x3a"
     payload = (b"\x0a\x243ac7e3c4-4401-4b8d-9386-a5c902f9202d"
-                b"\x12" + bytes([len(timestamp)]) + timestamp + b"\x40\x01")
+               b"\x12" + bytes([len(timestamp)]) + timestamp + b"\x40\x01")
     result = _decode("chirpstack", CS_TOPIC, payload)
     assert result.decoded.readings == []
     assert _reasons(result) in (["invalid_utf8"], ["invalid_json"])
