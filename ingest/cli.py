@@ -287,6 +287,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         formatter_class=fmt)
     _mapping_flags(check, env)
     check.add_argument("--topic-name", required=True, help="the message's MQTT topic")
+    check.add_argument("--earlier", nargs=2, action="append", default=[],
+                       metavar=("TOPIC", "PAYLOAD"),
+                       help="a message decoded before, for the state it leaves (Homie "
+                       "attributes, a Sparkplug BIRTH); repeatable, in order; its outcome "
+                       "is not shown")
     check.add_argument("payload", nargs="?", default="-",
                        help="the payload; '-' or nothing reads it from stdin")
     _discover_parser(commands, env)
@@ -451,7 +456,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         if args.command == "check":
             from ingest.check import check  # noqa: PLC0415 - a separate, short-lived command
 
-            return check(load_mapping(args, env), args.topic_name, args.payload)
+            return check(load_mapping(args, env), args.topic_name, args.payload,
+                         earlier=[(t, p) for t, p in args.earlier])
         if args.command == "local":
             local = local_settings(args)
         else:

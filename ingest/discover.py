@@ -47,7 +47,7 @@ MAX_PAYLOAD = 64 * 1024  # payloads kept per message (larger ones are cut for an
 MAX_BYTES = 64 * 1024 * 1024  # payload bytes kept in all: listening stops there
 PRESET_FIT = 0.9  # share of a preset's non-ignored messages it must store to be proposed
 # Rejections that mean "an earlier message is needed", not "this is not the format".
-WAITING = frozenset({"no_birth", "unknown_alias"})
+WAITING = frozenset({"no_birth", "unknown_alias", "no_datatype"})
 
 
 @dataclass
@@ -106,8 +106,8 @@ def tally(rules: Sequence[Rule], messages: Sequence[Captured], now: float
         count = counts[result.rule.name]
         if result.ignored:
             count.ignored += 1
-        elif result.decoded.readings:
-            count.accepted += 1
+        elif result.decoded.readings or not result.decoded.rejections:
+            count.accepted += 1  # stored, or taken as state (a Homie attribute, a DEATH)
         else:
             count.rejected += 1
             reasons = {r.reason for r in result.decoded.rejections}
@@ -195,9 +195,15 @@ def advice(counts: dict[str, Tally], patterns: list[Pattern], fits: list[str],
                     + " --mapping <this file> (your file's rules are tried first)")
     for name, c in counts.items():
         if c.waiting:
-            tips.append(f"rule {name}: {c.waiting} message(s) refer to a BIRTH published "
-                        "before the capture (no_birth, unknown_alias): the daemon stores "
-                        "them once it has the BIRTH (docs/sparkplug.md)")
+            if c.reasons["no_datatype"]:
+                tips.append(f"rule {name}: {c.waiting} Homie value(s) came before their "
+                            "property's attributes (no_datatype; retained values arrive "
+                            "first when subscribing to #): the daemon subscribes to the "
+                            "attributes first (docs/presets.md#homie)")
+            else:
+                tips.append(f"rule {name}: {c.waiting} message(s) refer to a BIRTH "
+                            "published before the capture (no_birth, unknown_alias): the "
+                            "daemon stores them once it has the BIRTH (docs/sparkplug.md)")
         if c.rejected > c.waiting:
             reasons = ", ".join(f"{r} x{k}" for r, k in c.reasons.most_common(3))
             tips.append(f"rule {name}: {c.rejected} message(s) rejected ({reasons}), "

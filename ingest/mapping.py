@@ -26,9 +26,12 @@ from ingest.decode import (
 )
 from ingest.errors import ConfigError
 from ingest.formats import MAX_TAG_BYTES, MAX_TAGS, influx, json, senml, value
+from ingest.formats.homie import subscriptions as homie_subscriptions
 from ingest.formats.sparkplug import shared_subscriptions as sparkplug_shared
+from ingest.formats.stateful import OTHER
 from ingest.formats.times import LIMIT as TIME_LIMIT
 from ingest.formats.times import from_seconds, parse
+from ingest.homie import HomieFormat
 from ingest.model import Decoded, Reading, Rejection
 from ingest.rules import RESERVED_TAGS, check_unique, load_file, load_preset
 from ingest.sparkplug import SparkplugFormat
@@ -56,7 +59,8 @@ _FORMATS: dict[str, Callable[[bytes, Rule, dict[str, str], Limits], Parsed]] = {
 
 
 # Formats with state across messages (see ingest.formats.stateful), made once per Mapping.
-_STATEFUL: dict[str, Callable[[], Stateful]] = {"sparkplug": SparkplugFormat}
+_STATEFUL: dict[str, Callable[[], Stateful]] = {"sparkplug": SparkplugFormat,
+                                                "homie": HomieFormat}
 
 
 class Result(NamedTuple):
@@ -206,17 +210,27 @@ class Mapping:
         """
         return disjoint_filters([rule.subscription for rule in self.rules])
 
-    def shared_subscriptions(self, topics: Sequence[str], group: str) -> tuple[str, ...]:
-        """``topics`` as a daemon of the shared group ``group`` subscribes to them.
+    def shared_subscriptions(self, topics: Sequence[str], group: str | None
+                             ) -> tuple[str, ...]:
+        """``topics`` as a daemon of the shared group ``group`` (None: alone) subscribes.
 
         Every filter gets the ``$share/<group>/`` prefix, except where a stateful format
         needs every daemon to see some messages: with a ``sparkplug`` rule, the BIRTH and
-        DEATH topics are subscribed unshared (:func:`sparkplug.shared_subscriptions`).
+        DEATH topics are subscribed unshared (:func:`sparkplug.shared_subscriptions`);
+        with a ``homie`` rule, its filters are narrowed to the topics it uses, the
+        attribute topics first and unshared (:func:`homie.subscriptions`, also alone).
         """
-        if "sparkplug" not in self.stateful:
-            return tuple(f"$share/{group}/{topic}" for topic in topics)
         try:
-            return sparkplug_shared(topics, group)
+            pieces = (homie_subscriptions(topics, self.rules, group is not None)
+                      if "homie" in self.stateful else [(topic, False) for topic in topics])
+            if group is None:
+                return tuple(topic for topic, _ in pieces)
+            if "sparkplug" not in self.stateful:
+                return tuple(topic if every else f"$share/{group}/{topic}"
+                             for topic, every in pieces)
+            return tuple(dict.fromkeys(
+                out for topic, every in pieces
+                for out in ((topic,) if every else sparkplug_shared([topic], group))))
         except ValueError as exc:
             raise ConfigError(f"--shared-group: {exc}") from None
 
@@ -283,6 +297,8 @@ class Mapping:
         if rule.format == "ingest":
             return Result(rule, self._ingest(matched, topic, payload, received_at, limits))
         stateful = self.stateful.get(rule.format) if self.stateful else None
+        if stateful is not None and stateful.role(topic) == OTHER:  # Homie /set, $broadcast
+            return Result(rule, Decoded([], []), ignored=True)
         parsed = (stateful.parse(topic, payload, limits) if stateful is not None
                   else _FORMATS[rule.format](payload, rule, matched.captures, limits))
         out = Decoded([], parsed.rejections)

@@ -23,6 +23,7 @@ from pymongo.errors import PyMongoError
 from ingest.batcher import Batch, Batcher, merged
 from ingest.decode import ARRIVALS, Limits, decode
 from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, WriteError
+from ingest.formats.stateful import DATA
 from ingest.model import Decoded, Rejection
 from ingest.retry import backoff
 from ingest.writers.rejects import reject_docs
@@ -142,7 +143,9 @@ class Pipeline:
             if self._closed:
                 return False
         if message.retained:
-            return await self._take_retained(message)
+            if self._retained_data(message.topic):
+                return await self._take_retained(message)
+            self._metrics.retained_messages.labels("attribute").inc()
         if not await self._prepared(message):
             return False
         self._take(message)
@@ -159,6 +162,18 @@ class Pipeline:
                     message.generation):
                 return False
         return True
+
+    def _retained_data(self, topic: str) -> bool:
+        """Whether a retained message on ``topic`` follows --retained.
+
+        Not a Homie attribute (or command) topic: an attribute is the device's
+        description, taken as its state whether --retained ignores old readings or not,
+        and never a reading to record a first-seen time for.
+        """
+        if not self._stateful or self._mapping is None:
+            return True
+        step = self._mapping.stateful_for(topic)
+        return step is None or step.role(topic) == DATA
 
     async def _take_retained(self, message: Inbound) -> bool:
         """A retained message sent because we subscribed: old state, not a new reading.

@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from ingest.errors import ConfigError
 from ingest.formats.times import TIME_FORMATS
 
-FORMATS = ("ingest", "json", "value", "senml", "influx", "sparkplug")
+FORMATS = ("ingest", "json", "value", "senml", "influx", "sparkplug", "homie")
 STRINGS = ("keep", "drop", "reject")
 MAX_STRING_BYTES = 65_536
 MAX_RULES = 1000
