@@ -231,8 +231,8 @@ def description_of(topic: Topic, payload: bytes) -> Description:
                 return Description(topic, {}, None, (Rejection(
                     "too_many_readings", f"{where}: more than {MAX_PROPERTIES} properties"),))
             props[f"{node_id}/{prop_id}"] = found
-    return Description(topic, props, version if type(version) is int else None,
-                       tuple(problems))
+    known = type(version) is int and -_INT64 <= version < _INT64  # what BSON can hold
+    return Description(topic, props, version if known else None, tuple(problems))
 
 
 def _declared(prop_id: str, prop: object) -> Prop | str:
