@@ -611,10 +611,6 @@ class BucketWriter:
         """None: the unique index finds stored instants; settle looks only those up."""
         return 0, 0.0
 
-    async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
-        """All of them: bucket writes settle stored readings themselves (unique index)."""
-        return readings
-
     async def _send(self, plan: Plan) -> Outcome:
         return await send(bulk.execute(self._collection, bulk.UPDATE, plan.ops), plan,
                           collide=True)
