@@ -8,11 +8,14 @@ fixtures in tests/fixtures/devices/ go through the daemon in tests/test_presets.
 
 from __future__ import annotations
 
+import re
+import shlex
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
+from ingest.check import check
 from ingest.mapping import Mapping
 from ingest.rules import parse
 from tests.support.procs import ROOT
@@ -174,3 +177,27 @@ def test_tasmota_zigbee_identity_falls_back_in_order_and_the_bridge_time_is_not_
                     ).decoded.readings
     assert reading.values == {"Power": 1}
     assert abs(reading.epoch - NOW) < 1
+
+
+def _examples() -> list[tuple[list[str], list[str]]]:
+    """docs/presets.md's `ingest check` examples timed at arrival (shown as "…"), each
+    with the lines printed under it."""
+    text = (ROOT / "docs" / "presets.md").read_text()
+    found = []
+    for block in re.findall(r"^```[a-z]*\n(.*?)^```$", text, re.MULTILINE | re.DOTALL):
+        for command, output in re.findall(r"^\$ ingest check (.*)\n((?:(?!\$ ).*\n)*)",
+                                          block, re.MULTILINE):
+            lines = output.splitlines()
+            if all('"ts":' not in line or '"ts":"…"' in line for line in lines):
+                found.append((shlex.split(command), lines))
+    return found
+
+
+@pytest.mark.parametrize(("args", "lines"), _examples())
+def test_each_check_example_in_the_presets_page_prints_what_it_shows(
+        args: list[str], lines: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    presets = [args[i + 1] for i, a in enumerate(args) if a == "--preset"]
+    topic = args[args.index("--topic-name") + 1]
+    check(Mapping.load(None, presets), topic, args[-1])
+    printed = re.sub(r'"ts":"[^"]*"', '"ts":"…"', capsys.readouterr().out)
+    assert printed.splitlines() == lines
