@@ -115,6 +115,19 @@ def test_rtl_433_time_options_with_a_zone_give_the_instant_as_the_header_says() 
     assert abs(reading.epoch - NOW) < 1
 
 
+def test_openmqttgateway_reads_rtl_433_json_as_the_rtl_433_preset_does() -> None:
+    """The same identity, values and units; only the receiver's rssi differs (dBm from
+    rtl_433_ESP's radio, dB relative to full scale from rtl_433's -M level)."""
+    [omg] = [r for r in OMG.rules if r.name == "omg-rtl_433"]
+    [rtl] = [r for r in RTL_433.rules if r.name == "rtl_433"]
+    assert omg.sensor_id is not None
+    assert rtl.sensor_id is not None
+    assert omg.sensor_id.text == rtl.sensor_id.text
+    assert (omg.drop, omg.rename, omg.strings) == (rtl.drop, rtl.rename, rtl.strings)
+    units = {k: u.text for k, u in rtl.units.items()}
+    assert {k: u.text for k, u in omg.units.items()} == {**units, "rssi": "dBm"}
+
+
 def test_a_device_heard_through_openmqttgateway_has_the_id_rtl_433_gives_it() -> None:
     event = {"model": "Fineoffset-WHx080", "subtype": 0, "id": 241, "battery_ok": 1,
              "temperature_C": 13.6, "mic": "CRC"}
