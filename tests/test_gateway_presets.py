@@ -211,6 +211,7 @@ def test_each_check_example_in_the_presets_page_prints_what_it_shows(
         args: list[str], lines: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     presets = [args[i + 1] for i, a in enumerate(args) if a == "--preset"]
     topic = args[args.index("--topic-name") + 1]
-    check(Mapping.load(None, presets), topic, args[-1])
+    earlier = [(args[i + 1], args[i + 2]) for i, a in enumerate(args) if a == "--earlier"]
+    check(Mapping.load(None, presets), topic, args[-1], earlier=earlier)
     printed = re.sub(r'"ts":"[^"]*"', '"ts":"…"', capsys.readouterr().out)
     assert printed.splitlines() == lines
