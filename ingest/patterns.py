@@ -1,11 +1,13 @@
-"""What a captured stream looks like: payload formats, topic patterns, proposed rules.
+"""What a captured stream looks like: payload formats, topic patterns, what they carry.
 
 Pure functions over captured ``(topic, payload)`` messages, used by ``ingest discover``:
 :func:`payload_kind` names a payload's format, :func:`propose` groups the topics into
 patterns (the level that varies most is the device; levels after it name the measurement
-of a plain value) and writes each pattern as a mapping rule in TOML, with comments saying
-what was guessed. Nothing here does I/O; the proposal is checked by running it through
-the real mapping engine (:mod:`ingest.discover`).
+of a plain value) and completes each with what the conventions and payloads say
+(:mod:`ingest.conventions`: Home Assistant discovery units, Homie devices and units;
+:mod:`ingest.identity`: device ids inside gateway payloads), with a note on each guess.
+Nothing here does I/O; :mod:`ingest.proposal` writes the patterns as rules and the
+proposal is checked by running it through the real mapping engine (:mod:`ingest.discover`).
 """
 
 from __future__ import annotations
@@ -14,10 +16,16 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import orjson
 
+from ingest import conventions
 from ingest.decode import Limits, decode
+from ingest.identity import descriptive, identity, suffix_units
+
+if TYPE_CHECKING:
+    from ingest.conventions import Entity, Known
 
 # Last topic levels that carry status, commands or metadata rather than readings.
 HOUSEKEEPING = frozenset({"availability", "lwt", "will", "online", "offline", "announce",
@@ -31,17 +39,15 @@ KIND_WORDS = frozenset({"sensor", "sensors", "tele", "stat", "state", "status", 
 # Whole payloads that report a connection rather than a reading.
 STATUS_WORDS = frozenset({"online", "offline", "connected", "disconnected", "alive", "dead",
                           "ready", "lost"})
-TIME_KEYS = frozenset({"ts", "time", "timestamp", "datetime", "date", "last_seen", "t",
-                       "epoch", "utc", "time_iso"})
 SENML_KEYS = frozenset({"bn", "bt", "bu", "bv", "bver", "n", "u", "v", "vs", "vb", "vd",
                         "s", "t", "ut"})
 # Last levels that say "this is the value" rather than what is measured.
 GENERIC_LAST = frozenset({"state", "value", "status", "data", "get", "current"})
 MAX_JSON_PATTERNS = 5  # distinct values of a non-device level kept as separate rules
+SAMPLES = 20  # payloads kept per topic for the analysis
 _LINE = re.compile(r"^[^\s,#][^\s,]*(,[^\s=]+=[^\s,]+)* [^\s=]+=[^\s]+( -?\d+)?$")
-_ISO = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?$")
-_OFFSET = re.compile(r"(Z|[+-]\d{2}:?\d{2})$")
 _NAME = re.compile(r"[^A-Za-z0-9_-]+")
+_VAR = re.compile(r"\{([^{}]+)\}")
 
 
 @dataclass
@@ -60,9 +66,43 @@ class Pattern:
     levels: list[str]  # literal, "{capture}" or "+"
     kind: str
     topics: set[str] = field(default_factory=set)
-    samples: list[bytes] = field(default_factory=list)
+    payloads: dict[str, list[bytes]] = field(default_factory=dict)  # the first, by topic
     measurement: str | None = None  # value format: the measurement template
     notes: list[str] = field(default_factory=list)
+    sensor_id: list[str] = field(default_factory=list)  # templates; none: the capture
+    units: dict[str, str] = field(default_factory=dict)  # stored measurement -> unit
+    values: dict[str, bool] = field(default_factory=dict)  # payload text -> boolean
+    tags: dict[str, str] = field(default_factory=dict)
+    info: list[str] = field(default_factory=list)
+    drop: list[str] = field(default_factory=list)
+
+    @property
+    def samples(self) -> list[bytes]:
+        """The kept payloads of every topic."""
+        return [p for topic in sorted(self.topics) for p in self.payloads.get(topic, [])]
+
+    def captures(self, topic: str) -> dict[str, str]:
+        """The values the pattern's captures take in ``topic``."""
+        return {lv[1:-1]: part for lv, part in zip(self.levels, topic.split("/"), strict=False)
+                if lv.startswith("{")}
+
+    def narrowed(self, index: int, value: str, topics: set[str]) -> Pattern:
+        """A copy for ``topics`` only, with level ``index`` fixed to ``value``."""
+        name = self.levels[index]
+
+        def fill(text: str) -> str:
+            return text.replace(name, value) if name.startswith("{") else text
+
+        levels = [*self.levels]
+        levels[index] = value
+        sensor_id = [fill(t) for t in self.sensor_id]
+        if name == "{sensor_id}" and not sensor_id:
+            sensor_id = [value]
+        return Pattern(levels, self.kind, set(topics),
+                       {t: self.payloads[t] for t in topics if t in self.payloads},
+                       fill(self.measurement) if self.measurement else None, [*self.notes],
+                       sensor_id, dict(self.units), dict(self.values),
+                       {k: fill(v) for k, v in self.tags.items()}, [*self.info], [*self.drop])
 
 
 def payload_kind(topic: str, payload: bytes) -> str:
@@ -121,8 +161,14 @@ def device_score(level: str, position: int) -> int:
     return score
 
 
-def propose(messages: list[Captured]) -> list[Pattern]:
-    """Group the messages' topics into patterns, one per rule to propose."""
+def propose(messages: list[Captured], known: Known | None = None) -> list[Pattern]:
+    """Group the messages' topics into patterns, one per rule to propose.
+
+    ``known``: what the conventions say (:func:`ingest.conventions.read` over the whole
+    capture; by default over ``messages``).
+    """
+    if known is None:
+        known = conventions.read([(m.topic, m.payload) for m in messages])
     by_topic: dict[str, list[bytes]] = {}
     for msg in messages:
         by_topic.setdefault(msg.topic, []).append(msg.payload)
@@ -132,32 +178,49 @@ def propose(messages: list[Captured]) -> list[Pattern]:
         counted.pop("empty", None)
         if counted:
             kinds[topic] = counted.most_common(1)[0][0]
-    groups: dict[tuple[int, str, bool], list[str]] = {}
+        if kinds.get(topic) == "ingest" and topic in known.entities:
+            kinds[topic] = "json"  # Home Assistant names its fields: units need the json format
+    groups: dict[tuple[int, str, bool, int], list[str]] = {}
     for topic, kind in kinds.items():
         last = topic.rsplit("/", 1)[-1].lower()
         texts = {p.strip().lower() for p in by_topic[topic] if p.strip()}
         chore = (last in HOUSEKEEPING and kind in {"value", "json"}) or (
-            kind == "value" and bool(texts) and texts <= {w.encode() for w in STATUS_WORDS})
-        groups.setdefault((topic.count("/") + 1, kind, chore), []).append(topic)
+            kind == "value" and bool(texts) and texts <= {w.encode() for w in STATUS_WORDS}
+        ) or topic in known.chores or last.startswith("$")
+        key = (topic.count("/") + 1, kind, chore, _homie_device(topic, known))
+        groups.setdefault(key, []).append(topic)
     patterns: list[Pattern] = []
-    for (_, kind, chore), topics in sorted(groups.items()):
+    for (_, kind, chore, device), topics in sorted(groups.items()):
         if chore:
-            patterns.extend(_housekeeping(topics, kind))
+            patterns.extend(_housekeeping(topics, kind, known))
         else:
-            patterns.extend(_patterns(sorted(topics), kind))
+            patterns.extend(_patterns(sorted(topics), kind, device))
     for pattern in patterns:
-        for topic in pattern.topics:
-            pattern.samples.extend(by_topic[topic][:3])
-    # More literal levels first: a general rule must not shadow a specific one.
-    patterns.sort(key=lambda p: (-sum(not _variable(x) for x in p.levels), p.levels))
+        pattern.payloads = {t: by_topic[t][:SAMPLES] for t in pattern.topics}
+    patterns = [q for p in patterns for q in _complete(p, known)]
+    patterns.sort(key=order)
     return patterns
+
+
+def order(pattern: Pattern) -> tuple[int, list[str]]:
+    """Sort key: more literal levels first (a general rule must not shadow a specific one)."""
+    return -sum(not _variable(x) for x in pattern.levels), pattern.levels
+
+
+def _homie_device(topic: str, known: Known) -> int:
+    """The device level of a topic under a Homie device (``homie/<device>/...``), or -1."""
+    levels = topic.split("/")
+    for depth in range(2, len(levels)):
+        if "/".join(levels[:depth]) in known.homie_devices:
+            return depth - 1
+    return -1
 
 
 def _variable(level: str) -> bool:
     return level == "+" or level.startswith("{")
 
 
-def _housekeeping(topics: list[str], kind: str) -> list[Pattern]:
+def _housekeeping(topics: list[str], kind: str, known: Known) -> list[Pattern]:
     shapes: dict[tuple[str, ...], set[str]] = {}
     for topic in topics:
         levels = topic.split("/")
@@ -167,21 +230,29 @@ def _housekeeping(topics: list[str], kind: str) -> list[Pattern]:
     out = []
     for shape, members in shapes.items():
         pattern = Pattern(list(shape), "ignore", members)
-        pattern.notes.append(f"looks like housekeeping (last level {shape[-1]!r}, {kind} "
-                             "payloads such as online/offline): ignored; delete this rule "
+        if shape[-1].startswith("$"):
+            why = f"a Homie attribute ({shape[-1]})"
+        elif members & known.chores:
+            why = "availability or command topics of Home Assistant discovery configs"
+        elif kind == "value":
+            why = f"last level {shape[-1]!r} or payloads such as online/offline"
+        else:
+            why = f"last level {shape[-1]!r}"
+        pattern.notes.append(f"looks like housekeeping ({why}): ignored; delete this rule "
                              "to store it")
         out.append(pattern)
     return out
 
 
-def _patterns(topics: list[str], kind: str) -> list[Pattern]:
+def _patterns(topics: list[str], kind: str, device: int = -1) -> list[Pattern]:
     rows = [t.split("/") for t in topics]
     depth = len(rows[0])
     values = [sorted({row[i] for row in rows}) for i in range(depth)]
     plain = kind == "value"
     last_is_measurement = plain and depth > 1
     span = depth - 1 if last_is_measurement else depth
-    device = _device_level(values[:span], rows)
+    if not 0 <= device < span:  # not a Homie device
+        device = _device_level(values[:span])
     levels: list[str] = []
     for i in range(depth):
         if i == device:
@@ -206,9 +277,8 @@ def _patterns(topics: list[str], kind: str) -> list[Pattern]:
     return [pattern]
 
 
-def _device_level(values: list[list[str]], rows: list[list[str]]) -> int:
+def _device_level(values: list[list[str]]) -> int:
     """The position of the device id: the level that varies most, else the likeliest."""
-    del rows
     best, best_count = -1, 1
     for i, distinct in enumerate(values):
         if len(distinct) > best_count and device_score(distinct[0], i) > -3:
@@ -216,8 +286,8 @@ def _device_level(values: list[list[str]], rows: list[list[str]]) -> int:
     if best >= 0:
         return best
     scores = [(device_score(v[0], i), i) for i, v in enumerate(values)]
-    top = max(scores)
-    if top[0] > 0:
+    top = max(scores)  # the deepest of the likeliest
+    if top[0] > -3:
         return top[1]
     return len(values) - 1  # no better guess: the deepest level before the measurement
 
@@ -238,9 +308,15 @@ def _split(levels: list[str], rows: list[list[str]], kind: str) -> list[Pattern]
 def _describe(pattern: Pattern, device: int, values: list[list[str]]) -> None:
     if pattern.kind == "value":
         pattern.measurement = _measurement(pattern.levels, device, values)
-    if len(values[device]) == 1:
-        pattern.notes.append(f"one device seen ({values[device][0]!r}): check that this "
-                             "level is the device")
+    only = values[device][0] if len(values[device]) == 1 else None
+    if only is not None and (only.lower() in KIND_WORDS or only.lower() in HOUSEKEEPING):
+        pattern.notes.append(f"the level taken as the device ({only!r}) names a kind of "
+                             "message, not a device: every reading of these topics lands "
+                             f"under sensor id {only!r}; set sensor_id to what names the "
+                             "device")
+    elif only is not None:
+        pattern.notes.append(f"one device seen ({only!r}): check that this level is the "
+                             "device")
 
 
 def _measurement(levels: list[str], device: int, values: list[list[str]]) -> str:
@@ -276,7 +352,7 @@ def _flat(doc: object, prefix: str, out: dict[str, object]) -> None:
         out[prefix] = doc
 
 
-def _fields(samples: list[bytes]) -> dict[str, list[object]]:
+def field_values(samples: list[bytes]) -> dict[str, list[object]]:
     """Flattened field names of JSON samples with the values seen."""
     seen: dict[str, list[object]] = {}
     for payload in samples:
@@ -292,78 +368,203 @@ def _fields(samples: list[bytes]) -> dict[str, list[object]]:
     return seen
 
 
-def time_of(name: str, values: list[object], now: float) -> str | None:
-    """How a field holds the time: auto (epoch or ISO with offset), local, or None."""
-    if name.lower() not in TIME_KEYS and not name.lower().endswith(("_ts", "_time")):
-        return None
-    kinds = set()
-    for value in values:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            size = abs(float(value))
-            unit = next((10**d for d in (0, 3, 6, 9)
-                         if abs(size / 10**d - now) < 10 * 365 * 86400), None)
-            kinds.add("auto" if unit else "?")
-        elif type(value) is str and _ISO.match(value):
-            kinds.add("auto" if _OFFSET.search(value) else "local")
-        else:
-            kinds.add("?")
-    return kinds.pop() if len(kinds) == 1 and "?" not in kinds else None
+def _complete(pattern: Pattern, known: Known) -> list[Pattern]:
+    """The pattern with what conventions and payloads say: units, devices, notes."""
+    out = [pattern]
+    if pattern.kind == "value":
+        out = _value_units(pattern, known)
+    elif pattern.kind == "json":
+        _json_units(pattern, known)
+        _payload_identity(pattern)
+    if pattern.kind in {"value", "json"}:
+        _home_assistant_device(pattern, known)
+    for part in out:
+        if part.kind in {"value", "json"} and not part.sensor_id:
+            _node_level(part)
+        _describe_conventions(part, known)
+    return [p for p in out if p.topics]
 
 
-def _quote(text: str) -> str:
+def _describe_conventions(pattern: Pattern, known: Known) -> None:
+    configs = any(t.endswith("/config") for t in pattern.topics)
+    if configs and pattern.kind == "ignore" and known.configs:
+        described = len({e.state_topic for es in known.entities.values() for e in es})
+        pattern.notes.append(f"Home Assistant MQTT discovery: {known.configs} config(s) "
+                             f"describe {described} state topic(s); their units and names "
+                             "are in the rules for those topics")
+    attributes = sorted({label for t in pattern.topics for label in known.attributes.get(t, [])})
+    if attributes and pattern.kind != "ignore":
+        pattern.notes.append("Home Assistant reads these as attributes of "
+                             f"{', '.join(attributes[:3])}: descriptive text (names, "
+                             "addresses) is stored as text values; drop what is no reading")
+    computed = sorted({e.template for t in pattern.topics for e in known.entities.get(t, [])
+                       if e.template})
+    if computed:
+        pattern.notes.append(f"Home Assistant computes the value with {computed[0]}: stored "
+                             "as published, not as computed")
+
+
+def _home_assistant_device(pattern: Pattern, known: Known) -> None:
+    """The device Home Assistant's configs name for every topic of the pattern, if one."""
+    if pattern.sensor_id or "{sensor_id}" not in pattern.levels or not pattern.topics:
+        return
+    named = [{e.device for e in known.entities.get(t, [])} for t in pattern.topics]
+    devices = set().union(*named)
+    if len(devices) != 1 or None in devices or not all(named):
+        return
+    device = devices.pop()
+    assert device is not None
+    index = pattern.levels.index("{sensor_id}")
+    levels = sorted({t.split("/")[index] for t in pattern.topics})
+    pattern.levels[index] = levels[0] if len(levels) == 1 else "+"
+    pattern.sensor_id = [_braces(device)]
+    pattern.notes = [n for n in pattern.notes if not n.startswith(("one device seen",
+                                                                   "the level taken"))]
+    pattern.notes.append(f"Home Assistant's discovery configs name the device {device!r} "
+                         f"for these topics (topic level {levels[0]!r}): the sensor id")
+
+
+def _render(template: str, captures: dict[str, str]) -> str:
+    return _VAR.sub(lambda m: captures.get(m.group(1), m.group(0)), template)
+
+
+def _unit(topic: str, known: Known, entities: list[Entity]) -> str | None:
+    return known.homie_units.get(topic) or next((e.unit for e in entities if e.unit), None)
+
+
+def _value_units(pattern: Pattern, known: Known) -> list[Pattern]:
+    """Units of plain values; an entity the topic does not name gets a rule of its own."""
+    units: dict[str, set[str]] = {}
+    alone: list[Pattern] = []
+    for topic in sorted(pattern.topics):
+        name = _safe(_render(pattern.measurement or "value", pattern.captures(topic)))
+        entities = [e for e in known.entities.get(topic, []) if e.path is None]
+        unit = _unit(topic, known, entities)
+        if entities and (name.lower() in GENERIC_LAST or name in units and unit
+                         and unit not in units[name]):
+            alone.append(_entity_pattern(pattern, topic, entities[0]))
+            continue
+        if unit:
+            units.setdefault(name, set()).add(unit)
+        for entity in entities:
+            pattern.values.update(_onoff(entity))
+    pattern.topics -= {t for p in alone for t in p.topics}
+    pattern.units = _single(units)
+    return [pattern, *alone]
+
+
+def _single(units: dict[str, set[str]]) -> dict[str, str]:
+    """The measurements given one unit only, with it."""
+    return {m: min(us) for m, us in units.items() if len(us) == 1}
+
+
+def _onoff(entity: Entity) -> dict[str, bool]:
+    if entity.component not in {"binary_sensor", "switch", "light", "fan", "siren"}:
+        return {}
+    return {entity.payload_on or "ON": True, entity.payload_off or "OFF": False}
+
+
+def _entity_pattern(whole: Pattern, topic: str, entity: Entity) -> Pattern:
+    """One Home Assistant entity's state topic as a rule: its device, its name, its unit."""
+    device = entity.device or whole.captures(topic).get("sensor_id") or entity.label
+    name = _safe(entity.device_class or entity.label)
+    part = Pattern(topic.split("/"), "value", {topic}, {topic: whole.payloads.get(topic, [])},
+                   _braces(name), sensor_id=[_braces(device)], values=_onoff(entity))
+    if entity.unit:
+        part.units[name] = entity.unit
+    part.notes.append(f"Home Assistant entity {entity.label!r} ({entity.component}, "
+                      f"{entity.config_topic}): device {device!r}, measurement {name!r}")
+    return part
+
+
+def _braces(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _json_units(pattern: Pattern, known: Known) -> None:
+    units: dict[str, set[str]] = {}
+    for topic in pattern.topics:
+        for entity in known.entities.get(topic, []):
+            if entity.path is not None and entity.unit:
+                units.setdefault(_safe("_".join(entity.path)), set()).add(entity.unit)
+    pattern.units = _single(units)
+    clashes = sorted(m for m, us in units.items() if len(us) > 1)
+    if clashes:
+        pattern.notes.append(f"Home Assistant gives {', '.join(clashes)} different units on "
+                             "different topics: left without a unit")
+
+
+def _payload_identity(pattern: Pattern) -> None:
+    """Device ids inside the payloads (a gateway's topic carries many devices)."""
+    if "{sensor_id}" not in pattern.levels:
+        return
+    index = pattern.levels.index("{sensor_id}")
+    devices = sorted({t.split("/")[index] for t in pattern.topics})
+    found = identity(pattern.payloads, len(devices))
+    if found is None:
+        return
+    pattern.levels[index] = devices[0] if len(devices) == 1 else "+"
+    pattern.sensor_id = found.templates
+    pattern.notes = [n for n in pattern.notes if not n.startswith(("one device seen",
+                                                                   "the level taken"))]
+    fields = ", ".join(found.fields)
+    if found.shared:
+        pattern.notes.append(
+            f"one topic carries several devices ({found.shared[0]}): the topic level "
+            f"{devices[0]!r} is a gateway or a kind of message, not the device; the sensor "
+            f"id comes from the payload's {fields} (e.g. {found.example!r}), the fields "
+            "it uses are not stored as values")
+    else:
+        pattern.notes.append(
+            f"the payload names its device ({fields}): the sensor id comes from there (e.g. "
+            f"{found.example!r}) rather than the topic level ({devices[0]!r}, ...)")
+    for name in found.info:
+        pattern.tags[name] = f"{{{name}}}"
+        pattern.info.append(name)
+    if "model" in found.fields or "model" in found.info:  # rtl_433's data format
+        numbers = [k for k, vs in field_values(pattern.samples).items()
+                   if k not in found.fields and any(type(v) in {int, float} for v in vs)]
+        units = suffix_units(numbers)
+        if units:
+            pattern.units.update(units)
+            pattern.notes.append("units from the field names (rtl_433's <Type>_<Unit>: "
+                                 "temperature_C is °C)")
+    text = descriptive(pattern.payloads, found)
+    if text:
+        pattern.notes.append(
+            f"text that never changes for a device ({', '.join(text[:4])}) is stored as a "
+            f"value with every reading; to keep it as descriptive info instead add "
+            f'[rule.tags] {text[0]} = "{{{text[0]}}}" and info = [{quote(text[0])}]')
+
+
+def quote(text: str) -> str:
+    """A TOML basic string (JSON's escapes are TOML's)."""
     return orjson.dumps(text).decode()
 
 
-def rule_text(pattern: Pattern, name: str, now: float) -> str:
-    """One pattern as a commented [[rule]] table."""
-    lines = [f"# {len(pattern.topics)} topic(s), e.g. {min(pattern.topics)}"]
-    lines += [f"# NOTE: {note}" for note in pattern.notes]
-    topic = "/".join(pattern.levels)
-    lines += ["[[rule]]", f"name = {_quote(name)}", f"topic = {_quote(topic)}"]
-    if pattern.kind in {"ignore", "binary"}:
-        if pattern.kind == "binary":
-            lines.insert(1, "# NOTE: binary payloads (not UTF-8 text): no format reads them; "
-                            "ignored")
-        lines.append("ignore = true")
-        return "\n".join(lines)
-    lines.append(f"format = {_quote(pattern.kind)}")
-    if "{sensor_id}" not in pattern.levels and pattern.kind != "senml":
-        lines.append('sensor_id = "{level1}"')
+def _node_level(pattern: Pattern) -> None:
+    """A device level whose values repeat under several parents is a node, not the device."""
+    levels = pattern.levels
+    if "{sensor_id}" not in levels:
+        return
+    index = levels.index("{sensor_id}")
+    parent = next((i for i in range(index - 1, 0, -1) if levels[i].startswith("{")), None)
+    if parent is None:
+        return
+    parents: dict[str, set[str]] = {}
+    for topic in pattern.topics:
+        parts = topic.split("/")
+        parents.setdefault(parts[index], set()).add(parts[parent])
+    shared = sorted(v for v, ps in parents.items() if len(ps) > 1)
+    if not shared:
+        return
+    node = "node" if "{node}" not in levels else f"level{index + 1}"
+    levels[parent], levels[index] = "{sensor_id}", f"{{{node}}}"
     if pattern.kind == "value":
-        lines.append(f"measurement = {_quote(pattern.measurement or 'value')}")
-        texts = {s.decode("utf-8", "replace").strip() for s in pattern.samples}
-        lines += _values_table(texts)
-    elif pattern.kind == "json":
-        lines += _json_options(pattern, now)
-    return "\n".join(lines)
-
-
-def _values_table(texts: set[str]) -> list[str]:
-    pairs = [(t, "true" if t.lower() == "on" else "false") for t in sorted(texts)
-             if t.lower() in {"on", "off"}]
-    if not pairs:
-        return []
-    return ["[rule.values]", *(f"{_quote(k)} = {v}" for k, v in pairs)]
-
-
-def _json_options(pattern: Pattern, now: float) -> list[str]:
-    fields = _fields(pattern.samples)
-    arrays = sorted(k for k, vs in fields.items() if any(type(v) is list for v in vs))
-    times = {k: time_of(k, vs, now) for k, vs in fields.items()}
-    local = sorted(k for k, how in times.items() if how == "local")
-    time_field = next((k for k, how in times.items() if how == "auto"), None)
-    out: list[str] = []
-    if arrays:
-        out.append(f"# NOTE: arrays cannot be stored: dropped ({', '.join(arrays)})")
-    if local:
-        out.append(f"# NOTE: {', '.join(local)}: a local time without offset, dropped (the "
-                   "arrival time is used); to use it add [rule.time] with field = "
-                   f'{_quote(local[0])}, format = "local", zone = "<the devices\' zone>"')
-    if arrays or local:
-        out.append(f"drop = [{', '.join(_quote(k) for k in sorted({*arrays, *local}))}]")
-    onoff = {v for vs in fields.values() for v in vs
-             if type(v) is str and v.lower() in {"on", "off"}}
-    out += _values_table(onoff)
-    if time_field is not None:
-        out += ["[rule.time]", f"field = {_quote(time_field)}", 'format = "auto"']
-    return out
+        pattern.measurement = f"{{{node}}}_{pattern.measurement or 'value'}"
+    where = sorted(parents[shared[0]])
+    pattern.notes.append(
+        f"{shared[0]!r} appears under several devices ({', '.join(where[:3])}): it names a "
+        "part of a device (a node, a channel), so the level before it is the sensor id and "
+        + ("this level is part of the measurement name" if pattern.kind == "value"
+           else f"this level is the tag {node!r}"))
