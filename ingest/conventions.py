@@ -135,12 +135,12 @@ def _topics(config: dict[str, object]) -> dict[str, str]:
     for key, value in config.items():
         if not key.endswith("_topic") or type(value) is not str or not value:
             continue
-        if type(base) is str:
-            if value.startswith("~"):
-                value = base + value[1:]
-            elif value.endswith("~"):
-                value = value[:-1] + base
-        out[key] = value
+        topic = value
+        if type(base) is str and value.startswith("~"):
+            topic = base + value[1:]
+        elif type(base) is str and value.endswith("~"):
+            topic = value[:-1] + base
+        out[key] = topic
     return out
 
 
@@ -219,6 +219,6 @@ def _homie(levels: list[str], payload: bytes, known: Known) -> None:
         for node, spec in (nodes.items() if type(nodes) is dict else ()):
             props = spec.get("properties") if type(spec) is dict else None
             for prop, desc in (props.items() if type(props) is dict else ()):
-                unit = desc.get("unit") if type(desc) is dict else None
-                if type(unit) is str and unit:
-                    known.homie_units["/".join([*levels[:-1], node, prop])] = unit
+                given = desc.get("unit") if type(desc) is dict else None
+                if type(given) is str and given:
+                    known.homie_units["/".join([*levels[:-1], node, prop])] = given

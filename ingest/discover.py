@@ -30,16 +30,16 @@ from typing import TYPE_CHECKING, TextIO
 
 import aiomqtt
 
+from ingest import conventions
 from ingest.config import parse_mqtt_url, read_secret
 from ingest.decode import Limits
 from ingest.errors import ConfigError
-from ingest import conventions
 from ingest.formats import sparkplug as spb
 from ingest.mapping import Mapping
-from ingest.patterns import Captured, Pattern, order, propose
+from ingest.patterns import Captured, Pattern, propose
 from ingest.proposal import rule_text
 from ingest.rules import load_file, load_preset, parse, preset_names
-from ingest.shadowing import Separator
+from ingest.shadowing import separate
 
 if TYPE_CHECKING:
     import argparse
@@ -190,16 +190,6 @@ def proposal_text(patterns: list[Pattern], names: list[str], header: list[str], 
     parts += [rule_text(p, n, now, counts[n].summary() if counts else None)
               for p, n in zip(patterns, names, strict=True)]
     return "\n\n".join(parts) + "\n"
-
-
-def separate(patterns: list[Pattern], presets: Sequence[Rule], taken: set[str]
-             ) -> list[Pattern]:
-    """The patterns narrowed until none takes a captured topic that is not its own."""
-    out: list[Pattern] = []
-    for pattern in patterns:
-        others = {t for p in patterns if p is not pattern for t in p.topics}
-        out += Separator(presets, taken | others).separate(pattern)
-    return sorted(out, key=order)
 
 
 def report(counts: dict[str, Tally], sources: dict[str, str], unmatched: int,

@@ -16,6 +16,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
+from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
 import orjson
@@ -98,10 +99,14 @@ class Pattern:
         sensor_id = [fill(t) for t in self.sensor_id]
         if name == "{sensor_id}" and not sensor_id:
             sensor_id = [value]
+        measurement = fill(self.measurement) if self.measurement else None
+        units = self.units
+        if measurement is not None:  # the units of the measurements it can still store
+            glob = _VAR.sub("*", measurement)
+            units = {m: u for m, u in units.items() if fnmatchcase(m, glob)}
         return Pattern(levels, self.kind, set(topics),
                        {t: self.payloads[t] for t in topics if t in self.payloads},
-                       fill(self.measurement) if self.measurement else None, [*self.notes],
-                       sensor_id, dict(self.units), dict(self.values),
+                       measurement, [*self.notes], sensor_id, dict(units), dict(self.values),
                        {k: fill(v) for k, v in self.tags.items()}, [*self.info], [*self.drop])
 
 
@@ -195,6 +200,8 @@ def propose(messages: list[Captured], known: Known | None = None) -> list[Patter
             patterns.extend(_housekeeping(topics, kind, known))
         else:
             patterns.extend(_patterns(sorted(topics), kind, device))
+    data = {t for (_, _, chore, _), ts in groups.items() if not chore for t in ts}
+    patterns = _merge_chores(patterns, data)
     for pattern in patterns:
         pattern.payloads = {t: by_topic[t][:SAMPLES] for t in pattern.topics}
     patterns = [q for p in patterns for q in _complete(p, known)]
@@ -242,6 +249,40 @@ def _housekeeping(topics: list[str], kind: str, known: Known) -> list[Pattern]:
                              "to store it")
         out.append(pattern)
     return out
+
+
+def _merge_chores(patterns: list[Pattern], data: set[str]) -> list[Pattern]:
+    """Ignore rules that differ in the last level only, made one where it can be.
+
+    ``homie/+/+/+/+`` for ``$name``, ``$unit``..., if it takes none of the topics that
+    carry readings.
+    """
+    by_parent: dict[tuple[str, ...], list[Pattern]] = {}
+    out = []
+    for pattern in patterns:
+        if pattern.kind == "ignore":
+            by_parent.setdefault(tuple(pattern.levels[:-1]), []).append(pattern)
+        else:
+            out.append(pattern)
+    for parent, group in by_parent.items():
+        levels = [*parent, "+"]
+        wide = len(group) > 1 and not any(_takes(levels, t) for t in data)
+        if not wide:
+            out += group
+            continue
+        lasts = ", ".join(sorted(p.levels[-1] for p in group)[:6])
+        merged = Pattern(levels, "ignore", set().union(*(p.topics for p in group)))
+        merged.notes.append(f"looks like housekeeping (last levels {lasts}): ignored; "
+                            "delete this rule to store them")
+        out.append(merged)
+    return out
+
+
+def _takes(levels: list[str], topic: str) -> bool:
+    parts = topic.split("/")
+    return len(parts) == len(levels) and all(
+        lv in {"+", part} for lv, part in zip(levels, parts, strict=True)) and not (
+        levels[0] == "+" and parts[0].startswith("$"))
 
 
 def _patterns(topics: list[str], kind: str, device: int = -1) -> list[Pattern]:
@@ -440,8 +481,8 @@ def _value_units(pattern: Pattern, known: Known) -> list[Pattern]:
         name = _safe(_render(pattern.measurement or "value", pattern.captures(topic)))
         entities = [e for e in known.entities.get(topic, []) if e.path is None]
         unit = _unit(topic, known, entities)
-        if entities and (name.lower() in GENERIC_LAST or name in units and unit
-                         and unit not in units[name]):
+        if entities and (name.lower() in GENERIC_LAST or (name in units and unit
+                         and unit not in units[name])):
             alone.append(_entity_pattern(pattern, topic, entities[0]))
             continue
         if unit:

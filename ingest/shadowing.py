@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ingest.patterns import order
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -87,18 +89,44 @@ def split(pattern: Pattern, index: int) -> list[Pattern]:
     return out
 
 
-class Separator:
-    """Splits proposed patterns away from the topics and filters of other rules."""
+def separate(patterns: list[Pattern], presets: Sequence[Rule], taken: set[str]
+             ) -> list[Pattern]:
+    """The patterns narrowed until none takes a captured topic that is not its own.
 
-    def __init__(self, presets: Sequence[Rule], elsewhere: set[str]) -> None:
-        # elsewhere: the captured topics another rule (a preset's, another proposal) takes
+    ``taken``: the captured topics the presets' rules take. The result is in rule order
+    (:func:`ingest.patterns.order`); a pattern found taking another's topics in that
+    order is separated again from exactly those.
+    """
+    out = [q for p in patterns for q in Separator(presets, taken, patterns).separate(p)]
+    for _ in range(3):
+        out.sort(key=order)
+        stolen: dict[int, set[str]] = {}
+        for pattern in out:
+            for topic in pattern.topics:
+                first = next(i for i, p in enumerate(out) if matches(p.levels, topic))
+                if out[first] is not pattern:
+                    stolen.setdefault(first, set()).add(topic)
+        if not stolen:
+            break
+        out = [q for i, p in enumerate(out) for q in (
+            Separator(presets, taken | stolen[i], []).separate(p) if i in stolen else [p])]
+    return sorted(out, key=order)
+
+
+class Separator:
+    """Splits a proposed pattern away from the topics and filters of other rules."""
+
+    def __init__(self, presets: Sequence[Rule], taken: set[str],
+                 proposals: Sequence[Pattern]) -> None:
         self.filters = [(r.subscription.split("/"), r) for r in presets]
-        self.elsewhere = elsewhere
+        self.taken = taken
+        self.proposals = proposals
 
     def _hard(self, pattern: Pattern) -> list[str]:
-        return [t for t in self.elsewhere if t not in pattern.topics
+        """Captured topics it would take from a preset or from a proposal tried after it."""
+        later = {t for p in self.proposals if order(p) >= order(pattern) for t in p.topics}
+        return [t for t in self.taken | later if t not in pattern.topics
                 and matches(pattern.levels, t)]
-
     def _soft(self, pattern: Pattern) -> list[tuple[Rule, str]]:
         out = []
         for levels, rule in self.filters:
