@@ -214,14 +214,14 @@ def advice(counts: dict[str, Tally], patterns: list[Pattern], presets: list[str]
            mine: str | None, out: TextIO) -> None:
     """What to edit next."""
     tips = []
+    flags = "".join(f" --preset {n}" for n in presets)
     if mine:
         tips.append(f"append this file's rules to {mine}, after your rules (the first "
-                    f"matching rule wins), then run with --mapping {mine}"
-                    + "".join(f" --preset {n}" for n in presets))
-    elif presets:
-        tips.append("run with " + " ".join(f"--preset {n}" for n in presets)
-                    + " --mapping <this file> (this file's rules are tried first: none "
-                    "takes a topic these presets handle)")
+                    f"matching rule wins), then run with --mapping {mine}{flags}")
+    else:
+        tips.append(f"run with{flags} --mapping <this file>" + (
+            " (this file's rules are tried first: none takes a topic these presets handle)"
+            if presets else ""))
     for name, c in counts.items():
         if c.waiting:
             tips.append(f"rule {name}: {c.waiting} message(s) refer to a BIRTH published "
