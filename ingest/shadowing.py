@@ -97,7 +97,7 @@ def separate(patterns: list[Pattern], presets: Sequence[Rule], taken: set[str]
     (:func:`ingest.patterns.order`); a pattern found taking another's topics in that
     order is separated again from exactly those.
     """
-    return patterns
+    out = [q for p in patterns for q in Separator(presets, taken, patterns).separate(p)]
     for _ in range(3):
         out.sort(key=order)
         stolen: dict[int, set[str]] = {}
