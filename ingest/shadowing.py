@@ -165,9 +165,13 @@ class Separator:
         return part
 
     def _note(self, pattern: Pattern, soft: list[tuple[Rule, str]]) -> None:
-        for rule, topic in soft[:3]:
+        by_source: dict[str, list[tuple[Rule, str]]] = {}
+        for rule, topic in soft:
+            by_source.setdefault(rule.source.removeprefix("--"), []).append((rule, topic))
+        for source, found in sorted(by_source.items()):
+            (rule, topic), more = found[0], len(found) - 1
             pattern.notes.append(
-                f"a topic such as {topic} would match this rule before "
-                f"{rule.source.removeprefix('--')}'s rule {rule.name} ({rule.subscription}); "
-                "none was captured")
-
+                f"a topic such as {topic} would match this rule before {source}'s rule "
+                f"{rule.name} ({rule.subscription})"
+                + (f" and {more} more of its rules" if more else "")
+                + "; none was captured")

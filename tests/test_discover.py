@@ -252,6 +252,24 @@ def test_a_proposal_never_takes_a_topic_of_a_preset_it_recommends() -> None:
             assert result.ignored == msg.ignored, msg.topic
 
 
+def test_an_overlap_no_split_can_remove_is_a_note_naming_the_preset_rule() -> None:
+    """Shelly Gen2's filters start with a wildcard (+/status/sys): only the device level
+    could keep plant/{sensor_id}/{measurement} from them; none of their topics was
+    captured, so the rule stays whole and says where it would take a Shelly's topic."""
+    from ingest.discover import finish  # noqa: PLC0415
+
+    messages = [Captured(m.topic, m.payload) for m in load("shelly", base_time(time.time()))]
+    messages += [Captured(f"plant/boiler-{n}/{q}", b"1.5") for n in (1, 2)
+                 for q in ("temperature", "pressure")]
+    out, err = io.StringIO(), io.StringIO()
+    assert finish(messages, [], [], out, err) == 0
+    text = out.getvalue()
+    assert "use --preset shelly with this file" in text
+    assert ("# NOTE: a topic such as plant/status/sys would match this rule before preset "
+            "shelly's rule shelly2-status-system (+/status/sys) and ") in text
+    assert 'topic = "plant/{sensor_id}/{measurement}"' in text
+
+
 async def test_following_the_advice_leaves_every_preset_topic_to_its_preset(
         persistent: Broker, daemon: Callable[..., Daemon], db: Any, tmp_path: Path) -> None:
     """discover on the broker, then the daemon run exactly as discover advises: each vendor
