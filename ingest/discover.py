@@ -215,7 +215,11 @@ def advice(counts: dict[str, Tally], patterns: list[Pattern], presets: list[str]
     """What to edit next."""
     tips = []
     flags = "".join(f" --preset {n}" for n in presets)
-    if mine:
+    if not patterns:
+        given = f" --mapping {mine}" if mine else ""
+        tips.append(f"run with{given}{flags}: the capture needs no rules of its own (this "
+                    "file has none, and a mapping file needs one)")
+    elif mine:
         tips.append(f"append this file's rules to {mine}, after your rules (the first "
                     f"matching rule wins), then run with --mapping {mine}{flags}")
     else:

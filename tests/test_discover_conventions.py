@@ -4,10 +4,13 @@ and gateways whose payloads name the device (rtl_433's model, channel and id).""
 
 from __future__ import annotations
 
+import io
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import pytest
 
 from ingest.conventions import read
 from ingest.decode import Limits
@@ -15,13 +18,14 @@ from ingest.mapping import Mapping
 from ingest.patterns import Captured, propose
 from ingest.proposal import rule_text
 from ingest.rules import parse
+from tests.support.devices import Expected, Message, base_time, load
 from tests.support.discover import advised, discover, send, units
 from tests.support.mongo import COLLECTION, instants
 from tests.support.procs import eventually
+from tests.test_presets import assert_counted, assert_stored
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
     from ingest.model import Reading
     from ingest.patterns import Pattern
@@ -247,3 +251,54 @@ def test_homie_devices_their_units_and_attributes() -> None:
     assert sorted((r.sensor_id, *r.values, *r.units.values()) for r in got) == [
         ("garage", "dht_temperature", "°C"), ("weather-1", "bme_pressure", "hPa"),
         ("weather-1", "dht_humidity", "%"), ("weather-1", "dht_temperature", "°C")]
+
+
+# A plain-value device no preset knows, beside the gateway: the proposal has a rule.
+GARDEN = [("garden/weather-1/temperature", b"21.5"), ("garden/weather-1/humidity", b"40")]
+
+
+@pytest.mark.parametrize("vendor", ["openmqttgateway", "rtl_433"])
+async def test_onboarding_a_gateway_as_discover_advises(
+        vendor: str, persistent: Broker, daemon: Callable[..., Daemon], mode: str, db: Any,
+        tmp_path: Path) -> None:
+    """A new user's broker: a gateway publishing as its vendor documents (the preset's
+    fixture, its hostile messages aside) and a device of their own. discover recommends
+    the gateway's preset and proposes a rule for the rest; run exactly as advised, every
+    device is stored under its own id with its values, units, info and time."""
+    started = time.time()
+    t = base_time(started)
+    fixture = [m for m in load(vendor, t) if not m.rejections]
+    messages = [(m.topic, m.payload) for m in fixture] + GARDEN
+    text, report = await discover(persistent, [], messages)
+    assert f"use --preset {vendor} with this file" in text
+    mapping = tmp_path / "proposal.toml"
+    mapping.write_text(text)
+    flags = advised(report, mapping)
+    assert flags == ["--preset", vendor, "--mapping", str(mapping)]
+    proc = daemon(*flags, broker_url=persistent.url, rule_topics=True)
+    await send(persistent, messages)
+    expected = [(m, r) for m in fixture for r in m.readings]
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == len(messages))
+    await eventually(lambda: proc.metric(
+        f'ingest_readings_written_total{{mode="{mode}"}}') == len(expected) + len(GARDEN))
+    assert_counted(proc.metrics(), fixture)
+    own = [(Message("garden", topic, payload, "garden", (), ignored=False, rejections=()),
+            Expected("weather-1", "arrival", {name: value}, None))
+           for (topic, payload), (name, value) in zip(
+               GARDEN, (("temperature", 21.5), ("humidity", 40)), strict=True)]
+    await assert_stored(db, mode, [*expected, *own], t, (started, time.time()))
+    assert proc.stop() == 0
+
+
+def test_a_capture_the_presets_take_whole_is_run_with_the_presets_alone() -> None:
+    """Nothing to propose: the advice names the presets and no mapping file (a file
+    without rules would not load)."""
+    from ingest.discover import finish  # noqa: PLC0415
+
+    t = base_time(time.time())
+    messages = [Captured(m.topic, m.payload) for m in load("rtl_433", t) if not m.rejections]
+    out, err = io.StringIO(), io.StringIO()
+    assert finish(messages, [], [], out, err) == 0
+    assert "[[rule]]" not in out.getvalue()
+    assert "nothing to add" in out.getvalue()
+    assert advised(err.getvalue(), Path("unused")) == ["--preset", "rtl_433"]

@@ -52,8 +52,8 @@ async def discover(broker: Broker, retained: Messages, live: Messages,
 def advised(report: str, mapping: Path) -> list[str]:
     """The flags of discover's advice (``run with --preset ... --mapping <this file>``),
     the proposal's path in place of ``<this file>``."""
-    line = next(x for x in report.splitlines() if "--mapping <this file>" in x)
-    flags = line.split("run with", 1)[1].split(" (", 1)[0]
+    line = next(x for x in report.splitlines() if x.startswith("  - run with"))
+    flags = line.split("run with", 1)[1].split(" (", 1)[0].split(":", 1)[0]
     return flags.replace("<this file>", str(mapping)).split()
 
 
