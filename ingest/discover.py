@@ -36,8 +36,9 @@ from ingest.decode import Limits
 from ingest.errors import ConfigError
 from ingest.formats import sparkplug as spb
 from ingest.mapping import Mapping
-from ingest.patterns import Captured, Pattern, propose
+from ingest.patterns import Captured, Pattern
 from ingest.proposal import rule_text
+from ingest.propose import propose
 from ingest.rules import load_file, load_preset, parse, preset_names
 from ingest.shadowing import separate
 

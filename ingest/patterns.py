@@ -1,13 +1,12 @@
-"""What a captured stream looks like: payload formats, topic patterns, what they carry.
+"""What a captured stream looks like: payload formats and topic patterns.
 
 Pure functions over captured ``(topic, payload)`` messages, used by ``ingest discover``:
-:func:`payload_kind` names a payload's format, :func:`propose` groups the topics into
+:func:`payload_kind` names a payload's format, :func:`group` groups the topics into
 patterns (the level that varies most is the device; levels after it name the measurement
-of a plain value) and completes each with what the conventions and payloads say
-(:mod:`ingest.conventions`: Home Assistant discovery units, Homie devices and units;
-:mod:`ingest.identity`: device ids inside gateway payloads), with a note on each guess.
-Nothing here does I/O; :mod:`ingest.proposal` writes the patterns as rules and the
-proposal is checked by running it through the real mapping engine (:mod:`ingest.discover`).
+of a plain value; housekeeping topics are ignored). :mod:`ingest.propose` completes the
+patterns with what conventions and payloads say, :mod:`ingest.proposal` writes them as
+rules, and :mod:`ingest.discover` checks them through the real mapping engine. Nothing
+here does I/O.
 """
 
 from __future__ import annotations
@@ -21,12 +20,10 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from ingest import conventions
 from ingest.decode import Limits, decode
-from ingest.identity import descriptive, identity, suffix_units
 
 if TYPE_CHECKING:
-    from ingest.conventions import Entity, Known
+    from ingest.conventions import Known
 
 # Last topic levels that carry status, commands or metadata rather than readings.
 HOUSEKEEPING = frozenset({"availability", "lwt", "will", "online", "offline", "announce",
@@ -48,7 +45,7 @@ MAX_JSON_PATTERNS = 5  # distinct values of a non-device level kept as separate 
 SAMPLES = 20  # payloads kept per topic for the analysis
 _LINE = re.compile(r"^[^\s,#][^\s,]*(,[^\s=]+=[^\s,]+)* [^\s=]+=[^\s]+( -?\d+)?$")
 _NAME = re.compile(r"[^A-Za-z0-9_-]+")
-_VAR = re.compile(r"\{([^{}]+)\}")
+VARIABLE = re.compile(r"\{([^{}]+)\}")
 
 
 @dataclass
@@ -102,7 +99,7 @@ class Pattern:
         measurement = fill(self.measurement) if self.measurement else None
         units = self.units
         if measurement is not None:  # the units of the measurements it can still store
-            glob = _VAR.sub("*", measurement)
+            glob = VARIABLE.sub("*", measurement)
             units = {m: u for m, u in units.items() if fnmatchcase(m, glob)}
         return Pattern(levels, self.kind, set(topics),
                        {t: self.payloads[t] for t in topics if t in self.payloads},
@@ -166,14 +163,12 @@ def device_score(level: str, position: int) -> int:
     return score
 
 
-def propose(messages: list[Captured], known: Known | None = None) -> list[Pattern]:
-    """Group the messages' topics into patterns, one per rule to propose.
+def group(messages: list[Captured], known: Known) -> list[Pattern]:
+    """The messages' topics grouped into patterns, one per rule to propose.
 
-    ``known``: what the conventions say (:func:`ingest.conventions.read` over the whole
-    capture; by default over ``messages``).
+    Each keeps the first payloads of its topics. ``known``: what the conventions say
+    (Homie devices, Home Assistant's availability and command topics).
     """
-    if known is None:
-        known = conventions.read([(m.topic, m.payload) for m in messages])
     by_topic: dict[str, list[bytes]] = {}
     for msg in messages:
         by_topic.setdefault(msg.topic, []).append(msg.payload)
@@ -204,8 +199,6 @@ def propose(messages: list[Captured], known: Known | None = None) -> list[Patter
     patterns = _merge_chores(patterns, data)
     for pattern in patterns:
         pattern.payloads = {t: by_topic[t][:SAMPLES] for t in pattern.topics}
-    patterns = [q for p in patterns for q in _complete(p, known)]
-    patterns.sort(key=order)
     return patterns
 
 
@@ -372,16 +365,17 @@ def _measurement(levels: list[str], device: int, values: list[list[str]]) -> str
         level, before = levels[i], levels[i - 1]
         numbered = all(v.isdigit() for v in values[i]) and not _variable(before)
         if level.startswith("{"):
-            parts.append(f"{_safe(before)}_{level}" if numbered else level)
+            parts.append(f"{safe(before)}_{level}" if numbered else level)
         elif i == last and level.lower() not in GENERIC_LAST:
-            parts.append(f"{_safe(before)}_{level}" if numbered else _safe(level))
+            parts.append(f"{safe(before)}_{level}" if numbered else safe(level))
     if parts:
         return "_".join(parts)
     tail = [lv for lv in levels[device + 1:] if not _variable(lv)]
-    return _safe(tail[-1]) if tail else "value"
+    return safe(tail[-1]) if tail else "value"
 
 
-def _safe(text: str) -> str:
+def safe(text: str) -> str:
+    """A measurement name made of ``[A-Za-z0-9_-]``, 1 to 64 characters."""
     return _NAME.sub("_", text).strip("_")[:64] or "x"
 
 
@@ -409,203 +403,6 @@ def field_values(samples: list[bytes]) -> dict[str, list[object]]:
     return seen
 
 
-def _complete(pattern: Pattern, known: Known) -> list[Pattern]:
-    """The pattern with what conventions and payloads say: units, devices, notes."""
-    out = [pattern]
-    if pattern.kind == "value":
-        out = _value_units(pattern, known)
-    elif pattern.kind == "json":
-        _json_units(pattern, known)
-        _payload_identity(pattern)
-    if pattern.kind in {"value", "json"}:
-        _home_assistant_device(pattern, known)
-    for part in out:
-        if part.kind in {"value", "json"} and not part.sensor_id:
-            _node_level(part)
-        _describe_conventions(part, known)
-    return [p for p in out if p.topics]
-
-
-def _describe_conventions(pattern: Pattern, known: Known) -> None:
-    configs = any(t.endswith("/config") for t in pattern.topics)
-    if configs and pattern.kind == "ignore" and known.configs:
-        described = len({e.state_topic for es in known.entities.values() for e in es})
-        pattern.notes.append(f"Home Assistant MQTT discovery: {known.configs} config(s) "
-                             f"describe {described} state topic(s); their units and names "
-                             "are in the rules for those topics")
-    attributes = sorted({label for t in pattern.topics for label in known.attributes.get(t, [])})
-    if attributes and pattern.kind != "ignore":
-        pattern.notes.append("Home Assistant reads these as attributes of "
-                             f"{', '.join(attributes[:3])}: descriptive text (names, "
-                             "addresses) is stored as text values; drop what is no reading")
-    computed = sorted({e.template for t in pattern.topics for e in known.entities.get(t, [])
-                       if e.template})
-    if computed:
-        pattern.notes.append(f"Home Assistant computes the value with {computed[0]}: stored "
-                             "as published, not as computed")
-
-
-def _home_assistant_device(pattern: Pattern, known: Known) -> None:
-    """The device Home Assistant's configs name for every topic of the pattern, if one."""
-    if pattern.sensor_id or "{sensor_id}" not in pattern.levels or not pattern.topics:
-        return
-    named = [{e.device for e in known.entities.get(t, [])} for t in pattern.topics]
-    devices = set().union(*named)
-    if len(devices) != 1 or None in devices or not all(named):
-        return
-    device = devices.pop()
-    assert device is not None
-    index = pattern.levels.index("{sensor_id}")
-    levels = sorted({t.split("/")[index] for t in pattern.topics})
-    pattern.levels[index] = levels[0] if len(levels) == 1 else "+"
-    pattern.sensor_id = [_braces(device)]
-    pattern.notes = [n for n in pattern.notes if not n.startswith(("one device seen",
-                                                                   "the level taken"))]
-    pattern.notes.append(f"Home Assistant's discovery configs name the device {device!r} "
-                         f"for these topics (topic level {levels[0]!r}): the sensor id")
-
-
-def _render(template: str, captures: dict[str, str]) -> str:
-    return _VAR.sub(lambda m: captures.get(m.group(1), m.group(0)), template)
-
-
-def _unit(topic: str, known: Known, entities: list[Entity]) -> str | None:
-    return known.homie_units.get(topic) or next((e.unit for e in entities if e.unit), None)
-
-
-def _value_units(pattern: Pattern, known: Known) -> list[Pattern]:
-    """Units of plain values; an entity the topic does not name gets a rule of its own."""
-    units: dict[str, set[str]] = {}
-    alone: list[Pattern] = []
-    for topic in sorted(pattern.topics):
-        name = _safe(_render(pattern.measurement or "value", pattern.captures(topic)))
-        entities = [e for e in known.entities.get(topic, []) if e.path is None]
-        unit = _unit(topic, known, entities)
-        if entities and (name.lower() in GENERIC_LAST or (name in units and unit
-                         and unit not in units[name])):
-            alone.append(_entity_pattern(pattern, topic, entities[0]))
-            continue
-        if unit:
-            units.setdefault(name, set()).add(unit)
-        for entity in entities:
-            pattern.values.update(_onoff(entity))
-    pattern.topics -= {t for p in alone for t in p.topics}
-    pattern.units = _single(units)
-    return [pattern, *alone]
-
-
-def _single(units: dict[str, set[str]]) -> dict[str, str]:
-    """The measurements given one unit only, with it."""
-    return {m: min(us) for m, us in units.items() if len(us) == 1}
-
-
-def _onoff(entity: Entity) -> dict[str, bool]:
-    if entity.component not in {"binary_sensor", "switch", "light", "fan", "siren"}:
-        return {}
-    return {entity.payload_on or "ON": True, entity.payload_off or "OFF": False}
-
-
-def _entity_pattern(whole: Pattern, topic: str, entity: Entity) -> Pattern:
-    """One Home Assistant entity's state topic as a rule: its device, its name, its unit."""
-    device = entity.device or whole.captures(topic).get("sensor_id") or entity.label
-    name = _safe(entity.device_class or entity.label)
-    part = Pattern(topic.split("/"), "value", {topic}, {topic: whole.payloads.get(topic, [])},
-                   _braces(name), sensor_id=[_braces(device)], values=_onoff(entity))
-    if entity.unit:
-        part.units[name] = entity.unit
-    part.notes.append(f"Home Assistant entity {entity.label!r} ({entity.component}, "
-                      f"{entity.config_topic}): device {device!r}, measurement {name!r}")
-    return part
-
-
-def _braces(text: str) -> str:
-    return text.replace("{", "{{").replace("}", "}}")
-
-
-def _json_units(pattern: Pattern, known: Known) -> None:
-    units: dict[str, set[str]] = {}
-    for topic in pattern.topics:
-        for entity in known.entities.get(topic, []):
-            if entity.path is not None and entity.unit:
-                units.setdefault(_safe("_".join(entity.path)), set()).add(entity.unit)
-    pattern.units = _single(units)
-    clashes = sorted(m for m, us in units.items() if len(us) > 1)
-    if clashes:
-        pattern.notes.append(f"Home Assistant gives {', '.join(clashes)} different units on "
-                             "different topics: left without a unit")
-
-
-def _payload_identity(pattern: Pattern) -> None:
-    """Device ids inside the payloads (a gateway's topic carries many devices)."""
-    if "{sensor_id}" not in pattern.levels:
-        return
-    index = pattern.levels.index("{sensor_id}")
-    devices = sorted({t.split("/")[index] for t in pattern.topics})
-    found = identity(pattern.payloads, len(devices))
-    if found is None:
-        return
-    pattern.levels[index] = devices[0] if len(devices) == 1 else "+"
-    pattern.sensor_id = found.templates
-    pattern.notes = [n for n in pattern.notes if not n.startswith(("one device seen",
-                                                                   "the level taken"))]
-    fields = ", ".join(found.fields)
-    if found.shared:
-        pattern.notes.append(
-            f"one topic carries several devices ({found.shared[0]}): the topic level "
-            f"{devices[0]!r} is a gateway or a kind of message, not the device; the sensor "
-            f"id comes from the payload's {fields} (e.g. {found.example!r}), the fields "
-            "it uses are not stored as values")
-    else:
-        pattern.notes.append(
-            f"the payload names its device ({fields}): the sensor id comes from there (e.g. "
-            f"{found.example!r}) rather than the topic level ({devices[0]!r}, ...)")
-    for name in found.info:
-        pattern.tags[name] = f"{{{name}}}"
-        pattern.info.append(name)
-    if "model" in found.fields or "model" in found.info:  # rtl_433's data format
-        numbers = [k for k, vs in field_values(pattern.samples).items()
-                   if k not in found.fields and any(type(v) in {int, float} for v in vs)]
-        units = suffix_units(numbers)
-        if units:
-            pattern.units.update(units)
-            pattern.notes.append("units from the field names (rtl_433's <Type>_<Unit>: "
-                                 "temperature_C is °C)")
-    text = descriptive(pattern.payloads, found)
-    if text:
-        pattern.notes.append(
-            f"text that never changes for a device ({', '.join(text[:4])}) is stored as a "
-            f"value with every reading; to keep it as descriptive info instead add "
-            f'[rule.tags] {text[0]} = "{{{text[0]}}}" and info = [{quote(text[0])}]')
-
-
 def quote(text: str) -> str:
     """A TOML basic string (JSON's escapes are TOML's)."""
     return orjson.dumps(text).decode()
-
-
-def _node_level(pattern: Pattern) -> None:
-    """A device level whose values repeat under several parents is a node, not the device."""
-    levels = pattern.levels
-    if "{sensor_id}" not in levels:
-        return
-    index = levels.index("{sensor_id}")
-    parent = next((i for i in range(index - 1, 0, -1) if levels[i].startswith("{")), None)
-    if parent is None:
-        return
-    parents: dict[str, set[str]] = {}
-    for topic in pattern.topics:
-        parts = topic.split("/")
-        parents.setdefault(parts[index], set()).add(parts[parent])
-    shared = sorted(v for v, ps in parents.items() if len(ps) > 1)
-    if not shared:
-        return
-    node = "node" if "{node}" not in levels else f"level{index + 1}"
-    levels[parent], levels[index] = "{sensor_id}", f"{{{node}}}"
-    if pattern.kind == "value":
-        pattern.measurement = f"{{{node}}}_{pattern.measurement or 'value'}"
-    where = sorted(parents[shared[0]])
-    pattern.notes.append(
-        f"{shared[0]!r} appears under several devices ({', '.join(where[:3])}): it names a "
-        "part of a device (a node, a channel), so the level before it is the sensor id and "
-        + ("this level is part of the measurement name" if pattern.kind == "value"
-           else f"this level is the tag {node!r}"))

@@ -143,7 +143,7 @@ def test_discover_with_no_broker_is_one_line() -> None:
 
 def test_plain_values_name_their_measurement_from_the_topic() -> None:
     """Two Gen1-Shelly-like devices under a base topic no preset knows."""
-    from ingest.patterns import propose  # noqa: PLC0415
+    from ingest.propose import propose  # noqa: PLC0415
 
     messages = [Captured(f"home/{device}/{tail}", payload.encode())
                 for device in ("sh1-AAA1", "sh1-AAA2")

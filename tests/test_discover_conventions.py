@@ -15,8 +15,9 @@ import pytest
 from ingest.conventions import read
 from ingest.decode import Limits
 from ingest.mapping import Mapping
-from ingest.patterns import Captured, propose
+from ingest.patterns import Captured
 from ingest.proposal import rule_text
+from ingest.propose import propose
 from ingest.rules import parse
 from tests.support.devices import Expected, Message, base_time, load
 from tests.support.discover import advised, discover, send, units
