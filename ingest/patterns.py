@@ -202,6 +202,14 @@ def group(messages: list[Captured], known: Known) -> list[Pattern]:
     return patterns
 
 
+def literal(level: str) -> str:
+    """A topic's level as a rule's filter can hold it.
+
+    One with a brace (a capture in a filter) or a wildcard character becomes ``+``.
+    """
+    return "+" if any(c in level for c in "{}+#") else level
+
+
 def order(pattern: Pattern) -> tuple[int, list[str]]:
     """Sort key: more literal levels first (a general rule must not shadow a specific one)."""
     return -sum(not _variable(x) for x in pattern.levels), pattern.levels
@@ -224,6 +232,7 @@ def _housekeeping(topics: list[str], kind: str, known: Known) -> list[Pattern]:
     shapes: dict[tuple[str, ...], set[str]] = {}
     for topic in topics:
         levels = topic.split("/")
+        levels = [literal(lv) for lv in levels]
         varying = [levels[0], *(["+"] * (len(levels) - 2)), levels[-1]] if len(levels) > 2 \
             else (["+", levels[-1]] if len(levels) == 2 else levels)
         shapes.setdefault(tuple(varying), set()).add(topic)
@@ -292,9 +301,9 @@ def _patterns(topics: list[str], kind: str, device: int = -1) -> list[Pattern]:
         if i == device:
             levels.append("{sensor_id}")
         elif last_is_measurement and i == depth - 1:
-            levels.append("{measurement}" if len(values[i]) > 1 else values[i][0])
+            levels.append("{measurement}" if len(values[i]) > 1 else literal(values[i][0]))
         elif len(values[i]) == 1:
-            levels.append(values[i][0])
+            levels.append(literal(values[i][0]))
         elif plain or (i < device):
             levels.append(f"{{level{i + 1}}}")
         elif len(values[i]) <= MAX_JSON_PATTERNS:
@@ -304,7 +313,7 @@ def _patterns(topics: list[str], kind: str, device: int = -1) -> list[Pattern]:
     if "*" in levels:
         return _split(levels, rows, kind)
     if kind == "binary":
-        levels = [vs[0] if len(vs) == 1 else "+" for vs in values]
+        levels = [literal(vs[0]) if len(vs) == 1 else "+" for vs in values]
         return [Pattern(levels, kind, set(topics))]
     pattern = Pattern(levels, kind, set(topics))
     _describe(pattern, device, values)
@@ -329,7 +338,7 @@ def _device_level(values: list[list[str]]) -> int:
 def _split(levels: list[str], rows: list[list[str]], kind: str) -> list[Pattern]:
     out: dict[tuple[str, ...], Pattern] = {}
     for row in rows:
-        shape = tuple(row[i] if lv == "*" else lv for i, lv in enumerate(levels))
+        shape = tuple(literal(row[i]) if lv == "*" else lv for i, lv in enumerate(levels))
         out.setdefault(shape, Pattern(list(shape), kind)).topics.add("/".join(row))
     for pattern in out.values():
         device = pattern.levels.index("{sensor_id}")

@@ -20,6 +20,7 @@ from ingest.patterns import (
     Pattern,
     field_values,
     group,
+    literal,
     order,
     quote,
     safe,
@@ -90,7 +91,7 @@ def _home_assistant_device(pattern: Pattern, known: Known) -> None:
     assert device is not None
     index = pattern.levels.index("{sensor_id}")
     levels = sorted({t.split("/")[index] for t in pattern.topics})
-    pattern.levels[index] = levels[0] if len(levels) == 1 else "+"
+    pattern.levels[index] = literal(levels[0]) if len(levels) == 1 else "+"
     pattern.sensor_id = [_braces(device)]
     pattern.notes = [n for n in pattern.notes if not n.startswith(("one device seen",
                                                                    "the level taken"))]
@@ -114,8 +115,9 @@ def _value_units(pattern: Pattern, known: Known) -> list[Pattern]:
         name = safe(_render(pattern.measurement or "value", pattern.captures(topic)))
         entities = [e for e in known.entities.get(topic, []) if e.path is None]
         unit = _unit(topic, known, entities)
-        if entities and (name.lower() in GENERIC_LAST or (name in units and unit
-                         and unit not in units[name])):
+        alone_ok = all(literal(lv) == lv for lv in topic.split("/"))
+        if entities and alone_ok and (name.lower() in GENERIC_LAST or (
+                name in units and unit and unit not in units[name])):
             alone.append(_entity_pattern(pattern, topic, entities[0]))
             continue
         if unit:
@@ -177,7 +179,7 @@ def _payload_identity(pattern: Pattern) -> None:
     found = identity(pattern.payloads, len(devices))
     if found is None:
         return
-    pattern.levels[index] = devices[0] if len(devices) == 1 else "+"
+    pattern.levels[index] = literal(devices[0]) if len(devices) == 1 else "+"
     pattern.sensor_id = found.templates
     pattern.notes = [n for n in pattern.notes if not n.startswith(("one device seen",
                                                                    "the level taken"))]

@@ -6,6 +6,7 @@ takes as the daemon then does."""
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 import time
@@ -301,3 +302,18 @@ async def test_following_the_advice_leaves_every_preset_topic_to_its_preset(
 
 async def _stored_is(db: Any, n: int) -> bool:
     return await stored(db, "bucket") >= n
+
+
+def test_topic_levels_a_filter_cannot_hold_still_give_a_loadable_proposal() -> None:
+    """A brace is a capture in a rule's topic: a level with one is proposed as a
+    wildcard, never written as a literal the mapping file would refuse."""
+    from ingest.discover import finish  # noqa: PLC0415
+
+    messages = [Captured("odd/{x}/temp", b"1.5"), Captured("odd/y}/temp", b"2.5"),
+                Captured("odd/{z/telemetry/{v}", b'{"a": 1}')]
+    out, err = io.StringIO(), io.StringIO()
+    assert finish(messages, [], [], out, err) == 0
+    rules = parse(out.getvalue(), "proposal")
+    assert [r.topic for r in rules] == ["odd/+/telemetry/{sensor_id}", "odd/{sensor_id}/temp"]
+    assert report_table(err.getvalue()) == {"odd-telemetry": (1, 0, 0), "odd-temp": (2, 0, 0)}
+    assert re.search(r"^\(no rule\)\s+0\s+0\s+0$", err.getvalue(), re.MULTILINE)
