@@ -304,11 +304,11 @@ def _header(messages: list[Captured], fits: list[tuple[str, Tally]],
               f"{len({m.topic for m in messages})} topic(s).")]
     for name, _ in fits:
         took = [c for n, c in counts.items() if sources[n] == f"preset {name}"]
-        stored = sum(c.accepted for c in took)
+        accepted = sum(c.accepted for c in took)
         ignored = sum(c.ignored for c in took)
         lines.append(f"Preset {name} takes {sum(c.messages for c in took)} message(s) "
-                     f"({stored} stored, {ignored} ignored): use --preset {name} with this "
-                     "file.")
+                     f"({accepted} accepted, {ignored} ignored): use --preset {name} with "
+                     "this file.")
     lines += ["This file's rules are tried before the presets' and take none of their topics.",
               "Each rule below is a guess from the topics and payloads seen: check the",
               "NOTE lines, then try it with ingest check and run with --mapping FILE.", ""]
