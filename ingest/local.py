@@ -116,13 +116,17 @@ def find_mosquitto(given: str | None) -> str:
 
 def check_free(port: int, flag: str, what: str) -> None:
     """Refuse at once, naming the flag, when a port we would listen on is taken."""
+    problem = "something listens there" if _taken(port) else None
     with socket.socket() as sock:
+        # As the parts themselves bind: connections closed a moment ago (TIME_WAIT, after
+        # a Ctrl-C and a restart) do not hold the port.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError as exc:
-            raise StartupError(f"{flag}: 127.0.0.1:{port} is already in use "
-                               f"({os.strerror(exc.errno) if exc.errno else exc}): {what}"
-                               ) from None
+            problem = os.strerror(exc.errno) if exc.errno else str(exc)
+    if problem is not None:
+        raise StartupError(f"{flag}: 127.0.0.1:{port} is already in use ({problem}): {what}")
 
 
 def _find_prctl() -> Any:  # noqa: ANN401 - a ctypes function
@@ -422,12 +426,10 @@ class Local:
 
 
 def _taken(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:``port`` (a connection is accepted)."""
     with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
+        sock.settimeout(2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _topic_for(topic_filter: str) -> str:

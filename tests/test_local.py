@@ -45,9 +45,10 @@ def free_pair() -> int:
 class Local:
     """``python -m ingest local ...`` with its stdout read line by line."""
 
-    def __init__(self, tmp_path: Path, *argv: str, default_mqtt_port: int | None = None) -> None:
-        self.ports = {"mqtt": free_port(), "store": free_port(), "api": free_port(),
-                      "metrics": free_pair()}
+    def __init__(self, tmp_path: Path, *argv: str, default_mqtt_port: int | None = None,
+                 ports: dict[str, int] | None = None) -> None:
+        self.ports = ports or {"mqtt": free_port(), "store": free_port(), "api": free_port(),
+                               "metrics": free_pair()}
         while self.ports["metrics"] + 1 in self.ports.values():
             self.ports["metrics"] = free_pair()
         self.stderr = tmp_path / f"local-{time.monotonic_ns()}.err"
@@ -182,8 +183,9 @@ def test_one_command_runs_the_main_job_and_ctrl_c_stops_it(
     assert not [name for name, port in first.ports.items() if listening(port)]
     assert "Traceback" not in first.stderr.read_text()
 
-    # The data dir keeps the data: a second start finds the reading.
-    second = Local(tmp_path)
+    # The data dir keeps the data: a second start finds the reading. Started at once on
+    # the same ports, whose closed connections linger (TIME_WAIT): they are free.
+    second = Local(tmp_path, ports=first.ports)
     local.append(second)
     second.banner()
     uri = f"mongodb://127.0.0.1:{second.ports['store']}/?directConnection=true"
