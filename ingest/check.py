@@ -24,11 +24,14 @@ if TYPE_CHECKING:
 
 def reading_line(rule: str | None, reading: Reading) -> str:
     """One reading as the JSON line ``check`` prints."""
-    return orjson.dumps({
+    line = {
         "rule": rule, "sensor_id": reading.sensor_id,
         "ts": reading.ts.isoformat(timespec="milliseconds"), "values": reading.values,
         "tags": reading.tags or {}, "units": reading.units or {},
-    }).decode()
+    }
+    if reading.info:
+        line["info"] = reading.info
+    return orjson.dumps(line).decode()
 
 
 def check(mapping: Mapping | None, topic: str, payload_arg: str,

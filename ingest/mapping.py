@@ -30,7 +30,14 @@ from ingest.formats.sparkplug import shared_subscriptions as sparkplug_shared
 from ingest.formats.times import LIMIT as TIME_LIMIT
 from ingest.formats.times import from_seconds, parse
 from ingest.model import Decoded, Reading, Rejection
-from ingest.rules import RESERVED_TAGS, check_unique, load_file, load_preset
+from ingest.rules import (
+    MAX_UNIT,
+    RESERVED_FIELDS,
+    RESERVED_TAGS,
+    check_unique,
+    load_file,
+    load_preset,
+)
 from ingest.sparkplug import SparkplugFormat
 
 if TYPE_CHECKING:
@@ -43,9 +50,6 @@ if TYPE_CHECKING:
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _SENSOR = re.compile(SENSOR_ID_PATTERN)
-# Measurement names that would collide with a document's own fields in either mode.
-RESERVED_FIELDS = frozenset({"ts", "seq", "sensor_id", "_id", "meta", "tags", "units",
-                             "info"})
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 TOPIC_CACHE = 100_000  # topics remembered with their rule, captures, tags and sensor id
 NAME_CACHE = 10_000  # field names remembered per rule
@@ -241,7 +245,7 @@ class Mapping:
         # Captures that build the sensor id or the measurement name are part of those,
         # not tags: as tags they would change from message to message of one sensor.
         named = {"sensor_id", "measurement"}
-        for template in (rule.sensor_id, rule.measurement):
+        for template in (rule.sensor_id, rule.measurement, *rule.units.values()):
             if template is not None:
                 named |= template.names
         tags = {k: v for k, v in captures.items() if k not in named}
@@ -361,8 +365,10 @@ class Mapping:
             tags = found
         units = None
         if item.units:
-            renamed = ((self._resolve(rule, k), u[:64]) for k, u in item.units.items())
+            renamed = ((self._resolve(rule, k), u[:MAX_UNIT]) for k, u in item.units.items())
             units = {k: u for k, u in renamed if type(k) is str and k in values} or None
+        if rule.units:
+            units = _units(rule, values, item.context or matched.captures, units)
         info = None
         if rule.info and not tags.keys().isdisjoint(rule.info):  # descriptive tags apart
             info = {k: v for k, v in tags.items() if k in rule.info}
@@ -382,9 +388,10 @@ class Mapping:
             context = item.context or matched.captures
             rendered = template.render(context)
             if rendered is None:
-                missing = ", ".join(sorted(n for n in template.names if n not in context))
-                return Rejection("no_sensor_id", f"sensor_id {template.text!r}: no value for "
-                                                 f"{{{missing}}}")
+                missing = ", ".join(f"{{{n}}}" for n in sorted(template.names)
+                                    if n not in context)
+                return Rejection("no_sensor_id", f"sensor_id {template.text[:120]!r}: no "
+                                 f"value for {missing} (a string or an integer)")
             return _sensor(rendered)
         if item.sensor:
             return _sensor(item.sensor.rstrip(":/."))
@@ -466,8 +473,25 @@ def _sensor(text: str) -> str | Rejection:
     return Rejection("bad_sensor_id", f"sensor id {text[:60]!r}: {SENSOR_ID_RULE}")
 
 
+def _units(rule: Rule, values: dict[str, int | float | bool | str], variables: dict[str, str],
+           units: dict[str, str] | None) -> dict[str, str] | None:
+    """The reading's units with the rule's declared ones (which win) added."""
+    for name, template in rule.units.items():
+        if name in values:
+            unit = template.render(variables)
+            if unit:
+                units = units if units is not None else {}
+                units[name] = unit[:MAX_UNIT]
+    return units
+
+
 def _resolve_name(rule: Rule, raw: str) -> str | Rejection:
-    name = safe(raw)
+    renamed = rule.rename.get(raw) if rule.rename else None
+    name = safe(raw) if renamed is None else renamed
+    if renamed is not None:
+        drop = rule.drop and any(fnmatchcase(raw, g) or fnmatchcase(name, g)
+                                 for g in rule.drop)
+        return _DROP if drop else renamed  # checked when the rule was loaded
     if rule.keep and not any(fnmatchcase(raw, g) or fnmatchcase(name, g) for g in rule.keep):
         return _DROP
     if any(fnmatchcase(raw, g) or fnmatchcase(name, g) for g in rule.drop):
