@@ -68,6 +68,10 @@ def reading_problems(reading: Reading, want: Expected, now: float, t: float) -> 
         problems.append(f"values {reading.values}, expected {want.values}")
     if (reading.tags or None) != (want.tags or None):
         problems.append(f"tags {reading.tags}, expected {want.tags}")
+    if (reading.units or None) != (want.units or None):
+        problems.append(f"units {reading.units}, expected {want.units}")
+    if (reading.info or None) != (want.info or None):
+        problems.append(f"info {reading.info}, expected {want.info}")
     if want.ts == "T" and abs(reading.epoch - t) > 0.0005:
         problems.append(f"time {reading.epoch}, expected {t}")
     # Arrival times of one sensor are made distinct: a millisecond later per reading that
@@ -143,20 +147,24 @@ def prefixed(preset: str, root: str, directory: Path) -> Path:
 
 
 async def stored_rows(db: Any, mode: str) -> list[dict[str, Any]]:
-    """Every stored reading: sensor_id, ts, values, tags, and its bucket document."""
+    """Every stored reading: sensor_id, ts, values, tags, units, info, and its bucket
+    document (whose units and info are those of its last write)."""
     rows: list[dict[str, Any]] = []
     if mode == "timeseries":
         for doc in await db["readings"].find({}).to_list():
             meta = dict(doc["meta"])
-            values = {k: v for k, v in doc.items() if k not in {"_id", "ts", "meta", "units"}}
+            values = {k: v for k, v in doc.items()
+                      if k not in {"_id", "ts", "meta", "units", "info"}}
             rows.append({"sensor_id": meta.pop("sensor_id"), "ts": doc["ts"],
-                         "values": values, "tags": meta or None, "doc": None})
+                         "values": values, "tags": meta or None, "units": doc.get("units"),
+                         "info": doc.get("info"), "doc": None})
         return rows
     for doc in await db["buckets"].find({}).to_list():
         for entry in doc["readings"]:
             values = {k: v for k, v in entry.items() if k not in {"ts", "seq"}}
             rows.append({"sensor_id": doc["sensor_id"], "ts": entry["ts"], "values": values,
-                         "tags": doc.get("tags"), "doc": doc})
+                         "tags": doc.get("tags"), "units": doc.get("units"),
+                         "info": doc.get("info"), "doc": doc})
     return rows
 
 
@@ -237,8 +245,11 @@ async def test_preset_messages_are_stored_through_the_daemon(
             assert started - 1 <= row["ts"].timestamp() <= finished + 5, msg.topic
         if mode == "timeseries":
             assert row["tags"] == want.tags, msg.topic
-        else:
+            assert (row["units"], row["info"]) == (want.units, want.info), msg.topic
+        else:  # a bucket keeps the tags, units and info of its last write
             assert set(want.tags or {}) <= set(row["tags"] or {}), msg.topic
+            assert (want.units or {}).items() <= (row["units"] or {}).items(), msg.topic
+            assert set(want.info or {}) <= set(row["info"] or {}), msg.topic
     if mode == "bucket":
         for doc in await db["buckets"].find({}).to_list():
             assert doc["count"] == len(doc["readings"])

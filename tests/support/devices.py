@@ -2,7 +2,9 @@
 
 Each ``tests/fixtures/devices/<preset>.json`` holds ``messages``: a topic, a payload (a
 string is sent as is; anything else as compact JSON), the rule expected to take it, and
-``expect``: a list of readings, ``"ignored"``, or ``{"rejections": [reasons]}``.
+``expect``: a list of readings, ``"ignored"``, or ``{"rejections": [reasons]}``. A reading
+names its ``sensor_id``, ``ts`` and ``values``, and its ``tags``, ``units`` and descriptive
+``info`` when it has any (none given: it must have none).
 
 Payload times are placeholders filled in relative to a base time ``T`` (whole seconds plus
 250 ms, an hour ago) so the fixtures never age out of the accepted window:
@@ -21,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "devices"
-PRESETS = ("zigbee2mqtt", "tasmota", "shelly", "esphome", "homeassistant")
+PRESETS = ("zigbee2mqtt", "tasmota", "shelly", "esphome", "homeassistant",
+           "openmqttgateway", "rtl_433")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class Expected:
     ts: str  # "T" or "arrival"
     values: dict[str, int | float | bool | str]
     tags: dict[str, str] | None
+    units: dict[str, str] | None = None
+    info: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,8 @@ def _message(entry: dict[str, Any], t: float) -> Message:
     readings: tuple[Expected, ...] = ()
     rejections: tuple[str, ...] = ()
     if isinstance(expect, list):
-        readings = tuple(Expected(r["sensor_id"], r["ts"], r["values"], r.get("tags"))
-                         for r in expect)
+        readings = tuple(Expected(r["sensor_id"], r["ts"], r["values"], r.get("tags"),
+                                  r.get("units"), r.get("info")) for r in expect)
     elif isinstance(expect, dict):
         rejections = tuple(expect["rejections"])
     return Message(entry["source"], entry["topic"], render(text, t).encode(), entry["rule"],
