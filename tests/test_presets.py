@@ -233,6 +233,15 @@ async def test_preset_messages_are_stored_through_the_daemon(
         f'ingest_readings_written_total{{mode="{mode}"}}') == len(expected))
     assert_counted(proc.metrics(), messages)
 
+    await assert_stored(db, mode, expected, t, (started, finished))
+    assert proc.stop() == 0
+
+
+async def assert_stored(db: Any, mode: str, expected: list[tuple[Message, Expected]],
+                        t: float, window: tuple[float, float]) -> None:
+    """Exactly the expected readings are stored, each as its fixture says: sensor id,
+    values and their types, time (``T``, or an arrival within ``window``), tags, units,
+    info; bucket statistics exact."""
     rows = await stored_rows(db, mode)
     assert len(rows) == len(expected)
     instant = datetime.fromtimestamp(t, UTC)
@@ -242,7 +251,7 @@ async def test_preset_messages_are_stored_through_the_daemon(
         if want.ts == "T":
             assert row["ts"] == instant, msg.topic
         else:
-            assert started - 1 <= row["ts"].timestamp() <= finished + 5, msg.topic
+            assert window[0] - 1 <= row["ts"].timestamp() <= window[1] + 5, msg.topic
         if mode == "timeseries":
             assert row["tags"] == want.tags, msg.topic
             assert (row["units"], row["info"]) == (want.units, want.info), msg.topic
@@ -254,7 +263,6 @@ async def test_preset_messages_are_stored_through_the_daemon(
         for doc in await db["buckets"].find({}).to_list():
             assert doc["count"] == len(doc["readings"])
             assert doc.get("stats", {}) == exact_statistics(doc), doc["sensor_id"]
-    assert proc.stop() == 0
 
 
 async def test_a_preset_by_name_subscribes_to_its_topics_and_each_message_counts_once(
