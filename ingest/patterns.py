@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ingest.decode import Limits, decode
+from ingest.identity import members as reading_objects
 
 if TYPE_CHECKING:
     from ingest.conventions import Known
@@ -73,6 +74,7 @@ class Pattern:
     tags: dict[str, str] = field(default_factory=dict)
     info: list[str] = field(default_factory=list)
     drop: list[str] = field(default_factory=list)
+    each: str | None = None  # json: the path of the devices a message lists
 
     @property
     def samples(self) -> list[bytes]:
@@ -97,6 +99,9 @@ class Pattern:
         if name == "{sensor_id}" and not sensor_id:
             sensor_id = [value]
         measurement = fill(self.measurement) if self.measurement else None
+        tags = {k: fill(v) for k, v in self.tags.items()}
+        if name[1:-1] in self.info:  # a capture kept as info stays info, as a fixed tag
+            tags[name[1:-1]] = value.replace("{", "{{").replace("}", "}}")
         units = self.units
         if measurement is not None:  # the units of the measurements it can still store
             glob = VARIABLE.sub("*", measurement)
@@ -104,7 +109,7 @@ class Pattern:
         return Pattern(levels, self.kind, set(topics),
                        {t: self.payloads[t] for t in topics if t in self.payloads},
                        measurement, [*self.notes], sensor_id, dict(units), dict(self.values),
-                       {k: fill(v) for k, v in self.tags.items()}, [*self.info], [*self.drop])
+                       tags, [*self.info], [*self.drop], self.each)
 
 
 def payload_kind(topic: str, payload: bytes) -> str:
@@ -396,15 +401,19 @@ def _flat(doc: object, prefix: str, out: dict[str, object]) -> None:
         out[prefix] = doc
 
 
-def field_values(samples: list[bytes]) -> dict[str, list[object]]:
-    """Flattened field names of JSON samples with the values seen."""
+def field_values(samples: list[bytes], each: str | None = None) -> dict[str, list[object]]:
+    """Flattened field names of JSON samples with the values seen.
+
+    ``each``: the fields of the objects a rule with that ``each`` makes readings of.
+    """
+    path = tuple(each.split(".")) if each else None
     seen: dict[str, list[object]] = {}
     for payload in samples:
         try:
             doc = orjson.loads(payload)
         except orjson.JSONDecodeError:
             continue
-        for obj in doc if type(doc) is list else [doc]:
+        for _, obj in reading_objects(doc, path):
             flat: dict[str, object] = {}
             _flat(obj, "", flat)
             for key, value in flat.items():

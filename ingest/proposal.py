@@ -11,7 +11,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+import orjson
+
 from ingest.patterns import field_values, quote
+from ingest.rules import RESERVED_FIELDS
 
 if TYPE_CHECKING:
     from ingest.patterns import Pattern
@@ -52,6 +55,8 @@ def rule_text(pattern: Pattern, name: str, now: float, summary: str | None = Non
         lines.append("ignore = true")
         return "\n".join(lines)
     lines.append(f"format = {quote(pattern.kind)}")
+    if pattern.each:
+        lines.append(f"each = {quote(pattern.each)}")
     lines += _sensor_id(pattern)
     tables: list[str] = []  # after every key of the rule: a [table] takes the keys below it
     if pattern.kind == "value":
@@ -73,7 +78,8 @@ def _sensor_id(pattern: Pattern) -> list[str]:
         return [f"sensor_id = {quote(ids[0])}"]
     if ids:
         return [f"sensor_id = [{', '.join(quote(t) for t in ids)}]"]
-    if "{sensor_id}" in pattern.levels or pattern.kind in {"senml", "ingest", "influx"}:
+    if "{sensor_id}" in pattern.levels or pattern.kind in {"senml", "ingest", "influx",
+                                                            "homie"}:
         return []
     captures = [lv for lv in pattern.levels if lv.startswith("{")]
     return [f"sensor_id = {quote(captures[0])}"] if captures else []
@@ -95,13 +101,16 @@ def _values_table(texts: set[str], given: dict[str, bool]) -> list[str]:
 
 
 def _json_options(pattern: Pattern, now: float) -> tuple[list[str], list[str]]:
-    fields = field_values(pattern.samples)
+    fields = field_values(pattern.samples, pattern.each)
     used = {f for t in [*pattern.sensor_id, *pattern.tags.values()]
             for f in re.findall(r"\{([^}]+)\}", t)}
     arrays = sorted(k for k, vs in fields.items() if any(type(v) is list for v in vs))
     times = {k: time_of(k, vs, now) for k, vs in fields.items() if k not in used}
     local = sorted(k for k, how in times.items() if how == "local")
     time_field = next((k for k, how in times.items() if how == "auto"), None)
+    if time_field is None and pattern.each:  # a time the message gives all its devices
+        time_field = next((k for k, vs in _top(pattern.samples, pattern.each).items()
+                           if k not in used and time_of(k, vs, now) == "auto"), None)
     out: list[str] = []
     if arrays:
         out.append(f"# NOTE: arrays cannot be stored: dropped ({', '.join(arrays)})")
@@ -114,7 +123,38 @@ def _json_options(pattern: Pattern, now: float) -> tuple[list[str], list[str]]:
         out.append(f"drop = [{', '.join(quote(k) for k in drop)}]")
     onoff = {v for vs in fields.values() for v in vs
              if type(v) is str and v.lower() in {"on", "off"}}
-    tables = _values_table(onoff, pattern.values)
+    rename = _renames([k for k in fields if k not in {*used, *drop, time_field}], fields)
+    names = f"{', '.join(rename)} {'is a name' if len(rename) == 1 else 'are names'}"
+    tables = [(f"# NOTE: {names} the daemon keeps for itself: stored as "
+               f"{', '.join(rename.values())} (any other valid name will do)")] if rename else []
+    tables += _table("rename", rename) + _values_table(onoff, pattern.values)
     if time_field is not None:
         tables += ["[rule.time]", f"field = {quote(time_field)}", 'format = "auto"']
     return out, tables
+
+
+def _renames(names: list[str], fields: dict[str, list[object]]) -> dict[str, str]:
+    """Reserved field names (``seq``) -> a name that can be stored (``device_seq``)."""
+    out: dict[str, str] = {}
+    for name in names:
+        if name in RESERVED_FIELDS:
+            new, n = f"device_{name.lstrip('_')}", 2
+            while new in fields or new in out.values():
+                new, n = f"device_{name.lstrip('_')}_{n}", n + 1
+            out[name] = new
+    return out
+
+
+def _top(samples: list[bytes], each: str) -> dict[str, list[object]]:
+    """The top-level fields of the messages beside the devices they list."""
+    first = each.split(".", 1)[0]
+    seen: dict[str, list[object]] = {}
+    for payload in samples:
+        try:
+            doc = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            continue
+        for key, value in doc.items() if type(doc) is dict else ():
+            if key != first:
+                seen.setdefault(key, []).append(value)
+    return seen

@@ -13,11 +13,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ingest import conventions
-from ingest.identity import descriptive, identity, suffix_units
+from ingest.identity import container, descriptive, identity, suffix_units
 from ingest.patterns import (
     GENERIC_LAST,
     VARIABLE,
     Pattern,
+    device_score,
     field_values,
     group,
     literal,
@@ -25,10 +26,14 @@ from ingest.patterns import (
     quote,
     safe,
 )
+from ingest.rules import RESERVED_FIELDS
 
 if TYPE_CHECKING:
     from ingest.conventions import Entity, Known
+    from ingest.identity import Container, Identity
     from ingest.patterns import Captured
+
+KIND = -3  # device_score of a level that names a kind of message (events, data)
 
 
 def propose(messages: list[Captured], known: Known | None = None) -> list[Pattern]:
@@ -171,46 +176,105 @@ def _json_units(pattern: Pattern, known: Known) -> None:
 
 
 def _payload_identity(pattern: Pattern) -> None:
-    """Device ids inside the payloads (a gateway's topic carries many devices)."""
+    """Device ids inside the payloads (a gateway's topic, or message, carries many)."""
     if "{sensor_id}" not in pattern.levels:
         return
     index = pattern.levels.index("{sensor_id}")
     devices = sorted({t.split("/")[index] for t in pattern.topics})
-    found = identity(pattern.payloads, len(devices))
+    where = container(pattern.payloads, len(devices))
+    found = identity(pattern.payloads, len(devices), where)
     if found is None:
         return
-    pattern.levels[index] = literal(devices[0]) if len(devices) == 1 else "+"
     pattern.sensor_id = found.templates
     pattern.notes = [n for n in pattern.notes if not n.startswith(("one device seen",
                                                                    "the level taken"))]
     fields = ", ".join(found.fields)
-    if found.shared:
+    if where is not None:
+        _listed(pattern, index, devices, where, found)
+    elif found.shared:
+        pattern.levels[index] = literal(devices[0]) if len(devices) == 1 else "+"
         pattern.notes.append(
             f"one topic carries several devices ({found.shared[0]}): the topic level "
             f"{devices[0]!r} is a gateway or a kind of message, not the device; the sensor "
             f"id comes from the payload's {fields} (e.g. {found.example!r}), the fields "
             "it uses are not stored as values")
     else:
+        pattern.levels[index] = literal(devices[0]) if len(devices) == 1 else "+"
         pattern.notes.append(
             f"the payload names its device ({fields}): the sensor id comes from there (e.g. "
             f"{found.example!r}) rather than the topic level ({devices[0]!r}, ...)")
     for name in found.info:
         pattern.tags[name] = f"{{{name}}}"
         pattern.info.append(name)
-    if "model" in found.fields or "model" in found.info:  # rtl_433's data format
-        numbers = [k for k, vs in field_values(pattern.samples).items()
-                   if k not in found.fields and any(type(v) in {int, float} for v in vs)]
+    numbers = [k for k, vs in field_values(pattern.samples, pattern.each).items()
+               if k not in {*found.fields, *pattern.drop}
+               and any(type(v) in {int, float} for v in vs)]
+    if where is not None:
+        _named_units(pattern, numbers)
+    elif "model" in found.fields or "model" in found.info:  # rtl_433's data format
         units = suffix_units(numbers)
         if units:
             pattern.units.update(units)
             pattern.notes.append("units from the field names (rtl_433's <Type>_<Unit>: "
                                  "temperature_C is °C)")
-    text = descriptive(pattern.payloads, found)
+    text = descriptive(pattern.payloads, found, where)
     if text:
         pattern.notes.append(
             f"text that never changes for a device ({', '.join(text[:4])}) is stored as a "
             f"value with every reading; to keep it as descriptive info instead add "
             f'[rule.tags] {text[0]} = "{{{text[0]}}}" and info = [{quote(text[0])}]')
+
+
+def _listed(pattern: Pattern, index: int, devices: list[str], where: Container,
+            found: Identity) -> None:
+    """A message that lists several devices: one reading each.
+
+    The topic level is the gateway that sent them, kept as info rather than the device.
+    """
+    pattern.each = where.each
+    pattern.drop += [f for f in where.echo if f not in found.fields]
+    at = f"in the array {where.each!r}" if where.each else "as an array of objects"
+    if where.keyed:
+        at = f"in the object {where.each!r}, a member each"
+    count = "one in each message" if where.most == 1 else f"up to {where.most} in one"
+    how = (f"the member's name is the sensor id ({{_key}}, e.g. {found.example!r})"
+           if where.keyed else f"the sensor id comes from their {', '.join(found.fields)} "
+           f"(e.g. {found.example!r}; not stored as values)")
+    echo = f"; {', '.join(where.echo)} repeats it: dropped" if where.keyed and where.echo else ""
+    pattern.notes.append(
+        f"messages list the devices they carry ({count}, {at}): "
+        f"{'each makes' if where.each else 'the rule makes'} a reading of every one; "
+        f"{how}{echo}")
+    if len(devices) == 1 and device_score(devices[0], index) <= KIND:
+        pattern.levels[index] = literal(devices[0])  # a kind of message (events), no gateway
+        return
+    name = "gateway" if "{gateway}" not in pattern.levels else f"level{index + 1}"
+    pattern.levels[index] = f"{{{name}}}"
+    pattern.info.append(name)
+    seen = ", ".join(repr(d) for d in devices[:3]) + (", ..." if len(devices) > 3 else "")
+    pattern.notes.append(
+        f"the topic level ({seen}) names the gateway that sent them, not a device: the "
+        f"capture {{{name}}} is stored as info with each reading (info = [{quote(name)}]), "
+        "not part of the sensor id or the series")
+
+
+def _named_units(pattern: Pattern, numbers: list[str]) -> None:
+    """Units the listed devices' field names give (hum: %, temperature_C: °C).
+
+    A NOTE names the numbers left without one.
+    """
+    units = suffix_units(numbers)
+    pattern.units.update(units)
+    bare = [n for n in numbers if n not in units and n not in RESERVED_FIELDS]
+    given = ", ".join(f"{n} {u}" for n, u in sorted(units.items()))
+    notes = [f"units from the field names ({given})"] if units else []
+    if bare:
+        one = len(bare) == 1
+        notes.append(f"{', '.join(bare[:6])} {'has' if one else 'have'} no unit: "
+                     f"{'its name does' if one else 'their names do'} not say which (add "
+                     f"{'it' if one else 'them'} under [rule.units], by the stored name)")
+    if notes:
+        pattern.notes.append("; ".join(notes))
 
 
 def _node_level(pattern: Pattern) -> None:
