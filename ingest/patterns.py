@@ -215,9 +215,13 @@ def literal(level: str) -> str:
     return "+" if any(c in level for c in "{}+#") else level
 
 
-def order(pattern: Pattern) -> tuple[int, list[str]]:
-    """Sort key: more literal levels first (a general rule must not shadow a specific one)."""
-    return -sum(not _variable(x) for x in pattern.levels), pattern.levels
+def order(pattern: Pattern) -> tuple[int, bool, list[str]]:
+    """Sort key: more literal levels first, a filter ending in ``#`` after the others.
+
+    A general rule must not shadow a specific one.
+    """
+    levels = pattern.levels
+    return -sum(not _variable(x) for x in levels), levels[-1] == "#", levels
 
 
 def _homie_device(topic: str, known: Known) -> int:
@@ -230,7 +234,7 @@ def _homie_device(topic: str, known: Known) -> int:
 
 
 def _variable(level: str) -> bool:
-    return level == "+" or level.startswith("{")
+    return level in {"+", "#"} or level.startswith("{")
 
 
 def _housekeeping(topics: list[str], kind: str, known: Known) -> list[Pattern]:

@@ -44,8 +44,40 @@ def propose(messages: list[Captured], known: Known | None = None) -> list[Patter
     """
     if known is None:
         known = conventions.read([(m.topic, m.payload) for m in messages])
-    patterns = [q for p in group(messages, known) for q in _complete(p, known)]
+    homie = _homie_domains(messages, known)
+    taken = {t for p in homie for t in p.topics}
+    rest = [m for m in messages if m.topic not in taken]
+    patterns = homie + [q for p in group(rest, known) for q in _complete(p, known)]
     return sorted(patterns, key=order)
+
+
+def _homie_domains(messages: list[Captured], known: Known) -> list[Pattern]:
+    """A ``homie`` rule for each Homie domain other than ``homie`` (the preset's).
+
+    The convention lets a controller choose the root; the homie format reads any domain
+    as the preset reads ``homie/``. The rule takes the topics of the domain's devices
+    and its ``$broadcast``; other topics under that root are proposed as usual.
+    """
+    devices: dict[str, list[str]] = {}
+    for prefix in sorted(known.homie_devices):
+        root = prefix.split("/")[0]
+        if root != "homie" and literal(root) == root:
+            devices.setdefault(root, []).append(prefix)
+    out = []
+    for root, prefixes in devices.items():
+        topics = {m.topic for m in messages if m.topic.startswith(f"{root}/$") or any(
+            m.topic.startswith(f"{prefix}/") for prefix in prefixes)}
+        if not topics:
+            continue
+        pattern = Pattern([root, "#"], "homie", topics)
+        names = [p.split("/")[-1] for p in prefixes]
+        pattern.notes.append(
+            f"Homie devices under {root}/ (a domain of their own, {len(names)} device(s): "
+            f"{', '.join(names[:3])}): the homie format reads them as --preset homie "
+            "reads homie/: sensor id the device id, measurement <node>_<property>, typed by "
+            "its $datatype, with its $unit; attributes are state, never readings")
+        out.append(pattern)
+    return out
 
 
 def _complete(pattern: Pattern, known: Known) -> list[Pattern]:

@@ -68,10 +68,13 @@ def overlap(a: Sequence[str], b: Sequence[str]) -> str | None:
 
 
 def _order(pattern: Pattern) -> list[int]:
-    """Variable levels in the order to split them: tags and ``+`` first, the device last."""
+    """Variable levels in the order to split them: tags and ``+`` first, the device last.
+
+    Never a last ``#``: a Homie domain's rule takes its whole tree.
+    """
     levels = pattern.levels
     others = [i for i, lv in enumerate(levels)
-              if _wild(lv) and lv not in {"{sensor_id}", "{measurement}"}]
+              if _wild(lv) and lv not in {"{sensor_id}", "{measurement}", "#"}]
     return [*others, *(i for i, lv in enumerate(levels) if lv == "{measurement}"),
             *(i for i, lv in enumerate(levels) if lv == "{sensor_id}")]
 

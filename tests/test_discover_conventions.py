@@ -23,6 +23,8 @@ from tests.support.devices import Expected, Message, base_time, load
 from tests.support.discover import advised, discover, send, units
 from tests.support.mongo import COLLECTION, instants
 from tests.support.procs import eventually
+from tests.test_homie import SUPER_CAR_V4, declare
+from tests.test_homie_daemon import typed
 from tests.test_presets import assert_counted, assert_stored
 
 if TYPE_CHECKING:
@@ -289,6 +291,93 @@ async def test_onboarding_a_gateway_as_discover_advises(
                GARDEN, (("temperature", 21.5), ("humidity", 40)), strict=True)]
     await assert_stored(db, mode, [*expected, *own], t, (started, time.time()))
     assert proc.stop() == 0
+
+
+def homie_device(root: str) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+    """(retained, live): the Homie 4.0.0 super-car as the convention shows it (its engine
+    node's temperature, speed and direction described, each value retained as well), then
+    new values and a controller's command, under the domain ``root``."""
+    described = [*SUPER_CAR_V4, *declare("super-car", {
+        "engine/speed": ("integer", "km/h", "0:300"),
+        "engine/direction": ("enum", None, "forward,backward")})]
+    values = [("homie/super-car/engine/temperature", "20.0"),
+              ("homie/super-car/engine/speed", "0"),
+              ("homie/super-car/engine/direction", "backward")]
+    live = [("homie/super-car/engine/temperature", "21.5"),
+            ("homie/super-car/engine/speed", "120"),
+            ("homie/super-car/engine/direction", "forward"),
+            ("homie/super-car/engine/speed/set", "100")]
+
+    def under(messages: list[tuple[str, str]]) -> list[tuple[str, bytes]]:
+        return [(f"{root}/{t.removeprefix('homie/')}", p.encode()) for t, p in messages]
+
+    return under(described + values), under(live)
+
+
+HOMIE_STORED = [("super-car", {"engine_temperature": ("float", 21.5)}),
+                ("super-car", {"engine_speed": ("int", 120)}),
+                ("super-car", {"engine_direction": ("str", "forward")})]
+
+
+def test_homie_devices_under_a_domain_of_their_own_get_a_homie_rule() -> None:
+    """The convention lets a controller choose the root: the devices under myhome/ get a
+    homie rule for that domain (typed by $datatype, as the preset reads homie/), and a
+    topic there that belongs to no Homie device a rule of its own, tried first."""
+    from ingest.discover import finish  # noqa: PLC0415
+
+    retained, live = homie_device("myhome")
+    other = [("myhome/garage/door", b"open")]
+    captured = [Captured(t, p, retained=True) for t, p in retained]
+    captured += [Captured(t, p) for t, p in live + other]
+    out, err = io.StringIO(), io.StringIO()
+    assert finish(captured, [], [], out, err) == 0
+    text = out.getvalue()
+    assert 'topic = "myhome/#"\nformat = "homie"\n' in text
+    assert text.index('topic = "myhome/{sensor_id}/door"') < text.index('"myhome/#"')
+    assert advised(err.getvalue(), Path("p.toml")) == ["--mapping", "p.toml"]
+    mapping = Mapping(parse(text, "proposal"))
+    results = [mapping.decode(t, p, time.time(), Limits()) for t, p in retained + live]
+    got = [(r.sensor_id, {k: (type(v).__name__, v) for k, v in r.values.items()}, r.units)
+           for result in results[len(retained):] for r in result.decoded.readings]
+    assert got == [(*HOMIE_STORED[0], {"engine_temperature": "°C"}),
+                   (*HOMIE_STORED[1], {"engine_speed": "km/h"}), (*HOMIE_STORED[2], None)]
+
+
+@pytest.mark.parametrize("root", ["homie", "myhome"])
+async def test_onboarding_a_homie_device_as_discover_advises(
+        root: str, persistent: Broker, daemon: Callable[..., Daemon], mode: str, db: Any,
+        tmp_path: Path) -> None:
+    """A Homie 4 device's retained attributes and values, then live values: on homie/,
+    discover recommends --preset homie and proposes nothing; under a root of its own, a
+    homie rule for it. Run exactly as advised, every value is stored under the device id
+    with its datatype's type and its $unit."""
+    retained, live = homie_device(root)
+    text, report = await discover(persistent, retained, live)
+    mapping = tmp_path / "proposal.toml"
+    mapping.write_text(text)
+    flags = advised(report, mapping)
+    if root == "homie":
+        assert "use --preset homie with this file" in text
+        assert flags == ["--preset", "homie"]
+    else:
+        assert flags == ["--mapping", str(mapping)]
+    proc = daemon(*flags, broker_url=persistent.url, rule_topics=True)
+    await eventually(lambda: proc.metric(
+        'ingest_homie_messages_total{kind="attribute"}') == 8)  # $datatype, $unit, $format
+    await send(persistent, live)
+    await eventually(lambda: proc.metric(
+        f'ingest_readings_written_total{{mode="{mode}"}}') == len(HOMIE_STORED))
+    assert await typed(db, mode) == HOMIE_STORED
+    assert await units(db, mode) == {"super-car": {"engine_temperature": "°C",
+                                                   "engine_speed": "km/h"}}
+    assert rejected(proc) == 0
+    assert proc.stop() == 0
+
+
+def rejected(proc: Daemon) -> float:
+    """Readings the daemon rejected, for every reason."""
+    return sum(v for k, v in proc.metrics().items()
+               if k.startswith("ingest_readings_rejected_total{"))
 
 
 def test_a_capture_the_presets_take_whole_is_run_with_the_presets_alone() -> None:
