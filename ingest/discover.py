@@ -6,7 +6,8 @@
    one that stores messages and rejects (almost) none is proposed as ``--preset NAME``.
 3. Propose: the messages no given rule, file or preset takes are grouped into topic
    patterns (:mod:`ingest.patterns`), completed with what Home Assistant discovery
-   configs, Homie attributes and the payloads' device ids say, and narrowed until none
+   configs, Homie attributes, the payloads' device ids and the devices a message lists
+   say (:mod:`ingest.propose`), and narrowed until none
    takes a topic a preset handles (:mod:`ingest.shadowing`): a mapping file's rules are
    tried before any preset's. Each is written as a commented rule (:mod:`ingest.proposal`).
 4. Check: the proposal is parsed as a mapping file and every captured message runs

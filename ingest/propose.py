@@ -1,11 +1,12 @@
 """The proposed patterns, completed with what conventions and payloads say about them.
 
-:func:`propose` groups the captured topics (:func:`ingest.patterns.group`) and completes
-each pattern: units and devices from Home Assistant discovery configs and Homie
-attributes (:mod:`ingest.conventions`), device ids inside gateway payloads
-(:mod:`ingest.identity`), a node level taken for the device, and a NOTE on each guess,
-in particular on every place where values would land under something that is not the
-device. Pure functions.
+:func:`propose` gives each Homie domain other than ``homie/`` a ``homie`` rule, groups the
+other captured topics (:func:`ingest.patterns.group`) and completes each pattern: units
+and devices from Home Assistant discovery configs and Homie attributes
+(:mod:`ingest.conventions`), device ids inside gateway payloads and the devices a message
+lists (:mod:`ingest.identity`), a node level taken for the device, and a NOTE on each
+guess, in particular on every place where values would land under something that is not
+the device. Pure functions.
 """
 
 from __future__ import annotations

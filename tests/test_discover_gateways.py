@@ -95,6 +95,20 @@ def test_a_payload_that_is_an_array_of_devices_and_an_object_keyed_by_device() -
         ("0x7120", {"Power": 1, "Endpoint": 1, "LinkQuality": 229})]
 
 
+def test_the_messages_time_dates_its_devices_and_a_narrowed_gateway_stays_info() -> None:
+    """A time the message gives beside its list dates every device's reading; a rule
+    narrowed to one gateway (to leave a preset's topics alone) keeps it as info."""
+    sent = int(time.time()) - 60
+    messages = [Captured("rf-gateway/shed/events", js({"time": sent, **SHED}))]
+    (pattern,) = propose(messages)
+    assert '[rule.time]\nfield = "time"' in rule_text(pattern, "gw", time.time())
+    assert {r.ts.timestamp() for r in readings(pattern, messages)} == {sent}
+    narrowed = pattern.narrowed(1, "shed", {"rf-gateway/shed/events"})
+    assert narrowed.levels == ["rf-gateway", "shed", "events"]
+    assert {(r.info["gateway"], len(r.tags)) for r in readings(narrowed, messages)} == {
+        ("shed", 0)}
+
+
 def test_arrays_that_do_not_list_devices_are_still_dropped() -> None:
     """An alarm list whose ids repeat under every machine names no device, and objects
     of objects keyed by sensor type (Tasmota's AM2301) are not devices: the topic level
