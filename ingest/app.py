@@ -22,6 +22,7 @@ from pymongo.errors import ConnectionFailure, PyMongoError
 
 from ingest.config import redact_mongodb_uri
 from ingest.errors import StartupError
+from ingest.homie import attach_store as attach_homie
 from ingest.metrics import Health, Metrics, MetricsServer
 from ingest.pipeline import Pipeline
 from ingest.retained import COLLECTION as RETAINED_COLLECTION
@@ -199,6 +200,7 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
             attach_store(settings.mapping.stateful, client[settings.db],
                          None if settings.shared_group is None
                          else (settings.collection, settings.client_id))
+            attach_homie(settings.mapping.stateful, client[settings.db])
         source = MqttSource(settings, metrics, health)
         rejects = RejectsWriter(client[settings.db][settings.rejects_collection])
         first_seen = (FirstSeen(client[settings.db][RETAINED_COLLECTION])

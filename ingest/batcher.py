@@ -25,8 +25,6 @@ class Batch:
     ends: list[int] = field(default_factory=list)
     # Estimated memory the batch holds (see pipeline.held_bytes), released once acked.
     held_bytes: int = 0
-    # It holds the readings of a retained state, which may be stored already.
-    suspect: bool = False
 
     def origin(self) -> dict[int, Inbound]:
         """Map ``id(reading)`` to the message it came from (for error reports)."""
@@ -51,7 +49,6 @@ def merged(batches: list[Batch]) -> Batch:
         out.ends.extend(end + offset for end in batch.ends)
         out.rejects.extend(batch.rejects)
         out.held_bytes += batch.held_bytes
-        out.suspect = out.suspect or batch.suspect
     return out
 
 

@@ -18,23 +18,36 @@ import orjson
 from ingest.decode import Limits, decode
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ingest.mapping import Mapping
     from ingest.model import Decoded, Reading
 
 
 def reading_line(rule: str | None, reading: Reading) -> str:
     """One reading as the JSON line ``check`` prints."""
-    return orjson.dumps({
+    line = {
         "rule": rule, "sensor_id": reading.sensor_id,
         "ts": reading.ts.isoformat(timespec="milliseconds"), "values": reading.values,
         "tags": reading.tags or {}, "units": reading.units or {},
-    }).decode()
+    }
+    if reading.info:
+        line["info"] = reading.info
+    return orjson.dumps(line).decode()
 
 
 def check(mapping: Mapping | None, topic: str, payload_arg: str,
-          limits: Limits | None = None) -> int:
-    """Decode one message and print the outcome; return the exit status."""
+          limits: Limits | None = None, earlier: Sequence[tuple[str, str]] = ()) -> int:
+    """Decode one message and print the outcome; return the exit status.
+
+    ``earlier`` (topic, payload) messages are decoded first, in order, and only leave
+    their state (a stateful format's: Homie attributes, a Sparkplug BIRTH).
+    """
     limits = limits or Limits()
+    for before, text in earlier:
+        if mapping is not None:
+            mapping.decode(before, text.encode("utf-8", "surrogateescape"), time.time(),
+                           limits)
     if payload_arg == "-":
         payload = sys.stdin.buffer.read(limits.max_message_bytes + 1)
     else:
@@ -50,6 +63,9 @@ def check(mapping: Mapping | None, topic: str, payload_arg: str,
             print(f"ignored by rule {rule}")  # noqa: T201 - the command's output
             return 0
         decoded = result.decoded
+        if not decoded.readings and not decoded.rejections:
+            print(f"no reading: rule {rule} takes the message as state")  # noqa: T201
+            return 0
     for reading in decoded.readings:
         print(reading_line(rule, reading))  # noqa: T201
     for rejection in decoded.rejections:

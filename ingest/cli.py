@@ -211,10 +211,15 @@ def _mapping_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> N
                              "[env INGEST_PRESET, comma-separated]")
 
 
+def preset_names(args: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
+    """The presets of --preset, else of INGEST_PRESET (comma-separated)."""
+    return args.preset or [p.strip() for p in env.get("INGEST_PRESET", "").split(",")
+                           if p.strip()]
+
+
 def load_mapping(args: argparse.Namespace, env: Mapping[str, str]) -> RuleMapping | None:
     """The compiled rules of --mapping and --preset, or None when neither is given."""
-    presets = args.preset or [p.strip() for p in env.get("INGEST_PRESET", "").split(",")
-                              if p.strip()]
+    presets = preset_names(args, env)
     if not args.mapping and not presets:
         return None
     from ingest.mapping import Mapping as RuleMapping  # noqa: PLC0415 - only with rules
@@ -279,7 +284,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                            "warning elsewhere) [env INGEST_SHARD]")
     local = commands.add_parser(
         "local", help="try it on one machine: a local mosquitto, an embedded store (not "
-        "MongoDB) and both daemons", formatter_class=_DescribedDefaults,
+        "MongoDB), both daemons and the read API", formatter_class=_DescribedDefaults,
         description=LOCAL_HELP)
     _local_flags(local, env)
     check = commands.add_parser(
@@ -287,6 +292,11 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         formatter_class=fmt)
     _mapping_flags(check, env)
     check.add_argument("--topic-name", required=True, help="the message's MQTT topic")
+    check.add_argument("--earlier", nargs=2, action="append", default=[],
+                       metavar=("TOPIC", "PAYLOAD"),
+                       help="a message decoded before, for the state it leaves (Homie "
+                       "attributes, a Sparkplug BIRTH); repeatable, in order; its outcome "
+                       "is not shown")
     check.add_argument("payload", nargs="?", default="-",
                        help="the payload; '-' or nothing reads it from stdin")
     _discover_parser(commands, env)
@@ -302,8 +312,9 @@ nothing the second time. Time-series collections need no migration.
 """
 DEFAULT_MQTT_PORT = 1883
 LOCAL_HELP = """\
-Start a mosquitto broker, an embedded MongoDB-compatible store and the daemon in both
-modes, print where to publish and how to look at the data, and stop them all on Ctrl-C.
+Start a mosquitto broker, an embedded MongoDB-compatible store, the daemon in both
+modes and the read API with its page, print where to publish and how to look at the
+data, and stop them all on Ctrl-C. --mapping and --preset go to every daemon.
 
 The embedded store is the mongoeco emulator on SQLite (pip install 'iot-ingest[local]'):
 it is NOT MongoDB and not for production. --mongodb-uri uses a real MongoDB instead, and
@@ -327,33 +338,45 @@ def _local_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> Non
           type=integer)
     _flag(parser, env, "metrics-port", "bucket daemon's metrics port; timeseries uses the "
           "next one (default 9108 and 9109)", type=integer)
+    _flag(parser, env, "api-port", "port of the read API and its page (on 127.0.0.1)", 8080,
+          type=integer)
     _flag(parser, env, "db", "database name", "iot")
-    _flag(parser, env, "topic", "topic filter both daemons subscribe to", "sensors/#")
+    _flag(parser, env, "topic", "topic filter the daemons subscribe to (default sensors/#; "
+          "with --mapping or --preset, the topics of their rules)")
+    _mapping_flags(parser, env)
     _flag(parser, env, "log-level", "logging level", "info",
           choices=["debug", "info", "warning", "error"])
 
 
-def local_settings(args: argparse.Namespace) -> LocalSettings:
-    """Settings of ``ingest local``, checked with the daemon's own rules."""
+def local_settings(args: argparse.Namespace, env: Mapping[str, str]) -> LocalSettings:
+    """Settings of ``ingest local``, checked with the daemon's and the API's own rules."""
     from ingest.local import LocalSettings  # noqa: PLC0415 - only this command needs it
 
     if args.mqtt_url is not None:
         parse_mqtt_url(args.mqtt_url)
     modes = MODES if args.mode == "both" else (args.mode,)
+    rules = load_mapping(args, env)  # an unknown preset or a bad file stops here
+    topics = ((args.topic,) if args.topic else rules.subscriptions() if rules is not None
+              else ("sensors/#",))
     local = LocalSettings(
         data_dir=Path(args.data_dir).resolve(), modes=modes, mqtt_url=args.mqtt_url,
         mqtt_port=args.mqtt_port if args.mqtt_port is not None else DEFAULT_MQTT_PORT,
         mqtt_port_given=args.mqtt_port is not None, mongodb_uri=args.mongodb_uri,
         store_port=args.store_port,
-        metrics_port=args.metrics_port, db=args.db, topic=args.topic,
+        metrics_port=args.metrics_port, db=args.db, topics=topics,
+        mapping=str(Path(args.mapping).resolve()) if args.mapping else None,
+        presets=tuple(preset_names(args, env)), api_port=args.api_port,
         mosquitto=args.mosquitto, log_level=args.log_level)
+    uri = local.mongodb_uri or "mongodb://127.0.0.1"
     for mode in modes:  # the flags the daemons will get, validated as theirs are
-        validate(Settings(mode=mode, mongodb_uri=local.mongodb_uri or "mongodb://127.0.0.1",  # type: ignore[arg-type]
-                          db=local.db, topics=(local.topic,),
-                          metrics_port=local.metrics_port_of(mode)))
-    for flag, port in (("--mqtt-port", local.mqtt_port), ("--store-port", local.store_port)):
+        validate(Settings(mode=mode, mongodb_uri=uri, db=local.db, topics=topics,  # type: ignore[arg-type]
+                          metrics_port=local.metrics_port_of(mode), mapping=rules))
+    validate_api(ApiSettings(mode=local.api_mode, mongodb_uri=uri, db=local.db))
+    for flag, port in (("--mqtt-port", local.mqtt_port), ("--store-port", local.store_port),
+                       ("--api-port", local.api_port)):
         if not 1 <= port <= 65535:
             raise ConfigError(f"{flag}: must be between 1 and 65535")
+    local.check_ports()
     return local
 
 
@@ -451,9 +474,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         if args.command == "check":
             from ingest.check import check  # noqa: PLC0415 - a separate, short-lived command
 
-            return check(load_mapping(args, env), args.topic_name, args.payload)
+            return check(load_mapping(args, env), args.topic_name, args.payload,
+                         earlier=[(t, p) for t, p in args.earlier])
         if args.command == "local":
-            local = local_settings(args)
+            local = local_settings(args, env)
         else:
             settings = settings_from(args, env)
     except ConfigError as exc:

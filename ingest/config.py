@@ -118,10 +118,10 @@ class Settings:
     @property
     def subscriptions(self) -> tuple[str, ...]:
         """Topic filters as subscribed, with the shared-subscription prefix if any."""
+        if self.mapping is not None:  # a stateful format may split them (Sparkplug, Homie)
+            return self.mapping.shared_subscriptions(self.topics, self.shared_group)
         if self.shared_group is None:
             return self.topics
-        if self.mapping is not None:  # BIRTH/DEATH unshared when a format needs them all
-            return self.mapping.shared_subscriptions(self.topics, self.shared_group)
         return tuple(f"$share/{self.shared_group}/{topic}" for topic in self.topics)
 
     @property
@@ -143,7 +143,9 @@ class Settings:
             shared = replace(self, shared_group=self.derived_group).subscriptions
             return tuple(topic for topic in shared if topic.startswith("$share/"))
         subscribed = set(self.subscriptions)
-        return tuple(topic for topic in self.topics if topic not in subscribed)
+        alone = replace(self, shared_group=None).subscriptions  # a format's split (Homie)
+        return tuple(topic for topic in dict.fromkeys((*alone, *self.topics))
+                     if topic not in subscribed)
 
 
 def parse_mqtt_url(url: str) -> MqttSettings:

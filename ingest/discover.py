@@ -5,10 +5,15 @@
 2. Recognise: each shipped preset runs over the capture through the real mapping engine;
    one that stores messages and rejects (almost) none is proposed as ``--preset NAME``.
 3. Propose: the messages no given rule, file or preset takes are grouped into topic
-   patterns (:mod:`ingest.patterns`), each written as a commented rule.
+   patterns (:mod:`ingest.patterns`), completed with what Home Assistant discovery
+   configs, Homie attributes, the payloads' device ids and the devices a message lists
+   say (:mod:`ingest.propose`), and narrowed until none
+   takes a topic a preset handles (:mod:`ingest.shadowing`): a mapping file's rules are
+   tried before any preset's. Each is written as a commented rule (:mod:`ingest.proposal`).
 4. Check: the proposal is parsed as a mapping file and every captured message runs
-   through the rules (yours, the presets, the proposal) exactly as the daemon would;
-   stderr gets the accepted / rejected / ignored count of each rule and what to edit.
+   through the rules in the daemon's order (your file with the proposal appended, then
+   the presets); each rule's comment and the stderr report give the messages and topics
+   it took, stored, rejected and ignored, and what to edit.
 
 stdout is only the proposed mapping file (valid TOML), so ``> mapping.toml`` keeps it.
 """
@@ -26,13 +31,17 @@ from typing import TYPE_CHECKING, TextIO
 
 import aiomqtt
 
+from ingest import conventions
 from ingest.config import parse_mqtt_url, read_secret
 from ingest.decode import Limits
 from ingest.errors import ConfigError
 from ingest.formats import sparkplug as spb
 from ingest.mapping import Mapping
-from ingest.patterns import Captured, Pattern, propose, rule_text
+from ingest.patterns import Captured, Pattern
+from ingest.proposal import rule_text
+from ingest.propose import propose
 from ingest.rules import load_file, load_preset, parse, preset_names
+from ingest.shadowing import separate
 
 if TYPE_CHECKING:
     import argparse
@@ -47,7 +56,7 @@ MAX_PAYLOAD = 64 * 1024  # payloads kept per message (larger ones are cut for an
 MAX_BYTES = 64 * 1024 * 1024  # payload bytes kept in all: listening stops there
 PRESET_FIT = 0.9  # share of a preset's non-ignored messages it must store to be proposed
 # Rejections that mean "an earlier message is needed", not "this is not the format".
-WAITING = frozenset({"no_birth", "unknown_alias"})
+WAITING = frozenset({"no_birth", "unknown_alias", "no_datatype"})
 
 
 @dataclass
@@ -62,6 +71,21 @@ class Tally:
     waiting: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
     example: str = ""
+    topics: set[str] = field(default_factory=set)
+
+    @property
+    def messages(self) -> int:
+        """Messages the rule took."""
+        return self.accepted + self.rejected + self.ignored
+
+    def summary(self) -> str:
+        """What the rule took of the capture, in words."""
+        took = f"{self.messages} message(s) on {len(self.topics)} topic(s) of the capture"
+        if self.ignored == self.messages:
+            return f"{took}, ignored"
+        rejected = f", {self.rejected} rejected" if self.rejected else ""
+        ignored = f", {self.ignored} ignored" if self.ignored else ""
+        return f"{took}: {self.accepted} stored{rejected}{ignored}"
 
 
 async def capture(mqtt: MqttSettings, topics: Sequence[str], seconds: float,
@@ -104,10 +128,11 @@ def tally(rules: Sequence[Rule], messages: Sequence[Captured], now: float
             unmatched.append(msg)
             continue
         count = counts[result.rule.name]
+        count.topics.add(msg.topic)
         if result.ignored:
             count.ignored += 1
-        elif result.decoded.readings:
-            count.accepted += 1
+        elif result.decoded.readings or not result.decoded.rejections:
+            count.accepted += 1  # stored, or taken as state (a Homie attribute, a DEATH)
         else:
             count.rejected += 1
             reasons = {r.reason for r in result.decoded.rejections}
@@ -146,6 +171,7 @@ def recognise(messages: Sequence[Captured], now: float, skip: Sequence[str]
 
 
 def _names(patterns: list[Pattern], taken: set[str]) -> list[str]:
+    """Unique rule names from the patterns' literal levels."""
     out = []
     for pattern in patterns:
         words = [lv for lv in pattern.levels if lv not in {"+", "#"} and not lv.startswith("{")]
@@ -159,12 +185,12 @@ def _names(patterns: list[Pattern], taken: set[str]) -> list[str]:
     return out
 
 
-def proposal_text(patterns: list[Pattern], taken: set[str], header: list[str],
-                  now: float) -> str:
-    """The proposed mapping file."""
-    names = _names(patterns, taken)
+def proposal_text(patterns: list[Pattern], names: list[str], header: list[str], now: float,
+                  counts: dict[str, Tally] | None = None) -> str:
+    """The proposed mapping file; ``counts``: what each rule took of the capture."""
     parts = ["\n".join(f"# {line}" if line else "#" for line in header)]
-    parts += [rule_text(p, n, now) for p, n in zip(patterns, names, strict=True)]
+    parts += [rule_text(p, n, now, counts[n].summary() if counts else None)
+              for p, n in zip(patterns, names, strict=True)]
     return "\n\n".join(parts) + "\n"
 
 
@@ -186,18 +212,33 @@ def report(counts: dict[str, Tally], sources: dict[str, str], unmatched: int,
         out.write(f"({idle} other rule(s) matched none of the captured messages)\n")
 
 
-def advice(counts: dict[str, Tally], patterns: list[Pattern], fits: list[str],
-           out: TextIO) -> None:
+def advice(counts: dict[str, Tally], patterns: list[Pattern], presets: list[str],
+           mine: str | None, out: TextIO) -> None:
     """What to edit next."""
     tips = []
-    if fits:
-        tips.append("run with " + " ".join(f"--preset {n}" for n in fits)
-                    + " --mapping <this file> (your file's rules are tried first)")
+    flags = "".join(f" --preset {n}" for n in presets)
+    if not patterns:
+        given = f" --mapping {mine}" if mine else ""
+        tips.append(f"run with{given}{flags}: the capture needs no rules of its own (this "
+                    "file has none, and a mapping file needs one)")
+    elif mine:
+        tips.append(f"append this file's rules to {mine}, after your rules (the first "
+                    f"matching rule wins), then run with --mapping {mine}{flags}")
+    else:
+        tips.append(f"run with{flags} --mapping <this file>" + (
+            " (this file's rules are tried first: none takes a topic these presets handle)"
+            if presets else ""))
     for name, c in counts.items():
         if c.waiting:
-            tips.append(f"rule {name}: {c.waiting} message(s) refer to a BIRTH published "
-                        "before the capture (no_birth, unknown_alias): the daemon stores "
-                        "them once it has the BIRTH (docs/sparkplug.md)")
+            if c.reasons["no_datatype"]:
+                tips.append(f"rule {name}: {c.waiting} Homie value(s) came before their "
+                            "property's attributes (no_datatype; retained values arrive "
+                            "first when subscribing to #): the daemon subscribes to the "
+                            "attributes first (docs/presets.md#homie)")
+            else:
+                tips.append(f"rule {name}: {c.waiting} message(s) refer to a BIRTH "
+                            "published before the capture (no_birth, unknown_alias): the "
+                            "daemon stores them once it has the BIRTH (docs/sparkplug.md)")
         if c.rejected > c.waiting:
             reasons = ", ".join(f"{r} x{k}" for r, k in c.reasons.most_common(3))
             tips.append(f"rule {name}: {c.rejected} message(s) rejected ({reasons}), "
@@ -230,34 +271,57 @@ def finish(messages: list[Captured], given: list[Rule], presets: Sequence[str],
            out: TextIO, err: TextIO, now: float | None = None) -> int:
     """Everything after the capture (separate for tests)."""
     now = time.time() if now is None else now
+    mine = [r for r in given if not r.source.startswith("--preset ")]
     _, rest = tally(given, messages, now) if given else ({}, messages)
     fits = recognise(rest, now, presets)
-    chosen = list(given)
-    for name, _ in fits:
-        chosen.extend(load_preset(name))
-    _, rest = tally(chosen, messages, now) if chosen else ({}, messages)
-    patterns = propose(rest)
-    header = [(f"Proposed by ingest discover from {len(messages)} message(s) on "
-              f"{len({m.topic for m in messages})} topic(s)."),
-              *(f"Preset {n} fits {t.accepted} message(s) ({t.ignored} ignored): "
-                f"use --preset {n} with this file." for n, t in fits),
-              "Each rule below is a guess from the topics and payloads seen: check the",
-              "NOTE lines, then try it with ingest check and run with --mapping FILE.", ""]
-    if not patterns:
-        header.append("Every message is taken by the given rules and presets: nothing to add.")
-    text = proposal_text(patterns, {r.name for r in chosen}, header, now)
+    preset_rules = [*(r for r in given if r not in mine),
+                    *(r for name, _ in fits for r in load_preset(name))]
+    before = [*mine, *preset_rules]
+    counts, rest = tally(before, messages, now) if before else ({}, messages)
+    taken = {t for r in preset_rules for t in counts[r.name].topics}
+    known = conventions.read([(m.topic, m.payload) for m in messages])
+    patterns = separate(propose(rest, known), preset_rules, taken)
+    names = _names(patterns, {r.name for r in before})
+    text = proposal_text(patterns, names, [], now)
     proposed = parse(text, "proposal") if patterns else []
-    rules = [*given, *proposed, *(r for r in chosen if r not in given)]
+    rules = [*mine, *proposed, *preset_rules]  # the daemon's order, the proposal appended
     counts, unmatched = tally(rules, messages, now)
     sources = {r.name: r.source.removeprefix("--") for r in rules}
-    out.write(text)
+    all_presets = [*presets, *(n for n, _ in fits)]
+    out.write(proposal_text(patterns, names, _header(messages, fits, counts, sources,
+                                                     bool(patterns)), now, counts))
     types = sparkplug_types(messages)
     if types:
         err.write("Sparkplug B messages: " + ", ".join(
             f"{kind} {types[kind]}" for kind in spb.MESSAGE_TYPES if types[kind]) + "\n")
     report(counts, sources, len(unmatched), err)
-    advice(counts, patterns, [n for n, _ in fits], err)
+    stolen = {r.name: len(counts[r.name].topics & taken) for r in proposed}
+    for name, n in stolen.items():
+        if n:  # separate() prevents it; said loudly if it ever does not
+            err.write(f"rule {name} takes {n} topic(s) a preset would take: narrow its "
+                      "topic\n")
+    mine_file = next((r.source.removeprefix("--mapping ") for r in mine), None)
+    advice(counts, patterns, all_presets, mine_file, err)
     return 0
+
+
+def _header(messages: list[Captured], fits: list[tuple[str, Tally]],
+            counts: dict[str, Tally], sources: dict[str, str], proposed: bool) -> list[str]:
+    lines = [(f"Proposed by ingest discover from {len(messages)} message(s) on "
+              f"{len({m.topic for m in messages})} topic(s).")]
+    for name, _ in fits:
+        took = [c for n, c in counts.items() if sources[n] == f"preset {name}"]
+        accepted = sum(c.accepted for c in took)
+        ignored = sum(c.ignored for c in took)
+        lines.append(f"Preset {name} takes {sum(c.messages for c in took)} message(s) "
+                     f"({accepted} accepted, {ignored} ignored): use --preset {name} with "
+                     "this file.")
+    lines += ["This file's rules are tried before the presets' and take none of their topics.",
+              "Each rule below is a guess from the topics and payloads seen: check the",
+              "NOTE lines, then try it with ingest check and run with --mapping FILE.", ""]
+    if not proposed:
+        lines.append("Every message is taken by the given rules and presets: nothing to add.")
+    return lines
 
 
 def main(args: argparse.Namespace, env: Env[str, str]) -> int:

@@ -1,9 +1,10 @@
-"""``ingest local``: a broker, an embedded store and both daemons on one machine.
+"""``ingest local``: a broker, an embedded store, both daemons and the read API on one machine.
 
 For trying the service without Docker and without MongoDB. The embedded store is the
 mongoeco emulator on its SQLite engine, persisting to ``--data-dir``: it is NOT MongoDB
 and not for production. ``--mongodb-uri`` and ``--mqtt-url`` point the same daemons at a
-real MongoDB and a real broker instead.
+real MongoDB and a real broker instead. Every part but the store is a child process
+started as its own command (``ingest run``, ``ingest api``), with the same flags.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from ingest.config import DEFAULT_METRICS_PORT
-from ingest.errors import StartupError
+from ingest.config import DEFAULT_METRICS_PORT, Mode
+from ingest.errors import ConfigError, StartupError
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +55,37 @@ class LocalSettings:
     store_port: int
     metrics_port: int | None  # bucket's port; timeseries gets the next one
     db: str
-    topic: str
+    topics: tuple[str, ...]
+    mapping: str | None  # a mapping file (absolute path), for every daemon
+    presets: tuple[str, ...]  # for every daemon, after the mapping file's rules
+    api_port: int
     mosquitto: str | None
     log_level: str
+
+    @property
+    def api_mode(self) -> Mode:
+        """The layout the read API serves: the first daemon's (bucket when both run)."""
+        return cast("Mode", self.modes[0])
+
+    def check_ports(self) -> None:
+        """Refuse two parts on one port, naming the flags (before anything starts)."""
+        parts = [(f"the {mode} daemon's metrics", "--metrics-port", self.metrics_port_of(mode))
+                 for mode in self.modes] + [("the read API", "--api-port", self.api_port)]
+        if self.mongodb_uri is None:
+            parts.append(("the embedded store", "--store-port", self.store_port))
+        if self.mqtt_url is None:
+            parts.append(("the broker", "--mqtt-port", self.mqtt_port))
+        seen: dict[int, tuple[str, str]] = {}
+        for part, flag, port in parts:
+            if port in seen:
+                raise ConfigError(f"{flag}: {port} is also the port of {seen[port][0]} "
+                                  f"({seen[port][1]}); choose another")
+            seen[port] = (part, flag)
+
+    @property
+    def front(self) -> frozenset[str]:
+        """The parts stopped first: the daemons (they ack through the broker) and the API."""
+        return frozenset({*self.modes, "api"})
 
     def metrics_port_of(self, mode: str) -> int:
         """Each mode's own metrics port."""
@@ -87,13 +116,17 @@ def find_mosquitto(given: str | None) -> str:
 
 def check_free(port: int, flag: str, what: str) -> None:
     """Refuse at once, naming the flag, when a port we would listen on is taken."""
+    problem = "something listens there" if _taken(port) else None
     with socket.socket() as sock:
+        # As the parts themselves bind: connections closed a moment ago (TIME_WAIT, after
+        # a Ctrl-C and a restart) do not hold the port.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError as exc:
-            raise StartupError(f"{flag}: 127.0.0.1:{port} is already in use "
-                               f"({os.strerror(exc.errno) if exc.errno else exc}): {what}"
-                               ) from None
+            problem = os.strerror(exc.errno) if exc.errno else str(exc)
+    if problem is not None:
+        raise StartupError(f"{flag}: 127.0.0.1:{port} is already in use ({problem}): {what}")
 
 
 def _find_prctl() -> Any:  # noqa: ANN401 - a ctypes function
@@ -151,7 +184,7 @@ class Local:
         self.stop.set()
         if self.signals > 1:  # a second Ctrl-C: the daemons stop without draining
             for child in self.children:
-                if child.name in self.settings.modes and child.process.returncode is None:
+                if child.name in self.settings.front and child.process.returncode is None:
                     child.process.send_signal(signal.SIGTERM)
 
     async def run(self) -> int:
@@ -167,7 +200,12 @@ class Local:
                         or await self._start_broker())
             for mode in self.settings.modes:
                 await self._start_daemon(mode, mqtt_url, mongodb_uri)
-            failed = await self._wait_ready()
+            failed = await self._wait_ready(
+                {mode: self.settings.metrics_port_of(mode) for mode in self.settings.modes})
+            if failed is None and not self.stop.is_set():
+                # After the daemons, which create the collection the API checks at start.
+                await self._start_api(mongodb_uri)
+                failed = await self._wait_ready({"api": self.settings.api_port})
             if failed is None and not self.stop.is_set():
                 self._banner(mqtt_url, mongodb_uri)
                 failed = await self._watch()
@@ -204,6 +242,7 @@ class Local:
         for mode in s.modes:
             check_free(s.metrics_port_of(mode), "--metrics-port",
                        "choose another --metrics-port (bucket uses it, timeseries the next)")
+        check_free(s.api_port, "--api-port", "choose another --api-port")
 
     async def _start_store(self) -> str:
         from mongoeco.engines.sqlite import SQLiteEngine  # noqa: PLC0415 - optional extra
@@ -252,29 +291,45 @@ class Local:
     async def _start_daemon(self, mode: str, mqtt_url: str, mongodb_uri: str) -> None:
         s = self.settings
         args = ["run", "--mode", mode, "--mqtt-url", mqtt_url, "--mongodb-uri", mongodb_uri,
-                "--db", s.db, "--topic", s.topic, "--client-id", f"ingest-local-{mode}",
+                "--db", s.db, "--client-id", f"ingest-local-{mode}",
                 "--metrics-host", "127.0.0.1", "--metrics-port", str(s.metrics_port_of(mode)),
                 "--log-level", s.log_level,
                 # One process per mode: the embedded store, not the daemon, is the limit.
                 "--workers", "1"]
+        for topic in s.topics:
+            args += ["--topic", topic]
+        if s.mapping is not None:
+            args += ["--mapping", s.mapping]
+        for preset in s.presets:
+            args += ["--preset", preset]
+        await self._spawn(mode, args)
+
+    async def _start_api(self, mongodb_uri: str) -> None:
+        s = self.settings
+        await self._spawn("api", ["api", "--mode", s.api_mode, "--mongodb-uri", mongodb_uri,
+                                  "--db", s.db, "--api-host", "127.0.0.1",
+                                  "--api-port", str(s.api_port), "--log-level", s.log_level])
+
+    async def _spawn(self, name: str, args: list[str]) -> None:
+        """``ingest <args>`` as a child whose output is ours, prefixed with ``name``."""
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "ingest", *args, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             start_new_session=True, preexec_fn=_die_with_parent)
-        child = _Child(mode, process)
-        child.pump = asyncio.create_task(_pump(process, mode), name=f"pump-{mode}")
+        child = _Child(name, process)
+        child.pump = asyncio.create_task(_pump(process, name), name=f"pump-{name}")
         self.children.append(child)
 
-    async def _wait_ready(self) -> _Child | None:
-        """Poll each daemon's /readyz; a part that exits meanwhile is the failure."""
-        waiting = set(self.settings.modes)
+    async def _wait_ready(self, ports: dict[str, int]) -> _Child | None:
+        """Poll each part's /readyz; a part that exits meanwhile is the failure."""
+        waiting = dict(ports)
         while waiting and not self.stop.is_set():
             for child in self.children:
                 if child.process.returncode is not None:
                     return child
-            for mode in list(waiting):
-                if await _ready(self.settings.metrics_port_of(mode)):
-                    waiting.discard(mode)
+            for name, port in list(waiting.items()):
+                if await _ready(port):
+                    del waiting[name]
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), READY_POLL)
         return None
@@ -291,9 +346,9 @@ class Local:
         return gone[0] if gone and not self.stop.is_set() else None
 
     async def _stop_all(self) -> None:
-        """Daemons first (they ack through the broker), then the broker, then the store."""
-        daemons = [c for c in self.children if c.name in self.settings.modes]
-        brokers = [c for c in self.children if c.name not in self.settings.modes]
+        """Daemons and API first (daemons ack through the broker), then broker, then store."""
+        daemons = [c for c in self.children if c.name in self.settings.front]
+        brokers = [c for c in self.children if c.name not in self.settings.front]
         for group in (daemons, brokers):
             for child in group:
                 if child.process.returncode is None:
@@ -324,25 +379,11 @@ class Local:
 
     def _banner(self, mqtt_url: str, mongodb_uri: str) -> None:
         s = self.settings
-        host_port = mqtt_url.split("://", 1)[1].rsplit("@", 1)[-1]
-        host, _, port = host_port.rpartition(":")
-        sample = shlex.quote('{"temp": 21.5, "hum": 40}')
         python = shlex.quote(sys.executable)
-        store = (f"{mongodb_uri}  {STORE_LABEL}, file {s.data_dir / 'store.sqlite'}"
-                 if s.mongodb_uri is None else f"{_redact(mongodb_uri)}  (MongoDB)")
-        lines = [
-            "",
-            "iot-ingest is running locally. Ctrl-C stops everything.",
-            f"  broker   {mqtt_url if s.mqtt_url is None else _redact(mqtt_url)}"
-            + self._broker_note(),
-            f"  store    {store}",
-            *(f"  {mode:<10} daemon, metrics http://127.0.0.1:{s.metrics_port_of(mode)}/metrics"
-              for mode in s.modes),
-            "",
-            "Publish a reading:",
-            f"  mosquitto_pub -h {host} -p {port} -q 1 -t {_topic_for(s.topic)} -m {sample}",
-            "Look at the data:",
-        ]
+        lines = ["", "iot-ingest is running locally. Ctrl-C stops everything.",
+                 *self._parts(mqtt_url, mongodb_uri), "", *self._publish(mqtt_url),
+                 "Look at the data:",
+                 f"  curl -s http://127.0.0.1:{s.api_port}/api/sensors"]
         queries = {"bucket": 'buckets.find_one({}, {"_id": 0}, sort=[("bucket_start", -1)])',
                    "timeseries": 'readings.find_one({}, {"_id": 0}, sort=[("ts", -1)])'}
         for mode in s.modes:
@@ -354,14 +395,41 @@ class Local:
                   f"'^ingest_readings'   # and /readyz" for mode in s.modes]
         print("\n".join(lines), flush=True)  # noqa: T201 - the command's output for its user
 
+    def _parts(self, mqtt_url: str, mongodb_uri: str) -> list[str]:
+        """The banner's lines naming each part and its address."""
+        s = self.settings
+        store = (f"{mongodb_uri}  {STORE_LABEL}, file {s.data_dir / 'store.sqlite'}"
+                 if s.mongodb_uri is None else f"{_redact(mongodb_uri)}  (MongoDB)")
+        lines = [f"  broker     {mqtt_url if s.mqtt_url is None else _redact(mqtt_url)}"
+                 + self._broker_note(), f"  store      {store}"]
+        if s.mapping is not None or s.presets:
+            given = ([f"--mapping {shlex.quote(s.mapping)}"] if s.mapping is not None else []
+                     ) + [f"--preset {name}" for name in s.presets]
+            lines.append(f"  rules      {' '.join(given)}; topics {' '.join(s.topics)}")
+        lines += [f"  {mode:<10} daemon, metrics http://127.0.0.1:{s.metrics_port_of(mode)}"
+                  "/metrics" for mode in s.modes]
+        lines.append(f"  api        http://127.0.0.1:{s.api_port}/  the page and the read "
+                     f"API, {s.api_mode} layout")
+        return lines
+
+    def _publish(self, mqtt_url: str) -> list[str]:
+        """How to publish: a sample reading, or with rules, the command to fill in."""
+        s = self.settings
+        host_port = mqtt_url.split("://", 1)[1].rsplit("@", 1)[-1]
+        host, _, port = host_port.rpartition(":")
+        pub = f"  mosquitto_pub -h {host} -p {port} -q 1 -t"
+        if s.mapping is None and not s.presets:
+            sample = shlex.quote('{"temp": 21.5, "hum": 40}')
+            return ["Publish a reading:", f"{pub} {_topic_for(s.topics[0])} -m {sample}"]
+        return [f"Publish as your devices do, to a topic of {' '.join(s.topics)}:",
+                f"{pub} TOPIC -m PAYLOAD"]
+
 
 def _taken(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:``port`` (a connection is accepted)."""
     with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
+        sock.settimeout(2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _topic_for(topic_filter: str) -> str:

@@ -26,11 +26,21 @@ from ingest.decode import (
 )
 from ingest.errors import ConfigError
 from ingest.formats import MAX_TAG_BYTES, MAX_TAGS, influx, json, senml, value
+from ingest.formats.homie import subscriptions as homie_subscriptions
 from ingest.formats.sparkplug import shared_subscriptions as sparkplug_shared
+from ingest.formats.stateful import OTHER
 from ingest.formats.times import LIMIT as TIME_LIMIT
 from ingest.formats.times import from_seconds, parse
+from ingest.homie import HomieFormat
 from ingest.model import Decoded, Reading, Rejection
-from ingest.rules import RESERVED_TAGS, check_unique, load_file, load_preset
+from ingest.rules import (
+    MAX_UNIT,
+    RESERVED_FIELDS,
+    RESERVED_TAGS,
+    check_unique,
+    load_file,
+    load_preset,
+)
 from ingest.sparkplug import SparkplugFormat
 
 if TYPE_CHECKING:
@@ -43,9 +53,6 @@ if TYPE_CHECKING:
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _SENSOR = re.compile(SENSOR_ID_PATTERN)
-# Measurement names that would collide with a document's own fields in either mode.
-RESERVED_FIELDS = frozenset({"ts", "seq", "sensor_id", "_id", "meta", "tags", "units",
-                             "info"})
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 TOPIC_CACHE = 100_000  # topics remembered with their rule, captures, tags and sensor id
 NAME_CACHE = 10_000  # field names remembered per rule
@@ -56,7 +63,8 @@ _FORMATS: dict[str, Callable[[bytes, Rule, dict[str, str], Limits], Parsed]] = {
 
 
 # Formats with state across messages (see ingest.formats.stateful), made once per Mapping.
-_STATEFUL: dict[str, Callable[[], Stateful]] = {"sparkplug": SparkplugFormat}
+_STATEFUL: dict[str, Callable[[], Stateful]] = {"sparkplug": SparkplugFormat,
+                                                "homie": HomieFormat}
 
 
 class Result(NamedTuple):
@@ -206,17 +214,27 @@ class Mapping:
         """
         return disjoint_filters([rule.subscription for rule in self.rules])
 
-    def shared_subscriptions(self, topics: Sequence[str], group: str) -> tuple[str, ...]:
-        """``topics`` as a daemon of the shared group ``group`` subscribes to them.
+    def shared_subscriptions(self, topics: Sequence[str], group: str | None
+                             ) -> tuple[str, ...]:
+        """``topics`` as a daemon of the shared group ``group`` (None: alone) subscribes.
 
         Every filter gets the ``$share/<group>/`` prefix, except where a stateful format
         needs every daemon to see some messages: with a ``sparkplug`` rule, the BIRTH and
-        DEATH topics are subscribed unshared (:func:`sparkplug.shared_subscriptions`).
+        DEATH topics are subscribed unshared (:func:`sparkplug.shared_subscriptions`);
+        with a ``homie`` rule, its filters are narrowed to the topics it uses, the
+        attribute topics first and unshared (:func:`homie.subscriptions`, also alone).
         """
-        if "sparkplug" not in self.stateful:
-            return tuple(f"$share/{group}/{topic}" for topic in topics)
         try:
-            return sparkplug_shared(topics, group)
+            pieces = (homie_subscriptions(topics, self.rules, group is not None)
+                      if "homie" in self.stateful else [(topic, False) for topic in topics])
+            if group is None:
+                return tuple(topic for topic, _ in pieces)
+            if "sparkplug" not in self.stateful:
+                return tuple(topic if every else f"$share/{group}/{topic}"
+                             for topic, every in pieces)
+            return tuple(dict.fromkeys(
+                out for topic, every in pieces
+                for out in ((topic,) if every else sparkplug_shared([topic], group))))
         except ValueError as exc:
             raise ConfigError(f"--shared-group: {exc}") from None
 
@@ -241,7 +259,7 @@ class Mapping:
         # Captures that build the sensor id or the measurement name are part of those,
         # not tags: as tags they would change from message to message of one sensor.
         named = {"sensor_id", "measurement"}
-        for template in (rule.sensor_id, rule.measurement):
+        for template in (rule.sensor_id, rule.measurement, *rule.units.values()):
             if template is not None:
                 named |= template.names
         tags = {k: v for k, v in captures.items() if k not in named}
@@ -283,6 +301,8 @@ class Mapping:
         if rule.format == "ingest":
             return Result(rule, self._ingest(matched, topic, payload, received_at, limits))
         stateful = self.stateful.get(rule.format) if self.stateful else None
+        if stateful is not None and stateful.role(topic) == OTHER:  # Homie /set, $broadcast
+            return Result(rule, Decoded([], []), ignored=True)
         parsed = (stateful.parse(topic, payload, limits) if stateful is not None
                   else _FORMATS[rule.format](payload, rule, matched.captures, limits))
         out = Decoded([], parsed.rejections)
@@ -361,8 +381,10 @@ class Mapping:
             tags = found
         units = None
         if item.units:
-            renamed = ((self._resolve(rule, k), u[:64]) for k, u in item.units.items())
+            renamed = ((self._resolve(rule, k), u[:MAX_UNIT]) for k, u in item.units.items())
             units = {k: u for k, u in renamed if type(k) is str and k in values} or None
+        if rule.units:
+            units = _units(rule, values, item.context or matched.captures, units)
         info = None
         if rule.info and not tags.keys().isdisjoint(rule.info):  # descriptive tags apart
             info = {k: v for k, v in tags.items() if k in rule.info}
@@ -382,9 +404,10 @@ class Mapping:
             context = item.context or matched.captures
             rendered = template.render(context)
             if rendered is None:
-                missing = ", ".join(sorted(n for n in template.names if n not in context))
-                return Rejection("no_sensor_id", f"sensor_id {template.text!r}: no value for "
-                                                 f"{{{missing}}}")
+                missing = ", ".join(f"{{{n}}}" for n in sorted(template.names)
+                                    if n not in context)
+                return Rejection("no_sensor_id", f"sensor_id {template.text[:120]!r}: no "
+                                 f"value for {missing} (a string or an integer)")
             return _sensor(rendered)
         if item.sensor:
             return _sensor(item.sensor.rstrip(":/."))
@@ -466,8 +489,25 @@ def _sensor(text: str) -> str | Rejection:
     return Rejection("bad_sensor_id", f"sensor id {text[:60]!r}: {SENSOR_ID_RULE}")
 
 
+def _units(rule: Rule, values: dict[str, int | float | bool | str], variables: dict[str, str],
+           units: dict[str, str] | None) -> dict[str, str] | None:
+    """The reading's units with the rule's declared ones (which win) added."""
+    for name, template in rule.units.items():
+        if name in values:
+            unit = template.render(variables)
+            if unit:
+                units = units if units is not None else {}
+                units[name] = unit[:MAX_UNIT]
+    return units
+
+
 def _resolve_name(rule: Rule, raw: str) -> str | Rejection:
-    name = safe(raw)
+    renamed = rule.rename.get(raw) if rule.rename else None
+    name = safe(raw) if renamed is None else renamed
+    if renamed is not None:
+        drop = rule.drop and any(fnmatchcase(raw, g) or fnmatchcase(name, g)
+                                 for g in rule.drop)
+        return _DROP if drop else renamed  # checked when the rule was loaded
     if rule.keep and not any(fnmatchcase(raw, g) or fnmatchcase(name, g) for g in rule.keep):
         return _DROP
     if any(fnmatchcase(raw, g) or fnmatchcase(name, g) for g in rule.drop):

@@ -20,7 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ingest.decode import REASONS
 from ingest.errors import StartupError
-from ingest.formats import sparkplug
+from ingest.formats import homie, sparkplug
 
 if TYPE_CHECKING:
     import socket
@@ -35,8 +35,9 @@ _BATCH_BUCKETS = (1, 10, 50, 100, 250, 500, 1000, 2000, 5000, 10_000, 50_000)
 WRITE_ERROR_KINDS = ("transient", "rejected")
 RULE_OUTCOMES = ("accepted", "rejected")
 # What became of retained messages sent because the daemon subscribed (--retained):
-# skipped (ignore), or stored at a time first seen now (new) or recorded earlier (known).
-RETAINED_OUTCOMES = ("skipped", "new", "known")
+# skipped (ignore), or stored at a time first seen now (new) or recorded earlier (known);
+# attribute: a Homie attribute (or /set...) topic, never readings, not subject to --retained.
+RETAINED_OUTCOMES = ("skipped", "new", "known", "attribute")
 # The *_created series double the output and no dashboard uses them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -89,13 +90,17 @@ class Metrics:
             "readings_rejected", "Readings rejected, by reason.", ["reason"],
             namespace=NAMESPACE, registry=r)
         self.messages_ignored = Counter(
-            "messages_ignored", "Messages matched by a mapping rule with ignore = true: "
-            "acknowledged, not stored.", ["rule"], namespace=NAMESPACE, registry=r)
+            "messages_ignored", "Messages matched by a mapping rule with ignore = true, or "
+            "on a topic its format does not use (Homie /set, $broadcast, attributes other "
+            "than $datatype, $unit, $format, $description): acknowledged, not stored.",
+            ["rule"], namespace=NAMESPACE, registry=r)
         self.retained_messages = Counter(
             "retained_messages", "Retained messages the broker sent because the daemon "
             "subscribed (old state, not new readings), by outcome: skipped (--retained "
             "ignore; acknowledged, not stored), or stored (--retained store) at the time it "
-            "was first seen, now (new) or by an earlier delivery (known).", ["outcome"],
+            "was first seen, now (new) or by an earlier delivery (known); attribute: a Homie "
+            "attribute or command topic, never a reading, taken (as the device's state) "
+            "whatever --retained says.", ["outcome"],
             namespace=NAMESPACE, registry=r)
         self.rule_messages = Counter(
             "rule_messages", "Messages taken by each mapping rule: accepted if at least one "
@@ -166,7 +171,8 @@ class Metrics:
             "info", "Constant 1, labelled with the daemon's mode.", ["mode", "dry_run"],
             namespace=NAMESPACE, registry=r)
         self._sparkplug(r)
-        for reason in (*REASONS, *sparkplug.REASONS):
+        self._homie(r)
+        for reason in dict.fromkeys((*REASONS, *sparkplug.REASONS, *homie.REASONS)):
             self.readings_rejected.labels(reason)
         for kind in WRITE_ERROR_KINDS:
             self.write_errors.labels(mode, kind)
@@ -202,6 +208,24 @@ class Metrics:
             self.sparkplug_skipped.labels(why)
         for outcome in ("found", "missing"):
             self.sparkplug_lookups.labels(outcome)
+
+    def _homie(self, r: CollectorRegistry) -> None:
+        """The Homie metrics, each known label value at 0."""
+        self.homie_messages = Counter(
+            "homie_messages", "Homie messages taken, by kind: value, attribute (taken as "
+            "the device's state), cleared (an empty payload on a value topic).", ["kind"],
+            namespace=NAMESPACE, registry=r)
+        self.homie_lookups = Counter(
+            "homie_device_lookups", "Homie devices' attributes read from MongoDB because "
+            "they were not in memory, by outcome (found, missing).", ["outcome"],
+            namespace=NAMESPACE, registry=r)
+        self.homie_devices = Gauge(
+            "homie_devices", "Homie devices whose attributes are held in memory.",
+            namespace=NAMESPACE, registry=r)
+        for kind in homie.KINDS:
+            self.homie_messages.labels(kind)
+        for outcome in ("found", "missing"):
+            self.homie_lookups.labels(outcome)
 
     def init_rules(self, names: list[str], ignored: list[str]) -> None:
         """Create every mapping rule's series at 0 (rules are bounded by the configuration)."""

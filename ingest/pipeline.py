@@ -23,6 +23,7 @@ from pymongo.errors import PyMongoError
 from ingest.batcher import Batch, Batcher, merged
 from ingest.decode import ARRIVALS, Limits, decode
 from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, WriteError
+from ingest.formats.stateful import DATA
 from ingest.model import Decoded, Rejection
 from ingest.retry import backoff
 from ingest.writers.rejects import reject_docs
@@ -142,7 +143,9 @@ class Pipeline:
             if self._closed:
                 return False
         if message.retained:
-            return await self._take_retained(message)
+            if self._retained_data(message.topic):
+                return await self._take_retained(message)
+            self._metrics.retained_messages.labels("attribute").inc()
         if not await self._prepared(message):
             return False
         self._take(message)
@@ -160,13 +163,25 @@ class Pipeline:
                 return False
         return True
 
+    def _retained_data(self, topic: str) -> bool:
+        """Whether a retained message on ``topic`` follows --retained.
+
+        Not a Homie attribute (or command) topic: an attribute is the device's
+        description, taken as its state whether --retained ignores old readings or not,
+        and never a reading to record a first-seen time for.
+        """
+        if not self._stateful or self._mapping is None:
+            return True
+        step = self._mapping.stateful_for(topic)
+        return step is None or step.role(topic) == DATA
+
     async def _take_retained(self, message: Inbound) -> bool:
         """A retained message sent because we subscribed: old state, not a new reading.
 
         --retained ignore: acknowledged (in order, with its batch) and counted, not
         stored. --retained store: decoded at the time this state was first seen (see
-        ingest/retained.py), and its readings looked up before they are written, as a
-        redelivery's are: it may have been stored by another delivery already.
+        ingest/retained.py), so that a state stored by another delivery already is found
+        by the writer and counted as duplicates, as a redelivery's readings are.
         """
         if self._settings.retained == "ignore":
             self._skip_retained(message)
@@ -178,10 +193,7 @@ class Pipeline:
         self._metrics.retained_messages.labels("new" if new else "known").inc()
         self._tell_retained(message, "storing them at the time any daemon first saw "
                             "each state (--retained store)")
-        full = self._take(message, ms)
-        batch = full or self._batcher.current
-        assert batch is not None  # the message was just added to it
-        batch.suspect = True
+        self._take(message, ms)
         return True
 
     def _skip_retained(self, message: Inbound) -> None:
@@ -443,7 +455,7 @@ class Pipeline:
         started = time.perf_counter()
         rejects = batch.rejects
         if batch.readings:
-            refused = await self._write_readings(batch.readings, _redelivered(batch))
+            refused = await self._write_readings(batch.readings)
             if refused:
                 rejects = rejects + self._refused_docs(batch, refused)
         if rejects:
@@ -451,27 +463,17 @@ class Pipeline:
         self._metrics.batch_write_seconds.observe(time.perf_counter() - started)
         self._metrics.batch_readings.observe(len(batch.readings))
 
-    async def _write_readings(self, readings: list[Reading], suspects: set[int] | None = None
+    async def _write_readings(self, readings: list[Reading]
                               ) -> list[tuple[Reading, Rejection]]:
         """Write until nothing is left to retry; return the readings refused for good.
 
-        ``suspects`` (ids of readings) may be stored already: they are looked up first
-        (:meth:`Writer.skip_stored`). After a write failed as a whole, every pending
-        reading is a suspect: the failure may have come after the server applied it.
+        A write retried after its outcome was unknown (or a redelivered message) may hold
+        readings stored already: both writers find those themselves (the bucket unique
+        index, the time-series lookup before each insert) and count them as duplicates.
         """
         pending, attempt = readings, 0
         refused: list[tuple[Reading, Rejection]] = []
         while pending:
-            if suspects and not self._settings.dry_run:
-                try:
-                    pending = await self._skip_stored(pending, suspects)
-                except WriteError as exc:
-                    attempt += 1
-                    await self._failed(exc, attempt)
-                    continue
-                suspects = None
-                if not pending:
-                    break
             plan = self._writer.plan(pending)
             if self._settings.dry_run:
                 self._count_written(len(plan.ops), len(pending))
@@ -482,7 +484,6 @@ class Pipeline:
                 self._metrics.write_error("rejected")
                 return refused + await self._isolate(pending, exc)
             except WriteError as exc:
-                suspects = {id(reading) for reading in pending}
                 attempt += 1
                 await self._failed(exc, attempt)
                 continue
@@ -504,18 +505,6 @@ class Pipeline:
             self._metrics.write_error("rejected")
         return (self._refusals(outcome.refused, "write_rejected")
                 + self._refusals(outcome.conflicts, "ts_conflict"))
-
-    async def _skip_stored(self, pending: list[Reading], suspects: set[int]) -> list[Reading]:
-        """``pending`` without the suspects already stored (counted as duplicates)."""
-        checked = [reading for reading in pending if id(reading) in suspects]
-        if not checked:
-            return pending
-        fresh = await self._writer.skip_stored(checked)
-        if len(fresh) < len(checked):
-            self._metrics.duplicates.inc(len(checked) - len(fresh))
-            logger.info("%d readings of a redelivery or a retried write are stored "
-                        "already; not writing them again", len(checked) - len(fresh))
-        return [reading for reading in pending if id(reading) not in suspects] + fresh
 
     def _refusals(self, refused: list[tuple[Reading, str]], reason: str
                   ) -> list[tuple[Reading, Rejection]]:
@@ -588,21 +577,3 @@ class Pipeline:
         for reading, rejection in refused:
             docs.extend(reject_docs(owners[id(reading)], [rejection], self._writer.mode))
         return docs
-
-
-def _redelivered(batch: Batch) -> set[int] | None:
-    """Ids of the readings that may be stored already, if any.
-
-    Those of messages the broker sent again (DUP), and of retained states taken to be
-    stored (``batch.suspect``).
-    """
-    retained = batch.suspect
-    if not retained and not any(message.dup for message in batch.messages):
-        return None
-    suspects: set[int] = set()
-    start = 0
-    for message, end in zip(batch.messages, batch.ends, strict=True):
-        if message.dup or (retained and message.retained):
-            suspects.update(id(reading) for reading in batch.readings[start:end])
-        start = end
-    return suspects

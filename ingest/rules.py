@@ -19,20 +19,27 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from ingest.errors import ConfigError
 from ingest.formats.times import TIME_FORMATS
 
-FORMATS = ("ingest", "json", "value", "senml", "influx", "sparkplug")
+FORMATS = ("ingest", "json", "value", "senml", "influx", "sparkplug", "homie")
 STRINGS = ("keep", "drop", "reject")
 MAX_STRING_BYTES = 65_536
 MAX_RULES = 1000
 _RULE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]{0,63})\}")
-_VAR = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]{0,63}(?:\.[A-Za-z0-9_-]{1,64})?)\}")
+# A template variable: a capture, {tag.<key>} (influx) or a payload path (json: {a.b}).
+_VAR = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]{0,63}(?:\.[A-Za-z0-9_-]{1,64}){0,7})\}")
+_PATH = re.compile(r"[A-Za-z0-9_-]{1,64}(?:\.[A-Za-z0-9_-]{1,64}){0,7}")
+MAX_ALTERNATIVES = 8  # sensor_id templates tried in order
 _TAG_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _FLATTEN = re.compile(r"[A-Za-z0-9_-]{1,8}")
 # Tag names that would collide with the documents' own fields.
 RESERVED_TAGS = frozenset({"sensor_id", "units", "_id"})
+# Measurement names that would collide with a document's own fields in either mode.
+RESERVED_FIELDS = frozenset({"ts", "seq", "sensor_id", "_id", "meta", "tags", "units",
+                             "info"})
+MAX_UNIT = 64  # characters of a unit
 _OPTIONS = frozenset({"name", "topic", "ignore", "format", "sensor_id", "measurement",
                       "flatten", "drop", "keep", "strings", "max_string_bytes", "values",
-                      "time", "tags", "info"})
+                      "time", "tags", "info", "root", "each", "rename", "units"})
 _TIME_OPTIONS = frozenset({"field", "format", "zone"})
 _DEFAULT_TIME = {"influx": "epoch_ns", "sparkplug": "epoch_ms"}
 
@@ -78,6 +85,27 @@ class Template:
         return "".join(out)
 
 
+class Alternatives(Template):
+    """Templates tried in order: the first whose variables are all present gives the text."""
+
+    __slots__ = ("templates",)
+
+    def __init__(self, templates: list[Template]) -> None:
+        self.templates = tuple(templates)
+        self.text = " | ".join(t.text for t in templates)
+        self.parts = ()
+        self.names = frozenset().union(*(t.names for t in templates))
+        self.single = None
+
+    def render(self, variables: dict[str, str]) -> str | None:
+        """The first alternative's text that renders; None if none does."""
+        for template in self.templates:
+            text = template.render(variables)
+            if text is not None:
+                return text
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class TimeSpec:
     """Where a reading's time is and in what form."""
@@ -114,6 +142,18 @@ class Rule:
     # Tags that describe a reading rather than identify its series (``info = [...]``):
     # stored with it (``info``), never part of the series' key.
     info: frozenset[str] = frozenset()
+    # json: the object whose fields are the measurements (``root = "a.b"``), or whose
+    # elements/members are one reading each (``each``); as paths of keys.
+    root: tuple[str, ...] | None = None
+    each: tuple[str, ...] | None = None
+    rename: dict[str, str] = field(default_factory=dict)  # field name -> stored name
+    units: dict[str, Template] = field(default_factory=dict)  # measurement -> unit
+    # json: payload fields the templates name, as (variable, path of keys): looked up per
+    # reading, then left out of its measurements.
+    variables: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # json: the time field as a path of keys, and as a flattened field name.
+    time_path: tuple[str, ...] | None = None
+    time_flat: str | None = None
 
     @property
     def subscription(self) -> str:
@@ -207,19 +247,31 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
         return Rule(name, topic, source, captures, ignore=True)
     fmt = _choice(entry, "format", FORMATS, "json")
     time, configured = _time(entry.get("time"), fmt)
-    sensor_id = _sensor_template(entry, fmt, captures)
+    root, each = _path(entry, "root", fmt), _path(entry, "each", fmt)
+    if root is not None and each is not None:
+        raise ValueError("root and each exclude each other")
+    allowed = set(captures) | ({"_key"} if each is not None else set())
+    sensor_id = _sensor_template(entry, fmt, captures, allowed)
     measurement = _measurement_template(entry, fmt, captures)
     named = (sensor_id.names if sensor_id else set()) | (
         measurement.names if measurement else set())
+    tags = _tags(entry.get("tags", {}), fmt, allowed)
+    units = _units(entry.get("units", {}), fmt, allowed)
+    used = set(named).union(*(t.names for t in (*tags.values(), *units.values())))
+    flatten = _flatten(entry)
     return Rule(
         name, topic, source, captures, format=fmt, sensor_id=sensor_id,
         measurement=measurement,
         named_tags=frozenset(n[4:] for n in named if n.startswith("tag.")),
-        flatten=_flatten(entry), drop=_globs(entry, "drop"), keep=_globs(entry, "keep"),
+        flatten=flatten, drop=_globs(entry, "drop"), keep=_globs(entry, "keep"),
         strings=_choice(entry, "strings", STRINGS, "keep"),
         max_string_bytes=_max_string_bytes(entry), values=_values(entry.get("values", {})),
-        time=time, time_configured=configured, tags=_tags(entry.get("tags", {}), fmt, captures),
-        info=_info(entry),
+        time=time, time_configured=configured, tags=tags, info=_info(entry),
+        root=root, each=each, rename=_rename(entry.get("rename", {})), units=units,
+        variables=tuple((n, tuple(n.split("."))) for n in sorted(used - allowed)
+                        if fmt == "json"),
+        time_path=tuple(time.field.split(".")) if time.field else None,
+        time_flat=time.field.replace(".", flatten) if time.field else None,
     )
 
 
@@ -267,20 +319,31 @@ def _choice(entry: dict[str, Any], key: str, choices: tuple[str, ...], default: 
 
 
 def _template(text: str, key: str, allowed: set[str], fmt: str) -> Template:
+    """``text`` parsed; its variables must be captures, except payload paths (json)."""
     template = Template(text)
     for var in template.names:
         if var in allowed or (fmt == "influx" and var.startswith("tag.")):
             continue
+        if fmt == "json" and _PATH.fullmatch(var) and var != "_key":
+            continue  # a payload field
         known = ", ".join(f"{{{n}}}" for n in sorted(allowed)) or "none"
         raise ValueError(f"{key} = {text!r}: {{{var}}} is not a capture of the topic "
-                         f"(known: {known})")
+                         f"(known: {known})" + (" ({_key} needs each)" if var == "_key"
+                                                else ""))
     return template
 
 
-def _sensor_template(entry: dict[str, Any], fmt: str, captures: tuple[str, ...]
-                     ) -> Template | None:
+def _sensor_template(entry: dict[str, Any], fmt: str, captures: tuple[str, ...],
+                     allowed: set[str]) -> Template | None:
+    raw = entry.get("sensor_id")
+    allowed = allowed | ({"measurement"} if fmt == "influx" else set())
+    if type(raw) is list:
+        if not 1 <= len(raw) <= MAX_ALTERNATIVES or any(type(t) is not str for t in raw):
+            raise TypeError(f"sensor_id must be a string or a list of 1 to "
+                            f"{MAX_ALTERNATIVES} strings (templates tried in order)")
+        templates = [_template(t, "sensor_id", allowed, fmt) for t in raw]
+        return templates[0] if len(templates) == 1 else Alternatives(templates)
     text = _text(entry, "sensor_id", None)
-    allowed = set(captures) | ({"measurement"} if fmt == "influx" else set())
     if text is not None:
         return _template(text, "sensor_id", allowed, fmt)
     if fmt == "senml":
@@ -390,10 +453,49 @@ def _time(table: object, fmt: str) -> tuple[TimeSpec, bool]:
     return TimeSpec(time_field, time_format, zone), True
 
 
-def _tags(table: object, fmt: str, captures: tuple[str, ...]) -> dict[str, Template]:
+def _path(entry: dict[str, Any], key: str, fmt: str) -> tuple[str, ...] | None:
+    """``root``/``each``: a dotted path of payload keys (json only)."""
+    text = entry.get(key)
+    if text is None:
+        return None
+    if fmt != "json":
+        raise ValueError(f"{key} applies to the json format only")
+    if type(text) is not str or not _PATH.fullmatch(text):
+        raise ValueError(f"{key} must be a path of keys such as uplink_message.decoded_payload"
+                         f" ([A-Za-z0-9_-] keys joined by '.'), got {text!r}")
+    return tuple(text.split("."))
+
+
+def _rename(table: object) -> dict[str, str]:
+    """``[rule.rename]``: field name as the payload has it -> the name stored."""
+    if type(table) is not dict:
+        raise TypeError('rename must be a table of "field" = "new_name"')
+    for key, new in table.items():
+        if type(new) is not str or not _TAG_KEY.fullmatch(new) or new in RESERVED_FIELDS:
+            raise ValueError(f"rename.{key}: {new!r} is not a valid measurement name "
+                             "([A-Za-z0-9_-]{1,64}, not ts, seq, sensor_id, _id, meta, "
+                             "tags, units or info)")
+    return dict(table)
+
+
+def _units(table: object, fmt: str, allowed: set[str]) -> dict[str, Template]:
+    """``[rule.units]``: measurement -> unit, a literal or a template."""
+    if type(table) is not dict:
+        raise TypeError('units must be a table of measurement = "unit or {field}"')
+    if table and fmt not in {"json", "value"}:
+        raise ValueError("units applies to the json and value formats")
+    out = {}
+    for key, value in table.items():
+        if type(value) is not str or not value or len(value) > MAX_UNIT:
+            raise TypeError(f"units.{key}: must be a string of 1 to {MAX_UNIT} characters")
+        out[key] = _template(value, f"units.{key}", allowed, fmt)
+    return out
+
+
+def _tags(table: object, fmt: str, allowed: set[str]) -> dict[str, Template]:
     if type(table) is not dict:
         raise TypeError('tags must be a table of name = "value or {capture}"')
-    allowed = set(captures) | ({"measurement"} if fmt == "influx" else set())
+    allowed = allowed | ({"measurement"} if fmt == "influx" else set())
     out = {}
     for key, value in table.items():
         if not _TAG_KEY.fullmatch(key) or key in RESERVED_TAGS:

@@ -10,7 +10,6 @@ the pure :mod:`ingest.formats.sparkplug`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import re
@@ -19,14 +18,12 @@ from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from bson.errors import InvalidDocument
-from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.errors import DuplicateKeyError
 
-from ingest.errors import RefusedWriteError
 from ingest.formats import Parsed
 from ingest.formats import sparkplug as spb
-from ingest.retry import backoff
-from ingest.writers import as_write_error
+from ingest.formats.stateful import DATA
+from ingest.retry import until_done
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -252,6 +249,11 @@ class SparkplugFormat:
         self._generation: int | None = None
         self._quiet: bytes | None = None  # a BIRTH whose readings another daemon stores
 
+    def role(self, topic: str) -> str:
+        """Every Sparkplug topic is data (a BIRTH is both state and readings)."""
+        del topic
+        return DATA
+
     def parse(self, topic: str, payload: bytes, limits: Limits) -> Parsed:
         """Items of one message (see :meth:`SparkplugState.parse`)."""
         if self._quiet is not None and payload is self._quiet:
@@ -414,28 +416,5 @@ class SparkplugFormat:
 
 async def _retry(step: Callable[[], Awaitable[None]], what: str,
                  closing: Callable[[], bool]) -> bool:
-    """Run ``step`` until it succeeds; False if closing first.
-
-    Transient MongoDB errors are retried with backoff. A refusal for the data itself
-    (document too large, validation) is logged and given up: the table is still used from
-    memory, and retrying would block the daemon for good.
-    """
-    attempt = 0
-    while not closing():
-        try:
-            await step()
-        except (PyMongoError, InvalidDocument) as exc:
-            error = as_write_error(exc)
-            if isinstance(error, RefusedWriteError):
-                # An expected server answer, not a bug: no traceback.
-                logger.error("sparkplug: MongoDB refused to %s (kept in memory only): %s",  # noqa: TRY400
-                             what, error)
-                return True
-            attempt += 1
-            delay = backoff(attempt)
-            logger.warning("sparkplug: cannot %s (attempt %d, retrying in %.2fs): %s", what,
-                           attempt, delay, str(exc)[:200])
-            await asyncio.sleep(delay)
-        else:
-            return True
-    return False
+    """Run ``step`` until it succeeds; False if closing first (see :func:`until_done`)."""
+    return await until_done(step, what, closing, logger, "sparkplug")

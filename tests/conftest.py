@@ -102,13 +102,16 @@ def mode(request: pytest.FixtureRequest) -> str:
 def daemon(tmp_path: Path, broker: Broker, mongo_uri: str, db_name: str,
            topic_root: str, request: pytest.FixtureRequest) -> Iterator[Callable[..., Daemon]]:
     """Factory: start ``ingest run`` against the test broker and database (in the test's
-    ``mode`` if it uses that fixture, else bucket mode)."""
+    ``mode`` if it uses that fixture, else bucket mode), subscribed to the test's topic
+    root (``rule_topics=True``: to the mapping rules' filters, as without ``--topic``)."""
     mode = request.getfixturevalue("mode") if "mode" in request.fixturenames else "bucket"
     started: list[Daemon] = []
 
     def start(*extra: str, wait_ready: bool = True, client_id: str | None = None,
-              mongodb_uri: str | None = None, broker_url: str | None = None) -> Daemon:
-        args = ["--mqtt-url", broker_url or broker.url, "--topic", f"{topic_root}/#",
+              mongodb_uri: str | None = None, broker_url: str | None = None,
+              rule_topics: bool = False) -> Daemon:
+        topics = [] if rule_topics else ["--topic", f"{topic_root}/#"]
+        args = ["--mqtt-url", broker_url or broker.url, *topics,
                 "--mongodb-uri", mongodb_uri or mongo_uri, "--db", db_name,
                 "--client-id", client_id or f"ingest-{topic_root}", "--flush-interval", "0.2",
                 "--log-level", "debug", "--mode", mode, "--workers", "1", *extra]
@@ -127,10 +130,11 @@ def daemon(tmp_path: Path, broker: Broker, mongo_uri: str, db_name: str,
 def publish(broker: Broker) -> Callable[..., Any]:
     """Publish ``(topic, payload)`` pairs at QoS 1 and wait for each PUBACK."""
 
-    async def send(messages: list[tuple[str, bytes | str]], qos: int = 1) -> None:
+    async def send(messages: list[tuple[str, bytes | str]], qos: int = 1,
+                   retain: bool = False) -> None:
         async with aiomqtt.Client("127.0.0.1", broker.port,
                                   identifier=f"pub-{uuid.uuid4().hex[:8]}") as client:
             for topic, payload in messages:
-                await client.publish(topic, payload, qos=qos)
+                await client.publish(topic, payload, qos=qos, retain=retain)
 
     return send

@@ -1,26 +1,34 @@
 """``ingest discover``: a mixed fleet on a real broker, retained and live; the proposal must
-load as a mapping file and, with the presets it names, store every data message."""
+load as a mapping file and, with the presets it names, store every data message; followed
+to the letter, it leaves every preset's topics to the preset and counts what each rule
+takes as the daemon then does."""
 
 from __future__ import annotations
 
-import asyncio
 import io
+import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-import aiomqtt
 import orjson
 
 from ingest.decode import Limits
 from ingest.mapping import Mapping
 from ingest.patterns import Captured, payload_kind
 from ingest.rules import load_preset, parse
-from tests.support.procs import ROOT
+from tests.support.devices import base_time, load
+from tests.support.discover import advised, daemon_table, discover, report_table, send
+from tests.support.mongo import stored
+from tests.support.procs import ROOT, eventually
 
 if TYPE_CHECKING:
-    from tests.support.procs import Broker
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from tests.support.procs import Broker, Daemon
 
 NOW = time.time()
 BINARY = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01"
@@ -118,24 +126,9 @@ def test_a_proposal_from_a_capture_stores_the_fleet() -> None:
 async def test_discover_listens_to_a_broker_and_proposes_a_working_mapping(
         persistent: Broker) -> None:
     retained, live = fleet()
-    async with aiomqtt.Client("127.0.0.1", persistent.port) as client:
-        for topic, payload in retained:
-            await client.publish(topic, payload, qos=1, retain=True)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ingest", "discover", "--mqtt-url", persistent.url,
-        "--seconds", "5", cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    first = await asyncio.wait_for(proc.stderr.readline(), 20)
-    assert first.startswith(b"listening to #"), first
-    async with aiomqtt.Client("127.0.0.1", persistent.port) as client:
-        for topic, payload in live:
-            await client.publish(topic, payload, qos=1)
-    stdout, stderr = await asyncio.wait_for(proc.communicate(), 30)
-    report = stderr.decode()
-    assert proc.returncode == 0, report
+    text, report = await discover(persistent, retained, live)
     assert f"captured {len(retained) + len(live)} message(s)" in report
     assert f"({len(retained)} retained)" in report
-    text = stdout.decode()
     check_proposal(text, ["influx", "tasmota", "zigbee2mqtt"], retained + live)
     assert "--preset influx --preset tasmota --preset zigbee2mqtt --mapping <this file>" in report
 
@@ -151,7 +144,7 @@ def test_discover_with_no_broker_is_one_line() -> None:
 
 def test_plain_values_name_their_measurement_from_the_topic() -> None:
     """Two Gen1-Shelly-like devices under a base topic no preset knows."""
-    from ingest.patterns import propose  # noqa: PLC0415
+    from ingest.propose import propose  # noqa: PLC0415
 
     messages = [Captured(f"home/{device}/{tail}", payload.encode())
                 for device in ("sh1-AAA1", "sh1-AAA2")
@@ -215,3 +208,112 @@ def test_sparkplug_traffic_is_recognised_even_when_its_births_came_before_the_ca
     assert "Sparkplug B messages: NBIRTH 1, NDATA 8, STATE 1" in report
     assert "--preset sparkplug" in report
     assert "5 message(s) refer to a BIRTH published before the capture" in report
+
+
+def shadowed_fleet() -> list[tuple[str, bytes]]:
+    """Tasmota and Zigbee2MQTT as their fixtures document them, Telegraf's line protocol,
+    and plain values on three-level topics no preset knows (three messages on each)."""
+    t = base_time(time.time())
+    vendors = [(m.topic, m.payload) for name in ("tasmota", "zigbee2mqtt")
+               for m in load(name, t)]
+    line = f"cpu,host=host1 usage=0.5 {int(time.time() * 1e9)}".encode()
+    unknown = [(topic, f"{20 + n}.5".encode()) for n in range(3)
+               for topic in ("plant/boiler-1/temperature", "barn/cow-2/humidity",
+                             "shed/pump-3/pressure")]
+    return [*vendors, ("telegraf/host1/cpu", line), *unknown]
+
+
+def test_a_proposal_never_takes_a_topic_of_a_preset_it_recommends() -> None:
+    """The three-level plain values would be one rule {level1}/{sensor_id}/{measurement},
+    which matches tele/<device>/SENSOR and zigbee2mqtt/bridge/state: it is split by its
+    first level instead, and the counts are messages and topics, each named."""
+    from ingest.discover import finish  # noqa: PLC0415
+
+    messages = shadowed_fleet()
+    out, err = io.StringIO(), io.StringIO()
+    assert finish([Captured(t, p) for t, p in messages], [], [], out, err) == 0
+    text = out.getvalue()
+    assert 'topic = "{level1}' not in text
+    for site, device, quantity in (("plant", "boiler-1", "temperature"),
+                                   ("barn", "cow-2", "humidity"),
+                                   ("shed", "pump-3", "pressure")):
+        assert (f"# 3 message(s) on 1 topic(s) of the capture: 3 stored, e.g. "
+                f"{site}/{device}/{quantity}\n") in text
+        assert f'topic = "{site}/{{sensor_id}}/{{measurement}}"' in text
+    rules = parse(text, "proposal")
+    for name in ("influx", "tasmota", "zigbee2mqtt"):
+        rules.extend(load_preset(name))
+    mapping = Mapping(rules)
+    t = base_time(time.time())
+    for name in ("tasmota", "zigbee2mqtt"):
+        for msg in load(name, t):
+            result = mapping.decode(msg.topic, msg.payload, time.time(), Limits())
+            assert result.rule is not None, msg.topic
+            assert result.rule.name == msg.rule, msg.topic
+            assert result.ignored == msg.ignored, msg.topic
+
+
+def test_an_overlap_no_split_can_remove_is_a_note_naming_the_preset_rule() -> None:
+    """Shelly Gen2's filters start with a wildcard (+/status/sys): only the device level
+    could keep plant/{sensor_id}/{measurement} from them; none of their topics was
+    captured, so the rule stays whole and says where it would take a Shelly's topic."""
+    from ingest.discover import finish  # noqa: PLC0415
+
+    messages = [Captured(m.topic, m.payload) for m in load("shelly", base_time(time.time()))]
+    messages += [Captured(f"plant/boiler-{n}/{q}", b"1.5") for n in (1, 2)
+                 for q in ("temperature", "pressure")]
+    out, err = io.StringIO(), io.StringIO()
+    assert finish(messages, [], [], out, err) == 0
+    text = out.getvalue()
+    assert "use --preset shelly with this file" in text
+    assert ("# NOTE: a topic such as plant/status/sys would match this rule before preset "
+            "shelly's rule shelly2-status-system (+/status/sys) and ") in text
+    assert 'topic = "plant/{sensor_id}/{measurement}"' in text
+
+
+async def test_following_the_advice_leaves_every_preset_topic_to_its_preset(
+        persistent: Broker, daemon: Callable[..., Daemon], db: Any, tmp_path: Path) -> None:
+    """discover on the broker, then the daemon run exactly as discover advises: each vendor
+    message lands on the preset rule its fixture names, and every rule takes the messages
+    discover's report said it would."""
+    messages = shadowed_fleet()
+    text, report = await discover(persistent, [], messages)
+    mapping = tmp_path / "proposal.toml"
+    mapping.write_text(text)
+    flags = advised(report, mapping)
+    assert flags == ["--preset", "influx", "--preset", "tasmota", "--preset", "zigbee2mqtt",
+                     "--mapping", str(mapping)]
+    proc = daemon(*flags, broker_url=persistent.url, rule_topics=True)
+    await send(persistent, messages)
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == len(messages))
+    said = report_table(report)
+    assert daemon_table(proc, list(said)) == said
+    t = base_time(time.time())
+    vendor = Counter((m.rule, m.ignored) for name in ("tasmota", "zigbee2mqtt")
+                     for m in load(name, t))
+    for (rule, ignored), n in vendor.items():
+        assert said[rule][2 if ignored else 0] == n, rule
+    assert said["telegraf"] == (1, 0, 0)
+    assert sum(r for _, r, _ in said.values()) == 0  # nothing rejected
+    stored_readings = sum(a for a, _, _ in said.values())
+    await eventually(lambda: _stored_is(db, stored_readings))
+    assert proc.stop() == 0
+
+
+async def _stored_is(db: Any, n: int) -> bool:
+    return await stored(db, "bucket") >= n
+
+
+def test_topic_levels_a_filter_cannot_hold_still_give_a_loadable_proposal() -> None:
+    """A brace is a capture in a rule's topic: a level with one is proposed as a
+    wildcard, never written as a literal the mapping file would refuse."""
+    from ingest.discover import finish  # noqa: PLC0415
+
+    messages = [Captured("odd/{x}/temp", b"1.5"), Captured("odd/y}/temp", b"2.5"),
+                Captured("odd/{z/telemetry/{v}", b'{"a": 1}')]
+    out, err = io.StringIO(), io.StringIO()
+    assert finish(messages, [], [], out, err) == 0
+    rules = parse(out.getvalue(), "proposal")
+    assert [r.topic for r in rules] == ["odd/+/telemetry/{sensor_id}", "odd/{sensor_id}/temp"]
+    assert report_table(err.getvalue()) == {"odd-telemetry": (1, 0, 0), "odd-temp": (2, 0, 0)}
+    assert re.search(r"^\(no rule\)\s+0\s+0\s+0$", err.getvalue(), re.MULTILINE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shlex
@@ -11,12 +12,16 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from pymongo import MongoClient
 
+from ingest.cli import build_parser, local_settings
+from tests.support import devices
 from tests.support.procs import ROOT, free_port, metrics_of
 
 if TYPE_CHECKING:
@@ -40,15 +45,18 @@ def free_pair() -> int:
 class Local:
     """``python -m ingest local ...`` with its stdout read line by line."""
 
-    def __init__(self, tmp_path: Path, *argv: str, default_mqtt_port: int | None = None) -> None:
-        self.ports = {"mqtt": free_port(), "store": free_port(), "metrics": free_pair()}
+    def __init__(self, tmp_path: Path, *argv: str, default_mqtt_port: int | None = None,
+                 ports: dict[str, int] | None = None) -> None:
+        self.ports = ports or {"mqtt": free_port(), "store": free_port(), "api": free_port(),
+                               "metrics": free_pair()}
         while self.ports["metrics"] + 1 in self.ports.values():
             self.ports["metrics"] = free_pair()
         self.stderr = tmp_path / f"local-{time.monotonic_ns()}.err"
         env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
         args = ["local", "--data-dir", str(tmp_path / "data"),
                 "--store-port", str(self.ports["store"]),
-                "--metrics-port", str(self.ports["metrics"]), *argv]
+                "--metrics-port", str(self.ports["metrics"]),
+                "--api-port", str(self.ports["api"]), *argv]
         if default_mqtt_port is None:
             command = [sys.executable, "-m", "ingest", *args,
                        "--mqtt-port", str(self.ports["mqtt"])]
@@ -168,15 +176,16 @@ def test_one_command_runs_the_main_job_and_ctrl_c_stops_it(
     assert "--data-dir" in last_line(again, 1)
 
     children = first.children()
-    assert len(children) == 3  # mosquitto and two daemons
+    assert len(children) == 4  # mosquitto, two daemons and the API
     first.process.send_signal(signal.SIGINT)
     assert first.process.wait(timeout=60) == 0
     assert not [pid for pid in children if alive(pid)]
     assert not [name for name, port in first.ports.items() if listening(port)]
     assert "Traceback" not in first.stderr.read_text()
 
-    # The data dir keeps the data: a second start finds the reading.
-    second = Local(tmp_path)
+    # The data dir keeps the data: a second start finds the reading. Started at once on
+    # the same ports, whose closed connections linger (TIME_WAIT): they are free.
+    second = Local(tmp_path, ports=first.ports)
     local.append(second)
     second.banner()
     uri = f"mongodb://127.0.0.1:{second.ports['store']}/?directConnection=true"
@@ -184,6 +193,82 @@ def test_one_command_runs_the_main_job_and_ctrl_c_stops_it(
         assert client.iot.readings.count_documents({"meta.sensor_id": "demo-1"}) == 1
     second.process.send_signal(signal.SIGTERM)
     assert second.process.wait(timeout=60) == 0
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.load(resp)
+
+
+def test_a_preset_goes_to_every_daemon_and_the_banner_names_the_api_that_reads_it(
+        tmp_path: Path, local: list[Local]) -> None:
+    """The user's issue: ``ingest local --preset zigbee2mqtt``, a message as Zigbee2MQTT
+    publishes it, the reading through the API address the banner prints."""
+    proc = Local(tmp_path, "--preset", "zigbee2mqtt")
+    local.append(proc)
+    banner = proc.banner()
+    assert "--preset zigbee2mqtt; topics zigbee2mqtt/" in banner
+    api = proc.command("api")[1]
+    assert api == f"http://127.0.0.1:{proc.ports['api']}/"
+    message = next(m for m in devices.load("zigbee2mqtt", time.time())
+                   if m.topic == "zigbee2mqtt/Living Room")
+    subprocess.run(["mosquitto_pub", "-p", str(proc.ports["mqtt"]), "-q", "1",
+                    "-t", message.topic, "-m", message.payload.decode()],
+                   check=True, timeout=30)
+    url = f"{api}api/readings?sensor={urllib.parse.quote(message.topic.split('/')[1])}"
+    answer = wait_for(lambda: get_json(url)["readings"])
+    assert [r["values"] for r in answer] == [message.readings[0].values]
+    # The timeseries daemon got the preset too (the API serves the bucket layout).
+    uri = f"mongodb://127.0.0.1:{proc.ports['store']}/?directConnection=true"
+    with MongoClient(uri) as client:
+        doc = wait_for(lambda: client.iot.readings.find_one({"meta.sensor_id": "Living Room"}))
+    assert doc["temperature"] == 21.7
+    assert "update_state" not in doc
+    proc.process.send_signal(signal.SIGINT)
+    assert proc.process.wait(timeout=60) == 0
+    assert not listening(proc.ports["api"])
+
+
+@pytest.mark.parametrize(("argv", "env", "error"), [
+    (["--preset", "nope"], {}, "--preset nope: unknown preset (known: "),
+    ([], {"INGEST_PRESET": "zigbee2mqtt,nope"}, "--preset nope: unknown preset"),
+    (["--mapping", "missing.toml"], {}, "--mapping missing.toml: cannot read"),
+    (["--mapping", "bad.toml"], {}, "--mapping bad.toml: not valid TOML"),
+], ids=["flag", "env", "no-file", "bad-file"])
+def test_bad_rules_are_one_line_and_nothing_starts(
+        tmp_path: Path, argv: list[str], env: dict[str, str], error: str) -> None:
+    (tmp_path / "bad.toml").write_text("[[rule]\n")
+    result = run_local(tmp_path, *argv, env=env, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"ingest: error: {error}")
+    assert result.stderr.count("\n") == 1
+    assert not (tmp_path / "data").exists()  # not even the data dir's lock
+
+
+def test_a_preset_flag_replaces_the_variable_as_in_ingest_run(tmp_path: Path) -> None:
+    env = {"INGEST_PRESET": "nope", "INGEST_MAPPING": str(tmp_path / "rules.toml")}
+    (tmp_path / "rules.toml").write_text(
+        '[[rule]]\nname = "mine"\ntopic = "lab/{sensor_id}"\nformat = "json"\n')
+    args = build_parser(env).parse_args(["local", "--preset", "tasmota"])
+    settings = local_settings(args, env)
+    assert settings.presets == ("tasmota",)
+    assert settings.mapping == str(tmp_path / "rules.toml")
+    assert settings.topics[0] == "lab/+"  # the rules' topics, not sensors/#
+
+
+def test_a_taken_api_port_names_the_flag(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        line = last_line(run_local(tmp_path, "--api-port", str(port), "--mqtt-port",
+                                   str(free_port()), "--store-port", str(free_port()),
+                                   "--metrics-port", str(free_pair())), 1)
+    assert line.startswith(f"ingest local: error: --api-port: 127.0.0.1:{port} is already "
+                           "in use")
+    line = last_line(run_local(tmp_path, "--api-port", "9109"), 2)
+    assert line == ("ingest: error: --api-port: 9109 is also the port of the timeseries "
+                    "daemon's metrics (--metrics-port); choose another")
 
 
 def test_the_same_flags_point_it_at_a_real_store_and_broker(
@@ -238,10 +323,11 @@ def wait_banner_one_mode(proc: Local, timeout: float = 90) -> str:
     raise AssertionError("no banner")
 
 
-def run_local(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
+def run_local(tmp_path: Path, *argv: str, env: dict[str, str] | None = None,
+              cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
     return subprocess.run([sys.executable, "-m", "ingest", "local", "--data-dir",
-                           str(tmp_path / "data"), *argv], cwd=ROOT, env=env,
+                           str(tmp_path / "data"), *argv], cwd=cwd, env=clean | (env or {}),
                           capture_output=True, text=True, timeout=60, check=False)
 
 

@@ -70,8 +70,8 @@ def rule_error(text: str) -> str:
     ('[[rule]]\nname = "r"\ntopic = "a/{id}/{id}"', "capture {id} used twice"),
     ('[[rule]]\nname = "r"\ntopic = "a/b"\nformat = "xml"', "format must be one of"),
     ('[[rule]]\nname = "r"\ntopic = "a/b"', "no sensor id"),
-    ('[[rule]]\nname = "r"\ntopic = "a/{sensor_id}"\nsensor_id = "{dev}"',
-     "{dev} is not a capture"),
+    (('[[rule]]\nname = "r"\ntopic = "a/{sensor_id}"\nformat = "value"\nsensor_id = "{dev}"'
+     '\nmeasurement = "x"'), "{dev} is not a capture"),
     ('[[rule]]\nname = "r"\ntopic = "a/{sensor_id}"\nformat = "value"',
      "needs a measurement name"),
     ('[[rule]]\nname = "r"\ntopic = "a/{sensor_id}"\nflatten = "."', "flatten must be"),

@@ -28,7 +28,8 @@ def ingest(*args: str, stdin: bytes = b"", env: dict[str, str] | None = None
 
 @pytest.mark.parametrize(("text", "problem"), [
     ('[[rule]]\nname = "z2m"\ntopic = "zigbee2mqtt/{sensor_id}"\nformat = "yaml"\n',
-     "rule 'z2m': format must be one of ingest, json, value, senml, influx, sparkplug, got 'yaml'"),
+     ("rule 'z2m': format must be one of ingest, json, value, senml, influx, sparkplug, "
+      "homie, got 'yaml'")),
     (('[[rule]]\nname = "z2m"\ntopic = "zigbee2mqtt/{sensor_id}"\n[rule.time]\n'
       'format = "local"\nzone = "Nowhere/City"\n'),
      "rule 'z2m': time.zone 'Nowhere/City': unknown time zone"),

@@ -198,3 +198,50 @@ async def test_values_beyond_the_bound_are_refused_on_every_path_and_sums_stay_f
         assert await coll.count_documents({}) == 6
         assert await coll.count_documents({"v": {"$exists": True}}) == 0
     assert proc.stop() == 0
+
+
+GATEWAY = """
+[[rule]]
+name = "gateway"
+topic = "{root}/gw/{{gw}}"
+each = "devices"
+sensor_id = ["{{model}}-{{id}}", "{{model}}"]
+info = ["gw"]
+[rule.rename]
+seq = "dev_seq"
+[rule.units]
+temperature_C = "°C"
+[rule.time]
+field = "time"
+format = "epoch_s"
+"""
+
+
+async def test_one_gateway_message_stores_each_device_under_its_own_id_with_units(
+        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any,
+        tmp_path: Path) -> None:
+    """Identity, time, units and names from the payload (docs/mapping.md), both layouts."""
+    mapping = tmp_path / "mapping.toml"
+    mapping.write_text(GATEWAY.format(root=topic_root))
+    proc = daemon("--mapping", str(mapping))
+    await publish([(f"{topic_root}/gw/attic", orjson.dumps({"time": HOUR + 60, "devices": [
+        {"model": "Nexus-TH", "id": 7, "temperature_C": 20.5, "seq": 1},
+        {"model": "Nexus-TH", "id": 8, "temperature_C": 19.0, "time": HOUR + 61},
+        {"id": 9, "temperature_C": 18.0}]}))])
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)
+    assert proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 2
+    assert proc.metric('ingest_readings_rejected_total{reason="no_sensor_id"}') == 1
+    coll = db[COLLECTION[mode]]
+    key = "sensor_id" if mode == "bucket" else "meta.sensor_id"
+    found = {}
+    for sensor in ("Nexus-TH-7", "Nexus-TH-8"):
+        doc = await coll.find_one({key: sensor})
+        reading = doc["readings"][0] if mode == "bucket" else doc
+        assert doc["units"] == {"temperature_C": "°C"}
+        assert doc["info"] == {"gw": "attic"}
+        found[sensor] = {k: v for k, v in reading.items()
+                         if k in {"temperature_C", "dev_seq", "id", "model"}}
+        found[sensor]["ts"] = reading["ts"].timestamp()
+    assert found == {"Nexus-TH-7": {"temperature_C": 20.5, "dev_seq": 1, "ts": HOUR + 60},
+                     "Nexus-TH-8": {"temperature_C": 19.0, "ts": HOUR + 61}}
+    assert proc.stop() == 0

@@ -65,6 +65,28 @@ topic = "i/{site}"
 format = "influx"
 sensor_id = "{tag.host}"
 measurement = "{measurement}_{field}"
+
+[[rule]]
+name = "gateway"
+topic = "g/{gw}"
+each = "devices"
+sensor_id = ["{model}-{id}", "{_key}", "{gw}"]
+info = ["model"]
+[rule.tags]
+model = "{model}"
+[rule.units]
+temp = "{unit}"
+[rule.rename]
+seq = "dev_seq"
+[rule.time]
+field = "meta.t"
+
+[[rule]]
+name = "uplink"
+topic = "u/{sensor_id}"
+root = "up.data"
+[rule.time]
+field = "at"
 """
 MAPPING = Mapping(parse(RULES, "fuzz"))
 SETTINGS = settings(max_examples=300, deadline=None,
@@ -99,8 +121,12 @@ def checked(topic: str, payload: bytes, now: float = NOW) -> Result:
             assert key not in {"sensor_id", "units", "_id"}
             assert len(tag.encode()) <= MAX_TAG_BYTES
         assert len(reading.tags or {}) <= MAX_TAGS
-        for name in reading.units or {}:
+        for name, unit in (reading.units or {}).items():
             assert name in reading.values
+            assert 0 < len(unit) <= 64
+        for key, tag in (reading.info or {}).items():
+            assert NAME.fullmatch(key)
+            assert len(tag.encode()) <= MAX_TAG_BYTES
     return result
 
 
@@ -118,10 +144,19 @@ def dumps(value: Any) -> bytes:
 
 
 @SETTINGS
-@given(prefix=st.sampled_from(["z", "tz", "v", "s", "i", "z/bridge", "$SYS", ""]),
+@given(prefix=st.sampled_from(["z", "tz", "v", "s", "i", "g", "u", "z/bridge", "$SYS", ""]),
        parts=st.lists(levels, max_size=5), payload=json_value)
 def test_any_topic_and_json_payload(prefix: str, parts: list[str], payload: Any) -> None:
     checked("/".join([prefix, *parts]), dumps(payload))
+
+
+@SETTINGS
+@given(devices=json_value, top=st.dictionaries(st.text(max_size=40), json_value, max_size=4))
+def test_payload_identities_of_any_gateway_or_uplink(devices: Any, top: dict[str, Any]
+                                                     ) -> None:
+    """Device ids, tags and units taken from payload fields stay text, bounded and safe."""
+    checked("g/gw1", dumps({**top, "devices": devices}))
+    checked("u/dev1", dumps({**top, "up": {"data": devices}}))
 
 
 @SETTINGS

@@ -34,7 +34,6 @@ class ScriptedWriter:
         self.script = script
         self.calls: list[list[int]] = []
         self.stored: list[int] = []
-        self.checked: list[list[int]] = []
 
     async def ensure_schema(self) -> None:
         return None
@@ -61,15 +60,13 @@ class ScriptedWriter:
             self.stored += [g[0].seq for g in rest]  # type: ignore[misc]
             return Outcome(written=len(rest), retry=retry,
                            refused=[(refused[0], "code 121: Document failed validation")])
-        self.stored += list(plan.ops)
-        return Outcome(written=len(plan.ops))
+        # Idempotent, as both real writers are: a reading stored already is a duplicate.
+        fresh = [seq for seq in plan.ops if seq not in self.stored]
+        self.stored += fresh
+        return Outcome(written=len(fresh), duplicates=len(plan.ops) - len(fresh))
 
     def take_lookups(self) -> tuple[int, float]:
         return 0, 0.0
-
-    async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
-        self.checked.append([r.seq for r in readings])  # type: ignore[misc]
-        return [r for r in readings if r.seq not in self.stored]
 
 
 class Rejects:
@@ -185,20 +182,21 @@ async def test_batches_waiting_for_a_slow_write_are_written_together_and_acked_i
     assert pipeline.buffered == 0
 
 
-async def test_a_write_whose_outcome_is_unknown_is_checked_before_it_is_sent_again(
+async def test_a_write_whose_outcome_is_unknown_is_sent_again_and_counted_once(
         monkeypatch: Any) -> None:
-    """The first attempt landed but its answer was lost: the retry looks up what is
-    stored (time-series mode has no unique index to refuse a second copy)."""
+    """The first attempt landed but its answer was lost: the whole batch is sent again,
+    and the writer (idempotent) reports the readings stored already as duplicates."""
     monkeypatch.setattr("ingest.pipeline.backoff", lambda *_a, **_k: 0.0)
     writer = ScriptedWriter(["landed"])
     acks, _rejects, metrics = await run_pipeline(writer, 4)
     assert writer.stored == [0, 1, 2, 3]  # once each
-    assert writer.checked == [[0, 1, 2, 3]]
+    assert writer.calls == [[0, 1, 2, 3], [0, 1, 2, 3]]
     assert acks.mids == [1, 2, 3, 4]
     assert metrics.duplicates._value.get() == 4
+    assert metrics.readings_written._value.get() == 0  # the landed answer was lost
 
 
-async def test_readings_of_a_redelivered_message_are_checked_and_no_others() -> None:
+async def test_a_redelivered_message_stored_before_a_crash_counts_as_a_duplicate() -> None:
     writer = ScriptedWriter([])
     settings = Settings(batch_size=10, flush_interval=0.05)
     acks, metrics = Acks(), Metrics("bucket")
@@ -212,7 +210,6 @@ async def test_readings_of_a_redelivered_message_are_checked_and_no_others() -> 
     await asyncio.wait_for(pipeline.drain(), 30)
     task.cancel()
     pipeline.sync_metrics()
-    assert writer.checked == [[1]]
     assert sorted(writer.stored) == [0, 1, 2]
     assert acks.mids == [1, 2, 3]
     assert metrics.duplicates._value.get() == 1

@@ -68,9 +68,10 @@ def reading_problems(reading: Reading, want: Expected, now: float, t: float) -> 
         problems.append(f"values {reading.values}, expected {want.values}")
     if (reading.tags or None) != (want.tags or None):
         problems.append(f"tags {reading.tags}, expected {want.tags}")
-    if reading.info != want.info or reading.units != want.units:
-        problems.append(f"info {reading.info} units {reading.units}, expected {want.info} "
-                        f"{want.units}")
+    if (reading.units or None) != (want.units or None):
+        problems.append(f"units {reading.units}, expected {want.units}")
+    if (reading.info or None) != (want.info or None):
+        problems.append(f"info {reading.info}, expected {want.info}")
     if want.ts == "T" and abs(reading.epoch - t) > 0.0005:
         problems.append(f"time {reading.epoch}, expected {t}")
     # Arrival times of one sensor are made distinct: a millisecond later per reading that
@@ -149,7 +150,8 @@ def prefixed(preset: str, root: str, directory: Path) -> Path:
 
 
 async def stored_rows(db: Any, mode: str) -> list[dict[str, Any]]:
-    """Every stored reading: sensor_id, ts, values, tags, and its bucket document."""
+    """Every stored reading: sensor_id, ts, values, tags, units, info, and its bucket
+    document (whose units and info are those of its last write)."""
     rows: list[dict[str, Any]] = []
     if mode == "timeseries":
         for doc in await db["readings"].find({}).to_list():
@@ -157,15 +159,15 @@ async def stored_rows(db: Any, mode: str) -> list[dict[str, Any]]:
             values = {k: v for k, v in doc.items()
                       if k not in {"_id", "ts", "meta", "units", "info"}}
             rows.append({"sensor_id": meta.pop("sensor_id"), "ts": doc["ts"],
-                         "values": values, "tags": meta or None, "doc": None,
-                         "info": doc.get("info"), "units": doc.get("units")})
+                         "values": values, "tags": meta or None, "units": doc.get("units"),
+                         "info": doc.get("info"), "doc": None})
         return rows
     for doc in await db["buckets"].find({}).to_list():
         for entry in doc["readings"]:
             values = {k: v for k, v in entry.items() if k not in {"ts", "seq"}}
             rows.append({"sensor_id": doc["sensor_id"], "ts": entry["ts"], "values": values,
-                         "tags": doc.get("tags"), "doc": doc, "info": doc.get("info"),
-                         "units": doc.get("units")})
+                         "tags": doc.get("tags"), "units": doc.get("units"),
+                         "info": doc.get("info"), "doc": doc})
     return rows
 
 
@@ -234,6 +236,15 @@ async def test_preset_messages_are_stored_through_the_daemon(
         f'ingest_readings_written_total{{mode="{mode}"}}') == len(expected))
     assert_counted(proc.metrics(), messages)
 
+    await assert_stored(db, mode, expected, t, (started, finished))
+    assert proc.stop() == 0
+
+
+async def assert_stored(db: Any, mode: str, expected: list[tuple[Message, Expected]],
+                        t: float, window: tuple[float, float]) -> None:
+    """Exactly the expected readings are stored, each as its fixture says: sensor id,
+    values and their types, time (``T``, or an arrival within ``window``), tags, units,
+    info; bucket statistics exact."""
     rows = await stored_rows(db, mode)
     assert len(rows) == len(expected)
     instant = datetime.fromtimestamp(t, UTC)
@@ -243,19 +254,18 @@ async def test_preset_messages_are_stored_through_the_daemon(
         if want.ts == "T":
             assert row["ts"] == instant, msg.topic
         else:
-            assert started - 1 <= row["ts"].timestamp() <= finished + 5, msg.topic
+            assert window[0] - 1 <= row["ts"].timestamp() <= window[1] + 5, msg.topic
         if mode == "timeseries":
             assert row["tags"] == want.tags, msg.topic
-            assert (row["info"], row["units"]) == (want.info, want.units), msg.topic
-        else:  # a bucket holds the tags, info and units of its last write
+            assert (row["units"], row["info"]) == (want.units, want.info), msg.topic
+        else:  # a bucket keeps the tags, units and info of its last write
             assert set(want.tags or {}) <= set(row["tags"] or {}), msg.topic
-            assert (want.info or {}).items() <= (row["info"] or {}).items(), msg.topic
             assert (want.units or {}).items() <= (row["units"] or {}).items(), msg.topic
+            assert (want.info or {}).items() <= (row["info"] or {}).items(), msg.topic
     if mode == "bucket":
         for doc in await db["buckets"].find({}).to_list():
             assert doc["count"] == len(doc["readings"])
             assert doc.get("stats", {}) == exact_statistics(doc), doc["sensor_id"]
-    assert proc.stop() == 0
 
 
 async def test_a_preset_by_name_subscribes_to_its_topics_and_each_message_counts_once(

@@ -187,7 +187,6 @@ class Recorder:
 
     def __init__(self) -> None:
         self.written: list[Reading] = []
-        self.checked: list[Reading] = []
 
     async def ensure_schema(self) -> None:
         return None
@@ -201,10 +200,6 @@ class Recorder:
 
     def take_lookups(self) -> tuple[int, float]:
         return 0, 0.0
-
-    async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
-        self.checked += readings
-        return readings
 
 
 class Recorded:
@@ -263,7 +258,6 @@ async def test_ignore_acknowledges_and_counts_a_retained_message_in_its_turn() -
          inbound(3, retained=False, at=ARRIVED + 1)], "ignore")
     assert acks.mids == [1, 2, 3]  # in arrival order, the skipped one included
     assert len(writer.written) == 2
-    assert writer.checked == []
     values = metrics.registry.get_sample_value
     assert values("ingest_retained_messages_total", {"outcome": "skipped"}) == 1
     assert values("ingest_messages_received_total") == 3
@@ -272,7 +266,7 @@ async def test_ignore_acknowledges_and_counts_a_retained_message_in_its_turn() -
 async def test_store_gives_a_retained_state_the_same_instant_in_every_worker() -> None:
     """Untimed readings of a preset are spread over the workers' milliseconds (each
     worker its own residue); a retained state's first-seen time is taken exactly, by
-    both workers, and its readings are looked up before they are written."""
+    both workers, so the writers' duplicate check finds the second copy."""
     record = Recorded(failures=2)  # retried like a write
     given = []
     for worker, arrived in ((0, ARRIVED), (1, ARRIVED + 5)):
@@ -280,9 +274,7 @@ async def test_store_gives_a_retained_state_the_same_instant_in_every_worker() -
             [inbound(1, retained=True, at=arrived), inbound(2, retained=False, at=arrived)],
             "store", worker, record)
         assert acks.mids == [1, 2]
-        [retained] = writer.checked  # looked up: the live reading is not
-        [live] = [reading for reading in writer.written if reading is not retained]
-        assert len(writer.written) == 2
+        retained, live = writer.written  # in arrival order
         assert live.ms is not None
         assert live.ms % 2 == worker
         given.append(retained.ms)

@@ -15,6 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ingest.errors import WriteError
 from ingest.model import Reading
 from ingest.schema import Schema
 from ingest.writers.bucket import BucketWriter
@@ -159,3 +160,34 @@ async def test_a_stored_instant_takes_new_fields_once_and_refuses_changed_ones(d
     assert doc["stats"]["Running"]["count"] == 1
     assert doc["count"] == 1
     assert doc["tags"] == {"device": "Press", "group": "Plant1", "node": "Edge1"}
+
+
+async def test_merges_that_landed_count_once_when_another_merge_fails(db: Any,
+                                                                      monkeypatch: Any) -> None:
+    """Bucket settle: a failed merge is retried alone; the ones that landed are written,
+    not duplicates of the retry."""
+    at = T0 * 1000 + 500
+    first = [reading("boiler", at, {"temp": 60.5}), reading("boiler", at + 1, {"temp": 61})]
+    second = [reading("boiler", at, {"pressure": 1.5}),
+              reading("boiler", at + 1, {"pressure": 1.6})]
+    bucket, _ = writers(db)
+    await bucket.ensure_schema()
+    await bucket.write(bucket.plan(first))
+    merge = bucket._merge
+
+    async def failing(r: Reading, doc_id: Any, new: dict[str, Any]) -> bool:
+        if r.ms == at + 1:
+            raise WriteError("connection reset")
+        return await merge(r, doc_id, new)
+
+    monkeypatch.setattr(bucket, "_merge", failing)
+    outcome = await bucket.write(bucket.plan(second))
+    assert (outcome.written, outcome.duplicates, [r.ms for r in outcome.retry]) == (
+        1, 0, [at + 1])
+    assert isinstance(outcome.error, WriteError)
+    monkeypatch.setattr(bucket, "_merge", merge)
+    again = await bucket.write(bucket.plan(outcome.retry))
+    assert (again.written, again.duplicates, again.retry) == (1, 0, [])
+    want = {("boiler", (), at): {"temp": 60.5, "pressure": 1.5},
+            ("boiler", (), at + 1): {"temp": 61, "pressure": 1.6}}
+    same_answer(await stored_bucket(bucket._collection), want)

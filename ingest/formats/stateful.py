@@ -7,6 +7,11 @@ pipeline first awaits :meth:`Stateful.prepare` (which may do I/O: store a BIRTH 
 message can be acknowledged, read a table missing from memory), then the mapping calls
 :meth:`Stateful.parse`, which is synchronous and pure apart from the state it reads and
 updates. Both are called in message order, one message at a time.
+
+:meth:`Stateful.role` says what a topic is to the format before either is called: data
+(readings, and state such as a BIRTH), state only (a Homie attribute: the device's
+description, taken whatever ``--retained`` says about retained messages), or nothing it
+uses (ignored by its rule).
 """
 
 from __future__ import annotations
@@ -21,8 +26,16 @@ if TYPE_CHECKING:
     from ingest.metrics import Metrics
 
 
+DATA = "data"  # readings (and maybe state): a retained one follows --retained
+STATE = "state"  # the device's description only: taken even when retained is ignored
+OTHER = "other"  # nothing the format uses: the message is ignored by its rule
+
+
 class Stateful(Protocol):
     """A payload format that keeps state across messages."""
+
+    def role(self, topic: str) -> str:
+        """What messages on ``topic`` are to the format: DATA, STATE or OTHER."""
 
     async def prepare(self, topic: str, payload: bytes, limits: Limits,
                       closing: Callable[[], bool], generation: int = 0) -> bool:

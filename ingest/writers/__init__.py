@@ -107,12 +107,6 @@ class Writer(Protocol):
     def take_lookups(self) -> tuple[int, float]:
         """Instants looked up before writing since the last call, and the seconds spent."""
 
-    async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
-        """Those of ``readings`` not stored yet; raise :class:`WriteError` on failure.
-
-        Called only for readings that may be stored: those of a redelivered message
-        (DUP), and those of a write retried after its outcome was unknown.
-        """
 
 
 def split_bulk_error(exc: BulkWriteError, plan: Plan, collide: bool = False) -> Outcome:

@@ -611,10 +611,6 @@ class BucketWriter:
         """None: the unique index finds stored instants; settle looks only those up."""
         return 0, 0.0
 
-    async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
-        """All of them: bucket writes settle stored readings themselves (unique index)."""
-        return readings
-
     async def _send(self, plan: Plan) -> Outcome:
         return await send(bulk.execute(self._collection, bulk.UPDATE, plan.ops), plan,
                           collide=True)
@@ -622,11 +618,12 @@ class BucketWriter:
     async def settle(self, groups: list[list[Reading]], outcome: Outcome) -> list[Reading]:
         """Sort readings refused with a duplicate key: stored already, conflicting, or not.
 
-        Raises :class:`WriteError` if a lookup or a merge fails (nothing is counted then).
-        Stored duplicates are counted in ``outcome.duplicates``, conflicts go to
+        Raises :class:`WriteError` if a lookup fails (nothing is counted then). Stored
+        duplicates are counted in ``outcome.duplicates``, conflicts go to
         ``outcome.conflicts``, readings that add fields to a stored instant are merged
-        into it (counted in ``outcome.written``); the readings not stored are returned,
-        to be written again (with those whose merge found the entry changed meanwhile).
+        into it (counted in ``outcome.written``); a reading whose merge failed goes to
+        ``outcome.retry`` with the error. The readings not stored are returned, to be
+        written again (with those whose merge found the entry changed meanwhile).
         """
         limit = asyncio.Semaphore(SETTLE_CONCURRENCY)
 
@@ -645,9 +642,14 @@ class BucketWriter:
                 async with limit:
                     return await self._merge(reading, doc_id, new)
 
-            done = await _all([merge(*m) for m in merges])
+            done = await asyncio.gather(*[merge(*m) for m in merges], return_exceptions=True)
             for (reading, _, _), applied in zip(merges, done, strict=True):
-                if applied:
+                if isinstance(applied, WriteError):  # retried; the merges that landed count
+                    outcome.retry.append(reading)
+                    outcome.error = applied
+                elif isinstance(applied, BaseException):
+                    raise applied
+                elif applied:
                     outcome.written += 1
                 else:
                     fresh.append(reading)

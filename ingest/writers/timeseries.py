@@ -365,10 +365,6 @@ class TimeseriesWriter:
                 raise mongo_errors.translate(exc, "lookup") from exc
         return found
 
-    async def skip_stored(self, readings: list[Reading]) -> list[Reading]:
-        """All of them: every write looks up the instants it would store (:meth:`write`)."""
-        return readings
-
     def take_lookups(self) -> tuple[int, float]:
         """Instants looked up since the last call, and the seconds it took."""
         taken = self._checked, self._check_seconds

@@ -2,7 +2,9 @@
 
 Each ``tests/fixtures/devices/<preset>.json`` holds ``messages``: a topic, a payload (a
 string is sent as is; anything else as compact JSON), the rule expected to take it, and
-``expect``: a list of readings, ``"ignored"``, or ``{"rejections": [reasons]}``.
+``expect``: a list of readings, ``"ignored"``, or ``{"rejections": [reasons]}``. A reading
+names its ``sensor_id``, ``ts`` and ``values``, and its ``tags``, ``units`` and descriptive
+``info`` when it has any (none given: it must have none).
 
 Payload times are placeholders filled in relative to a base time ``T`` (whole seconds plus
 250 ms, an hour ago) so the fixtures never age out of the accepted window:
@@ -11,8 +13,7 @@ Payload times are placeholders filled in relative to a base time ``T`` (whole se
 nanosecond as LoRaWAN servers write them, within the same millisecond:
 ``@T_ISO_NS_Z@`` (``...250339525Z``), ``@T_ISO_NS_UTC@`` (``...250023242+00:00``), and
 ``@T_LATER_ISO_NS_Z@``, two seconds after ``T`` (a later time in the same message).
-A reading's ``ts`` is ``"T"`` (that instant) or ``"arrival"`` (the time it was received);
-``info`` and ``units``, when given, are its descriptive tags and units.
+A reading's ``ts`` is ``"T"`` (that instant) or ``"arrival"`` (the time it was received).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "devices"
-PRESETS = ("zigbee2mqtt", "tasmota", "shelly", "esphome", "homeassistant", "ttn", "chirpstack")
+PRESETS = ("zigbee2mqtt", "tasmota", "shelly", "esphome", "homeassistant",
+           "openmqttgateway", "rtl_433", "ttn", "chirpstack")
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,8 @@ class Expected:
     ts: str  # "T" or "arrival"
     values: dict[str, int | float | bool | str]
     tags: dict[str, str] | None
-    info: dict[str, str] | None = None
     units: dict[str, str] | None = None
+    info: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ def _message(entry: dict[str, Any], t: float) -> Message:
     rejections: tuple[str, ...] = ()
     if isinstance(expect, list):
         readings = tuple(Expected(r["sensor_id"], r["ts"], r["values"], r.get("tags"),
-                                  r.get("info"), r.get("units")) for r in expect)
+                                  r.get("units"), r.get("info")) for r in expect)
     elif isinstance(expect, dict):
         rejections = tuple(expect["rejections"])
     return Message(entry["source"], entry["topic"], render(text, t).encode(), entry["rule"],
