@@ -9,6 +9,7 @@ tests/test_presets.py (tests/fixtures/devices/ttn.json, chirpstack.json).
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -18,7 +19,9 @@ import pytest
 from ingest.decode import Limits
 from ingest.formats import MAX_TAG_BYTES
 from ingest.mapping import Mapping, Result
+from ingest.rules import parse
 from tests.support.devices import base_time, load
+from tests.support.procs import ROOT
 
 TTN_TOPIC = "v3/app1@ttn/devices/dev1/up"
 CS_TOPIC = "application/17c82e96-be03-4f38-aef3-f83d48582d97/device/0101010101010101/event/up"
@@ -99,18 +102,19 @@ def test_a_descriptive_id_that_is_an_integer_is_its_decimal_text(
 
 
 @pytest.mark.parametrize(("preset", "topic", "path", "name"), IDENTITY)
-def test_a_huge_descriptive_id_is_never_stored_whole(
+def test_a_descriptive_id_beyond_the_tag_limit_refuses_the_reading(
         preset: str, topic: str, path: tuple[str, str], name: str) -> None:
-    """10,000 characters where a DevEUI or device name belongs: the reading is either
-    refused with a counted reason or stored without a value beyond the tag limit."""
+    """A DevEUI or device name longer than a tag may be (ChirpStack's names are at most
+    100 characters, DevEUIs 16): refused with a counted reason, never cut or stored."""
     doc = _documented(preset, f"{preset}-up")
-    doc[path[0]][path[1]] = "x" * 10_000
+    doc[path[0]][path[1]] = "é" * (MAX_TAG_BYTES // 2 + 1)
     result = _decode(preset, topic, doc)
-    for reading in result.decoded.readings:
-        assert all(len(v.encode()) <= MAX_TAG_BYTES for v in (reading.info or {}).values())
-        assert all(len(v.encode()) <= MAX_TAG_BYTES for v in (reading.tags or {}).values())
-    if not result.decoded.readings:
-        assert _reasons(result) == ["bad_value"]
+    assert result.decoded.readings == []
+    assert [(r.reason, name in r.detail) for r in result.decoded.rejections] == [
+        ("bad_value", True)]
+    doc[path[0]][path[1]] = "é" * (MAX_TAG_BYTES // 2)
+    [reading] = _decode(preset, topic, doc).decoded.readings
+    assert reading.info == {name: "é" * (MAX_TAG_BYTES // 2)}
 
 
 @pytest.mark.parametrize(("preset", "topic"), [
@@ -172,3 +176,51 @@ def test_chirpstack_codec_fields_named_like_the_event_stay_measurements() -> Non
     assert reading.sensor_id == "0101010101010101"
     assert reading.values == {"temperature": 21.0, "devEui": "not-the-sensor", "fPort": 9.0}
     assert reading.info == {"device_name": "Test device"}
+
+
+def test_chirpstack_codec_time_dates_the_reading_and_a_bad_one_is_counted() -> None:
+    """``time`` is looked up in ``object`` first: a codec that returns the device's own
+    measurement time dates the reading with it (and it is not a measurement); one that is
+    not a time refuses the uplink as ``bad_timestamp``, counted."""
+    doc = _documented("chirpstack", "chirpstack-up")
+    t = base_time(time.time()) - 60
+    doc["object"] = {"temperature": 21.0,
+                     "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))}
+    [reading] = _decode("chirpstack", CS_TOPIC, doc).decoded.readings
+    assert (reading.epoch, reading.values) == (int(t), {"temperature": 21.0})
+    doc["object"] = {"temperature": 21.0, "time": "12:00"}
+    result = _decode("chirpstack", CS_TOPIC, doc)
+    assert result.decoded.readings == []
+    assert _reasons(result) == ["bad_timestamp"]
+
+
+def test_the_status_rule_in_the_docs_reads_chirpstack_status_events() -> None:
+    """docs/presets.md's rule for the ``status`` event, in place of the ignored one: the
+    documented status example (every field, as v4 emits them) is one reading."""
+    docs = (ROOT / "docs" / "presets.md").read_text()
+    block = re.search(r"```toml\n(# chirpstack-status, read.*?)```", docs, re.DOTALL)
+    assert block is not None
+    preset = (ROOT / "ingest" / "presets" / "chirpstack.toml").read_text()
+    ignored = ('name = "chirpstack-status"\ntopic = "application/+/device/+/event/status"\n'
+               "ignore = true\n")
+    assert ignored in preset
+    rules = parse(block.group(1), "docs") + parse(
+        preset.replace("[[rule]]\n" + ignored, ""), "copy")
+    t = base_time(time.time())
+    status = orjson.dumps({
+        "deduplicationId": "bf2a9746-1c8b-49be-a92e-f0b89c8534e4",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S.250172638+00:00", time.gmtime(t)),
+        "deviceInfo": {"tenantId": "52f14cd4-c6f1-4fbd-8f87-4025e1d49242",
+                       "applicationId": "17c82e96-be03-4f38-aef3-f83d48582d97",
+                       "deviceName": "Test device", "devEui": "0101010101010101",
+                       "deviceClassEnabled": "CLASS_A", "tags": {}},
+        "margin": 10, "externalPowerSource": False, "batteryLevelUnavailable": False,
+        "batteryLevel": 88.3})
+    result = Mapping(rules).decode(CS_TOPIC.replace("/up", "/status"), status, time.time(),
+                                   Limits())
+    assert result.decoded.rejections == []
+    [reading] = result.decoded.readings
+    assert (reading.sensor_id, reading.values, reading.info, reading.ms) == (
+        "0101010101010101", {"margin": 10, "externalPowerSource": False,
+                             "batteryLevelUnavailable": False, "batteryLevel": 88.3},
+        {"device_name": "Test device"}, round(t * 1000))
