@@ -84,11 +84,11 @@ def ttn(messages: int, sensors: int) -> tuple[list[bytes], list[str]]:
     ``uplink_message.received_at`` (the preset's time) a millisecond apart per message,
     an hour ago, as the default stream's ``ts``; four decoded values.
     """
-    start = time.time() - 3600
+    start = round(time.time() * 1000) - 3_600_000  # whole milliseconds
     lines, topics = [], []
     for i in range(messages):
         device, eui = f"sensor-{i % sensors}", f"70B3D57ED00{i % sensors:05X}"
-        at = datetime.fromtimestamp(start + i * 0.001, UTC)
+        at = datetime.fromtimestamp((start + i) / 1000, UTC)
         ns = at.strftime("%Y-%m-%dT%H:%M:%S.%f") + "339Z"  # nine fraction digits
         later = (at + timedelta(milliseconds=230)).strftime("%Y-%m-%dT%H:%M:%S.%f") + "143Z"
         lines.append(orjson.dumps({

@@ -224,3 +224,23 @@ def test_the_status_rule_in_the_docs_reads_chirpstack_status_events() -> None:
         "0101010101010101", {"margin": 10, "externalPowerSource": False,
                              "batteryLevelUnavailable": False, "batteryLevel": 88.3},
         {"device_name": "Test device"}, round(t * 1000))
+
+
+def test_the_benchmark_uplinks_are_fully_decoded_by_the_ttn_preset() -> None:
+    """bench.mapping --stream ttn measures what it says: every uplink one reading of four
+    values, at its Network Server time, a millisecond apart, tagged and described."""
+    from bench.mapping import ttn  # noqa: PLC0415
+
+    lines, topics = ttn(30, 7)
+    assert all(1000 <= len(line) <= 1500 for line in lines)
+    mapping = Mapping.load(None, ["ttn"])
+    now = time.time()
+    results = [mapping.decode(t, p, now, Limits()) for p, t in zip(lines, topics, strict=True)]
+    assert all(r.decoded.rejections == [] for r in results)
+    readings = [reading for r in results for reading in r.decoded.readings]
+    assert len(readings) == 30
+    assert len({r.sensor_id for r in readings}) == 7
+    assert all(set(r.values) == {"temperature", "humidity", "battery", "light"}
+               and r.tags == {"application": "bench-app@ttn"} and r.info is not None
+               for r in readings)
+    assert [r.ms for r in readings] == list(range(readings[0].ms or 0, (readings[0].ms or 0) + 30))
