@@ -19,7 +19,7 @@ import aiomqtt
 from ingest.config import Settings
 from ingest.metrics import Health, Metrics
 from ingest.model import Inbound
-from ingest.source import MqttSource
+from ingest.mqtt.source import MqttSource
 
 MESSAGES = 100_000
 BATCH = 500

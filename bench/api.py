@@ -34,13 +34,13 @@ import aiohttp
 from aiohttp import web
 from pymongo import AsyncMongoClient
 
-from ingest.api import ReadApi
+from ingest.api.read_queries import iso
+from ingest.api.server import ReadApi
 from ingest.config import ApiSettings
 from ingest.model import Reading
-from ingest.reads import iso
-from ingest.schema import Schema
-from ingest.writers.bucket import BucketWriter, ts_key
-from ingest.writers.timeseries import TimeseriesWriter
+from ingest.store.schema import Schema
+from ingest.store.writers.bucket import BucketWriter, ts_key
+from ingest.store.writers.timeseries import TimeseriesWriter
 from tests.support.procs import start_emulator
 
 DAY = datetime(2026, 5, 1, tzinfo=UTC)

@@ -215,7 +215,7 @@ def cpu_of_tree(pid: int) -> float:
 
 
 def client_ids(client_id: str, workers: int) -> list[str]:
-    """The client ids of ``ingest run --workers N`` (ingest/workers.py)."""
+    """The client ids of ``ingest run --workers N`` (ingest/pipeline/workers.py)."""
     return [client_id if k == 0 else f"{client_id}-w{k}" for k in range(workers)]
 
 

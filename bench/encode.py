@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 import bson
 
 from ingest.model import Reading
-from ingest.writers.bucket import BucketWriter, ts_key
-from ingest.writers.timeseries import TimeseriesWriter
+from ingest.store.writers.bucket import BucketWriter, ts_key
+from ingest.store.writers.timeseries import TimeseriesWriter
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ingest.writers import Plan, Writer
+    from ingest.store.writers import Plan, Writer
 
 NO_DB: Any = None
 T0 = 1_790_000_000 // 3600 * 3600

@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING
 import orjson
 
 from bench.backlog import payloads, run_daemon
-from ingest.decode import Limits, decode
-from ingest.mapping import Mapping
-from ingest.rules import parse, preset_names
-from ingest.writers.bucket import BucketWriter
+from ingest.devices.decode import Limits, decode
+from ingest.devices.mapping import Mapping
+from ingest.devices.rules import parse, preset_names
+from ingest.store.writers.bucket import BucketWriter
 from tests.support.procs import Broker
 
 if TYPE_CHECKING:

@@ -26,8 +26,8 @@ import uvloop
 
 from ingest.config import Settings
 from ingest.metrics import Health, Metrics
-from ingest.source import MqttSource
-from tests.test_paho_contract import KernelSocket, publish_packet
+from ingest.mqtt.source import MqttSource
+from tests.mqtt.test_paho_contract import KernelSocket, publish_packet
 
 if TYPE_CHECKING:
     from ingest.model import Inbound

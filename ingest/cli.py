@@ -34,8 +34,8 @@ from ingest.errors import ConfigError, IncompatibleError, SchemaError, StartupEr
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
+    from ingest.devices.mapping import Mapping as RuleMapping
     from ingest.local import LocalSettings
-    from ingest.mapping import Mapping as RuleMapping
 
 ENV_PREFIX = "INGEST_"
 TRUE = {"1", "true", "yes", "on"}
@@ -222,7 +222,7 @@ def load_mapping(args: argparse.Namespace, env: Mapping[str, str]) -> RuleMappin
     presets = preset_names(args, env)
     if not args.mapping and not presets:
         return None
-    from ingest.mapping import Mapping as RuleMapping  # noqa: PLC0415 - only with rules
+    from ingest.devices.mapping import Mapping as RuleMapping  # noqa: PLC0415 - only with rules
 
     return RuleMapping.load(args.mapping, presets)
 
@@ -450,7 +450,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
 
 def _workers(text: str) -> int:
     """--workers: a number, or auto (the CPUs this process may use, capped)."""
-    from ingest.workers import auto_workers  # noqa: PLC0415 - only `run` needs it
+    from ingest.pipeline.workers import auto_workers  # noqa: PLC0415 - only `run` needs it
 
     if text.strip().lower() == "auto":
         return auto_workers()
@@ -466,13 +466,13 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     try:
         args = build_parser(env).parse_args(argv)
         if args.command == "discover":
-            from ingest.discover import main as discover  # noqa: PLC0415 - its own command
+            from ingest.devices.discover.command import main as discover  # noqa: PLC0415 - its own command
 
             return discover(args, env)
         if args.command == "api":
             return _execute_api(api_settings_from(args), args.log_level)
         if args.command == "check":
-            from ingest.check import check  # noqa: PLC0415 - a separate, short-lived command
+            from ingest.devices.check import check  # noqa: PLC0415 - a separate, short-lived command
 
             return check(load_mapping(args, env), args.topic_name, args.payload,
                          earlier=[(t, p) for t, p in args.earlier])
@@ -487,7 +487,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "local":
         return _execute_local(local)
-    logging.getLogger("ingest.mqtt").setLevel(max(logging.WARNING, logging.root.level))
+    logging.getLogger("ingest.mqtt.client").setLevel(max(logging.WARNING, logging.root.level))
     shard = getattr(args, "shard", None)
     return _execute(args.command, settings,
                     shard=shard if shard is not None else _env_bool(env, "SHARD"))
@@ -506,7 +506,7 @@ def _execute_local(local: LocalSettings) -> int:
 def _execute_api(settings: ApiSettings, log_level: str) -> int:
     import uvloop  # noqa: PLC0415 - only the running server needs it
 
-    from ingest import api  # noqa: PLC0415 - keeps --help and config errors fast
+    from ingest.api import server as api  # noqa: PLC0415 - keeps --help and config errors fast
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -526,7 +526,7 @@ def _execute_api(settings: ApiSettings, log_level: str) -> int:
 def _execute(command: str, settings: Settings, shard: bool = False) -> int:
     import uvloop  # noqa: PLC0415 - only the running daemon needs it
 
-    from ingest import app  # noqa: PLC0415 - keeps --help and config errors fast
+    from ingest.pipeline import app  # noqa: PLC0415 - keeps --help and config errors fast
 
     status = 0
     try:
@@ -558,8 +558,8 @@ def _run_daemon(settings: Settings) -> int:
     """``ingest run``: one daemon, or the parent of its workers; the exit status."""
     import uvloop  # noqa: PLC0415 - as in _execute
 
-    from ingest import owner  # noqa: PLC0415 - as app
-    from ingest.sessions import worker_client_id  # noqa: PLC0415 - as app
+    from ingest.mqtt import client_lock as owner  # noqa: PLC0415 - as app
+    from ingest.mqtt.worker_sessions import worker_client_id  # noqa: PLC0415 - as app
 
     # Every session this daemon uses, for as long as it runs (forked workers inherit the
     # locks): a second daemon with the same client ids refuses to start.
@@ -567,10 +567,10 @@ def _run_daemon(settings: Settings) -> int:
                                       for index in range(settings.workers)])
     try:
         if settings.workers > 1:
-            from ingest import workers  # noqa: PLC0415 - only several workers need it
+            from ingest.pipeline import workers  # noqa: PLC0415 - only several workers need it
 
             return workers.supervise(settings)
-        from ingest.workers import run_one  # noqa: PLC0415 - as app
+        from ingest.pipeline.workers import run_one  # noqa: PLC0415 - as app
 
         uvloop.run(run_one(settings))
         return 0

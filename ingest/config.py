@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlsplit
 from ingest.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ingest.mapping import Mapping
+    from ingest.devices.mapping import Mapping
 
 type Mode = Literal["bucket", "timeseries"]
 type Granularity = Literal["seconds", "minutes", "hours"]
@@ -38,7 +38,7 @@ MAX_TIMESERIES_SPAN = 31_536_000  # MongoDB's limit for bucketMaxSpanSeconds
 # 1970, which 20,000 days (1.728e9 s) stays under from October 2024 on.
 MAX_TTL_SECONDS = 2**31 - 1
 MAX_TIMESERIES_RETENTION_DAYS = 20_000
-MAX_WORKERS = 64  # an explicit --workers; auto stops at ingest.workers.AUTO_MAX
+MAX_WORKERS = 64  # an explicit --workers; auto stops at ingest.pipeline.workers.AUTO_MAX
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -104,10 +104,11 @@ class Settings:
     dry_run: bool = False
     # Mapping rules (--mapping, --preset), compiled by the CLI; None: the default format.
     mapping: Mapping | None = field(default=None, repr=False, compare=False)
-    # Consumer processes (--workers, resolved by the CLI; see ingest/workers.py).
+    # Consumer processes (--workers, resolved by the CLI; see ingest/pipeline/workers.py).
     workers: int = 1
     # Take only what the session already holds: subscribe nothing, unsubscribe the
-    # subscriptions (a retired worker's session, drained then ended; ingest/sessions.py).
+    # subscriptions (a retired worker's session, drained then ended;
+    # ingest/mqtt/worker_sessions.py).
     drain_only: bool = False
 
     @property

@@ -18,9 +18,9 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ingest.decode import REASONS
+from ingest.devices.decode import REASONS
+from ingest.devices.formats import homie, sparkplug
 from ingest.errors import StartupError
-from ingest.formats import homie, sparkplug
 
 if TYPE_CHECKING:
     import socket

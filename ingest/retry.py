@@ -10,7 +10,7 @@ from bson.errors import InvalidDocument
 from pymongo.errors import PyMongoError
 
 from ingest.errors import RefusedWriteError
-from ingest.writers import as_write_error
+from ingest.store.writers import as_write_error
 
 if TYPE_CHECKING:
     import logging

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from pymongo import AsyncMongoClient
 
 from ingest.model import Reading
-from ingest.schema import Schema
-from ingest.writers.bucket import BucketWriter
+from ingest.store.schema import Schema
+from ingest.store.writers.bucket import BucketWriter
 
 if TYPE_CHECKING:
     import argparse

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, cast
 import bson
 from pymongo.errors import PyMongoError
 
-from ingest import queries
 from ingest.config import Settings
-from ingest.decode import Limits, decode
-from ingest.writers.bucket import BucketWriter
-from ingest.writers.timeseries import TimeseriesWriter
+from ingest.devices.decode import Limits, decode
+from ingest.store import layout_queries as queries
+from ingest.store.writers.bucket import BucketWriter
+from ingest.store.writers.timeseries import TimeseriesWriter
 from loadgen import payloads
 
 if TYPE_CHECKING:
@@ -112,7 +112,10 @@ def storage(db: Database[dict[str, Any]], name: str, mode: str) -> dict[str, Any
 
 def query_latency(db: Database[dict[str, Any]], name: str, mode: str, run: payloads.Run,
                   last_ms: int, runs: int, span: int) -> dict[str, Any]:
-    """Median latency of the three natural queries (ingest/queries.py), ``runs`` times each."""
+    """Median latency of the three natural queries, ``runs`` times each.
+
+    The queries are those of ingest/store/layout_queries.py.
+    """
     until = datetime.fromtimestamp((last_ms + 1) / 1000, UTC)
     day_end = datetime.fromtimestamp(-(-(last_ms + 1) // 3_600_000) * 3600, UTC)
     sensor = run.sensor_id(0)

@@ -17,7 +17,7 @@ import pytest
 from ingest.cli import build_parser, main, settings_from
 from ingest.config import Settings, parse_mqtt_url, validate
 from ingest.errors import ConfigError
-from ingest.workers import auto_workers
+from ingest.pipeline.workers import auto_workers
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -141,7 +141,7 @@ def _samples(action: argparse.Action) -> tuple[tuple[str, object], tuple[str, ob
 
 
 # --topic, --preset, --dry-run and --shard read their variables after parsing (--preset:
-# tests/test_mapping_cli.py); the others are tested here.
+# tests/devices/test_mapping_cli.py); the others are tested here.
 GENERIC = [(command, action.dest) for command in ("run", "init-db")
            for action in option_actions(command)
            if action.dest not in {"topic", "dry_run", "shard", "preset"}]

@@ -546,7 +546,7 @@ def test_the_sharded_profile_runs_the_sharding_tests_against_a_mongos(
     tests = services["tests-sharded"]
     assert tests["environment"]["INGEST_TEST_MONGODB_SHARDED_URI"] == "mongodb://mongos:27017"
     assert tests["depends_on"]["mongos"]["condition"] == "service_healthy"
-    assert tests["command"][-1] == "tests/test_sharding.py"
+    assert tests["command"][-1] == "tests/store/test_sharding.py"
     assert "sharded_cluster" in tests["command"]
 
 

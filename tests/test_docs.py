@@ -120,21 +120,25 @@ def test_every_test_the_docs_name_exists() -> None:
     assert sorted(named - defined) == []
 
 
+TEST_FILES = {path.name: path for path in (ROOT / "tests").rglob("test_*.py")}
+
+
 def test_every_test_the_docs_name_by_file_is_in_that_file() -> None:
-    """``file.py::test_name`` (from ``tests/``) names a test of that file; ``::test_name``
+    """``file.py::test_name`` (a file anywhere under ``tests/``) names a test of that file; ``::test_name``
     after it names a test of the same file (the fault model's and MongoDB errors' tables)."""
     missing, seen = [], 0
     for page in PAGES:
         for cell in re.split(r"\||\n\n", page.read_text(encoding="utf-8")):
             current = None
-            for m in re.finditer(r"`(?:(?:tests/)?(test_\w+\.py))?::(test_\w+?)(?:\[[\w-]+\])?`",
-                                 cell):
+            for m in re.finditer(
+                    r"`(?:(?:tests/(?:\w+/)?)?(test_\w+\.py))?::(test_\w+?)(?:\[[\w-]+\])?`",
+                    cell):
                 current, seen = m.group(1) or current, seen + 1
                 if current is None:
                     missing.append(f"{page.name}: ::{m.group(2)} without a file")
                     continue
-                path = ROOT / "tests" / current
-                text = path.read_text(encoding="utf-8") if path.exists() else ""
+                path = TEST_FILES.get(current)
+                text = path.read_text(encoding="utf-8") if path else ""
                 if not re.search(rf"def {m.group(2)}\(", text):
                     missing.append(f"{page.name}: {current}::{m.group(2)}")
     assert seen > 50  # the pattern still matches how the pages cite tests

@@ -34,7 +34,7 @@ K8S_VERSIONS = ("1.31.0", kubernetes_validate.utils.latest_version())
 # Example files are validated too, but must stay out of kustomization.yaml.
 EXAMPLES = {"secret.example.yaml"}
 MODES = {"ingest-bucket": "bucket", "ingest-timeseries": "timeseries"}
-# The daemon's MQTT disconnect comes out of the shutdown budget (ingest/app.py); this is
+# The daemon's MQTT disconnect comes out of the shutdown budget (ingest/pipeline/app.py); this is
 # the margin on top of it for closing the MongoDB client and exiting.
 EXIT_MARGIN_SECONDS = 5
 
@@ -325,7 +325,7 @@ def test_pods_run_locked_down() -> None:
 
 def test_auto_workers_is_one_per_cpu_of_the_pods_limit(tmp_path: Path) -> None:
     """No INGEST_WORKERS: the daemon reads the CPU limit as its cgroup quota."""
-    from ingest.workers import cgroup_cpus  # noqa: PLC0415
+    from ingest.pipeline.workers import cgroup_cpus  # noqa: PLC0415
 
     for workload in _workloads():
         container = _container(workload)

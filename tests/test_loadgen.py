@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pymongo import MongoClient
 
-from ingest.decode import Limits, decode
+from ingest.devices.decode import Limits, decode
 from loadgen import payloads
 from loadgen.cli import _progress_printer, main
 from loadgen.config import ConfigError, parse_start, parse_step

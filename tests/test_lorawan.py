@@ -4,7 +4,7 @@ not strings or are too long, times that are not times, ChirpStack's protobuf mar
 
 The documented messages themselves (every value with its sensor, type, tags, info and
 time, through the engine and through the daemon in both modes) are fixtures of
-tests/test_presets.py (tests/fixtures/devices/ttn.json, chirpstack.json).
+tests/devices/test_presets.py (tests/fixtures/devices/ttn.json, chirpstack.json).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 import orjson
 import pytest
 
-from ingest.decode import Limits
-from ingest.formats import MAX_TAG_BYTES
-from ingest.mapping import Mapping, Result
-from ingest.rules import parse
+from ingest.devices.decode import Limits
+from ingest.devices.formats import MAX_TAG_BYTES
+from ingest.devices.mapping import Mapping, Result
+from ingest.devices.rules import parse
 from tests.support.devices import base_time, load
 from tests.support.procs import ROOT
 
@@ -200,7 +200,7 @@ def test_the_status_rule_in_the_docs_reads_chirpstack_status_events() -> None:
     docs = (ROOT / "docs" / "presets.md").read_text()
     block = re.search(r"```toml\n(# chirpstack-status, read.*?)```", docs, re.DOTALL)
     assert block is not None
-    preset = (ROOT / "ingest" / "presets" / "chirpstack.toml").read_text()
+    preset = (ROOT / "ingest" / "devices" / "presets" / "chirpstack.toml").read_text()
     ignored = ('name = "chirpstack-status"\ntopic = "application/+/device/+/event/status"\n'
                "ignore = true\n")
     assert ignored in preset

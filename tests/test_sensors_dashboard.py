@@ -16,11 +16,11 @@ from urllib.parse import parse_qsl, quote, urlsplit
 
 import yaml
 
-from ingest.api import ReadApi, api_client
+from ingest.api.query_params import ENDPOINT_PARAMETERS
+from ingest.api.server import ReadApi, api_client
 from ingest.cli import api_settings_from, build_parser
 from ingest.config import ApiSettings
-from ingest.params import ENDPOINT_PARAMETERS
-from tests.test_api import NOW, apis, fleet, get, write_both  # noqa: F401 - fixtures
+from tests.api.test_api import NOW, apis, fleet, get, write_both  # noqa: F401 - fixtures
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

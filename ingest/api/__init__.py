@@ -1,0 +1,1 @@
+"""The read API over either layout, its queries and parameters, and the page."""

@@ -1,0 +1,377 @@
+"""``ingest api``: a read-only HTTP API over either layout, its page, and its own metrics.
+
+    GET /api/sensors   the series (sensor and tags) that reported in a window: measurements,
+                       last seen, units, descriptive tags
+    GET /api/readings  raw readings of some series in a window, paged with a cursor
+    GET /api/series    min/avg/max/count per series and step (bucket statistics when they fit)
+    GET /api/rejects   the latest rejections and their count by reason
+    GET /api/info      the layout served and the Grafana address (for the page)
+    GET /openapi.json  the OpenAPI 3.1 description of the endpoints above
+    GET /              the page; /static/ its files
+    GET /metrics, /healthz, /readyz
+
+The queries live in :mod:`ingest.api.read_queries` (pure), the parameters in
+:mod:`ingest.api.query_params`. Every answer is bounded (a limit, a cursor, a most number of
+points) and every bad parameter is a 400 with ``{"error": {"parameter": ..., "message": ...}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_plus
+
+import orjson
+from aiohttp import web
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pymongo import AsyncMongoClient
+from pymongo.errors import PyMongoError
+
+from ingest import __version__
+from ingest.api import openapi
+from ingest.api import read_queries as reads
+from ingest.api.query_params import (
+    ENDPOINT_PARAMETERS,
+    LIMITS,
+    MAX_POINTS,
+    ParamError,
+    Params,
+    encode_cursor,
+)
+from ingest.api.read_queries import Cursor, Layout, Selection
+from ingest.errors import ConfigError, StartupError
+from ingest.metrics import API_ENDPOINTS, ApiMetrics
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from pymongo.asynchronous.collection import AsyncCollection
+
+    from ingest.config import ApiSettings
+    from ingest.store.layout_queries import Pipeline
+
+logger = logging.getLogger(__name__)
+WEB = Path(__file__).parent / "web"
+DASHBOARD_PATH = "/d/iot-sensors/sensors"
+type Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_response(body: object, status: int = 200) -> web.Response:
+    """A JSON answer (orjson)."""
+    return web.Response(body=orjson.dumps(body), status=status,
+                        content_type="application/json")
+
+
+def json_error(status: int, message: str, parameter: str | None = None) -> web.Response:
+    """One JSON error object; ``parameter`` names the bad query parameter of a 400."""
+    error: dict[str, str] = {"message": message}
+    if parameter is not None:
+        error = {"parameter": parameter, **error}
+    return json_response({"error": error}, status)
+
+
+class ReadApi:
+    """The handlers over one collection (one layout) and the rejects collection."""
+
+    def __init__(self, settings: ApiSettings, client: AsyncMongoClient[dict[str, Any]],
+                 metrics: ApiMetrics | None = None,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.settings = settings
+        self.client = client
+        db = client[settings.db]
+        self.collection: AsyncCollection[dict[str, Any]] = db[settings.collection]
+        self.rejects: AsyncCollection[dict[str, Any]] = db[settings.rejects_collection]
+        self.layout = Layout(settings.mode, settings.bucket_span_seconds)
+        self.metrics = metrics or ApiMetrics()
+        self.clock = clock
+        self._max_time_ms = int(settings.query_timeout * 1000)
+        self._openapi = openapi.description(__version__)
+
+    def app(self) -> web.Application:
+        """The aiohttp application."""
+        app = web.Application(middlewares=[self._observe])
+        get = app.router.add_get
+        get("/api/sensors", self.sensors, name="sensors")
+        get("/api/readings", self.readings, name="readings")
+        get("/api/series", self.series, name="series")
+        get("/api/rejects", self.rejects_handler, name="rejects")
+        get("/api/info", self.info, name="info")
+        get("/openapi.json", self.openapi, name="openapi")
+        get("/", self.page, name="page")
+        get("/healthz", self.healthz, name="health")
+        get("/readyz", self.readyz, name="health-ready")
+        get("/metrics", self.metrics_handler, name="metrics")
+        app.router.add_static("/static/", WEB, name="static")
+        return app
+
+    @web.middleware
+    async def _observe(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Errors as JSON, and the latency of every request by endpoint and status class."""
+        start = time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+        except ParamError as exc:
+            response = json_error(400, exc.message, exc.parameter)
+        except web.HTTPException as exc:
+            response = json_error(exc.status, exc.reason)
+        except (PyMongoError, TimeoutError) as exc:
+            logger.warning("query failed: %s: %s", type(exc).__name__, str(exc)[:200])
+            response = json_error(503, "MongoDB did not answer in time or refused the query")
+        except Exception:
+            logger.exception("request %s failed", request.path)
+            response = json_error(500, "internal error (logged by the API)")
+        status = response.status
+        route = request.match_info.route.name or "other"
+        endpoint = "health" if route.startswith("health") else route
+        endpoint = endpoint if endpoint in API_ENDPOINTS else "other"
+        klass = "5xx" if status >= 500 else "4xx" if status >= 400 else "2xx"
+        self.metrics.request_seconds.labels(endpoint, klass).observe(
+            time.perf_counter() - start)
+        return response
+
+    def params(self, request: web.Request, endpoint: str) -> Params:
+        """The request's parameters (only those ``endpoint`` reads), read at one instant."""
+        query = request.query
+        raw: dict[str, list[str]] = {}
+        for pair in request.rel_url.raw_query_string.split("&"):
+            name, _, value = pair.partition("=")
+            raw.setdefault(unquote_plus(name), []).append(value)
+        return Params(query, lambda name: query.getall(name, []), self.clock(),
+                      ENDPOINT_PARAMETERS[endpoint], raw=lambda name: raw.get(name, []))
+
+    async def aggregate(self, collection: AsyncCollection[dict[str, Any]],
+                        pipeline: Pipeline) -> list[dict[str, Any]]:
+        """Run a pipeline with the query time limit, on the server and here."""
+        async with asyncio.timeout(self.settings.query_timeout + 1):
+            cursor = await collection.aggregate(pipeline, maxTimeMS=self._max_time_ms)
+            return await cursor.to_list()
+
+    async def sensors(self, request: web.Request) -> web.Response:
+        """``GET /api/sensors?since&until&limit&cursor``."""
+        p = self.params(request, "sensors")
+        since, until = p.window(timedelta(hours=24))
+        limit = p.limit(*LIMITS["sensors"])
+        after = p.sensor_cursor()
+        docs = await self.aggregate(self.collection,
+                                    reads.sensors(self.layout, since, until, after, limit))
+        more = len(docs) > limit
+        docs = docs[:limit]
+        return json_response({
+            "since": reads.iso(since), "until": reads.iso(until),
+            "sensors": [reads.sensor_answer(d) for d in docs],
+            "next": encode_cursor("s", *last_series(docs)) if more else None,
+        })
+
+    async def readings(self, request: web.Request) -> web.Response:
+        """``GET /api/readings?sensor&tag&since&until&measurement&limit&cursor``."""
+        p = self.params(request, "readings")
+        since, until = p.window(timedelta(hours=1))
+        selection = Selection(p.sensors(), p.tags())
+        measurements = p.measurements(required=False)
+        limit = p.limit(*LIMITS["readings"])
+        after = p.reading_cursor()
+        # Rows sorted by series, time and _id; a time-series instant may span several
+        # rows, so the last instant of a full fetch may be cut: it is fetched again with
+        # the next rows. Bucket mode ends in one round (one row per instant).
+        entries: list[tuple[reads.SeriesKey, int, dict[str, Any]]] = []
+        fetch = limit + 2
+        while True:
+            rows = await self.aggregate(self.collection, reads.readings(
+                self.layout, selection, since, until, measurements, after, fetch))
+            complete = len(rows) < fetch
+            merged = reads.merge_rows(rows, complete)
+            entries += merged
+            if complete or len(entries) > limit:
+                break
+            if merged:
+                after = Cursor(merged[-1][0], merged[-1][1])
+            fetch *= 2
+        page = entries[:limit]
+        if measurements and not self.layout.bucket and page:
+            await self._first_seqs(page)
+        more = len(entries) > limit
+        return json_response({
+            "since": reads.iso(since), "until": reads.iso(until),
+            "readings": [reads.reading_answer(key, doc, measurements)
+                         for key, _, doc in page],
+            "next": (encode_cursor("r", page[-1][0].sensor_id, page[-1][0].tag_dict,
+                                   page[-1][1]) if more else None),
+        })
+
+    async def _first_seqs(self, page: list[tuple[reads.SeriesKey, int, dict[str, Any]]]
+                          ) -> None:
+        """Set each reading's ``seq`` from its first document holding one (time-series)."""
+        found = await self.aggregate(self.collection,
+                                     reads.first_seqs([(k, ms) for k, ms, _ in page]))
+        seqs = {(reads.series_key(d["_id"]["meta"]["sensor_id"], d["_id"]["meta"]),
+                 reads.to_ms(d["_id"]["ts"])): d["seq"] for d in found}
+        for key, ms, doc in page:
+            seq = seqs.get((key, ms))
+            if seq is None:
+                doc.pop("seq", None)
+            else:
+                doc["seq"] = seq
+
+    async def series(self, request: web.Request) -> web.Response:
+        """``GET /api/series?sensor&tag&measurement&since&until&step``."""
+        p = self.params(request, "series")
+        since, until = p.window(timedelta(hours=1), max_window=None)
+        selection = Selection(p.sensors(), p.tags())
+        sensor_ids = selection.sensor_ids
+        measurements = p.measurements(required=True)
+        step_ms = p.step_ms(60_000)
+        low, high = reads.floor_ms(since, step_ms), reads.ceil_ms(until, step_ms)
+        steps = (reads.to_ms(high) - reads.to_ms(low)) // step_ms
+        points = steps * len(sensor_ids) * len(measurements)
+        if points > MAX_POINTS:
+            raise ParamError("step", f"the answer would hold up to {points} points "
+                                     f"({steps} steps x {len(sensor_ids)} sensors x "
+                                     f"{len(measurements)} measurements); at most "
+                                     f"{MAX_POINTS}: use a longer step or a shorter window")
+        source = "stats" if reads.uses_stats(self.layout, step_ms) else "readings"
+        docs = await self.aggregate(self.collection, reads.series(
+            self.layout, selection, measurements, low, high, step_ms))
+        answer = reads.series_answer(docs, sensor_ids, measurements)
+        held = sum(len(s["points"]) for s in answer)
+        if held > MAX_POINTS:  # sensors of many series: more than one series each
+            raise ParamError("step", f"the answer holds {held} points ({len(answer)} "
+                                     f"series x measurements); at most {MAX_POINTS}: use a "
+                                     "longer step, a shorter window or select series by tag")
+        self.metrics.series_source.labels(source).inc()
+        return json_response({
+            "since": reads.iso(low), "until": reads.iso(high), "step_seconds": step_ms / 1000,
+            "source": source, "series": answer,
+        })
+
+    async def rejects_handler(self, request: web.Request) -> web.Response:
+        """``GET /api/rejects?since&limit``: the latest rejections and counts by reason."""
+        p = self.params(request, "rejects")
+        since = p.time("since", p.now - timedelta(hours=1))
+        limit = p.limit(*LIMITS["rejects"])
+        latest, reasons = await asyncio.gather(
+            self.aggregate(self.rejects, reads.rejects(since, limit)),
+            self.aggregate(self.rejects, reads.reject_reasons(since)))
+        for doc in latest:
+            doc["at"] = reads.iso(doc["at"])
+        return json_response({
+            "since": reads.iso(since), "rejects": latest,
+            "reasons": [{"reason": d["_id"], "count": d["count"]} for d in reasons],
+        })
+
+    async def info(self, request: web.Request) -> web.Response:
+        """``GET /api/info``: what this API serves, and where the Grafana dashboard is."""
+        self.params(request, "info")  # it takes none: refuse any
+        s = self.settings
+        return json_response({
+            "mode": s.mode, "db": s.db, "collection": s.collection,
+            "bucket_span_seconds": s.bucket_span_seconds if s.mode == "bucket" else None,
+            "grafana_dashboard": s.grafana_url.rstrip("/") + DASHBOARD_PATH,
+        })
+
+    async def openapi(self, _request: web.Request) -> web.Response:
+        """``GET /openapi.json``: the OpenAPI description of the read API."""
+        return json_response(self._openapi)
+
+    async def page(self, _request: web.Request) -> web.FileResponse:
+        """The page (``/``)."""
+        return web.FileResponse(WEB / "index.html")
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        """Liveness: the process answers."""
+        return web.Response(text="ok\n")
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        """Readiness: MongoDB answers a ping."""
+        try:
+            async with asyncio.timeout(2):
+                await self.client.admin.command("ping")
+        except (PyMongoError, TimeoutError):
+            return web.Response(status=503, text="mongodb unreachable\n")
+        return web.Response(text="ready\n")
+
+    async def metrics_handler(self, _request: web.Request) -> web.Response:
+        """Prometheus text exposition of the API's metrics."""
+        body = generate_latest(self.metrics.registry)
+        response = web.Response(body=body)
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    async def check_layout(self) -> None:
+        """Refuse to serve a collection of the other layout; a missing one is fine (empty)."""
+        try:
+            async with asyncio.timeout(5):
+                cursor = await self.collection.database.list_collections(
+                    filter={"name": self.settings.collection})
+                entries = await cursor.to_list()
+        except (PyMongoError, TimeoutError) as exc:
+            logger.warning("cannot check %s.%s yet (%s); serving anyway", self.settings.db,
+                           self.settings.collection, type(exc).__name__)
+            return
+        if not entries:
+            logger.warning("%s.%s does not exist yet: answers are empty until the daemon "
+                           "creates it", self.settings.db, self.settings.collection)
+            return
+        info = entries[0]
+        timeseries = info.get("type") == "timeseries" or "timeseries" in info.get("options", {})
+        if timeseries != (self.settings.mode == "timeseries"):
+            kind = "a time-series" if timeseries else "a regular (bucket)"
+            raise ConfigError(f"--mode {self.settings.mode}: {self.settings.db}."
+                              f"{self.settings.collection} is {kind} collection; use --mode "
+                              f"{'timeseries' if timeseries else 'bucket'}")
+
+
+def last_series(docs: list[dict[str, Any]]) -> tuple[str, dict[str, str]]:
+    """The sensor id and tags of the last row of a sensors page (its cursor)."""
+    key = reads.sensor_key(docs[-1])
+    return key.sensor_id, key.tag_dict
+
+
+def api_client(settings: ApiSettings) -> AsyncMongoClient[dict[str, Any]]:
+    """The driver client of the API (timezone-aware dates, its own app name)."""
+    return AsyncMongoClient(settings.mongodb_uri, tz_aware=True, appname="ingest-api",
+                            connect=False, serverSelectionTimeoutMS=5000)
+
+
+async def serve(settings: ApiSettings, stop: asyncio.Event | None = None,
+                on_ready: Callable[[int], None] | None = None) -> None:
+    """Serve until ``stop`` is set (or SIGTERM/SIGINT when no event is given)."""
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+    client = api_client(settings)
+    try:
+        api = ReadApi(settings, client)
+        await api.check_layout()
+        runner = web.AppRunner(api.app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, settings.host, settings.port)
+            try:
+                await site.start()
+            except OSError as exc:
+                raise StartupError(f"--api-port: cannot listen on {settings.host}:"
+                                   f"{settings.port} ({exc.strerror or exc}); choose another "
+                                   "port or stop what uses it") from None
+            port = int(runner.addresses[0][1])
+            logger.info("read API (%s mode, %s.%s) on http://%s:%d/", settings.mode,
+                        settings.db, settings.collection, settings.host, port)
+            if on_ready is not None:
+                on_ready(port)
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+    finally:
+        await client.close()
+    logger.info("stopped")

@@ -1,0 +1,1 @@
+"""What devices publish: rules, formats, presets, their state, check, discover."""

@@ -1,0 +1,1 @@
+"""``ingest discover``: capture a broker's traffic, propose rules."""

@@ -1,0 +1,201 @@
+"""``json``: one JSON object is one reading; nested objects flatten into one level.
+
+``{"temperature": 21.7, "update": {"state": "idle"}}`` becomes the fields
+``temperature`` and ``update_state`` (joined with the rule's ``flatten``). An array of
+objects is several readings. Arrays inside a reading, and nesting deeper than
+:data:`MAX_DEPTH`, are refused field by field; more than :data:`MAX_FIELDS` fields refuse
+the reading.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import orjson
+
+from ingest.devices.formats import MAX_DEPTH, MAX_FIELDS, Item, Parsed, refused
+from ingest.model import Rejection
+
+if TYPE_CHECKING:
+    from ingest.devices.decode import Limits
+    from ingest.devices.rules import Rule
+
+
+_new = tuple.__new__
+
+
+class _TooMany(Exception):  # noqa: N818 - a signal inside flatten, never seen outside
+    pass
+
+
+def parse(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) -> Parsed:
+    """Readings from a JSON object or an array of objects."""
+    try:
+        doc = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        reason = "invalid_json"
+        try:
+            payload.decode("utf-8")
+        except UnicodeDecodeError:
+            reason = "invalid_utf8"
+        return refused(reason, str(exc).split("\n", 1)[0][:200])
+    if type(doc) is dict:
+        objects: list[object] = [doc]
+    elif type(doc) is list:
+        objects = doc
+        if not objects:
+            return refused("no_readings", "an empty array")
+        if len(objects) > limits.max_readings:
+            return refused("too_many_readings", f"{len(objects)} readings > {limits.max_readings}")
+    else:
+        return refused("bad_shape", f"expected a JSON object or an array of objects, got "
+                                    f"{type(doc).__name__}")
+    if rule.root is not None or rule.each is not None or rule.variables or (
+            rule.time_path is not None and len(rule.time_path) > 1):
+        return _parse_paths(objects, rule, captures, limits)
+    out = Parsed([], [])
+    several = len(objects) > 1
+    for index, obj in enumerate(objects):
+        if type(obj) is not dict:
+            out.rejections.append(Rejection(
+                "bad_shape", f"a reading must be an object, got {type(obj).__name__}",
+                index if several else None))
+            continue
+        fields: dict[str, object] = {}
+        problems: list[Rejection] = []
+        try:
+            _flatten(obj, "", rule.flatten, fields, problems, 1)
+        except _TooMany:
+            out.rejections.append(Rejection(
+                "bad_shape", f"more than {MAX_FIELDS} fields in one reading",
+                index if several else None))
+            continue
+        ts = fields.pop(rule.time_flat, None) if rule.time_flat is not None else None
+        # Positional, through tuple.__new__: the NamedTuple's keyword handling is slow.
+        out.items.append(_new(Item, (fields, ts, None, None, None, None, None,
+                                     problems or None, index if several else None)))
+    return out
+
+
+def _walk(obj: object, path: tuple[str, ...]) -> object:
+    """The value at ``path`` (keys of nested objects), or ``_ABSENT``."""
+    for key in path:
+        if type(obj) is not dict:
+            return _ABSENT
+        obj = obj.get(key, _ABSENT)
+        if obj is _ABSENT:
+            return _ABSENT
+    return obj
+
+
+_ABSENT = object()
+
+
+def _readings(doc: dict[str, object], rule: Rule
+              ) -> list[tuple[object, str | None]] | Rejection:
+    """The objects of one payload object that are readings, with their ``{_key}``."""
+    if rule.root is not None:
+        obj = _walk(doc, rule.root)
+        if type(obj) is not dict:
+            return Rejection("no_measurements", f"no object at {'.'.join(rule.root)}")
+        return [(obj, None)]
+    if rule.each is None:
+        return [(doc, None)]
+    inner = _walk(doc, rule.each)
+    if inner is _ABSENT:  # not a gateway's message: the payload is one reading
+        return [(doc, None)]
+    if type(inner) is list:
+        return [(obj, None) for obj in inner]
+    if type(inner) is dict:
+        return [(obj, key) for key, obj in inner.items()]
+    return Rejection("bad_shape", f"{'.'.join(rule.each)}: expected an array or an object, "
+                                  f"got {type(inner).__name__}")
+
+
+def _variable(value: object) -> str | None:
+    """A payload value as template text: strings as they are, integers in decimal."""
+    kind = type(value)
+    if kind is str:
+        return value  # type: ignore[return-value]
+    if kind is int:
+        return str(value)
+    return None
+
+
+def _parse_paths(objects: list[object], rule: Rule, captures: dict[str, str],
+                 limits: Limits) -> Parsed:
+    """:func:`parse` for rules with ``root``, ``each``, payload variables or a time path."""
+    out = Parsed([], [])
+    found: list[tuple[object, str | None, dict[str, object]]] = []
+    for index, top in enumerate(objects):
+        if type(top) is not dict:
+            out.rejections.append(Rejection(
+                "bad_shape", f"a reading must be an object, got {type(top).__name__}",
+                index if len(objects) > 1 else None))
+            continue
+        readings = _readings(top, rule)
+        if type(readings) is Rejection:
+            out.rejections.append(Rejection(readings.reason, readings.detail,
+                                            index if len(objects) > 1 else None))
+            continue
+        found.extend((obj, key, top) for obj, key in readings)  # type: ignore[union-attr]
+    if len(found) > limits.max_readings:
+        return refused("too_many_readings", f"{len(found)} readings > {limits.max_readings}")
+    several = len(found) > 1
+    sep = rule.flatten
+    for index, (obj, key, top) in enumerate(found):
+        position = index if several else None
+        if type(obj) is not dict:
+            out.rejections.append(Rejection(
+                "bad_shape", f"a reading must be an object, got {type(obj).__name__}",
+                position))
+            continue
+        fields: dict[str, object] = {}
+        problems: list[Rejection] = []
+        try:
+            _flatten(obj, "", sep, fields, problems, 1)
+        except _TooMany:
+            out.rejections.append(Rejection(
+                "bad_shape", f"more than {MAX_FIELDS} fields in one reading", position))
+            continue
+        ts: object = None
+        if rule.time_path is not None:
+            ts = fields.pop(rule.time_flat, _ABSENT)  # type: ignore[arg-type]
+            if ts is _ABSENT:
+                ts = None if obj is top else _walk(top, rule.time_path)
+                ts = None if ts is _ABSENT else ts
+        context: dict[str, str] | None = None
+        if rule.variables or key is not None:
+            context = dict(captures)
+            if key is not None:
+                context["_key"] = key
+            for name, path in rule.variables:
+                if name in context:
+                    continue
+                value = _walk(obj, path)
+                if value is not _ABSENT:
+                    fields.pop(sep.join(path), None)  # identity, not a measurement
+                elif obj is not top:
+                    value = _walk(top, path)
+                text = _variable(value)
+                if text is not None:
+                    context[name] = text
+        out.items.append(_new(Item, (fields, ts, None, None, None, None, context,
+                                     problems or None, position)))
+    return out
+
+
+def _flatten(obj: dict[str, object], prefix: str, sep: str, out: dict[str, object],
+             problems: list[Rejection], depth: int) -> None:
+    for key, value in obj.items():
+        name = prefix + key if prefix else key
+        if type(value) is dict:
+            if depth >= MAX_DEPTH:
+                problems.append(Rejection("bad_value", f"{name[:80]}: nested deeper than "
+                                                       f"{MAX_DEPTH} levels"))
+                continue
+            _flatten(value, name + sep, sep, out, problems, depth + 1)
+            continue
+        if len(out) >= MAX_FIELDS:
+            raise _TooMany
+        out[name] = value

@@ -1,0 +1,507 @@
+"""Mapping files: TOML read with ``tomllib``, validated into :class:`Rule` objects.
+
+Every problem raises :class:`ConfigError` with one line naming the source, the rule and
+the problem (``--mapping FILE: rule 'NAME': ...``), so the CLI prints it and exits 2.
+Presets are ordinary mapping files shipped in ``ingest/devices/presets``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from ingest.devices.formats.times import TIME_FORMATS
+from ingest.errors import ConfigError
+
+FORMATS = ("ingest", "json", "value", "senml", "influx", "sparkplug", "homie")
+STRINGS = ("keep", "drop", "reject")
+MAX_STRING_BYTES = 65_536
+MAX_RULES = 1000
+_RULE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]{0,63})\}")
+# A template variable: a capture, {tag.<key>} (influx) or a payload path (json: {a.b}).
+_VAR = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]{0,63}(?:\.[A-Za-z0-9_-]{1,64}){0,7})\}")
+_PATH = re.compile(r"[A-Za-z0-9_-]{1,64}(?:\.[A-Za-z0-9_-]{1,64}){0,7}")
+MAX_ALTERNATIVES = 8  # sensor_id templates tried in order
+_TAG_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_FLATTEN = re.compile(r"[A-Za-z0-9_-]{1,8}")
+# Tag names that would collide with the documents' own fields.
+RESERVED_TAGS = frozenset({"sensor_id", "units", "_id"})
+# Measurement names that would collide with a document's own fields in either mode.
+RESERVED_FIELDS = frozenset({"ts", "seq", "sensor_id", "_id", "meta", "tags", "units",
+                             "info"})
+MAX_UNIT = 64  # characters of a unit
+_OPTIONS = frozenset({"name", "topic", "ignore", "format", "sensor_id", "measurement",
+                      "flatten", "drop", "keep", "strings", "max_string_bytes", "values",
+                      "time", "tags", "info", "root", "each", "rename", "units"})
+_TIME_OPTIONS = frozenset({"field", "format", "zone"})
+_DEFAULT_TIME = {"influx": "epoch_ns", "sparkplug": "epoch_ms"}
+
+
+class Template:
+    """A string with ``{name}`` variables, parsed once; ``{{`` and ``}}`` are literal braces."""
+
+    __slots__ = ("names", "parts", "single", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        parts: list[tuple[bool, str]] = []  # (is_variable, literal or name)
+        pos = 0
+        for match in _VAR.finditer(text):
+            parts.append((False, text[pos:match.start()]))
+            parts.append((True, match.group(1)))
+            pos = match.end()
+        parts.append((False, text[pos:]))
+        for is_var, literal in parts:
+            if not is_var and ("{" in literal.replace("{{", "") or
+                               "}" in literal.replace("}}", "")):
+                raise ValueError(f"template {text!r}: a '{{' or '}}' that is not a "
+                                 "{name} variable")
+        self.parts = tuple((v, p if v else p.replace("{{", "{").replace("}}", "}"))
+                           for v, p in parts if v or p)
+        self.names = frozenset(p for v, p in self.parts if v)
+        only = self.parts[0] if len(self.parts) == 1 else None
+        self.single = only[1] if only is not None and only[0] else None
+
+    def render(self, variables: dict[str, str]) -> str | None:
+        """The text with its variables filled in; None if one is missing."""
+        if self.single is not None:
+            return variables.get(self.single)
+        out = []
+        for is_var, part in self.parts:
+            if is_var:
+                value = variables.get(part)
+                if value is None:
+                    return None
+                out.append(value)
+            else:
+                out.append(part)
+        return "".join(out)
+
+
+class Alternatives(Template):
+    """Templates tried in order: the first whose variables are all present gives the text."""
+
+    __slots__ = ("templates",)
+
+    def __init__(self, templates: list[Template]) -> None:
+        self.templates = tuple(templates)
+        self.text = " | ".join(t.text for t in templates)
+        self.parts = ()
+        self.names = frozenset().union(*(t.names for t in templates))
+        self.single = None
+
+    def render(self, variables: dict[str, str]) -> str | None:
+        """The first alternative's text that renders; None if none does."""
+        for template in self.templates:
+            text = template.render(variables)
+            if text is not None:
+                return text
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class TimeSpec:
+    """Where a reading's time is and in what form."""
+
+    field: str | None = None
+    format: str = "auto"
+    zone: ZoneInfo | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Rule:
+    """One validated mapping rule."""
+
+    name: str
+    topic: str
+    source: str
+    captures: tuple[str, ...]
+    ignore: bool = False
+    format: str = "json"
+    sensor_id: Template | None = None  # None: the format's default (see docs/mapping.md)
+    measurement: Template | None = None
+    flatten: str = "_"
+    drop: tuple[str, ...] = ()
+    keep: tuple[str, ...] = ()
+    strings: str = "keep"
+    max_string_bytes: int = 256
+    values: dict[str, int | float | bool | str] = field(default_factory=dict)
+    time: TimeSpec = field(default_factory=TimeSpec)
+    time_configured: bool = False
+    tags: dict[str, Template] = field(default_factory=dict)
+    # Payload tags (line protocol) the sensor id or measurement templates use
+    # ({tag.host}): part of those, not also tags, as captures are not.
+    named_tags: frozenset[str] = frozenset()
+    # Tags that describe a reading rather than identify its series (``info = [...]``):
+    # stored with it (``info``), never part of the series' key.
+    info: frozenset[str] = frozenset()
+    # json: the object whose fields are the measurements (``root = "a.b"``), or whose
+    # elements/members are one reading each (``each``); as paths of keys.
+    root: tuple[str, ...] | None = None
+    each: tuple[str, ...] | None = None
+    rename: dict[str, str] = field(default_factory=dict)  # field name -> stored name
+    units: dict[str, Template] = field(default_factory=dict)  # measurement -> unit
+    # json: payload fields the templates name, as (variable, path of keys): looked up per
+    # reading, then left out of its measurements.
+    variables: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # json: the time field as a path of keys, and as a flattened field name.
+    time_path: tuple[str, ...] | None = None
+    time_flat: str | None = None
+
+    @property
+    def subscription(self) -> str:
+        """The topic filter to subscribe to: captures become ``+``."""
+        return _CAPTURE.sub("+", self.topic)
+
+
+def preset_names() -> list[str]:
+    """The presets shipped in the package."""
+    folder = resources.files("ingest.devices") / "presets"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def load_preset(name: str) -> list[Rule]:
+    """The rules of a shipped preset."""
+    if not _RULE_NAME.fullmatch(name) or name not in preset_names():
+        known = ", ".join(preset_names()) or "none"
+        raise ConfigError(f"--preset {name}: unknown preset (known: {known})")
+    text = (resources.files("ingest.devices") / "presets" / f"{name}.toml").read_text("utf-8")
+    return parse(text, f"--preset {name}")
+
+
+def load_file(path: str) -> list[Rule]:
+    """The rules of a mapping file."""
+    source = f"--mapping {path}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source}: not UTF-8 text") from None
+    return parse(text, source)
+
+
+def parse(text: str, source: str) -> list[Rule]:
+    """Validate a mapping file's text into rules; ``source`` names it in errors."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    extra = set(doc) - {"rule"}
+    if extra:
+        raise ConfigError(f"{source}: unknown top-level key(s) {', '.join(sorted(extra))} "
+                          "(rules are [[rule]] tables)")
+    raw = doc.get("rule", [])
+    if type(raw) is not list or not raw:
+        raise ConfigError(f"{source}: no [[rule]] tables")
+    if len(raw) > MAX_RULES:
+        raise ConfigError(f"{source}: {len(raw)} rules, at most {MAX_RULES}")
+    return [_rule(entry, source, index) for index, entry in enumerate(raw, 1)]
+
+
+def check_unique(rules: list[Rule]) -> None:
+    """Rule names are metric labels: refuse the same name twice across all sources."""
+    seen: dict[str, Rule] = {}
+    for rule in rules:
+        first = seen.setdefault(rule.name, rule)
+        if first is not rule:
+            where = "" if first.source == rule.source else f" (also in {first.source})"
+            raise ConfigError(f"{rule.source}: rule {rule.name!r}: the name is used twice"
+                              f"{where}; rule names must be unique")
+
+
+def _rule(entry: object, source: str, index: int) -> Rule:
+    if type(entry) is not dict:
+        raise ConfigError(f"{source}: rule #{index}: must be a table")
+    name = entry.get("name")
+    if type(name) is not str or not _RULE_NAME.fullmatch(name):
+        raise ConfigError(f"{source}: rule #{index}: name must match [A-Za-z0-9_-]{{1,64}}, "
+                          f"got {name!r}")
+    try:
+        return _build(entry, source, name)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{source}: rule {name!r}: {exc}") from None
+
+
+def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
+    unknown = set(entry) - _OPTIONS
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(sorted(unknown))}")
+    topic = _text(entry, "topic", None)
+    if topic is None:
+        raise ValueError("topic is required")
+    captures = _check_topic(topic)
+    ignore = _boolean(entry, "ignore")
+    if ignore:
+        extra = set(entry) - {"name", "topic", "ignore"}
+        if extra:
+            raise ValueError(f"ignore = true takes no other options (got "
+                             f"{', '.join(sorted(extra))})")
+        return Rule(name, topic, source, captures, ignore=True)
+    fmt = _choice(entry, "format", FORMATS, "json")
+    time, configured = _time(entry.get("time"), fmt)
+    root, each = _path(entry, "root", fmt), _path(entry, "each", fmt)
+    if root is not None and each is not None:
+        raise ValueError("root and each exclude each other")
+    allowed = set(captures) | ({"_key"} if each is not None else set())
+    sensor_id = _sensor_template(entry, fmt, captures, allowed)
+    measurement = _measurement_template(entry, fmt, captures)
+    named = (sensor_id.names if sensor_id else set()) | (
+        measurement.names if measurement else set())
+    tags = _tags(entry.get("tags", {}), fmt, allowed)
+    units = _units(entry.get("units", {}), fmt, allowed)
+    used = set(named).union(*(t.names for t in (*tags.values(), *units.values())))
+    flatten = _flatten(entry)
+    return Rule(
+        name, topic, source, captures, format=fmt, sensor_id=sensor_id,
+        measurement=measurement,
+        named_tags=frozenset(n[4:] for n in named if n.startswith("tag.")),
+        flatten=flatten, drop=_globs(entry, "drop"), keep=_globs(entry, "keep"),
+        strings=_choice(entry, "strings", STRINGS, "keep"),
+        max_string_bytes=_max_string_bytes(entry), values=_values(entry.get("values", {})),
+        time=time, time_configured=configured, tags=tags, info=_info(entry),
+        root=root, each=each, rename=_rename(entry.get("rename", {})), units=units,
+        variables=tuple((n, tuple(n.split("."))) for n in sorted(used - allowed)
+                        if fmt == "json"),
+        time_path=tuple(time.field.split(".")) if time.field else None,
+        time_flat=time.field.replace(".", flatten) if time.field else None,
+    )
+
+
+def _check_topic(topic: str) -> tuple[str, ...]:
+    if not topic or len(topic) > 1024 or "\0" in topic:
+        raise ValueError("topic must be a non-empty MQTT topic filter")
+    if topic.startswith("$share/"):
+        raise ValueError("topic: use --shared-group, not a $share/ filter")
+    levels = topic.split("/")
+    captures: list[str] = []
+    for position, level in enumerate(levels):
+        match = _CAPTURE.fullmatch(level)
+        if match:
+            if match.group(1) in captures:
+                raise ValueError(f"topic {topic!r}: capture {{{match.group(1)}}} used twice")
+            captures.append(match.group(1))
+        elif level == "#":
+            if position != len(levels) - 1:
+                raise ValueError(f"topic {topic!r}: '#' must be the last level")
+        elif level != "+" and any(c in level for c in "+#{}"):
+            raise ValueError(f"topic {topic!r}: '+', '#' and {{capture}} must fill a whole "
+                             "level")
+    return tuple(captures)
+
+
+def _text(entry: dict[str, Any], key: str, default: str | None) -> str | None:
+    value = entry.get(key, default)
+    if value is not None and type(value) is not str:
+        raise TypeError(f"{key} must be a string")
+    return value
+
+
+def _boolean(entry: dict[str, Any], key: str) -> bool:
+    value = entry.get(key, False)
+    if type(value) is not bool:
+        raise TypeError(f"{key} must be true or false")
+    return value
+
+
+def _choice(entry: dict[str, Any], key: str, choices: tuple[str, ...], default: str) -> str:
+    value = entry.get(key, default)
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+    return str(value)
+
+
+def _template(text: str, key: str, allowed: set[str], fmt: str) -> Template:
+    """``text`` parsed; its variables must be captures, except payload paths (json)."""
+    template = Template(text)
+    for var in template.names:
+        if var in allowed or (fmt == "influx" and var.startswith("tag.")):
+            continue
+        if fmt == "json" and _PATH.fullmatch(var) and var != "_key":
+            continue  # a payload field
+        known = ", ".join(f"{{{n}}}" for n in sorted(allowed)) or "none"
+        raise ValueError(f"{key} = {text!r}: {{{var}}} is not a capture of the topic "
+                         f"(known: {known})" + (" ({_key} needs each)" if var == "_key"
+                                                else ""))
+    return template
+
+
+def _sensor_template(entry: dict[str, Any], fmt: str, captures: tuple[str, ...],
+                     allowed: set[str]) -> Template | None:
+    raw = entry.get("sensor_id")
+    allowed = allowed | ({"measurement"} if fmt == "influx" else set())
+    if type(raw) is list:
+        if not 1 <= len(raw) <= MAX_ALTERNATIVES or any(type(t) is not str for t in raw):
+            raise TypeError(f"sensor_id must be a string or a list of 1 to "
+                            f"{MAX_ALTERNATIVES} strings (templates tried in order)")
+        templates = [_template(t, "sensor_id", allowed, fmt) for t in raw]
+        return templates[0] if len(templates) == 1 else Alternatives(templates)
+    text = _text(entry, "sensor_id", None)
+    if text is not None:
+        return _template(text, "sensor_id", allowed, fmt)
+    if fmt == "senml":
+        return None  # the base name, else the {sensor_id} capture (see formats/senml.py)
+    if fmt == "influx":
+        return None  # the host tag, else the {sensor_id} capture (see formats/influx.py)
+    if "sensor_id" in captures:
+        return Template("{sensor_id}")
+    if fmt in {"json", "value"}:
+        raise ValueError("no sensor id: capture {sensor_id} in the topic or set sensor_id "
+                         '(a template such as "{device}" or "{site}-{device}")')
+    return None  # ingest: the payload or the topic's second level
+
+
+def _measurement_template(entry: dict[str, Any], fmt: str, captures: tuple[str, ...]
+                          ) -> Template | None:
+    text = _text(entry, "measurement", None)
+    if fmt == "value":
+        if text is None:
+            if "measurement" not in captures:
+                raise ValueError("format value needs a measurement name: capture "
+                                 "{measurement} in the topic or set measurement")
+            text = "{measurement}"
+        return _template(text, "measurement", set(captures), fmt)
+    if fmt == "influx":  # None: <measurement>_<field> (see formats/influx.py)
+        return None if text is None else _template(
+            text, "measurement", set(captures) | {"measurement", "field"}, fmt)
+    if text is not None:
+        raise ValueError("measurement applies to the value and influx formats only")
+    return None
+
+
+def _flatten(entry: dict[str, Any]) -> str:
+    value = _text(entry, "flatten", "_")
+    if value is None or not _FLATTEN.fullmatch(value):
+        raise ValueError("flatten must be 1 to 8 of [A-Za-z0-9_-] (never '.')")
+    return value
+
+
+def _globs(entry: dict[str, Any], key: str) -> tuple[str, ...]:
+    value = entry.get(key, [])
+    if type(value) is not list or any(type(g) is not str or not g for g in value):
+        raise TypeError(f"{key} must be a list of non-empty strings (names or globs)")
+    return tuple(value)
+
+
+def _info(entry: dict[str, Any]) -> frozenset[str]:
+    """The tag names the rule marks as descriptive (``info = ["rssi", "model"]``)."""
+    names = entry.get("info", [])
+    if type(names) is not list or any(type(n) is not str or not _TAG_KEY.fullmatch(n)
+                                      for n in names):
+        raise TypeError("info must be a list of tag names ([A-Za-z0-9_-]{1,64})")
+    return frozenset(names)
+
+
+def _max_string_bytes(entry: dict[str, Any]) -> int:
+    value = entry.get("max_string_bytes", 256)
+    if type(value) is not int or not 1 <= value <= MAX_STRING_BYTES:
+        raise ValueError(f"max_string_bytes must be an integer from 1 to {MAX_STRING_BYTES}")
+    return value
+
+
+def _values(table: object) -> dict[str, int | float | bool | str]:
+    if type(table) is not dict:
+        raise TypeError('values must be a table of "string" = replacement')
+    for key, value in table.items():
+        kind = type(value)
+        if kind is float and not math.isfinite(value):
+            raise ValueError(f"values.{key}: not a finite number")
+        if kind not in {int, float, bool, str}:
+            raise TypeError(f"values.{key}: must be a number, true/false or a string")
+        if kind is int and not -(2**63) <= value < 2**63:
+            raise ValueError(f"values.{key}: outside the 64-bit integer range")
+    return dict(table)
+
+
+def _time(table: object, fmt: str) -> tuple[TimeSpec, bool]:
+    if table is None:  # line protocol's timestamps are nanoseconds unless told otherwise
+        # (and Sparkplug's milliseconds)
+        return TimeSpec(format=_DEFAULT_TIME.get(fmt, "auto")), False
+    if type(table) is not dict:
+        raise TypeError("time must be a table ([rule.time])")
+    unknown = set(table) - _TIME_OPTIONS
+    if unknown:
+        raise ValueError(f"time: unknown option(s) {', '.join(sorted(unknown))}")
+    time_field = table.get("field")
+    if time_field is not None and (type(time_field) is not str or not time_field):
+        raise TypeError("time.field must be a non-empty string")
+    if time_field is not None and fmt != "json":
+        raise ValueError(f"time.field applies to the json format (format {fmt} has its own "
+                         "time)")
+    time_format = table.get("format", "auto")
+    if time_format not in TIME_FORMATS:
+        raise ValueError(f"time.format must be one of {', '.join(TIME_FORMATS)}, "
+                         f"got {time_format!r}")
+    zone_name = table.get("zone")
+    zone = None
+    if time_format == "local":
+        if type(zone_name) is not str or not zone_name:
+            raise ValueError('time.format = "local" needs time.zone (e.g. "Europe/Berlin")')
+        try:
+            zone = ZoneInfo(zone_name)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"time.zone {zone_name!r}: unknown time zone") from None
+    elif zone_name is not None:
+        raise ValueError('time.zone applies to time.format = "local" only')
+    return TimeSpec(time_field, time_format, zone), True
+
+
+def _path(entry: dict[str, Any], key: str, fmt: str) -> tuple[str, ...] | None:
+    """``root``/``each``: a dotted path of payload keys (json only)."""
+    text = entry.get(key)
+    if text is None:
+        return None
+    if fmt != "json":
+        raise ValueError(f"{key} applies to the json format only")
+    if type(text) is not str or not _PATH.fullmatch(text):
+        raise ValueError(f"{key} must be a path of keys such as uplink_message.decoded_payload"
+                         f" ([A-Za-z0-9_-] keys joined by '.'), got {text!r}")
+    return tuple(text.split("."))
+
+
+def _rename(table: object) -> dict[str, str]:
+    """``[rule.rename]``: field name as the payload has it -> the name stored."""
+    if type(table) is not dict:
+        raise TypeError('rename must be a table of "field" = "new_name"')
+    for key, new in table.items():
+        if type(new) is not str or not _TAG_KEY.fullmatch(new) or new in RESERVED_FIELDS:
+            raise ValueError(f"rename.{key}: {new!r} is not a valid measurement name "
+                             "([A-Za-z0-9_-]{1,64}, not ts, seq, sensor_id, _id, meta, "
+                             "tags, units or info)")
+    return dict(table)
+
+
+def _units(table: object, fmt: str, allowed: set[str]) -> dict[str, Template]:
+    """``[rule.units]``: measurement -> unit, a literal or a template."""
+    if type(table) is not dict:
+        raise TypeError('units must be a table of measurement = "unit or {field}"')
+    if table and fmt not in {"json", "value"}:
+        raise ValueError("units applies to the json and value formats")
+    out = {}
+    for key, value in table.items():
+        if type(value) is not str or not value or len(value) > MAX_UNIT:
+            raise TypeError(f"units.{key}: must be a string of 1 to {MAX_UNIT} characters")
+        out[key] = _template(value, f"units.{key}", allowed, fmt)
+    return out
+
+
+def _tags(table: object, fmt: str, allowed: set[str]) -> dict[str, Template]:
+    if type(table) is not dict:
+        raise TypeError('tags must be a table of name = "value or {capture}"')
+    allowed = allowed | ({"measurement"} if fmt == "influx" else set())
+    out = {}
+    for key, value in table.items():
+        if not _TAG_KEY.fullmatch(key) or key in RESERVED_TAGS:
+            raise ValueError(f"tags.{key}: tag names match [A-Za-z0-9_-]{{1,64}} and are not "
+                             f"{', '.join(sorted(RESERVED_TAGS))}")
+        if type(value) is not str:
+            raise TypeError(f"tags.{key}: must be a string")
+        out[key] = _template(value, f"tags.{key}", allowed, fmt)
+    return out

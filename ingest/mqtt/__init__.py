@@ -1,0 +1,1 @@
+"""The broker side: connect, subscribe, read, acknowledge."""

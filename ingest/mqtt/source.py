@@ -1,0 +1,770 @@
+"""MQTT: connect, subscribe, reconnect with backoff, hand out messages, ack after write.
+
+The session is persistent (MQTT 5, Clean Start off, a session expiry) under a stable client
+id, so messages published while the daemon is away wait at the broker. Every QoS 1/2
+message is acknowledged only after its write (paho's manual ack), and the broker sends
+at most Receive Maximum unacknowledged messages: that is the backpressure.
+
+Received messages wait in the connection's inbox until the pipeline takes them. The inbox
+is bounded in messages (``max_inflight_messages``) and in bytes (a quarter of
+``max_buffered_bytes``, :data:`INBOX_SHARE`): over either bound, reading the socket
+pauses (after the packet being read), so TCP and the broker hold the backlog, QoS 0
+included; it resumes once the inbox is down to half of both bounds. When a connection
+ends, its inbox's QoS 1 messages are left to the broker to resend; its QoS 0 messages,
+which the broker does not resend, are taken first on the next connection, or by the
+drain of a stop (:meth:`MqttSource.hand_over`); a stop that cannot write them counts them
+in ``ingest_messages_lost_total``.
+
+A PUBACK cannot be confirmed: one queued just before the connection dies may never reach
+the broker, which then resends the message with DUP on the resumed session. So a written
+and acknowledged message is remembered (topic, payload size and hash) until the broker has
+certainly received its PUBACK, and a DUP redelivery that matches is acknowledged again
+instead of being written again. "Certainly received" is proved by one of: the broker
+reusing the packet id for a new message; Receive Maximum more messages arriving on the
+same connection after the PUBACK (PUBACKs go out in order and the broker keeps at most
+Receive Maximum messages unacknowledged, so it cannot have sent them without reading it);
+a new message (not DUP) on a later connection of the session (the broker resends its
+unacknowledged messages first, in order); or a new session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import aiomqtt
+from aiomqtt.exceptions import MqttConnectError
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from ingest.errors import StartupError
+from ingest.model import Inbound
+from ingest.mqtt import paho_hooks
+from ingest.retry import backoff
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from ingest.config import Settings
+    from ingest.metrics import Health, Metrics
+
+logger = logging.getLogger(__name__)
+YIELD_EVERY = 500  # messages decoded between two yields to the event loop
+# Seconds the broker keeps the daemon's session (and queues for it) while it is away.
+SESSION_EXPIRY = 7 * 86400
+INBOX_SHARE = 4  # the inbox holds at most max_buffered_bytes / INBOX_SHARE bytes
+# Seconds of reading (paused time does not count) a SUBACK or UNSUBACK may take.
+ANSWER_TIMEOUT = 10.0
+# Estimated memory of a received message besides its payload and topic (the Inbound,
+# its bytes and str objects, the deque slot); as pipeline.MESSAGE_BYTES.
+INBOX_MESSAGE_BYTES = 256
+
+
+class _Inbox:
+    """One connection's received messages not yet taken, and the pause of its reader."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, health: Health,
+                 generation: int) -> None:
+        self.generation = generation  # of the connection whose messages it holds
+        self.messages: deque[Inbound] = deque()
+        self.bytes = 0
+        self.wake = asyncio.Event()  # set when a message arrives in the empty inbox
+        # The message last taken, until the pipeline has said whether it took it.
+        self.current: Inbound | None = None
+        self.reader: paho_hooks.Reader | None = None
+        self._metrics = metrics
+        self._health = health
+        self._limit = settings.max_inflight_messages
+        self._limit_bytes = max(1, settings.max_buffered_bytes // INBOX_SHARE)
+        self._paused_since = 0.0  # monotonic; 0 while reading
+
+    def put(self, message: Inbound) -> None:
+        """Append a received message; pause reading past a bound."""
+        messages = self.messages
+        messages.append(message)
+        # A message's size: INBOX_MESSAGE_BYTES, its payload and its topic (inlined here
+        # and in take: they run for every message)
+        self.bytes = size = (self.bytes + INBOX_MESSAGE_BYTES + len(message.payload)
+                             + len(message.topic))
+        count = len(messages)
+        if count == 1:
+            # The consumer clears ``wake`` only once it has emptied the inbox.
+            self.wake.set()
+        if ((count >= self._limit or size >= self._limit_bytes)
+                and not self._paused_since and self.reader is not None):
+            self._pause(self.reader)
+
+    def _pause(self, reader: paho_hooks.Reader) -> None:
+        reader.pause()
+        self._paused_since = time.monotonic()
+        self._health.reading_paused = True
+        self._metrics.read_paused.set(1)
+        self._metrics.read_pauses.inc()
+
+    def take(self) -> Inbound:
+        """The oldest message, now :attr:`current`; resume reading below half of both bounds."""
+        self.current = message = self.messages.popleft()
+        self.bytes -= INBOX_MESSAGE_BYTES + len(message.payload) + len(message.topic)
+        if (self._paused_since and len(self.messages) <= self._limit // 2
+                and self.bytes <= self._limit_bytes // 2):
+            self._unpaused()
+            if self.reader is not None:
+                self.reader.resume()
+        return message
+
+    def _unpaused(self) -> None:
+        self.sync_metrics()
+        self._paused_since = 0.0
+        self._health.reading_paused = False
+        self._metrics.read_paused.set(0)
+
+    @property
+    def paused(self) -> bool:
+        """Whether reading from the broker is paused."""
+        return bool(self._paused_since)
+
+    def seed(self, messages: list[Inbound]) -> None:
+        """Start with messages read on an earlier connection (taken first, in order).
+
+        They count towards the bounds: the first message read past them pauses reading.
+        """
+        if not messages:
+            return
+        self.messages.extend(messages)
+        self.bytes += sum(INBOX_MESSAGE_BYTES + len(m.payload) + len(m.topic)
+                          for m in messages)
+        self.wake.set()
+
+    def close(self) -> list[Inbound]:
+        """The connection is gone: a pause ends with it (a new connection reads).
+
+        Returns the messages never taken (``current`` and those left), held no more.
+        """
+        if self._paused_since:
+            self._unpaused()
+        untaken = [self.current, *self.messages] if self.current else [*self.messages]
+        self.messages.clear()
+        self.current = None
+        self.bytes = 0
+        self._metrics.inbox_bytes.set(0)
+        return untaken
+
+    def sync_metrics(self) -> None:
+        """Move the pause's time so far and the inbox's size into the metrics."""
+        if self._paused_since:
+            now = time.monotonic()
+            self._metrics.read_paused_seconds.inc(now - self._paused_since)
+            self._paused_since = now
+        self._metrics.inbox_bytes.set(self.bytes)
+
+
+@dataclass(slots=True)
+class _Unacked:
+    """A QoS 1 message whose acknowledgement is not simply its own connection's business.
+
+    Either it is written and waits for the connection that may acknowledge it
+    (``written``), or a DUP redelivery on a later connection adopted it (``owner``). Every
+    other unacknowledged message is held in ``MqttSource._unacked`` as itself (its
+    owner is the connection it came on): one object less per message.
+    """
+
+    message: Inbound
+    owner: int
+    written: bool = False
+
+
+# A message whose PUBACK is queued or sent but perhaps not received by the broker: the
+# connection its PUBACK was queued on, the QoS 1 messages received on that connection
+# by then, and (topic, payload size, payload hash) to recognise its DUP. A plain tuple:
+# one is built per acknowledged message.
+type _Acked = tuple[int, int, str, int, int]
+# Takes a message at once if it can: True taken, False refused, None: await the sink.
+type TakeNow = Callable[[Inbound], bool | None]
+
+
+def _not_now(_message: Inbound) -> bool | None:
+    """A ``take_now`` that leaves every message to the sink."""
+    return None
+
+
+class MqttSource:
+    """Consumes the configured topics and acknowledges messages on request."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, health: Health,
+                 session_expiry: int = SESSION_EXPIRY) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._health = health
+        self._session_expiry = session_expiry
+        self._client: aiomqtt.Client | None = None
+        self._generation = 0
+        # QoS 1 messages received from the broker and not yet acknowledged, by packet id:
+        # the message itself, or an _Unacked record once its state is more than that.
+        self._unacked: dict[int, Inbound | _Unacked] = {}
+        # Acknowledged messages whose PUBACK may not have reached the broker, by packet id,
+        # in the order acknowledged (see the module docstring).
+        # (An OrderedDict: a plain dict's first key is found by scanning the slots that
+        # the removals from the front leave behind.)
+        self._acked: OrderedDict[int, _Acked] = OrderedDict()
+        self._received = 0  # QoS 1 messages received on connection _received_on
+        self._received_on = 0
+        self._fresh_on = 0  # the last connection a new (not DUP) QoS 1 message came on
+        self._reacks: list[Inbound] = []  # DUPs to acknowledge again once connected
+        # QoS 0 messages read on a connection that ended before the pipeline took them:
+        # the daemon's only copy (the broker does not resend QoS 0), taken first on the
+        # next connection, or counted as lost if the daemon stops first.
+        self._carried: list[Inbound] = []
+        # At a stop: the QoS 0 messages read and not taken when taking stopped, for the
+        # pipeline to take before it drains (hand_over); ready once they are known.
+        self._handover: deque[Inbound] = deque()
+        self._handover_ready = asyncio.Event()
+        # The first connection resumed a session, which may hold the other form of each
+        # filter (see _connected); None until the first CONNACK.
+        self._resumed: bool | None = None
+        paho_hooks.check_compatible(aiomqtt.Client(settings.mqtt.host,
+                                                   protocol=aiomqtt.ProtocolVersion.V5))
+        self._stop = asyncio.Event()
+        self._release = asyncio.Event()
+        self._inbox: _Inbox | None = None  # the current connection's
+        metrics.inbox_limit_bytes.set(max(1, settings.max_buffered_bytes // INBOX_SHARE))
+
+    def sync_metrics(self) -> None:
+        """Move the inbox's size and the pause's time into the metrics (before a scrape)."""
+        if self._inbox is not None:
+            self._inbox.sync_metrics()
+
+    def _new_client(self) -> aiomqtt.Client:
+        mqtt = self._settings.mqtt
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.ReceiveMaximum = self._settings.max_inflight_messages
+        props.SessionExpiryInterval = self._session_expiry
+        return aiomqtt.Client(
+            mqtt.host, mqtt.port,
+            username=mqtt.username, password=mqtt.password,
+            identifier=self._settings.client_id,
+            keepalive=self._settings.mqtt_keepalive,
+            protocol=aiomqtt.ProtocolVersion.V5,
+            clean_start=False,
+            properties=props,
+            tls_context=mqtt.ssl_context(),
+            logger=logging.getLogger("ingest.mqtt.client"),
+        )
+
+    def ack_all(self, messages: list[Inbound]) -> int:
+        """Acknowledge written messages, in order; return how many were acknowledged.
+
+        A message is acknowledged on the connection that currently owns its packet id.
+        After a reconnect the broker resends unacknowledged messages with the same id
+        and the DUP flag; :meth:`_redelivered` hands the id to the new connection, so the
+        original write is acknowledged there instead of being written a second time.
+        Until that redelivery arrives the ack waits (``written``). The PUBACKs of one
+        call go out in one write.
+        """
+        unacked, generation, client = self._unacked, self._generation, self._client
+        done, now = 0, []
+        for message in messages:
+            if not message.qos:
+                done += 1  # nothing to acknowledge: done with
+            elif (unacked.get(message.mid) is message and message.generation == generation
+                  and client is not None):
+                # The usual case, inlined: received on this connection, nothing else.
+                del unacked[message.mid]
+                now.append(message)
+            elif self._ackable(message):
+                now.append(message)
+        if now and client is not None:
+            paho_hooks.ack_many(client, [message.mid for message in now])
+            self._remember(now)
+        return done + len(now)
+
+    def _remember(self, messages: list[Inbound]) -> None:
+        """Keep what identifies the QoS 1 messages whose PUBACKs were just queued."""
+        acked, generation = self._acked, self._generation
+        seq = self._received if self._received_on == generation else 0
+        for message in messages:
+            mid, payload = message.mid, message.payload
+            if mid in acked:
+                del acked[mid]  # the order is the order of the PUBACKs
+            acked[mid] = (generation, seq, message.topic, len(payload), hash(payload))
+        self._forget_acked()
+        while len(acked) > 2 * self._settings.max_inflight_messages:
+            acked.popitem(last=False)  # a hard bound; the proofs normally come first
+
+    def _forget_acked(self) -> None:
+        """Forget the PUBACKs the broker has certainly received (oldest first).
+
+        Done per batch of PUBACKs rather than per message received: remembering one a
+        little longer costs a few bytes, not correctness.
+        """
+        acked, fresh_on, received_on = self._acked, self._fresh_on, self._received_on
+        proven = self._received - self._settings.max_inflight_messages
+        certain = 0
+        for acked_on, seq, _topic, _size, _hash in acked.values():
+            # Its DUP would have come before a new message on a later connection; or the
+            # broker sent Receive Maximum more on its connection after it.
+            if acked_on < fresh_on or (acked_on == received_on and seq <= proven):
+                certain += 1
+            else:
+                break
+        for _ in range(certain):
+            acked.popitem(last=False)
+
+    def _arrived(self, message: Inbound, client: aiomqtt.Client) -> bool:
+        """Account for a QoS 1 message; True if it is new to the pipeline."""
+        generation, mid = message.generation, message.mid
+        if self._received_on != generation:
+            self._received_on, self._received = generation, 0
+        self._received += 1
+        if not message.dup:
+            self._acked.pop(mid, None)  # the id is reused: its PUBACK arrived
+            self._fresh_on = generation
+        elif self._redelivered(message) or self._reacked(message, client):
+            return False
+        self._unacked[mid] = message
+        return True
+
+    def _reacked(self, message: Inbound, client: aiomqtt.Client) -> bool:
+        """Acknowledge again a DUP of a message already written and acknowledged."""
+        entry = self._acked.get(message.mid)
+        payload = message.payload
+        if entry is None or entry[2:] != (message.topic, len(payload), hash(payload)):
+            return False
+        self._metrics.redeliveries_reacked.inc()
+        if self._client is client:
+            self._reack(client, message)
+        else:
+            self._reacks.append(message)  # before _connected(): acknowledged there
+        return True
+
+    def _reack(self, client: aiomqtt.Client, message: Inbound) -> None:
+        paho_hooks.ack(client, message.mid, message.qos)
+        self._remember([message])
+
+    def _record(self, mid: int) -> _Unacked | None:
+        """The unacknowledged message with this packet id as a record, to read or change."""
+        entry = self._unacked.get(mid)
+        if entry is None or isinstance(entry, _Unacked):
+            return entry
+        record = self._unacked[mid] = _Unacked(entry, entry.generation)
+        return record
+
+    def _ackable(self, message: Inbound) -> bool:
+        """Forget a written QoS 1 message if the current connection may ack it now."""
+        entry = self._record(message.mid)
+        if entry is None or entry.message is not message:
+            return False  # superseded: the session was lost and the id reused
+        if entry.owner != self._generation or self._client is None:
+            entry.written = True
+            return False
+        del self._unacked[message.mid]
+        return True
+
+    def _redelivered(self, message: Inbound) -> bool:
+        """Adopt a DUP redelivery of a message already in the pipeline; True if adopted."""
+        entry = self._record(message.mid)
+        if (entry is None or not self._taken(entry.message)
+                or entry.message.topic != message.topic
+                or entry.message.payload != message.payload):
+            return False  # not in the pipeline: process the redelivery as a new message
+        entry.owner = message.generation
+        if entry.written and self._client is not None:
+            self._ack_adopted(self._client, message.mid)
+        self._metrics.redeliveries_adopted.inc()
+        return True
+
+    def _taken(self, message: Inbound) -> bool:
+        """Whether the pipeline took this (unacknowledged) message.
+
+        A message not taken waits in its connection's inbox or is being offered to the
+        pipeline (the inbox's ``current``); when a connection ends, the messages its inbox
+        still holds are forgotten (:meth:`_close`), so every message left from
+        an earlier connection was taken.
+        """
+        inbox = self._inbox
+        if inbox is None or message.generation != inbox.generation:
+            return True
+        return message is not inbox.current and all(m is not message for m in inbox.messages)
+
+    def _ack_adopted(self, client: aiomqtt.Client, mid: int) -> None:
+        """Acknowledge an adopted redelivery whose original write has finished."""
+        message = _message_of(self._unacked.pop(mid))
+        paho_hooks.ack(client, mid, message.qos)
+        self._remember([message])
+        self._metrics.messages_acked.inc()
+
+    def stop_consuming(self) -> None:
+        """Stop taking messages but keep the connection so acks can still go out."""
+        self._stop.set()
+
+    def release(self) -> None:
+        """Let :meth:`run` disconnect and return (after the last ack)."""
+        self._stop.set()
+        self._release.set()
+        self._lost()  # what hand_over did not give the pipeline
+
+    async def hand_over(self, sink: Callable[[Inbound], Awaitable[bool]]) -> None:
+        """After :meth:`stop_consuming`: give ``sink`` the QoS 0 messages read and not taken.
+
+        The broker does not send them again, so they are taken (and written with the rest
+        of the drain) rather than lost; QoS 1 ones are left to the broker. Waits until the
+        source has stopped taking. What is left when this is cancelled (the shutdown
+        timeout) is counted as lost by :meth:`release`.
+        """
+        await self._handover_ready.wait()
+        handover = self._handover
+        while handover:
+            if not await sink(handover[0]):
+                return
+            handover.popleft()
+
+    def _stopped_taking(self) -> None:
+        """Taking has stopped: the QoS 0 messages carried so far go to :meth:`hand_over`."""
+        self._handover.extend(self._carried)
+        self._carried = []
+        self._handover_ready.set()
+
+    async def run(self, sink: Callable[[Inbound], Awaitable[bool]],
+                  take_now: TakeNow = _not_now) -> None:
+        """Connect, consume into ``sink`` and reconnect until stopped.
+
+        ``take_now``, if given, is tried first for each message: it takes the message
+        at once and says whether it did, or returns None for ``sink`` to take it (and
+        wait as needed): one coroutine less per message.
+
+        A first connection that no retry can fix (credentials, client id, authorisation,
+        a certificate that does not verify) stops the daemon with :class:`StartupError`; a
+        broker not reachable yet is waited for, and said so at once.
+        """
+        try:
+            await self._run(sink, take_now)
+        except BaseException:
+            self._lost()  # cancelled (a stop past its timeout) or failed
+            raise
+        if self._release.is_set():
+            self._lost()  # read during the drain; else the drain has yet to take them
+
+    async def _run(self, sink: Callable[[Inbound], Awaitable[bool]], take_now: TakeNow) -> None:
+        attempt, connected_once = 0, False
+        self._health.mqtt_started = True
+        address = f"{self._settings.mqtt.host}:{self._settings.mqtt.port}"
+        while not self._stop.is_set():
+            try:
+                client = self._new_client()
+                inbox = self._receiver(client)
+                async with client:
+                    attempt, connected_once = 0, True
+                    self._connected(client)
+                    await self._consume_until_stopped(client, inbox, sink,
+                                                      take_now)
+            except aiomqtt.MqttError as exc:
+                attempt += 1
+                delay = backoff(attempt, base=0.5)
+                fatal = None if connected_once else self._fatal(exc, address)
+                if fatal is not None:
+                    raise fatal from None
+                if connected_once:
+                    logger.warning("MQTT connection to %s lost (%s)%s; retrying in %.1fs",
+                                   address, exc, _lost_hint(exc, self._settings.client_id),
+                                   delay)
+                elif attempt == 1:
+                    logger.warning("cannot reach the MQTT broker at %s (%s): waiting for it, "
+                                   "retrying with backoff; check --mqtt-url if it does not "
+                                   "come up", address, exc)
+                else:
+                    logger.info("MQTT broker at %s still not reachable (%s); retrying in "
+                                "%.1fs", address, exc, delay)
+                self._metrics.mqtt_reconnects.inc()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+            finally:
+                self._disconnected()
+        self._stopped_taking()  # when stopped between connections (else done already)
+
+    def count_lost(self, count: int) -> None:
+        """Count QoS 0 messages lost elsewhere (taken by the pipeline, never written)."""
+        self._metrics.messages_lost.inc(count)
+
+    def _lost(self) -> None:
+        """Count and log the QoS 0 messages read and never taken: stopping loses them."""
+        lost = len(self._carried) + len(self._handover)
+        self._carried = []
+        self._handover.clear()
+        if lost:
+            self.count_lost(lost)
+            logger.warning("stopping with %d QoS 0 messages read from the broker and not "
+                           "taken by the pipeline: they are lost (the broker does not send "
+                           "QoS 0 again); counted in ingest_messages_lost_total", lost)
+
+    def _fatal(self, exc: aiomqtt.MqttError, address: str) -> StartupError | None:
+        """A first connection failure no retry can fix, as one line; None otherwise."""
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+            ca = self._settings.mqtt.ca_file or "the system's CAs"
+            return StartupError(
+                f"--mqtt-ca-file: the broker at {address} presented a certificate that does "
+                f"not verify against {ca} ({exc}); give the CA that signed it, and the host "
+                "name the certificate names in --mqtt-url")
+        if _refused_for_good(exc):
+            return StartupError(
+                f"--mqtt-url: the broker at {address} refused the connection ({exc}); check "
+                "the user and password (--mqtt-url, --mqtt-password-file), the broker's ACL "
+                "and --client-id")
+        return None
+
+    def _receiver(self, client: aiomqtt.Client) -> _Inbox:
+        """Route this connection's messages into a fresh inbox (see paho_hooks)."""
+        if self._inbox is not None:
+            self._close(self._inbox)  # the previous connection's (usually closed already)
+        generation = self._generation + 1  # the number _connected() gives this connection
+        inbox = self._inbox = _Inbox(self._settings, self._metrics, self._health, generation)
+        inbox.seed(self._carried)  # before anything new: the order they were read in
+        self._carried = []
+        new_tuple, now, arrived, put = tuple.__new__, time.time, self._arrived, inbox.put
+
+        def deliver(topic: str, payload: bytes, mid: int, qos: int, dup: bool,
+                    retain: bool) -> None:
+            # QoS 1/2 messages are bounded by Receive Maximum at the broker; any message
+            # past the inbox's bounds pauses the reader, so QoS 0 waits in TCP and at the
+            # broker instead of being dropped here.
+            # Inbound(...) without its Python-level __new__ (what that does, one call less)
+            message = new_tuple(Inbound, (topic, payload, mid, qos, generation, now(), dup,
+                                          retain))
+            if not qos or arrived(message, client):
+                put(message)
+
+        def on_session(present: bool) -> None:
+            self._resumed = present if self._resumed is None else self._resumed
+            # Without the old session no redelivery will come: earlier entries can never
+            # be acknowledged (their readings are still written, at least once).
+            if not present:
+                for mid in [m for m, e in self._unacked.items() if _owner(e) < generation]:
+                    del self._unacked[mid]
+                self._acked.clear()  # a new session: nothing will be resent
+
+        def on_lost() -> None:
+            if self._client is client:
+                self._disconnected()  # acks from now on wait for the next connection
+
+        inbox.reader = paho_hooks.install(client, deliver, on_session, on_lost)
+        return inbox
+
+    def _connected(self, client: aiomqtt.Client) -> None:
+        self._generation += 1
+        self._client = client
+        # Redeliveries adopted before this point (they arrive right after CONNACK) whose
+        # write had already finished: acknowledge them now.
+        for mid, entry in list(self._unacked.items()):
+            if (isinstance(entry, _Unacked) and entry.owner == self._generation
+                    and entry.written):
+                self._ack_adopted(client, mid)
+        reacks, self._reacks = self._reacks, []
+        for message in reacks:
+            if message.generation == self._generation:
+                self._reack(client, message)
+
+    async def _subscribe(self, client: aiomqtt.Client, inbox: _Inbox) -> None:
+        wanted = self._settings.qos
+        # Retained messages only when the subscription is new, not again on every
+        # reconnect of the persistent session. Retain As Published off: the RETAIN flag
+        # then marks exactly the retained messages sent because of a subscription (old
+        # state; --retained says what to do with them), never a live publish.
+        options = SubscribeOptions(qos=wanted, retainAsPublished=False,
+                                   retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
+        subscriptions = () if self._settings.drain_only else self._settings.subscriptions
+        for topic in subscriptions:
+            granted = await _answered(client.subscribe(topic, options=options, timeout=math.inf),
+                                      inbox, f"subscribing {topic!r}")
+            codes = [code if isinstance(code, int) else code.value for code in granted]
+            if any(code != wanted for code in codes):
+                # 0x80 and above: refused (e.g. ACL); a lower QoS would silently turn the
+                # ack-after-write guarantee into at-most-once.
+                raise aiomqtt.MqttError(f"broker answered {codes} to subscribing {topic!r} at "
+                                        f"QoS {wanted}")
+        # After subscribing, so a message is delivered twice rather than not at all: the
+        # other form (plain or shared) a session of another --workers count may hold
+        # (ingest/pipeline/workers.py). "No subscription existed" (0x11) is the usual answer. Only
+        # for a session that existed before this process: a new one holds nothing else.
+        if self._settings.drain_only:
+            unsubscribe = self._settings.subscriptions
+        else:
+            unsubscribe = self._settings.other_subscriptions if self._resumed else ()
+        for topic in unsubscribe:
+            await _answered(client.unsubscribe(topic, timeout=math.inf), inbox,
+                            f"unsubscribing {topic!r}")
+        self._health.mqtt_connected = True
+        self._metrics.mqtt_connected.set(1)
+        logger.info("connected to %s:%d as %s; subscribed to %s",
+                    self._settings.mqtt.host, self._settings.mqtt.port,
+                    self._settings.client_id, ", ".join(subscriptions) or "nothing (draining)")
+
+    def _disconnected(self) -> None:
+        self._client = None
+        self._health.mqtt_connected = False
+        self._metrics.mqtt_connected.set(0)
+
+    async def _consume_until_stopped(self, client: aiomqtt.Client, inbox: _Inbox,
+                                     sink: Callable[[Inbound], Awaitable[bool]],
+                                     take_now: TakeNow) -> None:
+        # Consuming starts before the subscription is confirmed: a resumed session's
+        # backlog arrives ahead of the SUBACK and can be more than the inbox holds, so the
+        # inbox must drain (and reading resume) for the SUBACK to be read at all, however
+        # long the pipeline takes (a MongoDB outage): the SUBACK's timeout counts only the
+        # time spent reading (see _answered), next to the watch for a lost connection.
+        consume = asyncio.create_task(self._consume(inbox, sink, take_now),
+                                      name="mqtt-consume")
+        # Our receive path bypasses aiomqtt's queue, so its iterator only ever ends by
+        # raising MqttError when the connection drops: a public way to watch for that.
+        watch = asyncio.create_task(_until_disconnected(client), name="mqtt-watch")
+        stop: asyncio.Task[Any] = asyncio.create_task(self._stop.wait(), name="mqtt-stop")
+        subscribed = asyncio.create_task(self._subscribe(client, inbox),
+                                         name="mqtt-subscribe")
+        try:
+            waiting = {consume, watch, stop, subscribed}
+            while True:
+                done, waiting = await asyncio.wait(waiting,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                if subscribed in done:
+                    subscribed.result()  # a refused subscription raises: a failed connection
+                if done - {subscribed}:
+                    break
+            for task in (watch, consume):
+                if task.done():
+                    task.result()  # re-raise the disconnect or a failure
+                    return
+            consume.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consume
+            self._close(inbox)  # what it had read: QoS 1 left to the broker, QoS 0 carried
+            self._stopped_taking()
+            logger.info("stopped consuming; waiting for in-flight batches before disconnect")
+            await self._release.wait()
+        finally:
+            if self._client is client:
+                self._disconnected()
+            self._close(inbox)
+            for task in (consume, watch, stop, subscribed):
+                if task.done() and not task.cancelled():
+                    task.exception()  # seen: a drop during the drain is handled by on_lost
+                task.cancel()
+
+    def _close(self, inbox: _Inbox) -> None:
+        """End a connection's inbox: the messages the pipeline never took.
+
+        They are left in the inbox, or were cut off while waiting for buffer space
+        (``current``). QoS 1 ones are forgotten: the broker redelivers them. QoS 0 ones
+        are the daemon's only copy: they are carried over to the next connection's inbox.
+        Called when the connection ends and again (doing nothing more) when the next one
+        begins.
+        """
+        for message in inbox.close():
+            if message.qos:
+                self._forget(message)
+            else:
+                self._carried.append(message)
+
+    def _forget(self, message: Inbound) -> None:
+        """Forget an unacknowledged message the pipeline did not take."""
+        entry = self._unacked.get(message.mid)
+        if entry is not None and _message_of(entry) is message:
+            del self._unacked[message.mid]
+
+    async def _consume(self, inbox: _Inbox, sink: Callable[[Inbound], Awaitable[bool]],
+                       take_now: TakeNow = _not_now) -> None:
+        messages, wake, take = inbox.messages, inbox.wake, inbox.take
+        while True:
+            count = 0
+            while messages:
+                message = take()  # now the inbox's current
+                taken = take_now(message)
+                if taken is None:
+                    taken = await sink(message)
+                if not taken:
+                    if message.qos:
+                        self._forget(message)
+                    else:  # refused while stopping: counted as lost when run() ends
+                        self._carried.append(message)
+                inbox.current = None
+                count += 1
+                if count % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # let the writers and the acker run
+            wake.clear()
+            await wake.wait()
+
+
+def _owner(entry: Inbound | _Unacked) -> int:
+    """The connection that may acknowledge an unacknowledged message."""
+    return entry.owner if isinstance(entry, _Unacked) else entry.generation
+
+
+def _message_of(entry: Inbound | _Unacked) -> Inbound:
+    """The unacknowledged message an entry of ``MqttSource._unacked`` stands for."""
+    return entry.message if isinstance(entry, _Unacked) else entry
+
+
+# CONNACK reason codes that no retry can fix: bad protocol, client id, credentials,
+# authorisation, banned, authentication method (MQTT 5; MQTT 3.1.1 uses 1, 2, 4, 5).
+_REFUSED_FOR_GOOD = frozenset({1, 2, 4, 5, 0x84, 0x85, 0x86, 0x87, 0x8A, 0x8C})
+
+
+def _refused_for_good(exc: aiomqtt.MqttError) -> bool:
+    if not isinstance(exc, MqttConnectError) or exc.rc is None:
+        return False
+    code = exc.rc if isinstance(exc.rc, int) else exc.rc.value
+    return code in _REFUSED_FOR_GOOD
+
+
+async def _until_disconnected(client: aiomqtt.Client) -> None:
+    try:
+        async for _ in client.messages:
+            pass
+    except aiomqtt.MqttError as exc:
+        # aiomqtt's iterator says only "Disconnected during message iteration"; the
+        # broker's reason (e.g. 0x8E session taken over) is in the disconnect it recorded.
+        disconnected = getattr(client, "_disconnected", None)
+        if (isinstance(disconnected, asyncio.Future) and disconnected.done()
+                and not disconnected.cancelled()
+                and isinstance(disconnected.exception(), aiomqtt.MqttError)):
+            raise disconnected.exception() from exc  # type: ignore[misc]
+        raise
+
+
+def _lost_hint(exc: aiomqtt.MqttError, client_id: str) -> str:
+    """What to do about a lost connection, when its reason says."""
+    code = getattr(exc, "rc", None)
+    if getattr(code, "value", code) == _SESSION_TAKEN_OVER:
+        return (f"; another client connected with client id {client_id}: give each "
+                "daemon its own --client-id (or --shared-group to split the topics)")
+    return ""
+
+
+_SESSION_TAKEN_OVER = 0x8E
+
+
+async def _answered[T](request: Awaitable[T], inbox: _Inbox, what: str) -> T:
+    """The broker's answer to ``request``, or MqttError after ANSWER_TIMEOUT s of reading.
+
+    The answer may sit behind a backlog the paused reader has not read yet (a resumed
+    session's messages arrive ahead of the SUBACK), so time paused does not count; a
+    broker that does not answer while we read gets the connection made again.
+    """
+    task = asyncio.ensure_future(request)
+    waited = 0.0
+    try:
+        while True:
+            start = time.monotonic()
+            done, _ = await asyncio.wait({task}, timeout=1.0)
+            if done:
+                return task.result()
+            if not inbox.paused:
+                waited += time.monotonic() - start
+            if waited >= ANSWER_TIMEOUT:
+                raise aiomqtt.MqttError(f"{what}: no answer from the broker in "
+                                        f"{ANSWER_TIMEOUT:.0f} s of reading (timed out)")
+    finally:
+        task.cancel()

@@ -1,0 +1,1 @@
+"""Decode, batch, write, acknowledge: the daemon's stages and lifecycle."""

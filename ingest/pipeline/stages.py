@@ -1,0 +1,579 @@
+"""The stages between the MQTT source and MongoDB: decode, batch, write, acknowledge.
+
+Batches are written by ``write_concurrency`` workers and acknowledged strictly in the
+order they were opened, so acks go out in the order messages arrived. Memory is bounded:
+once ``max_buffered_readings`` readings wait to be written, or the messages taken and not
+yet written hold ``max_buffered_bytes`` (their payloads, readings and reject documents,
+estimated: a message whose readings are all rejected holds memory too),
+:meth:`Pipeline.submit` blocks, the source stops taking messages, unacknowledged
+messages pile up at the broker (which stops sending at the MQTT 5 Receive Maximum), and
+nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pymongo.errors import PyMongoError
+
+from ingest.devices.decode import ARRIVALS, Limits, decode
+from ingest.devices.formats.stateful import DATA
+from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, WriteError
+from ingest.model import Decoded, Rejection
+from ingest.pipeline.batcher import Batch, Batcher, merged
+from ingest.retry import backoff
+from ingest.store.writers.rejects import reject_docs
+
+if TYPE_CHECKING:
+    from ingest.config import Settings
+    from ingest.metrics import Health, Metrics
+    from ingest.model import Inbound, Reading
+    from ingest.pipeline.retained import FirstSeen
+    from ingest.store.writers import Outcome, Writer
+    from ingest.store.writers.rejects import RejectsWriter
+
+logger = logging.getLogger(__name__)
+# The ``rule`` label of messages that arrive through a subscription the daemon widened
+# and that no rule takes (not a valid rule name, so it never collides with one).
+OUTSIDE_RULES = "(outside the rules)"
+# Python memory of what a message leaves in a batch besides its payload (measured with
+# tracemalloc on decoded messages, rounded up): the message itself, each reading (a
+# tuple, its datetime and values dict), each value, each reject document.
+MESSAGE_BYTES = 256
+READING_BYTES = 512
+VALUE_BYTES = 48
+REJECT_DOC_BYTES = 768
+# The reject documents of a message with none (shared: nothing appends to it).
+_NO_DOCS: list[dict[str, Any]] = []
+
+
+def held_bytes(message: Inbound, readings: list[Reading], docs: list[dict[str, Any]]) -> int:
+    """Estimated memory one taken message holds until it is acknowledged."""
+    size = MESSAGE_BYTES + len(message.payload) + len(message.topic)
+    if readings:
+        size += READING_BYTES * len(readings) + VALUE_BYTES * sum(
+            [len(reading.values) for reading in readings])
+    for doc in docs:
+        size += REJECT_DOC_BYTES + len(doc["payload"]) + len(doc["detail"])
+    return size
+
+
+class Acker(Protocol):
+    """Something that acknowledges a message to the broker (the MQTT source)."""
+
+    def ack_all(self, messages: list[Inbound]) -> int:
+        """Acknowledge written messages in order; return how many could be."""
+
+
+class Pipeline:
+    """Decode and batch submitted messages; write batches; ack them in order."""
+
+    def __init__(self, settings: Settings, writer: Writer, rejects: RejectsWriter,
+                 acker: Acker, metrics: Metrics, health: Health,
+                 first_seen: FirstSeen | None = None) -> None:
+        self._settings = settings
+        self._writer = writer
+        self._rejects = rejects
+        self._acker = acker
+        self._metrics = metrics
+        self._health = health
+        self._limits = Limits(settings.max_message_bytes, settings.max_readings_per_message,
+                              settings.max_past_seconds, settings.max_future_seconds)
+        self._batcher = Batcher(settings.batch_size, settings.flush_interval)
+        # Each batch goes to both queues with one future: the writer that takes it
+        # resolves the future, the acker waits for the futures in dispatch order.
+        self._write_queue: asyncio.Queue[tuple[Batch, asyncio.Future[None]]] = asyncio.Queue()
+        self._ack_queue: asyncio.Queue[tuple[Batch, asyncio.Future[None]]] = asyncio.Queue()
+        # Every batch dispatched and not yet acknowledged, in order (what a stop leaves).
+        self._dispatched: deque[tuple[Batch, asyncio.Future[None]]] = deque()
+        self._opened = asyncio.Event()
+        self._space = asyncio.Condition()
+        self._buffered = 0
+        self._held_bytes = 0
+        self._max_buffered = settings.max_buffered_readings
+        self._max_held_bytes = settings.max_buffered_bytes
+        self._received = self._received_bytes = self._accepted = 0
+        self._closed = False
+        # --retained store: where retained states' first-seen times are recorded (None:
+        # dry run, or --retained ignore).
+        self._first_seen = first_seen
+        self._told_retained = False  # the one log line about retained messages is out
+        metrics.buffer_limit.set(settings.max_buffered_readings)
+        metrics.buffer_limit_bytes.set(settings.max_buffered_bytes)
+        self._mapping = settings.mapping
+        # Whether messages may need the format's state brought up to date first (I/O).
+        self._stateful = self._mapping is not None and bool(self._mapping.stateful)
+        # (rule, outcome) -> messages since the last scrape; outcome "ignored" included.
+        self._rule_counts: dict[tuple[str, str], int] = {}
+        # Subscriptions derived from the rules may be wider than the rules (partly
+        # overlapping filters are joined into one): what arrives only through that
+        # widening was never asked for, so it is ignored, not rejected as no_rule.
+        self._widened = (self._mapping is not None
+                         and settings.topics == self._mapping.subscriptions())
+        if self._mapping is not None:
+            rules = self._mapping.rules
+            ignored = [r.name for r in rules if r.ignore]
+            metrics.init_rules([r.name for r in rules if not r.ignore],
+                               [*ignored, OUTSIDE_RULES] if self._widened else ignored)
+
+    @property
+    def buffered(self) -> int:
+        """Readings decoded and not yet written."""
+        return self._buffered
+
+    async def submit(self, message: Inbound) -> bool:
+        """Decode one message into the open batch; wait while the buffer is full.
+
+        Returns False if the message was not taken (shutting down): it is left
+        unacknowledged and the broker redelivers it.
+        """
+        if self._closed:
+            return False
+        if self._full():
+            self._health.saturated = True
+            try:
+                async with self._space:
+                    await self._space.wait_for(lambda: not self._full())
+            finally:
+                self._health.saturated = False
+            if self._closed:
+                return False
+        if message.retained:
+            if self._retained_data(message.topic):
+                return await self._take_retained(message)
+            self._metrics.retained_messages.labels("attribute").inc()
+        if not await self._prepared(message):
+            return False
+        self._take(message)
+        return True
+
+    async def _prepared(self, message: Inbound) -> bool:
+        """Bring a stateful format's state up to date; False if given up (closing)."""
+        if self._mapping is not None and self._mapping.stateful:
+            # A stateful format (Sparkplug) first brings its state up to date, with I/O:
+            # a BIRTH is stored before its message can be acknowledged.
+            step = self._mapping.stateful_for(message.topic)
+            if step is not None and not await step.prepare(
+                    message.topic, message.payload, self._limits, lambda: self._closed,
+                    message.generation):
+                return False
+        return True
+
+    def _retained_data(self, topic: str) -> bool:
+        """Whether a retained message on ``topic`` follows --retained.
+
+        Not a Homie attribute (or command) topic: an attribute is the device's
+        description, taken as its state whether --retained ignores old readings or not,
+        and never a reading to record a first-seen time for.
+        """
+        if not self._stateful or self._mapping is None:
+            return True
+        step = self._mapping.stateful_for(topic)
+        return step is None or step.role(topic) == DATA
+
+    async def _take_retained(self, message: Inbound) -> bool:
+        """A retained message sent because we subscribed: old state, not a new reading.
+
+        --retained ignore: acknowledged (in order, with its batch) and counted, not
+        stored. --retained store: decoded at the time this state was first seen (see
+        ingest/pipeline/retained.py), so that a state stored by another delivery already is found
+        by the writer and counted as duplicates, as a redelivery's readings are.
+        """
+        if self._settings.retained == "ignore":
+            self._skip_retained(message)
+            return True
+        found = await self._first_seen_of(message)
+        if found is None or not await self._prepared(message):
+            return False
+        ms, new = found
+        self._metrics.retained_messages.labels("new" if new else "known").inc()
+        self._tell_retained(message, "storing them at the time any daemon first saw "
+                            "each state (--retained store)")
+        self._take(message, ms)
+        return True
+
+    def _skip_retained(self, message: Inbound) -> None:
+        """Count a retained message and batch it without readings (it is acked in turn)."""
+        self._received += 1
+        self._received_bytes += len(message.payload)
+        self._metrics.retained_messages.labels("skipped").inc()
+        self._tell_retained(message, "skipping them, counted in "
+                            "ingest_retained_messages_total"
+                            '{outcome="skipped"} (--retained ignore; --retained store '
+                            "stores them)")
+        size = held_bytes(message, [], _NO_DOCS)
+        self._held_bytes += size
+        batcher = self._batcher
+        had_open = batcher.current is not None
+        full = batcher.add(message, [], _NO_DOCS, size)
+        if full is not None:
+            self._dispatch(full)
+        elif not had_open:
+            self._opened.set()
+
+    def _tell_retained(self, message: Inbound, what: str) -> None:
+        """Say once what becomes of retained messages (not once per message)."""
+        if not self._told_retained:
+            self._told_retained = True
+            logger.info("retained messages arrive on subscribing (old state; the first on "
+                        "%r); %s", message.topic[:200], what)
+
+    async def _first_seen_of(self, message: Inbound) -> tuple[int, bool] | None:
+        """When the retained state was first seen (epoch ms) and whether that is now.
+
+        A MongoDB failure is retried like a write; None if the pipeline closes first
+        (the message is left unacknowledged and the broker sends it again). A refusal
+        for the data (not expected: the document is a topic, a hash and a date) falls
+        back to this arrival's time, logged.
+        """
+        arrived = int(message.received_at * 1000)
+        if self._first_seen is None:  # dry run: nothing is recorded
+            return arrived, True
+        attempt = 0
+        while not self._closed:
+            try:
+                found = await self._first_seen.first_seen(message.topic, message.payload,
+                                                         message.received_at)
+            except RefusedWriteError as exc:
+                logger.error("cannot record the retained state of %r (storing it at its "  # noqa: TRY400 - a server's answer, not a bug
+                             "arrival time): %s", message.topic[:200], exc)
+                return arrived, True
+            except WriteError as exc:
+                attempt += 1
+                await self._failed(exc, attempt)
+                continue
+            if attempt:
+                self._health.mongodb_ok = True
+            return found
+        return None
+
+    def take_now(self, message: Inbound) -> bool | None:
+        """:meth:`submit` without a coroutine, when nothing needs waiting for.
+
+        Returns None when :meth:`submit` must take the message instead: the pipeline is
+        full, or the format keeps state (Sparkplug) and may need I/O first. The source
+        calls this for every message; a coroutine each cost more than the batching.
+        """
+        if self._closed:
+            return False
+        # _full(), inline: this runs for every message
+        if (self._buffered >= self._max_buffered or self._held_bytes >= self._max_held_bytes
+                or self._stateful or message.retained):
+            return None
+        self._take(message)
+        return True
+
+    def _take(self, message: Inbound, first_seen: int | None = None) -> Batch | None:
+        """Decode one message into the open batch (there is room for it).
+
+        ``first_seen`` (epoch ms): a retained state's time, used instead of the arrival
+        time for readings without their own. Returns the batch this closed, if any.
+        """
+        # Per-message counts are kept as plain ints and handed to the metrics at scrape
+        # time (sync_metrics): a Prometheus counter takes a lock on every inc().
+        payload = message.payload
+        self._received += 1
+        self._received_bytes += len(payload)
+        if self._mapping is None:  # the default format: no rule lookup at all
+            if first_seen is None:
+                readings, rejections = decode(message.topic, payload, message.received_at,
+                                              self._limits, None, ARRIVALS)
+            else:  # a retained state: its readings without a time take first_seen exactly
+                readings, rejections = decode(message.topic, payload, first_seen / 1000,
+                                              self._limits)
+        else:
+            readings, rejections = self._mapped(message, first_seen)
+        count = len(readings)
+        self._accepted += count
+        self._buffered += count
+        if rejections:
+            for rejection in rejections:
+                self._metrics.reject(rejection.reason)
+            docs = reject_docs(message, rejections, self._writer.mode)
+            size = held_bytes(message, readings, docs)
+        elif count == 1:  # held_bytes of the usual message, inline
+            size = (MESSAGE_BYTES + READING_BYTES + len(payload) + len(message.topic)
+                    + VALUE_BYTES * len(readings[0].values))
+            docs = _NO_DOCS
+        else:
+            docs = _NO_DOCS
+            size = held_bytes(message, readings, docs)
+        self._held_bytes += size
+        batcher = self._batcher
+        had_open = batcher.current is not None
+        full = batcher.add(message, readings, docs, size)
+        if full is not None:
+            self._dispatch(full)
+        elif not had_open:
+            self._opened.set()
+        return full
+
+    def _full(self) -> bool:
+        """Whether the pipeline holds as much as it may (readings or bytes)."""
+        return (self._buffered >= self._max_buffered
+                or self._held_bytes >= self._max_held_bytes)
+
+    def _mapped(self, message: Inbound, first_seen: int | None = None) -> Decoded:
+        """Decode through the mapping rules, counting each rule's messages."""
+        assert self._mapping is not None
+        if first_seen is None:
+            result = self._mapping.decode(message.topic, message.payload,
+                                          message.received_at, self._limits)
+        else:
+            result = self._mapping.decode_at(message.topic, message.payload, first_seen,
+                                             self._limits)
+        if result.rule is None and self._widened:
+            key = (OUTSIDE_RULES, "ignored")
+            self._rule_counts[key] = self._rule_counts.get(key, 0) + 1
+            return Decoded([], [])
+        if result.rule is not None:
+            if result.ignored:
+                outcome = "ignored"
+            else:
+                # Nothing stored and nothing refused (a Sparkplug DEATH): handled, accepted.
+                decoded = result.decoded
+                outcome = ("accepted" if decoded.readings or not decoded.rejections
+                           else "rejected")
+            key = (result.rule.name, outcome)
+            self._rule_counts[key] = self._rule_counts.get(key, 0) + 1
+        return result.decoded
+
+    def sync_metrics(self) -> None:
+        """Move the per-message counts into the metrics (called before each scrape)."""
+        metrics = self._metrics
+        for (rule, outcome), count in self._rule_counts.items():
+            if outcome == "ignored":
+                metrics.messages_ignored.labels(rule).inc(count)
+            else:
+                metrics.rule_messages.labels(rule, outcome).inc(count)
+        self._rule_counts.clear()
+        if self._mapping is not None:
+            for stateful in self._mapping.stateful.values():
+                stateful.sync_metrics(metrics)
+        metrics.messages_received.inc(self._received)
+        metrics.received_bytes.inc(self._received_bytes)
+        metrics.readings_accepted.inc(self._accepted)
+        self._received = self._received_bytes = self._accepted = 0
+        metrics.buffered_readings.set(self._buffered)
+        metrics.buffered_bytes.set(self._held_bytes)
+        checked, seconds = self._writer.take_lookups()
+        if checked:
+            metrics.duplicate_checked.inc(checked)
+            metrics.duplicate_check_seconds.inc(seconds)
+
+    def flush(self) -> None:
+        """Close the open batch now (used at shutdown)."""
+        batch = self._batcher.take()
+        if batch is not None:
+            self._dispatch(batch)
+
+    async def drain(self) -> None:
+        """Take no more messages, flush the open batch, wait until all is written and acked."""
+        self._closed = True
+        self.flush()
+        await self._write_queue.join()
+        await self._ack_queue.join()
+
+    def unwritten_qos0(self) -> int:
+        """QoS 0 messages taken and not written yet (a stop now loses them)."""
+        held = [batch for batch, done in self._dispatched if not done.done()]
+        if self._batcher.current is not None:
+            held.append(self._batcher.current)
+        return sum(1 for batch in held for message in batch.messages if not message.qos)
+
+    async def run(self) -> None:
+        """Run the linger timer, the write workers and the acker until cancelled."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._linger(), name="linger")
+            for i in range(self._settings.write_concurrency):
+                group.create_task(self._write_worker(), name=f"writer-{i}")
+            group.create_task(self._ack_in_order(), name="acker")
+
+    def _dispatch(self, batch: Batch) -> None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._write_queue.put_nowait((batch, done))
+        self._ack_queue.put_nowait((batch, done))
+        self._dispatched.append((batch, done))
+
+    async def _linger(self) -> None:
+        while True:
+            deadline = self._batcher.deadline()
+            if deadline is None:
+                self._opened.clear()
+                await self._opened.wait()
+                continue
+            delay = deadline - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                continue
+            batch = self._batcher.due()
+            if batch is not None:
+                self._dispatch(batch)
+
+    async def _write_worker(self) -> None:
+        while True:
+            taken = [await self._write_queue.get()]
+            # Batches close every --flush-interval even when MongoDB is slow; those
+            # waiting here are written together (up to --batch-size readings, or one
+            # batch beyond it), so a backlog becomes fewer, larger writes that coalesce
+            # more, instead of a queue of small ones.
+            size = len(taken[0][0].readings)
+            while size < self._settings.batch_size and not self._write_queue.empty():
+                taken.append(self._write_queue.get_nowait())
+                size += len(taken[-1][0].readings)
+            try:
+                await self._write_batch(merged([batch for batch, _done in taken]))
+            finally:
+                for _ in taken:
+                    self._write_queue.task_done()
+            for _batch, done in taken:
+                done.set_result(None)
+            self._buffered -= size
+            async with self._space:
+                self._space.notify_all()
+
+    async def _ack_in_order(self) -> None:
+        while True:
+            batch, done = await self._ack_queue.get()
+            try:
+                await done
+                self._metrics.messages_acked.inc(self._acker.ack_all(batch.messages))
+            finally:
+                self._ack_queue.task_done()
+                self._dispatched.popleft()
+            # The batch (payloads included) is let go only now: until acknowledged, a
+            # written batch waits here behind the ones opened before it.
+            self._held_bytes -= batch.held_bytes
+            async with self._space:
+                self._space.notify_all()
+
+    async def _write_batch(self, batch: Batch) -> None:
+        started = time.perf_counter()
+        rejects = batch.rejects
+        if batch.readings:
+            refused = await self._write_readings(batch.readings)
+            if refused:
+                rejects = rejects + self._refused_docs(batch, refused)
+        if rejects:
+            await self._write_rejects(rejects)
+        self._metrics.batch_write_seconds.observe(time.perf_counter() - started)
+        self._metrics.batch_readings.observe(len(batch.readings))
+
+    async def _write_readings(self, readings: list[Reading]
+                              ) -> list[tuple[Reading, Rejection]]:
+        """Write until nothing is left to retry; return the readings refused for good.
+
+        A write retried after its outcome was unknown (or a redelivered message) may hold
+        readings stored already: both writers find those themselves (the bucket unique
+        index, the time-series lookup before each insert) and count them as duplicates.
+        """
+        pending, attempt = readings, 0
+        refused: list[tuple[Reading, Rejection]] = []
+        while pending:
+            plan = self._writer.plan(pending)
+            if self._settings.dry_run:
+                self._count_written(len(plan.ops), len(pending))
+                return refused
+            try:
+                outcome = await self._writer.write(plan)
+            except RefusedWriteError as exc:
+                self._metrics.write_error("rejected")
+                return refused + await self._isolate(pending, exc)
+            except WriteError as exc:
+                attempt += 1
+                await self._failed(exc, attempt)
+                continue
+            refused.extend(self._settled(len(plan.ops), outcome))
+            pending = outcome.retry
+            if pending:
+                attempt += 1
+                await self._failed(outcome.error or WriteError(
+                    f"{len(pending)} readings to retry"), attempt)
+        return refused
+
+    def _settled(self, ops: int, outcome: Outcome) -> list[tuple[Reading, Rejection]]:
+        """Count what a write did; return the readings it refused for good."""
+        self._health.mongodb_ok = True
+        self._count_written(ops, outcome.written)
+        if outcome.duplicates:
+            self._metrics.duplicates.inc(outcome.duplicates)
+        if outcome.refused:
+            self._metrics.write_error("rejected")
+        return (self._refusals(outcome.refused, "write_rejected")
+                + self._refusals(outcome.conflicts, "ts_conflict"))
+
+    def _refusals(self, refused: list[tuple[Reading, str]], reason: str
+                  ) -> list[tuple[Reading, Rejection]]:
+        """Log and count readings refused for good, each with its reason."""
+        for _reading, detail in refused:
+            logger.warning("refused a reading (%s): %s", reason, detail)
+        if refused:
+            self._metrics.reject(reason, len(refused))
+        return [(reading, Rejection(reason, detail)) for reading, detail in refused]
+
+    async def _isolate(self, readings: list[Reading], exc: RefusedWriteError
+                       ) -> list[tuple[Reading, Rejection]]:
+        """A whole request was refused for its data: split it until the culprit is alone."""
+        if len(readings) == 1:
+            return self._refusals([(readings[0], str(exc)[:300])], "write_rejected")
+        half = len(readings) // 2
+        return (await self._write_readings(readings[:half])
+                + await self._write_readings(readings[half:]))
+
+    async def _write_rejects(self, docs: list[dict[str, Any]]) -> None:
+        if self._settings.dry_run:
+            return
+        pending, attempt = docs, 0
+        while pending:
+            try:
+                stored, pending = await self._rejects.write(pending)
+            except RefusedWriteError:
+                logger.exception("rejects collection refused %d documents", len(pending))
+                return
+            except WriteError as exc:
+                attempt += 1
+                await self._failed(exc, attempt)
+                continue
+            self._metrics.rejects_written.inc(stored)
+            if pending:
+                attempt += 1
+                await self._failed(WriteError(f"{len(pending)} rejects to retry"), attempt)
+
+    def _count_written(self, ops: int, readings: int) -> None:
+        self._metrics.write_requests.inc()
+        self._metrics.write_ops.inc(ops)
+        self._metrics.readings_written.inc(readings)
+
+    async def _failed(self, exc: WriteError, attempt: int) -> None:
+        self._health.mongodb_ok = False
+        self._metrics.write_error("transient")
+        delay = backoff(attempt)
+        logger.warning("write failed (attempt %d, retrying in %.2fs): %s", attempt, delay, exc)
+        await asyncio.sleep(delay)
+        if isinstance(exc, SchemaGoneError):
+            await self._ensure_schema()
+
+    async def _ensure_schema(self) -> None:
+        """Create the collection and indexes again (someone dropped them); log, never raise.
+
+        A failure here is left to the next write attempt, which fails the same way and
+        comes back after a longer backoff.
+        """
+        logger.warning("an index the writes name is missing; ensuring the schema again")
+        try:
+            await self._writer.ensure_schema()
+        except (PyMongoError, IngestError) as exc:
+            logger.error("cannot ensure the schema again: %s", str(exc)[:300])  # noqa: TRY400
+
+    def _refused_docs(self, batch: Batch, refused: list[tuple[Reading, Rejection]]
+                      ) -> list[dict[str, Any]]:
+        """Reject documents for readings refused at write time, pointing at their message."""
+        owners = batch.origin()
+        docs: list[dict[str, Any]] = []
+        for reading, rejection in refused:
+            docs.extend(reject_docs(owners[id(reading)], [rejection], self._writer.mode))
+        return docs

@@ -1,0 +1,1 @@
+"""MongoDB: the writers of both layouts, schema, sharding, error classes."""

@@ -1,0 +1,386 @@
+"""Time-series mode (the bridge): one document per reading in a native time-series collection.
+
+Documents are ``{"ts", "meta": {"sensor_id", <tags>?}, "seq"?, "units"?, <measurements in
+name order>}``:
+a stable field order and no null or empty fields, because a change of a field's type
+closes MongoDB's internal bucket early. A batch is sorted by sensor and time and sent with
+one unordered bulk insert (:mod:`ingest.store.writers.bulk`) so MongoDB's bucket catalog fills
+buckets densely. A partial failure retries only the documents that failed with a
+transient error.
+
+One instant of a series (its sensor id and tags, ``meta``) is one reading, as in bucket
+mode (:mod:`ingest.store.writers.instants`): readings that meet within a batch are merged into
+one document. A time-series collection has no unique index, so before each insert the
+writer looks up what is stored at the batch's instants (one ``find`` per
+``LOOKUP_SENSORS`` sensors, served by the ``{meta.sensor_id, ts}`` index, the batch's
+time range pruning buckets): a reading whose fields are all stored with the same values
+is a duplicate, one with a stored field of another value is refused (``ts_conflict``),
+and one that adds fields is inserted with only those, as a second document at that
+instant, which readers merge. So both layouts store and refuse the same readings.
+Writers racing on one instant (two daemons given two readings of one series and
+millisecond at once) can both find nothing and both insert; readers then keep the
+first document's value of a field.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from itertools import groupby, islice
+from operator import attrgetter, eq
+from typing import TYPE_CHECKING, Any
+
+from bson.errors import InvalidDocument
+from bson.objectid import ObjectId
+from pymongo import ReadPreference
+from pymongo.errors import PyMongoError
+
+from ingest.errors import WriteError
+from ingest.store import mongo_errors
+from ingest.store.writers import Outcome, Plan, Singles, bulk, send
+from ingest.store.writers.bucket import bson_dates, ms_of, ts_key
+from ingest.store.writers.instants import (
+    NO_TAGS,
+    TagsKey,
+    merge_series,
+    merged,
+    new_fields,
+    stored_values,
+    tags_key,
+    with_fields,
+)
+
+if TYPE_CHECKING:
+    from pymongo.asynchronous.collection import AsyncCollection
+
+    from ingest.model import Reading
+    from ingest.store.schema import Schema
+
+
+_BY_SENSOR_AND_TIME = attrgetter("sensor_id", "epoch")
+_SENSOR = attrgetter("sensor_id")
+_DATE_MS = attrgetter("ms")
+_new_object = object.__new__
+
+# Sensors per duplicate lookup: a redelivery burst becomes several small queries.
+LOOKUP_SENSORS = 256
+
+# Field names of a reading in name order, by their order in the payload (bounded: names
+# are validated, but a fleet may invent many).
+_SORTED: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+_SORTED_LIMIT = 10_000
+
+
+def reading_document(reading: Reading) -> dict[str, Any]:
+    """The time-series document for one reading."""
+    meta: dict[str, Any] = {"sensor_id": reading.sensor_id}
+    if reading.tags:  # in name order: a meta field order is part of the series
+        tags = reading.tags
+        for key in sorted(tags):
+            meta[key] = tags[key]
+    doc: dict[str, Any] = {"ts": reading.ts, "meta": meta}
+    if reading.seq is not None:
+        doc["seq"] = reading.seq
+    if reading.units is not None:
+        doc["units"] = dict(sorted(reading.units.items()))
+    if reading.info is not None:
+        doc["info"] = dict(sorted(reading.info.items()))
+    values = reading.values
+    for name in sorted(values):
+        doc[name] = values[name]
+    return doc
+
+
+def _sorted_names(names: tuple[str, ...]) -> tuple[str, ...] | None:
+    """``names`` in name order, or None if they are in name order already."""
+    try:
+        return _SORTED[names]
+    except KeyError:
+        order = tuple(sorted(names))
+        result = None if order == names else order
+        if len(_SORTED) < _SORTED_LIMIT:
+            _SORTED[names] = result
+        return result
+
+
+type Runs = list[tuple[str, list[Any]]]
+
+
+def documents(readings: list[Reading]) -> list[dict[str, Any]]:
+    """:func:`reading_document` for each reading, each with a new ``_id`` first."""
+    return _documents(readings)[0]
+
+
+def _documents(readings: list[Reading]) -> tuple[list[dict[str, Any]], Runs, bool]:
+    """:func:`documents`, with what the lookup before the insert needs, in the same pass.
+
+    ``readings`` are sorted by sensor and time. Also returns each sensor's run of times
+    (BSON dates, in order) and whether two readings of one sensor share a millisecond.
+
+    The same documents, built with less work for readings without tags or units: the
+    sorted field order is looked up once per field list, one ``meta`` object is shared by
+    a sensor's documents (nothing changes them), and ``ts`` is a
+    :class:`~ingest.store.writers.bucket.BsonDate`. The ``_id`` is what the driver would add
+    (see :func:`object_ids`); given here, the driver does not make one per document.
+    """
+    ids = object_ids(len(readings))
+    dates = bson_dates(readings)
+    metas: dict[str, dict[str, Any]] = {}
+    sorted_names = _SORTED
+    docs: list[dict[str, Any]] = []
+    append = docs.append
+    for oid, date, reading in zip(ids, dates, readings, strict=True):
+        if reading.tags or reading.units is not None or reading.info is not None:
+            append({"_id": oid, **reading_document(reading)})
+            continue
+        sensor = reading.sensor_id
+        meta = metas.get(sensor)
+        if meta is None:
+            meta = metas[sensor] = {"sensor_id": sensor}
+        values = reading.values
+        names = tuple(values)
+        try:
+            order = sorted_names[names]
+        except KeyError:
+            order = _sorted_names(names)
+        if reading.seq is None:
+            doc = {"_id": oid, "ts": date, "meta": meta}
+        else:
+            doc = {"_id": oid, "ts": date, "meta": meta, "seq": reading.seq}
+        if order is None:
+            doc.update(values)
+        else:
+            for name in order:
+                doc[name] = values[name]
+        append(doc)
+    runs, collided = _runs(readings, dates)
+    return docs, runs, collided
+
+
+def _runs(readings: list[Reading], dates: list[Any]) -> tuple[Runs, bool]:
+    """Each sensor's run of times, and whether two of one sensor share a millisecond.
+
+    ``readings`` are sorted by sensor and time, so equal instants are neighbours. The
+    work per reading is done by builtins (map, groupby, slices); Python runs once a sensor.
+    """
+    sensors = list(map(_SENSOR, readings))
+    stamps = list(map(_DATE_MS, dates))
+    runs: Runs = []
+    collided = False
+    start = 0
+    for sensor, run in groupby(sensors):
+        end = start + len(list(run))
+        if end - start > 1 and not collided:
+            part = stamps[start:end]
+            collided = any(map(eq, part, islice(part, 1, None)))
+        runs.append((sensor, dates[start:end]))
+        start = end
+    return runs, collided
+
+
+class _IdState:
+    """The per-process part of the ObjectIds this module makes."""
+
+    pid = -1
+    random = b""
+    counter = 0
+
+
+def object_ids(count: int) -> list[ObjectId]:
+    """``count`` new ObjectIds as the BSON spec makes them (and the driver would).
+
+    4 bytes of seconds, 5 random bytes drawn once per process, a 3-byte counter from a
+    random start. ``ObjectId()`` costs several times more per id: it reads the clock,
+    checks the pid and takes a lock for every one; ``ObjectId(bytes)`` checks its
+    argument in Python. Here each id's 12 bytes are one integer's, set in its slot.
+    """
+    state = _IdState
+    pid = os.getpid()
+    if state.pid != pid:  # a new process (fork): new random bytes, as the driver does
+        state.pid, state.random = pid, os.urandom(5)
+        state.counter = int.from_bytes(os.urandom(3), "big")
+    # seconds (32 bits), random (40), counter (24): the id as one big-endian integer
+    head = (int(time.time()) & 0xFFFFFFFF) << 64 | int.from_bytes(state.random, "big") << 24
+    start = state.counter
+    state.counter = (start + count) & 0xFFFFFF
+    new = _new_object
+    ids: list[ObjectId] = []
+    append = ids.append
+    for counter in range(start, start + count):
+        oid = new(ObjectId)
+        oid._ObjectId__id = (  # type: ignore[attr-defined]  # noqa: SLF001 - its one slot
+            head | counter & 0xFFFFFF).to_bytes(12, "big")
+        append(oid)
+    return ids
+
+
+class TimeseriesWriter:
+    """Inserts one document per reading."""
+
+    mode = "timeseries"
+
+    def __init__(self, collection: AsyncCollection[dict[str, Any]], schema: Schema) -> None:
+        self._collection = collection
+        # The lookup must see what the primary just acknowledged.
+        self._primary_coll: AsyncCollection[dict[str, Any]] | None = None
+        self._schema = schema
+        # Instants looked up before inserting, and the time it took (see take_lookups).
+        self._checked = 0
+        self._check_seconds = 0.0
+
+    def _primary(self) -> AsyncCollection[dict[str, Any]]:
+        """The collection, read from the primary whatever its read preference says."""
+        if self._primary_coll is None:
+            self._primary_coll = self._collection.with_options(
+                read_preference=ReadPreference.PRIMARY)
+        return self._primary_coll
+
+    async def ensure_schema(self) -> None:
+        """Create (or check) the time-series collection and its index."""
+        await self._schema.ensure_timeseries()
+
+    def plan(self, readings: list[Reading]) -> Plan:
+        """One document per series and instant, sorted by sensor and time."""
+        ordered = sorted(readings, key=_BY_SENSOR_AND_TIME)
+        docs, runs, collided = _documents(ordered)
+        if not collided:  # the common case: no two readings of one sensor at one instant
+            return Plan(docs, Singles(ordered), lookup=runs)
+        pairs, deferred = merge_series(ordered, _instant)
+        ordered = [reading for reading, _ in pairs]
+        docs, runs, _ = _documents(ordered)
+        return Plan(docs, [originals for _, originals in pairs], deferred=deferred,
+                    lookup=runs)
+
+    async def write(self, plan: Plan) -> Outcome:
+        """Leave out what is stored at the plan's instants, then one unordered bulk insert.
+
+        The plan's deferred readings follow in rounds of their own. Raises
+        :class:`WriteError` if the first lookup fails (nothing was inserted then).
+        """
+        outcome = Outcome()
+        first = True
+        while True:
+            try:
+                plan = await self._without_stored(plan)
+                result = (await send(bulk.execute(self._collection, bulk.INSERT, plan.ops),
+                                     plan) if plan.ops else Outcome())
+            except WriteError as exc:
+                if first:
+                    raise
+                # a later round: what the earlier rounds wrote stays counted, and so does
+                # what this round's lookup found stored
+                outcome.duplicates += plan.duplicates
+                outcome.conflicts.extend(plan.conflicts)
+                outcome.retry.extend(r for group in plan.groups for r in group)
+                outcome.retry.extend(plan.deferred)
+                outcome.error = exc
+                break
+            first = False
+            outcome.add(result, plan)
+            if outcome.retry:  # deferred readings come after the ones to retry
+                outcome.retry.extend(plan.deferred)
+                break
+            if not plan.deferred:
+                break
+            plan = self.plan(plan.deferred)
+        return outcome
+
+    async def _without_stored(self, plan: Plan) -> Plan:
+        """``plan`` without what is stored: duplicates, conflicts, and stored fields.
+
+        A document whose instant holds stored fields is built again from the fields of
+        its readings that are not stored (readings merged in order, as the plan did).
+        """
+        started = time.perf_counter()
+        try:
+            stored = await self.stored_at(plan.lookup)
+        finally:
+            self._checked += len(plan.ops)
+            self._check_seconds += time.perf_counter() - started
+        if not stored:
+            return plan
+        ops: list[Any] = []
+        groups: list[list[Reading]] = []
+        out = Plan(ops, groups, plan.duplicates, list(plan.conflicts), plan.deferred)
+        for doc, group in zip(plan.ops, plan.groups, strict=True):
+            fields = stored.get(_doc_instant(doc))
+            if fields is None:
+                ops.append(doc)
+                groups.append(group)
+                continue
+            part, kept = self._unstored(group, fields, out)
+            if part is not None:
+                ops.append({"_id": doc["_id"], **reading_document(part)})
+                groups.append(kept)
+        return out
+
+    @staticmethod
+    def _unstored(group: list[Reading], fields: dict[str, Any], plan: Plan
+                  ) -> tuple[Reading | None, list[Reading]]:
+        """The readings of one instant less what ``fields`` (stored there) already holds.
+
+        Returns what is left to store, and the readings that still add something.
+        """
+        part: Reading | None = None
+        kept: list[Reading] = []
+        for reading in group:
+            new = new_fields(reading, fields)
+            if isinstance(new, str):
+                plan.conflicts.append((reading, new))
+                continue
+            if not new:
+                plan.duplicates += 1
+                continue
+            fields.update(new)
+            kept.append(reading)
+            rest = with_fields(reading, new)
+            part = rest if part is None else merged(part, rest)  # type: ignore[assignment]
+        return part, kept
+
+    async def stored_at(self, runs: Runs) -> dict[tuple[Any, ...], dict[str, Any]]:
+        """The fields stored at the given times, by (sensor, tags, millisecond).
+
+        ``runs``: each sensor's times, in order (a plan's ``lookup``). One ``find`` per
+        ``LOOKUP_SENSORS`` sensors, each clause a sensor and its times. Raises
+        :class:`WriteError` if a lookup fails.
+        """
+        clauses = [{"meta.sensor_id": sensor,
+                    "ts": times[0] if len(times) == 1
+                    else {"$gte": times[0], "$lte": times[-1], "$in": times}}
+                   for sensor, times in runs]
+        found: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for start in range(0, len(clauses), LOOKUP_SENSORS):
+            query = {"$or": clauses[start:start + LOOKUP_SENSORS]}
+            try:
+                cursor = self._primary().find(query, {"_id": 0, "seq": 0, "units": 0})
+                async for doc in cursor:
+                    key = _doc_instant(doc)
+                    values = stored_values(doc)
+                    known = found.get(key)
+                    if known is None:
+                        found[key] = values
+                    else:  # several documents at one instant: the first holds a field
+                        known.update({k: v for k, v in values.items() if k not in known})
+            except (PyMongoError, InvalidDocument) as exc:
+                raise mongo_errors.translate(exc, "lookup") from exc
+        return found
+
+    def take_lookups(self) -> tuple[int, float]:
+        """Instants looked up since the last call, and the seconds it took."""
+        taken = self._checked, self._check_seconds
+        self._checked, self._check_seconds = 0, 0.0
+        return taken
+
+
+def _instant(reading: Reading) -> tuple[str, TagsKey, int]:
+    """A reading's series and instant."""
+    return reading.sensor_id, tags_key(reading.tags), ms_of(reading)
+
+
+def _doc_instant(doc: dict[str, Any]) -> tuple[str, TagsKey, int]:
+    """A time-series document's series and instant (its ``meta`` less the sensor id)."""
+    meta = doc["meta"]
+    if len(meta) == 1:
+        return meta["sensor_id"], NO_TAGS, ts_key(doc["ts"])
+    tags = {k: v for k, v in meta.items() if k != "sensor_id"}
+    return meta["sensor_id"], tags_key(tags), ts_key(doc["ts"])

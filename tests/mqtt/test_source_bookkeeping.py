@@ -1,0 +1,136 @@
+"""The source's receive path and acknowledgement bookkeeping, driven in process.
+
+A real aiomqtt/paho client with the hooks installed reads PUBLISH packets from a socket
+stand-in (tests/mqtt/test_paho_contract.py's ``KernelSocket``), the source's own consumer
+offers them to a sink, and PUBACKs are captured from paho's out queue: no broker, so the
+moments between two connections can be held still and looked at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import aiomqtt
+
+from ingest.config import Settings
+from ingest.metrics import Health, Metrics
+from ingest.mqtt.source import MqttSource
+from tests.mqtt.test_paho_contract import KernelSocket, publish_packet
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ingest.model import Inbound
+
+
+class Connection:
+    """One connection of the source's session: its client, socket and queued PUBACKs."""
+
+    def __init__(self, source: MqttSource) -> None:
+        self.client = aiomqtt.Client("127.0.0.1", protocol=aiomqtt.ProtocolVersion.V5)
+        self.inbox = source._receiver(self.client)
+        paho: Any = self.client._client
+        self.sock = KernelSocket(65536)
+        paho._sock = self.sock
+        self.pubacks: list[bytes] = []
+        paho._packet_queue = lambda _cmd, packet, *_a, **_k: self.pubacks.append(
+            bytes(packet)) or 0
+        self.paho = paho
+        source._connected(self.client)
+
+    def receive(self, *packets: bytes) -> None:
+        self.sock.feed(b"".join(packets))
+        while self.sock.queue:
+            self.paho.loop_read()
+
+
+def packet(mid: int, dup: bool = False) -> bytes:
+    return publish_packet(f"t/s{mid}/readings", b'{"temp": %d}' % mid, mid, 1, dup=dup)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(5):
+        while not condition():
+            await asyncio.sleep(0)
+
+
+async def test_a_connection_ending_forgets_what_the_pipeline_did_not_take() -> None:
+    """Three QoS 1 messages: the pipeline took the first, the second is being offered to
+    it (the pipeline is full) and the third waits in the inbox when the connection ends.
+    On the resumed session the broker resends all three with DUP: the first is adopted
+    by its write in flight (not offered again, acknowledged on the new connection once
+    written), the other two are offered as new messages and acknowledged there."""
+    metrics = Metrics("bucket")
+    source = MqttSource(Settings(max_inflight_messages=100), metrics, Health())
+    offered: list[Inbound] = []
+    full = asyncio.Event()
+
+    async def sink(message: Inbound) -> bool:
+        offered.append(message)
+        if len(offered) == 2:
+            await full.wait()  # never set: the pipeline stays full
+        return True
+
+    first = Connection(source)
+    consume = asyncio.create_task(source._consume(first.inbox, sink))
+    first.receive(packet(1), packet(2), packet(3))
+    await until(lambda: len(offered) == 2)
+    assert [m.mid for m in first.inbox.messages] == [3]
+    # The connection ends (as _consume_until_stopped does on a drop).
+    consume.cancel()
+    source._disconnected()
+    source._close(first.inbox)
+    assert (list(first.inbox.messages), first.inbox.current, first.inbox.bytes) == ([], None, 0)
+    assert sorted(source._unacked) == [1]  # only the message the pipeline took
+
+    second = Connection(source)
+    taken = offered[:1]
+    offered.clear()
+    consume = asyncio.create_task(source._consume(second.inbox, lambda m: _take(offered, m)))
+    try:
+        second.receive(packet(1, dup=True), packet(2, dup=True), packet(3, dup=True))
+        await until(lambda: len(offered) == 2)
+        assert [(m.mid, m.dup, m.generation) for m in offered] == [(2, True, 2), (3, True, 2)]
+        assert metrics.redeliveries_adopted._value.get() == 1
+        # The first write finishes: acknowledged on the connection that adopted it.
+        assert source.ack_all(taken) == 1
+        assert source.ack_all(offered) == 2
+        assert second.pubacks == [bytes((0x40, 2, 0, 1)), bytes((0x40, 2, 0, 2, 0x40, 2, 0, 3))]
+        assert first.pubacks == []
+        assert source._unacked == {}
+        # Messages arriving one at a time into the empty inbox each wake the consumer.
+        for mid in (4, 5, 6):
+            second.receive(packet(mid))
+            await until(lambda mid=mid: offered[-1].mid == mid)
+    finally:
+        consume.cancel()
+
+
+async def _take(offered: list[Inbound], message: Inbound) -> bool:
+    offered.append(message)
+    return True
+
+
+async def test_a_message_the_pipeline_refuses_is_forgotten_and_its_dup_offered_again() -> None:
+    """A message the pipeline does not take (shutting down) is not acknowledged, and its
+    DUP on the next connection is offered as a new message, not adopted."""
+    source = MqttSource(Settings(max_inflight_messages=100), Metrics("bucket"), Health())
+    refused: list[Inbound] = []
+
+    async def shutting_down(message: Inbound) -> bool:
+        refused.append(message)
+        return False
+
+    first = Connection(source)
+    consume = asyncio.create_task(source._consume(first.inbox, shutting_down))
+    first.receive(packet(7))
+    await until(lambda: len(refused) == 1)
+    assert source.ack_all(refused) == 0
+    consume.cancel()
+    source._disconnected()
+    source._close(first.inbox)
+    second = Connection(source)
+    second.receive(packet(7, dup=True))
+    assert [(m.mid, m.dup) for m in second.inbox.messages] == [(7, True)]
+    assert source._metrics.redeliveries_adopted._value.get() == 0

@@ -1,0 +1,152 @@
+"""The writers' statements reach MongoDB as pymongo's public bulk API would send them.
+
+``ingest.store.writers.bulk`` hands prebuilt statements to pymongo's bulk machinery instead of
+``bulk_write``/``insert_many``. Through the real driver (a command listener on its own
+client), both paths send the same commands, fail the same way and retry the same way;
+the fallback for another pymongo sends them through the public API.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from pymongo import AsyncMongoClient, monitoring
+from pymongo.errors import BulkWriteError, PyMongoError
+
+from ingest.model import Reading
+from ingest.store.schema import BUCKET_INDEX
+from ingest.store.writers import bulk
+from ingest.store.writers.bucket import BucketWriter
+from ingest.store.writers.timeseries import TimeseriesWriter
+from tests.support.mongo import failpoint
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+HOUR = 3600
+T0 = 1_790_000_000 // HOUR * HOUR
+# What differs between two sends of the same statements: sessions, clocks, names.
+VOLATILE = {"lsid", "txnNumber", "$clusterTime", "$db", "update", "insert"}
+
+
+class Commands(monitoring.CommandListener):
+    """The write commands a client sends, as the driver publishes them."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.failed_codes: list[int | None] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name in {"update", "insert"}:
+            self.sent.append({k: v for k, v in event.command.items() if k not in VOLATILE})
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        self.failed_codes.append(event.failure.get("code"))
+
+
+@pytest.fixture
+async def listened(mongo_uri: str, db_name: str
+                   ) -> AsyncIterator[tuple[Any, Commands]]:
+    commands = Commands()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        mongo_uri, tz_aware=True, event_listeners=[commands])
+    try:
+        yield client[db_name], commands
+    finally:
+        await client.drop_database(db_name)
+        await client.close()
+
+
+async def hinted(db: Any, *names: str) -> None:
+    """The index the bucket upserts name in their hint."""
+    for name in names:
+        await db[name].create_index([("sensor_id", 1), ("bucket_start", 1)],
+                                    name=BUCKET_INDEX)
+
+
+def readings(sensors: int, each: int, offset: int = 0) -> list[Reading]:
+    return [Reading(f"s{s}", None, float(T0 + offset + i), {"t": 20.5 + i, "h": 40 + s},
+                    i, (T0 + offset + i) * 1000)
+            for s in range(sensors) for i in range(each)]
+
+
+def test_the_installed_pymongo_takes_the_fast_path() -> None:
+    # A pymongo whose bulk internals changed would still work (the public API), with more
+    # CPU per reading; this fails first, so the pin in pyproject.toml gets looked at.
+    assert bulk.fast_path_problem() is None
+
+
+@pytest.mark.parametrize("kind", [bulk.UPDATE, bulk.INSERT])
+async def test_the_fast_path_sends_the_public_apis_commands(
+        listened: tuple[Any, Commands], kind: str) -> None:
+    db, commands = listened
+    batch = readings(3, 4)
+    if kind == bulk.UPDATE:
+        await hinted(db, "fast", "public")
+        writer: Any = BucketWriter(db["fast"], None, HOUR, 3600)  # type: ignore[arg-type]
+    else:
+        writer = TimeseriesWriter(db["fast"], None)  # type: ignore[arg-type]
+    plan = writer.plan(batch)
+    await bulk.execute(db["fast"], kind, plan.ops)
+    await bulk.public(db["public"], kind, plan.ops)
+    fast, public = commands.sent
+    assert fast == public
+    assert fast["ordered"] is False
+    field = "updates" if kind == bulk.UPDATE else "documents"
+    assert len(fast[field]) == len(plan.ops)
+    assert (await db["fast"].count_documents({})) == (await db["public"].count_documents({}))
+
+
+async def test_a_partial_failure_raises_the_same_bulk_write_error(
+        listened: tuple[Any, Commands]) -> None:
+    db, _commands = listened
+    for name in ("fast", "public"):
+        await db[name].insert_one({"_id": "taken"})
+    statements = [{"_id": "new", "v": 1}, {"_id": "taken", "v": 2}, {"_id": "other", "v": 3}]
+    errors = []
+    for name, send in (("fast", bulk.execute), ("public", bulk.public)):
+        with pytest.raises(BulkWriteError) as raised:
+            await send(db[name], bulk.INSERT, [dict(s) for s in statements])
+        errors.append(raised.value.details)
+    fast, public = errors
+    assert [e["index"] for e in fast["writeErrors"]] == [1]
+    assert [(e["index"], e["code"]) for e in fast["writeErrors"]] == [
+        (e["index"], e["code"]) for e in public["writeErrors"]]
+    assert fast["nInserted"] == public["nInserted"] == 2
+
+
+async def test_a_failed_command_fails_both_paths_alike(
+        listened: tuple[Any, Commands], mongo: AsyncMongoClient[dict[str, Any]]) -> None:
+    db, commands = listened
+    outcomes = []
+    for name, send in (("fast", bulk.execute), ("public", bulk.public)):
+        async with failpoint(mongo, ["insert"], mode={"times": 1}):
+            try:
+                await send(db[name], bulk.INSERT, [{"_id": 1, "v": 1}])
+                outcomes.append("written")
+            except PyMongoError as exc:
+                outcomes.append(type(exc).__name__)
+    assert outcomes[0] == outcomes[1]
+    assert commands.failed_codes == [91, 91]  # each path met the failure once
+    # as many attempts either way (one, or two where the driver retries the write)
+    assert len(commands.sent) % 2 == 0
+    assert commands.sent[: len(commands.sent) // 2] == commands.sent[len(commands.sent) // 2:]
+
+
+async def test_without_the_fast_path_the_public_api_writes_the_same(
+        listened: tuple[Any, Commands], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, commands = listened
+    await hinted(db, "fast", "public")
+    plan = BucketWriter(db["x"], None, HOUR, 3600).plan(readings(2, 3))  # type: ignore[arg-type]
+    await bulk.execute(db["fast"], bulk.UPDATE, plan.ops)
+    monkeypatch.setattr(bulk, "_RUN", None)
+    await bulk.execute(db["public"], bulk.UPDATE, plan.ops)
+    assert commands.sent[0] == commands.sent[1]
+    stored = [d async for d in db["public"].find({}, {"_id": 0}).sort("sensor_id")]
+    assert [(d["sensor_id"], d["count"]) for d in stored] == [("s0", 3), ("s1", 3)]
+    assert stored[0]["readings"][0]["ts"] == datetime.fromtimestamp(T0, UTC)
