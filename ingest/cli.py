@@ -506,12 +506,12 @@ def _execute_local(local: LocalSettings) -> int:
 def _execute_api(settings: ApiSettings, log_level: str) -> int:
     import uvloop  # noqa: PLC0415 - only the running server needs it
 
-    from ingest.api import server as api  # noqa: PLC0415 - keeps --help and config errors fast
+    from ingest.api import server  # noqa: PLC0415 - keeps --help and config errors fast
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        uvloop.run(api.serve(settings))
+        uvloop.run(server.serve(settings))
     except ConfigError as exc:
         print(f"ingest: error: {exc}", file=sys.stderr)  # noqa: T201
         return 2
@@ -558,12 +558,12 @@ def _run_daemon(settings: Settings) -> int:
     """``ingest run``: one daemon, or the parent of its workers; the exit status."""
     import uvloop  # noqa: PLC0415 - as in _execute
 
-    from ingest.mqtt import client_lock as owner  # noqa: PLC0415 - as app
-    from ingest.mqtt.worker_sessions import worker_client_id  # noqa: PLC0415 - as app
+    from ingest.mqtt import client_lock  # noqa: PLC0415 - as app
+    from ingest.pipeline.worker_sessions import worker_client_id  # noqa: PLC0415 - as app
 
     # Every session this daemon uses, for as long as it runs (forked workers inherit the
     # locks): a second daemon with the same client ids refuses to start.
-    held = owner.claim_all(settings, [worker_client_id(settings.client_id, index)
+    held = client_lock.claim_all(settings, [worker_client_id(settings.client_id, index)
                                       for index in range(settings.workers)])
     try:
         if settings.workers > 1:
@@ -575,4 +575,4 @@ def _run_daemon(settings: Settings) -> int:
         uvloop.run(run_one(settings))
         return 0
     finally:
-        owner.release(held)
+        client_lock.release(held)

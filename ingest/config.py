@@ -108,7 +108,7 @@ class Settings:
     workers: int = 1
     # Take only what the session already holds: subscribe nothing, unsubscribe the
     # subscriptions (a retired worker's session, drained then ended;
-    # ingest/mqtt/worker_sessions.py).
+    # ingest/pipeline/worker_sessions.py).
     drain_only: bool = False
 
     @property

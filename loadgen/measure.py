@@ -17,7 +17,7 @@ from pymongo.errors import PyMongoError
 
 from ingest.config import Settings
 from ingest.devices.decode import Limits, decode
-from ingest.store import layout_queries as queries
+from ingest.store import layout_queries
 from ingest.store.writers.bucket import BucketWriter
 from ingest.store.writers.timeseries import TimeseriesWriter
 from loadgen import payloads
@@ -121,15 +121,15 @@ def query_latency(db: Database[dict[str, Any]], name: str, mode: str, run: paylo
     sensor = run.sensor_id(0)
     bucket = mode == "bucket"
 
-    def recent(hours: int) -> queries.Pipeline:
+    def recent(hours: int) -> layout_queries.Pipeline:
         since = until - timedelta(hours=hours)
-        return (queries.recent_bucket(sensor, since, until, span) if bucket
-                else queries.recent_timeseries(sensor, since, until))
+        return (layout_queries.recent_bucket(sensor, since, until, span) if bucket
+                else layout_queries.recent_timeseries(sensor, since, until))
 
     day = (day_end - timedelta(days=1), day_end)
     pipelines = {"one_sensor_last_hour": recent(1), "one_sensor_last_24h": recent(24),
-                 "hourly_all_sensors_day": (queries.hourly_bucket("temp", *day) if bucket
-                                            else queries.hourly_timeseries("temp", *day))}
+                 "hourly_all_sensors_day": (layout_queries.hourly_bucket("temp", *day) if bucket
+                                            else layout_queries.hourly_timeseries("temp", *day))}
     out: dict[str, Any] = {}
     for key, pipeline in pipelines.items():
         times, rows = [], 0

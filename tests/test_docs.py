@@ -124,8 +124,9 @@ TEST_FILES = {path.name: path for path in (ROOT / "tests").rglob("test_*.py")}
 
 
 def test_every_test_the_docs_name_by_file_is_in_that_file() -> None:
-    """``file.py::test_name`` (a file anywhere under ``tests/``) names a test of that file; ``::test_name``
-    after it names a test of the same file (the fault model's and MongoDB errors' tables)."""
+    """``file.py::test_name`` (a file anywhere under ``tests/``) names a test of that file;
+    ``::test_name`` after it names a test of the same file (the fault model's and MongoDB
+    errors' tables)."""
     missing, seen = [], 0
     for page in PAGES:
         for cell in re.split(r"\||\n\n", page.read_text(encoding="utf-8")):

@@ -35,8 +35,7 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
 from ingest import __version__
-from ingest.api import openapi
-from ingest.api import read_queries as reads
+from ingest.api import openapi, read_queries
 from ingest.api.query_params import (
     ENDPOINT_PARAMETERS,
     LIMITS,
@@ -162,12 +161,12 @@ class ReadApi:
         limit = p.limit(*LIMITS["sensors"])
         after = p.sensor_cursor()
         docs = await self.aggregate(self.collection,
-                                    reads.sensors(self.layout, since, until, after, limit))
+                                    read_queries.sensors(self.layout, since, until, after, limit))
         more = len(docs) > limit
         docs = docs[:limit]
         return json_response({
-            "since": reads.iso(since), "until": reads.iso(until),
-            "sensors": [reads.sensor_answer(d) for d in docs],
+            "since": read_queries.iso(since), "until": read_queries.iso(until),
+            "sensors": [read_queries.sensor_answer(d) for d in docs],
             "next": encode_cursor("s", *last_series(docs)) if more else None,
         })
 
@@ -182,13 +181,13 @@ class ReadApi:
         # Rows sorted by series, time and _id; a time-series instant may span several
         # rows, so the last instant of a full fetch may be cut: it is fetched again with
         # the next rows. Bucket mode ends in one round (one row per instant).
-        entries: list[tuple[reads.SeriesKey, int, dict[str, Any]]] = []
+        entries: list[tuple[read_queries.SeriesKey, int, dict[str, Any]]] = []
         fetch = limit + 2
         while True:
-            rows = await self.aggregate(self.collection, reads.readings(
+            rows = await self.aggregate(self.collection, read_queries.readings(
                 self.layout, selection, since, until, measurements, after, fetch))
             complete = len(rows) < fetch
-            merged = reads.merge_rows(rows, complete)
+            merged = read_queries.merge_rows(rows, complete)
             entries += merged
             if complete or len(entries) > limit:
                 break
@@ -200,20 +199,20 @@ class ReadApi:
             await self._first_seqs(page)
         more = len(entries) > limit
         return json_response({
-            "since": reads.iso(since), "until": reads.iso(until),
-            "readings": [reads.reading_answer(key, doc, measurements)
+            "since": read_queries.iso(since), "until": read_queries.iso(until),
+            "readings": [read_queries.reading_answer(key, doc, measurements)
                          for key, _, doc in page],
             "next": (encode_cursor("r", page[-1][0].sensor_id, page[-1][0].tag_dict,
                                    page[-1][1]) if more else None),
         })
 
-    async def _first_seqs(self, page: list[tuple[reads.SeriesKey, int, dict[str, Any]]]
+    async def _first_seqs(self, page: list[tuple[read_queries.SeriesKey, int, dict[str, Any]]]
                           ) -> None:
         """Set each reading's ``seq`` from its first document holding one (time-series)."""
         found = await self.aggregate(self.collection,
-                                     reads.first_seqs([(k, ms) for k, ms, _ in page]))
-        seqs = {(reads.series_key(d["_id"]["meta"]["sensor_id"], d["_id"]["meta"]),
-                 reads.to_ms(d["_id"]["ts"])): d["seq"] for d in found}
+                                     read_queries.first_seqs([(k, ms) for k, ms, _ in page]))
+        seqs = {(read_queries.series_key(d["_id"]["meta"]["sensor_id"], d["_id"]["meta"]),
+                 read_queries.to_ms(d["_id"]["ts"])): d["seq"] for d in found}
         for key, ms, doc in page:
             seq = seqs.get((key, ms))
             if seq is None:
@@ -229,18 +228,18 @@ class ReadApi:
         sensor_ids = selection.sensor_ids
         measurements = p.measurements(required=True)
         step_ms = p.step_ms(60_000)
-        low, high = reads.floor_ms(since, step_ms), reads.ceil_ms(until, step_ms)
-        steps = (reads.to_ms(high) - reads.to_ms(low)) // step_ms
+        low, high = read_queries.floor_ms(since, step_ms), read_queries.ceil_ms(until, step_ms)
+        steps = (read_queries.to_ms(high) - read_queries.to_ms(low)) // step_ms
         points = steps * len(sensor_ids) * len(measurements)
         if points > MAX_POINTS:
             raise ParamError("step", f"the answer would hold up to {points} points "
                                      f"({steps} steps x {len(sensor_ids)} sensors x "
                                      f"{len(measurements)} measurements); at most "
                                      f"{MAX_POINTS}: use a longer step or a shorter window")
-        source = "stats" if reads.uses_stats(self.layout, step_ms) else "readings"
-        docs = await self.aggregate(self.collection, reads.series(
+        source = "stats" if read_queries.uses_stats(self.layout, step_ms) else "readings"
+        docs = await self.aggregate(self.collection, read_queries.series(
             self.layout, selection, measurements, low, high, step_ms))
-        answer = reads.series_answer(docs, sensor_ids, measurements)
+        answer = read_queries.series_answer(docs, sensor_ids, measurements)
         held = sum(len(s["points"]) for s in answer)
         if held > MAX_POINTS:  # sensors of many series: more than one series each
             raise ParamError("step", f"the answer holds {held} points ({len(answer)} "
@@ -248,7 +247,8 @@ class ReadApi:
                                      "longer step, a shorter window or select series by tag")
         self.metrics.series_source.labels(source).inc()
         return json_response({
-            "since": reads.iso(low), "until": reads.iso(high), "step_seconds": step_ms / 1000,
+            "since": read_queries.iso(low), "until": read_queries.iso(high),
+            "step_seconds": step_ms / 1000,
             "source": source, "series": answer,
         })
 
@@ -258,12 +258,12 @@ class ReadApi:
         since = p.time("since", p.now - timedelta(hours=1))
         limit = p.limit(*LIMITS["rejects"])
         latest, reasons = await asyncio.gather(
-            self.aggregate(self.rejects, reads.rejects(since, limit)),
-            self.aggregate(self.rejects, reads.reject_reasons(since)))
+            self.aggregate(self.rejects, read_queries.rejects(since, limit)),
+            self.aggregate(self.rejects, read_queries.reject_reasons(since)))
         for doc in latest:
-            doc["at"] = reads.iso(doc["at"])
+            doc["at"] = read_queries.iso(doc["at"])
         return json_response({
-            "since": reads.iso(since), "rejects": latest,
+            "since": read_queries.iso(since), "rejects": latest,
             "reasons": [{"reason": d["_id"], "count": d["count"]} for d in reasons],
         })
 
@@ -331,7 +331,7 @@ class ReadApi:
 
 def last_series(docs: list[dict[str, Any]]) -> tuple[str, dict[str, str]]:
     """The sensor id and tags of the last row of a sensors page (its cursor)."""
-    key = reads.sensor_key(docs[-1])
+    key = read_queries.sensor_key(docs[-1])
     return key.sensor_id, key.tag_dict
 
 

@@ -3,9 +3,10 @@
 The broker gives a client id's session to whoever connects last, closing the connection
 of the client that held it (a takeover). Two daemons that derive the same client id (the
 default is ``ingest-<mode>-<hostname>``) would take the session from each other, and a
-daemon that retires the sessions of workers it no longer has (ingest/mqtt/worker_sessions.py) would
-take those of a live daemon's workers. So each process holds a lock per client id it
-uses, and a process that finds one held refuses to start (or leaves that session alone).
+daemon that retires the sessions of workers it no longer has
+(ingest/pipeline/worker_sessions.py) would take those of a live daemon's workers. So each
+process holds a lock per client id it uses, and a process that finds one held refuses to
+start (or leaves that session alone).
 
 The lock is a Unix socket in Linux's abstract namespace, named after the broker's address
 and the client id: only one socket can be bound to a name, and the kernel unbinds it when

@@ -22,7 +22,7 @@ Sessions outlive a change of the worker count, so two things are cleaned up at s
   the source unsubscribes it after subscribing (``Settings.other_subscriptions``);
 * the sessions of workers that no longer exist (``<client-id>-w<k>`` for k >= N) hold
   the messages the broker queued for them, and as members of the group they would go on
-  receiving a share of the new ones: ingest/mqtt/worker_sessions.py resumes each one, takes its
+  receiving a share of the new ones: ingest/pipeline/worker_sessions.py resumes each one, takes its
   messages through the normal pipeline (written, then acknowledged), and ends it.
 
 A worker that exits unexpectedly stops the others gracefully and the parent exits with
@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING
 
 from ingest.devices.decode import ARRIVALS
 from ingest.errors import ConfigError, IncompatibleError, SchemaError, StartupError
-from ingest.mqtt.worker_sessions import deadline, retire_sessions, worker_client_id
 from ingest.pipeline import app
+from ingest.pipeline.worker_sessions import deadline, retire_sessions, worker_client_id
 from ingest.pipeline.workers_endpoint import AggregateServer, Endpoint, listen
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from ingest.config import Settings, parse_mqtt_url
-from ingest.mqtt import client_lock as owner
+from ingest.mqtt import client_lock
 from tests.support.procs import ROOT
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -23,32 +23,32 @@ def settings(url: str = "mqtt://127.0.0.1:1883") -> Settings:
 
 def test_a_held_client_id_is_refused_with_the_holders_pid_and_freed_on_release() -> None:
     client_id = f"c-{uuid.uuid4().hex[:8]}"
-    held = owner.claim_all(settings(), [client_id, f"{client_id}-w1"])
+    held = client_lock.claim_all(settings(), [client_id, f"{client_id}-w1"])
     try:
-        with pytest.raises(owner.SessionInUseError) as info:
-            owner.claim(settings(), f"{client_id}-w1")
+        with pytest.raises(client_lock.SessionInUseError) as info:
+            client_lock.claim(settings(), f"{client_id}-w1")
         assert info.value.pid == os.getpid()
         assert str(info.value).startswith(
             f"--client-id: another ingest daemon (pid {os.getpid()}) on this host uses "
             f"client id {client_id}-w1 with the broker at 127.0.0.1:1883")
         # Another broker, or another client id: not the same session.
-        owner.release([sock for sock in (owner.claim(settings("mqtt://127.0.0.1:1884"),
+        client_lock.release([sock for sock in (client_lock.claim(settings("mqtt://127.0.0.1:1884"),
                                                      client_id),
-                                         owner.claim(settings(), f"{client_id}-w2"))
+                                         client_lock.claim(settings(), f"{client_id}-w2"))
                        if sock is not None])
     finally:
-        owner.release(held)
-    owner.release([sock for sock in [owner.claim(settings(), client_id)] if sock])
+        client_lock.release(held)
+    client_lock.release([sock for sock in [client_lock.claim(settings(), client_id)] if sock])
 
 
 def test_claim_all_is_all_or_nothing() -> None:
     client_id = f"c-{uuid.uuid4().hex[:8]}"
-    taken = owner.claim(settings(), f"{client_id}-w1")
+    taken = client_lock.claim(settings(), f"{client_id}-w1")
     assert taken is not None
     try:
-        with pytest.raises(owner.SessionInUseError):
-            owner.claim_all(settings(), [client_id, f"{client_id}-w1"])
-        again = owner.claim(settings(), client_id)  # the first was given back
+        with pytest.raises(client_lock.SessionInUseError):
+            client_lock.claim_all(settings(), [client_id, f"{client_id}-w1"])
+        again = client_lock.claim(settings(), client_id)  # the first was given back
         assert again is not None
         again.close()
     finally:
@@ -59,9 +59,9 @@ def test_a_killed_holder_leaves_no_lock_behind() -> None:
     """The kernel frees the name when the process ends, however it ends."""
     client_id = f"c-{uuid.uuid4().hex[:8]}"
     code = ("import os, signal, sys\n"
-            "from ingest.mqtt import client_lock as owner\n"
+            "from ingest.mqtt import client_lock\n"
             "from ingest.config import Settings, parse_mqtt_url\n"
-            "held = owner.claim(Settings(mqtt=parse_mqtt_url('mqtt://127.0.0.1:1883')), "
+            "held = client_lock.claim(Settings(mqtt=parse_mqtt_url('mqtt://127.0.0.1:1883')), "
             "sys.argv[1])\n"
             "print('held', flush=True)\n"
             "sys.stdin.readline()\n"
@@ -71,12 +71,12 @@ def test_a_killed_holder_leaves_no_lock_behind() -> None:
         assert child.stdin is not None
         assert child.stdout is not None
         assert child.stdout.readline() == "held\n"
-        with pytest.raises(owner.SessionInUseError) as info:
-            owner.claim(settings(), client_id)
+        with pytest.raises(client_lock.SessionInUseError) as info:
+            client_lock.claim(settings(), client_id)
         assert info.value.pid == child.pid
         child.stdin.write("go\n")
         child.stdin.flush()
         assert child.wait(timeout=10) == -9
-    sock = owner.claim(settings(), client_id)
+    sock = client_lock.claim(settings(), client_id)
     assert sock is not None
     sock.close()

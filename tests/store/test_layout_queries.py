@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ingest.model import Reading
-from ingest.store import layout_queries as queries
+from ingest.store import layout_queries
 from ingest.store.schema import Schema
 from ingest.store.writers.bucket import BucketWriter
 from ingest.store.writers.timeseries import TimeseriesWriter
@@ -50,9 +50,9 @@ async def test_recent_readings_of_one_sensor_match(db: Any) -> None:
     await write_both(db, readings)
     since, until = START + timedelta(minutes=50), START + timedelta(minutes=110)
     bucket = await (await db.buckets.aggregate(
-        queries.recent_bucket("s2", since, until))).to_list()
+        layout_queries.recent_bucket("s2", since, until))).to_list()
     series = await (await db.readings.aggregate(
-        queries.recent_timeseries("s2", since, until))).to_list()
+        layout_queries.recent_timeseries("s2", since, until))).to_list()
     expected = sorted((r for r in readings if r.sensor_id == "s2" and since <= r.ts < until),
                       key=lambda r: r.epoch)
     assert [d["seq"] for d in bucket] == [r.seq for r in expected]
@@ -65,9 +65,9 @@ async def test_hourly_statistics_of_all_sensors_match(db: Any) -> None:
     await write_both(db, readings)
     since, until = START, START + timedelta(hours=3)
     bucket = await (await db.buckets.aggregate(
-        queries.hourly_bucket("hum", since, until))).to_list()
+        layout_queries.hourly_bucket("hum", since, until))).to_list()
     series = await (await db.readings.aggregate(
-        queries.hourly_timeseries("hum", since, until))).to_list()
+        layout_queries.hourly_timeseries("hum", since, until))).to_list()
     assert len(bucket) == len(series) == 9  # 3 sensors x 3 hours
     for b, s in zip(bucket, series, strict=True):
         assert (b["sensor_id"], b["hour"], b["count"], b["min"], b["max"]) == (

@@ -21,8 +21,7 @@ from paho.mqtt.properties import Properties
 from prometheus_client.parser import text_string_to_metric_families
 
 from ingest.config import MAX_WORKERS
-from ingest.mqtt import client_lock as owner
-from ingest.mqtt import paho_hooks
+from ingest.mqtt import client_lock, paho_hooks
 from ingest.mqtt.source import SESSION_EXPIRY
 from ingest.pipeline import app
 from ingest.pipeline.workers_endpoint import ask, listen
@@ -62,8 +61,8 @@ async def retire_sessions(settings: Settings, shutdown: app.Shutdown) -> None:
         try:
             # A session a live process on this host uses is not a retired one: even a
             # probe would take it over.
-            held = owner.claim(settings, client_id)
-        except owner.SessionInUseError as exc:
+            held = client_lock.claim(settings, client_id)
+        except client_lock.SessionInUseError as exc:
             logger.info("not looking for retired sessions from %s on: a running daemon "
                         "(pid %s) uses it", client_id, exc.pid or "unknown")
             return
