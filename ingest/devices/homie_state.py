@@ -24,7 +24,7 @@ from pymongo.errors import DuplicateKeyError
 
 from ingest.devices.formats import homie as hm
 from ingest.devices.formats.stateful import DATA, OTHER, STATE
-from ingest.retry import until_done
+from ingest.store.persist import until_done
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -23,7 +23,7 @@ from pymongo.errors import DuplicateKeyError
 from ingest.devices.formats import Parsed
 from ingest.devices.formats import sparkplug as spb
 from ingest.devices.formats.stateful import DATA
-from ingest.retry import until_done
+from ingest.store.persist import until_done
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
