@@ -1,4 +1,8 @@
-"""Plain data carried between the pipeline stages."""
+"""Plain data carried between the pipeline stages, and what a reading may hold.
+
+The rules for names, sensor ids and tags are shared by the decoders (ingest/devices), the
+store's validator (ingest/store/schema.py) and the read API's parameters (ingest/api).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,22 @@ from typing import NamedTuple
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
+
+# A measurement or tag name.
+NAME_PATTERN = r"[A-Za-z0-9_-]{1,64}"
+# A sensor id is the device's own name, kept exactly: any text a topic level can hold
+# (every Unicode character but the control characters), 1 to 128 characters. Sensor ids
+# are values, never field names, so MongoDB needs no escaping of them.
+SENSOR_ID_PATTERN = r"[^\x00-\x1f\x7f-\x9f]{1,128}"
+SENSOR_ID_RULE = "1 to 128 characters, no control characters"
+# Keys of a reading that are not measurements: "_id", "meta", "units", "info" and "tags"
+# would collide with the documents' own fields in either layout.
+RESERVED_FIELDS = frozenset({"ts", "seq", "sensor_id", "_id", "meta", "units", "info",
+                             "tags"})
+# Tag names that would collide with the documents' own fields.
+RESERVED_TAGS = frozenset({"sensor_id", "units", "_id"})
+MAX_TAGS = 32  # tags of one reading
+MAX_TAG_BYTES = 256  # a tag value
 
 type Number = int | float
 # A measurement's value: numbers from every format; booleans and strings from mappings.

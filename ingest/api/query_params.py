@@ -17,9 +17,13 @@ from urllib.parse import unquote_plus
 import orjson
 
 from ingest.api.read_queries import Cursor, SeriesKey, from_ms, iso, to_ms
-from ingest.devices.decode import NAME_PATTERN, RESERVED, SENSOR_ID_PATTERN
-from ingest.devices.formats import MAX_TAG_BYTES
-from ingest.devices.rules import RESERVED_TAGS
+from ingest.model import (
+    MAX_TAG_BYTES,
+    NAME_PATTERN,
+    RESERVED_FIELDS,
+    RESERVED_TAGS,
+    SENSOR_ID_PATTERN,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -54,7 +58,7 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
 _SENSOR_ID = re.compile(f"^{SENSOR_ID_PATTERN}$")
 _TAG_VALUE = re.compile(r"^[^\x00-\x1f\x7f-\x9f]*$")
 # Stored next to the measurements, never one of them (time-series documents hold units).
-NOT_MEASUREMENT_NAMES = RESERVED | {"tags", "units"}
+NOT_MEASUREMENT_NAMES = RESERVED_FIELDS | {"tags", "units"}
 _NAME = re.compile(f"^{NAME_PATTERN}$")
 _TAG_KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as rules and mappings make them
 

@@ -14,7 +14,16 @@ from typing import Any
 
 import orjson
 
-from ingest.model import Decoded, Reading, Rejection, Scalar
+from ingest.model import (
+    NAME_PATTERN,
+    RESERVED_FIELDS,
+    SENSOR_ID_PATTERN,
+    SENSOR_ID_RULE,
+    Decoded,
+    Reading,
+    Rejection,
+    Scalar,
+)
 
 # Reasons given when a reading is written, not decoded.
 WRITE_REASONS: tuple[str, ...] = (
@@ -50,17 +59,8 @@ REASONS: tuple[str, ...] = (
 # bound for every path: the default format here, every mapping format in ingest.devices.mapping.
 MAX_MAGNITUDE = 1e300
 BEYOND_MAGNITUDE = "not a finite number within ±1e300"  # the bad_value detail
-NAME_PATTERN = r"[A-Za-z0-9_-]{1,64}"
-# A sensor id is the device's own name, kept exactly: any text a topic level can hold
-# (every Unicode character but the control characters), 1 to 128 characters. Sensor ids
-# are values, never field names, so MongoDB needs no escaping of them.
-SENSOR_ID_PATTERN = r"[^\x00-\x1f\x7f-\x9f]{1,128}"
-SENSOR_ID_RULE = "1 to 128 characters, no control characters"
 _NAME = re.compile(NAME_PATTERN)
 _SENSOR_ID = re.compile(SENSOR_ID_PATTERN)
-# Keys of a reading that are not measurements; "_id", "meta", "units", "info" and "tags"
-# would collide with the documents' own fields.
-RESERVED = frozenset({"ts", "seq", "sensor_id", "_id", "meta", "units", "info", "tags"})
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # Doubles within this magnitude take the fast check (the others: the full one).
 _INT64_RANGE = float(2**63)
@@ -270,7 +270,7 @@ def _values(item: dict[str, Any]) -> dict[str, Scalar] | tuple[str, str]:
     """The measurements of a reading object (reserved keys popped), or why not."""
     values: dict[str, Scalar] = {}
     for key, value in item.items():
-        if key in RESERVED:
+        if key in RESERVED_FIELDS:
             continue
         if key not in _valid_names:
             if not _NAME.fullmatch(key):

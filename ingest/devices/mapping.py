@@ -19,12 +19,10 @@ from typing import TYPE_CHECKING, NamedTuple
 from ingest.devices.decode import (
     BEYOND_MAGNITUDE,
     MAX_MAGNITUDE,
-    SENSOR_ID_PATTERN,
-    SENSOR_ID_RULE,
     Arrivals,
     decode,
 )
-from ingest.devices.formats import MAX_TAG_BYTES, MAX_TAGS, influx, json, senml, value
+from ingest.devices.formats import influx, json, senml, value
 from ingest.devices.formats.homie import subscriptions as homie_subscriptions
 from ingest.devices.formats.sparkplug import shared_subscriptions as sparkplug_shared
 from ingest.devices.formats.stateful import OTHER
@@ -33,15 +31,23 @@ from ingest.devices.formats.times import from_seconds, parse
 from ingest.devices.homie_state import HomieFormat
 from ingest.devices.rules import (
     MAX_UNIT,
-    RESERVED_FIELDS,
-    RESERVED_TAGS,
     check_unique,
     load_file,
     load_preset,
 )
 from ingest.devices.sparkplug_state import SparkplugFormat
 from ingest.errors import ConfigError
-from ingest.model import Decoded, Reading, Rejection
+from ingest.model import (
+    MAX_TAG_BYTES,
+    MAX_TAGS,
+    RESERVED_FIELDS,
+    RESERVED_TAGS,
+    SENSOR_ID_PATTERN,
+    SENSOR_ID_RULE,
+    Decoded,
+    Reading,
+    Rejection,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

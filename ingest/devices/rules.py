@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ingest.devices.formats.times import TIME_FORMATS
 from ingest.errors import ConfigError
+from ingest.model import RESERVED_FIELDS, RESERVED_TAGS
 
 FORMATS = ("ingest", "json", "value", "senml", "influx", "sparkplug", "homie")
 STRINGS = ("keep", "drop", "reject")
@@ -31,11 +32,6 @@ _PATH = re.compile(r"[A-Za-z0-9_-]{1,64}(?:\.[A-Za-z0-9_-]{1,64}){0,7}")
 MAX_ALTERNATIVES = 8  # sensor_id templates tried in order
 _TAG_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _FLATTEN = re.compile(r"[A-Za-z0-9_-]{1,8}")
-# Tag names that would collide with the documents' own fields.
-RESERVED_TAGS = frozenset({"sensor_id", "units", "_id"})
-# Measurement names that would collide with a document's own fields in either mode.
-RESERVED_FIELDS = frozenset({"ts", "seq", "sensor_id", "_id", "meta", "tags", "units",
-                             "info"})
 MAX_UNIT = 64  # characters of a unit
 _OPTIONS = frozenset({"name", "topic", "ignore", "format", "sensor_id", "measurement",
                       "flatten", "drop", "keep", "strings", "max_string_bytes", "values",

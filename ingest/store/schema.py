@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from pymongo.errors import OperationFailure
 
-from ingest.devices.decode import SENSOR_ID_PATTERN
 from ingest.errors import SchemaError
+from ingest.model import SENSOR_ID_PATTERN
 from ingest.store.mongo_errors import DUPLICATE_KEY
 
 if TYPE_CHECKING:

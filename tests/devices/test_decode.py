@@ -16,16 +16,20 @@ from hypothesis import strategies as st
 
 from ingest.devices.decode import (
     MAPPING_REASONS,
-    NAME_PATTERN,
     REASONS,
-    RESERVED,
-    SENSOR_ID_PATTERN,
     WRITE_REASONS,
     Limits,
     decode,
     sensor_from_topic,
 )
-from ingest.model import Decoded, Reading, Rejection
+from ingest.model import (
+    NAME_PATTERN,
+    RESERVED_FIELDS,
+    SENSOR_ID_PATTERN,
+    Decoded,
+    Reading,
+    Rejection,
+)
 
 
 def to_millisecond(ts: datetime) -> datetime:
@@ -563,7 +567,7 @@ def assert_well_formed(out: Decoded, limits: Limits = LIMITS) -> None:
         assert reading.values
         for name, value in reading.values.items():
             assert _NAME.fullmatch(name)
-            assert name not in RESERVED
+            assert name not in RESERVED_FIELDS
             if type(value) is int:
                 assert INT64_MIN <= value <= INT64_MAX
             else:
@@ -587,8 +591,8 @@ def test_decode_never_raises_on_almost_json_bytes(prefix: bytes, body: bytes, to
     assert_well_formed(decode(topic, prefix + body, NOW, LIMITS))
 
 
-KEYS = st.sampled_from([*sorted(RESERVED), "readings", "t", "temp", "$set", "a.b", ""]) | st.text(
-    max_size=8)
+KEYS = st.sampled_from([*sorted(RESERVED_FIELDS), "readings", "t", "temp", "$set", "a.b", ""]
+                       ) | st.text(max_size=8)
 LEAVES = (
     st.none()
     | st.booleans()
@@ -616,7 +620,7 @@ SENSOR_IDS = st.text(ALPHABET, min_size=1, max_size=128)
 # "readings" is excluded too: in a lone object it would make the object an envelope
 # (see test_a_field_called_readings_turns_a_lone_object_into_an_envelope).
 FIELD_NAMES = st.text(ALPHABET, min_size=1, max_size=64).filter(
-    lambda name: name not in RESERVED and name != "readings")
+    lambda name: name not in RESERVED_FIELDS and name != "readings")
 NUMBERS = st.integers(INT64_MIN, INT64_MAX) | st.floats(-1e300, 1e300)  # beyond: refused
 EPOCHS = (
     st.integers(int(NOW - LIMITS.max_past_seconds) + 1, int(NOW + LIMITS.max_future_seconds))

@@ -18,9 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ingest.devices.decode import REASONS, Limits
-from ingest.devices.formats import MAX_FIELDS, MAX_TAG_BYTES, MAX_TAGS
-from ingest.devices.mapping import RESERVED_FIELDS, Mapping, Result
+from ingest.devices.formats import MAX_FIELDS
+from ingest.devices.mapping import Mapping, Result
 from ingest.devices.rules import parse
+from ingest.model import MAX_TAG_BYTES, MAX_TAGS, RESERVED_FIELDS
 
 NOW = time.time()
 LIMITS = Limits(max_message_bytes=64 * 1024, max_readings=50)

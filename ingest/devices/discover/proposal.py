@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ingest.devices.discover.patterns import field_values, quote
-from ingest.devices.rules import RESERVED_FIELDS
+from ingest.model import RESERVED_FIELDS
 
 if TYPE_CHECKING:
     from ingest.devices.discover.patterns import Pattern

@@ -27,7 +27,7 @@ from ingest.devices.discover.patterns import (
     quote,
     safe,
 )
-from ingest.devices.rules import RESERVED_FIELDS
+from ingest.model import RESERVED_FIELDS
 
 if TYPE_CHECKING:
     from ingest.devices.discover.conventions import Entity, Known

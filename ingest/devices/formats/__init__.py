@@ -16,8 +16,6 @@ from ingest.model import Rejection
 # --max-message-bytes and the readings of one message by --max-readings-per-message).
 MAX_FIELDS = 1000  # fields of one reading after flattening
 MAX_DEPTH = 16  # nesting of objects flattened into one reading
-MAX_TAGS = 32  # tags of one reading
-MAX_TAG_BYTES = 256  # a tag value
 
 
 class Item(NamedTuple):

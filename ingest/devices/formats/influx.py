@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from line_protocol_parser import LineFormatError, parse_line
 
-from ingest.devices.formats import MAX_FIELDS, MAX_TAGS, Item, Parsed, refused, text_of
-from ingest.model import Rejection
+from ingest.devices.formats import MAX_FIELDS, Item, Parsed, refused, text_of
+from ingest.model import MAX_TAGS, Rejection
 
 if TYPE_CHECKING:
     from ingest.devices.decode import Limits

@@ -17,9 +17,9 @@ import orjson
 import pytest
 
 from ingest.devices.decode import Limits
-from ingest.devices.formats import MAX_TAG_BYTES
 from ingest.devices.mapping import Mapping, Result
 from ingest.devices.rules import parse
+from ingest.model import MAX_TAG_BYTES
 from tests.support.devices import base_time, load
 from tests.support.procs import ROOT
 
