@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from types import TracebackType
 
+    from ingest.devices.formats.stateful import Counts
+
 logger = logging.getLogger(__name__)
 
 NAMESPACE = "ingest"
@@ -238,6 +240,19 @@ class Metrics:
     def reject(self, reason: str, count: int = 1) -> None:
         """Count rejected readings."""
         self.readings_rejected.labels(reason).inc(count)
+
+    def add_counts(self, counts: Counts) -> None:
+        """Add what a stateful format counted (:meth:`Stateful.take_counts`)."""
+        for name, value in counts.counters.items():
+            metric = getattr(self, name)
+            if isinstance(value, dict):
+                for label, count in value.items():
+                    if count:
+                        metric.labels(label).inc(count)
+            elif value:
+                metric.inc(value)
+        for name, gauge in counts.gauges.items():
+            getattr(self, name).set(gauge)
 
     def write_error(self, kind: str) -> None:
         """Count a failed write of the given kind."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pymongo.errors import DuplicateKeyError
 
 from ingest.devices.formats import homie as hm
-from ingest.devices.formats.stateful import DATA, OTHER, STATE
+from ingest.devices.formats.stateful import DATA, OTHER, STATE, Counts
 from ingest.store.persist import until_done
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ingest.devices.decode import Limits
     from ingest.devices.formats import Parsed
     from ingest.devices.formats.stateful import Stateful
-    from ingest.metrics import Metrics
+
 
 logger = logging.getLogger(__name__)
 COLLECTION = "homie_devices"
@@ -191,15 +191,11 @@ class HomieFormat:
             self._missed.pop(key, None)
         return True
 
-    def sync_metrics(self, metrics: Metrics) -> None:
-        """Move the counts of the state and the store into the metrics."""
-        counts = self.state.counts.messages
-        for kind, count in counts.items():
-            if count:
-                metrics.homie_messages.labels(kind).inc(count)
-                counts[kind] = 0
-        for outcome, count in self._lookups.items():
-            if count:
-                metrics.homie_lookups.labels(outcome).inc(count)
-                self._lookups[outcome] = 0
-        metrics.homie_devices.set(len(self.state.devices))
+    def take_counts(self) -> Counts:
+        """The counts of the state and the store since the last call."""
+        messages = self.state.counts.messages
+        taken = Counts({"homie_messages": dict(messages), "homie_lookups": dict(self._lookups)},
+                       {"homie_devices": len(self.state.devices)})
+        for table in (messages, self._lookups):
+            table.update(dict.fromkeys(table, 0))
+        return taken

@@ -22,7 +22,7 @@ from pymongo.errors import DuplicateKeyError
 
 from ingest.devices.formats import Parsed
 from ingest.devices.formats import sparkplug as spb
-from ingest.devices.formats.stateful import DATA
+from ingest.devices.formats.stateful import DATA, Counts
 from ingest.store.persist import until_done
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from ingest.devices.decode import Limits
     from ingest.devices.formats.stateful import Stateful
-    from ingest.metrics import Metrics
+
 
 logger = logging.getLogger(__name__)
 BIRTHS_COLLECTION = "sparkplug_births"
@@ -393,25 +393,20 @@ class SparkplugFormat:
             self._missed.pop(key, None)
         return True
 
-    def sync_metrics(self, metrics: Metrics) -> None:
-        """Move the counts of the state and the store into the metrics."""
+    def take_counts(self) -> Counts:
+        """The counts of the state and the store since the last call."""
         counts = self.state.counts
-        for kind, count in counts.messages.items():
-            if count:
-                metrics.sparkplug_messages.labels(kind).inc(count)
-                counts.messages[kind] = 0
-        for why, count in counts.skipped.items():
-            if count:
-                metrics.sparkplug_skipped.labels(why).inc(count)
-                counts.skipped[why] = 0
-        for outcome, count in self._lookups.items():
-            if count:
-                metrics.sparkplug_lookups.labels(outcome).inc(count)
-                self._lookups[outcome] = 0
-        metrics.sparkplug_seq_gaps.inc(counts.seq_gaps)
-        metrics.sparkplug_stale_deaths.inc(counts.stale_deaths)
+        taken = Counts({
+            "sparkplug_messages": dict(counts.messages),
+            "sparkplug_skipped": dict(counts.skipped),
+            "sparkplug_lookups": dict(self._lookups),
+            "sparkplug_seq_gaps": counts.seq_gaps,
+            "sparkplug_stale_deaths": counts.stale_deaths,
+        }, {"sparkplug_tables": len(self.state.tables)})
+        for table in (counts.messages, counts.skipped, self._lookups):
+            table.update(dict.fromkeys(table, 0))
         counts.seq_gaps = counts.stale_deaths = 0
-        metrics.sparkplug_tables.set(len(self.state.tables))
+        return taken
 
 
 async def _retry(step: Callable[[], Awaitable[None]], what: str,

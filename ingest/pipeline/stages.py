@@ -353,7 +353,7 @@ class Pipeline:
         self._rule_counts.clear()
         if self._mapping is not None:
             for stateful in self._mapping.stateful.values():
-                stateful.sync_metrics(metrics)
+                metrics.add_counts(stateful.take_counts())
         metrics.messages_received.inc(self._received)
         metrics.received_bytes.inc(self._received_bytes)
         metrics.readings_accepted.inc(self._accepted)

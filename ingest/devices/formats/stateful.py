@@ -16,19 +16,29 @@ uses (ignored by its rule).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ingest.devices.decode import Limits
     from ingest.devices.formats import Parsed
-    from ingest.metrics import Metrics
 
 
 DATA = "data"  # readings (and maybe state): a retained one follows --retained
 STATE = "state"  # the device's description only: taken even when retained is ignored
 OTHER = "other"  # nothing the format uses: the message is ignored by its rule
+
+
+class Counts(NamedTuple):
+    """What a stateful format counted since it was last asked, by metric attribute name.
+
+    The pipeline adds them to the metrics before each scrape (:meth:`Metrics.add_counts`),
+    so the formats count in plain ints and never import the metrics.
+    """
+
+    counters: dict[str, dict[str, int] | int]  # per label value, or one count
+    gauges: dict[str, int]
 
 
 class Stateful(Protocol):
@@ -48,5 +58,5 @@ class Stateful(Protocol):
     def parse(self, topic: str, payload: bytes, limits: Limits) -> Parsed:
         """The message's items and rejections, given the state (which it may update)."""
 
-    def sync_metrics(self, metrics: Metrics) -> None:
-        """Move the format's own counts into the metrics (called before each scrape)."""
+    def take_counts(self) -> Counts:
+        """The format's own counts since the last call (called before each scrape)."""
