@@ -1,4 +1,4 @@
-"""The package layout: every module's imports point one way (no circles)."""
+"""The package layout: no import circles, and imports go down the rooms of the package only."""
 
 from __future__ import annotations
 
@@ -51,3 +51,61 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_no_module_imports_back_into_its_importers() -> None:
     assert cycles(imports()) == []
+
+
+# The rooms of the package, lowest first (docs/architecture.md draws them): a module may
+# import modules of its own room and of the rooms of lower ranks, never of a room of its
+# own rank or higher. So the store never imports the read API, the devices' formats never
+# import the pipeline, the broker side knows nothing of MongoDB, and so on.
+RANKS: tuple[tuple[str, ...], ...] = (
+    ("ingest", "ingest.errors", "ingest.model", "ingest.retry"),  # shared plain data
+    ("ingest.store",),  # MongoDB: writers, schema, sharding, error classes
+    ("ingest.devices",),  # what devices publish: rules, formats, presets, their state
+    ("ingest.config", "ingest.metrics"),  # settings (which carry the rules), metrics
+    ("ingest.mqtt", "ingest.api", "ingest.devices.discover"),  # broker, read API, discover
+    ("ingest.pipeline",),  # decode -> batch -> write -> ack, lifecycle, workers
+    ("ingest.local",),  # ingest local: a broker, a store and the daemons as processes
+    ("ingest.cli",),  # argv and environment -> settings -> the command
+    ("ingest.__main__",),
+)
+RANK = {room: rank for rank, rooms in enumerate(RANKS) for room in rooms}
+
+
+def room_of(module: str) -> str:
+    """The longest room name that ``module`` is or is inside."""
+    found = [room for room in RANK if module == room or module.startswith(room + ".")]
+    return max(found, key=len)
+
+
+def crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from a room into a room of the same or a higher rank."""
+    wrong = []
+    for module, targets in graph.items():
+        if not module.startswith("ingest"):
+            continue
+        here = room_of(module)
+        for target in sorted(t for t in targets if t.startswith("ingest")):
+            there = room_of(target)
+            if there != here and RANK[there] >= RANK[here]:
+                wrong.append(f"{module} imports {target} ({here} may not import {there})")
+    return wrong
+
+
+def test_the_crossing_finder_finds_an_import_against_the_direction() -> None:
+    graph = {"ingest.store.schema": {"ingest.api.server"}, "ingest.api.server": {
+        "ingest.store.schema", "ingest.model"}, "ingest.mqtt.source": {"ingest.api.server"}}
+    assert crossings(graph) == [
+        ("ingest.store.schema imports ingest.api.server (ingest.store may not import "
+        "ingest.api)"),
+        ("ingest.mqtt.source imports ingest.api.server (ingest.mqtt may not import "
+        "ingest.api)")]
+
+
+def test_every_module_is_in_a_room() -> None:
+    graph = imports()
+    assert all(room_of(module) for module in graph if module.startswith("ingest"))
+    assert {room for rooms in RANKS for room in rooms} <= set(graph)
+
+
+def test_imports_go_down_the_rooms_only() -> None:
+    assert crossings(imports()) == []
