@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,3 +110,20 @@ def test_every_module_is_in_a_room() -> None:
 
 def test_imports_go_down_the_rooms_only() -> None:
     assert crossings(imports()) == []
+
+
+def test_the_architecture_page_lists_the_rooms_in_rank_order() -> None:
+    """docs/architecture.md's table of rooms is the rank table above, in order."""
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = page.split("## The rooms", 1)[1].split("\n\n", 2)[1]
+    listed: list[str] = []
+    for row in table.splitlines()[2:]:
+        cell = row.split("|")[1]
+        names = re.findall(r"`([^`]+)`", cell)
+        if names[0].endswith("/") and names[0] != "ingest/":
+            listed.append(names[0].rstrip("/").replace("/", "."))
+        else:
+            listed += [f"ingest.{name.removesuffix('.py')}" for name in names[1:]]
+    assert sorted(listed) == sorted(set(RANK) - {"ingest", "ingest.__main__"})
+    ranks = [RANK[room] for room in listed]
+    assert ranks == sorted(ranks)
