@@ -18,6 +18,7 @@ from pymongo.errors import PyMongoError
 
 from loadgen import payloads
 from loadgen.report import percentile
+from loadgen.verify import to_ms
 
 if TYPE_CHECKING:
     from loadgen.config import PublishSettings
@@ -88,11 +89,11 @@ class Sampler(threading.Thread):
         if self.mode == "bucket":
             docs = self.coll.find({"sensor_id": {"$in": ids}, "readings.ts": {"$in": times}},
                                   {"_id": 0, "sensor_id": 1, "readings.ts": 1})
-            return {(d["sensor_id"], self.published.seq_of(_ms(r.get("ts"))))
+            return {(d["sensor_id"], self.published.seq_of(to_ms(r.get("ts"))))
                     for d in docs for r in d.get("readings", [])}
         docs = self.coll.find({"meta.sensor_id": {"$in": ids}, "ts": {"$in": times}},
                               {"_id": 0, "meta": 1, "ts": 1})
-        return {(d["meta"]["sensor_id"], self.published.seq_of(_ms(d.get("ts")))) for d in docs}
+        return {(d["meta"]["sensor_id"], self.published.seq_of(to_ms(d.get("ts")))) for d in docs}
 
     def stop(self) -> None:
         """End the polling loop and wait for it."""
@@ -126,12 +127,3 @@ def rounded(value: float | None, digits: int = 1) -> float | None:
 
 def _date(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC)
-
-
-def _ms(value: object) -> int | None:
-    """Epoch milliseconds of a stored date (naive dates are UTC), or None."""
-    if not isinstance(value, datetime):
-        return None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return round(value.timestamp() * 1000)
