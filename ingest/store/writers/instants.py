@@ -112,13 +112,17 @@ def merge_series(group: list[Reading], instant: Callable[[Reading], Hashable],
     """
     seen: dict[Hashable, tuple[Reading, list[Reading]]] = {}
     deferred: list[Reading] = []
+    waiting: set[Hashable] = set()  # instants with a deferred reading: the later ones wait too
     for reading in group:
         key = instant(reading)
         first = seen.get(key)
         if first is None:
             seen[key] = (reading, [reading])
             continue
-        if not first[0].values.keys().isdisjoint(reading.values):
+        if key in waiting or not first[0].values.keys().isdisjoint(reading.values):
+            # Deferred, and every later reading of the instant with it: merged ahead of a
+            # deferred one, a later reading would be judged before it, out of order.
+            waiting.add(key)
             deferred.append(reading)
             continue
         result = merged(first[0], reading)
