@@ -1,4 +1,11 @@
-"""Sensor fleet simulator, delivery check and bucket-vs-time-series benchmark."""
+"""Sensor fleet simulator, delivery check and bucket-vs-time-series benchmark.
+
+``loadgen publish`` (cli, config, publisher, worker, wire, ratelimit, payloads,
+sparkplug) publishes a deterministic fleet; ``loadgen verify`` (verify) checks that each
+reading arrived exactly once; ``loadgen bench`` (bench, bench_cli, daemons, latency,
+measure, report) runs both storage modes side by side; ``loadgen bucket-fill``
+(bucket_fill) measures a bucket write as its document fills.
+"""
 
 import sys
 
