@@ -332,6 +332,10 @@ data, and stop them all on Ctrl-C. --mapping and --preset go to every daemon.
 The embedded store is the mongoeco emulator on SQLite (pip install 'iot-ingest[local]'):
 it is NOT MongoDB and not for production. --mongodb-uri uses a real MongoDB instead, and
 --mqtt-url a broker you run.
+
+Each flag is also an INGEST_* variable. The daemons and the API get every setting as a
+flag from ingest local and no INGEST_* variable: any other (INGEST_COLLECTION, ...)
+applies to no part, and ingest local names it at start.
 """
 
 
