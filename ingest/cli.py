@@ -113,9 +113,8 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     _flag(parser, env, "mqtt-ca-file", "CA bundle to verify the broker (mqtts://)")
     _flag(parser, env, "mqtt-cert-file", "client certificate (mqtts://)")
     _flag(parser, env, "mqtt-key-file", "client key (mqtts://)")
-    parser.add_argument("--topic", action="append", default=None,
-                        help="topic filter, repeatable [env INGEST_TOPIC, comma-separated] "
-                             "(default sensors/#)")
+    _topic_flag(parser, "topic filter, repeatable [env INGEST_TOPIC, comma-separated] "
+                "(default sensors/#; with --mapping or --preset, the topics of their rules)")
     _flag(parser, env, "shared-group", "subscribe through $share/<group>/<topic>")
     _flag(parser, env, "client-id", "MQTT client id; keep it stable for a persistent session "
           "(default ingest-<mode>-<hostname>)")
@@ -209,6 +208,20 @@ def _mapping_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> N
     parser.add_argument("--preset", action="append", default=None,
                         help="shipped mapping preset, repeatable, after --mapping's rules "
                              "[env INGEST_PRESET, comma-separated]")
+
+
+def _topic_flag(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("--topic", action="append", default=None, help=help_text)
+
+
+def topic_filters(args: argparse.Namespace, env: Mapping[str, str],
+                  rules: RuleMapping | None) -> tuple[str, ...]:
+    """The filters of --topic, else of INGEST_TOPIC (comma-separated), else the rules'."""
+    if args.topic:
+        return tuple(args.topic)
+    if ENV_PREFIX + "TOPIC" in env:
+        return tuple(t.strip() for t in env[ENV_PREFIX + "TOPIC"].split(","))
+    return rules.subscriptions() if rules is not None else ("sensors/#",)
 
 
 def preset_names(args: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
@@ -319,6 +332,10 @@ data, and stop them all on Ctrl-C. --mapping and --preset go to every daemon.
 The embedded store is the mongoeco emulator on SQLite (pip install 'iot-ingest[local]'):
 it is NOT MongoDB and not for production. --mongodb-uri uses a real MongoDB instead, and
 --mqtt-url a broker you run.
+
+Each flag is also an INGEST_* variable. The daemons and the API get every setting as a
+flag from ingest local and no INGEST_* variable: any other (INGEST_COLLECTION, ...)
+applies to no part, and ingest local names it at start.
 """
 
 
@@ -341,8 +358,9 @@ def _local_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> Non
     _flag(parser, env, "api-port", "port of the read API and its page (on 127.0.0.1)", 8080,
           type=integer)
     _flag(parser, env, "db", "database name", "iot")
-    _flag(parser, env, "topic", "topic filter the daemons subscribe to (default sensors/#; "
-          "with --mapping or --preset, the topics of their rules)")
+    _topic_flag(parser, "topic filter the daemons subscribe to, repeatable [env INGEST_TOPIC, "
+                "comma-separated] (default sensors/#; with --mapping or --preset, the topics "
+                "of their rules)")
     _mapping_flags(parser, env)
     _flag(parser, env, "log-level", "logging level", "info",
           choices=["debug", "info", "warning", "error"])
@@ -356,8 +374,7 @@ def local_settings(args: argparse.Namespace, env: Mapping[str, str]) -> LocalSet
         parse_mqtt_url(args.mqtt_url)
     modes = MODES if args.mode == "both" else (args.mode,)
     rules = load_mapping(args, env)  # an unknown preset or a bad file stops here
-    topics = ((args.topic,) if args.topic else rules.subscriptions() if rules is not None
-              else ("sensors/#",))
+    topics = topic_filters(args, env, rules)
     local = LocalSettings(
         data_dir=Path(args.data_dir).resolve(), modes=modes, mqtt_url=args.mqtt_url,
         mqtt_port=args.mqtt_port if args.mqtt_port is not None else DEFAULT_MQTT_PORT,
@@ -366,7 +383,13 @@ def local_settings(args: argparse.Namespace, env: Mapping[str, str]) -> LocalSet
         metrics_port=args.metrics_port, db=args.db, topics=topics,
         mapping=str(Path(args.mapping).resolve()) if args.mapping else None,
         presets=tuple(preset_names(args, env)), api_port=args.api_port,
-        mosquitto=args.mosquitto, log_level=args.log_level)
+        mosquitto=args.mosquitto, log_level=args.log_level,
+        # The parts get every setting as a flag; an INGEST_* variable left in their
+        # environment would set what ingest local leaves at the default (INGEST_COLLECTION:
+        # one name for a bucket and a time-series collection, and an API reading neither).
+        child_env={k: v for k, v in env.items() if not k.startswith(ENV_PREFIX)},
+        ignored_env=tuple(sorted(k for k in env if k.startswith(ENV_PREFIX)
+                                 and k.removeprefix(ENV_PREFIX).lower() not in vars(args))))
     uri = local.mongodb_uri or "mongodb://127.0.0.1"
     for mode in modes:  # the flags the daemons will get, validated as theirs are
         validate(Settings(mode=mode, mongodb_uri=uri, db=local.db, topics=topics,  # type: ignore[arg-type]
@@ -422,12 +445,10 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
     mqtt = type(mqtt)(mqtt.host, mqtt.port, mqtt.tls, mqtt.username, password,
                       args.mqtt_ca_file, args.mqtt_cert_file, args.mqtt_key_file)
     mapping = load_mapping(args, env)
-    topics = args.topic or [t.strip() for t in env.get("INGEST_TOPIC", "sensors/#").split(",")]
-    if mapping is not None and not args.topic and "INGEST_TOPIC" not in env:
-        topics = list(mapping.subscriptions())
+    topics = topic_filters(args, env, mapping)
     dry_run = args.dry_run if args.dry_run is not None else _env_bool(env, "DRY_RUN")
     return validate(Settings(
-        **common, mqtt=mqtt, topics=tuple(topics), shared_group=args.shared_group,
+        **common, mqtt=mqtt, topics=topics, shared_group=args.shared_group,
         client_id=args.client_id or f"ingest-{args.mode}-{socket.gethostname()}",
         qos=args.qos, metrics_host=args.metrics_host,
         metrics_port=(args.metrics_port if args.metrics_port is not None

@@ -4,7 +4,9 @@ For trying the service without Docker and without MongoDB. The embedded store is
 mongoeco emulator on its SQLite engine, persisting to ``--data-dir``: it is NOT MongoDB
 and not for production. ``--mongodb-uri`` and ``--mqtt-url`` point the same daemons at a
 real MongoDB and a real broker instead. Every part but the store is a child process
-started as its own command (``ingest run``, ``ingest api``), with the same flags.
+started as its own command (``ingest run``, ``ingest api``), with the same flags. Each
+gets every setting as a flag and no ``INGEST_*`` variable: the parts run as ``ingest
+local`` decides, whatever else the shell exports.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import socket
 import sys
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -61,6 +63,10 @@ class LocalSettings:
     api_port: int
     mosquitto: str | None
     log_level: str
+    # The environment of every part: ours without any INGEST_* variable.
+    child_env: dict[str, str] = field(repr=False)
+    # INGEST_* variables that are not settings of ingest local: used by no part.
+    ignored_env: tuple[str, ...]
 
     @property
     def api_mode(self) -> Mode:
@@ -275,7 +281,7 @@ class Local:
         process = await asyncio.create_subprocess_exec(
             find_mosquitto(s.mosquitto), "-c", str(conf), stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True, preexec_fn=_die_with_parent)
+            start_new_session=True, preexec_fn=_die_with_parent, env=s.child_env)
         child = _Child("mosquitto", process)
         child.pump = asyncio.create_task(_pump(process, "mosquitto"), name="pump-mosquitto")
         self.children.append(child)
@@ -315,7 +321,7 @@ class Local:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "ingest", *args, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True, preexec_fn=_die_with_parent)
+            start_new_session=True, preexec_fn=_die_with_parent, env=self.settings.child_env)
         child = _Child(name, process)
         child.pump = asyncio.create_task(_pump(process, name), name=f"pump-{name}")
         self.children.append(child)
@@ -479,4 +485,8 @@ async def _ready(port: int) -> bool:
 def main(settings: LocalSettings) -> int:
     """Run ``ingest local`` to the end; 0 after Ctrl-C."""
     logging.getLogger("mongoeco").setLevel(logging.WARNING)
+    if settings.ignored_env:
+        logger.warning("ignored, as settings of no part: %s (ingest local --help lists what "
+                       "it takes; ingest run and ingest api take the rest)",
+                       ", ".join(settings.ignored_env))
     return asyncio.run(Local(settings).run())

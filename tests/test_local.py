@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from pymongo import MongoClient
 
-from ingest.cli import build_parser, local_settings
+from ingest.cli import build_parser, local_settings, settings_from
+from ingest.errors import ConfigError
 from tests.support import devices
 from tests.support.procs import ROOT, free_port, metrics_of
 
@@ -46,13 +47,14 @@ class Local:
     """``python -m ingest local ...`` with its stdout read line by line."""
 
     def __init__(self, tmp_path: Path, *argv: str, default_mqtt_port: int | None = None,
-                 ports: dict[str, int] | None = None) -> None:
+                 ports: dict[str, int] | None = None, env: dict[str, str] | None = None
+                 ) -> None:
         self.ports = ports or {"mqtt": free_port(), "store": free_port(), "api": free_port(),
                                "metrics": free_pair()}
         while self.ports["metrics"] + 1 in self.ports.values():
             self.ports["metrics"] = free_pair()
         self.stderr = tmp_path / f"local-{time.monotonic_ns()}.err"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
         args = ["local", "--data-dir", str(tmp_path / "data"),
                 "--store-port", str(self.ports["store"]),
                 "--metrics-port", str(self.ports["metrics"]),
@@ -66,7 +68,8 @@ class Local:
                        f"sys.exit(c.main({args!r}))")]
         with self.stderr.open("w") as err:
             self.process = subprocess.Popen(
-                command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+                command, cwd=tmp_path, env=clean | (env or {}), stdout=subprocess.PIPE,
+                stderr=err, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -229,6 +232,40 @@ def test_a_preset_goes_to_every_daemon_and_the_banner_names_the_api_that_reads_i
     assert not listening(proc.ports["api"])
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_parts_get_only_the_settings_ingest_local_decides(
+        tmp_path: Path, local: list[Local]) -> None:
+    """Daemon variables in the shell (a deployment's, say) reach no part: each would break
+    it (one collection name for both layouts, a URI file over the embedded store, both
+    modes in one shared group, a dry run). INGEST_TOPIC, a setting of ingest local, is a
+    list as for ingest run."""
+    proc = Local(tmp_path, env={
+        "INGEST_TOPIC": "lab/#, plant/#", "INGEST_COLLECTION": "x",
+        "INGEST_MONGODB_URI_FILE": str(tmp_path / "absent"), "INGEST_SHARED_GROUP": "g",
+        "INGEST_DRY_RUN": "1", "INGEST_CLIENT_ID": "mine"})
+    local.append(proc)
+    assert " -t lab/demo-1 " in proc.banner()  # the first filter; plant/# is used below
+    assert ("ignored, as settings of no part: INGEST_CLIENT_ID, INGEST_COLLECTION, "
+            "INGEST_DRY_RUN, INGEST_MONGODB_URI_FILE, INGEST_SHARED_GROUP ("
+            in proc.stderr.read_text())
+    children = proc.children()
+    assert len(children) == 4
+    for pid in children:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert not [v for v in environ if v.startswith(b"INGEST_")], pid
+    subprocess.run(["mosquitto_pub", "-p", str(proc.ports["mqtt"]), "-q", "1",
+                    "-t", "plant/demo-2", "-m", '{"temp": 21.5}'], check=True, timeout=30)
+    uri = f"mongodb://127.0.0.1:{proc.ports['store']}/?directConnection=true"
+    with MongoClient(uri) as client:
+        wait_for(lambda: client.iot.buckets.find_one({"sensor_id": "demo-2"}))
+        wait_for(lambda: client.iot.readings.find_one({"meta.sensor_id": "demo-2"}))
+        assert "x" not in client.iot.list_collection_names()
+    url = f"http://127.0.0.1:{proc.ports['api']}/api/readings?sensor=demo-2"
+    assert [r["values"] for r in get_json(url)["readings"]] == [{"temp": 21.5}]
+    proc.process.send_signal(signal.SIGINT)
+    assert proc.process.wait(timeout=60) == 0
+
+
 @pytest.mark.parametrize(("argv", "env", "error"), [
     (["--preset", "nope"], {}, "--preset nope: unknown preset (known: "),
     ([], {"INGEST_PRESET": "zigbee2mqtt,nope"}, "--preset nope: unknown preset"),
@@ -254,6 +291,32 @@ def test_a_preset_flag_replaces_the_variable_as_in_ingest_run(tmp_path: Path) ->
     assert settings.presets == ("tasmota",)
     assert settings.mapping == str(tmp_path / "rules.toml")
     assert settings.topics[0] == "lab/+"  # the rules' topics, not sensors/#
+
+
+@pytest.mark.parametrize(("env", "argv", "expected"), [
+    ({"INGEST_TOPIC": "a/#"}, [], ("a/#",)),
+    ({"INGEST_TOPIC": " a/# , b/+/x "}, [], ("a/#", "b/+/x")),
+    ({"INGEST_TOPIC": "a,b"}, ["--topic", "x", "--topic", "y/#"], ("x", "y/#")),
+    ({"INGEST_PRESET": "tasmota", "INGEST_TOPIC": "a/#,b/#"}, [], ("a/#", "b/#")),
+    ({"INGEST_PRESET": "tasmota"}, [], "the rules' filters"),
+    ({}, [], ("sensors/#",)),
+], ids=["one", "list", "flags-win", "variable-over-rules", "rules", "default"])
+def test_topics_are_read_as_ingest_run_reads_them(
+        env: dict[str, str], argv: list[str], expected: object) -> None:
+    """``INGEST_TOPIC`` is a comma-separated list and ``--topic`` repeats, as for run."""
+    run = settings_from(build_parser(env).parse_args(["run", *argv]), env)
+    local = local_settings(build_parser(env).parse_args(["local", *argv]), env)
+    assert local.topics == run.topics
+    if expected == "the rules' filters":
+        assert "tele/+/SENSOR" in local.topics
+    else:
+        assert local.topics == expected
+
+
+def test_an_empty_topic_in_the_variable_is_refused_as_by_ingest_run() -> None:
+    env = {"INGEST_TOPIC": "a/#,,b/#"}
+    with pytest.raises(ConfigError, match=r"^--topic: at least one non-empty"):
+        local_settings(build_parser(env).parse_args(["local"]), env)
 
 
 def test_a_taken_api_port_names_the_flag(tmp_path: Path) -> None:
