@@ -296,8 +296,8 @@ class Local:
 
     async def _start_daemon(self, mode: str, mqtt_url: str, mongodb_uri: str) -> None:
         s = self.settings
-        args = ["run", "--mode", mode, "--mqtt-url", mqtt_url, "--mongodb-uri", mongodb_uri,
-                "--db", s.db, "--client-id", f"ingest-local-{mode}",
+        args = ["run", "--mode", mode, "--mqtt-url", mqtt_url, "--db", s.db,
+                "--client-id", f"ingest-local-{mode}",
                 "--metrics-host", "127.0.0.1", "--metrics-port", str(s.metrics_port_of(mode)),
                 "--log-level", s.log_level,
                 # One process per mode: the embedded store, not the daemon, is the limit.
@@ -308,20 +308,25 @@ class Local:
             args += ["--mapping", s.mapping]
         for preset in s.presets:
             args += ["--preset", preset]
-        await self._spawn(mode, args)
+        await self._spawn(mode, args, mongodb_uri)
 
     async def _start_api(self, mongodb_uri: str) -> None:
         s = self.settings
-        await self._spawn("api", ["api", "--mode", s.api_mode, "--mongodb-uri", mongodb_uri,
-                                  "--db", s.db, "--api-host", "127.0.0.1",
-                                  "--api-port", str(s.api_port), "--log-level", s.log_level])
+        await self._spawn("api", ["api", "--mode", s.api_mode, "--db", s.db,
+                                  "--api-host", "127.0.0.1", "--api-port", str(s.api_port),
+                                  "--log-level", s.log_level], mongodb_uri)
 
-    async def _spawn(self, name: str, args: list[str]) -> None:
-        """``ingest <args>`` as a child whose output is ours, prefixed with ``name``."""
+    async def _spawn(self, name: str, args: list[str], mongodb_uri: str) -> None:
+        """``ingest <args>`` as a child whose output is ours, prefixed with ``name``.
+
+        The MongoDB URI goes in the child's environment, not on its command line, where
+        any user of the machine could read its password (``ps``).
+        """
+        env = {**self.settings.child_env, "INGEST_MONGODB_URI": mongodb_uri}
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "ingest", *args, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True, preexec_fn=_die_with_parent, env=self.settings.child_env)
+            start_new_session=True, preexec_fn=_die_with_parent, env=env)
         child = _Child(name, process)
         child.pump = asyncio.create_task(_pump(process, name), name=f"pump-{name}")
         self.children.append(child)

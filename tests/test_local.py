@@ -250,9 +250,14 @@ def test_the_parts_get_only_the_settings_ingest_local_decides(
             in proc.stderr.read_text())
     children = proc.children()
     assert len(children) == 4
+    parts = [pid for pid in children if b"ingest" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(parts) == 3  # both daemons and the API; the fourth child is mosquitto
     for pid in children:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        assert not [v for v in environ if v.startswith(b"INGEST_")], pid
+        given = [v.split(b"=")[0] for v in environ if v.startswith(b"INGEST_")]
+        # The URI only, and there rather than on the command line, where ps shows it.
+        assert given == ([b"INGEST_MONGODB_URI"] if pid in parts else []), pid
+        assert b"mongodb://" not in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
     subprocess.run(["mosquitto_pub", "-p", str(proc.ports["mqtt"]), "-q", "1",
                     "-t", "plant/demo-2", "-m", '{"temp": 21.5}'], check=True, timeout=30)
     uri = f"mongodb://127.0.0.1:{proc.ports['store']}/?directConnection=true"
