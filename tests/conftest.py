@@ -128,11 +128,12 @@ def daemon(tmp_path: Path, broker: Broker, mongo_uri: str, db_name: str,
 
 @pytest.fixture
 def publish(broker: Broker) -> Callable[..., Any]:
-    """Publish ``(topic, payload)`` pairs at QoS 1 and wait for each PUBACK."""
+    """Publish ``(topic, payload)`` pairs at QoS 1 and wait for each PUBACK (to the
+    session's broker, or ``to``)."""
 
     async def send(messages: list[tuple[str, bytes | str]], qos: int = 1,
-                   retain: bool = False) -> None:
-        async with aiomqtt.Client("127.0.0.1", broker.port,
+                   retain: bool = False, to: Broker | None = None) -> None:
+        async with aiomqtt.Client("127.0.0.1", (to or broker).port,
                                   identifier=f"pub-{uuid.uuid4().hex[:8]}") as client:
             for topic, payload in messages:
                 await client.publish(topic, payload, qos=qos, retain=retain)

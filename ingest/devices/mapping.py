@@ -228,7 +228,9 @@ class Mapping:
         needs every daemon to see some messages: with a ``sparkplug`` rule, the BIRTH and
         DEATH topics are subscribed unshared (:func:`sparkplug.shared_subscriptions`);
         with a ``homie`` rule, its filters are narrowed to the topics it uses, the
-        attribute topics first and unshared (:func:`homie.subscriptions`, also alone).
+        attribute topics first and unshared (:func:`homie.subscriptions`, also alone); a
+        wider filter (``+/#``) is kept whole after those attribute topics, which then
+        arrive twice (the second copy changes nothing; values arrive once).
         """
         try:
             pieces = (homie_subscriptions(topics, self.rules, group is not None)

@@ -299,11 +299,28 @@ def test_a_filter_a_homie_rule_does_not_own_is_kept_whole() -> None:
                                           "takes Homie attribute topics of rule 'homie'"):
         validate(Settings(topics=topics, mapping=mapping, shared_group="g"))
     with pytest.raises(ConfigError, match=r"--workers: several workers share a group; "):
-        validate(Settings(topics=("#",), mapping=Mapping.load(None, ["homie"]), workers=2))
+        validate(Settings(topics=topics, mapping=mapping, workers=2))
     # other filters are shared as they are
     homie_only = Mapping.load(None, ["homie", "tasmota"])
     assert "$share/g/tele/+/SENSOR" in homie_only.shared_subscriptions(
         homie_only.subscriptions(), "g")
+
+
+def test_a_wider_filter_is_kept_whole_after_the_attribute_topics_subscribed_apart() -> None:
+    # ESPHome's filters start with a wildcard level: joined with homie/# they make +/#.
+    for presets in (["homie", "esphome"], ["esphome", "homie"], ["homie", "shelly"]):
+        mapping = Mapping.load(None, presets)
+        assert mapping.subscriptions() == ("+/#",)
+        attributes = ("homie/+/+/+/$datatype", "homie/+/+/+/$unit", "homie/+/+/+/$format",
+                      "homie/5/+/$description")
+        assert mapping.shared_subscriptions(["+/#"], None) == (*attributes, "+/#")
+        assert mapping.shared_subscriptions(["+/#"], "g") == (*attributes, "$share/g/+/#")
+    homie = Mapping.load(None, ["homie"])
+    assert homie.shared_subscriptions(["#"], "g") == (*attributes, "$share/g/#")
+    # only the topics of the rule's own filter
+    [rule] = parse('[[rule]]\nname = "h5"\ntopic = "homie/5/#"\nformat = "homie"\n', "test")
+    assert Mapping([rule]).shared_subscriptions(["#"], "g") == (
+        "homie/5/+/$description", "$share/g/#")
 
 
 def test_a_custom_domain_and_a_wildcard_domain() -> None:

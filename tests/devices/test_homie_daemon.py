@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from tests.support.procs import Daemon
+    from tests.support.procs import Broker, Daemon
 
 LIMITS = Limits()
 BULB = {"homie": "5.0", "version": 3, "name": "Bulb", "nodes": {"light": {"properties": {
@@ -191,6 +191,54 @@ async def test_every_worker_learns_every_attribute_and_a_restart_reads_them_back
                                        ("bulb", "light_brightness"): {"%"}}
     assert await db.rejects.count_documents({}) == 0
     assert again.stop() == 0
+
+
+@pytest.mark.parametrize("mode", ["timeseries"])  # units per reading, not per bucket
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_with_a_preset_of_wildcard_filters_every_value_is_stored_once_with_its_unit(
+        daemon: Callable[..., Daemon], mode: str, workers: int, publish: Any,
+        persistent: Broker, db: Any) -> None:
+    """``--preset homie --preset esphome``: the filters join into ``+/#`` (ESPHome's start
+    with a wildcard level), so a broker of the test's own. The Homie attribute topics are
+    subscribed apart and first (unshared in a group), so each attribute comes twice and
+    the second copy changes nothing; every value comes once, on ``+/#``."""
+    d = "homie"
+    await publish([*car(d), (f"{d}/car/engine/temperature", "20.0"),
+                   ("kitchen/sensor/temperature/state", "19.5")], retain=True, to=persistent)
+    group = ["--shared-group", "g", "--workers", "2"] if workers == 2 else []
+    retained = ["--retained", "store"] if workers == 1 else []  # one worker: no race
+    proc = daemon("--preset", "homie", "--preset", "esphome", *group, *retained,
+                  rule_topics=True, broker_url=persistent.url)
+    attributes = ", ".join([*(f"homie/+/+/+/{a}" for a in ("$datatype", "$unit", "$format")),
+                            "homie/5/+/$description"])
+    assert f"subscribed to {attributes}, {'$share/g/' if group else ''}+/#" in proc.logs()
+    # Each daemon: the 5 used attributes on their own subscriptions, then on +/# again
+    # (with the 9 retained messages of car() and the 2 retained values).
+    await eventually(lambda: proc.metric('ingest_homie_messages_total{kind="attribute"}')
+                     == workers * 10)
+    await publish([(f"{d}/car/engine/temperature", "21.5"), (f"{d}/car/engine/rpm", "3000"),
+                   (f"{d}/5/bulb/light/brightness", "80"),
+                   ("kitchen/sensor/temperature/state", "20.0"),
+                   ("kitchen/binary_sensor/motion/state", "ON")], to=persistent)
+    await eventually(lambda: proc.metric('ingest_homie_messages_total{kind="value"}')
+                     == 3 + (1 if retained else 0))
+    await eventually(lambda: proc.metric("ingest_messages_acked_total")
+                     == proc.metric("ingest_messages_received_total") == workers * 16 + 5)
+    stored = sorted(await typed(db, mode), key=repr)
+    assert stored == sorted([
+        *([("car", {"engine_temperature": ("float", 20.0)}),
+           ("kitchen", {"temperature": ("float", 19.5)})] if retained else []),
+        ("car", {"engine_temperature": ("float", 21.5)}), ("car", {"engine_rpm": ("int", 3000)}),
+        ("bulb", {"light_brightness": ("int", 80)}),
+        ("kitchen", {"temperature": ("float", 20.0)}), ("kitchen", {"motion": ("bool", True)}),
+    ], key=repr)
+    assert await reading_units(db) == {("car", "engine_temperature"): {"°C"},
+                                       ("bulb", "light_brightness"): {"%"}}
+    assert await db.rejects.count_documents({}) == 0
+    devices = {doc["_id"]: doc["properties"] async for doc in db[COLLECTION].find()}
+    assert devices["homie/car"]["engine/temperature"] == {"datatype": "float", "unit": "°C"}
+    assert devices["homie/5/bulb"]["light/brightness"]["unit"] == "%"
+    assert proc.stop() == 0
 
 
 async def reading_units(db: Any) -> dict[tuple[str, str], set[str]]:

@@ -476,9 +476,15 @@ def subscriptions(topics: Sequence[str], rules: Sequence[Rule], shared: bool
     A filter that a ``homie`` rule takes (no earlier rule of another format shares its
     topics) is narrowed to the topics the format uses: the attribute topics, marked to be
     subscribed unshared and placed before every other filter (retained attributes then
-    arrive before the retained values), then the value topics. Other filters are kept.
-    With ``shared``, a filter kept whole that also takes a Homie rule's attribute topics
-    raises ValueError (one daemon of the group would learn those attributes).
+    arrive before the retained values), then the value topics. Other filters are kept
+    whole; one that also takes a Homie rule's attribute topics (``+/#``, the join of
+    ``homie/#`` with a filter starting with a wildcard) is kept after those attribute
+    topics, subscribed on their own as above: each attribute message then comes twice
+    (once on each subscription; to one daemon of a group on the shared whole filter),
+    and the second copy changes nothing held, while each value topic comes on the whole
+    filter only. With ``shared``, attribute topics that an earlier rule of another format
+    shares cannot be subscribed apart (that rule would take their copies twice):
+    ValueError.
     """
     first: list[tuple[str, bool]] = []
     rest: list[tuple[str, bool]] = []
@@ -486,8 +492,8 @@ def subscriptions(topics: Sequence[str], rules: Sequence[Rule], shared: bool
         levels = topic.split("/")
         owner = _owner(levels, rules)
         if owner is None:
-            if shared:
-                _check_whole(topic, levels, rules)
+            first.extend((piece, True) for piece in _attributes_apart(topic, levels, rules,
+                                                                      shared))
             rest.append((topic, False))
             continue
         for piece, every in _pieces(levels, _domain(owner), shared):
@@ -512,17 +518,33 @@ def _owner(levels: list[str], rules: Sequence[Rule]) -> Rule | None:
     return None
 
 
-def _check_whole(topic: str, levels: list[str], rules: Sequence[Rule]) -> None:
-    """A filter kept whole must not take Homie attribute topics when subscribed shared."""
+def _attributes_apart(topic: str, levels: list[str], rules: Sequence[Rule], shared: bool
+                      ) -> list[str]:
+    """The Homie rules' attribute topics under a filter kept whole, to subscribe apart.
+
+    Only attribute topics a Homie rule takes entirely: a piece that an earlier rule of
+    another format shares stays with the whole filter alone (raising ValueError with
+    ``shared``, where one daemon of the group would learn those attributes).
+    """
+    out: list[str] = []
     for rule in rules:
         if rule.format != "homie" or rule.ignore:
             continue
-        for shape in (*_V4_ATTRIBUTES, *_V5_ATTRIBUTES):
-            mine = meet(rule.subscription.split("/"),
-                        [_domain(rule) if level == "D" else level for level in shape])
-            if mine is not None and meet(levels, mine) is not None:
-                raise ValueError(
-                    f"topic filter {topic!r} also takes Homie attribute topics of rule "
-                    f"{rule.name!r}, which every daemon of a shared group must receive on "
-                    "its own subscription; subscribe the Homie topics with a filter of "
-                    "their own (the rule's topic)")
+        theirs = rule.subscription.split("/")
+        for version, shapes in ((4, _V4_ATTRIBUTES), (5, _V5_ATTRIBUTES)):
+            for shape in shapes:
+                mine = meet(theirs, [_domain(rule) if level == "D" else level
+                                     for level in shape])
+                piece = None if mine is None else meet(levels, mine)
+                if piece is None or (version == 4 and piece[1] == V5):
+                    continue  # the level after the domain is 5: Homie 5's
+                if _owner(piece, rules) is rule:
+                    out.append("/".join(piece))
+                elif shared:
+                    raise ValueError(
+                        f"topic filter {topic!r} also takes Homie attribute topics of rule "
+                        f"{rule.name!r} that an earlier rule of another format shares, "
+                        "while every daemon of a shared group must receive them on their "
+                        "own subscription; narrow the filters so that rule's topics "
+                        "leave the Homie rule's attribute topics alone")
+    return out
