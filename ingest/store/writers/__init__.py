@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from bson.errors import InvalidDocument
+from pymongo import ReadPreference
 from pymongo.errors import BulkWriteError, PyMongoError
 
 from ingest.errors import SchemaGoneError, WriteError
@@ -15,7 +16,28 @@ from ingest.store import mongo_errors
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
+    from pymongo.asynchronous.collection import AsyncCollection
+
     from ingest.model import Reading
+
+class PrimaryReads:
+    """A writer's lookups of what it has just written: always from the primary.
+
+    The settle lookup (bucket mode) and the instants' lookup (time-series mode) must see
+    what the primary just acknowledged, whatever the collection's read preference says:
+    a secondary may not have it yet.
+    """
+
+    _collection: AsyncCollection[dict[str, Any]]
+    _primary_coll: AsyncCollection[dict[str, Any]] | None = None
+
+    def _primary(self) -> AsyncCollection[dict[str, Any]]:
+        """The collection, read from the primary (made once, when first asked)."""
+        if self._primary_coll is None:
+            self._primary_coll = self._collection.with_options(
+                read_preference=ReadPreference.PRIMARY)
+        return self._primary_coll
+
 
 class Singles(Sequence[list["Reading"]]):
     """Readings that are one operation each, as groups of one, made only when asked."""

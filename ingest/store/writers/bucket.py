@@ -44,13 +44,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 from bson.datetime_ms import DatetimeMS
 from bson.errors import InvalidDocument
-from pymongo import ReadPreference
 from pymongo.errors import PyMongoError
 
 from ingest.errors import WriteError
 from ingest.store import mongo_errors
 from ingest.store.schema import BUCKET_INDEX, READINGS_INDEX
-from ingest.store.writers import Outcome, Plan, bulk, send
+from ingest.store.writers import Outcome, Plan, PrimaryReads, bulk, send
 from ingest.store.writers.instants import (
     NO_TAGS,
     TagsKey,
@@ -526,7 +525,7 @@ def _statistics(acc: dict[str, list[Any]], count: int, size: int, first: BsonDat
     return inc, mins, maxs
 
 
-class BucketWriter:
+class BucketWriter(PrimaryReads):
     """Writes coalesced bucket upserts."""
 
     mode = "bucket"
@@ -534,19 +533,9 @@ class BucketWriter:
     def __init__(self, collection: AsyncCollection[dict[str, Any]], schema: Schema,
                  span_seconds: int, max_readings: int) -> None:
         self._collection = collection
-        # The settle lookup must see the document that just refused a reading: a
-        # secondary may not have it yet.
-        self._primary_coll: AsyncCollection[dict[str, Any]] | None = None
         self._schema = schema
         self._span = span_seconds
         self._max = max_readings
-
-    def _primary(self) -> AsyncCollection[dict[str, Any]]:
-        """The collection, read from the primary whatever its read preference says."""
-        if self._primary_coll is None:
-            self._primary_coll = self._collection.with_options(
-                read_preference=ReadPreference.PRIMARY)
-        return self._primary_coll
 
     async def ensure_schema(self) -> None:
         """Create the bucket collection, its validator and indexes."""

@@ -32,12 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 from bson.errors import InvalidDocument
 from bson.objectid import ObjectId
-from pymongo import ReadPreference
 from pymongo.errors import PyMongoError
 
 from ingest.errors import WriteError
 from ingest.store import mongo_errors
-from ingest.store.writers import Outcome, Plan, Singles, bulk, send
+from ingest.store.writers import Outcome, Plan, PrimaryReads, Singles, bulk, send
 from ingest.store.writers.bucket import bson_dates, ms_of, ts_key
 from ingest.store.writers.instants import (
     NO_TAGS,
@@ -214,26 +213,17 @@ def object_ids(count: int) -> list[ObjectId]:
     return ids
 
 
-class TimeseriesWriter:
+class TimeseriesWriter(PrimaryReads):
     """Inserts one document per reading."""
 
     mode = "timeseries"
 
     def __init__(self, collection: AsyncCollection[dict[str, Any]], schema: Schema) -> None:
         self._collection = collection
-        # The lookup must see what the primary just acknowledged.
-        self._primary_coll: AsyncCollection[dict[str, Any]] | None = None
         self._schema = schema
         # Instants looked up before inserting, and the time it took (see take_lookups).
         self._checked = 0
         self._check_seconds = 0.0
-
-    def _primary(self) -> AsyncCollection[dict[str, Any]]:
-        """The collection, read from the primary whatever its read preference says."""
-        if self._primary_coll is None:
-            self._primary_coll = self._collection.with_options(
-                read_preference=ReadPreference.PRIMARY)
-        return self._primary_coll
 
     async def ensure_schema(self) -> None:
         """Create (or check) the time-series collection and its index."""
