@@ -22,6 +22,8 @@ from itertools import combinations
 
 import orjson
 
+from ingest.devices.formats.json import template_text, walk
+
 QUALIFIERS = ("model", "subtype", "channel")
 IDENTIFIERS = ("id", "device_id", "deviceid", "dev_id", "mac", "serial", "serial_number",
                "sn", "uid", "uuid", "eui", "dev_eui", "deveui", "address", "addr", "node_id",
@@ -74,15 +76,13 @@ class Container:
 
 
 def _key(value: object) -> str | None:
-    """A payload value as a template renders it: text as is, an integer in decimal."""
-    if type(value) is str and 0 < len(value) <= 128:
-        return value
-    if type(value) is int:
-        return str(value)
-    return None
+    """A payload value as a template renders it, if it can be (part of) a sensor id."""
+    text = template_text(value)
+    return text if text is not None and 0 < len(text) <= 128 else None
 
 
-def _loads(payloads: list[bytes]) -> list[object]:
+def json_docs(payloads: list[bytes]) -> list[object]:
+    """The payloads that are JSON, decoded (the others left out)."""
     out = []
     for payload in payloads:
         try:
@@ -98,18 +98,16 @@ def members(doc: object, path: tuple[str, ...] | None = None) -> list[Member]:
     The elements (or members, with their names) at ``path`` when it is there; else, as
     the json format does, the payload itself, or the elements of a payload array.
     """
-    inner: object = doc
-    for key in path or ():
-        inner = inner.get(key) if type(inner) is dict else None
-    if path and type(inner) is list:
+    inner = walk(doc, path) if path else None
+    if type(inner) is list:
         return [(None, d) for d in inner if type(d) is dict]
-    if path and type(inner) is dict:
+    if type(inner) is dict:
         return [(k, d) for k, d in inner.items() if type(d) is dict]
     return [(None, d) for d in (doc if type(doc) is list else [doc]) if type(d) is dict]
 
 
 def _objects(payloads: list[bytes], path: tuple[str, ...] | None = None) -> list[Member]:
-    return [m for doc in _loads(payloads) for m in members(doc, path)]
+    return [m for doc in json_docs(payloads) for m in members(doc, path)]
 
 
 def identity(by_topic: dict[str, list[bytes]], topic_devices: int,
@@ -187,7 +185,7 @@ def container(by_topic: dict[str, list[bytes]], topic_devices: int = 1
     an object of objects member names that are addresses (``0x2916``, a MAC) or that a
     member field repeats.
     """
-    docs = [d for ds in (_loads(p) for p in by_topic.values()) for d in ds]
+    docs = [d for ds in (json_docs(p) for p in by_topic.values()) for d in ds]
     found: Counter[tuple[tuple[str, ...], bool]] = Counter()
     if any(type(d) is list for d in docs):
         found[(), False] = len(docs)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ingest.devices.decode import Limits, decode
+from ingest.devices.discover.identity import json_docs
 from ingest.devices.discover.identity import members as reading_objects
 
 if TYPE_CHECKING:
@@ -413,11 +414,7 @@ def field_values(samples: list[bytes], each: str | None = None) -> dict[str, lis
     """
     path = tuple(each.split(".")) if each else None
     seen: dict[str, list[object]] = {}
-    for payload in samples:
-        try:
-            doc = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            continue
+    for doc in json_docs(samples):
         for _, obj in reading_objects(doc, path):
             flat: dict[str, object] = {}
             _flat(obj, "", flat)

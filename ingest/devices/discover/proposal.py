@@ -11,8 +11,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-import orjson
-
+from ingest.devices.discover.identity import json_docs
 from ingest.devices.discover.patterns import field_values, quote
 from ingest.model import RESERVED_FIELDS
 
@@ -149,11 +148,7 @@ def _top(samples: list[bytes], each: str) -> dict[str, list[object]]:
     """The top-level fields of the messages beside the devices they list."""
     first = each.split(".", 1)[0]
     seen: dict[str, list[object]] = {}
-    for payload in samples:
-        try:
-            doc = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            continue
+    for doc in json_docs(samples):
         for key, value in doc.items() if type(doc) is dict else ():
             if key != first:
                 seen.setdefault(key, []).append(value)

@@ -77,32 +77,32 @@ def parse(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) 
     return out
 
 
-def _walk(obj: object, path: tuple[str, ...]) -> object:
-    """The value at ``path`` (keys of nested objects), or ``_ABSENT``."""
+def walk(obj: object, path: tuple[str, ...]) -> object:
+    """The value at ``path`` (keys of nested objects), or ``ABSENT`` (also for discover)."""
     for key in path:
         if type(obj) is not dict:
-            return _ABSENT
-        obj = obj.get(key, _ABSENT)
-        if obj is _ABSENT:
-            return _ABSENT
+            return ABSENT
+        obj = obj.get(key, ABSENT)
+        if obj is ABSENT:
+            return ABSENT
     return obj
 
 
-_ABSENT = object()
+ABSENT = object()  # what walk() gives for a path the payload does not have
 
 
 def _readings(doc: dict[str, object], rule: Rule
               ) -> list[tuple[object, str | None]] | Rejection:
     """The objects of one payload object that are readings, with their ``{_key}``."""
     if rule.root is not None:
-        obj = _walk(doc, rule.root)
+        obj = walk(doc, rule.root)
         if type(obj) is not dict:
             return Rejection("no_measurements", f"no object at {'.'.join(rule.root)}")
         return [(obj, None)]
     if rule.each is None:
         return [(doc, None)]
-    inner = _walk(doc, rule.each)
-    if inner is _ABSENT:  # not a gateway's message: the payload is one reading
+    inner = walk(doc, rule.each)
+    if inner is ABSENT:  # not a gateway's message: the payload is one reading
         return [(doc, None)]
     if type(inner) is list:
         return [(obj, None) for obj in inner]
@@ -112,8 +112,11 @@ def _readings(doc: dict[str, object], rule: Rule
                                   f"got {type(inner).__name__}")
 
 
-def _variable(value: object) -> str | None:
-    """A payload value as template text: strings as they are, integers in decimal."""
+def template_text(value: object) -> str | None:
+    """A payload value as a template renders it: strings as they are, integers in decimal.
+
+    None for anything else (a float, a boolean, null, an object, an array): absent.
+    """
     kind = type(value)
     if kind is str:
         return value  # type: ignore[return-value]
@@ -160,10 +163,10 @@ def _parse_paths(objects: list[object], rule: Rule, captures: dict[str, str],
             continue
         ts: object = None
         if rule.time_path is not None:
-            ts = fields.pop(rule.time_flat, _ABSENT)  # type: ignore[arg-type]
-            if ts is _ABSENT:
-                ts = None if obj is top else _walk(top, rule.time_path)
-                ts = None if ts is _ABSENT else ts
+            ts = fields.pop(rule.time_flat, ABSENT)  # type: ignore[arg-type]
+            if ts is ABSENT:
+                ts = None if obj is top else walk(top, rule.time_path)
+                ts = None if ts is ABSENT else ts
         context: dict[str, str] | None = None
         if rule.variables or key is not None:
             context = dict(captures)
@@ -172,12 +175,12 @@ def _parse_paths(objects: list[object], rule: Rule, captures: dict[str, str],
             for name, path in rule.variables:
                 if name in context:
                     continue
-                value = _walk(obj, path)
-                if value is not _ABSENT:
+                value = walk(obj, path)
+                if value is not ABSENT:
                     fields.pop(sep.join(path), None)  # identity, not a measurement
                 elif obj is not top:
-                    value = _walk(top, path)
-                text = _variable(value)
+                    value = walk(top, path)
+                text = template_text(value)
                 if text is not None:
                     context[name] = text
         out.items.append(_new(Item, (fields, ts, None, None, None, None, context,
