@@ -512,15 +512,12 @@ def _units(rule: Rule, values: dict[str, int | float | bool | str], variables: d
 def _resolve_name(rule: Rule, raw: str) -> str | Rejection:
     renamed = rule.rename.get(raw) if rule.rename else None
     name = safe(raw) if renamed is None else renamed
-    if renamed is not None:
-        drop = rule.drop and any(fnmatchcase(raw, g) or fnmatchcase(name, g)
-                                 for g in rule.drop)
-        return _DROP if drop else renamed  # checked when the rule was loaded
     if rule.keep and not any(fnmatchcase(raw, g) or fnmatchcase(name, g) for g in rule.keep):
         return _DROP
     if any(fnmatchcase(raw, g) or fnmatchcase(name, g) for g in rule.drop):
         return _DROP
-    if not 1 <= len(name) <= 64 or name in RESERVED_FIELDS:
+    if renamed is None and (not 1 <= len(name) <= 64 or name in RESERVED_FIELDS):
+        # (a new name was checked when the rule was loaded)
         return Rejection("bad_field_name", f"field {raw[:60]!r} does not make a valid name "
                                            "([A-Za-z0-9_-]{1,64}, not ts, seq, sensor_id, "
                                            "_id, meta, tags, units or info)")

@@ -158,6 +158,15 @@ def test_rename_stores_a_reserved_name_under_another() -> None:
     assert reading.values == {"temperature": 21.5, "ruuvi_seq": 9}
 
 
+def test_drop_and_keep_see_a_renamed_field_under_both_names() -> None:
+    m = mapping('[[rule]]\nname = "omg"\ntopic = "home/+/BTtoMQTT/{sensor_id}"\n'
+                'keep = ["temp*", "rssi"]\ndrop = ["ruuvi_*"]\n'
+                '[rule.rename]\nseq = "ruuvi_seq"\ntempc = "temperature"\nvolt = "voltage"\n')
+    [reading] = run(m, "home/OMG/BTtoMQTT/AABBCC", {
+        "tempc": 21.5, "seq": 9, "volt": 3.1, "rssi": -70}).decoded.readings
+    assert reading.values == {"temperature": 21.5, "rssi": -70}
+
+
 def test_units_from_a_sibling_field_and_for_the_value_format() -> None:
     m = mapping('[[rule]]\nname = "j"\ntopic = "j/{sensor_id}"\n'
                 '[rule.units]\nvalue = "{unit}"\n\n'
