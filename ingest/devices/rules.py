@@ -150,6 +150,8 @@ class Rule:
     # json: the time field as a path of keys, and as a flattened field name.
     time_path: tuple[str, ...] | None = None
     time_flat: str | None = None
+    # json: any of root, each, payload variables or a nested time field (the slower parse).
+    paths: bool = False
 
     @property
     def subscription(self) -> str:
@@ -255,6 +257,9 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
     units = _units(entry.get("units", {}), fmt, allowed)
     used = set(named).union(*(t.names for t in (*tags.values(), *units.values())))
     flatten = _flatten(entry)
+    variables = tuple((n, tuple(n.split("."))) for n in sorted(used - allowed)
+                      if fmt == "json")
+    time_path = tuple(time.field.split(".")) if time.field else None
     return Rule(
         name, topic, source, captures, format=fmt, sensor_id=sensor_id,
         measurement=measurement,
@@ -264,10 +269,9 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
         max_string_bytes=_max_string_bytes(entry), values=_values(entry.get("values", {})),
         time=time, time_configured=configured, tags=tags, info=_info(entry),
         root=root, each=each, rename=_rename(entry.get("rename", {})), units=units,
-        variables=tuple((n, tuple(n.split("."))) for n in sorted(used - allowed)
-                        if fmt == "json"),
-        time_path=tuple(time.field.split(".")) if time.field else None,
+        variables=variables, time_path=time_path,
         time_flat=time.field.replace(".", flatten) if time.field else None,
+        paths=bool(root or each or variables or (time_path and len(time_path) > 1)),
     )
 
 

@@ -50,8 +50,7 @@ def parse(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) 
     else:
         return refused("bad_shape", f"expected a JSON object or an array of objects, got "
                                     f"{type(doc).__name__}")
-    if rule.root is not None or rule.each is not None or rule.variables or (
-            rule.time_path is not None and len(rule.time_path) > 1):
+    if rule.paths:
         return _parse_paths(objects, rule, captures, limits)
     out = Parsed([], [])
     several = len(objects) > 1
