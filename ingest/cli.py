@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from ingest import __version__
+from ingest import __version__, accel
 from ingest.config import (
     DEFAULT_BUCKET_SPAN_SECONDS,
     DEFAULT_COLLECTION,
@@ -387,9 +387,11 @@ def local_settings(args: argparse.Namespace, env: Mapping[str, str]) -> LocalSet
         # The parts get every setting as a flag; an INGEST_* variable left in their
         # environment would set what ingest local leaves at the default (INGEST_COLLECTION:
         # one name for a bucket and a time-series collection, and an API reading neither).
-        child_env={k: v for k, v in env.items() if not k.startswith(ENV_PREFIX)},
+        child_env={k: v for k, v in env.items() if not k.startswith(ENV_PREFIX)}
+        | accel.inherited(env),
         ignored_env=tuple(sorted(k for k in env if k.startswith(ENV_PREFIX)
-                                 and k.removeprefix(ENV_PREFIX).lower() not in vars(args))))
+                                 and k.removeprefix(ENV_PREFIX).lower() not in vars(args)
+                                 and k != accel.ENV)))
     uri = local.mongodb_uri or "mongodb://127.0.0.1"
     for mode in modes:  # the flags the daemons will get, validated as theirs are
         validate(Settings(mode=mode, mongodb_uri=uri, db=local.db, topics=topics,  # type: ignore[arg-type]
@@ -586,6 +588,9 @@ def _run_daemon(settings: Settings) -> int:
     # locks): a second daemon with the same client ids refuses to start.
     held = client_lock.claim_all(settings, [worker_client_id(settings.client_id, index)
                                       for index in range(settings.workers)])
+    from ingest.pipeline import app  # noqa: PLC0415, F401 - imports every hot module
+
+    logger.info("%s", accel.describe())
     try:
         if settings.workers > 1:
             from ingest.pipeline import workers  # noqa: PLC0415 - only several workers need it

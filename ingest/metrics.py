@@ -172,6 +172,11 @@ class Metrics:
         self.info = Gauge(
             "info", "Constant 1, labelled with the daemon's mode.", ["mode", "dry_run"],
             namespace=NAMESPACE, registry=r)
+        self.build_info = Gauge(
+            "build_info", "Constant 1, labelled with the package version, the Python "
+            "implementation and version, and whether the compiled accelerators run "
+            '(accelerated="false": the pure-Python path; INGEST_NO_EXTENSIONS or not '
+            "built).", ["version", "python", "accelerated"], namespace=NAMESPACE, registry=r)
         self._sparkplug(r)
         self._homie(r)
         for reason in dict.fromkeys((*REASONS, *sparkplug.REASONS, *homie.REASONS)):

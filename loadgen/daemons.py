@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ingest import accel
+
 if TYPE_CHECKING:
     from loadgen.config import BenchSettings
 
@@ -76,6 +78,7 @@ class SpawnedDaemon:
                     "--metrics-port", str(port), *s.daemon_args]
         # The URL may hold a password: the environment keeps it out of `ps`.
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
+        self.env |= accel.inherited(os.environ)
         self.env["INGEST_MQTT_URL"] = s.daemon_mqtt_url
         if s.daemon_password_file:
             self.env["INGEST_MQTT_PASSWORD_FILE"] = s.daemon_password_file

@@ -109,13 +109,13 @@ def daemon(tmp_path: Path, broker: Broker, mongo_uri: str, db_name: str,
 
     def start(*extra: str, wait_ready: bool = True, client_id: str | None = None,
               mongodb_uri: str | None = None, broker_url: str | None = None,
-              rule_topics: bool = False) -> Daemon:
+              rule_topics: bool = False, env: dict[str, str] | None = None) -> Daemon:
         topics = [] if rule_topics else ["--topic", f"{topic_root}/#"]
         args = ["--mqtt-url", broker_url or broker.url, *topics,
                 "--mongodb-uri", mongodb_uri or mongo_uri, "--db", db_name,
                 "--client-id", client_id or f"ingest-{topic_root}", "--flush-interval", "0.2",
                 "--log-level", "debug", "--mode", mode, "--workers", "1", *extra]
-        proc = Daemon(args, tmp_path / f"daemon-{len(started)}.log")
+        proc = Daemon(args, tmp_path / f"daemon-{len(started)}.log", env=env or {})
         started.append(proc)
         return proc.start(wait_ready=wait_ready)
 

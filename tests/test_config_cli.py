@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import re
 import socket
 import subprocess
@@ -18,6 +17,7 @@ from ingest.cli import build_parser, main, settings_from
 from ingest.config import Settings, parse_mqtt_url, validate
 from ingest.errors import ConfigError
 from ingest.pipeline.workers import auto_workers
+from tests.support.procs import clean_env
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -404,7 +404,7 @@ def test_non_finite_numbers_are_rejected(flag: str, value: str) -> None:
 
 def ingest(*argv: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``python -m ingest run ...`` with only the given ``INGEST_*`` variables."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
+    clean = clean_env()
     return subprocess.run(
         [sys.executable, "-m", "ingest", "run", *argv],
         cwd=ROOT, env=clean | dict(env or {}), capture_output=True, text=True, timeout=30,

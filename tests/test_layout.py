@@ -59,7 +59,8 @@ def test_no_module_imports_back_into_its_importers() -> None:
 # own rank or higher. So the store never imports the read API, the devices' formats never
 # import the pipeline, the broker side knows nothing of MongoDB, and so on.
 RANKS: tuple[tuple[str, ...], ...] = (
-    ("ingest", "ingest.errors", "ingest.model", "ingest.retry"),  # shared plain data
+    # shared plain data, and which twin (compiled or Python) runs
+    ("ingest", "ingest.accel", "ingest.errors", "ingest.model", "ingest.retry"),
     ("ingest.store",),  # MongoDB: writers, schema, sharding, error classes
     ("ingest.devices",),  # what devices publish: rules, formats, presets, their state
     ("ingest.config", "ingest.metrics"),  # settings (which carry the rules), metrics

@@ -45,7 +45,6 @@ import asyncio
 import functools
 import inspect
 import socket
-import struct
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -54,6 +53,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.reasoncodes import ReasonCode
 
 from ingest.errors import IncompatibleError
+from ingest.mqtt import wire
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -65,8 +65,6 @@ type Deliver = Callable[[str, bytes, int, int, bool, bool], None]
 RECV_BYTES = 65536
 PUBACK = 0x40
 PUBLISH = 0x30
-PUBACK_HEAD = bytes((PUBACK, 2))
-PUBACK_WORD = int.from_bytes(PUBACK_HEAD) << 16  # a PUBACK's head above its 16-bit id
 READ_BURST = 500  # packets handled per readable event, at most
 RECV_BURST = 200  # socket reads per readable event, at most (12.5 MiB)
 TCP_ESTABLISHED = 1  # tcpi_state in Linux's struct tcp_info
@@ -499,6 +497,4 @@ def ack_many(client: aiomqtt.Client, mids: list[int]) -> None:
     without reason code means success); queued once, they cost one ``send`` instead of
     two system calls and an event-loop callback per message.
     """
-    # Each PUBACK is 4 bytes, 0x40 0x02 and the id: one big-endian 32-bit number.
-    blob = struct.pack(f">{len(mids)}I", *[PUBACK_WORD | mid for mid in mids])
-    _paho(client)._packet_queue(PUBACK, blob, 0, 0)  # noqa: SLF001
+    _paho(client)._packet_queue(PUBACK, wire.pubacks(mids), 0, 0)  # noqa: SLF001

@@ -13,13 +13,16 @@ import functools
 import gc
 import logging
 import os
+import platform
 import signal
+import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
 from pymongo import AsyncMongoClient
 from pymongo.errors import ConnectionFailure, PyMongoError
 
+from ingest import __version__, accel
 from ingest.config import redact_mongodb_uri
 from ingest.devices.homie_state import attach_store as attach_homie
 from ingest.devices.sparkplug_state import attach_store
@@ -95,6 +98,12 @@ def mongo_client(settings: Settings, **options: Any) -> AsyncMongoClient[dict[st
     """The driver client, with timezone-aware dates."""
     return AsyncMongoClient(settings.mongodb_uri, tz_aware=True, appname="ingest",
                             connect=False, **options)
+
+
+def build_labels() -> tuple[str, str, str]:
+    """``ingest_build_info``'s labels: version, Python, whether the accelerators run."""
+    return (__version__, f"{sys.implementation.name} {platform.python_version()}",
+            str(accel.accelerated()).lower())
 
 
 def warn_about(settings: Settings) -> None:
@@ -192,6 +201,7 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
     warn_about(settings)
     metrics = metrics or Metrics(settings.mode)
     metrics.info.labels(settings.mode, str(settings.dry_run).lower()).set(1)
+    metrics.build_info.labels(*build_labels()).set(1)
     health = Health(mongodb_ok=settings.dry_run)
     client = mongo_client(settings)
     try:

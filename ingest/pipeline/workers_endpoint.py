@@ -33,6 +33,7 @@ GAUGE_RULES: dict[str, Callable[[Iterable[float]], float]] = {
     "ingest_mqtt_connected": min,
     "ingest_mongodb_up": min,
     "ingest_info": max,
+    "ingest_build_info": max,
 }
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import re
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from ingest.store.writers.bucket import BucketWriter
 from ingest.store.writers.timeseries import TimeseriesWriter
 from tests.support.browser import Chromium, chromium_binary
 from tests.support.png import Image, read_png
-from tests.support.procs import ROOT, eventually, free_port, http_status
+from tests.support.procs import ROOT, clean_env, eventually, free_port, http_status
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
@@ -60,7 +59,7 @@ def api_process(tmp_path: Path, mongo_uri: str, db_name: str
 
     def start(*extra: str) -> int:
         port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
+        env = clean_env()
         log = (tmp_path / "api.log").open("ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "ingest", "api", "--mongodb-uri", mongo_uri, "--db", db_name,

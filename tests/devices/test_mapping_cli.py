@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from ingest.cli import build_parser, settings_from
+from tests.support.procs import clean_env
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -20,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # noqa: PTH1
 
 def ingest(*args: str, stdin: bytes = b"", env: dict[str, str] | None = None
            ) -> subprocess.CompletedProcess[bytes]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
+    clean = clean_env()
     return subprocess.run([sys.executable, "-m", "ingest", *args], input=stdin,
                           capture_output=True, timeout=60, cwd=ROOT, env={**clean, **(env or {})},
                           check=False)

@@ -6,7 +6,6 @@ itself) with 1; either way one line naming the flag or address and what to do.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -17,15 +16,18 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.support.procs import ROOT, Broker, free_port, http_status, password_broker
+from tests.support.procs import (
+    ROOT,
+    Broker,
+    clean_env,
+    free_port,
+    http_status,
+    password_broker,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
 
 
 def ingest(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ from ingest.store.schema import READINGS_INDEX, Schema
 from ingest.store.sharding import SHARD_KEYS
 from ingest.store.writers.bucket import BucketWriter
 from tests.conftest import SHARDED_ENV
-from tests.support.procs import ROOT
+from tests.support.procs import ROOT, clean_env
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -29,7 +29,7 @@ COLLECTION = {"bucket": "buckets", "timeseries": "readings"}
 def init_db(uri: str, db: str, mode: str, *, flag: bool = True
             ) -> subprocess.CompletedProcess[str]:
     """``ingest init-db`` with ``--shard``, or with INGEST_SHARD=true in its environment."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
+    env = clean_env()
     if not flag:
         env["INGEST_SHARD"] = "true"
     return subprocess.run(

@@ -21,6 +21,14 @@ from loadgen.daemons import parse_metrics
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def clean_env() -> dict[str, str]:
+    """Our environment without the INGEST_* settings, for a child process under test; it
+    keeps INGEST_NO_EXTENSIONS, so a suite run without the accelerators runs the children
+    without them too."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")
+            or k == "INGEST_NO_EXTENSIONS"}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -123,9 +131,10 @@ class Daemon:
     log: Path
     metrics_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)  # INGEST_* variables to set
 
     def start(self, wait_ready: bool = True) -> Daemon:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
+        env = clean_env() | self.env
         cmd = [sys.executable, "-m", "ingest", "run", *self.args,
                "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port)]
         with self.log.open("ab") as log:

@@ -1,0 +1,77 @@
+"""Compiled accelerators and their pure-Python twins: which one runs.
+
+A hot function is written once in Python, in its own module, and may have a compiled twin
+(Cython, ``_<name>_c.pyx`` beside it, built by ``pip install`` where a C compiler is
+present; see setup.py). The module hands out one of the two with :func:`pick`::
+
+    decode = accel.pick(decode_py, "ingest.devices._decode_c", "decode")
+
+The compiled twin is used when it was built and imports, unless ``INGEST_NO_EXTENSIONS``
+is set to anything but ``0`` (as aiohttp's ``AIOHTTP_NO_EXTENSIONS``); then every twin is
+the Python one. Both must behave identically, rejections and exceptions included
+(tests/test_accel.py runs them side by side on generated input). The daemon says at start
+which path runs (:func:`describe`) and exports it as ``ingest_build_info{accelerated}``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+ENV = "INGEST_NO_EXTENSIONS"
+# Compiled module name -> whether it was loaded (False: not built, or turned off).
+_loaded: dict[str, bool] = {}
+_errors: dict[str, str] = {}
+
+
+def disabled() -> bool:
+    """Whether ``INGEST_NO_EXTENSIONS`` turns the compiled twins off."""
+    return os.environ.get(ENV, "") not in ("", "0")
+
+
+def inherited(env: Mapping[str, str]) -> dict[str, str]:
+    """What of ``env`` our child processes keep, however clean their environment.
+
+    The choice of path (``INGEST_NO_EXTENSIONS``), so that it holds for the whole process
+    tree (``ingest local``'s parts, loadgen's daemons).
+    """
+    return {ENV: env[ENV]} if ENV in env else {}
+
+
+def pick[F](python: F, module: str, name: str) -> F:
+    """The compiled twin ``module.name`` of ``python`` if it is built and allowed, else it."""
+    if module not in _loaded:
+        _loaded[module] = False
+        if not disabled():
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                _errors[module] = str(exc)
+            else:
+                _loaded[module] = True
+    if not _loaded[module]:
+        return python
+    return cast("F", getattr(importlib.import_module(module), name))
+
+
+def accelerated() -> bool:
+    """True when every compiled twin asked for is the one running."""
+    return bool(_loaded) and all(_loaded.values())
+
+
+def describe() -> str:
+    """One line for the start-up log: which path runs, and why when it is Python."""
+    names = sorted(_loaded)
+    if accelerated():
+        return f"accelerators: compiled ({', '.join(m.rsplit('.', 1)[-1] for m in names)})"
+    if disabled():
+        return f"accelerators: off ({ENV} is set): pure Python"
+    missing = [m for m in names if not _loaded[m]]
+    if len(missing) == len(names):
+        return "accelerators: not built (no C compiler at install?): pure Python"
+    return (f"accelerators: partly built, pure Python for "
+            f"{', '.join(m.rsplit('.', 1)[-1] for m in missing)}")

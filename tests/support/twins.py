@@ -1,0 +1,24 @@
+"""The compiled twin of a pure-Python module, imported directly (whatever
+INGEST_NO_EXTENSIONS says), for the tests that run both on the same input."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+
+def compiled(module: str) -> ModuleType:
+    """The built extension ``module``; the test is skipped, with the reason, if it is not.
+
+    ``scripts/env.sh`` and ``pip install`` build it wherever a C compiler is present (CI
+    included), so this skips only on a machine that cannot compile.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        pytest.skip(f"{module} is not built ({exc}): pip install needs a C compiler")
