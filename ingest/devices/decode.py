@@ -2,6 +2,8 @@
 
 No I/O here. Every problem becomes a :class:`Rejection` with a reason from
 :data:`REASONS`; nothing but a rejection ever leaves this module for bad input.
+:func:`decode_py` has a compiled twin in ``_decode_c.pyx`` (see ingest/accel.py); the rest
+of the package calls :data:`decode`, the one :func:`ingest.accel.pick` chose.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from ingest import accel
 from ingest.model import (
     NAME_PATTERN,
     RESERVED_FIELDS,
@@ -130,8 +133,8 @@ def sensor_from_topic(topic: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[1] else None
 
 
-def decode(topic: str, payload: bytes, received_at: float, limits: Limits,
-           sensor: str | None = None, arrivals: Arrivals | None = None) -> Decoded:
+def decode_py(topic: str, payload: bytes, received_at: float, limits: Limits,
+              sensor: str | None = None, arrivals: Arrivals | None = None) -> Decoded:
     """Turn one MQTT message into readings and rejections; never raises for bad input.
 
     ``sensor`` (a mapping rule's sensor id) replaces the one taken from the topic.
@@ -324,3 +327,6 @@ def _epoch(raw: object, now: float) -> float | None:
             return None
         return parsed.timestamp() if parsed.tzinfo is not None else None
     return None
+
+
+decode = accel.pick(decode_py, "ingest.devices._decode_c", "decode")
