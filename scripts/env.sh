@@ -24,10 +24,10 @@ if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip install --quiet -e ".[dev]"
     rm -f .venv/.installed-* && touch "$stamp"
 fi
-# The compiled accelerators (setup.py), rebuilt in place when setup.py changed or a built
-# module is missing or older than its .pyx; INGEST_NO_EXTENSIONS=1 skips them (the daemon
-# then runs the pure-Python twins).
-built=.venv/.built-$(sha1sum setup.py | cut -c1-12)
+# The compiled accelerators (setup.py), rebuilt in place when a .pyx or setup.py changed,
+# or a built module is missing or older than its .pyx; INGEST_NO_EXTENSIONS=1 skips them
+# (the daemon then runs the pure-Python twins).
+built=.venv/.built-$(find setup.py ingest -name setup.py -o -name "_*_c.pyx" | sort | xargs cat | sha1sum | cut -c1-12)
 for pyx in $(find ingest -name '_*_c.pyx'); do
     so=$(compgen -G "${pyx%.pyx}.*.so" | head -1 || true)
     if [ -z "$so" ] || [ "$pyx" -nt "$so" ]; then rm -f "$built"; fi
