@@ -1,0 +1,294 @@
+# cython: language_level=3
+"""Compiled twin of ingest/store/writers/timeseries.py: ``batch_documents`` (twin of
+``batch_documents_py``) and ``reading_document`` (``reading_document_py``).
+
+The same documents (dicts, key order, value types, ``meta`` shared by a sensor's
+documents), the same ``_id`` bytes for the same prefix and counter, the same runs and the
+same exceptions. Readings that are exactly ``Reading`` are read by index; anything else
+through its attributes, as the Python twin does. Values dicts whose names are all exactly
+``str`` are ordered here; any other names take the Python twin's steps.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_Next, PyDict_SetItem, PyDict_Size, PyDict_Update
+from cpython.list cimport PyList_GET_ITEM, PyList_GetSlice
+from cpython.object cimport (
+    Py_EQ,
+    PyObject,
+    PyObject_IsTrue,
+    PyObject_RichCompare,
+    PyObject_RichCompareBool,
+)
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from cpython.unicode cimport PyUnicode_CheckExact, PyUnicode_Compare
+from libc.string cimport memcpy
+
+from bson.objectid import ObjectId
+
+from ingest.model import Reading
+from ingest.store.writers.bucket import BsonDate, ts_key
+
+cdef extern from *:
+    """
+    #include <structmember.h>
+
+    /* cls.__new__(cls) for a class that inherits object.__new__ (checked at import). */
+    static PyObject *tsc_new(PyObject *cls, PyObject *empty) {
+        PyTypeObject *type = (PyTypeObject *)cls;
+        return type->tp_new(type, empty, NULL);
+    }
+
+    /* The offset of a writable object slot (``__slots__`` entry) ``name`` of ``cls``, or -1
+       when setting it is anything else than storing into the slot. */
+    static Py_ssize_t tsc_slot_offset(PyObject *cls, PyObject *descr) {
+        PyMemberDef *member;
+        if (Py_TYPE(descr) != &PyMemberDescr_Type) return -1;
+        member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type != Py_T_OBJECT_EX || (member->flags & Py_READONLY)) return -1;
+        if (member->offset <= 0
+                || member->offset + (Py_ssize_t)sizeof(PyObject *) > ((PyTypeObject *)cls)->tp_basicsize)
+            return -1;
+        return member->offset;
+    }
+
+    /* A dict with room for ``n`` items (no resize while they are inserted). */
+    static PyObject *tsc_dict(Py_ssize_t n) {
+    #if PY_VERSION_HEX < 0x030E0000 && !defined(PYPY_VERSION)
+        return _PyDict_NewPresized(n);
+    #else
+        return PyDict_New();
+    #endif
+    }
+
+    /* What setting the slot at ``offset`` of a fresh object does (PyMember_SetOne). */
+    static void tsc_set_slot(PyObject *obj, Py_ssize_t offset, PyObject *value) {
+        PyObject **addr = (PyObject **)((char *)obj + offset);
+        Py_INCREF(value);
+        Py_XSETREF(*addr, value);
+    }
+    """
+    object tsc_new(object cls, object empty)
+    Py_ssize_t tsc_slot_offset(object cls, object descr)
+    void tsc_set_slot(object obj, Py_ssize_t offset, object value)
+    dict tsc_dict(Py_ssize_t n)
+
+# Reading's fields by index (checked below against Reading._fields).
+cdef enum:
+    SENSOR_ID = 0
+    WHEN = 1
+    VALUES = 3
+    SEQ = 4
+    MS = 5
+    TAGS = 6
+    UNITS = 7
+    INFO = 8
+    # Most names of one reading sorted on the stack (more: the Python twin's steps).
+    MAX_NAMES = 32
+
+if Reading._fields[:9] != ("sensor_id", "when", "epoch", "values", "seq", "ms", "tags",
+                           "units", "info"):
+    raise ImportError("ingest.model.Reading changed: the compiled twin reads its fields by index")
+
+cdef object _Reading = Reading
+cdef object _ObjectId = ObjectId
+cdef object _BsonDate = BsonDate
+cdef object _ts_key = ts_key
+cdef object _dict_update = dict.update
+cdef tuple _NO_ARGS = ()
+
+
+cdef Py_ssize_t _slot(object cls, str name):
+    """The offset to store ``name`` of a new ``cls`` instance at, or -1 (use setattr)."""
+    if cls.__new__ is not object.__new__ or cls.__setattr__ is not object.__setattr__:
+        raise ImportError(f"{cls.__name__} makes or sets its instances another way")
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return tsc_slot_offset(cls, klass.__dict__[name])
+    return -1
+
+
+cdef Py_ssize_t _ID_SLOT = _slot(ObjectId, "_ObjectId__id")
+cdef Py_ssize_t _MS_SLOT = _slot(BsonDate, "ms")
+
+# Field names in name order by their order in a reading (Python twin: _SORTED), for the
+# names that are not all exactly ``str``.
+cdef dict _SORTED = {}
+cdef Py_ssize_t _SORTED_LIMIT = 10_000
+
+
+cdef inline object _field(object reading, Py_ssize_t index, str name):
+    """``getattr(reading, name)``, by index for a ``Reading`` (a tuple)."""
+    if type(reading) is _Reading and PyTuple_GET_SIZE(reading) > index:
+        return <object>PyTuple_GET_ITEM(reading, index)
+    return getattr(reading, name)
+
+
+cdef inline object _new_with(object cls, Py_ssize_t offset, str name, object value):
+    """``obj = object.__new__(cls); setattr(obj, name, value)``."""
+    obj = tsc_new(cls, _NO_ARGS)
+    if offset > 0:
+        tsc_set_slot(obj, offset, value)
+    else:
+        setattr(obj, name, value)
+    return obj
+
+
+cdef object _sorted_names(tuple names):
+    """``names`` in name order, or None if they are in order already (Python: _sorted_names)."""
+    try:
+        return _SORTED[names]
+    except KeyError:
+        order = tuple(sorted(names))
+        result = None if order == names else order
+        if len(_SORTED) < _SORTED_LIMIT:
+            _SORTED[names] = result
+        return result
+
+
+cdef dict _reading_document(object reading):
+    cdef dict meta = {"sensor_id": _field(reading, SENSOR_ID, "sensor_id")}
+    if _field(reading, TAGS, "tags"):  # in name order: a meta field order is part of the series
+        tags = _field(reading, TAGS, "tags")
+        for key in sorted(tags):
+            meta[key] = tags[key]
+    when = _field(reading, WHEN, "when") if type(reading) is _Reading else None
+    cdef dict doc = {"ts": when if when is not None else getattr(reading, "ts"), "meta": meta}
+    if _field(reading, SEQ, "seq") is not None:
+        doc["seq"] = _field(reading, SEQ, "seq")
+    if _field(reading, UNITS, "units") is not None:
+        doc["units"] = dict(sorted(_field(reading, UNITS, "units").items()))
+    if _field(reading, INFO, "info") is not None:
+        doc["info"] = dict(sorted(_field(reading, INFO, "info").items()))
+    values = _field(reading, VALUES, "values")
+    for name in sorted(values):
+        doc[name] = values[name]
+    return doc
+
+
+def reading_document(reading):
+    """The time-series document for one reading."""
+    return _reading_document(reading)
+
+
+def batch_documents(readings, prefix, start):
+    """The documents of ``readings`` (sorted by sensor and time), each sensor's run of
+    times and whether two of one sensor share a millisecond (see batch_documents_py)."""
+    cdef Py_ssize_t n = len(readings), i, j, k, begin
+    if type(prefix) is not bytes or type(start) is not int:
+        raise TypeError(f"an ObjectId prefix and counter are bytes and int, not "
+                        f"{type(prefix).__name__} and {type(start).__name__}")
+    if PyBytes_GET_SIZE(prefix) != 9:
+        raise ValueError(f"an ObjectId prefix is 9 bytes, not {PyBytes_GET_SIZE(prefix)}")
+    cdef list rows = readings if type(readings) is list else list(readings)
+    cdef unsigned long counter = start & 0xFFFFFF
+    cdef list dates = [], stamps = [], docs = [], runs = []
+    cdef dict metas = {}, doc
+    cdef object reading, ms, oid, sensor, meta, values, seq, order, prev_sensor = None
+    cdef object prev_meta = None
+    cdef bytes raw
+    cdef char *buf
+    cdef PyObject *key
+    cdef PyObject *value
+    cdef PyObject *last
+    cdef bint fast
+    cdef Py_ssize_t count
+    cdef PyObject *names[MAX_NAMES]
+    cdef PyObject *items[MAX_NAMES]
+
+    for i in range(n):  # the times first, as bson_dates
+        reading = rows[i]
+        ms = _field(reading, MS, "ms")
+        if ms is None:
+            ms = _ts_key(getattr(reading, "ts"))
+        stamps.append(ms)
+        dates.append(_new_with(_BsonDate, _MS_SLOT, "ms", ms))
+
+    for i in range(n):
+        reading = rows[i]
+        raw = PyBytes_FromStringAndSize(NULL, 12)
+        buf = PyBytes_AS_STRING(raw)
+        memcpy(buf, PyBytes_AS_STRING(prefix), 9)
+        buf[9] = <char>((counter >> 16) & 0xFF)
+        buf[10] = <char>((counter >> 8) & 0xFF)
+        buf[11] = <char>(counter & 0xFF)
+        counter = (counter + 1) & 0xFFFFFF
+        oid = _new_with(_ObjectId, _ID_SLOT, "_ObjectId__id", raw)
+
+        if (_field(reading, TAGS, "tags") or _field(reading, UNITS, "units") is not None
+                or _field(reading, INFO, "info") is not None):
+            doc = {"_id": oid}
+            PyDict_Update(doc, _reading_document(reading))
+            docs.append(doc)
+            continue
+
+        sensor = _field(reading, SENSOR_ID, "sensor_id")
+        if prev_meta is not None and sensor is prev_sensor:
+            meta = prev_meta
+        else:
+            meta = metas.get(sensor)
+            if meta is None:
+                meta = {"sensor_id": sensor}
+                metas[sensor] = meta
+            prev_sensor, prev_meta = sensor, meta
+
+        values = _field(reading, VALUES, "values")
+        # The names in name order, with their values: sorted here when they are all
+        # exactly str (at most MAX_NAMES), else by the Python twin's steps.
+        fast = type(values) is dict and PyDict_Size(values) <= MAX_NAMES
+        count = 0
+        if fast:
+            j = 0
+            while PyDict_Next(values, &j, &key, &value):
+                if not PyUnicode_CheckExact(<object>key):
+                    fast = False
+                    break
+                k = count
+                while k > 0 and PyUnicode_Compare(<object>names[k - 1], <object>key) > 0:
+                    names[k] = names[k - 1]
+                    items[k] = items[k - 1]
+                    k -= 1
+                names[k] = key
+                items[k] = value
+                count += 1
+        order = None
+        if not fast:
+            count = 0
+            order = _sorted_names(tuple(values))
+
+        seq = _field(reading, SEQ, "seq")
+        doc = tsc_dict(4 + count)
+        doc["_id"] = oid
+        doc["ts"] = <object>PyList_GET_ITEM(dates, i)
+        doc["meta"] = meta
+        if seq is not None:
+            doc["seq"] = seq
+        if fast:  # values is not changed meanwhile: borrowed names and values stay alive
+            for k in range(count):
+                PyDict_SetItem(doc, <object>names[k], <object>items[k])
+        elif order is None:
+            _dict_update(doc, values)
+        else:
+            for name in order:
+                doc[name] = values[name]
+        docs.append(doc)
+
+    # Each sensor's run of times (as itertools.groupby), and whether two neighbours of a
+    # run share a millisecond (compared as operator.eq does: no identity shortcut).
+    cdef bint collided = False
+    i = 0
+    while i < n:
+        begin = i
+        sensor = _field(rows[i], SENSOR_ID, "sensor_id")
+        i += 1
+        while i < n and PyObject_RichCompareBool(
+                sensor, _field(rows[i], SENSOR_ID, "sensor_id"), Py_EQ):
+            i += 1
+        if i - begin > 1 and not collided:
+            for k in range(begin + 1, i):
+                if PyObject_IsTrue(PyObject_RichCompare(
+                        <object>PyList_GET_ITEM(stamps, k - 1),
+                        <object>PyList_GET_ITEM(stamps, k), Py_EQ)):
+                    collided = True
+                    break
+        runs.append((sensor, PyList_GetSlice(dates, begin, i)))
+    return docs, runs, collided
