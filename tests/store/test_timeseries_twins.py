@@ -287,3 +287,45 @@ def test_a_plan_is_the_same_with_either_twin(twin: ModuleType, readings: list[An
     assert same(compiled_plan.lookup, py.lookup)
     assert list(compiled_plan.groups) == list(py.groups)
     assert compiled_plan.deferred == py.deferred
+
+
+epochs = st.one_of(st.sampled_from([0.0, -0.0, 1.0, 1.5, 2.0, -1.0, math.inf, -math.inf]),
+                   st.floats(allow_nan=False), st.floats())
+order_keys = st.tuples(st.sampled_from(["b", "a", "c", "é", ""]).map(fresh) | sensors, epochs)
+
+
+@st.composite
+def to_sort(draw: st.DrawFn) -> list[Any]:
+    """Readings in arrival order, reversed or shuffled; now and then something else."""
+    keys = draw(st.lists(order_keys, max_size=60))
+    readings: list[Any] = [Reading(s, None, e, {"v": i}, None, i) for i, (s, e) in enumerate(keys)]
+    if draw(st.integers(0, 4)) == 0 and readings:  # an odd one: int time, NaN, not str...
+        odd = draw(st.one_of(
+            st.builds(lambda s, e: Reading(s, None, e, {}), sensors | odd_sensors,
+                      st.sampled_from([1, math.nan, True, None, "1"])),
+            st.sampled_from([object(), 5]), st.builds(lambda: tuple.__new__(Reading, ("s",))),
+            st.builds(lambda s: SubReading(s, None, 1.0, {}), sensors)))
+        readings.insert(draw(st.integers(0, len(readings))), odd)
+    return readings
+
+
+@settings(max_examples=300, deadline=None)
+@given(to_sort())
+def test_a_batch_is_put_in_the_same_order_by_both_twins(twin: ModuleType,
+                                                         readings: list[Any]) -> None:
+    expected = outcome(ts_mod.sorted_readings_py, readings)
+    got = outcome(twin.sorted_readings, readings)
+    if expected[0] == "raised":
+        assert got == expected
+        return
+    assert got[0] == "returned"
+    assert [id(r) for r in got[1]] == [id(r) for r in expected[1]]  # the very same objects
+    assert type(got[1]) is list
+    assert got[1] is not readings
+
+
+def test_many_readings_of_one_sensor_out_of_order_are_sorted_by_time(twin: ModuleType) -> None:
+    readings = [Reading(f"s{i % 3}", None, float((i * 7919) % 1000 // 2), {"v": i})
+                for i in range(3000)]
+    for data in (readings, readings[::-1], tuple(readings)):
+        assert twin.sorted_readings(data) == ts_mod.sorted_readings_py(data)

@@ -1,6 +1,7 @@
 # cython: language_level=3
 """Compiled twin of ingest/store/writers/timeseries.py: ``batch_documents`` (twin of
-``batch_documents_py``) and ``reading_document`` (``reading_document_py``).
+``batch_documents_py``), ``reading_document`` (``reading_document_py``) and
+``sorted_readings`` (``sorted_readings_py``).
 
 The same documents (dicts, key order, value types, ``meta`` shared by a sensor's
 documents), the same ``_id`` bytes for the same prefix and counter, the same runs and the
@@ -11,7 +12,9 @@ through its attributes, as the Python twin does. Values dicts whose names are al
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_Next, PyDict_SetItem, PyDict_Size, PyDict_Update
-from cpython.list cimport PyList_GET_ITEM, PyList_GetSlice
+from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
+from cpython.list cimport PyList_GET_ITEM, PyList_GetSlice, PyList_New, PyList_SET_ITEM, PyList_Sort
+from cpython.ref cimport Py_INCREF
 from cpython.object cimport (
     Py_EQ,
     PyObject,
@@ -21,7 +24,11 @@ from cpython.object cimport (
 )
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_CheckExact, PyUnicode_Compare
+from libc.math cimport isnan
+from libc.stdlib cimport free, malloc, qsort
 from libc.string cimport memcpy
+
+from operator import attrgetter
 
 from bson.objectid import ObjectId
 
@@ -292,3 +299,123 @@ def batch_documents(readings, prefix, start):
                     break
         runs.append((sensor, PyList_GetSlice(dates, begin, i)))
     return docs, runs, collided
+
+
+cdef object _BY_SENSOR_AND_TIME = attrgetter("sensor_id", "epoch")
+
+cdef struct Entry:
+    double epoch
+    Py_ssize_t index  # in the input: a tie keeps the input's order
+
+
+cdef int _by_epoch(const void *a, const void *b) noexcept nogil:
+    cdef const Entry *x = <const Entry *>a
+    cdef const Entry *y = <const Entry *>b
+    if x.epoch < y.epoch:
+        return -1
+    if x.epoch > y.epoch:
+        return 1
+    return -1 if x.index < y.index else (1 if x.index > y.index else 0)
+
+
+def sorted_readings(readings):
+    """``sorted(readings, key=attrgetter("sensor_id", "epoch"))`` (sorted_readings_py).
+
+    For a list of ``Reading`` whose sensor ids are exactly ``str`` and whose times are
+    exactly ``float`` and not NaN, the key is a total order, so the stable sort has one
+    result; it is found here by sensor (sorted once each) then by time within a sensor
+    (in order already, as a rule). Anything else is sorted by ``sorted`` itself.
+    """
+    if type(readings) is not list:
+        return sorted(readings, key=_BY_SENSOR_AND_TIME)
+    cdef list rows = <list>readings
+    cdef Py_ssize_t n = len(rows), i, g, k, begin, end, distinct
+    cdef dict groups = {}
+    cdef list sensors = []
+    cdef object reading, sensor, epoch, last = None, found
+    cdef Py_ssize_t last_group = -1
+    cdef Py_ssize_t *group_of = NULL
+    cdef Py_ssize_t *start = NULL
+    cdef Entry *entries = NULL
+    cdef Entry *sorted_entries = NULL
+    cdef bint ordered
+    cdef list out
+    if n == 0:
+        return []
+    try:
+        group_of = <Py_ssize_t *>malloc(n * sizeof(Py_ssize_t))
+        entries = <Entry *>malloc(n * sizeof(Entry))
+        if group_of == NULL or entries == NULL:
+            raise MemoryError()
+        for i in range(n):
+            reading = <object>PyList_GET_ITEM(rows, i)
+            if type(reading) is not _Reading or PyTuple_GET_SIZE(reading) < 3:
+                return sorted(rows, key=_BY_SENSOR_AND_TIME)
+            sensor = <object>PyTuple_GET_ITEM(reading, SENSOR_ID)
+            epoch = <object>PyTuple_GET_ITEM(reading, 2)
+            if (not PyUnicode_CheckExact(sensor) or not PyFloat_CheckExact(epoch)
+                    or isnan(PyFloat_AS_DOUBLE(epoch))):
+                return sorted(rows, key=_BY_SENSOR_AND_TIME)
+            if sensor is not last:
+                found = groups.get(sensor)
+                if found is None:
+                    last_group = len(sensors)
+                    groups[sensor] = last_group
+                    sensors.append((sensor, last_group))
+                else:
+                    last_group = found
+                last = sensor
+            group_of[i] = last_group
+            entries[i].epoch = PyFloat_AS_DOUBLE(epoch)
+        # Each sensor's place in name order, then the readings placed by it (stable).
+        distinct = len(sensors)
+        start = <Py_ssize_t *>malloc((distinct + 1) * sizeof(Py_ssize_t))
+        if start == NULL:
+            raise MemoryError()
+        PyList_Sort(sensors)  # (str, int) tuples of unique str: by name
+        rank = [0] * distinct
+        for k in range(distinct):
+            rank[<Py_ssize_t>(<tuple>sensors[k])[1]] = k
+        for k in range(distinct + 1):
+            start[k] = 0
+        for i in range(n):
+            group_of[i] = <Py_ssize_t>rank[group_of[i]]
+            start[group_of[i] + 1] += 1
+        for k in range(distinct):
+            start[k + 1] += start[k]
+        out = PyList_New(n)
+        for i in range(n):  # entries[i].epoch is reading i's; placed into out by rank
+            k = start[group_of[i]]
+            start[group_of[i]] = k + 1
+            group_of[i] = k  # reading i's position
+        for i in range(n):
+            entries[i].index = i
+        # entries in output order: (epoch, input index)
+        sorted_entries = <Entry *>malloc(n * sizeof(Entry))
+        if sorted_entries == NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                sorted_entries[group_of[i]] = entries[i]
+            begin = 0
+            for k in range(distinct):
+                end = start[k]
+                ordered = True
+                for i in range(begin + 1, end):
+                    if sorted_entries[i].epoch < sorted_entries[i - 1].epoch:
+                        ordered = False
+                        break
+                if not ordered:
+                    qsort(&sorted_entries[begin], end - begin, sizeof(Entry), _by_epoch)
+                begin = end
+            for i in range(n):
+                reading = <object>PyList_GET_ITEM(rows, sorted_entries[i].index)
+                Py_INCREF(reading)
+                PyList_SET_ITEM(out, i, reading)
+        finally:
+            free(sorted_entries)
+        return out
+    finally:
+        free(group_of)
+        free(start)
+        free(entries)
