@@ -194,21 +194,21 @@ def check_batch(twin: ModuleType, readings: list[Any], prefix: bytes, start: int
         encoded({"t": t}) for _, times in runs for t in times]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches(sort=True), ids)
 def test_sorted_batches_give_identical_documents_and_runs(
         twin: ModuleType, readings: list[Any], first: tuple[bytes, int]) -> None:
     check_batch(twin, readings, *first)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches(sort=False), ids)
 def test_batches_in_any_order_give_identical_documents_and_runs(
         twin: ModuleType, readings: list[Any], first: tuple[bytes, int]) -> None:
     check_batch(twin, readings, *first)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.one_of(a_reading(), a_reading(hostile=True)))
 def test_one_readings_document_is_identical(twin: ModuleType, reading: Any) -> None:
     expected = outcome(ts_mod.reading_document_py, reading)
@@ -265,7 +265,7 @@ def test_documents_take_new_ids_counting_on_from_the_last_batch(
     assert all(before <= int(oid.generation_time.timestamp()) <= time.time() + 1 for oid in ids)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(st.lists(a_reading(), max_size=20))
 def test_a_plan_is_the_same_with_either_twin(twin: ModuleType, readings: list[Any]) -> None:
     # Readings of the decoders only (a plan sorts them, which hostile ones would stop).
@@ -309,7 +309,7 @@ def to_sort(draw: st.DrawFn) -> list[Any]:
     return readings
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(to_sort())
 def test_a_batch_is_put_in_the_same_order_by_both_twins(twin: ModuleType,
                                                          readings: list[Any]) -> None:
