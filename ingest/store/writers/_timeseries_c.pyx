@@ -39,7 +39,7 @@ cdef extern from *:
     """
     #include <structmember.h>
 
-    /* cls.__new__(cls) for a class that inherits object.__new__ (checked at import). */
+    /* object.__new__(cls) for a class that takes object.__new__ (see _slot). */
     static PyObject *tsc_new(PyObject *cls, PyObject *empty) {
         PyTypeObject *type = (PyTypeObject *)cls;
         return type->tp_new(type, empty, NULL);
@@ -79,35 +79,39 @@ cdef extern from *:
     void tsc_set_slot(object obj, Py_ssize_t offset, object value)
     dict tsc_dict(Py_ssize_t n)
 
-# Reading's fields by index (checked below against Reading._fields).
+# Reading's fields by index.
+cdef Py_ssize_t SENSOR_ID = Reading._fields.index("sensor_id")
+cdef Py_ssize_t WHEN = Reading._fields.index("when")
+cdef Py_ssize_t EPOCH = Reading._fields.index("epoch")
+cdef Py_ssize_t VALUES = Reading._fields.index("values")
+cdef Py_ssize_t SEQ = Reading._fields.index("seq")
+cdef Py_ssize_t MS = Reading._fields.index("ms")
+cdef Py_ssize_t TAGS = Reading._fields.index("tags")
+cdef Py_ssize_t UNITS = Reading._fields.index("units")
+cdef Py_ssize_t INFO = Reading._fields.index("info")
+
 cdef enum:
-    SENSOR_ID = 0
-    WHEN = 1
-    VALUES = 3
-    SEQ = 4
-    MS = 5
-    TAGS = 6
-    UNITS = 7
-    INFO = 8
     # Most names of one reading sorted on the stack (more: the Python twin's steps).
     MAX_NAMES = 32
-
-if Reading._fields[:9] != ("sensor_id", "when", "epoch", "values", "seq", "ms", "tags",
-                           "units", "info"):
-    raise ImportError("ingest.model.Reading changed: the compiled twin reads its fields by index")
 
 cdef object _Reading = Reading
 cdef object _ObjectId = ObjectId
 cdef object _BsonDate = BsonDate
 cdef object _ts_key = ts_key
 cdef object _dict_update = dict.update
+cdef object _object_new = object.__new__
 cdef tuple _NO_ARGS = ()
 
 
 cdef Py_ssize_t _slot(object cls, str name):
-    """The offset to store ``name`` of a new ``cls`` instance at, or -1 (use setattr)."""
+    """Where ``setattr(object.__new__(cls), name, value)`` stores ``value``, or -1.
+
+    An offset when ``cls`` takes ``object.__new__`` and ``object.__setattr__`` and
+    ``name`` is one of its ``__slots__`` (the object is then made and set here in C);
+    -1 for anything else (made and set by those very calls).
+    """
     if cls.__new__ is not object.__new__ or cls.__setattr__ is not object.__setattr__:
-        raise ImportError(f"{cls.__name__} makes or sets its instances another way")
+        return -1
     for klass in cls.__mro__:
         if name in klass.__dict__:
             return tsc_slot_offset(cls, klass.__dict__[name])
@@ -131,11 +135,12 @@ cdef inline object _field(object reading, Py_ssize_t index, str name):
 
 
 cdef inline object _new_with(object cls, Py_ssize_t offset, str name, object value):
-    """``obj = object.__new__(cls); setattr(obj, name, value)``."""
-    obj = tsc_new(cls, _NO_ARGS)
+    """``obj = object.__new__(cls); setattr(obj, name, value)`` (``offset``: see _slot)."""
     if offset > 0:
+        obj = tsc_new(cls, _NO_ARGS)
         tsc_set_slot(obj, offset, value)
     else:
+        obj = _object_new(cls)
         setattr(obj, name, value)
     return obj
 
@@ -349,10 +354,11 @@ def sorted_readings(readings):
             raise MemoryError()
         for i in range(n):
             reading = <object>PyList_GET_ITEM(rows, i)
-            if type(reading) is not _Reading or PyTuple_GET_SIZE(reading) < 3:
+            if (type(reading) is not _Reading or PyTuple_GET_SIZE(reading) <= SENSOR_ID
+                    or PyTuple_GET_SIZE(reading) <= EPOCH):
                 return sorted(rows, key=_BY_SENSOR_AND_TIME)
             sensor = <object>PyTuple_GET_ITEM(reading, SENSOR_ID)
-            epoch = <object>PyTuple_GET_ITEM(reading, 2)
+            epoch = <object>PyTuple_GET_ITEM(reading, EPOCH)
             if (not PyUnicode_CheckExact(sensor) or not PyFloat_CheckExact(epoch)
                     or isnan(PyFloat_AS_DOUBLE(epoch))):
                 return sorted(rows, key=_BY_SENSOR_AND_TIME)
