@@ -26,7 +26,7 @@ if [ ! -f "$stamp" ]; then
 fi
 # The compiled accelerators (setup.py), rebuilt in place when a .pyx or setup.py changed;
 # INGEST_NO_EXTENSIONS=1 skips them (the daemon then runs the pure-Python twins).
-built=.venv/.built-$(cat setup.py ingest/*/_*_c.pyx ingest/*/*/_*_c.pyx 2>/dev/null | sha1sum | cut -c1-12)
+built=.venv/.built-$(find setup.py ingest -name setup.py -o -name "_*_c.pyx" | sort | xargs cat | sha1sum | cut -c1-12)
 if [ ! -f "$built" ] && [ "${INGEST_NO_EXTENSIONS:-0}" = 0 ]; then
     .venv/bin/python setup.py --quiet build_ext --inplace >/dev/null
     rm -f .venv/.built-* && touch "$built"
