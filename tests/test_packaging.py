@@ -37,17 +37,23 @@ def module_of(pyx: Path) -> str:
 
 def picks() -> list[tuple[str, str, str, str]]:
     """(module, attribute, compiled module, function) of every module-level
-    ``attribute = accel.pick(python_twin, "compiled.module", "function")``."""
+    ``attribute = accel.pick(python_twin, "compiled.module", "function")``; the names may
+    be module-level string constants."""
     found = []
     for path in sorted((ROOT / "ingest").rglob("*.py")):
         module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        constants: dict[str, str] = {}
         for node in ast.parse(path.read_text(encoding="utf-8")).body:
-            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            if not isinstance(node, ast.Assign):
+                continue
+            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                constants |= {ast.unparse(target): node.value.value for target in node.targets}
+            if (isinstance(node.value, ast.Call)
                     and ast.unparse(node.value.func) == "accel.pick"):
-                _, compiled, function = node.value.args
-                assert isinstance(compiled, ast.Constant), ast.unparse(node)
-                assert isinstance(function, ast.Constant), ast.unparse(node)
-                found += [(module, ast.unparse(target), compiled.value, function.value)
+                compiled, function = (
+                    arg.value if isinstance(arg, ast.Constant) else constants[ast.unparse(arg)]
+                    for arg in node.value.args[1:])
+                found += [(module, ast.unparse(target), compiled, function)
                           for target in node.targets]
     return found
 

@@ -21,6 +21,5 @@ def compiled(module: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        # allow_module_level: test modules call this at import to name their twin.
         pytest.skip(f"{module} is not built ({exc}): pip install needs a C compiler",
                     allow_module_level=True)
