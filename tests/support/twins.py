@@ -22,3 +22,11 @@ def compiled(module: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as exc:
         pytest.skip(f"{module} is not built ({exc}): pip install needs a C compiler")
+
+
+def compiled_or_none(module: str) -> ModuleType | None:
+    """The built extension ``module``, or None if it is not built (for the benchmarks)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
