@@ -26,11 +26,15 @@ def extensions() -> list[Extension]:
     except ImportError:
         return []
     sources = sorted(p.relative_to(HERE).as_posix() for p in HERE.glob("ingest/**/_*_c.pyx"))
-    modules = [Extension(source[:-4].replace("/", "."), [source], optional=True)
-               for source in sources]
-    return cythonize(modules, language_level=3, quiet=True, compiler_directives={
-        "boundscheck": False, "wraparound": False, "cdivision": True,
-        "embedsignature": True})
+    modules = cythonize([Extension(source[:-4].replace("/", "."), [source]) for source in sources],
+                        language_level=3, quiet=True, compiler_directives={
+                            "boundscheck": False, "wraparound": False, "cdivision": True,
+                            "embedsignature": True})
+    for module in modules:
+        # Set after cythonize, which makes new Extensions without it: a compiler that is
+        # missing or fails is then a warning, and the pure-Python twin runs.
+        module.optional = True
+    return modules
 
 
 setup(ext_modules=extensions())

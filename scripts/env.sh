@@ -24,11 +24,21 @@ if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip install --quiet -e ".[dev]"
     rm -f .venv/.installed-* && touch "$stamp"
 fi
-# The compiled accelerators (setup.py), rebuilt in place when a .pyx or setup.py changed;
-# INGEST_NO_EXTENSIONS=1 skips them (the daemon then runs the pure-Python twins).
-built=.venv/.built-$(cat setup.py ingest/*/_*_c.pyx ingest/*/*/_*_c.pyx 2>/dev/null | sha1sum | cut -c1-12)
+# The compiled accelerators (setup.py), rebuilt in place when a .pyx or setup.py changed,
+# or a built module is missing or older than its .pyx; INGEST_NO_EXTENSIONS=1 skips them
+# (the daemon then runs the pure-Python twins).
+built=.venv/.built-$(find setup.py ingest -name setup.py -o -name "_*_c.pyx" | sort | xargs cat | sha1sum | cut -c1-12)
+for pyx in $(find ingest -name '_*_c.pyx'); do
+    so=$(compgen -G "${pyx%.pyx}.*.so" | head -1 || true)
+    if [ -z "$so" ] || [ "$pyx" -nt "$so" ]; then rm -f "$built"; fi
+done
 if [ ! -f "$built" ] && [ "${INGEST_NO_EXTENSIONS:-0}" = 0 ]; then
-    .venv/bin/python setup.py --quiet build_ext --inplace >/dev/null
-    rm -f .venv/.built-* && touch "$built"
+    out=$(.venv/bin/python setup.py --quiet build_ext --inplace 2>&1) || { echo "$out" >&2; exit 1; }
+    if [[ "$out" == *"failed"* ]]; then  # the extensions are optional: setuptools only warns
+        echo "$out" >&2
+        echo "scripts/env.sh: the accelerators did not build (above): pure Python runs" >&2
+    else
+        rm -f .venv/.built-* && touch "$built"
+    fi
 fi
 export PATH="$ROOT/.venv/bin:$PATH"

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 DEPLOY = ROOT / "deploy"
 COMPOSE = DEPLOY / "compose.yaml"
 DOCKERFILE = DEPLOY / "Dockerfile"
+WORKFLOW = ROOT / ".github" / "workflows" / "ci.yml"
 PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 MOSQUITTO_DIR = DEPLOY / "mosquitto"
 INGEST_SERVICES = {"ingest-bucket": "bucket", "ingest-timeseries": "timeseries"}
@@ -349,6 +351,23 @@ def test_dockerfile_installs_dependencies_before_the_source_without_a_cache() ->
     assert dockerignore[[line.startswith("#") for line in dockerignore].index(False)] == "*"
 
 
+def test_dockerfile_compiles_the_accelerators_in_the_build_stage_only() -> None:
+    """gcc in the build stage, which fails unless every accelerator imports; the runtime
+    stage copies the virtualenv (checked above: no apt-get, no pip), not the compiler."""
+    build = stages()[0]
+    runs = " ".join(rest for word, rest in build if word == "RUN")
+    assert "gcc" in runs
+    assert "_*_c.pyx" in runs
+    assert "import_module" in runs
+    copied = " ".join(rest for word, rest in build if word == "COPY")
+    assert "setup.py" in copied
+    assert "MANIFEST.in" in copied
+    assert "gcc" not in " ".join(rest for _, rest in stages()[-1])
+    dockerignore = (ROOT / ".dockerignore").read_text().splitlines()
+    assert {"!setup.py", "!MANIFEST.in"} <= set(dockerignore)
+    assert "ingest/**/*.so" in dockerignore, "the host's builds stay out of the image"
+
+
 def test_dockerfile_passes_hadolint() -> None:
     hadolint = tool("hadolint")
     if hadolint is None:
@@ -551,9 +570,9 @@ def test_the_sharded_profile_runs_the_sharding_tests_against_a_mongos(
 
 
 def test_github_workflow_runs_lint_the_suite_on_real_mongodb_7_and_8_and_the_image() -> None:
-    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())
+    workflow = yaml.safe_load(WORKFLOW.read_text())
     jobs = workflow["jobs"]
-    assert set(jobs) == {"lint", "test", "sharded", "image", "stack"}
+    assert set(jobs) == {"lint", "test", "sdist", "wheels", "sharded", "image", "stack"}
     stack = " ".join(step.get("run", "") for step in jobs["stack"]["steps"])
     assert "scripts/test-stack" in stack
     for service in ("mosquitto", "mongodb", "prometheus", "mongodb-exporter", "grafana"):
@@ -562,11 +581,42 @@ def test_github_workflow_runs_lint_the_suite_on_real_mongodb_7_and_8_and_the_ima
     assert "--profile sharded run --rm tests-sharded" in sharded
     assert jobs["test"]["strategy"]["matrix"]["mongodb"] == ["7.0", "8.0"]
     steps = jobs["test"]["steps"]
-    suite = next(step for step in steps if step.get("run") == "scripts/test")
-    assert suite["env"]["INGEST_TEST_MONGODB_URI"].startswith("mongodb://")
+    # The suite twice: with the accelerators (checked to be compiled), then without.
+    compiled, python = (step for step in steps if step.get("run") == "scripts/test")
+    for suite in (compiled, python):
+        assert suite["env"]["INGEST_TEST_MONGODB_URI"].startswith("mongodb://")
+    assert "INGEST_NO_EXTENSIONS" not in compiled["env"]
+    assert python["env"]["INGEST_NO_EXTENSIONS"] == "1"
+    assert any("accel.accelerated()" in step.get("run", "") for step in steps)
     assert any("enableTestCommands=1" in step.get("run", "") for step in steps)
     assert any("mosquitto" in step.get("run", "") for step in steps)
     assert any(step.get("run") == "scripts/check" for step in jobs["lint"]["steps"])
     builds = " ".join(step.get("run", "") for step in jobs["image"]["steps"])
     assert "docker build -f deploy/Dockerfile" in builds
     assert "--target test" in builds
+
+
+def test_github_workflow_matches_the_schema() -> None:
+    checker = tool("check-jsonschema")
+    assert checker is not None
+    done = subprocess.run([checker, "--builtin-schema", "vendor.github-workflows",
+                           str(WORKFLOW)], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_github_workflow_builds_wheels_from_the_sdist_for_each_platform() -> None:
+    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
+    assert "build --sdist" in " ".join(step.get("run", "") for step in jobs["sdist"]["steps"])
+    wheels = jobs["wheels"]
+    assert wheels["needs"] == "sdist"
+    # Linux on x86_64 and arm64, macOS on Intel and Apple silicon: a runner each.
+    assert set(wheels["strategy"]["matrix"]["runner"]) == {
+        "ubuntu-24.04", "ubuntu-24.04-arm", "macos-15-intel", "macos-15"}
+    (build,) = (s for s in wheels["steps"] if s.get("uses", "").startswith("pypa/cibuildwheel@"))
+    assert "sdist" in build["with"]["package-dir"]
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["cibuildwheel"]
+    assert config["build"] == "cp313-*"
+    # Its test imports every compiled module from the installed wheel.
+    assert "_*_c.pyx" in config["test-command"]
+    assert "import_module" in config["test-command"]

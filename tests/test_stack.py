@@ -281,6 +281,17 @@ def test_every_service_started_is_healthy(stack: Stack) -> None:
     assert image["Healthcheck"]["Test"][0] == "CMD"
 
 
+def test_the_daemons_run_the_compiled_accelerators_without_a_compiler(stack: Stack) -> None:
+    """The image's build stage compiled them; its runtime stage carries no compiler."""
+    for service in DAEMONS:
+        assert stack.metric(service, "ingest_build_info", accelerated="true") == 1, (
+            stack.logs(service))
+        assert "accelerators: compiled (" in stack.logs(service)
+    found = stack.compose("exec", "-T", "ingest-bucket", "sh", "-c",
+                          "command -v gcc cc c99 || true").stdout
+    assert found.strip() == ""
+
+
 async def test_readings_published_as_sensor_land_in_both_modes(
         stack: Stack, mongo: MongoClient[dict[str, Any]]) -> None:
     sensor = f"stack-{uuid.uuid4().hex[:8]}"

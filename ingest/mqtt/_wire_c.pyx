@@ -1,7 +1,124 @@
 # cython: language_level=3
 """Compiled twin of ingest/mqtt/wire.py (same names without ``_py``, same behaviour)."""
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+
+from operator import index
+
+cdef enum:
+    PUBLISH = 0x30
+    MAX_SHIFT = 40  # a property length of 2**40 or more runs past any buffer
+MALFORMED = "malformed PUBLISH: its header runs past its end"
+
+
+def scan(data, reader, deliver):
+    """Deliver the complete QoS 0/1 PUBLISH packets of ``data`` from ``reader._pos`` on
+    (see wire.py); returns how many packets were handled."""
+    _check_bytes(data)
+    pos_object = index(reader._pos)
+    if pos_object < 0:
+        raise ValueError(f"position {pos_object} before the buffer")
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(data)
+    if pos_object >= size:
+        return 0
+    cdef const unsigned char *buf = <const unsigned char *>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t pos = pos_object, at, stop, length, handled = 0
+    cdef unsigned char command, byte
+    cdef int shift
+    while pos + 1 < size and not reader._paused:
+        command = buf[pos]
+        if command & 0xF0 != PUBLISH or command & 0x06 == 0x04:  # not a PUBLISH; QoS 2
+            break
+        # The remaining length: a variable byte integer of at most 4 bytes.
+        length = buf[pos + 1]
+        at = pos + 2
+        if length & 0x80:
+            length, shift, at = 0, 0, pos + 1
+            while at < size and at - pos <= 4:
+                byte = buf[at]
+                at += 1
+                length |= <Py_ssize_t>(byte & 0x7F) << shift
+                if not byte & 0x80:
+                    break
+                shift += 7
+            else:
+                break  # incomplete (or malformed: paho's reader refuses it)
+        stop = at + length
+        if stop > size:
+            break
+        reader._pos = stop
+        pos = stop
+        handled += 1
+        _deliver_publish(deliver, command, buf, at, stop)
+    return handled
+
+
+def deliver_publish(deliver, command, data, at, stop):
+    """Hand a QoS 0 or 1 PUBLISH (its first header byte, its body ``data[at:stop]``) to
+    ``deliver`` (see wire.py)."""
+    _check_bytes(data)
+    command, at, stop = index(command), index(at), index(stop)
+    if not (0 <= command <= 0xFF and at >= 0 and stop <= len(data)):
+        raise ValueError(f"not a packet of the buffer: command {command}, body {at}:{stop} "
+                         f"of {len(data)} bytes")
+    if at + 2 > stop:  # no room for the topic length: the header runs past the end
+        raise ValueError(MALFORMED)
+    _deliver_publish(deliver, <unsigned char>command,
+                     <const unsigned char *>PyBytes_AS_STRING(data), at, stop)
+
+
+cdef inline int _check_bytes(object data) except -1:
+    if type(data) is not bytes:
+        raise TypeError(f"a read buffer is bytes, not {type(data).__name__}")
+    return 0
+
+
+cdef int _deliver_publish(object deliver, unsigned char command, const unsigned char *buf,
+                          Py_ssize_t at, Py_ssize_t stop) except -1:
+    """The body ``buf[at:stop]``, with ``0 <= at`` and ``stop`` within the buffer: every
+    byte read is below ``stop``, as a header that reads at or past it is malformed in any
+    case (wire.py's twin finds that out by reading on, or by an IndexError)."""
+    cdef Py_ssize_t end, topic_end, length, shift
+    cdef unsigned char byte
+    cdef long mid = 0
+    if at + 2 > stop:
+        raise ValueError(MALFORMED)
+    topic_end = at + 2 + (buf[at] << 8 | buf[at + 1])
+    end = topic_end
+    if command & 0x06:
+        if end + 2 > stop:
+            raise ValueError(MALFORMED)
+        mid = buf[end] << 8 | buf[end + 1]
+        end += 2
+    if end >= stop:
+        raise ValueError(MALFORMED)
+    if buf[end] < 0x80:  # the usual property length: one byte
+        end += 1 + buf[end]
+    else:
+        length, shift = 0, 0
+        while True:
+            if end >= stop:
+                raise ValueError(MALFORMED)
+            byte = buf[end]
+            end += 1
+            if byte & 0x7F:
+                if shift >= MAX_SHIFT:
+                    raise ValueError(MALFORMED)
+                length |= <Py_ssize_t>(byte & 0x7F) << shift
+            if not byte & 0x80:
+                break
+            if shift < MAX_SHIFT:  # past it, any bit set is refused above
+                shift += 7
+        if length > stop - end:
+            raise ValueError(MALFORMED)
+        end += length
+    if end > stop:
+        raise ValueError(MALFORMED)
+    deliver(PyUnicode_DecodeUTF8(<const char *>buf + at + 2, topic_end - at - 2, "replace"),
+            PyBytes_FromStringAndSize(<const char *>buf + end, stop - end), mid,
+            (command & 0x06) >> 1, bool(command & 0x08), bool(command & 0x01))
+    return 0
 
 
 def pubacks(list mids):

@@ -60,11 +60,9 @@ if TYPE_CHECKING:
 
     import aiomqtt
 
-# topic, payload, mid, qos, dup, retain (the PUBLISH's RETAIN flag as delivered)
-type Deliver = Callable[[str, bytes, int, int, bool, bool], None]
+type Deliver = wire.Deliver  # topic, payload, mid, qos, dup, retain
 RECV_BYTES = 65536
 PUBACK = 0x40
-PUBLISH = 0x30
 READ_BURST = 500  # packets handled per readable event, at most
 RECV_BURST = 200  # socket reads per readable event, at most (12.5 MiB)
 TCP_ESTABLISHED = 1  # tcpi_state in Linux's struct tcp_info
@@ -189,7 +187,7 @@ def install(client: aiomqtt.Client, deliver: Deliver,
         if qos == 2:
             return original()  # type: ignore[no-any-return]
         body = bytes(packet["packet"])
-        _deliver_publish(deliver, command, body, 0, len(body))
+        wire.deliver_publish(deliver, command, body, 0, len(body))
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
     paho.on_message = on_message
@@ -296,38 +294,13 @@ class _Buffered:
 
         paho's ``_packet_read`` costs three ``sock_recv`` calls, a lock and a new dict
         per packet; between packets (paho holds no partial one) a PUBLISH whose bytes are
-        all in our buffer is parsed here instead, exactly as ``handle_publish`` parses
-        paho's copy of it. Stops at anything else (another packet type, QoS 2, a packet
-        not complete in the buffer), which paho's reader then handles, and after a
-        packet that paused the reader. Returns whether any packet was handled.
+        all in our buffer is parsed here instead (:func:`wire.scan`), exactly as
+        ``handle_publish`` parses paho's copy of it. Stops at anything else (another
+        packet type, QoS 2, a packet not complete in the buffer), which paho's reader
+        then handles, and after a packet that paused the reader. Returns whether any
+        packet was handled.
         """
-        data, pos, deliver = self._data, self._pos, self._deliver
-        size = len(data)
-        handled = 0
-        while pos + 1 < size and not self._paused:
-            command = data[pos]
-            if command & 0xF0 != PUBLISH or command & 0x06 == 0x04:  # not a PUBLISH; QoS 2
-                break
-            # The remaining length: a variable byte integer of at most 4 bytes.
-            length = data[pos + 1]
-            at = pos + 2
-            if length & 0x80:
-                length, shift, at = 0, 0, pos + 1
-                while at < size and at - pos <= 4:
-                    byte = data[at]
-                    at += 1
-                    length |= (byte & 0x7F) << shift
-                    if not byte & 0x80:
-                        break
-                    shift += 7
-                else:
-                    break  # incomplete (or malformed: paho's reader refuses it)
-            stop = at + length
-            if stop > size:
-                break
-            self._pos = pos = stop
-            handled += 1
-            _deliver_publish(deliver, command, data, at, stop)
+        handled = wire.scan(self._data, self, self._deliver)
         if not handled:
             return False
         self._packets += handled
@@ -446,43 +419,6 @@ def _buffer_reads(client: aiomqtt.Client, paho: Any,  # noqa: ANN401
     paho.loop_read = buffered.loop_read
     paho.loop_misc = buffered.loop_misc
     return buffered
-
-
-def _deliver_publish(deliver: Deliver, command: int, data: bytes, at: int, stop: int) -> None:
-    """Hand a QoS 0 or 1 PUBLISH to ``deliver``: its first header byte and its body.
-
-    The body is ``data[at:stop]``, parsed in place (topic, packet id, properties
-    skipped, payload); see the module docstring for why skipping the properties is safe.
-    """
-    try:
-        end = at + 2 + (data[at] << 8 | data[at + 1])
-        topic = data[at + 2:end].decode("utf-8", "replace")
-        mid = 0
-        if command & 0x06:
-            mid = data[end] << 8 | data[end + 1]
-            end += 2
-        if data[end] < 0x80:  # the usual property length: one byte
-            end += 1 + data[end]
-        else:
-            end = _skip_properties(data, end)
-    except IndexError:
-        end = stop + 1
-    if end > stop:  # in the buffer, the next packet's bytes would be taken for it
-        raise ValueError("malformed PUBLISH: its header runs past its end")
-    deliver(topic, data[end:stop], mid, (command & 0x06) >> 1, bool(command & 0x08),
-            bool(command & 0x01))
-
-
-def _skip_properties(data: bytes | bytearray, pos: int) -> int:
-    """Position just past an MQTT 5 property block (a variable byte integer length)."""
-    length, shift = 0, 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        length |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return pos + length
-        shift += 7
 
 
 def ack(client: aiomqtt.Client, mid: int, qos: int) -> None:

@@ -1,4 +1,4 @@
-"""MQTT bytes on the hot path, as pure functions: the PUBACKs of a batch of acks.
+"""MQTT bytes on the hot path, as pure functions: PUBLISH packets in, PUBACKs out.
 
 Each function here may have a compiled twin in ``_wire_c.pyx`` (see ingest/accel.py);
 the names the rest of the package uses are the ones :func:`ingest.accel.pick` chose.
@@ -7,12 +7,127 @@ the names the rest of the package uses are the ones :func:`ingest.accel.pick` ch
 from __future__ import annotations
 
 import struct
+from operator import index
+from typing import TYPE_CHECKING, Protocol
 
 from ingest import accel
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 PUBACK = 0x40
 PUBACK_HEAD = bytes((PUBACK, 2))
 PUBACK_WORD = int.from_bytes(PUBACK_HEAD) << 16  # a PUBACK's head above its 16-bit id
+PUBLISH = 0x30
+MALFORMED = "malformed PUBLISH: its header runs past its end"
+
+# topic, payload, mid, qos, dup, retain (the PUBLISH's RETAIN flag as delivered)
+type Deliver = Callable[[str, bytes, int, int, bool, bool], None]
+
+
+class Cursor(Protocol):
+    """A read buffer's reader as :func:`scan` sees it: where it is, and whether paused."""
+
+    _pos: int  # the next unread byte of the buffer
+    _paused: bool  # set by a delivery that pauses the reader: the scan stops after it
+
+
+def scan_py(data: bytes, reader: Cursor, deliver: Deliver) -> int:
+    """Deliver the complete QoS 0/1 PUBLISH packets of ``data`` from ``reader._pos`` on.
+
+    Stops at anything else (another packet type, QoS 2, a packet not complete in
+    ``data``, a remaining length over 4 bytes), and after a delivery that paused the
+    reader (``reader._paused`` is read before each packet). ``reader._pos`` moves past a
+    packet before its delivery, so a delivery that raises leaves it after that packet.
+    Returns how many packets were handled.
+    """
+    _check_bytes(data)
+    pos = index(reader._pos)  # noqa: SLF001
+    if pos < 0:
+        raise ValueError(f"position {pos} before the buffer")
+    size = len(data)
+    handled = 0
+    while pos + 1 < size and not reader._paused:  # noqa: SLF001
+        command = data[pos]
+        if command & 0xF0 != PUBLISH or command & 0x06 == 0x04:  # not a PUBLISH; QoS 2
+            break
+        # The remaining length: a variable byte integer of at most 4 bytes.
+        length = data[pos + 1]
+        at = pos + 2
+        if length & 0x80:
+            length, shift, at = 0, 0, pos + 1
+            while at < size and at - pos <= 4:
+                byte = data[at]
+                at += 1
+                length |= (byte & 0x7F) << shift
+                if not byte & 0x80:
+                    break
+                shift += 7
+            else:
+                break  # incomplete (or malformed: paho's reader refuses it)
+        stop = at + length
+        if stop > size:
+            break
+        reader._pos = pos = stop  # noqa: SLF001
+        handled += 1
+        _deliver_publish(deliver, command, data, at, stop)
+    return handled
+
+
+def deliver_publish_py(deliver: Deliver, command: int, data: bytes, at: int,
+                       stop: int) -> None:
+    """Hand a QoS 0 or 1 PUBLISH to ``deliver``: its first header byte and its body.
+
+    The body is ``data[at:stop]``, parsed in place (topic, packet id, properties
+    skipped, payload; see ingest/mqtt/paho_hooks.py for why skipping them is safe). A
+    header that runs past ``stop`` raises ``ValueError`` (:data:`MALFORMED`): in a read
+    buffer, the next packet's bytes would be taken for it. So does a body outside
+    ``data`` or a ``command`` that is not a byte.
+    """
+    _check_bytes(data)
+    command, at, stop = index(command), index(at), index(stop)
+    if not (0 <= command <= 0xFF and at >= 0 and stop <= len(data)):
+        raise ValueError(f"not a packet of the buffer: command {command}, body {at}:{stop} "
+                         f"of {len(data)} bytes")
+    _deliver_publish(deliver, command, data, at, stop)
+
+
+def _check_bytes(data: object) -> None:
+    if type(data) is not bytes:
+        raise TypeError(f"a read buffer is bytes, not {type(data).__name__}")
+
+
+def _deliver_publish(deliver: Deliver, command: int, data: bytes, at: int, stop: int) -> None:
+    """:func:`deliver_publish` of a body :func:`scan` found within ``data``."""
+    try:
+        end = at + 2 + (data[at] << 8 | data[at + 1])
+        topic = data[at + 2:end].decode("utf-8", "replace")
+        mid = 0
+        if command & 0x06:
+            mid = data[end] << 8 | data[end + 1]
+            end += 2
+        if data[end] < 0x80:  # the usual property length: one byte
+            end += 1 + data[end]
+        else:
+            end = _skip_properties(data, end)
+    except IndexError:
+        end = stop + 1
+    if end > stop:
+        raise ValueError(MALFORMED)
+    deliver(topic, data[end:stop], mid, (command & 0x06) >> 1, bool(command & 0x08),
+            bool(command & 0x01))
+
+
+def _skip_properties(data: bytes, pos: int) -> int:
+    """Position just past an MQTT 5 property block (a variable byte integer length)."""
+    length, shift = 0, 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        length |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return pos + length
+        shift += 7
 
 
 def pubacks_py(mids: list[int]) -> bytes:
@@ -27,4 +142,6 @@ def pubacks_py(mids: list[int]) -> bytes:
     return struct.pack(f">{len(mids)}I", *[PUBACK_WORD | mid for mid in mids])
 
 
+scan = accel.pick(scan_py, "ingest.mqtt._wire_c", "scan")
+deliver_publish = accel.pick(deliver_publish_py, "ingest.mqtt._wire_c", "deliver_publish")
 pubacks = accel.pick(pubacks_py, "ingest.mqtt._wire_c", "pubacks")

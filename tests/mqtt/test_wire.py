@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingest.mqtt import wire
+from tests.mqtt.test_paho_contract import publish_packet, varint
 from tests.support.twins import compiled
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 twin = compiled("ingest.mqtt._wire_c")
 
@@ -26,3 +31,172 @@ def test_a_packet_id_outside_the_range_is_refused_by_both_twins(mid: int) -> Non
     for pubacks in (wire.pubacks_py, twin.pubacks):
         with pytest.raises(ValueError, match=f"packet id {mid} outside 1..65535"):
             pubacks([1, mid])
+
+
+# --- scanning a read buffer into PUBLISH packets -------------------------------------
+
+def remaining_length(n: int, extra: int = 0) -> bytes:
+    """``n`` as a variable byte integer, padded with ``extra`` non-minimal bytes (which
+    the scanner accepts, as paho's reader does, up to 4 bytes in all)."""
+    out = bytearray(varint(n))
+    for _ in range(extra):
+        out[-1] |= 0x80
+        out.append(0)
+    return bytes(out)
+
+
+@st.composite
+def publishes(draw: st.DrawFn, large: bool = True) -> bytes:
+    """A PUBLISH as a broker may send it, or nearly: any QoS (2 and the invalid 3
+    included), DUP and RETAIN, a topic that need not be UTF-8, properties with a length
+    in one or more bytes, non-minimal remaining lengths, payloads up to a 3-byte
+    remaining length if ``large``."""
+    qos = draw(st.sampled_from([0, 1, 1, 1, 2, 3]))
+    topic = draw(st.one_of(st.text(max_size=20).map(str.encode), st.binary(max_size=20)))
+    props = draw(st.one_of(st.just(b""), st.binary(max_size=3), st.binary(min_size=128,
+                                                                         max_size=300)))
+    props_length = remaining_length(len(props), draw(st.integers(0, 2)))
+    payload = draw(st.one_of(st.binary(max_size=40), st.integers(100, 20000 if large else 300)
+                             .map(lambda n: b"p" * n)))
+    body = (len(topic).to_bytes(2) + topic
+            + (draw(st.integers(0, 0xFFFF)).to_bytes(2) if qos else b"")
+            + props_length + props + payload)
+    flags = qos << 1 | draw(st.sampled_from([0, 0x08])) | draw(st.sampled_from([0, 0x01]))
+    extra = draw(st.integers(0, 4 - len(varint(len(body)))))
+    return bytes((0x30 | flags,)) + remaining_length(len(body), extra) + body
+
+
+@st.composite
+def malformed(draw: st.DrawFn) -> bytes:
+    """A PUBLISH whose body is arbitrary: a topic or property length past its end, a
+    property length in many bytes; or a remaining length over 4 bytes."""
+    if draw(st.booleans()):
+        return bytes((0x30 | draw(st.integers(0, 15)), 0xFF, 0xFF, 0xFF, 0xFF, 0x01))
+    body = draw(st.one_of(
+        st.binary(max_size=12),
+        st.tuples(st.binary(min_size=3, max_size=3), st.binary(max_size=8).map(
+            lambda tail: b"\x80" * len(tail) + tail)).map(
+            lambda parts: b"\x00\x01t" + parts[1] if parts[0][0] & 1 else b"\x00\x01t\x00\x01"
+            + parts[1])))
+    return bytes((draw(st.sampled_from([0x30, 0x32, 0x3B])),)) + varint(len(body)) + body
+
+
+others = st.sampled_from([b"\xd0\x00", b"\x62\x02\x00\x01", b"\x90\x04\x00\x01\x00\x01",
+                          b"\x40\x02\x00\x07", b"\x30", b"\x32\x85"])
+buffers = st.lists(st.one_of(publishes(), publishes(), publishes(), malformed(), others,
+                             st.binary(max_size=6)), max_size=8).map(b"".join)
+
+
+class Reader:
+    """What the scanners read and move: a position and a pause flag."""
+
+    def __init__(self, pos: object, paused: bool = False) -> None:
+        self._pos = pos
+        self._paused = paused
+
+
+type Outcome = tuple[object, object, list[tuple[tuple[type, object], ...]]]
+
+
+def run(scan: Callable[..., int], data: object, pos: object, pause_after: int | None = None,
+        fail_after: int | None = None, paused: bool = False) -> Outcome:
+    """What a scanner does to ``data``: its result or exception, the position it left,
+    each delivery's arguments with their types. The delivery pauses the reader after
+    ``pause_after`` packets and raises at packet ``fail_after``."""
+    reader = Reader(pos, paused)
+    delivered: list[tuple[tuple[type, object], ...]] = []
+
+    def deliver(*args: object) -> None:
+        delivered.append(tuple((type(arg), arg) for arg in args))
+        if len(delivered) == fail_after:
+            raise RuntimeError("the delivery failed")
+        if len(delivered) == pause_after:
+            reader._paused = True
+
+    try:
+        result: object = scan(data, reader, deliver)
+    except Exception as exc:  # noqa: BLE001 - the outcome compared
+        result = (type(exc), str(exc))
+    return result, reader._pos, delivered
+
+
+def same(data: bytes, pos: int = 0, **how: Any) -> Outcome:
+    python = run(wire.scan_py, data, pos, **how)
+    assert run(twin.scan, data, pos, **how) == python
+    return python
+
+
+@settings(max_examples=300)
+@given(buffers, st.integers(0, 2), st.none() | st.integers(1, 4),
+       st.none() | st.integers(1, 4), st.booleans())
+def test_both_scanners_deliver_the_same_packets_and_stop_at_the_same_byte(
+        data: bytes, pos: int, pause_after: int | None, fail_after: int | None,
+        paused: bool) -> None:
+    same(data, pos, pause_after=pause_after, fail_after=fail_after, paused=paused)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.one_of(publishes(large=False), malformed(), others), min_size=1,
+                max_size=3).map(b"".join))
+def test_both_scanners_agree_on_a_buffer_cut_at_every_byte(data: bytes) -> None:
+    for cut in range(len(data) + 1):
+        for pos in (0, 1, cut):
+            same(data[:cut], pos)
+
+
+@given(st.lists(st.tuples(st.text(max_size=30), st.binary(max_size=300),
+                          st.integers(1, 0xFFFF), st.integers(0, 1), st.booleans(),
+                          st.booleans(), st.binary(max_size=200)), max_size=10))
+def test_the_scanner_delivers_what_was_encoded(
+        messages: list[tuple[str, bytes, int, int, bool, bool, bytes]]) -> None:
+    data = b"".join(publish_packet(topic, payload, mid, qos, dup, props, retain)
+                    for topic, payload, mid, qos, dup, retain, props in messages)
+    handled, pos, delivered = same(data + b"\x30", pause_after=None)
+    assert (handled, pos) == (len(messages), len(data))
+    assert [tuple(value for _type, value in args) for args in delivered] == [
+        (topic, payload, mid if qos else 0, qos, dup, retain)
+        for topic, payload, mid, qos, dup, retain, _props in messages]
+    assert all(types == (str, bytes, int, int, bool, bool)
+               for types in (tuple(t for t, _v in args) for args in delivered))
+
+
+def test_a_header_past_its_packet_raises_after_moving_past_it_in_both_scanners() -> None:
+    good = publish_packet("t", b"next", 9, 1)
+    bad = bytearray(publish_packet("t", b"", 8, 1))
+    bad[2:4] = (200).to_bytes(2)  # topic length 200 in a 7-byte body
+    result, pos, delivered = same(good + bad + good)
+    assert result == (ValueError, "malformed PUBLISH: its header runs past its end")
+    assert (pos, len(delivered)) == (len(good + bad), 1)
+
+
+def test_a_non_utf8_topic_is_decoded_with_replacement_by_both_scanners() -> None:
+    body = b"\x00\x03a\xffb" + b"\x00" + b"payload"
+    _result, _pos, delivered = same(b"\x30" + varint(len(body)) + body)
+    assert delivered[0][0] == (str, "a\ufffdb")
+
+
+@pytest.mark.parametrize(("data", "pos", "error"), [
+    (bytearray(b"\x30\x00"), 0, (TypeError, "a read buffer is bytes, not bytearray")),
+    (b"\x30\x00", -1, (ValueError, "position -1 before the buffer")),
+    (b"\x30\x00", 2**70, 0),
+    (b"\x30\x00", 1.0, (TypeError, "'float' object cannot be interpreted as an integer")),
+])
+def test_a_buffer_or_position_out_of_range_is_refused_alike(data: object, pos: float,
+                                                            error: object) -> None:
+    assert run(twin.scan, data, pos) == run(wire.scan_py, data, pos) == (error, pos, [])
+
+
+@given(st.integers(0, 0xFF) | st.integers(-5, 300) | st.just(2**70),
+       st.binary(max_size=30), st.integers(-3, 35) | st.sampled_from([2**63, 2**70, -2**70]),
+       st.integers(-3, 35) | st.sampled_from([2**63, 2**70, -2**70]))
+def test_both_publish_parsers_agree_on_any_body_bounds(command: int, data: bytes, at: int,
+                                                       stop: int) -> None:
+    def outcome(deliver_publish: Callable[..., None]) -> object:
+        delivered: list[tuple[object, ...]] = []
+        try:
+            deliver_publish(lambda *args: delivered.append(args), command, data, at, stop)
+        except Exception as exc:  # noqa: BLE001 - the outcome compared
+            return type(exc), str(exc)
+        return delivered
+
+    assert outcome(twin.deliver_publish) == outcome(wire.deliver_publish_py)

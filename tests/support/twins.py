@@ -21,7 +21,8 @@ def compiled(module: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        pytest.skip(f"{module} is not built ({exc}): pip install needs a C compiler")
+        pytest.skip(f"{module} is not built ({exc}): pip install needs a C compiler",
+                    allow_module_level=True)
 
 
 def compiled_or_none(module: str) -> ModuleType | None:

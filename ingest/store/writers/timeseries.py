@@ -34,6 +34,7 @@ from bson.errors import InvalidDocument
 from bson.objectid import ObjectId
 from pymongo.errors import PyMongoError
 
+from ingest import accel
 from ingest.errors import WriteError
 from ingest.store import mongo_errors
 from ingest.store.writers import Outcome, Plan, PrimaryReads, Singles, bulk, send
@@ -70,7 +71,11 @@ _SORTED: dict[tuple[str, ...], tuple[str, ...] | None] = {}
 _SORTED_LIMIT = 10_000
 
 
-def reading_document(reading: Reading) -> dict[str, Any]:
+# The compiled twins of this module's batch work (see ingest/accel.py).
+_COMPILED = "ingest.store.writers._timeseries_c"
+
+
+def reading_document_py(reading: Reading) -> dict[str, Any]:
     """The time-series document for one reading."""
     meta: dict[str, Any] = {"sensor_id": reading.sensor_id}
     if reading.tags:  # in name order: a meta field order is part of the series
@@ -90,6 +95,9 @@ def reading_document(reading: Reading) -> dict[str, Any]:
     return doc
 
 
+reading_document = accel.pick(reading_document_py, _COMPILED, "reading_document")
+
+
 def _sorted_names(names: tuple[str, ...]) -> tuple[str, ...] | None:
     """``names`` in name order, or None if they are in name order already."""
     try:
@@ -105,24 +113,43 @@ def _sorted_names(names: tuple[str, ...]) -> tuple[str, ...] | None:
 type Runs = list[tuple[str, list[Any]]]
 
 
+def sorted_readings_py(readings: list[Reading]) -> list[Reading]:
+    """A batch in its documents' order: by sensor, then time, ties in the batch's order."""
+    return sorted(readings, key=_BY_SENSOR_AND_TIME)
+
+
+sorted_readings = accel.pick(sorted_readings_py, _COMPILED, "sorted_readings")
+
+
 def documents(readings: list[Reading]) -> list[dict[str, Any]]:
     """:func:`reading_document` for each reading, each with a new ``_id`` first."""
     return _documents(readings)[0]
 
 
 def _documents(readings: list[Reading]) -> tuple[list[dict[str, Any]], Runs, bool]:
-    """:func:`documents`, with what the lookup before the insert needs, in the same pass.
+    """:func:`documents`, with what the lookup before the insert needs.
+
+    See :func:`batch_documents_py`; each document gets a new ``_id``.
+    """
+    return batch_documents(readings, *_reserve_ids(len(readings)))
+
+
+def batch_documents_py(readings: list[Reading], prefix: bytes, start: int
+                       ) -> tuple[list[dict[str, Any]], Runs, bool]:
+    """The documents of ``readings``, with what the lookup before the insert needs.
 
     ``readings`` are sorted by sensor and time. Also returns each sensor's run of times
     (BSON dates, in order) and whether two readings of one sensor share a millisecond.
+    Document ``i``'s ``_id`` is ``prefix`` (9 bytes) and the 3-byte counter ``start + i``
+    (see :func:`object_ids`).
 
-    The same documents, built with less work for readings without tags or units: the
-    sorted field order is looked up once per field list, one ``meta`` object is shared by
-    a sensor's documents (nothing changes them), and ``ts`` is a
-    :class:`~ingest.store.writers.bucket.BsonDate`. The ``_id`` is what the driver would add
-    (see :func:`object_ids`); given here, the driver does not make one per document.
+    The same documents as :func:`reading_document`'s, built with less work for readings
+    without tags, units or info: the sorted field order is looked up once per field
+    list, one ``meta`` object is shared by a sensor's documents (nothing changes them),
+    and ``ts`` is a :class:`~ingest.store.writers.bucket.BsonDate`. The ``_id`` is what
+    the driver would add; given here, the driver does not make one per document.
     """
-    ids = object_ids(len(readings))
+    ids = _ids(prefix, start, len(readings))
     dates = bson_dates(readings)
     metas: dict[str, dict[str, Any]] = {}
     sorted_names = _SORTED
@@ -130,7 +157,7 @@ def _documents(readings: list[Reading]) -> tuple[list[dict[str, Any]], Runs, boo
     append = docs.append
     for oid, date, reading in zip(ids, dates, readings, strict=True):
         if reading.tags or reading.units is not None or reading.info is not None:
-            append({"_id": oid, **reading_document(reading)})
+            append({"_id": oid, **reading_document_py(reading)})
             continue
         sensor = reading.sensor_id
         meta = metas.get(sensor)
@@ -156,6 +183,9 @@ def _documents(readings: list[Reading]) -> tuple[list[dict[str, Any]], Runs, boo
     return docs, runs, collided
 
 
+batch_documents = accel.pick(batch_documents_py, _COMPILED, "batch_documents")
+
+
 def _runs(readings: list[Reading], dates: list[Any]) -> tuple[Runs, bool]:
     """Each sensor's run of times, and whether two of one sensor share a millisecond.
 
@@ -177,6 +207,9 @@ def _runs(readings: list[Reading], dates: list[Any]) -> tuple[Runs, bool]:
     return runs, collided
 
 
+_PREFIX_BYTES = 9  # of an ObjectId: seconds (4) and the process's random bytes (5)
+
+
 class _IdState:
     """The per-process part of the ObjectIds this module makes."""
 
@@ -185,32 +218,49 @@ class _IdState:
     counter = 0
 
 
-def object_ids(count: int) -> list[ObjectId]:
-    """``count`` new ObjectIds as the BSON spec makes them (and the driver would).
+def _reserve_ids(count: int) -> tuple[bytes, int]:
+    """The first 9 bytes and the first counter of ``count`` new ObjectIds.
 
-    4 bytes of seconds, 5 random bytes drawn once per process, a 3-byte counter from a
-    random start. ``ObjectId()`` costs several times more per id: it reads the clock,
-    checks the pid and takes a lock for every one; ``ObjectId(bytes)`` checks its
-    argument in Python. Here each id's 12 bytes are one integer's, set in its slot.
+    As the BSON spec makes them (and the driver would): 4 bytes of seconds, 5 random
+    bytes drawn once per process, then a 3-byte counter from a random start, which this
+    advances past the ``count`` ids.
     """
     state = _IdState
     pid = os.getpid()
     if state.pid != pid:  # a new process (fork): new random bytes, as the driver does
         state.pid, state.random = pid, os.urandom(5)
         state.counter = int.from_bytes(os.urandom(3), "big")
-    # seconds (32 bits), random (40), counter (24): the id as one big-endian integer
-    head = (int(time.time()) & 0xFFFFFFFF) << 64 | int.from_bytes(state.random, "big") << 24
     start = state.counter
     state.counter = (start + count) & 0xFFFFFF
+    return (int(time.time()) & 0xFFFFFFFF).to_bytes(4, "big") + state.random, start
+
+
+def _ids(prefix: bytes, start: int, count: int) -> list[ObjectId]:
+    """``count`` ObjectIds: ``prefix`` then the counters from ``start`` (24 bits, wrapping).
+
+    ``ObjectId()`` costs several times more per id: it reads the clock, checks the pid
+    and takes a lock for every one; ``ObjectId(bytes)`` checks its argument in Python.
+    Here each id's 12 bytes are set in its slot.
+    """
+    if type(prefix) is not bytes or type(start) is not int:
+        raise TypeError(f"an ObjectId prefix and counter are bytes and int, not "
+                        f"{type(prefix).__name__} and {type(start).__name__}")
+    if len(prefix) != _PREFIX_BYTES:
+        raise ValueError(f"an ObjectId prefix is {_PREFIX_BYTES} bytes, not {len(prefix)}")
     new = _new_object
     ids: list[ObjectId] = []
     append = ids.append
     for counter in range(start, start + count):
         oid = new(ObjectId)
         oid._ObjectId__id = (  # type: ignore[attr-defined]  # noqa: SLF001 - its one slot
-            head | counter & 0xFFFFFF).to_bytes(12, "big")
+            prefix + (counter & 0xFFFFFF).to_bytes(3, "big"))
         append(oid)
     return ids
+
+
+def object_ids(count: int) -> list[ObjectId]:
+    """``count`` new ObjectIds as the BSON spec makes them (and the driver would)."""
+    return _ids(*_reserve_ids(count), count)
 
 
 class TimeseriesWriter(PrimaryReads):
@@ -231,7 +281,7 @@ class TimeseriesWriter(PrimaryReads):
 
     def plan(self, readings: list[Reading]) -> Plan:
         """One document per series and instant, sorted by sensor and time."""
-        ordered = sorted(readings, key=_BY_SENSOR_AND_TIME)
+        ordered = sorted_readings(readings)
         docs, runs, collided = _documents(ordered)
         if not collided:  # the common case: no two readings of one sensor at one instant
             return Plan(docs, Singles(ordered), lookup=runs)

@@ -1,0 +1,331 @@
+"""Time-series documents: the Python functions and their compiled twins agree.
+
+``batch_documents`` (a batch's documents, each sensor's run of times, whether two
+readings of a sensor share a millisecond) and ``reading_document`` run on the same
+generated readings, hostile ones included, must give identical results: equal dicts
+with the same key order, value types and ``meta`` objects shared the same way, the same
+BSON bytes, and the same exception (type and text) where one raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import time
+from collections import OrderedDict
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import bson
+import pytest
+from bson.objectid import ObjectId
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ingest.model import Reading
+from ingest.store.writers import timeseries as ts_mod
+from ingest.store.writers.bucket import BsonDate
+from tests.support.twins import compiled
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+T0 = 1_790_000_000_000  # ms
+
+
+@pytest.fixture(scope="module")
+def twin() -> ModuleType:
+    return compiled("ingest.store.writers._timeseries_c")
+
+
+class SubReading(Reading):
+    """A Reading of a subclass: read through its attributes, not by index."""
+
+    __slots__ = ()
+
+
+def fresh(text: str) -> str:
+    """An equal string that is another object (the twins must not rely on identity)."""
+    return "".join(list(text))
+
+
+texts = st.sampled_from(["s1", "s2", "s3", "Ω-ü", "😀", "a" * 128]).map(fresh)
+sensors = st.one_of(texts, st.sampled_from(["s1", "s2"]), st.text(max_size=4))
+odd_sensors = st.sampled_from([5, None, math.nan, ("t",), b"s1", "s\udc80"])
+names = st.one_of(
+    st.sampled_from(["temp", "hum", "co2", "a", "Z_1", "v-2", "é", "😀", "B"]),
+    st.sampled_from(["ts", "_id", "meta", "seq", "units", "info"]),  # what the decoders refuse
+    st.text(max_size=3))
+scalars = st.one_of(
+    st.integers(-(2**70), 2**70), st.floats(), st.booleans(), st.text(max_size=6),
+    st.sampled_from([0, 1, 1.0, -0.0, math.inf, None, [1, [2]], {"x": 1}]))
+
+
+@st.composite
+def value_maps(draw: st.DrawFn, hostile: bool) -> Any:
+    kind = draw(st.integers(0, 19 if hostile else 16))
+    if kind <= 14:
+        return draw(st.dictionaries(names, scalars, min_size=1, max_size=6))
+    if kind == 15:  # more names than the compiled twin sorts on its stack
+        count = draw(st.sampled_from([32, 33, 40]))
+        return {f"n{(i * 7919) % count:03d}": i for i in range(count)}
+    if kind == 16:
+        return OrderedDict(draw(st.dictionaries(names, scalars, min_size=1, max_size=4)))
+    if kind == 17:  # names that are not all str
+        return draw(st.dictionaries(st.one_of(names, st.integers(0, 3)), scalars,
+                                    min_size=1, max_size=3))
+    return draw(st.sampled_from([["b", "a"], ("a",), [("b", 1), ("a", 2)], 5, None, "ab"]))
+
+
+naive = st.datetimes(min_value=datetime(1970, 1, 2),  # noqa: DTZ001 - what a client may give
+                     max_value=datetime(2100, 1, 1))  # noqa: DTZ001
+aware = st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),  # noqa: DTZ001
+                     timezones=st.just(UTC))
+labels = st.one_of(st.none(), st.just({}),
+                   st.dictionaries(st.one_of(names, st.sampled_from(["site", "room"])),
+                                   st.text(max_size=4), max_size=3))
+
+
+@st.composite
+def a_reading(draw: st.DrawFn, hostile: bool = False) -> Any:
+    """A reading of the default decoder or of the mapping path; or something hostile."""
+    kind = draw(st.integers(0, 40)) if hostile else 40
+    if kind == 0:
+        return draw(st.sampled_from([object(), 5, None, ("s",)]))
+    if kind == 1:  # a Reading with too few fields
+        return tuple.__new__(Reading, draw(st.lists(st.just("s"), max_size=8)))
+    if hostile:
+        ms = draw(st.one_of(st.none(), st.integers(T0 - 5, T0 + 5), st.integers(-(2**70), 2**70),
+                            st.sampled_from([1.5, math.nan, -0.0, True])))
+        when = draw(st.one_of(st.none(), aware, naive, st.just("x")))
+        sensor = draw(st.one_of(sensors, odd_sensors))
+    else:  # the time as the decoders give it: milliseconds, or an aware datetime
+        ms = draw(st.one_of(st.integers(T0 - 5, T0 + 5), st.integers(-(2**62), 2**62),
+                            st.none()))
+        when = draw(aware) if ms is None else None
+        sensor = draw(sensors)
+    epoch = float(ms) / 1000 if type(ms) is int and abs(ms) < 2**60 else 0.0
+    seq = draw(st.one_of(st.none(), st.integers(-(2**70), 2**70), st.sampled_from(["7", 1.5])))
+    fields = (sensor, when, epoch, draw(value_maps(hostile)), seq, ms)
+    if draw(st.booleans()):  # the default decoder: no tags, units or info
+        reading = Reading(*fields)
+    else:
+        units = draw(st.one_of(st.none(), st.dictionaries(names, st.sampled_from(["Cel", "%"]),
+                                                          max_size=2)))
+        info = draw(st.one_of(st.none(), st.dictionaries(names, st.text(max_size=3),
+                                                         max_size=2)))
+        tags = draw(labels)
+        if hostile:
+            units = draw(st.one_of(st.just(units), st.just(5)))
+            tags = draw(st.one_of(st.just(tags), st.sampled_from([["b", "a"], "x", 0])))
+        reading = Reading(*fields, tags, units, info)
+    return SubReading(*reading) if kind == 2 else reading
+
+
+@st.composite
+def batches(draw: st.DrawFn, *, sort: bool) -> list[Any]:
+    """Up to 25 readings, a few of them hostile in one batch of four."""
+    hostile = draw(st.integers(0, 3)) == 0
+    readings = draw(st.lists(st.one_of(a_reading(), a_reading(hostile)), max_size=25))
+    if sort:
+        with contextlib.suppress(TypeError, AttributeError, IndexError):
+            readings = sorted(readings, key=ts_mod._BY_SENSOR_AND_TIME)
+    return readings
+
+
+# Ids as _reserve_ids gives them, and (one time in ten) what it never gives.
+prefixes = st.one_of(st.binary(min_size=9, max_size=9), st.binary(max_size=12),
+                     st.sampled_from(["123456789", bytearray(9), None]))
+starts = st.one_of(st.integers(0, 0xFFFFFF), st.sampled_from([0xFFFFFF, 0xFFFFFE]),
+                   st.integers(-(2**70), 2**70), st.sampled_from([True, 1.0, "1", None]))
+ids = st.integers(0, 9).flatmap(
+    lambda n: st.tuples(prefixes, starts) if n == 0 else st.tuples(
+        st.binary(min_size=9, max_size=9), st.one_of(st.integers(0, 0xFFFFFF),
+                                                     st.sampled_from([0xFFFFFF, 0xFFFFFE]))))
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal, of the same types all the way down, dict keys in the same order; NaN is NaN."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, ObjectId | BsonDate | float):
+        return repr(a) == repr(b)  # an id's bytes, a date's milliseconds, -0.0 and NaN
+    return bool(a == b)
+
+
+def outcome(fn: Any, *args: Any) -> tuple[Any, ...]:
+    try:
+        return ("returned", fn(*args))
+    except Exception as exc:  # noqa: BLE001 - the twins must raise the same, whatever it is
+        return ("raised", type(exc), str(exc))
+
+
+def encoded(doc: dict[str, Any]) -> bytes | tuple[type, str]:
+    try:
+        return bson.encode(doc)
+    except Exception as exc:  # noqa: BLE001 - the same refusal from both
+        return type(exc), str(exc)
+
+
+def sharing(docs: list[dict[str, Any]]) -> list[int]:
+    """For each document, the first document with the very same ``meta`` object."""
+    first: dict[int, int] = {}
+    return [first.setdefault(id(doc["meta"]), i) for i, doc in enumerate(docs)]
+
+
+def check_batch(twin: ModuleType, readings: list[Any], prefix: bytes, start: int) -> None:
+    expected = outcome(ts_mod.batch_documents_py, readings, prefix, start)
+    got = outcome(twin.batch_documents, readings, prefix, start)
+    if expected[0] == "raised" or got[0] == "raised":
+        assert got == expected
+        return
+    (docs, runs, collided), (cdocs, cruns, ccollided) = expected[1], got[1]
+    assert same(cdocs, docs)
+    assert same(cruns, runs)
+    assert ccollided is collided
+    assert sharing(cdocs) == sharing(docs)
+    assert [encoded(d) for d in cdocs] == [encoded(d) for d in docs]
+    assert [encoded({"t": t}) for _, times in cruns for t in times] == [
+        encoded({"t": t}) for _, times in runs for t in times]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches(sort=True), ids)
+def test_sorted_batches_give_identical_documents_and_runs(
+        twin: ModuleType, readings: list[Any], first: tuple[bytes, int]) -> None:
+    check_batch(twin, readings, *first)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches(sort=False), ids)
+def test_batches_in_any_order_give_identical_documents_and_runs(
+        twin: ModuleType, readings: list[Any], first: tuple[bytes, int]) -> None:
+    check_batch(twin, readings, *first)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(a_reading(), a_reading(hostile=True)))
+def test_one_readings_document_is_identical(twin: ModuleType, reading: Any) -> None:
+    expected = outcome(ts_mod.reading_document_py, reading)
+    got = outcome(twin.reading_document, reading)
+    assert got[0] == expected[0]
+    if got[0] == "raised":
+        assert got == expected
+    else:
+        assert same(got[1], expected[1])
+        assert encoded(got[1]) == encoded(expected[1])
+
+
+def test_a_sensors_readings_share_an_instant_only_when_their_milliseconds_are_equal(
+        twin: ModuleType) -> None:
+    nan = math.nan
+    cases = [
+        ([("a", T0), ("a", T0 + 1), ("b", T0 + 1)], False),
+        ([("a", T0), ("a", T0), ("b", T0)], True),
+        ([("a", T0), ("b", T0), ("b", T0)], True),
+        ([("a", nan), ("a", nan)], False),  # compared as operator.eq does: NaN is not NaN
+        ([("a", 1.0), ("a", 1)], True),
+    ]
+    for pairs, collided in cases:
+        readings = [Reading(sensor, None, 0.0, {"v": 1}, None, ms) for sensor, ms in pairs]
+        for fn in (ts_mod.batch_documents_py, twin.batch_documents):
+            _, runs, got = fn(readings, bytes(9), 0)
+            assert got is collided
+            assert [(s, len(t)) for s, t in runs] == [
+                (s, sum(1 for p, _ in pairs if p == s)) for s in dict.fromkeys(p for p, _ in pairs)]
+
+
+def test_ids_are_the_prefix_and_a_wrapping_counter_in_both_twins(twin: ModuleType) -> None:
+    readings = [Reading("s", None, 0.0, {"v": i}, None, T0 + i) for i in range(4)]
+    prefix = bytes(range(1, 10))
+    for fn in (ts_mod.batch_documents_py, twin.batch_documents):
+        docs, _, _ = fn(readings, prefix, 0xFFFFFE)
+        assert [d["_id"].binary for d in docs] == [
+            prefix + c.to_bytes(3, "big") for c in (0xFFFFFE, 0xFFFFFF, 0, 1)]
+
+
+@pytest.mark.parametrize("compiled_twin", [False, True])
+def test_documents_take_new_ids_counting_on_from_the_last_batch(
+        twin: ModuleType, compiled_twin: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ts_mod, "batch_documents",
+                        twin.batch_documents if compiled_twin else ts_mod.batch_documents_py)
+    before = int(time.time())
+    readings = [Reading(f"s{i % 3}", None, 0.0, {"v": i}, None, T0 + i) for i in range(50)]
+    ids = [d["_id"] for d in ts_mod.documents(readings)]
+    ids += [d["_id"] for d in ts_mod.documents(readings[:7])] + ts_mod.object_ids(2)
+    assert len(set(ids)) == len(ids)
+    assert len({oid.binary[4:9] for oid in ids}) == 1  # the process's random bytes
+    counters = [int.from_bytes(oid.binary[9:], "big") for oid in ids]
+    assert all((b - a) % (1 << 24) == 1 for a, b in itertools.pairwise(counters))
+    assert all(before <= int(oid.generation_time.timestamp()) <= time.time() + 1 for oid in ids)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(a_reading(), max_size=20))
+def test_a_plan_is_the_same_with_either_twin(twin: ModuleType, readings: list[Any]) -> None:
+    # Readings of the decoders only (a plan sorts them, which hostile ones would stop).
+    readings = [r for r in readings if type(r) is Reading and len(r) == len(Reading._fields)
+                and type(r.sensor_id) is str and type(r.ms) is int]
+    plans = []
+    for fn in (ts_mod.batch_documents_py, twin.batch_documents):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(ts_mod, "batch_documents", fn)
+            patch.setattr(ts_mod, "_reserve_ids", lambda _count: (bytes(9), 7))
+            plans.append(outcome(ts_mod.TimeseriesWriter(None, None).plan,  # type: ignore[arg-type]
+                                 readings))
+    assert plans[1][0] == plans[0][0]
+    if plans[0][0] == "raised":
+        assert plans[1] == plans[0]
+        return
+    py, compiled_plan = plans[0][1], plans[1][1]
+    assert same(compiled_plan.ops, py.ops)
+    assert same(compiled_plan.lookup, py.lookup)
+    assert list(compiled_plan.groups) == list(py.groups)
+    assert compiled_plan.deferred == py.deferred
+
+
+epochs = st.one_of(st.sampled_from([0.0, -0.0, 1.0, 1.5, 2.0, -1.0, math.inf, -math.inf]),
+                   st.floats(allow_nan=False), st.floats())
+order_keys = st.tuples(st.sampled_from(["b", "a", "c", "é", ""]).map(fresh) | sensors, epochs)
+
+
+@st.composite
+def to_sort(draw: st.DrawFn) -> list[Any]:
+    """Readings in arrival order, reversed or shuffled; now and then something else."""
+    keys = draw(st.lists(order_keys, max_size=60))
+    readings: list[Any] = [Reading(s, None, e, {"v": i}, None, i) for i, (s, e) in enumerate(keys)]
+    if draw(st.integers(0, 4)) == 0 and readings:  # an odd one: int time, NaN, not str...
+        odd = draw(st.one_of(
+            st.builds(lambda s, e: Reading(s, None, e, {}), sensors | odd_sensors,
+                      st.sampled_from([1, math.nan, True, None, "1"])),
+            st.sampled_from([object(), 5]), st.builds(lambda: tuple.__new__(Reading, ("s",))),
+            st.builds(lambda s: SubReading(s, None, 1.0, {}), sensors)))
+        readings.insert(draw(st.integers(0, len(readings))), odd)
+    return readings
+
+
+@settings(max_examples=150, deadline=None)
+@given(to_sort())
+def test_a_batch_is_put_in_the_same_order_by_both_twins(twin: ModuleType,
+                                                         readings: list[Any]) -> None:
+    expected = outcome(ts_mod.sorted_readings_py, readings)
+    got = outcome(twin.sorted_readings, readings)
+    if expected[0] == "raised":
+        assert got == expected
+        return
+    assert got[0] == "returned"
+    assert [id(r) for r in got[1]] == [id(r) for r in expected[1]]  # the very same objects
+    assert type(got[1]) is list
+    assert got[1] is not readings
+
+
+def test_many_readings_of_one_sensor_out_of_order_are_sorted_by_time(twin: ModuleType) -> None:
+    readings = [Reading(f"s{i % 3}", None, float((i * 7919) % 1000 // 2), {"v": i})
+                for i in range(3000)]
+    for data in (readings, readings[::-1], tuple(readings)):
+        assert twin.sorted_readings(data) == ts_mod.sorted_readings_py(data)

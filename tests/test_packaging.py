@@ -1,0 +1,165 @@
+"""How the package is built: the compiled accelerators where a C compiler is, the
+pure-Python path where none is, and an sdist that carries what compiles them.
+
+Every ``ingest/**/_*_c.pyx`` counts, whichever twins exist. The wheels are built from a
+copy of the source with pip, as ``pip install .`` builds them (without build isolation,
+so offline: setuptools and Cython come from the test extra).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from ingest import accel
+from tests.support.procs import ROOT, clean_env
+
+ACCELERATORS = sorted(ROOT.glob("ingest/**/_*_c.pyx"))
+# What `pip install .` reads; the in-place builds of the checkout stay out of the copy.
+SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "ingest", "loadgen")
+BUILT = shutil.ignore_patterns("*.so", "*.pyd", "*.c", "*.html", "__pycache__")
+
+
+def module_of(pyx: Path) -> str:
+    return ".".join(pyx.relative_to(ROOT).with_suffix("").parts)
+
+
+def picks() -> list[tuple[str, str, str, str]]:
+    """(module, attribute, compiled module, function) of every module-level
+    ``attribute = accel.pick(python_twin, "compiled.module", "function")``; the names may
+    be module-level string constants."""
+    found = []
+    for path in sorted((ROOT / "ingest").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        constants: dict[str, str] = {}
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if not isinstance(node, ast.Assign):
+                continue
+            if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                constants |= {ast.unparse(target): node.value.value for target in node.targets}
+            if (isinstance(node.value, ast.Call)
+                    and ast.unparse(node.value.func) == "accel.pick"):
+                compiled, function = (
+                    arg.value if isinstance(arg, ast.Constant) else constants[ast.unparse(arg)]
+                    for arg in node.value.args[1:])
+                found += [(module, ast.unparse(target), compiled, function)
+                          for target in node.targets]
+    return found
+
+
+def cannot_compile() -> str | None:
+    """Why this Python cannot compile an extension here, or None when it can."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    if shutil.which(shlex.split(cc)[0]) is None:
+        return f"no C compiler ({cc})"
+    headers = Path(sysconfig.get_paths()["include"], "Python.h")
+    if not headers.exists():
+        return f"no Python headers ({headers}; Debian: python3-dev)"
+    return None
+
+
+def source_copy(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=BUILT)
+        elif (ROOT / name).exists():
+            shutil.copy2(ROOT / name, src / name)
+    return src
+
+
+def build_wheel(src: Path, **env: str) -> tuple[Path, str]:
+    """The wheel ``pip wheel`` builds from ``src`` with ``env`` (without
+    INGEST_NO_EXTENSIONS unless given), and the build's output."""
+    environ = {k: v for k, v in clean_env().items() if k != accel.ENV} | env
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--no-index", "--verbose", "--wheel-dir", str(src / "dist"), str(src)],
+        capture_output=True, text=True, env=environ, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (wheel,) = (src / "dist").glob("*.whl")
+    return wheel, done.stdout + done.stderr
+
+
+def test_every_accelerator_is_the_twin_of_a_python_function() -> None:
+    assert ACCELERATORS, "no ingest/**/_*_c.pyx"
+    picked = {compiled for _, _, compiled, _ in picks()}
+    assert picked == {module_of(pyx) for pyx in ACCELERATORS}
+
+
+def test_where_a_compiler_is_the_compiled_twins_run() -> None:
+    """The suite's run with the accelerators runs compiled code: each one is built, not
+    older than its source, and what its Python module hands out."""
+    if accel.disabled():
+        pytest.skip(f"{accel.ENV} is set: this run is the pure-Python one")
+    if (why := cannot_compile()) is not None:
+        pytest.skip(f"the accelerators cannot be built here: {why}")
+    for module, attribute, compiled, function in picks():
+        try:
+            extension = importlib.import_module(compiled)
+        except ImportError as exc:
+            pytest.fail(f"{compiled} is not built ({exc}): run scripts/env.sh, or "
+                        ".venv/bin/python setup.py build_ext --inplace")
+        pyx = ROOT / f"{compiled.replace('.', '/')}.pyx"
+        assert Path(str(extension.__file__)).stat().st_mtime >= pyx.stat().st_mtime, (
+            f"{compiled} is older than {pyx.name}: run scripts/env.sh")
+        chosen = getattr(importlib.import_module(module), attribute)
+        assert chosen is getattr(extension, function), f"{module}.{attribute}"
+
+
+def test_without_a_c_compiler_pip_installs_the_pure_python_path(tmp_path: Path) -> None:
+    src = source_copy(tmp_path)
+    nothing = tmp_path / "bin"
+    nothing.mkdir()
+    wheel, output = build_wheel(src, PATH=str(nothing), CC="no-such-cc")
+    for pyx in ACCELERATORS:  # tried, and given up with a warning
+        assert f'building extension "{module_of(pyx)}" failed' in output
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "ingest/accel.py" in names
+    assert [n for n in names if n.endswith((".so", ".pyd", ".c", ".pyx"))] == []
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = (f"import ingest, {', '.join(sorted({m for m, *_ in picks()}))}\n"
+            "from ingest import accel\nprint(ingest.__file__)\nprint(accel.describe())")
+    env = {k: v for k, v in clean_env().items() if k != accel.ENV} | {"PYTHONPATH": str(site)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    where, said = done.stdout.splitlines()
+    assert Path(where).is_relative_to(site)
+    assert said == "accelerators: not built (no C compiler at install?): pure Python"
+
+
+def test_ingest_no_extensions_at_build_time_builds_a_pure_python_wheel(
+        tmp_path: Path) -> None:
+    wheel, _ = build_wheel(source_copy(tmp_path), INGEST_NO_EXTENSIONS="1")
+    assert wheel.name.endswith("-py3-none-any.whl")
+    assert [n for n in zipfile.ZipFile(wheel).namelist()
+            if n.endswith((".so", ".pyd", ".c", ".pyx"))] == []
+
+
+def test_the_sdist_carries_setup_py_and_the_cython_sources(tmp_path: Path) -> None:
+    src = source_copy(tmp_path)
+    done = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", "dist"],
+                          capture_output=True, text=True, cwd=src, env=clean_env(),
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (sdist,) = (src / "dist").glob("*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        names = {name.partition("/")[2] for name in archive.getnames()}
+    wanted = {"setup.py", "pyproject.toml", "MANIFEST.in", "README.md",
+              *(pyx.relative_to(ROOT).as_posix() for pyx in ACCELERATORS)}
+    assert wanted <= names
+    assert [n for n in names if n.endswith((".so", ".pyd", ".c"))] == []
