@@ -4,9 +4,11 @@ The batch is what the daemon's decoder makes of ``bench.e2e``'s backlog (1,000 s
 readings 1 s apart, ``temp``, ``hum`` and ``seq``): ``--batch`` readings in messages of
 ``--per-message`` readings. Each round times ``plan_buckets`` of the pure-Python twin and
 of the compiled one (the order alternates), then the same plus ``bson.encode`` of every
-statement (the C encoder pymongo uses for the bulk). Prints the best and the median of
-the rounds per reading, and the ratio of the twins; the machine's other load moves the
-absolute figures, much less the ratio.
+statement (the C encoder pymongo uses for the bulk), each twin with its own
+``BsonDate.__int__``, which the encoder calls for every date. The garbage collector is
+set as the daemon sets it. Prints the best and the median of the rounds per reading, and
+the ratio of the twins; the machine's other load moves the absolute figures, much less
+the ratio.
 
     .venv/bin/python -m bench.bucket_plan --per-message 1,100
 """
@@ -25,6 +27,7 @@ import bson
 
 from bench.e2e import backlog
 from ingest.devices.decode import Limits, decode
+from ingest.pipeline.app import GC_THRESHOLD
 from ingest.store.writers import bucket
 from tests.support.twins import compiled_or_none
 
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
 
 SPAN = 3600
 MAX_READINGS = 3600
+INT = "__int__"
 
 
 def readings(batch: int, per_message: int, sensors: int) -> list[Reading]:
@@ -53,9 +57,10 @@ def readings(batch: int, per_message: int, sensors: int) -> list[Reading]:
     return out
 
 
-def timed(plan: Callable[[list[Reading], int, int], Plan], data: list[Reading],
-          encode: bool) -> float:
+def timed(plan: Callable[[list[Reading], int, int], Plan], date_int: Callable[..., int],
+          data: list[Reading], encode: bool) -> float:
     """Seconds for one plan of ``data`` (and the BSON of its statements)."""
+    setattr(bucket.BsonDate, INT, date_int)
     started = time.perf_counter()
     result = plan(data, SPAN, MAX_READINGS)
     if encode:
@@ -77,7 +82,9 @@ def main() -> None:
     if module is None:
         raise SystemExit("the compiled twin is not built: .venv/bin/python setup.py "
                          "build_ext --inplace")
-    twins = {"python": bucket.plan_buckets_py, "compiled": module.plan_buckets}
+    twins = {"python": (bucket.plan_buckets_py, bucket.bson_date_int_py),
+             "compiled": (module.plan_buckets, module.bson_date_int)}
+    gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
     print("| readings/message | what | python µs/reading (best, median) | "
           "compiled µs/reading (best, median) | compiled/python (best) |")
     print("|---|---|---|---|---|")
@@ -92,7 +99,7 @@ def main() -> None:
                 order = list(twins) if round_ % 2 else list(reversed(twins))
                 for name in order:
                     gc.collect()
-                    times[name].append(timed(twins[name], data, encode) / len(data) * 1e6)
+                    times[name].append(timed(*twins[name], data, encode) / len(data) * 1e6)
             py, c = times["python"], times["compiled"]
             print(f"| {per_message} | {'plan + bson.encode' if encode else 'plan'} | "
                   f"{min(py):.2f}, {statistics.median(py):.2f} | "

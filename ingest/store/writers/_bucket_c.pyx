@@ -18,7 +18,7 @@ exception. Readings that meet at one instant are merged by the Python
 """
 
 cimport cython
-from cpython.dict cimport PyDict_Clear, PyDict_Next, PyDict_Update
+from cpython.dict cimport PyDict_Clear, PyDict_Next, PyDict_Size, PyDict_Update
 from cpython.float cimport PyFloat_AS_DOUBLE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsDouble, PyLong_AsLongLongAndOverflow
@@ -53,6 +53,7 @@ cdef extern from "Python.h":
     int PyList_SetSlice(object, Py_ssize_t, Py_ssize_t, PyObject*) except -1
     PyObject* PyDict_GetItemWithError(object, object)
     PyObject* PyErr_Occurred()
+    object _PyDict_NewPresized(Py_ssize_t)
 
 from types import MemberDescriptorType
 
@@ -463,25 +464,45 @@ cdef int _single_into(dict values, bint mapping, dict inc, dict mins, dict maxs)
     return 0
 
 
+cdef inline dict _presized(Py_ssize_t keys):
+    """An empty dict with room for ``keys`` keys (no resize while they go in)."""
+    return <dict>_PyDict_NewPresized(keys)
+
+
+cdef inline dict _inc(Py_ssize_t count, Py_ssize_t size, Py_ssize_t names):
+    """``$inc`` with the count and bytes, room for the statistics of ``names``."""
+    cdef dict inc = _presized(2 + 2 * names)
+    inc["count"] = count
+    inc["bytes"] = size
+    return inc
+
+
 cdef dict _statement(object sensor_id, object tags, object start, list dates, list pushed,
                      Py_ssize_t size, long long limit, long long max_bytes, dict inc,
                      dict mins, dict maxs, dict labels):
     """bucket.statement."""
     cdef dict on_insert = {"schema_version": _SCHEMA_VERSION}
-    cdef dict update = {"$push": {"readings": {"$each": pushed}}, "$inc": inc,
-                        "$min": mins, "$max": maxs, "$setOnInsert": on_insert}
+    cdef dict update = _presized(6)
+    cdef dict query = _presized(6)
     cdef long long room = max_bytes - size
+    update["$push"] = {"readings": {"$each": pushed}}
+    update["$inc"] = inc
+    update["$min"] = mins
+    update["$max"] = maxs
+    update["$setOnInsert"] = on_insert
     if labels:
         update["$set"] = labels
     if len(inc) == 2:
         on_insert["stats"] = {}
     if room < 0:
         room = 0
-    return {"q": {"sensor_id": sensor_id, "tags": tags, "bucket_start": start,
-                  "count": {"$lte": limit - PyList_GET_SIZE(dates)},
-                  "bytes": {"$lte": room},
-                  "readings.ts": {"$nin": dates}},
-            "u": update, "multi": False, "upsert": True, "hint": _BUCKET_INDEX}
+    query["sensor_id"] = sensor_id
+    query["tags"] = tags
+    query["bucket_start"] = start
+    query["count"] = {"$lte": limit - PyList_GET_SIZE(dates)}
+    query["bytes"] = {"$lte": room}
+    query["readings.ts"] = {"$nin": dates}
+    return {"q": query, "u": update, "multi": False, "upsert": True, "hint": _BUCKET_INDEX}
 
 
 # --- the batch --------------------------------------------------------------------------
@@ -583,7 +604,7 @@ cdef object _one_update(object sensor_id, object tags, object start, object read
     if size > max_bytes:
         return None
     cdef object date = _date(ms)
-    cdef dict inc = {"count": 1, "bytes": size}
+    cdef dict inc = _inc(1, size, PyDict_Size(values))
     cdef dict mins = {"first_ts": date}
     cdef dict maxs = {"last_ts": date}
     _single_into(values, False, inc, mins, maxs)
@@ -649,7 +670,7 @@ cdef object _fast_update(object sensor_id, object tags, object start, list group
             index += 1
     if size > max_bytes:
         return None
-    cdef dict inc = {"count": n, "bytes": size}
+    cdef dict inc = _inc(n, size, acc.n)
     cdef dict mins = {"first_ts": _date(low)}
     cdef dict maxs = {"last_ts": _date(high)}
     acc.into(inc, mins, maxs)
@@ -672,7 +693,7 @@ cdef dict _update_for(object sensor_id, object tags, object start, list chunk,
         reading = <object>PyList_GET_ITEM(chunk, 0)
         date = _date(_ms_of(reading))
         values = _values_of(reading)
-        inc = {"count": 1, "bytes": size}
+        inc = _inc(1, size, PyDict_Size(values))
         mins = {"first_ts": date}
         maxs = {"last_ts": date}
         mapping = _field(reading, TAGS) is not None
@@ -710,7 +731,7 @@ cdef dict _update_for(object sensor_id, object tags, object start, list chunk,
         reading = <object>PyList_GET_ITEM(chunk, i)
         pushed.append(_entry(<object>PyList_GET_ITEM(dates, i), reading,
                              <dict>_field(reading, VALUES)))
-    inc = {"count": n, "bytes": size}
+    inc = _inc(n, size, acc.n)
     mins = {"first_ts": first}
     maxs = {"last_ts": last}
     acc.into(inc, mins, maxs)
