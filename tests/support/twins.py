@@ -23,3 +23,11 @@ def compiled(module: str) -> ModuleType:
     except ImportError as exc:
         pytest.skip(f"{module} is not built ({exc}): pip install needs a C compiler",
                     allow_module_level=True)
+
+
+def compiled_or_none(module: str) -> ModuleType | None:
+    """The built extension ``module``, or None if it is not built (for the benchmarks)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None

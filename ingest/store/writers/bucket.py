@@ -46,6 +46,7 @@ from bson.datetime_ms import DatetimeMS
 from bson.errors import InvalidDocument
 from pymongo.errors import PyMongoError
 
+from ingest import accel
 from ingest.errors import WriteError
 from ingest.store import mongo_errors
 from ingest.store.schema import BUCKET_INDEX, READINGS_INDEX
@@ -96,6 +97,11 @@ def ts_key(ts: datetime | DatetimeMS) -> int:
     return (ts - _EPOCH) // _MS
 
 
+def bson_date_int_py(date: BsonDate) -> int:
+    """``int()`` of a :class:`BsonDate`: its milliseconds, which pymongo's encoder writes."""
+    return date.ms
+
+
 class BsonDate(DatetimeMS):
     """A BSON date (UTC milliseconds) built cheaply; equal to the datetime of that instant.
 
@@ -109,8 +115,8 @@ class BsonDate(DatetimeMS):
     __slots__ = ("ms",)
     ms: int
 
-    def __int__(self) -> int:
-        return self.ms
+    # The encoder calls it for every date it writes; the compiled twin spares it a frame.
+    __int__ = accel.pick(bson_date_int_py, "ingest.store.writers._bucket_c", "bson_date_int")
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, datetime):
@@ -525,6 +531,37 @@ def _statistics(acc: dict[str, list[Any]], count: int, size: int, first: BsonDat
     return inc, mins, maxs
 
 
+def plan_buckets_py(readings: list[Reading], span: int, max_readings: int) -> Plan:
+    """One upsert per series-span of ``span`` seconds (more only past ``max_readings``).
+
+    The statements, each with the readings it carries, and the readings deferred to a
+    later round (:func:`unique_readings`).
+    """
+    ops: list[Any] = []
+    groups: list[list[Reading]] = []
+    plan = Plan(ops, groups)
+    for (sensor_id, tags_of, start), group in group_readings(readings, span).items():
+        start_dt = bson_date(int(start) * 1000)
+        tags = dict(tags_of) if tags_of else _EMPTY
+        op = _fast_update(sensor_id, tags, start_dt, group, max_readings)
+        if op is not None:
+            ops.append(op)
+            groups.append(group)
+            continue
+        unique, sources = unique_readings(group, plan)
+        for chunk, size in chunks(unique, max_readings):
+            ops.append(update_for(sensor_id, tags, start_dt, chunk, max_readings, size))
+            groups.append(chunk if sources is None
+                          else [o for reading in chunk for o in sources[id(reading)]])
+    return plan
+
+
+# The compiled twin (_bucket_c.pyx) builds the same statements; it reads this module's
+# names (MAX_BUCKET_BYTES at every call) and falls back to plan_buckets_py for input
+# outside the shapes it handles.
+plan_buckets = accel.pick(plan_buckets_py, "ingest.store.writers._bucket_c", "plan_buckets")
+
+
 class BucketWriter(PrimaryReads):
     """Writes coalesced bucket upserts."""
 
@@ -543,23 +580,7 @@ class BucketWriter(PrimaryReads):
 
     def plan(self, readings: list[Reading]) -> Plan:
         """Coalesce a batch into one upsert per sensor-span (more only past the cap)."""
-        ops: list[Any] = []
-        groups: list[list[Reading]] = []
-        plan, limit = Plan(ops, groups), self._max
-        for (sensor_id, tags_of, start), group in group_readings(readings, self._span).items():
-            start_dt = bson_date(int(start) * 1000)
-            tags = dict(tags_of) if tags_of else _EMPTY
-            op = _fast_update(sensor_id, tags, start_dt, group, limit)
-            if op is not None:
-                ops.append(op)
-                groups.append(group)
-                continue
-            unique, sources = unique_readings(group, plan)
-            for chunk, size in chunks(unique, limit):
-                ops.append(update_for(sensor_id, tags, start_dt, chunk, limit, size))
-                groups.append(chunk if sources is None
-                              else [o for reading in chunk for o in sources[id(reading)]])
-        return plan
+        return plan_buckets(readings, self._span, self._max)
 
     async def write(self, plan: Plan) -> Outcome:
         """Send the plan in one unordered bulk write; settle readings already stored.
