@@ -146,6 +146,27 @@ def test_readings_of_one_instant_merge_and_a_changed_field_is_a_conflict() -> No
                         "value is kept")
 
 
+async def test_a_default_reading_and_a_rule_reading_of_one_instant_store_together(
+        db: Any) -> None:
+    """No tags (the default format) and empty tags (a rule) are one series: a number from
+    one and a string from the other at one instant are one stored instant, whichever came
+    first (the string is not taken for a number)."""
+    at = T0 * 1000 + 7
+    default = reading("boiler", at, {"h": 0})
+    rule = reading("boiler", at, {"state": "on"}, {})
+    for batch in ([default, rule], [rule, default]):
+        bucket, timeseries = writers(db)
+        for writer in (bucket, timeseries):
+            await writer.ensure_schema()
+            outcome = await writer.write(writer.plan(batch))
+            assert (outcome.written, outcome.duplicates, len(outcome.conflicts)) == (2, 0, 0)
+        want = {("boiler", (), at): {"h": 0, "state": "on"}}
+        same_answer(await stored_bucket(bucket._collection), want)
+        same_answer(await stored_timeseries(timeseries._collection), want)
+        doc = await bucket._collection.find_one({})
+        assert doc["stats"] == {"h": {"count": 1, "sum": 0.0, "min": 0, "max": 0}}
+
+
 async def test_a_stored_instant_takes_new_fields_once_and_refuses_changed_ones(db: Any) -> None:
     """Across batches (bucket: into the stored entry; time series: a second document)."""
     sparkplug = {"group": "Plant1", "node": "Edge1", "device": "Press"}

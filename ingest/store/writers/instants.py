@@ -91,7 +91,11 @@ def merged(first: Reading, other: Reading) -> Reading | str | None:
     units = first.units
     if other.units:
         units = {**(units or {}), **{k: u for k, u in other.units.items() if k in new}}
-    return first._replace(values={**first.values, **new}, units=units or None)
+    # No tags (the default format: numbers only) and empty tags (a mapping rule: strings
+    # and booleans too) are one series; the merged reading may hold the mapping's values,
+    # so it is a mapping reading, which the writers take strings and booleans from.
+    tags = first.tags if first.tags is not None else other.tags
+    return first._replace(values={**first.values, **new}, units=units or None, tags=tags)
 
 
 def stored_values(entry: dict[str, Any]) -> dict[str, Any]:
