@@ -385,8 +385,8 @@ cdef Py_ssize_t _skip(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
     cdef int open = 0
     cdef unsigned char c
     cdef bint flag = False
-    while True:  # at a value
-        if i >= n:
+    while True:  # at a value (i is -1 when the key before it was in doubt)
+        if i < 0 or i >= n:
             return -1
         c = p[i]
         if c == 34:
@@ -434,10 +434,13 @@ cdef Py_ssize_t _skip(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
 cdef inline Py_ssize_t _key(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
     """Past ``"key" :`` and the whitespace after it; -1: doubt."""
     cdef bint flag = False
-    if i >= n or p[i] != 34:
+    if i < 0 or i >= n or p[i] != 34:
         return -1
-    i = _ws(p, _string(p, i, n, &flag), n)
-    if i < 0 or i >= n or p[i] != 58:
+    i = _string(p, i, n, &flag)
+    if i < 0:
+        return -1
+    i = _ws(p, i, n)
+    if i >= n or p[i] != 58:
         return -1
     return _ws(p, i + 1, n)
 
