@@ -154,7 +154,7 @@ cdef extern from *:
     """
     #include <stdint.h>
     #include <string.h>
-    #if defined(_MSC_VER)
+    #if defined(_MSC_VER) && (defined(_M_X64) || defined(_M_ARM64))
     #include <intrin.h>
     #endif
     /* Eight bytes of p as a little-endian word: the first byte is the lowest. */
@@ -176,14 +176,21 @@ cdef extern from *:
         Py_DECREF(args);
         return out;
     }
-    /* The index (0-7) of the lowest byte flagged in m (m != 0). */
+    /* The index (0-7) of the lowest byte flagged (0x80) in m (m != 0). */
     static inline int json_c_first(uint64_t m) {
-    #if defined(_MSC_VER)
+    #if defined(_MSC_VER) && (defined(_M_X64) || defined(_M_ARM64))
         unsigned long index;
         _BitScanForward64(&index, m);
         return (int)(index >> 3);
-    #else
+    #elif defined(__GNUC__) || defined(__clang__)
         return __builtin_ctzll(m) >> 3;
+    #else
+        int index = 0;
+        while (!(m & 0x80)) {
+            m >>= 8;
+            index++;
+        }
+        return index;
     #endif
     }
     """
