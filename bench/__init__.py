@@ -13,6 +13,7 @@ In process:
     receive    the MQTT receive and acknowledgement path per message
     acks       the source's acknowledgement bookkeeping per message
     encode     the write side per reading: plan() and BSON encoding
+    jsonparse  the json format's parse of LoRaWAN uplinks, compiled twin against Python
     profile    where the daemon's CPU goes (py-spy over a drain into ``fakemongo``)
     api        the read API's latency per query, both layouts
 """

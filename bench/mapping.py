@@ -14,13 +14,18 @@ stream (``--stream``) is one of:
 - ``ttn``: The Things Stack v3 uplinks as its MQTT server publishes them (about 1 KB:
   device ids, correlation ids, one gateway's ``rx_metadata``, settings, four values in
   ``decoded_payload``) on ``v3/bench-app@ttn/devices/sensor-<n>/up``, through the shipped
-  ``ttn`` preset.
+  ``ttn`` preset;
+- ``chirpstack``: ChirpStack v4 ``up`` events as its MQTT integration publishes them
+  (about 1 KB: device info, one gateway's ``rxInfo``, ``txInfo``, four values in
+  ``object``) on ``application/<id>/device/<devEui>/event/up``, through the shipped
+  ``chirpstack`` preset.
 
 The rounds alternate, and the ratio compares readings/s of the streams within the same
 run (the machine may be shared and noisy).
 
     .venv/bin/python -m bench.mapping [--messages 50000] [--sensors 1000] [--rounds 2]
     .venv/bin/python -m bench.mapping --stream ttn    # The Things Stack uplinks instead
+    .venv/bin/python -m bench.mapping --stream chirpstack    # ChirpStack v4 uplinks
     .venv/bin/python -m bench.mapping --in-process    # decode + plan only, CPU time
 """
 
@@ -121,13 +126,56 @@ def ttn(messages: int, sensors: int) -> tuple[list[bytes], list[str]]:
     return lines, topics
 
 
+def chirpstack(messages: int, sensors: int) -> tuple[list[bytes], list[str]]:
+    """ChirpStack v4 ``up`` events (integrations/events.md's example as v4.19 sends it,
+    every field emitted) and their topics.
+
+    ``time`` (the preset's time) a millisecond apart per message, an hour ago, with nine
+    fraction digits and ``+00:00``; four decoded values, doubles as google.protobuf.Struct
+    gives them.
+    """
+    start = round(time.time() * 1000) - 3_600_000  # whole milliseconds
+    app = "17c82e96-be03-4f38-aef3-f83d48582d97"
+    lines, topics = [], []
+    for i in range(messages):
+        eui = f"70b3d57ed00{i % sensors:05x}"
+        at = datetime.fromtimestamp((start + i) / 1000, UTC)
+        ns = at.strftime("%Y-%m-%dT%H:%M:%S.%f") + "242+00:00"  # nine fraction digits
+        lines.append(orjson.dumps({
+            "deduplicationId": f"3ac7e3c4-4401-4b8d-9386-{i:012x}", "time": ns,
+            "deviceInfo": {"tenantId": "52f14cd4-c6f1-4fbd-8f87-4025e1d49242",
+                           "tenantName": "ChirpStack", "applicationId": app,
+                           "applicationName": "bench-app",
+                           "deviceProfileId": "14855bf7-d10d-4aee-b618-ebfcb64dc7ad",
+                           "deviceProfileName": "bench-profile",
+                           "deviceName": f"sensor-{i % sensors}", "devEui": eui,
+                           "deviceClassEnabled": "CLASS_A", "tags": {}},
+            "devAddr": f"0018{i % sensors:04x}", "adr": True, "dr": 5, "fCnt": i // sensors,
+            "fPort": 2, "confirmed": False, "data": "CWgBGgEQ",
+            "object": {"temperature": 20 + (i % 50) / 10, "humidity": 40 + i % 30 / 2,
+                       "battery": 3.0 + i % 7 / 10, "light": float(100 + i % 900)},
+            "rxInfo": [{"gatewayId": "0016c001f153a14c", "uplinkId": 4217106255 - i,
+                        "nsTime": ns, "rssi": -35 - i % 80, "snr": 10.5, "channel": 2,
+                        "rfChain": 1, "context": "E3OWOQ==",
+                        "metadata": {"region_config_id": "eu868",
+                                     "region_common_name": "EU868"},
+                        "crcStatus": "CRC_OK"}],
+            "txInfo": {"frequency": 867100000, "modulation": {"lora": {
+                "bandwidth": 125000, "spreadingFactor": 7, "codeRate": "CR_4_5"}}},
+            "regionConfigId": "eu868"}))
+        topics.append(f"application/{app}/device/{eui}/event/up")
+    return lines, topics
+
+
 # --stream: (messages, sensors) -> payloads and topics, the preset, a fallback rule.
 STREAMS: dict[str, tuple[Callable[[int, int], tuple[list[bytes], list[str]]], str,
                          str | None]] = {
     "zigbee2mqtt": (zigbee2mqtt, "zigbee2mqtt", RULE),
     "ttn": (ttn, "ttn", None),
+    "chirpstack": (chirpstack, "chirpstack", None),
 }
-LABELS = {"zigbee2mqtt": "Zigbee2MQTT", "ttn": "The Things Stack v3 uplinks"}
+LABELS = {"zigbee2mqtt": "Zigbee2MQTT", "ttn": "The Things Stack v3 uplinks",
+          "chirpstack": "ChirpStack v4 uplinks"}
 
 
 def stream_mapping(stream: str) -> tuple[Mapping, str]:

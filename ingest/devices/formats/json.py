@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from ingest import accel
 from ingest.devices.formats import MAX_DEPTH, MAX_FIELDS, Item, Parsed, refused
 from ingest.model import Rejection
 
@@ -28,8 +29,12 @@ class _TooMany(Exception):  # noqa: N818 - a signal inside flatten, never seen o
     pass
 
 
-def parse(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) -> Parsed:
-    """Readings from a JSON object or an array of objects."""
+def parse_py(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) -> Parsed:
+    """Readings from a JSON object or an array of objects.
+
+    The Python twin of ``_json_c.parse``, which reads only the parts of the payload a rule
+    with ``root`` or ``each`` needs (and hands anything unusual to this function).
+    """
     try:
         doc = orjson.loads(payload)
     except orjson.JSONDecodeError as exc:
@@ -201,3 +206,9 @@ def _flatten(obj: dict[str, object], prefix: str, sep: str, out: dict[str, objec
         if len(out) >= MAX_FIELDS:
             raise _TooMany
         out[name] = value
+
+
+# The compiled twin repeats _parse_paths, _readings, walk, template_text and _flatten in C
+# for the parts of a payload it builds: a change to them here is made there too
+# (tests/devices/test_json_twins.py compares the twins).
+parse = accel.pick(parse_py, "ingest.devices.formats._json_c", "parse")
