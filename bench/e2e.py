@@ -642,8 +642,17 @@ def run_all(settings: Settings, progress: bool = False) -> dict[str, Any]:
                                   f"±{f['clock_error']:.1%} {f['cpu_us_per_reading']:6.1f} "
                                   f"µs/reading lost {f['lost']}", file=sys.stderr)
     return {"settings": asdict(settings), "load_average": os.getloadavg(),
-            "cpus": os.cpu_count(), "python": interpreter(), "runs": [r.figures() for r in runs],
+            "cpus": os.cpu_count(), "python": interpreter(), "accelerators": accelerators(),
+            "runs": [r.figures() for r in runs],
             "summary": summarize(runs, settings)}
+
+
+def accelerators() -> str:
+    """Which twins the daemons run: they import the same tree with the same environment
+    (INGEST_NO_EXTENSIONS included), so this process's choice is theirs."""
+    from ingest.cli import accelerators as described  # noqa: PLC0415
+
+    return described()
 
 
 def interpreter() -> str:
@@ -744,7 +753,9 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{report['settings']['sensors']:,} sensors; 1-minute load average at the "
                 f"start of the runs: {min(loads):.2f} to {max(loads):.2f} on {report['cpus']} "
                 f"CPUs; {report['settings'].get('workers', 1)} worker(s); "
-                f"{report.get('python', 'Python')}; the relay that takes the clock spent "
+                f"{report.get('python', 'Python')}; "
+                f"{report.get('accelerators', 'accelerators: not reported')}; the relay that "
+                "takes the clock spent "
                 f"{min(relay):.1f} to {max(relay):.1f} µs of CPU a message.")
     return "\n".join(rows)
 

@@ -7,6 +7,7 @@ be set as ``INGEST_SOME_FLAG``; a flag on the command line wins.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import socket
@@ -577,6 +578,16 @@ def _execute(command: str, settings: Settings, shard: bool = False) -> int:
     return status
 
 
+def accelerators() -> str:
+    """Which twins run, compiled or Python (accel.describe).
+
+    Said once every module that picks one is imported: the daemon's, the mapping formats'.
+    """
+    for module in ("ingest.devices.formats.json", "ingest.pipeline.app"):  # app: the rest
+        importlib.import_module(module)
+    return accel.describe()
+
+
 def _run_daemon(settings: Settings) -> int:
     """``ingest run``: one daemon, or the parent of its workers; the exit status."""
     import uvloop  # noqa: PLC0415 - as in _execute
@@ -588,9 +599,7 @@ def _run_daemon(settings: Settings) -> int:
     # locks): a second daemon with the same client ids refuses to start.
     held = client_lock.claim_all(settings, [worker_client_id(settings.client_id, index)
                                       for index in range(settings.workers)])
-    from ingest.pipeline import app  # noqa: PLC0415, F401 - imports every hot module
-
-    logger.info("%s", accel.describe())
+    logger.info("%s", accelerators())
     try:
         if settings.workers > 1:
             from ingest.pipeline import workers  # noqa: PLC0415 - only several workers need it
