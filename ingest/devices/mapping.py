@@ -16,6 +16,7 @@ import re
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, NamedTuple
 
+from ingest import accel
 from ingest.devices.decode import (
     BEYOND_MAGNITUDE,
     MAX_MAGNITUDE,
@@ -447,40 +448,56 @@ class Mapping:
 
     def _values(self, rule: Rule, fields: dict[str, object], rejections: list[Rejection],
                 index: int | None) -> dict[str, int | float | bool | str]:
-        values: dict[str, int | float | bool | str] = {}
-        names = self._names[rule.name]
-        for raw, raw_value in fields.items():
-            if raw_value is None:
-                continue
-            name = names.get(raw)
-            if name is None:
-                name = self._resolve(rule, raw)
-            if type(name) is not str:
-                rejections.append(_at(name, index))  # type: ignore[arg-type]
-                continue
-            if not name:
-                continue
-            kind = type(raw_value)
-            if kind is bool or (kind is float and -MAX_MAGNITUDE <= raw_value <= MAX_MAGNITUDE) or (  # type: ignore[operator]
-                    kind is int and _INT64_MIN <= raw_value <= _INT64_MAX):  # type: ignore[operator]
-                stored: object = raw_value  # the common case, without a call
-            else:
-                stored = _value(rule, name, raw_value)
-            if type(stored) is Rejection:
-                rejections.append(_at(stored, index))
-                continue
-            if stored is _DROP_VALUE:
-                continue
-            if name in values:
-                rejections.append(Rejection("bad_field_name", f"{raw[:60]!r}: same name as "
-                                            f"another field once made safe ({name})", index))
-                continue
-            values[name] = stored  # type: ignore[assignment]
-        return values
+        return values(self, rule, fields, rejections, index)
 
 
 _DROP_VALUE = object()
 _new = tuple.__new__  # builds a NamedTuple without its argument handling
+
+
+def values_py(mapping: Mapping, rule: Rule, fields: dict[str, object],
+              rejections: list[Rejection], index: int | None
+              ) -> dict[str, int | float | bool | str]:
+    """The item's fields as the reading's values; field-level rejections appended."""
+    values: dict[str, int | float | bool | str] = {}
+    names = mapping._names[rule.name]  # noqa: SLF001
+    for raw, raw_value in fields.items():
+        if raw_value is None:
+            continue
+        name = names.get(raw)
+        if name is None:
+            name = mapping._resolve(rule, raw)  # noqa: SLF001
+        if type(name) is not str:
+            rejections.append(_at(name, index))  # type: ignore[arg-type]
+            continue
+        if not name:
+            continue
+        kind = type(raw_value)
+        if kind is bool or (kind is float and -MAX_MAGNITUDE <= raw_value <= MAX_MAGNITUDE) or (  # type: ignore[operator]
+                kind is int and _INT64_MIN <= raw_value <= _INT64_MAX):  # type: ignore[operator]
+            stored: object = raw_value  # the common case, without a call
+        else:
+            stored = _value(rule, name, raw_value)
+        if type(stored) is Rejection:
+            rejections.append(_at(stored, index))
+            continue
+        if stored is _DROP_VALUE:
+            continue
+        if name in values:
+            rejections.append(_collision(raw, name, index))
+            continue
+        values[name] = stored  # type: ignore[assignment]
+    return values
+
+
+# The compiled twin (_values_c.pyx) takes the common fields itself and calls this
+# module's _resolve, _value, _at and _collision for the rest.
+values = accel.pick(values_py, "ingest.devices._values_c", "values")
+
+
+def _collision(raw: str, name: str, index: int | None) -> Rejection:
+    return Rejection("bad_field_name", f"{raw[:60]!r}: same name as another field once made "
+                     f"safe ({name})", index)
 
 
 def _at(rejection: Rejection, index: int | None) -> Rejection:
