@@ -16,6 +16,7 @@ import re
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, NamedTuple
 
+from ingest import accel
 from ingest.devices.decode import (
     BEYOND_MAGNITUDE,
     MAX_MAGNITUDE,
@@ -88,6 +89,9 @@ class _Topic(NamedTuple):
     captures: dict[str, str]
     tags: dict[str, str]  # shared by the topic's readings, never changed
     sensor: str | Rejection | None  # None: decided per item (payload or line tags)
+    # Every tag the rule renders from the payload is descriptive (``info``), and no
+    # descriptive one comes from the topic: readings keep ``tags`` as they are.
+    info_only: bool = False
 
 
 def _covers(wide: list[str], narrow: list[str]) -> bool:
@@ -282,7 +286,9 @@ class Mapping:
         problem = _tag_problem(tags)
         if problem is not None:  # a hostile topic: its readings are refused, not cut
             sensor = problem
-        return _Topic(rule, captures, tags, sensor)
+        info_only = (bool(rule.tags) and rule.info.issuperset(rule.tags)
+                     and rule.info.isdisjoint(tags))
+        return _Topic(rule, captures, tags, sensor, info_only)
 
     def stateful_for(self, topic: str) -> Stateful | None:
         """The stateful format whose rule takes ``topic`` (its prepare() comes first)."""
@@ -313,7 +319,7 @@ class Mapping:
             return Result(rule, Decoded([], []), ignored=True)
         parsed = (stateful.parse(topic, payload, limits) if stateful is not None
                   else _FORMATS[rule.format](payload, rule, matched.captures, limits))
-        out = Decoded([], parsed.rejections)
+        out: Decoded = _new(Decoded, ([], parsed.rejections))
         window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
         several = len(parsed.items) > 1
         for position, item in enumerate(parsed.items):
@@ -322,7 +328,7 @@ class Mapping:
             reading = self._reading(matched, item, received_at, window, out.rejections, index)
             if reading is not None:
                 out.readings.append(reading)
-        return Result(rule, out)
+        return _new(Result, (rule, out, False))
 
     def decode_at(self, topic: str, payload: bytes, ms: int, limits: Limits) -> Result:
         """:meth:`decode` with items that have no time of their own at ``ms`` exactly.
@@ -379,7 +385,9 @@ class Mapping:
             rejections.append(Rejection("no_measurements", "no measurement left to store",
                                         index))
             return None
-        if item.tags is None and item.context is None:  # tags from the topic only
+        info = None
+        if item.tags is None and (item.context is None or (  # the topic's tags as they are
+                matched.info_only and (info := _info(matched, item.context)) is not None)):
             tags = matched.tags
         else:
             found = _tags(matched, item)
@@ -393,10 +401,13 @@ class Mapping:
             units = {k: u for k, u in renamed if type(k) is str and k in values} or None
         if rule.units:
             units = _units(rule, values, item.context or matched.captures, units)
-        info = None
-        if rule.info and not tags.keys().isdisjoint(rule.info):  # descriptive tags apart
+        if info is not None:
+            info = info or None
+        elif rule.info and not tags.keys().isdisjoint(rule.info):  # descriptive tags apart
             info = {k: v for k, v in tags.items() if k in rule.info}
             tags = {k: v for k, v in tags.items() if k not in rule.info}
+            if tags == matched.tags:  # the same keys in the same order: share the topic's
+                tags = matched.tags  # (the bucket plan keys its series by the dict's id)
         return _new(Reading, (sensor, None, epoch, values, None, ms, tags, units, info))
 
     def _instant(self, item: Item, rule: Rule, now: float) -> tuple[float, int] | None:
@@ -437,40 +448,56 @@ class Mapping:
 
     def _values(self, rule: Rule, fields: dict[str, object], rejections: list[Rejection],
                 index: int | None) -> dict[str, int | float | bool | str]:
-        values: dict[str, int | float | bool | str] = {}
-        names = self._names[rule.name]
-        for raw, raw_value in fields.items():
-            if raw_value is None:
-                continue
-            name = names.get(raw)
-            if name is None:
-                name = self._resolve(rule, raw)
-            if type(name) is not str:
-                rejections.append(_at(name, index))  # type: ignore[arg-type]
-                continue
-            if not name:
-                continue
-            kind = type(raw_value)
-            if kind is bool or (kind is float and -MAX_MAGNITUDE <= raw_value <= MAX_MAGNITUDE) or (  # type: ignore[operator]
-                    kind is int and _INT64_MIN <= raw_value <= _INT64_MAX):  # type: ignore[operator]
-                stored: object = raw_value  # the common case, without a call
-            else:
-                stored = _value(rule, name, raw_value)
-            if type(stored) is Rejection:
-                rejections.append(_at(stored, index))
-                continue
-            if stored is _DROP_VALUE:
-                continue
-            if name in values:
-                rejections.append(Rejection("bad_field_name", f"{raw[:60]!r}: same name as "
-                                            f"another field once made safe ({name})", index))
-                continue
-            values[name] = stored  # type: ignore[assignment]
-        return values
+        return values(self, rule, fields, rejections, index)
 
 
 _DROP_VALUE = object()
 _new = tuple.__new__  # builds a NamedTuple without its argument handling
+
+
+def values_py(mapping: Mapping, rule: Rule, fields: dict[str, object],
+              rejections: list[Rejection], index: int | None
+              ) -> dict[str, int | float | bool | str]:
+    """The item's fields as the reading's values; field-level rejections appended."""
+    values: dict[str, int | float | bool | str] = {}
+    names = mapping._names[rule.name]  # noqa: SLF001
+    for raw, raw_value in fields.items():
+        if raw_value is None:
+            continue
+        name = names.get(raw)
+        if name is None:
+            name = mapping._resolve(rule, raw)  # noqa: SLF001
+        if type(name) is not str:
+            rejections.append(_at(name, index))  # type: ignore[arg-type]
+            continue
+        if not name:
+            continue
+        kind = type(raw_value)
+        if kind is bool or (kind is float and -MAX_MAGNITUDE <= raw_value <= MAX_MAGNITUDE) or (  # type: ignore[operator]
+                kind is int and _INT64_MIN <= raw_value <= _INT64_MAX):  # type: ignore[operator]
+            stored: object = raw_value  # the common case, without a call
+        else:
+            stored = _value(rule, name, raw_value)
+        if type(stored) is Rejection:
+            rejections.append(_at(stored, index))
+            continue
+        if stored is _DROP_VALUE:
+            continue
+        if name in values:
+            rejections.append(_collision(raw, name, index))
+            continue
+        values[name] = stored  # type: ignore[assignment]
+    return values
+
+
+# The compiled twin (_values_c.pyx) takes the common fields itself and calls this
+# module's _resolve, _value, _at and _collision for the rest.
+values = accel.pick(values_py, "ingest.devices._values_c", "values")
+
+
+def _collision(raw: str, name: str, index: int | None) -> Rejection:
+    return Rejection("bad_field_name", f"{raw[:60]!r}: same name as another field once made "
+                     f"safe ({name})", index)
 
 
 def _at(rejection: Rejection, index: int | None) -> Rejection:
@@ -564,15 +591,47 @@ def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection:
             if safe_key in RESERVED_TAGS or not 1 <= len(safe_key) <= 64:
                 continue
             tags[safe_key] = tag_value
+        # The topic's tags passed _tag_problem when the topic was matched: without line
+        # tags only the rendered values are new, checked here, and all of them (in the
+        # dict's order, as _tag_problem reports) only if one of them fails.
+        check = item.tags is not None
         if item.context is not None:
             for key, template in rule.tags.items():
                 rendered = template.render(item.context)
                 if rendered is not None:
                     tags[key] = rendered
-        problem = _tag_problem(tags)
+                    if not check:
+                        check = _too_long(rendered)
+        problem = _tag_problem(tags) if check or len(tags) > MAX_TAGS else None
         if problem is not None:
             return problem
     return tags
+
+
+def _too_long(tag_value: str) -> bool:
+    """Whether _tag_problem may refuse a tag value (or raise for it: then it decides)."""
+    try:
+        return len(tag_value) > MAX_TAG_BYTES or len(tag_value.encode()) > MAX_TAG_BYTES
+    except UnicodeEncodeError:
+        return True
+
+
+def _info(matched: _Topic, context: dict[str, str]) -> dict[str, str] | None:
+    """The rule's tags rendered from ``context`` when all are descriptive (``info_only``).
+
+    What :func:`_tags` and the split in ``_reading`` make of them; None if one may be
+    refused (then those decide).
+    """
+    info: dict[str, str] = {}
+    for key, template in matched.rule.tags.items():
+        rendered = template.render(context)
+        if rendered is not None:
+            if _too_long(rendered):
+                return None
+            info[key] = rendered
+    if len(matched.tags) + len(info) > MAX_TAGS:
+        return None
+    return info
 
 
 def _tag_problem(tags: dict[str, str]) -> Rejection | None:

@@ -14,7 +14,7 @@ from ingest.devices.decode import Limits
 from ingest.devices.mapping import Mapping, Result
 from ingest.devices.rules import parse, preset_names
 from ingest.errors import ConfigError
-from ingest.model import Rejection
+from ingest.model import MAX_TAG_BYTES, MAX_TAGS, Rejection
 
 NOW = time.time()
 LIMITS = Limits()
@@ -166,6 +166,46 @@ def test_captures_become_tags_and_unsafe_ids_are_made_safe() -> None:
     reading = run(m, "home/Living Room/Door Sensor", {"contact": False}).decoded.readings[0]
     assert reading.sensor_id == "Door Sensor"
     assert reading.tags == {"room": "Living Room"}
+
+
+def test_payload_tags_beyond_the_limits_name_the_first_in_the_readings_tag_order() -> None:
+    """Tags from payload fields: the first too long (in the reading's order, topic tags
+    first) is named; too many is refused; within both, the topic's tags are kept as they are."""
+    m = mapping("""
+[[rule]]
+name = "gw"
+topic = "gw/{site}/{sensor_id}"
+format = "json"
+info = ["b"]
+[rule.tags]
+b = "{dev.b}"
+a = "{dev.a}"
+site = "{dev.site}"
+""")
+    long = "é" * (MAX_TAG_BYTES // 2 + 1)
+    result = run(m, "gw/s1/x", {"t": 1, "dev": {"a": long, "b": long, "site": long}})
+    assert [(r.reason, r.detail) for r in result.decoded.rejections] == [
+        ("bad_value", f"tag site: longer than {MAX_TAG_BYTES} bytes")]
+    result = run(m, "gw/s1/x", {"t": 1, "dev": {"a": long, "b": long}})
+    assert [r.detail for r in result.decoded.rejections] == [
+        f"tag b: longer than {MAX_TAG_BYTES} bytes"]
+    [first] = run(m, "gw/s1/x", {"t": 1, "dev": {"b": "B"}}).decoded.readings
+    [second] = run(m, "gw/s1/x", {"t": 2, "dev": {"b": "C"}}).decoded.readings
+    assert (first.tags, first.info, second.info) == ({"site": "s1"}, {"b": "B"}, {"b": "C"})
+    many = "\n".join(f'k{i} = "{{dev.k{i}}}"' for i in range(MAX_TAGS))
+    m = mapping(f"""
+[[rule]]
+name = "gw"
+topic = "gw/{{site}}/{{sensor_id}}"
+format = "json"
+[rule.tags]
+{many}
+""")
+    fields = {f"k{i}": "v" for i in range(MAX_TAGS)}
+    assert reasons(run(m, "gw/s1/x", {"t": 1, "dev": fields})) == ["bad_value"]
+    del fields["k0"]
+    [reading] = run(m, "gw/s1/x", {"t": 1, "dev": fields}).decoded.readings
+    assert len(reading.tags or {}) == MAX_TAGS
 
 
 def test_a_topic_that_makes_no_valid_sensor_id_is_rejected() -> None:

@@ -11,6 +11,8 @@ import math
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from ingest import accel
+
 if TYPE_CHECKING:
     from zoneinfo import ZoneInfo
 
@@ -61,7 +63,7 @@ def number(value: float, fmt: str) -> Instant | None:
     return from_units(value, digits)
 
 
-def text(raw: str, fmt: str, zone: ZoneInfo | None) -> Instant | None:
+def text_py(raw: str, fmt: str, zone: ZoneInfo | None) -> Instant | None:
     """A time given as text: a number in digits, or ISO-8601 (with an offset unless local)."""
     if len(raw) > _MAX_TEXT:
         return None
@@ -90,6 +92,10 @@ def text(raw: str, fmt: str, zone: ZoneInfo | None) -> Instant | None:
         return None
     whole = math.floor(epoch)
     return epoch, whole * 1000 + parsed.microsecond // 1000
+
+
+# The compiled twin (_times_c.pyx) reads the common ISO form itself, the rest here.
+text = accel.pick(text_py, "ingest.devices.formats._times_c", "text")
 
 
 def parse(raw: object, fmt: str, zone: ZoneInfo | None) -> Instant | None:
