@@ -583,7 +583,8 @@ def accelerators() -> str:
 
     Said once every module that picks one is imported: the daemon's, the mapping formats'.
     """
-    for module in ("ingest.devices.formats.json", "ingest.pipeline.app"):  # app: the rest
+    for module in ("ingest.devices.mapping", "ingest.devices.formats.json",
+                   "ingest.pipeline.app"):  # app: the rest
         importlib.import_module(module)
     return accel.describe()
 

@@ -3,6 +3,7 @@ INGEST_NO_EXTENSIONS, said once at start and exported as ingest_build_info."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -92,3 +93,14 @@ def test_the_daemon_says_once_which_path_runs_and_exports_it(
     assert proc.stop() == 0
     assert proc.logs().count("accelerators: ") == 1
     assert line in proc.logs()
+
+
+def test_the_start_up_line_accounts_for_every_twin() -> None:
+    """Every compiled module in the tree is picked by a module the line imports first."""
+    from ingest.cli import accelerators  # noqa: PLC0415 - the daemon's own helper
+
+    root = Path(__file__).resolve().parents[1]
+    sources = {".".join(p.relative_to(root).with_suffix("").parts)
+               for p in (root / "ingest").rglob("_*_c.pyx")}
+    accelerators()
+    assert sources <= set(accel._loaded), sources - set(accel._loaded)
