@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from types import ModuleType
 
 ENV = "INGEST_NO_EXTENSIONS"
 # Compiled module name -> whether it was loaded (False: not built, or turned off).
 _loaded: dict[str, bool] = {}
+_modules: dict[str, ModuleType] = {}
 _errors: dict[str, str] = {}
 
 
@@ -48,14 +50,14 @@ def pick[F](python: F, module: str, name: str) -> F:
         _loaded[module] = False
         if not disabled():
             try:
-                importlib.import_module(module)
+                _modules[module] = importlib.import_module(module)
             except ImportError as exc:
                 _errors[module] = str(exc)
             else:
                 _loaded[module] = True
     if not _loaded[module]:
         return python
-    return cast("F", getattr(importlib.import_module(module), name))
+    return cast("F", getattr(_modules[module], name))
 
 
 def accelerated() -> bool:

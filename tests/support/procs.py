@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ingest import accel
 from loadgen.daemons import parse_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,8 +26,8 @@ def clean_env() -> dict[str, str]:
     """Our environment without the INGEST_* settings, for a child process under test; it
     keeps INGEST_NO_EXTENSIONS, so a suite run without the accelerators runs the children
     without them too."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")
-            or k == "INGEST_NO_EXTENSIONS"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
+    return env | accel.inherited(os.environ)
 
 
 def free_port() -> int:
