@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiomqtt
 import pytest
+from hypothesis import HealthCheck, settings
 from pymongo import AsyncMongoClient
 
 from tests.support.procs import Broker, Daemon, start_emulator
@@ -16,6 +17,13 @@ from tests.support.procs import Broker, Daemon, start_emulator
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
     from pathlib import Path
+
+# The property tests are about what the twins return, not how fast: a per-example
+# deadline or a "too slow" health check fails them at random on a loaded machine (the
+# suite runs one process per core, beside brokers and daemons).
+settings.register_profile("ingest", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ingest")
 
 MONGO_ENV = "INGEST_TEST_MONGODB_URI"
 REAL_MONGODB = bool(os.environ.get(MONGO_ENV))
