@@ -24,7 +24,14 @@ reusing the packet id for a new message; Receive Maximum more messages arriving 
 same connection after the PUBACK (PUBACKs go out in order and the broker keeps at most
 Receive Maximum messages unacknowledged, so it cannot have sent them without reading it);
 a new message (not DUP) on a later connection of the session (the broker resends its
-unacknowledged messages first, in order); or a new session.
+unacknowledged messages first, in order); or a new session. (A broker that reuses ids
+still unacknowledged, and then exceeds Receive Maximum, breaks the first two: a PUBACK
+forgotten too early only makes its redelivery written again.)
+
+Such a broker (mosquitto draining a backlog of more than 65,535 messages: it numbers a
+message when it queues it) deletes on a PUBACK the oldest unacknowledged message with
+its id, so the messages of one id are acknowledged in the order they arrived
+(:class:`_Reused`).
 """
 
 from __future__ import annotations
