@@ -68,6 +68,10 @@ class Metrics:
             "redeliveries_reacked", "Messages redelivered (DUP) after their write and "
             "PUBACK, whose PUBACK the broker may not have received: acknowledged again, "
             "not written again.", namespace=NAMESPACE, registry=r)
+        self.packet_id_reused = Counter(
+            "mqtt_packet_id_reused", "New QoS 1 messages the broker sent under a packet id "
+            "whose earlier message was still unacknowledged: acknowledged after it, in "
+            "order.", namespace=NAMESPACE, registry=r)
         self.received_bytes = Counter(
             "received_bytes", "Payload bytes received.", namespace=NAMESPACE, registry=r)
         self.readings_accepted = Counter(

@@ -24,7 +24,14 @@ reusing the packet id for a new message; Receive Maximum more messages arriving 
 same connection after the PUBACK (PUBACKs go out in order and the broker keeps at most
 Receive Maximum messages unacknowledged, so it cannot have sent them without reading it);
 a new message (not DUP) on a later connection of the session (the broker resends its
-unacknowledged messages first, in order); or a new session.
+unacknowledged messages first, in order); or a new session. (A broker that reuses ids
+still unacknowledged, and then exceeds Receive Maximum, breaks the first two: a PUBACK
+forgotten too early only makes its redelivery written again.)
+
+Such a broker (mosquitto draining a backlog of more than 65,535 messages: it numbers a
+message when it queues it) deletes on a PUBACK the oldest unacknowledged message with
+its id, so the messages of one id are acknowledged in the order they arrived
+(:class:`_Reused`).
 """
 
 from __future__ import annotations
@@ -180,6 +187,20 @@ class _Unacked:
     written: bool = False
 
 
+class _Reused(list["Inbound | _Unacked"]):
+    """The unacknowledged messages under one packet id, oldest first (as the broker has them).
+
+    A broker may send a new message under a packet id it has not had the PUBACK of yet
+    (mosquitto numbers a queued message when it queues it, so a backlog of more than
+    65,535 wraps the ids), and a PUBACK deletes the oldest unacknowledged message with
+    its id. So these are acknowledged in this order: a written message waits for the
+    ones ahead of it. Only an id with more than one message has a list: the usual entry
+    of ``MqttSource._unacked`` is the message itself or its :class:`_Unacked` record.
+    """
+
+    __slots__ = ()
+
+
 # A message whose PUBACK is queued or sent but perhaps not received by the broker: the
 # connection its PUBACK was queued on, the QoS 1 messages received on that connection
 # by then, and (topic, payload size, payload hash) to recognise its DUP. A plain tuple:
@@ -206,8 +227,9 @@ class MqttSource:
         self._client: aiomqtt.Client | None = None
         self._generation = 0
         # QoS 1 messages received from the broker and not yet acknowledged, by packet id:
-        # the message itself, or an _Unacked record once its state is more than that.
-        self._unacked: dict[int, Inbound | _Unacked] = {}
+        # the message itself, or an _Unacked record once its state is more than that; a
+        # _Reused list of them, oldest first, while the broker has several under one id.
+        self._unacked: dict[int, Inbound | _Unacked | _Reused] = {}
         # Acknowledged messages whose PUBACK may not have reached the broker, by packet id,
         # in the order acknowledged (see the module docstring).
         # (An OrderedDict: a plain dict's first key is found by scanning the slots that
@@ -264,8 +286,9 @@ class MqttSource:
         After a reconnect the broker resends unacknowledged messages with the same id
         and the DUP flag; :meth:`_redelivered` hands the id to the new connection, so the
         original write is acknowledged there instead of being written a second time.
-        Until that redelivery arrives the ack waits (``written``). The PUBACKs of one
-        call go out in one write.
+        Until that redelivery arrives the ack waits (``written``). A message behind an
+        unacknowledged one with the same packet id waits for it (:class:`_Reused`) and is
+        acknowledged with it. The PUBACKs of one call go out in one write.
         """
         unacked, generation, client = self._unacked, self._generation, self._client
         done, now = 0, []
@@ -277,8 +300,8 @@ class MqttSource:
                 # The usual case, inlined: received on this connection, nothing else.
                 del unacked[message.mid]
                 now.append(message)
-            elif self._ackable(message):
-                now.append(message)
+            else:
+                now += self._ackable(message)
         if now and client is not None:
             paho_hooks.ack_many(client, [message.mid for message in now])
             self._remember(now)
@@ -323,12 +346,60 @@ class MqttSource:
             self._received_on, self._received = generation, 0
         self._received += 1
         if not message.dup:
-            self._acked.pop(mid, None)  # the id is reused: its PUBACK arrived
-            self._fresh_on = generation
+            # The id is reused: its PUBACK arrived, or (a broker that reuses ids still
+            # unacknowledged) it may not have, and a redelivery is written again.
+            self._acked.pop(mid, None)
+            if self._fresh_on != generation:
+                self._resent(generation)
         elif self._redelivered(message) or self._reacked(message, client):
             return False
-        self._unacked[mid] = message
+        if self._unacked.setdefault(mid, message) is not message:
+            self._queue(message)
         return True
+
+    def _resent(self, generation: int) -> None:
+        """The first new message of a connection: the broker has resent what it holds.
+
+        It resends its unacknowledged messages first, in order; one from an earlier
+        connection not resent by now (expired at the broker) never will be, and must
+        not hold back the messages behind it with its packet id.
+        """
+        self._fresh_on = generation
+        self._drop_before(generation)
+
+    def _drop_before(self, generation: int) -> None:
+        """Forget the unacknowledged messages of connections before ``generation``.
+
+        Their readings are written (at least once) but never acknowledged: the broker
+        does not hold them any more (a new session, or not resent on a resumed one).
+        """
+        unacked = self._unacked
+        for mid, entry in list(unacked.items()):
+            if not isinstance(entry, _Reused):
+                if _owner(entry) < generation:
+                    del unacked[mid]
+                continue
+            kept = [e for e in entry if _owner(e) >= generation]
+            if len(kept) < len(entry):
+                entry[:] = kept
+                self._settle(mid, entry)
+                self._ack_ready(mid)
+
+    def _queue(self, message: Inbound) -> None:
+        """Put a message behind the unacknowledged ones with its packet id.
+
+        A new message goes last. A redelivery processed as new (its original was not
+        taken) goes where the broker has it: behind the ones this connection had resent
+        already, ahead of those of earlier connections not resent yet.
+        """
+        mid, generation = message.mid, message.generation
+        entry = self._unacked[mid]
+        entries = entry if isinstance(entry, _Reused) else _Reused((entry,))
+        at = next((i for i, e in enumerate(entries) if _owner(e) < generation), len(entries))
+        entries.insert(at, message)
+        self._unacked[mid] = entries
+        if not message.dup:
+            self._metrics.packet_id_reused.inc()
 
     def _reacked(self, message: Inbound, client: aiomqtt.Client) -> bool:
         """Acknowledge again a DUP of a message already written and acknowledged."""
@@ -347,37 +418,90 @@ class MqttSource:
         paho_hooks.ack(client, message.mid, message.qos)
         self._remember([message])
 
-    def _record(self, mid: int) -> _Unacked | None:
-        """The unacknowledged message with this packet id as a record, to read or change."""
-        entry = self._unacked.get(mid)
-        if entry is None or isinstance(entry, _Unacked):
+    def _record(self, mid: int, at: int, entry: Inbound | _Unacked) -> _Unacked:
+        """The unacknowledged ``entry`` (``at`` in its id's list) as a record, to change."""
+        if isinstance(entry, _Unacked):
             return entry
-        record = self._unacked[mid] = _Unacked(entry, entry.generation)
+        record = _Unacked(entry, entry.generation)
+        held = self._unacked[mid]
+        if isinstance(held, _Reused):
+            held[at] = record
+        else:
+            self._unacked[mid] = record
         return record
 
-    def _ackable(self, message: Inbound) -> bool:
-        """Forget a written QoS 1 message if the current connection may ack it now."""
-        entry = self._record(message.mid)
-        if entry is None or entry.message is not message:
-            return False  # superseded: the session was lost and the id reused
-        if entry.owner != self._generation or self._client is None:
-            entry.written = True
-            return False
-        del self._unacked[message.mid]
-        return True
+    def _ackable(self, message: Inbound) -> list[Inbound]:
+        """Mark a QoS 1 message written; forget and return those to acknowledge now.
+
+        That is it, if the current connection may acknowledge it and it is the oldest
+        with its packet id, and the written ones behind it.
+        """
+        mid = message.mid
+        held = self._unacked.get(mid)
+        entries = held if isinstance(held, _Reused) else () if held is None else (held,)
+        for at, entry in enumerate(entries):
+            if _message_of(entry) is message:
+                self._record(mid, at, entry).written = True
+                return self._ready(mid)
+        return []  # forgotten: the session was lost, or the broker did not resend it
+
+    def _ready(self, mid: int) -> list[Inbound]:
+        """Forget and return the written messages at the head of this packet id's list.
+
+        Those the current connection may acknowledge: none until it has connected.
+        """
+        held = self._unacked.get(mid)
+        if held is None or self._client is None:
+            return []
+        generation = self._generation
+        if not isinstance(held, _Reused):
+            if isinstance(held, _Unacked) and held.written and held.owner == generation:
+                del self._unacked[mid]
+                return [held.message]
+            return []
+        ready = []
+        while held and _done(held[0], generation):
+            ready.append(_message_of(held.pop(0)))
+        self._settle(mid, held)
+        return ready
+
+    def _settle(self, mid: int, held: _Reused) -> None:
+        """Store a packet id's shortened list as the usual entry once one is left."""
+        if len(held) > 1:
+            return
+        if held:
+            self._unacked[mid] = held[0]
+        else:
+            del self._unacked[mid]
 
     def _redelivered(self, message: Inbound) -> bool:
-        """Adopt a DUP redelivery of a message already in the pipeline; True if adopted."""
-        entry = self._record(message.mid)
-        if (entry is None or not self._taken(entry.message)
-                or entry.message.topic != message.topic
-                or entry.message.payload != message.payload):
+        """Adopt a DUP redelivery of a message already in the pipeline; True if adopted.
+
+        Of the messages with its packet id, the oldest that this connection has not
+        adopted yet and that matches; those of earlier connections ahead of it were not
+        resent (the broker resends in order), so no longer hold it back.
+        """
+        mid, generation = message.mid, message.generation
+        held = self._unacked.get(mid)
+        entries = held if isinstance(held, _Reused) else () if held is None else (held,)
+        at = next((i for i, entry in enumerate(entries)
+                   if _owner(entry) != generation and self._resends(_message_of(entry), message)),
+                  -1)
+        if at < 0:
             return False  # not in the pipeline: process the redelivery as a new message
-        entry.owner = message.generation
-        if entry.written and self._client is not None:
-            self._ack_adopted(self._client, message.mid)
+        record = self._record(mid, at, entries[at])
+        record.owner = generation
+        if isinstance(held, _Reused) and at:
+            held[:at] = [e for e in held[:at] if _owner(e) >= generation]
+            self._settle(mid, held)
         self._metrics.redeliveries_adopted.inc()
+        self._ack_ready(mid)
         return True
+
+    def _resends(self, original: Inbound, message: Inbound) -> bool:
+        """Whether a DUP ``message`` is a redelivery of ``original``, which is in the pipeline."""
+        return (original.topic == message.topic and original.payload == message.payload
+                and self._taken(original))
 
     def _taken(self, message: Inbound) -> bool:
         """Whether the pipeline took this (unacknowledged) message.
@@ -392,12 +516,16 @@ class MqttSource:
             return True
         return message is not inbox.current and all(m is not message for m in inbox.messages)
 
-    def _ack_adopted(self, client: aiomqtt.Client, mid: int) -> None:
-        """Acknowledge an adopted redelivery whose original write has finished."""
-        message = _message_of(self._unacked.pop(mid))
-        paho_hooks.ack(client, mid, message.qos)
-        self._remember([message])
-        self._metrics.messages_acked.inc()
+    def _ack_ready(self, mid: int) -> None:
+        """Acknowledge the written messages with this packet id that may be, now.
+
+        An adopted redelivery, or those a message no longer held back (see :meth:`_ready`).
+        """
+        messages = self._ready(mid)
+        if messages and self._client is not None:
+            paho_hooks.ack_many(self._client, [message.mid for message in messages])
+            self._remember(messages)
+            self._metrics.messages_acked.inc(len(messages))
 
     def stop_consuming(self) -> None:
         """Stop taking messages but keep the connection so acks can still go out."""
@@ -543,8 +671,7 @@ class MqttSource:
             # Without the old session no redelivery will come: earlier entries can never
             # be acknowledged (their readings are still written, at least once).
             if not present:
-                for mid in [m for m, e in self._unacked.items() if _owner(e) < generation]:
-                    del self._unacked[mid]
+                self._drop_before(generation)
                 self._acked.clear()  # a new session: nothing will be resent
 
         def on_lost() -> None:
@@ -559,10 +686,8 @@ class MqttSource:
         self._client = client
         # Redeliveries adopted before this point (they arrive right after CONNACK) whose
         # write had already finished: acknowledge them now.
-        for mid, entry in list(self._unacked.items()):
-            if (isinstance(entry, _Unacked) and entry.owner == self._generation
-                    and entry.written):
-                self._ack_adopted(client, mid)
+        for mid in list(self._unacked):
+            self._ack_ready(mid)
         reacks, self._reacks = self._reacks, []
         for message in reacks:
             if message.generation == self._generation:
@@ -669,10 +794,22 @@ class MqttSource:
                 self._carried.append(message)
 
     def _forget(self, message: Inbound) -> None:
-        """Forget an unacknowledged message the pipeline did not take."""
-        entry = self._unacked.get(message.mid)
-        if entry is not None and _message_of(entry) is message:
-            del self._unacked[message.mid]
+        """Forget an unacknowledged message the pipeline did not take.
+
+        With the ones behind it under its packet id: acknowledging one of them would
+        make the broker delete this one (the oldest), and they came later, so were not
+        taken either (or, from an earlier connection, are written again when resent).
+        """
+        mid = message.mid
+        held = self._unacked.get(mid)
+        if isinstance(held, _Reused):
+            for at, entry in enumerate(held):
+                if _message_of(entry) is message:
+                    del held[at:]
+                    self._settle(mid, held)
+                    return
+        elif held is not None and _message_of(held) is message:
+            del self._unacked[mid]
 
     async def _consume(self, inbox: _Inbox, sink: Callable[[Inbound], Awaitable[bool]],
                        take_now: TakeNow = _not_now) -> None:
@@ -700,6 +837,11 @@ class MqttSource:
 def _owner(entry: Inbound | _Unacked) -> int:
     """The connection that may acknowledge an unacknowledged message."""
     return entry.owner if isinstance(entry, _Unacked) else entry.generation
+
+
+def _done(entry: Inbound | _Unacked, generation: int) -> bool:
+    """Whether an unacknowledged message is written and connection ``generation`` owns it."""
+    return isinstance(entry, _Unacked) and entry.written and entry.owner == generation
 
 
 def _message_of(entry: Inbound | _Unacked) -> Inbound:

@@ -134,3 +134,153 @@ async def test_a_message_the_pipeline_refuses_is_forgotten_and_its_dup_offered_a
     second.receive(packet(7, dup=True))
     assert [(m.mid, m.dup) for m in second.inbox.messages] == [(7, True)]
     assert source._metrics.redeliveries_adopted._value.get() == 0
+
+
+# mosquitto numbers a queued message when it queues it, so draining a backlog of more than
+# 65,535 messages it sends new messages under packet ids still unacknowledged; a PUBACK
+# deletes its oldest unacknowledged message with that id (db__message_delete_outgoing).
+
+
+def reading(mid: int, payload: bytes, dup: bool = False) -> bytes:
+    return publish_packet("t/s1/readings", payload, mid, 1, dup=dup)
+
+
+def puback(*mids: int) -> bytes:
+    return b"".join(bytes((0x40, 2)) + mid.to_bytes(2) for mid in mids)
+
+
+async def test_two_new_messages_under_one_packet_id_are_both_acknowledged_in_order() -> None:
+    """The broker sends a second message (not DUP) under a packet id whose first is not
+    acknowledged yet: both are written and both PUBACKs go out, the older first, in one
+    write; another id in between is not held back. The reuse is counted."""
+    metrics = Metrics("timeseries")
+    source = MqttSource(Settings(max_inflight_messages=100), metrics, Health())
+    offered: list[Inbound] = []
+    connection = Connection(source)
+    consume = asyncio.create_task(source._consume(connection.inbox,
+                                                  lambda m: _take(offered, m)))
+    try:
+        connection.receive(reading(5, b"1"), reading(6, b"2"), reading(5, b"3"))
+        await until(lambda: len(offered) == 3)
+        assert source.ack_all(offered) == 3
+        assert connection.pubacks == [puback(5, 6, 5)]
+        assert metrics.packet_id_reused._value.get() == 1
+        assert source._unacked == {}
+    finally:
+        consume.cancel()
+
+
+async def test_the_newer_message_of_a_packet_id_waits_for_the_older_to_be_written() -> None:
+    """Written first, the newer of two messages under one packet id is not acknowledged
+    (its PUBACK would make the broker forget the older, unwritten one); the older's write
+    sends both PUBACKs."""
+    source = MqttSource(Settings(max_inflight_messages=100), Metrics("timeseries"), Health())
+    offered: list[Inbound] = []
+    connection = Connection(source)
+    consume = asyncio.create_task(source._consume(connection.inbox,
+                                                  lambda m: _take(offered, m)))
+    try:
+        connection.receive(reading(5, b"older"), reading(5, b"newer"))
+        await until(lambda: len(offered) == 2)
+        older, newer = offered
+        assert source.ack_all([newer]) == 0
+        assert connection.pubacks == []
+        assert source.ack_all([older]) == 2
+        assert connection.pubacks == [puback(5, 5)]
+        assert source._unacked == {}
+    finally:
+        consume.cancel()
+
+
+async def test_both_messages_of_a_packet_id_redelivered_after_a_reconnect_are_adopted() -> None:
+    """Two messages under one packet id are in the pipeline when the connection ends, the
+    newer already written. The broker resends both with DUP, in order: each is adopted by
+    its write (not written again), and the PUBACKs go out on the new connection in order,
+    the newer's once the older is written."""
+    metrics = Metrics("timeseries")
+    source = MqttSource(Settings(max_inflight_messages=100), metrics, Health())
+    offered: list[Inbound] = []
+    first = Connection(source)
+    consume = asyncio.create_task(source._consume(first.inbox, lambda m: _take(offered, m)))
+    first.receive(reading(5, b"older"), reading(5, b"newer"))
+    await until(lambda: len(offered) == 2)
+    older, newer = offered
+    consume.cancel()
+    source._disconnected()
+    source._close(first.inbox)
+    assert source.ack_all([newer]) == 0  # written while disconnected
+
+    second = Connection(source)
+    offered.clear()
+    consume = asyncio.create_task(source._consume(second.inbox, lambda m: _take(offered, m)))
+    try:
+        second.receive(reading(5, b"older", dup=True), reading(5, b"newer", dup=True))
+        assert (list(second.inbox.messages), offered) == ([], [])  # nothing written again
+        assert metrics.redeliveries_adopted._value.get() == 2
+        assert second.pubacks == []
+        assert source.ack_all([older]) == 2
+        assert second.pubacks == [puback(5, 5)]
+        assert first.pubacks == []
+        assert source._unacked == {}
+    finally:
+        consume.cancel()
+
+
+async def test_a_redelivery_adopts_the_second_message_of_its_packet_id() -> None:
+    """A sensor sends the same reading twice and the broker numbers both with one packet
+    id. After a reconnect both come again with DUP: the first DUP adopts the first
+    message, the second DUP (matching both) the second; both writes are acknowledged."""
+    metrics = Metrics("timeseries")
+    source = MqttSource(Settings(max_inflight_messages=100), metrics, Health())
+    offered: list[Inbound] = []
+    first = Connection(source)
+    consume = asyncio.create_task(source._consume(first.inbox, lambda m: _take(offered, m)))
+    first.receive(reading(5, b"same"), reading(5, b"same"))
+    await until(lambda: len(offered) == 2)
+    taken = offered[:]
+    consume.cancel()
+    source._disconnected()
+    source._close(first.inbox)
+
+    second = Connection(source)
+    offered.clear()
+    consume = asyncio.create_task(source._consume(second.inbox, lambda m: _take(offered, m)))
+    try:
+        second.receive(reading(5, b"same", dup=True), reading(5, b"same", dup=True))
+        assert (list(second.inbox.messages), offered) == ([], [])  # nothing written again
+        assert metrics.redeliveries_adopted._value.get() == 2
+        assert source.ack_all(taken) == 2
+        assert second.pubacks == [puback(5, 5)]
+        assert source._unacked == {}
+    finally:
+        consume.cancel()
+
+
+async def test_a_message_the_broker_does_not_resend_no_longer_holds_back_its_packet_id() -> None:
+    """Of two messages under one packet id in the pipeline at a reconnect, the broker
+    resends only the second (the first expired there): the DUP adopts the second, whose
+    write is then acknowledged without waiting for the first; a new message under the id
+    queues behind it, and the first's write is not acknowledged (nothing holds it)."""
+    source = MqttSource(Settings(max_inflight_messages=100), Metrics("timeseries"), Health())
+    offered: list[Inbound] = []
+    first = Connection(source)
+    consume = asyncio.create_task(source._consume(first.inbox, lambda m: _take(offered, m)))
+    first.receive(reading(5, b"expired"), reading(5, b"kept"))
+    await until(lambda: len(offered) == 2)
+    expired, kept = offered
+    consume.cancel()
+    source._disconnected()
+    source._close(first.inbox)
+
+    second = Connection(source)
+    offered.clear()
+    consume = asyncio.create_task(source._consume(second.inbox, lambda m: _take(offered, m)))
+    try:
+        second.receive(reading(5, b"kept", dup=True), reading(5, b"new"))
+        await until(lambda: len(offered) == 1)
+        assert source.ack_all([*offered, expired]) == 0  # the new one waits for "kept"
+        assert source.ack_all([kept]) == 2
+        assert second.pubacks == [puback(5, 5)]
+        assert source._unacked == {}
+    finally:
+        consume.cancel()
