@@ -243,7 +243,7 @@ cdef inline void _le32(char *at, uint32_t v) noexcept:
 
 
 cdef inline void _le64(char *at, uint64_t v) noexcept:
-    _le32(at, <uint32_t>(v & 0xFFFFFFFF))
+    _le32(at, <uint32_t>v)  # the low 32 bits (C's conversion to unsigned)
     _le32(at + 4, <uint32_t>(v >> 32))
 
 
@@ -305,7 +305,7 @@ cdef int _value(Buf *b, const char *name, Py_ssize_t size, object value) except 
         if -2147483648 <= number <= 2147483647:
             _name(b, T_INT32, name, size)
             _grow(b, 4)
-            _le32(b.data + b.len, <uint32_t>(<int64_t>number & 0xFFFFFFFF))
+            _le32(b.data + b.len, <uint32_t>number)
             b.len += 4
         else:
             _name(b, T_INT64, name, size)
