@@ -3,7 +3,9 @@
 Decodes ``bench.e2e``'s backlog (1,000 sensors, 1 or 100 readings a message) into one
 batch of readings and times, in one process and interleaved, what the writer does to it
 before the driver sees it: :meth:`TimeseriesWriter.plan` (sort, documents with their ids,
-each sensor's run of times) and its two steps, and ``held_bytes`` of each message. The
+each sensor's run of times) and its two steps, the plan and the BSON encoding of its
+documents (the driver's encoder: the Python twin's dicts, the compiled twin's bytes), and
+``held_bytes`` of each message. The
 garbage collector is set as the daemon sets it. Prints the best of ``--rounds`` per
 reading, and each compiled time as a ratio of the Python one.
 
@@ -19,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import bson
 
 from bench.e2e import backlog
 from ingest.devices.decode import Arrivals, Limits, decode
@@ -76,6 +80,10 @@ def run(per_message: int, count: int, rounds: int) -> None:
             return writer.plan(batch)
         return call
 
+    def encoded(plan: Callable[[], Any]) -> Callable[[], object]:
+        encode = bson.encode
+        return lambda: [encode(doc) for doc in plan().ops]
+
     def held(fn: Callable[..., int]) -> Callable[[], object]:
         return lambda: [fn(message, readings, []) for message, readings in taken]
 
@@ -87,6 +95,9 @@ def run(per_message: int, count: int, rounds: int) -> None:
                               lambda: twin.sorted_readings(batch)),
         "  batch_documents": (lambda: timeseries.batch_documents_py(ordered, prefix, start),
                               lambda: twin.batch_documents(ordered, prefix, start)),
+        "plan + BSON encoding": (
+            encoded(plan_with(timeseries.sorted_readings_py, timeseries.batch_documents_py)),
+            encoded(plan_with(twin.sorted_readings, twin.batch_documents))),
         "held_bytes": (held(stages.held_bytes_py), held(stages_twin.held_bytes)),
     }
     print(f"{per_message} reading(s) a message, {len(batch):,} readings "

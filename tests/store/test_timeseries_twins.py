@@ -2,9 +2,13 @@
 
 ``batch_documents`` (a batch's documents, each sensor's run of times, whether two
 readings of a sensor share a millisecond) and ``reading_document`` run on the same
-generated readings, hostile ones included, must give identical results: equal dicts
-with the same key order, value types and ``meta`` objects shared the same way, the same
-BSON bytes, and the same exception (type and text) where one raises.
+generated readings, hostile ones included, must give identical results. The compiled
+``batch_documents`` writes a document's BSON bytes itself (a ``RawBSONDocument``): they
+must be the bytes pymongo's encoder writes for the Python twin's dict, and it must do so
+for every document of the shapes it claims (``written_as_bytes``); any other document is
+the Python twin's dict (same key order, value types, ``meta`` objects shared the same
+way), which the driver then encodes or refuses alike. Where one twin raises, the other
+raises the same exception (type and text).
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import bson
 import pytest
+from bson.codec_options import CodecOptions
+from bson.errors import InvalidDocument
 from bson.objectid import ObjectId
+from bson.raw_bson import RawBSONDocument
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +39,10 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 T0 = 1_790_000_000_000  # ms
+# What the daemon's client encodes with (ingest.pipeline.app): tz_aware, no type registry.
+CLIENT_OPTIONS: CodecOptions[Any] = CodecOptions(tz_aware=True)
+# A document's own fields: a value of that name overwrites one (see the compiled twin).
+OWN = {"_id", "ts", "meta", "seq", "units", "info"}
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +67,14 @@ odd_sensors = st.sampled_from([5, None, math.nan, ("t",), b"s1", "s\udc80"])
 names = st.one_of(
     st.sampled_from(["temp", "hum", "co2", "a", "Z_1", "v-2", "é", "😀", "B"]),
     st.sampled_from(["ts", "_id", "meta", "seq", "units", "info"]),  # what the decoders refuse
+    st.sampled_from(["a\x00b", "x\ud800", "sensor_id"]),  # a NUL, a lone surrogate
     st.text(max_size=3))
+edges = [0, 1, 1.0, -0.0, math.inf, -math.inf, math.nan, None, 2**31 - 1, 2**31, -(2**31),
+         -(2**31) - 1, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, "", "a\x00b", "x\ud800",
+         "é😀", [1, [2]], {"x": 1}, b"x", ObjectId(bytes(12))]
 scalars = st.one_of(
     st.integers(-(2**70), 2**70), st.floats(), st.booleans(), st.text(max_size=6),
-    st.sampled_from([0, 1, 1.0, -0.0, math.inf, None, [1, [2]], {"x": 1}]))
+    st.sampled_from(edges))
 
 
 @st.composite
@@ -167,7 +182,7 @@ def outcome(fn: Any, *args: Any) -> tuple[Any, ...]:
 
 def encoded(doc: dict[str, Any]) -> bytes | tuple[type, str]:
     try:
-        return bson.encode(doc)
+        return bson.encode(doc, codec_options=CLIENT_OPTIONS)
     except Exception as exc:  # noqa: BLE001 - the same refusal from both
         return type(exc), str(exc)
 
@@ -178,6 +193,31 @@ def sharing(docs: list[dict[str, Any]]) -> list[int]:
     return [first.setdefault(id(doc["meta"]), i) for i, doc in enumerate(docs)]
 
 
+def written_as_bytes(reading: Any, doc: dict[str, Any]) -> bool:
+    """Whether the compiled twin must write ``doc`` (the Python twin's) as bytes.
+
+    Its rule: an exact ``Reading`` whose document the driver encodes, whose leaves are
+    bool, int, float, str or None, no value named as a document field; with tags, units
+    or info, also no ``when``, at most 32 values and tags, units, info each (exact dicts)
+    and no tag named ``sensor_id``.
+    """
+    if (type(reading) is not Reading or len(reading) != len(Reading._fields)
+            or not isinstance(encoded(doc), bytes) or type(reading.values) is not dict
+            or any(name in OWN for name in reading.values)):
+        return False
+    if reading.tags or reading.units is not None or reading.info is not None:
+        parts = [reading.values, reading.tags or {}, reading.units or {}, reading.info or {}]
+        if (reading.when is not None or any(type(p) is not dict or len(p) > 32 for p in parts)
+                or "sensor_id" in parts[1]):
+            return False
+    elif type(doc["ts"].ms) is not int:
+        return False
+    leaves = [*doc["meta"].values(), *doc.get("units", {}).values(),
+              *doc.get("info", {}).values(),
+              *(v for k, v in doc.items() if k not in {"_id", "ts", "meta", "units", "info"})]
+    return all(type(v) in {bool, int, float, str, type(None)} for v in leaves)
+
+
 def check_batch(twin: ModuleType, readings: list[Any], prefix: bytes, start: int) -> None:
     expected = outcome(ts_mod.batch_documents_py, readings, prefix, start)
     got = outcome(twin.batch_documents, readings, prefix, start)
@@ -185,10 +225,19 @@ def check_batch(twin: ModuleType, readings: list[Any], prefix: bytes, start: int
         assert got == expected
         return
     (docs, runs, collided), (cdocs, cruns, ccollided) = expected[1], got[1]
-    assert same(cdocs, docs)
+    assert len(cdocs) == len(docs)
+    for cdoc, doc, reading in zip(cdocs, docs, readings, strict=True):
+        if written_as_bytes(reading, doc):
+            assert type(cdoc) is RawBSONDocument
+            assert cdoc.raw == bson.encode(doc, codec_options=CLIENT_OPTIONS)
+            # read as the lookup before an insert reads a document
+            assert ts_mod._doc_instant(cdoc) == ts_mod._doc_instant(doc)
+        else:
+            assert same(cdoc, doc)
+    dicts = [i for i, cdoc in enumerate(cdocs) if type(cdoc) is dict]
+    assert sharing([cdocs[i] for i in dicts]) == sharing([docs[i] for i in dicts])
     assert same(cruns, runs)
     assert ccollided is collided
-    assert sharing(cdocs) == sharing(docs)
     assert [encoded(d) for d in cdocs] == [encoded(d) for d in docs]
     assert [encoded({"t": t}) for _, times in cruns for t in times] == [
         encoded({"t": t}) for _, times in runs for t in times]
@@ -206,6 +255,81 @@ def test_sorted_batches_give_identical_documents_and_runs(
 def test_batches_in_any_order_give_identical_documents_and_runs(
         twin: ModuleType, readings: list[Any], first: tuple[bytes, int]) -> None:
     check_batch(twin, readings, *first)
+
+
+clean_names = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"),
+                      min_size=1, max_size=8).filter(lambda name: name not in OWN)
+decoded_values = st.one_of(
+    st.integers(-(2**63), 2**63 - 1), st.floats(), st.booleans(), st.text(max_size=8),
+    st.sampled_from([2**31 - 1, 2**31, -(2**31), -(2**31) - 1, -0.0, math.nan, "é😀\x00"]))
+
+
+@st.composite
+def decoded(draw: st.DrawFn) -> Reading:
+    """A reading as the decoders make it: the default decoder's, or a mapping rule's."""
+    sensor = draw(st.text(min_size=1, max_size=8))
+    ms = draw(st.one_of(st.integers(T0 - 5, T0 + 5),
+                        st.integers(-62_135_596_800_000, 253_402_300_799_999)))
+    values = draw(st.dictionaries(clean_names, decoded_values, min_size=1, max_size=8))
+    seq = draw(st.none() | st.integers(0, 2**63 - 1))
+    if draw(st.booleans()):
+        return Reading(sensor, None, ms / 1000, values, seq, ms)
+    labels = st.dictionaries(clean_names, st.text(max_size=6), max_size=4)
+    tags = draw(labels.map(lambda tags: {k: v for k, v in tags.items() if k != "sensor_id"}))
+    units = draw(st.none() | labels)
+    info = draw(st.none() | labels)
+    return Reading(sensor, None, ms / 1000, values, seq, ms, tags, units, info)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(decoded(), max_size=20), st.binary(min_size=9, max_size=9),
+       st.integers(0, 0xFFFFFF))
+def test_readings_of_the_decoders_become_the_bytes_of_the_python_twins_documents(
+        twin: ModuleType, readings: list[Reading], prefix: bytes, start: int) -> None:
+    readings = ts_mod.sorted_readings_py(readings)
+    docs, runs, collided = ts_mod.batch_documents_py(readings, prefix, start)
+    cdocs, cruns, ccollided = twin.batch_documents(readings, prefix, start)
+    assert all(type(doc) is RawBSONDocument for doc in cdocs)
+    assert [doc.raw for doc in cdocs] == [
+        bson.encode(doc, codec_options=CLIENT_OPTIONS) for doc in docs]
+    assert same(cruns, runs)
+    assert ccollided is collided
+
+
+def test_a_document_the_driver_refuses_is_the_python_twins_dict_refused_alike(
+        twin: ModuleType) -> None:
+    hostile: list[tuple[dict[str, Any], type[Exception]]] = [
+        ({"v": 2**63}, OverflowError), ({"v": -(2**63) - 1}, OverflowError),
+        ({"v": "x\ud800"}, UnicodeEncodeError), ({"a\x00b": 1.0}, InvalidDocument),
+        ({"v": object()}, InvalidDocument)]
+    for values, error in hostile:
+        for tags in (None, {"room": "k"}):
+            reading = Reading("s", None, T0 / 1000, values, None, T0, tags)
+            py_doc = ts_mod.batch_documents_py([reading], bytes(9), 0)[0][0]
+            doc = twin.batch_documents([reading], bytes(9), 0)[0][0]
+            assert same(doc, py_doc)
+            with pytest.raises(error) as raised:
+                bson.encode(doc, codec_options=CLIENT_OPTIONS)
+            assert encoded(py_doc) == (error, str(raised.value))
+
+
+def test_a_document_written_as_bytes_reads_as_the_python_twins(twin: ModuleType) -> None:
+    reading = Reading("s1", None, T0 / 1000, {"temp": 21.5, "on": True, "n": 7, "text": "é"}, 3,
+                      T0, {"room": "k"}, {"temp": "Cel"}, {"model": "x"})
+    py_doc = ts_mod.batch_documents_py([reading], bytes(9), 0)[0][0]
+    doc = twin.batch_documents([reading], bytes(9), 0)[0][0]
+    assert type(doc) is RawBSONDocument
+    assert list(doc) == list(py_doc) == ["_id", "ts", "meta", "seq", "units", "info", "n",
+                                         "on", "temp", "text"]
+    assert doc["_id"] == py_doc["_id"]
+    assert doc["ts"] == py_doc["ts"] == reading.ts
+    assert doc["ts"].tzinfo is UTC
+    assert dict(doc["meta"]) == py_doc["meta"] == {"sensor_id": "s1", "room": "k"}
+    assert [(k, type(v), v) for k, v in doc.items() if k not in {"_id", "ts", "meta", "units",
+                                                                  "info"}] == [
+        (k, type(v), v) for k, v in py_doc.items() if k not in {"_id", "ts", "meta", "units",
+                                                                 "info"}]
+    assert ts_mod._doc_instant(doc) == ts_mod._doc_instant(py_doc)
 
 
 @settings(max_examples=150, deadline=None)
@@ -283,7 +407,7 @@ def test_a_plan_is_the_same_with_either_twin(twin: ModuleType, readings: list[An
         assert plans[1] == plans[0]
         return
     py, compiled_plan = plans[0][1], plans[1][1]
-    assert same(compiled_plan.ops, py.ops)
+    assert [encoded(d) for d in compiled_plan.ops] == [encoded(d) for d in py.ops]
     assert same(compiled_plan.lookup, py.lookup)
     assert list(compiled_plan.groups) == list(py.groups)
     assert compiled_plan.deferred == py.deferred

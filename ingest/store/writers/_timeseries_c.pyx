@@ -3,16 +3,26 @@
 ``batch_documents_py``), ``reading_document`` (``reading_document_py``) and
 ``sorted_readings`` (``sorted_readings_py``).
 
-The same documents (dicts, key order, value types, ``meta`` shared by a sensor's
-documents), the same ``_id`` bytes for the same prefix and counter, the same runs and the
-same exceptions. Readings that are exactly ``Reading`` are read by index; anything else
-through its attributes, as the Python twin does. Values dicts whose names are all exactly
-``str`` are ordered here; any other names take the Python twin's steps.
+``batch_documents`` gives each document as a ``bson.raw_bson.RawBSONDocument`` (with
+:data:`RAW_OPTIONS`) whose bytes it writes itself: the bytes pymongo's encoder writes for
+the Python twin's dict (``_id``, ``ts`` as a date, ``meta``, ``seq``, ``units``, ``info``,
+the values in name order; bool, int32 when it fits else int64, double, string, null), so
+the driver copies them instead of walking a dict per reading. A document holding
+anything else (another type, an int beyond int64, a string that is not UTF-8, a name
+with a NUL byte or one of the document's own fields, a ``Reading`` subclass, a ``when``)
+is the Python twin's dict, built by its steps: the driver then encodes or refuses it as
+it does the Python twin's. The same ``_id`` bytes for the same prefix and counter, the
+same runs and the same exceptions. Readings that are exactly ``Reading`` are read by
+index; anything else through its attributes, as the Python twin does. Values dicts whose
+names are all exactly ``str`` are ordered here; any other names take the Python twin's
+steps. ``reading_document`` gives the Python twin's dict.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_Next, PyDict_SetItem, PyDict_Size, PyDict_Update
+from cpython.dict cimport PyDict_GetItem, PyDict_Next, PyDict_SetItem, PyDict_Size, PyDict_Update
+from cpython.exc cimport PyErr_Clear, PyErr_ExceptionMatches
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.list cimport PyList_GET_ITEM, PyList_GetSlice, PyList_New, PyList_SET_ITEM, PyList_Sort
 from cpython.ref cimport Py_INCREF
 from cpython.object cimport (
@@ -25,12 +35,16 @@ from cpython.object cimport (
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_CheckExact, PyUnicode_Compare
 from libc.math cimport isnan
-from libc.stdlib cimport free, malloc, qsort
-from libc.string cimport memcpy
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, qsort, realloc
+from libc.string cimport memchr, memcpy
 
+from datetime import UTC
 from operator import attrgetter
 
+from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.objectid import ObjectId
+from bson.raw_bson import RawBSONDocument
 
 from ingest.model import Reading
 from ingest.store.writers.bucket import BsonDate, ts_key
@@ -89,6 +103,7 @@ cdef Py_ssize_t MS = Reading._fields.index("ms")
 cdef Py_ssize_t TAGS = Reading._fields.index("tags")
 cdef Py_ssize_t UNITS = Reading._fields.index("units")
 cdef Py_ssize_t INFO = Reading._fields.index("info")
+cdef Py_ssize_t FIELDS = len(Reading._fields)
 
 cdef enum:
     # Most names of one reading sorted on the stack (more: the Python twin's steps).
@@ -157,6 +172,349 @@ cdef object _sorted_names(tuple names):
         return result
 
 
+# --- BSON bytes of a document (see the module docstring) -------------------------------
+
+cdef extern from "Python.h":
+    # Declared here without Cython's exception check: a failure (a lone surrogate) is
+    # cleared and the document is the Python twin's dict.
+    const char *_utf8_of "PyUnicode_AsUTF8AndSize"(object text, Py_ssize_t *size)
+
+# What the CodecOptions of the documents decode to when read (the lookup before an
+# insert reads ``meta`` and ``ts``): aware UTC datetimes, or DatetimeMS beyond their range.
+RAW_OPTIONS = CodecOptions(document_class=RawBSONDocument, tz_aware=True, tzinfo=UTC,
+                           datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+cdef object _RAW_OPTIONS = RAW_OPTIONS
+cdef object _RawBSONDocument = RawBSONDocument
+cdef Py_ssize_t _RAW_SLOT = _slot(RawBSONDocument, "_RawBSONDocument__raw")
+cdef Py_ssize_t _INFLATED_SLOT = _slot(RawBSONDocument, "_RawBSONDocument__inflated_doc")
+cdef Py_ssize_t _OPTIONS_SLOT = _slot(RawBSONDocument, "_RawBSONDocument__codec_options")
+cdef bint _RAW_BY_SLOTS = _RAW_SLOT > 0 and _INFLATED_SLOT > 0 and _OPTIONS_SLOT > 0
+
+# The instants a Python datetime holds (years 1 to 9999), in milliseconds: a Reading's
+# ``ts`` beyond them raises OverflowError in both twins.
+cdef int64_t _MIN_DATETIME_MS = -62_135_596_800_000
+cdef int64_t _MAX_DATETIME_MS = 253_402_300_799_999
+
+cdef enum:
+    # what writing a part of a document gives: done, or the document is the dict's
+    WRITTEN = 0
+    AS_DICT = 1
+    # BSON element types
+    T_DOUBLE = 0x01
+    T_STRING = 0x02
+    T_DOCUMENT = 0x03
+    T_OBJECT_ID = 0x07
+    T_BOOL = 0x08
+    T_DATE = 0x09
+    T_NULL = 0x0A
+    T_INT32 = 0x10
+    T_INT64 = 0x12
+
+
+cdef struct Buf:
+    char *data
+    Py_ssize_t len
+    Py_ssize_t cap
+
+
+cdef int _grow(Buf *b, Py_ssize_t extra) except -1:
+    """Room for ``extra`` more bytes."""
+    cdef Py_ssize_t cap
+    cdef char *data
+    if extra <= b.cap - b.len:
+        return 0
+    if extra > 0x7FFFFFFF:  # beyond any BSON document: never written (see _finish)
+        raise MemoryError()
+    cap = b.cap * 2 if b.cap else 512
+    while cap - b.len < extra:
+        cap *= 2
+    data = <char *>realloc(b.data, cap)
+    if data == NULL:
+        raise MemoryError()
+    b.data, b.cap = data, cap
+    return 0
+
+
+cdef inline void _le32(char *at, uint32_t v) noexcept:
+    at[0] = <char>(v & 0xFF)
+    at[1] = <char>((v >> 8) & 0xFF)
+    at[2] = <char>((v >> 16) & 0xFF)
+    at[3] = <char>((v >> 24) & 0xFF)
+
+
+cdef inline void _le64(char *at, uint64_t v) noexcept:
+    _le32(at, <uint32_t>v)  # the low 32 bits (C's conversion to unsigned)
+    _le32(at + 4, <uint32_t>(v >> 32))
+
+
+cdef int _name(Buf *b, int kind, const char *name, Py_ssize_t size) except -1:
+    """An element's type byte and name (``size`` bytes, no NUL among them)."""
+    _grow(b, size + 2)
+    b.data[b.len] = <char>kind
+    memcpy(b.data + b.len + 1, name, size)
+    b.data[b.len + 1 + size] = 0
+    b.len += size + 2
+    return 0
+
+
+cdef int _text(object text, const char **out, Py_ssize_t *size) except -1:
+    """``text``'s UTF-8 bytes, or AS_DICT when it is not exactly ``str`` or not UTF-8."""
+    cdef const char *data
+    if not PyUnicode_CheckExact(text):
+        return AS_DICT
+    data = _utf8_of(text, size)
+    if data == NULL:
+        if not PyErr_ExceptionMatches(UnicodeEncodeError):
+            return -1  # MemoryError: raised
+        PyErr_Clear()
+        return AS_DICT
+    out[0] = data
+    return WRITTEN
+
+
+# The document's own fields: a value or tag of that name overwrites it in the dict.
+cdef frozenset _OWN = frozenset({"_id", "ts", "meta", "seq", "units", "info"})
+
+
+cdef int _key(object key, const char **out, Py_ssize_t *size, frozenset own) except -1:
+    """A field name's UTF-8 bytes, or AS_DICT (not str or UTF-8, a NUL, in ``own``)."""
+    if _text(key, out, size) == AS_DICT:
+        return AS_DICT
+    if memchr(out[0], 0, size[0]) != NULL or (own is not None and key in own):
+        return AS_DICT
+    return WRITTEN
+
+
+cdef int _value(Buf *b, const char *name, Py_ssize_t size, object value) except -1:
+    """One element as pymongo's encoder writes it, or AS_DICT for another type."""
+    cdef long long number
+    cdef int overflow = 0
+    cdef double real
+    cdef uint64_t bits
+    cdef const char *data
+    cdef Py_ssize_t length
+    if value is True or value is False:
+        _name(b, T_BOOL, name, size)
+        _grow(b, 1)
+        b.data[b.len] = 1 if value is True else 0
+        b.len += 1
+    elif PyLong_CheckExact(value):
+        number = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if overflow:  # beyond int64: the driver's OverflowError, from the dict
+            return AS_DICT
+        if -2147483648 <= number <= 2147483647:
+            _name(b, T_INT32, name, size)
+            _grow(b, 4)
+            _le32(b.data + b.len, <uint32_t>number)
+            b.len += 4
+        else:
+            _name(b, T_INT64, name, size)
+            _grow(b, 8)
+            _le64(b.data + b.len, <uint64_t>number)
+            b.len += 8
+    elif PyFloat_CheckExact(value):
+        real = PyFloat_AS_DOUBLE(value)
+        memcpy(&bits, &real, 8)  # the double's bits as they are: NaN's and -0.0's too
+        _name(b, T_DOUBLE, name, size)
+        _grow(b, 8)
+        _le64(b.data + b.len, bits)
+        b.len += 8
+    elif value is None:
+        _name(b, T_NULL, name, size)
+    else:
+        if _text(value, &data, &length) == AS_DICT or length >= 0x7FFFFFFF:
+            return AS_DICT
+        _name(b, T_STRING, name, size)
+        _grow(b, length + 5)
+        _le32(b.data + b.len, <uint32_t>(length + 1))
+        memcpy(b.data + b.len + 4, data, length)
+        b.data[b.len + 4 + length] = 0
+        b.len += length + 5
+    return WRITTEN
+
+
+cdef int _field_of(Buf *b, object key, object value, frozenset own) except -1:
+    """``key: value`` (see _key and _value)."""
+    cdef const char *name
+    cdef Py_ssize_t size
+    if _key(key, &name, &size, own) == AS_DICT:
+        return AS_DICT
+    return _value(b, name, size, value)
+
+
+cdef Py_ssize_t _in_order(object mapping, PyObject **names, PyObject **items
+                          ) except -2:
+    """An exact dict's items (at most MAX_NAMES, names exactly str) sorted by name into
+    ``names``/``items`` (borrowed: ``mapping`` is not changed meanwhile); their count,
+    or -1 for anything else."""
+    cdef Py_ssize_t j = 0, k, count = 0
+    cdef PyObject *key
+    cdef PyObject *value
+    if type(mapping) is not dict or PyDict_Size(mapping) > MAX_NAMES:
+        return -1
+    while PyDict_Next(mapping, &j, &key, &value):
+        if not PyUnicode_CheckExact(<object>key):
+            return -1
+        k = count
+        while k > 0 and PyUnicode_Compare(<object>names[k - 1], <object>key) > 0:
+            names[k] = names[k - 1]
+            items[k] = items[k - 1]
+            k -= 1
+        names[k] = key
+        items[k] = value
+        count += 1
+    return count
+
+
+cdef int _fields(Buf *b, PyObject **names, PyObject **items, Py_ssize_t count,
+                 frozenset own) except -1:
+    cdef Py_ssize_t k
+    for k in range(count):
+        if _field_of(b, <object>names[k], <object>items[k], own) == AS_DICT:
+            return AS_DICT
+    return WRITTEN
+
+
+cdef int _sub_document(Buf *b, const char *name, Py_ssize_t size, object mapping,
+                       bint meta, object sensor) except -1:
+    """``name: dict(sorted(mapping.items()))`` (a ``meta``: ``sensor`` first), or AS_DICT."""
+    cdef PyObject *names[MAX_NAMES]
+    cdef PyObject *items[MAX_NAMES]
+    cdef Py_ssize_t count = 0, begin
+    if mapping is not None:
+        count = _in_order(mapping, names, items)
+        if count < 0:
+            return AS_DICT
+    _name(b, T_DOCUMENT, name, size)
+    begin = b.len
+    _grow(b, 4)
+    b.len += 4
+    if meta and _value(b, b"sensor_id", 9, sensor) == AS_DICT:
+        return AS_DICT
+    if _fields(b, names, items, count, _SENSOR_ID if meta else None) == AS_DICT:
+        return AS_DICT
+    _grow(b, 1)
+    b.data[b.len] = 0
+    b.len += 1
+    _le32(b.data + begin, <uint32_t>(b.len - begin))
+    return WRITTEN
+
+
+cdef frozenset _SENSOR_ID = frozenset({"sensor_id"})
+
+
+cdef int _head(Buf *b, const char *oid, object ms) except -1:
+    """A document's length (set by _finish), ``_id`` and ``ts`` (``ms``, exactly int)."""
+    cdef long long stamp
+    cdef int overflow = 0
+    if not PyLong_CheckExact(ms):
+        return AS_DICT
+    stamp = PyLong_AsLongLongAndOverflow(ms, &overflow)
+    if overflow:
+        return AS_DICT
+    b.len = 0
+    _grow(b, 4)
+    b.len = 4
+    _name(b, T_OBJECT_ID, b"_id", 3)
+    _grow(b, 12)
+    memcpy(b.data + b.len, oid, 12)
+    b.len += 12
+    _name(b, T_DATE, b"ts", 2)
+    _grow(b, 8)
+    _le64(b.data + b.len, <uint64_t>stamp)
+    b.len += 8
+    return WRITTEN
+
+
+cdef object _finish(Buf *b):
+    """The document written: its length set, as a RawBSONDocument (None: too long)."""
+    _grow(b, 1)
+    b.data[b.len] = 0
+    b.len += 1
+    if b.len > 0x7FFFFFFF:
+        return None
+    _le32(b.data, <uint32_t>b.len)
+    raw = PyBytes_FromStringAndSize(b.data, b.len)
+    if not _RAW_BY_SLOTS:
+        return _RawBSONDocument(raw, _RAW_OPTIONS)
+    doc = tsc_new(_RawBSONDocument, _NO_ARGS)
+    tsc_set_slot(doc, _RAW_SLOT, raw)
+    tsc_set_slot(doc, _INFLATED_SLOT, None)
+    tsc_set_slot(doc, _OPTIONS_SLOT, _RAW_OPTIONS)
+    return doc
+
+
+cdef object _plain_raw(Buf *b, const char *oid, object ms, object meta, object seq,
+                       object values, PyObject **names, PyObject **items, Py_ssize_t count,
+                       object order):
+    """The bytes of the Python twin's dict for a reading without tags, units or info
+    (``meta``: the dict it shares; the values: sorted in ``names``/``items`` when
+    ``count`` > 0, else in ``order`` or already in order), or None for its dict."""
+    cdef PyObject *value
+    cdef PyObject *key
+    cdef Py_ssize_t j = 0
+    if _head(b, oid, ms) == AS_DICT:
+        return None
+    if type(meta) is not dict or PyDict_Size(meta) != 1:
+        return None
+    value = PyDict_GetItem(meta, "sensor_id")
+    if value == NULL or _sub_document(b, b"meta", 4, None, True, <object>value) == AS_DICT:
+        return None
+    if seq is not None and _value(b, b"seq", 3, seq) == AS_DICT:
+        return None
+    if count > 0:
+        if _fields(b, names, items, count, _OWN) == AS_DICT:
+            return None
+    elif type(values) is not dict:
+        return None
+    elif order is None:
+        while PyDict_Next(values, &j, &key, &value):
+            if _field_of(b, <object>key, <object>value, _OWN) == AS_DICT:
+                return None
+    else:
+        for name in order:
+            value = PyDict_GetItem(values, name)
+            if value == NULL or _field_of(b, name, <object>value, _OWN) == AS_DICT:
+                return None
+    return _finish(b)
+
+
+cdef object _mapped_raw(Buf *b, const char *oid, object reading):
+    """The bytes of ``{"_id": oid, **reading_document(reading)}`` for a ``Reading``
+    with tags, units or info, or None for that dict (see the module docstring)."""
+    cdef PyObject *names[MAX_NAMES]
+    cdef PyObject *items[MAX_NAMES]
+    cdef Py_ssize_t count
+    if type(reading) is not _Reading or PyTuple_GET_SIZE(reading) != FIELDS:
+        return None
+    ms = <object>PyTuple_GET_ITEM(reading, MS)
+    tags = <object>PyTuple_GET_ITEM(reading, TAGS)
+    units = <object>PyTuple_GET_ITEM(reading, UNITS)
+    info = <object>PyTuple_GET_ITEM(reading, INFO)
+    seq = <object>PyTuple_GET_ITEM(reading, SEQ)
+    # ts: the datetime of ``ms`` (a ``when`` is encoded by the driver, from the dict)
+    if (<object>PyTuple_GET_ITEM(reading, WHEN) is not None or not PyLong_CheckExact(ms)
+            or not _MIN_DATETIME_MS <= ms <= _MAX_DATETIME_MS):
+        return None
+    if tags is not None and type(tags) is not dict:
+        return None
+    if _head(b, oid, ms) == AS_DICT:
+        return None
+    if _sub_document(b, b"meta", 4, tags if tags else None, True,
+                     <object>PyTuple_GET_ITEM(reading, SENSOR_ID)) == AS_DICT:
+        return None
+    if seq is not None and _value(b, b"seq", 3, seq) == AS_DICT:
+        return None
+    if units is not None and _sub_document(b, b"units", 5, units, False, None) == AS_DICT:
+        return None
+    if info is not None and _sub_document(b, b"info", 4, info, False, None) == AS_DICT:
+        return None
+    count = _in_order(<object>PyTuple_GET_ITEM(reading, VALUES), names, items)
+    if count < 0 or _fields(b, names, items, count, _OWN) == AS_DICT:
+        return None
+    return _finish(b)
+
+
 cdef dict _reading_document(object reading):
     cdef dict meta = {"sensor_id": _field(reading, SENSOR_ID, "sensor_id")}
     if _field(reading, TAGS, "tags"):  # in name order: a meta field order is part of the series
@@ -182,10 +540,88 @@ def reading_document(reading):
     return _reading_document(reading)
 
 
+cdef object _document(Buf *b, const char *oid_bytes, object reading, object date, object ms,
+                      dict metas):
+    """Reading ``reading``'s document (see batch_documents): its bytes, or its dict."""
+    cdef PyObject *key
+    cdef PyObject *value
+    cdef PyObject *names[MAX_NAMES]
+    cdef PyObject *items[MAX_NAMES]
+    cdef Py_ssize_t j, k, count
+    cdef bint fast
+    cdef dict doc
+
+    if (_field(reading, TAGS, "tags") or _field(reading, UNITS, "units") is not None
+            or _field(reading, INFO, "info") is not None):
+        made = _mapped_raw(b, oid_bytes, reading)
+        if made is not None:
+            return made
+        doc = {"_id": _object_id(oid_bytes)}
+        PyDict_Update(doc, _reading_document(reading))
+        return doc
+
+    sensor = _field(reading, SENSOR_ID, "sensor_id")
+    meta = metas.get(sensor)
+    if meta is None:
+        meta = {"sensor_id": sensor}
+        metas[sensor] = meta
+
+    values = _field(reading, VALUES, "values")
+    # The names in name order, with their values: sorted here when they are all
+    # exactly str (at most MAX_NAMES), else by the Python twin's steps.
+    fast = type(values) is dict and PyDict_Size(values) <= MAX_NAMES
+    count = 0
+    if fast:
+        j = 0
+        while PyDict_Next(values, &j, &key, &value):
+            if not PyUnicode_CheckExact(<object>key):
+                fast = False
+                break
+            k = count
+            while k > 0 and PyUnicode_Compare(<object>names[k - 1], <object>key) > 0:
+                names[k] = names[k - 1]
+                items[k] = items[k - 1]
+                k -= 1
+            names[k] = key
+            items[k] = value
+            count += 1
+    order = None
+    if not fast:
+        count = 0
+        order = _sorted_names(tuple(values))
+
+    seq = _field(reading, SEQ, "seq")
+    if type(reading) is _Reading:
+        made = _plain_raw(b, oid_bytes, ms, meta, seq, values, names, items, count, order)
+        if made is not None:
+            return made
+    doc = tsc_dict(4 + count)
+    doc["_id"] = _object_id(oid_bytes)
+    doc["ts"] = date
+    doc["meta"] = meta
+    if seq is not None:
+        doc["seq"] = seq
+    if fast:  # values is not changed meanwhile: borrowed names and values stay alive
+        for k in range(count):
+            PyDict_SetItem(doc, <object>names[k], <object>items[k])
+    elif order is None:
+        _dict_update(doc, values)
+    else:
+        for name in order:
+            doc[name] = values[name]
+    return doc
+
+
+cdef object _object_id(const char *oid_bytes):
+    """An ObjectId of these 12 bytes."""
+    return _new_with(_ObjectId, _ID_SLOT, "_ObjectId__id",
+                     PyBytes_FromStringAndSize(oid_bytes, 12))
+
+
 def batch_documents(readings, prefix, start):
     """The documents of ``readings`` (sorted by sensor and time), each sensor's run of
     times and whether two of one sensor share a millisecond (see batch_documents_py)."""
-    cdef Py_ssize_t n = len(readings), i, j, k, begin
+    cdef Py_ssize_t n = len(readings), i, k, begin
     if type(prefix) is not bytes or type(start) is not int:
         raise TypeError(f"an ObjectId prefix and counter are bytes and int, not "
                         f"{type(prefix).__name__} and {type(start).__name__}")
@@ -194,18 +630,11 @@ def batch_documents(readings, prefix, start):
     cdef list rows = readings if type(readings) is list else list(readings)
     cdef unsigned long counter = start & 0xFFFFFF
     cdef list dates = [], stamps = [], docs = [], runs = []
-    cdef dict metas = {}, doc
-    cdef object reading, ms, oid, sensor, meta, values, seq, order, prev_sensor = None
-    cdef object prev_meta = None
-    cdef bytes raw
-    cdef char *buf
-    cdef PyObject *key
-    cdef PyObject *value
-    cdef PyObject *last
-    cdef bint fast
-    cdef Py_ssize_t count
-    cdef PyObject *names[MAX_NAMES]
-    cdef PyObject *items[MAX_NAMES]
+    cdef dict metas = {}
+    cdef object reading, ms, sensor
+    cdef char oid_bytes[12]
+    cdef Buf b
+    b.data, b.len, b.cap = NULL, 0, 0
 
     for i in range(n):  # the times first, as bson_dates
         reading = rows[i]
@@ -215,74 +644,17 @@ def batch_documents(readings, prefix, start):
         stamps.append(ms)
         dates.append(_new_with(_BsonDate, _MS_SLOT, "ms", ms))
 
-    for i in range(n):
-        reading = rows[i]
-        raw = PyBytes_FromStringAndSize(NULL, 12)
-        buf = PyBytes_AS_STRING(raw)
-        memcpy(buf, PyBytes_AS_STRING(prefix), 9)
-        buf[9] = <char>((counter >> 16) & 0xFF)
-        buf[10] = <char>((counter >> 8) & 0xFF)
-        buf[11] = <char>(counter & 0xFF)
-        counter = (counter + 1) & 0xFFFFFF
-        oid = _new_with(_ObjectId, _ID_SLOT, "_ObjectId__id", raw)
-
-        if (_field(reading, TAGS, "tags") or _field(reading, UNITS, "units") is not None
-                or _field(reading, INFO, "info") is not None):
-            doc = {"_id": oid}
-            PyDict_Update(doc, _reading_document(reading))
-            docs.append(doc)
-            continue
-
-        sensor = _field(reading, SENSOR_ID, "sensor_id")
-        if prev_meta is not None and sensor is prev_sensor:
-            meta = prev_meta
-        else:
-            meta = metas.get(sensor)
-            if meta is None:
-                meta = {"sensor_id": sensor}
-                metas[sensor] = meta
-            prev_sensor, prev_meta = sensor, meta
-
-        values = _field(reading, VALUES, "values")
-        # The names in name order, with their values: sorted here when they are all
-        # exactly str (at most MAX_NAMES), else by the Python twin's steps.
-        fast = type(values) is dict and PyDict_Size(values) <= MAX_NAMES
-        count = 0
-        if fast:
-            j = 0
-            while PyDict_Next(values, &j, &key, &value):
-                if not PyUnicode_CheckExact(<object>key):
-                    fast = False
-                    break
-                k = count
-                while k > 0 and PyUnicode_Compare(<object>names[k - 1], <object>key) > 0:
-                    names[k] = names[k - 1]
-                    items[k] = items[k - 1]
-                    k -= 1
-                names[k] = key
-                items[k] = value
-                count += 1
-        order = None
-        if not fast:
-            count = 0
-            order = _sorted_names(tuple(values))
-
-        seq = _field(reading, SEQ, "seq")
-        doc = tsc_dict(4 + count)
-        doc["_id"] = oid
-        doc["ts"] = <object>PyList_GET_ITEM(dates, i)
-        doc["meta"] = meta
-        if seq is not None:
-            doc["seq"] = seq
-        if fast:  # values is not changed meanwhile: borrowed names and values stay alive
-            for k in range(count):
-                PyDict_SetItem(doc, <object>names[k], <object>items[k])
-        elif order is None:
-            _dict_update(doc, values)
-        else:
-            for name in order:
-                doc[name] = values[name]
-        docs.append(doc)
+    try:
+        memcpy(oid_bytes, PyBytes_AS_STRING(prefix), 9)
+        for i in range(n):
+            oid_bytes[9] = <char>((counter >> 16) & 0xFF)
+            oid_bytes[10] = <char>((counter >> 8) & 0xFF)
+            oid_bytes[11] = <char>(counter & 0xFF)
+            counter = (counter + 1) & 0xFFFFFF
+            docs.append(_document(&b, oid_bytes, rows[i], <object>PyList_GET_ITEM(dates, i),
+                                  <object>PyList_GET_ITEM(stamps, i), metas))
+    finally:
+        free(b.data)
 
     # Each sensor's run of times (as itertools.groupby), and whether two neighbours of a
     # run share a millisecond (compared as operator.eq does: no identity shortcut).

@@ -51,6 +51,8 @@ from ingest.store.writers.instants import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from pymongo.asynchronous.collection import AsyncCollection
 
     from ingest.model import Reading
@@ -148,6 +150,10 @@ def batch_documents_py(readings: list[Reading], prefix: bytes, start: int
     list, one ``meta`` object is shared by a sensor's documents (nothing changes them),
     and ``ts`` is a :class:`~ingest.store.writers.bucket.BsonDate`. The ``_id`` is what
     the driver would add; given here, the driver does not make one per document.
+
+    The compiled twin gives a document as a ``RawBSONDocument`` of the bytes the driver
+    would write for this dict, which the driver sends as they are; a document it cannot
+    write byte for byte stays this dict (see ``_timeseries_c``). Either reads as a mapping.
     """
     ids = _ids(prefix, start, len(readings))
     dates = bson_dates(readings)
@@ -417,8 +423,11 @@ def _instant(reading: Reading) -> tuple[str, TagsKey, int]:
     return reading.sensor_id, tags_key(reading.tags), ms_of(reading)
 
 
-def _doc_instant(doc: dict[str, Any]) -> tuple[str, TagsKey, int]:
-    """A time-series document's series and instant (its ``meta`` less the sensor id)."""
+def _doc_instant(doc: Mapping[str, Any]) -> tuple[str, TagsKey, int]:
+    """A time-series document's series and instant (its ``meta`` less the sensor id).
+
+    ``doc``: a dict, or a ``RawBSONDocument`` of the compiled twin (decoded on reading).
+    """
     meta = doc["meta"]
     if len(meta) == 1:
         return meta["sensor_id"], NO_TAGS, ts_key(doc["ts"])
