@@ -6,9 +6,10 @@ connects once, so its persistent session exists; then every message is published
 and each PUBACK is required, so the backlog is known to be at the broker; then the daemon
 starts again, through bench.e2e's relay, and drains it. It is timed as bench.e2e times
 it: from its connect to the moment the broker has processed its last PUBACK, both dated
-by the relay on the broker's side of the socket, so nothing in the daemon takes the time. For
-the daemon against ``mosquitto_sub`` and the write path against a MongoDB sink, use
-bench.e2e.
+by the relay on the broker's side of the socket, so nothing in the daemon takes the time.
+:func:`run_sub` times ``mosquitto_sub`` (C, writing each message to a file) on the same
+backlog with the same clock: the reference no consumer of that stream beats. For the write
+path against a MongoDB sink, use bench.e2e.
 """
 
 from __future__ import annotations
@@ -122,3 +123,31 @@ def run_daemon(broker: Broker, lines: list[bytes], workdir: Path, batch: int,
     messages = list(zip(topics or ["bench/s0/readings"] * len(lines), lines, strict=True))
     seconds, counters = drain(broker, args, workdir, messages)
     return len(lines) / seconds, counters.get("ingest_readings_written_total", 0.0) / seconds
+
+
+def run_sub(broker: Broker, lines: list[bytes], workdir: Path,
+            topics: list[str] | None = None) -> float:
+    """Messages/s of ``mosquitto_sub`` at full speed (bench.e2e's baseline, writing to a
+    file) draining ``lines`` (on ``topics``, default all on one sensor's topic).
+
+    The same backlog as :func:`run_daemon` gives the daemon, preloaded and confirmed the
+    same way, timed by the relay from the client's connect to the broker's processing of
+    its last PUBACK. Raises unless the broker got a PUBACK for every message.
+    """
+    client_id = "bench-sub"
+    e2e.session(broker, client_id, 1, base="#")
+    messages = list(zip(topics or ["bench/s0/readings"] * len(lines), lines, strict=True))
+    preload(broker, messages)
+    run = e2e.Run("mosquitto_sub", 0, 1, 1, len(messages), published=len(messages))
+    relay = e2e.Relay.start(e2e.tools()["mqttrelay"], broker.port, len(messages))
+    try:
+        e2e.measure_sub(run, relay, client_id, workdir, base="#")
+        relay.wait_closed(e2e.CLOSE_TIMEOUT)
+        relay.stop()
+    finally:
+        relay.kill()
+    e2e.settle(run, relay, client_id, 1)
+    if run.pubacks < len(messages) or run.received < len(messages) or run.seconds <= 0:
+        raise RuntimeError(f"mosquitto_sub wrote {run.received} of {len(messages)} messages; "
+                           f"the broker has {run.pubacks} PUBACKs")
+    return len(messages) / run.seconds

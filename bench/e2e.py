@@ -219,9 +219,9 @@ def client_ids(client_id: str, workers: int) -> list[str]:
     return [client_id if k == 0 else f"{client_id}-w{k}" for k in range(workers)]
 
 
-def topic_filter(client_id: str, workers: int) -> str:
-    """The filter as the consumers subscribe it: shared with more than one worker."""
-    return FILTER if workers == 1 else f"$share/{client_id}/{FILTER}"
+def topic_filter(client_id: str, workers: int, base: str = FILTER) -> str:
+    """The filter ``base`` as the consumers subscribe it: shared with more than one worker."""
+    return base if workers == 1 else f"$share/{client_id}/{base}"
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -237,12 +237,13 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def session(broker: Broker, client_id: str, qos: int, workers: int = 1) -> None:
-    """Create the consumers' persistent sessions, so the backlog queues for them."""
+def session(broker: Broker, client_id: str, qos: int, workers: int = 1,
+            base: str = FILTER) -> None:
+    """Create the consumers' persistent sessions (on ``base``), so the backlog queues for them."""
     for worker in client_ids(client_id, workers):
         subprocess.run(["mosquitto_sub", "-p", str(broker.port), "-V", "5", "-i", worker,
                         "-c", "-x", "3600", "-q", str(qos), "-t",
-                        topic_filter(client_id, workers), "-E"], check=True,
+                        topic_filter(client_id, workers, base), "-E"], check=True,
                        capture_output=True, timeout=30)
 
 
@@ -278,12 +279,13 @@ def sub_command(port: int, worker: str, run: Run, topic: str, single: bool) -> l
 
 
 def measure_sub(run: Run, relay: Relay, client_id: str, workdir: Path,
-                workers: int = 1) -> float | None:
+                workers: int = 1, base: str = FILTER) -> float | None:
     """Run mosquitto_sub through the relay until the broker has processed every PUBACK
     (QoS 1), it exits after the last message (QoS 0), or nothing moves for STALL; returns when it
     exited (QoS 0), as the bench saw it.
 
-    With ``workers`` > 1, as many mosquitto_sub on the shared group, each on its session
+    ``base``: the topic filter of the sessions (``session``). With ``workers`` > 1, as
+    many mosquitto_sub on the shared group, each on its session
     (at QoS 0 these have no count of their own: the end is when the broker sent the last
     message). ``received`` is the lines in their files, the client's own count; what the
     rate counts comes from the relay (``settle``).
@@ -293,7 +295,7 @@ def measure_sub(run: Run, relay: Relay, client_id: str, workdir: Path,
     for worker, out in zip(client_ids(client_id, workers), outs, strict=True):
         with out.open("wb") as sink:
             procs.append(subprocess.Popen(sub_command(
-                relay.port, worker, run, topic_filter(client_id, workers), workers == 1),
+                relay.port, worker, run, topic_filter(client_id, workers, base), workers == 1),
                 stdout=sink))
     exits = [os.pidfd_open(proc.pid) for proc in procs]
     started = time.monotonic()

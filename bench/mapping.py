@@ -21,12 +21,16 @@ stream (``--stream``) is one of:
   ``chirpstack`` preset.
 
 The rounds alternate, and the ratio compares readings/s of the streams within the same
-run (the machine may be shared and noisy).
+run (the machine may be shared and noisy). With ``--c-client`` each round also times
+``mosquitto_sub`` at full speed (C, writing each message to a file: bench.e2e's baseline,
+with its clock) on each stream's same backlog, a reference that does not move with the
+daemon: what the broker relaying that stream allows a consumer, and the daemon's share.
 
     .venv/bin/python -m bench.mapping [--messages 50000] [--sensors 1000] [--rounds 2]
     .venv/bin/python -m bench.mapping --stream ttn    # The Things Stack uplinks instead
     .venv/bin/python -m bench.mapping --stream chirpstack    # ChirpStack v4 uplinks
     .venv/bin/python -m bench.mapping --in-process    # decode + plan only, CPU time
+    .venv/bin/python -m bench.mapping --stream ttn --c-client    # and mosquitto_sub on each
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from bench.backlog import payloads, run_daemon
+from bench.backlog import payloads, run_daemon, run_sub
 from ingest.devices.decode import Limits, decode
 from ingest.devices.mapping import Mapping
 from ingest.devices.rules import parse, preset_names
@@ -235,17 +239,22 @@ def in_process(messages: int, sensors: int, rounds: int, stream: str = "zigbee2m
 
 
 def one_run(workdir: Path, lines: list[bytes], batch: int, extra: tuple[str, ...],
-            topics: list[str] | None) -> float:
+            topics: list[str] | None, c_client: bool = False) -> float:
+    """Readings/s of the daemon draining ``lines`` on a fresh broker; with ``c_client``,
+    messages/s of mosquitto_sub instead (the same as readings/s: one reading a message)."""
     broker = Broker(workdir)
     broker.start()
     try:
+        if c_client:
+            return run_sub(broker, lines, workdir, topics)
         _msg_rate, reading_rate = run_daemon(broker, lines, workdir, batch, extra, topics)
     finally:
         broker.stop()
     return reading_rate
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (``argv``: its arguments, default the command line's)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--stream", choices=sorted(STREAMS), default="zigbee2mqtt",
                         help="the device stream compared with the default path")
@@ -256,7 +265,9 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--in-process", action="store_true",
                         help="only decode and plan in this process (CPU time per reading)")
-    args = parser.parse_args()
+    parser.add_argument("--c-client", action="store_true",
+                        help="also time mosquitto_sub at full speed on each stream")
+    args = parser.parse_args(argv)
     stream = args.stream
     if args.in_process:
         best = in_process(args.messages, args.sensors, max(args.rounds, 3), stream)
@@ -272,6 +283,7 @@ def main() -> int:
     make, preset, rule = STREAMS[stream]
     device_lines, device_topics = make(args.messages, args.sensors)
     rates: dict[str, list[float]] = {"default": [], "default_fleet": [], stream: []}
+    clients: dict[str, list[float]] = {name: [] for name in rates}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         _, source = stream_mapping(stream)
@@ -280,36 +292,72 @@ def main() -> int:
         else:
             (workdir / "rule.toml").write_text(rule or "")
             rule_args = ("--mapping", str(workdir / "rule.toml"))
+        runs = {"default": (default_lines, ("--topic", "bench/#"), None),
+                "default_fleet": (default_lines, ("--topic", "bench/#"), fleet_topics),
+                stream: (device_lines, rule_args, device_topics)}
         for _ in range(args.rounds):
-            rates["default"].append(one_run(workdir, default_lines, args.batch_size,
-                                            ("--topic", "bench/#"), None))
-            rates["default_fleet"].append(one_run(workdir, default_lines, args.batch_size,
-                                                  ("--topic", "bench/#"), fleet_topics))
-            rates[stream].append(one_run(workdir, device_lines, args.batch_size,
-                                         rule_args, device_topics))
-    medians = {name: statistics.median(values) for name, values in rates.items()}
-    device = medians[stream]
-    result = {"stream": stream, "messages": args.messages, "sensors": args.sensors,
-              "rounds": args.rounds, "rule": source,
-              "bytes_per_message": round(sum(map(len, device_lines)) / len(device_lines)),
-              **{f"{name}_readings_per_s": [round(r) for r in values]
-                 for name, values in rates.items()},
-              "ratio_to_default": round(device / medians["default"], 3),
-              "ratio_to_default_fleet": round(device / medians["default_fleet"], 3)}
+            for name, (lines, extra, topics) in runs.items():
+                rates[name].append(one_run(workdir, lines, args.batch_size, extra, topics))
+                if args.c_client:
+                    clients[name].append(one_run(workdir, lines, args.batch_size, extra,
+                                                 topics, c_client=True))
+    result = report(args, source, device_lines, rates, clients if args.c_client else None)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    labels = {"default": "default format, one sensor",
-              "default_fleet": f"default format, the same payloads on {args.sensors} sensors",
-              stream: f"{LABELS[stream]} through {source}, {args.sensors} sensors"}
-    print("| stream (1 reading/message) | readings/s, each round | median |\n|---|---|---|")
-    for name, values in rates.items():
-        print(f"| {labels[name]} | {', '.join(f'{r:,.0f}' for r in values)} "
-              f"| {medians[name]:,.0f} |")
-    print(f"\nratio {stream} / default, one sensor: {result['ratio_to_default']:.2f}; "
-          f"/ default, {args.sensors} sensors: {result['ratio_to_default_fleet']:.2f} "
-          f"({result['bytes_per_message']} bytes per {stream} message)")
+    print(table(result, rates, clients if args.c_client else None))
     return 0
+
+
+def report(args: argparse.Namespace, source: str, device_lines: list[bytes],
+           rates: dict[str, list[float]], clients: dict[str, list[float]] | None
+           ) -> dict[str, object]:
+    """The figures of a run: each stream's rates, the ratios of medians within it."""
+    stream = args.stream
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    device = medians[stream]
+    result: dict[str, object] = {
+        "stream": stream, "messages": args.messages, "sensors": args.sensors,
+        "rounds": args.rounds, "rule": source,
+        "bytes_per_message": round(sum(map(len, device_lines)) / len(device_lines)),
+        **{f"{name}_readings_per_s": [round(r) for r in values]
+           for name, values in rates.items()},
+        "ratio_to_default": round(device / medians["default"], 3),
+        "ratio_to_default_fleet": round(device / medians["default_fleet"], 3)}
+    if clients is not None:
+        result["c_client_msgs_per_s"] = {name: [round(r) for r in values]
+                                         for name, values in clients.items()}
+        result["ratio_to_c_client"] = {
+            name: round(medians[name] / statistics.median(values), 3)
+            for name, values in clients.items()}
+    return result
+
+
+def table(result: dict[str, object], rates: dict[str, list[float]],
+          clients: dict[str, list[float]] | None) -> str:
+    """The report as a Markdown table and a line of ratios."""
+    stream, sensors = result["stream"], result["sensors"]
+    labels = {"default": "default format, one sensor",
+              "default_fleet": f"default format, the same payloads on {sensors} sensors",
+              str(stream): f"{LABELS[str(stream)]} through {result['rule']}, {sensors} sensors"}
+    head = "| stream (1 reading/message) | readings/s, each round | median |"
+    rule = "|---|---|---|"
+    if clients is not None:
+        head += " mosquitto_sub msg/s, each round | median | ratio to mosquitto_sub |"
+        rule += "---|---|---|"
+    lines = [head, rule]
+    for name, values in rates.items():
+        row = (f"| {labels[name]} | {', '.join(f'{r:,.0f}' for r in values)} "
+               f"| {statistics.median(values):,.0f} |")
+        if clients is not None:
+            ratios: dict[str, float] = result["ratio_to_c_client"]  # type: ignore[assignment]
+            row += (f" {', '.join(f'{r:,.0f}' for r in clients[name])} "
+                    f"| {statistics.median(clients[name]):,.0f} | {ratios[name]:.2f} |")
+        lines.append(row)
+    lines.append(f"\nratio {stream} / default, one sensor: {result['ratio_to_default']:.2f}; "
+                 f"/ default, {sensors} sensors: {result['ratio_to_default_fleet']:.2f} "
+                 f"({result['bytes_per_message']} bytes per {stream} message)")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

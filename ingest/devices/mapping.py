@@ -319,16 +319,7 @@ class Mapping:
             return Result(rule, Decoded([], []), ignored=True)
         parsed = (stateful.parse(topic, payload, limits) if stateful is not None
                   else _FORMATS[rule.format](payload, rule, matched.captures, limits))
-        out: Decoded = _new(Decoded, ([], parsed.rejections))
-        window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
-        several = len(parsed.items) > 1
-        for position, item in enumerate(parsed.items):
-            index = item.position if item.position is not None else (
-                position if several else None)
-            reading = self._reading(matched, item, received_at, window, out.rejections, index)
-            if reading is not None:
-                out.readings.append(reading)
-        return _new(Result, (rule, out, False))
+        return _new(Result, (rule, readings(self, matched, parsed, received_at, limits), False))
 
     def decode_at(self, topic: str, payload: bytes, ms: int, limits: Limits) -> Result:
         """:meth:`decode` with items that have no time of their own at ``ms`` exactly.
@@ -453,6 +444,28 @@ class Mapping:
 
 _DROP_VALUE = object()
 _new = tuple.__new__  # builds a NamedTuple without its argument handling
+
+
+def readings_py(mapping: Mapping, matched: _Topic, parsed: Parsed, received_at: float,
+                limits: Limits) -> Decoded:
+    """The rule applied to each item a format parsed: readings and rejections in order."""
+    out: Decoded = _new(Decoded, ([], parsed.rejections))
+    window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
+    several = len(parsed.items) > 1
+    for position, item in enumerate(parsed.items):
+        index = item.position if item.position is not None else (
+            position if several else None)
+        reading = mapping._reading(matched, item, received_at, window,  # noqa: SLF001
+                                   out.rejections, index)
+        if reading is not None:
+            out.readings.append(reading)
+    return out
+
+
+# The compiled twin (_mapping_c.pyx) applies the rule itself to an item of the common
+# shape (a time of its own, the topic's sensor id, no units, tags only as info) and calls
+# Mapping._reading for any other.
+readings = accel.pick(readings_py, "ingest.devices._mapping_c", "readings")
 
 
 def values_py(mapping: Mapping, rule: Rule, fields: dict[str, object],

@@ -91,6 +91,9 @@ cdef object _plan_py = None
 cdef Py_ssize_t _fallbacks = 0
 # name -> its four statistics paths, bounded as bucket._STAT_KEYS
 cdef dict _STAT_KEYS = {}
+# key -> "info.<key>", name -> "units.<name>" (the ``$set`` paths of _label), bounded alike
+cdef dict _INFO_KEYS = {}
+cdef dict _UNIT_KEYS = {}
 
 # Epochs handled here: their span's start times 1000 is well within 64 bits.
 DEF EPOCH_LIMIT = 1e14
@@ -208,6 +211,11 @@ cdef object _date(object ms):
     return date
 
 
+cdef inline object _date_ms(object date):
+    """``date.ms`` of a BsonDate made by _date (its slot, always set there)."""
+    return <object>(<PyObject**>((<char*><PyObject*>date) + _ms_offset))[0]
+
+
 cdef inline object _ms_of(object reading):
     """bucket.ms_of: the reading's ms, else its time's whole milliseconds."""
     cdef object ms = _field(reading, MS)
@@ -300,6 +308,20 @@ cdef Py_ssize_t _reading_bytes(object reading) except -1:
     return size + _labels_bytes(_field(reading, UNITS)) + _labels_bytes(_field(reading, INFO))
 
 
+cdef object _label_key(dict known, str prefix, object key):
+    """``prefix + key`` (a str), the same string object for the same key while known."""
+    cdef PyObject *found
+    if not PyUnicode_CheckExact(key):
+        raise _Unsupported()
+    found = PyDict_GetItemWithError(known, key)
+    if found != NULL:
+        return <object>found
+    path = prefix + <str>key
+    if len(known) < 10_000:
+        known[key] = path
+    return path
+
+
 cdef int _label(object reading, dict labels) except -1:
     """bucket._label: the reading's info and units into the ``$set``."""
     cdef Py_ssize_t pos = 0
@@ -311,17 +333,13 @@ cdef int _label(object reading, dict labels) except -1:
         if not PyDict_CheckExact(info):
             raise _Unsupported()
         while PyDict_Next(<dict>info, &pos, &key, &value):
-            if not PyUnicode_CheckExact(<object>key):
-                raise _Unsupported()
-            labels["info." + <str>key] = <object>value
+            labels[_label_key(_INFO_KEYS, "info.", <object>key)] = <object>value
     if units is not None:
         if not PyDict_CheckExact(units):
             raise _Unsupported()
         pos = 0
         while PyDict_Next(<dict>units, &pos, &key, &value):
-            if not PyUnicode_CheckExact(<object>key):
-                raise _Unsupported()
-            labels["units." + <str>key] = <object>value
+            labels[_label_key(_UNIT_KEYS, "units.", <object>key)] = <object>value
     return 0
 
 
@@ -518,6 +536,17 @@ cdef class _Group:
     cdef _Group next  # the sensor's next group, in order of creation
 
 
+cdef object _key_of(dict tags):
+    """instants.tags_key of a non-empty dict: one tag's here, more by the Python function."""
+    cdef Py_ssize_t pos = 0
+    cdef PyObject *key
+    cdef PyObject *value
+    if PyDict_Size(tags) != 1:
+        return _tags_key(tags)
+    PyDict_Next(tags, &pos, &key, &value)
+    return ((<object>key, <object>value),)
+
+
 cdef list _group(list readings, double span):
     """bucket.group_readings, as its groups in order.
 
@@ -557,7 +586,7 @@ cdef list _group(list readings, double span):
         else:
             found = keys.get(id(tags))
             if found is None:
-                found = keys[id(tags)] = _tags_key(tags)
+                found = keys[id(tags)] = _key_of(<dict>tags)
             tags_of = found
         head = PyDict_GetItemWithError(by_sensor, sensor)
         if head == NULL:
@@ -723,9 +752,9 @@ cdef dict _update_for(object sensor_id, object tags, object start, list chunk,
     first = last = <object>PyList_GET_ITEM(dates, 0)
     for i in range(1, n):
         date = <object>PyList_GET_ITEM(dates, i)
-        if PyObject_RichCompareBool(date.ms, first.ms, Py_LT):
+        if PyObject_RichCompareBool(_date_ms(date), _date_ms(first), Py_LT):
             first = date
-        if PyObject_RichCompareBool(date.ms, last.ms, Py_GT):
+        if PyObject_RichCompareBool(_date_ms(date), _date_ms(last), Py_GT):
             last = date
     for i in range(n):
         reading = <object>PyList_GET_ITEM(chunk, i)
