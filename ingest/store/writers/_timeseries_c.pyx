@@ -543,11 +543,9 @@ def reading_document(reading):
 cdef object _document(Buf *b, const char *oid_bytes, object reading, object date, object ms,
                       dict metas):
     """Reading ``reading``'s document (see batch_documents): its bytes, or its dict."""
-    cdef PyObject *key
-    cdef PyObject *value
     cdef PyObject *names[MAX_NAMES]
     cdef PyObject *items[MAX_NAMES]
-    cdef Py_ssize_t j, k, count
+    cdef Py_ssize_t k, count
     cdef bint fast
     cdef dict doc
 
@@ -569,22 +567,8 @@ cdef object _document(Buf *b, const char *oid_bytes, object reading, object date
     values = _field(reading, VALUES, "values")
     # The names in name order, with their values: sorted here when they are all
     # exactly str (at most MAX_NAMES), else by the Python twin's steps.
-    fast = type(values) is dict and PyDict_Size(values) <= MAX_NAMES
-    count = 0
-    if fast:
-        j = 0
-        while PyDict_Next(values, &j, &key, &value):
-            if not PyUnicode_CheckExact(<object>key):
-                fast = False
-                break
-            k = count
-            while k > 0 and PyUnicode_Compare(<object>names[k - 1], <object>key) > 0:
-                names[k] = names[k - 1]
-                items[k] = items[k - 1]
-                k -= 1
-            names[k] = key
-            items[k] = value
-            count += 1
+    count = _in_order(values, names, items)
+    fast = count >= 0
     order = None
     if not fast:
         count = 0
