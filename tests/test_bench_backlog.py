@@ -75,8 +75,10 @@ def test_bench_mapping_reports_each_stream_against_mosquitto_sub_on_the_same_str
         [client] = result["c_client_msgs_per_s"][name]
         assert daemon > 0
         assert client > 0
-        # (the rates above are rounded to whole readings/s, the ratio is not)
-        assert result["ratio_to_c_client"][name] == pytest.approx(daemon / client, rel=0.01)
+        # (the rates above are rounded to whole readings/s, the ratio to three decimals:
+        # a tiny run on a loaded machine can give a ratio of a few hundredths)
+        assert result["ratio_to_c_client"][name] == pytest.approx(daemon / client, rel=0.01,
+                                                                  abs=0.0005)
 
 
 def test_bench_mapping_table_has_the_c_client_columns_only_when_asked() -> None:
