@@ -9,6 +9,7 @@ moments between two connections can be held still and looked at.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import aiomqtt
@@ -19,7 +20,7 @@ from ingest.mqtt.source import MqttSource
 from tests.mqtt.test_paho_contract import KernelSocket, publish_packet
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import AsyncIterator, Callable
 
     from ingest.model import Inbound
 
@@ -149,25 +150,46 @@ def puback(*mids: int) -> bytes:
     return b"".join(bytes((0x40, 2)) + mid.to_bytes(2) for mid in mids)
 
 
+@contextlib.asynccontextmanager
+async def consuming(source: MqttSource, connection: Connection) -> AsyncIterator[list[Inbound]]:
+    """The source's consumer on ``connection``, the pipeline taking every message into
+    the list it yields; cancelled at the end."""
+    offered: list[Inbound] = []
+    consume = asyncio.create_task(source._consume(connection.inbox,
+                                                  lambda m: _take(offered, m)))
+    try:
+        yield offered
+    finally:
+        consume.cancel()
+
+
+async def taken_then_disconnected(source: MqttSource, *packets: bytes
+                                  ) -> tuple[Connection, list[Inbound]]:
+    """A connection that receives ``packets``, whose messages the pipeline takes, and
+    then ends: the connection and the messages taken."""
+    first = Connection(source)
+    async with consuming(source, first) as offered:
+        first.receive(*packets)
+        await until(lambda: len(offered) == len(packets))
+    source._disconnected()
+    source._close(first.inbox)
+    return first, offered
+
+
 async def test_two_new_messages_under_one_packet_id_are_both_acknowledged_in_order() -> None:
     """The broker sends a second message (not DUP) under a packet id whose first is not
     acknowledged yet: both are written and both PUBACKs go out, the older first, in one
     write; another id in between is not held back. The reuse is counted."""
     metrics = Metrics("timeseries")
     source = MqttSource(Settings(max_inflight_messages=100), metrics, Health())
-    offered: list[Inbound] = []
     connection = Connection(source)
-    consume = asyncio.create_task(source._consume(connection.inbox,
-                                                  lambda m: _take(offered, m)))
-    try:
+    async with consuming(source, connection) as offered:
         connection.receive(reading(5, b"1"), reading(6, b"2"), reading(5, b"3"))
         await until(lambda: len(offered) == 3)
         assert source.ack_all(offered) == 3
         assert connection.pubacks == [puback(5, 6, 5)]
         assert metrics.packet_id_reused._value.get() == 1
         assert source._unacked == {}
-    finally:
-        consume.cancel()
 
 
 async def test_the_newer_message_of_a_packet_id_waits_for_the_older_to_be_written() -> None:
@@ -175,11 +197,8 @@ async def test_the_newer_message_of_a_packet_id_waits_for_the_older_to_be_writte
     (its PUBACK would make the broker forget the older, unwritten one); the older's write
     sends both PUBACKs."""
     source = MqttSource(Settings(max_inflight_messages=100), Metrics("timeseries"), Health())
-    offered: list[Inbound] = []
     connection = Connection(source)
-    consume = asyncio.create_task(source._consume(connection.inbox,
-                                                  lambda m: _take(offered, m)))
-    try:
+    async with consuming(source, connection) as offered:
         connection.receive(reading(5, b"older"), reading(5, b"newer"))
         await until(lambda: len(offered) == 2)
         older, newer = offered
@@ -188,8 +207,6 @@ async def test_the_newer_message_of_a_packet_id_waits_for_the_older_to_be_writte
         assert source.ack_all([older]) == 2
         assert connection.pubacks == [puback(5, 5)]
         assert source._unacked == {}
-    finally:
-        consume.cancel()
 
 
 async def test_both_messages_of_a_packet_id_redelivered_after_a_reconnect_are_adopted() -> None:
@@ -199,21 +216,12 @@ async def test_both_messages_of_a_packet_id_redelivered_after_a_reconnect_are_ad
     the newer's once the older is written."""
     metrics = Metrics("timeseries")
     source = MqttSource(Settings(max_inflight_messages=100), metrics, Health())
-    offered: list[Inbound] = []
-    first = Connection(source)
-    consume = asyncio.create_task(source._consume(first.inbox, lambda m: _take(offered, m)))
-    first.receive(reading(5, b"older"), reading(5, b"newer"))
-    await until(lambda: len(offered) == 2)
-    older, newer = offered
-    consume.cancel()
-    source._disconnected()
-    source._close(first.inbox)
+    first, (older, newer) = await taken_then_disconnected(
+        source, reading(5, b"older"), reading(5, b"newer"))
     assert source.ack_all([newer]) == 0  # written while disconnected
 
     second = Connection(source)
-    offered.clear()
-    consume = asyncio.create_task(source._consume(second.inbox, lambda m: _take(offered, m)))
-    try:
+    async with consuming(source, second) as offered:
         second.receive(reading(5, b"older", dup=True), reading(5, b"newer", dup=True))
         assert (list(second.inbox.messages), offered) == ([], [])  # nothing written again
         assert metrics.redeliveries_adopted._value.get() == 2
@@ -222,8 +230,6 @@ async def test_both_messages_of_a_packet_id_redelivered_after_a_reconnect_are_ad
         assert second.pubacks == [puback(5, 5)]
         assert first.pubacks == []
         assert source._unacked == {}
-    finally:
-        consume.cancel()
 
 
 async def test_a_redelivery_adopts_the_second_message_of_its_packet_id() -> None:
@@ -232,28 +238,17 @@ async def test_a_redelivery_adopts_the_second_message_of_its_packet_id() -> None
     message, the second DUP (matching both) the second; both writes are acknowledged."""
     metrics = Metrics("timeseries")
     source = MqttSource(Settings(max_inflight_messages=100), metrics, Health())
-    offered: list[Inbound] = []
-    first = Connection(source)
-    consume = asyncio.create_task(source._consume(first.inbox, lambda m: _take(offered, m)))
-    first.receive(reading(5, b"same"), reading(5, b"same"))
-    await until(lambda: len(offered) == 2)
-    taken = offered[:]
-    consume.cancel()
-    source._disconnected()
-    source._close(first.inbox)
+    _, taken = await taken_then_disconnected(source, reading(5, b"same"),
+                                             reading(5, b"same"))
 
     second = Connection(source)
-    offered.clear()
-    consume = asyncio.create_task(source._consume(second.inbox, lambda m: _take(offered, m)))
-    try:
+    async with consuming(source, second) as offered:
         second.receive(reading(5, b"same", dup=True), reading(5, b"same", dup=True))
         assert (list(second.inbox.messages), offered) == ([], [])  # nothing written again
         assert metrics.redeliveries_adopted._value.get() == 2
         assert source.ack_all(taken) == 2
         assert second.pubacks == [puback(5, 5)]
         assert source._unacked == {}
-    finally:
-        consume.cancel()
 
 
 async def test_a_message_the_broker_does_not_resend_no_longer_holds_back_its_packet_id() -> None:
@@ -262,25 +257,14 @@ async def test_a_message_the_broker_does_not_resend_no_longer_holds_back_its_pac
     write is then acknowledged without waiting for the first; a new message under the id
     queues behind it, and the first's write is not acknowledged (nothing holds it)."""
     source = MqttSource(Settings(max_inflight_messages=100), Metrics("timeseries"), Health())
-    offered: list[Inbound] = []
-    first = Connection(source)
-    consume = asyncio.create_task(source._consume(first.inbox, lambda m: _take(offered, m)))
-    first.receive(reading(5, b"expired"), reading(5, b"kept"))
-    await until(lambda: len(offered) == 2)
-    expired, kept = offered
-    consume.cancel()
-    source._disconnected()
-    source._close(first.inbox)
+    _, (expired, kept) = await taken_then_disconnected(
+        source, reading(5, b"expired"), reading(5, b"kept"))
 
     second = Connection(source)
-    offered.clear()
-    consume = asyncio.create_task(source._consume(second.inbox, lambda m: _take(offered, m)))
-    try:
+    async with consuming(source, second) as offered:
         second.receive(reading(5, b"kept", dup=True), reading(5, b"new"))
         await until(lambda: len(offered) == 1)
         assert source.ack_all([*offered, expired]) == 0  # the new one waits for "kept"
         assert source.ack_all([kept]) == 2
         assert second.pubacks == [puback(5, 5)]
         assert source._unacked == {}
-    finally:
-        consume.cancel()
