@@ -137,7 +137,7 @@ def test_values_are_reproducible_from_the_seed_and_rounded_to_milli_units() -> N
     assert len(set(temps)) > 100  # noise, not a constant
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(seed=st.integers(0, 2**31), index=st.integers(0, 10**6), first=st.integers(0, 10**7),
        count=st.integers(1, 5), step_ms=st.integers(1, 60_000))
 def test_what_the_daemon_decodes_is_what_verify_expects(

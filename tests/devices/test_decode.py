@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ingest.devices.decode import (
@@ -578,13 +578,13 @@ def assert_well_formed(out: Decoded, limits: Limits = LIMITS) -> None:
 topics = st.sampled_from(["sensors/abc/readings", "sensors", "sensors/", ""]) | st.text(max_size=40)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(payload=st.binary(max_size=512), topic=topics)
 def test_decode_never_raises_on_arbitrary_bytes(payload: bytes, topic: str) -> None:
     assert_well_formed(decode(topic, payload, NOW, LIMITS))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(prefix=st.sampled_from([b"{", b"[", b'{"t":', b'[{"ts":', b'{"readings":[']),
        body=st.binary(max_size=64), topic=topics)
 def test_decode_never_raises_on_almost_json_bytes(prefix: bytes, body: bytes, topic: str) -> None:
@@ -609,7 +609,7 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300)
 @given(value=JSON, topic=topics)
 def test_decode_never_raises_on_arbitrary_json(value: object, topic: str) -> None:
     assert_well_formed(decode(topic, orjson.dumps(value), NOW, LIMITS))
@@ -647,7 +647,7 @@ READINGS = st.builds(
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200)
 @given(data=st.data())
 def test_valid_readings_round_trip(data: st.DataObject) -> None:
     shape = data.draw(st.sampled_from(["single", "array", "envelope"]), label="shape")
@@ -690,7 +690,7 @@ def test_valid_readings_round_trip(data: st.DataObject) -> None:
     assert_well_formed(out)
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=2000)
 @given(st.floats(NOW - 86400, NOW + 500) | st.integers(int(NOW) - 86400, int(NOW)).map(
     lambda s: s + 0.9999995) | st.integers(0, 864_000_000).map(lambda k: NOW - 86400 + k / 1e4))
 def test_the_millisecond_key_is_the_stored_timestamp(epoch: float) -> None:

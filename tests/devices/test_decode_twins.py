@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ingest.devices import decode as decoding
@@ -210,7 +210,7 @@ STATES = st.none() | st.tuples(
 # --------------------------------------------------------------------------- properties
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400)
 @given(topic=TOPICS, payload=payloads(), received_at=RECEIVED, limits=LIMITS,
        sensor=st.none() | SENSORS, state=STATES)
 def test_the_twins_agree_on_any_message(topic: str, payload: bytes, received_at: float,
@@ -219,7 +219,7 @@ def test_the_twins_agree_on_any_message(topic: str, payload: bytes, received_at:
     agree(topic, payload, received_at, limits, sensor, state)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(doc=documents(), state=STATES)
 @example(doc=[{"t": 1}, {"t": 2}, {"ts": 5, "t": 3}], state=(0, 1, {}))
 def test_the_twins_agree_on_the_daemon_s_arguments(
@@ -227,7 +227,7 @@ def test_the_twins_agree_on_the_daemon_s_arguments(
     agree(TOPIC, serialised(doc), NOW, Limits(), None, state)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 @given(st.floats(allow_nan=False) | st.integers(-(2**64), 2**64)
        | st.integers(int(NOW) - 86400, int(NOW)).map(lambda s: s + 0.9999995)
        | st.integers(-(10**12), 10**12).map(lambda k: k / 1e4 + 0.00000049)

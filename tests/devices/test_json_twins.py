@@ -77,7 +77,7 @@ CAPTURES = {"ttn-up": {"application": "app1@ttn", "sensor_id": "dev1"},
             "gateway": {"gw": "gw1"}, "inner": {"sensor_id": "s1"},
             "outer-time": {"sensor_id": "s1"}}
 LIMITS = (Limits(), Limits(max_readings=2), Limits(max_readings=0))
-SETTINGS = settings(max_examples=300, deadline=None,
+SETTINGS = settings(max_examples=300,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

@@ -90,7 +90,7 @@ root = "up.data"
 field = "at"
 """
 MAPPING = Mapping(parse(RULES, "fuzz"))
-SETTINGS = settings(max_examples=300, deadline=None,
+SETTINGS = settings(max_examples=300,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

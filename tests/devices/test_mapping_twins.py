@@ -118,7 +118,7 @@ def both(rules_text: str, topic: str, parsed_of: Any, limits: Limits) -> None:
         assert list((a.info or {}).items()) == list((b.info or {}).items())
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=600)
 @given(st.sampled_from(RULES), st.sampled_from(TOPICS), st.lists(an_item(), max_size=3),
        st.sampled_from([Limits(), Limits(max_past_seconds=1, max_future_seconds=1)]))
 def test_the_twins_agree_on_items_of_every_shape(rules_text: str, topic: str,
@@ -139,7 +139,7 @@ UPLINK = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(st.sampled_from(RULES[:6]), st.sampled_from(TOPICS[:2] + TOPICS[4:]),
        UPLINK | st.lists(UPLINK, max_size=3))
 def test_the_twins_agree_on_parsed_uplinks(rules_text: str, topic: str, doc: object) -> None:

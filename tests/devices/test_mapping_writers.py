@@ -97,7 +97,7 @@ mixed = st.one_of(st.booleans(), st.integers(-1000, 1000),
                   st.floats(-1e6, 1e6, allow_nan=False), st.text(max_size=8))
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=15, suppress_health_check=[HealthCheck.too_slow,
                                                                    HealthCheck.function_scoped_fixture])
 @given(batches=st.lists(st.lists(st.dictionaries(st.sampled_from(["a", "b"]), mixed,
                                                  min_size=1), min_size=1, max_size=6),

@@ -356,7 +356,7 @@ def _dumpable(doc: object) -> bool:
     return True
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=150,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(preset=st.sampled_from(PRESETS), index=st.integers(0, 40), level=_HOSTILE_LEVEL,
        payload=_HOSTILE_PAYLOAD)

@@ -315,7 +315,7 @@ VALID = [enc.nbirth([TEMP, RUN, Metric("c", 3, T0, enc.INT8, -1)], 0, T0),
                       Metric(alias=3, timestamp=T0, datatype=enc.INT8, value=2)], T0, 1)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(kind=st.sampled_from(["NBIRTH", "NDATA", "NDEATH", "DBIRTH", "DDATA", "DDEATH"]),
        base=st.sampled_from(VALID), cut=st.integers(0, 200),
        flips=st.lists(st.tuples(st.integers(0, 199), st.integers(0, 255)), max_size=4),
@@ -398,7 +398,7 @@ def test_a_switch_between_one_and_several_workers_unsubscribes_the_split_filters
     assert not set(several.other_subscriptions) & set(several.subscriptions)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(stamp=st.integers(0, 2**64 - 1), rest=st.binary(max_size=32))
 def test_a_refused_payloads_timestamp_is_read_when_it_comes_first(stamp, rest):
     payload = enc.payload([], stamp) + rest

@@ -150,7 +150,7 @@ async def test_a_packet_completed_by_parsers_hundredth_read_is_handled_at_once()
             assert not hooked.sock.queue
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @example(sizes=[92], segment=1, cuts=[])  # a body of exactly 100 one-byte reads
 @example(sizes=[3, 92], segment=1, cuts=[])
 @given(sizes=st.lists(st.integers(0, 300_000), min_size=1, max_size=6),
@@ -174,7 +174,7 @@ async def test_every_complete_packet_is_delivered_before_the_reader_waits(
 PINGRESP = bytes((0xD0, 0))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @example(segment=65536, cuts=[])  # the whole stream in the buffer at once
 @given(segment=st.sampled_from([1, 2, 3, 7, 13, 536, 65536]),
        cuts=st.lists(st.integers(0, 10**6), max_size=8))

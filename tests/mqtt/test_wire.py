@@ -135,7 +135,7 @@ def test_both_scanners_deliver_the_same_packets_and_stop_at_the_same_byte(
     same(data, pos, pause_after=pause_after, fail_after=fail_after, paused=paused)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(st.lists(st.one_of(publishes(large=False), malformed(), others), min_size=1,
                 max_size=3).map(b"".join))
 def test_both_scanners_agree_on_a_buffer_cut_at_every_byte(data: bytes) -> None:

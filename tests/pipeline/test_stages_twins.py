@@ -64,7 +64,7 @@ def outcome(fn: Any, *args: Any) -> tuple[Any, ...]:
         return ("raised", type(exc), str(exc))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(messages, st.one_of(st.lists(readings, max_size=120),
                            st.lists(readings, max_size=3).map(tuple)), reject_docs)
 def test_held_bytes_is_the_same_from_both_twins(twin: ModuleType, message: Any,

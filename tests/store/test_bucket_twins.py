@@ -176,7 +176,7 @@ def a_busy_batch(draw: st.DrawFn) -> list[Reading]:
 batches = st.lists(a_reading(), max_size=40) | a_busy_batch()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(batch=batches, limit=st.sampled_from([1, 2, 3, 3600]),
        size=st.none() | st.integers(100, 3000), span=st.sampled_from([60, HOUR]))
 def test_the_twins_plan_the_same_statements(batch: list[Reading], limit: int,
@@ -207,7 +207,7 @@ def a_default_batch(draw: st.DrawFn) -> list[Reading]:
     return out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(batch=a_default_batch(), limit=st.sampled_from([2, 3600]))
 def test_the_twins_plan_the_decoders_readings_alike(batch: list[Reading], limit: int) -> None:
     before = twin.fallbacks()

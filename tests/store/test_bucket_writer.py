@@ -141,7 +141,7 @@ def first_of_each_ts(readings: list[Reading]) -> list[Reading]:
     return list(first.values())
 
 
-@settings(max_examples=12, deadline=None,
+@settings(max_examples=12,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=st.lists(readings_st, min_size=1, max_size=4),
        cap=st.sampled_from([3, 10, 3600]), replays=st.lists(st.integers(0, 3), max_size=3))

@@ -108,7 +108,7 @@ _HELD_BACK = [[reading("s1", T0 * 1000, {"b": 2}),
                reading("s1", T0 * 1000, {"a": 2})]]
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=40,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @example(batches=_HELD_BACK, replays=[])
 @example(batches=[[*_HELD_BACK[0][:2], reading("s1", T0 * 1000, {"a": 1})]], replays=[])
