@@ -314,7 +314,26 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     check.add_argument("payload", nargs="?", default="-",
                        help="the payload; '-' or nothing reads it from stdin")
     _discover_parser(commands, env)
+    account = commands.add_parser(
+        "device-account", help="add a device's own MQTT account to a mosquitto password "
+        "file (or give it a new password)", formatter_class=_DescribedDefaults,
+        description=DEVICE_ACCOUNT_HELP)
+    account.add_argument("name", help="the device's name: its user name, and the topic "
+                         "level it may publish under (sensors/<name>/...)")
+    account.add_argument("--passwd", required=True,
+                         help="the mosquitto password file (deploy/mosquitto/passwd)")
+    account.add_argument("--password-file", help="read the password from this file "
+                         "(default: make a random one and print it once)")
     return parser
+
+
+DEVICE_ACCOUNT_HELP = """\
+Add an account for one device to a mosquitto password file, or replace its password.
+With the ACL of deploy/mosquitto/acl (pattern write sensors/%u/#) the device may publish
+only under sensors/<name>/, so one device cannot write as another. Without
+--password-file a random password is made and printed once on stdout: give it to the
+device. Restart the broker, or send it SIGHUP, to load the file.
+"""
 
 
 MIGRATE_HELP = """\
@@ -489,17 +508,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     try:
         args = build_parser(env).parse_args(argv)
-        if args.command == "discover":
-            from ingest.devices.discover.command import main as discover  # noqa: PLC0415 - its own command
-
-            return discover(args, env)
-        if args.command == "api":
-            return _execute_api(api_settings_from(args), args.log_level)
-        if args.command == "check":
-            from ingest.devices.check import check  # noqa: PLC0415 - a separate, short-lived command
-
-            return check(load_mapping(args, env), args.topic_name, args.payload,
-                         earlier=[(t, p) for t, p in args.earlier])
+        if args.command in _COMMANDS:
+            return _COMMANDS[args.command](args, env)
         if args.command == "local":
             local = local_settings(args, env)
         else:
@@ -515,6 +525,43 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     shard = getattr(args, "shard", None)
     return _execute(args.command, settings,
                     shard=shard if shard is not None else _env_bool(env, "SHARD"))
+
+
+def _discover(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from ingest.devices.discover.command import main as discover  # noqa: PLC0415 - its own command
+
+    return discover(args, env)
+
+
+def _api(args: argparse.Namespace, _env: Mapping[str, str]) -> int:
+    return _execute_api(api_settings_from(args), args.log_level)
+
+
+def _check(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from ingest.devices.check import check  # noqa: PLC0415 - a separate, short-lived command
+
+    return check(load_mapping(args, env), args.topic_name, args.payload,
+                 earlier=[(t, p) for t, p in args.earlier])
+
+
+def _device_account(args: argparse.Namespace, _env: Mapping[str, str]) -> int:
+    from ingest.mqtt import accounts  # noqa: PLC0415 - its own short command
+
+    if args.password_file is None:
+        password, show = accounts.new_password(), True
+    else:
+        password, show = read_secret(args.password_file, "--password-file"), False
+    new = accounts.set_account(Path(args.passwd), args.name, password)
+    if show:
+        print(password)  # noqa: T201 - the one place it is shown
+    print(f"ingest: {'added' if new else 'changed the password of'} {args.name!r} in "  # noqa: T201
+          f"{args.passwd}; reload the broker (SIGHUP) to use it", file=sys.stderr)
+    return 0
+
+
+# Commands that need no logging set up first (they set up their own, or print only).
+_COMMANDS: dict[str, Callable[[argparse.Namespace, Mapping[str, str]], int]] = {
+    "discover": _discover, "api": _api, "check": _check, "device-account": _device_account}
 
 
 def _execute_local(local: LocalSettings) -> int:

@@ -420,6 +420,34 @@ def password(user: str) -> str:
 @pytest.fixture
 def deployed_broker(tmp_path: Path) -> Iterator[int]:
     """mosquitto with deploy/mosquitto's config, paths moved into tmp_path."""
+    yield from run_deployed_broker(tmp_path)
+
+
+DEVICES = ("dev-a", "dev-b")
+
+
+@pytest.fixture
+def device_broker(tmp_path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    """The deployed broker with two device accounts added by ``ingest device-account``
+    (their passwords as it printed them)."""
+    made: dict[str, str] = {}
+
+    def add_devices(passwd: Path) -> None:
+        for name in DEVICES:
+            run = subprocess.run([sys.executable, "-m", "ingest", "device-account", name,
+                                  "--passwd", str(passwd)], capture_output=True, text=True,
+                                 check=True, cwd=ROOT)
+            made[name] = run.stdout.strip()
+            assert f"added {name!r}" in run.stderr
+        assert oct(passwd.stat().st_mode & 0o777) == "0o600"
+
+    for port in run_deployed_broker(tmp_path, add_devices):
+        yield port, made
+
+
+def run_deployed_broker(tmp_path: Path, prepare: Callable[[Path], None] | None = None
+                        ) -> Iterator[int]:
+    """Start mosquitto as deployed (after ``prepare`` of its password file); its port."""
     binary = tool("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(binary).exists():
         pytest.skip("mosquitto is not installed")
@@ -427,6 +455,8 @@ def deployed_broker(tmp_path: Path) -> Iterator[int]:
     for name in ("passwd", "acl"):
         shutil.copy(MOSQUITTO_DIR / name, tmp_path / name)
         (tmp_path / name).chmod(0o600)
+    if prepare is not None:
+        prepare(tmp_path / "passwd")
     moved = {"listener": f"{port} 127.0.0.1", "password_file": f"{tmp_path}/passwd",
              "acl_file": f"{tmp_path}/acl", "persistence_location": f"{tmp_path}/",
              "log_dest": f"file {tmp_path}/mosquitto.log"}
@@ -482,6 +512,51 @@ async def test_mosquitto_acl_sensor_writes_ingest_reads(deployed_broker: int) ->
         assert (await next_message(shared)).payload == b"from-sensor"
         await asyncio.sleep(0.5)
         assert len(sensor.messages) == 0, "the sensor user must not read sensors/#"
+
+
+async def test_a_device_account_publishes_only_under_its_own_name(
+        device_broker: tuple[int, dict[str, str]]) -> None:
+    """The committed ACL (pattern write sensors/%u/#) with accounts made by
+    ``ingest device-account``: dev-a's readings under sensors/dev-a/ arrive; what it
+    publishes under sensors/dev-b/ is dropped by the broker (mosquitto 2.0.11 still
+    acknowledges it, with success)."""
+    port, made = device_broker
+    async with (client(port, "ingest") as reader,
+                client(port, "dev-a", made["dev-a"]) as dev_a):
+        await reader.subscribe("sensors/#", qos=1)
+        await dev_a.publish("sensors/dev-b/readings", b"forged", qos=1)
+        await dev_a.publish("sensors/dev-a/readings", b"own", qos=1)
+        # The broker handled the forged publish first, so the first delivery tells.
+        assert (await next_message(reader)).payload == b"own"
+        await dev_a.subscribe("sensors/#", qos=1)  # granted, but a device reads nothing
+        async with client(port, "dev-b", made["dev-b"]) as dev_b:
+            await dev_b.publish("sensors/dev-b/readings", b"b", qos=1)
+        assert (await next_message(reader)).payload == b"b"
+        await asyncio.sleep(0.3)
+        assert (len(dev_a.messages), len(reader.messages)) == (0, 0)
+    with pytest.raises(aiomqtt.MqttError):  # a wrong password still gets nowhere
+        async with client(port, "dev-a", made["dev-b"]):
+            pass
+
+
+def test_device_account_replaces_a_password_and_refuses_bad_names(tmp_path: Path) -> None:
+    passwd = tmp_path / "passwd"
+    secret = tmp_path / "secret"
+    secret.write_text("a-long-enough-password\n")
+    command = [sys.executable, "-m", "ingest", "device-account", "--passwd", str(passwd)]
+    for _ in range(2):
+        run = subprocess.run([*command, "dev-a", "--password-file", str(secret)],
+                             capture_output=True, text=True, cwd=ROOT, check=False)
+        assert (run.returncode, run.stdout) == (0, ""), run.stderr
+    assert "changed the password of 'dev-a'" in run.stderr
+    assert [line.split(":")[0] for line in passwd.read_text().splitlines()] == ["dev-a"]
+    assert "a-long-enough-password" not in passwd.read_text()
+    for name in ("a/b", "sensors/#", "+", ""):
+        run = subprocess.run([*command, name], capture_output=True, text=True, cwd=ROOT,
+                             check=False)
+        assert run.returncode == 2
+        assert run.stderr.startswith("ingest: error: device name"), run.stderr
+        assert len(run.stderr.splitlines()) == 1
 
 
 async def test_the_daemon_as_deployed_reads_through_its_acl(
