@@ -164,6 +164,11 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     parser.add_argument("--dry-run", action="store_true", default=None,
                         help="decode, batch and build writes, send nothing to MongoDB "
                              "[env INGEST_DRY_RUN]")
+    parser.add_argument("--sensor-id-from-topic", action="store_true", default=None,
+                        help="a reading's sensor is the one its topic names: refuse a "
+                             "payload naming another (sensor_id_mismatch); with one broker "
+                             "account per device, a device cannot write as another "
+                             "[env INGEST_SENSOR_ID_FROM_TOPIC]")
 
 
 def _api_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
@@ -486,6 +491,8 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         max_readings_per_message=args.max_readings_per_message,
         max_past_seconds=args.max_past_seconds, max_future_seconds=args.max_future_seconds,
         shutdown_timeout=args.shutdown_timeout, retained=args.retained, dry_run=dry_run,
+        sensor_id_from_topic=(args.sensor_id_from_topic if args.sensor_id_from_topic
+                              is not None else _env_bool(env, "SENSOR_ID_FROM_TOPIC")),
         mapping=mapping,
         workers=_workers(args.workers),
     ))

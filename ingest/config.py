@@ -102,6 +102,9 @@ class Settings:
     # and counted (ignore), or stored at the time it was first seen (store).
     retained: Retained = "ignore"
     dry_run: bool = False
+    # A reading's sensor is the one its topic names: a payload naming another is refused
+    # (sensor_id_mismatch; ingest/devices/identity.py).
+    sensor_id_from_topic: bool = False
     # Mapping rules (--mapping, --preset), compiled by the CLI; None: the default format.
     mapping: Mapping | None = field(default=None, repr=False, compare=False)
     # Consumer processes (--workers, resolved by the CLI; see ingest/pipeline/workers.py).
