@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pymongo.errors import PyMongoError
 
 from ingest import accel
-from ingest.devices.decode import ARRIVALS, Limits, decode
+from ingest.devices.decode import ARRIVALS, Limits, decode, sensor_from_topic
 from ingest.devices.formats.stateful import DATA
+from ingest.devices.identity import refuse_others
 from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, WriteError
 from ingest.model import Decoded, Rejection
 from ingest.pipeline.batcher import Batch, Batcher, merged
@@ -113,6 +114,7 @@ class Pipeline:
         self._mapping = settings.mapping
         # Whether messages may need the format's state brought up to date first (I/O).
         self._stateful = self._mapping is not None and bool(self._mapping.stateful)
+        self._from_topic = settings.sensor_id_from_topic
         # (rule, outcome) -> messages since the last scrape; outcome "ignored" included.
         self._rule_counts: dict[tuple[str, str], int] = {}
         # Subscriptions derived from the rules may be wider than the rules (partly
@@ -293,6 +295,8 @@ class Pipeline:
                                               self._limits)
         else:
             readings, rejections = self._mapped(message, first_seen)
+        if self._from_topic and readings:
+            readings, rejections = self._topic_named(message.topic, readings, rejections)
         count = len(readings)
         self._accepted += count
         self._buffered += count
@@ -317,6 +321,13 @@ class Pipeline:
         elif not had_open:
             self._opened.set()
         return full
+
+    def _topic_named(self, topic: str, readings: list[Reading], rejections: list[Rejection]
+                     ) -> Decoded:
+        """--sensor-id-from-topic: the readings of another sensor than the topic's, refused."""
+        expected = (sensor_from_topic(topic) if self._mapping is None
+                    else self._mapping.topic_sensor(topic))
+        return refuse_others(Decoded(readings, rejections), expected, len(readings) == 1)
 
     def _full(self) -> bool:
         """Whether the pipeline holds as much as it may (readings or bytes)."""
