@@ -336,11 +336,11 @@ def test_dockerfile_installs_dependencies_before_the_source_without_a_cache() ->
     sequence = [(word, rest) for word, rest in build if word in {"COPY", "RUN", "ENV"}]
     text = [f"{word} {rest}" for word, rest in sequence]
     first_source = next(i for i, t in enumerate(text) if t.startswith("COPY ingest"))
-    deps = next(i for i, t in enumerate(text) if "-r /tmp/requirements.txt" in t)
-    pyproject = next(i for i, t in enumerate(text) if t.startswith("COPY pyproject.toml"))
-    assert pyproject < deps < first_source, "dependencies need their own layer"
+    deps = next(i for i, t in enumerate(text) if "-r requirements.lock" in t)
+    lock = next(i for i, t in enumerate(text) if t.startswith("COPY deploy/requirements.lock"))
+    assert lock < deps < first_source, "dependencies need their own layer"
     copies_before = [t for t in text[:deps] if t.startswith("COPY")]
-    assert copies_before == [text[pyproject]], "only pyproject.toml may invalidate the deps"
+    assert copies_before == [text[lock]], "only the lock may invalidate the deps"
     for word, rest in build:
         for command in rest.split("&&") if word == "RUN" else []:
             if "pip install" in command:
@@ -695,3 +695,31 @@ def test_github_workflow_builds_wheels_from_the_sdist_for_each_platform() -> Non
     # Its test imports every compiled module from the installed wheel.
     assert "_*_c.pyx" in config["test-command"]
     assert "import_module" in config["test-command"]
+
+
+def test_the_image_installs_its_dependencies_from_the_hashed_lock() -> None:
+    """deploy/requirements.lock pins every runtime dependency of pyproject.toml within its
+    range, each file with its hash, and the image installs from it with --require-hashes
+    (scripts/lock remakes it)."""
+    from packaging.requirements import Requirement  # noqa: PLC0415 - pip's own, in the test venv
+    from packaging.utils import canonicalize_name  # noqa: PLC0415
+
+    wanted = [Requirement(r) for r in tomllib.loads(
+        (ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    lock = (DEPLOY / "requirements.lock").read_text()
+    pins: dict[str, str] = {}
+    for entry in re.split(r"\n(?=\S)", lock):
+        head = entry.split(" ", 1)[0]
+        if "==" not in head:
+            continue
+        name, version = head.split("==")
+        assert "--hash=sha256:" in entry, f"{head}: no hash"
+        pins[canonicalize_name(name)] = version
+    for requirement in wanted:
+        version = pins.get(canonicalize_name(requirement.name))
+        assert version is not None, f"{requirement.name} is not in the lock: run scripts/lock"
+        assert requirement.specifier.contains(version), (
+            f"the lock's {requirement.name}=={version} is outside {requirement.specifier}: "
+            "run scripts/lock")
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert "pip install --no-cache-dir --require-hashes -r requirements.lock" in dockerfile
