@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -24,10 +22,10 @@ from ingest.store.writers.bucket import BucketWriter
 from ingest.store.writers.timeseries import TimeseriesWriter
 from tests.support.browser import Chromium, chromium_binary
 from tests.support.png import Image, read_png
-from tests.support.procs import ROOT, clean_env, eventually, free_port, http_status
+from tests.support.procs import eventually
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator
+    from collections.abc import AsyncIterator, Callable
     from pathlib import Path
 
     from tests.support.procs import Daemon
@@ -49,40 +47,6 @@ CURVE_PIXELS = """
   return n;
 })
 """
-
-
-@pytest.fixture
-def api_process(tmp_path: Path, mongo_uri: str, db_name: str
-                ) -> Iterator[Callable[..., int]]:
-    """Factory: start ``ingest api`` on a free port; returns the port once ready."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(*extra: str) -> int:
-        port = free_port()
-        env = clean_env()
-        log = (tmp_path / "api.log").open("ab")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ingest", "api", "--mongodb-uri", mongo_uri, "--db", db_name,
-             "--api-host", "127.0.0.1", "--api-port", str(port),
-             "--grafana-url", "http://grafana.example:3000", *extra],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        log.close()
-        started.append(proc)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "api.log").read_text()
-            try:
-                if http_status(port, "/readyz") == 200:
-                    return port
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError((tmp_path / "api.log").read_text())
-
-    yield start
-    for proc in started:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 async def test_page_shows_sensors_published_a_moment_before(
