@@ -71,7 +71,8 @@ type Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Routes anyone may reach: the page and its files hold no data, the health checks say
 # nothing about it, and the login is how the page gets a session. Everything else (the
 # /api/ routes, /openapi.json, /metrics, and unknown paths) needs a token.
-OPEN_ROUTES = frozenset({"page", "static", "health", "health-ready", "login", "logout"})
+OPEN_ROUTES = frozenset({"page", "static", "health", "health-ready", "login", "logout",
+                         "session"})
 QUERY_ROUTES = frozenset({"sensors", "readings", "series", "rejects"})  # run MongoDB queries
 
 
@@ -114,6 +115,7 @@ class ReadApi:
         app = web.Application(middlewares=[self._observe, self._guard])
         app.router.add_post("/login", self.login, name="login")
         app.router.add_post("/logout", self.logout, name="logout")
+        app.router.add_get("/session", self.session, name="session")
         get = app.router.add_get
         get("/api/sensors", self.sensors, name="sensors")
         get("/api/readings", self.readings, name="readings")
@@ -231,6 +233,12 @@ class ReadApi:
                             secure=request.secure,
                             max_age=int(self.settings.session_hours * 3600))
         return response
+
+    async def session(self, request: web.Request) -> web.Response:
+        """``GET /session``: whether this API takes tokens, and the session's token name."""
+        cookie = request.cookies.get(COOKIE)
+        name = self.sessions.name_of(cookie) if cookie and self.tokens else None
+        return json_response({"tokens": bool(self.tokens), "name": name})
 
     async def logout(self, request: web.Request) -> web.Response:
         """``POST /logout``: end the page's session."""

@@ -17,8 +17,8 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -73,11 +73,11 @@ def api(tmp_path: Path, mongo_uri: str, db_name: str) -> Iterator[Callable[..., 
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             assert proc.poll() is None, log.read_text()
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{running.url}/healthz", timeout=2,
-                                            context=context) as resp:
-                    if resp.status == 200:
-                        return running
+            with (contextlib.suppress(OSError),
+                  urllib.request.urlopen(f"{running.url}/healthz", timeout=2,
+                                         context=context) as resp):
+                if resp.status == 200:
+                    return running
             time.sleep(0.1)
         raise TimeoutError(log.read_text())
 
@@ -116,7 +116,7 @@ def run_api(*argv: str, env: dict[str, str] | None = None) -> subprocess.Complet
 def test_an_api_on_a_non_loopback_address_without_tokens_refuses_to_start(how: str) -> None:
     port = str(free_port())
     if how == "flag":
-        result = run_api("--api-host", "0.0.0.0", "--api-port", port)  # noqa: S104
+        result = run_api("--api-host", "0.0.0.0", "--api-port", port)
     else:
         result = run_api(env={"INGEST_API_HOST": "0.0.0.0", "INGEST_API_PORT": port})
     assert result.returncode == 2
@@ -149,7 +149,7 @@ def test_a_bad_tokens_file_is_one_line_naming_the_flag(tmp_path: Path, content: 
 
 def test_an_insecure_api_on_any_address_serves_without_tokens(
         api: Callable[..., Api]) -> None:
-    running = api("--api-host", "0.0.0.0", "--api-insecure")  # noqa: S104
+    running = api("--api-host", "0.0.0.0", "--api-insecure")
     with urllib.request.urlopen(f"{running.url}/api/info", timeout=5) as resp:
         assert resp.status == 200
     assert "no --api-tokens-file: anyone who reaches 0.0.0.0" in running.log.read_text()
@@ -167,7 +167,7 @@ async def test_tokens_guard_every_data_route_and_never_leak(
     await store(db)
     grafana, page = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
     tokens = token_file(tmp_path, grafana=grafana, page=page)
-    running = api("--api-host", "0.0.0.0", "--api-tokens-file", str(tokens))  # noqa: S104
+    running = api("--api-host", "0.0.0.0", "--api-tokens-file", str(tokens))
     async with aiohttp.ClientSession() as http:
         for path in GUARDED:
             url = running.url + path
@@ -252,10 +252,9 @@ async def test_the_page_login_is_a_session_cookie_and_refuses_other_sites(
         # logout ends the session on the server: the old cookie is refused afterwards
         async with http.post(f"{own}/logout", headers={"Origin": own}) as resp:
             assert resp.status == 200
-    async with aiohttp.ClientSession() as fresh:
-        async with fresh.get(f"{own}/api/sensors",
-                             headers={"Cookie": f"ingest_session={session.group(1)}"}) as resp:
-            assert resp.status == 401
+    async with aiohttp.ClientSession() as fresh, fresh.get(f"{own}/api/sensors",
+                         headers={"Cookie": f"ingest_session={session.group(1)}"}) as resp:
+        assert resp.status == 401
     log = running.log.read_text()
     assert "page login with token page" in log
     assert "page login refused" in log
