@@ -251,4 +251,6 @@ async function logOut() {
 
 document.getElementById("login").addEventListener("submit", logIn);
 document.getElementById("logout").addEventListener("click", logOut);
-start();
+start().catch((err) => {
+  document.getElementById("about").textContent = `Cannot load: ${err.message}`;
+});
