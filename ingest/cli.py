@@ -183,10 +183,24 @@ def _api_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     _flag(parser, env, "rejects-collection", "the daemons' rejects collection", "rejects")
     _flag(parser, env, "bucket-span-seconds", "bucket mode: span of one document, as the "
           "daemon writes it", DEFAULT_BUCKET_SPAN_SECONDS, type=integer)
-    _flag(parser, env, "api-host", "address of the API, its page and /metrics",
-          "0.0.0.0")  # noqa: S104 - reached from outside; bind to a private address if needed
+    _flag(parser, env, "api-host", "address of the API, its page and /metrics; an address "
+          "other than loopback needs --api-tokens-file (or --api-insecure)", "127.0.0.1")
     _flag(parser, env, "api-port", "port of the API, its page and /metrics (0: any)", 8080,
           type=integer)
+    _flag(parser, env, "api-tokens-file", "the tokens that may read: one a line, or TOML "
+          'name = "token" pairs (a Docker or Kubernetes secret file as it is); /api/*, '
+          "/openapi.json and /metrics then need Authorization: Bearer <token> or the page's "
+          "login")
+    parser.add_argument("--api-insecure", action="store_true", default=None,
+                        help="serve without tokens on any address (behind a proxy that "
+                             "authenticates) [env INGEST_API_INSECURE]")
+    _flag(parser, env, "api-tls-cert", "serve HTTPS with this certificate (PEM, chain first)")
+    _flag(parser, env, "api-tls-key", "the private key of --api-tls-cert (PEM)")
+    _flag(parser, env, "api-max-concurrent-queries", "queries one caller (a token, or an "
+          "address without tokens) may have running; more are answered 429", 16,
+          type=integer)
+    _flag(parser, env, "api-session-hours", "how long a login of the page lasts", 12.0,
+          type=real)
     _flag(parser, env, "grafana-url", "Grafana's address, for the page's dashboard link",
           "http://localhost:3000")
     _flag(parser, env, "query-timeout", "seconds one query may run (maxTimeMS)", 10.0,
@@ -195,17 +209,27 @@ def _api_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
           choices=["debug", "info", "warning", "error"])
 
 
-def api_settings_from(args: argparse.Namespace) -> ApiSettings:
+def api_settings_from(args: argparse.Namespace,
+                      env: Mapping[str, str] | None = None) -> ApiSettings:
     """Validated settings of ``ingest api``."""
+    from ingest.api.auth import read_tokens  # noqa: PLC0415 - only this command needs it
+
+    env = {} if env is None else env
     mongodb_uri = args.mongodb_uri
     if args.mongodb_uri_file:
         mongodb_uri = read_secret(args.mongodb_uri_file, "--mongodb-uri-file")
+    insecure = args.api_insecure if args.api_insecure is not None else _env_bool(
+        env, "API_INSECURE")
     return validate_api(ApiSettings(
         mode=args.mode, mongodb_uri=mongodb_uri, db=args.db,
         collection=args.collection or DEFAULT_COLLECTION.get(args.mode, "buckets"),
         rejects_collection=args.rejects_collection,
         bucket_span_seconds=args.bucket_span_seconds, host=args.api_host, port=args.api_port,
         grafana_url=args.grafana_url, query_timeout=args.query_timeout,
+        tokens=read_tokens(args.api_tokens_file) if args.api_tokens_file else (),
+        insecure=insecure, tls_cert=args.api_tls_cert, tls_key=args.api_tls_key,
+        max_concurrent_queries=args.api_max_concurrent_queries,
+        session_hours=args.api_session_hours,
     ))
 
 
@@ -540,8 +564,8 @@ def _discover(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return discover(args, env)
 
 
-def _api(args: argparse.Namespace, _env: Mapping[str, str]) -> int:
-    return _execute_api(api_settings_from(args), args.log_level)
+def _api(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    return _execute_api(api_settings_from(args, env), args.log_level)
 
 
 def _check(args: argparse.Namespace, env: Mapping[str, str]) -> int:

@@ -6,7 +6,9 @@ print it without a traceback.
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import os
 import re
 import ssl
 from dataclasses import dataclass, field, replace
@@ -356,8 +358,16 @@ def _check_positive(settings: Settings) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class ApiToken:
+    """An API token as kept in memory: its name and the SHA-256 digest of its text."""
+
+    name: str
+    sha256: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class ApiSettings:
-    """What ``ingest api`` needs: where to read, which layout, where to listen."""
+    """What ``ingest api`` needs: where to read, which layout, where to listen, who may."""
 
     mode: Mode = "bucket"
     mongodb_uri: str = field(default="mongodb://localhost:27017", repr=False)
@@ -365,10 +375,16 @@ class ApiSettings:
     collection: str = "buckets"
     rejects_collection: str = "rejects"
     bucket_span_seconds: int = DEFAULT_BUCKET_SPAN_SECONDS
-    host: str = "0.0.0.0"  # noqa: S104 - the API and its page are reached from outside
+    host: str = "127.0.0.1"
     port: int = 8080
     grafana_url: str = "http://localhost:3000"
     query_timeout: float = 10.0
+    tokens: tuple[ApiToken, ...] = ()
+    insecure: bool = False
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    max_concurrent_queries: int = 16
+    session_hours: float = 12.0
 
 
 def _check_store(uri: str, db: str, collection: str, rejects: str) -> None:
@@ -395,4 +411,36 @@ def validate_api(settings: ApiSettings) -> ApiSettings:
             raise ConfigError(f"{flag}: must be a finite number greater than 0, got {value}")
     if not settings.grafana_url.startswith(("http://", "https://", "/")):
         raise ConfigError("--grafana-url: must start with http://, https:// or /")
+    if settings.max_concurrent_queries < 1:
+        raise ConfigError("--api-max-concurrent-queries: must be 1 or more, got "
+                          f"{settings.max_concurrent_queries}")
+    if not (settings.session_hours > 0 and math.isfinite(settings.session_hours)):
+        raise ConfigError("--api-session-hours: must be a finite number greater than 0, got "
+                          f"{settings.session_hours}")
+    _check_api_tls(settings.tls_cert, settings.tls_key)
+    if not settings.tokens and not settings.insecure and not is_loopback(settings.host):
+        raise ConfigError(
+            f"--api-host {settings.host}: not a loopback address, and no --api-tokens-file: "
+            "make a token with python -c 'import secrets; print(secrets.token_urlsafe(32))' "
+            "> tokens and pass --api-tokens-file tokens (or --api-insecure behind a proxy "
+            "that authenticates)")
     return settings
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only listens on this machine (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any interface
+
+
+def _check_api_tls(cert: str | None, key: str | None) -> None:
+    """Both TLS files or neither, each readable."""
+    if (cert is None) != (key is None):
+        raise ConfigError("--api-tls-cert and --api-tls-key: give both or neither")
+    for flag, path in (("--api-tls-cert", cert), ("--api-tls-key", key)):
+        if path is not None and not os.access(path, os.R_OK):
+            raise ConfigError(f"{flag}: cannot read {path}")

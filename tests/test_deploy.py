@@ -18,6 +18,8 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,9 +28,10 @@ import aiomqtt
 import pytest
 import yaml
 
-from ingest.cli import build_parser, settings_from
+from ingest.cli import api_settings_from, build_parser, settings_from
+from ingest.errors import ConfigError
 from tests.support.mongo import stored_values
-from tests.support.procs import ROOT, Daemon, eventually, free_port, wait_port
+from tests.support.procs import ROOT, Daemon, clean_env, eventually, free_port, wait_port
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -42,10 +45,11 @@ MOSQUITTO_DIR = DEPLOY / "mosquitto"
 INGEST_SERVICES = {"ingest-bucket": "bucket", "ingest-timeseries": "timeseries"}
 EXPECTED_SERVICES = {"mosquitto", "mongodb", *INGEST_SERVICES, "mongodb-exporter",
                      "prometheus", "grafana", "loadgen", "mongodb-test", "tests",
-                     "mongo-config", "mongo-shard", "mongos", "tests-sharded", "api"}
+                     "mongo-config", "mongo-shard", "mongos", "tests-sharded", "api",
+                     "api-token"}
 # The image is FROM scratch (no shell, no HTTP client): Prometheus's up{job="mongodb"}
-# is its health. loadgen and tests are one-shot jobs, not services to wait for.
-NO_HEALTHCHECK = {"mongodb-exporter", "loadgen", "tests", "tests-sharded"}
+# is its health. loadgen, tests and api-token are one-shot jobs, not services to wait for.
+NO_HEALTHCHECK = {"mongodb-exporter", "loadgen", "tests", "tests-sharded", "api-token"}
 
 
 def tool(name: str) -> str | None:
@@ -182,6 +186,56 @@ def test_prometheus_scrapes_every_daemon_and_the_exporter(
     assert jobs["mongodb"] == [f"mongodb-exporter{listen.split('=', 1)[1]}"]
     mounts = services["prometheus"]["volumes"]
     assert "./prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
+
+
+def status_of(url: str, headers: dict[str, str]) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_the_api_token_step_makes_one_token_once_and_the_api_needs_it(
+        services: dict[str, dict[str, Any]], tmp_path: Path, mongo_uri: str,
+        db_name: str) -> None:
+    """The api-token service's own script (its path moved here) makes a token on the first
+    run and keeps it on the next; the api service's settings then need it: without the file
+    they refuse to start (all interfaces), with it a request needs the token."""
+    init, api = services["api-token"], services["api"]
+    assert api["depends_on"]["api-token"] == {"condition": "service_completed_successfully"}
+    assert services["grafana"]["depends_on"]["api-token"] == {
+        "condition": "service_completed_successfully"}
+    env = {k: str(v) for k, v in api["environment"].items()}
+    mounted = env["INGEST_API_TOKENS_FILE"]
+    local = tmp_path / "token"
+    script = init["command"][0].replace(mounted, str(local))
+    assert script != init["command"][0]
+    outputs = [subprocess.run([sys.executable, *init["entrypoint"][1:], script],
+                              capture_output=True, text=True, timeout=30, check=True).stdout
+               for _ in range(2)]
+    assert outputs == [f"API token made: {local}\n", f"API token kept: {local}\n"]
+    token = local.read_text().strip()
+    assert len(token) >= 43
+    assert local.stat().st_mode & 0o777 == 0o444
+    assert api["ports"] == ["127.0.0.1:8080:8080"]
+    without = {k: v for k, v in env.items() if k != "INGEST_API_TOKENS_FILE"}
+    with pytest.raises(ConfigError, match="not a loopback address, and no --api-tokens-file"):
+        api_settings_from(build_parser(without).parse_args(api["command"]), without)
+    env |= {"INGEST_API_TOKENS_FILE": str(local), "INGEST_MONGODB_URI": mongo_uri,
+            "INGEST_DB": db_name, "INGEST_API_PORT": str(free_port())}
+    port = int(env["INGEST_API_PORT"])
+    with subprocess.Popen([sys.executable, "-m", "ingest", *api["command"]],
+                          env=clean_env() | env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL) as proc:
+        try:
+            wait_port(port, timeout=20)
+            assert [status_of(f"http://127.0.0.1:{port}/api/info", headers) for headers in (
+                {}, {"Authorization": "Bearer wrong" * 4},
+                {"Authorization": f"Bearer {token}"})] == [401, 401, 200]
+        finally:
+            proc.terminate()
 
 
 def test_grafana_is_provisioned_and_anonymous_viewers_may_look(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+import secrets
 import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,22 @@ CURVE_PIXELS = """
 """
 
 
+async def log_in(browser: Chromium, token: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """Type the token into the page's login form, submit, wait for the data; the URLs the
+    page loaded and the cookies it holds."""
+    await eventually(lambda: browser.evaluate("document.body.dataset.login === '1'"))
+    assert await browser.evaluate("document.querySelectorAll('.card').length") == 0
+    assert await browser.evaluate("document.getElementById('content').hidden")
+    await browser.evaluate("document.getElementById('token').focus()")
+    await browser.send("Input.insertText", text=token)
+    await browser.evaluate("document.querySelector('#login button').click()")
+    await eventually(lambda: browser.evaluate("document.body.dataset.ready === '1'"))
+    assert await browser.evaluate("document.getElementById('token').value") == ""
+    urls = await browser.evaluate(
+        "[location.href, ...performance.getEntriesByType('resource').map((e) => e.name)]")
+    return urls, (await browser.send("Network.getCookies"))["cookies"]
+
+
 async def test_page_shows_sensors_published_a_moment_before(
         mode: str, daemon: Callable[..., Daemon], publish: Callable[..., Any],
         topic_root: str, db: Any, api_process: Callable[..., int], tmp_path: Path) -> None:
@@ -73,10 +90,14 @@ async def test_page_shows_sensors_published_a_moment_before(
         return readings == 80 and await db.rejects.count_documents({}) >= 1
     await eventually(stored)
 
-    port = api_process("--mode", mode)
+    # The API takes a token (from a file): the page asks for it, POSTs it to /login and
+    # reads with the session cookie it gets; the token is in no URL and no log line.
+    token = secrets.token_urlsafe(32)
+    (tmp_path / "tokens").write_text(f"{token}\n")
+    port = api_process("--mode", mode, "--api-tokens-file", str(tmp_path / "tokens"))
     async with Chromium(tmp_path / "chromium") as browser:
         await browser.open(f"http://127.0.0.1:{port}/")
-        await eventually(lambda: browser.evaluate("document.body.dataset.ready === '1'"))
+        urls, cookies = await log_in(browser, token)
         cards = await browser.evaluate(
             "[...document.querySelectorAll('.card')].map((c) => c.dataset.sensor)")
         reasons = await browser.evaluate(
@@ -85,6 +106,21 @@ async def test_page_shows_sensors_published_a_moment_before(
         curves = await browser.evaluate(CURVE_PIXELS)
         await browser.screenshot(tmp_path / "page.png")
         errors = list(browser.errors)
+        # logging out ends the session: the page asks again, the API refuses the cookie
+        await browser.evaluate("document.getElementById('logout').click()")
+        await eventually(lambda: browser.evaluate(
+            "!document.getElementById('login').hidden"))
+        refused = await browser.evaluate("fetch('api/sensors').then((r) => r.status)")
+    assert urls[0] == f"http://127.0.0.1:{port}/"
+    assert any("/api/series?" in url for url in urls)
+    assert not any(token in url for url in urls)
+    assert [(c["name"], c["httpOnly"], c["sameSite"]) for c in cookies] == [
+        ("ingest_session", True, "Strict")]
+    assert token not in cookies[0]["value"]
+    assert refused == 401
+    log = (tmp_path / "api.log").read_text()
+    assert "page login with token line-1" in log
+    assert token not in log
     assert cards == ["cellar", "kitchen"]
     assert "invalid_json" in reasons
     assert link == "http://grafana.example:3000/d/iot-sensors/sensors"
