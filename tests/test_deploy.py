@@ -103,6 +103,33 @@ def test_compose_services_healthchecks_and_volumes(compose: dict[str, Any],
         assert mounts.get(path) in named, f"{name}: {path} is not on a named volume"
 
 
+# The stack's long-running services and what each may do (docs/security.md's table):
+# read_only root, capabilities kept. None: the image's entrypoint needs a writable root.
+HARDENING: dict[str, tuple[bool, tuple[str, ...]]] = {
+    "ingest-bucket": (True, ()), "ingest-timeseries": (True, ()), "api": (True, ()),
+    "api-token": (True, ()), "loadgen": (True, ()), "prometheus": (True, ()),
+    "mongodb-exporter": (True, ()), "grafana": (False, ()),
+    "mosquitto": (False, ("SETUID", "SETGID")),
+}
+
+
+def test_compose_services_run_without_privileges(services: dict[str, dict[str, Any]]
+                                                 ) -> None:
+    """Every stack service gains no privileges (no-new-privileges); ours and those whose
+    images allow it run read-only with no capabilities (mongodb keeps its image's: its
+    entrypoint chowns as root)."""
+    for name in {*HARDENING, "mongodb"}:
+        assert "no-new-privileges:true" in services[name].get("security_opt", []), name
+    for name, (read_only, kept) in HARDENING.items():
+        service = services[name]
+        assert service.get("read_only", False) is read_only, name
+        assert service["cap_drop"] == ["ALL"], name
+        assert tuple(service.get("cap_add", ())) == kept, name
+    for name in {n for n, s in services.items() if s.get("image") == "iot-ingest:local"}:
+        assert services[name]["read_only"] is True, name
+        assert "/tmp" in services[name]["tmpfs"], name
+
+
 def test_compose_builds_on_the_host_network(services: dict[str, dict[str, Any]]) -> None:
     """pip fetches the dependencies during the build: on the host's network, the build
     works wherever the host reaches the package index, also on engines that give
