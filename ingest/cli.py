@@ -31,6 +31,7 @@ from ingest.config import (
     validate_api,
 )
 from ingest.errors import ConfigError, IncompatibleError, SchemaError, StartupError
+from ingest.tokens import read_tokens
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -124,6 +125,11 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
           "0.0.0.0")  # noqa: S104 - scraped from outside; bind to a private address if needed
     _flag(parser, env, "metrics-port", "port of /metrics, /healthz, /readyz (0: any; default "
           "9108 in bucket mode, 9109 in timeseries mode)", type=integer)
+    _flag(parser, env, "metrics-tokens-file", "/metrics needs one of these bearer tokens (one "
+          'a line, or TOML name = "token"); /healthz and /readyz stay open')
+    _flag(parser, env, "metrics-tls-cert", "serve /metrics, /healthz, /readyz over HTTPS with "
+          "this certificate (PEM)")
+    _flag(parser, env, "metrics-tls-key", "the private key of --metrics-tls-cert (PEM)")
     _flag(parser, env, "batch-size", "close a batch at this many readings (or messages)",
           10_000, type=integer)
     _flag(parser, env, "flush-interval", "close a batch this many seconds after it opened", 1.0,
@@ -212,8 +218,6 @@ def _api_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
 def api_settings_from(args: argparse.Namespace,
                       env: Mapping[str, str] | None = None) -> ApiSettings:
     """Validated settings of ``ingest api``."""
-    from ingest.api.auth import read_tokens  # noqa: PLC0415 - only this command needs it
-
     env = {} if env is None else env
     mongodb_uri = args.mongodb_uri
     if args.mongodb_uri_file:
@@ -502,6 +506,9 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         **common, mqtt=mqtt, topics=topics, shared_group=args.shared_group,
         client_id=args.client_id or f"ingest-{args.mode}-{socket.gethostname()}",
         qos=args.qos, metrics_host=args.metrics_host,
+        metrics_tokens=(read_tokens(args.metrics_tokens_file, "--metrics-tokens-file")
+                        if args.metrics_tokens_file else ()),
+        metrics_tls_cert=args.metrics_tls_cert, metrics_tls_key=args.metrics_tls_key,
         metrics_port=(args.metrics_port if args.metrics_port is not None
                       else DEFAULT_METRICS_PORT[args.mode]),
         batch_size=args.batch_size, flush_interval=args.flush_interval,

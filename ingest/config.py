@@ -20,6 +20,7 @@ from ingest.errors import ConfigError
 
 if TYPE_CHECKING:
     from ingest.devices.mapping import Mapping
+    from ingest.tokens import ApiToken
 
 type Mode = Literal["bucket", "timeseries"]
 type Granularity = Literal["seconds", "minutes", "hours"]
@@ -84,6 +85,11 @@ class Settings:
     rejects_max_bytes: int = 16 * 1024 * 1024
     metrics_host: str = "0.0.0.0"  # noqa: S104 - a daemon's metrics are scraped from outside
     metrics_port: int = 9108
+    # /metrics behind a bearer token (--metrics-tokens-file) and/or TLS (the health checks
+    # stay open).
+    metrics_tokens: tuple[ApiToken, ...] = field(default=(), repr=False)
+    metrics_tls_cert: str | None = None
+    metrics_tls_key: str | None = None
     batch_size: int = 10_000
     flush_interval: float = 1.0
     write_concurrency: int = 2
@@ -261,6 +267,7 @@ def validate(settings: Settings) -> Settings:
         raise ConfigError(f"--bucket-span-seconds: at most {MAX_TIMESERIES_SPAN} "
                           "(one year) for a time-series collection")
     _check_retention(settings)
+    _check_api_tls(settings.metrics_tls_cert, settings.metrics_tls_key, "--metrics")
     if not 0 <= settings.metrics_port <= 65535:
         raise ConfigError("--metrics-port: must be between 0 and 65535")
     if not 1 <= settings.workers <= MAX_WORKERS:
@@ -358,14 +365,6 @@ def _check_positive(settings: Settings) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class ApiToken:
-    """An API token as kept in memory: its name and the SHA-256 digest of its text."""
-
-    name: str
-    sha256: bytes = field(repr=False)
-
-
-@dataclass(frozen=True, slots=True)
 class ApiSettings:
     """What ``ingest api`` needs: where to read, which layout, where to listen, who may."""
 
@@ -437,10 +436,25 @@ def is_loopback(host: str) -> bool:
         return False  # a name: it may resolve to any interface
 
 
-def _check_api_tls(cert: str | None, key: str | None) -> None:
-    """Both TLS files or neither, each readable."""
+def _check_api_tls(cert: str | None, key: str | None, prefix: str = "--api") -> None:
+    """Both TLS files or neither, each readable (``prefix``: --api or --metrics)."""
     if (cert is None) != (key is None):
-        raise ConfigError("--api-tls-cert and --api-tls-key: give both or neither")
-    for flag, path in (("--api-tls-cert", cert), ("--api-tls-key", key)):
+        raise ConfigError(f"{prefix}-tls-cert and {prefix}-tls-key: give both or neither")
+    for flag, path in ((f"{prefix}-tls-cert", cert), (f"{prefix}-tls-key", key)):
         if path is not None and not os.access(path, os.R_OK):
             raise ConfigError(f"{flag}: cannot read {path}")
+
+
+def server_tls_context(cert: str | None, key: str | None, prefix: str = "--api",
+                       ) -> ssl.SSLContext | None:
+    """A server's TLS context from its certificate and key files (TLS 1.2 at least)."""
+    if cert is None or key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{prefix}-tls-cert/{prefix}-tls-key: cannot load {cert} and {key} "
+                          f"({exc})") from None
+    return context

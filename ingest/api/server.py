@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import ssl
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,7 +42,7 @@ from pymongo.errors import PyMongoError
 
 from ingest import __version__
 from ingest.api import openapi, read_queries
-from ingest.api.auth import COOKIE, CallerSlots, Sessions, TokenSet
+from ingest.api.auth import COOKIE, CallerSlots, Sessions
 from ingest.api.query_params import (
     ENDPOINT_PARAMETERS,
     LIMITS,
@@ -53,10 +52,13 @@ from ingest.api.query_params import (
     encode_cursor,
 )
 from ingest.api.read_queries import Cursor, Layout, Selection
+from ingest.config import server_tls_context
 from ingest.errors import ConfigError, StartupError
 from ingest.metrics import API_ENDPOINTS, ApiMetrics
+from ingest.tokens import TokenSet
 
 if TYPE_CHECKING:
+    import ssl
     from collections.abc import Awaitable, Callable
 
     from pymongo.asynchronous.collection import AsyncCollection
@@ -469,16 +471,7 @@ def api_client(settings: ApiSettings) -> AsyncMongoClient[dict[str, Any]]:
 
 def tls_context(settings: ApiSettings) -> ssl.SSLContext | None:
     """The server's TLS context from --api-tls-cert and --api-tls-key (TLS 1.2 at least)."""
-    if settings.tls_cert is None or settings.tls_key is None:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        context.load_cert_chain(settings.tls_cert, settings.tls_key)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"--api-tls-cert/--api-tls-key: cannot load {settings.tls_cert} "
-                          f"and {settings.tls_key} ({exc})") from None
-    return context
+    return server_tls_context(settings.tls_cert, settings.tls_key)
 
 
 async def serve(settings: ApiSettings, stop: asyncio.Event | None = None,
