@@ -17,13 +17,12 @@ import pytest
 from ingest.errors import WriteError
 from ingest.model import Reading
 from ingest.store.schema import CLAIM_SECONDS, CLAIMS_TTL_INDEX, Schema
-from ingest.store.writers import Outcome
 from ingest.store.writers.claims import claim_id
 from ingest.store.writers.timeseries import TimeseriesWriter
 from tests.support.mongo import instants
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from ingest.store.writers import Outcome
 
 T0 = 1_790_000_000.0
 N = 20
@@ -48,7 +47,7 @@ def writer_for(db: Any, owner: str, claims: bool = True) -> TimeseriesWriter:
 
 
 @pytest.fixture
-def race(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def race(monkeypatch: pytest.MonkeyPatch) -> Any:
     """``race(n)``: the next ``n`` lookups each wait until all ``n`` have answered."""
     original = TimeseriesWriter.stored_at
     barrier = [asyncio.Barrier(1)]
@@ -65,7 +64,7 @@ def race(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         barrier[0], held[0] = asyncio.Barrier(parties), parties
 
     monkeypatch.setattr(TimeseriesWriter, "stored_at", stored_at)
-    yield start
+    return start
 
 
 async def racing(race: Any, writers: list[tuple[TimeseriesWriter, list[Reading]]]
@@ -111,7 +110,7 @@ async def test_disjoint_fields_merge_and_a_contested_field_is_stored_once(
     await writers[0].ensure_schema()
     outcomes = await racing(race, [(writers[0], batch(temp=20.5)),
                                    (writers[1], batch(hum=40)), (writers[2], batch(hum=41))])
-    assert outcomes[0].written == N and not outcomes[0].conflicts
+    assert (outcomes[0].written, outcomes[0].conflicts) == (N, [])
     assert sorted(len(o.conflicts) for o in outcomes[1:]) == [0, N]
     assert sum(o.written for o in outcomes) == 2 * N
     stored = await instants(db.readings, "timeseries")  # fails if a field is stored twice

@@ -191,9 +191,10 @@ class Claims:
         if not indexes:
             return []
         now = datetime.now(UTC)
-        docs = [{"_id": claim_id(round_.instants[i]), "at": now, "by": self.owner,
+        ids = [claim_id(round_.instants[i]) for i in indexes]
+        docs = [{"_id": ids[n], "at": now, "by": self.owner,
                  "f": _fields(round_.groups[i], round_.stored.get(round_.instants[i]))}
-                for i in indexes]
+                for n, i in enumerate(indexes)]
         failed: set[int] = set()
         collided: list[int] = []
         try:
@@ -210,7 +211,7 @@ class Claims:
         taken = round_.taken
         for n, i in enumerate(indexes):
             if n not in failed:
-                taken.won[len(taken.ops)] = docs[n]["_id"]
+                taken.won[len(taken.ops)] = ids[n]
                 taken.ops.append(round_.ops[i])
                 taken.groups.append(round_.groups[i])
         return collided
