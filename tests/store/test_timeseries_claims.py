@@ -13,13 +13,15 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from pymongo.errors import BulkWriteError
 
 from ingest.errors import WriteError
 from ingest.model import Reading
 from ingest.store.schema import CLAIM_SECONDS, CLAIMS_TTL_INDEX, Schema
+from ingest.store.writers import bulk
 from ingest.store.writers.claims import claim_id
 from ingest.store.writers.timeseries import TimeseriesWriter
-from tests.support.mongo import instants
+from tests.support.mongo import failpoint, instants
 
 if TYPE_CHECKING:
     from ingest.store.writers import Outcome
@@ -212,3 +214,40 @@ async def test_the_claims_collection_expires_its_claims(db: Any) -> None:
     indexes = await db.readings_claims.index_information()
     assert indexes[CLAIMS_TTL_INDEX]["expireAfterSeconds"] == CLAIM_SECONDS
     assert indexes[CLAIMS_TTL_INDEX]["key"] == [("at", 1)]
+
+
+async def test_a_failed_claim_insert_is_retried_and_nothing_is_stored_twice(
+        db: Any, mongo: Any) -> None:
+    writer = writer_for(db, "w0")
+    await writer.ensure_schema()
+    async with failpoint(mongo, ["insert"]):  # the claims' insert comes first: it fails
+        with pytest.raises(WriteError, match="code 91"):
+            await writer.write(writer.plan(batch(temp=1.0)))
+    assert await db.readings.count_documents({}) == 0
+    outcome = await writer.write(writer.plan(batch(temp=1.0)))
+    assert outcome.written == N
+    assert await db.readings.count_documents({}) == N
+
+
+async def test_a_claim_that_failed_alone_is_retried_with_its_readings(
+        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One claim of a bulk insert fails (a transient error for that operation only)."""
+    writer = writer_for(db, "w0")
+    await writer.ensure_schema()
+    original = bulk.execute
+
+    async def last_fails(collection: Any, kind: str, docs: list[dict[str, Any]]) -> None:
+        if collection.name != "readings_claims" or len(docs) < N:
+            await original(collection, kind, docs)
+            return
+        await original(collection, kind, docs[:-1])
+        raise BulkWriteError({"writeErrors": [{"index": N - 1, "code": 11602,
+                                               "errmsg": "interrupted"}],
+                              "nInserted": N - 1})
+
+    monkeypatch.setattr(bulk, "execute", last_fails)
+    first = await writer.write(writer.plan(batch(temp=1.0)))
+    assert (first.written, len(first.retry)) == (N - 1, 1)
+    retried = await writer.write(writer.plan(first.retry))
+    assert (retried.written, retried.duplicates) == (1, 0)
+    assert await db.readings.count_documents({}) == N

@@ -35,26 +35,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from bson.datetime_ms import DatetimeMS
 from bson.errors import InvalidDocument
 from pymongo import ReadPreference
 from pymongo.errors import BulkWriteError, PyMongoError
 
 from ingest.store import mongo_errors
-from ingest.store.writers import Plan, bulk, split_bulk_error
+from ingest.store.writers import Plan, Singles, bulk, split_bulk_error
+from ingest.store.writers.bucket import ms_of
 from ingest.store.writers.instants import (
     TagsKey,
     conflict_detail,
     merged,
     same_value,
+    tags_key,
     with_fields,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from pymongo.asynchronous.collection import AsyncCollection
 
@@ -144,10 +147,10 @@ class Taken:
     """What the claims leave to insert, and what they decided."""
 
     ops: list[Any] = field(default_factory=list)
-    groups: list[list[Reading]] = field(default_factory=list)
-    # Claim ids of the instants this writer claimed now (their claims are this
-    # session's: removable if the insert is refused for its data), by op index.
-    won: dict[int, str] = field(default_factory=dict)
+    groups: Sequence[list[Reading]] = field(default_factory=list)
+    # Each op's claim id if this writer made the claim now (its session's own, removable
+    # if the insert is refused for its data), else None.
+    won: list[str | None] = field(default_factory=list)
     duplicates: int = 0
     conflicts: list[tuple[Reading, str]] = field(default_factory=list)
     retry: list[Reading] = field(default_factory=list)
@@ -162,18 +165,18 @@ class Claims:
         self.owner = owner
         self._primary = collection.with_options(read_preference=ReadPreference.PRIMARY)
 
-    async def take(self, ops: list[Any], groups: Sequence[list[Reading]],
-                   instants: list[Instant], stored: Mapping[Instant, dict[str, Any]],
-                   rebuild: Rebuild) -> Taken:
+    async def take(self, ops: list[Any], groups: Sequence[list[Reading]], ids: list[str],
+                   stored: list[dict[str, Any] | None] | None, rebuild: Rebuild) -> Taken:
         """Claim each operation's instant; what is left to insert, and what was decided.
 
-        ``instants``: each operation's series and instant; ``stored``: what the lookup
-        before found there; ``rebuild(reading)``: the document of a part of a reading.
-        Raises :class:`~ingest.errors.WriteError` if the claims' insert or read fails as
-        a whole (nothing is inserted then).
+        ``ids``: each operation's claim id (:func:`claim_ids`); ``stored``: the fields the
+        lookup before found at each operation's instant (None: nothing anywhere);
+        ``rebuild(reading)``: the document of a part of a reading. Raises
+        :class:`~ingest.errors.WriteError` if the claims' insert or read fails as a whole
+        (nothing is inserted then).
         """
-        round_ = _Round(ops, groups, instants, stored, rebuild, Taken())
-        pending = await self._claim(round_, list(range(len(ops))))
+        round_ = _Round(ops, groups, ids, stored, rebuild, Taken())
+        pending = await self._claim(round_, None)
         for _ in range(CLAIM_ROUNDS):
             if not pending:
                 break
@@ -182,61 +185,68 @@ class Claims:
             round_.taken.retry.extend(groups[i])
         return round_.taken
 
-    async def _claim(self, round_: _Round, indexes: list[int]) -> list[int]:
-        """Insert the claims of ``indexes`` (unordered); those that found a claim there.
+    async def _claim(self, round_: _Round, indexes: list[int] | None) -> list[int]:
+        """Insert the claims of ``indexes`` (None: all); those that found a claim there.
 
         A claim inserted keeps its operation as it is; one that failed otherwise sends
         its readings to the retry (or refuses them, for their data).
         """
-        if not indexes:
+        docs = self._documents(round_, indexes)
+        if not docs:
             return []
-        now = datetime.now(UTC)
-        ids = [claim_id(round_.instants[i]) for i in indexes]
-        docs = [{"_id": ids[n], "at": now, "by": self.owner,
-                 "f": _fields(round_.groups[i], round_.stored.get(round_.instants[i]))}
-                for n, i in enumerate(indexes)]
-        failed: set[int] = set()
-        collided: list[int] = []
+        chosen = range(len(round_.ops)) if indexes is None else indexes
         try:
             await bulk.execute(self.collection, bulk.INSERT, docs)
         except BulkWriteError as exc:
             sorted_out = split_bulk_error(
-                exc, Plan(docs, [round_.groups[i] for i in indexes]), collide=True)
+                exc, Plan(docs, [round_.groups[i] for i in chosen]), collide=True)
             failed = {int(error["index"]) for error in exc.details.get("writeErrors", [])}
-            collided = [indexes[n] for n in sorted_out.collided]
             round_.taken.retry.extend(sorted_out.retry)
             round_.taken.refused.extend(sorted_out.refused)
+            round_.keep([i for n, i in enumerate(chosen) if n not in failed])
+            return [chosen[n] for n in sorted_out.collided]
         except (PyMongoError, InvalidDocument) as exc:
             raise mongo_errors.translate(exc, "write") from exc
-        taken = round_.taken
-        for n, i in enumerate(indexes):
-            if n not in failed:
-                taken.won[len(taken.ops)] = ids[n]
-                taken.ops.append(round_.ops[i])
-                taken.groups.append(round_.groups[i])
-        return collided
+        round_.keep(indexes)
+        return []
+
+    def _documents(self, round_: _Round, indexes: list[int] | None) -> list[dict[str, Any]]:
+        """The claim documents of ``indexes`` (None: all)."""
+        at = DatetimeMS(time.time_ns() // 1_000_000)  # as BSON stores it, cheaply encoded
+        owner, ids, stored, groups = self.owner, round_.ids, round_.stored, round_.groups
+        if indexes is None and stored is None and isinstance(groups, Singles):
+            # the common case: one reading an instant, nothing stored there
+            return [{"_id": key, "at": at, "by": owner, "f": reading.values}
+                    for key, reading in zip(ids, groups.readings, strict=True)]
+        chosen = range(len(ids)) if indexes is None else indexes
+        return [{"_id": ids[i], "at": at, "by": owner,
+                 "f": _fields(groups[i], stored[i] if stored is not None else None)}
+                for i in chosen]
 
     async def _settle(self, round_: _Round, pending: list[int]) -> list[int]:
         """Judge operations whose instant is claimed against the claims; those left open."""
-        claims = await self._read([claim_id(round_.instants[i]) for i in pending])
+        claims = await self._read([round_.ids[i] for i in pending])
         missing: list[int] = []
         extend: list[tuple[int, Judged]] = []
+        stored = round_.stored
         for i in pending:
-            instant = round_.instants[i]
-            claim = claims.get(claim_id(instant))
+            claim = claims.get(round_.ids[i])
             if claim is None:  # removed (its TTL) since it collided: claim it anew
                 missing.append(i)
                 continue
-            judged = judge(round_.groups[i], claim, round_.stored.get(instant) or {},
-                           self.owner)
+            judged = judge(round_.groups[i], claim,
+                           (stored[i] if stored is not None else None) or {}, self.owner)
             if judged.add:
                 extend.append((i, judged))
             else:
                 round_.accept(i, judged)
-        added = await asyncio.gather(*(self._extend(claim_id(round_.instants[i]), j.add)
-                                       for i, j in extend))
-        again = [i for (i, judged), ok in zip(extend, added, strict=True)
-                 if not (ok and round_.accept(i, judged))]
+        added = await asyncio.gather(*(self._extend(round_.ids[i], j.add) for i, j in extend))
+        again = []
+        for (i, judged), ok in zip(extend, added, strict=True):
+            if ok:
+                round_.accept(i, judged)
+            else:
+                again.append(i)
         return again + await self._claim(round_, missing)
 
     async def _read(self, ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -282,20 +292,47 @@ class _Round:
 
     ops: list[Any]
     groups: Sequence[list[Reading]]
-    instants: list[Instant]
-    stored: Mapping[Instant, dict[str, Any]]
+    ids: list[str]
+    stored: list[dict[str, Any] | None] | None
     rebuild: Rebuild
     taken: Taken
 
-    def accept(self, i: int, judged: Judged) -> bool:
+    def keep(self, indexes: list[int] | None) -> None:
+        """Keep operations whose claim this writer made, as they are.
+
+        None: all of them, the round's whole result (the first claim insert succeeded;
+        nothing collided, so nothing else is added after).
+        """
+        taken = self.taken
+        if indexes is None:
+            taken.ops, taken.groups, taken.won = self.ops, self.groups, list(self.ids)
+            return
+        if not isinstance(taken.groups, list):
+            taken.groups = list(taken.groups)
+        for i in indexes:
+            taken.ops.append(self.ops[i])
+            taken.groups.append(self.groups[i])
+            taken.won.append(self.ids[i])
+
+    def accept(self, i: int, judged: Judged) -> None:
         """Count what operation ``i``'s claim decided; keep what is left to insert."""
         taken = self.taken
         taken.duplicates += judged.duplicates
         taken.conflicts.extend(judged.conflicts)
         if judged.part is not None:
+            if not isinstance(taken.groups, list):
+                taken.groups = list(taken.groups)
             taken.ops.append({"_id": self.ops[i]["_id"], **self.rebuild(judged.part)})
             taken.groups.append(judged.kept)
-        return True
+            taken.won.append(None)
+
+
+def claim_ids(readings: Iterable[Reading]) -> list[str]:
+    """:func:`claim_id` of each reading's series and instant."""
+    return [f"{reading.ms} {reading.sensor_id}"
+            if reading.ms is not None and not reading.tags
+            else claim_id((reading.sensor_id, tags_key(reading.tags), ms_of(reading)))
+            for reading in readings]
 
 
 def _fields(group: list[Reading], stored: dict[str, Any] | None) -> dict[str, Any]:

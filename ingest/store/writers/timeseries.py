@@ -47,7 +47,7 @@ from ingest.store import mongo_errors
 from ingest.store.schema import claims_collection
 from ingest.store.writers import Outcome, Plan, PrimaryReads, Singles, bulk, send
 from ingest.store.writers.bucket import bson_dates, ms_of, ts_key
-from ingest.store.writers.claims import Claims, Instant, Taken
+from ingest.store.writers.claims import Claims, Taken, claim_ids
 from ingest.store.writers.instants import (
     NO_TAGS,
     TagsKey,
@@ -295,8 +295,8 @@ class TimeseriesWriter(PrimaryReads):
         self._owner = owner or f"writer-{uuid.uuid4().hex}"
         self._claiming = claims
         self._claims: Claims | None = None
-        # The instants of the rounds in progress, each with the end of its round.
-        self._busy: dict[Instant, asyncio.Future[None]] = {}
+        # The rounds in progress: the end of each, and the instants (claim ids) it holds.
+        self._rounds: dict[asyncio.Future[None], set[str]] = {}
         # Instants looked up before inserting, and the time it took (see take_lookups).
         self._checked = 0
         self._check_seconds = 0.0
@@ -356,15 +356,15 @@ class TimeseriesWriter(PrimaryReads):
         if not self._claiming:
             plan, _ = await self._without_stored(plan)
             return plan, await self._insert(plan)
-        instants = _instants(plan.groups)
-        async with self._alone(instants):
+        ids = claim_ids(_firsts(plan.groups))
+        async with self._alone(ids):
             looked, stored = await self._without_stored(plan)
             if looked is not plan:
-                instants = _instants(looked.groups)
+                ids = claim_ids(_firsts(looked.groups))
             plan = looked
             if not plan.ops:
                 return plan, Outcome()
-            taken = await self._claimed().take(plan.ops, plan.groups, instants, stored,
+            taken = await self._claimed().take(plan.ops, plan.groups, ids, stored,
                                                reading_document)
             plan = Plan(taken.ops, taken.groups, plan.duplicates + taken.duplicates,
                         plan.conflicts + taken.conflicts, plan.deferred)
@@ -391,41 +391,41 @@ class TimeseriesWriter(PrimaryReads):
     async def _release(self, result: Outcome, taken: Taken) -> None:
         """Remove the claims made for documents refused for their data."""
         refused = {id(reading) for reading, _ in result.refused}
-        await self._claimed().release([key for index, key in taken.won.items()
-                                       if any(id(r) in refused for r in taken.groups[index])])
+        await self._claimed().release([
+            key for key, group in zip(taken.won, taken.groups, strict=True)
+            if key is not None and any(id(r) in refused for r in group)])
 
     @contextlib.asynccontextmanager
-    async def _alone(self, instants: list[Instant]) -> AsyncIterator[None]:
-        """Hold ``instants`` for one round, once no other round of this writer holds one.
+    async def _alone(self, instants: list[str]) -> AsyncIterator[None]:
+        """Hold ``instants`` (claim ids) for one round, once no other round holds one.
 
         Two rounds of one session on one instant would each take the other's claim for
         an earlier attempt of its own; taking turns, the later one's lookup finds what
         the earlier one stored.
         """
-        busy = self._busy
+        rounds = self._rounds
+        held = set(instants)
         while True:
-            ahead = {busy[i] for i in instants if i in busy}
+            ahead = [done for done, theirs in rounds.items() if not held.isdisjoint(theirs)]
             if not ahead:
                 break
             await asyncio.wait(ahead)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        for instant in instants:
-            busy[instant] = done
+        rounds[done] = held
         try:
             yield
         finally:
-            for instant in instants:
-                if busy.get(instant) is done:
-                    del busy[instant]
+            del rounds[done]
             done.set_result(None)
 
     async def _without_stored(self, plan: Plan
-                              ) -> tuple[Plan, dict[tuple[Any, ...], dict[str, Any]]]:
+                              ) -> tuple[Plan, list[dict[str, Any] | None] | None]:
         """``plan`` without what is stored: duplicates, conflicts, and stored fields.
 
         A document whose instant holds stored fields is built again from the fields of
         its readings that are not stored (readings merged in order, as the plan did).
-        Also returns what the lookup found, by instant.
+        Also returns the fields the lookup found at each document's instant (None when
+        it found nothing at any).
         """
         started = time.perf_counter()
         try:
@@ -434,21 +434,24 @@ class TimeseriesWriter(PrimaryReads):
             self._checked += len(plan.ops)
             self._check_seconds += time.perf_counter() - started
         if not stored:
-            return plan, stored
+            return plan, None
         ops: list[Any] = []
         groups: list[list[Reading]] = []
+        found: list[dict[str, Any] | None] = []
         out = Plan(ops, groups, plan.duplicates, list(plan.conflicts), plan.deferred)
         for doc, group in zip(plan.ops, plan.groups, strict=True):
             fields = stored.get(_doc_instant(doc))
             if fields is None:
                 ops.append(doc)
                 groups.append(group)
+                found.append(None)
                 continue
             part, kept = self._unstored(group, dict(fields), out)
             if part is not None:
                 ops.append({"_id": doc["_id"], **reading_document(part)})
                 groups.append(kept)
-        return out, stored
+                found.append(fields)
+        return out, found
 
     @staticmethod
     def _unstored(group: list[Reading], fields: dict[str, Any], plan: Plan
@@ -513,11 +516,11 @@ def _instant(reading: Reading) -> tuple[str, TagsKey, int]:
     return reading.sensor_id, tags_key(reading.tags), ms_of(reading)
 
 
-def _instants(groups: Sequence[list[Reading]]) -> list[Instant]:
-    """Each operation's series and instant (its readings share them)."""
+def _firsts(groups: Sequence[list[Reading]]) -> list[Reading]:
+    """Each operation's first reading (its readings share a series and instant)."""
     if isinstance(groups, Singles):
-        return list(map(_instant, groups.readings))
-    return [_instant(group[0]) for group in groups]
+        return groups.readings
+    return [group[0] for group in groups]
 
 
 def _doc_instant(doc: Mapping[str, Any]) -> tuple[str, TagsKey, int]:
