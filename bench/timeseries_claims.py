@@ -20,12 +20,15 @@ import subprocess
 import time
 from typing import TYPE_CHECKING, Any
 
+import bson
+from bson.datetime_ms import DatetimeMS
 from pymongo import AsyncMongoClient
 
 from bench.e2e import tools
 from bench.timeseries_plan import messages
 from ingest.pipeline.app import GC_THRESHOLD
 from ingest.store.schema import Schema
+from ingest.store.writers.claims import claim_ids
 from ingest.store.writers.timeseries import TimeseriesWriter
 
 if TYPE_CHECKING:
@@ -59,6 +62,18 @@ async def measure(uri: str, work: list[list[Reading]], claims: bool) -> tuple[fl
         await client.close()
 
 
+def bytes_per_reading(batch: list[Reading], owner: str) -> tuple[float, float]:
+    """BSON bytes a reading of the readings' documents and of the claims."""
+    writer = TimeseriesWriter(None, None)  # type: ignore[arg-type]  # plans only
+    plan = writer.plan(batch)
+    docs = sum(len(bson.encode(doc)) if isinstance(doc, dict) else len(doc.raw)
+               for doc in plan.ops)
+    at = DatetimeMS(time.time_ns() // 1_000_000)
+    claims = sum(len(bson.encode({"_id": key, "at": at, "by": owner, "f": r.values}))
+                 for key, r in zip(claim_ids(batch), batch, strict=True))
+    return docs / len(batch), claims / len(batch)
+
+
 def main() -> None:
     """Parse the arguments, run the rounds, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -88,6 +103,8 @@ def main() -> None:
     for claims, label in ((False, "lookup, insert"), (True, "lookup, claims, insert")):
         cpu, wall = best[claims]
         print(f"| {label} | {cpu / total * 1e6:.2f} | {wall / total * 1e6:.2f} |")
+    docs, claims_bytes = bytes_per_reading(work[0], "ingest-timeseries-host1-w1")
+    print(f"BSON bytes a reading: {docs:.0f} in its document, {claims_bytes:.0f} in its claim")
     extra = (best[True][0] - best[False][0]) / total * 1e6
     print(f"claims: +{extra:.2f} µs CPU a reading "
           f"({best[True][0] / best[False][0] - 1:+.0%} of the write path)")
