@@ -251,3 +251,55 @@ async def test_a_claim_that_failed_alone_is_retried_with_its_readings(
     retried = await writer.write(writer.plan(first.retry))
     assert (retried.written, retried.duplicates) == (1, 0)
     assert await db.readings.count_documents({}) == N
+
+
+async def test_a_write_retried_after_its_claims_expired_is_judged_afresh(
+        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An outage longer than the claims' life: the first attempt claimed, its insert
+    failed, the TTL removed the claims, another session stored the instants meanwhile.
+    The retry looks up and claims again: the other session's values stand."""
+    first = writer_for(db, "w0")
+    await first.ensure_schema()
+
+    async def fails(self: TimeseriesWriter, plan: Any) -> Outcome:
+        raise WriteError("MongoDB unreachable")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TimeseriesWriter, "_insert", fails)
+        with pytest.raises(WriteError):
+            await first.write(first.plan(batch(temp=1.0)))
+    await db.readings_claims.delete_many({})  # what the TTL monitor does after 600 s
+    other = writer_for(db, "w1")
+    assert (await other.write(other.plan(batch(temp=2.0)))).written == N
+    retried = await first.write(first.plan(batch(temp=1.0)))
+    assert (retried.written, len(retried.conflicts)) == (0, N)
+    stored = await instants(db.readings, "timeseries")
+    assert {fields["temp"] for fields in stored.values()} == {2.0}
+
+
+async def test_a_claim_gone_between_its_collision_and_its_read_is_made_again(
+        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ingest.store.writers.claims import Claims  # noqa: PLC0415
+
+    other = writer_for(db, "w1")
+    await other.ensure_schema()
+    insert = TimeseriesWriter._insert
+
+    async def dies(self: TimeseriesWriter, plan: Any) -> Outcome:
+        raise WriteError("the process died here")
+
+    monkeypatch.setattr(TimeseriesWriter, "_insert", dies)
+    with pytest.raises(WriteError):  # claims of another session, nothing stored
+        await other.write(other.plan(batch(temp=1.0)))
+    monkeypatch.setattr(TimeseriesWriter, "_insert", insert)
+    original = Claims._read
+
+    async def expired(self: Claims, ids: list[str]) -> dict[str, dict[str, Any]]:
+        await db.readings_claims.delete_many({"_id": {"$in": ids}})  # the TTL, just now
+        return await original(self, ids)
+
+    monkeypatch.setattr(Claims, "_read", expired)
+    writer = writer_for(db, "w0")
+    outcome = await writer.write(writer.plan(batch(temp=1.0)))
+    assert (outcome.written, outcome.duplicates) == (N, 0)
+    assert await db.readings_claims.count_documents({"by": "w0"}) == N
