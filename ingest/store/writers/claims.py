@@ -33,7 +33,6 @@ agree to well within ``CLAIM_SECONDS``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -63,8 +62,9 @@ if TYPE_CHECKING:
 
     from ingest.model import Reading
 
-# Rounds of "read the claims, add the missing fields" before giving the rest back to the
-# pipeline's retry (only writers adding the very same fields at once make another round).
+# Rounds of "read the claims, judge, add the missing fields" before giving the rest back
+# to the pipeline's retry: one to add fields and one to see them added; only writers
+# adding the very same fields at once, or claims expiring meanwhile, need more.
 CLAIM_ROUNDS = 4
 
 type Instant = tuple[str, TagsKey, int]
@@ -240,14 +240,11 @@ class Claims:
                 extend.append((i, judged))
             else:
                 round_.accept(i, judged)
-        added = await asyncio.gather(*(self._extend(round_.ids[i], j.add) for i, j in extend))
-        again = []
-        for (i, judged), ok in zip(extend, added, strict=True):
-            if ok:
-                round_.accept(i, judged)
-            else:
-                again.append(i)
-        return again + await self._claim(round_, missing)
+        if extend:
+            await self._extend([(round_.ids[i], judged.add) for i, judged in extend])
+        # extended: judged again against the claims as they now are, this writer's new
+        # fields among them (or another's, if it was faster)
+        return [i for i, _ in extend] + await self._claim(round_, missing)
 
     async def _read(self, ids: list[str]) -> dict[str, dict[str, Any]]:
         """The claims of ``ids``, by id, from the primary."""
@@ -257,19 +254,28 @@ class Claims:
         except (PyMongoError, InvalidDocument) as exc:
             raise mongo_errors.translate(exc, "lookup") from exc
 
-    async def _extend(self, claim: str, add: dict[str, Any]) -> bool:
-        """Add fields to a claim while it lacks every one of them; whether this did."""
-        query: dict[str, Any] = {"_id": claim}
-        update: dict[str, Any] = {}
-        for name, value in add.items():
-            query[f"f.{name}"] = {"$exists": False}
-            update[f"f.{name}"] = value
-            update[f"x.{name}"] = self.owner
+    async def _extend(self, additions: list[tuple[str, dict[str, Any]]]) -> None:
+        """Add fields to claims, each while it lacks every one of its fields.
+
+        One unordered bulk update; whether a claim took the fields shows when it is read
+        again (``x.<field>`` names this session).
+        """
+        statements = []
+        for claim, add in additions:
+            query: dict[str, Any] = {"_id": claim}
+            update: dict[str, Any] = {}
+            for name, value in add.items():
+                query[f"f.{name}"] = {"$exists": False}
+                update[f"f.{name}"] = value
+                update[f"x.{name}"] = self.owner
+            statements.append({"q": query, "u": {"$set": update}, "multi": False,
+                               "upsert": False})
         try:
-            result = await self.collection.update_one(query, {"$set": update})
+            await bulk.execute(self.collection, bulk.UPDATE, statements)
+        except BulkWriteError:
+            return  # the claims read next show what was added
         except (PyMongoError, InvalidDocument) as exc:
             raise mongo_errors.translate(exc, "write") from exc
-        return result.matched_count == 1
 
     async def release(self, ids: list[str]) -> None:
         """Remove claims this session made now whose insert was refused for its data.
