@@ -298,7 +298,9 @@ with time, so a fleet's writes spread over all shards:
                    documents: each upsert goes to one shard, and the unique
                    {sensor_id, readings.ts} index stays enforceable.
   timeseries mode  {meta.sensor_id: 1}    MongoDB 8.0 deprecates sharding a
-                   time-series collection on its time field.
+                   time-series collection on its time field; its claims
+                   collection on {_id: "hashed"}, which keeps each claim's
+                   _id unique across shards.
 On a replica set or a standalone server --shard changes nothing and says so.
 """
 

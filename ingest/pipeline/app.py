@@ -144,7 +144,8 @@ def make_writer(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) ->
         logger.warning("this pymongo's bulk internals differ (%s): writing through its "
                        "public bulk API, at more CPU per reading", problem)
     if settings.mode == "timeseries":
-        return TimeseriesWriter(db[settings.collection], schema)
+        # Its claims are the session's: each worker's (and a drain's) own client id.
+        return TimeseriesWriter(db[settings.collection], schema, settings.client_id)
     return BucketWriter(db[settings.collection], schema, settings.span_seconds,
                         settings.bucket_max_readings)
 
