@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _SENSOR = re.compile(SENSOR_ID_PATTERN)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+MAX_NAME = 64  # characters of a measurement or tag name (model.NAME_PATTERN)
 TOPIC_CACHE = 100_000  # topics remembered with their rule, captures, tags and sensor id
 NAME_CACHE = 10_000  # field names remembered per rule
 _DROP = ""  # a field name resolved to "leave it out, silently"
@@ -622,10 +623,13 @@ def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection:
         for key, tag_value in (item.tags or {}).items():
             if key in rule.named_tags:  # part of the sensor id or the measurement names
                 continue
-            safe_key = safe(key)
-            if safe_key in RESERVED_TAGS or not 1 <= len(safe_key) <= 64:
-                continue
-            tags[safe_key] = tag_value
+            name = tag_name(key)
+            if type(name) is not str:
+                return name  # type: ignore[return-value]
+            held = tags.get(name)
+            if held is not None and (held != tag_value or name not in matched.tags):
+                return _tag_collision(matched, item, key, name)
+            tags[name] = tag_value
         # The topic's tags passed _tag_problem when the topic was matched: without line
         # tags only the rendered values are new, checked here, and all of them (in the
         # dict's order, as _tag_problem reports) only if one of them fails.
@@ -634,6 +638,12 @@ def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection:
             for key, template in rule.tags.items():
                 rendered = template.render(item.context)
                 if rendered is not None:
+                    held = tags.get(key)
+                    if (held is not None and held != rendered and item.tags is not None
+                            and key not in matched.tags):  # a line tag of that name
+                        return Rejection("bad_tag_name", f"tag {key}: the line says "
+                                         f"{held[:40]!r}, the rule's [rule.tags] "
+                                         f"{rendered[:40]!r}")
                     tags[key] = rendered
                     if not check:
                         check = _too_long(rendered)
@@ -641,6 +651,34 @@ def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection:
         if problem is not None:
             return problem
     return tags
+
+
+def tag_name(key: str) -> str | Rejection:
+    """The name a payload's tag (line protocol) is stored under, or why it has none.
+
+    Made safe as a field name is; a reserved name (``sensor_id``, ``units``, ``_id``)
+    takes a ``_`` in front (``_sensor_id``): such a tag still tells series apart.
+    """
+    name = safe(key)
+    if name in RESERVED_TAGS:
+        return "_" + name
+    if not 1 <= len(name) <= MAX_NAME:
+        return Rejection("bad_tag_name", f"tag {key[:60]!r}: not a tag name once made safe "
+                         f"([A-Za-z0-9_-]{{1,{MAX_NAME}}})")
+    return name
+
+
+def _tag_collision(matched: _Topic, item: Item, key: str, name: str) -> Rejection:
+    """The rejection of a line tag stored under the name of another tag."""
+    other = next((k for k in item.tags or () if k != key and k not in matched.rule.named_tags
+                  and tag_name(k) == name), None)
+    if other is None:  # a tag of the topic (a capture or [rule.tags]) of another value
+        return Rejection("bad_tag_name", f"tag {key[:60]!r} ({name}): the line says "
+                         f"{(item.tags or {})[key][:40]!r}, the topic "
+                         f"{matched.tags[name][:40]!r}")
+    first, second = sorted((other, key))
+    return Rejection("bad_tag_name", f"tags {first[:60]!r} and {second[:60]!r}: one name "
+                     f"once made safe ({name})")
 
 
 def _too_long(tag_value: str) -> bool:

@@ -256,6 +256,7 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
     tags = _tags(entry.get("tags", {}), fmt, allowed)
     units = _units(entry.get("units", {}), fmt, allowed)
     used = set(named).union(*(t.names for t in (*tags.values(), *units.values())))
+    _check_capture_tags(captures, set(named).union(*(t.names for t in units.values())))
     flatten = _flatten(entry)
     variables = tuple((n, tuple(n.split("."))) for n in sorted(used - allowed)
                       if fmt == "json")
@@ -295,6 +296,15 @@ def _check_topic(topic: str) -> tuple[str, ...]:
             raise ValueError(f"topic {topic!r}: '+', '#' and {{capture}} must fill a whole "
                              "level")
     return tuple(captures)
+
+
+def _check_capture_tags(captures: tuple[str, ...], named: set[str]) -> None:
+    """A capture that becomes a tag (see mapping._match) must not take a reserved name."""
+    for capture in captures:
+        if capture in RESERVED_TAGS - {"sensor_id"} and capture not in named:
+            raise ValueError(f"capture {{{capture}}} would be a tag, and tag names "
+                             f"{', '.join(sorted(RESERVED_TAGS))} are reserved: name the "
+                             "capture otherwise")
 
 
 def _text(entry: dict[str, Any], key: str, default: str | None) -> str | None:
