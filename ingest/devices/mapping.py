@@ -196,6 +196,8 @@ class Mapping:
         self._group_rule = {self._regex.groupindex[f"r{i}"]: i for i in range(len(self.rules))}
         self._cache: dict[str, _Topic | None] = {}
         self._names: dict[str, dict[str, str | Rejection]] = {r.name: {} for r in self.rules}
+        # Per rule with [rule.types]: stored name -> its declared kind ("" for none).
+        self._kinds: dict[str, dict[str, str]] = {r.name: {} for r in self.rules if r.types}
         # Arrival times of readings without their own (see ingest.devices.decode.Arrivals).
         self.arrivals = Arrivals()
         # Set during decode_at: items without a time take the given one exactly.
@@ -460,6 +462,16 @@ class Mapping:
             names[raw] = result
         return result
 
+    def _kind(self, rule: Rule, name: str) -> str:
+        """The kind ``[rule.types]`` declares for a stored name ("" for none)."""
+        kinds = self._kinds[rule.name]
+        kind = kinds.get(name)
+        if kind is None:
+            kind = next((k for glob, k in rule.types if fnmatchcase(name, glob)), "")
+            if len(kinds) < NAME_CACHE:
+                kinds[name] = kind
+        return kind
+
     def _values(self, rule: Rule, fields: dict[str, object], rejections: list[Rejection],
                 index: int | None) -> dict[str, int | float | bool | str]:
         return values(self, rule, fields, rejections, index)
@@ -497,6 +509,7 @@ def values_py(mapping: Mapping, rule: Rule, fields: dict[str, object],
     """The item's fields as the reading's values; field-level rejections appended."""
     values: dict[str, int | float | bool | str] = {}
     names = mapping._names[rule.name]  # noqa: SLF001
+    kinds = mapping._kinds[rule.name] if rule.types else None  # noqa: SLF001
     for raw, raw_value in fields.items():
         if raw_value is None:
             continue
@@ -508,10 +521,17 @@ def values_py(mapping: Mapping, rule: Rule, fields: dict[str, object],
             continue
         if not name:
             continue
+        declared = None
+        if kinds is not None:
+            declared = kinds.get(name)
+            if declared is None:
+                declared = mapping._kind(rule, name)  # noqa: SLF001
         kind = type(raw_value)
-        if kind is bool or (kind is float and -MAX_MAGNITUDE <= raw_value <= MAX_MAGNITUDE) or (  # type: ignore[operator]
+        if declared:
+            stored: object = _typed(rule, name, raw_value, declared)
+        elif kind is bool or (kind is float and -MAX_MAGNITUDE <= raw_value <= MAX_MAGNITUDE) or (  # type: ignore[operator]
                 kind is int and _INT64_MIN <= raw_value <= _INT64_MAX):  # type: ignore[operator]
-            stored: object = raw_value  # the common case, without a call
+            stored = raw_value  # the common case, without a call
         else:
             stored = _value(rule, name, raw_value)
         if type(stored) is Rejection:
@@ -527,7 +547,7 @@ def values_py(mapping: Mapping, rule: Rule, fields: dict[str, object],
 
 
 # The compiled twin (_values_c.pyx) takes the common fields itself and calls this
-# module's _resolve, _value, _at and _collision for the rest.
+# module's _resolve, _kind, _typed, _value, _at and _collision for the rest.
 values = accel.pick(values_py, "ingest.devices._values_c", "values")
 
 
@@ -611,6 +631,34 @@ def _value(rule: Rule, name: str, value: object) -> object:
     if kind is list:
         return Rejection("bad_value", f"{name}: an array (leave it out with drop)")
     return Rejection("bad_value", f"{name}: unsupported value ({kind.__name__})")
+
+
+_FITS = {"number": (int, float), "boolean": (bool,), "string": (str,)}
+
+
+def _typed(rule: Rule, name: str, value: object, declared: str) -> object:
+    """:func:`_value` for a measurement of a declared kind (``[rule.types]``).
+
+    A string the rule's ``values`` maps is the value it maps to; then a value of another
+    kind is refused (``bad_value``) whatever ``strings`` says: a measurement never
+    changes kind within a series.
+    """
+    if type(value) is str and rule.values:
+        mapped = rule.values.get(value, _DROP_VALUE)
+        if mapped is not _DROP_VALUE:
+            return mapped if type(mapped) in _FITS[declared] else _mistyped(
+                name, value, declared)
+    if type(value) in _FITS[declared]:
+        return _value(rule, name, value)  # bounds, strings and max_string_bytes
+    return _mistyped(name, value, declared)
+
+
+def _mistyped(name: str, value: object, declared: str) -> Rejection:
+    kind = type(value)
+    shown = (repr(value[:40]) if kind is str else "true" if value is True  # type: ignore[index]
+             else "false" if value is False else repr(value)[:40] if kind in (int, float)
+             else "an array" if kind is list else kind.__name__)
+    return Rejection("bad_value", f"{name}: {shown} is not a {declared} ([rule.types])")
 
 
 def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection:
