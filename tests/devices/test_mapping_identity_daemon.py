@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tests.devices.test_homie_daemon import start as homie_start
-from tests.devices.test_presets import stored_rows
+from tests.devices.test_presets import prefixed, stored_rows
 from tests.support.procs import eventually
 
 if TYPE_CHECKING:
@@ -120,4 +120,45 @@ async def test_two_homie_properties_whose_joined_ids_meet_are_stored_apart(
         assert rows[0]["doc"]["units"] == {"a__b_c": "°C", "a_b__c": "%"}
     assert await rejects(db) == [
         ("bad_topic", f"{d}/dev/_a/b", f"not a Homie 4 or 5 topic: '{d}/dev/_a/b'")]
+    assert proc.stop() == 0
+
+
+async def test_a_presets_numeric_measurement_is_never_stored_as_text(
+        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any,
+        tmp_path: Path) -> None:
+    """Zigbee2MQTT ``{"temperature": "warm"}`` and a Shelly Gen1 ``relay/0/power`` of
+    ``NaN`` are refused as ``bad_value`` (the reading's other values stored); Zigbee2MQTT's
+    booleans and Shelly's on/off stay booleans; every stored value keeps its kind."""
+    z2m, shelly = (prefixed(p, topic_root, tmp_path) for p in ("zigbee2mqtt", "shelly"))
+    mapping = tmp_path / "both.toml"
+    mapping.write_text(z2m.read_text() + "\n" + shelly.read_text())
+    proc = daemon("--mapping", str(mapping))
+    hall = f"{topic_root}/zigbee2mqtt/Hall"
+    plug = f"{topic_root}/shellies/shelly1pm-84CCA8ADE5E2"
+    await publish([
+        (hall, '{"temperature": "warm", "occupancy": true, "action": "single"}'),
+        (hall, '{"temperature": 21.5, "occupancy": false}'),
+        (hall, '{"occupancy": "yes"}'),
+        (f"{plug}/relay/0/power", "NaN"),
+        (f"{plug}/relay/0/power", "22.5"),
+        (f"{plug}/relay/0", "on"),
+    ])
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == 6)
+    await eventually(lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}')
+                     == 4)
+    assert proc.metric('ingest_readings_rejected_total{reason="bad_value"}') == 3
+    assert proc.metric('ingest_readings_rejected_total{reason="no_measurements"}') == 2
+    rows = await stored_rows(db, mode)
+    kinds: dict[str, set[str]] = {}
+    for row in rows:
+        for name, value in row["values"].items():
+            kinds.setdefault(name, set()).add(type(value).__name__)
+    assert kinds == {"temperature": {"float"}, "occupancy": {"bool"}, "action": {"str"},
+                     "relay_0_power": {"float"}, "relay_0": {"bool"}}
+    await eventually(lambda: _count(db, 5))
+    assert [r for r in await rejects(db) if r[0] == "bad_value"] == sorted([
+        ("bad_value", hall, "temperature: 'warm' is not a number ([rule.types])"),
+        ("bad_value", hall, "occupancy: 'yes' is not a boolean ([rule.types])"),
+        ("bad_value", f"{plug}/relay/0/power",
+         "relay_0_power: 'NaN' is not a number ([rule.types])")])
     assert proc.stop() == 0
