@@ -2,9 +2,10 @@
 
 Same values (types and key order included) and the same rejections (reason, detail,
 index) for generated fields under rules that rename, keep, drop, map strings and keep,
-drop or refuse them, or declare kinds ([rule.types]): names that collide once made safe, reserved and overlong names,
-values of every kind (bools, ints at and beyond int64, floats at and beyond the
-magnitude bound, NaN and infinities, strings at the byte bound, arrays, objects, None).
+drop or refuse them, or declare kinds ([rule.types]): names that collide once made
+safe, reserved and overlong names, values of every kind (bools, ints at and beyond
+int64, floats at and beyond the magnitude bound, NaN and infinities, strings at the byte
+bound, arrays, objects, None).
 """
 
 from __future__ import annotations

@@ -64,8 +64,9 @@ MAX_UNIT = 64  # characters of a unit
 MAX_FORMAT = 4096  # characters of a $format
 # Homie ids are [a-z0-9-] ("A topic level ID MAY contain lowercase letters from a to z,
 # numbers from 0 to 9 as well as the hyphen character", 4.0.0); uppercase and '_' are
-# taken too (Homie 3 names node array elements <node>_<index>; some libraries allow '_'). A node or property id neither starts
-# nor ends with '_', so that measurement_name() stays one-to-one.
+# taken too (Homie 3 names node array elements <node>_<index>; some libraries allow
+# '_'). A node or property id neither starts nor ends with '_', so that
+# measurement_name() stays one-to-one.
 _ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _PART = re.compile(r"[A-Za-z0-9-](?:[A-Za-z0-9_-]{0,126}[A-Za-z0-9-])?")
 _INTEGER = re.compile(r"-?[0-9]+")
