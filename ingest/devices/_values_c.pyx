@@ -85,10 +85,13 @@ def values(mapping, rule, fields, list rejections, index):
             declared = kinds.get(name)
             if declared is None:
                 declared = mapping._kind(rule, name)
-        if declared:
-            stored = _typed(rule, name, raw_value, declared)
-        elif _plain(raw_value):
+        if _plain(raw_value):
             stored = raw_value
+            if declared and (declared == "string" or (type(raw_value) is bool) != (
+                    declared == "boolean")):  # a kind the rule does not declare
+                stored = _typed(rule, name, raw_value, declared)
+        elif declared:
+            stored = _typed(rule, name, raw_value, declared)
         else:
             stored = _value(rule, name, raw_value)
         if type(stored) is _Rejection:

@@ -527,11 +527,14 @@ def values_py(mapping: Mapping, rule: Rule, fields: dict[str, object],
             if declared is None:
                 declared = mapping._kind(rule, name)  # noqa: SLF001
         kind = type(raw_value)
-        if declared:
-            stored: object = _typed(rule, name, raw_value, declared)
-        elif kind is bool or (kind is float and -MAX_MAGNITUDE <= raw_value <= MAX_MAGNITUDE) or (  # type: ignore[operator]
+        if kind is bool or (kind is float and -MAX_MAGNITUDE <= raw_value <= MAX_MAGNITUDE) or (  # type: ignore[operator]
                 kind is int and _INT64_MIN <= raw_value <= _INT64_MAX):  # type: ignore[operator]
-            stored = raw_value  # the common case, without a call
+            stored: object = raw_value  # the common case, without a call
+            if declared and (declared == "string" or (kind is bool) is not (
+                    declared == "boolean")):  # a kind the rule does not declare
+                stored = _typed(rule, name, raw_value, declared)
+        elif declared:
+            stored = _typed(rule, name, raw_value, declared)
         else:
             stored = _value(rule, name, raw_value)
         if type(stored) is Rejection:
