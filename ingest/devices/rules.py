@@ -511,8 +511,8 @@ def _types(table: object, fmt: str) -> tuple[tuple[str, str], ...]:
         if type(names) is not list or any(type(n) is not str or not n for n in names):
             raise TypeError(f"types.{kind} must be a list of non-empty strings (names or "
                             "globs)")
-        kind = KINDS[KINDS.index(kind)]  # the constant: compared by identity first
-        out.extend((name, kind) for name in names)
+        constant = KINDS[KINDS.index(kind)]  # compared by identity first
+        out.extend((name, constant) for name in names)
     return tuple(out)
 
 
