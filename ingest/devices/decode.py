@@ -36,6 +36,7 @@ WRITE_REASONS: tuple[str, ...] = (
 # Reasons only the mapping rules give (ingest/devices/mapping.py).
 MAPPING_REASONS: tuple[str, ...] = (
     "no_rule",            # mapping rules are configured and none matches the topic
+    "bad_tag_name",       # a payload's tag without a name of its own once made safe
 )
 # Reasons given after decoding, whatever the format (ingest/devices/identity.py).
 IDENTITY_REASONS: tuple[str, ...] = (
