@@ -21,8 +21,17 @@ PUBACK_WORD = int.from_bytes(PUBACK_HEAD) << 16  # a PUBACK's head above its 16-
 PUBLISH = 0x30
 MALFORMED = "malformed PUBLISH: its header runs past its end"
 
-# topic, payload, mid, qos, dup, retain (the PUBLISH's RETAIN flag as delivered)
-type Deliver = Callable[[str, bytes, int, int, bool, bool], None]
+# The Subscription Identifiers a PUBLISH carries: 0 for none, the identifier when it
+# carries one (the usual case), a tuple of them when it carries several.
+type Subscription = int | tuple[int, ...]
+# topic, payload, mid, qos, dup, retain (the PUBLISH's RETAIN flag as delivered),
+# subscription
+type Deliver = Callable[[str, bytes, int, int, bool, bool, Subscription], None]
+SUBSCRIPTION_IDENTIFIER = 0x0B
+# The other properties a PUBLISH may carry (MQTT 5, 3.3.2.3), by how their value is
+# skipped: a byte, a four-byte integer, a two-byte integer, a string or binary data, a
+# pair of strings (a user property).
+_BYTE, _FOUR, _TWO, _STRING, _PAIR = 0x01, 0x02, 0x23, (0x03, 0x08, 0x09), 0x26
 
 
 class Cursor(Protocol):
@@ -78,8 +87,9 @@ def deliver_publish_py(deliver: Deliver, command: int, data: bytes, at: int,
                        stop: int) -> None:
     """Hand a QoS 0 or 1 PUBLISH to ``deliver``: its first header byte and its body.
 
-    The body is ``data[at:stop]``, parsed in place (topic, packet id, properties
-    skipped, payload; see ingest/mqtt/paho_hooks.py for why skipping them is safe). A
+    The body is ``data[at:stop]``, parsed in place (topic, packet id, the Subscription
+    Identifiers among the properties, payload; see ingest/mqtt/paho_hooks.py for why
+    the other properties are safe to skip, and :func:`_subscription`). A
     header that runs past ``stop`` raises ``ValueError`` (:data:`MALFORMED`): in a read
     buffer, the next packet's bytes would be taken for it. So does a body outside
     ``data`` or a ``command`` that is not a byte.
@@ -107,27 +117,75 @@ def _deliver_publish(deliver: Deliver, command: int, data: bytes, at: int, stop:
             mid = data[end] << 8 | data[end + 1]
             end += 2
         if data[end] < 0x80:  # the usual property length: one byte
-            end += 1 + data[end]
+            block = end + 1
+            end = block + data[end]
         else:
-            end = _skip_properties(data, end)
+            block, end = _property_block(data, end)
     except IndexError:
         end = stop + 1
     if end > stop:
         raise ValueError(MALFORMED)
     deliver(topic, data[end:stop], mid, (command & 0x06) >> 1, bool(command & 0x08),
-            bool(command & 0x01))
+            bool(command & 0x01), _subscription(data, block, end) if end > block else 0)
 
 
-def _skip_properties(data: bytes, pos: int) -> int:
-    """Position just past an MQTT 5 property block (a variable byte integer length)."""
+def _property_block(data: bytes, pos: int) -> tuple[int, int]:
+    """Where an MQTT 5 property block's properties start and end (after its length)."""
     length, shift = 0, 0
     while True:
         byte = data[pos]
         pos += 1
         length |= (byte & 0x7F) << shift
         if not byte & 0x80:
-            return pos + length
+            return pos, pos + length
         shift += 7
+
+
+def _subscription(data: bytes, pos: int, end: int) -> Subscription:
+    """The Subscription Identifiers among the properties ``data[pos:end]``.
+
+    0 for none, the identifier if one, a tuple if several (a broker may send one copy of
+    a message that several subscriptions match). The other properties are skipped by
+    their type; reading stops, with what was found so far, at a property identifier
+    that MQTT 5 does not define for a PUBLISH or at one that runs past the block (a
+    malformed block: its bytes are not read as anything else).
+    """
+    found: Subscription = 0
+    while pos < end:
+        ident = data[pos]
+        pos += 1
+        if ident == SUBSCRIPTION_IDENTIFIER:
+            value = 0
+            for shift in (0, 7, 14, 21):  # a variable byte integer of at most 4 bytes
+                if pos >= end:
+                    return found
+                byte = data[pos]
+                pos += 1
+                value |= (byte & 0x7F) << shift
+                if not byte & 0x80:
+                    break
+            else:
+                return found
+            if not value:
+                continue  # 0 is not an identifier (a protocol error): nothing found
+            if not found:
+                found = value
+            else:
+                found = ((found,) if isinstance(found, int) else found) + (value,)
+        elif ident == _BYTE:
+            pos += 1
+        elif ident == _FOUR:
+            pos += 4
+        elif ident == _TWO:
+            pos += 2
+        elif ident in _STRING or ident == _PAIR:
+            for _ in range(2 if ident == _PAIR else 1):
+                if pos + 2 > end:
+                    return found
+                pos += 2 + (data[pos] << 8 | data[pos + 1])
+        else:
+            return found
+    return found
 
 
 def pubacks_py(mids: list[int]) -> bytes:

@@ -1,0 +1,124 @@
+"""A restart with other topics or presets keeps none of the old subscriptions' messages.
+
+The session is persistent, so the broker keeps every filter a client id ever subscribed.
+Through the real broker and daemon: what comes through a filter not subscribed today
+(its Subscription Identifier says so) is acknowledged, counted and not stored, and the
+filters of the earlier run are unsubscribed, so the broker stops sending them at all.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from ingest.mqtt.subscriptions import Subscriptions, identifier
+from ingest.pipeline.subscribed import COLLECTION
+from tests.support.mongo import stored
+from tests.support.procs import eventually
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tests.support.procs import Broker, Daemon
+
+OLD = 'ingest_messages_skipped_total{reason="old_subscription"}'
+
+
+def reading(topic: str, sensor: str, second: int | None = None) -> tuple[str, str]:
+    """One reading of ``sensor`` (at ``second``, or without a time: taken at arrival)."""
+    payload: dict[str, Any] = {"sensor_id": sensor, "temp": 21.5}
+    if second is not None:
+        payload["ts"] = f"2026-01-01T00:00:{second:02d}Z"
+    return topic, json.dumps(payload)
+
+
+async def settled(proc: Daemon) -> dict[str, float]:
+    """The daemon's metrics once every message received is acknowledged."""
+    def check() -> dict[str, float] | None:
+        metrics = proc.metrics()
+        received = metrics.get("ingest_messages_received_total", 0.0)
+        return metrics if received and metrics.get(
+            "ingest_messages_acked_total", 0.0) == received else None
+    result: dict[str, float] = await eventually(check)
+    return result
+
+
+async def test_a_restart_with_another_topic_stores_nothing_of_the_old_one(
+        daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
+        topic_root: str, mode: str) -> None:
+    old, new = f"{topic_root}/old", f"{topic_root}/new"
+    first = daemon("--topic", f"{old}/#", rule_topics=True)
+    assert first.stop() == 0
+    await publish([reading(f"{old}/x", "queued", 1)])  # queued through old/# while away
+    second = daemon("--topic", f"{new}/#", rule_topics=True)
+    # old/# is unsubscribed now: a new message there does not even arrive.
+    await publish([reading(f"{old}/y", "live", 2), reading(f"{new}/x", "new", 3)])
+    await eventually(lambda: second.metric("ingest_messages_acked_total") == 2)
+    metrics = await settled(second)
+    assert await stored(db, mode) == 1  # only new/x
+    assert metrics["ingest_messages_received_total"] == 2  # the queued old/x and new/x
+    assert metrics[OLD] == 1
+    assert metrics['ingest_messages_skipped_total{reason="unidentified_subscription"}'] == 0
+    assert "unsubscribed from " + f"{old}/#" in second.logs()
+    assert second.stop() == 0
+    record = await db[COLLECTION].find_one({"client_id": f"ingest-{topic_root}"})
+    assert record is not None
+    assert record["filters"] == [f"{new}/#"]
+
+
+async def test_presets_then_the_default_format_store_a_reading_once(
+        daemon: Callable[..., Daemon], persistent: Broker, db: Any, mode: str,
+        publish: Callable[..., Any]) -> None:
+    """``--preset zigbee2mqtt --preset shelly`` subscribes ``+/+/#``, which covers
+    ``sensors/<id>``; the default format then subscribes ``sensors/#``. Without the
+    record of the earlier filters (a session from before it), the broker sends a reading
+    once per subscription: the copy through ``+/+/#`` is skipped; with it, ``+/+/#`` is
+    unsubscribed and the reading comes once."""
+    url = persistent.url
+    for known in (False, True):
+        presets = daemon("--preset", "zigbee2mqtt", "--preset", "shelly", broker_url=url,
+                         rule_topics=True, client_id="switching")
+        assert "subscribed to +/+/#" in presets.logs()
+        # Said at start: the rules' filters replace sensors/#, and how to keep it.
+        assert ("instead of the default sensors/#, and no rule reads the default format"
+                in presets.logs())
+        assert presets.stop() == 0
+        if not known:
+            await db[COLLECTION].delete_many({})
+        default = daemon(broker_url=url, rule_topics=True, client_id="switching")
+        await publish([reading(f"sensors/s{known:d}", f"s{known:d}")], to=persistent)
+        metrics = await settled(default)
+        assert metrics["ingest_messages_received_total"] == (1 if known else 2)
+        assert metrics[OLD] == (0 if known else 1)
+        assert default.stop() == 0
+        assert await stored(db, mode) == 1 + known  # one reading per round
+
+
+async def test_workers_restarted_with_another_topic_store_nothing_of_the_old_one(
+        daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
+        topic_root: str) -> None:
+    old, new = f"{topic_root}/old", f"{topic_root}/new"
+    first = daemon("--workers", "2", "--topic", f"{old}/#", rule_topics=True)
+    assert first.stop() == 0
+    # Queued in the two workers' sessions through the shared old/#.
+    await publish([reading(f"{old}/x", f"q{n}", n) for n in range(6)])
+    second = daemon("--workers", "2", "--topic", f"{new}/#", rule_topics=True)
+    await publish([reading(f"{old}/y", "live", 10), reading(f"{new}/x", "new", 11)])
+    metrics = await settled(second)
+    await eventually(lambda: second.metric(OLD) == 6)
+    assert second.metric("ingest_messages_received_total") == 7
+    assert await stored(db, "bucket") == 1
+    assert second.stop() == 0
+    assert metrics is not None
+
+
+def test_a_filter_keeps_its_identifier_in_every_form() -> None:
+    """Plain and shared forms share the identifier (a change of --workers keeps a
+    filter's queued messages); the test of a message against today's filters."""
+    today = Subscriptions(["$share/g/a/#", "b/+"])
+    assert identifier("a/#") == identifier("$share/other/a/#") in today.wanted
+    assert 1 <= identifier("x") <= 268_435_455
+    assert today.unwanted("c/1", identifier("c/#")) == "old_subscription"
+    assert today.unwanted("a/1", (identifier("c/#"), identifier("a/#"))) is None
+    assert today.unwanted("a/1", 0) is None  # no identifier: today's filter matches
+    assert today.unwanted("c/1", 0) == "unidentified_subscription"
