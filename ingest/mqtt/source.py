@@ -766,7 +766,7 @@ class MqttSource:
         options = SubscribeOptions(qos=wanted, retainAsPublished=False,
                                    retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
         subscriptions = () if self._settings.drain_only else self._settings.subscriptions
-        remembered = await self._recall(subscriptions)
+        remembered = await self._recall(subscriptions)  # None: nothing to record now
         for topic in subscriptions:
             props = None
             if inbox.identified:  # every message it brings carries the filter's identifier
@@ -791,14 +791,14 @@ class MqttSource:
             unsubscribe = self._settings.subscriptions
         else:
             unsubscribe = self._settings.other_subscriptions if self._resumed else ()
-        unsubscribe = tuple(dict.fromkeys((*unsubscribe, *remembered)))
+        unsubscribe = tuple(dict.fromkeys((*unsubscribe, *(remembered or ()))))
         for topic in unsubscribe:
             await _answered(client.unsubscribe(topic, timeout=math.inf), inbox,
                             f"unsubscribing {topic!r}")
         if remembered:
             logger.info("unsubscribed from %s: subscribed by an earlier run of client id %s "
                         "and not wanted now", ", ".join(remembered), self._settings.client_id)
-        if self._memory is not None and not self._recalled:
+        if remembered is not None:
             # What the session holds from now on (a retired worker's: nothing).
             self._recalled = await self._record_filters(list(subscriptions))
         self._health.mqtt_connected = True
@@ -807,24 +807,27 @@ class MqttSource:
                     self._settings.mqtt.host, self._settings.mqtt.port,
                     self._settings.client_id, ", ".join(subscriptions) or "nothing (draining)")
 
-    async def _recall(self, subscriptions: tuple[str, ...]) -> tuple[str, ...]:
+    async def _recall(self, subscriptions: tuple[str, ...]) -> tuple[str, ...] | None:
         """The filters an earlier run of this client id subscribed that are not wanted now.
 
         Once a process (on its first connection; again on the next if MongoDB failed).
         Before subscribing, the remembered filters and today's are recorded together: a
         stop between the subscriptions and the record after them still leaves every
-        filter the session may hold known to the next start.
+        filter the session may hold known to the next start. None when there is no
+        record to keep, or it could not be read or written (nothing is recorded then:
+        the old filters stay recorded for the next start).
         """
         if self._memory is None or self._recalled:
-            return ()
+            return None
         try:
             before = await asyncio.wait_for(self._memory.recall(), MEMORY_TIMEOUT)
         except (IngestError, TimeoutError) as exc:
             self._forgetful(exc)
-            return ()
+            return None
         old = tuple(topic for topic in before or () if topic not in subscriptions)
-        if before is None or old or set(before) != set(subscriptions):
-            await self._record_filters([*subscriptions, *old])
+        if (before is None or set(before) != set(subscriptions)) and not (
+                await self._record_filters([*subscriptions, *old])):
+            return None
         return old
 
     async def _record_filters(self, filters: list[str]) -> bool:

@@ -8,9 +8,17 @@ filters of the earlier run are unsubscribed, so the broker stops sending them at
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
+from ingest.config import Settings, parse_mqtt_url
+from ingest.errors import WriteError
+from ingest.metrics import Health, Metrics
+from ingest.mqtt import source as source_module
+from ingest.mqtt.source import MqttSource
 from ingest.mqtt.subscriptions import Subscriptions, identifier
 from ingest.pipeline.subscribed import COLLECTION
 from tests.support.mongo import COLLECTION as COLLECTION_OF
@@ -20,6 +28,7 @@ from tests.support.procs import eventually
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ingest.model import Inbound
     from tests.support.procs import Broker, Daemon
 
 OLD = 'ingest_messages_skipped_total{reason="old_subscription"}'
@@ -129,3 +138,49 @@ def test_a_filter_keeps_its_identifier_in_every_form() -> None:
     assert today.unwanted("a/1", (identifier("c/#"), identifier("a/#"))) is None
     assert today.unwanted("a/1", 0) is None  # no identifier: today's filter matches
     assert today.unwanted("c/1", 0) == "unidentified_subscription"
+
+
+class FailingMemory:
+    """A record of the filters that MongoDB cannot read or write: fails, or never answers."""
+
+    def __init__(self, hang: bool) -> None:
+        self.hang = hang
+        self.calls = 0
+
+    async def recall(self) -> list[str] | None:
+        self.calls += 1
+        if self.hang:
+            await asyncio.Event().wait()
+        raise WriteError("no primary")
+
+    async def record(self, filters: list[str]) -> None:
+        raise AssertionError(f"not recalled, so not recorded: {filters}")
+
+
+@pytest.mark.parametrize("hang", [False, True])
+async def test_a_record_mongodb_cannot_read_leaves_the_subscriptions_to_the_identifiers(
+        broker: Broker, publish: Callable[..., Any], topic_root: str, hang: bool,
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MongoDB failing (or not answering) when the recorded filters are read: logged, and
+    the daemon subscribes and consumes all the same (no unsubscribe of old filters)."""
+    monkeypatch.setattr(source_module, "MEMORY_TIMEOUT", 0.2)
+    settings = Settings(mqtt=parse_mqtt_url(broker.url), topics=(f"{topic_root}/#",),
+                        client_id=f"mem-{topic_root}")
+    memory = FailingMemory(hang)
+    source = MqttSource(settings, Metrics("bucket"), Health(), memory=memory)
+    got: list[Inbound] = []
+
+    async def sink(message: Inbound) -> bool:
+        got.append(message)
+        return True
+
+    task = asyncio.create_task(source.run(sink))
+    try:
+        await eventually(lambda: source._health.mqtt_connected)
+        await publish([reading(f"{topic_root}/s1", "s1", 1)])
+        await eventually(lambda: len(got) == 1)
+    finally:
+        source.release()
+        await asyncio.wait_for(task, 10)
+    assert memory.calls == 1
+    assert "cannot read or record the filters client id" in caplog.text
