@@ -51,9 +51,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from ingest.errors import StartupError
+from ingest.errors import IngestError, StartupError
 from ingest.model import Inbound
-from ingest.errors import IngestError
 from ingest.mqtt import paho_hooks
 from ingest.mqtt.subscriptions import (
     OLD_SUBSCRIPTION,
@@ -937,10 +936,9 @@ class MqttSource:
             count = 0
             while messages:
                 message = take()  # now the inbox's current
-                if type(message) is not usual:  # through an old subscription
-                    taken = self._skipped(message)
-                else:
-                    taken = take_now(message)
+                # (not usual: a message through an old subscription)
+                taken = (take_now(message) if type(message) is usual
+                         else self._skipped(message))
                 if taken is None:
                     taken = await sink(message)
                 if not taken:

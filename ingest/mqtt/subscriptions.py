@@ -43,7 +43,7 @@ def plain(topic_filter: str) -> str:
     """The filter without its shared-subscription prefix (``$share/<group>/``)."""
     if topic_filter.startswith("$share/"):
         parts = topic_filter.split("/", 2)
-        if len(parts) == 3:  # noqa: PLR2004 - "$share", the group, the filter
+        if len(parts) == 3:
             return parts[2]
     return topic_filter
 

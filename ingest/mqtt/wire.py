@@ -29,9 +29,11 @@ type Subscription = int | tuple[int, ...]
 type Deliver = Callable[[str, bytes, int, int, bool, bool, Subscription], None]
 SUBSCRIPTION_IDENTIFIER = 0x0B
 # The other properties a PUBLISH may carry (MQTT 5, 3.3.2.3), by how their value is
-# skipped: a byte, a four-byte integer, a two-byte integer, a string or binary data, a
-# pair of strings (a user property).
-_BYTE, _FOUR, _TWO, _STRING, _PAIR = 0x01, 0x02, 0x23, (0x03, 0x08, 0x09), 0x26
+# skipped: bytes of a fixed size (payload format indicator, message expiry interval,
+# topic alias), or strings of two-byte length (content type, response topic,
+# correlation data; a user property is a pair).
+_FIXED = {0x01: 1, 0x02: 4, 0x23: 2}
+_STRINGS = {0x03: 1, 0x08: 1, 0x09: 1, 0x26: 2}
 
 
 class Cursor(Protocol):
@@ -155,37 +157,47 @@ def _subscription(data: bytes, pos: int, end: int) -> Subscription:
         ident = data[pos]
         pos += 1
         if ident == SUBSCRIPTION_IDENTIFIER:
-            value = 0
-            for shift in (0, 7, 14, 21):  # a variable byte integer of at most 4 bytes
-                if pos >= end:
-                    return found
-                byte = data[pos]
-                pos += 1
-                value |= (byte & 0x7F) << shift
-                if not byte & 0x80:
-                    break
-            else:
-                return found
-            if not value:
-                continue  # 0 is not an identifier (a protocol error): nothing found
-            if not found:
-                found = value
-            else:
-                found = ((found,) if isinstance(found, int) else found) + (value,)
-        elif ident == _BYTE:
-            pos += 1
-        elif ident == _FOUR:
-            pos += 4
-        elif ident == _TWO:
-            pos += 2
-        elif ident in _STRING or ident == _PAIR:
-            for _ in range(2 if ident == _PAIR else 1):
-                if pos + 2 > end:
-                    return found
-                pos += 2 + (data[pos] << 8 | data[pos + 1])
+            value, pos = _identifier(data, pos, end)
+            if value < 0:
+                break
+            if value:  # 0 is not an identifier (a protocol error): nothing found
+                found = value if not found else (
+                    (found,) if isinstance(found, int) else found) + (value,)
+        elif ident in _FIXED:
+            pos += _FIXED[ident]
+        elif ident in _STRINGS:
+            pos = _skip_strings(data, pos, end, _STRINGS[ident])
+            if pos < 0:
+                break
         else:
-            return found
+            break
     return found
+
+
+def _identifier(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """A Subscription Identifier and where it ends; -1 if malformed.
+
+    A variable byte integer of at most 4 bytes, none at or past ``end``.
+    """
+    value = 0
+    for shift in (0, 7, 14, 21):
+        if pos >= end:
+            return -1, pos
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+    return -1, pos
+
+
+def _skip_strings(data: bytes, pos: int, end: int, count: int) -> int:
+    """Past ``count`` strings (or binary data) of two-byte length; -1 if one runs past."""
+    for _ in range(count):
+        if pos + 2 > end:
+            return -1
+        pos += 2 + (data[pos] << 8 | data[pos + 1])
+    return pos
 
 
 def pubacks_py(mids: list[int]) -> bytes:

@@ -144,7 +144,7 @@ def tell_default_topic(settings: Settings) -> None:
         "--preset/--mapping without --topic: subscribed to the rules' filters (%s) instead "
         "of the default sensors/#, and no rule reads the default format there, so readings "
         "published to sensors/<id> are not stored%s; to keep the default format alongside, "
-        "add a --mapping file rule with topic = \"sensors/#\" and format = \"ingest\" "
+        'add a --mapping file rule with topic = "sensors/#" and format = "ingest" '
         "(docs/presets.md)", ", ".join(settings.topics),
         ' (counted in ingest_messages_ignored_total{rule="(outside the rules)"})'
         if covered else "")

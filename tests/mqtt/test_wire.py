@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
