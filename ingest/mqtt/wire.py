@@ -152,6 +152,11 @@ def _subscription(data: bytes, pos: int, end: int) -> Subscription:
     that MQTT 5 does not define for a PUBLISH or at one that runs past the block (a
     malformed block: its bytes are not read as anything else).
     """
+    if end - pos == 5 and data[pos] == SUBSCRIPTION_IDENTIFIER:
+        # The usual block: one identifier of 4 bytes (the daemon's; see subscriptions.py)
+        b1, b2, b3, b4 = data[pos + 1:end]
+        if b1 & b2 & b3 & 0x80 and not b4 & 0x80:
+            return (b1 & 0x7F | (b2 & 0x7F) << 7 | (b3 & 0x7F) << 14 | b4 << 21) or 0
     found: Subscription = 0
     while pos < end:
         ident = data[pos]

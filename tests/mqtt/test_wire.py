@@ -52,6 +52,7 @@ def remaining_length(n: int, extra: int = 0) -> bytes:
 # MQTT 5 does not define for a PUBLISH, a string running past the block.
 property_pieces = st.lists(st.sampled_from([
     b"\x0b\x05", b"\x0b\x81\x01", b"\x0b\xff\xff\xff\x7f", b"\x0b\x80\x80\x80\x80\x01",
+    b"\x0b\x80\x80\x80\x00", b"\x0b\xb9\xb4\xac\x6c", b"\x0b\xb9\xb4\xac\xec",
     b"\x0b\x00", b"\x0b\x85\x00", b"\x01\x01", b"\x02\x00\x00\x00\x3c", b"\x23\x00\x01",
     b"\x03\x00\x02js", b"\x08\x00\x01r", b"\x09\x00\x00", b"\x26\x00\x01k\x00\x02vv",
     b"\x26\x00\x01k", b"\x03\x00\x09", b"\x0b", b"\x17\x01"]), max_size=6).map(b"".join)
@@ -203,6 +204,8 @@ def test_the_scanner_delivers_what_was_encoded(
     (b"", 0),
     (b"\x0b\x05", 5),
     (b"\x0b\xff\xff\xff\x7f", 268_435_455),
+    (b"\x0b\x80\x80\x80\x00", 0),  # 0, non-minimal
+    (b"\x0b\x80\x80\x80\x80", 0),  # a fifth byte would follow: not read
     (b"\x01\x01\x0b\x81\x01\x0b\x07", (129, 7)),
     (b"\x0b\x00", 0),  # 0 is no identifier
     (b"\x0b\x80\x80\x80\x80\x01", 0),  # over 4 bytes: not read
