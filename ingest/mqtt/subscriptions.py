@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 # today; no identifier and a topic outside today's filters.
 OLD_SUBSCRIPTION, UNIDENTIFIED_SUBSCRIPTION = SKIP_REASONS
 MAX_IDENTIFIER = 268_435_455  # MQTT 5: 1 to 2**28 - 1 (a variable byte integer)
+# Topics whose match against today's filters is kept (a backlog through subscriptions
+# made without identifiers repeats its topics; the cache starts over when full).
+TOPIC_CACHE = 10_000
 
 
 def plain(topic_filter: str) -> str:
@@ -65,6 +68,7 @@ class Subscriptions:
         self._plain = tuple(dict.fromkeys(plain(f) for f in self.filters))
         # The identifiers of today's filters: a message carrying one is wanted.
         self.wanted = frozenset(identifier(f) for f in self.filters)
+        self._matched: dict[str, bool] = {}  # topic -> one of today's filters matches it
 
     def unwanted(self, topic: str, subscription: Subscription) -> str | None:
         """Why a message that carries no single identifier of today's is skipped, or None.
@@ -76,9 +80,13 @@ class Subscriptions:
             return None if self.wanted.intersection(subscription) else OLD_SUBSCRIPTION
         if subscription:
             return OLD_SUBSCRIPTION
-        if any(topic_matches_sub(f, topic) for f in self._plain):
-            return None
-        return UNIDENTIFIED_SUBSCRIPTION
+        matched = self._matched.get(topic)
+        if matched is None:
+            if len(self._matched) >= TOPIC_CACHE:
+                self._matched.clear()
+            matched = self._matched[topic] = any(topic_matches_sub(f, topic)
+                                                 for f in self._plain)
+        return None if matched else UNIDENTIFIED_SUBSCRIPTION
 
 
 class Memory(Protocol):
