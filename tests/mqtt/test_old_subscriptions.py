@@ -12,15 +12,18 @@ import asyncio
 import json
 from typing import TYPE_CHECKING, Any
 
+import aiomqtt
 import pytest
 
 from ingest.config import Settings, parse_mqtt_url
 from ingest.errors import WriteError
 from ingest.metrics import Health, Metrics
+from ingest.model import Inbound
 from ingest.mqtt import source as source_module
 from ingest.mqtt.source import MqttSource
 from ingest.mqtt.subscriptions import Subscriptions, identifier
 from ingest.pipeline.subscribed import COLLECTION
+from tests.mqtt.test_paho_contract import KernelSocket, publish_packet, varint
 from tests.support.mongo import COLLECTION as COLLECTION_OF
 from tests.support.mongo import stored
 from tests.support.procs import eventually
@@ -28,7 +31,6 @@ from tests.support.procs import eventually
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ingest.model import Inbound
     from tests.support.procs import Broker, Daemon
 
 OLD = 'ingest_messages_skipped_total{reason="old_subscription"}'
@@ -184,3 +186,30 @@ async def test_a_record_mongodb_cannot_read_leaves_the_subscriptions_to_the_iden
         await asyncio.wait_for(task, 10)
     assert memory.calls == 1
     assert "cannot read or record the filters client id" in caplog.text
+
+
+@pytest.mark.parametrize(("connack_properties", "identified", "skipped"), [
+    (b"", True, [False, True, True]),  # identifiers taken (the property absent)
+    (b"\x29\x00", False, [False, False, False]),  # Subscription Identifier Available 0
+])
+async def test_a_broker_without_identifiers_gets_nothing_skipped(
+        connack_properties: bytes, identified: bool, skipped: list[bool]) -> None:
+    """A broker whose CONNACK says it takes no Subscription Identifiers: the source then
+    subscribes without them and skips nothing. Otherwise a message without identifier is
+    skipped when its topic is outside today's filters, and one with another filter's
+    identifier always (no network: a hooked client fed the broker's bytes)."""
+    source = MqttSource(Settings(topics=("a/#",)), Metrics("bucket"), Health())
+    client = aiomqtt.Client("127.0.0.1", protocol=aiomqtt.ProtocolVersion.V5)
+    inbox = source._receiver(client)
+    paho: Any = client._client
+    sock = KernelSocket(1448)
+    paho._sock = sock
+    body = bytes((1, 0, len(connack_properties))) + connack_properties
+    sock.feed(bytes((0x20, len(body))) + body)
+    old = b"\x0b" + varint(identifier("b/#"))
+    for topic, props in (("a/1", b""), ("b/1", b""), ("a/2", old)):
+        sock.feed(publish_packet(topic, b"{}", 0, 0, props=props))
+    while sock.queue:
+        paho.loop_read()
+    assert inbox.identified is identified
+    assert [type(message) is not Inbound for message in inbox.messages] == skipped
