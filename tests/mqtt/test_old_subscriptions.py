@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiomqtt
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from ingest.config import Settings, parse_mqtt_url
 from ingest.errors import WriteError
@@ -213,3 +215,26 @@ async def test_a_broker_without_identifiers_gets_nothing_skipped(
         paho.loop_read()
     assert inbox.identified is identified
     assert [type(message) is not Inbound for message in inbox.messages] == skipped
+
+
+async def test_a_backlog_queued_through_subscriptions_without_identifiers_is_stored(
+        daemon: Callable[..., Daemon], broker: Broker, publish: Callable[..., Any], db: Any,
+        topic_root: str) -> None:
+    """A session subscribed without Subscription Identifiers (by a version before them):
+    what it queued on a filter still wanted is stored, what it queued on another filter
+    is skipped, counted as unidentified."""
+    client_id = f"ingest-{topic_root}"
+    props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    props.SessionExpiryInterval = 300
+    async with aiomqtt.Client("127.0.0.1", broker.port, identifier=client_id,
+                              protocol=aiomqtt.ProtocolVersion.V5, clean_start=True,
+                              properties=props) as earlier:
+        for topic in (f"{topic_root}/new/#", f"{topic_root}/old/#"):
+            await earlier.subscribe(topic, qos=1)
+    await publish([reading(f"{topic_root}/old/x", "dropped", 1),
+                   reading(f"{topic_root}/new/x", "kept", 2)])  # the last one comes last
+    proc = daemon("--topic", f"{topic_root}/new/#", rule_topics=True)
+    metrics = await settled(proc, db, "bucket", "kept")
+    assert await stored(db, "bucket") == 1
+    assert metrics['ingest_messages_skipped_total{reason="unidentified_subscription"}'] == 1
+    assert proc.stop() == 0
