@@ -688,6 +688,9 @@ def _run_daemon(settings: Settings) -> int:
     held = client_lock.claim_all(settings, [worker_client_id(settings.client_id, index)
                                       for index in range(settings.workers)])
     logger.info("%s", accelerators())
+    from ingest.pipeline.app import tell_default_topic  # noqa: PLC0415 - as app
+
+    tell_default_topic(settings)
     try:
         if settings.workers > 1:
             from ingest.pipeline import workers  # noqa: PLC0415 - only several workers need it

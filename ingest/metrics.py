@@ -42,6 +42,10 @@ RULE_OUTCOMES = ("accepted", "rejected")
 # skipped (ignore), or stored at a time first seen now (new) or recorded earlier (known);
 # attribute: a Homie attribute (or /set...) topic, never readings, not subject to --retained.
 RETAINED_OUTCOMES = ("skipped", "new", "known", "attribute")
+# Why a message was skipped (ingest/mqtt/subscriptions.py): it came through a subscription
+# of a filter not subscribed today (its Subscription Identifier says so), or through one
+# made without identifier and its topic is outside today's filters.
+SKIP_REASONS = ("old_subscription", "unidentified_subscription")
 # The *_created series double the output and no dashboard uses them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -109,6 +113,11 @@ class Metrics:
             "was first seen, now (new) or by an earlier delivery (known); attribute: a Homie "
             "attribute or command topic, never a reading, taken (as the device's state) "
             "whatever --retained says.", ["outcome"],
+            namespace=NAMESPACE, registry=r)
+        self.messages_skipped = Counter(
+            "messages_skipped", "Messages that came through a subscription the daemon does "
+            "not hold today (a filter of an earlier run, kept by the persistent session): "
+            "acknowledged, not stored; by reason.", ["reason"],
             namespace=NAMESPACE, registry=r)
         self.rule_messages = Counter(
             "rule_messages", "Messages taken by each mapping rule: accepted if at least one "
@@ -191,6 +200,8 @@ class Metrics:
             self.write_errors.labels(mode, kind)
         for outcome in RETAINED_OUTCOMES:
             self.retained_messages.labels(outcome)
+        for reason in SKIP_REASONS:
+            self.messages_skipped.labels(reason)
 
     def _sparkplug(self, r: CollectorRegistry) -> None:
         """The Sparkplug B metrics, each known label value at 0."""
