@@ -256,6 +256,10 @@ class MqttSource:
         self._subscriptions = Subscriptions(settings.subscriptions)
         self._memory = memory
         self._recalled = False  # the remembered filters are dealt with (once a process)
+        # The remembered filters not wanted now, recalled before the first connection and
+        # unsubscribed on it; None once taken (or if none could be recalled).
+        self._early: tuple[str, ...] | None = None
+        self._recall_next = True  # False: the recall before connecting failed just now
         self._skip: Skip | None = None
         self._metrics = metrics
         self._health = health
@@ -635,6 +639,12 @@ class MqttSource:
         attempt, connected_once = 0, False
         self._health.mqtt_started = True
         address = f"{self._settings.mqtt.host}:{self._settings.mqtt.port}"
+        # Before the first connection: a resumed session's backlog arrives at once, ahead
+        # of the SUBACK, and what the old filters queued is told apart with their record.
+        self._early = await self._recall(self._wanted_filters())
+        self._recall_next = self._early is not None  # failed: on the next connection
+        if self._early:
+            self._subscriptions.retire(self._early)
         while not self._stop.is_set():
             try:
                 client = self._new_client()
@@ -764,8 +774,8 @@ class MqttSource:
         # state; --retained says what to do with them), never a live publish.
         options = SubscribeOptions(qos=wanted, retainAsPublished=False,
                                    retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
-        subscriptions = () if self._settings.drain_only else self._settings.subscriptions
-        remembered = await self._recall(subscriptions)  # None: nothing to record now
+        subscriptions = self._wanted_filters()
+        remembered = await self._remembered(subscriptions)  # None: nothing to record now
         for topic in subscriptions:
             props = None
             if inbox.identified:  # every message it brings carries the filter's identifier
@@ -805,6 +815,23 @@ class MqttSource:
         logger.info("connected to %s:%d as %s; subscribed to %s",
                     self._settings.mqtt.host, self._settings.mqtt.port,
                     self._settings.client_id, ", ".join(subscriptions) or "nothing (draining)")
+
+    async def _remembered(self, subscriptions: tuple[str, ...]) -> tuple[str, ...] | None:
+        """The remembered filters to unsubscribe on this connection (see :meth:`_recall`)."""
+        early, self._early = self._early, None
+        if early is not None:  # recalled before connecting (see _run)
+            return early
+        if not self._recall_next:  # it failed just before this first connection
+            self._recall_next = True
+            return None
+        recalled = await self._recall(subscriptions)
+        if recalled:
+            self._subscriptions.retire(recalled)
+        return recalled
+
+    def _wanted_filters(self) -> tuple[str, ...]:
+        """Today's filters (a retired worker being drained: none)."""
+        return () if self._settings.drain_only else self._settings.subscriptions
 
     async def _recall(self, subscriptions: tuple[str, ...]) -> tuple[str, ...] | None:
         """The filters an earlier run of this client id subscribed that are not wanted now.

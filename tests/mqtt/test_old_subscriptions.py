@@ -83,6 +83,26 @@ async def test_a_restart_with_another_topic_stores_nothing_of_the_old_one(
     assert record["filters"] == [f"{new}/#"]
 
 
+async def test_what_an_old_filter_queued_for_todays_topics_is_stored_once(
+        daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
+        topic_root: str, mode: str) -> None:
+    """Another filter for the same topics (``root/#`` then ``root/+/+``): what the old
+    one queued while the daemon was away has no other copy, and is stored (readings
+    without a time, so a second copy would be a second reading); live ones come once."""
+    first = daemon("--topic", f"{topic_root}/#", rule_topics=True)
+    assert first.stop() == 0
+    await publish([reading(f"{topic_root}/q{n}/r", f"q{n}") for n in range(3)])
+    second = daemon("--topic", f"{topic_root}/+/+", rule_topics=True)
+    await publish([reading(f"{topic_root}/live/r", "live")])
+    metrics = await settled(second, db, mode, "live")
+    await eventually(lambda: second.metric("ingest_messages_acked_total") >= 4)
+    assert await stored(db, mode) == 4
+    assert second.metrics()["ingest_messages_received_total"] == 4
+    assert metrics[OLD] == 0
+    assert "unsubscribed from " + f"{topic_root}/#" in second.logs()
+    assert second.stop() == 0
+
+
 async def test_presets_then_the_default_format_store_a_reading_once(
         daemon: Callable[..., Daemon], persistent: Broker, db: Any, mode: str,
         publish: Callable[..., Any]) -> None:
@@ -139,6 +159,16 @@ def test_a_filter_keeps_its_identifier_in_every_form() -> None:
     assert identifier("a/#") == identifier("$share/other/a/#") in today.wanted
     assert 1 <= identifier("x") <= 268_435_455
     assert today.unwanted("c/1", identifier("c/#")) == "old_subscription"
+    # An old filter not remembered stays subscribed: its copies duplicate today's.
+    assert today.unwanted("a/1", identifier("a/+")) == "old_subscription"
+    # A remembered one, unsubscribed now: what it queued before today's filters existed
+    # has no other copy, and is taken where today's filters match.
+    today.retire(["a/+", "c/#", "b/+"])
+    assert today.retired == {identifier("a/+"), identifier("c/#")}
+    assert today.unwanted("a/1", identifier("a/+")) is None
+    assert today.unwanted("c/1", identifier("c/#")) == "old_subscription"
+    assert today.unwanted("a/1", (identifier("c/#"), identifier("x/#"))) is None
+    assert today.unwanted("c/1", (identifier("c/#"), identifier("c/+"))) == "old_subscription"
     assert today.unwanted("a/1", (identifier("c/#"), identifier("a/#"))) is None
     assert today.unwanted("a/1", 0) is None  # no identifier: today's filter matches
     assert today.unwanted("c/1", 0) == "unidentified_subscription"
