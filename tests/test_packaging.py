@@ -174,3 +174,21 @@ def test_the_sdist_carries_setup_py_and_the_cython_sources(tmp_path: Path) -> No
               *(pyx.relative_to(ROOT).as_posix() for pyx in ACCELERATORS)}
     assert wanted <= names
     assert [n for n in names if n.endswith((".so", ".pyd", ".c"))] == []
+
+
+def test_no_built_binary_is_committed() -> None:
+    """The C helpers of the bench (bench/build.sh) and the accelerators are built where they
+    run, from their committed sources: a committed binary runs on one platform only, and
+    goes stale when its source changes."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                            check=True, timeout=60).stdout.decode().split("\0")
+    binaries = []
+    for name in filter(None, listed):
+        path = ROOT / name
+        if path.is_file():
+            with path.open("rb") as handle:
+                if handle.read(4) in (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"MZ\x90\x00"):
+                    binaries.append(name)
+    assert binaries == []
