@@ -4,7 +4,7 @@ It is NOT MongoDB and not for production. Two things here are ours to decide abo
 
 - the engine: mongoeco's SQLite engine, less one collection scan it makes on every insert
   (:func:`engine_class`), without which a time-series collection, one document per
-  reading, gets slower with every reading stored;
+  reading (and its claims, one per instant), gets slower with every reading stored;
 - its end: closing it while a write of a daemon that has just stopped still runs in its
   threads can fail (``database is locked``); that is one warning line, never a traceback
   (:func:`close`). Every write that completed is in the file, and the daemons did not
@@ -23,15 +23,16 @@ logger = logging.getLogger(__name__)
 def engine_class() -> type[Any]:
     """The ``SQLiteEngine`` of mongoeco, without its insert-time scan of the whole collection.
 
-    Before inserting a document, mongoeco looks its ``_id`` up by storage key (indexed)
-    and then, for every insert, also reads and decodes every document of the collection to
-    compare ``_id`` values logically: numeric ids of different types can be equal
-    (``1 == 1.0``) under different storage keys. An ObjectId equals only the same
-    ObjectId, whose storage key the lookup already checked, so for ObjectId ids (every
-    document the daemons insert) the scan cannot find anything and is skipped. With
-    another id, or a mongoeco whose engine no longer has this method, nothing changes.
+    Before inserting a document, mongoeco looks its ``_id`` up by storage key (indexed).
+    Numeric ids of different types can be equal (``1 == 1.0``) under different storage
+    keys, so for an id that holds a number it also reads and decodes every document of
+    the collection to compare ids logically. An insert asks for that scan whatever the id
+    (``scan_payload_id``); an id without a number (an ObjectId, the claims' strings: every
+    document the daemons insert) equals only an id of the same storage key, which the
+    lookup already checked. This engine leaves the choice to mongoeco's own rule, the scan
+    for ids that hold a number. With a mongoeco whose engine no longer has this method,
+    nothing changes.
     """
-    from mongoeco._types import OBJECT_ID_TYPES  # noqa: PLC0415 - ObjectId, bson.ObjectId
     from mongoeco.engines.sqlite import SQLiteEngine  # noqa: PLC0415 - the [local] extra
 
     method = getattr(SQLiteEngine, "_validate_document_against_unique_indexes", None)
@@ -39,14 +40,11 @@ def engine_class() -> type[Any]:
         return SQLiteEngine
 
     class LocalEngine(SQLiteEngine):
-        """SQLiteEngine without the collection scan for inserts of ObjectId ids."""
+        """SQLiteEngine that scans the collection on insert only for numeric ids."""
 
         def _validate_document_against_unique_indexes(
                 self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - mongoeco's
-            document = args[2] if len(args) > 2 else kwargs.get("document")
-            if isinstance(document, dict) and isinstance(document.get("_id"),
-                                                         OBJECT_ID_TYPES):
-                kwargs["scan_payload_id"] = False
+            kwargs["scan_payload_id"] = False  # numeric ids: mongoeco still scans
             super()._validate_document_against_unique_indexes(*args, **kwargs)
 
     return LocalEngine
