@@ -126,8 +126,9 @@ def _verify_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
     _flag(parser, env, "wait", "first wait up to this many seconds for the readings to "
           "arrive: until the stored count reaches the published one or stops changing "
           "(right after publish, the daemons may still be writing)", 0.0, type=float)
-    _flag(parser, env, "settle", "with --wait: a count unchanged this many seconds ends the "
-          "wait", 5.0, type=float)
+    _flag(parser, env, "settle", "with --wait: a count that has moved and then stays unchanged "
+          "this many seconds (or twice its longest pause, if longer) ends the wait", 5.0,
+          type=float)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     # Without a manifest: the parameters of a --count run.
     group = parser

@@ -294,17 +294,22 @@ def wait_for_readings(count: Callable[[], int], expected: int, wait: float,
                       settle: float) -> int:
     """The last count, polled until it reaches ``expected`` or stops changing.
 
-    It stops changing when it stays the same ``settle`` seconds; the poll gives up after
-    ``wait`` seconds.
+    It stops changing when, after it has moved at least once, it stays the same ``settle``
+    seconds, or twice the longest pause between two of its changes if that is longer: a
+    daemon writes in batches, and a slow store takes a while over each. A count that has
+    not moved since the start may be waiting for the first batch: only ``wait`` seconds,
+    after which the poll gives up in any case, end that.
     """
     start = changed = time.monotonic()
-    last = count()
-    while (last < expected and time.monotonic() - start < wait
-           and time.monotonic() - changed < settle):
-        time.sleep(min(POLL_SECONDS, max(0.0, wait - (time.monotonic() - start))))
+    last, pause, moved = count(), 0.0, False
+    while last < expected and (elapsed := time.monotonic() - start) < wait:
+        if moved and time.monotonic() - changed >= max(settle, 2 * pause):
+            break
+        time.sleep(min(POLL_SECONDS, wait - elapsed))
         now = count()
         if now != last:
-            last, changed = now, time.monotonic()
+            pause = max(pause, time.monotonic() - changed)
+            last, changed, moved = now, time.monotonic(), True
     return last
 
 

@@ -398,12 +398,16 @@ def test_verify_tells_readings_still_arriving_from_missing_ones_and_waits_for_th
 def test_verify_wait_ends_when_the_count_stops_changing_and_a_loss_is_a_mismatch(
         sync_db: Any, mongo_uri: str, db_name: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    sync_db.readings.insert_many(_series([3, 5]))
+    """A daemon that stops short: the count moves, then no more; the wait ends at once."""
+    docs = _series([3, 5])
+    sync_db.readings.insert_many(docs[:6])
     manifest = _write_manifest(tmp_path / "m.json", [5, 5])
+    trickle = _trickle(sync_db, docs[6:], every=0.3)
     started = time.monotonic()
     code = main(["verify", "--manifest", manifest, "--mongodb-uri", mongo_uri, "--db", db_name,
                  "--mode", "timeseries", "--wait", "120", "--settle", "1"], env={})
     assert time.monotonic() - started < 30
+    trickle.join()
     out = capsys.readouterr().out
     assert code == 1
     assert "timeseries (readings): MISMATCH: expected 10, found 8, missing 2," in out
