@@ -13,6 +13,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
@@ -57,6 +58,10 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         self.mode = mode
         r = self.registry
+        # process_* (memory, CPU, file descriptors) of this process, read from /proc at
+        # each scrape (Linux; elsewhere none): a worker's are its own, labelled by the
+        # parent of --workers N (ingest.pipeline.workers_endpoint).
+        ProcessCollector(registry=r)
         self.messages_received = Counter(
             "messages_received", "MQTT messages received.", namespace=NAMESPACE, registry=r)
         self.messages_acked = Counter(
