@@ -332,6 +332,7 @@ async def test_readings_published_as_sensor_land_in_both_modes(
     token = stack.compose("exec", "-T", "api", "cat", "/run/ingest-api/token").stdout.strip()
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(f"{API}/api/readings?{query}", timeout=10)
+    refused.value.close()  # the error holds the answer's connection
     assert refused.value.code == 401
     request = urllib.request.Request(f"{API}/api/readings?{query}",
                                      headers={"Authorization": f"Bearer {token}"})
