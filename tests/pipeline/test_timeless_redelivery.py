@@ -68,3 +68,27 @@ async def test_timeless_readings_redelivered_after_a_crash_are_stored_once(
     assert await stored(db, mode) == 20
     assert await stored_values(db, mode, "seq") == list(range(20))
     assert await instants(db[COLLECTION[mode]], mode) == before
+
+
+async def test_zigbee2mqtt_states_redelivered_after_a_crash_are_stored_once(
+        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
+        mongo: Any, publish: Any) -> None:
+    """The zigbee2mqtt preset (no time in its messages): the same, through the mapping
+    rules; devices repeat a state word for word, and each message keeps its own time."""
+    devices = [f"{topic_root}-{name}" for name in ("hall", "porch")]
+    messages = [(f"zigbee2mqtt/{devices[i % 2]}",
+                 orjson.dumps({"temperature": 20 + i // 4, "state": "ON", "linkquality": 90}))
+                for i in range(12)]  # messages i and i + 2 are the same state of one device
+    topics = [arg for device in devices for arg in ("--topic", f"zigbee2mqtt/{device}")]
+
+    def start(url: str | None = None) -> Daemon:
+        return daemon("--preset", "zigbee2mqtt", *topics, rule_topics=True, broker_url=url)
+
+    await crash_before_the_acks(start, broker, mongo, publish, messages, mode, 12)
+    before = await instants(db[COLLECTION[mode]], mode)
+    assert len(before) == 12
+    second = start()
+    await eventually(lambda: second.metric("ingest_messages_acked_total") == 12)
+    assert second.metric(f'ingest_duplicate_readings_total{{mode="{mode}"}}') == 12
+    assert second.metric('ingest_redeliveries_retimed_total{outcome="recorded"}') == 12
+    assert await instants(db[COLLECTION[mode]], mode) == before
