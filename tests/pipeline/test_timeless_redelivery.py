@@ -10,11 +10,21 @@ gives them the recorded times again, so the writers find them stored (duplicates
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ingest.config import Settings
+from ingest.devices import decode
+from ingest.metrics import Health, Metrics
+from ingest.model import Inbound, Reading
+from ingest.pipeline.stages import Pipeline
+from ingest.store.deliveries import COLLECTION as LEDGER
+from ingest.store.deliveries import Deliveries
+from ingest.store.writers import Outcome, Plan
+from tests.support.acks import Acks
 from tests.support.mongo import failpoint, instants, stored, stored_values
 from tests.support.procs import eventually
 from tests.support.proxy import Proxy
@@ -92,3 +102,86 @@ async def test_zigbee2mqtt_states_redelivered_after_a_crash_are_stored_once(
     assert second.metric(f'ingest_duplicate_readings_total{{mode="{mode}"}}') == 12
     assert second.metric('ingest_redeliveries_retimed_total{outcome="recorded"}') == 12
     assert await instants(db[COLLECTION[mode]], mode) == before
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+NOW = 1_790_000_000.0
+
+
+class LedgerFirst:
+    """A writer that keeps the readings and how many ledger documents preceded each write."""
+
+    mode = "bucket"
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+        self.written: list[Reading] = []
+        self.ledger_before: list[int] = []
+
+    async def ensure_schema(self) -> None:
+        return None
+
+    def plan(self, readings: list[Reading]) -> Plan:
+        return Plan(list(readings), [[r] for r in readings])
+
+    async def write(self, plan: Plan) -> Outcome:
+        self.ledger_before.append(await self.db[LEDGER].count_documents({}))
+        self.written += plan.ops
+        return Outcome(written=len(plan.ops))
+
+    def take_lookups(self) -> tuple[int, float]:
+        return 0, 0.0
+
+
+class NoRejects:
+    async def write(self, docs: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]]:
+        return len(docs), []
+
+
+async def through_a_pipeline(db: Any, messages: list[Inbound]) -> tuple[LedgerFirst, Metrics]:
+    """``messages`` through a pipeline with client ``c1``'s ledger, as one process would."""
+    writer, metrics = LedgerFirst(db), Metrics("bucket")
+    pipeline = Pipeline(Settings(batch_size=4, flush_interval=0.05), writer,  # type: ignore[arg-type]
+                        NoRejects(), Acks(), metrics, Health(),  # type: ignore[arg-type]
+                        deliveries=Deliveries(db[LEDGER], "c1", keep=100))
+    task = asyncio.create_task(pipeline.run())
+    for message in messages:
+        if not pipeline.take_now(message):
+            assert await pipeline.submit(message)
+    await asyncio.wait_for(pipeline.drain(), 30)
+    task.cancel()
+    return writer, metrics
+
+
+def timeless(mid: int, value: int, qos: int = 1, dup: bool = False, at: float = NOW) -> Inbound:
+    return Inbound("sensors/a/readings", orjson.dumps({"v": value}), mid, qos, 1, at, dup)
+
+
+async def test_a_resent_message_takes_the_times_recorded_before_its_first_write(
+        db: Any, monkeypatch: Any) -> None:
+    """A process records the times of its QoS 1 messages without a time before writing
+    them (QoS 0 and timed ones are not recorded); the next process gives their DUPs those
+    times, and a DUP whose first delivery was never recorded takes its arrival time."""
+    monkeypatch.setattr(decode.ARRIVALS, "given", None)  # the pipelines set it
+    timed = Inbound("sensors/a/readings", orjson.dumps({"ts": NOW, "v": 0}), 9, 1, 1, NOW)
+    first, _ = await through_a_pipeline(
+        db, [timed, timeless(1, 1), timeless(2, 2), timeless(3, 3, qos=0), timeless(4, 1)])
+    assert first.ledger_before == [1, 2]  # each batch's record came before its readings
+    given = [r.ms for r in first.written[1:]]
+    assert len(set(given)) == 4  # one sensor: a millisecond apart
+    later = NOW + 30
+    second, metrics = await through_a_pipeline(db, [
+        timeless(1, 1, dup=True, at=later), timeless(2, 2, dup=True, at=later),
+        timeless(4, 1, dup=True, at=later), timeless(5, 5, dup=True, at=later)])
+    assert [r.ms for r in second.written] == [given[0], given[1], given[3], int(later * 1000)]
+    assert [metrics.redeliveries_retimed.labels(outcome)._value.get()
+            for outcome in ("recorded", "unrecorded")] == [3, 1]
+
+
+async def test_batches_of_timed_readings_record_nothing(db: Any, monkeypatch: Any) -> None:
+    monkeypatch.setattr(decode.ARRIVALS, "given", None)
+    messages = [Inbound("sensors/a/readings", orjson.dumps({"ts": NOW + i, "v": i}), i + 1,
+                        1, 1, NOW) for i in range(6)]
+    writer, _ = await through_a_pipeline(db, messages)
+    assert (len(writer.written), await db[LEDGER].count_documents({})) == (6, 0)
