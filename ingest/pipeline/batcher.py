@@ -25,9 +25,11 @@ class Batch:
     ends: list[int] = field(default_factory=list)
     # Estimated memory the batch holds (see pipeline.held_bytes), released once acked.
     held_bytes: int = 0
-    # QoS 1/2 messages whose readings were timed at arrival, with the times given, in
-    # order: recorded in the delivery ledger before the readings are written.
-    deliveries: list[tuple[Inbound, list[int]]] = field(default_factory=list)
+    # QoS 1/2 messages whose readings were timed at arrival, and per message the number
+    # of times given then the times (flat: no object per message), recorded in the
+    # delivery ledger before the readings are written (ingest/store/deliveries.py).
+    deliveries: list[Inbound] = field(default_factory=list)
+    given: list[int] = field(default_factory=list)
 
     def origin(self) -> dict[int, Inbound]:
         """Map ``id(reading)`` to the message it came from (for error reports)."""
@@ -53,6 +55,7 @@ def merged(batches: list[Batch]) -> Batch:
         out.rejects.extend(batch.rejects)
         out.held_bytes += batch.held_bytes
         out.deliveries.extend(batch.deliveries)
+        out.given.extend(batch.given)
     return out
 
 

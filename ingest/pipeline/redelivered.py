@@ -18,7 +18,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ingest.errors import RefusedWriteError, WriteError
-from ingest.store.deliveries import checksum
+from ingest.store.deliveries import first_delivery
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ingest.metrics import Health, Metrics
     from ingest.model import Inbound
     from ingest.pipeline.batcher import Batch
-    from ingest.store.deliveries import Deliveries, Entry, Key, Recorded
+    from ingest.store.deliveries import Deliveries, Latest, Recorded
 
 logger = logging.getLogger(__name__)
 
@@ -43,19 +43,13 @@ class Ledger:
         self._health = health
         self._retry = retry  # the pipeline's wait after a failed write (backoff, health)
         self._closed = closed
-        # The times the arrivals gave the message being decoded (see decode.Arrivals).
+        # The times the arrivals gave the message being decoded (see decode.Arrivals);
+        # the pipeline moves them to the message's batch (Batch.given).
         self.given: list[int] = []
         # The client's entries as read for connection ``generation``'s DUPs.
-        self._read: tuple[int, dict[Key, Recorded]] | None = None
+        self._read: tuple[int, Latest] | None = None
 
-    def note(self, message: Inbound, batch: Batch | None) -> None:
-        """The message just decoded gave times: keep them with its batch (QoS 1/2)."""
-        given = self.given
-        if message.qos and batch is not None:
-            batch.deliveries.append((message, given.copy()))
-        given.clear()
-
-    async def record(self, entries: list[Entry]) -> None:
+    async def record(self, batch: Batch) -> None:
         """Record a batch's entries before its readings are written.
 
         A failure is retried like a write, until recorded: the batch's readings wait
@@ -67,13 +61,13 @@ class Ledger:
         while True:
             try:
                 if docs is None:
-                    docs = await self._deliveries.documents(entries)
+                    docs = await self._deliveries.documents(batch.deliveries, batch.given)
                 await self._deliveries.write(docs)
             except RefusedWriteError as exc:
                 self._metrics.write_error("rejected")
                 logger.error("cannot record the arrival times of %d messages (a crash "  # noqa: TRY400 - a server's answer, not a bug
                              "before their PUBACKs would store their redeliveries' readings "
-                             "twice): %s", len(entries), exc)
+                             "twice): %s", len(batch.deliveries), exc)
                 return
             except WriteError as exc:
                 attempt += 1
@@ -95,12 +89,12 @@ class Ledger:
             if entries is None:
                 return None
             read = self._read = (message.generation, entries)
-        found = read[1].get((message.mid, checksum(message.topic, message.payload)))
+        found = first_delivery(read[1], message)
         self._metrics.redeliveries_retimed.labels(
             "unrecorded" if found is None else "recorded").inc()
         return found
 
-    async def _entries(self) -> dict[Key, Recorded] | None:
+    async def _entries(self) -> Latest | None:
         """The client's entries, retried like a write; None if the pipeline closes first."""
         attempt = 0
         while not self._closed():

@@ -311,14 +311,8 @@ class Pipeline:
             if first_seen is None:
                 readings, rejections = decode(message.topic, payload, message.received_at,
                                               self._limits, None, ARRIVALS)
-            elif type(first_seen) is int:  # a retained state: timeless readings at first_seen
-                readings, rejections = decode(message.topic, payload, first_seen / 1000,
-                                              self._limits)
-            else:  # a redelivery: the times its first delivery gave
-                recorded: Recorded = first_seen  # type: ignore[assignment]
-                readings, rejections = decode(
-                    message.topic, payload, recorded.received_at, self._limits, None,
-                    Replayed(recorded.times, self._given))
+            else:
+                readings, rejections = self._decoded_at(message, first_seen)
         else:
             readings, rejections = self._mapped(message, first_seen)
         count = len(readings)
@@ -340,14 +334,31 @@ class Pipeline:
         batcher = self._batcher
         had_open = batcher.current is not None
         full = batcher.add(message, readings, docs, size)
-        if self._given:  # readings timed at arrival: their times go to the ledger
-            assert self._ledger is not None
-            self._ledger.note(message, full if full is not None else batcher.current)
+        given = self._given
+        if given:  # readings timed at arrival (a ledger is kept): their times, with the batch
+            target = full if full is not None else batcher.current
+            if message.qos and target is not None:  # (QoS 0 is never resent)
+                target.deliveries.append(message)
+                target.given.append(len(given))
+                target.given += given
+            given.clear()
         if full is not None:
             self._dispatch(full)
         elif not had_open:
             self._opened.set()
         return full
+
+    def _decoded_at(self, message: Inbound, first_seen: int | Recorded) -> Decoded:
+        """The default format's readings of a retained state or of a redelivery.
+
+        A retained state's readings without a time take ``first_seen`` (ms) exactly; a
+        redelivery's take the times its first delivery gave them, in order.
+        """
+        if type(first_seen) is int:
+            return decode(message.topic, message.payload, first_seen / 1000, self._limits)
+        recorded: Recorded = first_seen  # type: ignore[assignment]
+        return decode(message.topic, message.payload, recorded.received_at, self._limits,
+                      None, Replayed(recorded.times, self._given))
 
     def _full(self) -> bool:
         """Whether the pipeline holds as much as it may (readings or bytes)."""
@@ -503,7 +514,7 @@ class Pipeline:
         started = time.perf_counter()
         rejects = batch.rejects
         if batch.deliveries and self._ledger is not None:
-            await self._ledger.record(batch.deliveries)  # before the readings, see there
+            await self._ledger.record(batch)  # before the readings: see there
         if batch.readings:
             refused = await self._write_readings(batch.readings)
             if refused:

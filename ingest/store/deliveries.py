@@ -7,8 +7,8 @@ take new arrival times and be stored a second time. So before a batch's readings
 written, the times each of its QoS 1/2 messages gave its timeless readings are recorded
 here, per MQTT session (client id); a DUP that reaches the pipeline (one the running
 process cannot recognise itself: the first after a restart) is decoded with the times
-of the latest entry with its packet id and its topic and payload checksum, and the
-writers then find its readings stored (duplicates).
+of the latest entry with its packet id if that entry has its topic and payload
+checksum, and the writers then find its readings stored (duplicates).
 
 One document per batch that holds such messages::
 
@@ -31,8 +31,9 @@ redelivery takes the recorded times and is written then).
 from __future__ import annotations
 
 import contextlib
-import struct
+import sys
 import zlib
+from array import array
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -62,9 +63,11 @@ EXPIRE_SECONDS = 8 * 86400
 # MongoDB's 16 MiB, whatever the messages hold.
 ENTRIES_PER_DOC = 10_000
 TIMES_PER_DOC = 500_000
-# One entry's head: packet id, CRC-32 of topic and payload, arrival (epoch s), times.
-_HEAD = struct.Struct("<HIdI")
-_TIME = struct.Struct("<q")
+# The packed columns' item types: packet id, CRC-32, arrival (epoch s), counts and times.
+_MID, _CRC, _ARRIVED, _TIME = "H", "I", "d", "q"
+_SIZES = {code: array(code).itemsize for code in (_MID, _CRC, _ARRIVED, _TIME)}
+assert _SIZES == {_MID: 2, _CRC: 4, _ARRIVED: 8, _TIME: 8}  # every platform we run on
+_BIG_ENDIAN = sys.byteorder == "big"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +78,7 @@ class Recorded:
     times: tuple[int, ...]
 
 
-type Entry = tuple["Inbound", list[int]]  # a message and the ms given to its readings
-type Key = tuple[int, int]  # packet id, checksum
+type Latest = dict[int, tuple[int, Recorded]]  # packet id -> its latest entry's checksum, times
 
 
 def checksum(topic: str, payload: bytes) -> int:
@@ -84,58 +86,97 @@ def checksum(topic: str, payload: bytes) -> int:
     return zlib.crc32(payload, zlib.crc32(topic.encode()))
 
 
-def pack(entries: Iterable[Entry]) -> bytes:
-    """The entries as stored: per message a head and its times (little-endian)."""
-    out = bytearray()
-    for message, times in entries:
-        out += _HEAD.pack(message.mid, checksum(message.topic, message.payload),
-                          message.received_at, len(times))
-        out += struct.pack(f"<{len(times)}q", *times)
-    return bytes(out)
+def pack(messages: Sequence[Inbound], given: Sequence[int]) -> bytes:
+    """The entries as stored, little-endian.
+
+    Columns of packet ids, checksums and arrival times, then ``given`` (per message the
+    number of its times, then the times). Built column by column, one comprehension
+    each: this runs for every message whose readings were timed at arrival, and packing
+    entry by entry costs more.
+    """
+    crc32 = zlib.crc32
+    columns = (array(_MID, [message.mid for message in messages]),
+               array(_CRC, [crc32(message.payload, crc32(message.topic.encode()))
+                            for message in messages]),
+               array(_ARRIVED, [message.received_at for message in messages]),
+               array(_TIME, given))
+    if _BIG_ENDIAN:
+        for column in columns:
+            column.byteswap()
+    return b"".join([column.tobytes() for column in columns])
 
 
-def unpack(data: bytes) -> Iterator[tuple[Key, Recorded]]:
-    """The entries of :func:`pack`, in order."""
-    at, end = 0, len(data)
-    while at < end:
-        mid, crc, received_at, count = _HEAD.unpack_from(data, at)
-        at += _HEAD.size
-        times = struct.unpack_from(f"<{count}q", data, at)
-        at += count * _TIME.size
-        yield (mid, crc), Recorded(received_at, times)
+def unpack(data: bytes, count: int) -> Iterator[tuple[int, int, Recorded]]:
+    """The ``count`` entries of :func:`pack`, in order: packet id, checksum, what was given."""
+    columns = []
+    at = 0
+    for code in (_MID, _CRC, _ARRIVED, _TIME):
+        column = array(code)
+        end = len(data) if code == _TIME else at + count * _SIZES[code]
+        column.frombytes(data[at:end])
+        if _BIG_ENDIAN:
+            column.byteswap()
+        columns.append(column)
+        at = end
+    mids, crcs, arrived, given = columns
+    at = 0
+    for i in range(count):
+        times = int(given[at])
+        yield (int(mids[i]), int(crcs[i]),
+               Recorded(float(arrived[i]), tuple(int(t) for t in given[at + 1:at + 1 + times])))
+        at += 1 + times
 
 
-def latest(docs: Iterable[dict[str, Any]], keep: int) -> dict[Key, Recorded]:
-    """The latest entry per (packet id, checksum) among a client's last ``keep``.
+def pieces(messages: Sequence[Inbound], given: Sequence[int]
+           ) -> Iterator[tuple[Sequence[Inbound], Sequence[int]]]:
+    """A batch's entries in pieces that each fit one document."""
+    if len(messages) <= ENTRIES_PER_DOC and len(given) <= TIMES_PER_DOC:
+        yield messages, given  # the usual batch: one document
+        return
+    start = at = start_at = 0
+    for i in range(len(messages)):
+        width = 1 + given[at]
+        if i > start and (i - start >= ENTRIES_PER_DOC or at + width - start_at > TIMES_PER_DOC):
+            yield messages[start:i], given[start_at:at]
+            start, start_at = i, at
+        at += width
+    yield messages[start:], given[start_at:]
 
-    ``docs``: the client's documents in ``seq`` order. A redelivered message's first
-    delivery is the latest entry with its packet id: the broker gives the id to another
-    message only once it has the PUBACK, and a message not acknowledged is resent.
+
+def latest(docs: Iterable[dict[str, Any]], keep: int) -> Latest:
+    """The latest entry per packet id among a client's last ``keep``.
+
+    ``docs``: the client's documents in ``seq`` order.
     """
     docs = list(docs)
     if not docs:
         return {}
     first = docs[-1]["seq"] - keep  # entries numbered at or below this are older
-    found: dict[Key, Recorded] = {}
+    found: Latest = {}
     for doc in docs:
         seq = doc["seq"] - doc["n"]
-        for key, recorded in unpack(doc["entries"]):
+        for mid, crc, recorded in unpack(doc["entries"], doc["n"]):
             seq += 1
             if seq > first:
-                found[key] = recorded
+                found[mid] = (crc, recorded)
     return found
 
 
-def chunks(entries: Sequence[Entry]) -> Iterator[Sequence[Entry]]:
-    """The entries in pieces that each fit one document."""
-    start, times = 0, 0
-    for at, (_message, given) in enumerate(entries):
-        if at > start and (at - start >= ENTRIES_PER_DOC or times + len(given) > TIMES_PER_DOC):
-            yield entries[start:at]
-            start, times = at, 0
-        times += len(given)
-    if start < len(entries):
-        yield entries[start:]
+def first_delivery(found: Latest, message: Inbound) -> Recorded | None:
+    """What the first delivery of a resent ``message`` was given, if it was recorded.
+
+    It is the latest entry with the message's packet id, if that entry has the message's
+    checksum: the broker gives an id to another message only once it has the PUBACK
+    (so not while this one waits for its own), and keeps at most Receive Maximum (at
+    most 65,535) unacknowledged, so two it resends never share an id. An earlier entry
+    with the id is an earlier message that was acknowledged (the same words, perhaps:
+    devices repeat states), and never matches; the latest one with another checksum
+    means this message's first delivery was not recorded (its readings not written).
+    """
+    entry = found.get(message.mid)
+    if entry is None or entry[0] != checksum(message.topic, message.payload):
+        return None
+    return entry[1]
 
 
 class Deliveries:
@@ -150,11 +191,12 @@ class Deliveries:
         self._count: int | None = None  # entries the client has recorded (None: not read yet)
         self._since_trim = 0
 
-    async def documents(self, entries: Sequence[Entry]) -> list[dict[str, Any]]:
-        """The documents recording ``entries`` (numbered now, in the order asked).
+    async def documents(self, messages: Sequence[Inbound], given: Sequence[int]
+                        ) -> list[dict[str, Any]]:
+        """The documents recording ``messages`` and their ``given`` (:func:`pack`).
 
-        Raises :class:`~ingest.errors.WriteError` if the client's count cannot be read
-        (the first time only); nothing is numbered then.
+        Numbered now, in the order asked. Raises :class:`~ingest.errors.WriteError` if
+        the client's count cannot be read (the first time only); nothing is numbered then.
         """
         if self._count is None:
             try:
@@ -166,10 +208,10 @@ class Deliveries:
                 self._count = 0 if last is None else int(last["seq"])
         docs = []
         at = datetime.now(UTC)
-        for piece in chunks(entries):
-            self._count += len(piece)
+        for some, times in pieces(messages, given):
+            self._count += len(some)
             docs.append({"_id": ObjectId(), "client": self.client, "seq": self._count,
-                         "n": len(piece), "at": at, "entries": Binary(pack(piece))})
+                         "n": len(some), "at": at, "entries": Binary(pack(some, times))})
         return docs
 
     async def write(self, docs: list[dict[str, Any]]) -> None:
@@ -190,8 +232,8 @@ class Deliveries:
         except (PyMongoError, InvalidDocument) as exc:
             raise mongo_errors.translate(exc, "write") from exc
 
-    async def tail(self) -> dict[Key, Recorded]:
-        """The client's recorded entries, the latest per key (one query).
+    async def tail(self) -> Latest:
+        """The client's recorded entries, the latest per packet id (one query).
 
         Raises :class:`~ingest.errors.WriteError` on a MongoDB failure.
         """
