@@ -18,11 +18,12 @@ import orjson
 
 from ingest.config import Settings
 from ingest.devices import decode
+from ingest.errors import WriteError
 from ingest.metrics import Health, Metrics
 from ingest.model import Inbound, Reading
 from ingest.pipeline.stages import Pipeline
 from ingest.store.deliveries import COLLECTION as LEDGER
-from ingest.store.deliveries import Deliveries
+from ingest.store.deliveries import Deliveries, Latest, unpack
 from ingest.store.writers import Outcome, Plan
 from tests.support.acks import Acks
 from tests.support.mongo import failpoint, instants, stored, stored_values
@@ -110,14 +111,15 @@ NOW = 1_790_000_000.0
 
 
 class LedgerFirst:
-    """A writer that keeps the readings and how many ledger documents preceded each write."""
+    """A writer that keeps the readings and, per reading, whether the ledger held its
+    time when it was written (None for the one with a time of its own, ``v`` 0)."""
 
     mode = "bucket"
 
     def __init__(self, db: Any) -> None:
         self.db = db
         self.written: list[Reading] = []
-        self.ledger_before: list[int] = []
+        self.recorded_first: list[bool | None] = []
 
     async def ensure_schema(self) -> None:
         return None
@@ -126,7 +128,11 @@ class LedgerFirst:
         return Plan(list(readings), [[r] for r in readings])
 
     async def write(self, plan: Plan) -> Outcome:
-        self.ledger_before.append(await self.db[LEDGER].count_documents({}))
+        recorded = {t for doc in await self.db[LEDGER].find({}).to_list()
+                    for _mid, _crc, entry in unpack(doc["entries"], doc["n"])
+                    for t in entry.times}
+        self.recorded_first += [None if r.values["v"] == 0 else r.ms in recorded
+                                for r in plan.ops]
         self.written += plan.ops
         return Outcome(written=len(plan.ops))
 
@@ -139,12 +145,27 @@ class NoRejects:
         return len(docs), []
 
 
-async def through_a_pipeline(db: Any, messages: list[Inbound]) -> tuple[LedgerFirst, Metrics]:
+class FailingOnce(Deliveries):
+    """The ledger, whose first lookup fails as a network error would."""
+
+    failed = False
+
+    async def tail(self) -> Latest:
+        if not self.failed:
+            self.failed = True
+            raise WriteError("connection reset")
+        return await super().tail()
+
+
+async def through_a_pipeline(db: Any, messages: list[Inbound],
+                             ledger: type[Deliveries] = Deliveries
+                             ) -> tuple[LedgerFirst, Metrics]:
     """``messages`` through a pipeline with client ``c1``'s ledger, as one process would."""
     writer, metrics = LedgerFirst(db), Metrics("bucket")
-    pipeline = Pipeline(Settings(batch_size=4, flush_interval=0.05), writer,  # type: ignore[arg-type]
+    settings = Settings(batch_size=4, flush_interval=0.05, write_concurrency=1)  # in order
+    pipeline = Pipeline(settings, writer,  # type: ignore[arg-type]
                         NoRejects(), Acks(), metrics, Health(),  # type: ignore[arg-type]
-                        deliveries=Deliveries(db[LEDGER], "c1", keep=100))
+                        deliveries=ledger(db[LEDGER], "c1", keep=100))
     task = asyncio.create_task(pipeline.run())
     for message in messages:
         if not pipeline.take_now(message):
@@ -164,10 +185,12 @@ async def test_a_resent_message_takes_the_times_recorded_before_its_first_write(
     them (QoS 0 and timed ones are not recorded); the next process gives their DUPs those
     times, and a DUP whose first delivery was never recorded takes its arrival time."""
     monkeypatch.setattr(decode.ARRIVALS, "given", None)  # the pipelines set it
-    timed = Inbound("sensors/a/readings", orjson.dumps({"ts": NOW, "v": 0}), 9, 1, 1, NOW)
+    monkeypatch.setattr(decode.ARRIVALS, "_last", {})  # no arrival times of other tests
+    timed = Inbound("sensors/a/readings", orjson.dumps({"ts": NOW - 5, "v": 0}), 9, 1, 1, NOW)
     first, _ = await through_a_pipeline(
         db, [timed, timeless(1, 1), timeless(2, 2), timeless(3, 3, qos=0), timeless(4, 1)])
-    assert first.ledger_before == [1, 2]  # each batch's record came before its readings
+    # each timeless reading's time was recorded before the reading was written
+    assert first.recorded_first == [None, True, True, False, True]  # QoS 0: not resent
     given = [r.ms for r in first.written[1:]]
     assert len(set(given)) == 4  # one sensor: a millisecond apart
     later = NOW + 30
@@ -181,7 +204,19 @@ async def test_a_resent_message_takes_the_times_recorded_before_its_first_write(
 
 async def test_batches_of_timed_readings_record_nothing(db: Any, monkeypatch: Any) -> None:
     monkeypatch.setattr(decode.ARRIVALS, "given", None)
+    monkeypatch.setattr(decode.ARRIVALS, "_last", {})
     messages = [Inbound("sensors/a/readings", orjson.dumps({"ts": NOW + i, "v": i}), i + 1,
                         1, 1, NOW) for i in range(6)]
     writer, _ = await through_a_pipeline(db, messages)
     assert (len(writer.written), await db[LEDGER].count_documents({})) == (6, 0)
+
+
+async def test_a_failed_ledger_lookup_is_retried(db: Any, monkeypatch: Any) -> None:
+    monkeypatch.setattr(decode.ARRIVALS, "given", None)
+    monkeypatch.setattr(decode.ARRIVALS, "_last", {})
+    monkeypatch.setattr("ingest.pipeline.stages.backoff", lambda *_a, **_k: 0.0)
+    first, _ = await through_a_pipeline(db, [timeless(1, 1)])
+    again, metrics = await through_a_pipeline(db, [timeless(1, 1, dup=True, at=NOW + 9)],
+                                              FailingOnce)
+    assert [r.ms for r in again.written] == [r.ms for r in first.written]
+    assert metrics.write_errors.labels("bucket", "transient")._value.get() == 1
