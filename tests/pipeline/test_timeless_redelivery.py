@@ -163,9 +163,8 @@ async def through_a_pipeline(db: Any, messages: list[Inbound],
     """``messages`` through a pipeline with client ``c1``'s ledger, as one process would."""
     writer, metrics = LedgerFirst(db), Metrics("bucket")
     settings = Settings(batch_size=4, flush_interval=0.05, write_concurrency=1)  # in order
-    pipeline = Pipeline(settings, writer,  # type: ignore[arg-type]
-                        NoRejects(), Acks(), metrics, Health(),  # type: ignore[arg-type]
-                        deliveries=ledger(db[LEDGER], "c1", keep=100))
+    pipeline = Pipeline(settings, writer, NoRejects(), Acks(),  # type: ignore[arg-type]
+                        metrics, Health(), deliveries=ledger(db[LEDGER], "c1", keep=100))
     task = asyncio.create_task(pipeline.run())
     for message in messages:
         if not pipeline.take_now(message):
