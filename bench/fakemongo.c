@@ -7,7 +7,8 @@
  * upsert inserts, a plain update or delete matches nothing, find and aggregate return
  * nothing. It only remembers the collections created (so listCollections can show them).
  * There is no storage engine, no index maintenance, no journaling and no network delay:
- * it measures the client's side of the write path, not a server.
+ * it measures the client's side of the write path, not a server. Inserts into a
+ * collection named *_claims (timeseries mode's claims) are counted apart.
  *
  *   fakemongo [-p PORT] [-v]     prints mongodb://127.0.0.1:PORT, serves until SIGTERM,
  *                                then prints its counts as one line of JSON and exits.
@@ -159,6 +160,7 @@ static int doc_valid(const uint8_t *p, size_t avail) {
 static struct {
     int64_t messages, op_msgs, op_queries, bytes_in;
     int64_t insert_commands, inserted_documents;
+    int64_t claim_commands, claim_documents; /* inserts into a *_claims collection */
     int64_t ledger_documents;  /* inserted into "deliveries" (the daemon's delivery ledger) */
     int64_t update_commands, update_ops, upserts, pushed;
     int64_t delete_commands, delete_ops;
@@ -191,6 +193,8 @@ static void stats_doc(buf_t *b) {
     e_i64(b, "bytesIn", st.bytes_in);
     e_i64(b, "insertCommands", st.insert_commands);
     e_i64(b, "insertedDocuments", st.inserted_documents);
+    e_i64(b, "claimCommands", st.claim_commands);
+    e_i64(b, "claimDocuments", st.claim_documents);
     e_i64(b, "ledgerDocuments", st.ledger_documents);
     e_i64(b, "updateCommands", st.update_commands);
     e_i64(b, "updateOps", st.update_ops);
@@ -208,7 +212,8 @@ static void stats_doc(buf_t *b) {
 
 static void print_stats_json(FILE *f) {
     fprintf(f, "{\"messages\": %lld, \"opMsg\": %lld, \"opQuery\": %lld, \"bytesIn\": %lld, "
-            "\"insertCommands\": %lld, \"insertedDocuments\": %lld, \"ledgerDocuments\": %lld, "
+            "\"insertCommands\": %lld, \"insertedDocuments\": %lld, "
+            "\"claimCommands\": %lld, \"claimDocuments\": %lld, \"ledgerDocuments\": %lld, "
             "\"updateCommands\": %lld, "
             "\"updateOps\": %lld, \"upserts\": %lld, \"pushedElements\": %lld, "
             "\"deleteCommands\": %lld, "
@@ -216,7 +221,8 @@ static void print_stats_json(FILE *f) {
             "\"lastWriteMonotonicNs\": %lld, \"connectionsTotal\": %lld, \"commands\": {",
             (long long)st.messages, (long long)st.op_msgs, (long long)st.op_queries,
             (long long)st.bytes_in, (long long)st.insert_commands,
-            (long long)st.inserted_documents, (long long)st.ledger_documents,
+            (long long)st.inserted_documents, (long long)st.claim_commands,
+            (long long)st.claim_documents, (long long)st.ledger_documents,
             (long long)st.update_commands,
             (long long)st.update_ops, (long long)st.upserts, (long long)st.pushed,
             (long long)st.delete_commands,
@@ -430,8 +436,14 @@ static void command(buf_t *b, const uint8_t *body, const char *db, docs_t *docs,
         ok_field(b);
     } else if (!strcmp(name, "insert")) {
         int n = each_doc(body, "documents", docs, NULL, NULL);
-        st.insert_commands++;
-        st.inserted_documents += n;
+        size_t len = strlen(arg);
+        if (len > 7 && !strcmp(arg + len - 7, "_claims")) {  /* timeseries mode's claims */
+            st.claim_commands++;
+            st.claim_documents += n;
+        } else {
+            st.insert_commands++;
+            st.inserted_documents += n;
+        }
         note_write();
         e_i32(b, "n", n);
         ok_field(b);

@@ -31,6 +31,7 @@ from ingest.config import (
     validate_api,
 )
 from ingest.errors import ConfigError, IncompatibleError, SchemaError, StartupError
+from ingest.tokens import read_tokens
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -124,6 +125,11 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
           "0.0.0.0")  # noqa: S104 - scraped from outside; bind to a private address if needed
     _flag(parser, env, "metrics-port", "port of /metrics, /healthz, /readyz (0: any; default "
           "9108 in bucket mode, 9109 in timeseries mode)", type=integer)
+    _flag(parser, env, "metrics-tokens-file", "/metrics needs one of these bearer tokens (one "
+          'a line, or TOML name = "token"); /healthz and /readyz stay open')
+    _flag(parser, env, "metrics-tls-cert", "serve /metrics, /healthz, /readyz over HTTPS with "
+          "this certificate (PEM)")
+    _flag(parser, env, "metrics-tls-key", "the private key of --metrics-tls-cert (PEM)")
     _flag(parser, env, "batch-size", "close a batch at this many readings (or messages)",
           10_000, type=integer)
     _flag(parser, env, "flush-interval", "close a batch this many seconds after it opened", 1.0,
@@ -164,6 +170,11 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     parser.add_argument("--dry-run", action="store_true", default=None,
                         help="decode, batch and build writes, send nothing to MongoDB "
                              "[env INGEST_DRY_RUN]")
+    parser.add_argument("--sensor-id-from-topic", action="store_true", default=None,
+                        help="a reading's sensor is the one its topic names: refuse a "
+                             "payload naming another (sensor_id_mismatch); with one broker "
+                             "account per device, a device cannot write as another "
+                             "[env INGEST_SENSOR_ID_FROM_TOPIC]")
 
 
 def _api_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
@@ -178,10 +189,24 @@ def _api_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     _flag(parser, env, "rejects-collection", "the daemons' rejects collection", "rejects")
     _flag(parser, env, "bucket-span-seconds", "bucket mode: span of one document, as the "
           "daemon writes it", DEFAULT_BUCKET_SPAN_SECONDS, type=integer)
-    _flag(parser, env, "api-host", "address of the API, its page and /metrics",
-          "0.0.0.0")  # noqa: S104 - reached from outside; bind to a private address if needed
+    _flag(parser, env, "api-host", "address of the API, its page and /metrics; an address "
+          "other than loopback needs --api-tokens-file (or --api-insecure)", "127.0.0.1")
     _flag(parser, env, "api-port", "port of the API, its page and /metrics (0: any)", 8080,
           type=integer)
+    _flag(parser, env, "api-tokens-file", "the tokens that may read: one a line, or TOML "
+          'name = "token" pairs (a Docker or Kubernetes secret file as it is); /api/*, '
+          "/openapi.json and /metrics then need Authorization: Bearer <token> or the page's "
+          "login")
+    parser.add_argument("--api-insecure", action="store_true", default=None,
+                        help="serve without tokens on any address (behind a proxy that "
+                             "authenticates) [env INGEST_API_INSECURE]")
+    _flag(parser, env, "api-tls-cert", "serve HTTPS with this certificate (PEM, chain first)")
+    _flag(parser, env, "api-tls-key", "the private key of --api-tls-cert (PEM)")
+    _flag(parser, env, "api-max-concurrent-queries", "queries one caller (a token, or an "
+          "address without tokens) may have running; more are answered 429", 16,
+          type=integer)
+    _flag(parser, env, "api-session-hours", "how long a login of the page lasts", 12.0,
+          type=real)
     _flag(parser, env, "grafana-url", "Grafana's address, for the page's dashboard link",
           "http://localhost:3000")
     _flag(parser, env, "query-timeout", "seconds one query may run (maxTimeMS)", 10.0,
@@ -190,17 +215,25 @@ def _api_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
           choices=["debug", "info", "warning", "error"])
 
 
-def api_settings_from(args: argparse.Namespace) -> ApiSettings:
+def api_settings_from(args: argparse.Namespace,
+                      env: Mapping[str, str] | None = None) -> ApiSettings:
     """Validated settings of ``ingest api``."""
+    env = {} if env is None else env
     mongodb_uri = args.mongodb_uri
     if args.mongodb_uri_file:
         mongodb_uri = read_secret(args.mongodb_uri_file, "--mongodb-uri-file")
+    insecure = args.api_insecure if args.api_insecure is not None else _env_bool(
+        env, "API_INSECURE")
     return validate_api(ApiSettings(
         mode=args.mode, mongodb_uri=mongodb_uri, db=args.db,
         collection=args.collection or DEFAULT_COLLECTION.get(args.mode, "buckets"),
         rejects_collection=args.rejects_collection,
         bucket_span_seconds=args.bucket_span_seconds, host=args.api_host, port=args.api_port,
         grafana_url=args.grafana_url, query_timeout=args.query_timeout,
+        tokens=read_tokens(args.api_tokens_file) if args.api_tokens_file else (),
+        insecure=insecure, tls_cert=args.api_tls_cert, tls_key=args.api_tls_key,
+        max_concurrent_queries=args.api_max_concurrent_queries,
+        session_hours=args.api_session_hours,
     ))
 
 
@@ -265,7 +298,9 @@ with time, so a fleet's writes spread over all shards:
                    documents: each upsert goes to one shard, and the unique
                    {sensor_id, readings.ts} index stays enforceable.
   timeseries mode  {meta.sensor_id: 1}    MongoDB 8.0 deprecates sharding a
-                   time-series collection on its time field.
+                   time-series collection on its time field; its claims
+                   collection on {_id: "hashed"}, which keeps each claim's
+                   _id unique across shards.
 On a replica set or a standalone server --shard changes nothing and says so.
 """
 
@@ -314,7 +349,26 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     check.add_argument("payload", nargs="?", default="-",
                        help="the payload; '-' or nothing reads it from stdin")
     _discover_parser(commands, env)
+    account = commands.add_parser(
+        "device-account", help="add a device's own MQTT account to a mosquitto password "
+        "file (or give it a new password)", formatter_class=_DescribedDefaults,
+        description=DEVICE_ACCOUNT_HELP)
+    account.add_argument("name", help="the device's name: its user name, and the topic "
+                         "level it may publish under (sensors/<name>/...)")
+    account.add_argument("--passwd", required=True,
+                         help="the mosquitto password file (deploy/mosquitto/passwd)")
+    account.add_argument("--password-file", help="read the password from this file "
+                         "(default: make a random one and print it once)")
     return parser
+
+
+DEVICE_ACCOUNT_HELP = """\
+Add an account for one device to a mosquitto password file, or replace its password.
+With the ACL of deploy/mosquitto/acl (pattern write sensors/%u/#) the device may publish
+only under sensors/<name>/, so one device cannot write as another. Without
+--password-file a random password is made and printed once on stdout: give it to the
+device. Restart the broker, or send it SIGHUP, to load the file.
+"""
 
 
 MIGRATE_HELP = """\
@@ -454,6 +508,9 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         **common, mqtt=mqtt, topics=topics, shared_group=args.shared_group,
         client_id=args.client_id or f"ingest-{args.mode}-{socket.gethostname()}",
         qos=args.qos, metrics_host=args.metrics_host,
+        metrics_tokens=(read_tokens(args.metrics_tokens_file, "--metrics-tokens-file")
+                        if args.metrics_tokens_file else ()),
+        metrics_tls_cert=args.metrics_tls_cert, metrics_tls_key=args.metrics_tls_key,
         metrics_port=(args.metrics_port if args.metrics_port is not None
                       else DEFAULT_METRICS_PORT[args.mode]),
         batch_size=args.batch_size, flush_interval=args.flush_interval,
@@ -467,6 +524,8 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         max_readings_per_message=args.max_readings_per_message,
         max_past_seconds=args.max_past_seconds, max_future_seconds=args.max_future_seconds,
         shutdown_timeout=args.shutdown_timeout, retained=args.retained, dry_run=dry_run,
+        sensor_id_from_topic=(args.sensor_id_from_topic if args.sensor_id_from_topic
+                              is not None else _env_bool(env, "SENSOR_ID_FROM_TOPIC")),
         mapping=mapping,
         workers=_workers(args.workers),
     ))
@@ -489,17 +548,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     try:
         args = build_parser(env).parse_args(argv)
-        if args.command == "discover":
-            from ingest.devices.discover.command import main as discover  # noqa: PLC0415 - its own command
-
-            return discover(args, env)
-        if args.command == "api":
-            return _execute_api(api_settings_from(args), args.log_level)
-        if args.command == "check":
-            from ingest.devices.check import check  # noqa: PLC0415 - a separate, short-lived command
-
-            return check(load_mapping(args, env), args.topic_name, args.payload,
-                         earlier=[(t, p) for t, p in args.earlier])
+        if args.command in _COMMANDS:
+            return _COMMANDS[args.command](args, env)
         if args.command == "local":
             local = local_settings(args, env)
         else:
@@ -515,6 +565,43 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     shard = getattr(args, "shard", None)
     return _execute(args.command, settings,
                     shard=shard if shard is not None else _env_bool(env, "SHARD"))
+
+
+def _discover(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from ingest.devices.discover.command import main as discover  # noqa: PLC0415 - its own command
+
+    return discover(args, env)
+
+
+def _api(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    return _execute_api(api_settings_from(args, env), args.log_level)
+
+
+def _check(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    from ingest.devices.check import check  # noqa: PLC0415 - a separate, short-lived command
+
+    return check(load_mapping(args, env), args.topic_name, args.payload,
+                 earlier=[(t, p) for t, p in args.earlier])
+
+
+def _device_account(args: argparse.Namespace, _env: Mapping[str, str]) -> int:
+    from ingest.mqtt import accounts  # noqa: PLC0415 - its own short command
+
+    if args.password_file is None:
+        password, show = accounts.new_password(), True
+    else:
+        password, show = read_secret(args.password_file, "--password-file"), False
+    new = accounts.set_account(Path(args.passwd), args.name, password)
+    if show:
+        print(password)  # noqa: T201 - the one place it is shown
+    print(f"ingest: {'added' if new else 'changed the password of'} {args.name!r} in "  # noqa: T201
+          f"{args.passwd}; reload the broker (SIGHUP) to use it", file=sys.stderr)
+    return 0
+
+
+# Commands that need no logging set up first (they set up their own, or print only).
+_COMMANDS: dict[str, Callable[[argparse.Namespace, Mapping[str, str]], int]] = {
+    "discover": _discover, "api": _api, "check": _check, "device-account": _device_account}
 
 
 def _execute_local(local: LocalSettings) -> int:

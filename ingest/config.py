@@ -6,7 +6,9 @@ print it without a traceback.
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import os
 import re
 import ssl
 from dataclasses import dataclass, field, replace
@@ -18,6 +20,7 @@ from ingest.errors import ConfigError
 
 if TYPE_CHECKING:
     from ingest.devices.mapping import Mapping
+    from ingest.tokens import ApiToken
 
 type Mode = Literal["bucket", "timeseries"]
 type Granularity = Literal["seconds", "minutes", "hours"]
@@ -82,6 +85,11 @@ class Settings:
     rejects_max_bytes: int = 16 * 1024 * 1024
     metrics_host: str = "0.0.0.0"  # noqa: S104 - a daemon's metrics are scraped from outside
     metrics_port: int = 9108
+    # /metrics behind a bearer token (--metrics-tokens-file) and/or TLS (the health checks
+    # stay open).
+    metrics_tokens: tuple[ApiToken, ...] = field(default=(), repr=False)
+    metrics_tls_cert: str | None = None
+    metrics_tls_key: str | None = None
     batch_size: int = 10_000
     flush_interval: float = 1.0
     write_concurrency: int = 2
@@ -102,6 +110,9 @@ class Settings:
     # and counted (ignore), or stored at the time it was first seen (store).
     retained: Retained = "ignore"
     dry_run: bool = False
+    # A reading's sensor is the one its topic names: a payload naming another is refused
+    # (sensor_id_mismatch; ingest/devices/identity.py).
+    sensor_id_from_topic: bool = False
     # Mapping rules (--mapping, --preset), compiled by the CLI; None: the default format.
     mapping: Mapping | None = field(default=None, repr=False, compare=False)
     # Consumer processes (--workers, resolved by the CLI; see ingest/pipeline/workers.py).
@@ -256,6 +267,7 @@ def validate(settings: Settings) -> Settings:
         raise ConfigError(f"--bucket-span-seconds: at most {MAX_TIMESERIES_SPAN} "
                           "(one year) for a time-series collection")
     _check_retention(settings)
+    _check_api_tls(settings.metrics_tls_cert, settings.metrics_tls_key, "--metrics")
     if not 0 <= settings.metrics_port <= 65535:
         raise ConfigError("--metrics-port: must be between 0 and 65535")
     if not 1 <= settings.workers <= MAX_WORKERS:
@@ -354,7 +366,7 @@ def _check_positive(settings: Settings) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ApiSettings:
-    """What ``ingest api`` needs: where to read, which layout, where to listen."""
+    """What ``ingest api`` needs: where to read, which layout, where to listen, who may."""
 
     mode: Mode = "bucket"
     mongodb_uri: str = field(default="mongodb://localhost:27017", repr=False)
@@ -362,10 +374,16 @@ class ApiSettings:
     collection: str = "buckets"
     rejects_collection: str = "rejects"
     bucket_span_seconds: int = DEFAULT_BUCKET_SPAN_SECONDS
-    host: str = "0.0.0.0"  # noqa: S104 - the API and its page are reached from outside
+    host: str = "127.0.0.1"
     port: int = 8080
     grafana_url: str = "http://localhost:3000"
     query_timeout: float = 10.0
+    tokens: tuple[ApiToken, ...] = ()
+    insecure: bool = False
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    max_concurrent_queries: int = 16
+    session_hours: float = 12.0
 
 
 def _check_store(uri: str, db: str, collection: str, rejects: str) -> None:
@@ -392,4 +410,51 @@ def validate_api(settings: ApiSettings) -> ApiSettings:
             raise ConfigError(f"{flag}: must be a finite number greater than 0, got {value}")
     if not settings.grafana_url.startswith(("http://", "https://", "/")):
         raise ConfigError("--grafana-url: must start with http://, https:// or /")
+    if settings.max_concurrent_queries < 1:
+        raise ConfigError("--api-max-concurrent-queries: must be 1 or more, got "
+                          f"{settings.max_concurrent_queries}")
+    if not (settings.session_hours > 0 and math.isfinite(settings.session_hours)):
+        raise ConfigError("--api-session-hours: must be a finite number greater than 0, got "
+                          f"{settings.session_hours}")
+    _check_api_tls(settings.tls_cert, settings.tls_key)
+    if not settings.tokens and not settings.insecure and not is_loopback(settings.host):
+        raise ConfigError(
+            f"--api-host {settings.host}: not a loopback address, and no --api-tokens-file: "
+            "make a token with python -c 'import secrets; print(secrets.token_urlsafe(32))' "
+            "> tokens and pass --api-tokens-file tokens (or --api-insecure behind a proxy "
+            "that authenticates)")
     return settings
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only listens on this machine (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any interface
+
+
+def _check_api_tls(cert: str | None, key: str | None, prefix: str = "--api") -> None:
+    """Both TLS files or neither, each readable (``prefix``: --api or --metrics)."""
+    if (cert is None) != (key is None):
+        raise ConfigError(f"{prefix}-tls-cert and {prefix}-tls-key: give both or neither")
+    for flag, path in ((f"{prefix}-tls-cert", cert), (f"{prefix}-tls-key", key)):
+        if path is not None and not os.access(path, os.R_OK):
+            raise ConfigError(f"{flag}: cannot read {path}")
+
+
+def server_tls_context(cert: str | None, key: str | None, prefix: str = "--api",
+                       ) -> ssl.SSLContext | None:
+    """A server's TLS context from its certificate and key files (TLS 1.2 at least)."""
+    if cert is None or key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{prefix}-tls-cert/{prefix}-tls-key: cannot load {cert} and {key} "
+                          f"({exc})") from None
+    return context

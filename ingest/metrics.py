@@ -24,10 +24,12 @@ from ingest.errors import StartupError
 
 if TYPE_CHECKING:
     import socket
+    import ssl
     from collections.abc import Awaitable, Callable
     from types import TracebackType
 
     from ingest.devices.formats.stateful import Counts
+    from ingest.tokens import TokenSet
 
 logger = logging.getLogger(__name__)
 
@@ -317,9 +319,13 @@ class HttpEndpoint:
     """One small HTTP/1.1 endpoint: each GET answered with what ``_route`` gives its path.
 
     Subclasses start ``self._server`` in ``__aenter__``; leaving the context closes it.
+    With ``tokens`` every path but the health checks needs ``Authorization: Bearer``
+    (``--metrics-tokens-file``); ``tls`` serves HTTPS (``--metrics-tls-cert``).
     """
 
     _server: asyncio.Server | None = None
+    tokens: TokenSet | None = None
+    tls: ssl.SSLContext | None = None
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -334,16 +340,40 @@ class HttpEndpoint:
         try:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
             path = request.split(b" ", 2)[1].split(b"?", 1)[0] if b" " in request else b""
+            if self.tokens and path not in OPEN_PATHS and not self._authorised(request):
+                writer.write(UNAUTHORISED)
+                await writer.drain()
+                return
             routed = self._route(path)
             status, ctype, body = routed if isinstance(routed, tuple) else await routed
             writer.write(b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
                          b"Connection: close\r\n\r\n%s" % (status, ctype, len(body), body))
             await writer.drain()
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ConnectionError) as exc:
+                ConnectionError, OSError) as exc:
             logger.debug("metrics request dropped: %s", exc)
         finally:
             writer.close()
+
+    def _authorised(self, request: bytes) -> bool:
+        """Whether the request's ``Authorization: Bearer`` header holds an accepted token."""
+        assert self.tokens is not None
+        for line in request.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"authorization":
+                scheme, _, token = value.strip().partition(b" ")
+                return (scheme.lower() == b"bearer"
+                        and self.tokens.name_of(token.strip().decode(errors="replace"))
+                        is not None)
+        return False
+
+
+# Health checks stay open for probes: they say nothing about the data.
+OPEN_PATHS = frozenset({b"/healthz", b"/readyz"})
+_DENIED = b"a bearer token is needed (--metrics-tokens-file)\n"
+UNAUTHORISED = (b'HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm="ingest"\r\n'
+                b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
+                b"Connection: close\r\n\r\n%s" % (len(_DENIED), _DENIED))
 
 
 class MetricsServer(HttpEndpoint):
@@ -351,11 +381,13 @@ class MetricsServer(HttpEndpoint):
 
     def __init__(self, host: str, port: int, metrics: Metrics, health: Health,
                  before_scrape: Callable[[], None] | None = None,
-                 sock: socket.socket | None = None) -> None:
+                 sock: socket.socket | None = None, tokens: TokenSet | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self._host, self._port, self._sock = host, port, sock
         self._metrics, self._health = metrics, health
         self._before_scrape = before_scrape
         self._server = None
+        self.tokens, self.tls = tokens, tls
 
     @property
     def port(self) -> int:
@@ -365,13 +397,17 @@ class MetricsServer(HttpEndpoint):
 
     async def __aenter__(self) -> Self:
         if self._sock is not None:  # bound by the parent of --workers N
-            self._server = await asyncio.start_server(self._handle, sock=self._sock)
+            self._server = await asyncio.start_server(self._handle, sock=self._sock,
+                                                      ssl=self.tls)
             return self
         try:
-            self._server = await asyncio.start_server(self._handle, self._host, self._port)
+            self._server = await asyncio.start_server(self._handle, self._host, self._port,
+                                                      ssl=self.tls)
         except OSError as exc:
             raise cannot_listen(self._host, self._port, exc) from None
-        logger.info("metrics and health on http://%s:%d/metrics", self._host, self.port)
+        logger.info("metrics and health on %s://%s:%d/metrics%s",
+                    "https" if self.tls else "http", self._host, self.port,
+                    " (a bearer token needed)" if self.tokens else "")
         return self
 
     def _route(self, path: bytes) -> tuple[bytes, bytes, bytes]:

@@ -85,6 +85,12 @@ def _publish_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> N
           type=int)
     _flag(parser, env, "late-every", "send every Nth message of each sensor after all others "
           "(late, out-of-order data; 0: off; needs --count)", 0, type=int)
+    _flag(parser, env, "untimed-every", "every Nth sensor (index divisible by N) sends its "
+          "readings without a time, as most devices do (0: off; 2: half the fleet)", 0,
+          type=int)
+    _flag(parser, env, "repeat-every", "publish every Nth message of a sensor that sends "
+          "its time twice: the same reading (series and instant) arrives twice, at "
+          "different workers of a shared subscription (0: off)", 0, type=int)
     _flag(parser, env, "manifest", "write the run's manifest (for verify) to this file")
     _format_flag(parser, env)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -217,7 +223,8 @@ def publish_settings(args: argparse.Namespace, now: float) -> PublishSettings:
         sensor_prefix=prefix, topic_prefix=args.topic_prefix,
         start_ms=parse_start(args.start, now), step_ms=parse_step(step),
         processes=args.processes, manifest=args.manifest, json=args.json,
-        max_inflight=args.max_inflight, payload_format=args.format))
+        max_inflight=args.max_inflight, payload_format=args.format,
+        untimed_every=args.untimed_every, repeat_every=args.repeat_every))
 
 
 def warn_outside_window(settings: PublishSettings, now: float) -> None:
@@ -239,7 +246,7 @@ def manifest_of(summary: Summary) -> dict[str, Any]:
     return {"version": MANIFEST_VERSION, "seed": s.seed, "sensor_prefix": s.sensor_prefix,
             "sensors": s.sensors, "per_message": s.per_message, "start_ms": s.start_ms,
             "step_ms": s.step_ms, "topic_prefix": s.topic_prefix, "qos": s.qos,
-            "separator": s.separator,
+            "separator": s.separator, "untimed_every": s.untimed_every,
             "readings": summary.total("readings"), "counts": summary.counts()}
 
 
@@ -250,7 +257,8 @@ def expected_from_manifest(path: str) -> Expected:
         run = payloads.Run(int(data["seed"]), str(data["sensor_prefix"]), int(data["sensors"]),
                            int(data["per_message"]), int(data["start_ms"]),
                            int(data["step_ms"]), str(data.get("topic_prefix", "sensors")),
-                           str(data.get("separator", "-")))
+                           str(data.get("separator", "-")),
+                           int(data.get("untimed_every", 0)))
         counts = tuple(int(c) for c in data["counts"])
     except OSError as exc:
         raise ConfigError(f"--manifest: cannot read {path}: {exc.strerror}") from None

@@ -56,6 +56,8 @@ class PublishSettings:
     password: str | None = field(default=None, repr=False)
     late_every: int = 0
     payload_format: str = "json"  # json | sparkplug
+    untimed_every: int = 0  # every Nth sensor sends no time (payloads.Run.untimed_every)
+    repeat_every: int = 0  # every Nth message of a timed sensor is published twice
 
     @property
     def separator(self) -> str:
@@ -175,6 +177,11 @@ def validate_publish(settings: PublishSettings) -> PublishSettings:
          "--late-every: must be 0 (off) or at least 2"),
         (settings.late_every == 0 or settings.count is not None,
          "--late-every: needs --count (late messages are sent after all others)"),
+        (settings.untimed_every >= 0, "--untimed-every: must be 0 (off) or at least 1"),
+        (settings.repeat_every >= 0, "--repeat-every: must be 0 (off) or at least 1"),
+        (settings.payload_format == "json" or not (settings.untimed_every
+                                                   or settings.repeat_every),
+         "--untimed-every/--repeat-every: json payloads only"),
         (settings.payload_format in PAYLOAD_FORMATS,
          f"--format: must be one of {', '.join(PAYLOAD_FORMATS)}"),
         (settings.payload_format != "sparkplug"

@@ -37,6 +37,13 @@ class Run:
     # Between the prefix and the index in a sensor id: "/" for a Sparkplug B fleet, whose
     # sensor ids the daemon makes <group>/<edge node>.
     separator: str = "-"
+    # Every Nth sensor (index % N == 0) publishes its readings without a time, as most
+    # devices do: the daemon times them at arrival. 0: every reading has its time.
+    untimed_every: int = 0
+
+    def timed(self, index: int) -> bool:
+        """Whether sensor ``index`` puts a time in its readings."""
+        return not (self.untimed_every and index % self.untimed_every == 0)
 
     def sensor_id(self, index: int) -> str:
         """The id of the sensor at ``index``."""
@@ -99,9 +106,15 @@ class Model:
 
 
 def reading(run: Run, model: Model, shape: Shape, seq: int) -> dict[str, Any]:
-    """One reading as published: ``{"ts", "seq", "hum", "temp"}``."""
+    """One reading as published: ``{"ts", "seq", "hum", "temp"}``.
+
+    A sensor that sends no time leaves ``ts`` out; its values are still those of its
+    ``seq``'s time on the run's grid.
+    """
     ts_ms = run.ts_ms(seq)
     hum, temp = model.values(shape, seq, ts_ms)
+    if not run.timed(shape.index):
+        return {"seq": seq, "hum": hum, "temp": temp}
     return {"ts": ts_ms / 1000, "seq": seq, "hum": hum, "temp": temp}
 
 

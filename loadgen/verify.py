@@ -6,7 +6,8 @@ read per batch of sensors (``--sensors-per-query``), one streamed cursor per bat
 memory holds one byte per expected reading of that batch and nothing else.
 
 Counts per mode: ``missing`` (expected seq never seen), ``duplicated`` (occurrences past
-the first), ``wrong`` (an occurrence whose timestamp or values differ), ``unexpected``
+the first), ``wrong`` (an occurrence whose timestamp or values differ; for a sensor that sends no
+time, whose values differ or that has no time), ``unexpected``
 (a reading of the run's sensors with a seq it never published); for bucket mode also
 ``bad_documents``: documents whose ``count``, ``stats``, ``first_ts``/``last_ts`` or
 ``bucket_start`` disagree with their own readings.
@@ -109,6 +110,10 @@ class Tally:
         self.report = report
         self.seen = {expected.run.sensor_id(i): bytearray(expected.counts[i]) for i in indexes}
         self.shapes = {expected.run.sensor_id(i): model.shape(i) for i in indexes}
+        # Sensors that send no time: the daemon times their readings at arrival, so only
+        # their values (and that they have a time) can be checked.
+        self.untimed = {expected.run.sensor_id(i) for i in indexes
+                        if not expected.run.timed(i)}
 
     def add(self, sensor_id: str, reading: dict[str, Any]) -> None:
         """Count one stored reading (``ts`` as a date, ``seq``, measurements)."""
@@ -131,6 +136,8 @@ class Tally:
         hum, temp = self.model.values(self.shapes[sensor_id], seq, ts_ms)
         values = {k: v for k, v in reading.items() if k not in ("ts", "seq")}
         stored_ms = to_ms(reading.get("ts"))
+        if sensor_id in self.untimed and stored_ms is not None:
+            ts_ms = stored_ms  # any arrival time is right
         if stored_ms != ts_ms or values != {"hum": hum, "temp": temp}:
             report.wrong += 1
             report.note(f"{sensor_id} seq {seq}: stored ts={stored_ms} {values}, "

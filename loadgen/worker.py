@@ -70,7 +70,8 @@ class Worker:
         self.counters = counters
         self.sensors = payloads.worker_sensors(s.sensors, s.processes, worker)
         self.run = payloads.Run(s.seed, s.sensor_prefix, s.sensors, s.per_message,
-                                s.start_ms, s.step_ms, s.topic_prefix, s.separator)
+                                s.start_ms, s.step_ms, s.topic_prefix, s.separator,
+                                s.untimed_every)
         self.model = payloads.Model(s.seed)
         self.shapes = [self.model.shape(i) for i in self.sensors]
         # Sparkplug B: one edge node per sensor, an NBIRTH each before its NDATA.
@@ -171,16 +172,21 @@ class Worker:
             pos, first, k = item
             payload = (self._sparkplug_data(pos, first, k) if self.sparkplug
                        else payloads.message(run, model, shapes[pos], first, k))
-            if qos1:
-                self.next_id = self.next_id % 65535 + 1
-                self.inflight.add(self.next_id)
-                batch.append(publish_packet(heads[pos][2:], payload, 1, self.next_id))
-            else:
-                head = heads[pos]
-                batch.append(b"\x30" + remaining_length(len(head) + len(payload)) + head
-                             + payload)
+            index = sensors[pos]
+            repeat = self.s.repeat_every
+            copies = (2 if repeat and run.timed(index)
+                      and (first // self.s.per_message) % repeat == 0 else 1)
+            for _ in range(copies):
+                if qos1:
+                    self.next_id = self.next_id % 65535 + 1
+                    self.inflight.add(self.next_id)
+                    batch.append(publish_packet(heads[pos][2:], payload, 1, self.next_id))
+                else:
+                    head = heads[pos]
+                    batch.append(b"\x30" + remaining_length(len(head) + len(payload)) + head
+                                 + payload)
             readings += k
-            index = sensors[pos]  # late messages come after higher seqs: keep the max
+            # late messages come after higher seqs: keep the max
             counts[index] = max(counts[index], first + k)
         return batch, readings, False
 

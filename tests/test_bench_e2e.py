@@ -58,6 +58,7 @@ def test_driver_writes_and_counts(fakemongo: tuple[str, subprocess.Popen[str]]) 
                UpdateOne({"s": 10}, {"$set": {"x": 1}}),
                InsertOne({"i": 99})],
             ordered=False)
+        client.bench.readings_claims.insert_many([{"_id": i} for i in range(3)])
         # A database that keeps nothing: every upsert inserts, a plain update matches none.
         assert (result.upserted_count, result.matched_count, result.modified_count,
                 result.inserted_count) == (5, 0, 0, 1)
@@ -67,9 +68,12 @@ def test_driver_writes_and_counts(fakemongo: tuple[str, subprocess.Popen[str]]) 
     finally:
         client.close()
     assert (stats["insertedDocuments"], stats["insertCommands"]) == (26, 2)
+    # timeseries mode's claims are counted apart from the readings' documents
+    assert (stats["claimDocuments"], stats["claimCommands"]) == (3, 1)
     assert (stats["updateOps"], stats["upserts"], stats["pushedElements"]) == (6, 5, 13)
     counts = final_counts(proc)
     assert counts["insertedDocuments"] == 26
+    assert counts["claimDocuments"] == 3
     assert counts["pushedElements"] == 13
     assert counts["commands"]["endSessions"] == 1
 

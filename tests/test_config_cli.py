@@ -140,11 +140,13 @@ def _samples(action: argparse.Action) -> tuple[tuple[str, object], tuple[str, ob
     return ("from-env", "from-env"), ("from-cli", "from-cli")
 
 
-# --topic, --preset, --dry-run and --shard read their variables after parsing (--preset:
+# --topic, --preset, --dry-run, --sensor-id-from-topic and --shard read their variables
+# after parsing (--preset:
 # tests/devices/test_mapping_cli.py); the others are tested here.
 GENERIC = [(command, action.dest) for command in ("run", "init-db")
            for action in option_actions(command)
-           if action.dest not in {"topic", "dry_run", "shard", "preset"}]
+           if action.dest not in {"topic", "dry_run", "shard", "preset",
+                                  "sensor_id_from_topic"}]
 
 
 @pytest.mark.parametrize(("command", "dest"), GENERIC, ids=[f"{c}-{d}" for c, d in GENERIC])
@@ -188,6 +190,8 @@ def test_env_sets_the_flag_and_the_command_line_wins(command: str, dest: str) ->
     ({"INGEST_DRY_RUN": "false"}, "dry_run", False),
     ({"INGEST_DRY_RUN": "0"}, "dry_run", False),
     ({"INGEST_DRY_RUN": ""}, "dry_run", False),
+    ({"INGEST_SENSOR_ID_FROM_TOPIC": "true"}, "sensor_id_from_topic", True),
+    ({}, "sensor_id_from_topic", False),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_env_reaches_the_settings(env: dict[str, str], attribute: str, expected: object) -> None:
     assert getattr(settings(env=env), attribute) == expected
@@ -205,6 +209,8 @@ def test_mqtt_url_from_env() -> None:
     ({"INGEST_TOPIC": "a,b"}, ["--topic", "x"], "topics", ("x",)),
     ({"INGEST_TOPIC": "a,b"}, ["--topic", "x", "--topic", "y/#"], "topics", ("x", "y/#")),
     ({"INGEST_DRY_RUN": "false"}, ["--dry-run"], "dry_run", True),
+    ({"INGEST_SENSOR_ID_FROM_TOPIC": "no"}, ["--sensor-id-from-topic"],
+     "sensor_id_from_topic", True),
     ({"INGEST_DB": "envdb"}, ["--db", "clidb"], "db", "clidb"),
     ({"INGEST_MQTT_URL": "mqtt://env:1"}, ["--mqtt-url", "mqtt://cli:2"], "mqtt",
      parse_mqtt_url("mqtt://cli:2")),

@@ -18,6 +18,8 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,9 +28,10 @@ import aiomqtt
 import pytest
 import yaml
 
-from ingest.cli import build_parser, settings_from
+from ingest.cli import api_settings_from, build_parser, settings_from
+from ingest.errors import ConfigError
 from tests.support.mongo import stored_values
-from tests.support.procs import ROOT, Daemon, eventually, free_port, wait_port
+from tests.support.procs import ROOT, Daemon, clean_env, eventually, free_port, wait_port
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -42,10 +45,11 @@ MOSQUITTO_DIR = DEPLOY / "mosquitto"
 INGEST_SERVICES = {"ingest-bucket": "bucket", "ingest-timeseries": "timeseries"}
 EXPECTED_SERVICES = {"mosquitto", "mongodb", *INGEST_SERVICES, "mongodb-exporter",
                      "prometheus", "grafana", "loadgen", "mongodb-test", "tests",
-                     "mongo-config", "mongo-shard", "mongos", "tests-sharded", "api"}
+                     "mongo-config", "mongo-shard", "mongos", "tests-sharded", "api",
+                     "api-token"}
 # The image is FROM scratch (no shell, no HTTP client): Prometheus's up{job="mongodb"}
-# is its health. loadgen and tests are one-shot jobs, not services to wait for.
-NO_HEALTHCHECK = {"mongodb-exporter", "loadgen", "tests", "tests-sharded"}
+# is its health. loadgen, tests and api-token are one-shot jobs, not services to wait for.
+NO_HEALTHCHECK = {"mongodb-exporter", "loadgen", "tests", "tests-sharded", "api-token"}
 
 
 def tool(name: str) -> str | None:
@@ -97,6 +101,33 @@ def test_compose_services_healthchecks_and_volumes(compose: dict[str, Any],
                        ("prometheus", "/prometheus"), ("grafana", "/var/lib/grafana")]:
         mounts = dict(reversed(v.split(":")[:2]) for v in services[name]["volumes"])
         assert mounts.get(path) in named, f"{name}: {path} is not on a named volume"
+
+
+# The stack's long-running services and what each may do (docs/security.md's table):
+# read_only root, capabilities kept. None: the image's entrypoint needs a writable root.
+HARDENING: dict[str, tuple[bool, tuple[str, ...]]] = {
+    "ingest-bucket": (True, ()), "ingest-timeseries": (True, ()), "api": (True, ()),
+    "api-token": (True, ()), "loadgen": (True, ()), "prometheus": (True, ()),
+    "mongodb-exporter": (True, ()), "grafana": (False, ()),
+    "mosquitto": (False, ("SETUID", "SETGID")),
+}
+
+
+def test_compose_services_run_without_privileges(services: dict[str, dict[str, Any]]
+                                                 ) -> None:
+    """Every stack service gains no privileges (no-new-privileges); ours and those whose
+    images allow it run read-only with no capabilities (mongodb keeps its image's: its
+    entrypoint chowns as root)."""
+    for name in {*HARDENING, "mongodb"}:
+        assert "no-new-privileges:true" in services[name].get("security_opt", []), name
+    for name, (read_only, kept) in HARDENING.items():
+        service = services[name]
+        assert service.get("read_only", False) is read_only, name
+        assert service["cap_drop"] == ["ALL"], name
+        assert tuple(service.get("cap_add", ())) == kept, name
+    for name in {n for n, s in services.items() if s.get("image") == "iot-ingest:local"}:
+        assert services[name]["read_only"] is True, name
+        assert "/tmp" in services[name]["tmpfs"], name
 
 
 def test_compose_builds_on_the_host_network(services: dict[str, dict[str, Any]]) -> None:
@@ -182,6 +213,56 @@ def test_prometheus_scrapes_every_daemon_and_the_exporter(
     assert jobs["mongodb"] == [f"mongodb-exporter{listen.split('=', 1)[1]}"]
     mounts = services["prometheus"]["volumes"]
     assert "./prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
+
+
+def status_of(url: str, headers: dict[str, str]) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_the_api_token_step_makes_one_token_once_and_the_api_needs_it(
+        services: dict[str, dict[str, Any]], tmp_path: Path, mongo_uri: str,
+        db_name: str) -> None:
+    """The api-token service's own script (its path moved here) makes a token on the first
+    run and keeps it on the next; the api service's settings then need it: without the file
+    they refuse to start (all interfaces), with it a request needs the token."""
+    init, api = services["api-token"], services["api"]
+    assert api["depends_on"]["api-token"] == {"condition": "service_completed_successfully"}
+    assert services["grafana"]["depends_on"]["api-token"] == {
+        "condition": "service_completed_successfully"}
+    env = {k: str(v) for k, v in api["environment"].items()}
+    mounted = env["INGEST_API_TOKENS_FILE"]
+    local = tmp_path / "token"
+    script = init["command"][0].replace(mounted, str(local))
+    assert script != init["command"][0]
+    outputs = [subprocess.run([sys.executable, *init["entrypoint"][1:], script],
+                              capture_output=True, text=True, timeout=30, check=True).stdout
+               for _ in range(2)]
+    assert outputs == [f"API token made: {local}\n", f"API token kept: {local}\n"]
+    token = local.read_text().strip()
+    assert len(token) >= 43
+    assert local.stat().st_mode & 0o777 == 0o444
+    assert api["ports"] == ["127.0.0.1:8080:8080"]
+    without = {k: v for k, v in env.items() if k != "INGEST_API_TOKENS_FILE"}
+    with pytest.raises(ConfigError, match="not a loopback address, and no --api-tokens-file"):
+        api_settings_from(build_parser(without).parse_args(api["command"]), without)
+    env |= {"INGEST_API_TOKENS_FILE": str(local), "INGEST_MONGODB_URI": mongo_uri,
+            "INGEST_DB": db_name, "INGEST_API_PORT": str(free_port())}
+    port = int(env["INGEST_API_PORT"])
+    with subprocess.Popen([sys.executable, "-m", "ingest", *api["command"]],
+                          env=clean_env() | env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL) as proc:
+        try:
+            wait_port(port, timeout=20)
+            assert [status_of(f"http://127.0.0.1:{port}/api/info", headers) for headers in (
+                {}, {"Authorization": "Bearer wrong" * 4},
+                {"Authorization": f"Bearer {token}"})] == [401, 401, 200]
+        finally:
+            proc.terminate()
 
 
 def test_grafana_is_provisioned_and_anonymous_viewers_may_look(
@@ -336,11 +417,11 @@ def test_dockerfile_installs_dependencies_before_the_source_without_a_cache() ->
     sequence = [(word, rest) for word, rest in build if word in {"COPY", "RUN", "ENV"}]
     text = [f"{word} {rest}" for word, rest in sequence]
     first_source = next(i for i, t in enumerate(text) if t.startswith("COPY ingest"))
-    deps = next(i for i, t in enumerate(text) if "-r /tmp/requirements.txt" in t)
-    pyproject = next(i for i, t in enumerate(text) if t.startswith("COPY pyproject.toml"))
-    assert pyproject < deps < first_source, "dependencies need their own layer"
+    deps = next(i for i, t in enumerate(text) if "-r requirements.lock" in t)
+    lock = next(i for i, t in enumerate(text) if t.startswith("COPY deploy/requirements.lock"))
+    assert lock < deps < first_source, "dependencies need their own layer"
     copies_before = [t for t in text[:deps] if t.startswith("COPY")]
-    assert copies_before == [text[pyproject]], "only pyproject.toml may invalidate the deps"
+    assert copies_before == [text[lock]], "only the lock may invalidate the deps"
     for word, rest in build:
         for command in rest.split("&&") if word == "RUN" else []:
             if "pip install" in command:
@@ -420,6 +501,34 @@ def password(user: str) -> str:
 @pytest.fixture
 def deployed_broker(tmp_path: Path) -> Iterator[int]:
     """mosquitto with deploy/mosquitto's config, paths moved into tmp_path."""
+    yield from run_deployed_broker(tmp_path)
+
+
+DEVICES = ("dev-a", "dev-b")
+
+
+@pytest.fixture
+def device_broker(tmp_path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    """The deployed broker with two device accounts added by ``ingest device-account``
+    (their passwords as it printed them)."""
+    made: dict[str, str] = {}
+
+    def add_devices(passwd: Path) -> None:
+        for name in DEVICES:
+            run = subprocess.run([sys.executable, "-m", "ingest", "device-account", name,
+                                  "--passwd", str(passwd)], capture_output=True, text=True,
+                                 check=True, cwd=ROOT)
+            made[name] = run.stdout.strip()
+            assert f"added {name!r}" in run.stderr
+        assert oct(passwd.stat().st_mode & 0o777) == "0o600"
+
+    for port in run_deployed_broker(tmp_path, add_devices):
+        yield port, made
+
+
+def run_deployed_broker(tmp_path: Path, prepare: Callable[[Path], None] | None = None
+                        ) -> Iterator[int]:
+    """Start mosquitto as deployed (after ``prepare`` of its password file); its port."""
     binary = tool("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(binary).exists():
         pytest.skip("mosquitto is not installed")
@@ -427,6 +536,8 @@ def deployed_broker(tmp_path: Path) -> Iterator[int]:
     for name in ("passwd", "acl"):
         shutil.copy(MOSQUITTO_DIR / name, tmp_path / name)
         (tmp_path / name).chmod(0o600)
+    if prepare is not None:
+        prepare(tmp_path / "passwd")
     moved = {"listener": f"{port} 127.0.0.1", "password_file": f"{tmp_path}/passwd",
              "acl_file": f"{tmp_path}/acl", "persistence_location": f"{tmp_path}/",
              "log_dest": f"file {tmp_path}/mosquitto.log"}
@@ -482,6 +593,51 @@ async def test_mosquitto_acl_sensor_writes_ingest_reads(deployed_broker: int) ->
         assert (await next_message(shared)).payload == b"from-sensor"
         await asyncio.sleep(0.5)
         assert len(sensor.messages) == 0, "the sensor user must not read sensors/#"
+
+
+async def test_a_device_account_publishes_only_under_its_own_name(
+        device_broker: tuple[int, dict[str, str]]) -> None:
+    """The committed ACL (pattern write sensors/%u/#) with accounts made by
+    ``ingest device-account``: dev-a's readings under sensors/dev-a/ arrive; what it
+    publishes under sensors/dev-b/ is dropped by the broker (mosquitto 2.0.11 still
+    acknowledges it, with success)."""
+    port, made = device_broker
+    async with (client(port, "ingest") as reader,
+                client(port, "dev-a", made["dev-a"]) as dev_a):
+        await reader.subscribe("sensors/#", qos=1)
+        await dev_a.publish("sensors/dev-b/readings", b"forged", qos=1)
+        await dev_a.publish("sensors/dev-a/readings", b"own", qos=1)
+        # The broker handled the forged publish first, so the first delivery tells.
+        assert (await next_message(reader)).payload == b"own"
+        await dev_a.subscribe("sensors/#", qos=1)  # granted, but a device reads nothing
+        async with client(port, "dev-b", made["dev-b"]) as dev_b:
+            await dev_b.publish("sensors/dev-b/readings", b"b", qos=1)
+        assert (await next_message(reader)).payload == b"b"
+        await asyncio.sleep(0.3)
+        assert (len(dev_a.messages), len(reader.messages)) == (0, 0)
+    with pytest.raises(aiomqtt.MqttError):  # a wrong password still gets nowhere
+        async with client(port, "dev-a", made["dev-b"]):
+            pass
+
+
+def test_device_account_replaces_a_password_and_refuses_bad_names(tmp_path: Path) -> None:
+    passwd = tmp_path / "passwd"
+    secret = tmp_path / "secret"
+    secret.write_text("a-long-enough-password\n")
+    command = [sys.executable, "-m", "ingest", "device-account", "--passwd", str(passwd)]
+    for _ in range(2):
+        run = subprocess.run([*command, "dev-a", "--password-file", str(secret)],
+                             capture_output=True, text=True, cwd=ROOT, check=False)
+        assert (run.returncode, run.stdout) == (0, ""), run.stderr
+    assert "changed the password of 'dev-a'" in run.stderr
+    assert [line.split(":")[0] for line in passwd.read_text().splitlines()] == ["dev-a"]
+    assert "a-long-enough-password" not in passwd.read_text()
+    for name in ("a/b", "sensors/#", "+", ""):
+        run = subprocess.run([*command, name], capture_output=True, text=True, cwd=ROOT,
+                             check=False)
+        assert run.returncode == 2
+        assert run.stderr.startswith("ingest: error: device name"), run.stderr
+        assert len(run.stderr.splitlines()) == 1
 
 
 async def test_the_daemon_as_deployed_reads_through_its_acl(
@@ -620,3 +776,31 @@ def test_github_workflow_builds_wheels_from_the_sdist_for_each_platform() -> Non
     # Its test imports every compiled module from the installed wheel.
     assert "_*_c.pyx" in config["test-command"]
     assert "import_module" in config["test-command"]
+
+
+def test_the_image_installs_its_dependencies_from_the_hashed_lock() -> None:
+    """deploy/requirements.lock pins every runtime dependency of pyproject.toml within its
+    range, each file with its hash, and the image installs from it with --require-hashes
+    (scripts/lock remakes it)."""
+    from packaging.requirements import Requirement  # noqa: PLC0415 - pip's own, in the test venv
+    from packaging.utils import canonicalize_name  # noqa: PLC0415
+
+    wanted = [Requirement(r) for r in tomllib.loads(
+        (ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    lock = (DEPLOY / "requirements.lock").read_text()
+    pins: dict[str, str] = {}
+    for entry in re.split(r"\n(?=\S)", lock):
+        head = entry.split(" ", 1)[0]
+        if "==" not in head:
+            continue
+        name, version = head.split("==")
+        assert "--hash=sha256:" in entry, f"{head}: no hash"
+        pins[canonicalize_name(name)] = version
+    for requirement in wanted:
+        version = pins.get(canonicalize_name(requirement.name))
+        assert version is not None, f"{requirement.name} is not in the lock: run scripts/lock"
+        assert requirement.specifier.contains(version), (
+            f"the lock's {requirement.name}=={version} is outside {requirement.specifier}: "
+            "run scripts/lock")
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert "pip install --no-cache-dir --require-hashes -r requirements.lock" in dockerfile

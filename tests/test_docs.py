@@ -103,7 +103,7 @@ def flags(command: str) -> set[str]:
             for option in action.option_strings if option.startswith("--")} - {"--help"}
 
 
-@pytest.mark.parametrize("command", ["run", "init-db", "local"])
+@pytest.mark.parametrize("command", ["run", "init-db", "local", "api"])
 def test_the_configuration_page_names_every_flag(command: str) -> None:
     page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     missing = sorted(flag for flag in flags(command) if f"`{flag}`" not in page)

@@ -21,8 +21,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ingest.cli import ENV_PREFIX, build_parser, settings_from
+from ingest.cli import ENV_PREFIX, api_settings_from, build_parser, settings_from
 from ingest.config import parse_mqtt_url
+from ingest.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
@@ -34,6 +35,7 @@ K8S_VERSIONS = ("1.31.0", kubernetes_validate.utils.latest_version())
 # Example files are validated too, but must stay out of kustomization.yaml.
 EXAMPLES = {"secret.example.yaml"}
 MODES = {"ingest-bucket": "bucket", "ingest-timeseries": "timeseries"}
+API = "ingest-api"
 # The daemon's MQTT disconnect comes out of the shutdown budget (ingest/pipeline/app.py); this is
 # the margin on top of it for closing the MongoDB client and exiting.
 EXIT_MARGIN_SECONDS = 5
@@ -189,10 +191,16 @@ def test_selectors_match_the_pods_of_their_mode() -> None:
         assert pdb["spec"]["maxUnavailable"] < workload["spec"]["replicas"]
 
 
+def _daemon_services() -> list[Doc]:
+    return [s for s in _of_kind("Service") if s["metadata"]["name"] in MODES]
+
+
 def test_servicemonitor_scrapes_both_services_on_their_metrics_port() -> None:
     monitor = _one("ServiceMonitor", "iot-ingest")
-    services = _of_kind("Service")
+    services = _daemon_services()
     assert {s["metadata"]["name"] for s in services} == set(MODES)
+    # the read API's /metrics needs a token: the daemons' monitor leaves its Service alone
+    assert not _matches(monitor["spec"]["selector"], _one("Service", API)["metadata"]["labels"])
     for service in services:
         assert _matches(monitor["spec"]["selector"], service["metadata"]["labels"])
         port_names = {p["name"] for p in service["spec"]["ports"]}
@@ -285,13 +293,61 @@ def test_the_daemon_accepts_each_pods_configuration(tmp_path: Path) -> None:
         assert annotations["prometheus.io/scrape"] == "true"
         assert int(annotations["prometheus.io/port"]) == settings.metrics_port
         assert annotations["prometheus.io/path"] == "/metrics"
-        for service in _of_kind("Service"):
+        for service in _daemon_services():
             for port in service["spec"]["ports"]:
                 assert port["targetPort"] in ports or port["targetPort"] == (
                     settings.metrics_port)
 
         assert pod_spec["terminationGracePeriodSeconds"] >= (
             settings.shutdown_timeout + EXIT_MARGIN_SECONDS)
+
+
+def test_the_read_api_pod_reads_its_tokens_from_its_secret(tmp_path: Path) -> None:
+    """The API's args and environment through ingest's own CLI, its Secret's files mounted:
+    on all the pod's addresses, it starts only with the tokens file, and only the API's
+    pods are behind its Service."""
+    deployment, service = _one("Deployment", API), _one("Service", API)
+    container, pod_spec = _container(deployment), deployment["spec"]["template"]["spec"]
+    labels = _pod_labels(deployment)
+    assert _matches(deployment["spec"]["selector"], labels)
+    assert _matches({"matchLabels": service["spec"]["selector"]}, labels)
+    assert not any(_matches({"matchLabels": service["spec"]["selector"]}, _pod_labels(w))
+                   for w in _workloads())
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
+    example = next(d for d in _load(K8S / "secret.example.yaml")
+                   if d["metadata"]["name"] == "ingest-api-secrets")
+    secret = next(v for v in pod_spec["volumes"] if v["name"] == "secrets")["secret"]
+    assert secret["secretName"] == example["metadata"]["name"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "secrets")
+    mounted = {f"{mount['mountPath']}/{item['path']}": item["key"] for item in secret["items"]}
+    token = "t" * 43
+    local = {"mongodb-uri": "mongodb://reader@db:27017/iot", "tokens": f"{token}\n"}
+    args = []
+    for arg in container["args"]:
+        flag, _, value = arg.partition("=")
+        if value in mounted:
+            (tmp_path / mounted[value]).write_text(local[mounted[value]])
+        args.append(f"{flag}={tmp_path / mounted[value]}" if value in mounted else arg)
+    assert set(mounted.values()) == set(example["stringData"]) == {"mongodb-uri", "tokens"}
+    env = {var["name"]: var["value"] for var in container["env"]}
+    settings = api_settings_from(build_parser(env).parse_args(args), env)
+    assert settings.host == "0.0.0.0"
+    assert [t.name for t in settings.tokens] == ["line-1"]
+    assert settings.mongodb_uri == local["mongodb-uri"]
+    without = [a for a in args if not a.startswith("--api-tokens-file")]
+    with pytest.raises(ConfigError, match="not a loopback address"):
+        api_settings_from(build_parser(env).parse_args(without), env)
+    # the example's placeholder is refused as a token
+    (tmp_path / "tokens").write_text(example["stringData"]["tokens"])
+    with pytest.raises(ConfigError, match="shorter than 16 characters"):
+        api_settings_from(build_parser(env).parse_args(args), env)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": settings.port}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+    assert pod_spec["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
 
 
 def test_no_secret_outside_the_secret() -> None:

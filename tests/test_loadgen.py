@@ -414,6 +414,43 @@ async def test_published_run_arrives_exactly_once(
     assert proc.stop() == 0
 
 
+async def test_sensors_without_a_time_and_repeated_messages_pass_verify(
+        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str,
+        mongo_uri: str, db_name: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--untimed-every 2: half the fleet sends no time (timed at arrival, checked by value);
+    --repeat-every 1: every message of the other half twice (one reading each, stored once)."""
+    proc = daemon()
+    manifest = tmp_path / "run.json"
+    count = 48
+    command = publish_command(broker, topic_root, manifest, sensors=4, count=count,
+                              per_message=2, rate=0, time_step="30")
+    publish = subprocess.run([*command, "--untimed-every", "2", "--repeat-every", "1"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
+    assert publish.returncode == 0, publish.stderr
+    summary = json.loads(publish.stdout)
+    # 12 readings per sensor, 6 messages each; sensors 1 and 3 send every message twice.
+    assert (summary["readings"], summary["messages"], summary["errors"]) == (count, 36, 0)
+    assert json.loads(manifest.read_text())["untimed_every"] == 2
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") >= 36)
+    code = main(["verify", "--manifest", str(manifest), "--mongodb-uri", mongo_uri,
+                 "--db", db_name, "--mode", mode], env={})
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"expected {count}, found {count}, missing 0, duplicated 0, wrong 0" in out
+    assert proc.metric(f'ingest_duplicate_readings_total{{mode="{mode}"}}') == count / 2
+    assert proc.stop() == 0
+
+
+def test_every_nth_sensor_publishes_no_ts() -> None:
+    run = payloads.Run(7, "s", 2, 1, 1_000_000, 1000, untimed_every=2)
+    model = payloads.Model(7)
+    untimed, timed = (payloads.reading(run, model, model.shape(i), 3) for i in (0, 1))
+    assert (sorted(untimed), sorted(timed)) == (["hum", "seq", "temp"],
+                                                ["hum", "seq", "temp", "ts"])
+    assert timed["ts"] == 1_003
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 async def test_stopped_mid_stream_then_restarted_loses_nothing(
         daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str,

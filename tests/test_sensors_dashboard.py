@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlsplit
@@ -161,13 +162,23 @@ async def test_every_query_is_answered_by_both_layouts(apis: dict[str, Any]) -> 
         assert [s["label"] for s in answer["series"]] == ["s2{room=attic}", "s2{room=hall}"]
 
 
-def test_compose_runs_the_api_where_the_data_source_points() -> None:
+def test_compose_runs_the_api_where_the_data_source_points(tmp_path: Path) -> None:
     compose = yaml.safe_load(COMPOSE.read_text())
     service = compose["services"]["api"]
     env = {k: str(v) for k, v in service["environment"].items()}
-    settings = api_settings_from(build_parser(env).parse_args(service["command"]))
+    mounted = env["INGEST_API_TOKENS_FILE"]
+    (tmp_path / "token").write_text(secrets.token_urlsafe(32) + "\n")
+    env["INGEST_API_TOKENS_FILE"] = str(tmp_path / "token")
+    settings = api_settings_from(build_parser(env).parse_args(service["command"]), env)
     source = provisioned()["iot-api"]
     assert source["url"] == f"http://api:{settings.port}"
     assert source["url"] in source["jsonData"]["allowedHosts"]
+    # the data source sends the API's token, read by Grafana from the same file
+    assert [t.name for t in settings.tokens] == ["line-1"]
+    assert source["jsonData"]["auth_method"] == "bearerToken"
+    assert source["secureJsonData"]["bearerToken"] == f"$__file{{{mounted}}}"
+    volume = f"api-token:{Path(mounted).parent}:ro"
+    assert volume in service["volumes"]
+    assert volume in compose["services"]["grafana"]["volumes"]
     grafana = compose["services"]["grafana"]["environment"]
     assert grafana["GF_INSTALL_PLUGINS"].split()[0] == INFINITY

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
@@ -271,6 +272,9 @@ def mqtt_client(user: str | None, secret: str | None = None) -> aiomqtt.Client:
 
 def test_every_service_started_is_healthy(stack: Stack) -> None:
     containers = {c["Service"]: c for c in stack.containers()}
+    # api-token is a one-shot step the api and Grafana wait for: done, not running
+    token_step = containers.pop("api-token")
+    assert (token_step["State"], token_step["ExitCode"]) == ("exited", 0)
     assert set(containers) == set(stack.services)
     for name, container in containers.items():
         assert container["State"] == "running", f"{name}:\n{stack.logs(name)}"
@@ -325,7 +329,13 @@ async def test_readings_published_as_sensor_land_in_both_modes(
     # The read API of the stack (the bucket layout) answers with the same readings.
     query = urllib.parse.urlencode({"sensor": sensor, "since": "2026-09-21T00:00:00Z",
                                     "until": "2026-09-22T00:00:00Z"})
-    with urllib.request.urlopen(f"{API}/api/readings?{query}", timeout=10) as answer:
+    token = stack.compose("exec", "-T", "api", "cat", "/run/ingest-api/token").stdout.strip()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{API}/api/readings?{query}", timeout=10)
+    assert refused.value.code == 401
+    request = urllib.request.Request(f"{API}/api/readings?{query}",
+                                     headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
         readings = json.loads(answer.read())["readings"]
     assert [(r["seq"], r["values"]) for r in readings] == [
         (r["seq"], {"temp": r["temp"], "hum": r["hum"]}) for r in sent]

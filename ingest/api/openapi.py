@@ -143,7 +143,11 @@ def _operation(endpoint: str) -> Schema:
     error = {"$ref": "#/components/schemas/error"}
     responses = {"200": _json("The answer.", {"$ref": f"#/components/schemas/{endpoint}"}),
                  "400": _json("A bad or unknown parameter, named in the error.", error)}
+    responses["401"] = _json("No token, an unknown one, or an expired session (with "
+                             "--api-tokens-file).", error)
     if endpoint != "info":
+        responses["429"] = _json("The caller already runs --api-max-concurrent-queries "
+                                 "queries; retry after Retry-After seconds.", error)
         responses["503"] = _json("MongoDB did not answer in time or refused the query.", error)
     return {"get": {
         "operationId": endpoint, "summary": _SUMMARIES[endpoint],
@@ -162,5 +166,11 @@ def description(version: str) -> Schema:
                                 "answered as ISO 8601 UTC with milliseconds. The sensors and "
                                 f"readings windows span at most {MAX_WINDOW.days} days."},
         "paths": {f"/api/{e}": _operation(e) for e in ENDPOINT_PARAMETERS},
-        "components": {"schemas": {**_ANSWERS, "error": _ERROR}},
+        "components": {"schemas": {**_ANSWERS, "error": _ERROR}, "securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer",
+                       "description": "A token of the API's --api-tokens-file."},
+            "session": {"type": "apiKey", "in": "cookie", "name": "ingest_session",
+                        "description": "The page's session, from POST /login."}}},
+        # Either, when the API has tokens; without --api-tokens-file none is needed.
+        "security": [{"bearer": []}, {"session": []}, {}],
     }

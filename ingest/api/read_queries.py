@@ -168,6 +168,15 @@ def _numeric(field: str) -> dict[str, Any]:
     ], "default": None}}
 
 
+def literal(value: Any) -> dict[str, Any]:  # noqa: ANN401 - any stored value
+    """A value from data (a sensor id, a tags object, a ``meta``) inside an expression.
+
+    An aggregation expression reads a string ``"$x"`` as a field path and ``"$$x"`` as a
+    variable, and an object's values as expressions: ``$literal`` keeps them data.
+    """
+    return {"$literal": value}
+
+
 def _keys(expr: Any) -> dict[str, Any]:  # noqa: ANN401 - any object expression
     """The field names of an object expression."""
     return {"$map": {"input": {"$objectToArray": expr}, "in": "$$this.k"}}
@@ -202,7 +211,8 @@ def _series_after(after: SeriesKey | None) -> Pipeline:
         return []
     return [{"$match": {"$or": [
         {"_id.s": {"$gt": after.sensor_id}},
-        {"_id.s": after.sensor_id, "$expr": {"$gt": ["$_id.tags", after.tag_dict]}}]}}]
+        {"_id.s": after.sensor_id,
+         "$expr": {"$gt": ["$_id.tags", literal(after.tag_dict)]}}]}}]
 
 
 def _sensors_bucket(span: int, since: datetime, until: datetime, after: SeriesKey | None,
@@ -321,9 +331,10 @@ def _readings_bucket(span: int, selection: Selection, since: datetime, until: da
     conditions = [c for c in (_has_any("readings.", measurements),) if c]
     if cursor is not None:
         key = cursor.series
-        same = {"sensor_id": key.sensor_id, "$expr": {"$eq": ["$tags", key.tag_dict]}}
+        tags = literal(key.tag_dict)
+        same = {"sensor_id": key.sensor_id, "$expr": {"$eq": ["$tags", tags]}}
         later = [{"sensor_id": {"$gt": key.sensor_id}},
-                 {"sensor_id": key.sensor_id, "$expr": {"$gt": ["$tags", key.tag_dict]}}]
+                 {"sensor_id": key.sensor_id, "$expr": {"$gt": ["$tags", tags]}}]
         first = {"$and": [first, {"$or": [
             {**same, "bucket_start": {"$gte": floor_to(cursor.ts, span)}}, *later]}]}
         conditions.append({"$or": [{**same, "readings.ts": {"$gt": cursor.ts}}, *later]})
@@ -348,7 +359,7 @@ def _readings_timeseries(selection: Selection, since: datetime, until: datetime,
                              "ts": {"$gte": since, "$lt": until}}
     conditions = [c for c in (_has_any("", measurements),) if c]
     if cursor is not None:
-        meta = cursor.series.meta
+        meta = literal(cursor.series.meta)
         conditions += [{"meta.sensor_id": {"$gte": cursor.series.sensor_id}}, {"$or": [
             {"ts": {"$gt": cursor.ts}, "$expr": {"$eq": ["$meta", meta]}},
             {"$expr": {"$gt": ["$meta", meta]}}]}]
@@ -416,7 +427,8 @@ def first_seqs(keys: list[tuple[SeriesKey, int]]) -> Pipeline:
     return [
         {"$match": {"seq": {"$exists": True}, "$or": [
             {"meta.sensor_id": key.sensor_id, "ts": {"$in": times},
-             "$expr": {"$eq": ["$meta", key.meta]}} for key, times in by_series.items()]}},
+             "$expr": {"$eq": ["$meta", literal(key.meta)]}}
+            for key, times in by_series.items()]}},
         {"$sort": {"_id": 1}},
         {"$group": {"_id": {"meta": "$meta", "ts": "$ts"}, "seq": {"$first": "$seq"}}},
     ]

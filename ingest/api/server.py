@@ -9,6 +9,12 @@
     GET /openapi.json  the OpenAPI 3.1 description of the endpoints above
     GET /              the page; /static/ its files
     GET /metrics, /healthz, /readyz
+    POST /login, /logout  the page's session (a cookie) from a token
+
+With ``--api-tokens-file`` every route but the page, its files, the health checks and the
+login needs ``Authorization: Bearer <token>`` or the page's session cookie
+(:mod:`ingest.api.auth`); each caller may have ``--api-max-concurrent-queries`` queries
+running at once.
 
 The queries live in :mod:`ingest.api.read_queries` (pure), the parameters in
 :mod:`ingest.api.query_params`. Every answer is bounded (a limit, a cursor, a most number of
@@ -25,7 +31,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote_plus
+from urllib.parse import unquote_plus, urlsplit
 
 import orjson
 from aiohttp import web
@@ -36,6 +42,7 @@ from pymongo.errors import PyMongoError
 
 from ingest import __version__
 from ingest.api import openapi, read_queries
+from ingest.api.auth import COOKIE, CallerSlots, Sessions
 from ingest.api.query_params import (
     ENDPOINT_PARAMETERS,
     LIMITS,
@@ -45,10 +52,13 @@ from ingest.api.query_params import (
     encode_cursor,
 )
 from ingest.api.read_queries import Cursor, Layout, Selection
+from ingest.config import server_tls_context
 from ingest.errors import ConfigError, StartupError
 from ingest.metrics import API_ENDPOINTS, ApiMetrics
+from ingest.tokens import TokenSet
 
 if TYPE_CHECKING:
+    import ssl
     from collections.abc import Awaitable, Callable
 
     from pymongo.asynchronous.collection import AsyncCollection
@@ -60,6 +70,12 @@ logger = logging.getLogger(__name__)
 WEB = Path(__file__).parent / "web"
 DASHBOARD_PATH = "/d/iot-sensors/sensors"
 type Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Routes anyone may reach: the page and its files hold no data, the health checks say
+# nothing about it, and the login is how the page gets a session. Everything else (the
+# /api/ routes, /openapi.json, /metrics, and unknown paths) needs a token.
+OPEN_ROUTES = frozenset({"page", "static", "health", "health-ready", "login", "logout",
+                         "session"})
+QUERY_ROUTES = frozenset({"sensors", "readings", "series", "rejects"})  # run MongoDB queries
 
 
 def json_response(body: object, status: int = 200) -> web.Response:
@@ -92,10 +108,16 @@ class ReadApi:
         self.clock = clock
         self._max_time_ms = int(settings.query_timeout * 1000)
         self._openapi = openapi.description(__version__)
+        self.tokens = TokenSet(settings.tokens)
+        self.sessions = Sessions(settings.session_hours * 3600)
+        self.slots = CallerSlots(settings.max_concurrent_queries)
 
     def app(self) -> web.Application:
         """The aiohttp application."""
-        app = web.Application(middlewares=[self._observe])
+        app = web.Application(middlewares=[self._observe, self._guard])
+        app.router.add_post("/login", self.login, name="login")
+        app.router.add_post("/logout", self.logout, name="logout")
+        app.router.add_get("/session", self.session, name="session")
         get = app.router.add_get
         get("/api/sensors", self.sensors, name="sensors")
         get("/api/readings", self.readings, name="readings")
@@ -136,6 +158,112 @@ class ReadApi:
         self.metrics.request_seconds.labels(endpoint, klass).observe(
             time.perf_counter() - start)
         return response
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """A token (or the page's session) where one is needed; a slot per caller's query."""
+        route = request.match_info.route.name
+        caller: str | None = None
+        if self.tokens and route not in OPEN_ROUTES:
+            caller = self.caller(request)
+            if caller is None:
+                return self.unauthorized(request)
+            logger.debug("%s %s by token %s", request.method, request.path, caller)
+        if route not in QUERY_ROUTES:
+            return await handler(request)
+        key = f"token {caller}" if caller is not None else f"address {request.remote}"
+        if not self.slots.take(key):
+            limit = self.slots.limit
+            response = json_error(429, f"{limit} queries of this caller are running "
+                                       f"(--api-max-concurrent-queries {limit}): retry "
+                                       "when one has answered")
+            response.headers["Retry-After"] = "1"
+            return response
+        try:
+            return await handler(request)
+        finally:
+            self.slots.give_back(key)
+
+    def caller(self, request: web.Request) -> str | None:
+        """The name of the token of a request: its bearer token, else its session."""
+        header = request.headers.get("Authorization")
+        if header is not None:
+            scheme, _, token = header.strip().partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                return None
+            return self.tokens.name_of(token.strip())
+        session = request.cookies.get(COOKIE)
+        return self.sessions.name_of(session) if session else None
+
+    def unauthorized(self, request: web.Request) -> web.Response:
+        """401 without data, with the challenge of RFC 6750."""
+        presented = "Authorization" in request.headers or COOKIE in request.cookies
+        if presented:
+            logger.info("refused %s %s from %s: unknown token or expired session",
+                        request.method, request.path, request.remote)
+        response = json_error(401, "this API needs a token: Authorization: Bearer <token> "
+                                   "(a token of its --api-tokens-file), or the page's login")
+        challenge = 'Bearer realm="ingest api"'
+        if "Authorization" in request.headers:
+            challenge += ', error="invalid_token"'
+        response.headers["WWW-Authenticate"] = challenge
+        return response
+
+    async def login(self, request: web.Request) -> web.Response:
+        """``POST /login`` (form field ``token``): a session cookie for the page."""
+        refused = self.cross_site(request)
+        if refused is not None:
+            return refused
+        if not self.tokens:
+            return json_error(400, "this API takes no tokens (no --api-tokens-file): "
+                                   "nothing to log in to")
+        form = await request.post()
+        token = form.get("token")
+        name = self.tokens.name_of(token.strip()) if isinstance(token, str) else None
+        if name is None:
+            logger.warning("page login refused from %s: unknown token", request.remote)
+            response = json_error(401, "unknown token")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="ingest api"'
+            return response
+        session = self.sessions.open(name)
+        logger.info("page login with token %s from %s", name, request.remote)
+        if "application/json" in request.headers.get("Accept", ""):
+            response = json_response({"name": name})
+        else:  # the form without JavaScript: back to the page
+            response = web.Response(status=303, headers={"Location": "./"})
+        response.set_cookie(COOKIE, session, path="/", httponly=True, samesite="Strict",
+                            secure=request.secure,
+                            max_age=int(self.settings.session_hours * 3600))
+        return response
+
+    async def session(self, request: web.Request) -> web.Response:
+        """``GET /session``: whether this API takes tokens, and the session's token name."""
+        cookie = request.cookies.get(COOKIE)
+        name = self.sessions.name_of(cookie) if cookie and self.tokens else None
+        return json_response({"tokens": bool(self.tokens), "name": name})
+
+    async def logout(self, request: web.Request) -> web.Response:
+        """``POST /logout``: end the page's session."""
+        refused = self.cross_site(request)
+        if refused is not None:
+            return refused
+        session = request.cookies.get(COOKIE)
+        if session:
+            self.sessions.close(session)
+        response = json_response({"logged_out": True})
+        response.del_cookie(COOKIE, path="/")
+        return response
+
+    @staticmethod
+    def cross_site(request: web.Request) -> web.Response | None:
+        """403 for a POST whose Origin is not this API's (a cross-site form or script)."""
+        origin = request.headers.get("Origin", "")
+        if origin and urlsplit(origin).netloc.lower() == request.host.lower():
+            return None
+        logger.warning("refused %s %s from %s: Origin %r is not this API's (%s)",
+                       request.method, request.path, request.remote, origin[:100],
+                       request.host[:100])
+        return json_error(403, "the Origin of this request is not this API's own address")
 
     def params(self, request: web.Request, endpoint: str) -> Params:
         """The request's parameters (only those ``endpoint`` reads), read at one instant."""
@@ -341,6 +469,11 @@ def api_client(settings: ApiSettings) -> AsyncMongoClient[dict[str, Any]]:
                             connect=False, serverSelectionTimeoutMS=5000)
 
 
+def tls_context(settings: ApiSettings) -> ssl.SSLContext | None:
+    """The server's TLS context from --api-tls-cert and --api-tls-key (TLS 1.2 at least)."""
+    return server_tls_context(settings.tls_cert, settings.tls_key)
+
+
 async def serve(settings: ApiSettings, stop: asyncio.Event | None = None,
                 on_ready: Callable[[int], None] | None = None) -> None:
     """Serve until ``stop`` is set (or SIGTERM/SIGINT when no event is given)."""
@@ -357,7 +490,8 @@ async def serve(settings: ApiSettings, stop: asyncio.Event | None = None,
         runner = web.AppRunner(api.app(), access_log=None, handle_signals=False)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, settings.host, settings.port)
+            site = web.TCPSite(runner, settings.host, settings.port,
+                               ssl_context=tls_context(settings))
             try:
                 await site.start()
             except OSError as exc:
@@ -365,8 +499,15 @@ async def serve(settings: ApiSettings, stop: asyncio.Event | None = None,
                                    f"{settings.port} ({exc.strerror or exc}); choose another "
                                    "port or stop what uses it") from None
             port = int(runner.addresses[0][1])
-            logger.info("read API (%s mode, %s.%s) on http://%s:%d/", settings.mode,
-                        settings.db, settings.collection, settings.host, port)
+            scheme = "https" if settings.tls_cert else "http"
+            logger.info("read API (%s mode, %s.%s) on %s://%s:%d/", settings.mode,
+                        settings.db, settings.collection, scheme, settings.host, port)
+            if api.tokens:
+                logger.info("%d API tokens (%s): /api/, /openapi.json and /metrics need "
+                            "one", len(api.tokens.names), ", ".join(api.tokens.names))
+            else:
+                logger.warning("no --api-tokens-file: anyone who reaches %s:%d reads the "
+                               "data", settings.host, port)
             if on_ready is not None:
                 on_ready(port)
             await stop.wait()

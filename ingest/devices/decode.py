@@ -47,6 +47,7 @@ REASONS: tuple[str, ...] = (
     "too_many_readings",  # more readings in one message than --max-readings-per-message
     "no_sensor_id",       # neither the payload nor the topic names a sensor
     "bad_sensor_id",      # sensor id not matching the allowed pattern
+    "sensor_id_mismatch",  # --sensor-id-from-topic: the payload names another sensor
     "bad_field_name",     # a key that could address a MongoDB operator or path
     "bad_value",          # a measurement that is not a number (strings, booleans, null...)
     "bad_timestamp",      # ts that is not epoch seconds or ISO-8601 with an offset

@@ -22,6 +22,7 @@ from ingest.devices.decode import (
     MAX_MAGNITUDE,
     Arrivals,
     decode,
+    sensor_from_topic,
 )
 from ingest.devices.formats import influx, json, senml, value
 from ingest.devices.formats.homie import subscriptions as homie_subscriptions
@@ -289,6 +290,27 @@ class Mapping:
         info_only = (bool(rule.tags) and rule.info.issuperset(rule.tags)
                      and rule.info.isdisjoint(tags))
         return _Topic(rule, captures, tags, sensor, info_only)
+
+    def topic_sensor(self, topic: str) -> str | None:
+        """The sensor id that ``topic`` alone names under its rule (``--sensor-id-from-topic``).
+
+        None where the topic names no device: no rule, an ignore rule, a rule whose
+        sensor id is made from the payload with no ``{sensor_id}`` capture, or a format
+        that names the device from the topic itself (Sparkplug, Homie), which no payload
+        can change.
+        """
+        matched = self.match(topic)
+        if (matched is None or matched.rule.ignore
+                or (self.stateful and matched.rule.format in self.stateful)):
+            return None
+        sensor = matched.sensor
+        if isinstance(sensor, Rejection):
+            return None  # refused whole already
+        if sensor:
+            return sensor
+        if sensor == "":  # the ingest format's own default: the topic's second level
+            return sensor_from_topic(topic)
+        return matched.captures.get("sensor_id")
 
     def stateful_for(self, topic: str) -> Stateful | None:
         """The stateful format whose rule takes ``topic`` (its prepare() comes first)."""

@@ -23,7 +23,7 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import ConnectionFailure, PyMongoError
 
 from ingest import __version__, accel
-from ingest.config import redact_mongodb_uri
+from ingest.config import redact_mongodb_uri, server_tls_context
 from ingest.devices.homie_state import attach_store as attach_homie
 from ingest.devices.sparkplug_state import attach_store
 from ingest.errors import StartupError
@@ -41,6 +41,7 @@ from ingest.store.writers import bulk
 from ingest.store.writers.bucket import BucketWriter
 from ingest.store.writers.rejects import RejectsWriter
 from ingest.store.writers.timeseries import TimeseriesWriter
+from ingest.tokens import TokenSet
 
 if TYPE_CHECKING:
     import socket
@@ -57,6 +58,13 @@ DISCONNECT_TIMEOUT = 5.0
 # Beyond --shutdown-timeout and the disconnect, how long the watchdog lets the process
 # close its clients before it exits anyway.
 WATCHDOG_SLACK = 10.0
+
+
+def metrics_guard(settings: Settings) -> dict[str, Any]:
+    """The bearer tokens and TLS of the public /metrics (--metrics-tokens-file, -tls-*)."""
+    return {"tokens": TokenSet(settings.metrics_tokens) if settings.metrics_tokens else None,
+            "tls": server_tls_context(settings.metrics_tls_cert, settings.metrics_tls_key,
+                                      "--metrics")}
 
 
 class Shutdown:
@@ -149,7 +157,8 @@ def make_writer(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) ->
         logger.warning("this pymongo's bulk internals differ (%s): writing through its "
                        "public bulk API, at more CPU per reading", problem)
     if settings.mode == "timeseries":
-        return TimeseriesWriter(db[settings.collection], schema)
+        # Its claims are the session's: each worker's (and a drain's) own client id.
+        return TimeseriesWriter(db[settings.collection], schema, settings.client_id)
     return BucketWriter(db[settings.collection], schema, settings.span_seconds,
                         settings.bucket_max_readings)
 
@@ -232,7 +241,7 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
                             None if settings.dry_run else ledger_of(settings, client))
         server = MetricsServer(settings.metrics_host, settings.metrics_port, metrics, health,
                                before_scrape=functools.partial(_sync_metrics, pipeline, source),
-                               sock=metrics_sock)
+                               sock=metrics_sock, **metrics_guard(settings))
         async with (server,
                     contextlib.AsyncExitStack() as stack):
             if not settings.dry_run:

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pymongo.errors import PyMongoError
 
 from ingest import accel
-from ingest.devices.decode import ARRIVALS, Limits, Replayed, decode
+from ingest.devices.decode import ARRIVALS, Limits, Replayed, decode, sensor_from_topic
 from ingest.devices.formats.stateful import DATA
+from ingest.devices.identity import refuse_others
 from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, WriteError
 from ingest.model import Decoded, Rejection
 from ingest.pipeline.batcher import Batch, Batcher, merged
@@ -122,6 +123,7 @@ class Pipeline:
         self._mapping = settings.mapping
         # Whether messages may need the format's state brought up to date first (I/O).
         self._stateful = self._mapping is not None and bool(self._mapping.stateful)
+        self._from_topic = settings.sensor_id_from_topic
         # (rule, outcome) -> messages since the last scrape; outcome "ignored" included.
         self._rule_counts: dict[tuple[str, str], int] = {}
         # Subscriptions derived from the rules may be wider than the rules (partly
@@ -315,6 +317,8 @@ class Pipeline:
                 readings, rejections = self._decoded_at(message, first_seen)
         else:
             readings, rejections = self._mapped(message, first_seen)
+        if self._from_topic and readings:
+            readings, rejections = self._topic_named(message.topic, readings, rejections)
         count = len(readings)
         self._accepted += count
         self._buffered += count
@@ -333,15 +337,8 @@ class Pipeline:
         self._held_bytes += size
         batcher = self._batcher
         had_open = batcher.current is not None
-        full = batcher.add(message, readings, docs, size)
-        given = self._given
-        if given:  # readings timed at arrival (a ledger is kept): their times, with the batch
-            target = full if full is not None else batcher.current
-            if message.qos and target is not None:  # (QoS 0 is never resent)
-                target.deliveries.append(message)
-                target.given.append(len(given))
-                target.given += given
-            given.clear()
+        # With the times given to readings timed at arrival, if a ledger is kept.
+        full = batcher.add(message, readings, docs, size, self._given)
         if full is not None:
             self._dispatch(full)
         elif not had_open:
@@ -359,6 +356,13 @@ class Pipeline:
         recorded: Recorded = first_seen  # type: ignore[assignment]
         return decode(message.topic, message.payload, recorded.received_at, self._limits,
                       None, Replayed(recorded.times, self._given))
+
+    def _topic_named(self, topic: str, readings: list[Reading], rejections: list[Rejection]
+                     ) -> Decoded:
+        """--sensor-id-from-topic: the readings of another sensor than the topic's, refused."""
+        expected = (sensor_from_topic(topic) if self._mapping is None
+                    else self._mapping.topic_sensor(topic))
+        return refuse_others(Decoded(readings, rejections), expected, len(readings) == 1)
 
     def _full(self) -> bool:
         """Whether the pipeline holds as much as it may (readings or bytes)."""

@@ -129,7 +129,8 @@ async def drain_session(settings: Settings, client_id: str, outer: app.Shutdown)
     """
     drain = replace(settings, client_id=client_id, drain_only=True, workers=1,
                     shared_group=settings.shared_group or settings.derived_group,
-                    metrics_host="127.0.0.1", metrics_port=0)
+                    metrics_host="127.0.0.1", metrics_port=0, metrics_tokens=(),
+                    metrics_tls_cert=None, metrics_tls_key=None)
     sock = listen("127.0.0.1", 0)
     port = int(sock.getsockname()[1])
     # No watchdog of its own: it would end the whole process once the drain is over (the

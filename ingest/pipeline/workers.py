@@ -99,7 +99,8 @@ def worker_settings(settings: Settings, index: int) -> Settings:
     """The settings of worker ``index``: its client id, the group, a private metrics port."""
     return replace(settings, client_id=worker_client_id(settings.client_id, index),
                    shared_group=settings.shared_group or settings.derived_group,
-                   metrics_host="127.0.0.1", metrics_port=0)
+                   metrics_host="127.0.0.1", metrics_port=0, metrics_tokens=(),
+                   metrics_tls_cert=None, metrics_tls_key=None)
 
 
 # --- one worker (also the whole daemon with --workers 1) ---
@@ -161,7 +162,8 @@ async def _supervise(settings: Settings, workers: list[Worker], public: socket.s
     logger.info("%d workers: client ids %s; shared group %s", len(workers),
                 ", ".join(worker_client_id(settings.client_id, w.index) for w in workers),
                 settings.shared_group or settings.derived_group)
-    async with AggregateServer(public, [worker.endpoint for worker in workers]):
+    async with AggregateServer(public, [worker.endpoint for worker in workers],
+                               **app.metrics_guard(settings)):
         for _ in workers:
             state.exited(await exited.get())
     if state.error is not None:

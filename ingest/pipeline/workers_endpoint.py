@@ -20,7 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from ingest.metrics import HttpEndpoint, cannot_listen
 
 if TYPE_CHECKING:
+    import ssl
     from collections.abc import Callable, Iterable
+
+    from ingest.tokens import TokenSet
 
 logger = logging.getLogger(__name__)
 
@@ -81,16 +84,19 @@ async def ask(port: int, path: str) -> tuple[int, str]:
 class AggregateServer(HttpEndpoint):
     """The public /metrics, /healthz and /readyz, answered by asking every worker."""
 
-    def __init__(self, sock: socket.socket, workers: list[Endpoint]) -> None:
+    def __init__(self, sock: socket.socket, workers: list[Endpoint],
+                 tokens: TokenSet | None = None, tls: ssl.SSLContext | None = None) -> None:
         self._sock = sock
         self._workers = workers
         self._server = None
+        self.tokens, self.tls = tokens, tls
 
     async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._handle, sock=self._sock)
+        self._server = await asyncio.start_server(self._handle, sock=self._sock, ssl=self.tls)
         host, port = self._sock.getsockname()[:2]
-        logger.info("metrics and health of %d workers on http://%s:%d/metrics",
-                    len(self._workers), host, port)
+        logger.info("metrics and health of %d workers on %s://%s:%d/metrics%s",
+                    len(self._workers), "https" if self.tls else "http", host, port,
+                    " (a bearer token needed)" if self.tokens else "")
         return self
 
     async def _route(self, path: bytes) -> tuple[bytes, bytes, bytes]:

@@ -2,15 +2,27 @@
 
 Each function returns an aggregation pipeline for one collection. The bucket pipelines
 sum across all documents of a sensor-hour, since a full hour can span several documents
-(``--bucket-max-readings``).
+(``--bucket-max-readings``). A sensor id is only ever compared in a query filter, where a
+string is data; a measurement name becomes part of field paths, so it must be a name.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
+from ingest.model import NAME_PATTERN
+
 type Pipeline = list[dict[str, Any]]
+_NAME = re.compile(f"^{NAME_PATTERN}$")
+
+
+def _measurement(field: str) -> str:
+    """``field`` if it is a measurement name; a ``$`` or a dot would change the paths."""
+    if not _NAME.match(field):
+        raise ValueError(f"{field[:40]!r} is not a measurement name ({NAME_PATTERN})")
+    return field
 
 
 def recent_bucket(sensor_id: str, since: datetime, until: datetime, span_seconds: int = 3600
@@ -37,7 +49,7 @@ def recent_timeseries(sensor_id: str, since: datetime, until: datetime) -> Pipel
 
 def hourly_bucket(field: str, since: datetime, until: datetime) -> Pipeline:
     """Per sensor and hour: min, average and max of ``field``, from the running statistics."""
-    stats = f"$stats.{field}"
+    stats = f"$stats.{_measurement(field)}"
     return [
         {"$match": {"bucket_start": {"$gte": since, "$lt": until},
                     f"stats.{field}": {"$exists": True}}},
@@ -52,6 +64,7 @@ def hourly_bucket(field: str, since: datetime, until: datetime) -> Pipeline:
 
 def hourly_timeseries(field: str, since: datetime, until: datetime) -> Pipeline:
     """Per sensor and hour: min, average and max of ``field``, from raw readings."""
+    _measurement(field)
     return [
         {"$match": {"ts": {"$gte": since, "$lt": until}, field: {"$exists": True}}},
         {"$group": {"_id": {"sensor_id": "$meta.sensor_id",

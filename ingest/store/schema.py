@@ -39,6 +39,12 @@ BUCKET_TTL_INDEX = "bucket_start_ttl"
 # createIndexes refused, e.g. a unique index on a collection sharded on another key.
 CANNOT_CREATE_INDEX = 67
 TIMESERIES_INDEX = "meta.sensor_id_1_ts_1"
+# Timeseries mode's claims (ingest.store.writers.claims): a plain collection beside the
+# time-series one, whose unique ``_id`` decides which writer stores an instant. A claim
+# is needed only while writers may race on its instant (one write attempt: its claim,
+# then its insert); the TTL index removes it this long after it was made.
+CLAIM_SECONDS = 600
+CLAIMS_TTL_INDEX = "at_ttl"
 
 BUCKET_VALIDATOR: dict[str, Any] = {
     "$jsonSchema": {
@@ -212,8 +218,20 @@ class Schema:
             await self.db.command({"collMod": self.collection, "expireAfterSeconds": expire})
             logger.info("changed expireAfterSeconds of %s to %d", self.collection, expire)
         await self.ensure_index([("meta.sensor_id", 1), ("ts", 1)], TIMESERIES_INDEX)
+        await self.ensure_claims()
         await self.ensure_rejects()
         await self.ensure_deliveries()
+
+    async def ensure_claims(self) -> None:
+        """The claims collection of time-series mode and its TTL index."""
+        name = claims_collection(self.collection)
+        info = await self.info(name)
+        if info is None:
+            await self.create(name)
+        elif _is_timeseries(info) or info.get("type", "collection") != "collection":
+            raise SchemaError(f"{self.db.name}.{name} exists but is not a regular "
+                              "collection; timeseries mode keeps its claims there")
+        await self.ensure_ttl(CLAIMS_TTL_INDEX, "at", CLAIM_SECONDS, collection=name)
 
     def _check_timeseries(self, info: dict[str, Any], wanted: dict[str, Any]) -> None:
         """Refuse to write into a collection of another kind or with other options."""
@@ -249,15 +267,20 @@ class Schema:
                 "or the same name but other options exists; drop it (dropIndex) and start "
                 f"again ({str(exc)[:160]})") from exc
 
-    async def ensure_ttl(self, name: str, field: str, expire_seconds: int) -> None:
-        """Create a TTL index, or change its expiry if it exists with another one."""
-        coll = self.db[self.collection]
+    async def ensure_ttl(self, name: str, field: str, expire_seconds: int,
+                         collection: str | None = None) -> None:
+        """Create a TTL index, or change its expiry if it exists with another one.
+
+        On the mode's collection, or on ``collection``.
+        """
+        collection = collection or self.collection
+        coll = self.db[collection]
         try:
             await coll.create_index(field, name=name, expireAfterSeconds=expire_seconds)
         except OperationFailure as exc:
             if exc.code not in INDEX_CONFLICTS:
                 raise
-            await self.db.command({"collMod": self.collection, "index": {
+            await self.db.command({"collMod": collection, "index": {
                 "name": name, "expireAfterSeconds": expire_seconds}})
             logger.info("changed TTL of %s to %d s", name, expire_seconds)
 
@@ -284,6 +307,11 @@ class Schema:
                 f"{self.db.name}.{deliveries.COLLECTION}: an index with the key or the name "
                 f"of {deliveries.INDEX} or {deliveries.TTL_INDEX} but other options exists; "
                 f"drop it (dropIndex) and start again ({str(exc)[:160]})") from exc
+
+
+def claims_collection(collection: str) -> str:
+    """The claims collection of the time-series collection ``collection``."""
+    return f"{collection}_claims"
 
 
 def _is_timeseries(info: dict[str, Any]) -> bool:

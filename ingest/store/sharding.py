@@ -10,7 +10,10 @@ fleet spread over every shard instead of piling onto the chunk that holds "now":
 - timeseries mode: ``{meta.sensor_id: 1}``, the metaField subfield MongoDB's tutorial
   uses. The time field is left out on purpose: MongoDB 8.0 deprecates sharding a
   time-series collection on its time field (SERVER-88647), and the sensor id alone has
-  the cardinality.
+  the cardinality. Its claims collection (``<collection>_claims``, see
+  :mod:`ingest.store.writers.claims`) is sharded on ``{_id: "hashed"}``: only a shard key
+  on ``_id`` keeps ``_id`` unique across shards, which is what the claims rely on (left
+  unsharded, the claims live on the database's primary shard, unique there too).
 
 On a deployment that is not a sharded cluster (no ``mongos``), sharding is a no-op.
 Before MongoDB 6.0 a database must have sharding enabled before one of its collections
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from pymongo.errors import OperationFailure
 
 from ingest.errors import SchemaError
+from ingest.store.schema import claims_collection
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.mongo_client import AsyncMongoClient
@@ -36,6 +40,7 @@ SHARD_KEYS: dict[str, dict[str, Any]] = {
     "bucket": {"sensor_id": "hashed"},
     "timeseries": {"meta.sensor_id": 1},
 }
+CLAIMS_SHARD_KEY: dict[str, Any] = {"_id": "hashed"}
 # shardCollection on a collection sharded with another key.
 ALREADY_INITIALIZED = 23
 
@@ -67,6 +72,17 @@ async def shard_collection(client: AsyncMongoClient[dict[str, Any]], mode: str, 
     except OperationFailure as exc:
         if exc.code != ALREADY_INITIALIZED:  # "already enabled", before MongoDB 4.x
             raise
+    await _shard(client, namespace, key, mode)
+    if mode == "timeseries":
+        claims = claims_collection(collection)
+        await client[db][claims].create_index([("_id", "hashed")], name="_id_hashed")
+        await _shard(client, f"{db}.{claims}", CLAIMS_SHARD_KEY, mode)
+    return True
+
+
+async def _shard(client: AsyncMongoClient[dict[str, Any]], namespace: str,
+                 key: dict[str, Any], mode: str) -> None:
+    """``shardCollection``; one sharded on another key is refused with one line."""
     try:
         await client.admin.command({"shardCollection": namespace, "key": key})
     except OperationFailure as exc:
@@ -75,7 +91,6 @@ async def shard_collection(client: AsyncMongoClient[dict[str, Any]], mode: str, 
                               f"ingest {mode} mode expects {key}") from exc
         raise
     logger.info("sharded %s on %s", namespace, key)
-    return True
 
 
 async def _host(client: AsyncMongoClient[dict[str, Any]]) -> str:

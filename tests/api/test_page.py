@@ -9,8 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-import subprocess
-import sys
+import secrets
 import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -24,10 +23,10 @@ from ingest.store.writers.bucket import BucketWriter
 from ingest.store.writers.timeseries import TimeseriesWriter
 from tests.support.browser import Chromium, chromium_binary
 from tests.support.png import Image, read_png
-from tests.support.procs import ROOT, clean_env, eventually, free_port, http_status
+from tests.support.procs import eventually
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator
+    from collections.abc import AsyncIterator, Callable
     from pathlib import Path
 
     from tests.support.procs import Daemon
@@ -51,38 +50,20 @@ CURVE_PIXELS = """
 """
 
 
-@pytest.fixture
-def api_process(tmp_path: Path, mongo_uri: str, db_name: str
-                ) -> Iterator[Callable[..., int]]:
-    """Factory: start ``ingest api`` on a free port; returns the port once ready."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(*extra: str) -> int:
-        port = free_port()
-        env = clean_env()
-        log = (tmp_path / "api.log").open("ab")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ingest", "api", "--mongodb-uri", mongo_uri, "--db", db_name,
-             "--api-host", "127.0.0.1", "--api-port", str(port),
-             "--grafana-url", "http://grafana.example:3000", *extra],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        log.close()
-        started.append(proc)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "api.log").read_text()
-            try:
-                if http_status(port, "/readyz") == 200:
-                    return port
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError((tmp_path / "api.log").read_text())
-
-    yield start
-    for proc in started:
-        proc.terminate()
-        proc.wait(timeout=10)
+async def log_in(browser: Chromium, token: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """Type the token into the page's login form, submit, wait for the data; the URLs the
+    page loaded and the cookies it holds."""
+    await eventually(lambda: browser.evaluate("document.body.dataset.login === '1'"))
+    assert await browser.evaluate("document.querySelectorAll('.card').length") == 0
+    assert await browser.evaluate("document.getElementById('content').hidden")
+    await browser.evaluate("document.getElementById('token').focus()")
+    await browser.send("Input.insertText", text=token)
+    await browser.evaluate("document.querySelector('#login button').click()")
+    await eventually(lambda: browser.evaluate("document.body.dataset.ready === '1'"))
+    assert await browser.evaluate("document.getElementById('token').value") == ""
+    urls = await browser.evaluate(
+        "[location.href, ...performance.getEntriesByType('resource').map((e) => e.name)]")
+    return urls, (await browser.send("Network.getCookies"))["cookies"]
 
 
 async def test_page_shows_sensors_published_a_moment_before(
@@ -109,10 +90,14 @@ async def test_page_shows_sensors_published_a_moment_before(
         return readings == 80 and await db.rejects.count_documents({}) >= 1
     await eventually(stored)
 
-    port = api_process("--mode", mode)
+    # The API takes a token (from a file): the page asks for it, POSTs it to /login and
+    # reads with the session cookie it gets; the token is in no URL and no log line.
+    token = secrets.token_urlsafe(32)
+    (tmp_path / "tokens").write_text(f"{token}\n")
+    port = api_process("--mode", mode, "--api-tokens-file", str(tmp_path / "tokens"))
     async with Chromium(tmp_path / "chromium") as browser:
         await browser.open(f"http://127.0.0.1:{port}/")
-        await eventually(lambda: browser.evaluate("document.body.dataset.ready === '1'"))
+        urls, cookies = await log_in(browser, token)
         cards = await browser.evaluate(
             "[...document.querySelectorAll('.card')].map((c) => c.dataset.sensor)")
         reasons = await browser.evaluate(
@@ -121,6 +106,21 @@ async def test_page_shows_sensors_published_a_moment_before(
         curves = await browser.evaluate(CURVE_PIXELS)
         await browser.screenshot(tmp_path / "page.png")
         errors = list(browser.errors)
+        # logging out ends the session: the page asks again, the API refuses the cookie
+        await browser.evaluate("document.getElementById('logout').click()")
+        await eventually(lambda: browser.evaluate(
+            "!document.getElementById('login').hidden"))
+        refused = await browser.evaluate("fetch('api/sensors').then((r) => r.status)")
+    assert urls[0] == f"http://127.0.0.1:{port}/"
+    assert any("/api/series?" in url for url in urls)
+    assert not any(token in url for url in urls)
+    assert [(c["name"], c["httpOnly"], c["sameSite"]) for c in cookies] == [
+        ("ingest_session", True, "Strict")]
+    assert token not in cookies[0]["value"]
+    assert refused == 401
+    log = (tmp_path / "api.log").read_text()
+    assert "page login with token line-1" in log
+    assert token not in log
     assert cards == ["cellar", "kitchen"]
     assert "invalid_json" in reasons
     assert link == "http://grafana.example:3000/d/iot-sensors/sensors"

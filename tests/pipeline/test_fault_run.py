@@ -4,10 +4,19 @@ MQTT side at random moments; the end state is checked with ``loadgen verify``.
 Faults (docs/fault-model.md): a partition that heals, a partition that ends with the
 connection dropped (PUBACKs held in it are lost), the connection ended from the broker's
 side (``hangup``: the daemon reconnects), refused reconnects (CONNACK 0x87, 0x88, 0x89),
-SIGKILL and SIGTERM of the daemon with a restart, a second daemon started with the same
-client id (``twin``: it must refuse to start), MongoDB refusing or delaying writes for a
-while, and, once the publisher is done, broker restarts (with persistence). The daemon
-reaches the broker through a TCP proxy; loadgen publishes to the broker directly.
+SIGKILL and SIGTERM of the daemon with a restart, a restart subscribed to other filters for
+the same topics (``retopic``: the old subscription must neither deliver a second copy nor
+lose what was queued under it), a second daemon started with the same client id
+(``twin``: it must refuse to start), MongoDB refusing or delaying writes for a while, and,
+once the publisher is done, broker restarts (with persistence). The daemon reaches the
+broker through a TCP proxy; loadgen publishes to the broker directly.
+
+Half the fleet sends no time, as most devices do (``loadgen publish --untimed-every 2``):
+the daemon times those readings at arrival, and a redelivery after a crash must be given
+the time its first delivery got. A second run per mode has two workers on one shared
+subscription and the other half of the fleet publishing some messages twice
+(``--repeat-every``): the two copies of one reading reach the two workers at about the
+same moment and must be stored once.
 
 Run at QoS 1 and at QoS 0. The end state: nothing missing or wrong in either mode; bucket
 mode exact; time-series mode may hold duplicates only from a process exit (messages
@@ -72,10 +81,16 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.fault
 
 SECONDS = float(os.environ.get("INGEST_FAULT_SECONDS", "10"))
-FAULTS = ["partition", "drop", "hangup", "refuse", "kill", "term", "twin", "writes", "slow",
-          "broker"]
+FAULTS = ["partition", "drop", "hangup", "refuse", "kill", "term", "retopic", "twin",
+          "writes", "slow", "broker"]
 QOS0_FAULTS = ["partition", "hangup", "twin", "writes", "slow"]  # see the docstring
 KINDS = os.environ.get("INGEST_FAULT_KINDS", ",".join([*FAULTS, "rebirth"])).split(",")
+# With two workers: the supervisor's SIGKILL leaves its workers to drain and stop by
+# themselves (they notice the orphaning), and a restart meanwhile meets their client-id
+# locks; a twin is the single-worker runs' business.
+WORKER_FAULTS = ["partition", "drop", "hangup", "refuse", "term", "retopic", "writes", "slow"]
+UNTIMED_EVERY = 2  # half the fleet sends no time
+REPEAT_EVERY = 3  # with two workers: every third message of a timed sensor twice
 REBIRTH_CHANCE = 0.25  # after each fault, of a refused rebirth (at least one per run)
 # The daemon's limits with the Sparkplug node: above any loadgen message, below a refused
 # rebirth.
@@ -107,17 +122,21 @@ class FaultRun:
     """The daemon behind a proxy, restarted as the faults require; a log of what was done."""
 
     def __init__(self, start: Callable[..., Daemon], proxy: Proxy, broker: Broker,
-                 mongo: Any, mode: str, rng: random.Random, qos: int,
-                 node: SparkplugNode | None = None) -> None:
+                 mongo: Any, mode: str, rng: random.Random, qos: int, root: str,
+                 node: SparkplugNode | None = None, workers: int = 1) -> None:
         self.start, self.proxy, self.broker = start, proxy, broker
         self.mongo, self.mode, self.rng, self.qos = mongo, mode, rng, qos
-        self.node = node
-        self.flags = ["--max-inflight-messages", str(RECEIVE_MAXIMUM), "--batch-size", "20"]
+        self.node, self.root = node, root
+        self.flags = ["--max-inflight-messages", str(RECEIVE_MAXIMUM), "--batch-size", "20",
+                      "--workers", str(workers)]
+        # The fleet's filter: "retopic" switches between two that match the same topics.
+        self.topics = [f"{root}/#", f"{root}/+/+"]
         if qos == 0:
             # A small pipeline: write outages fill it, so messages wait in the inbox when
             # the broker ends the connection (what a reconnect must not lose at QoS 0).
             self.flags += ["--max-buffered-readings", "40"]
-        self.kinds = [k for k in KINDS if k in FAULTS and (qos or k in QOS0_FAULTS)
+        allowed = WORKER_FAULTS if workers > 1 else FAULTS
+        self.kinds = [k for k in KINDS if k in allowed and (qos or k in QOS0_FAULTS)
                       ] or ["partition"]
         self.done: Counter[str] = Counter()
         self.proc = self._daemon()
@@ -128,8 +147,9 @@ class FaultRun:
         # connection, which the daemon rightly takes as a configuration error (exit 1).
         self.proxy.refuse(0)
         extra = () if self.node is None else self.node.daemon_args
-        proc = self.start(*self.flags, *extra, broker_url=f"mqtt://127.0.0.1:{self.proxy.port}",
-                          wait_ready=False)
+        proc = self.start(*self.flags, "--topic", self.topics[0], *extra,
+                          broker_url=f"mqtt://127.0.0.1:{self.proxy.port}", wait_ready=False,
+                          rule_topics=True)
         if wait_ready:
             # Ready once its backlog lets the SUBACK through: with MongoDB refusing or
             # holding writes, each BIRTH of the backlog waits for its store
@@ -194,6 +214,14 @@ class FaultRun:
         self._scrape()
         self.proc.signal(signal.SIGTERM)
         assert self.proc.wait(timeout=60) == 0, self.proc.logs()[-3000:]
+        self.proc = self._daemon()
+
+    async def _retopic(self) -> None:
+        """A restart subscribed to another filter for the same topics (SIGTERM first)."""
+        self._scrape()
+        self.proc.signal(signal.SIGTERM)
+        assert self.proc.wait(timeout=60) == 0, self.proc.logs()[-3000:]
+        self.topics.reverse()
         self.proc = self._daemon()
 
     async def _writes(self) -> None:
@@ -383,6 +411,20 @@ def summarise(run: str, faults: dict[str, int], report: dict[str, Any], c: dict[
               f"{c['batch_write_seconds_sum']:.3f} s in all)")
 
 
+def start_publisher(broker: Broker, root: str, count: int, qos: int, seed: int,
+                    manifest: Path, workers: int) -> subprocess.Popen[str]:
+    """The fleet's publisher: half of it without a time; with two workers, some messages
+    of the other half twice."""
+    repeat = ["--repeat-every", str(REPEAT_EVERY)] if workers > 1 else []
+    return subprocess.Popen(
+        [sys.executable, "-m", "loadgen", "publish", "--mqtt-url", broker.url,
+         "--topic-prefix", root, "--sensors", "12", "--count", str(count),
+         "--per-message", str(PER_MESSAGE), "--qos", str(qos), "--rate", str(RATE),
+         "--start", "now-6h", "--time-step", "30", "--seed", str(seed),
+         "--untimed-every", str(UNTIMED_EVERY), *repeat, "--manifest", str(manifest), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
 @pytest.fixture
 def persistent(tmp_path: Path) -> Iterator[Broker]:
     """A broker of the run's own, with persistence, that queues QoS 0 messages for the
@@ -395,29 +437,26 @@ def persistent(tmp_path: Path) -> Iterator[Broker]:
     broker.stop()
 
 
-@pytest.mark.parametrize("qos", [1, 0], ids=["qos1", "qos0"])
+@pytest.mark.parametrize(("qos", "workers"), [(1, 1), (0, 1), (1, 2)],
+                         ids=["qos1", "qos0", "qos1-2workers"])
 async def test_random_faults_lose_nothing_and_duplicate_only_what_a_kill_explains(
-        daemon: Callable[..., Daemon], mode: str, qos: int, persistent: Broker,
+        daemon: Callable[..., Daemon], mode: str, qos: int, workers: int, persistent: Broker,
         topic_root: str, mongo: Any, mongo_uri: str, db_name: str, db: Any, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     seed = int(os.environ.get("INGEST_FAULT_SEED", random.randrange(10**6)))
     with capsys.disabled():
-        print(f"\nfault run: mode {mode}, QoS {qos}, seed {seed}, {SECONDS:.0f} s "  # noqa: T201
-              f"(replay: INGEST_FAULT_SEED={seed})")
+        print(f"\nfault run: mode {mode}, QoS {qos}, {workers} worker(s), seed {seed}, "  # noqa: T201
+              f"{SECONDS:.0f} s (replay: INGEST_FAULT_SEED={seed})")
     rng = random.Random(seed)
     proxy = Proxy("127.0.0.1", persistent.port).start()
     manifest = tmp_path / "run.json"
     count = int(RATE * SECONDS * 0.6)  # the publisher ends before the faults do
-    node = sparkplug_node(persistent, topic_root, tmp_path, seed)
+    # Sparkplug's state is per session: its preset refuses a shared subscription (workers).
+    node = sparkplug_node(persistent, topic_root, tmp_path, seed) if workers == 1 else None
     # The daemon first: its subscription must exist before anything is published.
-    run = FaultRun(daemon, proxy, persistent, mongo, mode, rng, qos, node)
-    publisher = subprocess.Popen(
-        [sys.executable, "-m", "loadgen", "publish", "--mqtt-url", persistent.url,
-         "--topic-prefix", topic_root, "--sensors", "12", "--count", str(count),
-         "--per-message", str(PER_MESSAGE), "--qos", str(qos), "--rate", str(RATE),
-         "--start", "now-6h", "--time-step", "30", "--seed", str(seed),
-         "--manifest", str(manifest), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    run = FaultRun(daemon, proxy, persistent, mongo, mode, rng, qos, topic_root, node, workers)
+    publisher = start_publisher(persistent, topic_root, count, qos, seed, manifest,
+                                workers)
     try:
         deadline = time.monotonic() + SECONDS
         while time.monotonic() < deadline:
@@ -457,7 +496,7 @@ async def test_random_faults_lose_nothing_and_duplicate_only_what_a_kill_explain
     faults = dict(sorted(run.done.items()))
     c = {name.split("{")[0].removeprefix("ingest_"): value
          for name, value in run.counted.items()}
-    summarise(f"{mode}, QoS {qos}", faults, report, c, capsys)
+    summarise(f"{mode}, QoS {qos}, {workers} worker(s)", faults, report, c, capsys)
     assert (report["expected"], report["missing"], report["wrong"],
             report["unexpected"], report["bad_documents"]) == (count, 0, 0, 0, 0), report
     # A QoS 0 message read and lost by a stop would be counted here (none is published

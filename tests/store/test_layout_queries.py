@@ -7,6 +7,8 @@ import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from ingest.model import Reading
 from ingest.store import layout_queries
 from ingest.store.schema import Schema
@@ -77,3 +79,11 @@ async def test_hourly_statistics_of_all_sensors_match(db: Any) -> None:
                  and b["hour"] <= r.ts < b["hour"] + timedelta(hours=1) and "hum" in r.values]
         assert b["count"] == len(group)
         assert math.isclose(b["avg"], sum(group) / len(group), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("field", ["$temp", "$$ROOT", "stats.temp", "a.b", ""])
+def test_a_field_that_is_not_a_measurement_name_is_refused(field: str) -> None:
+    """The field becomes part of field paths (``$stats.<field>``, ``$<field>``)."""
+    for query in (layout_queries.hourly_bucket, layout_queries.hourly_timeseries):
+        with pytest.raises(ValueError, match="is not a measurement name"):
+            query(field, START, START + timedelta(hours=1))

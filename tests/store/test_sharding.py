@@ -15,7 +15,7 @@ from pymongo import AsyncMongoClient, MongoClient
 
 from ingest.model import Reading
 from ingest.store.schema import READINGS_INDEX, Schema
-from ingest.store.sharding import SHARD_KEYS
+from ingest.store.sharding import CLAIMS_SHARD_KEY, SHARD_KEYS
 from ingest.store.writers.bucket import BucketWriter
 from tests.conftest import SHARDED_ENV
 from tests.support.procs import ROOT, clean_env
@@ -61,6 +61,7 @@ def test_help_explains_each_shard_key() -> None:
     text = " ".join(result.stdout.split())
     assert '{sensor_id: "hashed"}' in text
     assert "{meta.sensor_id: 1}" in text
+    assert '{_id: "hashed"}' in text
     assert "--shard" in text
     assert "changes nothing and says so" in text
 
@@ -98,6 +99,8 @@ async def test_shard_shards_each_mode_on_its_key_and_is_idempotent(
         result = init_db(uri, db, mode)
         assert result.returncode == 0, result.stderr
     assert await shard_key(client, db, COLLECTION[mode]) == SHARD_KEYS[mode]
+    if mode == "timeseries":  # the claims' _id stays unique across shards
+        assert await shard_key(client, db, "readings_claims") == CLAIMS_SHARD_KEY
     if mode == "bucket":  # the unique index survives sharding (shard key is its prefix)
         indexes = await client[db].buckets.index_information()
         assert indexes[READINGS_INDEX]["unique"] is True

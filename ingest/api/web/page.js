@@ -7,13 +7,44 @@ const MAX_CHARTS = 4;  // measurements charted per card (index.html says so)
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
 const NUMBER = new Intl.NumberFormat(undefined, { maximumFractionDigits: 2 });
 
-async function getJSON(path) {
-  const resp = await fetch(path);
+const MAX_PARALLEL = 4;  // the page's own queries at once (the API bounds each caller)
+
+class HttpError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// The session cookie (HttpOnly, set by POST login) goes with every same-origin fetch; a
+// 429 (too many queries of this caller at once) is retried after its Retry-After.
+async function getJSON(path, tries = 4) {
+  const resp = await fetch(path, { credentials: "same-origin" });
+  if (resp.status === 429 && tries > 1) {
+    await sleep(1000 * (Number(resp.headers.get("Retry-After")) || 1));
+    return getJSON(path, tries - 1);
+  }
   const body = await resp.json();
   if (!resp.ok) {
-    throw new Error(body.error ? body.error.message : resp.statusText);
+    throw new HttpError(resp.status, body.error ? body.error.message : resp.statusText);
   }
   return body;
+}
+
+// fn over items, at most MAX_PARALLEL at once, results in order.
+async function mapLimited(items, fn) {
+  const results = new Array(items.length);
+  let next = 0;
+  async function worker() {
+    while (next < items.length) {
+      const i = next++;
+      results[i] = await fn(items[i]);
+    }
+  }
+  await Promise.all(Array.from({ length: Math.min(MAX_PARALLEL, items.length) }, worker));
+  return results;
 }
 
 function el(tag, text, cls) {
@@ -115,7 +146,7 @@ async function sensorCard(sensor) {
 async function showSensors() {
   const answer = await getJSON(`api/sensors?since=now-1h&limit=${MAX_CARDS}`);
   const target = document.getElementById("sensors");
-  const cards = await Promise.all(answer.sensors.map(sensorCard));
+  const cards = await mapLimited(answer.sensors, sensorCard);
   target.replaceChildren(...cards);
   const note = document.getElementById("sensors-note");
   note.textContent = answer.sensors.length === 0 ? "No sensor reported in the last hour." :
@@ -151,10 +182,16 @@ async function showInfo() {
   document.getElementById("grafana").href = info.grafana_dashboard;
 }
 
+let timer = null;
+
 async function refresh() {
   try {
     await Promise.all([showSensors(), showRejects()]);
   } catch (err) {
+    if (err.status === 401) {  // the session ended (expired, or the API restarted)
+      showLogin();
+      return;
+    }
     const note = document.getElementById("sensors-note");
     note.textContent = `Cannot load: ${err.message}`;
     note.className = "error";
@@ -162,6 +199,58 @@ async function refresh() {
   document.body.dataset.ready = "1";
 }
 
-showInfo().catch(() => {});
-refresh();
-setInterval(refresh, 30000);
+function showLogin(message) {
+  clearInterval(timer);
+  document.getElementById("content").hidden = true;
+  document.getElementById("logout").hidden = true;
+  document.getElementById("login").hidden = false;
+  document.getElementById("login-error").textContent = message || "";
+  document.getElementById("about").textContent = "Log in to see what arrived.";
+  document.body.dataset.login = "1";
+  document.getElementById("token").focus();
+}
+
+// GET session answers without a token: whether the API takes tokens, and whether this
+// browser's session is live (so the page asks for a token without a 401 first).
+async function start() {
+  const session = await getJSON("session");
+  if (session.tokens && !session.name) {
+    showLogin();
+    return;
+  }
+  document.getElementById("logout").hidden = !session.tokens;
+  await showInfo().catch(() => {});
+  document.getElementById("login").hidden = true;
+  document.getElementById("content").hidden = false;
+  delete document.body.dataset.login;
+  await refresh();
+  timer = setInterval(refresh, 30000);
+}
+
+// The token goes in a POST body, never in a URL; the answer sets the session cookie.
+async function logIn(event) {
+  event.preventDefault();
+  const input = document.getElementById("token");
+  const resp = await fetch("login", {
+    method: "POST", credentials: "same-origin", headers: { Accept: "application/json" },
+    body: new URLSearchParams({ token: input.value }),
+  });
+  input.value = "";
+  if (!resp.ok) {
+    const body = await resp.json().catch(() => ({}));
+    showLogin(body.error ? body.error.message : resp.statusText);
+    return;
+  }
+  await start();
+}
+
+async function logOut() {
+  await fetch("logout", { method: "POST", credentials: "same-origin" });
+  showLogin();
+}
+
+document.getElementById("login").addEventListener("submit", logIn);
+document.getElementById("logout").addEventListener("click", logOut);
+start().catch((err) => {
+  document.getElementById("about").textContent = `Cannot load: ${err.message}`;
+});

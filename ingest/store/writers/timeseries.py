@@ -17,15 +17,22 @@ time range pruning buckets): a reading whose fields are all stored with the same
 is a duplicate, one with a stored field of another value is refused (``ts_conflict``),
 and one that adds fields is inserted with only those, as a second document at that
 instant, which readers merge. So both layouts store and refuse the same readings.
-Writers racing on one instant (two daemons given two readings of one series and
-millisecond at once) can both find nothing and both insert; readers then keep the
-first document's value of a field.
+
+Writers racing on one instant (two workers or daemons given readings of one series and
+millisecond at once) would both find it free; so what the lookup leaves to insert is
+first claimed (:mod:`ingest.store.writers.claims`): the server lets one claim of an
+instant win, and the other writer judges its readings against the winning claim by the
+same rules. Within one process, writes of one instant take turns (a write waits for the
+one before it to finish), so its own claims never race.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import time
+import uuid
 from itertools import groupby, islice
 from operator import attrgetter, eq
 from typing import TYPE_CHECKING, Any
@@ -37,8 +44,10 @@ from pymongo.errors import PyMongoError
 from ingest import accel
 from ingest.errors import WriteError
 from ingest.store import mongo_errors
+from ingest.store.schema import claims_collection
 from ingest.store.writers import Outcome, Plan, PrimaryReads, Singles, bulk, send
 from ingest.store.writers.bucket import bson_dates, ms_of, ts_key
+from ingest.store.writers.claims import Claims, Taken, claim_ids
 from ingest.store.writers.instants import (
     NO_TAGS,
     TagsKey,
@@ -51,7 +60,7 @@ from ingest.store.writers.instants import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import AsyncIterator, Mapping, Sequence
 
     from pymongo.asynchronous.collection import AsyncCollection
 
@@ -274,15 +283,26 @@ class TimeseriesWriter(PrimaryReads):
 
     mode = "timeseries"
 
-    def __init__(self, collection: AsyncCollection[dict[str, Any]], schema: Schema) -> None:
+    def __init__(self, collection: AsyncCollection[dict[str, Any]], schema: Schema,
+                 owner: str | None = None, *, claims: bool = True) -> None:
+        """A writer into ``collection``.
+
+        ``owner``: the session whose claims it makes (the MQTT client id); by default
+        one of its own. ``claims=False``: the lookup alone, right for one writer only.
+        """
         self._collection = collection
         self._schema = schema
+        self._owner = owner or f"writer-{uuid.uuid4().hex}"
+        self._claiming = claims
+        self._claims: Claims | None = None
+        # The rounds in progress: the end of each, and the instants (claim ids) it holds.
+        self._rounds: dict[asyncio.Future[None], set[str]] = {}
         # Instants looked up before inserting, and the time it took (see take_lookups).
         self._checked = 0
         self._check_seconds = 0.0
 
     async def ensure_schema(self) -> None:
-        """Create (or check) the time-series collection and its index."""
+        """Create (or check) the time-series collection, its index and the claims."""
         await self._schema.ensure_timeseries()
 
     def plan(self, readings: list[Reading]) -> Plan:
@@ -298,18 +318,18 @@ class TimeseriesWriter(PrimaryReads):
                     lookup=runs)
 
     async def write(self, plan: Plan) -> Outcome:
-        """Leave out what is stored at the plan's instants, then one unordered bulk insert.
+        """Leave out what is stored, claim the rest, insert what the claims leave.
 
-        The plan's deferred readings follow in rounds of their own. Raises
-        :class:`WriteError` if the first lookup fails (nothing was inserted then).
+        Each round: the lookup of the plan's instants, their claims, then one unordered
+        bulk insert. The plan's deferred readings follow in rounds of their own. Raises
+        :class:`WriteError` if the first round's lookup or claims fail (nothing was
+        inserted then).
         """
         outcome = Outcome()
         first = True
         while True:
             try:
-                plan = await self._without_stored(plan)
-                result = (await send(bulk.execute(self._collection, bulk.INSERT, plan.ops),
-                                     plan) if plan.ops else Outcome())
+                plan, result = await self._round(plan)
             except WriteError as exc:
                 if first:
                     raise
@@ -331,11 +351,81 @@ class TimeseriesWriter(PrimaryReads):
             plan = self.plan(plan.deferred)
         return outcome
 
-    async def _without_stored(self, plan: Plan) -> Plan:
+    async def _round(self, plan: Plan) -> tuple[Plan, Outcome]:
+        """One round: lookup, claims and insert; the plan as sent, and what it did."""
+        if not self._claiming:
+            plan, _ = await self._without_stored(plan)
+            return plan, await self._insert(plan)
+        ids = claim_ids(_firsts(plan.groups))
+        async with self._alone(ids):
+            looked, stored = await self._without_stored(plan)
+            if looked is not plan:
+                ids = claim_ids(_firsts(looked.groups))
+            plan = looked
+            if not plan.ops:
+                return plan, Outcome()
+            taken = await self._claimed().take(plan.ops, plan.groups, ids, stored,
+                                               reading_document)
+            plan = Plan(taken.ops, taken.groups, plan.duplicates + taken.duplicates,
+                        plan.conflicts + taken.conflicts, plan.deferred)
+            result = await self._insert(plan)
+        result.retry.extend(taken.retry)
+        result.refused.extend(taken.refused)
+        if result.refused:
+            await self._release(result, taken)
+        return plan, result
+
+    async def _insert(self, plan: Plan) -> Outcome:
+        """One unordered bulk insert of the plan's documents."""
+        if not plan.ops:
+            return Outcome()
+        return await send(bulk.execute(self._collection, bulk.INSERT, plan.ops), plan)
+
+    def _claimed(self) -> Claims:
+        """The claims collection of this writer (made once, when first needed)."""
+        if self._claims is None:
+            coll = self._collection
+            self._claims = Claims(coll.database[claims_collection(coll.name)], self._owner)
+        return self._claims
+
+    async def _release(self, result: Outcome, taken: Taken) -> None:
+        """Remove the claims made for documents refused for their data."""
+        refused = {id(reading) for reading, _ in result.refused}
+        await self._claimed().release([
+            key for key, group in zip(taken.won, taken.groups, strict=True)
+            if key is not None and any(id(r) in refused for r in group)])
+
+    @contextlib.asynccontextmanager
+    async def _alone(self, instants: list[str]) -> AsyncIterator[None]:
+        """Hold ``instants`` (claim ids) for one round, once no other round holds one.
+
+        Two rounds of one session on one instant would each take the other's claim for
+        an earlier attempt of its own; taking turns, the later one's lookup finds what
+        the earlier one stored.
+        """
+        rounds = self._rounds
+        held = set(instants)
+        while True:
+            ahead = [done for done, theirs in rounds.items() if not held.isdisjoint(theirs)]
+            if not ahead:
+                break
+            await asyncio.wait(ahead)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        rounds[done] = held
+        try:
+            yield
+        finally:
+            del rounds[done]
+            done.set_result(None)
+
+    async def _without_stored(self, plan: Plan
+                              ) -> tuple[Plan, list[dict[str, Any] | None] | None]:
         """``plan`` without what is stored: duplicates, conflicts, and stored fields.
 
         A document whose instant holds stored fields is built again from the fields of
         its readings that are not stored (readings merged in order, as the plan did).
+        Also returns the fields the lookup found at each document's instant (None when
+        it found nothing at any).
         """
         started = time.perf_counter()
         try:
@@ -344,21 +434,24 @@ class TimeseriesWriter(PrimaryReads):
             self._checked += len(plan.ops)
             self._check_seconds += time.perf_counter() - started
         if not stored:
-            return plan
+            return plan, None
         ops: list[Any] = []
         groups: list[list[Reading]] = []
+        found: list[dict[str, Any] | None] = []
         out = Plan(ops, groups, plan.duplicates, list(plan.conflicts), plan.deferred)
         for doc, group in zip(plan.ops, plan.groups, strict=True):
             fields = stored.get(_doc_instant(doc))
             if fields is None:
                 ops.append(doc)
                 groups.append(group)
+                found.append(None)
                 continue
-            part, kept = self._unstored(group, fields, out)
+            part, kept = self._unstored(group, dict(fields), out)
             if part is not None:
                 ops.append({"_id": doc["_id"], **reading_document(part)})
                 groups.append(kept)
-        return out
+                found.append(fields)
+        return out, found
 
     @staticmethod
     def _unstored(group: list[Reading], fields: dict[str, Any], plan: Plan
@@ -421,6 +514,13 @@ class TimeseriesWriter(PrimaryReads):
 def _instant(reading: Reading) -> tuple[str, TagsKey, int]:
     """A reading's series and instant."""
     return reading.sensor_id, tags_key(reading.tags), ms_of(reading)
+
+
+def _firsts(groups: Sequence[list[Reading]]) -> list[Reading]:
+    """Each operation's first reading (its readings share a series and instant)."""
+    if isinstance(groups, Singles):
+        return groups.readings
+    return [group[0] for group in groups]
 
 
 def _doc_instant(doc: Mapping[str, Any]) -> tuple[str, TagsKey, int]:
