@@ -81,9 +81,22 @@ class Recorded:
 type Latest = dict[int, tuple[int, Recorded]]  # packet id -> its latest entry's checksum, times
 
 
+# CRC-32 of topics seen (a topic repeats with every message of its sensor), bounded.
+_TOPIC_CRCS: dict[str, int] = {}
+_TOPICS_KEPT = 100_000
+
+
 def checksum(topic: str, payload: bytes) -> int:
     """What tells a message apart from another of the same packet id (same in every process)."""
     return zlib.crc32(payload, zlib.crc32(topic.encode()))
+
+
+def _topic_crc(topic: str) -> int:
+    """The CRC-32 of ``topic``, remembered (:func:`checksum` continues it over the payload)."""
+    if len(_TOPIC_CRCS) >= _TOPICS_KEPT:
+        _TOPIC_CRCS.clear()
+    crc = _TOPIC_CRCS[topic] = zlib.crc32(topic.encode())
+    return crc
 
 
 def pack(messages: Sequence[Inbound], given: Sequence[int]) -> bytes:
@@ -94,9 +107,10 @@ def pack(messages: Sequence[Inbound], given: Sequence[int]) -> bytes:
     each: this runs for every message whose readings were timed at arrival, and packing
     entry by entry costs more.
     """
-    crc32 = zlib.crc32
+    crc32, known = zlib.crc32, _TOPIC_CRCS.get
     columns = (array(_MID, [message.mid for message in messages]),
-               array(_CRC, [crc32(message.payload, crc32(message.topic.encode()))
+               array(_CRC, [crc32(message.payload,
+                                  known(message.topic) or _topic_crc(message.topic))
                             for message in messages]),
                array(_ARRIVED, [message.received_at for message in messages]),
                array(_TIME, given))
