@@ -7,9 +7,11 @@ but keep it, and the messages are acknowledged in batches of 500 (PUBACK bytes q
 a paho client that sends nothing). Prints the CPU time per message of each stage
 (receive: parse and inbox; consume: inbox to sink; ack: bookkeeping and PUBACK bytes),
 median of several rounds, at QoS 1 and QoS 0. Decoding, batching and writing are not
-included: ``bench.e2e`` measures the whole daemon.
+included: ``bench.e2e`` measures the whole daemon. With ``--subscription-identifier``
+each packet carries the Subscription Identifier of the daemon's subscription to
+``sensors/#``, as the broker sends every message to the daemon.
 
-    .venv/bin/python -m bench.receive [--rounds 7]
+    .venv/bin/python -m bench.receive [--rounds 7] [--subscription-identifier]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import aiomqtt
 import uvloop
 
+from bench.wire import identifier_property
 from ingest.config import Settings
 from ingest.metrics import Health, Metrics
 from ingest.mqtt.source import MqttSource
@@ -37,7 +40,7 @@ SENSORS = 1000
 BATCH = 500
 
 
-def stream(qos: int) -> bytes:
+def stream(qos: int, props: bytes = b"") -> bytes:
     """The PUBLISH packets of a single-reading backlog, as the broker sends them."""
     start = int(time.time()) - 7200
     packets = []
@@ -47,7 +50,7 @@ def stream(qos: int) -> bytes:
                    f'"temp":{18 + (seq * 7 + sensor) % 100 / 10:.1f},'
                    f'"hum":{40 + (seq + sensor) % 30}}}').encode()
         packets.append(publish_packet(f"sensors/s{sensor:05d}/readings", payload,
-                                      i % 65535 + 1 if qos else 0, qos))
+                                      i % 65535 + 1 if qos else 0, qos, props=props))
     return b"".join(packets)
 
 
@@ -87,9 +90,9 @@ async def one_round(data: bytes) -> tuple[float, float, float]:
     return received - started, consumed - received, acked - consumed
 
 
-async def main(rounds: int) -> None:
+async def main(rounds: int, props: bytes) -> None:
     for qos in (1, 0):
-        data = stream(qos)
+        data = stream(qos, props)
         results = [await one_round(data) for _ in range(rounds)]
         receive, consume, ack = (statistics.median(r[i] for r in results) / MESSAGES * 1e6
                                  for i in range(3))
@@ -101,4 +104,8 @@ async def main(rounds: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
-    uvloop.run(main(parser.parse_args().rounds))
+    parser.add_argument("--subscription-identifier", action="store_true",
+                        help="packets carry the identifier of the subscription to sensors/#")
+    args = parser.parse_args()
+    uvloop.run(main(args.rounds, identifier_property() if args.subscription_identifier
+                    else b""))

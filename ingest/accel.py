@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 ENV = "INGEST_NO_EXTENSIONS"
+# Left by a build with INGEST_NO_EXTENSIONS set (setup.py): why nothing is compiled.
+BUILD_NOTE = Path(__file__).with_name("NO_EXTENSIONS")
 # Compiled module name -> whether it was loaded (False: not built, or turned off).
 _loaded: dict[str, bool] = {}
 _modules: dict[str, ModuleType] = {}
@@ -74,6 +77,8 @@ def describe() -> str:
         return f"accelerators: off ({ENV} is set): pure Python"
     missing = [m for m in names if not _loaded[m]]
     if len(missing) == len(names):
+        if BUILD_NOTE.is_file():
+            return f"accelerators: off ({ENV} was set at install): pure Python"
         return "accelerators: not built (no C compiler at install?): pure Python"
     return (f"accelerators: partly built, pure Python for "
             f"{', '.join(m.rsplit('.', 1)[-1] for m in missing)}")

@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ingest import __version__, accel
 from ingest.config import (
@@ -46,18 +46,44 @@ logger = logging.getLogger("ingest")
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports errors as one line, no usage dump."""
+    """argparse that reports errors as one line, no usage dump.
+
+    A bad value that came from an ``INGEST_*`` variable is reported under the variable's
+    name: argparse converts it as the flag's default, and would name the flag alone.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - argparse's
+        super().__init__(*args, **kwargs)
+        self.env_sources: dict[str, str] = {}  # flag -> the variable that set its default
+        self._given: list[str] = []
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        """Parse, remembering the arguments (to tell a flag given from its variable)."""
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
+        """Exit 2 with one line; a bad variable's value named by the variable."""
+        flag, sep, problem = message.removeprefix("argument ").partition(": ")
+        var = self.env_sources.get(flag)
+        if sep and var is not None and not self._was_given(flag):
+            message = f"{var}: {problem} (the variable of {flag})"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def _was_given(self, flag: str) -> bool:
+        """Whether ``flag`` (or an abbreviation argparse accepts) is on the command line."""
+        names = (arg.split("=", 1)[0] for arg in self._given if arg.startswith("--"))
+        return any(len(name) > 2 and flag.startswith(name) for name in names)
 
-def _number[T: (int, float)](kind: Callable[[str], T], name: str) -> Callable[[str], T]:
+
+def _number[T: (int, float)](kind: Callable[[str], T]) -> Callable[[str], T]:
     def convert(text: str) -> T:
         try:
             return kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} expects a number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expects a number, got {text!r}") from None
     convert.__name__ = kind.__name__
     return convert
 
@@ -68,6 +94,8 @@ def _flag(parser: argparse.ArgumentParser, env: Mapping[str, str], name: str,
     var = ENV_PREFIX + name.upper().replace("-", "_")
     if var in env:
         default = env[var]
+        if isinstance(parser, _Parser):
+            parser.env_sources[f"--{name}"] = var
         choices = kwargs.get("choices")
         # argparse checks choices on the command line only, not on defaults.
         if choices is not None and default not in choices:  # type: ignore[operator]
@@ -86,7 +114,7 @@ def _env_bool(env: Mapping[str, str], name: str) -> bool:
 
 
 def _common_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    integer, real = _number(int, "this flag"), _number(float, "this flag")
+    integer, real = _number(int), _number(float)
     _flag(parser, env, "mode", "storage layout", "bucket", choices=MODES)
     _flag(parser, env, "mongodb-uri", "MongoDB connection string (credentials and TLS go here)",
           "mongodb://localhost:27017")
@@ -108,7 +136,7 @@ def _common_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
 
 
 def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    integer, real = _number(int, "this flag"), _number(float, "this flag")
+    integer, real = _number(int), _number(float)
     _flag(parser, env, "mqtt-url", "broker URL: mqtt://[user[:pass]@]host[:port] or mqtts://",
           "mqtt://localhost:1883")
     _flag(parser, env, "mqtt-password-file", "read the MQTT password from this file")
@@ -178,7 +206,7 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
 
 
 def _api_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    integer, real = _number(int, "this flag"), _number(float, "this flag")
+    integer, real = _number(int), _number(float)
     _flag(parser, env, "mode", "layout of the collection read", "bucket", choices=MODES)
     _flag(parser, env, "mongodb-uri", "MongoDB connection string; a read-only user is enough",
           "mongodb://localhost:27017")
@@ -395,7 +423,7 @@ applies to no part, and ingest local names it at start.
 
 
 def _local_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    integer = _number(int, "this flag")
+    integer = _number(int)
     _flag(parser, env, "data-dir", "where the store and the broker keep their data",
           "ingest-data")
     _flag(parser, env, "mode", "which daemons to run", "both",
@@ -462,7 +490,7 @@ def local_settings(args: argparse.Namespace, env: Mapping[str, str]) -> LocalSet
 
 def _discover_parser(commands: argparse._SubParsersAction[_Parser],
                      env: Mapping[str, str]) -> None:
-    integer, real = _number(int, "this flag"), _number(float, "this flag")
+    integer, real = _number(int), _number(float)
     discover = commands.add_parser(
         "discover", help="listen to a broker and propose a mapping file for what it sees",
         formatter_class=DefaultsHelpFormatter,
@@ -688,6 +716,9 @@ def _run_daemon(settings: Settings) -> int:
     held = client_lock.claim_all(settings, [worker_client_id(settings.client_id, index)
                                       for index in range(settings.workers)])
     logger.info("%s", accelerators())
+    from ingest.pipeline.app import tell_default_topic  # noqa: PLC0415 - as app
+
+    tell_default_topic(settings)
     try:
         if settings.workers > 1:
             from ingest.pipeline import workers  # noqa: PLC0415 - only several workers need it

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from ingest import local_store
 from ingest.config import DEFAULT_METRICS_PORT, Mode
 from ingest.errors import ConfigError, StartupError
 
@@ -38,6 +39,10 @@ MOSQUITTO_INSTALL = ("install it (Debian/Ubuntu: sudo apt-get install mosquitto 
                      "broker you run")
 LOCAL_EXTRA = ("pip install 'iot-ingest[local]' (from a clone: pip install -e '.[local]')")
 STORE_LABEL = "embedded emulator (mongoeco on SQLite): NOT MongoDB, not for production"
+# The data dir is created private; every file in it (the store's, the broker's, the lock)
+# is created under umask 077 (0600). An existing directory keeps its mode.
+PRIVATE_DIR = 0o700
+PRIVATE_UMASK = 0o077
 STOP_TIMEOUT = 30.0  # a daemon drains within --shutdown-timeout (10 s) and its own watchdog
 READY_POLL = 0.2
 
@@ -156,7 +161,7 @@ def lock_data_dir(data_dir: Path) -> Any:  # noqa: ANN401 - an open file
     """Hold ``data_dir`` for this process, so two runs never share one store file."""
     import fcntl  # noqa: PLC0415 - POSIX only, like the rest of this command
 
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
     handle = (data_dir / ".lock").open("a+", encoding="utf-8")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -198,6 +203,7 @@ class Local:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._signal)
+        umask = os.umask(PRIVATE_UMASK)
         try:
             self._lock = lock_data_dir(self.settings.data_dir)
             self._preflight()
@@ -217,6 +223,7 @@ class Local:
                 failed = await self._watch()
         finally:
             await self._stop_all()
+            os.umask(umask)
         if failed is not None:
             raise StartupError(f"the {failed.name} part stopped (exit status "
                                f"{failed.process.returncode}); its last lines are above")
@@ -251,11 +258,11 @@ class Local:
         check_free(s.api_port, "--api-port", "choose another --api-port")
 
     async def _start_store(self) -> str:
-        from mongoeco.engines.sqlite import SQLiteEngine  # noqa: PLC0415 - optional extra
-        from mongoeco.wire.proxy import AsyncMongoEcoProxyServer  # noqa: PLC0415
+        from mongoeco.wire.proxy import AsyncMongoEcoProxyServer  # noqa: PLC0415 - optional extra
 
         path = self.settings.data_dir / "store.sqlite"
-        self._store = AsyncMongoEcoProxyServer(engine=SQLiteEngine(path=str(path)),
+        engine = local_store.engine_class()(path=str(path))
+        self._store = AsyncMongoEcoProxyServer(engine=engine,
                                                host="127.0.0.1", port=self.settings.store_port)
         try:
             await self._store.start()
@@ -375,7 +382,7 @@ class Local:
                 if child.pump is not None:
                     await child.pump
         if self._store is not None:
-            await self._store.close()
+            await local_store.close(self._store)
             self._store = None
         if self._lock is not None:
             self._lock.close()

@@ -13,6 +13,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
@@ -42,6 +43,10 @@ RULE_OUTCOMES = ("accepted", "rejected")
 # skipped (ignore), or stored at a time first seen now (new) or recorded earlier (known);
 # attribute: a Homie attribute (or /set...) topic, never readings, not subject to --retained.
 RETAINED_OUTCOMES = ("skipped", "new", "known", "attribute")
+# Why a message was skipped (ingest/mqtt/subscriptions.py): it came through a subscription
+# of a filter not subscribed today (its Subscription Identifier says so), or through one
+# made without identifier and its topic is outside today's filters.
+SKIP_REASONS = ("old_subscription", "unidentified_subscription")
 # The *_created series double the output and no dashboard uses them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -53,6 +58,10 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         self.mode = mode
         r = self.registry
+        # process_* (memory, CPU, file descriptors) of this process, read from /proc at
+        # each scrape (Linux; elsewhere none): a worker's are its own, labelled by the
+        # parent of --workers N (ingest.pipeline.workers_endpoint).
+        ProcessCollector(registry=r)
         self.messages_received = Counter(
             "messages_received", "MQTT messages received.", namespace=NAMESPACE, registry=r)
         self.messages_acked = Counter(
@@ -70,14 +79,7 @@ class Metrics:
             "redeliveries_reacked", "Messages redelivered (DUP) after their write and "
             "PUBACK, whose PUBACK the broker may not have received: acknowledged again, "
             "not written again.", namespace=NAMESPACE, registry=r)
-        self.redeliveries_retimed = Counter(
-            "redeliveries_retimed", "Messages resent (DUP) that the process could not "
-            "recognise as its own (after a restart): decoded with the arrival times the "
-            "delivery ledger recorded for their first delivery (recorded), or as new "
-            "messages (unrecorded: the first delivery was not written).", ["outcome"],
-            namespace=NAMESPACE, registry=r)
-        for outcome in ("recorded", "unrecorded"):
-            self.redeliveries_retimed.labels(outcome)
+        self._ledger(r)
         self.packet_id_reused = Counter(
             "mqtt_packet_id_reused", "New QoS 1 messages the broker sent under a packet id "
             "whose earlier message was still unacknowledged: acknowledged after it, in "
@@ -117,6 +119,11 @@ class Metrics:
             "was first seen, now (new) or by an earlier delivery (known); attribute: a Homie "
             "attribute or command topic, never a reading, taken (as the device's state) "
             "whatever --retained says.", ["outcome"],
+            namespace=NAMESPACE, registry=r)
+        self.messages_skipped = Counter(
+            "messages_skipped", "Messages that came through a subscription the daemon does "
+            "not hold today (a filter of an earlier run, kept by the persistent session): "
+            "acknowledged, not stored; by reason.", ["reason"],
             namespace=NAMESPACE, registry=r)
         self.rule_messages = Counter(
             "rule_messages", "Messages taken by each mapping rule: accepted if at least one "
@@ -199,6 +206,19 @@ class Metrics:
             self.write_errors.labels(mode, kind)
         for outcome in RETAINED_OUTCOMES:
             self.retained_messages.labels(outcome)
+        for reason in SKIP_REASONS:
+            self.messages_skipped.labels(reason)
+
+    def _ledger(self, r: CollectorRegistry) -> None:
+        """The delivery ledger's lookups (ingest/pipeline/redelivered.py)."""
+        self.redeliveries_retimed = Counter(
+            "redeliveries_retimed", "Messages resent (DUP) that the process could not "
+            "recognise as its own (after a restart): decoded with the arrival times the "
+            "delivery ledger recorded for their first delivery (recorded), or as new "
+            "messages (unrecorded: the first delivery was not written).", ["outcome"],
+            namespace=NAMESPACE, registry=r)
+        for outcome in ("recorded", "unrecorded"):
+            self.redeliveries_retimed.labels(outcome)
 
     def _sparkplug(self, r: CollectorRegistry) -> None:
         """The Sparkplug B metrics, each known label value at 0."""

@@ -123,6 +123,12 @@ def _verify_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
     _flag(parser, env, "bucket-span-seconds", "the daemon's bucket span", 3600, type=int)
     _flag(parser, env, "sensors-per-query", "sensors checked per query (bounds memory)", 100,
           type=int)
+    _flag(parser, env, "wait", "first wait up to this many seconds for the readings to "
+          "arrive: until the stored count reaches the published one or stops changing "
+          "(right after publish, the daemons may still be writing)", 0.0, type=float)
+    _flag(parser, env, "settle", "with --wait: a count that has moved and then stays unchanged "
+          "this many seconds (or twice its longest pause, if longer) ends the wait", 5.0,
+          type=float)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     # Without a manifest: the parameters of a --count run.
     group = parser
@@ -351,10 +357,15 @@ def _print_verify(reports: list[ModeReport], as_json: bool) -> None:
                           "modes": [r.as_dict() for r in reports]}, indent=2))
         return
     for r in reports:
-        print(f"{r.mode} ({r.collection}): {'OK' if r.ok else 'MISMATCH'}: "  # noqa: T201
-              f"expected {r.expected:,}, found {r.found:,}, missing {r.missing:,}, "
+        arriving = f" (+{r.arriving:,} while checking)" if r.arriving else ""
+        print(f"{r.mode} ({r.collection}): {r.status}: "  # noqa: T201
+              f"expected {r.expected:,}, found {r.found:,}{arriving}, missing {r.missing:,}, "
               f"duplicated {r.duplicated:,}, wrong {r.wrong:,}, unexpected {r.unexpected:,}; "
               f"documents {r.documents:,}, bad documents {r.bad_documents:,}")
+        if r.still_arriving:
+            print("  the daemons are still writing: run verify again with --wait SECONDS "  # noqa: T201
+                  "(it waits until the count reaches the expected one or stops changing)")
+            continue
         for example in r.examples:
             print(f"  {example}")  # noqa: T201
 
@@ -370,7 +381,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         mongodb_uri=args.mongodb_uri, db=args.db, mode=args.mode,
         bucket_collection=args.collection or args.bucket_collection,
         timeseries_collection=args.collection or args.timeseries_collection,
-        json=args.json, sensors_per_query=args.sensors_per_query))
+        json=args.json, sensors_per_query=args.sensors_per_query, wait=args.wait,
+        settle=args.settle))
     try:
         reports = run_verify(settings, expected, args.bucket_span_seconds)
     except VerifyError as exc:

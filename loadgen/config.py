@@ -23,6 +23,7 @@ PAYLOAD_FORMATS = ("json", "sparkplug")
 _TOPIC_PREFIX = re.compile(r"^[^#+\x00]{1,200}$")
 _RELATIVE = re.compile(r"^now(?:([+-])(\d+(?:\.\d+)?)([smhd]))?$")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+MAX_WAIT = 86_400.0  # verify --wait and --settle: a day at most
 MAX_PER_MESSAGE = 10_000  # the daemon's default --max-readings-per-message
 
 
@@ -76,6 +77,8 @@ class VerifySettings:
     timeseries_collection: str
     json: bool = False
     sensors_per_query: int = 100
+    wait: float = 0.0  # seconds to wait for the count to match or settle before checking
+    settle: float = 5.0  # the count unchanged this long ends the wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +206,10 @@ def validate_verify(settings: VerifySettings) -> VerifySettings:
         raise ConfigError("--mongodb-uri: expected mongodb://... or mongodb+srv://...")
     if settings.sensors_per_query < 1:
         raise ConfigError("--sensors-per-query: must be at least 1")
+    if not 0 <= settings.wait <= MAX_WAIT:
+        raise ConfigError(f"--wait: must be between 0 and {MAX_WAIT:.0f} seconds")
+    if not 0 < settings.settle <= MAX_WAIT:
+        raise ConfigError(f"--settle: must be more than 0 and at most {MAX_WAIT:.0f} seconds")
     return settings
 
 

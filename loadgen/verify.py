@@ -11,11 +11,17 @@ time, whose values differ or that has no time), ``unexpected``
 (a reading of the run's sensors with a seq it never published); for bucket mode also
 ``bad_documents``: documents whose ``count``, ``stats``, ``first_ts``/``last_ts`` or
 ``bucket_start`` disagree with their own readings.
+
+Readings still on their way are not a mismatch: with ``--wait`` the check first polls
+the number of stored readings until it reaches what was published or stops changing
+(``--settle`` seconds), and a check that finds readings missing counts again: when the
+number grew meanwhile, the mode is reported as still arriving, not as a mismatch.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -26,9 +32,10 @@ from pymongo.errors import PyMongoError
 from loadgen import payloads
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Callable, Iterable, Iterator
 
     from pymongo.collection import Collection
+    from pymongo.database import Database
 
     from loadgen.config import VerifySettings
 
@@ -36,6 +43,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 MAX_EXAMPLES = 10
 SUM_TOLERANCE = 1e-9  # relative: a running sum of doubles depends on the order of addition
+POLL_SECONDS = 1.0  # between two counts: while waiting, and to tell a growing count
 
 
 class VerifyError(RuntimeError):
@@ -69,6 +77,7 @@ class ModeReport:
     unexpected: int = 0
     documents: int = 0
     bad_documents: int = 0
+    arriving: int = 0  # readings stored while verify looked: the count still grows
     examples: list[str] = field(default_factory=list)
 
     @property
@@ -76,6 +85,19 @@ class ModeReport:
         """Every reading exactly once with the right values, every document consistent."""
         return not (self.missing or self.duplicated or self.wrong or self.unexpected
                     or self.bad_documents)
+
+    @property
+    def still_arriving(self) -> bool:
+        """Only readings missing, and their number grew while verify looked: lag, so far."""
+        return bool(self.missing and self.arriving and not (
+            self.duplicated or self.wrong or self.unexpected or self.bad_documents))
+
+    @property
+    def status(self) -> str:
+        """``OK``, ``STILL ARRIVING`` or ``MISMATCH``."""
+        if self.ok:
+            return "OK"
+        return "STILL ARRIVING" if self.still_arriving else "MISMATCH"
 
     def note(self, text: str) -> None:
         """Keep the first few problems as examples."""
@@ -85,6 +107,7 @@ class ModeReport:
     def as_dict(self) -> dict[str, Any]:
         """JSON-able form."""
         return {"mode": self.mode, "collection": self.collection, "ok": self.ok,
+                "still_arriving": self.still_arriving, "arriving": self.arriving,
                 "expected": self.expected, "found": self.found, "missing": self.missing,
                 "duplicated": self.duplicated, "wrong": self.wrong,
                 "unexpected": self.unexpected, "documents": self.documents,
@@ -249,6 +272,47 @@ def _stream(collection: Collection[dict[str, Any]], match: dict[str, Any]
         raise VerifyError(f"reading {collection.full_name} failed: {exc}") from exc
 
 
+def count_stored(collection: Collection[dict[str, Any]], mode: str, expected: Expected,
+                 batch: int) -> int:
+    """Readings of the run's sensors stored now, counted by the server (nothing decoded)."""
+    total = 0
+    try:
+        for indexes in sensor_batches(expected, batch):
+            ids = [expected.run.sensor_id(i) for i in indexes]
+            if mode == "timeseries":
+                total += collection.count_documents({"meta.sensor_id": {"$in": ids}})
+                continue
+            for row in collection.aggregate([{"$match": {"sensor_id": {"$in": ids}}},
+                                             {"$group": {"_id": None, "n": {"$sum": "$count"}}}]):
+                total += int(row["n"])
+    except PyMongoError as exc:
+        raise VerifyError(f"counting in {collection.full_name} failed: {exc}") from exc
+    return total
+
+
+def wait_for_readings(count: Callable[[], int], expected: int, wait: float,
+                      settle: float) -> int:
+    """The last count, polled until it reaches ``expected`` or stops changing.
+
+    It stops changing when, after it has moved at least once, it stays the same ``settle``
+    seconds, or twice the longest pause between two of its changes if that is longer: a
+    daemon writes in batches, and a slow store takes a while over each. A count that has
+    not moved since the start may be waiting for the first batch: only ``wait`` seconds,
+    after which the poll gives up in any case, end that.
+    """
+    start = changed = time.monotonic()
+    last, pause, moved = count(), 0.0, False
+    while last < expected and (elapsed := time.monotonic() - start) < wait:
+        if moved and time.monotonic() - changed >= max(settle, 2 * pause):
+            break
+        time.sleep(min(POLL_SECONDS, wait - elapsed))
+        now = count()
+        if now != last:
+            pause = max(pause, time.monotonic() - changed)
+            last, changed, moved = now, time.monotonic(), True
+    return last
+
+
 def run_verify(settings: VerifySettings, expected: Expected, span_seconds: int = 3600
                ) -> list[ModeReport]:
     """Connect, check each requested mode, return one report per mode."""
@@ -262,13 +326,29 @@ def run_verify(settings: VerifySettings, expected: Expected, span_seconds: int =
         except PyMongoError as exc:
             raise VerifyError(f"cannot reach MongoDB: {str(exc).split(',', 1)[0]}") from exc
         db = client[settings.db]
-        reports = []
-        if settings.mode in ("bucket", "both"):
-            reports.append(verify_bucket(db[settings.bucket_collection], expected,
-                                         settings.sensors_per_query, span_seconds))
-        if settings.mode in ("timeseries", "both"):
-            reports.append(verify_timeseries(db[settings.timeseries_collection], expected,
-                                             settings.sensors_per_query))
-        return reports
+        return [_verify_mode(db, mode, settings, expected, span_seconds)
+                for mode in ("bucket", "timeseries") if settings.mode in (mode, "both")]
     finally:
         client.close()
+
+
+def _verify_mode(db: Database[dict[str, Any]], mode: str, settings: VerifySettings,
+                 expected: Expected, span_seconds: int) -> ModeReport:
+    """Wait as asked, check one mode, and tell readings still arriving from missing ones."""
+    name = settings.bucket_collection if mode == "bucket" else settings.timeseries_collection
+    collection = db[name]
+    batch = settings.sensors_per_query
+
+    def count() -> int:
+        return count_stored(collection, mode, expected, batch)
+
+    before = wait_for_readings(count, expected.total, settings.wait, settings.settle)
+    report = (verify_bucket(collection, expected, batch, span_seconds) if mode == "bucket"
+              else verify_timeseries(collection, expected, batch))
+    if report.missing:
+        after = count()
+        if after == before:  # the check was quick: give the daemon a moment to show lag
+            time.sleep(POLL_SECONDS)
+            after = count()
+        report.arriving = max(0, after - before)
+    return report

@@ -438,8 +438,8 @@ BAD_CONFIGS: list[tuple[list[str], dict[str, str], str]] = [
     (["--qos", "3"], {}, "--qos"),
     (["--qos", "2"], {}, "--qos"),
     ([], {"INGEST_QOS": "3"}, "--qos"),
-    ([], {"INGEST_BATCH_SIZE": "abc"}, "--batch-size"),
-    ([], {"INGEST_FLUSH_INTERVAL": "soon"}, "--flush-interval"),
+    ([], {"INGEST_BATCH_SIZE": "abc"}, "INGEST_BATCH_SIZE"),
+    ([], {"INGEST_FLUSH_INTERVAL": "soon"}, "INGEST_FLUSH_INTERVAL"),
     ([], {"INGEST_DRY_RUN": "maybe"}, "INGEST_DRY_RUN"),
     (["--mongodb-uri", "postgres://db"], {}, "--mongodb-uri"),
     (["--no-such-flag"], {}, "--no-such-flag"),
@@ -454,6 +454,21 @@ def test_bad_configuration_exits_with_one_line(argv: list[str], env: dict[str, s
     line = assert_one_line_error(ingest(*argv, env=env))
     assert line.startswith("ingest")
     assert flag in line
+
+
+@pytest.mark.parametrize(("argv", "env", "line"), [
+    ([], {"INGEST_BATCH_SIZE": "x"},
+     ("ingest run: error: INGEST_BATCH_SIZE: expects a number, got 'x' (the variable of "
+      "--batch-size)")),
+    (["--batch-size", "y"], {"INGEST_BATCH_SIZE": "x"},
+     "ingest run: error: argument --batch-size: expects a number, got 'y'"),
+    (["--batch", "y"], {"INGEST_BATCH_SIZE": "x"},
+     "ingest run: error: argument --batch-size: expects a number, got 'y'"),
+], ids=["variable", "flag-over-variable", "abbreviated-flag"])
+def test_a_bad_number_is_named_where_it_came_from(argv: list[str], env: dict[str, str],
+                                                  line: str) -> None:
+    """The variable when the value came from it, the flag when from the command line."""
+    assert assert_one_line_error(ingest(*argv, env=env)) == line
 
 
 @pytest.mark.parametrize("flag", ["--mqtt-password-file", "--mongodb-uri-file"])

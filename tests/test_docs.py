@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -144,3 +148,29 @@ def test_every_test_the_docs_name_by_file_is_in_that_file() -> None:
                     missing.append(f"{page.name}: {current}::{m.group(2)}")
     assert seen > 50  # the pattern still matches how the pages cite tests
     assert missing == []
+
+
+def test_the_sparkplug_example_prints_what_the_page_shows() -> None:
+    """docs/sparkplug.md's ``ingest check`` of an NBIRTH, run as shown: the same line."""
+    page = (ROOT / "docs" / "sparkplug.md").read_text(encoding="utf-8")
+    block = page.split("```console\n$ ", 1)[1].split("```", 1)[0]
+    command, _, shown = block.rpartition("\n{")
+    python = shlex.quote(sys.executable)
+    command = (command.replace("python -c", f"{python} -c")
+               .replace("| ingest check", f"| {python} -m ingest check"))
+    done = subprocess.run(command, shell=True, cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "{" + shown.strip()
+    assert '"sensor_id":"Plant1/Gateway1"' in shown
+
+
+def test_the_development_page_names_every_runtime_dependency() -> None:
+    """docs/development.md's "Run time dependencies" is pyproject.toml's list."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    names = [re.split(r"[\s<>=!~;\[]", spec, maxsplit=1)[0].lower()
+             for spec in project["dependencies"]]
+    page = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    listed = page.split("Run time dependencies:", 1)[1].split("Nothing else.", 1)[0]
+    listed = " ".join(listed.lower().split())
+    assert [name for name in names if name not in listed] == []

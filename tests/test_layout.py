@@ -67,6 +67,7 @@ RANKS: tuple[tuple[str, ...], ...] = (
     ("ingest.config", "ingest.metrics"),  # settings (which carry the rules), metrics
     ("ingest.mqtt", "ingest.api", "ingest.devices.discover"),  # broker, read API, discover
     ("ingest.pipeline",),  # decode -> batch -> write -> ack, lifecycle, workers
+    ("ingest.local_store",),  # ingest local's embedded store (the mongoeco emulator)
     ("ingest.local",),  # ingest local: a broker, a store and the daemons as processes
     ("ingest.cli",),  # argv and environment -> settings -> the command
     ("ingest.__main__",),

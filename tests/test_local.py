@@ -7,6 +7,8 @@ import queue
 import shlex
 import signal
 import socket
+import sqlite3
+import stat
 import subprocess
 import sys
 import threading
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from pymongo import MongoClient
 
+from ingest import local_store
 from ingest.cli import build_parser, local_settings, settings_from
 from ingest.errors import ConfigError
 from tests.support import devices
@@ -195,6 +198,58 @@ def test_one_command_runs_the_main_job_and_ctrl_c_stops_it(
         assert client.iot.readings.count_documents({"meta.sensor_id": "demo-1"}) == 1
     second.process.send_signal(signal.SIGTERM)
     assert second.process.wait(timeout=60) == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_timeseries_keeps_up_its_files_are_private_and_ctrl_c_mid_write_exits_0(
+        tmp_path: Path, local: list[Local]) -> None:
+    """The embedded store takes a time-series burst without slowing with every reading
+    stored, keeps its data to its user, and Ctrl-C while a burst is being written ends
+    with status 0 and no traceback, whatever the store was doing."""
+    proc = Local(tmp_path, "--mode", "timeseries")
+    local.append(proc)
+    wait_banner_one_mode(proc)
+    data = tmp_path / "data"
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    for path in (data / ".lock", data / "store.sqlite", data / "mosquitto",
+                 data / "mosquitto" / "mosquitto.conf"):
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
+
+    port = proc.ports["metrics"] + 1
+    written = 'ingest_readings_written_total{mode="timeseries"}'
+    burst = [sys.executable, "-m", "loadgen", "publish", "--mqtt-url",
+             f"mqtt://127.0.0.1:{proc.ports['mqtt']}", "--sensors", "20", "--rate", "0",
+             "--count", "2000", "--qos", "1"]
+    subprocess.run(burst, check=True, timeout=60, cwd=ROOT, capture_output=True)
+    started = time.monotonic()
+    wait_for(lambda: metrics_of(port)[written] >= 2000, timeout=120)
+    # Each insert no longer reads the whole collection: 2,000 readings take seconds (over
+    # 100 s when every insert decodes every document stored before it).
+    assert time.monotonic() - started < 40
+
+    subprocess.run(burst, check=True, timeout=60, cwd=ROOT, capture_output=True)
+    wait_for(lambda: metrics_of(port)[written] > 2000, timeout=60)
+    proc.process.send_signal(signal.SIGINT)
+    assert proc.process.wait(timeout=90) == 0
+    err = proc.stderr.read_text()
+    assert "Traceback" not in err
+    assert "Exception" not in err
+    assert err.count("did not close cleanly") <= 1
+
+
+async def test_a_store_that_fails_to_close_is_one_warning_line(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """mongoeco raises an exception group when its file is locked by a write in flight."""
+    class Store:
+        async def close(self) -> None:
+            raise ExceptionGroup("proxy cleanup failed",
+                                 [sqlite3.OperationalError("database is locked")])
+
+    await local_store.close(Store())
+    [record] = caplog.records
+    assert record.levelname == "WARNING"
+    assert "(OperationalError: database is locked)" in record.getMessage()
+    assert record.exc_info is None
 
 
 def get_json(url: str) -> Any:

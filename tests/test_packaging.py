@@ -129,6 +129,14 @@ def test_without_a_c_compiler_pip_installs_the_pure_python_path(tmp_path: Path) 
     names = zipfile.ZipFile(wheel).namelist()
     assert "ingest/accel.py" in names
     assert [n for n in names if n.endswith((".so", ".pyd", ".c", ".pyx"))] == []
+    assert "ingest/NO_EXTENSIONS" not in names
+    assert said_by(wheel, tmp_path) == (
+        "accelerators: not built (no C compiler at install?): pure Python")
+
+
+def said_by(wheel: Path, tmp_path: Path) -> str:
+    """What the daemon's start-up line says, run from ``wheel`` without INGEST_NO_EXTENSIONS
+    (every module that picks a twin imported)."""
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     code = (f"import ingest, {', '.join(sorted({m for m, *_ in picks()}))}\n"
@@ -139,7 +147,7 @@ def test_without_a_c_compiler_pip_installs_the_pure_python_path(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     where, said = done.stdout.splitlines()
     assert Path(where).is_relative_to(site)
-    assert said == "accelerators: not built (no C compiler at install?): pure Python"
+    return said
 
 
 def test_ingest_no_extensions_at_build_time_builds_a_pure_python_wheel(
@@ -148,6 +156,9 @@ def test_ingest_no_extensions_at_build_time_builds_a_pure_python_wheel(
     assert wheel.name.endswith("-py3-none-any.whl")
     assert [n for n in zipfile.ZipFile(wheel).namelist()
             if n.endswith((".so", ".pyd", ".c", ".pyx"))] == []
+    # Started later without the variable, it says why nothing is compiled: not a compiler.
+    assert said_by(wheel, tmp_path) == (
+        "accelerators: off (INGEST_NO_EXTENSIONS was set at install): pure Python")
 
 
 def test_the_sdist_carries_setup_py_and_the_cython_sources(tmp_path: Path) -> None:
@@ -163,3 +174,21 @@ def test_the_sdist_carries_setup_py_and_the_cython_sources(tmp_path: Path) -> No
               *(pyx.relative_to(ROOT).as_posix() for pyx in ACCELERATORS)}
     assert wanted <= names
     assert [n for n in names if n.endswith((".so", ".pyd", ".c"))] == []
+
+
+def test_no_built_binary_is_committed() -> None:
+    """The C helpers of the bench (bench/build.sh) and the accelerators are built where they
+    run, from their committed sources: a committed binary runs on one platform only, and
+    goes stale when its source changes."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                            check=True, timeout=60).stdout.decode().split("\0")
+    binaries = []
+    for name in filter(None, listed):
+        path = ROOT / name
+        if path.is_file():
+            with path.open("rb") as handle:
+                if handle.read(4) in (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"MZ\x90\x00"):
+                    binaries.append(name)
+    assert binaries == []

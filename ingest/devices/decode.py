@@ -36,6 +36,11 @@ WRITE_REASONS: tuple[str, ...] = (
 # Reasons only the mapping rules give (ingest/devices/mapping.py).
 MAPPING_REASONS: tuple[str, ...] = (
     "no_rule",            # mapping rules are configured and none matches the topic
+    "bad_tag_name",       # a payload's tag without a name of its own once made safe
+)
+# Reasons given after decoding, whatever the format (ingest/devices/identity.py).
+IDENTITY_REASONS: tuple[str, ...] = (
+    "sensor_id_mismatch",  # --sensor-id-from-topic: the payload names another sensor
 )
 # Every reason a reading can be rejected for; metrics initialise one series per reason.
 REASONS: tuple[str, ...] = (
@@ -47,7 +52,6 @@ REASONS: tuple[str, ...] = (
     "too_many_readings",  # more readings in one message than --max-readings-per-message
     "no_sensor_id",       # neither the payload nor the topic names a sensor
     "bad_sensor_id",      # sensor id not matching the allowed pattern
-    "sensor_id_mismatch",  # --sensor-id-from-topic: the payload names another sensor
     "bad_field_name",     # a key that could address a MongoDB operator or path
     "bad_value",          # a measurement that is not a number (strings, booleans, null...)
     "bad_timestamp",      # ts that is not epoch seconds or ISO-8601 with an offset
@@ -55,6 +59,7 @@ REASONS: tuple[str, ...] = (
     "bad_seq",            # seq that is not a non-negative 64-bit integer
     "no_measurements",    # a reading with no numeric measurement
     *MAPPING_REASONS,
+    *IDENTITY_REASONS,
     *WRITE_REASONS,
 )
 

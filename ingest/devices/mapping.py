@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _SENSOR = re.compile(SENSOR_ID_PATTERN)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+MAX_NAME = 64  # characters of a measurement or tag name (model.NAME_PATTERN)
 TOPIC_CACHE = 100_000  # topics remembered with their rule, captures, tags and sensor id
 NAME_CACHE = 10_000  # field names remembered per rule
 _DROP = ""  # a field name resolved to "leave it out, silently"
@@ -195,6 +196,8 @@ class Mapping:
         self._group_rule = {self._regex.groupindex[f"r{i}"]: i for i in range(len(self.rules))}
         self._cache: dict[str, _Topic | None] = {}
         self._names: dict[str, dict[str, str | Rejection]] = {r.name: {} for r in self.rules}
+        # Per rule with [rule.types]: stored name -> its declared kind ("" for none).
+        self._kinds: dict[str, dict[str, str]] = {r.name: {} for r in self.rules if r.types}
         # Arrival times of readings without their own (see ingest.devices.decode.Arrivals).
         self.arrivals = Arrivals()
         # Set during decode_at: items without a time take the given one exactly.
@@ -459,6 +462,16 @@ class Mapping:
             names[raw] = result
         return result
 
+    def _kind(self, rule: Rule, name: str) -> str:
+        """The kind ``[rule.types]`` declares for a stored name ("" for none)."""
+        kinds = self._kinds[rule.name]
+        kind = kinds.get(name)
+        if kind is None:
+            kind = next((k for glob, k in rule.types if fnmatchcase(name, glob)), "")
+            if len(kinds) < NAME_CACHE:
+                kinds[name] = kind
+        return kind
+
     def _values(self, rule: Rule, fields: dict[str, object], rejections: list[Rejection],
                 index: int | None) -> dict[str, int | float | bool | str]:
         return values(self, rule, fields, rejections, index)
@@ -496,6 +509,7 @@ def values_py(mapping: Mapping, rule: Rule, fields: dict[str, object],
     """The item's fields as the reading's values; field-level rejections appended."""
     values: dict[str, int | float | bool | str] = {}
     names = mapping._names[rule.name]  # noqa: SLF001
+    kinds = mapping._kinds[rule.name] if rule.types else None  # noqa: SLF001
     for raw, raw_value in fields.items():
         if raw_value is None:
             continue
@@ -507,10 +521,20 @@ def values_py(mapping: Mapping, rule: Rule, fields: dict[str, object],
             continue
         if not name:
             continue
+        declared = None
+        if kinds is not None:
+            declared = kinds.get(name)
+            if declared is None:
+                declared = mapping._kind(rule, name)  # noqa: SLF001
         kind = type(raw_value)
         if kind is bool or (kind is float and -MAX_MAGNITUDE <= raw_value <= MAX_MAGNITUDE) or (  # type: ignore[operator]
                 kind is int and _INT64_MIN <= raw_value <= _INT64_MAX):  # type: ignore[operator]
             stored: object = raw_value  # the common case, without a call
+            if declared and (declared == "string" or (kind is bool) is not (
+                    declared == "boolean")):  # a kind the rule does not declare
+                stored = _typed(rule, name, raw_value, declared)
+        elif declared:
+            stored = _typed(rule, name, raw_value, declared)
         else:
             stored = _value(rule, name, raw_value)
         if type(stored) is Rejection:
@@ -526,7 +550,7 @@ def values_py(mapping: Mapping, rule: Rule, fields: dict[str, object],
 
 
 # The compiled twin (_values_c.pyx) takes the common fields itself and calls this
-# module's _resolve, _value, _at and _collision for the rest.
+# module's _resolve, _kind, _typed, _value, _at and _collision for the rest.
 values = accel.pick(values_py, "ingest.devices._values_c", "values")
 
 
@@ -612,6 +636,34 @@ def _value(rule: Rule, name: str, value: object) -> object:
     return Rejection("bad_value", f"{name}: unsupported value ({kind.__name__})")
 
 
+_FITS = {"number": (int, float), "boolean": (bool,), "string": (str,)}
+
+
+def _typed(rule: Rule, name: str, value: object, declared: str) -> object:
+    """:func:`_value` for a measurement of a declared kind (``[rule.types]``).
+
+    A string the rule's ``values`` maps is the value it maps to; then a value of another
+    kind is refused (``bad_value``) whatever ``strings`` says: a measurement never
+    changes kind within a series.
+    """
+    if type(value) is str and rule.values:
+        mapped = rule.values.get(value, _DROP_VALUE)
+        if mapped is not _DROP_VALUE:
+            return mapped if type(mapped) in _FITS[declared] else _mistyped(
+                name, value, declared)
+    if type(value) in _FITS[declared]:
+        return _value(rule, name, value)  # bounds, strings and max_string_bytes
+    return _mistyped(name, value, declared)
+
+
+def _mistyped(name: str, value: object, declared: str) -> Rejection:
+    kind = type(value)
+    shown = (repr(value[:40]) if kind is str else "true" if value is True  # type: ignore[index]
+             else "false" if value is False else repr(value)[:40] if kind in (int, float)
+             else "an array" if kind is list else kind.__name__)
+    return Rejection("bad_value", f"{name}: {shown} is not a {declared} ([rule.types])")
+
+
 def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection:
     """The reading's tags: the topic's, the payload's (line protocol), the rule's."""
     rule = matched.rule
@@ -622,10 +674,13 @@ def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection:
         for key, tag_value in (item.tags or {}).items():
             if key in rule.named_tags:  # part of the sensor id or the measurement names
                 continue
-            safe_key = safe(key)
-            if safe_key in RESERVED_TAGS or not 1 <= len(safe_key) <= 64:
-                continue
-            tags[safe_key] = tag_value
+            name = tag_name(key)
+            if type(name) is not str:
+                return name  # type: ignore[return-value]
+            held = tags.get(name)
+            if held is not None and (held != tag_value or name not in matched.tags):
+                return _tag_collision(matched, item, key, name)
+            tags[name] = tag_value
         # The topic's tags passed _tag_problem when the topic was matched: without line
         # tags only the rendered values are new, checked here, and all of them (in the
         # dict's order, as _tag_problem reports) only if one of them fails.
@@ -634,6 +689,12 @@ def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection:
             for key, template in rule.tags.items():
                 rendered = template.render(item.context)
                 if rendered is not None:
+                    held = tags.get(key)
+                    if (held is not None and held != rendered and item.tags is not None
+                            and key not in matched.tags):  # a line tag of that name
+                        return Rejection("bad_tag_name", f"tag {key}: the line says "
+                                         f"{held[:40]!r}, the rule's [rule.tags] "
+                                         f"{rendered[:40]!r}")
                     tags[key] = rendered
                     if not check:
                         check = _too_long(rendered)
@@ -641,6 +702,34 @@ def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection:
         if problem is not None:
             return problem
     return tags
+
+
+def tag_name(key: str) -> str | Rejection:
+    """The name a payload's tag (line protocol) is stored under, or why it has none.
+
+    Made safe as a field name is; a reserved name (``sensor_id``, ``units``, ``_id``)
+    takes a ``_`` in front (``_sensor_id``): such a tag still tells series apart.
+    """
+    name = safe(key)
+    if name in RESERVED_TAGS:
+        return "_" + name
+    if not 1 <= len(name) <= MAX_NAME:
+        return Rejection("bad_tag_name", f"tag {key[:60]!r}: not a tag name once made safe "
+                         f"([A-Za-z0-9_-]{{1,{MAX_NAME}}})")
+    return name
+
+
+def _tag_collision(matched: _Topic, item: Item, key: str, name: str) -> Rejection:
+    """The rejection of a line tag stored under the name of another tag."""
+    other = next((k for k in item.tags or () if k != key and k not in matched.rule.named_tags
+                  and tag_name(k) == name), None)
+    if other is None:  # a tag of the topic (a capture or [rule.tags]) of another value
+        return Rejection("bad_tag_name", f"tag {key[:60]!r} ({name}): the line says "
+                         f"{(item.tags or {})[key][:40]!r}, the topic "
+                         f"{matched.tags[name][:40]!r}")
+    first, second = sorted((other, key))
+    return Rejection("bad_tag_name", f"tags {first[:60]!r} and {second[:60]!r}: one name "
+                     f"once made safe ({name})")
 
 
 def _too_long(tag_value: str) -> bool:

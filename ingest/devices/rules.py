@@ -22,6 +22,7 @@ from ingest.model import RESERVED_FIELDS, RESERVED_TAGS
 
 FORMATS = ("ingest", "json", "value", "senml", "influx", "sparkplug", "homie")
 STRINGS = ("keep", "drop", "reject")
+KINDS = ("number", "boolean", "string")  # what [rule.types] may declare
 MAX_STRING_BYTES = 65_536
 MAX_RULES = 1000
 _RULE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -35,7 +36,7 @@ _FLATTEN = re.compile(r"[A-Za-z0-9_-]{1,8}")
 MAX_UNIT = 64  # characters of a unit
 _OPTIONS = frozenset({"name", "topic", "ignore", "format", "sensor_id", "measurement",
                       "flatten", "drop", "keep", "strings", "max_string_bytes", "values",
-                      "time", "tags", "info", "root", "each", "rename", "units"})
+                      "time", "tags", "info", "root", "each", "rename", "units", "types"})
 _TIME_OPTIONS = frozenset({"field", "format", "zone"})
 _DEFAULT_TIME = {"influx": "epoch_ns", "sparkplug": "epoch_ms"}
 
@@ -143,6 +144,9 @@ class Rule:
     root: tuple[str, ...] | None = None
     each: tuple[str, ...] | None = None
     rename: dict[str, str] = field(default_factory=dict)  # field name -> stored name
+    # ``[rule.types]``: (measurement name or glob, kind) in file order; the first that
+    # matches a stored name declares its kind (KINDS); other names take any kind.
+    types: tuple[tuple[str, str], ...] = ()
     units: dict[str, Template] = field(default_factory=dict)  # measurement -> unit
     # json: payload fields the templates name, as (variable, path of keys): looked up per
     # reading, then left out of its measurements.
@@ -256,6 +260,7 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
     tags = _tags(entry.get("tags", {}), fmt, allowed)
     units = _units(entry.get("units", {}), fmt, allowed)
     used = set(named).union(*(t.names for t in (*tags.values(), *units.values())))
+    _check_capture_tags(captures, set(named).union(*(t.names for t in units.values())))
     flatten = _flatten(entry)
     variables = tuple((n, tuple(n.split("."))) for n in sorted(used - allowed)
                       if fmt == "json")
@@ -269,6 +274,7 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
         max_string_bytes=_max_string_bytes(entry), values=_values(entry.get("values", {})),
         time=time, time_configured=configured, tags=tags, info=_info(entry),
         root=root, each=each, rename=_rename(entry.get("rename", {})), units=units,
+        types=_types(entry.get("types", {}), fmt),
         variables=variables, time_path=time_path,
         time_flat=time.field.replace(".", flatten) if time.field else None,
         paths=bool(root or each or variables or (time_path and len(time_path) > 1)),
@@ -295,6 +301,15 @@ def _check_topic(topic: str) -> tuple[str, ...]:
             raise ValueError(f"topic {topic!r}: '+', '#' and {{capture}} must fill a whole "
                              "level")
     return tuple(captures)
+
+
+def _check_capture_tags(captures: tuple[str, ...], named: set[str]) -> None:
+    """A capture that becomes a tag (see mapping._match) must not take a reserved name."""
+    for capture in captures:
+        if capture in RESERVED_TAGS - {"sensor_id"} and capture not in named:
+            raise ValueError(f"capture {{{capture}}} would be a tag, and tag names "
+                             f"{', '.join(sorted(RESERVED_TAGS))} are reserved: name the "
+                             "capture otherwise")
 
 
 def _text(entry: dict[str, Any], key: str, default: str | None) -> str | None:
@@ -476,6 +491,29 @@ def _rename(table: object) -> dict[str, str]:
                              "([A-Za-z0-9_-]{1,64}, not ts, seq, sensor_id, _id, meta, "
                              "tags, units or info)")
     return dict(table)
+
+
+def _types(table: object, fmt: str) -> tuple[tuple[str, str], ...]:
+    """``[rule.types]``: kind ("number", "boolean", "string") -> measurement names or globs.
+
+    As (glob, kind) pairs in the table's order: a name matching entries of two kinds
+    takes the first.
+    """
+    if type(table) is not dict:
+        raise TypeError('types must be a table of kind = ["measurement", "glob*"] (kinds: '
+                        f"{', '.join(KINDS)})")
+    if table and fmt == "ingest":
+        raise ValueError("types does not apply to the ingest format (numbers only)")
+    out: list[tuple[str, str]] = []
+    for kind, names in table.items():
+        if kind not in KINDS:
+            raise ValueError(f"types.{kind}: not a kind ({', '.join(KINDS)})")
+        if type(names) is not list or any(type(n) is not str or not n for n in names):
+            raise TypeError(f"types.{kind} must be a list of non-empty strings (names or "
+                            "globs)")
+        constant = KINDS[KINDS.index(kind)]  # compared by identity first
+        out.extend((name, constant) for name in names)
+    return tuple(out)
 
 
 def _units(table: object, fmt: str, allowed: set[str]) -> dict[str, Template]:

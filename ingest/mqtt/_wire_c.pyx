@@ -9,6 +9,7 @@ from operator import index
 cdef enum:
     PUBLISH = 0x30
     MAX_SHIFT = 40  # a property length of 2**40 or more runs past any buffer
+    SUBSCRIPTION_IDENTIFIER = 0x0B
 MALFORMED = "malformed PUBLISH: its header runs past its end"
 
 
@@ -79,7 +80,7 @@ cdef int _deliver_publish(object deliver, unsigned char command, const unsigned 
     """The body ``buf[at:stop]``, with ``0 <= at`` and ``stop`` within the buffer: every
     byte read is below ``stop``, as a header that reads at or past it is malformed in any
     case (wire.py's twin finds that out by reading on, or by an IndexError)."""
-    cdef Py_ssize_t end, topic_end, length, shift
+    cdef Py_ssize_t end, topic_end, length, shift, block
     cdef unsigned char byte
     cdef long mid = 0
     if at + 2 > stop:
@@ -94,7 +95,8 @@ cdef int _deliver_publish(object deliver, unsigned char command, const unsigned 
     if end >= stop:
         raise ValueError(MALFORMED)
     if buf[end] < 0x80:  # the usual property length: one byte
-        end += 1 + buf[end]
+        block = end + 1
+        end = block + buf[end]
     else:
         length, shift = 0, 0
         while True:
@@ -112,13 +114,65 @@ cdef int _deliver_publish(object deliver, unsigned char command, const unsigned 
                 shift += 7
         if length > stop - end:
             raise ValueError(MALFORMED)
+        block = end
         end += length
     if end > stop:
         raise ValueError(MALFORMED)
     deliver(PyUnicode_DecodeUTF8(<const char *>buf + at + 2, topic_end - at - 2, "replace"),
             PyBytes_FromStringAndSize(<const char *>buf + end, stop - end), mid,
-            (command & 0x06) >> 1, bool(command & 0x08), bool(command & 0x01))
+            (command & 0x06) >> 1, bool(command & 0x08), bool(command & 0x01),
+            _subscription(buf, block, end) if end > block else 0)
     return 0
+
+
+cdef object _subscription(const unsigned char *buf, Py_ssize_t pos, Py_ssize_t end):
+    """The Subscription Identifiers among the properties ``buf[pos:end]`` (see wire.py):
+    0, the identifier, or a tuple of several."""
+    cdef unsigned char ident, byte
+    cdef long value, first = 0
+    cdef int shift, i
+    cdef object several = None
+    while pos < end:
+        ident = buf[pos]
+        pos += 1
+        if ident == SUBSCRIPTION_IDENTIFIER:
+            value = 0
+            shift = 0
+            while True:
+                if shift > 21 or pos >= end:  # at most 4 bytes; none past the block
+                    return _found(first, several)
+                byte = buf[pos]
+                pos += 1
+                value |= <long>(byte & 0x7F) << shift
+                if not byte & 0x80:
+                    break
+                shift += 7
+            if value == 0:
+                continue  # 0 is not an identifier (a protocol error): nothing found
+            if first == 0:
+                first = value
+            elif several is None:
+                several = (first, value)
+            else:
+                several = several + (value,)
+        elif ident == 0x01:  # a byte
+            pos += 1
+        elif ident == 0x02:  # a four-byte integer
+            pos += 4
+        elif ident == 0x23:  # a two-byte integer
+            pos += 2
+        elif ident == 0x03 or ident == 0x08 or ident == 0x09 or ident == 0x26:
+            for i in range(2 if ident == 0x26 else 1):  # a string or data; a pair
+                if pos + 2 > end:
+                    return _found(first, several)
+                pos += 2 + (buf[pos] << 8 | buf[pos + 1])
+        else:
+            return _found(first, several)
+    return _found(first, several)
+
+
+cdef inline object _found(long first, object several):
+    return several if several is not None else first
 
 
 def pubacks(list mids):

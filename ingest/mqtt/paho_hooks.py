@@ -15,10 +15,11 @@ aiomqtt gives us connection handling, reconnects and subscribe; two things it la
   ``threading.Condition``, a debug log line, and aiomqtt wraps that again in its own
   ``Message`` and ``Topic``. That is most of the CPU a message costs. :func:`install`
   replaces paho's PUBLISH handler for QoS 0 and 1 with a direct parse of the packet
-  (topic, packet id, properties skipped, payload) and hands ``(topic, payload, mid, qos,
-  dup, retain)`` to our callback. Skipping the properties is safe because our CONNECT advertises no
-  Topic Alias Maximum (so the broker may not alias topics) and we set no subscription
-  identifiers. QoS 2 keeps paho's own handler (it tracks PUBREC/PUBREL state) and
+  (topic, packet id, the Subscription Identifiers among the properties, payload) and
+  hands ``(topic, payload, mid, qos, dup, retain, subscription)`` to our callback.
+  Skipping the other properties is safe because our CONNECT advertises no Topic Alias
+  Maximum (so the broker may not alias topics) and nothing else in them changes what a
+  message is. QoS 2 keeps paho's own handler (it tracks PUBREC/PUBREL state) and
   reaches the same callback through ``on_message``.
 
 * Pausing the reader. :func:`install` returns the connection's :class:`Reader`; its
@@ -60,7 +61,10 @@ if TYPE_CHECKING:
 
     import aiomqtt
 
-type Deliver = wire.Deliver  # topic, payload, mid, qos, dup, retain
+type Deliver = wire.Deliver  # topic, payload, mid, qos, dup, retain, subscription
+# Gets CONNACK's session-present flag and whether the broker takes Subscription
+# Identifiers (its Subscription Identifiers Available property; absent means it does).
+type OnSession = Callable[[bool, bool], None]
 RECV_BYTES = 65536
 PUBACK = 0x40
 READ_BURST = 500  # packets handled per readable event, at most
@@ -150,14 +154,15 @@ def _paho(client: aiomqtt.Client) -> Any:  # noqa: ANN401 - paho's client, untyp
 
 
 def install(client: aiomqtt.Client, deliver: Deliver,
-            on_session: Callable[[bool], None], on_lost: Callable[[], None]) -> Reader:
+            on_session: OnSession, on_lost: Callable[[], None]) -> Reader:
     """Switch on manual acks and route every received PUBLISH to ``deliver``.
 
     Returns the connection's :class:`Reader`, which ``deliver`` may pause.
 
     ``on_session`` gets the session-present flag of an accepted CONNACK (aiomqtt drops
-    it; a refusal says nothing about the session), before any redelivered message of
-    that session; ``on_lost`` is called as soon as the connection
+    it; a refusal says nothing about the session) and whether the broker takes
+    Subscription Identifiers, before any redelivered message of that session;
+    ``on_lost`` is called as soon as the connection
     is gone, so nothing more is acknowledged on it.
     """
     paho = _paho(client)
@@ -167,9 +172,10 @@ def install(client: aiomqtt.Client, deliver: Deliver,
     aiomqtt_on_disconnect = paho.on_disconnect
 
     def on_connect(*args: Any) -> None:  # noqa: ANN401 - paho's callback signature
-        flags, reason = args[2], args[3]
+        flags, reason, properties = args[2], args[3], args[4]
         if not reason.is_failure:  # a refusal says nothing about the session
-            on_session(bool(flags.session_present))
+            on_session(bool(flags.session_present),
+                       getattr(properties, "SubscriptionIdentifierAvailable", 1) != 0)
         aiomqtt_on_connect(*args)
 
     def on_disconnect(*args: Any) -> None:  # noqa: ANN401 - paho's callback signature
@@ -177,8 +183,9 @@ def install(client: aiomqtt.Client, deliver: Deliver,
         aiomqtt_on_disconnect(*args)
 
     def on_message(_client: object, _userdata: object, message: Any) -> None:  # noqa: ANN401
+        found = tuple(getattr(message.properties, "SubscriptionIdentifier", ()))
         deliver(message.topic, message.payload, message.mid, message.qos, bool(message.dup),
-                bool(message.retain))
+                bool(message.retain), found if len(found) > 1 else found[0] if found else 0)
 
     def handle_publish() -> MQTTErrorCode:
         packet = paho._in_packet  # noqa: SLF001

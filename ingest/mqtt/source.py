@@ -51,9 +51,16 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from ingest.errors import StartupError
+from ingest.errors import IngestError, StartupError
 from ingest.model import Inbound
 from ingest.mqtt import paho_hooks
+from ingest.mqtt.subscriptions import (
+    OLD_SUBSCRIPTION,
+    UNIDENTIFIED_SUBSCRIPTION,
+    Memory,
+    Subscriptions,
+    identifier,
+)
 from ingest.retry import backoff
 
 if TYPE_CHECKING:
@@ -61,6 +68,7 @@ if TYPE_CHECKING:
 
     from ingest.config import Settings
     from ingest.metrics import Health, Metrics
+    from ingest.mqtt.wire import Subscription
 
 logger = logging.getLogger(__name__)
 YIELD_EVERY = 500  # messages decoded between two yields to the event loop
@@ -72,6 +80,25 @@ ANSWER_TIMEOUT = 10.0
 # Estimated memory of a received message besides its payload and topic (the Inbound,
 # its bytes and str objects, the deque slot); as pipeline.MESSAGE_BYTES.
 INBOX_MESSAGE_BYTES = 256
+# Seconds the remembered filters may take to be read or written (at connect only).
+MEMORY_TIMEOUT = 5.0
+
+
+class _OldSubscription(Inbound):
+    """A message that came through a subscription of a filter not subscribed today."""
+
+    __slots__ = ()
+
+
+class _Unidentified(Inbound):
+    """A message without Subscription Identifier whose topic no filter of today's matches."""
+
+    __slots__ = ()
+
+
+# Why a message of each kind is skipped (the reason label of ingest_messages_skipped_total).
+_SKIPPED: dict[type[Inbound], str] = {_OldSubscription: OLD_SUBSCRIPTION,
+                                      _Unidentified: UNIDENTIFIED_SUBSCRIPTION}
 
 
 class _Inbox:
@@ -86,6 +113,7 @@ class _Inbox:
         # The message last taken, until the pipeline has said whether it took it.
         self.current: Inbound | None = None
         self.reader: paho_hooks.Reader | None = None
+        self.identified = True  # the broker takes Subscription Identifiers (CONNACK)
         self._metrics = metrics
         self._health = health
         self._limit = settings.max_inflight_messages
@@ -208,6 +236,8 @@ class _Reused(list["Inbound | _Unacked"]):
 type _Acked = tuple[int, int, str, int, int]
 # Takes a message at once if it can: True taken, False refused, None: await the sink.
 type TakeNow = Callable[[Inbound], bool | None]
+# Takes a message without its readings, acknowledged in turn (False: refused, stopping).
+type Skip = Callable[[Inbound], bool]
 
 
 def _not_now(_message: Inbound) -> bool | None:
@@ -219,8 +249,18 @@ class MqttSource:
     """Consumes the configured topics and acknowledges messages on request."""
 
     def __init__(self, settings: Settings, metrics: Metrics, health: Health,
-                 session_expiry: int = SESSION_EXPIRY) -> None:
+                 session_expiry: int = SESSION_EXPIRY, memory: Memory | None = None) -> None:
         self._settings = settings
+        # Today's filters (those a drain unsubscribes, when draining): a message that
+        # came through another subscription is skipped (ingest/mqtt/subscriptions.py).
+        self._subscriptions = Subscriptions(settings.subscriptions)
+        self._memory = memory
+        self._recalled = False  # the remembered filters are dealt with (once a process)
+        # The remembered filters not wanted now, recalled before the first connection and
+        # unsubscribed on it; None once taken (or if none could be recalled).
+        self._early: tuple[str, ...] | None = None
+        self._recall_next = True  # False: the recall before connecting failed just now
+        self._skip: Skip | None = None
         self._metrics = metrics
         self._health = health
         self._session_expiry = session_expiry
@@ -537,6 +577,18 @@ class MqttSource:
         self._release.set()
         self._lost()  # what hand_over did not give the pipeline
 
+    def _skipped(self, message: Inbound) -> bool | None:
+        """Skip a message that came through an old subscription; None: no way to skip.
+
+        Taken without its readings and acknowledged in turn, counted by reason.
+        """
+        if self._skip is None:
+            return None
+        taken = self._skip(message)
+        if taken:
+            self._metrics.messages_skipped.labels(_SKIPPED[type(message)]).inc()
+        return taken
+
     async def hand_over(self, sink: Callable[[Inbound], Awaitable[bool]]) -> None:
         """After :meth:`stop_consuming`: give ``sink`` the QoS 0 messages read and not taken.
 
@@ -548,7 +600,9 @@ class MqttSource:
         await self._handover_ready.wait()
         handover = self._handover
         while handover:
-            if not await sink(handover[0]):
+            message = handover[0]
+            taken = self._skipped(message) if type(message) is not Inbound else None
+            if not (await sink(message) if taken is None else taken):
                 return
             handover.popleft()
 
@@ -559,17 +613,20 @@ class MqttSource:
         self._handover_ready.set()
 
     async def run(self, sink: Callable[[Inbound], Awaitable[bool]],
-                  take_now: TakeNow = _not_now) -> None:
+                  take_now: TakeNow = _not_now, skip: Skip | None = None) -> None:
         """Connect, consume into ``sink`` and reconnect until stopped.
 
         ``take_now``, if given, is tried first for each message: it takes the message
         at once and says whether it did, or returns None for ``sink`` to take it (and
-        wait as needed): one coroutine less per message.
+        wait as needed): one coroutine less per message. ``skip``, if given, takes the
+        messages that came through a subscription not made today (their readings are
+        not wanted: acknowledged in turn, never stored); without it they go to ``sink``.
 
         A first connection that no retry can fix (credentials, client id, authorisation,
         a certificate that does not verify) stops the daemon with :class:`StartupError`; a
         broker not reachable yet is waited for, and said so at once.
         """
+        self._skip = skip
         try:
             await self._run(sink, take_now)
         except BaseException:
@@ -582,6 +639,12 @@ class MqttSource:
         attempt, connected_once = 0, False
         self._health.mqtt_started = True
         address = f"{self._settings.mqtt.host}:{self._settings.mqtt.port}"
+        # Before the first connection: a resumed session's backlog arrives at once, ahead
+        # of the SUBACK, and what the old filters queued is told apart with their record.
+        self._early = await self._recall(self._wanted_filters())
+        self._recall_next = self._early is not None  # failed: on the next connection
+        if self._early:
+            self._subscriptions.retire(self._early)
         while not self._stop.is_set():
             try:
                 client = self._new_client()
@@ -654,19 +717,29 @@ class MqttSource:
         inbox.seed(self._carried)  # before anything new: the order they were read in
         self._carried = []
         new_tuple, now, arrived, put = tuple.__new__, time.time, self._arrived, inbox.put
+        wanted, unwanted = self._subscriptions.wanted, self._subscriptions.unwanted
+        identified = True  # the broker takes Subscription Identifiers (as CONNACK says)
 
         def deliver(topic: str, payload: bytes, mid: int, qos: int, dup: bool,
-                    retain: bool) -> None:
+                    retain: bool, subscription: Subscription) -> None:
             # QoS 1/2 messages are bounded by Receive Maximum at the broker; any message
             # past the inbox's bounds pauses the reader, so QoS 0 waits in TCP and at the
             # broker instead of being dropped here.
+            kind: type[Inbound] = Inbound
+            if subscription not in wanted and identified:  # not through one of today's
+                why = unwanted(topic, subscription)
+                if why is not None:
+                    kind = _OldSubscription if why == OLD_SUBSCRIPTION else _Unidentified
             # Inbound(...) without its Python-level __new__ (what that does, one call less)
-            message = new_tuple(Inbound, (topic, payload, mid, qos, generation, now(), dup,
-                                          retain))
+            message = new_tuple(kind, (topic, payload, mid, qos, generation, now(), dup,
+                                       retain))
             if not qos or arrived(message, client):
                 put(message)
 
-        def on_session(present: bool) -> None:
+        def on_session(present: bool, identifiers: bool) -> None:
+            nonlocal identified
+            identified = identifiers
+            inbox.identified = identifiers
             self._resumed = present if self._resumed is None else self._resumed
             # Without the old session no redelivery will come: earlier entries can never
             # be acknowledged (their readings are still written, at least once).
@@ -701,9 +774,15 @@ class MqttSource:
         # state; --retained says what to do with them), never a live publish.
         options = SubscribeOptions(qos=wanted, retainAsPublished=False,
                                    retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
-        subscriptions = () if self._settings.drain_only else self._settings.subscriptions
+        subscriptions = self._wanted_filters()
+        remembered = await self._remembered(subscriptions)  # None: nothing to record now
         for topic in subscriptions:
-            granted = await _answered(client.subscribe(topic, options=options, timeout=math.inf),
+            props = None
+            if inbox.identified:  # every message it brings carries the filter's identifier
+                props = Properties(PacketTypes.SUBSCRIBE)  # type: ignore[no-untyped-call]
+                props.SubscriptionIdentifier = identifier(topic)
+            granted = await _answered(client.subscribe(topic, options=options,
+                                                       properties=props, timeout=math.inf),
                                       inbox, f"subscribing {topic!r}")
             codes = [code if isinstance(code, int) else code.value for code in granted]
             if any(code != wanted for code in codes):
@@ -713,20 +792,86 @@ class MqttSource:
                                         f"QoS {wanted}")
         # After subscribing, so a message is delivered twice rather than not at all: the
         # other form (plain or shared) a session of another --workers count may hold
-        # (ingest/pipeline/workers.py). "No subscription existed" (0x11) is the usual answer. Only
-        # for a session that existed before this process: a new one holds nothing else.
+        # (ingest/pipeline/workers.py), and the filters an earlier run of this client id
+        # subscribed that are not wanted now. "No subscription existed" (0x11) is the
+        # usual answer. Only for a session that existed before this process: a new one
+        # holds nothing else.
         if self._settings.drain_only:
             unsubscribe = self._settings.subscriptions
         else:
             unsubscribe = self._settings.other_subscriptions if self._resumed else ()
+        unsubscribe = tuple(dict.fromkeys((*unsubscribe, *(remembered or ()))))
         for topic in unsubscribe:
             await _answered(client.unsubscribe(topic, timeout=math.inf), inbox,
                             f"unsubscribing {topic!r}")
+        if remembered:
+            logger.info("unsubscribed from %s: subscribed by an earlier run of client id %s "
+                        "and not wanted now", ", ".join(remembered), self._settings.client_id)
+        if remembered is not None:
+            # What the session holds from now on (a retired worker's: nothing).
+            self._recalled = await self._record_filters(list(subscriptions))
         self._health.mqtt_connected = True
         self._metrics.mqtt_connected.set(1)
         logger.info("connected to %s:%d as %s; subscribed to %s",
                     self._settings.mqtt.host, self._settings.mqtt.port,
                     self._settings.client_id, ", ".join(subscriptions) or "nothing (draining)")
+
+    async def _remembered(self, subscriptions: tuple[str, ...]) -> tuple[str, ...] | None:
+        """The remembered filters to unsubscribe on this connection (see :meth:`_recall`)."""
+        early, self._early = self._early, None
+        if early is not None:  # recalled before connecting (see _run)
+            return early
+        if not self._recall_next:  # it failed just before this first connection
+            self._recall_next = True
+            return None
+        recalled = await self._recall(subscriptions)
+        if recalled:
+            self._subscriptions.retire(recalled)
+        return recalled
+
+    def _wanted_filters(self) -> tuple[str, ...]:
+        """Today's filters (a retired worker being drained: none)."""
+        return () if self._settings.drain_only else self._settings.subscriptions
+
+    async def _recall(self, subscriptions: tuple[str, ...]) -> tuple[str, ...] | None:
+        """The filters an earlier run of this client id subscribed that are not wanted now.
+
+        Once a process (on its first connection; again on the next if MongoDB failed).
+        Before subscribing, the remembered filters and today's are recorded together: a
+        stop between the subscriptions and the record after them still leaves every
+        filter the session may hold known to the next start. None when there is no
+        record to keep, or it could not be read or written (nothing is recorded then:
+        the old filters stay recorded for the next start).
+        """
+        if self._memory is None or self._recalled:
+            return None
+        try:
+            before = await asyncio.wait_for(self._memory.recall(), MEMORY_TIMEOUT)
+        except (IngestError, TimeoutError) as exc:
+            self._forgetful(exc)
+            return None
+        old = tuple(topic for topic in before or () if topic not in subscriptions)
+        if (before is None or set(before) != set(subscriptions)) and not (
+                await self._record_filters([*subscriptions, *old])):
+            return None
+        return old
+
+    async def _record_filters(self, filters: list[str]) -> bool:
+        """Record what the session may hold; False (logged) if MongoDB failed."""
+        assert self._memory is not None
+        try:
+            await asyncio.wait_for(self._memory.record(filters), MEMORY_TIMEOUT)
+        except (IngestError, TimeoutError) as exc:
+            self._forgetful(exc)
+            return False
+        return True
+
+    def _forgetful(self, exc: BaseException) -> None:
+        logger.warning("cannot read or record the filters client id %s subscribed (%s): "
+                       "subscriptions of an earlier run that are not wanted now stay at the "
+                       "broker until the next start; what comes through them is skipped, "
+                       "counted in ingest_messages_skipped_total", self._settings.client_id,
+                       exc or type(exc).__name__)
 
     def _disconnected(self) -> None:
         self._client = None
@@ -813,12 +958,14 @@ class MqttSource:
 
     async def _consume(self, inbox: _Inbox, sink: Callable[[Inbound], Awaitable[bool]],
                        take_now: TakeNow = _not_now) -> None:
-        messages, wake, take = inbox.messages, inbox.wake, inbox.take
+        messages, wake, take, usual = inbox.messages, inbox.wake, inbox.take, Inbound
         while True:
             count = 0
             while messages:
                 message = take()  # now the inbox's current
-                taken = take_now(message)
+                # (not usual: a message through an old subscription)
+                taken = (take_now(message) if type(message) is usual
+                         else self._skipped(message))
                 if taken is None:
                     taken = await sink(message)
                 if not taken:

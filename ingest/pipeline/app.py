@@ -19,6 +19,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from paho.mqtt.client import topic_matches_sub
 from pymongo import AsyncMongoClient
 from pymongo.errors import ConnectionFailure, PyMongoError
 
@@ -32,6 +33,8 @@ from ingest.mqtt.source import MqttSource
 from ingest.pipeline.retained import COLLECTION as RETAINED_COLLECTION
 from ingest.pipeline.retained import FirstSeen
 from ingest.pipeline.stages import Pipeline
+from ingest.pipeline.subscribed import COLLECTION as SUBSCRIBED_COLLECTION
+from ingest.pipeline.subscribed import SubscribedFilters
 from ingest.retry import backoff
 from ingest.store.deliveries import COLLECTION as DELIVERIES
 from ingest.store.deliveries import Deliveries
@@ -126,6 +129,35 @@ def warn_about(settings: Settings) -> None:
             "messages fill, so they close only at --flush-interval; raise it to %d "
             "(at most 65535) or lower --batch-size", settings.max_inflight_messages, enough,
             min(enough, 65535))
+
+
+# A topic of the default format, to ask whether a rule reads it.
+DEFAULT_FORMAT_PROBE = "sensors/s1"
+
+
+def tell_default_topic(settings: Settings) -> None:
+    """Say in one line that the rules replace the default topic, when they do.
+
+    With --preset or --mapping and no --topic, the daemon subscribes to the rules'
+    filters instead of ``sensors/#``: readings there in the default format are no longer
+    stored unless a rule takes them.
+    """
+    mapping = settings.mapping
+    if mapping is None or settings.topics != mapping.subscriptions():
+        return
+    matched = mapping.match(DEFAULT_FORMAT_PROBE)
+    if matched is not None and not matched.rule.ignore:
+        return
+    covered = matched is not None or any(
+        topic_matches_sub(topic, DEFAULT_FORMAT_PROBE) for topic in settings.topics)
+    logger.warning(
+        "--preset/--mapping without --topic: subscribed to the rules' filters (%s) instead "
+        "of the default sensors/#, and no rule reads the default format there, so readings "
+        "published to sensors/<id> are not stored%s; to keep the default format alongside, "
+        'add a --mapping file rule with topic = "sensors/#" and format = "ingest" '
+        "(docs/presets.md)", ", ".join(settings.topics),
+        ' (counted in ingest_messages_ignored_total{rule="(outside the rules)"})'
+        if covered else "")
 
 
 def make_schema(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) -> Schema:
@@ -233,7 +265,10 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
                          None if settings.shared_group is None
                          else (settings.collection, settings.client_id))
             attach_homie(settings.mapping.stateful, client[settings.db])
-        source = MqttSource(settings, metrics, health)
+        memory = (None if settings.dry_run else SubscribedFilters(
+            client[settings.db][SUBSCRIBED_COLLECTION], settings.client_id,
+            f"{settings.mqtt.host}:{settings.mqtt.port}"))
+        source = MqttSource(settings, metrics, health, memory=memory)
         rejects = RejectsWriter(client[settings.db][settings.rejects_collection])
         first_seen = (FirstSeen(client[settings.db][RETAINED_COLLECTION])
                       if settings.retained == "store" and not settings.dry_run else None)
@@ -256,8 +291,8 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
                 helpers.append(group.create_task(_watch_mongodb(client, health, metrics),
                                                  name="mongodb-ping"))
             helpers.append(group.create_task(pipeline.run(), name="pipeline"))
-            consumer = group.create_task(source.run(pipeline.submit, pipeline.take_now),
-                                         name="mqtt-source")
+            consumer = group.create_task(source.run(pipeline.submit, pipeline.take_now,
+                                                    pipeline.skip), name="mqtt-source")
             await shutdown.requested.wait()
             deadline = asyncio.get_running_loop().time() + settings.shutdown_timeout
             await _drain(settings, source, pipeline, shutdown)

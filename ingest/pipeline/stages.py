@@ -226,13 +226,28 @@ class Pipeline:
 
     def _skip_retained(self, message: Inbound) -> None:
         """Count a retained message and batch it without readings (it is acked in turn)."""
-        self._received += 1
-        self._received_bytes += len(message.payload)
         self._metrics.retained_messages.labels("skipped").inc()
         self._tell_retained(message, "skipping them, counted in "
                             "ingest_retained_messages_total"
                             '{outcome="skipped"} (--retained ignore; --retained store '
                             "stores them)")
+        self._pass(message)
+
+    def skip(self, message: Inbound) -> bool:
+        """Take a message without its readings: acknowledged in turn, never stored.
+
+        For a message that came through a subscription not made today (the source
+        counts it); False if the pipeline takes nothing more (stopping).
+        """
+        if self._closed:
+            return False
+        self._pass(message)
+        return True
+
+    def _pass(self, message: Inbound) -> None:
+        """Batch a received message without readings (it is acked with its batch)."""
+        self._received += 1
+        self._received_bytes += len(message.payload)
         size = held_bytes(message, [], _NO_DOCS)
         self._held_bytes += size
         batcher = self._batcher

@@ -106,7 +106,8 @@ async def session_exists(settings: Settings, client_id: str) -> bool:
     """Whether the broker holds a session for ``client_id``; leaves none if it did not."""
     client = _client(settings, client_id, clean_start=False, expiry=SESSION_EXPIRY)
     present: list[bool] = []
-    paho_hooks.install(client, lambda *_: None, present.append, lambda: None)
+    paho_hooks.install(client, lambda *_: None, lambda found, _ids: present.append(found),
+                       lambda: None)
     async with client:
         pass
     if present and present[0]:

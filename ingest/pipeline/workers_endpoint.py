@@ -2,7 +2,9 @@
 
 The parent asks each worker on its private port (127.0.0.1) and merges the answers:
 counters and histograms summed, gauges by :data:`GAUGE_RULES`, health only when every
-worker answers 200, naming those that do not.
+worker answers 200, naming those that do not. The ``process_*`` metrics (memory, CPU) are
+not merged: each process keeps its own, labelled ``process="worker-<index>"``, and the
+parent adds its own as ``process="parent"``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
-from prometheus_client import CollectorRegistry, Metric, generate_latest
+from prometheus_client import CollectorRegistry, Metric, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+PROCESS_PREFIX = "process_"  # prometheus_client's ProcessCollector
 # A worker's answer to the parent's /metrics, /healthz, /readyz: well inside the usual
 # scrape and probe timeouts (10 s and 5 s), so the parent still answers when one is stuck.
 ASK_TIMEOUT = 2.0
@@ -90,6 +93,8 @@ class AggregateServer(HttpEndpoint):
         self._workers = workers
         self._server = None
         self.tokens, self.tls = tokens, tls
+        self._own = CollectorRegistry()  # the parent's own process_* metrics
+        ProcessCollector(registry=self._own)
 
     async def __aenter__(self) -> Self:
         self._server = await asyncio.start_server(self._handle, sock=self._sock, ssl=self.tls)
@@ -108,7 +113,9 @@ class AggregateServer(HttpEndpoint):
                     worker.metrics = body
             # A worker that does not answer in time counts with its last answer, so the
             # sums do not fall back (a counter reset to Prometheus) while it is busy.
-            merged = merge([w.metrics for w in self._workers if w.metrics])
+            answered = [w for w in self._workers if w.metrics]
+            merged = merge([*(w.metrics for w in answered), generate_latest(self._own).decode()],
+                           [*(f"worker-{w.index}" for w in answered), "parent"])
             return b"200 OK", CONTENT_TYPE_LATEST.encode(), merged
         if path in {b"/healthz", b"/readyz"}:
             answers = await self._ask_all(path.decode())
@@ -131,12 +138,20 @@ def _problems(problems: list[tuple[int, str]], answers: list[tuple[int, str]]) -
     return ("; ".join(f"worker {index}: {text}" for index, text in problems) + "\n").encode()
 
 
-def merge(texts: list[str]) -> bytes:
-    """The workers' metrics as one: counters and histograms summed, gauges by GAUGE_RULES."""
+def merge(texts: list[str], processes: list[str] | None = None) -> bytes:
+    """The workers' metrics as one: counters and histograms summed, gauges by GAUGE_RULES.
+
+    With ``processes`` (a name for each text), the ``process_*`` families are kept apart
+    instead, each sample labelled with its process: a sum of start times or of file
+    descriptor limits means nothing, and the memory of each process is what is bounded.
+    """
     families: dict[str, Metric] = {}
     values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], list[float]]] = {}
-    for text in texts:
+    for index, text in enumerate(texts):
         for family in text_string_to_metric_families(text):
+            if processes is not None and family.name.startswith(PROCESS_PREFIX):
+                for sample in family.samples:
+                    sample.labels["process"] = processes[index]
             if family.name not in families:
                 families[family.name] = Metric(family.name, family.documentation,
                                                family.type, family.unit)

@@ -9,6 +9,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ingest.config import Settings, validate
 from ingest.devices.decode import Limits
@@ -229,10 +231,46 @@ def test_a_homie_5_description_replaces_the_devices_properties() -> None:
 @pytest.mark.parametrize("topic", [
     "homie/d", "homie/d/n", "homie/d.1/n/p", "homie/d/n p/x", "homie/d/n/p/x",
     "homie/d/n/p/x/y", "homie/5/d", "homie/5/d/n", "homie/5/d/n/p/x", "homie/d/n/",
+    "homie/d/_n/p", "homie/d/n_/p", "homie/d/n/_p", "homie/5/d/n/p_",
 ])
 def test_topics_that_are_not_homie_are_bad_topic(topic: str) -> None:
     [result] = run(Mapping.load(None, ["homie"]), [(topic, "1")])
     assert reasons(result) == ["bad_topic"]
+
+
+# Ids of a few characters, '_' and '-' among them, so that joins meet often.
+homie_id = st.text(st.sampled_from("ab_-"), min_size=1, max_size=5)
+
+
+@given(first=st.tuples(homie_id, homie_id), second=st.tuples(homie_id, homie_id))
+def test_two_properties_a_device_may_hold_never_share_a_measurement_name(
+        first: tuple[str, str], second: tuple[str, str]) -> None:
+    """The topics of two properties either are refused or give two names (one-to-one)."""
+    names = []
+    for node, prop in (first, second):
+        topic = hm.topic_of(f"homie/d/{node}/{prop}")
+        if topic.kind == "value":
+            assert (topic.node, topic.prop) == (node, prop)
+            names.append(((node, prop), hm.measurement_name(node, prop)))
+        else:  # only an id starting or ending with '_' is refused
+            assert topic.kind == "bad"
+            assert any(i.startswith("_") or i.endswith("_") for i in (node, prop))
+    if len(names) == 2 and names[0][1] == names[1][1]:
+        assert names[0][0] == names[1][0]
+
+
+def test_node_and_property_ids_holding_an_underscore_keep_their_properties_apart() -> None:
+    """Node ``a_b``/property ``c`` (°C) and node ``a``/property ``b_c`` (%): two
+    measurements, each with its own unit; ids as the convention has them keep their name."""
+    mapping = Mapping.load(None, ["homie"])
+    results = run(mapping, [
+        ("homie/d/a_b/c/$datatype", "float"), ("homie/d/a_b/c/$unit", "°C"),
+        ("homie/d/a/b_c/$datatype", "integer"), ("homie/d/a/b_c/$unit", "%"),
+        ("homie/d/a-b/c-d/$datatype", "integer"),
+        ("homie/d/a_b/c", "21.5"), ("homie/d/a/b_c", "40"), ("homie/d/a-b/c-d", "1")])
+    got = [(r.values, r.units) for result in results for r in result.decoded.readings]
+    assert got == [({"a__b_c": 21.5}, {"a__b_c": "°C"}), ({"a_b__c": 40}, {"a_b__c": "%"}),
+                   ({"a-b_c-d": 1}, None)]
 
 
 def test_rule_options_apply_to_the_measurement_names_and_values() -> None:

@@ -91,6 +91,14 @@ def rule_error(text: str) -> str:
     ('[[rule]]\nname = "r"\ntopic = "a/{sensor_id}"\nmax_string_bytes = 0',
      "max_string_bytes"),
     ("[[rule]\n", "not valid TOML"),
+    ('[[rule]]\nname = "r"\ntopic = "a/{units}/{sensor_id}"', "capture {units} would be a tag"),
+    ('[[rule]]\nname = "r"\ntopic = "a/{_id}/{sensor_id}"', "capture {_id} would be a tag"),
+    ('[[rule]]\nname = "r"\ntopic = "a/{sensor_id}"\n[rule.types]\nnumeric = ["t"]',
+     "types.numeric: not a kind (number, boolean, string)"),
+    ('[[rule]]\nname = "r"\ntopic = "a/{sensor_id}"\n[rule.types]\nnumber = "t"',
+     "types.number must be a list"),
+    (('[[rule]]\nname = "r"\ntopic = "a/{sensor_id}"\nformat = "ingest"\n[rule.types]\n'
+      'number = ["t"]'), "types does not apply to the ingest format"),
 ])
 def test_a_bad_rule_is_one_line_naming_the_source_rule_and_problem(
         text: str, expected: str) -> None:

@@ -279,3 +279,118 @@ def test_subscriptions_cover_every_filter_and_never_overlap(filters: list[str],
         got = sum(topic_matches_sub(f, topic) for f in result)
         assert got == (1 if wanted else got)  # each wanted topic: exactly one subscription
         assert got <= 1  # never delivered twice
+
+
+# --- identity tags and declared kinds under generated rules ------------------------------
+
+RESERVED = {"sensor_id", "units", "_id"}
+tag_key = st.one_of(
+    st.sampled_from(["sensor_id", "units", "_id", "_sensor_id", "probe.id", "probe_id",
+                     "probe id", "site", "zone", "k" * 64, "k" * 65, "x.y" * 22]),
+    st.text(st.sampled_from(list("ab._- é,")), min_size=1, max_size=6))
+tag_value = st.text(st.sampled_from(list("xyz019")), min_size=1, max_size=4)
+
+
+def stored_tag_name(key: str) -> str | None:
+    """docs/mapping.md, "Tag names from the payload": the name a line's tag is stored
+    under, or None when its line is refused for it."""
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", key)
+    if name in RESERVED:
+        return "_" + name
+    return name if 1 <= len(name) <= 64 else None
+
+
+def escaped(text: str) -> str:
+    """A tag key or value as line protocol writes it."""
+    return text.replace(",", "\\,").replace(" ", "\\ ").replace("=", "\\=")
+
+
+@SETTINGS
+@given(tags=st.dictionaries(tag_key, tag_value, max_size=6), capture=st.booleans(),
+       constant=st.booleans(), by_tag=st.booleans(), site=tag_value)
+def test_every_line_tag_is_kept_under_a_name_of_its_own_or_the_line_refused(
+        tags: dict[str, str], capture: bool, constant: bool, by_tag: bool, site: str) -> None:
+    """Under a generated influx rule (a topic capture, a constant tag, the sensor id from
+    a tag or from host), every tag of a line is stored under its documented name, one
+    name per tag, or the line is refused as ``bad_tag_name``: never a tag left out."""
+    tags.pop("host", None)
+    tags.pop("dev", None)
+    rule = ('[[rule]]\nname = "gen"\nformat = "influx"\n'
+            + ('topic = "i2/{site}"\n' if capture else 'topic = "i2/+"\n')
+            + ('sensor_id = "{tag.dev}"\n' if by_tag else "")
+            + ('[rule.tags]\nzone = "z1"\n' if constant else ""))
+    mapping = Mapping(parse(rule, "gen"))
+    line_tags = {"host": "h", "dev": "d", **tags}
+    text = "m," + ",".join(f"{escaped(k)}={escaped(v)}" for k, v in line_tags.items())
+    result = mapping.decode(f"i2/{site}", f"{text} value=1".encode(), NOW, LIMITS)
+    topic_tags = {**({"site": site} if capture else {}), **({"zone": "z1"} if constant else {})}
+    kept = {k: v for k, v in line_tags.items() if k != ("dev" if by_tag else "host")}
+    names = [stored_tag_name(k) for k in kept]
+    refused = (None in names or len(set(names)) < len(names)
+               or any(topic_tags.get(n, v) != v for n, v in zip(names, kept.values(),
+                                                                strict=True)))
+    if refused:
+        assert result.decoded.readings == []
+        assert [r.reason for r in result.decoded.rejections] == ["bad_tag_name"]
+        return
+    assert result.decoded.rejections == []
+    (reading,) = result.decoded.readings
+    assert reading.sensor_id == ("d" if by_tag else "h")
+    assert reading.tags == {**topic_tags, **dict(zip(names, kept.values(), strict=True))}
+
+
+kind_name = st.sampled_from(["t", "h", "o", "s", "x"])
+kind_value = st.one_of(st.booleans(), st.integers(-(2**70), 2**70),
+                       st.floats(allow_nan=False, allow_infinity=False),
+                       st.sampled_from(["ON", "OFF", "warm", "NaN", "21.5", "", "é" * 30]),
+                       st.lists(st.integers(), max_size=2))
+FITS = {"number": (int, float), "boolean": (bool,), "string": (str,)}
+
+
+@SETTINGS
+@given(declared=st.dictionaries(kind_name, st.sampled_from(list(FITS)), max_size=5),
+       wildcard=st.sampled_from([None, *FITS]), strings=st.sampled_from(["keep", "drop",
+                                                                          "reject"]),
+       mapped=st.booleans(), fields=st.dictionaries(kind_name, kind_value, min_size=1))
+def test_declared_kinds_hold_for_any_value_under_any_generated_rule(
+        declared: dict[str, str], wildcard: str | None, strings: str, mapped: bool,
+        fields: dict[str, Any]) -> None:
+    """Under a generated json rule with ``[rule.types]`` (names, then maybe ``*``), a
+    value map and any ``strings``: a declared measurement is stored only with its kind,
+    every other value of it is refused as ``bad_value`` naming it; undeclared ones as
+    without the table."""
+    by_kind: dict[str, list[str]] = {}
+    for name, kind in declared.items():
+        by_kind.setdefault(kind, []).append(name)
+    if wildcard is not None:
+        by_kind.setdefault(wildcard, []).append("*")
+    table = "".join(f"{kind} = {json.dumps(names)}\n" for kind, names in by_kind.items())
+    values = "[rule.values]\nON = true\nOFF = 0\n" if mapped else ""
+    rule = (f'[[rule]]\nname = "gen"\ntopic = "k/{{sensor_id}}"\nstrings = "{strings}"\n'
+            f'max_string_bytes = 32\n{values}' + (f"[rule.types]\n{table}" if table else ""))
+    mapping = Mapping(parse(rule, "gen"))
+    result = mapping.decode("k/dev", dumps(fields), NOW, LIMITS)
+    stored = result.decoded.readings[0].values if result.decoded.readings else {}
+    refused = {r.detail.split(":")[0] for r in result.decoded.rejections
+               if r.reason == "bad_value"}
+    kinds = [(n, k) for k, names in by_kind.items() for n in names]
+    for name, value in fields.items():
+        kind = next((k for glob, k in kinds if glob in {name, "*"}), None)
+        if kind is None:
+            continue
+        given = {"ON": True, "OFF": 0}.get(value, value) if (
+            mapped and type(value) is str) else value
+        if type(given) not in FITS[kind]:
+            assert name not in stored
+            assert name in refused, (name, given, kind, result.decoded.rejections)
+        elif kind == "string" and strings == "drop":  # as an undeclared string
+            assert name not in stored
+            assert name not in refused
+        elif (kind == "string" and (strings == "reject" or len(given.encode()) > 32)) or (
+                kind == "number" and abs(given) > 1e300):
+            assert name not in stored
+            assert name in refused
+        else:  # an integer beyond 64 bits is stored as a double
+            big = type(given) is int and not -(2**63) <= given < 2**63
+            assert stored[name] == (float(given) if big else given)
+            assert type(stored[name]) in FITS[kind]

@@ -2,9 +2,10 @@
 
 Same values (types and key order included) and the same rejections (reason, detail,
 index) for generated fields under rules that rename, keep, drop, map strings and keep,
-drop or refuse them: names that collide once made safe, reserved and overlong names,
-values of every kind (bools, ints at and beyond int64, floats at and beyond the
-magnitude bound, NaN and infinities, strings at the byte bound, arrays, objects, None).
+drop or refuse them, or declare kinds ([rule.types]): names that collide once made
+safe, reserved and overlong names, values of every kind (bools, ints at and beyond
+int64, floats at and beyond the magnitude bound, NaN and infinities, strings at the byte
+bound, arrays, objects, None).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ RULES = [
     BASE + 'strings = "drop"\nkeep = ["t*", "a*", "x y"]\ndrop = ["tz"]\n',
     BASE + 'drop = ["x*"]\n[rule.rename]\n"seq" = "r_seq"\n"a b" = "ab"\n'
            '[rule.values]\nON = true\nOFF = false\nlow = 0\n',
+    BASE + '[rule.values]\nON = true\nOFF = "off"\nlow = 0\n'
+           '[rule.types]\nnumber = ["t", "ab"]\nboolean = ["a*"]\nstring = ["x*"]\n',
+    BASE + 'strings = "drop"\n[rule.types]\nnumber = ["*"]\n',
 ]
 
 NAMES = st.one_of(st.sampled_from(["t", "a", "a b", "a_b", "a-b", "ab", "seq", "ts", "_id",

@@ -95,10 +95,10 @@ class Hooked:
 
     def __init__(self, segment: int) -> None:
         self.client = aiomqtt.Client("127.0.0.1", protocol=aiomqtt.ProtocolVersion.V5)
-        self.delivered: list[tuple[str, bytes, int, int, bool, bool]] = []
+        self.delivered: list[tuple[str, bytes, int, int, bool, bool, object]] = []
         self.sessions: list[bool] = []
         paho_hooks.install(self.client, lambda *m: self.delivered.append(m),
-                           self.sessions.append, lambda: None)
+                           lambda present, _ids: self.sessions.append(present), lambda: None)
         self.paho: Any = self.client._client
         self.sock = KernelSocket(segment)
         self.paho._sock = self.sock
@@ -188,13 +188,15 @@ async def test_publishes_between_other_packets_are_delivered_in_order_and_keep_a
     hooked = Hooked(segment)
     big = 130 * b"x"  # a two-byte remaining length
     packets = [
-        (publish_packet("a/1", b"one", 1, 1, retain=True), ("a/1", b"one", 1, 1, False, True)),
+        (publish_packet("a/1", b"one", 1, 1, retain=True), ("a/1", b"one", 1, 1, False, True,
+                                                              0)),
         (PINGRESP, None),
-        (publish_packet("b", b"", 0, 0, retain=True), ("b", b"", 0, 0, False, True)),
-        (publish_packet("é/2", big, 65535, 1, dup=True, props=bytes((0x02, 0, 0, 0, 60))),
-         ("é/2", big, 65535, 1, True, False)),
+        (publish_packet("b", b"", 0, 0, retain=True), ("b", b"", 0, 0, False, True, 0)),
+        (publish_packet("é/2", big, 65535, 1, dup=True,
+                        props=bytes((0x02, 0, 0, 0, 60, 0x0B, 0x81, 0x01))),
+         ("é/2", big, 65535, 1, True, False, 129)),
         (PINGRESP, None),
-        (publish_packet("c", b"three", 2, 1), ("c", b"three", 2, 1, False, False)),
+        (publish_packet("c", b"three", 2, 1), ("c", b"three", 2, 1, False, False, 0)),
     ]
     stream = b"".join(packet for packet, _ in packets)
     expected = [want for _, want in packets if want is not None]
@@ -220,8 +222,9 @@ async def test_a_burst_of_reads_yields_to_the_event_loop_and_resumes_exactly() -
 
 
 async def test_the_publish_parser_reads_what_paho_encodes() -> None:
-    """Our PUBLISH handler against paho's own encoder: topic, id, QoS, DUP, properties
-    skipped (user properties, message expiry, content type), payload intact."""
+    """Our PUBLISH handler against paho's own encoder: topic, id, QoS, DUP, the
+    Subscription Identifiers, other properties skipped (user properties, message expiry,
+    content type), payload intact."""
     sender = paho_client.Client(paho_client.CallbackAPIVersion.VERSION2,
                                 protocol=paho_client.MQTTv5)
     sender._sock = KernelSocket(1)  # paho encodes only when connected
@@ -231,14 +234,16 @@ async def test_the_publish_parser_reads_what_paho_encodes() -> None:
     props.UserProperty = [("k", "v" * 300)]
     props.MessageExpiryInterval = 60
     props.ContentType = "application/json"
+    props.SubscriptionIdentifier = 268_435_455
+    props.SubscriptionIdentifier = 3
     sender._send_publish(7, b"a/b/c", b'{"t": 1}', 1, retain=False, dup=True,
                          properties=props)
     sender._send_publish(0, "é/x".encode(), b"zero", 0, retain=True, dup=False)
     hooked = Hooked(1448)
     hooked.sock.feed(b"".join(queued))
     hooked.readable()
-    assert hooked.delivered == [("a/b/c", b'{"t": 1}', 7, 1, True, False),
-                                ("é/x", b"zero", 0, 0, False, True)]
+    assert hooked.delivered == [("a/b/c", b'{"t": 1}', 7, 1, True, False, (268_435_455, 3)),
+                                ("é/x", b"zero", 0, 0, False, True, 0)]
 
 
 async def test_only_retained_messages_sent_on_subscribing_arrive_with_retain(
@@ -260,11 +265,11 @@ async def test_only_retained_messages_sent_on_subscribing_arrive_with_retain(
                                 protocol=aiomqtt.ProtocolVersion.V5, clean_start=clean_start,
                                 properties=props)
         def deliver(_topic: str, payload: bytes, mid: int, qos: int, _dup: bool,
-                    retain: bool) -> None:
+                    retain: bool, _subscription: object) -> None:
             got.append((payload, retain))
             paho_hooks.ack(client, mid, qos)
 
-        paho_hooks.install(client, deliver, lambda _: None, lambda: None)
+        paho_hooks.install(client, deliver, lambda *_: None, lambda: None)
         return client
 
     async def until(count: int) -> None:
@@ -364,7 +369,8 @@ async def test_a_refused_connack_does_not_report_a_session(broker: Broker) -> No
             client = aiomqtt.Client("127.0.0.1", proxy.port, identifier=ident,
                                     protocol=aiomqtt.ProtocolVersion.V5, clean_start=False,
                                     properties=props)
-            paho_hooks.install(client, lambda *_: None, seen.append, lambda: None)
+            paho_hooks.install(client, lambda *_: None,
+                               lambda present, _ids: seen.append(present), lambda: None)
             if refused:
                 with pytest.raises(aiomqtt.MqttCodeError):
                     await client.__aenter__()
@@ -386,7 +392,7 @@ async def test_large_messages_through_mosquitto_arrive_without_waiting_for_more(
     client = aiomqtt.Client("127.0.0.1", broker.port, protocol=aiomqtt.ProtocolVersion.V5,
                             keepalive=60)
     paho_hooks.install(client, lambda _t, p, *_: got.put_nowait(len(p)),
-                       lambda _: None, lambda: None)
+                       lambda *_: None, lambda: None)
     async with client, aiomqtt.Client("127.0.0.1", broker.port) as publisher:
         await client.subscribe(topic, qos=0)
         for size in (6_553_000, 6_553_600, 6_600_000, 1_638_400):
@@ -404,7 +410,7 @@ async def test_a_partition_is_noticed_by_the_keepalive_through_the_hooks(
     try:
         client = aiomqtt.Client("127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5,
                                 keepalive=1)
-        paho_hooks.install(client, lambda *_: None, lambda _: None, lost.set)
+        paho_hooks.install(client, lambda *_: None, lambda *_: None, lost.set)
         paho = client._client
         answered: list[int] = []
         handle = paho._handle_pingresp
@@ -458,7 +464,7 @@ async def test_a_paused_reader_reads_nothing_more_and_resumes_from_what_it_buffe
 
     client = aiomqtt.Client(host, port, protocol=aiomqtt.ProtocolVersion.V5, keepalive=60,
                             tls_params=tls_params)
-    reader = paho_hooks.install(client, deliver, lambda _: None, lambda: None)
+    reader = paho_hooks.install(client, deliver, lambda *_: None, lambda: None)
     try:
         async with client, aiomqtt.Client(host, (secure or broker).port) as publisher:
             await client.subscribe(topic, qos=0)
@@ -497,7 +503,7 @@ async def test_a_pause_longer_than_two_keepalives_keeps_the_connection(
         client = aiomqtt.Client("127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5,
                                 keepalive=1)
         reader = paho_hooks.install(client, lambda _t, p, *_: got.append(p),
-                                    lambda _: None, lost.set)
+                                    lambda *_: None, lost.set)
         paho = client._client
         pings: list[float] = []
         send_pingreq = paho._send_pingreq
@@ -532,7 +538,7 @@ async def test_a_connection_the_broker_closes_during_a_pause_is_noticed(
     try:
         client = aiomqtt.Client("127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5,
                                 keepalive=60)
-        reader = paho_hooks.install(client, lambda *_: None, lambda _: None, lost.set)
+        reader = paho_hooks.install(client, lambda *_: None, lambda *_: None, lost.set)
         async with client:
             reader.pause()
             await asyncio.sleep(1.5)
@@ -561,7 +567,7 @@ async def test_what_the_broker_sent_before_closing_during_a_pause_is_still_read(
         client = aiomqtt.Client("127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5,
                                 keepalive=60)
         reader = paho_hooks.install(client, lambda _t, payload, *_: received.append(payload),
-                                    lambda _: None, lost.set)
+                                    lambda *_: None, lost.set)
         async with client:
             await client.subscribe(topic, qos=0)
             reader.pause()

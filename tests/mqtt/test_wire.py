@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from ingest.mqtt import wire
 from tests.mqtt.test_paho_contract import publish_packet, varint
@@ -45,6 +47,17 @@ def remaining_length(n: int, extra: int = 0) -> bytes:
     return bytes(out)
 
 
+# Pieces of a PUBLISH's property block, whole or cut: Subscription Identifiers of one to
+# five bytes (0 and a non-minimal one included), each other property type, an identifier
+# MQTT 5 does not define for a PUBLISH, a string running past the block.
+property_pieces = st.lists(st.sampled_from([
+    b"\x0b\x05", b"\x0b\x81\x01", b"\x0b\xff\xff\xff\x7f", b"\x0b\x80\x80\x80\x80\x01",
+    b"\x0b\x80\x80\x80\x00", b"\x0b\xb9\xb4\xac\x6c", b"\x0b\xb9\xb4\xac\xec",
+    b"\x0b\x00", b"\x0b\x85\x00", b"\x01\x01", b"\x02\x00\x00\x00\x3c", b"\x23\x00\x01",
+    b"\x03\x00\x02js", b"\x08\x00\x01r", b"\x09\x00\x00", b"\x26\x00\x01k\x00\x02vv",
+    b"\x26\x00\x01k", b"\x03\x00\x09", b"\x0b", b"\x17\x01"]), max_size=6).map(b"".join)
+
+
 @st.composite
 def publishes(draw: st.DrawFn, large: bool = True) -> bytes:
     """A PUBLISH as a broker may send it, or nearly: any QoS (2 and the invalid 3
@@ -54,7 +67,8 @@ def publishes(draw: st.DrawFn, large: bool = True) -> bytes:
     qos = draw(st.sampled_from([0, 1, 1, 1, 2, 3]))
     topic = draw(st.one_of(st.text(max_size=20).map(str.encode), st.binary(max_size=20)))
     props = draw(st.one_of(st.just(b""), st.binary(max_size=3), st.binary(min_size=128,
-                                                                         max_size=300)))
+                                                                         max_size=300),
+                           property_pieces))
     props_length = remaining_length(len(props), draw(st.integers(0, 2)))
     payload = draw(st.one_of(st.binary(max_size=40), st.integers(100, 20000 if large else 300)
                              .map(lambda n: b"p" * n)))
@@ -144,20 +158,63 @@ def test_both_scanners_agree_on_a_buffer_cut_at_every_byte(data: bytes) -> None:
             same(data[:cut], pos)
 
 
+@st.composite
+def properties(draw: st.DrawFn) -> tuple[bytes, object]:
+    """A PUBLISH's properties as paho encodes them (without their length), and the
+    Subscription Identifiers the parsers must find in them: 0, one, or a tuple."""
+    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    if draw(st.booleans()):
+        props.PayloadFormatIndicator = draw(st.integers(0, 1))
+    if draw(st.booleans()):
+        props.MessageExpiryInterval = draw(st.integers(0, 2**32 - 1))
+    if draw(st.booleans()):
+        props.ContentType = draw(st.text(max_size=20))
+    if draw(st.booleans()):
+        props.CorrelationData = draw(st.binary(max_size=20))
+    for pair in draw(st.lists(st.tuples(st.text(max_size=8), st.text(max_size=8)),
+                              max_size=2)):
+        props.UserProperty = pair
+    identifiers = draw(st.lists(st.integers(1, 268_435_455), max_size=3))
+    for value in identifiers:
+        props.SubscriptionIdentifier = value
+    packed = props.pack()
+    length = 1 + next(i for i, byte in enumerate(packed) if not byte & 0x80)
+    found: object = (tuple(identifiers) if len(identifiers) > 1
+                     else identifiers[0] if identifiers else 0)
+    return packed[length:], found
+
+
 @given(st.lists(st.tuples(st.text(max_size=30), st.binary(max_size=300),
                           st.integers(1, 0xFFFF), st.integers(0, 1), st.booleans(),
-                          st.booleans(), st.binary(max_size=200)), max_size=10))
+                          st.booleans(), properties()), max_size=10))
 def test_the_scanner_delivers_what_was_encoded(
-        messages: list[tuple[str, bytes, int, int, bool, bool, bytes]]) -> None:
-    data = b"".join(publish_packet(topic, payload, mid, qos, dup, props, retain)
+        messages: list[tuple[str, bytes, int, int, bool, bool, tuple[bytes, object]]]) -> None:
+    data = b"".join(publish_packet(topic, payload, mid, qos, dup, props[0], retain)
                     for topic, payload, mid, qos, dup, retain, props in messages)
     handled, pos, delivered = same(data + b"\x30", pause_after=None)
     assert (handled, pos) == (len(messages), len(data))
     assert [tuple(value for _type, value in args) for args in delivered] == [
-        (topic, payload, mid if qos else 0, qos, dup, retain)
-        for topic, payload, mid, qos, dup, retain, _props in messages]
-    assert all(types == (str, bytes, int, int, bool, bool)
+        (topic, payload, mid if qos else 0, qos, dup, retain, props[1])
+        for topic, payload, mid, qos, dup, retain, props in messages]
+    assert all(types[:6] == (str, bytes, int, int, bool, bool) and types[6] in (int, tuple)
                for types in (tuple(t for t, _v in args) for args in delivered))
+
+
+@pytest.mark.parametrize(("props", "found"), [
+    (b"", 0),
+    (b"\x0b\x05", 5),
+    (b"\x0b\xff\xff\xff\x7f", 268_435_455),
+    (b"\x0b\x80\x80\x80\x00", 0),  # 0, non-minimal
+    (b"\x0b\x80\x80\x80\x80", 0),  # a fifth byte would follow: not read
+    (b"\x01\x01\x0b\x81\x01\x0b\x07", (129, 7)),
+    (b"\x0b\x00", 0),  # 0 is no identifier
+    (b"\x0b\x80\x80\x80\x80\x01", 0),  # over 4 bytes: not read
+    (b"\x0b\x05\x17\x01\x0b\x06", 5),  # an unknown property ends the reading
+    (b"\x0b\x05\x03\x00\x09\x0b\x06", 5),  # so does a string past the block
+])
+def test_both_parsers_find_the_subscription_identifiers(props: bytes, found: object) -> None:
+    _result, _pos, delivered = same(publish_packet("t", b"p", 3, 1, props=props))
+    assert delivered[0][6] == (type(found), found)
 
 
 def test_a_header_past_its_packet_raises_after_moving_past_it_in_both_scanners() -> None:

@@ -24,13 +24,16 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -40,7 +43,6 @@ from tests.support.procs import ROOT, free_port
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from pathlib import Path
 
     from tests.support.procs import Daemon
 
@@ -288,3 +290,39 @@ async def test_every_dashboard_query_returns_data(prometheus: Prometheus,
             problems.append(f"{title} [{ref}] has data for {modes}, not both modes: {expr}")
     assert not problems, "\n".join(problems)
 
+
+
+def _resident_bytes(pid: int) -> int:
+    """What the kernel counts as the process's resident memory (/proc/PID/statm)."""
+    pages = int((Path(f"/proc/{pid}/statm")).read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process_* read /proc")
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "two-workers"])
+def test_the_daemon_exports_the_memory_and_cpu_of_each_of_its_processes(
+        daemon: Callable[..., Daemon], workers: int) -> None:
+    """process_* from a running daemon, as Prometheus scrapes it; with --workers 2 one
+    series per process, labelled, never a sum (a sum of start times means nothing)."""
+    proc = daemon("--dry-run", "--workers", str(workers))
+    assert proc.process is not None
+    metrics = proc.metrics()
+    if workers == 1:
+        names = {"": proc.process.pid}
+    else:
+        pids = [int(p) for p in Path(f"/proc/{proc.process.pid}/task/{proc.process.pid}"
+                                     "/children").read_text().split()]
+        assert len(pids) == workers
+        names = {'{process="parent"}': proc.process.pid}
+        names |= {f'{{process="worker-{i}"}}': pid for i, pid in enumerate(pids)}
+        assert "process_resident_memory_bytes" not in metrics
+    for labels, pid in names.items():
+        for name in ("process_virtual_memory_bytes", "process_open_fds", "process_max_fds"):
+            assert metrics[name + labels] > 0, name + labels
+        assert metrics["process_cpu_seconds_total" + labels] >= 0  # a forked worker's: 0 at first
+        # Each process's own, not another's: within a quarter of what /proc says now.
+        resident = metrics["process_resident_memory_bytes" + labels]
+        assert abs(resident - _resident_bytes(pid)) < _resident_bytes(pid) / 4, labels
+        started = metrics["process_start_time_seconds" + labels]
+        assert time.time() - 120 < started <= time.time()
+    assert len([k for k in metrics if k.startswith("process_resident")]) == len(names)

@@ -13,8 +13,9 @@ by its property's datatype; :class:`~ingest.devices.homie_state.HomieFormat` bac
 MongoDB. Nothing here does I/O or raises for bad input.
 
 - A value becomes one reading of the sensor ``<device>`` (the id as in the topic) with one
-  measurement ``<node>_<property>`` (Homie ids hold no ``_``, so the name reads back),
-  and the property's unit.
+  measurement ``<node>_<property>`` (Homie ids hold no ``_``; one that does has it
+  doubled, see :func:`measurement_name`, so two properties never share a name), and the
+  property's unit.
 - ``integer`` -> integer, ``float`` -> double, ``boolean`` -> boolean; ``string``,
   ``enum``, ``color``, ``datetime``, ``duration`` and ``json`` keep their text (``"0012"``
   stays a string). A payload that is not what its datatype allows is ``bad_value``.
@@ -61,8 +62,13 @@ MAX_DEVICES = 10_000  # devices held in memory (least recently used are evicted)
 MAX_PROPERTIES = 1000  # properties of one device
 MAX_UNIT = 64  # characters of a unit
 MAX_FORMAT = 4096  # characters of a $format
-# Homie ids are [a-z0-9-]; uppercase and '_' are taken too (some firmware uses them).
+# Homie ids are [a-z0-9-] ("A topic level ID MAY contain lowercase letters from a to z,
+# numbers from 0 to 9 as well as the hyphen character", 4.0.0); uppercase and '_' are
+# taken too (Homie 3 names node array elements <node>_<index>; some libraries allow
+# '_'). A node or property id neither starts nor ends with '_', so that
+# measurement_name() stays one-to-one.
 _ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_PART = re.compile(r"[A-Za-z0-9-](?:[A-Za-z0-9_-]{0,126}[A-Za-z0-9-])?")
 _INTEGER = re.compile(r"-?[0-9]+")
 _FLOAT = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 _NUMBER = r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
@@ -125,12 +131,12 @@ def topic_of(topic: str) -> Topic:
         if version == 5 and rest == [DESCRIPTION]:
             return Topic("attribute", key, device, 5, attribute=DESCRIPTION)
         if (version == 4 and len(rest) == 3 and rest[2] in ATTRIBUTES
-                and _ID.fullmatch(rest[0]) and _ID.fullmatch(rest[1])):
+                and _PART.fullmatch(rest[0]) and _PART.fullmatch(rest[1])):
             return Topic("attribute", key, device, 4, rest[0], rest[1], rest[2])
         return _IGNORED  # $state, $name, $target, $log/..., $alert/..., $stats/...
     if len(rest) == 3 and rest[2] == "set":
         return _IGNORED  # a controller's command
-    if len(rest) != 2 or not _ID.fullmatch(rest[0]) or not _ID.fullmatch(rest[1]):
+    if len(rest) != 2 or not _PART.fullmatch(rest[0]) or not _PART.fullmatch(rest[1]):
         return _BAD
     return Topic("value", key, device, version, rest[0], rest[1])
 
@@ -217,7 +223,7 @@ def description_of(topic: Topic, payload: bytes) -> Description:
     nodes = doc.get("nodes", {})
     for node_id, node in (nodes.items() if type(nodes) is dict else ()):
         declared = node.get("properties", {}) if type(node) is dict else None
-        if type(declared) is not dict or not _ID.fullmatch(node_id):
+        if type(declared) is not dict or not _PART.fullmatch(node_id):
             problems.append(Rejection("bad_value", f"{where}: node {node_id[:60]!r} "
                                                    "is not a Homie node (ignored)"))
             continue
@@ -237,7 +243,7 @@ def description_of(topic: Topic, payload: bytes) -> Description:
 
 def _declared(prop_id: str, prop: object) -> Prop | str:
     """A property object of a description, or why it cannot be used."""
-    if not _ID.fullmatch(prop_id) or type(prop) is not dict:
+    if not _PART.fullmatch(prop_id) or type(prop) is not dict:
         return "not a Homie property"
     attrs = {"datatype": prop.get("datatype"), "unit": prop.get("unit"),
              "format": prop.get("format")}
@@ -343,11 +349,24 @@ class HomieState:
         if text is None:
             return refused("invalid_utf8", "payload is not UTF-8")
         value = convert(prop, "" if text == "\0" else text)  # "\0": Homie 5's empty string
-        name = f"{topic.node}_{topic.prop}"
+        name = measurement_name(topic.node, topic.prop)
         if isinstance(value, Rejection):
             return refused(value.reason, f"{name}: {value.detail}")
         units = {name: prop.unit} if prop.unit else None
         return Parsed([Item({name: value}, sensor=topic.device, units=units)], [])
+
+
+def measurement_name(node: str, prop: str) -> str:
+    """``<node>_<property>``, each ``_`` of an id doubled: one name per property.
+
+    Homie ids hold no ``_``, so a conforming device's names are ``<node>_<property>``
+    (``engine_temperature``); node ``a_b`` with property ``c`` is ``a__b_c`` and node
+    ``a`` with property ``b_c`` is ``a_b__c``. Ids neither start nor end with ``_``
+    (:func:`topic_of`), so the one single ``_`` is the join and the name reads back.
+    """
+    if "_" in node or "_" in prop:
+        return f"{node.replace('_', '__')}_{prop.replace('_', '__')}"
+    return f"{node}_{prop}"
 
 
 def _unknown(topic: Topic) -> str:

@@ -2,12 +2,14 @@
 
 ``22.5`` and ``-3`` are numbers, ``true``/``false`` (any case) booleans, ``null`` nothing,
 a JSON string (``"text"``) its text, anything else the text itself (``on``, ``idle``).
-A JSON object or array is refused: that is the json format's job.
+A JSON object or array is refused: that is the json format's job. A measurement the rule
+declares a string (``[rule.types]``) keeps the payload's text (``0012``, ``true``).
 """
 
 from __future__ import annotations
 
 import math
+from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
 import orjson
@@ -63,4 +65,24 @@ def parse(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) 
     if name is None:
         return refused("bad_field_name", "the measurement template has no value")
     value = scalar(text)
+    if rule.types and value is not None and type(value) is not str and _text_kind(rule, name):
+        value = _text(text)  # declared a string: "0012" and "true" stay text
     return Parsed([Item({name: value})], [])
+
+
+def _text_kind(rule: Rule, name: str) -> bool:
+    """Whether ``[rule.types]`` declares the measurement a string (first match wins)."""
+    return next((kind for glob, kind in rule.types if fnmatchcase(name, glob)), "") == "string"
+
+
+def _text(text: str) -> str:
+    """The payload as text: a JSON string's own text, else the text stripped."""
+    stripped = text.strip()
+    if stripped[:1] == '"':
+        try:
+            decoded = orjson.loads(stripped)
+        except orjson.JSONDecodeError:
+            return stripped
+        if type(decoded) is str:
+            return decoded
+    return stripped

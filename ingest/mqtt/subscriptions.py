@@ -1,0 +1,124 @@
+"""Which subscription a message came through: today's, or one an earlier run left behind.
+
+A persistent session keeps every subscription it was ever given, and MQTT has no way to
+list them. Two measures keep the daemon to the filters it runs with today:
+
+* Each filter is subscribed with a Subscription Identifier (MQTT 5) derived from the
+  filter itself (:func:`identifier`; the same for its plain and shared forms, so a
+  change of ``--workers`` or ``--shared-group`` keeps a filter's messages). The broker
+  puts into every PUBLISH the identifier of each subscription it matched, messages
+  queued while the daemon was away included. A message carrying none of today's
+  identifiers came through an old subscription: it is acknowledged, counted and never
+  stored (:meth:`Subscriptions.unwanted`), with one exception. Through a remembered
+  filter that this start unsubscribes (:meth:`Subscriptions.retire`), a message whose
+  topic today's filters match is taken: it was queued under the old filter before
+  today's existed (published while the daemon was away), so it has no other copy.
+  (Published in the instant between today's SUBACK and the old filter's UNSUBACK, a
+  message comes through both: its readings with a time of their own are one reading
+  whatever the copies; one without a time would be two. Unsubscribing first instead
+  would lose what is published in between.) An old filter that is not remembered (no
+  record, or MongoDB failed) stays subscribed, and every message through it has a copy
+  through today's filter too while both are held: skipped.
+* The filters each client id subscribed are remembered (:class:`Memory`, a MongoDB
+  collection) and, on the next start, those no longer wanted are unsubscribed, so the
+  broker stops sending and queueing for them.
+
+A message without any identifier came through a subscription made without one (by a
+version of ingest before identifiers, or by a broker that does not take them): it is
+taken when its topic matches one of today's filters.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import TYPE_CHECKING, Protocol
+
+from paho.mqtt.client import topic_matches_sub
+
+from ingest.metrics import SKIP_REASONS
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ingest.mqtt.wire import Subscription
+
+# The reasons of ingest_messages_skipped_total, both for a topic outside today's filters:
+# through a filter not subscribed today (its identifier); through one made without one.
+OLD_SUBSCRIPTION, UNIDENTIFIED_SUBSCRIPTION = SKIP_REASONS
+MAX_IDENTIFIER = 268_435_455  # MQTT 5: 1 to 2**28 - 1 (a variable byte integer)
+# Topics whose match against today's filters is kept (a backlog through subscriptions
+# made without identifiers repeats its topics; the cache starts over when full).
+TOPIC_CACHE = 10_000
+
+
+def plain(topic_filter: str) -> str:
+    """The filter without its shared-subscription prefix (``$share/<group>/``)."""
+    if topic_filter.startswith("$share/"):
+        parts = topic_filter.split("/", 2)
+        if len(parts) == 3:
+            return parts[2]
+    return topic_filter
+
+
+def identifier(topic_filter: str) -> int:
+    """The Subscription Identifier of a filter: from its plain form, the same in every run.
+
+    Two different filters may share one (one chance in 2**28): a message of the other
+    is then taken as today's. The remembered filters still end such a subscription.
+    """
+    return zlib.crc32(plain(topic_filter).encode()) % MAX_IDENTIFIER + 1
+
+
+class Subscriptions:
+    """Today's filters: their identifiers, and the test of a message against them."""
+
+    def __init__(self, filters: Iterable[str]) -> None:
+        self.filters = tuple(dict.fromkeys(filters))
+        self._plain = tuple(dict.fromkeys(plain(f) for f in self.filters))
+        # The identifiers of today's filters: a message carrying one is wanted.
+        self.wanted = frozenset(identifier(f) for f in self.filters)
+        # Those of remembered filters this process unsubscribed (:meth:`retire`).
+        self.retired: frozenset[int] = frozenset()
+        self._matched: dict[str, bool] = {}  # topic -> one of today's filters matches it
+
+    def retire(self, filters: Iterable[str]) -> None:
+        """Note remembered filters being unsubscribed now.
+
+        What they queued before today's filters existed is taken where today's filters
+        match its topic.
+        """
+        self.retired = self.retired | {identifier(f) for f in filters} - self.wanted
+
+    def unwanted(self, topic: str, subscription: Subscription) -> str | None:
+        """Why a message that carries no single identifier of today's is skipped, or None.
+
+        Called only when ``subscription not in wanted`` (the usual message does not get
+        here): several identifiers, one of another filter, or none. Through old
+        subscriptions only: skipped unless one of them is retired and today's filters
+        match its topic. None: the same test.
+        """
+        if isinstance(subscription, tuple):
+            if self.wanted.intersection(subscription):
+                return None
+            if not self.retired.intersection(subscription):
+                return OLD_SUBSCRIPTION
+        elif subscription and subscription not in self.retired:
+            return OLD_SUBSCRIPTION
+        reason = OLD_SUBSCRIPTION if subscription else UNIDENTIFIED_SUBSCRIPTION
+        matched = self._matched.get(topic)
+        if matched is None:
+            if len(self._matched) >= TOPIC_CACHE:
+                self._matched.clear()
+            matched = self._matched[topic] = any(topic_matches_sub(f, topic)
+                                                 for f in self._plain)
+        return None if matched else reason
+
+
+class Memory(Protocol):
+    """Where the filters a client id subscribed are remembered between runs."""
+
+    async def recall(self) -> list[str] | None:
+        """The filters last recorded (None: nothing recorded)."""
+
+    async def record(self, filters: list[str]) -> None:
+        """Record the filters the session may hold from now on."""
