@@ -10,7 +10,10 @@ broker before the consumer connects. The consumers:
   every message to a file;
 - ``dry-run``: ``ingest run --dry-run`` (decode, batch, build the writes, ack);
 - ``bucket`` / ``timeseries``: ``ingest run`` writing to ``fakemongo``, a C server that
-  answers the MongoDB wire protocol at once and counts what it receives.
+  answers the MongoDB wire protocol at once and counts what it receives;
+- with ``--baseline DIR``, ``<consumer>@base`` for each daemon consumer: the same, run
+  from the source tree DIR (another version, its accelerators built there), in the same
+  rounds, to compare two versions on one machine at one time.
 
 No consumer times itself. Each connects through ``mqttrelay`` (C, bench/relay.py), which
 dates from the broker's side of the socket the consumer's connect and the moment the
@@ -27,6 +30,10 @@ broker (its ``$SYS/broker/publish/messages/dropped``, read before and after the 
 delivered and PUBACKed (the relay), received, written, seen at the sink.
 
     .venv/bin/python -m bench.e2e [--sensors 1000] [--rounds 5] [--json out.json]
+        [--timeless] [--baseline DIR]
+
+``--timeless`` leaves ``ts`` out of the payloads (readings timed at arrival, as most
+devices send them).
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ if TYPE_CHECKING:
 HERE = Path(__file__).resolve().parent
 FILTER = "sensors/#"
 CONSUMERS = ("mosquitto_sub", "dry-run", "bucket", "timeseries")
+BASE = "@base"  # a daemon consumer run from the --baseline source tree
 RECEIVE_MAXIMUM = DaemonSettings().max_inflight_messages  # the daemon's default, given to both
 FAST, SLOW = 0.02, 0.25  # scrape intervals (s): near the start and end, in between
 STALL = 20.0  # no progress for this long: the run ends and the rest counts as lost
@@ -84,6 +92,8 @@ class Settings:
     # group. With more than one, each has its own session and the backlog is spread over
     # them by the broker before they connect.
     workers: int = 1
+    timeless: bool = False  # payloads without ts: timed at arrival
+    baseline: str | None = None  # the source tree of the ``@base`` consumers
 
 
 @dataclass
@@ -182,8 +192,10 @@ def tools() -> dict[str, Path]:
     return out
 
 
-def backlog(path: Path, messages: int, per_message: int, sensors: int) -> None:
-    """``topic<TAB>payload`` lines: message i from sensor i % sensors, readings 1 s apart."""
+def backlog(path: Path, messages: int, per_message: int, sensors: int,
+            timeless: bool = False) -> None:
+    """``topic<TAB>payload`` lines: message i from sensor i % sensors, readings 1 s apart
+    (``timeless``: no ts, the readings take their arrival time)."""
     start = int(time.time()) - 7200
     with path.open("w") as out:
         for i in range(messages):
@@ -191,7 +203,8 @@ def backlog(path: Path, messages: int, per_message: int, sensors: int) -> None:
             readings = []
             for j in range(per_message):
                 seq = tick * per_message + j
-                readings.append(f'{{"ts":{start + seq},"seq":{seq},'
+                ts = "" if timeless else f'"ts":{start + seq},'
+                readings.append(f'{{{ts}"seq":{seq},'
                                 f'"temp":{18 + (seq * 7 + sensor) % 100 / 10:.1f},'
                                 f'"hum":{40 + (seq + sensor) % 30}}}')
             payload = readings[0] if per_message == 1 else f'{{"readings":[{",".join(readings)}]}}'
@@ -481,17 +494,25 @@ def timed(run: Run, watch: Watch, writes: tuple[float, float] | None = None) -> 
     run.cpu_seconds = end.cpu - start_cpu
 
 
+def mode_of(consumer: str) -> str:
+    """The daemon's consumer name without ``@base``: ``dry-run``, ``bucket`` or ``timeseries``."""
+    return consumer.removesuffix(BASE)
+
+
 def measure_daemon(run: Run, relay: Relay, client_id: str, sink_uri: str | None,
-                   workdir: Path, extra: tuple[str, ...], workers: int = 1) -> Watch:
-    """``ingest run`` through the relay, until it is done; its counters from its metrics."""
+                   workdir: Path, extra: tuple[str, ...], workers: int = 1,
+                   source: Path | None = None) -> Watch:
+    """``ingest run`` (from ``source``, else this tree) through the relay, until it is
+    done; its counters from its metrics."""
     args = ["--mqtt-url", relay.url, "--topic", FILTER, "--client-id", client_id,
             "--qos", str(run.qos), "--log-level", "warning", "--db", "bench",
             "--workers", str(workers), *extra]
     if sink_uri is None:
         args += ["--dry-run", "--mongodb-uri", "mongodb://127.0.0.1:1"]
     else:
-        args += ["--mode", run.consumer, "--mongodb-uri", sink_uri]
-    daemon = Daemon(args, workdir / f"daemon-{run.consumer}.log").start(wait_ready=False)
+        args += ["--mode", mode_of(run.consumer), "--mongodb-uri", sink_uri]
+    daemon = Daemon(args, workdir / f"daemon-{run.consumer}.log",
+                    cwd=source).start(wait_ready=False)
     try:
         watch, counters = watch_daemon(daemon, relay, run.published, run.qos,
                                        client_ids(client_id, workers))
@@ -521,7 +542,7 @@ def left_at_broker(broker: Broker, client_id: str, qos: int, workers: int) -> in
 
 def sink_counts(run: Run, stats: dict[str, Any]) -> None:
     """What fakemongo saw: readings, operations and requests of the writes."""
-    if run.consumer == "timeseries":
+    if mode_of(run.consumer) == "timeseries":
         run.sink_readings = int(stats["insertedDocuments"])
         run.sink_ops = run.sink_readings
         run.sink_requests = int(stats["insertCommands"])
@@ -540,7 +561,7 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
     broker.start()
     relay = None
     try:
-        client_id = f"bench-{consumer}"
+        client_id = f"bench-{consumer.replace('@', '-')}"
         session(broker, client_id, qos, settings.workers)
         assert broker.process is not None
         broker_cpu = cpu_of(broker.process.pid)
@@ -576,12 +597,14 @@ def run_daemon(run: Run, settings: Settings, relay: Relay, client_id: str, rundi
     sink = None
     try:
         sink_uri = None
-        if run.consumer != "dry-run":
+        if mode_of(run.consumer) != "dry-run":
             sink = subprocess.Popen([str(fakemongo)], stdout=subprocess.PIPE, text=True)
             assert sink.stdout is not None
             sink_uri = sink.stdout.readline().strip()
+        source = (Path(settings.baseline) if run.consumer.endswith(BASE) and settings.baseline
+                  else None)
         watch = measure_daemon(run, relay, client_id, sink_uri, rundir, settings.daemon_args,
-                               settings.workers)
+                               settings.workers, source)
         run.broker_cpu_seconds = broker_cpu()
         relay.wait_closed(CLOSE_TIMEOUT)
         relay.stop()
@@ -629,7 +652,7 @@ def run_all(settings: Settings, progress: bool = False) -> dict[str, Any]:
         for per_message in settings.per_message:
             messages = settings.messages if per_message == 1 else settings.batched_messages
             lines = workdir / f"backlog-{per_message}.txt"
-            backlog(lines, messages, per_message, settings.sensors)
+            backlog(lines, messages, per_message, settings.sensors, settings.timeless)
             for qos in settings.qos:
                 for round_no in range(1, settings.rounds + 1):
                     order = settings.consumers if round_no % 2 else settings.consumers[::-1]
@@ -716,7 +739,7 @@ def summarize(runs: list[Run], settings: Settings) -> list[dict[str, Any]]:
                                        else sum(r.broker_dropped or 0 for r in mine)),
                     "written": (None if consumer == "mosquitto_sub"
                                 else sum(r.written for r in mine)),
-                    "at_sink": (None if consumer in ("mosquitto_sub", "dry-run")
+                    "at_sink": (None if mode_of(consumer) in ("mosquitto_sub", "dry-run")
                                 else sum(r.sink_readings or 0 for r in mine)),
                     "lost": totals,
                     "complete": all(r.complete for r in mine),
@@ -779,6 +802,11 @@ def main() -> int:
                              "group")
     parser.add_argument("--daemon-arg", action="append", default=[],
                         help="extra argument for ingest run (repeatable)")
+    parser.add_argument("--timeless", action="store_true",
+                        help="payloads without ts (readings timed at arrival)")
+    parser.add_argument("--baseline", type=Path,
+                        help="source tree of another version: adds <consumer>@base for "
+                             "each daemon consumer, run from there in the same rounds")
     args = parser.parse_args()
     # SIGTERM unwinds like an exception, so every broker, daemon and sink is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -787,6 +815,9 @@ def main() -> int:
         return 2
     consumers = tuple(args.consumers.split(","))
     unknown = set(consumers) - set(CONSUMERS)
+    if args.baseline is not None:
+        consumers = tuple(name for consumer in consumers for name in (
+            (consumer,) if consumer == "mosquitto_sub" else (consumer, consumer + BASE)))
     if unknown:
         print(f"--consumers: unknown {sorted(unknown)}; choose from {CONSUMERS}",
               file=sys.stderr)
@@ -795,7 +826,9 @@ def main() -> int:
         sensors=args.sensors, messages=args.messages, batched_messages=args.batched_messages,
         per_message=tuple(int(x) for x in args.per_message.split(",")),
         qos=tuple(int(x) for x in args.qos.split(",")), consumers=consumers,
-        rounds=args.rounds, daemon_args=tuple(args.daemon_arg), workers=args.workers)
+        rounds=args.rounds, daemon_args=tuple(args.daemon_arg), workers=args.workers,
+        timeless=args.timeless,
+        baseline=None if args.baseline is None else str(args.baseline.resolve()))
     report = run_all(settings, progress=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -79,6 +79,7 @@ class Metrics:
             "redeliveries_reacked", "Messages redelivered (DUP) after their write and "
             "PUBACK, whose PUBACK the broker may not have received: acknowledged again, "
             "not written again.", namespace=NAMESPACE, registry=r)
+        self._ledger(r)
         self.packet_id_reused = Counter(
             "mqtt_packet_id_reused", "New QoS 1 messages the broker sent under a packet id "
             "whose earlier message was still unacknowledged: acknowledged after it, in "
@@ -207,6 +208,17 @@ class Metrics:
             self.retained_messages.labels(outcome)
         for reason in SKIP_REASONS:
             self.messages_skipped.labels(reason)
+
+    def _ledger(self, r: CollectorRegistry) -> None:
+        """The delivery ledger's lookups (ingest/pipeline/redelivered.py)."""
+        self.redeliveries_retimed = Counter(
+            "redeliveries_retimed", "Messages resent (DUP) that the process could not "
+            "recognise as its own (after a restart): decoded with the arrival times the "
+            "delivery ledger recorded for their first delivery (recorded), or as new "
+            "messages (unrecorded: the first delivery was not written).", ["outcome"],
+            namespace=NAMESPACE, registry=r)
+        for outcome in ("recorded", "unrecorded"):
+            self.redeliveries_retimed.labels(outcome)
 
     def _sparkplug(self, r: CollectorRegistry) -> None:
         """The Sparkplug B metrics, each known label value at 0."""

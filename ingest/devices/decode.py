@@ -94,13 +94,17 @@ class Arrivals:
     ``stride`` workers gives only milliseconds == slot (mod stride), so two workers never
     give one sensor the same one. The daemon's default format uses the process's
     :data:`ARRIVALS`; each set of mapping rules has its own.
+
+    ``given``, when a list, receives every time given, in order: the pipeline records a
+    message's times so that a redelivery can take them again (:class:`Replayed`).
     """
 
-    __slots__ = ("_last", "_slot", "_stride")
+    __slots__ = ("_last", "_slot", "_stride", "given")
 
     def __init__(self) -> None:
         self._last: dict[str, int] = {}  # sensor -> last arrival time given, in ms
         self._slot, self._stride = 0, 1
+        self.given: list[int] | None = None
 
     def spread(self, slot: int, stride: int) -> None:
         """Give only milliseconds == ``slot`` (mod ``stride``): worker ``slot`` of ``stride``."""
@@ -116,6 +120,35 @@ class Arrivals:
         if self._stride > 1:
             ms += (self._slot - ms) % self._stride
         self._last[sensor] = ms
+        given = self.given
+        if given is not None:
+            given.append(ms)
+        return ms
+
+
+class Replayed(Arrivals):
+    """The times a message's first delivery gave its readings, given again in order.
+
+    For the redelivery of a message whose times were recorded: decoded from the same
+    payload, it asks for as many, in the same order (past them, not expected, it gives
+    arrival times as :class:`Arrivals` does).
+    """
+
+    __slots__ = ("_at", "_times")
+
+    def __init__(self, times: tuple[int, ...], given: list[int] | None) -> None:
+        super().__init__()
+        self._times, self._at = times, 0
+        self.given = given
+
+    def next(self, sensor: str, ms: int) -> int:
+        """The next recorded time; past the recorded ones, an arrival time as usual."""
+        if self._at >= len(self._times):
+            return super().next(sensor, ms)
+        ms = self._times[self._at]
+        self._at += 1
+        if self.given is not None:
+            self.given.append(ms)
         return ms
 
 

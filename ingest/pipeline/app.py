@@ -36,6 +36,8 @@ from ingest.pipeline.stages import Pipeline
 from ingest.pipeline.subscribed import COLLECTION as SUBSCRIBED_COLLECTION
 from ingest.pipeline.subscribed import SubscribedFilters
 from ingest.retry import backoff
+from ingest.store.deliveries import COLLECTION as DELIVERIES
+from ingest.store.deliveries import Deliveries
 from ingest.store.schema import BUCKET_SCHEMA_VERSION, Schema
 from ingest.store.sharding import shard_collection
 from ingest.store.writers import bulk
@@ -167,6 +169,17 @@ def make_schema(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) ->
                   granularity=settings.granularity, custom_span=settings.bucket_span_seconds)
 
 
+def ledger_of(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) -> Deliveries:
+    """The delivery ledger of this daemon's MQTT session (see ingest/store/deliveries.py).
+
+    It keeps the client's last 2 x Receive Maximum entries: a message resent after one
+    crash was first delivered at most Receive Maximum - 1 entries before the last, and
+    after a crash during the redelivery, at most about twice that.
+    """
+    return Deliveries(client[settings.db][DELIVERIES], settings.client_id,
+                      keep=2 * settings.max_inflight_messages)
+
+
 def make_writer(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) -> Writer:
     """The writer for the configured mode."""
     db = client[settings.db]
@@ -259,7 +272,8 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
         rejects = RejectsWriter(client[settings.db][settings.rejects_collection])
         first_seen = (FirstSeen(client[settings.db][RETAINED_COLLECTION])
                       if settings.retained == "store" and not settings.dry_run else None)
-        pipeline = Pipeline(settings, writer, rejects, source, metrics, health, first_seen)
+        pipeline = Pipeline(settings, writer, rejects, source, metrics, health, first_seen,
+                            None if settings.dry_run else ledger_of(settings, client))
         server = MetricsServer(settings.metrics_host, settings.metrics_port, metrics, health,
                                before_scrape=functools.partial(_sync_metrics, pipeline, source),
                                sock=metrics_sock, **metrics_guard(settings))

@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from ingest.model import Inbound, Reading
 
 
+_NOTHING: list[int] = []  # no times given (never appended to)
+
+
 @dataclass(slots=True)
 class Batch:
     """Messages to acknowledge together, once their readings and rejects are written."""
@@ -25,6 +28,11 @@ class Batch:
     ends: list[int] = field(default_factory=list)
     # Estimated memory the batch holds (see pipeline.held_bytes), released once acked.
     held_bytes: int = 0
+    # QoS 1/2 messages whose readings were timed at arrival, and per message the number
+    # of times given then the times (flat: no object per message), recorded in the
+    # delivery ledger before the readings are written (ingest/store/deliveries.py).
+    deliveries: list[Inbound] = field(default_factory=list)
+    given: list[int] = field(default_factory=list)
 
     def origin(self) -> dict[int, Inbound]:
         """Map ``id(reading)`` to the message it came from (for error reports)."""
@@ -49,6 +57,8 @@ def merged(batches: list[Batch]) -> Batch:
         out.ends.extend(end + offset for end in batch.ends)
         out.rejects.extend(batch.rejects)
         out.held_bytes += batch.held_bytes
+        out.deliveries.extend(batch.deliveries)
+        out.given.extend(batch.given)
     return out
 
 
@@ -65,8 +75,14 @@ class Batcher:
         self._numbers = 0
 
     def add(self, message: Inbound, readings: list[Reading],
-            rejects: list[dict[str, Any]], held_bytes: int = 0) -> Batch | None:
-        """Add one decoded message (holding ``held_bytes``); return the batch if it is full."""
+            rejects: list[dict[str, Any]], held_bytes: int = 0,
+            given: list[int] = _NOTHING) -> Batch | None:
+        """Add one decoded message (holding ``held_bytes``); return the batch if it is full.
+
+        ``given``: the times its readings were given at arrival, moved (the list is
+        emptied) into the batch's ``given`` for the delivery ledger, if it can be resent
+        (QoS 1).
+        """
         batch = self.current
         if batch is None:
             self._numbers += 1
@@ -76,6 +92,12 @@ class Batcher:
         batch.ends.append(len(batch.readings))
         if rejects:
             batch.rejects.extend(rejects)
+        if given:
+            if message.qos:  # (QoS 0 is never resent)
+                batch.deliveries.append(message)
+                batch.given.append(len(given))
+                batch.given += given
+            given.clear()
         batch.held_bytes += held_bytes
         if len(batch.readings) >= self._max or len(batch.messages) >= self._max:
             self.current = None

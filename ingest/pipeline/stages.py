@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pymongo.errors import PyMongoError
 
 from ingest import accel
-from ingest.devices.decode import ARRIVALS, Limits, decode, sensor_from_topic
+from ingest.devices.decode import ARRIVALS, Limits, Replayed, decode, sensor_from_topic
 from ingest.devices.formats.stateful import DATA
 from ingest.devices.identity import refuse_others
 from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, WriteError
 from ingest.model import Decoded, Rejection
 from ingest.pipeline.batcher import Batch, Batcher, merged
+from ingest.pipeline.redelivered import Ledger
 from ingest.retry import backoff
 from ingest.store.writers.rejects import reject_docs
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from ingest.metrics import Health, Metrics
     from ingest.model import Inbound, Reading
     from ingest.pipeline.retained import FirstSeen
+    from ingest.store.deliveries import Deliveries, Recorded
     from ingest.store.writers import Outcome, Writer
     from ingest.store.writers.rejects import RejectsWriter
 
@@ -81,7 +83,8 @@ class Pipeline:
 
     def __init__(self, settings: Settings, writer: Writer, rejects: RejectsWriter,
                  acker: Acker, metrics: Metrics, health: Health,
-                 first_seen: FirstSeen | None = None) -> None:
+                 first_seen: FirstSeen | None = None,
+                 deliveries: Deliveries | None = None) -> None:
         self._settings = settings
         self._writer = writer
         self._rejects = rejects
@@ -109,6 +112,12 @@ class Pipeline:
         # dry run, or --retained ignore).
         self._first_seen = first_seen
         self._told_retained = False  # the one log line about retained messages is out
+        # The delivery ledger (None: dry run): the times given to readings without their
+        # own, recorded per message, so that a redelivery after a crash gets them again.
+        self._ledger = (None if deliveries is None else
+                        Ledger(deliveries, metrics, health, self._failed, lambda: self._closed))
+        # What the arrivals gave the message being decoded (never filled without a ledger).
+        self._given: list[int] = [] if self._ledger is None else self._ledger.given
         metrics.buffer_limit.set(settings.max_buffered_readings)
         metrics.buffer_limit_bytes.set(settings.max_buffered_bytes)
         self._mapping = settings.mapping
@@ -122,6 +131,10 @@ class Pipeline:
         # widening was never asked for, so it is ignored, not rejected as no_rule.
         self._widened = (self._mapping is not None
                          and settings.topics == self._mapping.subscriptions())
+        if self._ledger is not None:
+            ARRIVALS.given = self._given  # the process's, for the default format
+            if self._mapping is not None:
+                self._mapping.arrivals.given = self._given
         if self._mapping is not None:
             rules = self._mapping.rules
             ignored = [r.name for r in rules if r.ignore]
@@ -154,9 +167,16 @@ class Pipeline:
             if self._retained_data(message.topic):
                 return await self._take_retained(message)
             self._metrics.retained_messages.labels("attribute").inc()
+        recorded = None
+        if message.dup and message.qos and self._ledger is not None:
+            # Resent, and not recognised by the source: after a restart, the first
+            # delivery's readings may be written; they take the times it gave them.
+            recorded = await self._ledger.recorded(message)
+            if self._closed:
+                return False
         if not await self._prepared(message):
             return False
-        self._take(message)
+        self._take(message, recorded)
         return True
 
     async def _prepared(self, message: Inbound) -> bool:
@@ -285,16 +305,19 @@ class Pipeline:
             return False
         # _full(), inline: this runs for every message
         if (self._buffered >= self._max_buffered or self._held_bytes >= self._max_held_bytes
-                or self._stateful or message.retained):
+                or self._stateful or message.retained or message.dup):
             return None
         self._take(message)
         return True
 
-    def _take(self, message: Inbound, first_seen: int | None = None) -> Batch | None:
+    def _take(self, message: Inbound, first_seen: int | Recorded | None = None
+              ) -> Batch | None:
         """Decode one message into the open batch (there is room for it).
 
-        ``first_seen`` (epoch ms): a retained state's time, used instead of the arrival
-        time for readings without their own. Returns the batch this closed, if any.
+        ``first_seen``: a retained state's time (epoch ms), used instead of the arrival
+        time for readings without their own; or what the first delivery of a resent
+        message gave them (:class:`~ingest.store.deliveries.Recorded`). Returns the
+        batch this closed, if any.
         """
         # Per-message counts are kept as plain ints and handed to the metrics at scrape
         # time (sync_metrics): a Prometheus counter takes a lock on every inc().
@@ -305,9 +328,8 @@ class Pipeline:
             if first_seen is None:
                 readings, rejections = decode(message.topic, payload, message.received_at,
                                               self._limits, None, ARRIVALS)
-            else:  # a retained state: its readings without a time take first_seen exactly
-                readings, rejections = decode(message.topic, payload, first_seen / 1000,
-                                              self._limits)
+            else:
+                readings, rejections = self._decoded_at(message, first_seen)
         else:
             readings, rejections = self._mapped(message, first_seen)
         if self._from_topic and readings:
@@ -330,12 +352,25 @@ class Pipeline:
         self._held_bytes += size
         batcher = self._batcher
         had_open = batcher.current is not None
-        full = batcher.add(message, readings, docs, size)
+        # With the times given to readings timed at arrival, if a ledger is kept.
+        full = batcher.add(message, readings, docs, size, self._given)
         if full is not None:
             self._dispatch(full)
         elif not had_open:
             self._opened.set()
         return full
+
+    def _decoded_at(self, message: Inbound, first_seen: int | Recorded) -> Decoded:
+        """The default format's readings of a retained state or of a redelivery.
+
+        A retained state's readings without a time take ``first_seen`` (ms) exactly; a
+        redelivery's take the times its first delivery gave them, in order.
+        """
+        if type(first_seen) is int:
+            return decode(message.topic, message.payload, first_seen / 1000, self._limits)
+        recorded: Recorded = first_seen  # type: ignore[assignment]
+        return decode(message.topic, message.payload, recorded.received_at, self._limits,
+                      None, Replayed(recorded.times, self._given))
 
     def _topic_named(self, topic: str, readings: list[Reading], rejections: list[Rejection]
                      ) -> Decoded:
@@ -349,15 +384,26 @@ class Pipeline:
         return (self._buffered >= self._max_buffered
                 or self._held_bytes >= self._max_held_bytes)
 
-    def _mapped(self, message: Inbound, first_seen: int | None = None) -> Decoded:
+    def _mapped(self, message: Inbound, first_seen: int | Recorded | None = None
+                ) -> Decoded:
         """Decode through the mapping rules, counting each rule's messages."""
-        assert self._mapping is not None
+        mapping = self._mapping
+        assert mapping is not None
         if first_seen is None:
-            result = self._mapping.decode(message.topic, message.payload,
-                                          message.received_at, self._limits)
-        else:
-            result = self._mapping.decode_at(message.topic, message.payload, first_seen,
-                                             self._limits)
+            result = mapping.decode(message.topic, message.payload, message.received_at,
+                                    self._limits)
+        elif type(first_seen) is int:
+            result = mapping.decode_at(message.topic, message.payload, first_seen,
+                                       self._limits)
+        else:  # a redelivery: the rules' arrivals give the times recorded, for this one
+            recorded: Recorded = first_seen  # type: ignore[assignment]
+            arrivals = mapping.arrivals
+            mapping.arrivals = Replayed(recorded.times, arrivals.given)
+            try:
+                result = mapping.decode(message.topic, message.payload, recorded.received_at,
+                                        self._limits)
+            finally:
+                mapping.arrivals = arrivals
         if result.rule is None and self._widened:
             key = (OUTSIDE_RULES, "ignored")
             self._rule_counts[key] = self._rule_counts.get(key, 0) + 1
@@ -486,6 +532,8 @@ class Pipeline:
     async def _write_batch(self, batch: Batch) -> None:
         started = time.perf_counter()
         rejects = batch.rejects
+        if batch.deliveries and self._ledger is not None:
+            await self._ledger.record(batch)  # before the readings: see there
         if batch.readings:
             refused = await self._write_readings(batch.readings)
             if refused:

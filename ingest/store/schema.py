@@ -13,6 +13,7 @@ from pymongo.errors import OperationFailure
 
 from ingest.errors import SchemaError
 from ingest.model import SENSOR_ID_PATTERN
+from ingest.store import deliveries
 from ingest.store.mongo_errors import DUPLICATE_KEY
 
 if TYPE_CHECKING:
@@ -136,6 +137,7 @@ class Schema:
             expire = int(self.retention_days * 86400) + self.span_seconds
             await self.ensure_ttl(BUCKET_TTL_INDEX, "bucket_start", expire)
         await self.ensure_rejects()
+        await self.ensure_deliveries()
 
     async def check_bucket_version(self) -> None:
         """Refuse a bucket collection holding documents of an earlier shape.
@@ -218,6 +220,7 @@ class Schema:
         await self.ensure_index([("meta.sensor_id", 1), ("ts", 1)], TIMESERIES_INDEX)
         await self.ensure_claims()
         await self.ensure_rejects()
+        await self.ensure_deliveries()
 
     async def ensure_claims(self) -> None:
         """The claims collection of time-series mode and its TTL index."""
@@ -289,6 +292,21 @@ class Schema:
         elif not info.get("options", {}).get("capped"):
             logger.warning("collection %s exists and is not capped; rejects will grow unbounded",
                            self.rejects_collection)
+
+    async def ensure_deliveries(self) -> None:
+        """The delivery ledger's indexes (ingest/store/deliveries.py): by client, and expiry."""
+        coll = self.db[deliveries.COLLECTION]
+        try:
+            await coll.create_index([("client", 1), ("seq", 1)], name=deliveries.INDEX)
+            await coll.create_index("at", name=deliveries.TTL_INDEX,
+                                    expireAfterSeconds=deliveries.EXPIRE_SECONDS)
+        except OperationFailure as exc:
+            if exc.code not in INDEX_CONFLICTS:
+                raise
+            raise SchemaError(
+                f"{self.db.name}.{deliveries.COLLECTION}: an index with the key or the name "
+                f"of {deliveries.INDEX} or {deliveries.TTL_INDEX} but other options exists; "
+                f"drop it (dropIndex) and start again ({str(exc)[:160]})") from exc
 
 
 def claims_collection(collection: str) -> str:

@@ -133,6 +133,7 @@ class Daemon:
     metrics_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)  # INGEST_* variables to set
+    cwd: Path | None = None  # the source tree to run (``python -m ingest`` from there)
 
     def start(self, wait_ready: bool = True) -> Daemon:
         env = clean_env() | self.env
@@ -140,7 +141,7 @@ class Daemon:
                "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port)]
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                            env=env, cwd=ROOT)
+                                            env=env, cwd=self.cwd or ROOT)
         if wait_ready:
             self.wait_ready()
         return self
