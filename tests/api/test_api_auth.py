@@ -29,6 +29,7 @@ from ingest.store.schema import Schema
 from ingest.store.writers.bucket import BucketWriter
 from tests.support.procs import ROOT, clean_env, free_port
 from tests.support.proxy import Proxy
+from tests.support.tls import self_signed
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -262,21 +263,11 @@ async def test_the_page_login_is_a_session_cookie_and_refuses_other_sites(
     assert session.group(1) not in log
 
 
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and its key, made by openssl."""
-    cert, key = directory / "api.crt", directory / "api.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",
-                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=30)
-    return cert, key
-
 
 async def test_tls_with_a_self_signed_certificate(api: Callable[..., Api], db: Any,
                                                   tmp_path: Path) -> None:
     await store(db)
-    cert, key = self_signed(tmp_path)
+    cert, key = self_signed(tmp_path, "api")
     token = secrets.token_urlsafe(32)
     running = api("--api-tokens-file", str(token_file(tmp_path, page=token)),
                   "--api-tls-cert", str(cert), "--api-tls-key", str(key), cafile=cert)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import secrets
 import ssl
-import subprocess
 import time
 import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING
 
 import pytest
+
+from tests.support.tls import self_signed
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -31,16 +32,6 @@ def get(url: str, token: str | None = None, context: ssl.SSLContext | None = Non
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
 
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and its key, made by openssl."""
-    cert, key = directory / "metrics.crt", directory / "metrics.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",
-                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=30)
-    return cert, key
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -65,7 +56,7 @@ def test_metrics_need_a_token_and_health_stays_open(
 
 
 def test_metrics_over_tls(daemon: Callable[..., Daemon], tmp_path: Path) -> None:
-    cert, key = self_signed(tmp_path)
+    cert, key = self_signed(tmp_path, "metrics")
     proc = daemon("--metrics-tls-cert", str(cert), "--metrics-tls-key", str(key),
                   wait_ready=False)
     trusted = ssl.create_default_context(cafile=str(cert))
@@ -89,7 +80,7 @@ def test_metrics_over_tls(daemon: Callable[..., Daemon], tmp_path: Path) -> None
 
 def test_half_a_tls_pair_is_one_line_naming_both_flags(daemon: Callable[..., Daemon],
                                                       tmp_path: Path) -> None:
-    cert, _ = self_signed(tmp_path)
+    cert, _ = self_signed(tmp_path, "metrics")
     proc = daemon("--metrics-tls-cert", str(cert), wait_ready=False)
     assert proc.wait() == 2
     assert ("--metrics-tls-cert and --metrics-tls-key: give both or neither"
