@@ -409,6 +409,8 @@ def summarise(run: str, faults: dict[str, int], report: dict[str, Any], c: dict[
               f"duplicate lookups: {c['duplicate_checked_readings_total']:.0f} readings in "
               f"{c['duplicate_check_seconds_total']:.3f} s (batch writes "
               f"{c['batch_write_seconds_sum']:.3f} s in all)")
+        if report.get("examples"):
+            print(f"fault run: {run}: examples: {report['examples']}")  # noqa: T201
 
 
 def start_publisher(broker: Broker, root: str, count: int, qos: int, seed: int,
