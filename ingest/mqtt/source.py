@@ -543,6 +543,20 @@ class MqttSource:
         return (original.topic == message.topic and original.payload == message.payload
                 and self._taken(original))
 
+    def holds(self, message: Inbound) -> bool:
+        """Whether the pipeline may still take ``message`` (asked after it waited for I/O).
+
+        A QoS 1/2 message only while its connection lasts: once the connection ends, a
+        message not yet taken is forgotten and the broker resends it, so taking it late
+        would write it without acknowledging it, and take its redelivery as new. QoS 0
+        ones always (the daemon's only copy).
+        """
+        if not message.qos:
+            return True
+        inbox = self._inbox
+        return (inbox is not None and inbox.generation == message.generation
+                and inbox.current is message)
+
     def _taken(self, message: Inbound) -> bool:
         """Whether the pipeline took this (unacknowledged) message.
 

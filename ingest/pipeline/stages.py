@@ -32,6 +32,8 @@ from ingest.retry import backoff
 from ingest.store.writers.rejects import reject_docs
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ingest.config import Settings
     from ingest.metrics import Health, Metrics
     from ingest.model import Inbound, Reading
@@ -78,6 +80,10 @@ class Acker(Protocol):
         """Acknowledge written messages in order; return how many could be."""
 
 
+def _held(_message: Inbound) -> bool:
+    return True
+
+
 class Pipeline:
     """Decode and batch submitted messages; write batches; ack them in order."""
 
@@ -89,6 +95,9 @@ class Pipeline:
         self._writer = writer
         self._rejects = rejects
         self._acker = acker
+        # Whether the source still holds a message offered to submit (its connection has
+        # not ended meanwhile); fakes of the tests hold every message.
+        self._holds: Callable[[Inbound], bool] = getattr(acker, "holds", _held)
         self._metrics = metrics
         self._health = health
         self._limits = Limits(settings.max_message_bytes, settings.max_readings_per_message,
@@ -174,8 +183,8 @@ class Pipeline:
             recorded = await self._ledger.recorded(message)
             if self._closed:
                 return False
-        if not await self._prepared(message):
-            return False
+        if not await self._prepared(message) or not self._holds(message):
+            return False  # closing, or its connection ended meanwhile (it is resent)
         self._take(message, recorded)
         return True
 
@@ -215,7 +224,7 @@ class Pipeline:
             self._skip_retained(message)
             return True
         found = await self._first_seen_of(message)
-        if found is None or not await self._prepared(message):
+        if found is None or not await self._prepared(message) or not self._holds(message):
             return False
         ms, new = found
         self._metrics.retained_messages.labels("new" if new else "known").inc()

@@ -12,6 +12,7 @@ from ingest.config import Settings
 from ingest.errors import RefusedWriteError, WriteError
 from ingest.metrics import Health, Metrics
 from ingest.model import Inbound, Reading
+from ingest.mqtt.source import MqttSource, _Inbox
 from ingest.pipeline.app import Shutdown
 from ingest.pipeline.stages import Pipeline
 from ingest.store.writers import Outcome, Plan
@@ -237,3 +238,42 @@ async def test_take_now_takes_what_fits_and_leaves_waiting_to_submit() -> None:
     assert writer.stored == [0, 1, 2, 3, 4]
     assert acks.mids == [1, 2, 3, 4, 5]
     assert pipeline.take_now(message(5)) is False
+
+
+class LostConnection(Acks):
+    """A source whose connection ended while the pipeline waited: it holds no QoS 1
+    message any more (forgotten: the broker resends it), QoS 0 ones still."""
+
+    def holds(self, message: Inbound) -> bool:
+        return not message.qos
+
+
+async def test_a_message_whose_connection_ended_while_it_waited_is_not_taken() -> None:
+    """Taken late, it would be written and never acknowledged (its connection is gone),
+    and its redelivery taken as new: the broker resends it, so the pipeline leaves it."""
+    settings = Settings(batch_size=4, flush_interval=0.05)
+    writer, acks, metrics = ScriptedWriter([]), LostConnection(), Metrics("bucket")
+    pipeline = Pipeline(settings, writer, Rejects(), acks, metrics, Health())  # type: ignore[arg-type]
+    task = asyncio.create_task(pipeline.run())
+    resent = Inbound("sensors/a/readings", orjson.dumps({"ts": NOW, "seq": 1, "v": 1}), 7, 1,
+                     1, NOW, dup=True)
+    qos0 = Inbound("sensors/a/readings", orjson.dumps({"ts": NOW, "seq": 2, "v": 2}), 0, 0,
+                   1, NOW)
+    assert await pipeline.submit(resent) is False
+    assert await pipeline.submit(qos0) is True
+    await asyncio.wait_for(pipeline.drain(), 30)
+    task.cancel()
+    assert writer.stored == [2]
+
+
+async def test_the_source_holds_a_message_only_while_its_connection_lasts() -> None:
+    source = MqttSource(Settings(), Metrics("bucket"), Health())
+    message = Inbound("a/b", b"{}", 5, 1, 3, NOW)
+    assert not source.holds(message)  # no connection yet
+    inbox = source._inbox = _Inbox(Settings(), Metrics("bucket"), Health(), 3)
+    inbox.current = message  # being offered to the pipeline
+    assert source.holds(message)
+    assert not source.holds(message._replace(generation=2))  # an earlier connection's
+    inbox.close()  # the connection ends: current is forgotten
+    assert not source.holds(message)
+    assert source.holds(message._replace(qos=0))  # QoS 0: the daemon's only copy
