@@ -15,13 +15,14 @@ once (one query), and every DUP of that connection is looked up in memory.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ingest.errors import RefusedWriteError, WriteError
+from ingest.errors import RefusedWriteError
+from ingest.pipeline.retries import Failed, until_answered
 from ingest.store.deliveries import first_delivery
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Callable
 
     from ingest.metrics import Health, Metrics
     from ingest.model import Inbound
@@ -30,14 +31,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-type Retry = Callable[[WriteError, int], Awaitable[None]]
-
 
 class Ledger:
     """Record what times messages gave; find them again for their redeliveries."""
 
     def __init__(self, deliveries: Deliveries, metrics: Metrics, health: Health,
-                 retry: Retry, closed: Callable[[], bool]) -> None:
+                 retry: Failed, closed: Callable[[], bool]) -> None:
         self._deliveries = deliveries
         self._metrics = metrics
         self._health = health
@@ -56,26 +55,21 @@ class Ledger:
         (and its messages stay unacknowledged). Refused for its data (not expected:
         packed numbers), it is logged and the readings are written without it.
         """
-        docs = None
-        attempt = 0
-        while True:
-            try:
-                if docs is None:
-                    docs = await self._deliveries.documents(batch.deliveries, batch.given)
-                await self._deliveries.write(docs)
-            except RefusedWriteError as exc:
-                self._metrics.write_error("rejected")
-                logger.error("cannot record the arrival times of %d messages (a crash "  # noqa: TRY400 - a server's answer, not a bug
-                             "before their PUBACKs would store their redeliveries' readings "
-                             "twice): %s", len(batch.deliveries), exc)
-                return
-            except WriteError as exc:
-                attempt += 1
-                await self._retry(exc, attempt)
-                continue
-            if attempt:
-                self._health.mongodb_ok = True
-            return
+        docs: list[dict[str, Any]] | None = None
+
+        async def write() -> None:
+            nonlocal docs
+            if docs is None:
+                docs = await self._deliveries.documents(batch.deliveries, batch.given)
+            await self._deliveries.write(docs)
+
+        try:
+            await until_answered(write, self._retry, self._health)
+        except RefusedWriteError as exc:
+            self._metrics.write_error("rejected")
+            logger.error("cannot record the arrival times of %d messages (a crash "  # noqa: TRY400 - a server's answer, not a bug
+                         "before their PUBACKs would store their redeliveries' readings "
+                         "twice): %s", len(batch.deliveries), exc)
 
     async def recorded(self, message: Inbound) -> Recorded | None:
         """The times the first delivery of this DUP gave, if they were recorded.
@@ -96,18 +90,10 @@ class Ledger:
 
     async def _entries(self) -> Latest | None:
         """The client's entries, retried like a write; None if the pipeline closes first."""
-        attempt = 0
-        while not self._closed():
-            try:
-                entries = await self._deliveries.tail()
-            except WriteError as exc:
-                attempt += 1
-                await self._retry(exc, attempt)
-                continue
-            if attempt:
-                self._health.mongodb_ok = True
+        entries = await until_answered(self._deliveries.tail, self._retry, self._health,
+                                       self._closed)
+        if entries is not None:
             logger.info("a message resent after a restart (DUP): %d arrival times recorded "
                         "for client %s, for its readings without a time of their own",
                         len(entries), self._deliveries.client)
-            return entries
-        return None
+        return entries

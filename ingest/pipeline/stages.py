@@ -28,11 +28,11 @@ from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, Write
 from ingest.model import Decoded, Rejection
 from ingest.pipeline.batcher import Batch, Batcher, merged
 from ingest.pipeline.redelivered import Ledger
+from ingest.pipeline.retries import until_answered
 from ingest.retry import backoff
 from ingest.store.writers.rejects import reject_docs
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
 
     from ingest.config import Settings
     from ingest.metrics import Health, Metrics
@@ -79,9 +79,11 @@ class Acker(Protocol):
     def ack_all(self, messages: list[Inbound]) -> int:
         """Acknowledge written messages in order; return how many could be."""
 
+    def holds(self, message: Inbound) -> bool:
+        """Whether ``message``, offered to the pipeline, may still be taken.
 
-def _held(_message: Inbound) -> bool:
-    return True
+        False once its connection has ended meanwhile (the broker resends it).
+        """
 
 
 class Pipeline:
@@ -95,9 +97,6 @@ class Pipeline:
         self._writer = writer
         self._rejects = rejects
         self._acker = acker
-        # Whether the source still holds a message offered to submit (its connection has
-        # not ended meanwhile); fakes of the tests hold every message.
-        self._holds: Callable[[Inbound], bool] = getattr(acker, "holds", _held)
         self._metrics = metrics
         self._health = health
         self._limits = Limits(settings.max_message_bytes, settings.max_readings_per_message,
@@ -183,7 +182,7 @@ class Pipeline:
             recorded = await self._ledger.recorded(message)
             if self._closed:
                 return False
-        if not await self._prepared(message) or not self._holds(message):
+        if not await self._prepared(message) or not self._acker.holds(message):
             return False  # closing, or its connection ended meanwhile (it is resent)
         self._take(message, recorded)
         return True
@@ -224,7 +223,7 @@ class Pipeline:
             self._skip_retained(message)
             return True
         found = await self._first_seen_of(message)
-        if found is None or not await self._prepared(message) or not self._holds(message):
+        if found is None or not await self._prepared(message) or not self._acker.holds(message):
             return False
         ms, new = found
         self._metrics.retained_messages.labels("new" if new else "known").inc()
@@ -285,23 +284,16 @@ class Pipeline:
         arrived = int(message.received_at * 1000)
         if self._first_seen is None:  # dry run: nothing is recorded
             return arrived, True
-        attempt = 0
-        while not self._closed:
-            try:
-                found = await self._first_seen.first_seen(message.topic, message.payload,
-                                                         message.received_at)
-            except RefusedWriteError as exc:
-                logger.error("cannot record the retained state of %r (storing it at its "  # noqa: TRY400 - a server's answer, not a bug
-                             "arrival time): %s", message.topic[:200], exc)
-                return arrived, True
-            except WriteError as exc:
-                attempt += 1
-                await self._failed(exc, attempt)
-                continue
-            if attempt:
-                self._health.mongodb_ok = True
-            return found
-        return None
+        first_seen = self._first_seen
+        try:
+            return await until_answered(
+                lambda: first_seen.first_seen(message.topic, message.payload,
+                                              message.received_at),
+                self._failed, self._health, lambda: self._closed)
+        except RefusedWriteError as exc:
+            logger.error("cannot record the retained state of %r (storing it at its "  # noqa: TRY400 - a server's answer, not a bug
+                         "arrival time): %s", message.topic[:200], exc)
+            return arrived, True
 
     def take_now(self, message: Inbound) -> bool | None:
         """:meth:`submit` without a coroutine, when nothing needs waiting for.
