@@ -48,6 +48,20 @@ def writer_for(db: Any, owner: str, claims: bool = True) -> TimeseriesWriter:
     return TimeseriesWriter(db.readings, schema, owner, claims=claims)
 
 
+async def claimed_only(writer: TimeseriesWriter, monkeypatch: pytest.MonkeyPatch,
+                       why: str) -> None:
+    """``writer`` writes a batch of ``temp=1.0`` whose claims are made and whose insert
+    then fails with ``why`` (a process that dies there, an outage): claimed, not stored."""
+
+    async def fails(self: TimeseriesWriter, plan: Any) -> Outcome:
+        raise WriteError(why)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TimeseriesWriter, "_insert", fails)
+        with pytest.raises(WriteError):
+            await writer.write(writer.plan(batch(temp=1.0)))
+
+
 @pytest.fixture
 def race(monkeypatch: pytest.MonkeyPatch) -> Any:
     """``race(n)``: the next ``n`` lookups each wait until all ``n`` have answered."""
@@ -157,13 +171,7 @@ async def test_a_claim_left_by_a_crashed_writer_is_its_sessions_to_store(
     crashed = writer_for(db, "ingest-host-w1")
     await crashed.ensure_schema()
 
-    async def dies(self: TimeseriesWriter, plan: Any) -> Outcome:
-        raise WriteError("the process died here")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(TimeseriesWriter, "_insert", dies)
-        with pytest.raises(WriteError):
-            await crashed.write(crashed.plan(batch(temp=1.0)))
+    await claimed_only(crashed, monkeypatch, "the process died here")
     assert await db.readings_claims.count_documents({"by": "ingest-host-w1"}) == N
     assert await db.readings.count_documents({}) == 0
 
@@ -261,13 +269,7 @@ async def test_a_write_retried_after_its_claims_expired_is_judged_afresh(
     first = writer_for(db, "w0")
     await first.ensure_schema()
 
-    async def fails(self: TimeseriesWriter, plan: Any) -> Outcome:
-        raise WriteError("MongoDB unreachable")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(TimeseriesWriter, "_insert", fails)
-        with pytest.raises(WriteError):
-            await first.write(first.plan(batch(temp=1.0)))
+    await claimed_only(first, monkeypatch, "MongoDB unreachable")
     await db.readings_claims.delete_many({})  # what the TTL monitor does after 600 s
     other = writer_for(db, "w1")
     assert (await other.write(other.plan(batch(temp=2.0)))).written == N
@@ -283,15 +285,8 @@ async def test_a_claim_gone_between_its_collision_and_its_read_is_made_again(
 
     other = writer_for(db, "w1")
     await other.ensure_schema()
-    insert = TimeseriesWriter._insert
-
-    async def dies(self: TimeseriesWriter, plan: Any) -> Outcome:
-        raise WriteError("the process died here")
-
-    monkeypatch.setattr(TimeseriesWriter, "_insert", dies)
-    with pytest.raises(WriteError):  # claims of another session, nothing stored
-        await other.write(other.plan(batch(temp=1.0)))
-    monkeypatch.setattr(TimeseriesWriter, "_insert", insert)
+    # claims of another session, nothing stored
+    await claimed_only(other, monkeypatch, "the process died here")
     original = Claims._read
 
     async def expired(self: Claims, ids: list[str]) -> dict[str, dict[str, Any]]:
