@@ -267,7 +267,7 @@ def validate(settings: Settings) -> Settings:
         raise ConfigError(f"--bucket-span-seconds: at most {MAX_TIMESERIES_SPAN} "
                           "(one year) for a time-series collection")
     _check_retention(settings)
-    _check_api_tls(settings.metrics_tls_cert, settings.metrics_tls_key, "--metrics")
+    _check_server_tls(settings.metrics_tls_cert, settings.metrics_tls_key, "--metrics")
     if not 0 <= settings.metrics_port <= 65535:
         raise ConfigError("--metrics-port: must be between 0 and 65535")
     if not 1 <= settings.workers <= MAX_WORKERS:
@@ -416,7 +416,7 @@ def validate_api(settings: ApiSettings) -> ApiSettings:
     if not (settings.session_hours > 0 and math.isfinite(settings.session_hours)):
         raise ConfigError("--api-session-hours: must be a finite number greater than 0, got "
                           f"{settings.session_hours}")
-    _check_api_tls(settings.tls_cert, settings.tls_key)
+    _check_server_tls(settings.tls_cert, settings.tls_key)
     if not settings.tokens and not settings.insecure and not is_loopback(settings.host):
         raise ConfigError(
             f"--api-host {settings.host}: not a loopback address, and no --api-tokens-file: "
@@ -436,7 +436,7 @@ def is_loopback(host: str) -> bool:
         return False  # a name: it may resolve to any interface
 
 
-def _check_api_tls(cert: str | None, key: str | None, prefix: str = "--api") -> None:
+def _check_server_tls(cert: str | None, key: str | None, prefix: str = "--api") -> None:
     """Both TLS files or neither, each readable (``prefix``: --api or --metrics)."""
     if (cert is None) != (key is None):
         raise ConfigError(f"{prefix}-tls-cert and {prefix}-tls-key: give both or neither")

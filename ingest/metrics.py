@@ -369,8 +369,8 @@ class HttpEndpoint:
             writer.write(b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
                          b"Connection: close\r\n\r\n%s" % (status, ctype, len(body), body))
             await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ConnectionError, OSError) as exc:
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+            # OSError: timeouts, resets, and TLS handshakes that fail (ssl.SSLError)
             logger.debug("metrics request dropped: %s", exc)
         finally:
             writer.close()
