@@ -657,8 +657,6 @@ class MqttSource:
         # of the SUBACK, and what the old filters queued is told apart with their record.
         self._early = await self._recall(self._wanted_filters())
         self._recall_next = self._early is not None  # failed: on the next connection
-        if self._early:
-            self._subscriptions.retire(self._early)
         while not self._stop.is_set():
             try:
                 client = self._new_client()
@@ -838,10 +836,7 @@ class MqttSource:
         if not self._recall_next:  # it failed just before this first connection
             self._recall_next = True
             return None
-        recalled = await self._recall(subscriptions)
-        if recalled:
-            self._subscriptions.retire(recalled)
-        return recalled
+        return await self._recall(subscriptions)
 
     def _wanted_filters(self) -> tuple[str, ...]:
         """Today's filters (a retired worker being drained: none)."""
@@ -868,6 +863,8 @@ class MqttSource:
         if (before is None or set(before) != set(subscriptions)) and not (
                 await self._record_filters([*subscriptions, *old])):
             return None
+        # What they queued before today's filters existed arrives from now on.
+        self._subscriptions.retire(old)
         return old
 
     async def _record_filters(self, filters: list[str]) -> bool:
