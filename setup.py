@@ -35,8 +35,10 @@ class BuildPyWithNote(build_py):
         # An editable install runs from the source tree: the note goes there.
         note = (HERE if self.editable_mode else Path(self.build_lib)) / NOTE
         if turned_off():
-            note.write_text("INGEST_NO_EXTENSIONS was set when this was built: no "
-                            "accelerator was compiled\n", encoding="utf-8")
+            note.write_text(
+                "INGEST_NO_EXTENSIONS was set when this was built: no accelerator was compiled\n",
+                encoding="utf-8",
+            )
         else:
             note.unlink(missing_ok=True)
 
@@ -50,10 +52,17 @@ def extensions() -> list[Extension]:
     except ImportError:
         return []
     sources = sorted(p.relative_to(HERE).as_posix() for p in HERE.glob("ingest/**/_*_c.pyx"))
-    modules = cythonize([Extension(source[:-4].replace("/", "."), [source]) for source in sources],
-                        language_level=3, quiet=True, compiler_directives={
-                            "boundscheck": False, "wraparound": False, "cdivision": True,
-                            "embedsignature": True})
+    modules = cythonize(
+        [Extension(source[:-4].replace("/", "."), [source]) for source in sources],
+        language_level=3,
+        quiet=True,
+        compiler_directives={
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+            "embedsignature": True,
+        },
+    )
     for module in modules:
         # Set after cythonize, which makes new Extensions without it: a compiler that is
         # missing or fails is then a warning, and the pure-Python twin runs.

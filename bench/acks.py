@@ -32,12 +32,20 @@ async def per_message_us(*, remember: bool) -> float:
     client = aiomqtt.Client("127.0.0.1")
     client._client._packet_queue = lambda *_a, **_k: 0  # noqa: SLF001
     source._client, source._generation = client, 1  # noqa: SLF001
-    messages = [Inbound(f"sensors/s{i % 1000}/readings",
-                        b'{"ts": 1700000000.5, "temp": 21.5, "seq": %d}' % i,
-                        i % 65535 + 1, 1, 1, 0.0) for i in range(MESSAGES)]
+    messages = [
+        Inbound(
+            f"sensors/s{i % 1000}/readings",
+            b'{"ts": 1700000000.5, "temp": 21.5, "seq": %d}' % i,
+            i % 65535 + 1,
+            1,
+            1,
+            0.0,
+        )
+        for i in range(MESSAGES)
+    ]
     started = time.perf_counter()
     for i in range(0, MESSAGES, BATCH):
-        batch = messages[i:i + BATCH]
+        batch = messages[i : i + BATCH]
         for message in batch:
             source._arrived(message, client)  # noqa: SLF001
         source.ack_all(batch)
@@ -49,9 +57,11 @@ async def main(rounds: int) -> None:
     for _ in range(rounds):
         with_memory.append(await per_message_us(remember=True))
         without.append(await per_message_us(remember=False))
-    print(f"acknowledgement bookkeeping, fastest of {rounds} rounds of {MESSAGES:,} messages: "
-          f"{min(with_memory):.2f} us/message remembering PUBACKs, "
-          f"{min(without):.2f} us/message without")
+    print(
+        f"acknowledgement bookkeeping, fastest of {rounds} rounds of {MESSAGES:,} messages: "
+        f"{min(with_memory):.2f} us/message remembering PUBACKs, "
+        f"{min(without):.2f} us/message without"
+    )
 
 
 if __name__ == "__main__":

@@ -61,19 +61,28 @@ def fleet(sensors: int, hours: int, interval: int, seed: int) -> list[Reading]:
 
 async def load(db: Any, readings: list[Reading]) -> dict[str, float]:  # noqa: ANN401
     """Write through both writers; seconds each took."""
-    def schema(name: str) -> Schema:
-        return Schema(db, name, rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                      retention_days=None, span_seconds=3600)
 
-    writers = {"bucket": BucketWriter(db.buckets, schema("buckets"), 3600, 3600),
-               "timeseries": TimeseriesWriter(db.readings, schema("readings"))}
+    def schema(name: str) -> Schema:
+        return Schema(
+            db,
+            name,
+            rejects_collection="rejects",
+            rejects_max_bytes=1 << 20,
+            retention_days=None,
+            span_seconds=3600,
+        )
+
+    writers = {
+        "bucket": BucketWriter(db.buckets, schema("buckets"), 3600, 3600),
+        "timeseries": TimeseriesWriter(db.readings, schema("readings")),
+    }
     took = {}
     for mode, writer in writers.items():
         await writer.ensure_schema()
         start = time.perf_counter()
         for i in range(0, len(readings), BATCH):
-            outcome = await writer.write(writer.plan(readings[i:i + BATCH]))
-            assert outcome.written == len(readings[i:i + BATCH]), outcome
+            outcome = await writer.write(writer.plan(readings[i : i + BATCH]))
+            assert outcome.written == len(readings[i : i + BATCH]), outcome
         took[mode] = time.perf_counter() - start
     return took
 
@@ -84,18 +93,28 @@ def queries(hours: int) -> dict[str, str]:
     day = f"since={iso(DAY)}&until={iso(end)}"
     return {
         "sensors": f"/api/sensors?{day}",
-        "readings": (f"/api/readings?sensor=sensor-0001&since={iso(hour)}"
-                     f"&until={iso(hour + timedelta(hours=1))}&limit=10000"),
+        "readings": (
+            f"/api/readings?sensor=sensor-0001&since={iso(hour)}"
+            f"&until={iso(hour + timedelta(hours=1))}&limit=10000"
+        ),
         "series-1h": f"/api/series?sensor=sensor-0001&measurement=temp&{day}&step=1h",
         "series-5m": f"/api/series?sensor=sensor-0001&measurement=temp&{day}&step=5m",
     }
 
 
-async def measure(client: AsyncMongoClient[dict[str, Any]], db: str, mode: str,
-                  paths: dict[str, str], requests: int, now: datetime
-                  ) -> dict[str, dict[str, float]]:
-    settings = ApiSettings(mode=mode, db=db,  # type: ignore[arg-type]
-                           collection="buckets" if mode == "bucket" else "readings")
+async def measure(
+    client: AsyncMongoClient[dict[str, Any]],
+    db: str,
+    mode: str,
+    paths: dict[str, str],
+    requests: int,
+    now: datetime,
+) -> dict[str, dict[str, float]]:
+    settings = ApiSettings(
+        mode=mode,
+        db=db,  # type: ignore[arg-type]
+        collection="buckets" if mode == "bucket" else "readings",
+    )
     runner = web.AppRunner(ReadApi(settings, client, clock=lambda: now).app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -114,10 +133,11 @@ async def measure(client: AsyncMongoClient[dict[str, Any]], db: str, mode: str,
                     if i:  # the first request warms connections and caches
                         times.append(time.perf_counter() - start)
                 times.sort()
-                out[name] = {"p50_ms": 1000 * statistics.median(times),
-                             "p99_ms": 1000 * times[min(len(times) - 1,
-                                                        round(0.99 * (len(times) - 1)))],
-                             "bytes": len(body)}
+                out[name] = {
+                    "p50_ms": 1000 * statistics.median(times),
+                    "p99_ms": 1000 * times[min(len(times) - 1, round(0.99 * (len(times) - 1)))],
+                    "bytes": len(body),
+                }
     finally:
         await runner.cleanup()
     return out
@@ -135,12 +155,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         write_seconds = await load(client[db_name], readings)
         now = DAY + timedelta(hours=args.hours)
         paths = queries(args.hours)
-        results = {mode: await measure(client, db_name, mode, paths, args.requests, now)
-                   for mode in ("bucket", "timeseries")}
-        return {"command": " ".join(["python", "-m", "bench.api", *sys.argv[1:]]),
-                "mongodb": "emulator" if args.mongodb_uri is None else "given",
-                "readings": len(readings), "sensors": args.sensors, "hours": args.hours,
-                "write_seconds": write_seconds, "requests": args.requests, "results": results}
+        results = {
+            mode: await measure(client, db_name, mode, paths, args.requests, now)
+            for mode in ("bucket", "timeseries")
+        }
+        return {
+            "command": " ".join(["python", "-m", "bench.api", *sys.argv[1:]]),
+            "mongodb": "emulator" if args.mongodb_uri is None else "given",
+            "readings": len(readings),
+            "sensors": args.sensors,
+            "hours": args.hours,
+            "write_seconds": write_seconds,
+            "requests": args.requests,
+            "results": results,
+        }
     finally:
         await client.drop_database(db_name)
         await client.close()
@@ -163,13 +191,16 @@ def main() -> None:
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    print(f"{report['readings']} readings ({args.sensors} sensors, {args.hours} h), "
-          f"MongoDB: {report['mongodb']}, {args.requests} requests per query, one at a time")
+    print(
+        f"{report['readings']} readings ({args.sensors} sensors, {args.hours} h), "
+        f"MongoDB: {report['mongodb']}, {args.requests} requests per query, one at a time"
+    )
     print(f"{'query':<10} {'layout':<11} {'p50 ms':>8} {'p99 ms':>8} {'bytes':>8}")
     for mode, rows in report["results"].items():
         for name, row in rows.items():
-            print(f"{name:<10} {mode:<11} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} "
-                  f"{row['bytes']:8d}")
+            print(
+                f"{name:<10} {mode:<11} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f} {row['bytes']:8d}"
+            )
 
 
 if __name__ == "__main__":

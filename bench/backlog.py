@@ -39,9 +39,15 @@ def payloads(messages: int, per_message: int, sensors: int = 1000) -> list[bytes
     out = []
     for i in range(messages):
         sensor, tick = i % sensors, i // sensors
-        readings = [{"ts": now + (tick * per_message + j) * 0.001, "seq": tick * per_message + j,
-                     "temp": 20.0 + (j % 50) / 10, "hum": 40 + j % 7}
-                    for j in range(per_message)]
+        readings = [
+            {
+                "ts": now + (tick * per_message + j) * 0.001,
+                "seq": tick * per_message + j,
+                "temp": 20.0 + (j % 50) / 10,
+                "hum": 40 + j % 7,
+            }
+            for j in range(per_message)
+        ]
         if per_message == 1:
             out.append(orjson.dumps(readings[0]))
         else:
@@ -56,16 +62,17 @@ def fleet_topics(messages: int, sensors: int) -> list[str]:
 
 def preload(broker: Broker, messages: list[tuple[str, bytes]]) -> None:
     """Publish every message at QoS 1; fail unless the broker acknowledged each one."""
-    client = paho.Client(CallbackAPIVersion.VERSION2, client_id="bench-pub",
-                         protocol=paho.MQTTv5)
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id="bench-pub", protocol=paho.MQTTv5)
     client.max_inflight_messages_set(WINDOW)
     client.connect("127.0.0.1", broker.port)
     client.loop_start()
     try:
         # In windows: paho scans its whole outgoing queue on every PUBACK.
         for start in range(0, len(messages), WINDOW):
-            infos = [client.publish(topic, payload, qos=1)
-                     for topic, payload in messages[start:start + WINDOW]]
+            infos = [
+                client.publish(topic, payload, qos=1)
+                for topic, payload in messages[start : start + WINDOW]
+            ]
             for info in infos:
                 info.wait_for_publish(timeout=60)
                 if not info.is_published():
@@ -75,8 +82,13 @@ def preload(broker: Broker, messages: list[tuple[str, bytes]]) -> None:
         client.loop_stop()
 
 
-def drain(broker: Broker, args: list[str], workdir: Path, messages: list[tuple[str, bytes]],
-          name: str = "daemon") -> tuple[float, dict[str, float]]:
+def drain(
+    broker: Broker,
+    args: list[str],
+    workdir: Path,
+    messages: list[tuple[str, bytes]],
+    name: str = "daemon",
+) -> tuple[float, dict[str, float]]:
     """(seconds from its connect to the broker's processing of its last ack, the daemon's
     counters at the end).
 
@@ -94,7 +106,7 @@ def drain(broker: Broker, args: list[str], workdir: Path, messages: list[tuple[s
     relay = e2e.Relay.start(e2e.tools()["mqttrelay"], broker.port, len(messages))
     try:
         url = args.index("--mqtt-url") + 1
-        daemon = Daemon([*args[:url], relay.url, *args[url + 1:]], log).start(wait_ready=False)
+        daemon = Daemon([*args[:url], relay.url, *args[url + 1 :]], log).start(wait_ready=False)
         try:
             watch, counters = e2e.watch_daemon(daemon, relay, len(messages), 1, [client_id])
         finally:
@@ -107,26 +119,45 @@ def drain(broker: Broker, args: list[str], workdir: Path, messages: list[tuple[s
     e2e.settle(run, relay, client_id, 1)
     e2e.timed(run, watch)
     if run.pubacks < len(messages):
-        raise RuntimeError(f"the broker has {run.pubacks} PUBACKs of {len(messages)} "
-                           f"messages:\n{daemon.logs()[-2000:]}")
+        raise RuntimeError(
+            f"the broker has {run.pubacks} PUBACKs of {len(messages)} "
+            f"messages:\n{daemon.logs()[-2000:]}"
+        )
     return run.seconds, counters
 
 
-def run_daemon(broker: Broker, lines: list[bytes], workdir: Path, batch: int,
-               extra: tuple[str, ...] = ("--topic", "bench/#"),
-               topics: list[str] | None = None) -> tuple[float, float]:
+def run_daemon(
+    broker: Broker,
+    lines: list[bytes],
+    workdir: Path,
+    batch: int,
+    extra: tuple[str, ...] = ("--topic", "bench/#"),
+    topics: list[str] | None = None,
+) -> tuple[float, float]:
     """(messages/s, readings/s) of a ``--dry-run`` daemon draining ``lines`` (on
     ``topics``, default all on one sensor's topic)."""
-    args = ["--dry-run", "--mqtt-url", broker.url, *extra,
-            "--mongodb-uri", "mongodb://127.0.0.1:1", "--client-id", "bench-ingest",
-            "--batch-size", str(batch), "--log-level", "warning"]
+    args = [
+        "--dry-run",
+        "--mqtt-url",
+        broker.url,
+        *extra,
+        "--mongodb-uri",
+        "mongodb://127.0.0.1:1",
+        "--client-id",
+        "bench-ingest",
+        "--batch-size",
+        str(batch),
+        "--log-level",
+        "warning",
+    ]
     messages = list(zip(topics or ["bench/s0/readings"] * len(lines), lines, strict=True))
     seconds, counters = drain(broker, args, workdir, messages)
     return len(lines) / seconds, counters.get("ingest_readings_written_total", 0.0) / seconds
 
 
-def run_sub(broker: Broker, lines: list[bytes], workdir: Path,
-            topics: list[str] | None = None) -> float:
+def run_sub(
+    broker: Broker, lines: list[bytes], workdir: Path, topics: list[str] | None = None
+) -> float:
     """Messages/s of ``mosquitto_sub`` at full speed (bench.e2e's baseline, writing to a
     file) draining ``lines`` (on ``topics``, default all on one sensor's topic).
 
@@ -148,6 +179,8 @@ def run_sub(broker: Broker, lines: list[bytes], workdir: Path,
         relay.kill()
     e2e.settle(run, relay, client_id, 1)
     if run.pubacks < len(messages) or run.received < len(messages) or run.seconds <= 0:
-        raise RuntimeError(f"mosquitto_sub wrote {run.received} of {len(messages)} messages; "
-                           f"the broker has {run.pubacks} PUBACKs")
+        raise RuntimeError(
+            f"mosquitto_sub wrote {run.received} of {len(messages)} messages; "
+            f"the broker has {run.pubacks} PUBACKs"
+        )
     return len(messages) / run.seconds

@@ -57,8 +57,12 @@ def readings(batch: int, per_message: int, sensors: int) -> list[Reading]:
     return out
 
 
-def timed(plan: Callable[[list[Reading], int, int], Plan], date_int: Callable[..., int],
-          data: list[Reading], encode: bool) -> float:
+def timed(
+    plan: Callable[[list[Reading], int, int], Plan],
+    date_int: Callable[..., int],
+    data: list[Reading],
+    encode: bool,
+) -> float:
     """Seconds for one plan of ``data`` (and the BSON of its statements)."""
     setattr(bucket.BsonDate, INT, date_int)
     started = time.perf_counter()
@@ -80,13 +84,18 @@ def main() -> None:
     args = parser.parse_args()
     module = compiled_or_none("ingest.store.writers._bucket_c")
     if module is None:
-        raise SystemExit("the compiled twin is not built: .venv/bin/python setup.py "
-                         "build_ext --inplace")
-    twins = {"python": (bucket.plan_buckets_py, bucket.bson_date_int_py),
-             "compiled": (module.plan_buckets, module.bson_date_int)}
+        raise SystemExit(
+            "the compiled twin is not built: .venv/bin/python setup.py build_ext --inplace"
+        )
+    twins = {
+        "python": (bucket.plan_buckets_py, bucket.bson_date_int_py),
+        "compiled": (module.plan_buckets, module.bson_date_int),
+    }
     gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
-    print("| readings/message | what | python µs/reading (best, median) | "
-          "compiled µs/reading (best, median) | compiled/python (best) |")
+    print(
+        "| readings/message | what | python µs/reading (best, median) | "
+        "compiled µs/reading (best, median) | compiled/python (best) |"
+    )
     print("|---|---|---|---|---|")
     for per_message in map(int, args.per_message.split(",")):
         data = readings(args.batch, per_message, args.sensors)
@@ -101,9 +110,11 @@ def main() -> None:
                     gc.collect()
                     times[name].append(timed(*twins[name], data, encode) / len(data) * 1e6)
             py, c = times["python"], times["compiled"]
-            print(f"| {per_message} | {'plan + bson.encode' if encode else 'plan'} | "
-                  f"{min(py):.2f}, {statistics.median(py):.2f} | "
-                  f"{min(c):.2f}, {statistics.median(c):.2f} | {min(c) / min(py):.2f} |")
+            print(
+                f"| {per_message} | {'plan + bson.encode' if encode else 'plan'} | "
+                f"{min(py):.2f}, {statistics.median(py):.2f} | "
+                f"{min(c):.2f}, {statistics.median(c):.2f} | {min(c) / min(py):.2f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,10 @@ TOPIC = "sensors/s1/readings"
 
 def payloads(start: int) -> dict[str, tuple[bytes, int, Arrivals | None]]:
     """Name -> (payload, readings in it, arrivals given)."""
-    items = [{"ts": start + i, "seq": i, "temp": 18 + i % 100 / 10, "hum": 40 + i % 30}
-             for i in range(100)]
+    items = [
+        {"ts": start + i, "seq": i, "temp": 18 + i % 100 / 10, "hum": 40 + i % 30}
+        for i in range(100)
+    ]
     return {
         "1 reading, int ts": (b'{"ts": %d, "temp": 21.5, "hum": 40}' % start, 1, None),
         "1 reading, ts and seq": (orjson.dumps(items[0]), 1, None),
@@ -47,8 +49,9 @@ def parse_only(_topic: str, payload: bytes, *_: object) -> object:
     return orjson.loads(payload)
 
 
-def seconds(decode: Decode, payload: bytes, now: float, arrivals: Arrivals | None,
-            messages: int) -> float:
+def seconds(
+    decode: Decode, payload: bytes, now: float, arrivals: Arrivals | None, messages: int
+) -> float:
     limits = Limits()
     started = time.perf_counter()
     for _ in range(messages):
@@ -63,8 +66,10 @@ def main() -> None:
     args = parser.parse_args()
     compiled: Decode = importlib.import_module("ingest.devices._decode_c").decode
     now = time.time()
-    print("| payload | Python ns/reading | compiled ns/reading | Python / compiled | "
-          "orjson.loads ns/reading |")
+    print(
+        "| payload | Python ns/reading | compiled ns/reading | Python / compiled | "
+        "orjson.loads ns/reading |"
+    )
     print("|---|---|---|---|---|")
     for name, (payload, per, arrivals) in payloads(int(now) - 7200).items():
         messages = args.readings // per
@@ -73,8 +78,9 @@ def main() -> None:
             for twin, decode in enumerate((decode_py, compiled, parse_only)):
                 spent = seconds(decode, payload, now, arrivals, messages)  # type: ignore[arg-type]
                 best[twin] = min(best[twin], spent / (messages * per) * 1e9)
-        print(f"| {name} | {best[0]:.0f} | {best[1]:.0f} | {best[0] / best[1]:.2f} | "
-              f"{best[2]:.0f} |")
+        print(
+            f"| {name} | {best[0]:.0f} | {best[1]:.0f} | {best[0] / best[1]:.2f} | {best[2]:.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -143,11 +143,11 @@ class Run:
         out["messages_done"] = self.messages_done
         out["msg_per_s"] = self.messages_done / self.seconds if self.seconds else 0.0
         out["readings_per_s"] = out["msg_per_s"] * self.per_message
-        out["clock_error"] = ((self.seconds_high - self.seconds_low) / 2 / self.seconds
-                              if self.seconds else 0.0)
+        out["clock_error"] = (
+            (self.seconds_high - self.seconds_low) / 2 / self.seconds if self.seconds else 0.0
+        )
         done_readings = self.messages_done * self.per_message
-        out["cpu_us_per_reading"] = (self.cpu_seconds / done_readings * 1e6
-                                     if done_readings else 0.0)
+        out["cpu_us_per_reading"] = self.cpu_seconds / done_readings * 1e6 if done_readings else 0.0
         out["lost"] = self.lost
         out["broker_busy"] = self.broker_cpu_seconds / self.seconds if self.seconds else 0.0
         return out
@@ -167,11 +167,13 @@ class Run:
     def lost(self) -> dict[str, int]:
         """Where messages or readings went missing (all zero for a clean run)."""
         dropped = self.broker_dropped or 0
-        out = {"not_published": self.messages - self.published,
-               "broker_dropped": dropped,
-               "not_delivered": self.published - dropped - self.delivered,
-               "not_received": self.delivered - self.received,
-               "left_at_broker": self.left_at_broker or 0}
+        out = {
+            "not_published": self.messages - self.published,
+            "broker_dropped": dropped,
+            "not_delivered": self.published - dropped - self.delivered,
+            "not_received": self.delivered - self.received,
+            "left_at_broker": self.left_at_broker or 0,
+        }
         if self.qos == 1:
             out["not_acked"] = self.published - self.pubacks
         if self.consumer != "mosquitto_sub":
@@ -192,8 +194,9 @@ def tools() -> dict[str, Path]:
     return out
 
 
-def backlog(path: Path, messages: int, per_message: int, sensors: int,
-            timeless: bool = False) -> None:
+def backlog(
+    path: Path, messages: int, per_message: int, sensors: int, timeless: bool = False
+) -> None:
     """``topic<TAB>payload`` lines: message i from sensor i % sensors, readings 1 s apart
     (``timeless``: no ts, the readings take their arrival time)."""
     start = int(time.time()) - 7200
@@ -204,9 +207,11 @@ def backlog(path: Path, messages: int, per_message: int, sensors: int,
             for j in range(per_message):
                 seq = tick * per_message + j
                 ts = "" if timeless else f'"ts":{start + seq},'
-                readings.append(f'{{{ts}"seq":{seq},'
-                                f'"temp":{18 + (seq * 7 + sensor) % 100 / 10:.1f},'
-                                f'"hum":{40 + (seq + sensor) % 30}}}')
+                readings.append(
+                    f'{{{ts}"seq":{seq},'
+                    f'"temp":{18 + (seq * 7 + sensor) % 100 / 10:.1f},'
+                    f'"hum":{40 + (seq + sensor) % 30}}}'
+                )
             payload = readings[0] if per_message == 1 else f'{{"readings":[{",".join(readings)}]}}'
             out.write(f"sensors/s{sensor:05d}/readings\t{payload}\n")
 
@@ -250,14 +255,31 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def session(broker: Broker, client_id: str, qos: int, workers: int = 1,
-            base: str = FILTER) -> None:
+def session(broker: Broker, client_id: str, qos: int, workers: int = 1, base: str = FILTER) -> None:
     """Create the consumers' persistent sessions (on ``base``), so the backlog queues for them."""
     for worker in client_ids(client_id, workers):
-        subprocess.run(["mosquitto_sub", "-p", str(broker.port), "-V", "5", "-i", worker,
-                        "-c", "-x", "3600", "-q", str(qos), "-t",
-                        topic_filter(client_id, workers, base), "-E"], check=True,
-                       capture_output=True, timeout=30)
+        subprocess.run(
+            [
+                "mosquitto_sub",
+                "-p",
+                str(broker.port),
+                "-V",
+                "5",
+                "-i",
+                worker,
+                "-c",
+                "-x",
+                "3600",
+                "-q",
+                str(qos),
+                "-t",
+                topic_filter(client_id, workers, base),
+                "-E",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
 
 
 def broker_dropped(broker: Broker) -> int | None:
@@ -265,16 +287,26 @@ def broker_dropped(broker: Broker) -> int | None:
 
     mosquitto publishes it retained under $SYS every ``sys_interval`` seconds.
     """
-    proc = subprocess.run(["mosquitto_sub", "-p", str(broker.port), "-t", DROPPED, "-C", "1",
-                           "-W", "5"], capture_output=True, text=True, timeout=30, check=False)
+    proc = subprocess.run(
+        ["mosquitto_sub", "-p", str(broker.port), "-t", DROPPED, "-C", "1", "-W", "5"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     value = proc.stdout.strip()
     return int(value) if proc.returncode == 0 and value.isdigit() else None
 
 
 def publish(broker: Broker, qos1pub: Path, path: Path, messages: int) -> int:
     """Publish the backlog; every message must be PUBACKed by the broker."""
-    proc = subprocess.run([str(qos1pub), "127.0.0.1", str(broker.port), str(path)],
-                          capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [str(qos1pub), "127.0.0.1", str(broker.port), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     result = json.loads(proc.stdout) if proc.stdout.strip() else {}
     if proc.returncode != 0 or result.get("acked") != messages:
         raise RuntimeError(f"the broker did not confirm the backlog: {result} {proc.stderr}")
@@ -285,14 +317,32 @@ def sub_command(port: int, worker: str, run: Run, topic: str, single: bool) -> l
     """The baseline: ``mosquitto_sub`` (MQTT 5, the daemon's Receive Maximum) writing each
     message to a file. At QoS 0 a single one exits after the backlog (``-C``); at QoS 1 it
     is stopped once the broker has every PUBACK (with ``-C`` it could exit first)."""
-    return ["mosquitto_sub", "-p", str(port), "-V", "5", "-i", worker, "-c", "-x", "3600",
-            "-q", str(run.qos), "-t", topic, "-D", "connect", "receive-maximum",
-            str(RECEIVE_MAXIMUM), *(["-C", str(run.published)] if run.qos == 0 and single
-                                    else [])]
+    return [
+        "mosquitto_sub",
+        "-p",
+        str(port),
+        "-V",
+        "5",
+        "-i",
+        worker,
+        "-c",
+        "-x",
+        "3600",
+        "-q",
+        str(run.qos),
+        "-t",
+        topic,
+        "-D",
+        "connect",
+        "receive-maximum",
+        str(RECEIVE_MAXIMUM),
+        *(["-C", str(run.published)] if run.qos == 0 and single else []),
+    ]
 
 
-def measure_sub(run: Run, relay: Relay, client_id: str, workdir: Path,
-                workers: int = 1, base: str = FILTER) -> float | None:
+def measure_sub(
+    run: Run, relay: Relay, client_id: str, workdir: Path, workers: int = 1, base: str = FILTER
+) -> float | None:
     """Run mosquitto_sub through the relay until the broker has processed every PUBACK
     (QoS 1), it exits after the last message (QoS 0), or nothing moves for STALL; returns when it
     exited (QoS 0), as the bench saw it.
@@ -307,9 +357,18 @@ def measure_sub(run: Run, relay: Relay, client_id: str, workdir: Path,
     procs = []
     for worker, out in zip(client_ids(client_id, workers), outs, strict=True):
         with out.open("wb") as sink:
-            procs.append(subprocess.Popen(sub_command(
-                relay.port, worker, run, topic_filter(client_id, workers, base), workers == 1),
-                stdout=sink))
+            procs.append(
+                subprocess.Popen(
+                    sub_command(
+                        relay.port,
+                        worker,
+                        run,
+                        topic_filter(client_id, workers, base),
+                        workers == 1,
+                    ),
+                    stdout=sink,
+                )
+            )
     exits = [os.pidfd_open(proc.pid) for proc in procs]
     started = time.monotonic()
     ended: float | None = None
@@ -328,8 +387,9 @@ def measure_sub(run: Run, relay: Relay, client_id: str, workdir: Path,
             if time.monotonic() - max(started, relay.moved) > patience:
                 break
     finally:
-        run.cpu_seconds = sum(_finish(proc, pidfd in exited)
-                              for proc, pidfd in zip(procs, exits, strict=True))
+        run.cpu_seconds = sum(
+            _finish(proc, pidfd in exited) for proc, pidfd in zip(procs, exits, strict=True)
+        )
         for pidfd in exits:
             os.close(pidfd)
     run.received = sum(out.read_bytes().count(b"\n") for out in outs)
@@ -352,8 +412,9 @@ def _finish(proc: subprocess.Popen[bytes], exited: bool) -> float:
     return cpu
 
 
-def settle(run: Run, relay: Relay, client_id: str, workers: int,
-           ended: float | None = None) -> None:
+def settle(
+    run: Run, relay: Relay, client_id: str, workers: int, ended: float | None = None
+) -> None:
     """The counts and the clock from the relay's final report: from the consumer's first
     connect to the moment the broker had processed the last PUBACK (QoS 1), or to
     ``ended`` (QoS 0, mosquitto_sub); the daemon at QoS 0 is timed by ``timed``."""
@@ -362,8 +423,7 @@ def settle(run: Run, relay: Relay, client_id: str, workers: int,
     run.pubacks = sum(c["pubacks"] for c in mine)
     run.relay_cpu_seconds = relay.cpu_seconds
     run.connected = min((c["connect_ns"] / 1e9 for c in mine), default=0.0)
-    first = min((c["first_publish_ns"] / 1e9 for c in mine if c["first_publish_ns"]),
-                default=0.0)
+    first = min((c["first_publish_ns"] / 1e9 for c in mine if c["first_publish_ns"]), default=0.0)
     run.first_message_seconds = first - run.connected if first and run.connected else 0.0
     if run.qos == 1:
         processed = relay.final["processed_ns"] / 1e9
@@ -411,8 +471,9 @@ class Watch:
         return sum(not s.refused for s in self.samples)
 
 
-def watch_daemon(daemon: Daemon, relay: Relay, target: int, qos: int,
-                 ids: list[str]) -> tuple[Watch, dict[str, float]]:
+def watch_daemon(
+    daemon: Daemon, relay: Relay, target: int, qos: int, ids: list[str]
+) -> tuple[Watch, dict[str, float]]:
     """Scrape until ``target`` messages are done (QoS 1: PUBACKs at the broker, from the
     relay; QoS 0: acked, from the daemon), or nothing moves for STALL."""
     assert daemon.process is not None
@@ -499,23 +560,46 @@ def mode_of(consumer: str) -> str:
     return consumer.removesuffix(BASE)
 
 
-def measure_daemon(run: Run, relay: Relay, client_id: str, sink_uri: str | None,
-                   workdir: Path, extra: tuple[str, ...], workers: int = 1,
-                   source: Path | None = None) -> Watch:
+def measure_daemon(
+    run: Run,
+    relay: Relay,
+    client_id: str,
+    sink_uri: str | None,
+    workdir: Path,
+    extra: tuple[str, ...],
+    workers: int = 1,
+    source: Path | None = None,
+) -> Watch:
     """``ingest run`` (from ``source``, else this tree) through the relay, until it is
     done; its counters from its metrics."""
-    args = ["--mqtt-url", relay.url, "--topic", FILTER, "--client-id", client_id,
-            "--qos", str(run.qos), "--log-level", "warning", "--db", "bench",
-            "--workers", str(workers), *extra]
+    args = [
+        "--mqtt-url",
+        relay.url,
+        "--topic",
+        FILTER,
+        "--client-id",
+        client_id,
+        "--qos",
+        str(run.qos),
+        "--log-level",
+        "warning",
+        "--db",
+        "bench",
+        "--workers",
+        str(workers),
+        *extra,
+    ]
     if sink_uri is None:
         args += ["--dry-run", "--mongodb-uri", "mongodb://127.0.0.1:1"]
     else:
         args += ["--mode", mode_of(run.consumer), "--mongodb-uri", sink_uri]
-    daemon = Daemon(args, workdir / f"daemon-{run.consumer}.log",
-                    cwd=source).start(wait_ready=False)
+    daemon = Daemon(args, workdir / f"daemon-{run.consumer}.log", cwd=source).start(
+        wait_ready=False
+    )
     try:
-        watch, counters = watch_daemon(daemon, relay, run.published, run.qos,
-                                       client_ids(client_id, workers))
+        watch, counters = watch_daemon(
+            daemon, relay, run.published, run.qos, client_ids(client_id, workers)
+        )
     finally:
         daemon.stop()
     run.scrapes = watch.answered()
@@ -532,10 +616,29 @@ def left_at_broker(broker: Broker, client_id: str, qos: int, workers: int) -> in
     again), within a second."""
     total = 0
     for worker in client_ids(client_id, workers):
-        proc = subprocess.run(["mosquitto_sub", "-p", str(broker.port), "-V", "5", "-i",
-                               worker, "-c", "-x", "3600", "-q", str(qos), "-t",
-                               topic_filter(client_id, workers), "-W", "1"],
-                              capture_output=True, timeout=30, check=False)
+        proc = subprocess.run(
+            [
+                "mosquitto_sub",
+                "-p",
+                str(broker.port),
+                "-V",
+                "5",
+                "-i",
+                worker,
+                "-c",
+                "-x",
+                "3600",
+                "-q",
+                str(qos),
+                "-t",
+                topic_filter(client_id, workers),
+                "-W",
+                "1",
+            ],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
         total += proc.stdout.count(b"\n")
     return total
 
@@ -552,8 +655,17 @@ def sink_counts(run: Run, stats: dict[str, Any]) -> None:
         run.sink_requests = int(stats["updateCommands"])
 
 
-def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, qos: int,
-            messages: int, lines: Path, workdir: Path, helpers: dict[str, Path]) -> Run:
+def run_one(
+    settings: Settings,
+    consumer: str,
+    round_no: int,
+    per_message: int,
+    qos: int,
+    messages: int,
+    lines: Path,
+    workdir: Path,
+    helpers: dict[str, Path],
+) -> Run:
     """One consumer on a fresh broker holding the backlog, through a fresh relay."""
     run = Run(consumer, round_no, per_message, qos, messages, load=os.getloadavg()[0])
     rundir = Path(tempfile.mkdtemp(dir=workdir))
@@ -578,8 +690,15 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
             settle(run, relay, client_id, settings.workers, ended)
         else:
             pid, before = broker.process.pid, broker_cpu
-            run_daemon(run, settings, relay, client_id, rundir, helpers["fakemongo"],
-                       lambda: cpu_of(pid) - before)
+            run_daemon(
+                run,
+                settings,
+                relay,
+                client_id,
+                rundir,
+                helpers["fakemongo"],
+                lambda: cpu_of(pid) - before,
+            )
         run.left_at_broker = left_at_broker(broker, client_id, qos, settings.workers)
         count_broker_drops(run, broker, dropped_before)
         run.complete = run.messages_done >= run.published and run.left_at_broker == 0
@@ -591,8 +710,15 @@ def run_one(settings: Settings, consumer: str, round_no: int, per_message: int, 
         shutil.rmtree(rundir, ignore_errors=True)
 
 
-def run_daemon(run: Run, settings: Settings, relay: Relay, client_id: str, rundir: Path,
-               fakemongo: Path, broker_cpu: Callable[[], float]) -> None:
+def run_daemon(
+    run: Run,
+    settings: Settings,
+    relay: Relay,
+    client_id: str,
+    rundir: Path,
+    fakemongo: Path,
+    broker_cpu: Callable[[], float],
+) -> None:
     """The daemon drains the backlog through the relay (and writes to fakemongo)."""
     sink = None
     try:
@@ -601,10 +727,12 @@ def run_daemon(run: Run, settings: Settings, relay: Relay, client_id: str, rundi
             sink = subprocess.Popen([str(fakemongo)], stdout=subprocess.PIPE, text=True)
             assert sink.stdout is not None
             sink_uri = sink.stdout.readline().strip()
-        source = (Path(settings.baseline) if run.consumer.endswith(BASE) and settings.baseline
-                  else None)
-        watch = measure_daemon(run, relay, client_id, sink_uri, rundir, settings.daemon_args,
-                               settings.workers, source)
+        source = (
+            Path(settings.baseline) if run.consumer.endswith(BASE) and settings.baseline else None
+        )
+        watch = measure_daemon(
+            run, relay, client_id, sink_uri, rundir, settings.daemon_args, settings.workers, source
+        )
         run.broker_cpu_seconds = broker_cpu()
         relay.wait_closed(CLOSE_TIMEOUT)
         relay.stop()
@@ -657,19 +785,36 @@ def run_all(settings: Settings, progress: bool = False) -> dict[str, Any]:
                 for round_no in range(1, settings.rounds + 1):
                     order = settings.consumers if round_no % 2 else settings.consumers[::-1]
                     for consumer in order:
-                        run = run_one(settings, consumer, round_no, per_message, qos,
-                                      messages, lines, workdir, helpers)
+                        run = run_one(
+                            settings,
+                            consumer,
+                            round_no,
+                            per_message,
+                            qos,
+                            messages,
+                            lines,
+                            workdir,
+                            helpers,
+                        )
                         runs.append(run)
                         if progress:
                             f = run.figures()
-                            print(f"{per_message:>3} readings/msg QoS {qos} round {round_no} "
-                                  f"{consumer:<13} {f['msg_per_s']:>9,.0f} msg/s "
-                                  f"±{f['clock_error']:.1%} {f['cpu_us_per_reading']:6.1f} "
-                                  f"µs/reading lost {f['lost']}", file=sys.stderr)
-    return {"settings": asdict(settings), "load_average": os.getloadavg(),
-            "cpus": os.cpu_count(), "python": interpreter(), "accelerators": accelerators(),
-            "runs": [r.figures() for r in runs],
-            "summary": summarize(runs, settings)}
+                            print(
+                                f"{per_message:>3} readings/msg QoS {qos} round {round_no} "
+                                f"{consumer:<13} {f['msg_per_s']:>9,.0f} msg/s "
+                                f"±{f['clock_error']:.1%} {f['cpu_us_per_reading']:6.1f} "
+                                f"µs/reading lost {f['lost']}",
+                                file=sys.stderr,
+                            )
+    return {
+        "settings": asdict(settings),
+        "load_average": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "python": interpreter(),
+        "accelerators": accelerators(),
+        "runs": [r.figures() for r in runs],
+        "summary": summarize(runs, settings),
+    }
 
 
 def accelerators() -> str:
@@ -690,8 +835,10 @@ def interpreter() -> str:
     """
     flags = str(sysconfig.get_config_var("CONFIG_ARGS") or "")
     built = [flag for flag in ("--enable-optimizations", "--with-lto") if flag in flags]
-    return (f"{sys.implementation.name} {sys.version.split()[0]}, configured "
-            f"{' '.join(built) if built else 'without --enable-optimizations or --with-lto'}")
+    return (
+        f"{sys.implementation.name} {sys.version.split()[0]}, configured "
+        f"{' '.join(built) if built else 'without --enable-optimizations or --with-lto'}"
+    )
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -705,63 +852,84 @@ def summarize(runs: list[Run], settings: Settings) -> list[dict[str, Any]]:
     for per_message in settings.per_message:
         for qos in settings.qos:
             case = [r for r in runs if r.per_message == per_message and r.qos == qos]
-            base = {r.round: r.figures()["msg_per_s"] for r in case
-                    if r.consumer == "mosquitto_sub"}
+            base = {
+                r.round: r.figures()["msg_per_s"] for r in case if r.consumer == "mosquitto_sub"
+            }
             for consumer in settings.consumers:
                 mine = [r for r in case if r.consumer == consumer]
                 figures = [r.figures() for r in mine]
-                ratios = [f["msg_per_s"] / base[r.round] for r, f in zip(mine, figures,
-                                                                          strict=True)
-                          if base.get(r.round)]
+                ratios = [
+                    f["msg_per_s"] / base[r.round]
+                    for r, f in zip(mine, figures, strict=True)
+                    if base.get(r.round)
+                ]
                 totals: dict[str, int] = {}
                 for f in figures:
                     for key, value in f["lost"].items():
                         totals[key] = totals.get(key, 0) + value
-                out.append({
-                    "per_message": per_message, "qos": qos, "consumer": consumer,
-                    "rounds": len(mine), "messages": mine[0].messages if mine else 0,
-                    "msg_per_s": spread([f["msg_per_s"] for f in figures]),
-                    "readings_per_s": spread([f["readings_per_s"] for f in figures]),
-                    "ratio": spread(ratios) if ratios else None,
-                    "cpu_us_per_reading": statistics.median(
-                        f["cpu_us_per_reading"] for f in figures),
-                    "clock_error_max": max(f["clock_error"] for f in figures),
-                    "broker_busy": statistics.median(f["broker_busy"] for f in figures),
-                    "relay_cpu_us_per_message": statistics.median(
-                        r.relay_cpu_seconds / r.published * 1e6 if r.published else 0.0
-                        for r in mine),
-                    "published": sum(r.published for r in mine),
-                    "delivered": sum(r.delivered for r in mine),
-                    "received": sum(r.received for r in mine),
-                    "pubacks": None if qos == 0 else sum(r.pubacks for r in mine),
-                    "left_at_broker": sum(r.left_at_broker or 0 for r in mine),
-                    "broker_dropped": (None if any(r.broker_dropped is None for r in mine)
-                                       else sum(r.broker_dropped or 0 for r in mine)),
-                    "written": (None if consumer == "mosquitto_sub"
-                                else sum(r.written for r in mine)),
-                    "at_sink": (None if mode_of(consumer) in ("mosquitto_sub", "dry-run")
-                                else sum(r.sink_readings or 0 for r in mine)),
-                    "lost": totals,
-                    "complete": all(r.complete for r in mine),
-                })
+                out.append(
+                    {
+                        "per_message": per_message,
+                        "qos": qos,
+                        "consumer": consumer,
+                        "rounds": len(mine),
+                        "messages": mine[0].messages if mine else 0,
+                        "msg_per_s": spread([f["msg_per_s"] for f in figures]),
+                        "readings_per_s": spread([f["readings_per_s"] for f in figures]),
+                        "ratio": spread(ratios) if ratios else None,
+                        "cpu_us_per_reading": statistics.median(
+                            f["cpu_us_per_reading"] for f in figures
+                        ),
+                        "clock_error_max": max(f["clock_error"] for f in figures),
+                        "broker_busy": statistics.median(f["broker_busy"] for f in figures),
+                        "relay_cpu_us_per_message": statistics.median(
+                            r.relay_cpu_seconds / r.published * 1e6 if r.published else 0.0
+                            for r in mine
+                        ),
+                        "published": sum(r.published for r in mine),
+                        "delivered": sum(r.delivered for r in mine),
+                        "received": sum(r.received for r in mine),
+                        "pubacks": None if qos == 0 else sum(r.pubacks for r in mine),
+                        "left_at_broker": sum(r.left_at_broker or 0 for r in mine),
+                        "broker_dropped": (
+                            None
+                            if any(r.broker_dropped is None for r in mine)
+                            else sum(r.broker_dropped or 0 for r in mine)
+                        ),
+                        "written": (
+                            None if consumer == "mosquitto_sub" else sum(r.written for r in mine)
+                        ),
+                        "at_sink": (
+                            None
+                            if mode_of(consumer) in ("mosquitto_sub", "dry-run")
+                            else sum(r.sink_readings or 0 for r in mine)
+                        ),
+                        "lost": totals,
+                        "complete": all(r.complete for r in mine),
+                    }
+                )
     return out
 
 
 def markdown(report: dict[str, Any]) -> str:
     """The summary as a Markdown table."""
+
     def trio(s: dict[str, float] | None, fmt: str) -> str:
-        return "-" if s is None else " / ".join(format(s[k], fmt) for k in ("min", "median",
-                                                                             "max"))
+        return "-" if s is None else " / ".join(format(s[k], fmt) for k in ("min", "median", "max"))
 
     def count(value: int | None) -> str:
         return "-" if value is None else f"{value:,}"
 
-    rows = [("| readings/msg | QoS | consumer | msg/s (min / median / max) "
-             "| readings/s (median) | ratio to mosquitto_sub (min / median / max) "
-             "| CPU µs/reading | published | dropped by the broker | delivered | received "
-             "| PUBACKs at the broker | left at the broker | written | at sink | clock error "
-             "| broker CPU / run time (median) |"),
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        (
+            "| readings/msg | QoS | consumer | msg/s (min / median / max) "
+            "| readings/s (median) | ratio to mosquitto_sub (min / median / max) "
+            "| CPU µs/reading | published | dropped by the broker | delivered | received "
+            "| PUBACKs at the broker | left at the broker | written | at sink | clock error "
+            "| broker CPU / run time (median) |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     rows.extend(
         f"| {s['per_message']} | {s['qos']} | {s['consumer']} | {trio(s['msg_per_s'], ',.0f')} "
         f"| {s['readings_per_s']['median']:,.0f} | {trio(s['ratio'], '.2f')} "
@@ -770,43 +938,59 @@ def markdown(report: dict[str, Any]) -> str:
         f"| {count(s['pubacks'])} | {count(s['left_at_broker'])} | {count(s['written'])} "
         f"| {count(s['at_sink'])} | ±{s['clock_error_max']:.1%} "
         f"| {s['broker_busy']:.2f} |"
-        for s in report["summary"])
+        for s in report["summary"]
+    )
     loads = [r["load"] for r in report["runs"]]
     rows.append("")
     relay = [s["relay_cpu_us_per_message"] for s in report["summary"]]
-    rows.append(f"Sums over {report['settings']['rounds']} rounds; "
-                f"{report['settings']['sensors']:,} sensors; 1-minute load average at the "
-                f"start of the runs: {min(loads):.2f} to {max(loads):.2f} on {report['cpus']} "
-                f"CPUs; {report['settings'].get('workers', 1)} worker(s); "
-                f"{report.get('python', 'Python')}; "
-                f"{report.get('accelerators', 'accelerators: not reported')}; the relay that "
-                "takes the clock spent "
-                f"{min(relay):.1f} to {max(relay):.1f} µs of CPU a message.")
+    rows.append(
+        f"Sums over {report['settings']['rounds']} rounds; "
+        f"{report['settings']['sensors']:,} sensors; 1-minute load average at the "
+        f"start of the runs: {min(loads):.2f} to {max(loads):.2f} on {report['cpus']} "
+        f"CPUs; {report['settings'].get('workers', 1)} worker(s); "
+        f"{report.get('python', 'Python')}; "
+        f"{report.get('accelerators', 'accelerators: not reported')}; the relay that "
+        "takes the clock spent "
+        f"{min(relay):.1f} to {max(relay):.1f} µs of CPU a message."
+    )
     return "\n".join(rows)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sensors", type=int, default=1000)
-    parser.add_argument("--messages", type=int, default=100_000,
-                        help="single-reading messages a run")
-    parser.add_argument("--batched-messages", type=int, default=10_000,
-                        help="100-reading messages a run")
+    parser.add_argument(
+        "--messages", type=int, default=100_000, help="single-reading messages a run"
+    )
+    parser.add_argument(
+        "--batched-messages", type=int, default=10_000, help="100-reading messages a run"
+    )
     parser.add_argument("--per-message", default="1,100", help="cases: readings a message")
     parser.add_argument("--qos", default="1,0", help="cases: subscription QoS")
     parser.add_argument("--consumers", default=",".join(CONSUMERS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path, help="write the whole report here")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="the daemon's --workers, and as many mosquitto_sub on a shared "
-                             "group")
-    parser.add_argument("--daemon-arg", action="append", default=[],
-                        help="extra argument for ingest run (repeatable)")
-    parser.add_argument("--timeless", action="store_true",
-                        help="payloads without ts (readings timed at arrival)")
-    parser.add_argument("--baseline", type=Path,
-                        help="source tree of another version: adds <consumer>@base for "
-                             "each daemon consumer, run from there in the same rounds")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="the daemon's --workers, and as many mosquitto_sub on a shared group",
+    )
+    parser.add_argument(
+        "--daemon-arg",
+        action="append",
+        default=[],
+        help="extra argument for ingest run (repeatable)",
+    )
+    parser.add_argument(
+        "--timeless", action="store_true", help="payloads without ts (readings timed at arrival)"
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="source tree of another version: adds <consumer>@base for "
+        "each daemon consumer, run from there in the same rounds",
+    )
     args = parser.parse_args()
     # SIGTERM unwinds like an exception, so every broker, daemon and sink is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -816,19 +1000,29 @@ def main() -> int:
     consumers = tuple(args.consumers.split(","))
     unknown = set(consumers) - set(CONSUMERS)
     if args.baseline is not None:
-        consumers = tuple(name for consumer in consumers for name in (
-            (consumer,) if consumer == "mosquitto_sub" else (consumer, consumer + BASE)))
+        consumers = tuple(
+            name
+            for consumer in consumers
+            for name in (
+                (consumer,) if consumer == "mosquitto_sub" else (consumer, consumer + BASE)
+            )
+        )
     if unknown:
-        print(f"--consumers: unknown {sorted(unknown)}; choose from {CONSUMERS}",
-              file=sys.stderr)
+        print(f"--consumers: unknown {sorted(unknown)}; choose from {CONSUMERS}", file=sys.stderr)
         return 2
     settings = Settings(
-        sensors=args.sensors, messages=args.messages, batched_messages=args.batched_messages,
+        sensors=args.sensors,
+        messages=args.messages,
+        batched_messages=args.batched_messages,
         per_message=tuple(int(x) for x in args.per_message.split(",")),
-        qos=tuple(int(x) for x in args.qos.split(",")), consumers=consumers,
-        rounds=args.rounds, daemon_args=tuple(args.daemon_arg), workers=args.workers,
+        qos=tuple(int(x) for x in args.qos.split(",")),
+        consumers=consumers,
+        rounds=args.rounds,
+        daemon_args=tuple(args.daemon_arg),
+        workers=args.workers,
         timeless=args.timeless,
-        baseline=None if args.baseline is None else str(args.baseline.resolve()))
+        baseline=None if args.baseline is None else str(args.baseline.resolve()),
+    )
     report = run_all(settings, progress=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -34,8 +34,16 @@ def readings(total: int, sensors: int) -> list[Reading]:
     for i in range(total):
         epoch = T0 + i // sensors + (i % 1000) / 1000
         ts = datetime.fromtimestamp(epoch, UTC)  # whole milliseconds, as decode makes them
-        out.append(Reading(f"sensor-{i % sensors:06d}", ts, epoch,
-                           {"temp": 20.0 + i % 7, "hum": 40 + i % 11}, i // sensors, ts_key(ts)))
+        out.append(
+            Reading(
+                f"sensor-{i % sensors:06d}",
+                ts,
+                epoch,
+                {"temp": 20.0 + i % 7, "hum": 40 + i % 11},
+                i // sensors,
+                ts_key(ts),
+            )
+        )
     return out
 
 
@@ -47,17 +55,20 @@ def encode_timeseries(plan: Plan) -> int:
     return sum(len(bson.encode(doc)) for doc in plan.ops)
 
 
-def measure(name: str, writer: Writer, encode: Callable[[Plan], int], data: list[Reading],
-            batch: int) -> None:
+def measure(
+    name: str, writer: Writer, encode: Callable[[Plan], int], data: list[Reading], batch: int
+) -> None:
     started = time.process_time()
     ops = size = 0
     for i in range(0, len(data), batch):
-        plan = writer.plan(data[i:i + batch])
+        plan = writer.plan(data[i : i + batch])
         ops += len(plan.ops)
         size += encode(plan)
     spent = time.process_time() - started
-    print(f"| {name} | {len(data):,} | {ops / len(data):.2f} | {size / len(data):.0f} | "
-          f"{spent / len(data) * 1e6:.1f} | {len(data) / spent:,.0f} |")
+    print(
+        f"| {name} | {len(data):,} | {ops / len(data):.2f} | {size / len(data):.0f} | "
+        f"{spent / len(data) * 1e6:.1f} | {len(data) / spent:,.0f} |"
+    )
 
 
 def main() -> None:
@@ -67,8 +78,10 @@ def main() -> None:
     args = parser.parse_args()
     bucket = BucketWriter(NO_DB, NO_DB, 3600, 3600)
     series = TimeseriesWriter(NO_DB, NO_DB)
-    print("| mode, sensors per batch | readings | ops/reading | BSON bytes/reading | "
-          "CPU µs/reading | readings/s per core |")
+    print(
+        "| mode, sensors per batch | readings | ops/reading | BSON bytes/reading | "
+        "CPU µs/reading | readings/s per core |"
+    )
     print("|---|---|---|---|---|---|")
     for sensors in (args.batch_size, 20):
         data = readings(args.readings, sensors)

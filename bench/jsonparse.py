@@ -32,8 +32,9 @@ if TYPE_CHECKING:
 RULES = {"ttn": "ttn-up", "chirpstack": "chirpstack-up"}
 
 
-def one_round(parse: Parse, lines: list[bytes], rule: Rule, captures: dict[str, str],
-              limits: Limits) -> float:
+def one_round(
+    parse: Parse, lines: list[bytes], rule: Rule, captures: dict[str, str], limits: Limits
+) -> float:
     """Seconds per message of one pass over ``lines``."""
     start = time.perf_counter()
     for line in lines:
@@ -48,14 +49,18 @@ def main() -> None:
     args = parser.parse_args()
     twins: dict[str, Parse] = {
         "python": json.parse_py,
-        "compiled": importlib.import_module("ingest.devices.formats._json_c").parse}
+        "compiled": importlib.import_module("ingest.devices.formats._json_c").parse,
+    }
     limits = Limits()
     for stream, name in RULES.items():
         lines, _ = STREAMS[stream][0](args.messages, 1000)
         rule = next(r for r in load_preset(stream) if r.name == name)
         captures = dict.fromkeys(rule.captures, "x")
-        same = {repr(parse(line, rule, captures, limits)) for line in lines[:1]
-                for parse in twins.values()}
+        same = {
+            repr(parse(line, rule, captures, limits))
+            for line in lines[:1]
+            for parse in twins.values()
+        }
         if len(same) != 1:
             raise AssertionError(f"the twins differ on {lines[0]!r}")
         times: dict[str, list[float]] = {twin: [] for twin in twins}
@@ -64,11 +69,15 @@ def main() -> None:
                 times[twin].append(one_round(parse, lines, rule, captures, limits))
         python, compiled = min(times["python"]), min(times["compiled"])
         size = sum(map(len, lines)) / len(lines)
-        print(f"{stream} uplinks ({size:.0f} bytes) through rule {name}, best of "
-              f"{args.rounds} rounds of {len(lines)}:")
+        print(
+            f"{stream} uplinks ({size:.0f} bytes) through rule {name}, best of "
+            f"{args.rounds} rounds of {len(lines)}:"
+        )
         print(f"  python   {python * 1e6:6.2f} µs/message")
-        print(f"  compiled {compiled * 1e6:6.2f} µs/message ({compiled / python:.2f} of python, "
-              f"{python / compiled:.1f}x faster)")
+        print(
+            f"  compiled {compiled * 1e6:6.2f} µs/message ({compiled / python:.2f} of python, "
+            f"{python / compiled:.1f}x faster)"
+        )
 
 
 if __name__ == "__main__":

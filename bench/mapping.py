@@ -79,10 +79,18 @@ def zigbee2mqtt(messages: int, sensors: int) -> tuple[list[bytes], list[str]]:
     """Zigbee2MQTT-shaped state messages and their topics."""
     lines, topics = [], []
     for i in range(messages):
-        lines.append(orjson.dumps({
-            "battery": 100 - i % 50, "battery_low": i % 7 == 0, "occupancy": i % 2 == 0,
-            "temperature": 20 + (i % 50) / 10, "linkquality": 100 + i % 100,
-            "update": {"state": "idle"}}))
+        lines.append(
+            orjson.dumps(
+                {
+                    "battery": 100 - i % 50,
+                    "battery_low": i % 7 == 0,
+                    "occupancy": i % 2 == 0,
+                    "temperature": 20 + (i % 50) / 10,
+                    "linkquality": 100 + i % 100,
+                    "update": {"state": "idle"},
+                }
+            )
+        )
         topics.append(f"zigbee2mqtt/Sensor {i % sensors}")
     return lines, topics
 
@@ -100,32 +108,70 @@ def ttn(messages: int, sensors: int) -> tuple[list[bytes], list[str]]:
         at = datetime.fromtimestamp((start + i) / 1000, UTC)
         ns = at.strftime("%Y-%m-%dT%H:%M:%S.%f") + "339Z"  # nine fraction digits
         later = (at + timedelta(milliseconds=230)).strftime("%Y-%m-%dT%H:%M:%S.%f") + "143Z"
-        lines.append(orjson.dumps({
-            "end_device_ids": {"device_id": device,
-                               "application_ids": {"application_id": "bench-app"},
-                               "dev_eui": eui, "join_eui": "70B3D57ED0000000",
-                               "dev_addr": f"260B{i % sensors:04X}"},
-            "correlation_ids": [f"as:up:01J{i:023d}", f"gs:conn:01J{i:021d}",
-                                f"gs:uplink:01J{i:023d}", f"ns:uplink:01J{i:023d}",
-                                f"rpc:/ttn.lorawan.v3.GsNs/HandleUplink:01J{i:023d}"],
-            "received_at": later,
-            "uplink_message": {
-                "session_key_id": "AXA50tHUGUucuzS/bCGMNw==", "f_port": 2, "f_cnt": i // sensors,
-                "frm_payload": "CWgBGgEQ",
-                "decoded_payload": {"temperature": 20 + (i % 50) / 10,
-                                    "humidity": 40 + i % 30 / 2, "battery": 3.0 + i % 7 / 10,
-                                    "light": 100 + i % 900},
-                "rx_metadata": [{
-                    "gateway_ids": {"gateway_id": "gtw-1", "eui": "9C5C8E00001A05C4"},
-                    "time": ns, "timestamp": 2463457000 + i, "rssi": -35 - i % 80,
-                    "channel_rssi": -35 - i % 80, "snr": 5.2, "uplink_token":
-                    "ChIKEAoEZ3R3MRIInFyOAAAaBcQQ6L3Vlgk=", "channel_index": 2,
-                    "received_at": ns}],
-                "settings": {"data_rate": {"lora": {"bandwidth": 125000, "spreading_factor": 7,
-                                                    "coding_rate": "4/5"}},
-                             "frequency": "868300000", "timestamp": 2463457000 + i},
-                "received_at": ns, "consumed_airtime": "0.056576s",
-                "network_ids": {"net_id": "000013", "tenant_id": "ttn", "cluster_id": "eu1"}}}))
+        lines.append(
+            orjson.dumps(
+                {
+                    "end_device_ids": {
+                        "device_id": device,
+                        "application_ids": {"application_id": "bench-app"},
+                        "dev_eui": eui,
+                        "join_eui": "70B3D57ED0000000",
+                        "dev_addr": f"260B{i % sensors:04X}",
+                    },
+                    "correlation_ids": [
+                        f"as:up:01J{i:023d}",
+                        f"gs:conn:01J{i:021d}",
+                        f"gs:uplink:01J{i:023d}",
+                        f"ns:uplink:01J{i:023d}",
+                        f"rpc:/ttn.lorawan.v3.GsNs/HandleUplink:01J{i:023d}",
+                    ],
+                    "received_at": later,
+                    "uplink_message": {
+                        "session_key_id": "AXA50tHUGUucuzS/bCGMNw==",
+                        "f_port": 2,
+                        "f_cnt": i // sensors,
+                        "frm_payload": "CWgBGgEQ",
+                        "decoded_payload": {
+                            "temperature": 20 + (i % 50) / 10,
+                            "humidity": 40 + i % 30 / 2,
+                            "battery": 3.0 + i % 7 / 10,
+                            "light": 100 + i % 900,
+                        },
+                        "rx_metadata": [
+                            {
+                                "gateway_ids": {"gateway_id": "gtw-1", "eui": "9C5C8E00001A05C4"},
+                                "time": ns,
+                                "timestamp": 2463457000 + i,
+                                "rssi": -35 - i % 80,
+                                "channel_rssi": -35 - i % 80,
+                                "snr": 5.2,
+                                "uplink_token": "ChIKEAoEZ3R3MRIInFyOAAAaBcQQ6L3Vlgk=",
+                                "channel_index": 2,
+                                "received_at": ns,
+                            }
+                        ],
+                        "settings": {
+                            "data_rate": {
+                                "lora": {
+                                    "bandwidth": 125000,
+                                    "spreading_factor": 7,
+                                    "coding_rate": "4/5",
+                                }
+                            },
+                            "frequency": "868300000",
+                            "timestamp": 2463457000 + i,
+                        },
+                        "received_at": ns,
+                        "consumed_airtime": "0.056576s",
+                        "network_ids": {
+                            "net_id": "000013",
+                            "tenant_id": "ttn",
+                            "cluster_id": "eu1",
+                        },
+                    },
+                }
+            )
+        )
         topics.append(f"v3/bench-app@ttn/devices/{device}/up")
     return lines, topics
 
@@ -145,41 +191,82 @@ def chirpstack(messages: int, sensors: int) -> tuple[list[bytes], list[str]]:
         eui = f"70b3d57ed00{i % sensors:05x}"
         at = datetime.fromtimestamp((start + i) / 1000, UTC)
         ns = at.strftime("%Y-%m-%dT%H:%M:%S.%f") + "242+00:00"  # nine fraction digits
-        lines.append(orjson.dumps({
-            "deduplicationId": f"3ac7e3c4-4401-4b8d-9386-{i:012x}", "time": ns,
-            "deviceInfo": {"tenantId": "52f14cd4-c6f1-4fbd-8f87-4025e1d49242",
-                           "tenantName": "ChirpStack", "applicationId": app,
-                           "applicationName": "bench-app",
-                           "deviceProfileId": "14855bf7-d10d-4aee-b618-ebfcb64dc7ad",
-                           "deviceProfileName": "bench-profile",
-                           "deviceName": f"sensor-{i % sensors}", "devEui": eui,
-                           "deviceClassEnabled": "CLASS_A", "tags": {}},
-            "devAddr": f"0018{i % sensors:04x}", "adr": True, "dr": 5, "fCnt": i // sensors,
-            "fPort": 2, "confirmed": False, "data": "CWgBGgEQ",
-            "object": {"temperature": 20 + (i % 50) / 10, "humidity": 40 + i % 30 / 2,
-                       "battery": 3.0 + i % 7 / 10, "light": float(100 + i % 900)},
-            "rxInfo": [{"gatewayId": "0016c001f153a14c", "uplinkId": 4217106255 - i,
-                        "nsTime": ns, "rssi": -35 - i % 80, "snr": 10.5, "channel": 2,
-                        "rfChain": 1, "context": "E3OWOQ==",
-                        "metadata": {"region_config_id": "eu868",
-                                     "region_common_name": "EU868"},
-                        "crcStatus": "CRC_OK"}],
-            "txInfo": {"frequency": 867100000, "modulation": {"lora": {
-                "bandwidth": 125000, "spreadingFactor": 7, "codeRate": "CR_4_5"}}},
-            "regionConfigId": "eu868"}))
+        lines.append(
+            orjson.dumps(
+                {
+                    "deduplicationId": f"3ac7e3c4-4401-4b8d-9386-{i:012x}",
+                    "time": ns,
+                    "deviceInfo": {
+                        "tenantId": "52f14cd4-c6f1-4fbd-8f87-4025e1d49242",
+                        "tenantName": "ChirpStack",
+                        "applicationId": app,
+                        "applicationName": "bench-app",
+                        "deviceProfileId": "14855bf7-d10d-4aee-b618-ebfcb64dc7ad",
+                        "deviceProfileName": "bench-profile",
+                        "deviceName": f"sensor-{i % sensors}",
+                        "devEui": eui,
+                        "deviceClassEnabled": "CLASS_A",
+                        "tags": {},
+                    },
+                    "devAddr": f"0018{i % sensors:04x}",
+                    "adr": True,
+                    "dr": 5,
+                    "fCnt": i // sensors,
+                    "fPort": 2,
+                    "confirmed": False,
+                    "data": "CWgBGgEQ",
+                    "object": {
+                        "temperature": 20 + (i % 50) / 10,
+                        "humidity": 40 + i % 30 / 2,
+                        "battery": 3.0 + i % 7 / 10,
+                        "light": float(100 + i % 900),
+                    },
+                    "rxInfo": [
+                        {
+                            "gatewayId": "0016c001f153a14c",
+                            "uplinkId": 4217106255 - i,
+                            "nsTime": ns,
+                            "rssi": -35 - i % 80,
+                            "snr": 10.5,
+                            "channel": 2,
+                            "rfChain": 1,
+                            "context": "E3OWOQ==",
+                            "metadata": {
+                                "region_config_id": "eu868",
+                                "region_common_name": "EU868",
+                            },
+                            "crcStatus": "CRC_OK",
+                        }
+                    ],
+                    "txInfo": {
+                        "frequency": 867100000,
+                        "modulation": {
+                            "lora": {
+                                "bandwidth": 125000,
+                                "spreadingFactor": 7,
+                                "codeRate": "CR_4_5",
+                            }
+                        },
+                    },
+                    "regionConfigId": "eu868",
+                }
+            )
+        )
         topics.append(f"application/{app}/device/{eui}/event/up")
     return lines, topics
 
 
 # --stream: (messages, sensors) -> payloads and topics, the preset, a fallback rule.
-STREAMS: dict[str, tuple[Callable[[int, int], tuple[list[bytes], list[str]]], str,
-                         str | None]] = {
+STREAMS: dict[str, tuple[Callable[[int, int], tuple[list[bytes], list[str]]], str, str | None]] = {
     "zigbee2mqtt": (zigbee2mqtt, "zigbee2mqtt", RULE),
     "ttn": (ttn, "ttn", None),
     "chirpstack": (chirpstack, "chirpstack", None),
 }
-LABELS = {"zigbee2mqtt": "Zigbee2MQTT", "ttn": "The Things Stack v3 uplinks",
-          "chirpstack": "ChirpStack v4 uplinks"}
+LABELS = {
+    "zigbee2mqtt": "Zigbee2MQTT",
+    "ttn": "The Things Stack v3 uplinks",
+    "chirpstack": "ChirpStack v4 uplinks",
+}
 
 
 def stream_mapping(stream: str) -> tuple[Mapping, str]:
@@ -192,8 +279,9 @@ def stream_mapping(stream: str) -> tuple[Mapping, str]:
     return Mapping(parse(rule, "bench")), "bench/mapping.py's minimal rule"
 
 
-def in_process(messages: int, sensors: int, rounds: int, stream: str = "zigbee2mqtt"
-               ) -> dict[str, float]:
+def in_process(
+    messages: int, sensors: int, rounds: int, stream: str = "zigbee2mqtt"
+) -> dict[str, float]:
     """CPU microseconds per reading to decode and plan bucket writes, best of ``rounds``.
 
     The daemon's share of the work that differs between the two streams, without the
@@ -232,14 +320,20 @@ def in_process(messages: int, sensors: int, rounds: int, stream: str = "zigbee2m
             started = time.process_time()
             readings = run()
             for start in range(0, len(readings), 2000):
-                writer.plan(readings[start:start + 2000])
+                writer.plan(readings[start : start + 2000])
             spent = (time.process_time() - started) / len(readings) * 1e6
             best[name] = min(best[name], spent)
     return best
 
 
-def one_run(workdir: Path, lines: list[bytes], batch: int, extra: tuple[str, ...],
-            topics: list[str] | None, c_client: bool = False) -> float:
+def one_run(
+    workdir: Path,
+    lines: list[bytes],
+    batch: int,
+    extra: tuple[str, ...],
+    topics: list[str] | None,
+    c_client: bool = False,
+) -> float:
     """Readings/s of the daemon draining ``lines`` on a fresh broker; with ``c_client``,
     messages/s of mosquitto_sub instead (the same as readings/s: one reading a message)."""
     broker = Broker(workdir)
@@ -256,27 +350,39 @@ def one_run(workdir: Path, lines: list[bytes], batch: int, extra: tuple[str, ...
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (``argv``: its arguments, default the command line's)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--stream", choices=sorted(STREAMS), default="zigbee2mqtt",
-                        help="the device stream compared with the default path")
+    parser.add_argument(
+        "--stream",
+        choices=sorted(STREAMS),
+        default="zigbee2mqtt",
+        help="the device stream compared with the default path",
+    )
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--sensors", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=2000)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--in-process", action="store_true",
-                        help="only decode and plan in this process (CPU time per reading)")
-    parser.add_argument("--c-client", action="store_true",
-                        help="also time mosquitto_sub at full speed on each stream")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="only decode and plan in this process (CPU time per reading)",
+    )
+    parser.add_argument(
+        "--c-client",
+        action="store_true",
+        help="also time mosquitto_sub at full speed on each stream",
+    )
     args = parser.parse_args(argv)
     stream = args.stream
     if args.in_process:
         best = in_process(args.messages, args.sensors, max(args.rounds, 3), stream)
-        print(f"CPU µs per reading (decode + bucket plan, best of {max(args.rounds, 3)}): "
-              f"default, one sensor {best['default']:.2f}; default, {args.sensors} sensors "
-              f"{best['default_fleet']:.2f}; {stream}, {args.sensors} sensors "
-              f"{best[stream]:.2f}. Readings/s ratio {stream} / default: "
-              f"{best['default'] / best[stream]:.2f} (one sensor), "
-              f"{best['default_fleet'] / best[stream]:.2f} ({args.sensors} sensors)")
+        print(
+            f"CPU µs per reading (decode + bucket plan, best of {max(args.rounds, 3)}): "
+            f"default, one sensor {best['default']:.2f}; default, {args.sensors} sensors "
+            f"{best['default_fleet']:.2f}; {stream}, {args.sensors} sensors "
+            f"{best[stream]:.2f}. Readings/s ratio {stream} / default: "
+            f"{best['default'] / best[stream]:.2f} (one sensor), "
+            f"{best['default_fleet'] / best[stream]:.2f} ({args.sensors} sensors)"
+        )
         return 0
     default_lines = payloads(args.messages, 1)
     fleet_topics = [f"bench/s{i % args.sensors}/readings" for i in range(args.messages)]
@@ -292,15 +398,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             (workdir / "rule.toml").write_text(rule or "")
             rule_args = ("--mapping", str(workdir / "rule.toml"))
-        runs = {"default": (default_lines, ("--topic", "bench/#"), None),
-                "default_fleet": (default_lines, ("--topic", "bench/#"), fleet_topics),
-                stream: (device_lines, rule_args, device_topics)}
+        runs = {
+            "default": (default_lines, ("--topic", "bench/#"), None),
+            "default_fleet": (default_lines, ("--topic", "bench/#"), fleet_topics),
+            stream: (device_lines, rule_args, device_topics),
+        }
         for _ in range(args.rounds):
             for name, (lines, extra, topics) in runs.items():
                 rates[name].append(one_run(workdir, lines, args.batch_size, extra, topics))
                 if args.c_client:
-                    clients[name].append(one_run(workdir, lines, args.batch_size, extra,
-                                                 topics, c_client=True))
+                    clients[name].append(
+                        one_run(workdir, lines, args.batch_size, extra, topics, c_client=True)
+                    )
     result = report(args, source, device_lines, rates, clients if args.c_client else None)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -309,37 +418,49 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def report(args: argparse.Namespace, source: str, device_lines: list[bytes],
-           rates: dict[str, list[float]], clients: dict[str, list[float]] | None
-           ) -> dict[str, object]:
+def report(
+    args: argparse.Namespace,
+    source: str,
+    device_lines: list[bytes],
+    rates: dict[str, list[float]],
+    clients: dict[str, list[float]] | None,
+) -> dict[str, object]:
     """The figures of a run: each stream's rates, the ratios of medians within it."""
     stream = args.stream
     medians = {name: statistics.median(values) for name, values in rates.items()}
     device = medians[stream]
     result: dict[str, object] = {
-        "stream": stream, "messages": args.messages, "sensors": args.sensors,
-        "rounds": args.rounds, "rule": source,
+        "stream": stream,
+        "messages": args.messages,
+        "sensors": args.sensors,
+        "rounds": args.rounds,
+        "rule": source,
         "bytes_per_message": round(sum(map(len, device_lines)) / len(device_lines)),
-        **{f"{name}_readings_per_s": [round(r) for r in values]
-           for name, values in rates.items()},
+        **{f"{name}_readings_per_s": [round(r) for r in values] for name, values in rates.items()},
         "ratio_to_default": round(device / medians["default"], 3),
-        "ratio_to_default_fleet": round(device / medians["default_fleet"], 3)}
+        "ratio_to_default_fleet": round(device / medians["default_fleet"], 3),
+    }
     if clients is not None:
-        result["c_client_msgs_per_s"] = {name: [round(r) for r in values]
-                                         for name, values in clients.items()}
+        result["c_client_msgs_per_s"] = {
+            name: [round(r) for r in values] for name, values in clients.items()
+        }
         result["ratio_to_c_client"] = {
             name: round(medians[name] / statistics.median(values), 3)
-            for name, values in clients.items()}
+            for name, values in clients.items()
+        }
     return result
 
 
-def table(result: dict[str, object], rates: dict[str, list[float]],
-          clients: dict[str, list[float]] | None) -> str:
+def table(
+    result: dict[str, object], rates: dict[str, list[float]], clients: dict[str, list[float]] | None
+) -> str:
     """The report as a Markdown table and a line of ratios."""
     stream, sensors = result["stream"], result["sensors"]
-    labels = {"default": "default format, one sensor",
-              "default_fleet": f"default format, the same payloads on {sensors} sensors",
-              str(stream): f"{LABELS[str(stream)]} through {result['rule']}, {sensors} sensors"}
+    labels = {
+        "default": "default format, one sensor",
+        "default_fleet": f"default format, the same payloads on {sensors} sensors",
+        str(stream): f"{LABELS[str(stream)]} through {result['rule']}, {sensors} sensors",
+    }
     head = "| stream (1 reading/message) | readings/s, each round | median |"
     rule = "|---|---|---|"
     if clients is not None:
@@ -347,16 +468,22 @@ def table(result: dict[str, object], rates: dict[str, list[float]],
         rule += "---|---|---|"
     lines = [head, rule]
     for name, values in rates.items():
-        row = (f"| {labels[name]} | {', '.join(f'{r:,.0f}' for r in values)} "
-               f"| {statistics.median(values):,.0f} |")
+        row = (
+            f"| {labels[name]} | {', '.join(f'{r:,.0f}' for r in values)} "
+            f"| {statistics.median(values):,.0f} |"
+        )
         if clients is not None:
             ratios: dict[str, float] = result["ratio_to_c_client"]  # type: ignore[assignment]
-            row += (f" {', '.join(f'{r:,.0f}' for r in clients[name])} "
-                    f"| {statistics.median(clients[name]):,.0f} | {ratios[name]:.2f} |")
+            row += (
+                f" {', '.join(f'{r:,.0f}' for r in clients[name])} "
+                f"| {statistics.median(clients[name]):,.0f} | {ratios[name]:.2f} |"
+            )
         lines.append(row)
-    lines.append(f"\nratio {stream} / default, one sensor: {result['ratio_to_default']:.2f}; "
-                 f"/ default, {sensors} sensors: {result['ratio_to_default_fleet']:.2f} "
-                 f"({result['bytes_per_message']} bytes per {stream} message)")
+    lines.append(
+        f"\nratio {stream} / default, one sensor: {result['ratio_to_default']:.2f}; "
+        f"/ default, {sensors} sensors: {result['ratio_to_default_fleet']:.2f} "
+        f"({result['bytes_per_message']} bytes per {stream} message)"
+    )
     return "\n".join(lines)
 
 

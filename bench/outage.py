@@ -23,8 +23,13 @@ from pymongo import MongoClient
 
 from tests.support.procs import Broker, Daemon, start_emulator
 
-SHOWN = ("ingest_messages_received_total", "ingest_buffered_bytes", "ingest_inbox_bytes",
-         "ingest_mqtt_read_paused", "ingest_mqtt_read_pauses_total")
+SHOWN = (
+    "ingest_messages_received_total",
+    "ingest_buffered_bytes",
+    "ingest_inbox_bytes",
+    "ingest_mqtt_read_paused",
+    "ingest_mqtt_read_pauses_total",
+)
 
 
 def rss_mib(pid: int) -> float:
@@ -47,8 +52,12 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--size", type=int, default=200_000, help="payload bytes")
     parser.add_argument("--wait", type=float, default=15.0, help="seconds after publishing")
-    parser.add_argument("--daemon-arg", action="append", default=[],
-                        help="extra argument for ingest run (repeatable)")
+    parser.add_argument(
+        "--daemon-arg",
+        action="append",
+        default=[],
+        help="extra argument for ingest run (repeatable)",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp())
     emulator, uri = start_emulator()
@@ -57,16 +66,39 @@ def main() -> int:
     daemon = None
     try:
         # One process (its RSS is what is measured); --daemon-arg=--workers=N overrides.
-        daemon = Daemon(["--workers", "1", "--mqtt-url", broker.url, "--topic", "outage/#",
-                         "--mongodb-uri", uri,
-                         "--db", "outage", "--client-id", "outage", "--log-level", "warning",
-                         "--qos", str(args.qos), *args.daemon_arg], tmp / "daemon.log").start()
+        daemon = Daemon(
+            [
+                "--workers",
+                "1",
+                "--mqtt-url",
+                broker.url,
+                "--topic",
+                "outage/#",
+                "--mongodb-uri",
+                uri,
+                "--db",
+                "outage",
+                "--client-id",
+                "outage",
+                "--log-level",
+                "warning",
+                "--qos",
+                str(args.qos),
+                *args.daemon_arg,
+            ],
+            tmp / "daemon.log",
+        ).start()
         assert daemon.process is not None
         time.sleep(2)
         before = rss_mib(daemon.process.pid)
         with MongoClient(uri) as mongo:
-            mongo.admin.command({"configureFailPoint": "failCommand", "mode": "alwaysOn",
-                                 "data": {"failCommands": ["insert"], "errorCode": 91}})
+            mongo.admin.command(
+                {
+                    "configureFailPoint": "failCommand",
+                    "mode": "alwaysOn",
+                    "data": {"failCommands": ["insert"], "errorCode": 91},
+                }
+            )
         asyncio.run(publish(broker.port, args.qos, args.messages, args.size))
         peak = before
         deadline = time.monotonic() + args.wait
@@ -74,8 +106,10 @@ def main() -> int:
             time.sleep(0.5)
             peak = max(peak, rss_mib(daemon.process.pid))
         metrics = daemon.metrics()
-        print(f"QoS {args.qos}, {args.messages} x {args.size} B invalid messages during an "
-              f"outage: RSS {before:.0f} MiB before, {peak:.0f} MiB at most after")
+        print(
+            f"QoS {args.qos}, {args.messages} x {args.size} B invalid messages during an "
+            f"outage: RSS {before:.0f} MiB before, {peak:.0f} MiB at most after"
+        )
         for name in SHOWN:
             if name in metrics:
                 print(f"  {name} {metrics[name]:.0f}")

@@ -71,45 +71,83 @@ def top(samples: Path, count: int) -> str:
     return "\n".join(lines)
 
 
-def report(args: argparse.Namespace, cpu: float, daemon: Daemon, spy: str | None,
-           samples: Path) -> None:
+def report(
+    args: argparse.Namespace, cpu: float, daemon: Daemon, spy: str | None, samples: Path
+) -> None:
     """Print the CPU per reading, the collector's time and the top functions."""
     readings = args.messages * args.per_message
-    print(f"{args.mode}, {args.per_message} readings a message, {args.sensors} sensors: "
-          f"{cpu * 1e6 / readings:.1f} µs of daemon CPU per reading "
-          f"({cpu:.2f} s for {readings:,} readings); 1-minute load {os.getloadavg()[0]:.2f}")
+    print(
+        f"{args.mode}, {args.per_message} readings a message, {args.sensors} sensors: "
+        f"{cpu * 1e6 / readings:.1f} µs of daemon CPU per reading "
+        f"({cpu:.2f} s for {readings:,} readings); 1-minute load {os.getloadavg()[0]:.2f}"
+    )
     found = re.search(r"GC_SECONDS ([0-9.]+) (.*)", daemon.logs())
     if found:  # over the daemon's whole life, start-up included
-        print(f"garbage collector: {float(found.group(1)):.2f} s "
-              f"(collections/time by generation: {found.group(2)})")
+        print(
+            f"garbage collector: {float(found.group(1)):.2f} s "
+            f"(collections/time by generation: {found.group(2)})"
+        )
     if spy and samples.exists():
         print(top(samples, args.top))
     elif not spy:
         print("py-spy not found: .venv/bin/pip install py-spy")
 
 
-def drain(args: argparse.Namespace, work: Path, broker: Broker, uri: str,
-          spy: str | None, samples: Path) -> None:
+def drain(
+    args: argparse.Namespace, work: Path, broker: Broker, uri: str, spy: str | None, samples: Path
+) -> None:
     """Start the daemon, publish the backlog while sampling, wait for the last ack."""
     helpers = tools()
     lines = work / "backlog.txt"
     backlog(lines, args.messages, args.per_message, args.sensors)
     session(broker, "profile", 1)
     os.environ["PYTHONPATH"] = str(work / "hook")
-    daemon = Daemon(["--mqtt-url", broker.url, "--topic", "sensors/#", "--client-id",
-                     "profile", "--qos", "1", "--log-level", "warning", "--db", "bench",
-                     "--mode", args.mode, "--mongodb-uri", uri, "--workers", "1"],
-                    work / "daemon.log")
+    daemon = Daemon(
+        [
+            "--mqtt-url",
+            broker.url,
+            "--topic",
+            "sensors/#",
+            "--client-id",
+            "profile",
+            "--qos",
+            "1",
+            "--log-level",
+            "warning",
+            "--db",
+            "bench",
+            "--mode",
+            args.mode,
+            "--mongodb-uri",
+            uri,
+            "--workers",
+            "1",
+        ],
+        work / "daemon.log",
+    )
     try:
         daemon.start(wait_ready=True)
         assert daemon.process is not None
         pid = daemon.process.pid
         recorder = None
         if spy:
-            recorder = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "400",
-                                         "--format", "raw", "--output", str(samples),
-                                         "--nonblocking"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            recorder = subprocess.Popen(
+                [
+                    spy,
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--rate",
+                    "400",
+                    "--format",
+                    "raw",
+                    "--output",
+                    str(samples),
+                    "--nonblocking",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         cpu_start = cpu_of(pid)
         publish(broker, helpers["qos1pub"], lines, args.messages)
         while scrape(daemon.metrics_port).get("ingest_messages_acked_total", 0) < args.messages:
@@ -142,8 +180,14 @@ def main() -> int:
     sink = subprocess.Popen([str(tools()["fakemongo"])], stdout=subprocess.PIPE, text=True)
     try:
         assert sink.stdout is not None
-        drain(args, work, broker, sink.stdout.readline().strip(), spy,
-              args.out or work / "samples.txt")
+        drain(
+            args,
+            work,
+            broker,
+            sink.stdout.readline().strip(),
+            spy,
+            args.out or work / "samples.txt",
+        )
     finally:
         sink.terminate()
         sink.communicate()

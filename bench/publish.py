@@ -52,8 +52,21 @@ def received(broker: Broker, at_least: int) -> int:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         out = subprocess.run(
-            ["mosquitto_sub", "-p", str(broker.port), "-t", "$SYS/broker/publish/messages/received",
-             "-C", "1", "-W", "3"], capture_output=True, text=True, check=False).stdout
+            [
+                "mosquitto_sub",
+                "-p",
+                str(broker.port),
+                "-t",
+                "$SYS/broker/publish/messages/received",
+                "-C",
+                "1",
+                "-W",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
         value = int(out.strip() or 0)
         if value >= at_least:
             return value
@@ -64,8 +77,12 @@ def received(broker: Broker, at_least: int) -> int:
 def run_qos1pub(broker: Broker, qos1pub: Path, path: Path, messages: int) -> float:
     """Wall seconds of the C publisher; every message PUBACKed and counted by the broker."""
     started = time.perf_counter()
-    proc = subprocess.run([str(qos1pub), "127.0.0.1", str(broker.port), str(path)],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [str(qos1pub), "127.0.0.1", str(broker.port), str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     wall = time.perf_counter() - started
     result = json.loads(proc.stdout) if proc.stdout.strip() else {}
     if proc.returncode != 0 or result.get("acked") != messages:
@@ -79,11 +96,38 @@ def run_loadgen(broker: Broker, messages: int, processes: int) -> tuple[float, f
     """(wall seconds of the whole command, messages/s as loadgen measured it itself)."""
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "loadgen", "publish", "--mqtt-url", broker.url,
-         "--sensors", str(SENSORS), "--count", str(messages), "--rate", "0", "--qos", "1",
-         "--processes", str(processes), "--start", "now-1h", "--time-step", "1",
-         "--seed", "1", "--sensor-prefix", PREFIX, "--json"],
-        capture_output=True, text=True, cwd=ROOT, check=True)
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "publish",
+            "--mqtt-url",
+            broker.url,
+            "--sensors",
+            str(SENSORS),
+            "--count",
+            str(messages),
+            "--rate",
+            "0",
+            "--qos",
+            "1",
+            "--processes",
+            str(processes),
+            "--start",
+            "now-1h",
+            "--time-step",
+            "1",
+            "--seed",
+            "1",
+            "--sensor-prefix",
+            PREFIX,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    )
     wall = time.perf_counter() - started
     summary = json.loads(proc.stdout)
     if summary["messages"] != messages or summary["acked"] != messages or not summary["ok"]:
@@ -126,23 +170,34 @@ def main() -> int:
         lines_file(path, args.messages, int((time.time() - 3600) * 1000))
         for round_no in range(1, args.rounds + 1):
             row = one_round(Path(tmp), path, args.messages, qos1pub)
-            rows.append({"round": round_no, "messages": args.messages,
-                         **{k: round(v) for k, v in row.items()},
-                         "ratio_p1": round(row["loadgen_p1"] / row["qos1pub"], 3),
-                         "ratio_p2": round(row["loadgen_p2"] / row["qos1pub"], 3)})
+            rows.append(
+                {
+                    "round": round_no,
+                    "messages": args.messages,
+                    **{k: round(v) for k, v in row.items()},
+                    "ratio_p1": round(row["loadgen_p1"] / row["qos1pub"], 3),
+                    "ratio_p2": round(row["loadgen_p2"] / row["qos1pub"], 3),
+                }
+            )
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print("| round | messages | qos1pub msg/s | loadgen -P1 msg/s | ratio "
-          "| loadgen -P2 msg/s | ratio | loadgen's own figure (P1, P2) |")
+    print(
+        "| round | messages | qos1pub msg/s | loadgen -P1 msg/s | ratio "
+        "| loadgen -P2 msg/s | ratio | loadgen's own figure (P1, P2) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['round']} | {r['messages']:,} | {r['qos1pub']:,} | {r['loadgen_p1']:,} "
-              f"| {r['ratio_p1']:.2f} | {r['loadgen_p2']:,} | {r['ratio_p2']:.2f} "
-              f"| {r['loadgen_p1_self_timed']:,}, {r['loadgen_p2_self_timed']:,} |")
-    print(f"\nmedian ratio, whole commands: -P1 "
-          f"{statistics.median(r['ratio_p1'] for r in rows):.2f}, -P2 "
-          f"{statistics.median(r['ratio_p2'] for r in rows):.2f}")
+        print(
+            f"| {r['round']} | {r['messages']:,} | {r['qos1pub']:,} | {r['loadgen_p1']:,} "
+            f"| {r['ratio_p1']:.2f} | {r['loadgen_p2']:,} | {r['ratio_p2']:.2f} "
+            f"| {r['loadgen_p1_self_timed']:,}, {r['loadgen_p2_self_timed']:,} |"
+        )
+    print(
+        f"\nmedian ratio, whole commands: -P1 "
+        f"{statistics.median(r['ratio_p1'] for r in rows):.2f}, -P2 "
+        f"{statistics.median(r['ratio_p2'] for r in rows):.2f}"
+    )
     return 0
 
 

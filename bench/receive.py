@@ -46,11 +46,20 @@ def stream(qos: int, props: bytes = b"") -> bytes:
     packets = []
     for i in range(MESSAGES):
         sensor, seq = i % SENSORS, i // SENSORS
-        payload = (f'{{"ts":{start + seq},"seq":{seq},'
-                   f'"temp":{18 + (seq * 7 + sensor) % 100 / 10:.1f},'
-                   f'"hum":{40 + (seq + sensor) % 30}}}').encode()
-        packets.append(publish_packet(f"sensors/s{sensor:05d}/readings", payload,
-                                      i % 65535 + 1 if qos else 0, qos, props=props))
+        payload = (
+            f'{{"ts":{start + seq},"seq":{seq},'
+            f'"temp":{18 + (seq * 7 + sensor) % 100 / 10:.1f},'
+            f'"hum":{40 + (seq + sensor) % 30}}}'
+        ).encode()
+        packets.append(
+            publish_packet(
+                f"sensors/s{sensor:05d}/readings",
+                payload,
+                i % 65535 + 1 if qos else 0,
+                qos,
+                props=props,
+            )
+        )
     return b"".join(packets)
 
 
@@ -84,7 +93,7 @@ async def one_round(data: bytes) -> tuple[float, float, float]:
     await done.wait()
     consumed = time.process_time()
     for i in range(0, len(taken), BATCH):
-        source.ack_all(taken[i:i + BATCH])
+        source.ack_all(taken[i : i + BATCH])
     acked = time.process_time()
     consume.cancel()
     return received - started, consumed - received, acked - consumed
@@ -94,18 +103,23 @@ async def main(rounds: int, props: bytes) -> None:
     for qos in (1, 0):
         data = stream(qos, props)
         results = [await one_round(data) for _ in range(rounds)]
-        receive, consume, ack = (statistics.median(r[i] for r in results) / MESSAGES * 1e6
-                                 for i in range(3))
-        print(f"QoS {qos}, median of {rounds} rounds of {MESSAGES:,} messages: "
-              f"{receive + consume + ack:.2f} us/message (receive {receive:.2f}, "
-              f"consume {consume:.2f}, ack {ack:.2f})")
+        receive, consume, ack = (
+            statistics.median(r[i] for r in results) / MESSAGES * 1e6 for i in range(3)
+        )
+        print(
+            f"QoS {qos}, median of {rounds} rounds of {MESSAGES:,} messages: "
+            f"{receive + consume + ack:.2f} us/message (receive {receive:.2f}, "
+            f"consume {consume:.2f}, ack {ack:.2f})"
+        )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--subscription-identifier", action="store_true",
-                        help="packets carry the identifier of the subscription to sensors/#")
+    parser.add_argument(
+        "--subscription-identifier",
+        action="store_true",
+        help="packets carry the identifier of the subscription to sensors/#",
+    )
     args = parser.parse_args()
-    uvloop.run(main(args.rounds, identifier_property() if args.subscription_identifier
-                    else b""))
+    uvloop.run(main(args.rounds, identifier_property() if args.subscription_identifier else b""))

@@ -44,8 +44,9 @@ class Relay:
     @classmethod
     def start(cls, binary: Path, broker_port: int, target: int) -> Relay:
         """A relay to 127.0.0.1:``broker_port``; ``target``: PUBACKs that end the clock."""
-        proc = subprocess.Popen([str(binary), str(broker_port), str(target)],
-                                stdout=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [str(binary), str(broker_port), str(target)], stdout=subprocess.PIPE
+        )
         assert proc.stdout is not None
         line = proc.stdout.readline().strip()
         if not line.isdigit():

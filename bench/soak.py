@@ -46,14 +46,18 @@ def sample(daemon: Daemon, mode: str, t0: float, *, publishing: bool) -> dict[st
     assert daemon.process is not None
     pid = daemon.process.pid
     metrics = daemon.metrics()
-    return {"t": round(time.monotonic() - t0, 2), "publishing": publishing,
-            "rss_mb": round(rss_mb(pid), 2), "cpu_s": cpu_seconds(pid),
-            "written": metrics.get(f'ingest_readings_written_total{{mode="{mode}"}}', 0.0),
-            "buffered": metrics.get("ingest_buffered_readings", 0.0),
-            "received": metrics.get("ingest_messages_received_total", 0.0),
-            "acked": metrics.get("ingest_messages_acked_total", 0.0),
-            "write_s": metrics.get(f'ingest_batch_write_seconds_sum{{mode="{mode}"}}', 0.0),
-            "batches": metrics.get(f'ingest_batch_write_seconds_count{{mode="{mode}"}}', 0.0)}
+    return {
+        "t": round(time.monotonic() - t0, 2),
+        "publishing": publishing,
+        "rss_mb": round(rss_mb(pid), 2),
+        "cpu_s": cpu_seconds(pid),
+        "written": metrics.get(f'ingest_readings_written_total{{mode="{mode}"}}', 0.0),
+        "buffered": metrics.get("ingest_buffered_readings", 0.0),
+        "received": metrics.get("ingest_messages_received_total", 0.0),
+        "acked": metrics.get("ingest_messages_acked_total", 0.0),
+        "write_s": metrics.get(f'ingest_batch_write_seconds_sum{{mode="{mode}"}}', 0.0),
+        "batches": metrics.get(f'ingest_batch_write_seconds_count{{mode="{mode}"}}', 0.0),
+    }
 
 
 def add_rates(samples: list[dict[str, Any]]) -> None:
@@ -63,8 +67,9 @@ def add_rates(samples: list[dict[str, Any]]) -> None:
         s["readings_per_s"] = round((s["written"] - before["written"]) / dt) if dt else 0
         s["cpu_pct"] = round(100 * (s["cpu_s"] - before["cpu_s"]) / dt, 1) if dt else 0.0
         batches = s["batches"] - before["batches"] if before else 0
-        s["ms_per_batch"] = (round(1000 * (s["write_s"] - before["write_s"]) / batches)
-                             if batches else None)
+        s["ms_per_batch"] = (
+            round(1000 * (s["write_s"] - before["write_s"]) / batches) if batches else None
+        )
 
 
 def slope_per_minute(points: list[tuple[float, float]]) -> float | None:
@@ -76,8 +81,11 @@ def slope_per_minute(points: list[tuple[float, float]]) -> float | None:
     return 60 * sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else None
 
 
-def soak(args: argparse.Namespace, daemon: Daemon, publisher: subprocess.Popen[str],
-         ) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
+def soak(
+    args: argparse.Namespace,
+    daemon: Daemon,
+    publisher: subprocess.Popen[str],
+) -> tuple[list[dict[str, Any]], dict[str, Any], bool]:
     """Sample until the publisher is done and the daemon has written everything."""
     t0 = next_at = time.monotonic()
     samples: list[dict[str, Any]] = []
@@ -88,8 +96,11 @@ def soak(args: argparse.Namespace, daemon: Daemon, publisher: subprocess.Popen[s
         if now >= next_at:
             samples.append(sample(daemon, args.mode, t0, publishing=summary is None))
             s = samples[-1]
-            print(f"  {s['t']:7.0f} s  RSS {s['rss_mb']:6.1f} MB  written {s['written']:,.0f}"
-                  f"  buffered {s['buffered']:,.0f}", file=sys.stderr)
+            print(
+                f"  {s['t']:7.0f} s  RSS {s['rss_mb']:6.1f} MB  written {s['written']:,.0f}"
+                f"  buffered {s['buffered']:,.0f}",
+                file=sys.stderr,
+            )
             next_at += args.interval
         if summary is None and publisher.poll() is not None:
             assert publisher.stdout is not None
@@ -118,20 +129,60 @@ def run(args: argparse.Namespace, out: Path, tmp: Path, uri: str) -> dict[str, A
     broker = Broker(tmp)
     broker.start()
     # One process, whose RSS and CPU are sampled; --daemon-arg=--workers=N overrides.
-    daemon = Daemon(["--workers", "1", "--mode", args.mode, "--mqtt-url", broker.url,
-                     "--topic", f"{prefix}/#",
-                     "--mongodb-uri-file", str(uri_file), "--db", db,
-                     "--client-id", f"soak-{run_id}", "--log-level", "warning",
-                     *args.daemon_arg], out / f"daemon-{args.mode}-{run_id}.log")
+    daemon = Daemon(
+        [
+            "--workers",
+            "1",
+            "--mode",
+            args.mode,
+            "--mqtt-url",
+            broker.url,
+            "--topic",
+            f"{prefix}/#",
+            "--mongodb-uri-file",
+            str(uri_file),
+            "--db",
+            db,
+            "--client-id",
+            f"soak-{run_id}",
+            "--log-level",
+            "warning",
+            *args.daemon_arg,
+        ],
+        out / f"daemon-{args.mode}-{run_id}.log",
+    )
     try:
         daemon.start()
         publisher = subprocess.Popen(
-            [sys.executable, "-m", "loadgen", "publish", "--mqtt-url", broker.url,
-             "--sensors", str(args.sensors), "--rate", str(args.rate),
-             "--duration", str(args.minutes * 60), "--qos", "1", "--seed", str(args.seed),
-             "--sensor-prefix", prefix, "--topic-prefix", prefix,
-             "--manifest", str(manifest), "--json"],
-            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            [
+                sys.executable,
+                "-m",
+                "loadgen",
+                "publish",
+                "--mqtt-url",
+                broker.url,
+                "--sensors",
+                str(args.sensors),
+                "--rate",
+                str(args.rate),
+                "--duration",
+                str(args.minutes * 60),
+                "--qos",
+                "1",
+                "--seed",
+                str(args.seed),
+                "--sensor-prefix",
+                prefix,
+                "--topic-prefix",
+                prefix,
+                "--manifest",
+                str(manifest),
+                "--json",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         try:
             samples, summary, caught_up = soak(args, daemon, publisher)
         finally:
@@ -144,50 +195,91 @@ def run(args: argparse.Namespace, out: Path, tmp: Path, uri: str) -> dict[str, A
         broker.stop()
     env = {**os.environ, "LOADGEN_MONGODB_URI": uri}
     started = time.monotonic()
-    verify = subprocess.run([sys.executable, "-m", "loadgen", "verify", "--manifest",
-                             str(manifest), "--db", db, "--mode", args.mode, "--json"],
-                            capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+    verify = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "verify",
+            "--manifest",
+            str(manifest),
+            "--db",
+            db,
+            "--mode",
+            args.mode,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        check=False,
+    )
     result = json.loads(verify.stdout) if verify.stdout.strip() else {"error": verify.stderr}
     add_rates(samples)
     load = [s for s in samples if s["publishing"]]
     rss = [s["rss_mb"] for s in samples]
     span = load[-1]["t"] - load[0]["t"] if len(load) > 1 else 0
     return {
-        "mode": args.mode, "minutes": args.minutes, "rate": args.rate,
-        "sensors": args.sensors, "mongodb": "emulator" if not args.mongodb_uri else "given",
-        "db": db, "caught_up": caught_up, "daemon_exit": exit_code, "publish": summary,
-        "duration_s": samples[-1]["t"], "rss_first_mb": rss[0], "rss_last_mb": rss[-1],
+        "mode": args.mode,
+        "minutes": args.minutes,
+        "rate": args.rate,
+        "sensors": args.sensors,
+        "mongodb": "emulator" if not args.mongodb_uri else "given",
+        "db": db,
+        "caught_up": caught_up,
+        "daemon_exit": exit_code,
+        "publish": summary,
+        "duration_s": samples[-1]["t"],
+        "rss_first_mb": rss[0],
+        "rss_last_mb": rss[-1],
         "rss_max_mb": max(rss),
         "rss_slope_mb_per_min": slope_per_minute(
-            [(s["t"], s["rss_mb"]) for s in load if s["t"] >= args.warmup]),
+            [(s["t"], s["rss_mb"]) for s in load if s["t"] >= args.warmup]
+        ),
         "readings_per_s": round((load[-1]["written"] - load[0]["written"]) / span) if span else 0,
-        "verify": result, "verify_s": round(time.monotonic() - started, 1),
-        "samples": samples}
+        "verify": result,
+        "verify_s": round(time.monotonic() - started, 1),
+        "samples": samples,
+    }
 
 
 def markdown(r: dict[str, Any]) -> str:
     p, slope = r["publish"], r["rss_slope_mb_per_min"]
-    head = (f"Soak, {r['mode']} mode, MongoDB {r['mongodb']}: {r['sensors']} sensors at "
-            f"{r['rate']:,.0f} readings/s (QoS 1) for {r['minutes']} min; published "
-            f"{p['readings']:,} readings ({p['readings_per_s']:,.0f}/s, "
-            f"{p['rate_ratio']:.1%} of the target).")
-    lines = [head, "", "| t (s) | RSS (MB) | CPU % | readings/s | buffered | write ms/batch |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {s['t']:.0f} | {s['rss_mb']:.1f} | {s['cpu_pct']:.0f} "
-              f"| {s['readings_per_s']:,} | {s['buffered']:,.0f} | {s['ms_per_batch'] or '-'} |"
-              for s in r["samples"]]
-    lines += ["", f"RSS first {r['rss_first_mb']:.1f} MB, last {r['rss_last_mb']:.1f} MB, max "
-              f"{r['rss_max_mb']:.1f} MB, slope "
-              + (f"{slope:+.2f} MB/min" if slope is not None else "n/a (too few samples)")
-              + f"; mean {r['readings_per_s']:,} readings/s written while publishing; "
-              f"caught up: {r['caught_up']}, after {r['duration_s']:.0f} s; daemon exit "
-              f"{r['daemon_exit']}."]
+    head = (
+        f"Soak, {r['mode']} mode, MongoDB {r['mongodb']}: {r['sensors']} sensors at "
+        f"{r['rate']:,.0f} readings/s (QoS 1) for {r['minutes']} min; published "
+        f"{p['readings']:,} readings ({p['readings_per_s']:,.0f}/s, "
+        f"{p['rate_ratio']:.1%} of the target)."
+    )
+    lines = [
+        head,
+        "",
+        "| t (s) | RSS (MB) | CPU % | readings/s | buffered | write ms/batch |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {s['t']:.0f} | {s['rss_mb']:.1f} | {s['cpu_pct']:.0f} "
+        f"| {s['readings_per_s']:,} | {s['buffered']:,.0f} | {s['ms_per_batch'] or '-'} |"
+        for s in r["samples"]
+    ]
+    lines += [
+        "",
+        f"RSS first {r['rss_first_mb']:.1f} MB, last {r['rss_last_mb']:.1f} MB, max "
+        f"{r['rss_max_mb']:.1f} MB, slope "
+        + (f"{slope:+.2f} MB/min" if slope is not None else "n/a (too few samples)")
+        + f"; mean {r['readings_per_s']:,} readings/s written while publishing; "
+        f"caught up: {r['caught_up']}, after {r['duration_s']:.0f} s; daemon exit "
+        f"{r['daemon_exit']}.",
+    ]
     for m in r["verify"].get("modes", []):
-        lines.append(f"verify ({m['collection']}): {'OK' if m['ok'] else 'MISMATCH'}: expected "
-                     f"{m['expected']:,}, found {m['found']:,}, missing {m['missing']:,}, "
-                     f"duplicated {m['duplicated']:,}, wrong {m['wrong']:,}, unexpected "
-                     f"{m['unexpected']:,}, bad documents {m['bad_documents']:,} "
-                     f"({r['verify_s']} s)")
+        lines.append(
+            f"verify ({m['collection']}): {'OK' if m['ok'] else 'MISMATCH'}: expected "
+            f"{m['expected']:,}, found {m['found']:,}, missing {m['missing']:,}, "
+            f"duplicated {m['duplicated']:,}, wrong {m['wrong']:,}, unexpected "
+            f"{m['unexpected']:,}, bad documents {m['bad_documents']:,} "
+            f"({r['verify_s']} s)"
+        )
     if "error" in r["verify"]:
         lines.append(f"verify failed: {r['verify']['error'].strip()}")
     return "\n".join(lines)
@@ -205,8 +297,12 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds left out of the slope")
     parser.add_argument("--catch-up-timeout", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--daemon-arg", action="append", default=[],
-                        help="extra argument for the daemon (repeatable)")
+    parser.add_argument(
+        "--daemon-arg",
+        action="append",
+        default=[],
+        help="extra argument for the daemon (repeatable)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     emulator = None

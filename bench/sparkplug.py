@@ -53,14 +53,14 @@ def readings(messages: int, per_message: int, sensors: int) -> list[tuple[int, l
     return out
 
 
-def encode(fmt: str, plan: list[tuple[int, list[tuple]]], sensors: int
-           ) -> list[tuple[str, bytes]]:
+def encode(fmt: str, plan: list[tuple[int, list[tuple]]], sensors: int) -> list[tuple[str, bytes]]:
     """The messages of one format: topic and payload (Sparkplug: NBIRTHs first)."""
     out: list[tuple[str, bytes]] = []
     if fmt == "sparkplug":
         start = plan[0][1][0][0]
-        out = [(spb.fleet_topic("bench", s, "NBIRTH"), spb.fleet_birth(start))
-               for s in range(sensors)]
+        out = [
+            (spb.fleet_topic("bench", s, "NBIRTH"), spb.fleet_birth(start)) for s in range(sensors)
+        ]
         seqs = [0] * sensors
         for sensor, batch in plan:
             seqs[sensor] = (seqs[sensor] + 1) % 256
@@ -68,11 +68,15 @@ def encode(fmt: str, plan: list[tuple[int, list[tuple]]], sensors: int
             out.append((spb.fleet_topic("bench", sensor), spb.fleet_data(data, seqs[sensor])))
         return out
     for sensor, batch in plan:
-        items = [{"ts": ts / 1000, "hum": hum, "temp": temp} | ({"seq": seq} if fmt == "ingest"
-                                                                  else {})
-                 for ts, seq, hum, temp in batch]
-        body = items[0] if len(items) == 1 else (
-            {"sensor_id": f"s{sensor}", "readings": items} if fmt == "ingest" else items)
+        items = [
+            {"ts": ts / 1000, "hum": hum, "temp": temp} | ({"seq": seq} if fmt == "ingest" else {})
+            for ts, seq, hum, temp in batch
+        ]
+        body = (
+            items[0]
+            if len(items) == 1
+            else ({"sensor_id": f"s{sensor}", "readings": items} if fmt == "ingest" else items)
+        )
         out.append((f"bench/s{sensor}/readings", orjson.dumps(body)))
     return out
 
@@ -81,11 +85,21 @@ def consume(fmt: str, messages: list[tuple[str, bytes]], workdir: Path) -> float
     """Readings/s of a --dry-run daemon draining ``messages`` queued for it."""
     broker = Broker(workdir)
     broker.start()
-    args = ["--dry-run", "--mqtt-url", broker.url, "--mongodb-uri", "mongodb://127.0.0.1:1",
-            "--client-id", f"bench-{fmt}", "--log-level", "warning",
-            # The backlog fills batches by size; a short linger only closes the last one
-            # (Sparkplug's 100 extra BIRTH messages would otherwise wait a whole second).
-            "--flush-interval", "0.05"]
+    args = [
+        "--dry-run",
+        "--mqtt-url",
+        broker.url,
+        "--mongodb-uri",
+        "mongodb://127.0.0.1:1",
+        "--client-id",
+        f"bench-{fmt}",
+        "--log-level",
+        "warning",
+        # The backlog fills batches by size; a short linger only closes the last one
+        # (Sparkplug's 100 extra BIRTH messages would otherwise wait a whole second).
+        "--flush-interval",
+        "0.05",
+    ]
     if fmt == "sparkplug":
         args += ["--preset", "sparkplug"]
     elif fmt == "json":
@@ -119,23 +133,31 @@ def main() -> int:
                 workdir = Path(tmp) / f"{fmt}-{round_}"
                 workdir.mkdir()
                 rates[fmt].append(consume(fmt, encoded[fmt], workdir))
-    result = {fmt: {"readings_per_s": round(statistics.median(r)),
-                    "runs": [round(x) for x in r],
-                    "payload_bytes_per_reading": round(
-                        sum(len(p) for _, p in encoded[fmt]) / (args.messages
-                                                                * args.per_message), 1)}
-              for fmt, r in rates.items()}
+    result = {
+        fmt: {
+            "readings_per_s": round(statistics.median(r)),
+            "runs": [round(x) for x in r],
+            "payload_bytes_per_reading": round(
+                sum(len(p) for _, p in encoded[fmt]) / (args.messages * args.per_message), 1
+            ),
+        }
+        for fmt, r in rates.items()
+    }
     base = result["ingest"]["readings_per_s"]
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{args.messages} messages x {args.per_message} readings, {args.sensors} sensors, "
-          f"median of {args.rounds} interleaved runs, --dry-run")
+    print(
+        f"{args.messages} messages x {args.per_message} readings, {args.sensors} sensors, "
+        f"median of {args.rounds} interleaved runs, --dry-run"
+    )
     print("| format | readings/s | / ingest default | payload bytes/reading |")
     print("|---|---|---|---|")
     for fmt, r in result.items():
-        print(f"| {fmt} | {r['readings_per_s']:,} | {r['readings_per_s'] / base:.2f} "
-              f"| {r['payload_bytes_per_reading']} |")
+        print(
+            f"| {fmt} | {r['readings_per_s']:,} | {r['readings_per_s'] / base:.2f} "
+            f"| {r['payload_bytes_per_reading']} |"
+        )
     return 0
 
 

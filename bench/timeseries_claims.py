@@ -39,8 +39,10 @@ def batches(count: int, size: int) -> list[list[Reading]]:
     """``count`` batches of ``size`` readings of 1,000 sensors, each at new instants."""
     readings = [r for _, decoded in messages(1, size) for r in decoded]
     step = 3_600_000  # an hour later per batch: no instant is written twice
-    return [[r._replace(ms=(r.ms or 0) - (count - k) * step, when=None) for r in readings]
-            for k in range(count)]
+    return [
+        [r._replace(ms=(r.ms or 0) - (count - k) * step, when=None) for r in readings]
+        for k in range(count)
+    ]
 
 
 async def measure(uri: str, work: list[list[Reading]], claims: bool) -> tuple[float, float]:
@@ -48,8 +50,14 @@ async def measure(uri: str, work: list[list[Reading]], claims: bool) -> tuple[fl
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, tz_aware=True)
     try:
         db = client[f"bench_{time.monotonic_ns()}"]
-        schema = Schema(db, "readings", rejects_collection="rejects",
-                        rejects_max_bytes=1 << 20, retention_days=None, span_seconds=3600)
+        schema = Schema(
+            db,
+            "readings",
+            rejects_collection="rejects",
+            rejects_max_bytes=1 << 20,
+            retention_days=None,
+            span_seconds=3600,
+        )
         writer = TimeseriesWriter(db.readings, schema, "bench", claims=claims)
         await writer.ensure_schema()
         await writer.write(writer.plan(work[0][:10]))  # connections warm
@@ -66,11 +74,12 @@ def bytes_per_reading(batch: list[Reading], owner: str) -> tuple[float, float]:
     """BSON bytes a reading of the readings' documents and of the claims."""
     writer = TimeseriesWriter(None, None)  # type: ignore[arg-type]  # plans only
     plan = writer.plan(batch)
-    docs = sum(len(bson.encode(doc)) if isinstance(doc, dict) else len(doc.raw)
-               for doc in plan.ops)
+    docs = sum(len(bson.encode(doc)) if isinstance(doc, dict) else len(doc.raw) for doc in plan.ops)
     at = DatetimeMS(time.time_ns() // 1_000_000)
-    claims = sum(len(bson.encode({"_id": key, "at": at, "by": owner, "f": r.values}))
-                 for key, r in zip(claim_ids(batch), batch, strict=True))
+    claims = sum(
+        len(bson.encode({"_id": key, "at": at, "by": owner, "f": r.values}))
+        for key, r in zip(claim_ids(batch), batch, strict=True)
+    )
     return docs / len(batch), claims / len(batch)
 
 
@@ -84,14 +93,15 @@ def main() -> None:
     gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])  # as the daemon sets it
     work = batches(args.batches, args.readings)
     total = args.batches * args.readings
-    sink = subprocess.Popen([str(tools()["fakemongo"]), "-p", "0"], stdout=subprocess.PIPE,
-                            text=True)
+    sink = subprocess.Popen(
+        [str(tools()["fakemongo"]), "-p", "0"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert sink.stdout is not None
         uri = sink.stdout.readline().strip()
         best = {False: (float("inf"), float("inf")), True: (float("inf"), float("inf"))}
         for n in range(args.rounds):
-            for claims in ((False, True) if n % 2 == 0 else (True, False)):
+            for claims in (False, True) if n % 2 == 0 else (True, False):
                 cpu, wall = asyncio.run(measure(uri, work, claims))
                 best[claims] = min(best[claims], (cpu, wall))
     finally:
@@ -106,8 +116,10 @@ def main() -> None:
     docs, claims_bytes = bytes_per_reading(work[0], "ingest-timeseries-host1-w1")
     print(f"BSON bytes a reading: {docs:.0f} in its document, {claims_bytes:.0f} in its claim")
     extra = (best[True][0] - best[False][0]) / total * 1e6
-    print(f"claims: +{extra:.2f} µs CPU a reading "
-          f"({best[True][0] / best[False][0] - 1:+.0%} of the write path)")
+    print(
+        f"claims: +{extra:.2f} µs CPU a reading "
+        f"({best[True][0] / best[False][0] - 1:+.0%} of the write path)"
+    )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,7 @@ def messages(per_message: int, readings: int) -> list[tuple[Inbound, list[Readin
     for line in text.splitlines():
         topic, payload = line.split("\t")
         message = Inbound(topic, payload.encode(), 1, 1, 0, now)
-        out.append((message, decode(topic, message.payload, now, limits, None,
-                                    arrivals).readings))
+        out.append((message, decode(topic, message.payload, now, limits, None, arrivals).readings))
     return out
 
 
@@ -73,11 +72,11 @@ def run(per_message: int, count: int, rounds: int) -> None:
     stages_twin = importlib.import_module("ingest.pipeline._stages_c")
     writer = timeseries.TimeseriesWriter(None, None)  # type: ignore[arg-type]
 
-    def plan_with(sort: Callable[..., Any], build: Callable[..., Any]
-                  ) -> Callable[[], object]:
+    def plan_with(sort: Callable[..., Any], build: Callable[..., Any]) -> Callable[[], object]:
         def call() -> object:
             timeseries.sorted_readings, timeseries.batch_documents = sort, build
             return writer.plan(batch)
+
         return call
 
     def encoded(plan: Callable[[], Any]) -> Callable[[], object]:
@@ -90,18 +89,26 @@ def run(per_message: int, count: int, rounds: int) -> None:
     cases = {
         "TimeseriesWriter.plan": (
             plan_with(timeseries.sorted_readings_py, timeseries.batch_documents_py),
-            plan_with(twin.sorted_readings, twin.batch_documents)),
-        "  sorted_readings": (lambda: timeseries.sorted_readings_py(batch),
-                              lambda: twin.sorted_readings(batch)),
-        "  batch_documents": (lambda: timeseries.batch_documents_py(ordered, prefix, start),
-                              lambda: twin.batch_documents(ordered, prefix, start)),
+            plan_with(twin.sorted_readings, twin.batch_documents),
+        ),
+        "  sorted_readings": (
+            lambda: timeseries.sorted_readings_py(batch),
+            lambda: twin.sorted_readings(batch),
+        ),
+        "  batch_documents": (
+            lambda: timeseries.batch_documents_py(ordered, prefix, start),
+            lambda: twin.batch_documents(ordered, prefix, start),
+        ),
         "plan + BSON encoding": (
             encoded(plan_with(timeseries.sorted_readings_py, timeseries.batch_documents_py)),
-            encoded(plan_with(twin.sorted_readings, twin.batch_documents))),
+            encoded(plan_with(twin.sorted_readings, twin.batch_documents)),
+        ),
         "held_bytes": (held(stages.held_bytes_py), held(stages_twin.held_bytes)),
     }
-    print(f"{per_message} reading(s) a message, {len(batch):,} readings "
-          f"(ns per reading: Python, compiled, ratio)")
+    print(
+        f"{per_message} reading(s) a message, {len(batch):,} readings "
+        f"(ns per reading: Python, compiled, ratio)"
+    )
     saved = timeseries.sorted_readings, timeseries.batch_documents
     try:
         for name, (python, compiled) in cases.items():
@@ -109,8 +116,10 @@ def run(per_message: int, count: int, rounds: int) -> None:
             for _ in range(2):  # interleaved: the machine's load falls on both
                 py = min(py, best(python, rounds))
                 cc = min(cc, best(compiled, rounds))
-            print(f"  {name:<24} {py / len(batch) * 1e9:7.0f} {cc / len(batch) * 1e9:7.0f}"
-                  f"   {cc / py:.2f}")
+            print(
+                f"  {name:<24} {py / len(batch) * 1e9:7.0f} {cc / len(batch) * 1e9:7.0f}"
+                f"   {cc / py:.2f}"
+            )
     finally:
         timeseries.sorted_readings, timeseries.batch_documents = saved
 

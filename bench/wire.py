@@ -29,8 +29,7 @@ def publish(topic: str, payload: bytes, mid: int, props: bytes = b"") -> bytes:
     """A QoS 1 MQTT 5 PUBLISH with these properties (a length under 128), as mosquitto
     sends it."""
     name = topic.encode()
-    body = (len(name).to_bytes(2) + name + mid.to_bytes(2) + bytes((len(props),)) + props
-            + payload)
+    body = len(name).to_bytes(2) + name + mid.to_bytes(2) + bytes((len(props),)) + props + payload
     return bytes((0x32, len(body))) + body  # a body under 128 bytes
 
 
@@ -53,11 +52,16 @@ def buffer(props: bytes = b"") -> tuple[bytes, int]:
     size = i = 0
     while True:
         sensor, seq = i % 1000, i // 1000
-        packet = publish(f"sensors/s{sensor:05d}/readings",
-                         (f'{{"ts":{1_790_000_000 + seq},"seq":{seq},'
-                          f'"temp":{18 + (seq * 7 + sensor) % 100 / 10:.1f},'
-                          f'"hum":{40 + (seq + sensor) % 30}}}').encode(), i % 0xFFFF + 1,
-                         props)
+        packet = publish(
+            f"sensors/s{sensor:05d}/readings",
+            (
+                f'{{"ts":{1_790_000_000 + seq},"seq":{seq},'
+                f'"temp":{18 + (seq * 7 + sensor) % 100 / 10:.1f},'
+                f'"hum":{40 + (seq + sensor) % 30}}}'
+            ).encode(),
+            i % 0xFFFF + 1,
+            props,
+        )
         if size + len(packet) > BUFFER:
             return b"".join(packets), len(packets)
         packets.append(packet)
@@ -73,13 +77,21 @@ class Reader:
         self._paused = False
 
 
-def nothing(_topic: str, _payload: bytes, _mid: int, _qos: int, _dup: bool,
-            _retain: bool, _subscription: wire.Subscription) -> None:
+def nothing(
+    _topic: str,
+    _payload: bytes,
+    _mid: int,
+    _qos: int,
+    _dup: bool,
+    _retain: bool,
+    _subscription: wire.Subscription,
+) -> None:
     """A delivery that does nothing: what is measured is the scan itself."""
 
 
-def best(scan: Callable[[bytes, Reader, wire.Deliver], int], data: bytes, count: int,
-         repeat: int) -> float:
+def best(
+    scan: Callable[[bytes, Reader, wire.Deliver], int], data: bytes, count: int, repeat: int
+) -> float:
     """Seconds per packet of one round: ``repeat`` scans of the whole buffer."""
     start = time.perf_counter()
     for _ in range(repeat):
@@ -93,12 +105,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=20, help="scans of the buffer a round")
-    parser.add_argument("--subscription-identifier", action="store_true",
-                        help="packets carry the identifier of the subscription to sensors/#")
+    parser.add_argument(
+        "--subscription-identifier",
+        action="store_true",
+        help="packets carry the identifier of the subscription to sensors/#",
+    )
     args = parser.parse_args()
     data, count = buffer(identifier_property() if args.subscription_identifier else b"")
-    twins = {"python": wire.scan_py,
-             "compiled": importlib.import_module("ingest.mqtt._wire_c").scan}
+    twins = {
+        "python": wire.scan_py,
+        "compiled": importlib.import_module("ingest.mqtt._wire_c").scan,
+    }
     times: dict[str, list[float]] = {name: [] for name in twins}
     for _ in range(args.rounds):
         for name, scan in twins.items():
@@ -106,8 +123,10 @@ def main() -> None:
     python, compiled = min(times["python"]), min(times["compiled"])
     print(f"{count} packets in {len(data)} bytes, best of {args.rounds} rounds:")
     print(f"  python   {python * 1e9:7.1f} ns/packet")
-    print(f"  compiled {compiled * 1e9:7.1f} ns/packet ({compiled / python:.2f} of python, "
-          f"{python / compiled:.1f}x faster)")
+    print(
+        f"  compiled {compiled * 1e9:7.1f} ns/packet ({compiled / python:.2f} of python, "
+        f"{python / compiled:.1f}x faster)"
+    )
 
 
 if __name__ == "__main__":

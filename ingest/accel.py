@@ -80,5 +80,7 @@ def describe() -> str:
         if BUILD_NOTE.is_file():
             return f"accelerators: off ({ENV} was set at install): pure Python"
         return "accelerators: not built (no C compiler at install?): pure Python"
-    return (f"accelerators: partly built, pure Python for "
-            f"{', '.join(m.rsplit('.', 1)[-1] for m in missing)}")
+    return (
+        f"accelerators: partly built, pure Python for "
+        f"{', '.join(m.rsplit('.', 1)[-1] for m in missing)}"
+    )

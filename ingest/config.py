@@ -156,15 +156,18 @@ class Settings:
             return tuple(topic for topic in shared if topic.startswith("$share/"))
         subscribed = set(self.subscriptions)
         alone = replace(self, shared_group=None).subscriptions  # a format's split (Homie)
-        return tuple(topic for topic in dict.fromkeys((*alone, *self.topics))
-                     if topic not in subscribed)
+        return tuple(
+            topic for topic in dict.fromkeys((*alone, *self.topics)) if topic not in subscribed
+        )
 
 
 def parse_mqtt_url(url: str) -> MqttSettings:
     """Parse ``mqtt://[user[:pass]@]host[:port]`` or ``mqtts://...``."""
     if "://" not in url:
-        raise ConfigError(f"--mqtt-url: {_redact_url(url)!r} has no scheme: use "
-                          "mqtt://host:port (or mqtts://host:port for TLS)")
+        raise ConfigError(
+            f"--mqtt-url: {_redact_url(url)!r} has no scheme: use "
+            "mqtt://host:port (or mqtts://host:port for TLS)"
+        )
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -179,8 +182,9 @@ def parse_mqtt_url(url: str) -> MqttSettings:
     if not parts.hostname:
         raise ConfigError(f"--mqtt-url: no host in {_redact_url(url)!r}")
     if parts.path not in {"", "/"} or parts.query or parts.fragment:
-        raise ConfigError("--mqtt-url: must not have a path, query or fragment "
-                          "(topics go in --topic)")
+        raise ConfigError(
+            "--mqtt-url: must not have a path, query or fragment (topics go in --topic)"
+        )
     if port == 0:
         raise ConfigError("--mqtt-url: port must be between 1 and 65535")
     tls = parts.scheme == "mqtts"
@@ -195,8 +199,10 @@ def parse_mqtt_url(url: str) -> MqttSettings:
 
 def _bad_port(url: str) -> str:
     """What is wrong with a URL whose port urlsplit cannot read, in one line."""
-    unparsable = ("--mqtt-url: cannot parse the host and port (percent-encode reserved "
-                  "characters such as '/', '#' or '@' in the password)")
+    unparsable = (
+        "--mqtt-url: cannot parse the host and port (percent-encode reserved "
+        "characters such as '/', '#' or '@' in the password)"
+    )
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -241,31 +247,39 @@ def validate(settings: Settings) -> Settings:
     if settings.granularity not in GRANULARITIES:
         raise ConfigError(f"--granularity: must be one of {', '.join(GRANULARITIES)}")
     if settings.retained not in RETAINED:
-        raise ConfigError(f"--retained: must be one of {', '.join(RETAINED)}, "
-                          f"got {settings.retained!r}")
+        raise ConfigError(
+            f"--retained: must be one of {', '.join(RETAINED)}, got {settings.retained!r}"
+        )
     # QoS 2 is refused: paho answers PUBREC on arrival, so a message received but not yet
     # written would be lost on a crash. At QoS 1 the broker downgrades QoS 2 publishes and
     # we get at-least-once with the ack after the write.
     if settings.qos not in (0, 1):
-        raise ConfigError(f"--qos: must be 0 or 1 (QoS 2 publishes arrive as QoS 1), "
-                          f"got {settings.qos}")
+        raise ConfigError(
+            f"--qos: must be 0 or 1 (QoS 2 publishes arrive as QoS 1), got {settings.qos}"
+        )
     if not settings.topics or any(not t for t in settings.topics):
         raise ConfigError("--topic: at least one non-empty topic filter is required")
     if settings.shared_group is not None and not _NAME.match(settings.shared_group):
         raise ConfigError("--shared-group: use letters, digits, '_' or '-' (no '/', '+', '#')")
     _check_split(settings)
-    _check_store(settings.mongodb_uri, settings.db, settings.collection,
-                 settings.rejects_collection)
+    _check_store(
+        settings.mongodb_uri, settings.db, settings.collection, settings.rejects_collection
+    )
     if settings.max_inflight_messages > MAX_RECEIVE_MAXIMUM:
         raise ConfigError(f"--max-inflight-messages: at most {MAX_RECEIVE_MAXIMUM} (MQTT 5)")
     if settings.mqtt_keepalive > MAX_RECEIVE_MAXIMUM:
         raise ConfigError(f"--mqtt-keepalive: at most {MAX_RECEIVE_MAXIMUM} seconds (MQTT 5)")
     if settings.max_buffered_readings < settings.batch_size:
         raise ConfigError("--max-buffered-readings: must be at least --batch-size")
-    if (settings.mode == "timeseries" and settings.bucket_span_seconds is not None
-            and settings.bucket_span_seconds > MAX_TIMESERIES_SPAN):
-        raise ConfigError(f"--bucket-span-seconds: at most {MAX_TIMESERIES_SPAN} "
-                          "(one year) for a time-series collection")
+    if (
+        settings.mode == "timeseries"
+        and settings.bucket_span_seconds is not None
+        and settings.bucket_span_seconds > MAX_TIMESERIES_SPAN
+    ):
+        raise ConfigError(
+            f"--bucket-span-seconds: at most {MAX_TIMESERIES_SPAN} "
+            "(one year) for a time-series collection"
+        )
     _check_retention(settings)
     _check_server_tls(settings.metrics_tls_cert, settings.metrics_tls_key, "--metrics")
     if not 0 <= settings.metrics_port <= 65535:
@@ -274,7 +288,6 @@ def validate(settings: Settings) -> Settings:
         raise ConfigError(f"--workers: must be between 1 and {MAX_WORKERS}, or auto")
     _check_tls(settings.mqtt)
     return settings
-
 
 
 def _check_split(settings: Settings) -> None:
@@ -287,8 +300,10 @@ def _check_split(settings: Settings) -> None:
     except ConfigError as exc:
         if settings.shared_group is not None:
             raise
-        raise ConfigError(str(exc).replace("--shared-group:", "--workers: several "
-                                           "workers share a group;", 1)) from None
+        raise ConfigError(
+            str(exc).replace("--shared-group:", "--workers: several workers share a group;", 1)
+        ) from None
+
 
 def _check_retention(settings: Settings) -> None:
     """--retention-days within what MongoDB accepts as expireAfterSeconds."""
@@ -299,14 +314,19 @@ def _check_retention(settings: Settings) -> None:
     else:  # the TTL index expires a bucket one span after its retention
         most = (MAX_TTL_SECONDS - settings.span_seconds) // 86400
     if settings.retention_days > most:
-        raise ConfigError(f"--retention-days: at most {most:.0f} in {settings.mode} mode "
-                          "(MongoDB's limit on expireAfterSeconds)")
+        raise ConfigError(
+            f"--retention-days: at most {most:.0f} in {settings.mode} mode "
+            "(MongoDB's limit on expireAfterSeconds)"
+        )
 
 
 def _check_tls(mqtt: MqttSettings) -> None:
     """Refuse TLS files that cannot be used, naming the flag, before anything starts."""
-    files = {"--mqtt-ca-file": mqtt.ca_file, "--mqtt-cert-file": mqtt.cert_file,
-             "--mqtt-key-file": mqtt.key_file}
+    files = {
+        "--mqtt-ca-file": mqtt.ca_file,
+        "--mqtt-cert-file": mqtt.cert_file,
+        "--mqtt-key-file": mqtt.key_file,
+    }
     given = [flag for flag, path in files.items() if path]
     if given and not mqtt.tls:
         raise ConfigError(f"{given[0]}: TLS files need an mqtts:// --mqtt-url")
@@ -320,18 +340,24 @@ def _check_tls(mqtt: MqttSettings) -> None:
     try:
         context = ssl.create_default_context(cafile=mqtt.ca_file)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"--mqtt-ca-file: cannot load {mqtt.ca_file} ({_ssl_reason(exc)}); "
-                          "give a PEM CA bundle") from None
+        raise ConfigError(
+            f"--mqtt-ca-file: cannot load {mqtt.ca_file} ({_ssl_reason(exc)}); give a PEM CA bundle"
+        ) from None
     if mqtt.cert_file:
         try:
             # No interactive prompt for an encrypted key: the daemon has no passphrase.
             context.load_cert_chain(mqtt.cert_file, mqtt.key_file, password=b"")
         except (OSError, ValueError) as exc:
             flags = "--mqtt-cert-file/--mqtt-key-file" if mqtt.key_file else "--mqtt-cert-file"
-            reason = ("not a PEM certificate, or the key does not match it"
-                      if isinstance(exc, ssl.SSLError) else _ssl_reason(exc))
-            raise ConfigError(f"{flags}: cannot load the client certificate ({reason}); "
-                              "give a PEM certificate and its matching key") from None
+            reason = (
+                "not a PEM certificate, or the key does not match it"
+                if isinstance(exc, ssl.SSLError)
+                else _ssl_reason(exc)
+            )
+            raise ConfigError(
+                f"{flags}: cannot load the client certificate ({reason}); "
+                "give a PEM certificate and its matching key"
+            ) from None
 
 
 def _ssl_reason(exc: Exception) -> str:
@@ -390,8 +416,11 @@ def _check_store(uri: str, db: str, collection: str, rejects: str) -> None:
     """The MongoDB URI's scheme and the database and collection names."""
     if not uri.startswith(("mongodb://", "mongodb+srv://")):
         raise ConfigError("--mongodb-uri: must start with mongodb:// or mongodb+srv://")
-    for flag, name in (("--db", db), ("--collection", collection),
-                       ("--rejects-collection", rejects)):
+    for flag, name in (
+        ("--db", db),
+        ("--collection", collection),
+        ("--rejects-collection", rejects),
+    ):
         if not _NAME.match(name):
             raise ConfigError(f"{flag}: use letters, digits, '_' or '-', got {name!r}")
 
@@ -400,29 +429,37 @@ def validate_api(settings: ApiSettings) -> ApiSettings:
     """Check the API's settings; returns them unchanged when valid."""
     if settings.mode not in MODES:
         raise ConfigError(f"--mode: must be one of {', '.join(MODES)}, got {settings.mode!r}")
-    _check_store(settings.mongodb_uri, settings.db, settings.collection,
-                 settings.rejects_collection)
+    _check_store(
+        settings.mongodb_uri, settings.db, settings.collection, settings.rejects_collection
+    )
     if not 0 <= settings.port <= 65535:
         raise ConfigError("--api-port: must be between 0 and 65535")
-    for flag, value in (("--bucket-span-seconds", settings.bucket_span_seconds),
-                        ("--query-timeout", settings.query_timeout)):
+    for flag, value in (
+        ("--bucket-span-seconds", settings.bucket_span_seconds),
+        ("--query-timeout", settings.query_timeout),
+    ):
         if not (value > 0 and math.isfinite(value)):
             raise ConfigError(f"{flag}: must be a finite number greater than 0, got {value}")
     if not settings.grafana_url.startswith(("http://", "https://", "/")):
         raise ConfigError("--grafana-url: must start with http://, https:// or /")
     if settings.max_concurrent_queries < 1:
-        raise ConfigError("--api-max-concurrent-queries: must be 1 or more, got "
-                          f"{settings.max_concurrent_queries}")
+        raise ConfigError(
+            "--api-max-concurrent-queries: must be 1 or more, got "
+            f"{settings.max_concurrent_queries}"
+        )
     if not (settings.session_hours > 0 and math.isfinite(settings.session_hours)):
-        raise ConfigError("--api-session-hours: must be a finite number greater than 0, got "
-                          f"{settings.session_hours}")
+        raise ConfigError(
+            "--api-session-hours: must be a finite number greater than 0, got "
+            f"{settings.session_hours}"
+        )
     _check_server_tls(settings.tls_cert, settings.tls_key)
     if not settings.tokens and not settings.insecure and not is_loopback(settings.host):
         raise ConfigError(
             f"--api-host {settings.host}: not a loopback address, and no --api-tokens-file: "
             "make a token with python -c 'import secrets; print(secrets.token_urlsafe(32))' "
             "> tokens and pass --api-tokens-file tokens (or --api-insecure behind a proxy "
-            "that authenticates)")
+            "that authenticates)"
+        )
     return settings
 
 
@@ -445,8 +482,11 @@ def _check_server_tls(cert: str | None, key: str | None, prefix: str = "--api") 
             raise ConfigError(f"{flag}: cannot read {path}")
 
 
-def server_tls_context(cert: str | None, key: str | None, prefix: str = "--api",
-                       ) -> ssl.SSLContext | None:
+def server_tls_context(
+    cert: str | None,
+    key: str | None,
+    prefix: str = "--api",
+) -> ssl.SSLContext | None:
     """A server's TLS context from its certificate and key files (TLS 1.2 at least)."""
     if cert is None or key is None:
         return None
@@ -455,6 +495,7 @@ def server_tls_context(cert: str | None, key: str | None, prefix: str = "--api",
     try:
         context.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"{prefix}-tls-cert/{prefix}-tls-key: cannot load {cert} and {key} "
-                          f"({exc})") from None
+        raise ConfigError(
+            f"{prefix}-tls-cert/{prefix}-tls-key: cannot load {cert} and {key} ({exc})"
+        ) from None
     return context

@@ -33,11 +33,13 @@ from ingest.errors import ConfigError, StartupError
 
 logger = logging.getLogger(__name__)
 
-MOSQUITTO_INSTALL = ("install it (Debian/Ubuntu: sudo apt-get install mosquitto "
-                     "mosquitto-clients; Fedora: sudo dnf install mosquitto; macOS: brew "
-                     "install mosquitto), point --mosquitto at it, or give --mqtt-url of a "
-                     "broker you run")
-LOCAL_EXTRA = ("pip install 'iot-ingest[local]' (from a clone: pip install -e '.[local]')")
+MOSQUITTO_INSTALL = (
+    "install it (Debian/Ubuntu: sudo apt-get install mosquitto "
+    "mosquitto-clients; Fedora: sudo dnf install mosquitto; macOS: brew "
+    "install mosquitto), point --mosquitto at it, or give --mqtt-url of a "
+    "broker you run"
+)
+LOCAL_EXTRA = "pip install 'iot-ingest[local]' (from a clone: pip install -e '.[local]')"
 STORE_LABEL = "embedded emulator (mongoeco on SQLite): NOT MongoDB, not for production"
 # The data dir is created private; every file in it (the store's, the broker's, the lock)
 # is created under umask 077 (0600). An existing directory keeps its mode.
@@ -80,8 +82,10 @@ class LocalSettings:
 
     def check_ports(self) -> None:
         """Refuse two parts on one port, naming the flags (before anything starts)."""
-        parts = [(f"the {mode} daemon's metrics", "--metrics-port", self.metrics_port_of(mode))
-                 for mode in self.modes] + [("the read API", "--api-port", self.api_port)]
+        parts = [
+            (f"the {mode} daemon's metrics", "--metrics-port", self.metrics_port_of(mode))
+            for mode in self.modes
+        ] + [("the read API", "--api-port", self.api_port)]
         if self.mongodb_uri is None:
             parts.append(("the embedded store", "--store-port", self.store_port))
         if self.mqtt_url is None:
@@ -89,8 +93,10 @@ class LocalSettings:
         seen: dict[int, tuple[str, str]] = {}
         for part, flag, port in parts:
             if port in seen:
-                raise ConfigError(f"{flag}: {port} is also the port of {seen[port][0]} "
-                                  f"({seen[port][1]}); choose another")
+                raise ConfigError(
+                    f"{flag}: {port} is also the port of {seen[port][0]} "
+                    f"({seen[port][1]}); choose another"
+                )
             seen[port] = (part, flag)
 
     @property
@@ -118,8 +124,12 @@ def find_mosquitto(given: str | None) -> str:
         if Path(given).is_file() and os.access(given, os.X_OK):
             return given
         raise StartupError(f"--mosquitto: {given} is not an executable; {MOSQUITTO_INSTALL}")
-    for candidate in (shutil.which("mosquitto"), "/usr/sbin/mosquitto",
-                      "/usr/local/sbin/mosquitto", "/opt/homebrew/sbin/mosquitto"):
+    for candidate in (
+        shutil.which("mosquitto"),
+        "/usr/sbin/mosquitto",
+        "/usr/local/sbin/mosquitto",
+        "/opt/homebrew/sbin/mosquitto",
+    ):
         if candidate and Path(candidate).is_file():
             return candidate
     raise StartupError(f"mosquitto not found: {MOSQUITTO_INSTALL}")
@@ -169,8 +179,10 @@ def lock_data_dir(data_dir: Path) -> Any:  # noqa: ANN401 - an open file
         handle.seek(0)
         owner = handle.read().strip() or "?"
         handle.close()
-        raise StartupError(f"--data-dir: {data_dir} is in use by another ingest local (pid "
-                           f"{owner}); stop it or choose another --data-dir") from None
+        raise StartupError(
+            f"--data-dir: {data_dir} is in use by another ingest local (pid "
+            f"{owner}); stop it or choose another --data-dir"
+        ) from None
     handle.seek(0)
     handle.truncate()
     handle.write(str(os.getpid()))
@@ -208,12 +220,12 @@ class Local:
             self._lock = lock_data_dir(self.settings.data_dir)
             self._preflight()
             mongodb_uri = self.settings.mongodb_uri or await self._start_store()
-            mqtt_url = (self.settings.mqtt_url or self.running_broker
-                        or await self._start_broker())
+            mqtt_url = self.settings.mqtt_url or self.running_broker or await self._start_broker()
             for mode in self.settings.modes:
                 await self._start_daemon(mode, mqtt_url, mongodb_uri)
             failed = await self._wait_ready(
-                {mode: self.settings.metrics_port_of(mode) for mode in self.settings.modes})
+                {mode: self.settings.metrics_port_of(mode) for mode in self.settings.modes}
+            )
             if failed is None and not self.stop.is_set():
                 # After the daemons, which create the collection the API checks at start.
                 await self._start_api(mongodb_uri)
@@ -225,8 +237,10 @@ class Local:
             await self._stop_all()
             os.umask(umask)
         if failed is not None:
-            raise StartupError(f"the {failed.name} part stopped (exit status "
-                               f"{failed.process.returncode}); its last lines are above")
+            raise StartupError(
+                f"the {failed.name} part stopped (exit status "
+                f"{failed.process.returncode}); its last lines are above"
+            )
         return 0
 
     def _preflight(self) -> None:
@@ -234,27 +248,40 @@ class Local:
         if s.mqtt_url is None:
             if not s.mqtt_port_given and _taken(s.mqtt_port):
                 self.running_broker = f"mqtt://127.0.0.1:{s.mqtt_port}"
-                logger.warning("a broker already listens on 127.0.0.1:%d (a mosquitto "
-                               "service?): using it; --mqtt-port N starts a private one "
-                               "instead", s.mqtt_port)
+                logger.warning(
+                    "a broker already listens on 127.0.0.1:%d (a mosquitto "
+                    "service?): using it; --mqtt-port N starts a private one "
+                    "instead",
+                    s.mqtt_port,
+                )
             else:
                 find_mosquitto(s.mosquitto)
-                check_free(s.mqtt_port, "--mqtt-port",
-                           "a broker runs there; use it with --mqtt-url "
-                           f"mqtt://127.0.0.1:{s.mqtt_port} or choose another --mqtt-port")
+                check_free(
+                    s.mqtt_port,
+                    "--mqtt-port",
+                    "a broker runs there; use it with --mqtt-url "
+                    f"mqtt://127.0.0.1:{s.mqtt_port} or choose another --mqtt-port",
+                )
         if s.mongodb_uri is None:
             try:
                 import mongoeco  # noqa: F401, PLC0415 - optional extra
             except ImportError:
-                raise StartupError("the embedded store needs the [local] extra: "
-                                   f"{LOCAL_EXTRA}; or give --mongodb-uri of a MongoDB"
-                                   ) from None
-            check_free(s.store_port, "--store-port",
-                       "a MongoDB or another store runs there; use it with --mongodb-uri "
-                       "or choose another --store-port")
+                raise StartupError(
+                    "the embedded store needs the [local] extra: "
+                    f"{LOCAL_EXTRA}; or give --mongodb-uri of a MongoDB"
+                ) from None
+            check_free(
+                s.store_port,
+                "--store-port",
+                "a MongoDB or another store runs there; use it with --mongodb-uri "
+                "or choose another --store-port",
+            )
         for mode in s.modes:
-            check_free(s.metrics_port_of(mode), "--metrics-port",
-                       "choose another --metrics-port (bucket uses it, timeseries the next)")
+            check_free(
+                s.metrics_port_of(mode),
+                "--metrics-port",
+                "choose another --metrics-port (bucket uses it, timeseries the next)",
+            )
         check_free(s.api_port, "--api-port", "choose another --api-port")
 
     async def _start_store(self) -> str:
@@ -262,15 +289,18 @@ class Local:
 
         path = self.settings.data_dir / "store.sqlite"
         engine = local_store.engine_class()(path=str(path))
-        self._store = AsyncMongoEcoProxyServer(engine=engine,
-                                               host="127.0.0.1", port=self.settings.store_port)
+        self._store = AsyncMongoEcoProxyServer(
+            engine=engine, host="127.0.0.1", port=self.settings.store_port
+        )
         try:
             await self._store.start()
         except OSError as exc:
             self._store = None
-            raise StartupError(f"--store-port: cannot listen on 127.0.0.1:"
-                               f"{self.settings.store_port} ({exc.strerror or exc}); choose "
-                               "another --store-port") from None
+            raise StartupError(
+                f"--store-port: cannot listen on 127.0.0.1:"
+                f"{self.settings.store_port} ({exc.strerror or exc}); choose "
+                "another --store-port"
+            ) from None
         logger.info("store: %s, in %s", STORE_LABEL, path)
         return f"mongodb://127.0.0.1:{self.settings.store_port}/?directConnection=true"
 
@@ -281,14 +311,24 @@ class Local:
         conf = directory / "mosquitto.conf"
         # As root, mosquitto switches to its own user, who could not write here.
         user = "user root\n" if os.geteuid() == 0 else ""
-        conf.write_text(f"listener {s.mqtt_port} 127.0.0.1\nallow_anonymous true\n"
-                        "persistence true\n"
-                        f"persistence_location {directory}/\n"
-                        f"log_dest file {directory}/mosquitto.log\n{user}", encoding="utf-8")
+        conf.write_text(
+            f"listener {s.mqtt_port} 127.0.0.1\nallow_anonymous true\n"
+            "persistence true\n"
+            f"persistence_location {directory}/\n"
+            f"log_dest file {directory}/mosquitto.log\n{user}",
+            encoding="utf-8",
+        )
         process = await asyncio.create_subprocess_exec(
-            find_mosquitto(s.mosquitto), "-c", str(conf), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True, preexec_fn=_die_with_parent, env=s.child_env)
+            find_mosquitto(s.mosquitto),
+            "-c",
+            str(conf),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            env=s.child_env,
+        )
         child = _Child("mosquitto", process)
         child.pump = asyncio.create_task(_pump(process, "mosquitto"), name="pump-mosquitto")
         self.children.append(child)
@@ -298,17 +338,32 @@ class Local:
             if await _listening(s.mqtt_port):
                 return f"mqtt://127.0.0.1:{s.mqtt_port}"
             await asyncio.sleep(0.1)
-        raise StartupError(f"mosquitto did not start on 127.0.0.1:{s.mqtt_port}: see "
-                           f"{directory}/mosquitto.log")
+        raise StartupError(
+            f"mosquitto did not start on 127.0.0.1:{s.mqtt_port}: see {directory}/mosquitto.log"
+        )
 
     async def _start_daemon(self, mode: str, mqtt_url: str, mongodb_uri: str) -> None:
         s = self.settings
-        args = ["run", "--mode", mode, "--mqtt-url", mqtt_url, "--db", s.db,
-                "--client-id", f"ingest-local-{mode}",
-                "--metrics-host", "127.0.0.1", "--metrics-port", str(s.metrics_port_of(mode)),
-                "--log-level", s.log_level,
-                # One process per mode: the embedded store, not the daemon, is the limit.
-                "--workers", "1"]
+        args = [
+            "run",
+            "--mode",
+            mode,
+            "--mqtt-url",
+            mqtt_url,
+            "--db",
+            s.db,
+            "--client-id",
+            f"ingest-local-{mode}",
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(s.metrics_port_of(mode)),
+            "--log-level",
+            s.log_level,
+            # One process per mode: the embedded store, not the daemon, is the limit.
+            "--workers",
+            "1",
+        ]
         for topic in s.topics:
             args += ["--topic", topic]
         if s.mapping is not None:
@@ -319,9 +374,23 @@ class Local:
 
     async def _start_api(self, mongodb_uri: str) -> None:
         s = self.settings
-        await self._spawn("api", ["api", "--mode", s.api_mode, "--db", s.db,
-                                  "--api-host", "127.0.0.1", "--api-port", str(s.api_port),
-                                  "--log-level", s.log_level], mongodb_uri)
+        await self._spawn(
+            "api",
+            [
+                "api",
+                "--mode",
+                s.api_mode,
+                "--db",
+                s.db,
+                "--api-host",
+                "127.0.0.1",
+                "--api-port",
+                str(s.api_port),
+                "--log-level",
+                s.log_level,
+            ],
+            mongodb_uri,
+        )
 
     async def _spawn(self, name: str, args: list[str], mongodb_uri: str) -> None:
         """``ingest <args>`` as a child whose output is ours, prefixed with ``name``.
@@ -331,9 +400,17 @@ class Local:
         """
         env = {**self.settings.child_env, "INGEST_MONGODB_URI": mongodb_uri}
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "ingest", *args, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True, preexec_fn=_die_with_parent, env=env)
+            sys.executable,
+            "-m",
+            "ingest",
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            env=env,
+        )
         child = _Child(name, process)
         child.pump = asyncio.create_task(_pump(process, name), name=f"pump-{name}")
         self.children.append(child)
@@ -355,8 +432,9 @@ class Local:
     async def _watch(self) -> _Child | None:
         """Until Ctrl-C (None) or a part that exits on its own (that part)."""
         stop = asyncio.create_task(self.stop.wait(), name="local-stop")
-        exits = {asyncio.create_task(c.process.wait(), name=f"exit-{c.name}"): c
-                 for c in self.children}
+        exits = {
+            asyncio.create_task(c.process.wait(), name=f"exit-{c.name}"): c for c in self.children
+        }
         done, _ = await asyncio.wait({stop, *exits}, return_when=asyncio.FIRST_COMPLETED)
         for task in (stop, *exits):
             task.cancel()
@@ -375,8 +453,7 @@ class Local:
                 try:
                     await asyncio.wait_for(child.process.wait(), STOP_TIMEOUT)
                 except TimeoutError:
-                    logger.warning("%s did not stop in %.0f s: killed", child.name,
-                                   STOP_TIMEOUT)
+                    logger.warning("%s did not stop in %.0f s: killed", child.name, STOP_TIMEOUT)
                     child.process.kill()
                     await child.process.wait()
                 if child.pump is not None:
@@ -398,36 +475,59 @@ class Local:
     def _banner(self, mqtt_url: str, mongodb_uri: str) -> None:
         s = self.settings
         python = shlex.quote(sys.executable)
-        lines = ["", "iot-ingest is running locally. Ctrl-C stops everything.",
-                 *self._parts(mqtt_url, mongodb_uri), "", *self._publish(mqtt_url),
-                 "Look at the data:",
-                 f"  curl -s http://127.0.0.1:{s.api_port}/api/sensors"]
-        queries = {"bucket": 'buckets.find_one({}, {"_id": 0}, sort=[("bucket_start", -1)])',
-                   "timeseries": 'readings.find_one({}, {"_id": 0}, sort=[("ts", -1)])'}
+        lines = [
+            "",
+            "iot-ingest is running locally. Ctrl-C stops everything.",
+            *self._parts(mqtt_url, mongodb_uri),
+            "",
+            *self._publish(mqtt_url),
+            "Look at the data:",
+            f"  curl -s http://127.0.0.1:{s.api_port}/api/sensors",
+        ]
+        queries = {
+            "bucket": 'buckets.find_one({}, {"_id": 0}, sort=[("bucket_start", -1)])',
+            "timeseries": 'readings.find_one({}, {"_id": 0}, sort=[("ts", -1)])',
+        }
         for mode in s.modes:
-            code = (f'from pymongo import MongoClient; print(MongoClient("{_redact(mongodb_uri)}")'
-                    f'["{s.db}"].{queries[mode]})')
+            code = (
+                f'from pymongo import MongoClient; print(MongoClient("{_redact(mongodb_uri)}")'
+                f'["{s.db}"].{queries[mode]})'
+            )
             lines.append(f"  {python} -c {shlex.quote(code)}")
         lines += ["Metrics and readiness:"]
-        lines += [f"  curl -s http://127.0.0.1:{s.metrics_port_of(mode)}/metrics | grep "
-                  f"'^ingest_readings'   # and /readyz" for mode in s.modes]
+        lines += [
+            f"  curl -s http://127.0.0.1:{s.metrics_port_of(mode)}/metrics | grep "
+            f"'^ingest_readings'   # and /readyz"
+            for mode in s.modes
+        ]
         print("\n".join(lines), flush=True)  # noqa: T201 - the command's output for its user
 
     def _parts(self, mqtt_url: str, mongodb_uri: str) -> list[str]:
         """The banner's lines naming each part and its address."""
         s = self.settings
-        store = (f"{mongodb_uri}  {STORE_LABEL}, file {s.data_dir / 'store.sqlite'}"
-                 if s.mongodb_uri is None else f"{_redact(mongodb_uri)}  (MongoDB)")
-        lines = [f"  broker     {mqtt_url if s.mqtt_url is None else _redact(mqtt_url)}"
-                 + self._broker_note(), f"  store      {store}"]
+        store = (
+            f"{mongodb_uri}  {STORE_LABEL}, file {s.data_dir / 'store.sqlite'}"
+            if s.mongodb_uri is None
+            else f"{_redact(mongodb_uri)}  (MongoDB)"
+        )
+        lines = [
+            f"  broker     {mqtt_url if s.mqtt_url is None else _redact(mqtt_url)}"
+            + self._broker_note(),
+            f"  store      {store}",
+        ]
         if s.mapping is not None or s.presets:
-            given = ([f"--mapping {shlex.quote(s.mapping)}"] if s.mapping is not None else []
-                     ) + [f"--preset {name}" for name in s.presets]
+            given = ([f"--mapping {shlex.quote(s.mapping)}"] if s.mapping is not None else []) + [
+                f"--preset {name}" for name in s.presets
+            ]
             lines.append(f"  rules      {' '.join(given)}; topics {' '.join(s.topics)}")
-        lines += [f"  {mode:<10} daemon, metrics http://127.0.0.1:{s.metrics_port_of(mode)}"
-                  "/metrics" for mode in s.modes]
-        lines.append(f"  api        http://127.0.0.1:{s.api_port}/  the page and the read "
-                     f"API, {s.api_mode} layout")
+        lines += [
+            f"  {mode:<10} daemon, metrics http://127.0.0.1:{s.metrics_port_of(mode)}/metrics"
+            for mode in s.modes
+        ]
+        lines.append(
+            f"  api        http://127.0.0.1:{s.api_port}/  the page and the read "
+            f"API, {s.api_mode} layout"
+        )
         return lines
 
     def _publish(self, mqtt_url: str) -> list[str]:
@@ -439,8 +539,10 @@ class Local:
         if s.mapping is None and not s.presets:
             sample = shlex.quote('{"temp": 21.5, "hum": 40}')
             return ["Publish a reading:", f"{pub} {_topic_for(s.topics[0])} -m {sample}"]
-        return [f"Publish as your devices do, to a topic of {' '.join(s.topics)}:",
-                f"{pub} TOPIC -m PAYLOAD"]
+        return [
+            f"Publish as your devices do, to a topic of {' '.join(s.topics)}:",
+            f"{pub} TOPIC -m PAYLOAD",
+        ]
 
 
 def _taken(port: int) -> bool:
@@ -491,6 +593,7 @@ async def _ready(port: int) -> bool:
                 return int(resp.status) == 200
         except (OSError, urllib.error.URLError):
             return False
+
     return await asyncio.to_thread(probe)
 
 
@@ -498,7 +601,9 @@ def main(settings: LocalSettings) -> int:
     """Run ``ingest local`` to the end; 0 after Ctrl-C."""
     logging.getLogger("mongoeco").setLevel(logging.WARNING)
     if settings.ignored_env:
-        logger.warning("ignored, as settings of no part: %s (ingest local --help lists what "
-                       "it takes; ingest run and ingest api take the rest)",
-                       ", ".join(settings.ignored_env))
+        logger.warning(
+            "ignored, as settings of no part: %s (ingest local --help lists what "
+            "it takes; ingest run and ingest api take the rest)",
+            ", ".join(settings.ignored_env),
+        )
     return asyncio.run(Local(settings).run())

@@ -42,8 +42,7 @@ def engine_class() -> type[Any]:
     class LocalEngine(SQLiteEngine):
         """SQLiteEngine that scans the collection on insert only for numeric ids."""
 
-        def _validate_document_against_unique_indexes(
-                self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - mongoeco's
+        def _validate_document_against_unique_indexes(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - mongoeco's
             kwargs["scan_payload_id"] = False  # numeric ids: mongoeco still scans
             super()._validate_document_against_unique_indexes(*args, **kwargs)
 
@@ -63,7 +62,10 @@ async def close(store: Any) -> None:  # noqa: ANN401 - mongoeco's proxy server
         await store.close()
     except Exception as exc:  # noqa: BLE001 - whatever mongoeco raises, the data is safe
         cause = _first_cause(exc)
-        logger.warning("the embedded store did not close cleanly (%s: %s): every completed "
-                       "write is in its file; messages of unfinished writes were not "
-                       "acknowledged and the broker delivers them again",
-                       type(cause).__name__, cause)
+        logger.warning(
+            "the embedded store did not close cleanly (%s: %s): every completed "
+            "write is in its file; messages of unfinished writes were not "
+            "acknowledged and the broker delivers them again",
+            type(cause).__name__,
+            cause,
+        )

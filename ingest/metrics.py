@@ -63,141 +63,276 @@ class Metrics:
         # parent of --workers N (ingest.pipeline.workers_endpoint).
         ProcessCollector(registry=r)
         self.messages_received = Counter(
-            "messages_received", "MQTT messages received.", namespace=NAMESPACE, registry=r)
+            "messages_received", "MQTT messages received.", namespace=NAMESPACE, registry=r
+        )
         self.messages_acked = Counter(
-            "messages_acked", "MQTT messages acknowledged after their write.",
-            namespace=NAMESPACE, registry=r)
+            "messages_acked",
+            "MQTT messages acknowledged after their write.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.messages_lost = Counter(
-            "messages_lost", "QoS 0 messages read from the broker and not written because "
+            "messages_lost",
+            "QoS 0 messages read from the broker and not written because "
             "the daemon stopped first (the broker does not resend QoS 0; QoS 1 messages are "
-            "left unacknowledged and resent).", namespace=NAMESPACE, registry=r)
+            "left unacknowledged and resent).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.redeliveries_adopted = Counter(
-            "redeliveries_adopted", "Messages redelivered after a reconnect while their "
+            "redeliveries_adopted",
+            "Messages redelivered after a reconnect while their "
             "write was in flight: acknowledged once written, not written again.",
-            namespace=NAMESPACE, registry=r)
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.redeliveries_reacked = Counter(
-            "redeliveries_reacked", "Messages redelivered (DUP) after their write and "
+            "redeliveries_reacked",
+            "Messages redelivered (DUP) after their write and "
             "PUBACK, whose PUBACK the broker may not have received: acknowledged again, "
-            "not written again.", namespace=NAMESPACE, registry=r)
+            "not written again.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self._ledger(r)
         self.packet_id_reused = Counter(
-            "mqtt_packet_id_reused", "New QoS 1 messages the broker sent under a packet id "
+            "mqtt_packet_id_reused",
+            "New QoS 1 messages the broker sent under a packet id "
             "whose earlier message was still unacknowledged: acknowledged after it, in "
-            "order.", namespace=NAMESPACE, registry=r)
+            "order.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.received_bytes = Counter(
-            "received_bytes", "Payload bytes received.", namespace=NAMESPACE, registry=r)
+            "received_bytes", "Payload bytes received.", namespace=NAMESPACE, registry=r
+        )
         self.readings_accepted = Counter(
-            "readings_accepted", "Readings decoded and accepted for writing.", ["mode"],
-            namespace=NAMESPACE, registry=r).labels(mode)
+            "readings_accepted",
+            "Readings decoded and accepted for writing.",
+            ["mode"],
+            namespace=NAMESPACE,
+            registry=r,
+        ).labels(mode)
         self.readings_written = Counter(
-            "readings_written", "Readings written to MongoDB (or built, with --dry-run).",
-            ["mode"], namespace=NAMESPACE, registry=r).labels(mode)
+            "readings_written",
+            "Readings written to MongoDB (or built, with --dry-run).",
+            ["mode"],
+            namespace=NAMESPACE,
+            registry=r,
+        ).labels(mode)
         self.duplicates = Counter(
-            "duplicate_readings", "Readings not written because the same reading (sensor, "
+            "duplicate_readings",
+            "Readings not written because the same reading (sensor, "
             "ts and values) is already stored: redeliveries after a crash, retried writes "
             "whose first attempt landed, or a sensor sending a reading twice (bucket mode).",
-            ["mode"], namespace=NAMESPACE, registry=r).labels(mode)
+            ["mode"],
+            namespace=NAMESPACE,
+            registry=r,
+        ).labels(mode)
         self.duplicate_checked = Counter(
-            "duplicate_checked_readings", "Time-series mode: instants looked up before "
+            "duplicate_checked_readings",
+            "Time-series mode: instants looked up before "
             "being inserted (every batch's: what is stored there is left out).",
-            ["mode"], namespace=NAMESPACE, registry=r).labels(mode)
+            ["mode"],
+            namespace=NAMESPACE,
+            registry=r,
+        ).labels(mode)
         self.duplicate_check_seconds = Counter(
-            "duplicate_check_seconds", "Time spent in those lookups.",
-            ["mode"], namespace=NAMESPACE, registry=r).labels(mode)
+            "duplicate_check_seconds",
+            "Time spent in those lookups.",
+            ["mode"],
+            namespace=NAMESPACE,
+            registry=r,
+        ).labels(mode)
         self.readings_rejected = Counter(
-            "readings_rejected", "Readings rejected, by reason.", ["reason"],
-            namespace=NAMESPACE, registry=r)
+            "readings_rejected",
+            "Readings rejected, by reason.",
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.messages_ignored = Counter(
-            "messages_ignored", "Messages matched by a mapping rule with ignore = true, or "
+            "messages_ignored",
+            "Messages matched by a mapping rule with ignore = true, or "
             "on a topic its format does not use (Homie /set, $broadcast, attributes other "
             "than $datatype, $unit, $format, $description): acknowledged, not stored.",
-            ["rule"], namespace=NAMESPACE, registry=r)
+            ["rule"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.retained_messages = Counter(
-            "retained_messages", "Retained messages the broker sent because the daemon "
+            "retained_messages",
+            "Retained messages the broker sent because the daemon "
             "subscribed (old state, not new readings), by outcome: skipped (--retained "
             "ignore; acknowledged, not stored), or stored (--retained store) at the time it "
             "was first seen, now (new) or by an earlier delivery (known); attribute: a Homie "
             "attribute or command topic, never a reading, taken (as the device's state) "
-            "whatever --retained says.", ["outcome"],
-            namespace=NAMESPACE, registry=r)
+            "whatever --retained says.",
+            ["outcome"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.messages_skipped = Counter(
-            "messages_skipped", "Messages that came through a subscription the daemon does "
+            "messages_skipped",
+            "Messages that came through a subscription the daemon does "
             "not hold today (a filter of an earlier run, kept by the persistent session): "
-            "acknowledged, not stored; by reason.", ["reason"],
-            namespace=NAMESPACE, registry=r)
+            "acknowledged, not stored; by reason.",
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.rule_messages = Counter(
-            "rule_messages", "Messages taken by each mapping rule: accepted if at least one "
-            "reading was, else rejected.", ["rule", "outcome"], namespace=NAMESPACE, registry=r)
+            "rule_messages",
+            "Messages taken by each mapping rule: accepted if at least one "
+            "reading was, else rejected.",
+            ["rule", "outcome"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.rejects_written = Counter(
-            "rejects_written", "Documents written to the rejects collection.",
-            namespace=NAMESPACE, registry=r)
+            "rejects_written",
+            "Documents written to the rejects collection.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.write_ops = Counter(
-            "write_ops", "Write operations sent to MongoDB (updates or inserted documents).",
-            ["mode"], namespace=NAMESPACE, registry=r).labels(mode)
+            "write_ops",
+            "Write operations sent to MongoDB (updates or inserted documents).",
+            ["mode"],
+            namespace=NAMESPACE,
+            registry=r,
+        ).labels(mode)
         self.write_requests = Counter(
-            "write_requests", "Bulk writes (update or insert) sent to MongoDB.", ["mode"],
-            namespace=NAMESPACE, registry=r).labels(mode)
+            "write_requests",
+            "Bulk writes (update or insert) sent to MongoDB.",
+            ["mode"],
+            namespace=NAMESPACE,
+            registry=r,
+        ).labels(mode)
         self.write_errors = Counter(
-            "write_errors", "Failed writes, by kind (transient: retried).", ["mode", "kind"],
-            namespace=NAMESPACE, registry=r)
+            "write_errors",
+            "Failed writes, by kind (transient: retried).",
+            ["mode", "kind"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.batch_write_seconds = Histogram(
-            "batch_write_seconds", "Time to write one batch, retries included.", ["mode"],
-            buckets=_WRITE_SECONDS_BUCKETS, namespace=NAMESPACE, registry=r).labels(mode)
+            "batch_write_seconds",
+            "Time to write one batch, retries included.",
+            ["mode"],
+            buckets=_WRITE_SECONDS_BUCKETS,
+            namespace=NAMESPACE,
+            registry=r,
+        ).labels(mode)
         self.batch_readings = Histogram(
-            "batch_readings", "Readings per written batch.", ["mode"],
-            buckets=_BATCH_BUCKETS, namespace=NAMESPACE, registry=r).labels(mode)
+            "batch_readings",
+            "Readings per written batch.",
+            ["mode"],
+            buckets=_BATCH_BUCKETS,
+            namespace=NAMESPACE,
+            registry=r,
+        ).labels(mode)
         self.buffered_readings = Gauge(
-            "buffered_readings", "Readings decoded but not yet written.",
-            namespace=NAMESPACE, registry=r)
+            "buffered_readings",
+            "Readings decoded but not yet written.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.buffer_limit = Gauge(
-            "buffer_limit_readings", "The configured bound on buffered readings.",
-            namespace=NAMESPACE, registry=r)
+            "buffer_limit_readings",
+            "The configured bound on buffered readings.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.buffered_bytes = Gauge(
-            "buffered_bytes", "Estimated memory held by messages taken and not yet written: "
+            "buffered_bytes",
+            "Estimated memory held by messages taken and not yet written: "
             "payloads, decoded readings and reject documents.",
-            namespace=NAMESPACE, registry=r)
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.buffer_limit_bytes = Gauge(
-            "buffer_limit_bytes", "The configured bound on buffered bytes.",
-            namespace=NAMESPACE, registry=r)
+            "buffer_limit_bytes",
+            "The configured bound on buffered bytes.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.inbox_bytes = Gauge(
-            "inbox_bytes", "Estimated memory held by messages received from the broker and "
+            "inbox_bytes",
+            "Estimated memory held by messages received from the broker and "
             "not yet taken by the pipeline (payloads, topics, per-message overhead).",
-            namespace=NAMESPACE, registry=r)
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.inbox_limit_bytes = Gauge(
-            "inbox_limit_bytes", "The bound on inbox bytes (a quarter of "
+            "inbox_limit_bytes",
+            "The bound on inbox bytes (a quarter of "
             "--max-buffered-bytes): reading from the broker pauses beyond it.",
-            namespace=NAMESPACE, registry=r)
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.read_paused = Gauge(
-            "mqtt_read_paused", "1 while reading from the broker is paused because the "
+            "mqtt_read_paused",
+            "1 while reading from the broker is paused because the "
             "inbox is full (TCP and the broker hold the backlog).",
-            namespace=NAMESPACE, registry=r)
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.read_pauses = Counter(
-            "mqtt_read_pauses", "Times reading from the broker paused (inbox full).",
-            namespace=NAMESPACE, registry=r)
+            "mqtt_read_pauses",
+            "Times reading from the broker paused (inbox full).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.read_paused_seconds = Counter(
-            "mqtt_read_paused_seconds", "Seconds reading from the broker was paused.",
-            namespace=NAMESPACE, registry=r)
+            "mqtt_read_paused_seconds",
+            "Seconds reading from the broker was paused.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.mqtt_connected = Gauge(
-            "mqtt_connected", "1 while connected to the MQTT broker.",
-            namespace=NAMESPACE, registry=r)
+            "mqtt_connected",
+            "1 while connected to the MQTT broker.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.mqtt_reconnects = Counter(
-            "mqtt_reconnects", "Connection attempts after the first.",
-            namespace=NAMESPACE, registry=r)
+            "mqtt_reconnects",
+            "Connection attempts after the first.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.mongodb_up = Gauge(
-            "mongodb_up", "1 while the last MongoDB operation succeeded.",
-            namespace=NAMESPACE, registry=r)
+            "mongodb_up",
+            "1 while the last MongoDB operation succeeded.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.workers = Gauge(
-            "workers", "Consumer processes behind this endpoint (1 per process; the "
-            "endpoint of --workers N sums them).", namespace=NAMESPACE, registry=r)
+            "workers",
+            "Consumer processes behind this endpoint (1 per process; the "
+            "endpoint of --workers N sums them).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.workers.set(1)
         self.info = Gauge(
-            "info", "Constant 1, labelled with the daemon's mode.", ["mode", "dry_run"],
-            namespace=NAMESPACE, registry=r)
+            "info",
+            "Constant 1, labelled with the daemon's mode.",
+            ["mode", "dry_run"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.build_info = Gauge(
-            "build_info", "Constant 1, labelled with the package version, the Python "
+            "build_info",
+            "Constant 1, labelled with the package version, the Python "
             "implementation and version, and whether the compiled accelerators run "
             '(accelerated="false": the pure-Python path; INGEST_NO_EXTENSIONS or not '
-            "built).", ["version", "python", "accelerated"], namespace=NAMESPACE, registry=r)
+            "built).",
+            ["version", "python", "accelerated"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self._sparkplug(r)
         self._homie(r)
         for reason in dict.fromkeys((*REASONS, *sparkplug.REASONS, *homie.REASONS)):
@@ -212,37 +347,62 @@ class Metrics:
     def _ledger(self, r: CollectorRegistry) -> None:
         """The delivery ledger's lookups (ingest/pipeline/redelivered.py)."""
         self.redeliveries_retimed = Counter(
-            "redeliveries_retimed", "Messages resent (DUP) that the process could not "
+            "redeliveries_retimed",
+            "Messages resent (DUP) that the process could not "
             "recognise as its own (after a restart): decoded with the arrival times the "
             "delivery ledger recorded for their first delivery (recorded), or as new "
-            "messages (unrecorded: the first delivery was not written).", ["outcome"],
-            namespace=NAMESPACE, registry=r)
+            "messages (unrecorded: the first delivery was not written).",
+            ["outcome"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         for outcome in ("recorded", "unrecorded"):
             self.redeliveries_retimed.labels(outcome)
 
     def _sparkplug(self, r: CollectorRegistry) -> None:
         """The Sparkplug B metrics, each known label value at 0."""
         self.sparkplug_messages = Counter(
-            "sparkplug_messages", "Sparkplug B messages seen, by message type.", ["type"],
-            namespace=NAMESPACE, registry=r)
+            "sparkplug_messages",
+            "Sparkplug B messages seen, by message type.",
+            ["type"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.sparkplug_seq_gaps = Counter(
-            "sparkplug_seq_gaps", "Sparkplug B messages whose seq was not the one after the "
+            "sparkplug_seq_gaps",
+            "Sparkplug B messages whose seq was not the one after the "
             "edge node's previous (expected with a shared subscription).",
-            namespace=NAMESPACE, registry=r)
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.sparkplug_stale_deaths = Counter(
-            "sparkplug_stale_deaths", "Sparkplug B NDEATHs ignored because their bdSeq is not "
-            "the current NBIRTH's (an older connection's will).", namespace=NAMESPACE,
-            registry=r)
+            "sparkplug_stale_deaths",
+            "Sparkplug B NDEATHs ignored because their bdSeq is not "
+            "the current NBIRTH's (an older connection's will).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.sparkplug_skipped = Counter(
-            "sparkplug_metrics_skipped", "Sparkplug B metrics not stored by rule: null "
-            "values, transient metrics.", ["why"], namespace=NAMESPACE, registry=r)
+            "sparkplug_metrics_skipped",
+            "Sparkplug B metrics not stored by rule: null values, transient metrics.",
+            ["why"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.sparkplug_lookups = Counter(
-            "sparkplug_table_lookups", "Alias tables read from MongoDB because they were not "
-            "in memory, by outcome (found, missing).", ["outcome"], namespace=NAMESPACE,
-            registry=r)
+            "sparkplug_table_lookups",
+            "Alias tables read from MongoDB because they were not "
+            "in memory, by outcome (found, missing).",
+            ["outcome"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.sparkplug_tables = Gauge(
-            "sparkplug_alias_tables", "Sparkplug B alias tables held in memory.",
-            namespace=NAMESPACE, registry=r)
+            "sparkplug_alias_tables",
+            "Sparkplug B alias tables held in memory.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         for kind in sparkplug.MESSAGE_TYPES:
             self.sparkplug_messages.labels(kind)
         for why in sparkplug.SKIPS:
@@ -253,16 +413,27 @@ class Metrics:
     def _homie(self, r: CollectorRegistry) -> None:
         """The Homie metrics, each known label value at 0."""
         self.homie_messages = Counter(
-            "homie_messages", "Homie messages taken, by kind: value, attribute (taken as "
-            "the device's state), cleared (an empty payload on a value topic).", ["kind"],
-            namespace=NAMESPACE, registry=r)
+            "homie_messages",
+            "Homie messages taken, by kind: value, attribute (taken as "
+            "the device's state), cleared (an empty payload on a value topic).",
+            ["kind"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.homie_lookups = Counter(
-            "homie_device_lookups", "Homie devices' attributes read from MongoDB because "
-            "they were not in memory, by outcome (found, missing).", ["outcome"],
-            namespace=NAMESPACE, registry=r)
+            "homie_device_lookups",
+            "Homie devices' attributes read from MongoDB because "
+            "they were not in memory, by outcome (found, missing).",
+            ["outcome"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.homie_devices = Gauge(
-            "homie_devices", "Homie devices whose attributes are held in memory.",
-            namespace=NAMESPACE, registry=r)
+            "homie_devices",
+            "Homie devices whose attributes are held in memory.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         for kind in homie.KINDS:
             self.homie_messages.labels(kind)
         for outcome in ("found", "missing"):
@@ -332,7 +503,8 @@ def cannot_listen(host: str, port: int, exc: OSError) -> StartupError:
     return StartupError(
         f"--metrics-port: cannot listen on {host}:{port} ({reason}): another process "
         "uses it (the other mode's daemon?); choose a free --metrics-port (0: any) or "
-        "--metrics-host")
+        "--metrics-host"
+    )
 
 
 class HttpEndpoint:
@@ -347,8 +519,12 @@ class HttpEndpoint:
     tokens: TokenSet | None = None
     tls: ssl.SSLContext | None = None
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -366,8 +542,10 @@ class HttpEndpoint:
                 return
             routed = self._route(path)
             status, ctype, body = routed if isinstance(routed, tuple) else await routed
-            writer.write(b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
-                         b"Connection: close\r\n\r\n%s" % (status, ctype, len(body), body))
+            writer.write(
+                b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+                b"Connection: close\r\n\r\n%s" % (status, ctype, len(body), body)
+            )
             await writer.drain()
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             # OSError: timeouts, resets, and TLS handshakes that fail (ssl.SSLError)
@@ -382,27 +560,37 @@ class HttpEndpoint:
             name, _, value = line.partition(b":")
             if name.strip().lower() == b"authorization":
                 scheme, _, token = value.strip().partition(b" ")
-                return (scheme.lower() == b"bearer"
-                        and self.tokens.name_of(token.strip().decode(errors="replace"))
-                        is not None)
+                return (
+                    scheme.lower() == b"bearer"
+                    and self.tokens.name_of(token.strip().decode(errors="replace")) is not None
+                )
         return False
 
 
 # Health checks stay open for probes: they say nothing about the data.
 OPEN_PATHS = frozenset({b"/healthz", b"/readyz"})
 _DENIED = b"a bearer token is needed (--metrics-tokens-file)\n"
-UNAUTHORISED = (b'HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm="ingest"\r\n'
-                b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
-                b"Connection: close\r\n\r\n%s" % (len(_DENIED), _DENIED))
+UNAUTHORISED = (
+    b'HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm="ingest"\r\n'
+    b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n"
+    b"Connection: close\r\n\r\n%s" % (len(_DENIED), _DENIED)
+)
 
 
 class MetricsServer(HttpEndpoint):
     """Serves /metrics (Prometheus text), /healthz and /readyz on one port."""
 
-    def __init__(self, host: str, port: int, metrics: Metrics, health: Health,
-                 before_scrape: Callable[[], None] | None = None,
-                 sock: socket.socket | None = None, tokens: TokenSet | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        metrics: Metrics,
+        health: Health,
+        before_scrape: Callable[[], None] | None = None,
+        sock: socket.socket | None = None,
+        tokens: TokenSet | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self._host, self._port, self._sock = host, port, sock
         self._metrics, self._health = metrics, health
         self._before_scrape = before_scrape
@@ -417,17 +605,21 @@ class MetricsServer(HttpEndpoint):
 
     async def __aenter__(self) -> Self:
         if self._sock is not None:  # bound by the parent of --workers N
-            self._server = await asyncio.start_server(self._handle, sock=self._sock,
-                                                      ssl=self.tls)
+            self._server = await asyncio.start_server(self._handle, sock=self._sock, ssl=self.tls)
             return self
         try:
-            self._server = await asyncio.start_server(self._handle, self._host, self._port,
-                                                      ssl=self.tls)
+            self._server = await asyncio.start_server(
+                self._handle, self._host, self._port, ssl=self.tls
+            )
         except OSError as exc:
             raise cannot_listen(self._host, self._port, exc) from None
-        logger.info("metrics and health on %s://%s:%d/metrics%s",
-                    "https" if self.tls else "http", self._host, self.port,
-                    " (a bearer token needed)" if self.tokens else "")
+        logger.info(
+            "metrics and health on %s://%s:%d/metrics%s",
+            "https" if self.tls else "http",
+            self._host,
+            self.port,
+            " (a bearer token needed)" if self.tokens else "",
+        )
         return self
 
     def _route(self, path: bytes) -> tuple[bytes, bytes, bytes]:
@@ -446,8 +638,19 @@ class MetricsServer(HttpEndpoint):
         return b"404 Not Found", text, b"not found\n"
 
 
-API_ENDPOINTS = ("sensors", "readings", "series", "rejects", "info", "openapi", "page", "static",
-                 "health", "metrics", "other")
+API_ENDPOINTS = (
+    "sensors",
+    "readings",
+    "series",
+    "rejects",
+    "info",
+    "openapi",
+    "page",
+    "static",
+    "health",
+    "metrics",
+    "other",
+)
 API_STATUS_CLASSES = ("2xx", "4xx", "5xx")
 _API_SECONDS_BUCKETS = (0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -459,12 +662,20 @@ class ApiMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.request_seconds = Histogram(
-            "api_request_seconds", "Time to answer one read API request, by endpoint and "
-            "status class.", ["endpoint", "status"], buckets=_API_SECONDS_BUCKETS,
-            namespace=NAMESPACE, registry=r)
+            "api_request_seconds",
+            "Time to answer one read API request, by endpoint and status class.",
+            ["endpoint", "status"],
+            buckets=_API_SECONDS_BUCKETS,
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.series_source = Counter(
-            "api_series_source", "Series answers by where they came from: bucket statistics "
-            "or raw readings.", ["source"], namespace=NAMESPACE, registry=r)
+            "api_series_source",
+            "Series answers by where they came from: bucket statistics or raw readings.",
+            ["source"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         for endpoint in API_ENDPOINTS:
             for status in API_STATUS_CLASSES:
                 self.request_seconds.labels(endpoint, status)

@@ -22,8 +22,7 @@ SENSOR_ID_PATTERN = r"[^\x00-\x1f\x7f-\x9f]{1,128}"
 SENSOR_ID_RULE = "1 to 128 characters, no control characters"
 # Keys of a reading that are not measurements: "_id", "meta", "units", "info" and "tags"
 # would collide with the documents' own fields in either layout.
-RESERVED_FIELDS = frozenset({"ts", "seq", "sensor_id", "_id", "meta", "units", "info",
-                             "tags"})
+RESERVED_FIELDS = frozenset({"ts", "seq", "sensor_id", "_id", "meta", "units", "info", "tags"})
 # Tag names that would collide with the documents' own fields.
 RESERVED_TAGS = frozenset({"sensor_id", "units", "_id"})
 MAX_TAGS = 32  # tags of one reading

@@ -53,16 +53,21 @@ def read_tokens(path: str, flag: str = "--api-tokens-file") -> tuple[ApiToken, .
         raise ConfigError(f"{flag}: cannot read {path} ({exc})") from None
     pairs = _toml_pairs(text, flag)
     if pairs is None:
-        pairs = [(f"line-{n}", line.strip()) for n, line in enumerate(text.splitlines(), 1)
-                 if line.strip() and not line.strip().startswith("#")]
+        pairs = [
+            (f"line-{n}", line.strip())
+            for n, line in enumerate(text.splitlines(), 1)
+            if line.strip() and not line.strip().startswith("#")
+        ]
     if not pairs:
         raise ConfigError(f"{flag}: {path} holds no token; make one with {MAKE_ONE}")
     tokens: list[ApiToken] = []
     for name, token in pairs:
         if len(token) < MIN_TOKEN_CHARS or any(c.isspace() or c in "\"'" for c in token):
-            raise ConfigError(f"{flag}: the token {name} of {path} is shorter than "
-                              f"{MIN_TOKEN_CHARS} characters or holds spaces or quotes; make "
-                              f"one with {MAKE_ONE}")
+            raise ConfigError(
+                f"{flag}: the token {name} of {path} is shorter than "
+                f"{MIN_TOKEN_CHARS} characters or holds spaces or quotes; make "
+                f"one with {MAKE_ONE}"
+            )
         tokens.append(ApiToken(name, digest(token)))
     if len({t.sha256 for t in tokens}) < len(tokens):
         raise ConfigError(f"{flag}: {path} holds the same token twice (under two names)")
@@ -75,11 +80,12 @@ def _toml_pairs(text: str, flag: str) -> list[tuple[str, str]] | None:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError:
         return None
-    table = data["tokens"] if set(data) == {"tokens"} and isinstance(data["tokens"], dict) \
-        else data
+    table = data["tokens"] if set(data) == {"tokens"} and isinstance(data["tokens"], dict) else data
     if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
-        raise ConfigError(f'{flag}: a TOML tokens file holds name = "token" pairs '
-                          "(optionally under [tokens]), nothing else")
+        raise ConfigError(
+            f'{flag}: a TOML tokens file holds name = "token" pairs '
+            "(optionally under [tokens]), nothing else"
+        )
     return list(table.items())
 
 
@@ -105,5 +111,3 @@ class TokenSet:
             if hmac.compare_digest(presented, entry.sha256):
                 found = entry.name
         return found
-
-

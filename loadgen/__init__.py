@@ -14,4 +14,5 @@ if sys.version_info < (3, 13):  # noqa: UP036 - the point is to run on older one
     raise SystemExit(
         f"loadgen: error: iot-ingest needs Python 3.13 or newer; {sys.executable} is "
         f"{sys.version_info[0]}.{sys.version_info[1]}: install Python 3.13 and reinstall "
-        "with it (python3.13 -m pip install ...)")
+        "with it (python3.13 -m pip install ...)"
+    )

@@ -45,13 +45,23 @@ class Preset:
 
 
 PRESETS = {
-    "many-sensors": Preset(500, 1000, 1, 500.0,
-                           about="many sensors with few readings each (2 per sensor)"),
-    "few-sensors": Preset(4, 2000, 20, 1000.0,
-                          about="few sensors with many readings (500 each, 20 per message)"),
-    "late-data": Preset(20, 1000, 1, 500.0, start="now-2h", time_step=144.0, late_every=5,
-                        about="2 hours of history per sensor; every 5th message held back "
-                              "and sent at the end (late, out of order)"),
+    "many-sensors": Preset(
+        500, 1000, 1, 500.0, about="many sensors with few readings each (2 per sensor)"
+    ),
+    "few-sensors": Preset(
+        4, 2000, 20, 1000.0, about="few sensors with many readings (500 each, 20 per message)"
+    ),
+    "late-data": Preset(
+        20,
+        1000,
+        1,
+        500.0,
+        start="now-2h",
+        time_step=144.0,
+        late_every=5,
+        about="2 hours of history per sensor; every 5th message held back "
+        "and sent at the end (late, out of order)",
+    ),
 }
 
 
@@ -73,23 +83,38 @@ def publish_of(args: argparse.Namespace, preset: Preset, run_id: str) -> Publish
     prefix = args.topic_prefix or ("sensors" if args.use_running else f"bench{run_id}")
     if args.format == "sparkplug":  # the daemons subscribe to <prefix>/#
         prefix = sparkplug.NAMESPACE
-    return validate_publish(PublishSettings(
-        host=broker.host, port=broker.port, username=broker.username, password=broker.password,
-        sensors=sensors, rate=rate, duration=None,
-        count=args.count if args.count is not None else preset.count,
-        per_message=args.per_message if args.per_message is not None else preset.per_message,
-        qos=args.qos, seed=args.seed if args.seed is not None else secrets.randbelow(2**31),
-        sensor_prefix=f"lg{run_id}", topic_prefix=prefix,
-        start_ms=parse_start(preset.start, time.time()), step_ms=parse_step(step),
-        processes=1, late_every=preset.late_every, payload_format=args.format))
+    return validate_publish(
+        PublishSettings(
+            host=broker.host,
+            port=broker.port,
+            username=broker.username,
+            password=broker.password,
+            sensors=sensors,
+            rate=rate,
+            duration=None,
+            count=args.count if args.count is not None else preset.count,
+            per_message=args.per_message if args.per_message is not None else preset.per_message,
+            qos=args.qos,
+            seed=args.seed if args.seed is not None else secrets.randbelow(2**31),
+            sensor_prefix=f"lg{run_id}",
+            topic_prefix=prefix,
+            start_ms=parse_start(preset.start, time.time()),
+            step_ms=parse_step(step),
+            processes=1,
+            late_every=preset.late_every,
+            payload_format=args.format,
+        )
+    )
 
 
 def bench_settings(args: argparse.Namespace, preset: Preset) -> BenchSettings:
     """The bench settings, validated."""
     if not args.mongodb_uri.startswith(("mongodb://", "mongodb+srv://")):
         raise ConfigError("--mongodb-uri: expected mongodb://... or mongodb+srv://...")
-    for flag, value in (("--query-runs", args.query_runs),
-                        ("--latency-samples", args.latency_samples)):
+    for flag, value in (
+        ("--query-runs", args.query_runs),
+        ("--latency-samples", args.latency_samples),
+    ):
         if value < 1:
             raise ConfigError(f"{flag}: must be at least 1")
     if args.wait_timeout <= 0:
@@ -97,63 +122,93 @@ def bench_settings(args: argparse.Namespace, preset: Preset) -> BenchSettings:
     modes = MODES if args.modes == "both" else (args.modes,)
     daemon_url = args.daemon_mqtt_url or args.mqtt_url
     password_file = args.daemon_mqtt_password_file or (
-        None if args.daemon_mqtt_url else args.mqtt_password_file)
+        None if args.daemon_mqtt_url else args.mqtt_password_file
+    )
     return BenchSettings(
         mongodb_uri=args.mongodb_uri,
         db=args.db or ("iot" if args.use_running else "loadgen_bench"),
-        out=Path(args.out), modes=modes,
-        collections={"bucket": args.bucket_collection,
-                     "timeseries": args.timeseries_collection},
-        preset=args.preset, start=preset.start, use_running=args.use_running,
-        metrics_urls={"bucket": args.metrics_url_bucket,
-                      "timeseries": args.metrics_url_timeseries},
-        daemon_mqtt_url=daemon_url, daemon_password_file=password_file,
-        daemon_args=(*(("--preset", "sparkplug") if args.format == "sparkplug" else ()),
-                     *args.daemon_arg), query_runs=args.query_runs,
-        latency_samples=args.latency_samples, wait_timeout=args.wait_timeout)
+        out=Path(args.out),
+        modes=modes,
+        collections={"bucket": args.bucket_collection, "timeseries": args.timeseries_collection},
+        preset=args.preset,
+        start=preset.start,
+        use_running=args.use_running,
+        metrics_urls={"bucket": args.metrics_url_bucket, "timeseries": args.metrics_url_timeseries},
+        daemon_mqtt_url=daemon_url,
+        daemon_password_file=password_file,
+        daemon_args=(
+            *(("--preset", "sparkplug") if args.format == "sparkplug" else ()),
+            *args.daemon_arg,
+        ),
+        query_runs=args.query_runs,
+        latency_samples=args.latency_samples,
+        wait_timeout=args.wait_timeout,
+    )
 
 
 def workload(args: argparse.Namespace, publish: PublishSettings) -> dict[str, Any]:
     """The workload as the report records it."""
     preset = PRESETS[args.preset]
-    return {"preset": args.preset, "about": preset.about, "sensors": publish.sensors,
-            "count": publish.count, "per_message": publish.per_message, "rate": publish.rate,
-            "qos": publish.qos, "start": preset.start, "time_step_s": publish.step_ms / 1000,
-            "late_every": publish.late_every, "seed": publish.seed,
-            "format": publish.payload_format,
-            "sensor_prefix": publish.sensor_prefix, "topic_prefix": publish.topic_prefix,
-            "use_running": args.use_running, "mqtt_url": redact(args.mqtt_url),
-            "mongodb_uri": redact(args.mongodb_uri)}
+    return {
+        "preset": args.preset,
+        "about": preset.about,
+        "sensors": publish.sensors,
+        "count": publish.count,
+        "per_message": publish.per_message,
+        "rate": publish.rate,
+        "qos": publish.qos,
+        "start": preset.start,
+        "time_step_s": publish.step_ms / 1000,
+        "late_every": publish.late_every,
+        "seed": publish.seed,
+        "format": publish.payload_format,
+        "sensor_prefix": publish.sensor_prefix,
+        "topic_prefix": publish.topic_prefix,
+        "use_running": args.use_running,
+        "mqtt_url": redact(args.mqtt_url),
+        "mongodb_uri": redact(args.mongodb_uri),
+    }
 
 
 def notes(report: dict[str, Any], bench: BenchSettings) -> list[str]:
     """The caveats printed under the table."""
-    out = [("bytes sent / reading is an estimate: the BSON size of the operations the "
-           "daemon's writers build for this workload, batched as with the daemon's "
-           "defaults (2,000 readings or 1 s); the daemon has no bytes-sent metric"),
-           (f"latency: {_sampled(report, bench)} sampled, MongoDB polled every "
-           f"{bench.poll_interval * 1000:.0f} ms (resolution about one poll interval plus "
-           "the query time); send time estimated from the publisher's schedule")]
+    out = [
+        (
+            "bytes sent / reading is an estimate: the BSON size of the operations the "
+            "daemon's writers build for this workload, batched as with the daemon's "
+            "defaults (2,000 readings or 1 s); the daemon has no bytes-sent metric"
+        ),
+        (
+            f"latency: {_sampled(report, bench)} sampled, MongoDB polled every "
+            f"{bench.poll_interval * 1000:.0f} ms (resolution about one poll interval plus "
+            "the query time); send time estimated from the publisher's schedule"
+        ),
+    ]
     if report["server"]["emulator"]:
-        out.append("ran against the mongoeco emulator: storage figures are not meaningful "
-                   "and query times are not a server's")
+        out.append(
+            "ran against the mongoeco emulator: storage figures are not meaningful "
+            "and query times are not a server's"
+        )
     if bench.use_running:
-        out.append("--use-running: nothing was dropped; storage and the hourly query cover "
-                   "the whole collections, other traffic counts in the metric deltas")
+        out.append(
+            "--use-running: nothing was dropped; storage and the hourly query cover "
+            "the whole collections, other traffic counts in the metric deltas"
+        )
     return out
 
 
 def _sampled(report: dict[str, Any], bench: BenchSettings) -> str:
     """How many readings the latency figures sampled (fewer than asked on a short run)."""
-    counts = {m["latency_ms"]["samples"] for m in report["modes"].values()
-              if m.get("latency_ms")}
+    counts = {m["latency_ms"]["samples"] for m in report["modes"].values() if m.get("latency_ms")}
     if len(counts) != 1:
         return f"up to {bench.latency_samples} readings"
     count = counts.pop()
     if count == bench.latency_samples:
         return f"{count} readings"
-    return (f"{count} readings (of --latency-samples {bench.latency_samples}: the run has "
-            "fewer messages)")
+    return (
+        f"{count} readings (of --latency-samples {bench.latency_samples}: the run has "
+        "fewer messages)"
+    )
 
 
 def write_outputs(report: dict[str, Any], out: Path, stem: str) -> list[Path]:
@@ -173,9 +228,13 @@ def write_outputs(report: dict[str, Any], out: Path, stem: str) -> list[Path]:
 
 def report_ok(report: dict[str, Any]) -> bool:
     """Every mode complete, written as published, verify passed, every section present."""
-    return all(m.get("complete") and m["written"] == m["published"]
-               and m["verify"].get("ok") and all(k in m for k in SECTIONS)
-               for m in report["modes"].values())
+    return all(
+        m.get("complete")
+        and m["written"] == m["published"]
+        and m["verify"].get("ok")
+        and all(k in m for k in SECTIONS)
+        for m in report["modes"].values()
+    )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -48,8 +48,14 @@ async def measure(uri: str, db_name: str, cap: int, sensors: int, bands: int) ->
     try:
         db = client[db_name]
         await db.drop_collection("buckets")
-        schema = Schema(db, "buckets", rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                        retention_days=None, span_seconds=SPAN)
+        schema = Schema(
+            db,
+            "buckets",
+            rejects_collection="rejects",
+            rejects_max_bytes=1 << 20,
+            retention_days=None,
+            span_seconds=SPAN,
+        )
         writer = BucketWriter(db.buckets, schema, SPAN, cap)
         await writer.ensure_schema()
         start = time.time() // SPAN * SPAN - SPAN
@@ -57,8 +63,9 @@ async def measure(uri: str, db_name: str, cap: int, sensors: int, bands: int) ->
         for n in range(cap):
             for sensor in range(sensors):
                 epoch = start + n
-                reading = Reading(f"fill{sensor}", datetime.fromtimestamp(epoch, UTC), epoch,
-                                  {"v": float(n)}, n)
+                reading = Reading(
+                    f"fill{sensor}", datetime.fromtimestamp(epoch, UTC), epoch, {"v": float(n)}, n
+                )
                 plan = writer.plan([reading])
                 began = time.perf_counter()
                 outcome = await writer.write(plan)
@@ -88,13 +95,25 @@ def summarise(times: list[list[float]], bands: int) -> list[Band]:
 def render(bands: list[Band], as_json: bool) -> str:
     """The table (Markdown) or JSON of the bands."""
     if as_json:
-        return json.dumps([{"low": b.low, "high": b.high, "writes": b.writes,
-                            "median_ms": round(b.median_ms, 3), "p90_ms": round(b.p90_ms, 3)}
-                           for b in bands])
-    lines = ["| readings already in the document | writes | median ms | p90 ms |",
-             "|---|---|---|---|"]
-    lines += [f"| {b.low}-{b.high - 1} | {b.writes} | {b.median_ms:.3f} | {b.p90_ms:.3f} |"
-              for b in bands]
+        return json.dumps(
+            [
+                {
+                    "low": b.low,
+                    "high": b.high,
+                    "writes": b.writes,
+                    "median_ms": round(b.median_ms, 3),
+                    "p90_ms": round(b.p90_ms, 3),
+                }
+                for b in bands
+            ]
+        )
+    lines = [
+        "| readings already in the document | writes | median ms | p90 ms |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {b.low}-{b.high - 1} | {b.writes} | {b.median_ms:.3f} | {b.p90_ms:.3f} |" for b in bands
+    ]
     return "\n".join(lines)
 
 

@@ -110,11 +110,14 @@ def parse_mqtt_url(url: str, password_file: str | None = None) -> Broker:
         parts = urlsplit(url)
         port = parts.port or 1883
     except ValueError:
-        raise ConfigError(f"--mqtt-url: bad port in {redact(url)!r} (percent-encode '/', '#' "
-                          "or '@' in a password)") from None
+        raise ConfigError(
+            f"--mqtt-url: bad port in {redact(url)!r} (percent-encode '/', '#' "
+            "or '@' in a password)"
+        ) from None
     if parts.scheme != "mqtt" or not parts.hostname:
-        raise ConfigError(f"--mqtt-url: expected mqtt://[user[:password]@]host[:port], "
-                          f"got {redact(url)!r}")
+        raise ConfigError(
+            f"--mqtt-url: expected mqtt://[user[:password]@]host[:port], got {redact(url)!r}"
+        )
     username = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password is not None else None
     if password_file:
@@ -129,8 +132,9 @@ def parse_start(text: str, now: float, allow_relative: bool = True) -> int:
     match = _RELATIVE.fullmatch(text.strip())
     if match:
         if not allow_relative:
-            raise ConfigError(f"--start: {text!r} is relative; give the run's absolute start "
-                              "(or use --manifest)")
+            raise ConfigError(
+                f"--start: {text!r} is relative; give the run's absolute start (or use --manifest)"
+            )
         sign, amount, unit = match.groups()
         offset = float(amount) * _UNITS[unit] if amount else 0.0
         return round((now + (offset if sign == "+" else -offset)) * 1000)
@@ -141,8 +145,9 @@ def parse_start(text: str, now: float, allow_relative: bool = True) -> int:
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
-        raise ConfigError(f"--start: expected ISO-8601, epoch seconds or now-6h, got {text!r}"
-                          ) from None
+        raise ConfigError(
+            f"--start: expected ISO-8601, epoch seconds or now-6h, got {text!r}"
+        ) from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return round(parsed.timestamp() * 1000)
@@ -161,36 +166,56 @@ def validate_publish(settings: PublishSettings) -> PublishSettings:
     checks: list[tuple[bool, str]] = [
         (settings.sensors >= 1, "--sensors: must be at least 1"),
         (settings.rate >= 0, "--rate: must be >= 0 (0: as fast as possible)"),
-        ((settings.duration is None) != (settings.count is None),
-         "--duration/--count: give exactly one of them"),
+        (
+            (settings.duration is None) != (settings.count is None),
+            "--duration/--count: give exactly one of them",
+        ),
         (settings.duration is None or settings.duration > 0, "--duration: must be > 0"),
         (settings.count is None or settings.count >= 1, "--count: must be at least 1"),
-        (1 <= settings.per_message <= MAX_PER_MESSAGE,
-         f"--per-message: must be between 1 and {MAX_PER_MESSAGE}"),
+        (
+            1 <= settings.per_message <= MAX_PER_MESSAGE,
+            f"--per-message: must be between 1 and {MAX_PER_MESSAGE}",
+        ),
         (settings.qos in (0, 1), "--qos: must be 0 or 1"),
         (settings.seed >= 0, "--seed: must be >= 0"),
-        (bool(_PREFIX.fullmatch(settings.sensor_prefix)),
-         "--sensor-prefix: must match [A-Za-z0-9_-]{1,100}"),
-        (bool(_TOPIC_PREFIX.fullmatch(settings.topic_prefix)),
-         "--topic-prefix: must be a topic without wildcards"),
+        (
+            bool(_PREFIX.fullmatch(settings.sensor_prefix)),
+            "--sensor-prefix: must match [A-Za-z0-9_-]{1,100}",
+        ),
+        (
+            bool(_TOPIC_PREFIX.fullmatch(settings.topic_prefix)),
+            "--topic-prefix: must be a topic without wildcards",
+        ),
         (settings.processes >= 1, "--processes: must be at least 1"),
         (1 <= settings.max_inflight <= 65535, "--max-inflight: must be between 1 and 65535"),
         (1 <= settings.port <= 65535, "--mqtt-url: port out of range"),
-        (settings.late_every == 0 or settings.late_every >= 2,
-         "--late-every: must be 0 (off) or at least 2"),
-        (settings.late_every == 0 or settings.count is not None,
-         "--late-every: needs --count (late messages are sent after all others)"),
+        (
+            settings.late_every == 0 or settings.late_every >= 2,
+            "--late-every: must be 0 (off) or at least 2",
+        ),
+        (
+            settings.late_every == 0 or settings.count is not None,
+            "--late-every: needs --count (late messages are sent after all others)",
+        ),
         (settings.untimed_every >= 0, "--untimed-every: must be 0 (off) or at least 1"),
         (settings.repeat_every >= 0, "--repeat-every: must be 0 (off) or at least 1"),
-        (settings.payload_format == "json" or not (settings.untimed_every
-                                                   or settings.repeat_every),
-         "--untimed-every/--repeat-every: json payloads only"),
-        (settings.payload_format in PAYLOAD_FORMATS,
-         f"--format: must be one of {', '.join(PAYLOAD_FORMATS)}"),
-        (settings.payload_format != "sparkplug"
-         or bool(_GROUP.fullmatch(settings.sensor_prefix)),
-         ("--sensor-prefix: with --format sparkplug it is the group id and must match "
-          "[A-Za-z0-9_]{1,100} (the daemon's sensor ids are <group>/<edge node>)")),
+        (
+            settings.payload_format == "json"
+            or not (settings.untimed_every or settings.repeat_every),
+            "--untimed-every/--repeat-every: json payloads only",
+        ),
+        (
+            settings.payload_format in PAYLOAD_FORMATS,
+            f"--format: must be one of {', '.join(PAYLOAD_FORMATS)}",
+        ),
+        (
+            settings.payload_format != "sparkplug"
+            or bool(_GROUP.fullmatch(settings.sensor_prefix)),
+            (
+                "--sensor-prefix: with --format sparkplug it is the group id and must match "
+                "[A-Za-z0-9_]{1,100} (the daemon's sensor ids are <group>/<edge node>)"
+            ),
+        ),
     ]
     for ok, message in checks:
         if not ok:

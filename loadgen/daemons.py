@@ -55,27 +55,48 @@ def parse_metrics(text: str) -> dict[str, float]:
 def counters(metrics: dict[str, float], mode: str) -> dict[str, float]:
     """The counters bench uses, for one mode."""
     rejected = sum(v for k, v in metrics.items() if k.startswith("ingest_readings_rejected_total"))
-    return {"written": metrics.get(f'ingest_readings_written_total{{mode="{mode}"}}', 0.0),
-            "rejected": rejected,
-            "received": metrics.get("ingest_messages_received_total", 0.0),
-            "write_ops": metrics.get(f'ingest_write_ops_total{{mode="{mode}"}}', 0.0),
-            "write_requests": metrics.get(f'ingest_write_requests_total{{mode="{mode}"}}', 0.0)}
+    return {
+        "written": metrics.get(f'ingest_readings_written_total{{mode="{mode}"}}', 0.0),
+        "rejected": rejected,
+        "received": metrics.get("ingest_messages_received_total", 0.0),
+        "write_ops": metrics.get(f'ingest_write_ops_total{{mode="{mode}"}}', 0.0),
+        "write_requests": metrics.get(f'ingest_write_requests_total{{mode="{mode}"}}', 0.0),
+    }
 
 
 class SpawnedDaemon:
     """``python -m ingest run`` in one mode, started and stopped by bench."""
 
-    def __init__(self, settings: BenchSettings, mode: str, topic_prefix: str, run_id: str,
-                 port: int) -> None:
+    def __init__(
+        self, settings: BenchSettings, mode: str, topic_prefix: str, run_id: str, port: int
+    ) -> None:
         s = settings
         self.mode, self.port = mode, port
         self.url = f"http://127.0.0.1:{port}/metrics"
         self.log = s.out / f"daemon-{mode}-{run_id}.log"
-        self.cmd = [sys.executable, "-m", "ingest", "run", "--mode", mode,
-                    "--mongodb-uri", s.mongodb_uri, "--db", s.db,
-                    "--collection", s.collections[mode], "--topic", f"{topic_prefix}/#",
-                    "--client-id", f"bench-{mode}-{run_id}", "--metrics-host", "127.0.0.1",
-                    "--metrics-port", str(port), *s.daemon_args]
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "ingest",
+            "run",
+            "--mode",
+            mode,
+            "--mongodb-uri",
+            s.mongodb_uri,
+            "--db",
+            s.db,
+            "--collection",
+            s.collections[mode],
+            "--topic",
+            f"{topic_prefix}/#",
+            "--client-id",
+            f"bench-{mode}-{run_id}",
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(port),
+            *s.daemon_args,
+        ]
         # The URL may hold a password: the environment keeps it out of `ps`.
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
         self.env |= accel.inherited(os.environ)
@@ -88,12 +109,14 @@ class SpawnedDaemon:
         """Start the daemon and wait until /readyz answers 200."""
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(  # noqa: S603 - our own interpreter and flags
-                self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+                self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env
+            )
         deadline = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise BenchError(f"the {self.mode} daemon exited with {self.process.returncode}"
-                                 f" (see {self.log})")
+                raise BenchError(
+                    f"the {self.mode} daemon exited with {self.process.returncode} (see {self.log})"
+                )
             with contextlib.suppress(OSError):
                 ready = f"http://127.0.0.1:{self.port}/readyz"
                 with urllib.request.urlopen(ready, timeout=2) as resp:
@@ -101,8 +124,9 @@ class SpawnedDaemon:
                         return
             time.sleep(0.1)
         self.stop()
-        raise BenchError(f"the {self.mode} daemon was not ready after {READY_TIMEOUT:.0f} s "
-                         f"(see {self.log})")
+        raise BenchError(
+            f"the {self.mode} daemon was not ready after {READY_TIMEOUT:.0f} s (see {self.log})"
+        )
 
     def stop(self) -> None:
         """SIGTERM (drain and flush), then kill after 30 s."""
@@ -117,8 +141,13 @@ class SpawnedDaemon:
             proc.wait()
 
 
-def wait_written(urls: dict[str, str], before: dict[str, dict[str, float]], published: int,
-                 timeout: float, topic: str) -> dict[str, float | None]:
+def wait_written(
+    urls: dict[str, str],
+    before: dict[str, dict[str, float]],
+    published: int,
+    timeout: float,
+    topic: str,
+) -> dict[str, float | None]:
     """Poll the daemons' metrics until written + rejected reach ``published``.
 
     Returns per mode the monotonic time of the first scrape that showed it (None on timeout).
@@ -132,11 +161,17 @@ def wait_written(urls: dict[str, str], before: dict[str, dict[str, float]], publ
             at = time.monotonic()
             now = counters(scrape(url), mode)
             if now["received"] == before[mode]["received"] and at > deadline - timeout + 10:
-                raise BenchError(f"the {mode} daemon received no message 10 s after the "
-                                 f"publish: may its MQTT user read {topic}/#? (In the compose "
-                                 "stack the sensor user may not: use --use-running.)")
-            if (now["written"] - before[mode]["written"] + now["rejected"]
-                    - before[mode]["rejected"]) >= published:
+                raise BenchError(
+                    f"the {mode} daemon received no message 10 s after the "
+                    f"publish: may its MQTT user read {topic}/#? (In the compose "
+                    "stack the sensor user may not: use --use-running.)"
+                )
+            if (
+                now["written"]
+                - before[mode]["written"]
+                + now["rejected"]
+                - before[mode]["rejected"]
+            ) >= published:
                 done[mode] = at
         time.sleep(0.05)
     return done

@@ -54,8 +54,14 @@ def plan_samples(settings: PublishSettings, wanted: int) -> list[Sample]:
 class Sampler(threading.Thread):
     """Polls MongoDB for the sampled readings; records when each first became visible."""
 
-    def __init__(self, coll: Any, mode: str, run: payloads.Run, samples: list[Sample],  # noqa: ANN401
-                 interval: float) -> None:
+    def __init__(
+        self,
+        coll: Any,  # noqa: ANN401
+        mode: str,
+        run: payloads.Run,
+        samples: list[Sample],
+        interval: float,
+    ) -> None:
         super().__init__(name=f"sampler-{mode}", daemon=True)
         self.coll, self.mode = coll, mode
         # Looked up by timestamp, which every payload format carries (Sparkplug has no seq).
@@ -87,12 +93,18 @@ class Sampler(threading.Thread):
         ids = sorted({k[0] for k in self.pending})
         times = sorted({_date(self.published.ts_ms(k[1])) for k in self.pending})
         if self.mode == "bucket":
-            docs = self.coll.find({"sensor_id": {"$in": ids}, "readings.ts": {"$in": times}},
-                                  {"_id": 0, "sensor_id": 1, "readings.ts": 1})
-            return {(d["sensor_id"], self.published.seq_of(to_ms(r.get("ts"))))
-                    for d in docs for r in d.get("readings", [])}
-        docs = self.coll.find({"meta.sensor_id": {"$in": ids}, "ts": {"$in": times}},
-                              {"_id": 0, "meta": 1, "ts": 1})
+            docs = self.coll.find(
+                {"sensor_id": {"$in": ids}, "readings.ts": {"$in": times}},
+                {"_id": 0, "sensor_id": 1, "readings.ts": 1},
+            )
+            return {
+                (d["sensor_id"], self.published.seq_of(to_ms(r.get("ts"))))
+                for d in docs
+                for r in d.get("readings", [])
+            }
+        docs = self.coll.find(
+            {"meta.sensor_id": {"$in": ids}, "ts": {"$in": times}}, {"_id": 0, "meta": 1, "ts": 1}
+        )
         return {(d["meta"]["sensor_id"], self.published.seq_of(to_ms(d.get("ts")))) for d in docs}
 
     def stop(self) -> None:
@@ -110,14 +122,20 @@ def latency_figures(sampler: Sampler, summary: Summary, samples: int) -> dict[st
     started = min(r.started for r in summary.results)
     readings = summary.total("readings")
     rate = readings / summary.sending if summary.sending > 0 else 0.0
-    values = [max(0.0, (seen - (started + x.offset / rate)) * 1000)
-              for x, seen in sampler.seen.items()] if rate else []
+    values = (
+        [max(0.0, (seen - (started + x.offset / rate)) * 1000) for x, seen in sampler.seen.items()]
+        if rate
+        else []
+    )
     polls = sampler.polls
-    return {"samples": samples, "seen": len(values),
-            **{f"p{p}": rounded(percentile(values, p)) for p in (50, 90, 99)},
-            "max": rounded(max(values)) if values else None,
-            "poll_interval_ms": round(sampler.interval * 1000),
-            "mean_poll_ms": rounded(1000 * sum(polls) / len(polls)) if polls else None}
+    return {
+        "samples": samples,
+        "seen": len(values),
+        **{f"p{p}": rounded(percentile(values, p)) for p in (50, 90, 99)},
+        "max": rounded(max(values)) if values else None,
+        "poll_interval_ms": round(sampler.interval * 1000),
+        "mean_poll_ms": rounded(1000 * sum(polls) / len(polls)) if polls else None,
+    }
 
 
 def rounded(value: float | None, digits: int = 1) -> float | None:

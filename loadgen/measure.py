@@ -32,7 +32,10 @@ logger = logging.getLogger(__name__)
 _DEFAULTS = Settings()
 # Bytes-per-reading estimate: the daemon's default batching (--batch-size, --flush-interval).
 DAEMON_BATCH, DAEMON_LINGER, DAEMON_BUCKET_MAX = (
-    _DEFAULTS.batch_size, _DEFAULTS.flush_interval, _DEFAULTS.bucket_max_readings)
+    _DEFAULTS.batch_size,
+    _DEFAULTS.flush_interval,
+    _DEFAULTS.bucket_max_readings,
+)
 ESTIMATE_READINGS = 20_000
 
 
@@ -43,8 +46,16 @@ def estimate_bytes(settings: PublishSettings, mode: str) -> float | None:
     and each operation is encoded; the wire adds a little framing per request.
     """
     s = settings
-    run = payloads.Run(s.seed, s.sensor_prefix, s.sensors, s.per_message, s.start_ms,
-                       s.step_ms, s.topic_prefix, s.separator)
+    run = payloads.Run(
+        s.seed,
+        s.sensor_prefix,
+        s.sensors,
+        s.per_message,
+        s.start_ms,
+        s.step_ms,
+        s.topic_prefix,
+        s.separator,
+    )
     model = payloads.Model(s.seed)
     shapes = [model.shape(i) for i in range(s.sensors)]
     limits = payloads.split_count(s.count or 0, s.sensors)
@@ -53,20 +64,22 @@ def estimate_bytes(settings: PublishSettings, mode: str) -> float | None:
     for pos, first, k in payloads.late_plan(plan, s.per_message, s.late_every):
         body = payloads.message(run, model, shapes[pos], first, k)
         last = run.ts_ms(first + k - 1) / 1000
-        readings.extend(decode(run.topic(pos), body, last, Limits(max_past_seconds=1e12)
-                               ).readings)
+        readings.extend(decode(run.topic(pos), body, last, Limits(max_past_seconds=1e12)).readings)
         if len(readings) >= ESTIMATE_READINGS:
             break
     if not readings:
         return None
     size = DAEMON_BATCH if s.rate <= 0 else max(1, min(DAEMON_BATCH, int(s.rate * DAEMON_LINGER)))
     none = cast("Any", None)
-    writer = (BucketWriter(none, none, 3600, DAEMON_BUCKET_MAX) if mode == "bucket"
-              else TimeseriesWriter(none, none))
+    writer = (
+        BucketWriter(none, none, 3600, DAEMON_BUCKET_MAX)
+        if mode == "bucket"
+        else TimeseriesWriter(none, none)
+    )
     total = 0
     for start in range(0, len(readings), size):
         # each op is the statement the command carries: an update's or a document
-        total += sum(len(bson.encode(op)) for op in writer.plan(readings[start:start + size]).ops)
+        total += sum(len(bson.encode(op)) for op in writer.plan(readings[start : start + size]).ops)
     return round(total / len(readings), 1)
 
 
@@ -103,15 +116,27 @@ def storage(db: Database[dict[str, Any]], name: str, mode: str) -> dict[str, Any
     count = stats.get("count")
     if count is None:
         count = db[name].estimated_document_count()
-    return {"collection": name, "source": source, "documents": count,
-            "readings_documents": db[name].count_documents({}) if mode == "timeseries" else None,
-            "data_size": stats.get("size"), "storage_size": stats.get("storageSize"),
-            "total_index_size": stats.get("totalIndexSize"),
-            "avg_document_size": stats.get("avgObjSize")}
+    return {
+        "collection": name,
+        "source": source,
+        "documents": count,
+        "readings_documents": db[name].count_documents({}) if mode == "timeseries" else None,
+        "data_size": stats.get("size"),
+        "storage_size": stats.get("storageSize"),
+        "total_index_size": stats.get("totalIndexSize"),
+        "avg_document_size": stats.get("avgObjSize"),
+    }
 
 
-def query_latency(db: Database[dict[str, Any]], name: str, mode: str, run: payloads.Run,
-                  last_ms: int, runs: int, span: int) -> dict[str, Any]:
+def query_latency(
+    db: Database[dict[str, Any]],
+    name: str,
+    mode: str,
+    run: payloads.Run,
+    last_ms: int,
+    runs: int,
+    span: int,
+) -> dict[str, Any]:
     """Median latency of the three natural queries, ``runs`` times each.
 
     The queries are those of ingest/store/layout_queries.py.
@@ -123,13 +148,22 @@ def query_latency(db: Database[dict[str, Any]], name: str, mode: str, run: paylo
 
     def recent(hours: int) -> layout_queries.Pipeline:
         since = until - timedelta(hours=hours)
-        return (layout_queries.recent_bucket(sensor, since, until, span) if bucket
-                else layout_queries.recent_timeseries(sensor, since, until))
+        return (
+            layout_queries.recent_bucket(sensor, since, until, span)
+            if bucket
+            else layout_queries.recent_timeseries(sensor, since, until)
+        )
 
     day = (day_end - timedelta(days=1), day_end)
-    pipelines = {"one_sensor_last_hour": recent(1), "one_sensor_last_24h": recent(24),
-                 "hourly_all_sensors_day": (layout_queries.hourly_bucket("temp", *day) if bucket
-                                            else layout_queries.hourly_timeseries("temp", *day))}
+    pipelines = {
+        "one_sensor_last_hour": recent(1),
+        "one_sensor_last_24h": recent(24),
+        "hourly_all_sensors_day": (
+            layout_queries.hourly_bucket("temp", *day)
+            if bucket
+            else layout_queries.hourly_timeseries("temp", *day)
+        ),
+    }
     out: dict[str, Any] = {}
     for key, pipeline in pipelines.items():
         times, rows = [], 0
@@ -145,6 +179,9 @@ def server_info(client: MongoClient[dict[str, Any]]) -> dict[str, Any]:
     """Which server answered: version, and whether it is the mongoeco emulator."""
     info = client.admin.command("buildInfo")
     emulator = info.get("gitVersion") == "mongoeco"
-    return {"version": info.get("version"), "git_version": info.get("gitVersion"),
-            "emulator": emulator,
-            "label": "emulator, storage figures not meaningful" if emulator else "MongoDB server"}
+    return {
+        "version": info.get("version"),
+        "git_version": info.get("gitVersion"),
+        "emulator": emulator,
+        "label": "emulator, storage figures not meaningful" if emulator else "MongoDB server",
+    }

@@ -89,9 +89,15 @@ class Model:
     def shape(self, index: int) -> Shape:
         """The drift parameters of sensor ``index`` (depend on seed and index only)."""
         rng = random.Random(f"{self._seed}/{index}")  # noqa: S311
-        return Shape(index, rng.uniform(15.0, 25.0), rng.uniform(1.0, 5.0),
-                     rng.uniform(35.0, 65.0), rng.uniform(2.0, 10.0),
-                     rng.uniform(1800.0, 6 * 3600.0) * 1000.0, rng.uniform(0.0, _TAU))
+        return Shape(
+            index,
+            rng.uniform(15.0, 25.0),
+            rng.uniform(1.0, 5.0),
+            rng.uniform(35.0, 65.0),
+            rng.uniform(2.0, 10.0),
+            rng.uniform(1800.0, 6 * 3600.0) * 1000.0,
+            rng.uniform(0.0, _TAU),
+        )
 
     def values(self, shape: Shape, seq: int, ts_ms: int) -> tuple[float, float]:
         """``(hum, temp)`` of one reading, rounded to three decimals."""
@@ -137,8 +143,9 @@ def worker_sensors(sensors: int, workers: int, worker: int) -> list[int]:
     return list(range(worker, sensors, workers))
 
 
-def message_plan(sensors: list[int], limits: list[int] | None, per_message: int
-                 ) -> Iterator[tuple[int, int, int]]:
+def message_plan(
+    sensors: list[int], limits: list[int] | None, per_message: int
+) -> Iterator[tuple[int, int, int]]:
     """Messages as ``(position in sensors, first seq, readings)``, round-robin over sensors.
 
     With ``limits`` (readings per position) the plan ends when each sensor has sent its
@@ -157,8 +164,9 @@ def message_plan(sensors: list[int], limits: list[int] | None, per_message: int
         seq += per_message
 
 
-def late_plan(plan: Iterator[tuple[int, int, int]], per_message: int, every: int
-              ) -> Iterator[tuple[int, int, int]]:
+def late_plan(
+    plan: Iterator[tuple[int, int, int]], per_message: int, every: int
+) -> Iterator[tuple[int, int, int]]:
     """``plan`` with every ``every``-th message of each sensor held back and sent at the end.
 
     The held-back messages arrive after all others: late and out of order, as from sensors

@@ -65,8 +65,12 @@ class Summary:
     def ok(self) -> bool:
         """No errors, everything acknowledged (QoS 1) and the broker caught up."""
         acked = self.settings.qos == 0 or self.total("acked") == self.total("messages")
-        return (self.total("errors") == 0 and acked
-                and all(r.drained for r in self.results) and bool(self.results))
+        return (
+            self.total("errors") == 0
+            and acked
+            and all(r.drained for r in self.results)
+            and bool(self.results)
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The summary as JSON-able data."""
@@ -75,13 +79,21 @@ class Summary:
         readings, messages = self.total("readings"), self.total("messages")
         rate = readings / sending if sending > 0 else 0.0
         return {
-            "ok": self.ok, "interrupted": self.interrupted,
-            "sensor_prefix": s.sensor_prefix, "seed": s.seed, "sensors": s.sensors,
-            "per_message": s.per_message, "qos": s.qos, "processes": s.processes,
-            "readings": readings, "messages": messages,
+            "ok": self.ok,
+            "interrupted": self.interrupted,
+            "sensor_prefix": s.sensor_prefix,
+            "seed": s.seed,
+            "sensors": s.sensors,
+            "per_message": s.per_message,
+            "qos": s.qos,
+            "processes": s.processes,
+            "readings": readings,
+            "messages": messages,
             "acked": self.total("acked") if s.qos == 1 else None,
-            "errors": self.total("errors"), "lost_messages": self.total("lost_messages"),
-            "sending_s": round(sending, 4), "elapsed_s": round(elapsed, 4),
+            "errors": self.total("errors"),
+            "lost_messages": self.total("lost_messages"),
+            "sending_s": round(sending, 4),
+            "elapsed_s": round(elapsed, 4),
             "readings_per_s": round(rate, 1),
             "messages_per_s": round(messages / sending, 1) if sending > 0 else 0.0,
             "confirmed_messages_per_s": round(messages / elapsed, 1) if elapsed > 0 else 0.0,
@@ -93,8 +105,13 @@ class Summary:
         }
 
 
-def worker_main(settings: PublishSettings, worker: int, counters: Any,  # noqa: ANN401
-                events: Any, go: Any) -> None:  # noqa: ANN401 - multiprocessing objects
+def worker_main(
+    settings: PublishSettings,
+    worker: int,
+    counters: Any,  # noqa: ANN401
+    events: Any,  # noqa: ANN401
+    go: Any,  # noqa: ANN401
+) -> None:
     """Entry point of a worker process: connect, report ready, wait for go, publish."""
     instance = Worker(settings, worker, counters)
     signal.signal(signal.SIGINT, instance.stop)
@@ -123,8 +140,15 @@ def run_publish(settings: PublishSettings, progress: Any = None) -> Summary:  # 
     counters = ctx.RawArray("d", settings.processes * FIELDS)
     events = ctx.Queue()
     go = ctx.Event()
-    procs = [ctx.Process(target=worker_main, args=(settings, w, counters, events, go),
-                         name=f"loadgen-{w}", daemon=True) for w in range(settings.processes)]
+    procs = [
+        ctx.Process(
+            target=worker_main,
+            args=(settings, w, counters, events, go),
+            name=f"loadgen-{w}",
+            daemon=True,
+        )
+        for w in range(settings.processes)
+    ]
     summary = Summary(settings)
     stop = StopFlag()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -133,8 +157,7 @@ def run_publish(settings: PublishSettings, progress: Any = None) -> Summary:  # 
             proc.start()
         _wait_ready(events, procs, stop)
         go.set()
-        summary.results = _collect(events, procs, counters, settings.processes, progress,
-                                   stop)
+        summary.results = _collect(events, procs, counters, settings.processes, progress, stop)
         summary.interrupted = stop.requested
     finally:
         for sig, handler in previous.items():
@@ -152,8 +175,11 @@ def _wait_ready(events: Any, procs: list[Any], stop: StopFlag) -> None:  # noqa:
     deadline = time.monotonic() + CONNECT_TIMEOUT + 30
     while ready < len(procs):
         if stop.requested or time.monotonic() > deadline:
-            raise PublishError("interrupted before the start" if stop.requested
-                               else "workers did not connect in time")
+            raise PublishError(
+                "interrupted before the start"
+                if stop.requested
+                else "workers did not connect in time"
+            )
         try:
             kind, worker, detail = events.get(timeout=0.5)
         except queue.Empty:
@@ -165,8 +191,14 @@ def _wait_ready(events: Any, procs: list[Any], stop: StopFlag) -> None:  # noqa:
         ready += 1
 
 
-def _collect(events: Any, procs: list[Any], counters: Any, workers: int,  # noqa: ANN401
-             progress: Any, stop: StopFlag) -> list[WorkerResult]:  # noqa: ANN401
+def _collect(
+    events: Any,  # noqa: ANN401
+    procs: list[Any],
+    counters: Any,  # noqa: ANN401
+    workers: int,
+    progress: Any,  # noqa: ANN401
+    stop: StopFlag,
+) -> list[WorkerResult]:
     results: dict[int, WorkerResult] = {}
     errors: list[str] = []
     forwarded = False
@@ -196,16 +228,24 @@ def _forward_stop(procs: list[Any]) -> None:
             proc.terminate()
 
 
-def _drain_events(events: Any, results: dict[int, WorkerResult],  # noqa: ANN401
-                  errors: list[str]) -> None:
+def _drain_events(
+    events: Any,  # noqa: ANN401
+    results: dict[int, WorkerResult],
+    errors: list[str],
+) -> None:
     with contextlib.suppress(queue.Empty):
         while True:
             kind, worker, detail = events.get(timeout=0.2)
             _store(kind, worker, detail, results, errors)
 
 
-def _store(kind: str, worker: int, detail: Any, results: dict[int, WorkerResult],  # noqa: ANN401
-           errors: list[str]) -> None:
+def _store(
+    kind: str,
+    worker: int,
+    detail: Any,  # noqa: ANN401
+    results: dict[int, WorkerResult],
+    errors: list[str],
+) -> None:
     if kind == "result":
         results[worker] = detail
     elif kind == "error":

@@ -21,8 +21,9 @@ SLEEP_SLICE = 0.005
 class Pacer:
     """How many readings may be sent now; ``rate <= 0`` means no limit."""
 
-    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic,
-                 burst: int = 1000) -> None:
+    def __init__(
+        self, rate: float, clock: Callable[[], float] = time.monotonic, burst: int = 1000
+    ) -> None:
         self.rate = rate
         self.burst = burst
         self._clock = clock

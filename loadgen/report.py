@@ -10,12 +10,21 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from pathlib import Path
 
-QUERIES = (("one_sensor_last_hour", "query: one sensor, last hour (median ms)"),
-           ("one_sensor_last_24h", "query: one sensor, last 24 h (median ms)"),
-           ("hourly_all_sensors_day", ("query: hourly min/avg/max, all sensors, 1 day "
-                                      "(median ms)")))
-SECTIONS = ("published", "written", "throughput", "latency_ms", "writes", "storage",
-            "queries_ms", "verify")
+QUERIES = (
+    ("one_sensor_last_hour", "query: one sensor, last hour (median ms)"),
+    ("one_sensor_last_24h", "query: one sensor, last 24 h (median ms)"),
+    ("hourly_all_sensors_day", ("query: hourly min/avg/max, all sensors, 1 day (median ms)")),
+)
+SECTIONS = (
+    "published",
+    "written",
+    "throughput",
+    "latency_ms",
+    "writes",
+    "storage",
+    "queries_ms",
+    "verify",
+)
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
@@ -57,8 +66,10 @@ def _latency(m: dict[str, Any]) -> str:
     lat = m.get("latency_ms") or {}
     if not lat.get("seen"):
         return "n/a"
-    return (f"{_num(lat.get('p50'))} / {_num(lat.get('p90'))} / {_num(lat.get('p99'))} "
-            f"({lat['seen']}/{lat.get('samples')} sampled)")
+    return (
+        f"{_num(lat.get('p50'))} / {_num(lat.get('p90'))} / {_num(lat.get('p99'))} "
+        f"({lat['seen']}/{lat.get('samples')} sampled)"
+    )
 
 
 def _verify(m: dict[str, Any]) -> str:
@@ -67,8 +78,10 @@ def _verify(m: dict[str, Any]) -> str:
         return "n/a"
     if v.get("ok"):
         return f"OK ({v.get('found', 0):,} readings)"
-    return (f"MISMATCH: missing {v.get('missing')}, duplicated {v.get('duplicated')}, "
-            f"wrong {v.get('wrong')}, bad documents {v.get('bad_documents')}")
+    return (
+        f"MISMATCH: missing {v.get('missing')}, duplicated {v.get('duplicated')}, "
+        f"wrong {v.get('wrong')}, bad documents {v.get('bad_documents')}"
+    )
 
 
 def _get(*path: str, fmt: Callable[[object], str] = _num) -> Callable[[dict[str, Any]], str]:
@@ -77,6 +90,7 @@ def _get(*path: str, fmt: Callable[[object], str] = _num) -> Callable[[dict[str,
         for key in path:
             value = value.get(key) if isinstance(value, dict) else None
         return fmt(value)
+
     return read
 
 
@@ -84,17 +98,27 @@ def _rows() -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
     two = lambda v: _num(v, 2)  # noqa: E731
     return [
         ("readings published", _get("published")),
-        ("readings written (rejected)", lambda m: f"{_num(m.get('written'))} "
-                                                  f"({_num(m.get('rejected'))})"),
-        ("ingest throughput (readings/s, first publish to last write)",
-         _get("throughput", "readings_per_s")),
+        (
+            "readings written (rejected)",
+            lambda m: f"{_num(m.get('written'))} ({_num(m.get('rejected'))})",
+        ),
+        (
+            "ingest throughput (readings/s, first publish to last write)",
+            _get("throughput", "readings_per_s"),
+        ),
         ("end-to-end latency p50 / p90 / p99 (ms)", _latency),
-        ("MongoDB write ops / reading", _get("writes", "ops_per_reading", fmt=lambda v:
-                                              _num(v, 3))),
-        ("MongoDB write requests / reading", _get("writes", "requests_per_reading",
-                                                  fmt=lambda v: _num(v, 4))),
-        ("bytes sent / reading (estimate, BSON of the operations)",
-         _get("writes", "est_bytes_per_reading", fmt=lambda v: _num(v, 1))),
+        (
+            "MongoDB write ops / reading",
+            _get("writes", "ops_per_reading", fmt=lambda v: _num(v, 3)),
+        ),
+        (
+            "MongoDB write requests / reading",
+            _get("writes", "requests_per_reading", fmt=lambda v: _num(v, 4)),
+        ),
+        (
+            "bytes sent / reading (estimate, BSON of the operations)",
+            _get("writes", "est_bytes_per_reading", fmt=lambda v: _num(v, 1)),
+        ),
         ("documents stored", _get("storage", "documents")),
         ("storageSize", _get("storage", "storage_size", fmt=_bytes)),
         ("totalIndexSize", _get("storage", "total_index_size", fmt=_bytes)),
@@ -113,14 +137,18 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# loadgen bench {report.get('run_id', '')}",
         "",
-        (f"- started: {report.get('started_at', 'n/a')}, finished: "
-         f"{report.get('finished_at', 'n/a')}"),
+        (
+            f"- started: {report.get('started_at', 'n/a')}, finished: "
+            f"{report.get('finished_at', 'n/a')}"
+        ),
         f"- server: MongoDB {server.get('version', 'n/a')} ({server.get('label', 'n/a')})",
-        (f"- workload: preset `{w.get('preset')}`, {_num(w.get('sensors'))} sensors, "
-        f"{_num(w.get('count'))} readings, {w.get('per_message')} per message, "
-        f"rate {_num(w.get('rate'))}/s, QoS {w.get('qos')}, start {w.get('start')}, "
-        f"time step {w.get('time_step_s')} s, late every {w.get('late_every')}, "
-        f"{'running daemons' if w.get('use_running') else 'daemons started by bench'}"),
+        (
+            f"- workload: preset `{w.get('preset')}`, {_num(w.get('sensors'))} sensors, "
+            f"{_num(w.get('count'))} readings, {w.get('per_message')} per message, "
+            f"rate {_num(w.get('rate'))}/s, QoS {w.get('qos')}, start {w.get('start')}, "
+            f"time step {w.get('time_step_s')} s, late every {w.get('late_every')}, "
+            f"{'running daemons' if w.get('use_running') else 'daemons started by bench'}"
+        ),
         "",
         "| | " + " | ".join(names) + " |",
         "|---|" + "---|" * len(names),
@@ -138,13 +166,14 @@ def render_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, sort_keys=False, default=str) + "\n"
 
 
-CHART_PANELS = (("ingest readings/s", ("throughput", "readings_per_s")),
-                ("latency p50 (ms)", ("latency_ms", "p50")),
-                ("bytes sent / reading (est.)", ("writes", "est_bytes_per_reading")),
-                ("storageSize (KiB)", ("storage", "storage_size")),
-                ("last hour query (ms)", ("queries_ms", "one_sensor_last_hour", "median_ms")),
-                ("hourly all sensors (ms)", ("queries_ms", "hourly_all_sensors_day",
-                                             "median_ms")))
+CHART_PANELS = (
+    ("ingest readings/s", ("throughput", "readings_per_s")),
+    ("latency p50 (ms)", ("latency_ms", "p50")),
+    ("bytes sent / reading (est.)", ("writes", "est_bytes_per_reading")),
+    ("storageSize (KiB)", ("storage", "storage_size")),
+    ("last hour query (ms)", ("queries_ms", "one_sensor_last_hour", "median_ms")),
+    ("hourly all sensors (ms)", ("queries_ms", "hourly_all_sensors_day", "median_ms")),
+)
 
 
 def _value(mode: dict[str, Any], path: tuple[str, ...]) -> float:
@@ -164,8 +193,10 @@ def write_chart(report: dict[str, Any], path: Path) -> str | None:
         mpl.use("Agg")
         import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
     except ImportError:
-        return ("matplotlib is not installed (pip install 'iot-ingest[bench]'; from a clone: "
-                "pip install -e '.[bench]')")
+        return (
+            "matplotlib is not installed (pip install 'iot-ingest[bench]'; from a clone: "
+            "pip install -e '.[bench]')"
+        )
     modes = report.get("modes") or {}
     names = list(modes)
     fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))

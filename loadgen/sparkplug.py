@@ -128,8 +128,7 @@ def metric(m: Metric) -> bytes:  # noqa: C901 - one test per optional field
     return bytes(out)
 
 
-def payload(metrics: list[Metric], timestamp: int | None = None, seq: int | None = None
-            ) -> bytes:
+def payload(metrics: list[Metric], timestamp: int | None = None, seq: int | None = None) -> bytes:
     """One encoded ``Payload``: timestamp (1), metrics (2), seq (3)."""
     out = bytearray()
     if timestamp is not None:
@@ -149,8 +148,10 @@ def topic(group: str, kind: str, node: str, device: str | None = None) -> str:
 
 def nbirth(metrics: list[Metric], bd_seq: int, timestamp: int, seq: int = 0) -> bytes:
     """An NBIRTH: ``bdSeq`` and ``Node Control/Rebirth`` (no aliases) then ``metrics``."""
-    protocol = [Metric("bdSeq", None, timestamp, INT64, bd_seq),
-                Metric("Node Control/Rebirth", None, timestamp, BOOLEAN, value=False)]
+    protocol = [
+        Metric("bdSeq", None, timestamp, INT64, bd_seq),
+        Metric("Node Control/Rebirth", None, timestamp, BOOLEAN, value=False),
+    ]
     return payload(protocol + metrics, timestamp, seq)
 
 
@@ -174,8 +175,12 @@ def fleet_topic(group: str, index: int, kind: str = "NDATA") -> str:
 
 def fleet_birth(timestamp: int) -> bytes:
     """An edge node's NBIRTH: hum and temp (Double, aliases 1 and 2), null until measured."""
-    return nbirth([Metric(name, alias, timestamp, DOUBLE, is_null=True)
-                   for name, alias in FLEET_ALIASES], bd_seq=0, timestamp=timestamp, seq=0)
+    return nbirth(
+        [Metric(name, alias, timestamp, DOUBLE, is_null=True) for name, alias in FLEET_ALIASES],
+        bd_seq=0,
+        timestamp=timestamp,
+        seq=0,
+    )
 
 
 def fleet_data(readings: list[tuple[int, float, float]], seq: int) -> bytes:

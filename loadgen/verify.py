@@ -83,14 +83,18 @@ class ModeReport:
     @property
     def ok(self) -> bool:
         """Every reading exactly once with the right values, every document consistent."""
-        return not (self.missing or self.duplicated or self.wrong or self.unexpected
-                    or self.bad_documents)
+        return not (
+            self.missing or self.duplicated or self.wrong or self.unexpected or self.bad_documents
+        )
 
     @property
     def still_arriving(self) -> bool:
         """Only readings missing, and their number grew while verify looked: lag, so far."""
-        return bool(self.missing and self.arriving and not (
-            self.duplicated or self.wrong or self.unexpected or self.bad_documents))
+        return bool(
+            self.missing
+            and self.arriving
+            and not (self.duplicated or self.wrong or self.unexpected or self.bad_documents)
+        )
 
     @property
     def status(self) -> str:
@@ -106,12 +110,22 @@ class ModeReport:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able form."""
-        return {"mode": self.mode, "collection": self.collection, "ok": self.ok,
-                "still_arriving": self.still_arriving, "arriving": self.arriving,
-                "expected": self.expected, "found": self.found, "missing": self.missing,
-                "duplicated": self.duplicated, "wrong": self.wrong,
-                "unexpected": self.unexpected, "documents": self.documents,
-                "bad_documents": self.bad_documents, "examples": self.examples}
+        return {
+            "mode": self.mode,
+            "collection": self.collection,
+            "ok": self.ok,
+            "still_arriving": self.still_arriving,
+            "arriving": self.arriving,
+            "expected": self.expected,
+            "found": self.found,
+            "missing": self.missing,
+            "duplicated": self.duplicated,
+            "wrong": self.wrong,
+            "unexpected": self.unexpected,
+            "documents": self.documents,
+            "bad_documents": self.bad_documents,
+            "examples": self.examples,
+        }
 
 
 def to_ms(value: object) -> int | None:
@@ -126,8 +140,9 @@ def to_ms(value: object) -> int | None:
 class Tally:
     """Occurrences of each expected (sensor, seq) in one batch of sensors, and their values."""
 
-    def __init__(self, expected: Expected, model: payloads.Model, indexes: list[int],
-                 report: ModeReport) -> None:
+    def __init__(
+        self, expected: Expected, model: payloads.Model, indexes: list[int], report: ModeReport
+    ) -> None:
         self.expected = expected
         self.model = model
         self.report = report
@@ -135,8 +150,7 @@ class Tally:
         self.shapes = {expected.run.sensor_id(i): model.shape(i) for i in indexes}
         # Sensors that send no time: the daemon times their readings at arrival, so only
         # their values (and that they have a time) can be checked.
-        self.untimed = {expected.run.sensor_id(i) for i in indexes
-                        if not expected.run.timed(i)}
+        self.untimed = {expected.run.sensor_id(i) for i in indexes if not expected.run.timed(i)}
 
     def add(self, sensor_id: str, reading: dict[str, Any]) -> None:
         """Count one stored reading (``ts`` as a date, ``seq``, measurements)."""
@@ -163,8 +177,10 @@ class Tally:
             ts_ms = stored_ms  # any arrival time is right
         if stored_ms != ts_ms or values != {"hum": hum, "temp": temp}:
             report.wrong += 1
-            report.note(f"{sensor_id} seq {seq}: stored ts={stored_ms} {values}, "
-                        f"expected ts={ts_ms} hum={hum} temp={temp}")
+            report.note(
+                f"{sensor_id} seq {seq}: stored ts={stored_ms} {values}, "
+                f"expected ts={ts_ms} hum={hum} temp={temp}"
+            )
 
     def finish(self) -> None:
         """Count the expected readings never seen."""
@@ -172,8 +188,10 @@ class Tally:
             missing = seen.count(0)
             if missing:
                 self.report.missing += missing
-                self.report.note(f"{sensor_id}: {missing} of {len(seen)} readings missing "
-                                 f"(first seq {seen.index(0)})")
+                self.report.note(
+                    f"{sensor_id}: {missing} of {len(seen)} readings missing "
+                    f"(first seq {seen.index(0)})"
+                )
 
 
 def sensor_batches(expected: Expected, size: int) -> Iterator[list[int]]:
@@ -216,17 +234,21 @@ def _stats_problems(stats: dict[str, Any], readings: list[dict[str, Any]]) -> li
         if stat.get("count") != len(column):
             problems.append(f"stats.{name}.count {stat.get('count')} != {len(column)}")
         if stat.get("min") != min(column) or stat.get("max") != max(column):
-            problems.append(f"stats.{name}.min/max {stat.get('min')}/{stat.get('max')} "
-                            f"!= {min(column)}/{max(column)}")
+            problems.append(
+                f"stats.{name}.min/max {stat.get('min')}/{stat.get('max')} "
+                f"!= {min(column)}/{max(column)}"
+            )
         stored = stat.get("sum")
         if not isinstance(stored, (int, float)) or not math.isclose(
-                stored, total, rel_tol=SUM_TOLERANCE, abs_tol=SUM_TOLERANCE):
+            stored, total, rel_tol=SUM_TOLERANCE, abs_tol=SUM_TOLERANCE
+        ):
             problems.append(f"stats.{name}.sum {stored} != {total}")
     return problems
 
 
-def verify_bucket(collection: Collection[dict[str, Any]], expected: Expected,
-                  batch: int, span_seconds: int) -> ModeReport:
+def verify_bucket(
+    collection: Collection[dict[str, Any]], expected: Expected, batch: int, span_seconds: int
+) -> ModeReport:
     """Check the bucket documents of the run's sensors."""
     report = ModeReport("bucket", collection.name, expected=expected.total)
     model = payloads.Model(expected.run.seed)
@@ -241,14 +263,14 @@ def verify_bucket(collection: Collection[dict[str, Any]], expected: Expected,
             problems = check_bucket_document(doc, span_seconds * 1000)
             if problems:
                 report.bad_documents += 1
-                report.note(f"bucket {sensor_id} {doc.get('bucket_start')}: "
-                            + "; ".join(problems))
+                report.note(f"bucket {sensor_id} {doc.get('bucket_start')}: " + "; ".join(problems))
         tally.finish()
     return report
 
 
-def verify_timeseries(collection: Collection[dict[str, Any]], expected: Expected,
-                      batch: int) -> ModeReport:
+def verify_timeseries(
+    collection: Collection[dict[str, Any]], expected: Expected, batch: int
+) -> ModeReport:
     """Check the time-series documents of the run's sensors."""
     report = ModeReport("timeseries", collection.name, expected=expected.total)
     model = payloads.Model(expected.run.seed)
@@ -262,18 +284,21 @@ def verify_timeseries(collection: Collection[dict[str, Any]], expected: Expected
     return report
 
 
-def _stream(collection: Collection[dict[str, Any]], match: dict[str, Any]
-            ) -> Iterable[dict[str, Any]]:
+def _stream(
+    collection: Collection[dict[str, Any]], match: dict[str, Any]
+) -> Iterable[dict[str, Any]]:
     """The documents matching ``match``, streamed in batches (no ``_id``)."""
     try:
-        yield from collection.aggregate([{"$match": match}, {"$project": {"_id": 0}}],
-                                        batchSize=1000)
+        yield from collection.aggregate(
+            [{"$match": match}, {"$project": {"_id": 0}}], batchSize=1000
+        )
     except PyMongoError as exc:
         raise VerifyError(f"reading {collection.full_name} failed: {exc}") from exc
 
 
-def count_stored(collection: Collection[dict[str, Any]], mode: str, expected: Expected,
-                 batch: int) -> int:
+def count_stored(
+    collection: Collection[dict[str, Any]], mode: str, expected: Expected, batch: int
+) -> int:
     """Readings of the run's sensors stored now, counted by the server (nothing decoded)."""
     total = 0
     try:
@@ -282,16 +307,19 @@ def count_stored(collection: Collection[dict[str, Any]], mode: str, expected: Ex
             if mode == "timeseries":
                 total += collection.count_documents({"meta.sensor_id": {"$in": ids}})
                 continue
-            for row in collection.aggregate([{"$match": {"sensor_id": {"$in": ids}}},
-                                             {"$group": {"_id": None, "n": {"$sum": "$count"}}}]):
+            for row in collection.aggregate(
+                [
+                    {"$match": {"sensor_id": {"$in": ids}}},
+                    {"$group": {"_id": None, "n": {"$sum": "$count"}}},
+                ]
+            ):
                 total += int(row["n"])
     except PyMongoError as exc:
         raise VerifyError(f"counting in {collection.full_name} failed: {exc}") from exc
     return total
 
 
-def wait_for_readings(count: Callable[[], int], expected: int, wait: float,
-                      settle: float) -> int:
+def wait_for_readings(count: Callable[[], int], expected: int, wait: float, settle: float) -> int:
     """The last count, polled until it reaches ``expected`` or stops changing.
 
     It stops changing when, after it has moved at least once, it stays the same ``settle``
@@ -313,8 +341,9 @@ def wait_for_readings(count: Callable[[], int], expected: int, wait: float,
     return last
 
 
-def run_verify(settings: VerifySettings, expected: Expected, span_seconds: int = 3600
-               ) -> list[ModeReport]:
+def run_verify(
+    settings: VerifySettings, expected: Expected, span_seconds: int = 3600
+) -> list[ModeReport]:
     """Connect, check each requested mode, return one report per mode."""
     options: dict[str, Any] = {"tz_aware": True}
     if "serverselectiontimeoutms" not in settings.mongodb_uri.lower():
@@ -326,14 +355,22 @@ def run_verify(settings: VerifySettings, expected: Expected, span_seconds: int =
         except PyMongoError as exc:
             raise VerifyError(f"cannot reach MongoDB: {str(exc).split(',', 1)[0]}") from exc
         db = client[settings.db]
-        return [_verify_mode(db, mode, settings, expected, span_seconds)
-                for mode in ("bucket", "timeseries") if settings.mode in (mode, "both")]
+        return [
+            _verify_mode(db, mode, settings, expected, span_seconds)
+            for mode in ("bucket", "timeseries")
+            if settings.mode in (mode, "both")
+        ]
     finally:
         client.close()
 
 
-def _verify_mode(db: Database[dict[str, Any]], mode: str, settings: VerifySettings,
-                 expected: Expected, span_seconds: int) -> ModeReport:
+def _verify_mode(
+    db: Database[dict[str, Any]],
+    mode: str,
+    settings: VerifySettings,
+    expected: Expected,
+    span_seconds: int,
+) -> ModeReport:
     """Wait as asked, check one mode, and tell readings still arriving from missing ones."""
     name = settings.bucket_collection if mode == "bucket" else settings.timeseries_collection
     collection = db[name]
@@ -343,8 +380,11 @@ def _verify_mode(db: Database[dict[str, Any]], mode: str, settings: VerifySettin
         return count_stored(collection, mode, expected, batch)
 
     before = wait_for_readings(count, expected.total, settings.wait, settings.settle)
-    report = (verify_bucket(collection, expected, batch, span_seconds) if mode == "bucket"
-              else verify_timeseries(collection, expected, batch))
+    report = (
+        verify_bucket(collection, expected, batch, span_seconds)
+        if mode == "bucket"
+        else verify_timeseries(collection, expected, batch)
+    )
     if report.missing:
         after = count()
         if after == before:  # the check was quick: give the daemon a moment to show lag

@@ -16,8 +16,13 @@ import time
 CONNACK, PUBACK, PINGRESP = 0x20, 0x40, 0xD0
 USERNAME_FLAG, PASSWORD_FLAG, CLEAN_SESSION = 0x80, 0x40, 0x02
 # CONNACK return codes of MQTT 3.1.1 (section 3.2.2.3).
-REFUSALS = {1: "unacceptable protocol version", 2: "client identifier rejected",
-            3: "server unavailable", 4: "bad user name or password", 5: "not authorized"}
+REFUSALS = {
+    1: "unacceptable protocol version",
+    2: "client identifier rejected",
+    3: "server unavailable",
+    4: "bad user name or password",
+    5: "not authorized",
+}
 PINGREQ = b"\xc0\x00"
 DISCONNECT = b"\xe0\x00"
 
@@ -31,8 +36,10 @@ class RefusedError(WireError):
 
     def __init__(self, code: int) -> None:
         self.code = code
-        super().__init__(f"broker refused the connection: {REFUSALS.get(code, 'unknown reason')}"
-                         f" (return code {code})")
+        super().__init__(
+            f"broker refused the connection: {REFUSALS.get(code, 'unknown reason')}"
+            f" (return code {code})"
+        )
 
 
 def remaining_length(size: int) -> bytes:
@@ -58,8 +65,9 @@ def _field(data: bytes) -> bytes:
     return struct.pack("!H", len(data)) + data
 
 
-def connect_packet(client_id: str, keepalive: int, username: str | None = None,
-                   password: str | None = None) -> bytes:
+def connect_packet(
+    client_id: str, keepalive: int, username: str | None = None, password: str | None = None
+) -> bytes:
     """CONNECT with a clean session, no will, and the user name and password if given.
 
     MQTT 3.1.1 allows a password only with a user name; one without is ignored.
@@ -79,9 +87,16 @@ def connect_packet(client_id: str, keepalive: int, username: str | None = None,
 class Connection:
     """One MQTT connection that publishes and counts PUBACKs."""
 
-    def __init__(self, host: str, port: int, client_id: str, keepalive: int = 60,
-                 timeout: float = 10.0, username: str | None = None,
-                 password: str | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        client_id: str,
+        keepalive: int = 60,
+        timeout: float = 10.0,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> None:
         self.host, self.port, self.client_id = host, port, client_id
         self.username, self._password = username, password
         self.keepalive = keepalive
@@ -98,8 +113,7 @@ class Connection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
         self._buffer.clear()
-        self.write(connect_packet(self.client_id, self.keepalive, self.username,
-                                  self._password))
+        self.write(connect_packet(self.client_id, self.keepalive, self.username, self._password))
         deadline = time.monotonic() + self.timeout
         while True:
             packet = self._next_packet()
@@ -187,6 +201,6 @@ class Connection:
             shift += 7
         if len(buf) < pos + size:
             return None
-        kind, body = buf[0], bytes(buf[pos:pos + size])
-        del buf[:pos + size]
+        kind, body = buf[0], bytes(buf[pos : pos + size])
+        del buf[: pos + size]
         return kind, body

@@ -69,16 +69,28 @@ class Worker:
         self.worker = worker
         self.counters = counters
         self.sensors = payloads.worker_sensors(s.sensors, s.processes, worker)
-        self.run = payloads.Run(s.seed, s.sensor_prefix, s.sensors, s.per_message,
-                                s.start_ms, s.step_ms, s.topic_prefix, s.separator,
-                                s.untimed_every)
+        self.run = payloads.Run(
+            s.seed,
+            s.sensor_prefix,
+            s.sensors,
+            s.per_message,
+            s.start_ms,
+            s.step_ms,
+            s.topic_prefix,
+            s.separator,
+            s.untimed_every,
+        )
         self.model = payloads.Model(s.seed)
         self.shapes = [self.model.shape(i) for i in self.sensors]
         # Sparkplug B: one edge node per sensor, an NBIRTH each before its NDATA.
         self.sparkplug = s.payload_format == "sparkplug"
         self.spb_seq = dict.fromkeys(self.sensors, 0)  # the NBIRTH is seq 0
-        topics = [(sparkplug.fleet_topic(s.sensor_prefix, i) if self.sparkplug
-                   else self.run.topic(i)).encode() for i in self.sensors]
+        topics = [
+            (
+                sparkplug.fleet_topic(s.sensor_prefix, i) if self.sparkplug else self.run.topic(i)
+            ).encode()
+            for i in self.sensors
+        ]
         self.heads = [len(t).to_bytes(2, "big") + t for t in topics]
         share = len(self.sensors) / s.sensors
         self.pacer = Pacer(s.rate * share, burst=max(1000, s.per_message))
@@ -90,8 +102,13 @@ class Worker:
         self.plan = payloads.late_plan(plan, s.per_message, s.late_every)
         self.planned = sum(limits) if limits is not None else None
         self.result = WorkerResult(worker, dict.fromkeys(self.sensors, 0))
-        self.conn = Connection(s.host, s.port, f"loadgen-{s.sensor_prefix}-{worker}",
-                               username=s.username, password=s.password)
+        self.conn = Connection(
+            s.host,
+            s.port,
+            f"loadgen-{s.sensor_prefix}-{worker}",
+            username=s.username,
+            password=s.password,
+        )
         self.inflight: set[int] = set()
         self.next_id = 0
         self.stop = StopFlag()
@@ -146,7 +163,7 @@ class Worker:
             name = sparkplug.fleet_topic(self.s.sensor_prefix, index, "NBIRTH").encode()
             births.append(publish_packet(name, payload, self.s.qos, 65535 - n % 1000))
         for start in range(0, len(births), MAX_BATCH_MESSAGES):
-            self.conn.write(b"".join(births[start:start + MAX_BATCH_MESSAGES]))
+            self.conn.write(b"".join(births[start : start + MAX_BATCH_MESSAGES]))
 
     def _sparkplug_data(self, pos: int, first: int, count: int) -> bytes:
         run, shape = self.run, self.shapes[pos]
@@ -170,12 +187,18 @@ class Worker:
             if item is None:
                 return batch, readings, True
             pos, first, k = item
-            payload = (self._sparkplug_data(pos, first, k) if self.sparkplug
-                       else payloads.message(run, model, shapes[pos], first, k))
+            payload = (
+                self._sparkplug_data(pos, first, k)
+                if self.sparkplug
+                else payloads.message(run, model, shapes[pos], first, k)
+            )
             index = sensors[pos]
             repeat = self.s.repeat_every
-            copies = (2 if repeat and run.timed(index)
-                      and (first // self.s.per_message) % repeat == 0 else 1)
+            copies = (
+                2
+                if repeat and run.timed(index) and (first // self.s.per_message) % repeat == 0
+                else 1
+            )
             for _ in range(copies):
                 if qos1:
                     self.next_id = self.next_id % 65535 + 1
@@ -183,8 +206,9 @@ class Worker:
                     batch.append(publish_packet(heads[pos][2:], payload, 1, self.next_id))
                 else:
                     head = heads[pos]
-                    batch.append(b"\x30" + remaining_length(len(head) + len(payload)) + head
-                                 + payload)
+                    batch.append(
+                        b"\x30" + remaining_length(len(head) + len(payload)) + head + payload
+                    )
             readings += k
             # late messages come after higher seqs: keep the max
             counts[index] = max(counts[index], first + k)

@@ -21,8 +21,7 @@ if TYPE_CHECKING:
 # The property tests are about what the twins return, not how fast: a per-example
 # deadline or a "too slow" health check fails them at random on a loaded machine (the
 # suite runs one process per core, beside brokers and daemons).
-settings.register_profile("ingest", deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ingest", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ingest")
 
 MONGO_ENV = "INGEST_TEST_MONGODB_URI"
@@ -31,10 +30,13 @@ SHARDED_ENV = "INGEST_TEST_MONGODB_SHARDED_URI"  # a mongos, e.g. compose's "sha
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    skip = pytest.mark.skip(reason=f"needs a real MongoDB server: set {MONGO_ENV} "
-                                   "(the emulator cannot answer this)")
-    skip_sharded = pytest.mark.skip(reason=f"needs a sharded cluster: set {SHARDED_ENV} to a "
-                                           "mongos (docker compose --profile sharded)")
+    skip = pytest.mark.skip(
+        reason=f"needs a real MongoDB server: set {MONGO_ENV} (the emulator cannot answer this)"
+    )
+    skip_sharded = pytest.mark.skip(
+        reason=f"needs a sharded cluster: set {SHARDED_ENV} to a "
+        "mongos (docker compose --profile sharded)"
+    )
     for item in items:
         if "real_mongodb" in item.keywords and not REAL_MONGODB:
             item.add_marker(skip)
@@ -107,22 +109,50 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def daemon(tmp_path: Path, broker: Broker, mongo_uri: str, db_name: str,
-           topic_root: str, request: pytest.FixtureRequest) -> Iterator[Callable[..., Daemon]]:
+def daemon(
+    tmp_path: Path,
+    broker: Broker,
+    mongo_uri: str,
+    db_name: str,
+    topic_root: str,
+    request: pytest.FixtureRequest,
+) -> Iterator[Callable[..., Daemon]]:
     """Factory: start ``ingest run`` against the test broker and database (in the test's
     ``mode`` if it uses that fixture, else bucket mode), subscribed to the test's topic
     root (``rule_topics=True``: to the mapping rules' filters, as without ``--topic``)."""
     mode = request.getfixturevalue("mode") if "mode" in request.fixturenames else "bucket"
     started: list[Daemon] = []
 
-    def start(*extra: str, wait_ready: bool = True, client_id: str | None = None,
-              mongodb_uri: str | None = None, broker_url: str | None = None,
-              rule_topics: bool = False, env: dict[str, str] | None = None) -> Daemon:
+    def start(
+        *extra: str,
+        wait_ready: bool = True,
+        client_id: str | None = None,
+        mongodb_uri: str | None = None,
+        broker_url: str | None = None,
+        rule_topics: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> Daemon:
         topics = [] if rule_topics else ["--topic", f"{topic_root}/#"]
-        args = ["--mqtt-url", broker_url or broker.url, *topics,
-                "--mongodb-uri", mongodb_uri or mongo_uri, "--db", db_name,
-                "--client-id", client_id or f"ingest-{topic_root}", "--flush-interval", "0.2",
-                "--log-level", "debug", "--mode", mode, "--workers", "1", *extra]
+        args = [
+            "--mqtt-url",
+            broker_url or broker.url,
+            *topics,
+            "--mongodb-uri",
+            mongodb_uri or mongo_uri,
+            "--db",
+            db_name,
+            "--client-id",
+            client_id or f"ingest-{topic_root}",
+            "--flush-interval",
+            "0.2",
+            "--log-level",
+            "debug",
+            "--mode",
+            mode,
+            "--workers",
+            "1",
+            *extra,
+        ]
         proc = Daemon(args, tmp_path / f"daemon-{len(started)}.log", env=env or {})
         started.append(proc)
         return proc.start(wait_ready=wait_ready)
@@ -139,10 +169,15 @@ def publish(broker: Broker) -> Callable[..., Any]:
     """Publish ``(topic, payload)`` pairs at QoS 1 and wait for each PUBACK (to the
     session's broker, or ``to``)."""
 
-    async def send(messages: list[tuple[str, bytes | str]], qos: int = 1,
-                   retain: bool = False, to: Broker | None = None) -> None:
-        async with aiomqtt.Client("127.0.0.1", (to or broker).port,
-                                  identifier=f"pub-{uuid.uuid4().hex[:8]}") as client:
+    async def send(
+        messages: list[tuple[str, bytes | str]],
+        qos: int = 1,
+        retain: bool = False,
+        to: Broker | None = None,
+    ) -> None:
+        async with aiomqtt.Client(
+            "127.0.0.1", (to or broker).port, identifier=f"pub-{uuid.uuid4().hex[:8]}"
+        ) as client:
             for topic, payload in messages:
                 await client.publish(topic, payload, qos=qos, retain=retain)
 

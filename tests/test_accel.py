@@ -37,8 +37,7 @@ def test_the_compiled_twin_is_picked_when_built(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.usefixtures("fresh")
 @pytest.mark.parametrize("value", ["1", "true", "yes"])
-def test_no_extensions_forces_the_python_twin(monkeypatch: pytest.MonkeyPatch,
-                                              value: str) -> None:
+def test_no_extensions_forces_the_python_twin(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv(accel.ENV, value)
     assert accel.pick(wire.pubacks_py, "ingest.mqtt._wire_c", "pubacks") is wire.pubacks_py
     assert not accel.accelerated()
@@ -53,8 +52,7 @@ def test_zero_means_not_set(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("fresh")
-def test_a_twin_that_is_not_built_falls_back_and_says_so(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_twin_that_is_not_built_falls_back_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(accel.ENV, raising=False)
     assert accel.pick(wire.pubacks_py, "ingest.mqtt._absent_c", "pubacks") is wire.pubacks_py
     assert not accel.accelerated()
@@ -66,28 +64,36 @@ def test_a_twin_that_is_not_built_falls_back_and_says_so(
 
 def test_children_keep_the_choice_of_path() -> None:
     assert accel.inherited({"INGEST_NO_EXTENSIONS": "1", "INGEST_DB": "x"}) == {
-        "INGEST_NO_EXTENSIONS": "1"}
+        "INGEST_NO_EXTENSIONS": "1"
+    }
     assert accel.inherited({"INGEST_DB": "x"}) == {}
 
 
 # "0" rather than nothing: the suite's run without the accelerators sets the variable for
 # every child.
-@pytest.mark.parametrize(("env", "accelerated", "line"), [
-    ({"INGEST_NO_EXTENSIONS": "0"}, "true", "accelerators: compiled ("),
-    ({"INGEST_NO_EXTENSIONS": "1"}, "false",
-     "accelerators: off (INGEST_NO_EXTENSIONS is set): pure Python"),
-])
+@pytest.mark.parametrize(
+    ("env", "accelerated", "line"),
+    [
+        ({"INGEST_NO_EXTENSIONS": "0"}, "true", "accelerators: compiled ("),
+        (
+            {"INGEST_NO_EXTENSIONS": "1"},
+            "false",
+            "accelerators: off (INGEST_NO_EXTENSIONS is set): pure Python",
+        ),
+    ],
+)
 def test_the_daemon_says_once_which_path_runs_and_exports_it(
-        daemon: Callable[..., Daemon], env: dict[str, str], accelerated: str,
-        line: str) -> None:
+    daemon: Callable[..., Daemon], env: dict[str, str], accelerated: str, line: str
+) -> None:
     if accelerated == "true":
         compiled("ingest.mqtt._wire_c")
     nowhere = f"mongodb://127.0.0.1:{free_port()}/?serverSelectionTimeoutMS=500"
     proc = daemon("--dry-run", mongodb_uri=nowhere, env=env)
-    found: dict[str, Any] = {k: v for k, v in proc.metrics().items()
-                             if k.startswith("ingest_build_info{")}
+    found: dict[str, Any] = {
+        k: v for k, v in proc.metrics().items() if k.startswith("ingest_build_info{")
+    }
     assert len(found) == 1, found
-    (labels, value), = found.items()
+    ((labels, value),) = found.items()
     assert value == 1
     assert f'accelerated="{accelerated}"' in labels
     assert proc.stop() == 0
@@ -100,7 +106,9 @@ def test_the_start_up_line_accounts_for_every_twin() -> None:
     from ingest.cli import accelerators  # noqa: PLC0415 - the daemon's own helper
 
     root = Path(__file__).resolve().parents[1]
-    sources = {".".join(p.relative_to(root).with_suffix("").parts)
-               for p in (root / "ingest").rglob("_*_c.pyx")}
+    sources = {
+        ".".join(p.relative_to(root).with_suffix("").parts)
+        for p in (root / "ingest").rglob("_*_c.pyx")
+    }
     accelerators()
     assert sources <= set(accel._loaded), sources - set(accel._loaded)

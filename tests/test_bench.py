@@ -31,6 +31,7 @@ USER, SECRET = "sensor", "s3cret-Pa55"
 
 # --- percentiles and the report ---------------------------------------------------------------
 
+
 def test_percentile_interpolates_between_ranks() -> None:
     values = [40.0, 10.0, 30.0, 20.0]
     assert percentile(values, 0) == 10.0
@@ -44,25 +45,48 @@ def test_percentile_interpolates_between_ranks() -> None:
 
 
 def _mode(written: int, ok: bool = True) -> dict[str, Any]:
-    return {"published": 1000, "written": written, "rejected": 0, "complete": True,
-            "throughput": {"readings_per_s": 480, "seconds": 2.08},
-            "latency_ms": {"samples": 50, "seen": 50, "p50": 120.5, "p90": 250.0, "p99": 300.1},
-            "writes": {"ops_per_reading": 0.05, "requests_per_reading": 0.002,
-                       "est_bytes_per_reading": 59.5},
-            "storage": {"documents": 20, "storage_size": 4096, "total_index_size": 2048,
-                        "avg_document_size": 1500},
-            "queries_ms": {"one_sensor_last_hour": {"median_ms": 1.234},
-                           "one_sensor_last_24h": {"median_ms": 2.5},
-                           "hourly_all_sensors_day": {"median_ms": 10.0}},
-            "verify": {"ok": ok, "found": written, "missing": 1000 - written, "duplicated": 0,
-                       "wrong": 0, "bad_documents": 0}}
+    return {
+        "published": 1000,
+        "written": written,
+        "rejected": 0,
+        "complete": True,
+        "throughput": {"readings_per_s": 480, "seconds": 2.08},
+        "latency_ms": {"samples": 50, "seen": 50, "p50": 120.5, "p90": 250.0, "p99": 300.1},
+        "writes": {
+            "ops_per_reading": 0.05,
+            "requests_per_reading": 0.002,
+            "est_bytes_per_reading": 59.5,
+        },
+        "storage": {
+            "documents": 20,
+            "storage_size": 4096,
+            "total_index_size": 2048,
+            "avg_document_size": 1500,
+        },
+        "queries_ms": {
+            "one_sensor_last_hour": {"median_ms": 1.234},
+            "one_sensor_last_24h": {"median_ms": 2.5},
+            "hourly_all_sensors_day": {"median_ms": 10.0},
+        },
+        "verify": {
+            "ok": ok,
+            "found": written,
+            "missing": 1000 - written,
+            "duplicated": 0,
+            "wrong": 0,
+            "bad_documents": 0,
+        },
+    }
 
 
 def test_markdown_has_a_column_per_mode_and_a_row_per_figure() -> None:
-    report = {"run_id": "r1", "server": {"version": "8.0.4", "label": "MongoDB server"},
-              "workload": {"preset": "many-sensors", "sensors": 500, "count": 1000},
-              "modes": {"bucket": _mode(1000), "timeseries": _mode(999, ok=False)},
-              "notes": ["an estimate"]}
+    report = {
+        "run_id": "r1",
+        "server": {"version": "8.0.4", "label": "MongoDB server"},
+        "workload": {"preset": "many-sensors", "sensors": 500, "count": 1000},
+        "modes": {"bucket": _mode(1000), "timeseries": _mode(999, ok=False)},
+        "notes": ["an estimate"],
+    }
     text = render_markdown(report)
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("| |"))
@@ -88,10 +112,14 @@ def test_markdown_shows_missing_figures_as_na() -> None:
 
 
 def test_without_matplotlib_the_chart_is_skipped_and_said_so(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
-    report: dict[str, Any] = {"run_id": "r", "server": {"label": "x", "emulator": True},
-                              "modes": {"bucket": _mode(1000)}}
+    report: dict[str, Any] = {
+        "run_id": "r",
+        "server": {"label": "x", "emulator": True},
+        "modes": {"bucket": _mode(1000)},
+    }
     paths = write_outputs(report, tmp_path, "bench-r")
     assert [p.name for p in paths] == ["bench-r.md", "bench-r.json"]
     assert report["chart"] is None
@@ -105,15 +133,23 @@ def test_the_latency_note_counts_the_readings_actually_sampled(tmp_path: Path) -
     short = _mode(1000)
     short["latency_ms"] = {**short["latency_ms"], "samples": 12, "seen": 12}
     report = {"server": {"emulator": False}, "modes": {"bucket": short, "timeseries": short}}
-    bench = BenchSettings(mongodb_uri="mongodb://x", db="d", out=tmp_path,
-                          modes=("bucket", "timeseries"), collections={}, preset="p", start="s",
-                          latency_samples=50)
+    bench = BenchSettings(
+        mongodb_uri="mongodb://x",
+        db="d",
+        out=tmp_path,
+        modes=("bucket", "timeseries"),
+        collections={},
+        preset="p",
+        start="s",
+        latency_samples=50,
+    )
     latency_note = next(n for n in notes(report, bench) if n.startswith("latency"))
     assert latency_note.startswith("latency: 12 readings (of --latency-samples 50")
     assert "50 readings sampled" not in latency_note
 
 
 # --- MQTT credentials --------------------------------------------------------------------------
+
 
 def test_connect_packet_carries_user_name_and_password_after_the_client_id() -> None:
     plain = connect_packet("c1", 60)
@@ -122,8 +158,9 @@ def test_connect_packet_carries_user_name_and_password_after_the_client_id() -> 
     assert packet[0] == 0x10
     assert packet[9] == 0x02 | 0x80 | 0x40
     body = packet[2:]
-    assert body[10:] == (struct.pack("!H", 2) + b"c1" + struct.pack("!H", 4) + b"user"
-                         + struct.pack("!H", 2) + b"pw")
+    assert body[10:] == (
+        struct.pack("!H", 2) + b"c1" + struct.pack("!H", 4) + b"user" + struct.pack("!H", 2) + b"pw"
+    )
     assert packet[1] == len(body)
     assert connect_packet("c1", 60, "user")[9] == 0x82  # a user name without a password
 
@@ -131,7 +168,11 @@ def test_connect_packet_carries_user_name_and_password_after_the_client_id() -> 
 def test_mqtt_url_credentials_and_password_file(tmp_path: Path) -> None:
     broker = parse_mqtt_url("mqtt://sensor:p%40ss@broker:1884")
     assert (broker.host, broker.port, broker.username, broker.password) == (
-        "broker", 1884, "sensor", "p@ss")
+        "broker",
+        1884,
+        "sensor",
+        "p@ss",
+    )
     assert "p@ss" not in repr(broker)
     secret = tmp_path / "pw"
     secret.write_text("from-file\n")
@@ -148,8 +189,9 @@ def test_mqtt_url_credentials_and_password_file(tmp_path: Path) -> None:
 
 
 def test_refusal_names_the_reason_not_the_password() -> None:
-    assert str(RefusedError(4)) == ("broker refused the connection: bad user name or "
-                                    "password (return code 4)")
+    assert str(RefusedError(4)) == (
+        "broker refused the connection: bad user name or password (return code 4)"
+    )
     assert "not authorized" in str(RefusedError(5))
 
 
@@ -166,14 +208,17 @@ def auth_broker(tmp_path: Path) -> Iterator[str]:
     binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     passwd_tool = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
     passwd = tmp_path / "passwd"
-    subprocess.run([passwd_tool, "-b", "-c", str(passwd), USER, SECRET], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [passwd_tool, "-b", "-c", str(passwd), USER, SECRET], check=True, capture_output=True
+    )
     passwd.chmod(0o600)
     port = free_port()
     conf = tmp_path / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous false\n"
-                    f"password_file {passwd}\nmax_queued_messages 1000000\n"
-                    f"log_dest file {tmp_path}/mosquitto.log\nuser root\n")
+    conf.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous false\n"
+        f"password_file {passwd}\nmax_queued_messages 1000000\n"
+        f"log_dest file {tmp_path}/mosquitto.log\nuser root\n"
+    )
     process = subprocess.Popen([binary, "-c", str(conf)], stderr=subprocess.DEVNULL)
     try:
         wait_port(port)
@@ -184,14 +229,36 @@ def auth_broker(tmp_path: Path) -> Iterator[str]:
 
 
 def _publish(url: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "loadgen", "publish", "--mqtt-url", url,
-                           "--count", "20", "--sensors", "2", "--qos", "1", "--rate", "0",
-                           "--json", *extra], capture_output=True, text=True, cwd=ROOT,
-                          timeout=60, check=False)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "publish",
+            "--mqtt-url",
+            url,
+            "--count",
+            "20",
+            "--sensors",
+            "2",
+            "--qos",
+            "1",
+            "--rate",
+            "0",
+            "--json",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_publish_logs_in_with_a_password_and_a_refusal_exits_2(
-        auth_broker: str, tmp_path: Path) -> None:
+    auth_broker: str, tmp_path: Path
+) -> None:
     host = auth_broker.removeprefix("mqtt://")
     good = _publish(f"mqtt://{USER}:{SECRET}@{host}")
     assert good.returncode == 0, good.stderr
@@ -200,8 +267,11 @@ def test_publish_logs_in_with_a_password_and_a_refusal_exits_2(
     secret.write_text(SECRET + "\n")
     from_file = _publish(f"mqtt://{USER}:wrong@{host}", "--mqtt-password-file", str(secret))
     assert from_file.returncode == 0, from_file.stderr
-    for url, extra in ((f"mqtt://{USER}:not-{SECRET}@{host}", ()), (auth_broker, ()),
-                       (f"mqtt://{USER}@{host}", ("--mqtt-password-file", str(tmp_path / "x")))):
+    for url, extra in (
+        (f"mqtt://{USER}:not-{SECRET}@{host}", ()),
+        (auth_broker, ()),
+        (f"mqtt://{USER}@{host}", ("--mqtt-password-file", str(tmp_path / "x"))),
+    ):
         if extra:
             (tmp_path / "x").write_text("wrong-from-file")
         bad = _publish(url, *extra)
@@ -214,6 +284,7 @@ def test_publish_logs_in_with_a_password_and_a_refusal_exits_2(
 
 # --- bench end to end --------------------------------------------------------------------------
 
+
 @pytest.fixture
 def bench_db(mongo_uri: str, db_name: str) -> Iterator[str]:
     yield db_name
@@ -223,19 +294,48 @@ def bench_db(mongo_uri: str, db_name: str) -> Iterator[str]:
 
 
 def test_bench_compares_both_modes_end_to_end(
-        auth_broker: str, mongo_uri: str, bench_db: str, tmp_path: Path) -> None:
+    auth_broker: str, mongo_uri: str, bench_db: str, tmp_path: Path
+) -> None:
     secret = tmp_path / "sensor-password"
     secret.write_text(SECRET + "\n")
     out = tmp_path / "out"
     host = auth_broker.removeprefix("mqtt://")
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "loadgen", "bench", f"--mqtt-url=mqtt://{USER}@{host}",
-         f"--mqtt-password-file={secret}", f"--mongodb-uri={mongo_uri}", f"--out={out}",
-         "--db", bench_db, "--preset", "many-sensors", "--sensors", "20", "--count", "200",
-         "--rate", "400", "--query-runs", "2", "--latency-samples", "10",
-         "--daemon-arg=--flush-interval=0.2", "--wait-timeout", "40", "--json"],
-        capture_output=True, text=True, cwd=ROOT, timeout=90, check=False)
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "bench",
+            f"--mqtt-url=mqtt://{USER}@{host}",
+            f"--mqtt-password-file={secret}",
+            f"--mongodb-uri={mongo_uri}",
+            f"--out={out}",
+            "--db",
+            bench_db,
+            "--preset",
+            "many-sensors",
+            "--sensors",
+            "20",
+            "--count",
+            "200",
+            "--rate",
+            "400",
+            "--query-runs",
+            "2",
+            "--latency-samples",
+            "10",
+            "--daemon-arg=--flush-interval=0.2",
+            "--wait-timeout",
+            "40",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=90,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert time.monotonic() - started < 60
     assert SECRET not in result.stdout + result.stderr
@@ -250,7 +350,11 @@ def test_bench_compares_both_modes_end_to_end(
         verify = figures["verify"]
         assert verify["ok"], verify
         assert (verify["found"], verify["missing"], verify["duplicated"], verify["wrong"]) == (
-            200, 0, 0, 0)
+            200,
+            0,
+            0,
+            0,
+        )
         assert figures["throughput"]["readings_per_s"] > 0
         assert figures["latency_ms"]["seen"] > 0
         assert 0 <= figures["latency_ms"]["p50"] <= figures["latency_ms"]["p99"]
@@ -272,12 +376,19 @@ def test_bench_compares_both_modes_end_to_end(
 
 
 def test_bench_refused_credentials_exit_2_at_once(
-        auth_broker: str, mongo_uri: str, tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    auth_broker: str, mongo_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     host = auth_broker.removeprefix("mqtt://")
     started = time.monotonic()
-    code = main(["bench", f"--mqtt-url=mqtt://{USER}:nope-{SECRET}@{host}",
-                 f"--mongodb-uri={mongo_uri}", f"--out={tmp_path}"], env={})
+    code = main(
+        [
+            "bench",
+            f"--mqtt-url=mqtt://{USER}:nope-{SECRET}@{host}",
+            f"--mongodb-uri={mongo_uri}",
+            f"--out={tmp_path}",
+        ],
+        env={},
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
@@ -288,14 +399,42 @@ def test_bench_refused_credentials_exit_2_at_once(
 
 
 def test_bench_runs_a_sparkplug_fleet_through_the_preset(
-        broker: Broker, mongo_uri: str, bench_db: str, tmp_path: Path) -> None:
+    broker: Broker, mongo_uri: str, bench_db: str, tmp_path: Path
+) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "loadgen", "bench", f"--mqtt-url={broker.url}",
-         f"--mongodb-uri={mongo_uri}", f"--out={tmp_path / 'out'}", "--db", bench_db,
-         "--modes", "bucket", "--format", "sparkplug", "--preset", "few-sensors",
-         "--count", "200", "--query-runs", "1", "--latency-samples", "5",
-         "--daemon-arg=--flush-interval=0.2", "--wait-timeout", "40", "--json"],
-        capture_output=True, text=True, cwd=ROOT, timeout=90, check=False)
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "bench",
+            f"--mqtt-url={broker.url}",
+            f"--mongodb-uri={mongo_uri}",
+            f"--out={tmp_path / 'out'}",
+            "--db",
+            bench_db,
+            "--modes",
+            "bucket",
+            "--format",
+            "sparkplug",
+            "--preset",
+            "few-sensors",
+            "--count",
+            "200",
+            "--query-runs",
+            "1",
+            "--latency-samples",
+            "5",
+            "--daemon-arg=--flush-interval=0.2",
+            "--wait-timeout",
+            "40",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=90,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["workload"]["format"] == "sparkplug"

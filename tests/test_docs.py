@@ -65,11 +65,16 @@ def broken_links(page: Path) -> list[str]:
 def test_the_link_checker_finds_missing_files_and_headings(tmp_path: Path) -> None:
     (tmp_path / "a.md").write_text("# Title\n\n## Two words `code`\n")
     page = tmp_path / "b.md"
-    page.write_text("[ok](a.md) [ok](a.md#two-words-code) [ok](#here) [web](https://x.y/z)\n"
-                    "# Here\n`[not a link](nowhere.md)`\n```\n[nor](this.md)\n```\n"
-                    "[bad](missing.md) [bad](a.md#nope) [bad](#absent)\n")
-    assert broken_links(page) == ["missing.md: no such file", "a.md#nope: no heading #nope",
-                                  "#absent: no heading #absent"]
+    page.write_text(
+        "[ok](a.md) [ok](a.md#two-words-code) [ok](#here) [web](https://x.y/z)\n"
+        "# Here\n`[not a link](nowhere.md)`\n```\n[nor](this.md)\n```\n"
+        "[bad](missing.md) [bad](a.md#nope) [bad](#absent)\n"
+    )
+    assert broken_links(page) == [
+        "missing.md: no such file",
+        "a.md#nope: no heading #nope",
+        "#absent: no heading #absent",
+    ]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
@@ -103,8 +108,12 @@ def test_no_diary_in_the_docs(page: Path) -> None:
 def flags(command: str) -> set[str]:
     parser = build_parser({})
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {option for action in sub.choices[command]._actions
-            for option in action.option_strings if option.startswith("--")} - {"--help"}
+    return {
+        option
+        for action in sub.choices[command]._actions
+        for option in action.option_strings
+        if option.startswith("--")
+    } - {"--help"}
 
 
 @pytest.mark.parametrize("command", ["run", "init-db", "local", "api"])
@@ -115,11 +124,16 @@ def test_the_configuration_page_names_every_flag(command: str) -> None:
 
 
 def test_every_test_the_docs_name_exists() -> None:
-    defined = {m.group(1) for path in (ROOT / "tests").rglob("test_*.py")
-               for m in re.finditer(r"def (test_\w+)", path.read_text(encoding="utf-8"))}
-    named = {m.group(1) for page in PAGES
-             for m in re.finditer(r"`(test_\w+?)(?:\[\w+\])?`",
-                                  page.read_text(encoding="utf-8"))}
+    defined = {
+        m.group(1)
+        for path in (ROOT / "tests").rglob("test_*.py")
+        for m in re.finditer(r"def (test_\w+)", path.read_text(encoding="utf-8"))
+    }
+    named = {
+        m.group(1)
+        for page in PAGES
+        for m in re.finditer(r"`(test_\w+?)(?:\[\w+\])?`", page.read_text(encoding="utf-8"))
+    }
     named = {n for n in named if not n.endswith("_py") and "." not in n}
     assert sorted(named - defined) == []
 
@@ -136,8 +150,8 @@ def test_every_test_the_docs_name_by_file_is_in_that_file() -> None:
         for cell in re.split(r"\||\n\n", page.read_text(encoding="utf-8")):
             current = None
             for m in re.finditer(
-                    r"`(?:(?:tests/(?:\w+/)?)?(test_\w+\.py))?::(test_\w+?)(?:\[[\w-]+\])?`",
-                    cell):
+                r"`(?:(?:tests/(?:\w+/)?)?(test_\w+\.py))?::(test_\w+?)(?:\[[\w-]+\])?`", cell
+            ):
                 current, seen = m.group(1) or current, seen + 1
                 if current is None:
                     missing.append(f"{page.name}: ::{m.group(2)} without a file")
@@ -156,10 +170,12 @@ def test_the_sparkplug_example_prints_what_the_page_shows() -> None:
     block = page.split("```console\n$ ", 1)[1].split("```", 1)[0]
     command, _, shown = block.rpartition("\n{")
     python = shlex.quote(sys.executable)
-    command = (command.replace("python -c", f"{python} -c")
-               .replace("| ingest check", f"| {python} -m ingest check"))
-    done = subprocess.run(command, shell=True, cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, check=False)
+    command = command.replace("python -c", f"{python} -c").replace(
+        "| ingest check", f"| {python} -m ingest check"
+    )
+    done = subprocess.run(
+        command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "{" + shown.strip()
     assert '"sensor_id":"Plant1/Gateway1"' in shown
@@ -168,8 +184,9 @@ def test_the_sparkplug_example_prints_what_the_page_shows() -> None:
 def test_the_development_page_names_every_runtime_dependency() -> None:
     """docs/development.md's "Run time dependencies" is pyproject.toml's list."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    names = [re.split(r"[\s<>=!~;\[]", spec, maxsplit=1)[0].lower()
-             for spec in project["dependencies"]]
+    names = [
+        re.split(r"[\s<>=!~;\[]", spec, maxsplit=1)[0].lower() for spec in project["dependencies"]
+    ]
     page = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
     listed = page.split("Run time dependencies:", 1)[1].split("Nothing else.", 1)[0]
     listed = " ".join(listed.lower().split())

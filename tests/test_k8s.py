@@ -183,8 +183,7 @@ def test_selectors_match_the_pods_of_their_mode() -> None:
         service = _one("Service", workload["spec"]["serviceName"])
         assert service["metadata"]["name"] == name
         assert _matches({"matchLabels": service["spec"]["selector"]}, labels)
-        assert not any(_matches({"matchLabels": service["spec"]["selector"]}, o)
-                       for o in others)
+        assert not any(_matches({"matchLabels": service["spec"]["selector"]}, o) for o in others)
         pdb = _one("PodDisruptionBudget", name)
         assert _matches(pdb["spec"]["selector"], labels)
         assert not any(_matches(pdb["spec"]["selector"], o) for o in others)
@@ -217,7 +216,10 @@ def test_hpa_scales_the_workload_of_its_mode_on_cpu() -> None:
         hpa = _one("HorizontalPodAutoscaler", name)
         target = hpa["spec"]["scaleTargetRef"]
         assert (target["apiVersion"], target["kind"], target["name"]) == (
-            workload["apiVersion"], workload["kind"], name)
+            workload["apiVersion"],
+            workload["kind"],
+            name,
+        )
         assert hpa["spec"]["minReplicas"] == workload["spec"]["replicas"] == 3
         assert hpa["spec"]["maxReplicas"] >= hpa["spec"]["minReplicas"]
         assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
@@ -249,8 +251,10 @@ def test_the_daemon_accepts_each_pods_configuration(tmp_path: Path) -> None:
         secret = volumes["secrets"]["secret"]
         assert secret["secretName"] == example_secret["metadata"]["name"]
         # Mounted path -> the value the example Secret gives that key.
-        mounted = {f"{secret_dir}/{item['path']}": example_secret["stringData"][item["key"]]
-                   for item in secret["items"]}
+        mounted = {
+            f"{secret_dir}/{item['path']}": example_secret["stringData"][item["key"]]
+            for item in secret["items"]
+        }
         args, files = [], {}
         for arg in container["args"]:
             flag, _, value = arg.partition("=")
@@ -288,18 +292,19 @@ def test_the_daemon_accepts_each_pods_configuration(tmp_path: Path) -> None:
         assert liveness["httpGet"]["path"] == "/healthz"
         for probe in (readiness, liveness):
             assert ports.get(probe["httpGet"]["port"], probe["httpGet"]["port"]) == (
-                settings.metrics_port)
+                settings.metrics_port
+            )
         annotations = workload["spec"]["template"]["metadata"]["annotations"]
         assert annotations["prometheus.io/scrape"] == "true"
         assert int(annotations["prometheus.io/port"]) == settings.metrics_port
         assert annotations["prometheus.io/path"] == "/metrics"
         for service in _daemon_services():
             for port in service["spec"]["ports"]:
-                assert port["targetPort"] in ports or port["targetPort"] == (
-                    settings.metrics_port)
+                assert port["targetPort"] in ports or port["targetPort"] == (settings.metrics_port)
 
         assert pod_spec["terminationGracePeriodSeconds"] >= (
-            settings.shutdown_timeout + EXIT_MARGIN_SECONDS)
+            settings.shutdown_timeout + EXIT_MARGIN_SECONDS
+        )
 
 
 def test_the_read_api_pod_reads_its_tokens_from_its_secret(tmp_path: Path) -> None:
@@ -311,11 +316,15 @@ def test_the_read_api_pod_reads_its_tokens_from_its_secret(tmp_path: Path) -> No
     labels = _pod_labels(deployment)
     assert _matches(deployment["spec"]["selector"], labels)
     assert _matches({"matchLabels": service["spec"]["selector"]}, labels)
-    assert not any(_matches({"matchLabels": service["spec"]["selector"]}, _pod_labels(w))
-                   for w in _workloads())
+    assert not any(
+        _matches({"matchLabels": service["spec"]["selector"]}, _pod_labels(w)) for w in _workloads()
+    )
     assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
-    example = next(d for d in _load(K8S / "secret.example.yaml")
-                   if d["metadata"]["name"] == "ingest-api-secrets")
+    example = next(
+        d
+        for d in _load(K8S / "secret.example.yaml")
+        if d["metadata"]["name"] == "ingest-api-secrets"
+    )
     secret = next(v for v in pod_spec["volumes"] if v["name"] == "secrets")["secret"]
     assert secret["secretName"] == example["metadata"]["name"]
     mount = next(m for m in container["volumeMounts"] if m["name"] == "secrets")

@@ -37,7 +37,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     def visit(node: str, path: list[str]) -> None:
         for nxt in sorted(graph[node]):
             if nxt in path:
-                found.append([*path[path.index(nxt):], nxt])
+                found.append([*path[path.index(nxt) :], nxt])
             elif len(path) < 12:
                 visit(nxt, [*path, nxt])
 
@@ -96,13 +96,15 @@ def crossings(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_the_crossing_finder_finds_an_import_against_the_direction() -> None:
-    graph = {"ingest.store.schema": {"ingest.api.server"}, "ingest.api.server": {
-        "ingest.store.schema", "ingest.model"}, "ingest.mqtt.source": {"ingest.api.server"}}
+    graph = {
+        "ingest.store.schema": {"ingest.api.server"},
+        "ingest.api.server": {"ingest.store.schema", "ingest.model"},
+        "ingest.mqtt.source": {"ingest.api.server"},
+    }
     assert crossings(graph) == [
-        ("ingest.store.schema imports ingest.api.server (ingest.store may not import "
-        "ingest.api)"),
-        ("ingest.mqtt.source imports ingest.api.server (ingest.mqtt may not import "
-        "ingest.api)")]
+        ("ingest.store.schema imports ingest.api.server (ingest.store may not import ingest.api)"),
+        ("ingest.mqtt.source imports ingest.api.server (ingest.mqtt may not import ingest.api)"),
+    ]
 
 
 def test_every_module_is_in_a_room() -> None:

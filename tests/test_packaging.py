@@ -48,13 +48,14 @@ def picks() -> list[tuple[str, str, str, str]]:
                 continue
             if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
                 constants |= {ast.unparse(target): node.value.value for target in node.targets}
-            if (isinstance(node.value, ast.Call)
-                    and ast.unparse(node.value.func) == "accel.pick"):
+            if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "accel.pick":
                 compiled, function = (
                     arg.value if isinstance(arg, ast.Constant) else constants[ast.unparse(arg)]
-                    for arg in node.value.args[1:])
-                found += [(module, ast.unparse(target), compiled, function)
-                          for target in node.targets]
+                    for arg in node.value.args[1:]
+                )
+                found += [
+                    (module, ast.unparse(target), compiled, function) for target in node.targets
+                ]
     return found
 
 
@@ -85,9 +86,25 @@ def build_wheel(src: Path, **env: str) -> tuple[Path, str]:
     INGEST_NO_EXTENSIONS unless given), and the build's output."""
     environ = {k: v for k, v in clean_env().items() if k != accel.ENV} | env
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--no-index", "--verbose", "--wheel-dir", str(src / "dist"), str(src)],
-        capture_output=True, text=True, env=environ, timeout=300, check=False)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--verbose",
+            "--wheel-dir",
+            str(src / "dist"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (wheel,) = (src / "dist").glob("*.whl")
     return wheel, done.stdout + done.stderr
@@ -110,11 +127,14 @@ def test_where_a_compiler_is_the_compiled_twins_run() -> None:
         try:
             extension = importlib.import_module(compiled)
         except ImportError as exc:
-            pytest.fail(f"{compiled} is not built ({exc}): run scripts/env.sh, or "
-                        ".venv/bin/python setup.py build_ext --inplace")
+            pytest.fail(
+                f"{compiled} is not built ({exc}): run scripts/env.sh, or "
+                ".venv/bin/python setup.py build_ext --inplace"
+            )
         pyx = ROOT / f"{compiled.replace('.', '/')}.pyx"
         assert Path(str(extension.__file__)).stat().st_mtime >= pyx.stat().st_mtime, (
-            f"{compiled} is older than {pyx.name}: run scripts/env.sh")
+            f"{compiled} is older than {pyx.name}: run scripts/env.sh"
+        )
         chosen = getattr(importlib.import_module(module), attribute)
         assert chosen is getattr(extension, function), f"{module}.{attribute}"
 
@@ -131,7 +151,8 @@ def test_without_a_c_compiler_pip_installs_the_pure_python_path(tmp_path: Path) 
     assert [n for n in names if n.endswith((".so", ".pyd", ".c", ".pyx"))] == []
     assert "ingest/NO_EXTENSIONS" not in names
     assert said_by(wheel, tmp_path) == (
-        "accelerators: not built (no C compiler at install?): pure Python")
+        "accelerators: not built (no C compiler at install?): pure Python"
+    )
 
 
 def said_by(wheel: Path, tmp_path: Path) -> str:
@@ -139,39 +160,60 @@ def said_by(wheel: Path, tmp_path: Path) -> str:
     (every module that picks a twin imported)."""
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    code = (f"import ingest, {', '.join(sorted({m for m, *_ in picks()}))}\n"
-            "from ingest import accel\nprint(ingest.__file__)\nprint(accel.describe())")
+    code = (
+        f"import ingest, {', '.join(sorted({m for m, *_ in picks()}))}\n"
+        "from ingest import accel\nprint(ingest.__file__)\nprint(accel.describe())"
+    )
     env = {k: v for k, v in clean_env().items() if k != accel.ENV} | {"PYTHONPATH": str(site)}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     where, said = done.stdout.splitlines()
     assert Path(where).is_relative_to(site)
     return said
 
 
-def test_ingest_no_extensions_at_build_time_builds_a_pure_python_wheel(
-        tmp_path: Path) -> None:
+def test_ingest_no_extensions_at_build_time_builds_a_pure_python_wheel(tmp_path: Path) -> None:
     wheel, _ = build_wheel(source_copy(tmp_path), INGEST_NO_EXTENSIONS="1")
     assert wheel.name.endswith("-py3-none-any.whl")
-    assert [n for n in zipfile.ZipFile(wheel).namelist()
-            if n.endswith((".so", ".pyd", ".c", ".pyx"))] == []
+    assert [
+        n for n in zipfile.ZipFile(wheel).namelist() if n.endswith((".so", ".pyd", ".c", ".pyx"))
+    ] == []
     # Started later without the variable, it says why nothing is compiled: not a compiler.
     assert said_by(wheel, tmp_path) == (
-        "accelerators: off (INGEST_NO_EXTENSIONS was set at install): pure Python")
+        "accelerators: off (INGEST_NO_EXTENSIONS was set at install): pure Python"
+    )
 
 
 def test_the_sdist_carries_setup_py_and_the_cython_sources(tmp_path: Path) -> None:
     src = source_copy(tmp_path)
-    done = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", "dist"],
-                          capture_output=True, text=True, cwd=src, env=clean_env(),
-                          timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "setup.py", "-q", "sdist", "-d", "dist"],
+        capture_output=True,
+        text=True,
+        cwd=src,
+        env=clean_env(),
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (sdist,) = (src / "dist").glob("*.tar.gz")
     with tarfile.open(sdist) as archive:
         names = {name.partition("/")[2] for name in archive.getnames()}
-    wanted = {"setup.py", "pyproject.toml", "MANIFEST.in", "README.md",
-              *(pyx.relative_to(ROOT).as_posix() for pyx in ACCELERATORS)}
+    wanted = {
+        "setup.py",
+        "pyproject.toml",
+        "MANIFEST.in",
+        "README.md",
+        *(pyx.relative_to(ROOT).as_posix() for pyx in ACCELERATORS),
+    }
     assert wanted <= names
     assert [n for n in names if n.endswith((".so", ".pyd", ".c"))] == []
 
@@ -182,8 +224,13 @@ def test_no_built_binary_is_committed() -> None:
     goes stale when its source changes."""
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
-                            check=True, timeout=60).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     binaries = []
     for name in filter(None, listed):
         path = ROOT / name

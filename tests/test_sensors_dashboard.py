@@ -88,15 +88,21 @@ def test_series_panel_draws_each_series_named_by_its_tags() -> None:
     panel = next(p for p in dashboard()["panels"] if p["type"] == "timeseries")
     target = panel["targets"][0]
     columns = {c["selector"]: c["type"] for c in target["columns"]}
-    assert columns == {"t": "timestamp", "series": "string", "min": "number", "avg": "number",
-                       "max": "number"}
+    assert columns == {
+        "t": "timestamp",
+        "series": "string",
+        "min": "number",
+        "avg": "number",
+        "max": "number",
+    }
     # rows of every series (the root selector reads each one's label), made one field per
     # series and figure by Infinity (format timeseries: a long frame becomes wide, the
     # string column a label), named by that label in the legend
     assert target["format"] == "timeseries"
     assert target["root_selector"].startswith("series.($label := label;")
     assert panel["fieldConfig"]["defaults"]["displayName"] == (
-        "${__field.labels.series} ${__field.name}")
+        "${__field.labels.series} ${__field.name}"
+    )
     # a sensor id is sent percent-encoded: a comma in it is not a separator
     assert "sensor=${sensor:percentencode}" in target["url"]
 
@@ -122,8 +128,11 @@ async def test_urls_ask_existing_endpoints_with_known_parameters_and_variables()
     data = dashboard()
     variables = {v["name"] for v in data["templating"]["list"]} | GRAFANA_MACROS
     client = api_client(ApiSettings())
-    routes = {r.resource.canonical for r in ReadApi(ApiSettings(), client).app().router.routes()
-              if r.resource is not None}
+    routes = {
+        r.resource.canonical
+        for r in ReadApi(ApiSettings(), client).app().router.routes()
+        if r.resource is not None
+    }
     await client.close()
     for where, query in queries(data):
         url = urlsplit(query["url"])
@@ -142,8 +151,13 @@ def filled(url: str, sensor: str = "s1") -> str:
     """A dashboard URL with Grafana's macros and the variables filled in (percent-encoded
     where the URL says so, as Infinity sends every value)."""
     since = int((NOW.timestamp() - 4 * 3600) * 1000)
-    values = {"__from": str(since), "__to": str(int(NOW.timestamp() * 1000)),
-              "__interval_ms": "600000", "sensor": sensor, "measurement": "temp"}
+    values = {
+        "__from": str(since),
+        "__to": str(int(NOW.timestamp() * 1000)),
+        "__interval_ms": "600000",
+        "sensor": sensor,
+        "measurement": "temp",
+    }
     return _VARIABLE.sub(lambda m: quote(values[m.group(1)], safe=""), url)
 
 
@@ -152,8 +166,7 @@ async def test_every_query_is_answered_by_both_layouts(apis: dict[str, Any]) -> 
         for mode in ("bucket", "timeseries"):
             answer = await get(apis, mode, filled(query["url"]))
             # the first name in the root selector that the answer has: what it reads
-            key = next(w for w in re.findall(r"[a-z_]+", query["root_selector"])
-                       if w in answer)
+            key = next(w for w in re.findall(r"[a-z_]+", query["root_selector"]) if w in answer)
             assert answer[key], f"{where} ({mode}): nothing under {key}"
     # the series panel of s2 (two series: its tag changed) gets both, each with its label
     panel = next(p for p in dashboard()["panels"] if p["type"] == "timeseries")

@@ -46,8 +46,10 @@ OPT_IN = "INGEST_TEST_STACK"
 CORE = ("mosquitto", "mongodb", "ingest-bucket", "ingest-timeseries", "prometheus", "api")
 # Started when their image is present (no stand-in exists for them on machines without a
 # registry; the GitHub workflow pulls them).
-OPTIONAL = {"mongodb-exporter": "percona/mongodb_exporter:0.42.0",
-            "grafana": "grafana/grafana:11.3.0"}
+OPTIONAL = {
+    "mongodb-exporter": "percona/mongodb_exporter:0.42.0",
+    "grafana": "grafana/grafana:11.3.0",
+}
 DAEMONS = {"ingest-bucket": "bucket", "ingest-timeseries": "timeseries"}
 COLLECTIONS = {"bucket": "buckets", "timeseries": "readings"}
 MONGODB_URI = "mongodb://127.0.0.1:27017/?directConnection=true"
@@ -71,8 +73,10 @@ def _answers(argv: list[str]) -> str | None:
 def why_not() -> str | None:
     """Why the stack tier cannot run here, or None when it can."""
     if not os.environ.get(OPT_IN):
-        return (f"the stack tier runs with scripts/test-stack ({OPT_IN}=1; needs Docker "
-                "Compose v2 and a running engine)")
+        return (
+            f"the stack tier runs with scripts/test-stack ({OPT_IN}=1; needs Docker "
+            "Compose v2 and a running engine)"
+        )
     if shutil.which("docker") is None:
         return "no docker command on PATH (the stack tier needs Docker Compose v2)"
     version = _answers(["docker", "compose", "version", "--short"])
@@ -92,25 +96,35 @@ class Stack:
 
     def __init__(self, project: str) -> None:
         self.project = project
-        self.env = {**os.environ, "BENCH_UID": str(os.getuid()),
-                    "BENCH_GID": str(os.getgid())}
+        self.env = {**os.environ, "BENCH_UID": str(os.getuid()), "BENCH_GID": str(os.getgid())}
         self.services: list[str] = []
 
-    def compose(self, *args: str, timeout: float = 600, check: bool = True
-                ) -> subprocess.CompletedProcess[str]:
+    def compose(
+        self, *args: str, timeout: float = 600, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         """``docker compose -p <project> -f deploy/compose.yaml ARGS``."""
         argv = ["docker", "compose", "-p", self.project, "-f", str(COMPOSE_FILE), *args]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env=self.env, cwd=ROOT, check=False)
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            cwd=ROOT,
+            check=False,
+        )
         if check and done.returncode != 0:
-            raise AssertionError(f"{' '.join(argv[2:])} exited {done.returncode}:\n"
-                                 f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+            raise AssertionError(
+                f"{' '.join(argv[2:])} exited {done.returncode}:\n"
+                f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            )
         return done
 
     def up(self) -> None:
         """Build the image and start the services, waiting until they are healthy."""
-        self.compose("up", "-d", "--build", "--wait", "--wait-timeout", "300",
-                     *self.services, timeout=1500)
+        self.compose(
+            "up", "-d", "--build", "--wait", "--wait-timeout", "300", *self.services, timeout=1500
+        )
 
     def containers(self) -> list[dict[str, Any]]:
         """``docker compose ps`` as dicts (one per container, stopped ones included)."""
@@ -122,8 +136,9 @@ class Stack:
     def inspect(self, service: str) -> dict[str, Any]:
         """``docker inspect`` of the service's container."""
         cid = self.compose("ps", "--all", "-q", service).stdout.split()[0]
-        done = subprocess.run(["docker", "inspect", cid], capture_output=True, text=True,
-                              timeout=60, check=True)
+        done = subprocess.run(
+            ["docker", "inspect", cid], capture_output=True, text=True, timeout=60, check=True
+        )
         return dict(json.loads(done.stdout)[0])
 
     def logs(self, service: str) -> str:
@@ -134,21 +149,29 @@ class Stack:
         """Sum of a metric's samples (with these labels) on a daemon's /metrics, read
         inside its container."""
         port = 9108 if service == "ingest-bucket" else 9109
-        code = ("import urllib.request; print(urllib.request.urlopen("
-                f"'http://127.0.0.1:{port}/metrics', timeout=5).read().decode())")
+        code = (
+            "import urllib.request; print(urllib.request.urlopen("
+            f"'http://127.0.0.1:{port}/metrics', timeout=5).read().decode())"
+        )
         text = self.compose("exec", "-T", service, "python", "-c", code).stdout
         pattern = re.compile(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", re.MULTILINE)
         wanted = [f'{key}="{value}"' for key, value in labels.items()]
-        return sum(float(value) for found, value in pattern.findall(text)
-                   if all(label in found for label in wanted))
+        return sum(
+            float(value)
+            for found, value in pattern.findall(text)
+            if all(label in found for label in wanted)
+        )
 
     async def healthy(self, timeout: float = 180) -> None:
         """Wait until every started service runs and is healthy again (no recreation)."""
+
         def ready() -> bool:
             states = {c["Service"]: c for c in self.containers()}
-            return all(states.get(name, {}).get("State") == "running"
-                       and (name == "mongodb-exporter" or states[name]["Health"] == "healthy")
-                       for name in self.services)
+            return all(
+                states.get(name, {}).get("State") == "running"
+                and (name == "mongodb-exporter" or states[name]["Health"] == "healthy")
+                for name in self.services
+            )
 
         await eventually(ready, timeout=timeout, interval=2)
 
@@ -157,8 +180,11 @@ class Stack:
 def stack() -> Iterator[Stack]:
     """The stack, up and healthy; down with its volumes afterwards, whatever happened."""
     running = Stack(os.environ.get(f"{OPT_IN}_PROJECT") or f"iotstack{uuid.uuid4().hex[:8]}")
-    present = {name for name, image in OPTIONAL.items()
-               if _answers(["docker", "image", "inspect", image]) is not None}
+    present = {
+        name
+        for name, image in OPTIONAL.items()
+        if _answers(["docker", "image", "inspect", image]) is not None
+    }
     running.services = [*CORE, *(name for name in OPTIONAL if name in present)]
     before = set(BENCH_OUT.iterdir())
     try:
@@ -167,24 +193,39 @@ def stack() -> Iterator[Stack]:
     finally:
         failed = running.compose("ps", "--all", check=False).stdout
         sys.stderr.write(f"stack {running.project}:\n{failed}\n")
-        running.compose("--profile", "bench", "down", "--volumes", "--remove-orphans",
-                        "--timeout", "10", check=False)
+        running.compose(
+            "--profile",
+            "bench",
+            "down",
+            "--volumes",
+            "--remove-orphans",
+            "--timeout",
+            "10",
+            check=False,
+        )
         for path in set(BENCH_OUT.iterdir()) - before:
             path.unlink()
 
 
 @pytest.fixture(scope="module")
 def mongo(stack: Stack) -> Iterator[MongoClient[dict[str, Any]]]:
-    client: MongoClient[dict[str, Any]] = MongoClient(MONGODB_URI, tz_aware=True,
-                                                      serverSelectionTimeoutMS=30000)
+    client: MongoClient[dict[str, Any]] = MongoClient(
+        MONGODB_URI, tz_aware=True, serverSelectionTimeoutMS=30000
+    )
     yield client
     client.close()
 
 
 def loadgen(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run this checkout's ``loadgen`` against the stack's published ports."""
-    return subprocess.run([sys.executable, "-m", "loadgen", *args], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "loadgen", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        check=False,
+    )
 
 
 def publish_fleet(tmp_path: Path, sensors: int = 6, count: int = 60) -> Path:
@@ -193,18 +234,26 @@ def publish_fleet(tmp_path: Path, sensors: int = 6, count: int = 60) -> Path:
     time-series documents a second, and the daemons must still be writing when a test
     restarts or stops something."""
     manifest = tmp_path / f"fleet-{uuid.uuid4().hex[:6]}.json"
-    done = loadgen("publish", f"--mqtt-url={MQTT_URL}",
-                   f"--mqtt-password-file={SENSOR_PASSWORD_FILE}", f"--sensors={sensors}",
-                   f"--count={count}", "--rate=0", "--qos=1",
-                   f"--sensor-prefix=st{uuid.uuid4().hex[:6]}", f"--manifest={manifest}")
+    done = loadgen(
+        "publish",
+        f"--mqtt-url={MQTT_URL}",
+        f"--mqtt-password-file={SENSOR_PASSWORD_FILE}",
+        f"--sensors={sensors}",
+        f"--count={count}",
+        "--rate=0",
+        "--qos=1",
+        f"--sensor-prefix=st{uuid.uuid4().hex[:6]}",
+        f"--manifest={manifest}",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return manifest
 
 
 def verify(manifest: Path) -> dict[str, Any]:
     """``loadgen verify --mode both`` of a fleet, as JSON."""
-    done = loadgen("verify", f"--manifest={manifest}", f"--mongodb-uri={MONGODB_URI}",
-                   "--mode=both", "--json")
+    done = loadgen(
+        "verify", f"--manifest={manifest}", f"--mongodb-uri={MONGODB_URI}", "--mode=both", "--json"
+    )
     assert done.returncode in {0, 1}, done.stdout + done.stderr
     return dict(json.loads(done.stdout))
 
@@ -212,9 +261,11 @@ def verify(manifest: Path) -> dict[str, Any]:
 async def settled(stack: Stack, manifest: Path, timeout: float = 240) -> dict[str, Any]:
     """``loadgen verify`` of a fleet by mode, once nothing is missing and the daemons hold
     nothing more."""
+
     def done() -> bool:
-        return (all(mode["missing"] == 0 for mode in verify(manifest)["modes"])
-                and all(stack.metric(s, "ingest_buffered_readings") == 0 for s in DAEMONS))
+        return all(mode["missing"] == 0 for mode in verify(manifest)["modes"]) and all(
+            stack.metric(s, "ingest_buffered_readings") == 0 for s in DAEMONS
+        )
 
     await eventually(done, timeout=timeout, interval=2)
     return {mode["mode"]: mode for mode in verify(manifest)["modes"]}
@@ -222,8 +273,10 @@ async def settled(stack: Stack, manifest: Path, timeout: float = 240) -> dict[st
 
 def exact(report: dict[str, Any]) -> None:
     """Every reading once, with its values, in that mode."""
-    counts = {key: report[key] for key in ("missing", "duplicated", "wrong", "unexpected",
-                                           "bad_documents")}
+    counts = {
+        key: report[key]
+        for key in ("missing", "duplicated", "wrong", "unexpected", "bad_documents")
+    }
     assert counts == dict.fromkeys(counts, 0), report
 
 
@@ -262,9 +315,15 @@ def promql(query: str, at: float | None = None) -> list[dict[str, Any]]:
 def mqtt_client(user: str | None, secret: str | None = None) -> aiomqtt.Client:
     if user is not None and secret is None:
         secret = (DEPLOY / "secrets" / f"mqtt-{user}-password").read_text().strip()
-    return aiomqtt.Client("127.0.0.1", 1883, username=user, password=secret,
-                          identifier=f"stack-{uuid.uuid4().hex[:8]}",
-                          protocol=aiomqtt.ProtocolVersion.V5, timeout=10)
+    return aiomqtt.Client(
+        "127.0.0.1",
+        1883,
+        username=user,
+        password=secret,
+        identifier=f"stack-{uuid.uuid4().hex[:8]}",
+        protocol=aiomqtt.ProtocolVersion.V5,
+        timeout=10,
+    )
 
 
 # --- the stack as started ----------------------------------------------------------------
@@ -288,19 +347,21 @@ def test_every_service_started_is_healthy(stack: Stack) -> None:
 def test_the_daemons_run_the_compiled_accelerators_without_a_compiler(stack: Stack) -> None:
     """The image's build stage compiled them; its runtime stage carries no compiler."""
     for service in DAEMONS:
-        assert stack.metric(service, "ingest_build_info", accelerated="true") == 1, (
-            stack.logs(service))
+        assert stack.metric(service, "ingest_build_info", accelerated="true") == 1, stack.logs(
+            service
+        )
         assert "accelerators: compiled (" in stack.logs(service)
-    found = stack.compose("exec", "-T", "ingest-bucket", "sh", "-c",
-                          "command -v gcc cc c99 || true").stdout
+    found = stack.compose(
+        "exec", "-T", "ingest-bucket", "sh", "-c", "command -v gcc cc c99 || true"
+    ).stdout
     assert found.strip() == ""
 
 
 async def test_readings_published_as_sensor_land_in_both_modes(
-        stack: Stack, mongo: MongoClient[dict[str, Any]]) -> None:
+    stack: Stack, mongo: MongoClient[dict[str, Any]]
+) -> None:
     sensor = f"stack-{uuid.uuid4().hex[:8]}"
-    sent = [{"ts": 1_790_000_000 + i, "seq": i, "temp": 20.5 + i, "hum": 40 + i}
-            for i in range(3)]
+    sent = [{"ts": 1_790_000_000 + i, "seq": i, "temp": 20.5 + i, "hum": 40 + i} for i in range(3)]
     async with mqtt_client("sensor") as client:
         for reading in sent:
             await client.publish(f"sensors/{sensor}/readings", json.dumps(reading), qos=1)
@@ -314,36 +375,42 @@ async def test_readings_published_as_sensor_land_in_both_modes(
 
     docs = await eventually(lambda: len(timeseries()) == 3 and timeseries(), timeout=60)
     assert [(d["ts"].timestamp(), d["seq"], d["temp"], d["hum"]) for d in docs] == [
-        (r["ts"], r["seq"], r["temp"], r["hum"]) for r in sent]
-    found = await eventually(lambda: sum(b["count"] for b in buckets()) == 3 and buckets(),
-                             timeout=60)
+        (r["ts"], r["seq"], r["temp"], r["hum"]) for r in sent
+    ]
+    found = await eventually(
+        lambda: sum(b["count"] for b in buckets()) == 3 and buckets(), timeout=60
+    )
     assert len(found) == 1, "three readings of one hour: one bucket"
     bucket = found[0]
     # The compose daemons run two workers: a sensor's messages are spread over both, so
     # the bucket's readings keep the order the writes reached MongoDB, not the sensor's.
-    assert sorted((r["ts"].timestamp(), r["seq"], r["temp"], r["hum"])
-                  for r in bucket["readings"]) == [
-        (r["ts"], r["seq"], r["temp"], r["hum"]) for r in sent]
+    assert sorted(
+        (r["ts"].timestamp(), r["seq"], r["temp"], r["hum"]) for r in bucket["readings"]
+    ) == [(r["ts"], r["seq"], r["temp"], r["hum"]) for r in sent]
     temp = bucket["stats"]["temp"]
     assert (temp["min"], temp["max"], temp["sum"], temp["count"]) == (20.5, 22.5, 64.5, 3)
     # The read API of the stack (the bucket layout) answers with the same readings.
-    query = urllib.parse.urlencode({"sensor": sensor, "since": "2026-09-21T00:00:00Z",
-                                    "until": "2026-09-22T00:00:00Z"})
+    query = urllib.parse.urlencode(
+        {"sensor": sensor, "since": "2026-09-21T00:00:00Z", "until": "2026-09-22T00:00:00Z"}
+    )
     token = stack.compose("exec", "-T", "api", "cat", "/run/ingest-api/token").stdout.strip()
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(f"{API}/api/readings?{query}", timeout=10)
     refused.value.close()  # the error holds the answer's connection
     assert refused.value.code == 401
-    request = urllib.request.Request(f"{API}/api/readings?{query}",
-                                     headers={"Authorization": f"Bearer {token}"})
+    request = urllib.request.Request(
+        f"{API}/api/readings?{query}", headers={"Authorization": f"Bearer {token}"}
+    )
     with urllib.request.urlopen(request, timeout=10) as answer:
         readings = json.loads(answer.read())["readings"]
     assert [(r["seq"], r["values"]) for r in readings] == [
-        (r["seq"], {"temp": r["temp"], "hum": r["hum"]}) for r in sent]
+        (r["seq"], {"temp": r["temp"], "hum": r["hum"]}) for r in sent
+    ]
 
 
 async def test_the_daemons_user_cannot_publish_and_anonymous_clients_are_refused(
-        stack: Stack, mongo: MongoClient[dict[str, Any]]) -> None:
+    stack: Stack, mongo: MongoClient[dict[str, Any]]
+) -> None:
     with pytest.raises(aiomqtt.MqttError):
         async with mqtt_client(None):
             pass
@@ -352,15 +419,22 @@ async def test_the_daemons_user_cannot_publish_and_anonymous_clients_are_refused
             pass
     sensor = f"stack-{uuid.uuid4().hex[:8]}"
     async with mqtt_client("ingest") as daemon_user, mqtt_client("sensor") as sensor_user:
-        await daemon_user.publish(f"sensors/{sensor}/readings",
-                                  json.dumps({"ts": 1_790_000_000, "seq": 0, "temp": 1}), qos=1)
+        await daemon_user.publish(
+            f"sensors/{sensor}/readings",
+            json.dumps({"ts": 1_790_000_000, "seq": 0, "temp": 1}),
+            qos=1,
+        )
         # Published after the refused one on another connection: once it is stored, the
         # first would have been too.
-        await sensor_user.publish(f"sensors/{sensor}-ok/readings",
-                                  json.dumps({"ts": 1_790_000_000, "seq": 0, "temp": 2}), qos=1)
+        await sensor_user.publish(
+            f"sensors/{sensor}-ok/readings",
+            json.dumps({"ts": 1_790_000_000, "seq": 0, "temp": 2}),
+            qos=1,
+        )
     readings = mongo["iot"]["readings"]
-    await eventually(lambda: readings.count_documents({"meta.sensor_id": f"{sensor}-ok"}) == 1,
-                     timeout=60)
+    await eventually(
+        lambda: readings.count_documents({"meta.sensor_id": f"{sensor}-ok"}) == 1, timeout=60
+    )
     assert readings.count_documents({"meta.sensor_id": sensor}) == 0
     assert mongo["iot"]["buckets"].count_documents({"sensor_id": sensor}) == 0
 
@@ -368,11 +442,15 @@ async def test_the_daemons_user_cannot_publish_and_anonymous_clients_are_refused
 async def test_prometheus_has_both_daemons_as_healthy_targets(stack: Stack) -> None:
     def ingest_targets() -> dict[str, str]:
         body = http_json(f"{PROMETHEUS}/api/v1/targets?state=active")
-        return {t["labels"]["service"]: t["health"] for t in body["data"]["activeTargets"]
-                if t["labels"]["job"] == "ingest"}
+        return {
+            t["labels"]["service"]: t["health"]
+            for t in body["data"]["activeTargets"]
+            if t["labels"]["job"] == "ingest"
+        }
 
-    await eventually(lambda: ingest_targets() == dict.fromkeys(DAEMONS, "up"), timeout=60,
-                     interval=1)
+    await eventually(
+        lambda: ingest_targets() == dict.fromkeys(DAEMONS, "up"), timeout=60, interval=1
+    )
     modes = {r["metric"]["service"]: r["metric"]["mode"] for r in promql("ingest_info")}
     assert modes == DAEMONS
 
@@ -382,7 +460,8 @@ async def test_prometheus_has_both_daemons_as_healthy_targets(stack: Stack) -> N
 
 @pytest.mark.parametrize("service", ["mosquitto", "mongodb"])
 async def test_the_daemons_survive_a_restart_without_losing_or_doubling_a_reading(
-        stack: Stack, tmp_path: Path, service: str) -> None:
+    stack: Stack, tmp_path: Path, service: str
+) -> None:
     """A fleet published (and acked by the broker), then the service restarted at once,
     while the daemons are still writing it: every reading lands once in each mode.
 
@@ -403,16 +482,19 @@ async def test_the_daemons_survive_a_restart_without_losing_or_doubling_a_readin
         timeseries = {**timeseries, "duplicated": 0}
     exact(timeseries)
     if doubled:
-        retries = stack.metric("ingest-timeseries", "ingest_write_errors_total",
-                               kind="transient") - retried
+        retries = (
+            stack.metric("ingest-timeseries", "ingest_write_errors_total", kind="transient")
+            - retried
+        )
         assert retries > 0, f"{doubled} readings stored twice without a retried write"
-        pytest.xfail(f"timeseries mode stored {doubled} of {timeseries['expected']} readings "
-                     f"twice after {retries:.0f} retried write(s) of unknown outcome: the "
-                     "documented limit (a time-series collection has no unique index)")
+        pytest.xfail(
+            f"timeseries mode stored {doubled} of {timeseries['expected']} readings "
+            f"twice after {retries:.0f} retried write(s) of unknown outcome: the "
+            "documented limit (a time-series collection has no unique index)"
+        )
 
 
-async def test_stop_drains_and_acks_within_the_grace_period(stack: Stack,
-                                                            tmp_path: Path) -> None:
+async def test_stop_drains_and_acks_within_the_grace_period(stack: Stack, tmp_path: Path) -> None:
     """``docker compose stop`` of the daemons while they hold readings: each writes and
     acks what it holds, exits 0 well within its grace period, and after ``start`` nothing
     is redelivered (bucket mode would count a redelivered reading as a duplicate,
@@ -439,27 +521,38 @@ async def test_stop_drains_and_acks_within_the_grace_period(stack: Stack,
 
 def dashboard_queries() -> list[tuple[str, str]]:
     """(panel title, PromQL) of every query of the provisioned dashboard."""
+
     def panels(items: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         for panel in items:
             yield panel
             yield from panels(panel.get("panels", []))
 
     board = json.loads(DASHBOARD.read_text())
-    return [(p.get("title", ""), t["expr"]) for p in panels(board["panels"])
-            for t in p.get("targets", []) if t.get("expr")]
+    return [
+        (p.get("title", ""), t["expr"])
+        for p in panels(board["panels"])
+        for t in p.get("targets", [])
+        if t.get("expr")
+    ]
 
 
 async def test_every_dashboard_query_returns_data(stack: Stack) -> None:
     """Each query of grafana/dashboards/ingest.json, with Grafana's $__rate_interval as a
     minute; those on the MongoDB exporter's metrics only where the exporter runs."""
     exporter = "mongodb-exporter" in stack.services
-    queries = [(title, expr) for title, expr in dashboard_queries()
-               if exporter or "mongodb_" not in expr.replace("ingest_mongodb_", "")]
+    queries = [
+        (title, expr)
+        for title, expr in dashboard_queries()
+        if exporter or "mongodb_" not in expr.replace("ingest_mongodb_", "")
+    ]
     assert len(queries) >= 15
 
     def empty() -> list[str]:
-        return [f"{title}: {expr}" for title, expr in queries
-                if not promql(expr.replace("$__rate_interval", "1m"))]
+        return [
+            f"{title}: {expr}"
+            for title, expr in queries
+            if not promql(expr.replace("$__rate_interval", "1m"))
+        ]
 
     deadline = time.monotonic() + 120
     while (missing := empty()) and time.monotonic() < deadline:
@@ -480,8 +573,11 @@ async def test_grafana_loads_its_provisioning_and_answers_health(stack: Stack) -
     check = http_json(f"{GRAFANA}/api/datasources/uid/prometheus/health", auth=admin)
     assert check["status"] == "OK", check
     # Provisioning: every logger=provisioning.* line, none at level=error.
-    errors = [line for line in stack.logs("grafana").splitlines()
-              if "level=error" in line and "logger=provisioning" in line]
+    errors = [
+        line
+        for line in stack.logs("grafana").splitlines()
+        if "level=error" in line and "logger=provisioning" in line
+    ]
     assert not errors, "\n".join(errors)
 
 
@@ -492,10 +588,22 @@ def test_the_bench_profile_writes_markdown_json_and_png(stack: Stack) -> None:
     before = set(BENCH_OUT.iterdir())
     # The service's own command; a smaller workload than its preset's 1,000 readings (the
     # emulator behind the mongo:8.0 stand-in is slow), set through loadgen's environment.
-    done = stack.compose("--profile", "bench", "run", "--rm", "--build",
-                         "-e", "LOADGEN_COUNT=200", "-e", "LOADGEN_QUERY_RUNS=1",
-                         "-e", "LOADGEN_WAIT_TIMEOUT=600",
-                         "loadgen", timeout=1500, check=False)
+    done = stack.compose(
+        "--profile",
+        "bench",
+        "run",
+        "--rm",
+        "--build",
+        "-e",
+        "LOADGEN_COUNT=200",
+        "-e",
+        "LOADGEN_QUERY_RUNS=1",
+        "-e",
+        "LOADGEN_WAIT_TIMEOUT=600",
+        "loadgen",
+        timeout=1500,
+        check=False,
+    )
     written = set(BENCH_OUT.iterdir()) - before
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     suffixes = sorted(p.suffix for p in written)

@@ -53,8 +53,15 @@ LIMITS = {"sensors": (100, 1000), "readings": (1000, 10_000), "rejects": (100, 1
 # ("²") or reads in another script ("٣").
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)?$", re.ASCII)
 _DIGITS = re.compile(r"[0-9]+")
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000,
-            "w": 604_800_000, None: 1000}
+_UNIT_MS = {
+    "ms": 1,
+    "s": 1000,
+    "m": 60_000,
+    "h": 3_600_000,
+    "d": 86_400_000,
+    "w": 604_800_000,
+    None: 1000,
+}
 _SENSOR_ID = re.compile(f"^{SENSOR_ID_PATTERN}$")
 _TAG_VALUE = re.compile(r"^[^\x00-\x1f\x7f-\x9f]*$")
 # Stored next to the measurements, never one of them (time-series documents hold units).
@@ -75,9 +82,14 @@ class ParamError(ValueError):
 class Params:
     """Typed access to one request's query string."""
 
-    def __init__(self, query: Mapping[str, str], values: Callable[[str], Sequence[str]],
-                 now: datetime, known: Iterable[str] = KNOWN_PARAMETERS,
-                 raw: Callable[[str], Sequence[str]] | None = None) -> None:
+    def __init__(
+        self,
+        query: Mapping[str, str],
+        values: Callable[[str], Sequence[str]],
+        now: datetime,
+        known: Iterable[str] = KNOWN_PARAMETERS,
+        raw: Callable[[str], Sequence[str]] | None = None,
+    ) -> None:
         """A query string's parameters.
 
         ``values(name)``: the decoded values of a parameter; ``raw(name)``: the same
@@ -89,8 +101,9 @@ class Params:
         self.now = now
         unknown = sorted(set(query) - set(known))
         if unknown:
-            raise ParamError(unknown[0], "unknown parameter (known here: "
-                                         f"{', '.join(sorted(known))})")
+            raise ParamError(
+                unknown[0], f"unknown parameter (known here: {', '.join(sorted(known))})"
+            )
 
     def one(self, name: str) -> str | None:
         """The single value of ``name`` (None if absent); given twice is an error."""
@@ -106,8 +119,9 @@ class Params:
             return default
         return parse_time(name, text, self.now)
 
-    def window(self, default: timedelta, max_window: timedelta | None = MAX_WINDOW
-               ) -> tuple[datetime, datetime]:
+    def window(
+        self, default: timedelta, max_window: timedelta | None = MAX_WINDOW
+    ) -> tuple[datetime, datetime]:
         """``since`` and ``until`` (default: the last ``default`` up to now)."""
         until = self.time("until", self.now)
         since = self.time("since", until - default)
@@ -117,8 +131,7 @@ class Params:
             raise ParamError("since", f"the window may span at most {max_window.days} days")
         return since, until
 
-    def names(self, name: str, pattern: re.Pattern[str], most: int, *,
-              required: bool) -> list[str]:
+    def names(self, name: str, pattern: re.Pattern[str], most: int, *, required: bool) -> list[str]:
         """A repeatable, comma-separable list of names, in order, without repeats.
 
         Sensor ids may hold a comma: only a literal comma of the query string separates
@@ -170,20 +183,21 @@ class Params:
         """
         values = self._values("tag")
         if len(values) > MAX_TAG_PARAMETERS:
-            raise ParamError("tag", f"at most {MAX_TAG_PARAMETERS} per request, "
-                                    f"got {len(values)}")
+            raise ParamError("tag", f"at most {MAX_TAG_PARAMETERS} per request, got {len(values)}")
         out: dict[str, list[str]] = {}
         for value in values:
             key, colon, wanted = value.partition(":")
             if not colon:
                 raise ParamError("tag", f"expects key:value (path:/boot), got {value[:40]!r}")
             if not _TAG_KEY.match(key) or key in RESERVED_TAGS:
-                raise ParamError("tag", f"{key[:40]!r} is not a tag name (letters, digits, "
-                                        "_ and -, 1 to 64 characters; not "
-                                        f"{', '.join(sorted(RESERVED_TAGS))})")
+                raise ParamError(
+                    "tag",
+                    f"{key[:40]!r} is not a tag name (letters, digits, "
+                    "_ and -, 1 to 64 characters; not "
+                    f"{', '.join(sorted(RESERVED_TAGS))})",
+                )
             if len(wanted.encode()) > MAX_TAG_BYTES:
-                raise ParamError("tag", f"the value of {key} is longer than {MAX_TAG_BYTES} "
-                                        "bytes")
+                raise ParamError("tag", f"the value of {key} is longer than {MAX_TAG_BYTES} bytes")
             if not _TAG_VALUE.match(wanted):
                 raise ParamError("tag", f"the value of {key} holds a control character")
             chosen = out.setdefault(key, [])
@@ -197,10 +211,12 @@ class Params:
         if text is None:
             return default
         digits = text.lstrip("0")  # int() refuses over 4300 digits
-        if (not _DIGITS.fullmatch(text) or len(digits) > len(str(most))
-                or not 1 <= int(digits or "0") <= most):
-            raise ParamError("limit", f"must be a whole number from 1 to {most}, "
-                                      f"got {text[:20]!r}")
+        if (
+            not _DIGITS.fullmatch(text)
+            or len(digits) > len(str(most))
+            or not 1 <= int(digits or "0") <= most
+        ):
+            raise ParamError("limit", f"must be a whole number from 1 to {most}, got {text[:20]!r}")
         return int(digits)
 
     def step_ms(self, default_ms: int) -> int:
@@ -232,8 +248,9 @@ class Params:
         if value is None:
             return None
         match value:
-            case [str(sensor), dict(tags), int(ts_ms)] if (
-                    _whole(ts_ms, to_ms(EARLIEST), to_ms(LATEST) - 1)):
+            case [str(sensor), dict(tags), int(ts_ms)] if _whole(
+                ts_ms, to_ms(EARLIEST), to_ms(LATEST) - 1
+            ):
                 return Cursor(_series_key(sensor, tags), ts_ms)
         raise ParamError("cursor", "not a cursor returned by this endpoint")
 
@@ -250,10 +267,14 @@ class Params:
 
 def _series_key(sensor: str, tags: dict[str, object]) -> SeriesKey:
     """A cursor's series, checked: it goes into a query (tag names as field names)."""
-    if (not _SENSOR_ID.match(sensor)
-            or not all(isinstance(k, str) and _TAG_KEY.match(k) and k not in RESERVED_TAGS
-                       and isinstance(v, str) and len(v) <= MAX_TAG_BYTES
-                       for k, v in tags.items())):
+    if not _SENSOR_ID.match(sensor) or not all(
+        isinstance(k, str)
+        and _TAG_KEY.match(k)
+        and k not in RESERVED_TAGS
+        and isinstance(v, str)
+        and len(v) <= MAX_TAG_BYTES
+        for k, v in tags.items()
+    ):
         raise ParamError("cursor", "not a cursor returned by this endpoint")
     return SeriesKey(sensor, tuple(sorted((k, str(v)) for k, v in tags.items())))
 
@@ -272,8 +293,9 @@ def parse_duration(name: str, text: str) -> int:
     """A duration in whole milliseconds (at least 1)."""
     match = _DURATION.match(text.strip())
     if match is None:
-        raise ParamError(name, f"expects a duration such as 500ms, 30s, 5m, 1h or 1d, "
-                               f"got {text[:20]!r}")
+        raise ParamError(
+            name, f"expects a duration such as 500ms, 30s, 5m, 1h or 1d, got {text[:20]!r}"
+        )
     exact = float(match.group(1)) * _UNIT_MS[match.group(2)]
     if not math.isfinite(exact):
         raise ParamError(name, f"too long, got {text[:20]!r}")
@@ -299,8 +321,11 @@ def parse_time(name: str, text: str, now: datetime) -> datetime:
     try:
         value = datetime.fromisoformat(text)
     except ValueError:
-        raise ParamError(name, "expects ISO 8601 (2026-05-01T08:00:00Z), epoch milliseconds, "
-                               f"now or now-1h, got {text[:40]!r}") from None
+        raise ParamError(
+            name,
+            "expects ISO 8601 (2026-05-01T08:00:00Z), epoch milliseconds, "
+            f"now or now-1h, got {text[:40]!r}",
+        ) from None
     if value.tzinfo is None:
         raise ParamError(name, "needs a time zone (Z or +hh:mm)")
     try:
@@ -320,5 +345,8 @@ def _instant(name: str, text: str, ms: int) -> datetime:
 
 
 def _out_of_range(name: str, text: str) -> ParamError:
-    return ParamError(name, f"out of range: times from {iso(EARLIEST)} up to (not "
-                            f"including) {iso(LATEST)}, got {text[:40]!r}")
+    return ParamError(
+        name,
+        f"out of range: times from {iso(EARLIEST)} up to (not "
+        f"including) {iso(LATEST)}, got {text[:40]!r}",
+    )

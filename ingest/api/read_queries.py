@@ -33,8 +33,7 @@ if TYPE_CHECKING:
 
 # Fields of a stored reading that are not measurements (bucket entries and time-series
 # documents; ``units`` is per document in time-series mode).
-NOT_MEASUREMENTS = frozenset({"_id", "ts", "seq", "meta", "units", "info", "sensor_id",
-                              "tags"})
+NOT_MEASUREMENTS = frozenset({"_id", "ts", "seq", "meta", "units", "info", "sensor_id", "tags"})
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -73,8 +72,9 @@ class SeriesKey(NamedTuple):
 
 def series_key(sensor_id: str, tags: dict[str, Any] | None) -> SeriesKey:
     """The key of a series from a sensor id and a tags object (``sensor_id`` left out)."""
-    return SeriesKey(sensor_id, tuple(sorted(
-        (k, v) for k, v in (tags or {}).items() if k != "sensor_id")))
+    return SeriesKey(
+        sensor_id, tuple(sorted((k, v) for k, v in (tags or {}).items() if k != "sensor_id"))
+    )
 
 
 def series_order(key: SeriesKey) -> tuple[str, Tags]:
@@ -119,10 +119,14 @@ class Selection:
     def match(self, layout: Layout) -> dict[str, Any]:
         """The query selecting these series in ``layout``."""
         if layout.bucket:
-            return {"sensor_id": {"$in": self.sensor_ids},
-                    **{f"tags.{k}": {"$in": v} for k, v in self.tags.items()}}
-        return {"meta.sensor_id": {"$in": self.sensor_ids},
-                **{f"meta.{k}": {"$in": v} for k, v in self.tags.items()}}
+            return {
+                "sensor_id": {"$in": self.sensor_ids},
+                **{f"tags.{k}": {"$in": v} for k, v in self.tags.items()},
+            }
+        return {
+            "meta.sensor_id": {"$in": self.sensor_ids},
+            **{f"meta.{k}": {"$in": v} for k, v in self.tags.items()},
+        }
 
 
 def to_ms(ts: datetime) -> int:
@@ -162,10 +166,15 @@ def _bin(field: str, step_ms: int) -> dict[str, Any]:
 
 def _numeric(field: str) -> dict[str, Any]:
     """A value as a number: numbers as they are, booleans as 0/1, anything else null."""
-    return {"$switch": {"branches": [
-        {"case": {"$isNumber": field}, "then": field},
-        {"case": {"$eq": [{"$type": field}, "bool"]}, "then": {"$cond": [field, 1, 0]}},
-    ], "default": None}}
+    return {
+        "$switch": {
+            "branches": [
+                {"case": {"$isNumber": field}, "then": field},
+                {"case": {"$eq": [{"$type": field}, "bool"]}, "then": {"$cond": [field, 1, 0]}},
+            ],
+            "default": None,
+        }
+    }
 
 
 def literal(value: Any) -> dict[str, Any]:  # noqa: ANN401 - any stored value
@@ -184,8 +193,9 @@ def _keys(expr: Any) -> dict[str, Any]:  # noqa: ANN401 - any object expression
 
 def _union(expr: str | dict[str, Any]) -> dict[str, Any]:
     """The union of an array of arrays."""
-    return {"$reduce": {"input": expr, "initialValue": [],
-                        "in": {"$setUnion": ["$$value", "$$this"]}}}
+    return {
+        "$reduce": {"input": expr, "initialValue": [], "in": {"$setUnion": ["$$value", "$$this"]}}
+    }
 
 
 def _in_window(field: str, since: datetime, until: datetime) -> dict[str, Any]:
@@ -194,8 +204,10 @@ def _in_window(field: str, since: datetime, until: datetime) -> dict[str, Any]:
 
 # -- sensors ------------------------------------------------------------------------------
 
-def sensors(layout: Layout, since: datetime, until: datetime, after: SeriesKey | None,
-            limit: int) -> Pipeline:
+
+def sensors(
+    layout: Layout, since: datetime, until: datetime, after: SeriesKey | None, limit: int
+) -> Pipeline:
     """Series with readings in ``[since, until)``, in series order, ``limit + 1`` of them.
 
     Only series after ``after`` (the previous page's last).
@@ -209,58 +221,126 @@ def _series_after(after: SeriesKey | None) -> Pipeline:
     """Groups ``{_id: {s, tags}}`` after a series (``$expr``: an object compared as a value)."""
     if after is None:
         return []
-    return [{"$match": {"$or": [
-        {"_id.s": {"$gt": after.sensor_id}},
-        {"_id.s": after.sensor_id,
-         "$expr": {"$gt": ["$_id.tags", literal(after.tag_dict)]}}]}}]
+    return [
+        {
+            "$match": {
+                "$or": [
+                    {"_id.s": {"$gt": after.sensor_id}},
+                    {
+                        "_id.s": after.sensor_id,
+                        "$expr": {"$gt": ["$_id.tags", literal(after.tag_dict)]},
+                    },
+                ]
+            }
+        }
+    ]
 
 
-def _sensors_bucket(span: int, since: datetime, until: datetime, after: SeriesKey | None,
-                    limit: int) -> Pipeline:
+def _sensors_bucket(
+    span: int, since: datetime, until: datetime, after: SeriesKey | None, limit: int
+) -> Pipeline:
     match: dict[str, Any] = {"bucket_start": {"$gte": floor_to(since, span), "$lt": until}}
     if after is not None:
         match["sensor_id"] = {"$gte": after.sensor_id}
-    inside = {"$filter": {"input": "$readings", "as": "r",
-                          "cond": _in_window("$$r.ts", since, until)}}
+    inside = {
+        "$filter": {"input": "$readings", "as": "r", "cond": _in_window("$$r.ts", since, until)}
+    }
     return [
         {"$match": match},
-        {"$project": {"_id": 0, "sensor_id": 1, "tags": 1, "units": 1, "info": 1,
-                      "r": inside}},
+        {"$project": {"_id": 0, "sensor_id": 1, "tags": 1, "units": 1, "info": 1, "r": inside}},
         {"$match": {"r.0": {"$exists": True}}},
-        {"$project": {
-            "sensor_id": 1, "tags": 1, "units": 1, "info": 1, "n": {"$size": "$r"},
-            "last": {"$reduce": {"input": "$r", "initialValue": None,
-                                 "in": {"$max": ["$$value", "$$this.ts"]}}},
-            "names": {"$reduce": {"input": "$r", "initialValue": [],
-                                  "in": {"$setUnion": ["$$value", _keys("$$this")]}}},
-        }},
-        {"$group": {"_id": {"s": "$sensor_id", "tags": {"$ifNull": ["$tags", {}]}},
-                    "readings": {"$sum": "$n"}, "last_seen": {"$max": "$last"},
-                    "names": {"$push": "$names"}, "units": {"$mergeObjects": "$units"},
-                    "latest": _latest_info("$last")}},
+        {
+            "$project": {
+                "sensor_id": 1,
+                "tags": 1,
+                "units": 1,
+                "info": 1,
+                "n": {"$size": "$r"},
+                "last": {
+                    "$reduce": {
+                        "input": "$r",
+                        "initialValue": None,
+                        "in": {"$max": ["$$value", "$$this.ts"]},
+                    }
+                },
+                "names": {
+                    "$reduce": {
+                        "input": "$r",
+                        "initialValue": [],
+                        "in": {"$setUnion": ["$$value", _keys("$$this")]},
+                    }
+                },
+            }
+        },
+        {
+            "$group": {
+                "_id": {"s": "$sensor_id", "tags": {"$ifNull": ["$tags", {}]}},
+                "readings": {"$sum": "$n"},
+                "last_seen": {"$max": "$last"},
+                "names": {"$push": "$names"},
+                "units": {"$mergeObjects": "$units"},
+                "latest": _latest_info("$last"),
+            }
+        },
         *_sensor_page(after, limit),
     ]
 
 
-def _sensors_timeseries(since: datetime, until: datetime, after: SeriesKey | None,
-                        limit: int) -> Pipeline:
+def _sensors_timeseries(
+    since: datetime, until: datetime, after: SeriesKey | None, limit: int
+) -> Pipeline:
     """Documents of one series and instant are one reading: grouped by instant first."""
     match: dict[str, Any] = {"ts": {"$gte": since, "$lt": until}}
     if after is not None:
         match["meta.sensor_id"] = {"$gte": after.sensor_id}
-    tags = {"$arrayToObject": {"$filter": {"input": {"$objectToArray": "$_id"},
-                                           "cond": {"$ne": ["$$this.k", "sensor_id"]}}}}
+    tags = {
+        "$arrayToObject": {
+            "$filter": {
+                "input": {"$objectToArray": "$_id"},
+                "cond": {"$ne": ["$$this.k", "sensor_id"]},
+            }
+        }
+    }
     return [
         {"$match": match},
-        {"$project": {"_id": 0, "meta": 1, "ts": 1, "units": 1, "info": 1,
-                      "names": _keys("$$ROOT")}},
-        {"$group": {"_id": {"meta": "$meta", "ts": "$ts"}, "names": {"$push": "$names"},
-                    "units": {"$mergeObjects": "$units"}, "info": {"$mergeObjects": "$info"}}},
-        {"$group": {"_id": "$_id.meta", "readings": {"$sum": 1},
-                    "last_seen": {"$max": "$_id.ts"}, "names": {"$push": _union("$names")},
-                    "units": {"$mergeObjects": "$units"}, "latest": _latest_info("$_id.ts")}},
-        {"$project": {"_id": {"s": "$_id.sensor_id", "tags": tags}, "readings": 1,
-                      "last_seen": 1, "names": 1, "units": 1, "latest": 1}},
+        {
+            "$project": {
+                "_id": 0,
+                "meta": 1,
+                "ts": 1,
+                "units": 1,
+                "info": 1,
+                "names": _keys("$$ROOT"),
+            }
+        },
+        {
+            "$group": {
+                "_id": {"meta": "$meta", "ts": "$ts"},
+                "names": {"$push": "$names"},
+                "units": {"$mergeObjects": "$units"},
+                "info": {"$mergeObjects": "$info"},
+            }
+        },
+        {
+            "$group": {
+                "_id": "$_id.meta",
+                "readings": {"$sum": 1},
+                "last_seen": {"$max": "$_id.ts"},
+                "names": {"$push": _union("$names")},
+                "units": {"$mergeObjects": "$units"},
+                "latest": _latest_info("$_id.ts"),
+            }
+        },
+        {
+            "$project": {
+                "_id": {"s": "$_id.sensor_id", "tags": tags},
+                "readings": 1,
+                "last_seen": 1,
+                "names": 1,
+                "units": 1,
+                "latest": 1,
+            }
+        },
         *_sensor_page(after, limit),
     ]
 
@@ -280,8 +360,16 @@ def _sensor_page(after: SeriesKey | None, limit: int) -> Pipeline:
         *_series_after(after),
         {"$sort": {"_id.s": 1, "_id.tags": 1}},
         {"$limit": limit + 1},
-        {"$project": {"_id": 1, "readings": 1, "last_seen": 1, "units": 1,
-                      "info": "$latest.info", "names": _union("$names")}},
+        {
+            "$project": {
+                "_id": 1,
+                "readings": 1,
+                "last_seen": 1,
+                "units": 1,
+                "info": "$latest.info",
+                "names": _union("$names"),
+            }
+        },
     ]
 
 
@@ -295,25 +383,39 @@ def sensor_answer(doc: dict[str, Any]) -> dict[str, Any]:
     key = sensor_key(doc)
     units = doc.get("units") or {}
     measurements = sorted(set(doc["names"]) - NOT_MEASUREMENTS)
-    return {"sensor_id": key.sensor_id, "tags": key.tag_dict, "label": label(key),
-            "last_seen": iso(doc["last_seen"]), "readings": int(doc["readings"]),
-            "measurements": measurements,
-            "units": {m: units[m] for m in measurements if m in units},
-            "info": dict(sorted((doc.get("info") or {}).items()))}
+    return {
+        "sensor_id": key.sensor_id,
+        "tags": key.tag_dict,
+        "label": label(key),
+        "last_seen": iso(doc["last_seen"]),
+        "readings": int(doc["readings"]),
+        "measurements": measurements,
+        "units": {m: units[m] for m in measurements if m in units},
+        "info": dict(sorted((doc.get("info") or {}).items())),
+    }
 
 
 # -- readings -----------------------------------------------------------------------------
 
-def readings(layout: Layout, selection: Selection, since: datetime, until: datetime,
-             measurements: list[str], cursor: Cursor | None, limit: int) -> Pipeline:
+
+def readings(
+    layout: Layout,
+    selection: Selection,
+    since: datetime,
+    until: datetime,
+    measurements: list[str],
+    cursor: Cursor | None,
+    limit: int,
+) -> Pipeline:
     """Stored rows of the selected series in ``[since, until)``, by series then time.
 
     At most ``limit`` of them, after ``cursor``. A bucket row is one reading; time-series
     rows (documents) of one instant follow each other by ``_id``, for :func:`merge_rows`.
     """
     if layout.bucket:
-        return _readings_bucket(layout.span_seconds, selection, since, until, measurements,
-                                cursor, limit)
+        return _readings_bucket(
+            layout.span_seconds, selection, since, until, measurements, cursor, limit
+        )
     return _readings_timeseries(selection, since, until, measurements, cursor, limit)
 
 
@@ -323,20 +425,35 @@ def _has_any(prefix: str, measurements: list[str]) -> dict[str, Any]:
     return {"$or": [{f"{prefix}{m}": {"$exists": True}} for m in measurements]}
 
 
-def _readings_bucket(span: int, selection: Selection, since: datetime, until: datetime,
-                     measurements: list[str], cursor: Cursor | None, limit: int) -> Pipeline:
-    first = {**selection.match(Layout("bucket", span)),
-             "bucket_start": {"$gte": floor_to(since, span), "$lt": until}}
+def _readings_bucket(
+    span: int,
+    selection: Selection,
+    since: datetime,
+    until: datetime,
+    measurements: list[str],
+    cursor: Cursor | None,
+    limit: int,
+) -> Pipeline:
+    first = {
+        **selection.match(Layout("bucket", span)),
+        "bucket_start": {"$gte": floor_to(since, span), "$lt": until},
+    }
     second: dict[str, Any] = {"readings.ts": {"$gte": since, "$lt": until}}
     conditions = [c for c in (_has_any("readings.", measurements),) if c]
     if cursor is not None:
         key = cursor.series
         tags = literal(key.tag_dict)
         same = {"sensor_id": key.sensor_id, "$expr": {"$eq": ["$tags", tags]}}
-        later = [{"sensor_id": {"$gt": key.sensor_id}},
-                 {"sensor_id": key.sensor_id, "$expr": {"$gt": ["$tags", tags]}}]
-        first = {"$and": [first, {"$or": [
-            {**same, "bucket_start": {"$gte": floor_to(cursor.ts, span)}}, *later]}]}
+        later = [
+            {"sensor_id": {"$gt": key.sensor_id}},
+            {"sensor_id": key.sensor_id, "$expr": {"$gt": ["$tags", tags]}},
+        ]
+        first = {
+            "$and": [
+                first,
+                {"$or": [{**same, "bucket_start": {"$gte": floor_to(cursor.ts, span)}}, *later]},
+            ]
+        }
         conditions.append({"$or": [{**same, "readings.ts": {"$gt": cursor.ts}}, *later]})
     if conditions:
         second = {"$and": [second, *conditions]}
@@ -347,22 +464,38 @@ def _readings_bucket(span: int, selection: Selection, since: datetime, until: da
         {"$match": second},
         {"$sort": {"sensor_id": 1, "tags": 1, "readings.ts": 1}},
         {"$limit": limit},
-        {"$replaceWith": {"$mergeObjects": ["$readings", {"sensor_id": "$sensor_id",
-                                                          "tags": "$tags"}]}},
+        {
+            "$replaceWith": {
+                "$mergeObjects": ["$readings", {"sensor_id": "$sensor_id", "tags": "$tags"}]
+            }
+        },
     ]
 
 
-def _readings_timeseries(selection: Selection, since: datetime, until: datetime,
-                         measurements: list[str], cursor: Cursor | None, limit: int
-                         ) -> Pipeline:
-    match: dict[str, Any] = {**selection.match(Layout("timeseries")),
-                             "ts": {"$gte": since, "$lt": until}}
+def _readings_timeseries(
+    selection: Selection,
+    since: datetime,
+    until: datetime,
+    measurements: list[str],
+    cursor: Cursor | None,
+    limit: int,
+) -> Pipeline:
+    match: dict[str, Any] = {
+        **selection.match(Layout("timeseries")),
+        "ts": {"$gte": since, "$lt": until},
+    }
     conditions = [c for c in (_has_any("", measurements),) if c]
     if cursor is not None:
         meta = literal(cursor.series.meta)
-        conditions += [{"meta.sensor_id": {"$gte": cursor.series.sensor_id}}, {"$or": [
-            {"ts": {"$gt": cursor.ts}, "$expr": {"$eq": ["$meta", meta]}},
-            {"$expr": {"$gt": ["$meta", meta]}}]}]
+        conditions += [
+            {"meta.sensor_id": {"$gte": cursor.series.sensor_id}},
+            {
+                "$or": [
+                    {"ts": {"$gt": cursor.ts}, "$expr": {"$eq": ["$meta", meta]}},
+                    {"$expr": {"$gt": ["$meta", meta]}},
+                ]
+            },
+        ]
     if conditions:
         match = {"$and": [match, *conditions]}
     return [
@@ -379,8 +512,9 @@ def row_key(row: dict[str, Any]) -> tuple[SeriesKey, int]:
     return series_key(row["sensor_id"], row.get("tags")), to_ms(row["ts"])
 
 
-def merge_rows(rows: list[dict[str, Any]], complete: bool
-               ) -> list[tuple[SeriesKey, int, dict[str, Any]]]:
+def merge_rows(
+    rows: list[dict[str, Any]], complete: bool
+) -> list[tuple[SeriesKey, int, dict[str, Any]]]:
     """Rows of one series and instant merged into one reading, in order.
 
     A field held by several rows is taken from the first (rows of one instant come by
@@ -401,14 +535,12 @@ def merge_rows(rows: list[dict[str, Any]], complete: bool
     return out
 
 
-def reading_answer(key: SeriesKey, doc: dict[str, Any], measurements: list[str]
-                   ) -> dict[str, Any]:
+def reading_answer(key: SeriesKey, doc: dict[str, Any], measurements: list[str]) -> dict[str, Any]:
     """One entry of the readings answer: series, time, seq if any, values."""
     values = {k: v for k, v in doc.items() if k not in NOT_MEASUREMENTS}
     if measurements:
         values = {m: values[m] for m in measurements if m in values}
-    out: dict[str, Any] = {"sensor_id": key.sensor_id, "tags": key.tag_dict,
-                           "ts": iso(doc["ts"])}
+    out: dict[str, Any] = {"sensor_id": key.sensor_id, "tags": key.tag_dict, "ts": iso(doc["ts"])}
     if doc.get("seq") is not None:
         out["seq"] = doc["seq"]
     out["values"] = dict(sorted(values.items()))
@@ -425,10 +557,19 @@ def first_seqs(keys: list[tuple[SeriesKey, int]]) -> Pipeline:
     for key, ms in keys:
         by_series.setdefault(key, []).append(from_ms(ms))
     return [
-        {"$match": {"seq": {"$exists": True}, "$or": [
-            {"meta.sensor_id": key.sensor_id, "ts": {"$in": times},
-             "$expr": {"$eq": ["$meta", literal(key.meta)]}}
-            for key, times in by_series.items()]}},
+        {
+            "$match": {
+                "seq": {"$exists": True},
+                "$or": [
+                    {
+                        "meta.sensor_id": key.sensor_id,
+                        "ts": {"$in": times},
+                        "$expr": {"$eq": ["$meta", literal(key.meta)]},
+                    }
+                    for key, times in by_series.items()
+                ],
+            }
+        },
         {"$sort": {"_id": 1}},
         {"$group": {"_id": {"meta": "$meta", "ts": "$ts"}, "seq": {"$first": "$seq"}}},
     ]
@@ -436,13 +577,20 @@ def first_seqs(keys: list[tuple[SeriesKey, int]]) -> Pipeline:
 
 # -- series -------------------------------------------------------------------------------
 
+
 def uses_stats(layout: Layout, step_ms: int) -> bool:
     """Whether a series of this step can be summed from bucket statistics."""
     return layout.bucket and step_ms % (layout.span_seconds * 1000) == 0
 
 
-def series(layout: Layout, selection: Selection, measurements: list[str],
-           since: datetime, until: datetime, step_ms: int) -> Pipeline:
+def series(
+    layout: Layout,
+    selection: Selection,
+    measurements: list[str],
+    since: datetime,
+    until: datetime,
+    step_ms: int,
+) -> Pipeline:
     """Per series and step: count, sum, min and max of each measurement (``m<i>_*``).
 
     ``since`` and ``until`` must be whole steps (see :func:`floor_to`, :func:`ceil_ms`).
@@ -454,15 +602,23 @@ def series(layout: Layout, selection: Selection, measurements: list[str],
         return _series_stats(selection, measurements, since, until, step_ms)
     if layout.bucket:
         head: Pipeline = [
-            {"$match": {**selection.match(layout),
-                        "bucket_start": {"$gte": floor_to(since, layout.span_seconds),
-                                         "$lt": until}}},
+            {
+                "$match": {
+                    **selection.match(layout),
+                    "bucket_start": {"$gte": floor_to(since, layout.span_seconds), "$lt": until},
+                }
+            },
             {"$project": {"_id": 0, "sensor_id": 1, "tags": 1, "readings": 1, "units": 1}},
             {"$unwind": "$readings"},
             {"$match": {"readings.ts": {"$gte": since, "$lt": until}}},
-            {"$replaceWith": {"$mergeObjects": ["$readings", {"sensor_id": "$sensor_id",
-                                                              "tags": "$tags",
-                                                              "units": "$units"}]}},
+            {
+                "$replaceWith": {
+                    "$mergeObjects": [
+                        "$readings",
+                        {"sensor_id": "$sensor_id", "tags": "$tags", "units": "$units"},
+                    ]
+                }
+            },
         ]
     else:
         head = [
@@ -474,37 +630,60 @@ def series(layout: Layout, selection: Selection, measurements: list[str],
     group: dict[str, Any] = {"_id": {"s": "$sensor_id", "tags": "$tags", "t": "$t"}}
     for i in range(len(measurements)):
         v = f"$v{i}"
-        group |= {f"m{i}_count": {"$sum": {"$cond": [{"$isNumber": v}, 1, 0]}},
-                  f"m{i}_sum": {"$sum": v}, f"m{i}_min": {"$min": v},
-                  f"m{i}_max": {"$max": v}, f"m{i}_unit": {"$max": f"$u{i}"}}
+        group |= {
+            f"m{i}_count": {"$sum": {"$cond": [{"$isNumber": v}, 1, 0]}},
+            f"m{i}_sum": {"$sum": v},
+            f"m{i}_min": {"$min": v},
+            f"m{i}_max": {"$max": v},
+            f"m{i}_unit": {"$max": f"$u{i}"},
+        }
     return [
         *head,
-        {"$project": {"_id": 0, "sensor_id": 1, "tags": 1, "t": _bin("$ts", step_ms),
-                      **values, **units}},
+        {
+            "$project": {
+                "_id": 0,
+                "sensor_id": 1,
+                "tags": 1,
+                "t": _bin("$ts", step_ms),
+                **values,
+                **units,
+            }
+        },
         {"$group": group},
         {"$sort": {"_id.s": 1, "_id.tags": 1, "_id.t": 1}},
     ]
 
 
-def _series_stats(selection: Selection, measurements: list[str], since: datetime,
-                  until: datetime, step_ms: int) -> Pipeline:
-    group: dict[str, Any] = {"_id": {"s": "$sensor_id", "tags": "$tags",
-                                     "t": _bin("$bucket_start", step_ms)}}
+def _series_stats(
+    selection: Selection, measurements: list[str], since: datetime, until: datetime, step_ms: int
+) -> Pipeline:
+    group: dict[str, Any] = {
+        "_id": {"s": "$sensor_id", "tags": "$tags", "t": _bin("$bucket_start", step_ms)}
+    }
     for i, m in enumerate(measurements):
         stats = f"$stats.{m}"
-        group |= {f"m{i}_count": {"$sum": f"{stats}.count"}, f"m{i}_sum": {"$sum": f"{stats}.sum"},
-                  f"m{i}_min": {"$min": f"{stats}.min"}, f"m{i}_max": {"$max": f"{stats}.max"},
-                  f"m{i}_unit": {"$max": f"$units.{m}"}}
+        group |= {
+            f"m{i}_count": {"$sum": f"{stats}.count"},
+            f"m{i}_sum": {"$sum": f"{stats}.sum"},
+            f"m{i}_min": {"$min": f"{stats}.min"},
+            f"m{i}_max": {"$max": f"{stats}.max"},
+            f"m{i}_unit": {"$max": f"$units.{m}"},
+        }
     return [
-        {"$match": {**selection.match(Layout("bucket")),
-                    "bucket_start": {"$gte": since, "$lt": until}}},
+        {
+            "$match": {
+                **selection.match(Layout("bucket")),
+                "bucket_start": {"$gte": since, "$lt": until},
+            }
+        },
         {"$group": group},
         {"$sort": {"_id.s": 1, "_id.tags": 1, "_id.t": 1}},
     ]
 
 
-def series_answer(docs: list[dict[str, Any]], sensor_ids: list[str], measurements: list[str]
-                  ) -> list[dict[str, Any]]:
+def series_answer(
+    docs: list[dict[str, Any]], sensor_ids: list[str], measurements: list[str]
+) -> list[dict[str, Any]]:
     """Group rows into one series per series (sensor and tags) and measurement with data.
 
     Sensors come in the order asked for, the series of one sensor in series order, then
@@ -513,9 +692,13 @@ def series_answer(docs: list[dict[str, Any]], sensor_ids: list[str], measurement
     """
     points: dict[tuple[SeriesKey, int], list[dict[str, Any]]] = {}
     units: dict[tuple[SeriesKey, int], str] = {}
-    for doc in sorted(docs, key=lambda d: (series_order(series_key(d["_id"]["s"],
-                                                                   d["_id"]["tags"])),
-                                           to_ms(d["_id"]["t"]))):
+    for doc in sorted(
+        docs,
+        key=lambda d: (
+            series_order(series_key(d["_id"]["s"], d["_id"]["tags"])),
+            to_ms(d["_id"]["t"]),
+        ),
+    ):
         key, t = series_key(doc["_id"]["s"], doc["_id"]["tags"]), iso(doc["_id"]["t"])
         for i in range(len(measurements)):
             count = doc.get(f"m{i}_count") or 0
@@ -525,16 +708,33 @@ def series_answer(docs: list[dict[str, Any]], sensor_ids: list[str], measurement
             if isinstance(unit, str):
                 units[key, i] = max(unit, units.get((key, i), unit))
             total = doc[f"m{i}_sum"]
-            points.setdefault((key, i), []).append({
-                "t": t, "count": int(count), "min": _plain(doc[f"m{i}_min"]),
-                "avg": total / count, "max": _plain(doc[f"m{i}_max"]),
-            })
+            points.setdefault((key, i), []).append(
+                {
+                    "t": t,
+                    "count": int(count),
+                    "min": _plain(doc[f"m{i}_min"]),
+                    "avg": total / count,
+                    "max": _plain(doc[f"m{i}_max"]),
+                }
+            )
     rank = {s: n for n, s in enumerate(sensor_ids)}
-    keys = sorted({key for key, _ in points},
-                  key=lambda k: (rank.get(k.sensor_id, len(rank)), series_order(k)))
-    return [{"sensor_id": k.sensor_id, "tags": k.tag_dict, "label": label(k),
-             "measurement": m, "unit": units.get((k, i)), "points": points[k, i]}
-            for k in keys for i, m in enumerate(measurements) if (k, i) in points]
+    keys = sorted(
+        {key for key, _ in points},
+        key=lambda k: (rank.get(k.sensor_id, len(rank)), series_order(k)),
+    )
+    return [
+        {
+            "sensor_id": k.sensor_id,
+            "tags": k.tag_dict,
+            "label": label(k),
+            "measurement": m,
+            "unit": units.get((k, i)),
+            "points": points[k, i],
+        }
+        for k in keys
+        for i, m in enumerate(measurements)
+        if (k, i) in points
+    ]
 
 
 def _plain(value: Any) -> Any:  # noqa: ANN401 - a stored number or boolean
@@ -544,14 +744,24 @@ def _plain(value: Any) -> Any:  # noqa: ANN401 - a stored number or boolean
 
 # -- rejects ------------------------------------------------------------------------------
 
+
 def rejects(since: datetime, limit: int) -> Pipeline:
     """The latest rejections since ``since``, newest first (no payload excerpts)."""
     return [
         {"$match": {"at": {"$gte": since}}},
         {"$sort": {"at": -1}},
         {"$limit": limit},
-        {"$project": {"_id": 0, "at": 1, "mode": 1, "topic": 1, "reason": 1, "detail": 1,
-                      "payload_bytes": 1}},
+        {
+            "$project": {
+                "_id": 0,
+                "at": 1,
+                "mode": 1,
+                "topic": 1,
+                "reason": 1,
+                "detail": 1,
+                "payload_bytes": 1,
+            }
+        },
     ]
 
 

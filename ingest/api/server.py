@@ -73,15 +73,13 @@ type Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Routes anyone may reach: the page and its files hold no data, the health checks say
 # nothing about it, and the login is how the page gets a session. Everything else (the
 # /api/ routes, /openapi.json, /metrics, and unknown paths) needs a token.
-OPEN_ROUTES = frozenset({"page", "static", "health", "health-ready", "login", "logout",
-                         "session"})
+OPEN_ROUTES = frozenset({"page", "static", "health", "health-ready", "login", "logout", "session"})
 QUERY_ROUTES = frozenset({"sensors", "readings", "series", "rejects"})  # run MongoDB queries
 
 
 def json_response(body: object, status: int = 200) -> web.Response:
     """A JSON answer (orjson)."""
-    return web.Response(body=orjson.dumps(body), status=status,
-                        content_type="application/json")
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
 
 
 def json_error(status: int, message: str, parameter: str | None = None) -> web.Response:
@@ -95,9 +93,13 @@ def json_error(status: int, message: str, parameter: str | None = None) -> web.R
 class ReadApi:
     """The handlers over one collection (one layout) and the rejects collection."""
 
-    def __init__(self, settings: ApiSettings, client: AsyncMongoClient[dict[str, Any]],
-                 metrics: ApiMetrics | None = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+    def __init__(
+        self,
+        settings: ApiSettings,
+        client: AsyncMongoClient[dict[str, Any]],
+        metrics: ApiMetrics | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.settings = settings
         self.client = client
         db = client[settings.db]
@@ -155,8 +157,7 @@ class ReadApi:
         endpoint = "health" if route.startswith("health") else route
         endpoint = endpoint if endpoint in API_ENDPOINTS else "other"
         klass = "5xx" if status >= 500 else "4xx" if status >= 400 else "2xx"
-        self.metrics.request_seconds.labels(endpoint, klass).observe(
-            time.perf_counter() - start)
+        self.metrics.request_seconds.labels(endpoint, klass).observe(time.perf_counter() - start)
         return response
 
     @web.middleware
@@ -174,9 +175,12 @@ class ReadApi:
         key = f"token {caller}" if caller is not None else f"address {request.remote}"
         if not self.slots.take(key):
             limit = self.slots.limit
-            response = json_error(429, f"{limit} queries of this caller are running "
-                                       f"(--api-max-concurrent-queries {limit}): retry "
-                                       "when one has answered")
+            response = json_error(
+                429,
+                f"{limit} queries of this caller are running "
+                f"(--api-max-concurrent-queries {limit}): retry "
+                "when one has answered",
+            )
             response.headers["Retry-After"] = "1"
             return response
         try:
@@ -199,10 +203,17 @@ class ReadApi:
         """401 without data, with the challenge of RFC 6750."""
         presented = "Authorization" in request.headers or COOKIE in request.cookies
         if presented:
-            logger.info("refused %s %s from %s: unknown token or expired session",
-                        request.method, request.path, request.remote)
-        response = json_error(401, "this API needs a token: Authorization: Bearer <token> "
-                                   "(a token of its --api-tokens-file), or the page's login")
+            logger.info(
+                "refused %s %s from %s: unknown token or expired session",
+                request.method,
+                request.path,
+                request.remote,
+            )
+        response = json_error(
+            401,
+            "this API needs a token: Authorization: Bearer <token> "
+            "(a token of its --api-tokens-file), or the page's login",
+        )
         challenge = 'Bearer realm="ingest api"'
         if "Authorization" in request.headers:
             challenge += ', error="invalid_token"'
@@ -215,8 +226,9 @@ class ReadApi:
         if refused is not None:
             return refused
         if not self.tokens:
-            return json_error(400, "this API takes no tokens (no --api-tokens-file): "
-                                   "nothing to log in to")
+            return json_error(
+                400, "this API takes no tokens (no --api-tokens-file): nothing to log in to"
+            )
         form = await request.post()
         token = form.get("token")
         name = self.tokens.name_of(token.strip()) if isinstance(token, str) else None
@@ -231,9 +243,15 @@ class ReadApi:
             response = json_response({"name": name})
         else:  # the form without JavaScript: back to the page
             response = web.Response(status=303, headers={"Location": "./"})
-        response.set_cookie(COOKIE, session, path="/", httponly=True, samesite="Strict",
-                            secure=request.secure,
-                            max_age=int(self.settings.session_hours * 3600))
+        response.set_cookie(
+            COOKIE,
+            session,
+            path="/",
+            httponly=True,
+            samesite="Strict",
+            secure=request.secure,
+            max_age=int(self.settings.session_hours * 3600),
+        )
         return response
 
     async def session(self, request: web.Request) -> web.Response:
@@ -260,9 +278,14 @@ class ReadApi:
         origin = request.headers.get("Origin", "")
         if origin and urlsplit(origin).netloc.lower() == request.host.lower():
             return None
-        logger.warning("refused %s %s from %s: Origin %r is not this API's (%s)",
-                       request.method, request.path, request.remote, origin[:100],
-                       request.host[:100])
+        logger.warning(
+            "refused %s %s from %s: Origin %r is not this API's (%s)",
+            request.method,
+            request.path,
+            request.remote,
+            origin[:100],
+            request.host[:100],
+        )
         return json_error(403, "the Origin of this request is not this API's own address")
 
     def params(self, request: web.Request, endpoint: str) -> Params:
@@ -272,11 +295,17 @@ class ReadApi:
         for pair in request.rel_url.raw_query_string.split("&"):
             name, _, value = pair.partition("=")
             raw.setdefault(unquote_plus(name), []).append(value)
-        return Params(query, lambda name: query.getall(name, []), self.clock(),
-                      ENDPOINT_PARAMETERS[endpoint], raw=lambda name: raw.get(name, []))
+        return Params(
+            query,
+            lambda name: query.getall(name, []),
+            self.clock(),
+            ENDPOINT_PARAMETERS[endpoint],
+            raw=lambda name: raw.get(name, []),
+        )
 
-    async def aggregate(self, collection: AsyncCollection[dict[str, Any]],
-                        pipeline: Pipeline) -> list[dict[str, Any]]:
+    async def aggregate(
+        self, collection: AsyncCollection[dict[str, Any]], pipeline: Pipeline
+    ) -> list[dict[str, Any]]:
         """Run a pipeline with the query time limit, on the server and here."""
         async with asyncio.timeout(self.settings.query_timeout + 1):
             cursor = await collection.aggregate(pipeline, maxTimeMS=self._max_time_ms)
@@ -288,15 +317,19 @@ class ReadApi:
         since, until = p.window(timedelta(hours=24))
         limit = p.limit(*LIMITS["sensors"])
         after = p.sensor_cursor()
-        docs = await self.aggregate(self.collection,
-                                    read_queries.sensors(self.layout, since, until, after, limit))
+        docs = await self.aggregate(
+            self.collection, read_queries.sensors(self.layout, since, until, after, limit)
+        )
         more = len(docs) > limit
         docs = docs[:limit]
-        return json_response({
-            "since": read_queries.iso(since), "until": read_queries.iso(until),
-            "sensors": [read_queries.sensor_answer(d) for d in docs],
-            "next": encode_cursor("s", *last_series(docs)) if more else None,
-        })
+        return json_response(
+            {
+                "since": read_queries.iso(since),
+                "until": read_queries.iso(until),
+                "sensors": [read_queries.sensor_answer(d) for d in docs],
+                "next": encode_cursor("s", *last_series(docs)) if more else None,
+            }
+        )
 
     async def readings(self, request: web.Request) -> web.Response:
         """``GET /api/readings?sensor&tag&since&until&measurement&limit&cursor``."""
@@ -312,8 +345,12 @@ class ReadApi:
         entries: list[tuple[read_queries.SeriesKey, int, dict[str, Any]]] = []
         fetch = limit + 2
         while True:
-            rows = await self.aggregate(self.collection, read_queries.readings(
-                self.layout, selection, since, until, measurements, after, fetch))
+            rows = await self.aggregate(
+                self.collection,
+                read_queries.readings(
+                    self.layout, selection, since, until, measurements, after, fetch
+                ),
+            )
             complete = len(rows) < fetch
             merged = read_queries.merge_rows(rows, complete)
             entries += merged
@@ -326,21 +363,35 @@ class ReadApi:
         if measurements and not self.layout.bucket and page:
             await self._first_seqs(page)
         more = len(entries) > limit
-        return json_response({
-            "since": read_queries.iso(since), "until": read_queries.iso(until),
-            "readings": [read_queries.reading_answer(key, doc, measurements)
-                         for key, _, doc in page],
-            "next": (encode_cursor("r", page[-1][0].sensor_id, page[-1][0].tag_dict,
-                                   page[-1][1]) if more else None),
-        })
+        return json_response(
+            {
+                "since": read_queries.iso(since),
+                "until": read_queries.iso(until),
+                "readings": [
+                    read_queries.reading_answer(key, doc, measurements) for key, _, doc in page
+                ],
+                "next": (
+                    encode_cursor("r", page[-1][0].sensor_id, page[-1][0].tag_dict, page[-1][1])
+                    if more
+                    else None
+                ),
+            }
+        )
 
-    async def _first_seqs(self, page: list[tuple[read_queries.SeriesKey, int, dict[str, Any]]]
-                          ) -> None:
+    async def _first_seqs(
+        self, page: list[tuple[read_queries.SeriesKey, int, dict[str, Any]]]
+    ) -> None:
         """Set each reading's ``seq`` from its first document holding one (time-series)."""
-        found = await self.aggregate(self.collection,
-                                     read_queries.first_seqs([(k, ms) for k, ms, _ in page]))
-        seqs = {(read_queries.series_key(d["_id"]["meta"]["sensor_id"], d["_id"]["meta"]),
-                 read_queries.to_ms(d["_id"]["ts"])): d["seq"] for d in found}
+        found = await self.aggregate(
+            self.collection, read_queries.first_seqs([(k, ms) for k, ms, _ in page])
+        )
+        seqs = {
+            (
+                read_queries.series_key(d["_id"]["meta"]["sensor_id"], d["_id"]["meta"]),
+                read_queries.to_ms(d["_id"]["ts"]),
+            ): d["seq"]
+            for d in found
+        }
         for key, ms, doc in page:
             seq = seqs.get((key, ms))
             if seq is None:
@@ -360,25 +411,37 @@ class ReadApi:
         steps = (read_queries.to_ms(high) - read_queries.to_ms(low)) // step_ms
         points = steps * len(sensor_ids) * len(measurements)
         if points > MAX_POINTS:
-            raise ParamError("step", f"the answer would hold up to {points} points "
-                                     f"({steps} steps x {len(sensor_ids)} sensors x "
-                                     f"{len(measurements)} measurements); at most "
-                                     f"{MAX_POINTS}: use a longer step or a shorter window")
+            raise ParamError(
+                "step",
+                f"the answer would hold up to {points} points "
+                f"({steps} steps x {len(sensor_ids)} sensors x "
+                f"{len(measurements)} measurements); at most "
+                f"{MAX_POINTS}: use a longer step or a shorter window",
+            )
         source = "stats" if read_queries.uses_stats(self.layout, step_ms) else "readings"
-        docs = await self.aggregate(self.collection, read_queries.series(
-            self.layout, selection, measurements, low, high, step_ms))
+        docs = await self.aggregate(
+            self.collection,
+            read_queries.series(self.layout, selection, measurements, low, high, step_ms),
+        )
         answer = read_queries.series_answer(docs, sensor_ids, measurements)
         held = sum(len(s["points"]) for s in answer)
         if held > MAX_POINTS:  # sensors of many series: more than one series each
-            raise ParamError("step", f"the answer holds {held} points ({len(answer)} "
-                                     f"series x measurements); at most {MAX_POINTS}: use a "
-                                     "longer step, a shorter window or select series by tag")
+            raise ParamError(
+                "step",
+                f"the answer holds {held} points ({len(answer)} "
+                f"series x measurements); at most {MAX_POINTS}: use a "
+                "longer step, a shorter window or select series by tag",
+            )
         self.metrics.series_source.labels(source).inc()
-        return json_response({
-            "since": read_queries.iso(low), "until": read_queries.iso(high),
-            "step_seconds": step_ms / 1000,
-            "source": source, "series": answer,
-        })
+        return json_response(
+            {
+                "since": read_queries.iso(low),
+                "until": read_queries.iso(high),
+                "step_seconds": step_ms / 1000,
+                "source": source,
+                "series": answer,
+            }
+        )
 
     async def rejects_handler(self, request: web.Request) -> web.Response:
         """``GET /api/rejects?since&limit``: the latest rejections and counts by reason."""
@@ -387,23 +450,31 @@ class ReadApi:
         limit = p.limit(*LIMITS["rejects"])
         latest, reasons = await asyncio.gather(
             self.aggregate(self.rejects, read_queries.rejects(since, limit)),
-            self.aggregate(self.rejects, read_queries.reject_reasons(since)))
+            self.aggregate(self.rejects, read_queries.reject_reasons(since)),
+        )
         for doc in latest:
             doc["at"] = read_queries.iso(doc["at"])
-        return json_response({
-            "since": read_queries.iso(since), "rejects": latest,
-            "reasons": [{"reason": d["_id"], "count": d["count"]} for d in reasons],
-        })
+        return json_response(
+            {
+                "since": read_queries.iso(since),
+                "rejects": latest,
+                "reasons": [{"reason": d["_id"], "count": d["count"]} for d in reasons],
+            }
+        )
 
     async def info(self, request: web.Request) -> web.Response:
         """``GET /api/info``: what this API serves, and where the Grafana dashboard is."""
         self.params(request, "info")  # it takes none: refuse any
         s = self.settings
-        return json_response({
-            "mode": s.mode, "db": s.db, "collection": s.collection,
-            "bucket_span_seconds": s.bucket_span_seconds if s.mode == "bucket" else None,
-            "grafana_dashboard": s.grafana_url.rstrip("/") + DASHBOARD_PATH,
-        })
+        return json_response(
+            {
+                "mode": s.mode,
+                "db": s.db,
+                "collection": s.collection,
+                "bucket_span_seconds": s.bucket_span_seconds if s.mode == "bucket" else None,
+                "grafana_dashboard": s.grafana_url.rstrip("/") + DASHBOARD_PATH,
+            }
+        )
 
     async def openapi(self, _request: web.Request) -> web.Response:
         """``GET /openapi.json``: the OpenAPI description of the read API."""
@@ -438,23 +509,33 @@ class ReadApi:
         try:
             async with asyncio.timeout(5):
                 cursor = await self.collection.database.list_collections(
-                    filter={"name": self.settings.collection})
+                    filter={"name": self.settings.collection}
+                )
                 entries = await cursor.to_list()
         except (PyMongoError, TimeoutError) as exc:
-            logger.warning("cannot check %s.%s yet (%s); serving anyway", self.settings.db,
-                           self.settings.collection, type(exc).__name__)
+            logger.warning(
+                "cannot check %s.%s yet (%s); serving anyway",
+                self.settings.db,
+                self.settings.collection,
+                type(exc).__name__,
+            )
             return
         if not entries:
-            logger.warning("%s.%s does not exist yet: answers are empty until the daemon "
-                           "creates it", self.settings.db, self.settings.collection)
+            logger.warning(
+                "%s.%s does not exist yet: answers are empty until the daemon creates it",
+                self.settings.db,
+                self.settings.collection,
+            )
             return
         info = entries[0]
         timeseries = info.get("type") == "timeseries" or "timeseries" in info.get("options", {})
         if timeseries != (self.settings.mode == "timeseries"):
             kind = "a time-series" if timeseries else "a regular (bucket)"
-            raise ConfigError(f"--mode {self.settings.mode}: {self.settings.db}."
-                              f"{self.settings.collection} is {kind} collection; use --mode "
-                              f"{'timeseries' if timeseries else 'bucket'}")
+            raise ConfigError(
+                f"--mode {self.settings.mode}: {self.settings.db}."
+                f"{self.settings.collection} is {kind} collection; use --mode "
+                f"{'timeseries' if timeseries else 'bucket'}"
+            )
 
 
 def last_series(docs: list[dict[str, Any]]) -> tuple[str, dict[str, str]]:
@@ -465,8 +546,13 @@ def last_series(docs: list[dict[str, Any]]) -> tuple[str, dict[str, str]]:
 
 def api_client(settings: ApiSettings) -> AsyncMongoClient[dict[str, Any]]:
     """The driver client of the API (timezone-aware dates, its own app name)."""
-    return AsyncMongoClient(settings.mongodb_uri, tz_aware=True, appname="ingest-api",
-                            connect=False, serverSelectionTimeoutMS=5000)
+    return AsyncMongoClient(
+        settings.mongodb_uri,
+        tz_aware=True,
+        appname="ingest-api",
+        connect=False,
+        serverSelectionTimeoutMS=5000,
+    )
 
 
 def tls_context(settings: ApiSettings) -> ssl.SSLContext | None:
@@ -474,8 +560,11 @@ def tls_context(settings: ApiSettings) -> ssl.SSLContext | None:
     return server_tls_context(settings.tls_cert, settings.tls_key)
 
 
-async def serve(settings: ApiSettings, stop: asyncio.Event | None = None,
-                on_ready: Callable[[int], None] | None = None) -> None:
+async def serve(
+    settings: ApiSettings,
+    stop: asyncio.Event | None = None,
+    on_ready: Callable[[int], None] | None = None,
+) -> None:
     """Serve until ``stop`` is set (or SIGTERM/SIGINT when no event is given)."""
     if stop is None:
         stop = asyncio.Event()
@@ -490,24 +579,40 @@ async def serve(settings: ApiSettings, stop: asyncio.Event | None = None,
         runner = web.AppRunner(api.app(), access_log=None, handle_signals=False)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, settings.host, settings.port,
-                               ssl_context=tls_context(settings))
+            site = web.TCPSite(
+                runner, settings.host, settings.port, ssl_context=tls_context(settings)
+            )
             try:
                 await site.start()
             except OSError as exc:
-                raise StartupError(f"--api-port: cannot listen on {settings.host}:"
-                                   f"{settings.port} ({exc.strerror or exc}); choose another "
-                                   "port or stop what uses it") from None
+                raise StartupError(
+                    f"--api-port: cannot listen on {settings.host}:"
+                    f"{settings.port} ({exc.strerror or exc}); choose another "
+                    "port or stop what uses it"
+                ) from None
             port = int(runner.addresses[0][1])
             scheme = "https" if settings.tls_cert else "http"
-            logger.info("read API (%s mode, %s.%s) on %s://%s:%d/", settings.mode,
-                        settings.db, settings.collection, scheme, settings.host, port)
+            logger.info(
+                "read API (%s mode, %s.%s) on %s://%s:%d/",
+                settings.mode,
+                settings.db,
+                settings.collection,
+                scheme,
+                settings.host,
+                port,
+            )
             if api.tokens:
-                logger.info("%d API tokens (%s): /api/, /openapi.json and /metrics need "
-                            "one", len(api.tokens.names), ", ".join(api.tokens.names))
+                logger.info(
+                    "%d API tokens (%s): /api/, /openapi.json and /metrics need one",
+                    len(api.tokens.names),
+                    ", ".join(api.tokens.names),
+                )
             else:
-                logger.warning("no --api-tokens-file: anyone who reaches %s:%d reads the "
-                               "data", settings.host, port)
+                logger.warning(
+                    "no --api-tokens-file: anyone who reaches %s:%d reads the data",
+                    settings.host,
+                    port,
+                )
             if on_ready is not None:
                 on_ready(port)
             await stop.wait()

@@ -27,17 +27,25 @@ if TYPE_CHECKING:
 def reading_line(rule: str | None, reading: Reading) -> str:
     """One reading as the JSON line ``check`` prints."""
     line = {
-        "rule": rule, "sensor_id": reading.sensor_id,
-        "ts": reading.ts.isoformat(timespec="milliseconds"), "values": reading.values,
-        "tags": reading.tags or {}, "units": reading.units or {},
+        "rule": rule,
+        "sensor_id": reading.sensor_id,
+        "ts": reading.ts.isoformat(timespec="milliseconds"),
+        "values": reading.values,
+        "tags": reading.tags or {},
+        "units": reading.units or {},
     }
     if reading.info:
         line["info"] = reading.info
     return orjson.dumps(line).decode()
 
 
-def check(mapping: Mapping | None, topic: str, payload_arg: str,
-          limits: Limits | None = None, earlier: Sequence[tuple[str, str]] = ()) -> int:
+def check(
+    mapping: Mapping | None,
+    topic: str,
+    payload_arg: str,
+    limits: Limits | None = None,
+    earlier: Sequence[tuple[str, str]] = (),
+) -> int:
     """Decode one message and print the outcome; return the exit status.
 
     ``earlier`` (topic, payload) messages are decoded first, in order, and only leave
@@ -46,8 +54,7 @@ def check(mapping: Mapping | None, topic: str, payload_arg: str,
     limits = limits or Limits()
     for before, text in earlier:
         if mapping is not None:
-            mapping.decode(before, text.encode("utf-8", "surrogateescape"), time.time(),
-                           limits)
+            mapping.decode(before, text.encode("utf-8", "surrogateescape"), time.time(), limits)
     if payload_arg == "-":
         payload = sys.stdin.buffer.read(limits.max_message_bytes + 1)
     else:

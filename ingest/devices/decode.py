@@ -30,13 +30,13 @@ from ingest.model import (
 
 # Reasons given when a reading is written, not decoded.
 WRITE_REASONS: tuple[str, ...] = (
-    "write_rejected",     # MongoDB refused the document (validator, size...)
-    "ts_conflict",        # bucket mode: the sensor has a stored reading at that ts, other values
+    "write_rejected",  # MongoDB refused the document (validator, size...)
+    "ts_conflict",  # bucket mode: the sensor has a stored reading at that ts, other values
 )
 # Reasons only the mapping rules give (ingest/devices/mapping.py).
 MAPPING_REASONS: tuple[str, ...] = (
-    "no_rule",            # mapping rules are configured and none matches the topic
-    "bad_tag_name",       # a payload's tag without a name of its own once made safe
+    "no_rule",  # mapping rules are configured and none matches the topic
+    "bad_tag_name",  # a payload's tag without a name of its own once made safe
 )
 # Reasons given after decoding, whatever the format (ingest/devices/identity.py).
 IDENTITY_REASONS: tuple[str, ...] = (
@@ -44,20 +44,20 @@ IDENTITY_REASONS: tuple[str, ...] = (
 )
 # Every reason a reading can be rejected for; metrics initialise one series per reason.
 REASONS: tuple[str, ...] = (
-    "too_large",          # payload above --max-message-bytes, refused before parsing
-    "invalid_utf8",       # payload is not UTF-8
-    "invalid_json",       # not JSON, nested too deep, or NaN/Infinity literals
-    "bad_shape",          # JSON that is not a reading object, an array, or an envelope
-    "no_readings",        # an empty array or envelope
+    "too_large",  # payload above --max-message-bytes, refused before parsing
+    "invalid_utf8",  # payload is not UTF-8
+    "invalid_json",  # not JSON, nested too deep, or NaN/Infinity literals
+    "bad_shape",  # JSON that is not a reading object, an array, or an envelope
+    "no_readings",  # an empty array or envelope
     "too_many_readings",  # more readings in one message than --max-readings-per-message
-    "no_sensor_id",       # neither the payload nor the topic names a sensor
-    "bad_sensor_id",      # sensor id not matching the allowed pattern
-    "bad_field_name",     # a key that could address a MongoDB operator or path
-    "bad_value",          # a measurement that is not a number (strings, booleans, null...)
-    "bad_timestamp",      # ts that is not epoch seconds or ISO-8601 with an offset
-    "ts_out_of_window",   # ts too far in the past or the future
-    "bad_seq",            # seq that is not a non-negative 64-bit integer
-    "no_measurements",    # a reading with no numeric measurement
+    "no_sensor_id",  # neither the payload nor the topic names a sensor
+    "bad_sensor_id",  # sensor id not matching the allowed pattern
+    "bad_field_name",  # a key that could address a MongoDB operator or path
+    "bad_value",  # a measurement that is not a number (strings, booleans, null...)
+    "bad_timestamp",  # ts that is not epoch seconds or ISO-8601 with an offset
+    "ts_out_of_window",  # ts too far in the past or the future
+    "bad_seq",  # seq that is not a non-negative 64-bit integer
+    "no_measurements",  # a reading with no numeric measurement
     *MAPPING_REASONS,
     *IDENTITY_REASONS,
     *WRITE_REASONS,
@@ -172,8 +172,14 @@ def sensor_from_topic(topic: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[1] else None
 
 
-def decode_py(topic: str, payload: bytes, received_at: float, limits: Limits,
-              sensor: str | None = None, arrivals: Arrivals | None = None) -> Decoded:
+def decode_py(
+    topic: str,
+    payload: bytes,
+    received_at: float,
+    limits: Limits,
+    sensor: str | None = None,
+    arrivals: Arrivals | None = None,
+) -> Decoded:
     """Turn one MQTT message into readings and rejections; never raises for bad input.
 
     ``sensor`` (a mapping rule's sensor id) replaces the one taken from the topic.
@@ -242,7 +248,10 @@ def _names(keys: Any) -> str:  # noqa: ANN401 - any iterable of keys
 
 
 def _reading(
-    item: object, default_sensor: object, now: float, window: tuple[float, float],
+    item: object,
+    default_sensor: object,
+    now: float,
+    window: tuple[float, float],
     arrivals: Arrivals | None,
 ) -> Reading | tuple[str, str]:
     """Validate one reading object; return it or ``(reason, detail)``.
@@ -299,8 +308,9 @@ def _reading(
                 break
         else:
             if whole is not None:  # _timed's usual case, inline: whole milliseconds
-                return _new(Reading, (sensor, None, epoch, values, seq, whole * 1000, None,
-                                      None, None))
+                return _new(
+                    Reading, (sensor, None, epoch, values, seq, whole * 1000, None, None, None)
+                )
             return _timed(sensor, epoch, whole, values, seq)
     checked = _values(item)
     if isinstance(checked, tuple):
@@ -336,19 +346,21 @@ def _values(item: dict[str, Any]) -> dict[str, Scalar] | tuple[str, str]:
     return values
 
 
-def _timed(sensor: str, epoch: float, whole: int | None, values: dict[str, Scalar],
-           seq: int | None) -> Reading:
+def _timed(
+    sensor: str, epoch: float, whole: int | None, values: dict[str, Scalar], seq: int | None
+) -> Reading:
     """The reading, its time as BSON will store it (whole milliseconds, floored)."""
     if whole is not None:  # already whole milliseconds
-        return _new(Reading, (sensor, None, epoch, values, seq, whole * 1000, None, None,
-                              None))
+        return _new(Reading, (sensor, None, epoch, values, seq, whole * 1000, None, None, None))
     # The instant MongoDB will store: datetime's microseconds, truncated to milliseconds.
     micros = datetime.fromtimestamp(epoch, UTC).microsecond
     seconds = math.floor(epoch)
     if micros < 500_000 and epoch - seconds > 0.5:  # microseconds rounded up to a new second
         seconds += 1
-    return _new(Reading, (sensor, None, epoch, values, seq, seconds * 1000 + micros // 1000,
-                          None, None, None))
+    return _new(
+        Reading,
+        (sensor, None, epoch, values, seq, seconds * 1000 + micros // 1000, None, None, None),
+    )
 
 
 def _epoch(raw: object, now: float) -> float | None:

@@ -77,16 +77,25 @@ class DeviceStore:
         """Store what an attribute message sets (a Homie 5 description: the whole device)."""
         topic = change.topic
         when = datetime.fromtimestamp(at, UTC)
-        ident = {"domain": topic.key.split("/")[0], "homie": topic.version,
-                 "device": topic.device, "updated_at": when}
+        ident = {
+            "domain": topic.key.split("/")[0],
+            "homie": topic.version,
+            "device": topic.device,
+            "updated_at": when,
+        }
         if isinstance(change, hm.Description):
             if change.props is None:  # cleared: the device is removed
                 await self.collection.delete_one({"_id": topic.key})
                 return
-            doc = {"_id": topic.key, **ident, "version": change.version,
-                   "properties": {path: _entry(p) for path, p in change.props.items()}}
-            await self._upsert(lambda: self.collection.replace_one(
-                {"_id": topic.key}, doc, upsert=True))
+            doc = {
+                "_id": topic.key,
+                **ident,
+                "version": change.version,
+                "properties": {path: _entry(p) for path, p in change.props.items()},
+            }
+            await self._upsert(
+                lambda: self.collection.replace_one({"_id": topic.key}, doc, upsert=True)
+            )
             return
         name = f"properties.{topic.path}.{topic.attribute[1:]}"
         update: dict[str, Any] = {"$set": ident}
@@ -94,8 +103,9 @@ class DeviceStore:
             update["$unset"] = {name: ""}
         else:
             ident[name] = change.value
-        await self._upsert(lambda: self.collection.update_one(
-            {"_id": topic.key}, update, upsert=True))
+        await self._upsert(
+            lambda: self.collection.update_one({"_id": topic.key}, update, upsert=True)
+        )
 
     @staticmethod
     async def _upsert(write: Callable[[], Any]) -> None:
@@ -114,8 +124,9 @@ class DeviceStore:
 class HomieFormat:
     """The stateful ``homie`` format: :class:`~ingest.devices.formats.stateful.Stateful`."""
 
-    def __init__(self, state: hm.HomieState | None = None,
-                 store: DeviceStore | None = None) -> None:
+    def __init__(
+        self, state: hm.HomieState | None = None, store: DeviceStore | None = None
+    ) -> None:
         self.state = state or hm.HomieState()
         self.store = store  # None (dry run, ``ingest check``): memory only
         self._missed: OrderedDict[str, float] = OrderedDict()
@@ -130,8 +141,14 @@ class HomieFormat:
         """Items of one message (see :meth:`HomieState.parse`)."""
         return self.state.parse(topic, payload, limits)
 
-    async def prepare(self, topic: str, payload: bytes, limits: Limits,
-                      closing: Callable[[], bool], generation: int = 0) -> bool:
+    async def prepare(
+        self,
+        topic: str,
+        payload: bytes,
+        limits: Limits,
+        closing: Callable[[], bool],
+        generation: int = 0,
+    ) -> bool:
         """Load a device missing from memory, store an attribute; False if closing first."""
         store = self.store
         if store is None:
@@ -148,8 +165,13 @@ class HomieFormat:
         change = hm.change_of(parsed, payload)
         if not self.state.changes(change):
             return True  # known already (another daemon stored it, or a repeat)
-        return await until_done(lambda: store.save(change, time.time()),
-                                "store a device's attributes", closing, logger, "homie")
+        return await until_done(
+            lambda: store.save(change, time.time()),
+            "store a device's attributes",
+            closing,
+            logger,
+            "homie",
+        )
 
     def _reconnected(self, generation: int) -> None:
         """A new MQTT connection: attributes published meanwhile may have been missed.
@@ -158,8 +180,11 @@ class HomieFormat:
         shared group stored them: the devices in memory are read again when next needed.
         """
         if self._generation is not None and self.state.devices:
-            logger.info("homie: reconnected; %d devices' attributes will be read again "
-                        "from MongoDB when next used", len(self.state.devices))
+            logger.info(
+                "homie: reconnected; %d devices' attributes will be read again "
+                "from MongoDB when next used",
+                len(self.state.devices),
+            )
             self.state.devices.clear()
             self._missed.clear()
         self._generation = generation
@@ -176,8 +201,7 @@ class HomieFormat:
         async def load() -> None:
             found.append(await store.load(key))
 
-        if not await until_done(load, "read a device's attributes", closing, logger,
-                                "homie"):
+        if not await until_done(load, "read a device's attributes", closing, logger, "homie"):
             return False
         device = found[0] if found else None
         self._lookups["missing" if device is None else "found"] += 1
@@ -194,8 +218,10 @@ class HomieFormat:
     def take_counts(self) -> Counts:
         """The counts of the state and the store since the last call."""
         messages = self.state.counts.messages
-        taken = Counts({"homie_messages": dict(messages), "homie_lookups": dict(self._lookups)},
-                       {"homie_devices": len(self.state.devices)})
+        taken = Counts(
+            {"homie_messages": dict(messages), "homie_lookups": dict(self._lookups)},
+            {"homie_devices": len(self.state.devices)},
+        )
         for table in (messages, self._lookups):
             table.update(dict.fromkeys(table, 0))
         return taken

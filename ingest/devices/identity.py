@@ -28,8 +28,12 @@ def refuse_others(decoded: Decoded, expected: str | None, single: bool) -> Decod
         if reading.sensor_id == expected:
             kept.append(reading)
         else:
-            rejections.append(Rejection(
-                "sensor_id_mismatch", f"the payload names sensor {reading.sensor_id[:60]!r}, "
-                f"the topic {expected[:60]!r} (--sensor-id-from-topic)",
-                None if single else index))
+            rejections.append(
+                Rejection(
+                    "sensor_id_mismatch",
+                    f"the payload names sensor {reading.sensor_id[:60]!r}, "
+                    f"the topic {expected[:60]!r} (--sensor-id-from-topic)",
+                    None if single else index,
+                )
+            )
     return Decoded(kept, rejections)

@@ -67,13 +67,15 @@ TOPIC_CACHE = 100_000  # topics remembered with their rule, captures, tags and s
 NAME_CACHE = 10_000  # field names remembered per rule
 _DROP = ""  # a field name resolved to "leave it out, silently"
 _FORMATS: dict[str, Callable[[bytes, Rule, dict[str, str], Limits], Parsed]] = {
-    "json": json.parse, "value": value.parse, "senml": senml.parse, "influx": influx.parse,
+    "json": json.parse,
+    "value": value.parse,
+    "senml": senml.parse,
+    "influx": influx.parse,
 }
 
 
 # Formats with state across messages (see ingest.devices.formats.stateful), made once per Mapping.
-_STATEFUL: dict[str, Callable[[], Stateful]] = {"sparkplug": SparkplugFormat,
-                                                "homie": HomieFormat}
+_STATEFUL: dict[str, Callable[[], Stateful]] = {"sparkplug": SparkplugFormat, "homie": HomieFormat}
 
 
 class Result(NamedTuple):
@@ -113,7 +115,8 @@ def _covers(wide: list[str], narrow: list[str]) -> bool:
 def _overlap(a: list[str], b: list[str]) -> bool:
     """Whether some topic matches both filters."""
     if (a[0] in {"+", "#"} and b[0].startswith("$")) or (
-            b[0] in {"+", "#"} and a[0].startswith("$")):
+        b[0] in {"+", "#"} and a[0].startswith("$")
+    ):
         return False
     for i in range(max(len(a), len(b))):
         x = a[i] if i < len(a) else None
@@ -191,8 +194,9 @@ class Mapping:
             raise ConfigError("--mapping/--preset: no rules")
         check_unique(list(rules))
         self.rules = tuple(rules)
-        self._regex = re.compile("|".join(
-            f"(?P<r{i}>{_filter_regex(rule, i)})" for i, rule in enumerate(self.rules)))
+        self._regex = re.compile(
+            "|".join(f"(?P<r{i}>{_filter_regex(rule, i)})" for i, rule in enumerate(self.rules))
+        )
         self._group_rule = {self._regex.groupindex[f"r{i}"]: i for i in range(len(self.rules))}
         self._cache: dict[str, _Topic | None] = {}
         self._names: dict[str, dict[str, str | Rejection]] = {r.name: {} for r in self.rules}
@@ -204,8 +208,10 @@ class Mapping:
         self._exact = False
         # One object per stateful format in use, shared by its rules.
         self.stateful: dict[str, Stateful] = {
-            name: make() for name, make in _STATEFUL.items()
-            if any(r.format == name and not r.ignore for r in self.rules)}
+            name: make()
+            for name, make in _STATEFUL.items()
+            if any(r.format == name and not r.ignore for r in self.rules)
+        }
 
     @classmethod
     def load(cls, mapping_file: str | None, presets: Sequence[str]) -> Mapping:
@@ -228,8 +234,7 @@ class Mapping:
         """
         return disjoint_filters([rule.subscription for rule in self.rules])
 
-    def shared_subscriptions(self, topics: Sequence[str], group: str | None
-                             ) -> tuple[str, ...]:
+    def shared_subscriptions(self, topics: Sequence[str], group: str | None) -> tuple[str, ...]:
         """``topics`` as a daemon of the shared group ``group`` (None: alone) subscribes.
 
         Every filter gets the ``$share/<group>/`` prefix, except where a stateful format
@@ -241,16 +246,24 @@ class Mapping:
         arrive twice (the second copy changes nothing; values arrive once).
         """
         try:
-            pieces = (homie_subscriptions(topics, self.rules, group is not None)
-                      if "homie" in self.stateful else [(topic, False) for topic in topics])
+            pieces = (
+                homie_subscriptions(topics, self.rules, group is not None)
+                if "homie" in self.stateful
+                else [(topic, False) for topic in topics]
+            )
             if group is None:
                 return tuple(topic for topic, _ in pieces)
             if "sparkplug" not in self.stateful:
-                return tuple(topic if every else f"$share/{group}/{topic}"
-                             for topic, every in pieces)
-            return tuple(dict.fromkeys(
-                out for topic, every in pieces
-                for out in ((topic,) if every else sparkplug_shared([topic], group))))
+                return tuple(
+                    topic if every else f"$share/{group}/{topic}" for topic, every in pieces
+                )
+            return tuple(
+                dict.fromkeys(
+                    out
+                    for topic, every in pieces
+                    for out in ((topic,) if every else sparkplug_shared([topic], group))
+                )
+            )
         except ValueError as exc:
             raise ConfigError(f"--shared-group: {exc}") from None
 
@@ -279,8 +292,11 @@ class Mapping:
             if template is not None:
                 named |= template.names
         tags = {k: v for k, v in captures.items() if k not in named}
-        tags.update((k, t.render(captures) or "") for k, t in rule.tags.items()
-                    if not t.names - captures.keys())
+        tags.update(
+            (k, t.render(captures) or "")
+            for k, t in rule.tags.items()
+            if not t.names - captures.keys()
+        )
         sensor: str | Rejection | None = None
         template = rule.sensor_id
         if template is not None and not template.names - captures.keys():
@@ -290,8 +306,9 @@ class Mapping:
         problem = _tag_problem(tags)
         if problem is not None:  # a hostile topic: its readings are refused, not cut
             sensor = problem
-        info_only = (bool(rule.tags) and rule.info.issuperset(rule.tags)
-                     and rule.info.isdisjoint(tags))
+        info_only = (
+            bool(rule.tags) and rule.info.issuperset(rule.tags) and rule.info.isdisjoint(tags)
+        )
         return _Topic(rule, captures, tags, sensor, info_only)
 
     def topic_sensor(self, topic: str) -> str | None:
@@ -303,8 +320,11 @@ class Mapping:
         can change.
         """
         matched = self.match(topic)
-        if (matched is None or matched.rule.ignore
-                or (self.stateful and matched.rule.format in self.stateful)):
+        if (
+            matched is None
+            or matched.rule.ignore
+            or (self.stateful and matched.rule.format in self.stateful)
+        ):
             return None
         sensor = matched.sensor
         if isinstance(sensor, Rejection):
@@ -324,26 +344,37 @@ class Mapping:
             return None
         return self.stateful.get(matched.rule.format)
 
-    def decode(self, topic: str, payload: bytes, received_at: float, limits: Limits
-               ) -> Result:
+    def decode(self, topic: str, payload: bytes, received_at: float, limits: Limits) -> Result:
         """Readings and rejections of one message, or ignored, or ``no_rule``."""
         matched = self.match(topic)
         if matched is None:
-            return Result(None, Decoded([], [Rejection(
-                "no_rule", f"no mapping rule matches topic {repr(topic)[:200]}")]))
+            return Result(
+                None,
+                Decoded(
+                    [], [Rejection("no_rule", f"no mapping rule matches topic {repr(topic)[:200]}")]
+                ),
+            )
         rule = matched.rule
         if rule.ignore:
             return Result(rule, Decoded([], []), ignored=True)
         if len(payload) > limits.max_message_bytes:
-            return Result(rule, Decoded([], [Rejection(
-                "too_large", f"{len(payload)} bytes > {limits.max_message_bytes}")]))
+            return Result(
+                rule,
+                Decoded(
+                    [],
+                    [Rejection("too_large", f"{len(payload)} bytes > {limits.max_message_bytes}")],
+                ),
+            )
         if rule.format == "ingest":
             return Result(rule, self._ingest(matched, topic, payload, received_at, limits))
         stateful = self.stateful.get(rule.format) if self.stateful else None
         if stateful is not None and stateful.role(topic) == OTHER:  # Homie /set, $broadcast
             return Result(rule, Decoded([], []), ignored=True)
-        parsed = (stateful.parse(topic, payload, limits) if stateful is not None
-                  else _FORMATS[rule.format](payload, rule, matched.captures, limits))
+        parsed = (
+            stateful.parse(topic, payload, limits)
+            if stateful is not None
+            else _FORMATS[rule.format](payload, rule, matched.captures, limits)
+        )
         return _new(Result, (rule, readings(self, matched, parsed, received_at, limits), False))
 
     def decode_at(self, topic: str, payload: bytes, ms: int, limits: Limits) -> Result:
@@ -358,20 +389,35 @@ class Mapping:
         finally:
             self._exact = False
 
-    def _ingest(self, matched: _Topic, topic: str, payload: bytes, received_at: float,
-                limits: Limits) -> Decoded:
+    def _ingest(
+        self, matched: _Topic, topic: str, payload: bytes, received_at: float, limits: Limits
+    ) -> Decoded:
         sensor = matched.sensor
         if isinstance(sensor, Rejection):
             return Decoded([], [sensor])
-        decoded = decode(topic, payload, received_at, limits, sensor or None,
-                         None if self._exact else self.arrivals)
+        decoded = decode(
+            topic,
+            payload,
+            received_at,
+            limits,
+            sensor or None,
+            None if self._exact else self.arrivals,
+        )
         if matched.tags:
-            decoded = Decoded([r._replace(tags=matched.tags) for r in decoded.readings],
-                              decoded.rejections)
+            decoded = Decoded(
+                [r._replace(tags=matched.tags) for r in decoded.readings], decoded.rejections
+            )
         return decoded
 
-    def _reading(self, matched: _Topic, item: Item, now: float, window: tuple[float, float],
-                 rejections: list[Rejection], index: int | None) -> Reading | None:
+    def _reading(
+        self,
+        matched: _Topic,
+        item: Item,
+        now: float,
+        window: tuple[float, float],
+        rejections: list[Rejection],
+        index: int | None,
+    ) -> Reading | None:
         """Apply the rule to one item; a reading, or None with the rejection appended."""
         rule = matched.rule
         if item.problems:
@@ -383,8 +429,11 @@ class Mapping:
             rejections.append(_at(sensor, index))  # type: ignore[arg-type]
             return None
         if item.ts is None and item.epoch is None:  # timed at arrival
-            ms = (round(now * 1000) if self._exact
-                  else self.arrivals.next(sensor, math.floor(now * 1000)))
+            ms = (
+                round(now * 1000)
+                if self._exact
+                else self.arrivals.next(sensor, math.floor(now * 1000))
+            )
             epoch = ms / 1000
         else:
             instant = self._instant(item, rule, now)
@@ -393,17 +442,21 @@ class Mapping:
                 return None
             epoch, ms = instant
         if not window[0] <= epoch <= window[1]:
-            rejections.append(Rejection("ts_out_of_window",
-                                        f"ts {epoch:.3f} outside the accepted window", index))
+            rejections.append(
+                Rejection("ts_out_of_window", f"ts {epoch:.3f} outside the accepted window", index)
+            )
             return None
         values = self._values(rule, item.fields, rejections, index)
         if not values:
-            rejections.append(Rejection("no_measurements", "no measurement left to store",
-                                        index))
+            rejections.append(Rejection("no_measurements", "no measurement left to store", index))
             return None
         info = None
-        if item.tags is None and (item.context is None or (  # the topic's tags as they are
-                matched.info_only and (info := _info(matched, item.context)) is not None)):
+        if item.tags is None and (
+            item.context is None
+            or (  # the topic's tags as they are
+                matched.info_only and (info := _info(matched, item.context)) is not None
+            )
+        ):
             tags = matched.tags
         else:
             found = _tags(matched, item)
@@ -439,10 +492,12 @@ class Mapping:
             context = item.context or matched.captures
             rendered = template.render(context)
             if rendered is None:
-                missing = ", ".join(f"{{{n}}}" for n in sorted(template.names)
-                                    if n not in context)
-                return Rejection("no_sensor_id", f"sensor_id {template.text[:120]!r}: no "
-                                 f"value for {missing} (a string or an integer)")
+                missing = ", ".join(f"{{{n}}}" for n in sorted(template.names) if n not in context)
+                return Rejection(
+                    "no_sensor_id",
+                    f"sensor_id {template.text[:120]!r}: no "
+                    f"value for {missing} (a string or an integer)",
+                )
             return _sensor(rendered)
         if item.sensor:
             return _sensor(item.sensor.rstrip(":/."))
@@ -472,8 +527,9 @@ class Mapping:
                 kinds[name] = kind
         return kind
 
-    def _values(self, rule: Rule, fields: dict[str, object], rejections: list[Rejection],
-                index: int | None) -> dict[str, int | float | bool | str]:
+    def _values(
+        self, rule: Rule, fields: dict[str, object], rejections: list[Rejection], index: int | None
+    ) -> dict[str, int | float | bool | str]:
         return values(self, rule, fields, rejections, index)
 
 
@@ -481,17 +537,23 @@ _DROP_VALUE = object()
 _new = tuple.__new__  # builds a NamedTuple without its argument handling
 
 
-def readings_py(mapping: Mapping, matched: _Topic, parsed: Parsed, received_at: float,
-                limits: Limits) -> Decoded:
+def readings_py(
+    mapping: Mapping, matched: _Topic, parsed: Parsed, received_at: float, limits: Limits
+) -> Decoded:
     """The rule applied to each item a format parsed: readings and rejections in order."""
     out: Decoded = _new(Decoded, ([], parsed.rejections))
     window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
     several = len(parsed.items) > 1
     for position, item in enumerate(parsed.items):
-        index = item.position if item.position is not None else (
-            position if several else None)
-        reading = mapping._reading(matched, item, received_at, window,  # noqa: SLF001
-                                   out.rejections, index)
+        index = item.position if item.position is not None else (position if several else None)
+        reading = mapping._reading(  # noqa: SLF001
+            matched,
+            item,
+            received_at,
+            window,
+            out.rejections,
+            index,
+        )
         if reading is not None:
             out.readings.append(reading)
     return out
@@ -503,9 +565,13 @@ def readings_py(mapping: Mapping, matched: _Topic, parsed: Parsed, received_at: 
 readings = accel.pick(readings_py, "ingest.devices._mapping_c", "readings")
 
 
-def values_py(mapping: Mapping, rule: Rule, fields: dict[str, object],
-              rejections: list[Rejection], index: int | None
-              ) -> dict[str, int | float | bool | str]:
+def values_py(
+    mapping: Mapping,
+    rule: Rule,
+    fields: dict[str, object],
+    rejections: list[Rejection],
+    index: int | None,
+) -> dict[str, int | float | bool | str]:
     """The item's fields as the reading's values; field-level rejections appended."""
     values: dict[str, int | float | bool | str] = {}
     names = mapping._names[rule.name]  # noqa: SLF001
@@ -527,11 +593,15 @@ def values_py(mapping: Mapping, rule: Rule, fields: dict[str, object],
             if declared is None:
                 declared = mapping._kind(rule, name)  # noqa: SLF001
         kind = type(raw_value)
-        if kind is bool or (kind is float and -MAX_MAGNITUDE <= raw_value <= MAX_MAGNITUDE) or (  # type: ignore[operator]
-                kind is int and _INT64_MIN <= raw_value <= _INT64_MAX):  # type: ignore[operator]
+        if (
+            kind is bool
+            or (kind is float and -MAX_MAGNITUDE <= raw_value <= MAX_MAGNITUDE)  # type: ignore[operator]
+            or (kind is int and _INT64_MIN <= raw_value <= _INT64_MAX)  # type: ignore[operator]
+        ):
             stored: object = raw_value  # the common case, without a call
-            if declared and (declared == "string" or (kind is bool) is not (
-                    declared == "boolean")):  # a kind the rule does not declare
+            if declared and (
+                declared == "string" or (kind is bool) is not (declared == "boolean")
+            ):  # a kind the rule does not declare
                 stored = _typed(rule, name, raw_value, declared)
         elif declared:
             stored = _typed(rule, name, raw_value, declared)
@@ -555,8 +625,9 @@ values = accel.pick(values_py, "ingest.devices._values_c", "values")
 
 
 def _collision(raw: str, name: str, index: int | None) -> Rejection:
-    return Rejection("bad_field_name", f"{raw[:60]!r}: same name as another field once made "
-                     f"safe ({name})", index)
+    return Rejection(
+        "bad_field_name", f"{raw[:60]!r}: same name as another field once made safe ({name})", index
+    )
 
 
 def _at(rejection: Rejection, index: int | None) -> Rejection:
@@ -568,8 +639,10 @@ def _at(rejection: Rejection, index: int | None) -> Rejection:
 def _bad_time(item: Item, rule: Rule) -> str:
     """The detail of a time that gives no instant."""
     if item.epoch is not None:  # SenML: bt + t, in seconds
-        return (f"SenML time (bt + t) {item.epoch:.6g} s is beyond ±{TIME_LIMIT:,} s of "
-                "the epoch (SenML times are seconds; bt in milliseconds?)")
+        return (
+            f"SenML time (bt + t) {item.epoch:.6g} s is beyond ±{TIME_LIMIT:,} s of "
+            "the epoch (SenML times are seconds; bt in milliseconds?)"
+        )
     return f"time {str(item.ts)[:60]!r} is not {rule.time.format} time"
 
 
@@ -583,8 +656,12 @@ def _sensor(text: str) -> str | Rejection:
     return Rejection("bad_sensor_id", f"sensor id {text[:60]!r}: {SENSOR_ID_RULE}")
 
 
-def _units(rule: Rule, values: dict[str, int | float | bool | str], variables: dict[str, str],
-           units: dict[str, str] | None) -> dict[str, str] | None:
+def _units(
+    rule: Rule,
+    values: dict[str, int | float | bool | str],
+    variables: dict[str, str],
+    units: dict[str, str] | None,
+) -> dict[str, str] | None:
     """The reading's units with the rule's declared ones (which win) added."""
     for name, template in rule.units.items():
         if name in values:
@@ -604,9 +681,12 @@ def _resolve_name(rule: Rule, raw: str) -> str | Rejection:
         return _DROP
     if renamed is None and (not 1 <= len(name) <= 64 or name in RESERVED_FIELDS):
         # (a new name was checked when the rule was loaded)
-        return Rejection("bad_field_name", f"field {raw[:60]!r} does not make a valid name "
-                                           "([A-Za-z0-9_-]{1,64}, not ts, seq, sensor_id, "
-                                           "_id, meta, tags, units or info)")
+        return Rejection(
+            "bad_field_name",
+            f"field {raw[:60]!r} does not make a valid name "
+            "([A-Za-z0-9_-]{1,64}, not ts, seq, sensor_id, "
+            "_id, meta, tags, units or info)",
+        )
     return name
 
 
@@ -649,8 +729,7 @@ def _typed(rule: Rule, name: str, value: object, declared: str) -> object:
     if type(value) is str and rule.values:
         mapped = rule.values.get(value, _DROP_VALUE)
         if mapped is not _DROP_VALUE:
-            return mapped if type(mapped) in _FITS[declared] else _mistyped(
-                name, value, declared)
+            return mapped if type(mapped) in _FITS[declared] else _mistyped(name, value, declared)
     if type(value) in _FITS[declared]:
         return _value(rule, name, value)  # bounds, strings and max_string_bytes
     return _mistyped(name, value, declared)
@@ -658,9 +737,19 @@ def _typed(rule: Rule, name: str, value: object, declared: str) -> object:
 
 def _mistyped(name: str, value: object, declared: str) -> Rejection:
     kind = type(value)
-    shown = (repr(value[:40]) if kind is str else "true" if value is True  # type: ignore[index]
-             else "false" if value is False else repr(value)[:40] if kind in (int, float)
-             else "an array" if kind is list else kind.__name__)
+    shown = (
+        repr(value[:40])  # type: ignore[index]
+        if kind is str
+        else "true"
+        if value is True
+        else "false"
+        if value is False
+        else repr(value)[:40]
+        if kind in (int, float)
+        else "an array"
+        if kind is list
+        else kind.__name__
+    )
     return Rejection("bad_value", f"{name}: {shown} is not a {declared} ([rule.types])")
 
 
@@ -690,11 +779,18 @@ def _tags(matched: _Topic, item: Item) -> dict[str, str] | Rejection:
                 rendered = template.render(item.context)
                 if rendered is not None:
                     held = tags.get(key)
-                    if (held is not None and held != rendered and item.tags is not None
-                            and key not in matched.tags):  # a line tag of that name
-                        return Rejection("bad_tag_name", f"tag {key}: the line says "
-                                         f"{held[:40]!r}, the rule's [rule.tags] "
-                                         f"{rendered[:40]!r}")
+                    if (
+                        held is not None
+                        and held != rendered
+                        and item.tags is not None
+                        and key not in matched.tags
+                    ):  # a line tag of that name
+                        return Rejection(
+                            "bad_tag_name",
+                            f"tag {key}: the line says "
+                            f"{held[:40]!r}, the rule's [rule.tags] "
+                            f"{rendered[:40]!r}",
+                        )
                     tags[key] = rendered
                     if not check:
                         check = _too_long(rendered)
@@ -714,22 +810,34 @@ def tag_name(key: str) -> str | Rejection:
     if name in RESERVED_TAGS:
         return "_" + name
     if not 1 <= len(name) <= MAX_NAME:
-        return Rejection("bad_tag_name", f"tag {key[:60]!r}: not a tag name once made safe "
-                         f"([A-Za-z0-9_-]{{1,{MAX_NAME}}})")
+        return Rejection(
+            "bad_tag_name",
+            f"tag {key[:60]!r}: not a tag name once made safe ([A-Za-z0-9_-]{{1,{MAX_NAME}}})",
+        )
     return name
 
 
 def _tag_collision(matched: _Topic, item: Item, key: str, name: str) -> Rejection:
     """The rejection of a line tag stored under the name of another tag."""
-    other = next((k for k in item.tags or () if k != key and k not in matched.rule.named_tags
-                  and tag_name(k) == name), None)
+    other = next(
+        (
+            k
+            for k in item.tags or ()
+            if k != key and k not in matched.rule.named_tags and tag_name(k) == name
+        ),
+        None,
+    )
     if other is None:  # a tag of the topic (a capture or [rule.tags]) of another value
-        return Rejection("bad_tag_name", f"tag {key[:60]!r} ({name}): the line says "
-                         f"{(item.tags or {})[key][:40]!r}, the topic "
-                         f"{matched.tags[name][:40]!r}")
+        return Rejection(
+            "bad_tag_name",
+            f"tag {key[:60]!r} ({name}): the line says "
+            f"{(item.tags or {})[key][:40]!r}, the topic "
+            f"{matched.tags[name][:40]!r}",
+        )
     first, second = sorted((other, key))
-    return Rejection("bad_tag_name", f"tags {first[:60]!r} and {second[:60]!r}: one name "
-                     f"once made safe ({name})")
+    return Rejection(
+        "bad_tag_name", f"tags {first[:60]!r} and {second[:60]!r}: one name once made safe ({name})"
+    )
 
 
 def _too_long(tag_value: str) -> bool:

@@ -34,9 +34,30 @@ MAX_ALTERNATIVES = 8  # sensor_id templates tried in order
 _TAG_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _FLATTEN = re.compile(r"[A-Za-z0-9_-]{1,8}")
 MAX_UNIT = 64  # characters of a unit
-_OPTIONS = frozenset({"name", "topic", "ignore", "format", "sensor_id", "measurement",
-                      "flatten", "drop", "keep", "strings", "max_string_bytes", "values",
-                      "time", "tags", "info", "root", "each", "rename", "units", "types"})
+_OPTIONS = frozenset(
+    {
+        "name",
+        "topic",
+        "ignore",
+        "format",
+        "sensor_id",
+        "measurement",
+        "flatten",
+        "drop",
+        "keep",
+        "strings",
+        "max_string_bytes",
+        "values",
+        "time",
+        "tags",
+        "info",
+        "root",
+        "each",
+        "rename",
+        "units",
+        "types",
+    }
+)
 _TIME_OPTIONS = frozenset({"field", "format", "zone"})
 _DEFAULT_TIME = {"influx": "epoch_ns", "sparkplug": "epoch_ms"}
 
@@ -51,17 +72,20 @@ class Template:
         parts: list[tuple[bool, str]] = []  # (is_variable, literal or name)
         pos = 0
         for match in _VAR.finditer(text):
-            parts.append((False, text[pos:match.start()]))
+            parts.append((False, text[pos : match.start()]))
             parts.append((True, match.group(1)))
             pos = match.end()
         parts.append((False, text[pos:]))
         for is_var, literal in parts:
-            if not is_var and ("{" in literal.replace("{{", "") or
-                               "}" in literal.replace("}}", "")):
-                raise ValueError(f"template {text!r}: a '{{' or '}}' that is not a "
-                                 "{name} variable")
-        self.parts = tuple((v, p if v else p.replace("{{", "{").replace("}}", "}"))
-                           for v, p in parts if v or p)
+            if not is_var and (
+                "{" in literal.replace("{{", "") or "}" in literal.replace("}}", "")
+            ):
+                raise ValueError(
+                    f"template {text!r}: a '{{' or '}}' that is not a {{name}} variable"
+                )
+        self.parts = tuple(
+            (v, p if v else p.replace("{{", "{").replace("}}", "}")) for v, p in parts if v or p
+        )
         self.names = frozenset(p for v, p in self.parts if v)
         only = self.parts[0] if len(self.parts) == 1 else None
         self.single = only[1] if only is not None and only[0] else None
@@ -198,8 +222,10 @@ def parse(text: str, source: str) -> list[Rule]:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
     extra = set(doc) - {"rule"}
     if extra:
-        raise ConfigError(f"{source}: unknown top-level key(s) {', '.join(sorted(extra))} "
-                          "(rules are [[rule]] tables)")
+        raise ConfigError(
+            f"{source}: unknown top-level key(s) {', '.join(sorted(extra))} "
+            "(rules are [[rule]] tables)"
+        )
     raw = doc.get("rule", [])
     if type(raw) is not list or not raw:
         raise ConfigError(f"{source}: no [[rule]] tables")
@@ -215,8 +241,10 @@ def check_unique(rules: list[Rule]) -> None:
         first = seen.setdefault(rule.name, rule)
         if first is not rule:
             where = "" if first.source == rule.source else f" (also in {first.source})"
-            raise ConfigError(f"{rule.source}: rule {rule.name!r}: the name is used twice"
-                              f"{where}; rule names must be unique")
+            raise ConfigError(
+                f"{rule.source}: rule {rule.name!r}: the name is used twice"
+                f"{where}; rule names must be unique"
+            )
 
 
 def _rule(entry: object, source: str, index: int) -> Rule:
@@ -224,8 +252,9 @@ def _rule(entry: object, source: str, index: int) -> Rule:
         raise ConfigError(f"{source}: rule #{index}: must be a table")
     name = entry.get("name")
     if type(name) is not str or not _RULE_NAME.fullmatch(name):
-        raise ConfigError(f"{source}: rule #{index}: name must match [A-Za-z0-9_-]{{1,64}}, "
-                          f"got {name!r}")
+        raise ConfigError(
+            f"{source}: rule #{index}: name must match [A-Za-z0-9_-]{{1,64}}, got {name!r}"
+        )
     try:
         return _build(entry, source, name)
     except (ValueError, TypeError) as exc:
@@ -244,8 +273,9 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
     if ignore:
         extra = set(entry) - {"name", "topic", "ignore"}
         if extra:
-            raise ValueError(f"ignore = true takes no other options (got "
-                             f"{', '.join(sorted(extra))})")
+            raise ValueError(
+                f"ignore = true takes no other options (got {', '.join(sorted(extra))})"
+            )
         return Rule(name, topic, source, captures, ignore=True)
     fmt = _choice(entry, "format", FORMATS, "json")
     time, configured = _time(entry.get("time"), fmt)
@@ -256,26 +286,41 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
     sensor_id = _sensor_template(entry, fmt, captures, allowed)
     measurement = _measurement_template(entry, fmt, captures)
     named = (sensor_id.names if sensor_id else set()) | (
-        measurement.names if measurement else set())
+        measurement.names if measurement else set()
+    )
     tags = _tags(entry.get("tags", {}), fmt, allowed)
     units = _units(entry.get("units", {}), fmt, allowed)
     used = set(named).union(*(t.names for t in (*tags.values(), *units.values())))
     _check_capture_tags(captures, set(named).union(*(t.names for t in units.values())))
     flatten = _flatten(entry)
-    variables = tuple((n, tuple(n.split("."))) for n in sorted(used - allowed)
-                      if fmt == "json")
+    variables = tuple((n, tuple(n.split("."))) for n in sorted(used - allowed) if fmt == "json")
     time_path = tuple(time.field.split(".")) if time.field else None
     return Rule(
-        name, topic, source, captures, format=fmt, sensor_id=sensor_id,
+        name,
+        topic,
+        source,
+        captures,
+        format=fmt,
+        sensor_id=sensor_id,
         measurement=measurement,
         named_tags=frozenset(n[4:] for n in named if n.startswith("tag.")),
-        flatten=flatten, drop=_globs(entry, "drop"), keep=_globs(entry, "keep"),
+        flatten=flatten,
+        drop=_globs(entry, "drop"),
+        keep=_globs(entry, "keep"),
         strings=_choice(entry, "strings", STRINGS, "keep"),
-        max_string_bytes=_max_string_bytes(entry), values=_values(entry.get("values", {})),
-        time=time, time_configured=configured, tags=tags, info=_info(entry),
-        root=root, each=each, rename=_rename(entry.get("rename", {})), units=units,
+        max_string_bytes=_max_string_bytes(entry),
+        values=_values(entry.get("values", {})),
+        time=time,
+        time_configured=configured,
+        tags=tags,
+        info=_info(entry),
+        root=root,
+        each=each,
+        rename=_rename(entry.get("rename", {})),
+        units=units,
         types=_types(entry.get("types", {}), fmt),
-        variables=variables, time_path=time_path,
+        variables=variables,
+        time_path=time_path,
         time_flat=time.field.replace(".", flatten) if time.field else None,
         paths=bool(root or each or variables or (time_path and len(time_path) > 1)),
     )
@@ -298,8 +343,7 @@ def _check_topic(topic: str) -> tuple[str, ...]:
             if position != len(levels) - 1:
                 raise ValueError(f"topic {topic!r}: '#' must be the last level")
         elif level != "+" and any(c in level for c in "+#{}"):
-            raise ValueError(f"topic {topic!r}: '+', '#' and {{capture}} must fill a whole "
-                             "level")
+            raise ValueError(f"topic {topic!r}: '+', '#' and {{capture}} must fill a whole level")
     return tuple(captures)
 
 
@@ -307,9 +351,11 @@ def _check_capture_tags(captures: tuple[str, ...], named: set[str]) -> None:
     """A capture that becomes a tag (see mapping._match) must not take a reserved name."""
     for capture in captures:
         if capture in RESERVED_TAGS - {"sensor_id"} and capture not in named:
-            raise ValueError(f"capture {{{capture}}} would be a tag, and tag names "
-                             f"{', '.join(sorted(RESERVED_TAGS))} are reserved: name the "
-                             "capture otherwise")
+            raise ValueError(
+                f"capture {{{capture}}} would be a tag, and tag names "
+                f"{', '.join(sorted(RESERVED_TAGS))} are reserved: name the "
+                "capture otherwise"
+            )
 
 
 def _text(entry: dict[str, Any], key: str, default: str | None) -> str | None:
@@ -342,20 +388,24 @@ def _template(text: str, key: str, allowed: set[str], fmt: str) -> Template:
         if fmt == "json" and _PATH.fullmatch(var) and var != "_key":
             continue  # a payload field
         known = ", ".join(f"{{{n}}}" for n in sorted(allowed)) or "none"
-        raise ValueError(f"{key} = {text!r}: {{{var}}} is not a capture of the topic "
-                         f"(known: {known})" + (" ({_key} needs each)" if var == "_key"
-                                                else ""))
+        raise ValueError(
+            f"{key} = {text!r}: {{{var}}} is not a capture of the topic "
+            f"(known: {known})" + (" ({_key} needs each)" if var == "_key" else "")
+        )
     return template
 
 
-def _sensor_template(entry: dict[str, Any], fmt: str, captures: tuple[str, ...],
-                     allowed: set[str]) -> Template | None:
+def _sensor_template(
+    entry: dict[str, Any], fmt: str, captures: tuple[str, ...], allowed: set[str]
+) -> Template | None:
     raw = entry.get("sensor_id")
     allowed = allowed | ({"measurement"} if fmt == "influx" else set())
     if type(raw) is list:
         if not 1 <= len(raw) <= MAX_ALTERNATIVES or any(type(t) is not str for t in raw):
-            raise TypeError(f"sensor_id must be a string or a list of 1 to "
-                            f"{MAX_ALTERNATIVES} strings (templates tried in order)")
+            raise TypeError(
+                f"sensor_id must be a string or a list of 1 to "
+                f"{MAX_ALTERNATIVES} strings (templates tried in order)"
+            )
         templates = [_template(t, "sensor_id", allowed, fmt) for t in raw]
         return templates[0] if len(templates) == 1 else Alternatives(templates)
     text = _text(entry, "sensor_id", None)
@@ -368,24 +418,32 @@ def _sensor_template(entry: dict[str, Any], fmt: str, captures: tuple[str, ...],
     if "sensor_id" in captures:
         return Template("{sensor_id}")
     if fmt in {"json", "value"}:
-        raise ValueError("no sensor id: capture {sensor_id} in the topic or set sensor_id "
-                         '(a template such as "{device}" or "{site}-{device}")')
+        raise ValueError(
+            "no sensor id: capture {sensor_id} in the topic or set sensor_id "
+            '(a template such as "{device}" or "{site}-{device}")'
+        )
     return None  # ingest: the payload or the topic's second level
 
 
-def _measurement_template(entry: dict[str, Any], fmt: str, captures: tuple[str, ...]
-                          ) -> Template | None:
+def _measurement_template(
+    entry: dict[str, Any], fmt: str, captures: tuple[str, ...]
+) -> Template | None:
     text = _text(entry, "measurement", None)
     if fmt == "value":
         if text is None:
             if "measurement" not in captures:
-                raise ValueError("format value needs a measurement name: capture "
-                                 "{measurement} in the topic or set measurement")
+                raise ValueError(
+                    "format value needs a measurement name: capture "
+                    "{measurement} in the topic or set measurement"
+                )
             text = "{measurement}"
         return _template(text, "measurement", set(captures), fmt)
     if fmt == "influx":  # None: <measurement>_<field> (see formats/influx.py)
-        return None if text is None else _template(
-            text, "measurement", set(captures) | {"measurement", "field"}, fmt)
+        return (
+            None
+            if text is None
+            else _template(text, "measurement", set(captures) | {"measurement", "field"}, fmt)
+        )
     if text is not None:
         raise ValueError("measurement applies to the value and influx formats only")
     return None
@@ -408,8 +466,9 @@ def _globs(entry: dict[str, Any], key: str) -> tuple[str, ...]:
 def _info(entry: dict[str, Any]) -> frozenset[str]:
     """The tag names the rule marks as descriptive (``info = ["rssi", "model"]``)."""
     names = entry.get("info", [])
-    if type(names) is not list or any(type(n) is not str or not _TAG_KEY.fullmatch(n)
-                                      for n in names):
+    if type(names) is not list or any(
+        type(n) is not str or not _TAG_KEY.fullmatch(n) for n in names
+    ):
         raise TypeError("info must be a list of tag names ([A-Za-z0-9_-]{1,64})")
     return frozenset(names)
 
@@ -448,12 +507,12 @@ def _time(table: object, fmt: str) -> tuple[TimeSpec, bool]:
     if time_field is not None and (type(time_field) is not str or not time_field):
         raise TypeError("time.field must be a non-empty string")
     if time_field is not None and fmt != "json":
-        raise ValueError(f"time.field applies to the json format (format {fmt} has its own "
-                         "time)")
+        raise ValueError(f"time.field applies to the json format (format {fmt} has its own time)")
     time_format = table.get("format", "auto")
     if time_format not in TIME_FORMATS:
-        raise ValueError(f"time.format must be one of {', '.join(TIME_FORMATS)}, "
-                         f"got {time_format!r}")
+        raise ValueError(
+            f"time.format must be one of {', '.join(TIME_FORMATS)}, got {time_format!r}"
+        )
     zone_name = table.get("zone")
     zone = None
     if time_format == "local":
@@ -476,8 +535,10 @@ def _path(entry: dict[str, Any], key: str, fmt: str) -> tuple[str, ...] | None:
     if fmt != "json":
         raise ValueError(f"{key} applies to the json format only")
     if type(text) is not str or not _PATH.fullmatch(text):
-        raise ValueError(f"{key} must be a path of keys such as uplink_message.decoded_payload"
-                         f" ([A-Za-z0-9_-] keys joined by '.'), got {text!r}")
+        raise ValueError(
+            f"{key} must be a path of keys such as uplink_message.decoded_payload"
+            f" ([A-Za-z0-9_-] keys joined by '.'), got {text!r}"
+        )
     return tuple(text.split("."))
 
 
@@ -487,9 +548,11 @@ def _rename(table: object) -> dict[str, str]:
         raise TypeError('rename must be a table of "field" = "new_name"')
     for key, new in table.items():
         if type(new) is not str or not _TAG_KEY.fullmatch(new) or new in RESERVED_FIELDS:
-            raise ValueError(f"rename.{key}: {new!r} is not a valid measurement name "
-                             "([A-Za-z0-9_-]{1,64}, not ts, seq, sensor_id, _id, meta, "
-                             "tags, units or info)")
+            raise ValueError(
+                f"rename.{key}: {new!r} is not a valid measurement name "
+                "([A-Za-z0-9_-]{1,64}, not ts, seq, sensor_id, _id, meta, "
+                "tags, units or info)"
+            )
     return dict(table)
 
 
@@ -500,8 +563,9 @@ def _types(table: object, fmt: str) -> tuple[tuple[str, str], ...]:
     takes the first.
     """
     if type(table) is not dict:
-        raise TypeError('types must be a table of kind = ["measurement", "glob*"] (kinds: '
-                        f"{', '.join(KINDS)})")
+        raise TypeError(
+            f'types must be a table of kind = ["measurement", "glob*"] (kinds: {", ".join(KINDS)})'
+        )
     if table and fmt == "ingest":
         raise ValueError("types does not apply to the ingest format (numbers only)")
     out: list[tuple[str, str]] = []
@@ -509,8 +573,7 @@ def _types(table: object, fmt: str) -> tuple[tuple[str, str], ...]:
         if kind not in KINDS:
             raise ValueError(f"types.{kind}: not a kind ({', '.join(KINDS)})")
         if type(names) is not list or any(type(n) is not str or not n for n in names):
-            raise TypeError(f"types.{kind} must be a list of non-empty strings (names or "
-                            "globs)")
+            raise TypeError(f"types.{kind} must be a list of non-empty strings (names or globs)")
         constant = KINDS[KINDS.index(kind)]  # compared by identity first
         out.extend((name, constant) for name in names)
     return tuple(out)
@@ -537,8 +600,10 @@ def _tags(table: object, fmt: str, allowed: set[str]) -> dict[str, Template]:
     out = {}
     for key, value in table.items():
         if not _TAG_KEY.fullmatch(key) or key in RESERVED_TAGS:
-            raise ValueError(f"tags.{key}: tag names match [A-Za-z0-9_-]{{1,64}} and are not "
-                             f"{', '.join(sorted(RESERVED_TAGS))}")
+            raise ValueError(
+                f"tags.{key}: tag names match [A-Za-z0-9_-]{{1,64}} and are not "
+                f"{', '.join(sorted(RESERVED_TAGS))}"
+            )
         if type(value) is not str:
             raise TypeError(f"tags.{key}: must be a string")
         out[key] = _template(value, f"tags.{key}", allowed, fmt)

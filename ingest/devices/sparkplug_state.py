@@ -43,8 +43,11 @@ MISS_SECONDS = 5.0
 _UNSAFE_KEY = re.compile(r"[^A-Za-z0-9_-]+")
 
 
-def attach_store(stateful: dict[str, Stateful], db: AsyncDatabase[dict[str, Any]],
-                 claim_as: tuple[str, str] | None = None) -> None:
+def attach_store(
+    stateful: dict[str, Stateful],
+    db: AsyncDatabase[dict[str, Any]],
+    claim_as: tuple[str, str] | None = None,
+) -> None:
     """Give the ``sparkplug`` format of ``Mapping.stateful`` its MongoDB store.
 
     ``claim_as`` = (readings collection, client id) when the daemon is one of a shared
@@ -56,8 +59,12 @@ def attach_store(stateful: dict[str, Stateful], db: AsyncDatabase[dict[str, Any]
         fmt.store = BirthStore(db[BIRTHS_COLLECTION], claim_as)
 
 
-def birth_doc(topic: spb.Topic, table: spb.Table, decoded: Any,  # noqa: ANN401
-              received_at: float) -> dict[str, Any]:
+def birth_doc(
+    topic: spb.Topic,
+    table: spb.Table,
+    decoded: Any,  # noqa: ANN401
+    received_at: float,
+) -> dict[str, Any]:
     """The ``sparkplug_births`` document of a BIRTH: identity, sequence, every metric."""
     metrics = []
     for metric in decoded.metrics:
@@ -75,29 +82,46 @@ def birth_doc(topic: spb.Topic, table: spb.Table, decoded: Any,  # noqa: ANN401
             entry["properties"] = props
         metrics.append(entry)
     return {
-        "_id": topic.key, "group": topic.group, "node": topic.node, "device": topic.device,
-        "sensor_id": spb.sensor_id(topic), "type": topic.type, "bd_seq": table.bd_seq,
+        "_id": topic.key,
+        "group": topic.group,
+        "node": topic.node,
+        "device": topic.device,
+        "sensor_id": spb.sensor_id(topic),
+        "type": topic.type,
+        "bd_seq": table.bd_seq,
         "seq": table.seq,
         "birth_ts": _date(table.birth_ms),
-        "received_at": datetime.fromtimestamp(received_at, UTC), "online": True,
-        "digest": table.digest, "node_digest": table.node_digest, "metrics": metrics,
+        "received_at": datetime.fromtimestamp(received_at, UTC),
+        "online": True,
+        "digest": table.digest,
+        "node_digest": table.node_digest,
+        "metrics": metrics,
     }
 
 
 def table_of(doc: dict[str, Any], key: str | None = None) -> spb.Table:
     """The alias table a stored BIRTH document holds (with the one it replaced)."""
-    table = spb.Table(key or str(doc["_id"]), doc.get("bd_seq"), doc.get("seq"),
-                      _ms(doc.get("birth_ts")), online=bool(doc.get("online", True)),
-                      digest=doc.get("digest"), node_digest=doc.get("node_digest"),
-                      closed_by=doc.get("closed_by"), closed_ms=_ms(doc.get("closed_ts")),
-                      from_store=True)
+    table = spb.Table(
+        key or str(doc["_id"]),
+        doc.get("bd_seq"),
+        doc.get("seq"),
+        _ms(doc.get("birth_ts")),
+        online=bool(doc.get("online", True)),
+        digest=doc.get("digest"),
+        node_digest=doc.get("node_digest"),
+        closed_by=doc.get("closed_by"),
+        closed_ms=_ms(doc.get("closed_ts")),
+        from_store=True,
+    )
     history = doc.get("history")
     if isinstance(history, list):
-        table.earlier = tuple(table_of(entry, table.key) for entry in history
-                              if isinstance(entry, dict))
+        table.earlier = tuple(
+            table_of(entry, table.key) for entry in history if isinstance(entry, dict)
+        )
     for entry in doc.get("metrics", []):
-        declared = spb.definition(entry["name"], spb.datatype_id(entry.get("datatype")),
-                                  entry.get("units"))
+        declared = spb.definition(
+            entry["name"], spb.datatype_id(entry.get("datatype")), entry.get("units")
+        )
         table.by_name[declared.name] = declared
         alias = entry.get("alias")
         if alias is not None:
@@ -118,8 +142,16 @@ def _date(ms: int | None) -> datetime | None:
 
 
 # What a document keeps of each session a new BIRTH replaces (``history``, newest first).
-_SESSION = ("digest", "node_digest", "bd_seq", "birth_ts", "online", "closed_by",
-            "closed_ts", "metrics")
+_SESSION = (
+    "digest",
+    "node_digest",
+    "bd_seq",
+    "birth_ts",
+    "online",
+    "closed_by",
+    "closed_ts",
+    "metrics",
+)
 # At most this many earlier sessions, and metric entries in all of them (the document
 # must stay far below MongoDB's 16 MiB). A message can be redelivered only while it is one
 # of the broker's Receive Maximum unacknowledged ones, each BIRTH one of them.
@@ -131,8 +163,7 @@ def _history(old: dict[str, Any]) -> list[dict[str, Any]]:
     """The ``history`` of the document replacing ``old``: its session first, then old's."""
     entries = [{k: old[k] for k in _SESSION if k in old}]
     earlier = old.get("history")
-    entries.extend(e for e in (earlier if isinstance(earlier, list) else [])
-                   if isinstance(e, dict))
+    entries.extend(e for e in (earlier if isinstance(earlier, list) else []) if isinstance(e, dict))
     kept: list[dict[str, Any]] = []
     total = 0
     for entry in entries[:MAX_HISTORY]:
@@ -154,8 +185,9 @@ class BirthStore:
     daemon never closes a newer session.
     """
 
-    def __init__(self, collection: AsyncCollection[dict[str, Any]],
-                 claim_as: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self, collection: AsyncCollection[dict[str, Any]], claim_as: tuple[str, str] | None = None
+    ) -> None:
         self.collection = collection
         self.claim_as = claim_as
 
@@ -179,19 +211,31 @@ class BirthStore:
         with contextlib.suppress(DuplicateKeyError):  # stored already, or a newer one is
             done = await self.collection.replace_one(query, doc, upsert=True)
             wrote = bool(done.modified_count or done.upserted_id is not None)
-        if topic.type == "NBIRTH" and (wrote or await self.collection.find_one(
-                {"_id": doc["_id"], "digest": doc["digest"]}, {"_id": 1}) is not None):
+        if topic.type == "NBIRTH" and (
+            wrote
+            or await self.collection.find_one(
+                {"_id": doc["_id"], "digest": doc["digest"]}, {"_id": 1}
+            )
+            is not None
+        ):
             # this NBIRTH is the node's current one (also when a retry finds it stored)
-            await self._offline({"group": topic.group, "node": topic.node,
-                                 "device": {"$ne": None},
-                                 "node_digest": {"$ne": doc["digest"]}}, doc["received_at"])
+            await self._offline(
+                {
+                    "group": topic.group,
+                    "node": topic.node,
+                    "device": {"$ne": None},
+                    "node_digest": {"$ne": doc["digest"]},
+                },
+                doc["received_at"],
+            )
         if self.claim_as is None:
             return True
         where, me = self.claim_as
         claim = f"claims.{where}"
         done = await self.collection.update_one(
             {"_id": doc["_id"], "digest": doc["digest"], claim: {"$exists": False}},
-            {"$set": {claim: me}})
+            {"$set": {claim: me}},
+        )
         if done.modified_count:
             return True
         held = await self.collection.find_one({"_id": doc["_id"]}, {"claims": 1})
@@ -202,8 +246,13 @@ class BirthStore:
         doc = await self.collection.find_one({"_id": key})
         return None if doc is None else table_of(doc)
 
-    async def close(self, topic: spb.Topic, at: float, held: spb.Table | None,
-                    refused: tuple[str, int | None] | None = None) -> None:
+    async def close(
+        self,
+        topic: spb.Topic,
+        at: float,
+        held: spb.Table | None,
+        refused: tuple[str, int | None] | None = None,
+    ) -> None:
         """A DEATH: the node and its devices (NDEATH) or the device (DDEATH) go offline.
 
         ``held`` is the table the DEATH ends: only documents of its session are closed.
@@ -228,11 +277,15 @@ class BirthStore:
         closed_ts = _date(birth_ms)
         if closed_ts is not None and (held is None or held.from_store):
             query["$or"] = [{"birth_ts": {"$lte": closed_ts}}, {"birth_ts": None}]
-        await self._offline(query, when, {"closed_by": spb.refused_birth_detail(
-            topic.type, reason), "closed_ts": closed_ts})
+        await self._offline(
+            query,
+            when,
+            {"closed_by": spb.refused_birth_detail(topic.type, reason), "closed_ts": closed_ts},
+        )
 
-    async def _offline(self, query: dict[str, Any], when: datetime,
-                       why: dict[str, Any] | None = None) -> None:
+    async def _offline(
+        self, query: dict[str, Any], when: datetime, why: dict[str, Any] | None = None
+    ) -> None:
         change: dict[str, Any] = {"online": False, "death_at": when, **(why or {})}
         await self.collection.update_many(query, {"$set": change})
 
@@ -240,8 +293,9 @@ class BirthStore:
 class SparkplugFormat:
     """The stateful ``sparkplug`` format: :class:`~ingest.devices.formats.stateful.Stateful`."""
 
-    def __init__(self, state: spb.SparkplugState | None = None,
-                 store: BirthStore | None = None) -> None:
+    def __init__(
+        self, state: spb.SparkplugState | None = None, store: BirthStore | None = None
+    ) -> None:
         self.state = state or spb.SparkplugState()
         self.store = store  # None (dry run, ``ingest check``): memory only
         self._missed: OrderedDict[str, float] = OrderedDict()
@@ -261,8 +315,14 @@ class SparkplugFormat:
             return self.state.parse(topic, payload, limits, readings=False)
         return self.state.parse(topic, payload, limits)
 
-    async def prepare(self, topic: str, payload: bytes, limits: Limits,  # noqa: PLR0911
-                      closing: Callable[[], bool], generation: int = 0) -> bool:
+    async def prepare(  # noqa: PLR0911
+        self,
+        topic: str,
+        payload: bytes,
+        limits: Limits,
+        closing: Callable[[], bool],
+        generation: int = 0,
+    ) -> bool:
         """Store a BIRTH or DEATH, or load a missing table; False if given up (closing)."""
         self._quiet = None
         if self.store is None:
@@ -282,25 +342,35 @@ class SparkplugFormat:
             return await self._load(parsed.key, closing)
         decoded = spb.decode_payload(payload, limits)
         if isinstance(decoded, Parsed):  # parse() refuses it the same way
-            return (not parsed.type.endswith("BIRTH")
-                    or await self._refused_birth(parsed, payload, decoded, closing))
+            return not parsed.type.endswith("BIRTH") or await self._refused_birth(
+                parsed, payload, decoded, closing
+            )
         store = self.store
         # DATA and DEATH need their own table (a DEATH to check its bdSeq), a DBIRTH its
         # node's (for the bdSeq it records); an NBIRTH replaces what is there.
         key = parsed.node_key if parsed.type == "DBIRTH" else parsed.key
-        if (parsed.type != "NBIRTH" and self.state.table(key) is None
-                and not await self._load(key, closing)):
+        if (
+            parsed.type != "NBIRTH"
+            and self.state.table(key) is None
+            and not await self._load(key, closing)
+        ):
             return False
         if parsed.type.endswith("BIRTH"):
             return await self._birth(parsed, decoded, payload, closing)
         if self.state.death_applies(parsed, decoded):
             held = self.state.table(parsed.key)
-            return await _retry(lambda: store.close(parsed, time.time(), held),
-                                "store a DEATH", closing)
+            return await _retry(
+                lambda: store.close(parsed, time.time(), held), "store a DEATH", closing
+            )
         return True
 
-    async def _birth(self, topic: spb.Topic, decoded: Any, payload: bytes,  # noqa: ANN401
-                     closing: Callable[[], bool]) -> bool:
+    async def _birth(
+        self,
+        topic: spb.Topic,
+        decoded: Any,  # noqa: ANN401
+        payload: bytes,
+        closing: Callable[[], bool],
+    ) -> bool:
         """Store a BIRTH; its readings are left to another daemon if that one claimed them."""
         store = self.store
         assert store is not None
@@ -315,12 +385,17 @@ class SparkplugFormat:
             return False
         if not mine[0]:
             self._quiet = payload
-        logger.debug("sparkplug: %s of %s stored; its readings stored %s", topic.type,
-                     topic.key, "here" if mine[0] else "by another daemon")
+        logger.debug(
+            "sparkplug: %s of %s stored; its readings stored %s",
+            topic.type,
+            topic.key,
+            "here" if mine[0] else "by another daemon",
+        )
         return True
 
-    async def _refused_birth(self, topic: spb.Topic, payload: bytes, refusal: Parsed,
-                             closing: Callable[[], bool]) -> bool:
+    async def _refused_birth(
+        self, topic: spb.Topic, payload: bytes, refusal: Parsed, closing: Callable[[], bool]
+    ) -> bool:
         """A BIRTH refused whole ends the session it follows in MongoDB too.
 
         Otherwise a restarted daemon, or another one that reads the table later, would
@@ -334,10 +409,18 @@ class SparkplugFormat:
         # A table read from MongoDB may be of a later session (another daemon is ahead, or
         # this BIRTH is redelivered after a restart): see BirthStore.close.
         refused = (refusal.rejections[0].reason, spb.leading_timestamp(payload))
-        logger.debug("sparkplug: %s of %s refused (%s): its DATA is rejected as no_birth "
-                     "until a usable BIRTH comes", topic.type, topic.key[:120], refused[0])
-        if not await _retry(lambda: store.close(topic, time.time(), held, refused),
-                            "close the session of a refused BIRTH", closing):
+        logger.debug(
+            "sparkplug: %s of %s refused (%s): its DATA is rejected as no_birth "
+            "until a usable BIRTH comes",
+            topic.type,
+            topic.key[:120],
+            refused[0],
+        )
+        if not await _retry(
+            lambda: store.close(topic, time.time(), held, refused),
+            "close the session of a refused BIRTH",
+            closing,
+        ):
             return False
         self.state.refused_birth(topic, *refused)  # parse() is not called if too large
         return True
@@ -345,8 +428,11 @@ class SparkplugFormat:
     def _too_large(self, topic: str, payload: bytes, limits: Limits) -> None:
         """Without a store: a BIRTH too large to reach parse() still ends its session."""
         parsed = spb.parse_topic(topic)
-        if (parsed is not None and parsed.type.endswith("BIRTH")
-                and len(payload) > limits.max_message_bytes):
+        if (
+            parsed is not None
+            and parsed.type.endswith("BIRTH")
+            and len(payload) > limits.max_message_bytes
+        ):
             self.state.refused_birth(parsed, "too_large", spb.leading_timestamp(payload))
 
     def _reconnected(self, generation: int) -> None:
@@ -357,8 +443,11 @@ class SparkplugFormat:
         next needed.
         """
         if self._generation is not None and self.state.tables:
-            logger.info("sparkplug: reconnected; %d alias tables will be read again from "
-                        "MongoDB when next used", len(self.state.tables))
+            logger.info(
+                "sparkplug: reconnected; %d alias tables will be read again from "
+                "MongoDB when next used",
+                len(self.state.tables),
+            )
             self.state.tables.clear()
             self._missed.clear()
         self._generation = generation
@@ -396,20 +485,24 @@ class SparkplugFormat:
     def take_counts(self) -> Counts:
         """The counts of the state and the store since the last call."""
         counts = self.state.counts
-        taken = Counts({
-            "sparkplug_messages": dict(counts.messages),
-            "sparkplug_skipped": dict(counts.skipped),
-            "sparkplug_lookups": dict(self._lookups),
-            "sparkplug_seq_gaps": counts.seq_gaps,
-            "sparkplug_stale_deaths": counts.stale_deaths,
-        }, {"sparkplug_tables": len(self.state.tables)})
+        taken = Counts(
+            {
+                "sparkplug_messages": dict(counts.messages),
+                "sparkplug_skipped": dict(counts.skipped),
+                "sparkplug_lookups": dict(self._lookups),
+                "sparkplug_seq_gaps": counts.seq_gaps,
+                "sparkplug_stale_deaths": counts.stale_deaths,
+            },
+            {"sparkplug_tables": len(self.state.tables)},
+        )
         for table in (counts.messages, counts.skipped, self._lookups):
             table.update(dict.fromkeys(table, 0))
         counts.seq_gaps = counts.stale_deaths = 0
         return taken
 
 
-async def _retry(step: Callable[[], Awaitable[None]], what: str,
-                 closing: Callable[[], bool]) -> bool:
+async def _retry(
+    step: Callable[[], Awaitable[None]], what: str, closing: Callable[[], bool]
+) -> bool:
     """Run ``step`` until it succeeds; False if closing first (see :func:`until_done`)."""
     return await until_done(step, what, closing, logger, "sparkplug")

@@ -34,8 +34,7 @@ def password_hash(password: str, salt: bytes | None = None) -> str:
     """Mosquitto's ``$7$`` hash of ``password`` (PBKDF2-HMAC-SHA512)."""
     salt = os.urandom(SALT_BYTES) if salt is None else salt
     digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, ITERATIONS)
-    return (f"$7${ITERATIONS}${base64.b64encode(salt).decode()}$"
-            f"{base64.b64encode(digest).decode()}")
+    return f"$7${ITERATIONS}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
 
 
 def new_password() -> str:

@@ -50,7 +50,8 @@ class SessionInUseError(StartupError):
             f"--client-id: {holder} on this host uses client id {client_id} with the broker "
             f"at {address}; one client id cannot serve two processes (each would take the "
             f"session from the other): stop that daemon, or give this one its own "
-            f"--client-id")
+            f"--client-id"
+        )
 
 
 def lock_name(address: str, client_id: str) -> bytes:
@@ -76,8 +77,9 @@ def claim(settings: Settings, client_id: str) -> socket.socket | None:
     except OSError as exc:
         sock.close()
         if exc.errno != errno.EADDRINUSE:
-            raise StartupError(f"--client-id: cannot take this host's lock on client id "
-                               f"{client_id} ({exc})") from None
+            raise StartupError(
+                f"--client-id: cannot take this host's lock on client id {client_id} ({exc})"
+            ) from None
         raise SessionInUseError(client_id, address, holder(name)) from None
     return sock
 
@@ -108,8 +110,7 @@ def holder(name: bytes) -> int | None:
         probe.settimeout(1.0)
         try:
             probe.connect(name)
-            creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                     struct.calcsize("3i"))
+            creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         except OSError as exc:
             logger.debug("cannot ask who holds the session lock: %s", exc)
             return None

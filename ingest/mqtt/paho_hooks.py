@@ -89,8 +89,18 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 KEEPALIVE_ATTRIBUTES = ("_keepalive", "_ping_t", "_last_msg_out", "_last_bytes_received")
 CALLBACKS = ("on_connect", "on_disconnect", "on_message")  # paho properties we chain
 # paho's packet-in-progress dict, read by handle_publish and by the reader's contract
-IN_PACKET_KEYS = frozenset({"command", "have_remaining", "remaining_count", "remaining_mult",
-                            "remaining_length", "packet", "to_process", "pos"})
+IN_PACKET_KEYS = frozenset(
+    {
+        "command",
+        "have_remaining",
+        "remaining_count",
+        "remaining_mult",
+        "remaining_length",
+        "packet",
+        "to_process",
+        "pos",
+    }
+)
 AIOMQTT_CALLBACKS = ("_on_connect", "_on_disconnect")  # (client, userdata, flags/..., rc, props)
 SUPPORTED = "paho-mqtt 2.2.x with aiomqtt 2.5.x"
 
@@ -101,7 +111,8 @@ def check_compatible(client: aiomqtt.Client) -> None:
     if problem is not None:
         raise IncompatibleError(
             f"paho-mqtt {version('paho-mqtt')} with aiomqtt {version('aiomqtt')} is not "
-            f"supported ({problem}); install {SUPPORTED}")
+            f"supported ({problem}); install {SUPPORTED}"
+        )
 
 
 def _incompatibility(client: aiomqtt.Client) -> str | None:
@@ -109,34 +120,67 @@ def _incompatibility(client: aiomqtt.Client) -> str | None:
     cls = paho_client.Client
     paho: Any = getattr(client, "_client", None)
     checks: list[tuple[str, Callable[[], bool]]] = [
-        *((f"paho Client.{name}({', '.join(params)})",
-           functools.partial(_takes, getattr(cls, name, None), params, 1))
-          for name, params in REQUIRED.items()),
-        *((f"paho Client.{name} property", functools.partial(
-            lambda n: isinstance(getattr(cls, n, None), property), name))
-          for name in CALLBACKS),
-        ("paho MQTTErrorCode.MQTT_ERR_AGAIN/NO_CONN", lambda: all(
-            hasattr(MQTTErrorCode, n) for n in ("MQTT_ERR_SUCCESS", "MQTT_ERR_AGAIN",
-                                                "MQTT_ERR_NO_CONN"))),
-        ("paho ReasonCode.is_failure", lambda: isinstance(
-            getattr(ReasonCode, "is_failure", None), property)),
-        ("paho ConnectFlags.session_present", lambda: "session_present" in getattr(
-            paho_client.ConnectFlags, "_fields", ())),
+        *(
+            (
+                f"paho Client.{name}({', '.join(params)})",
+                functools.partial(_takes, getattr(cls, name, None), params, 1),
+            )
+            for name, params in REQUIRED.items()
+        ),
+        *(
+            (
+                f"paho Client.{name} property",
+                functools.partial(lambda n: isinstance(getattr(cls, n, None), property), name),
+            )
+            for name in CALLBACKS
+        ),
+        (
+            "paho MQTTErrorCode.MQTT_ERR_AGAIN/NO_CONN",
+            lambda: all(
+                hasattr(MQTTErrorCode, n)
+                for n in ("MQTT_ERR_SUCCESS", "MQTT_ERR_AGAIN", "MQTT_ERR_NO_CONN")
+            ),
+        ),
+        (
+            "paho ReasonCode.is_failure",
+            lambda: isinstance(getattr(ReasonCode, "is_failure", None), property),
+        ),
+        (
+            "paho ConnectFlags.session_present",
+            lambda: "session_present" in getattr(paho_client.ConnectFlags, "_fields", ()),
+        ),
         ("aiomqtt Client._client (a paho Client)", lambda: isinstance(paho, cls)),
-        ("paho callback API version 2 in aiomqtt", lambda: getattr(
-            paho, "_callback_api_version", None) == CallbackAPIVersion.VERSION2),
-        ("paho Client._in_packet keys", lambda: isinstance(
-            getattr(paho, "_in_packet", None), dict) and set(paho._in_packet) == IN_PACKET_KEYS),  # noqa: SLF001
+        (
+            "paho callback API version 2 in aiomqtt",
+            lambda: getattr(paho, "_callback_api_version", None) == CallbackAPIVersion.VERSION2,
+        ),
+        (
+            "paho Client._in_packet keys",
+            lambda: (
+                isinstance(getattr(paho, "_in_packet", None), dict)
+                and set(paho._in_packet) == IN_PACKET_KEYS  # noqa: SLF001
+            ),
+        ),
         ("paho Client._sock", lambda: hasattr(paho, "_sock")),
-        *((f"paho Client.{name} (a number)", functools.partial(
-            lambda n: isinstance(getattr(paho, n, None), int | float), name))
-          for name in KEEPALIVE_ATTRIBUTES),
+        *(
+            (
+                f"paho Client.{name} (a number)",
+                functools.partial(lambda n: isinstance(getattr(paho, n, None), int | float), name),
+            )
+            for name in KEEPALIVE_ATTRIBUTES
+        ),
         ("paho time_func", lambda: callable(getattr(paho_client, "time_func", None))),
-        ("aiomqtt Client._disconnected (a Future)", lambda: isinstance(
-            getattr(client, "_disconnected", None), asyncio.Future)),
-        *((f"aiomqtt Client.{name}(client, userdata, flags, reason_code, properties)",
-           functools.partial(_takes, getattr(client, name, None), 5))
-          for name in AIOMQTT_CALLBACKS),
+        (
+            "aiomqtt Client._disconnected (a Future)",
+            lambda: isinstance(getattr(client, "_disconnected", None), asyncio.Future),
+        ),
+        *(
+            (
+                f"aiomqtt Client.{name}(client, userdata, flags, reason_code, properties)",
+                functools.partial(_takes, getattr(client, name, None), 5),
+            )
+            for name in AIOMQTT_CALLBACKS
+        ),
     ]
     return next((f"{what}: missing or changed" for what, holds in checks if not holds()), None)
 
@@ -153,8 +197,9 @@ def _paho(client: aiomqtt.Client) -> Any:  # noqa: ANN401 - paho's client, untyp
     return client._client  # noqa: SLF001
 
 
-def install(client: aiomqtt.Client, deliver: Deliver,
-            on_session: OnSession, on_lost: Callable[[], None]) -> Reader:
+def install(
+    client: aiomqtt.Client, deliver: Deliver, on_session: OnSession, on_lost: Callable[[], None]
+) -> Reader:
     """Switch on manual acks and route every received PUBLISH to ``deliver``.
 
     Returns the connection's :class:`Reader`, which ``deliver`` may pause.
@@ -174,8 +219,10 @@ def install(client: aiomqtt.Client, deliver: Deliver,
     def on_connect(*args: Any) -> None:  # noqa: ANN401 - paho's callback signature
         flags, reason, properties = args[2], args[3], args[4]
         if not reason.is_failure:  # a refusal says nothing about the session
-            on_session(bool(flags.session_present),
-                       getattr(properties, "SubscriptionIdentifierAvailable", 1) != 0)
+            on_session(
+                bool(flags.session_present),
+                getattr(properties, "SubscriptionIdentifierAvailable", 1) != 0,
+            )
         aiomqtt_on_connect(*args)
 
     def on_disconnect(*args: Any) -> None:  # noqa: ANN401 - paho's callback signature
@@ -184,8 +231,15 @@ def install(client: aiomqtt.Client, deliver: Deliver,
 
     def on_message(_client: object, _userdata: object, message: Any) -> None:  # noqa: ANN401
         found = tuple(getattr(message.properties, "SubscriptionIdentifier", ()))
-        deliver(message.topic, message.payload, message.mid, message.qos, bool(message.dup),
-                bool(message.retain), found if len(found) > 1 else found[0] if found else 0)
+        deliver(
+            message.topic,
+            message.payload,
+            message.mid,
+            message.qos,
+            bool(message.dup),
+            bool(message.retain),
+            found if len(found) > 1 else found[0] if found else 0,
+        )
 
     def handle_publish() -> MQTTErrorCode:
         packet = paho._in_packet  # noqa: SLF001
@@ -230,8 +284,12 @@ class _Buffered:
     nothing about the socket or our buffer; only the first ends the call.
     """
 
-    def __init__(self, client: aiomqtt.Client, paho: Any,  # noqa: ANN401
-                 deliver: Deliver) -> None:
+    def __init__(
+        self,
+        client: aiomqtt.Client,
+        paho: Any,  # noqa: ANN401
+        deliver: Deliver,
+    ) -> None:
         self._client = client
         self._paho = paho
         self._deliver = deliver
@@ -266,7 +324,7 @@ class _Buffered:
             self._data, self._pos = data, 0
         start = self._pos
         self._pos = start + bufsize
-        return self._data[start:self._pos]
+        return self._data[start : self._pos]
 
     def loop_read(self, max_packets: int = 1) -> MQTTErrorCode:  # noqa: ARG002 - paho's API
         """Read packets until the buffer is empty and the socket is, or the burst is over.
@@ -325,7 +383,7 @@ class _Buffered:
         if pending is None or pending() <= 0:
             return
         data = self._raw_recv(pending())
-        self._data = self._data[self._pos:] + data
+        self._data = self._data[self._pos :] + data
         self._pos = 0
 
     @property
@@ -419,8 +477,11 @@ def _peer_closed(sock: Any) -> bool:  # noqa: ANN401 - a socket or an SSLSocket
     return bool(info) and info[0] != TCP_ESTABLISHED
 
 
-def _buffer_reads(client: aiomqtt.Client, paho: Any,  # noqa: ANN401
-                  deliver: Deliver) -> _Buffered:
+def _buffer_reads(
+    client: aiomqtt.Client,
+    paho: Any,  # noqa: ANN401
+    deliver: Deliver,
+) -> _Buffered:
     buffered = _Buffered(client, paho, deliver)
     paho._sock_recv = buffered.sock_recv  # noqa: SLF001
     paho.loop_read = buffered.loop_read

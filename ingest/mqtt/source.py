@@ -97,15 +97,18 @@ class _Unidentified(Inbound):
 
 
 # Why a message of each kind is skipped (the reason label of ingest_messages_skipped_total).
-_SKIPPED: dict[type[Inbound], str] = {_OldSubscription: OLD_SUBSCRIPTION,
-                                      _Unidentified: UNIDENTIFIED_SUBSCRIPTION}
+_SKIPPED: dict[type[Inbound], str] = {
+    _OldSubscription: OLD_SUBSCRIPTION,
+    _Unidentified: UNIDENTIFIED_SUBSCRIPTION,
+}
 
 
 class _Inbox:
     """One connection's received messages not yet taken, and the pause of its reader."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, health: Health,
-                 generation: int) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics, health: Health, generation: int
+    ) -> None:
         self.generation = generation  # of the connection whose messages it holds
         self.messages: deque[Inbound] = deque()
         self.bytes = 0
@@ -126,14 +129,18 @@ class _Inbox:
         messages.append(message)
         # A message's size: INBOX_MESSAGE_BYTES, its payload and its topic (inlined here
         # and in take: they run for every message)
-        self.bytes = size = (self.bytes + INBOX_MESSAGE_BYTES + len(message.payload)
-                             + len(message.topic))
+        self.bytes = size = (
+            self.bytes + INBOX_MESSAGE_BYTES + len(message.payload) + len(message.topic)
+        )
         count = len(messages)
         if count == 1:
             # The consumer clears ``wake`` only once it has emptied the inbox.
             self.wake.set()
-        if ((count >= self._limit or size >= self._limit_bytes)
-                and not self._paused_since and self.reader is not None):
+        if (
+            (count >= self._limit or size >= self._limit_bytes)
+            and not self._paused_since
+            and self.reader is not None
+        ):
             self._pause(self.reader)
 
     def _pause(self, reader: paho_hooks.Reader) -> None:
@@ -147,8 +154,11 @@ class _Inbox:
         """The oldest message, now :attr:`current`; resume reading below half of both bounds."""
         self.current = message = self.messages.popleft()
         self.bytes -= INBOX_MESSAGE_BYTES + len(message.payload) + len(message.topic)
-        if (self._paused_since and len(self.messages) <= self._limit // 2
-                and self.bytes <= self._limit_bytes // 2):
+        if (
+            self._paused_since
+            and len(self.messages) <= self._limit // 2
+            and self.bytes <= self._limit_bytes // 2
+        ):
             self._unpaused()
             if self.reader is not None:
                 self.reader.resume()
@@ -173,8 +183,7 @@ class _Inbox:
         if not messages:
             return
         self.messages.extend(messages)
-        self.bytes += sum(INBOX_MESSAGE_BYTES + len(m.payload) + len(m.topic)
-                          for m in messages)
+        self.bytes += sum(INBOX_MESSAGE_BYTES + len(m.payload) + len(m.topic) for m in messages)
         self.wake.set()
 
     def close(self) -> list[Inbound]:
@@ -248,8 +257,14 @@ def _not_now(_message: Inbound) -> bool | None:
 class MqttSource:
     """Consumes the configured topics and acknowledges messages on request."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, health: Health,
-                 session_expiry: int = SESSION_EXPIRY, memory: Memory | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        health: Health,
+        session_expiry: int = SESSION_EXPIRY,
+        memory: Memory | None = None,
+    ) -> None:
         self._settings = settings
         # Today's filters (those a drain unsubscribes, when draining): a message that
         # came through another subscription is skipped (ingest/mqtt/subscriptions.py).
@@ -290,8 +305,9 @@ class MqttSource:
         # The first connection resumed a session, which may hold the other form of each
         # filter (see _connected); None until the first CONNACK.
         self._resumed: bool | None = None
-        paho_hooks.check_compatible(aiomqtt.Client(settings.mqtt.host,
-                                                   protocol=aiomqtt.ProtocolVersion.V5))
+        paho_hooks.check_compatible(
+            aiomqtt.Client(settings.mqtt.host, protocol=aiomqtt.ProtocolVersion.V5)
+        )
         self._stop = asyncio.Event()
         self._release = asyncio.Event()
         self._inbox: _Inbox | None = None  # the current connection's
@@ -308,8 +324,10 @@ class MqttSource:
         props.ReceiveMaximum = self._settings.max_inflight_messages
         props.SessionExpiryInterval = self._session_expiry
         return aiomqtt.Client(
-            mqtt.host, mqtt.port,
-            username=mqtt.username, password=mqtt.password,
+            mqtt.host,
+            mqtt.port,
+            username=mqtt.username,
+            password=mqtt.password,
             identifier=self._settings.client_id,
             keepalive=self._settings.mqtt_keepalive,
             protocol=aiomqtt.ProtocolVersion.V5,
@@ -335,8 +353,11 @@ class MqttSource:
         for message in messages:
             if not message.qos:
                 done += 1  # nothing to acknowledge: done with
-            elif (unacked.get(message.mid) is message and message.generation == generation
-                  and client is not None):
+            elif (
+                unacked.get(message.mid) is message
+                and message.generation == generation
+                and client is not None
+            ):
                 # The usual case, inlined: received on this connection, nothing else.
                 del unacked[message.mid]
                 now.append(message)
@@ -524,9 +545,14 @@ class MqttSource:
         mid, generation = message.mid, message.generation
         held = self._unacked.get(mid)
         entries = held if isinstance(held, _Reused) else () if held is None else (held,)
-        at = next((i for i, entry in enumerate(entries)
-                   if _owner(entry) != generation and self._resends(_message_of(entry), message)),
-                  -1)
+        at = next(
+            (
+                i
+                for i, entry in enumerate(entries)
+                if _owner(entry) != generation and self._resends(_message_of(entry), message)
+            ),
+            -1,
+        )
         if at < 0:
             return False  # not in the pipeline: process the redelivery as a new message
         record = self._record(mid, at, entries[at])
@@ -540,8 +566,11 @@ class MqttSource:
 
     def _resends(self, original: Inbound, message: Inbound) -> bool:
         """Whether a DUP ``message`` is a redelivery of ``original``, which is in the pipeline."""
-        return (original.topic == message.topic and original.payload == message.payload
-                and self._taken(original))
+        return (
+            original.topic == message.topic
+            and original.payload == message.payload
+            and self._taken(original)
+        )
 
     def holds(self, message: Inbound) -> bool:
         """Whether the pipeline may still take ``message`` (asked after it waited for I/O).
@@ -554,8 +583,11 @@ class MqttSource:
         if not message.qos:
             return True
         inbox = self._inbox
-        return (inbox is not None and inbox.generation == message.generation
-                and inbox.current is message)
+        return (
+            inbox is not None
+            and inbox.generation == message.generation
+            and inbox.current is message
+        )
 
     def _taken(self, message: Inbound) -> bool:
         """Whether the pipeline took this (unacknowledged) message.
@@ -626,8 +658,12 @@ class MqttSource:
         self._carried = []
         self._handover_ready.set()
 
-    async def run(self, sink: Callable[[Inbound], Awaitable[bool]],
-                  take_now: TakeNow = _not_now, skip: Skip | None = None) -> None:
+    async def run(
+        self,
+        sink: Callable[[Inbound], Awaitable[bool]],
+        take_now: TakeNow = _not_now,
+        skip: Skip | None = None,
+    ) -> None:
         """Connect, consume into ``sink`` and reconnect until stopped.
 
         ``take_now``, if given, is tried first for each message: it takes the message
@@ -664,8 +700,7 @@ class MqttSource:
                 async with client:
                     attempt, connected_once = 0, True
                     self._connected(client)
-                    await self._consume_until_stopped(client, inbox, sink,
-                                                      take_now)
+                    await self._consume_until_stopped(client, inbox, sink, take_now)
             except aiomqtt.MqttError as exc:
                 attempt += 1
                 delay = backoff(attempt, base=0.5)
@@ -673,16 +708,28 @@ class MqttSource:
                 if fatal is not None:
                     raise fatal from None
                 if connected_once:
-                    logger.warning("MQTT connection to %s lost (%s)%s; retrying in %.1fs",
-                                   address, exc, _lost_hint(exc, self._settings.client_id),
-                                   delay)
+                    logger.warning(
+                        "MQTT connection to %s lost (%s)%s; retrying in %.1fs",
+                        address,
+                        exc,
+                        _lost_hint(exc, self._settings.client_id),
+                        delay,
+                    )
                 elif attempt == 1:
-                    logger.warning("cannot reach the MQTT broker at %s (%s): waiting for it, "
-                                   "retrying with backoff; check --mqtt-url if it does not "
-                                   "come up", address, exc)
+                    logger.warning(
+                        "cannot reach the MQTT broker at %s (%s): waiting for it, "
+                        "retrying with backoff; check --mqtt-url if it does not "
+                        "come up",
+                        address,
+                        exc,
+                    )
                 else:
-                    logger.info("MQTT broker at %s still not reachable (%s); retrying in "
-                                "%.1fs", address, exc, delay)
+                    logger.info(
+                        "MQTT broker at %s still not reachable (%s); retrying in %.1fs",
+                        address,
+                        exc,
+                        delay,
+                    )
                 self._metrics.mqtt_reconnects.inc()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), delay)
@@ -701,9 +748,12 @@ class MqttSource:
         self._handover.clear()
         if lost:
             self.count_lost(lost)
-            logger.warning("stopping with %d QoS 0 messages read from the broker and not "
-                           "taken by the pipeline: they are lost (the broker does not send "
-                           "QoS 0 again); counted in ingest_messages_lost_total", lost)
+            logger.warning(
+                "stopping with %d QoS 0 messages read from the broker and not "
+                "taken by the pipeline: they are lost (the broker does not send "
+                "QoS 0 again); counted in ingest_messages_lost_total",
+                lost,
+            )
 
     def _fatal(self, exc: aiomqtt.MqttError, address: str) -> StartupError | None:
         """A first connection failure no retry can fix, as one line; None otherwise."""
@@ -712,12 +762,14 @@ class MqttSource:
             return StartupError(
                 f"--mqtt-ca-file: the broker at {address} presented a certificate that does "
                 f"not verify against {ca} ({exc}); give the CA that signed it, and the host "
-                "name the certificate names in --mqtt-url")
+                "name the certificate names in --mqtt-url"
+            )
         if _refused_for_good(exc):
             return StartupError(
                 f"--mqtt-url: the broker at {address} refused the connection ({exc}); check "
                 "the user and password (--mqtt-url, --mqtt-password-file), the broker's ACL "
-                "and --client-id")
+                "and --client-id"
+            )
         return None
 
     def _receiver(self, client: aiomqtt.Client) -> _Inbox:
@@ -732,8 +784,15 @@ class MqttSource:
         wanted, unwanted = self._subscriptions.wanted, self._subscriptions.unwanted
         identified = True  # the broker takes Subscription Identifiers (as CONNACK says)
 
-        def deliver(topic: str, payload: bytes, mid: int, qos: int, dup: bool,
-                    retain: bool, subscription: Subscription) -> None:
+        def deliver(
+            topic: str,
+            payload: bytes,
+            mid: int,
+            qos: int,
+            dup: bool,
+            retain: bool,
+            subscription: Subscription,
+        ) -> None:
             # QoS 1/2 messages are bounded by Receive Maximum at the broker; any message
             # past the inbox's bounds pauses the reader, so QoS 0 waits in TCP and at the
             # broker instead of being dropped here.
@@ -743,8 +802,7 @@ class MqttSource:
                 if why is not None:
                     kind = _OldSubscription if why == OLD_SUBSCRIPTION else _Unidentified
             # Inbound(...) without its Python-level __new__ (what that does, one call less)
-            message = new_tuple(kind, (topic, payload, mid, qos, generation, now(), dup,
-                                       retain))
+            message = new_tuple(kind, (topic, payload, mid, qos, generation, now(), dup, retain))
             if not qos or arrived(message, client):
                 put(message)
 
@@ -784,8 +842,11 @@ class MqttSource:
         # reconnect of the persistent session. Retain As Published off: the RETAIN flag
         # then marks exactly the retained messages sent because of a subscription (old
         # state; --retained says what to do with them), never a live publish.
-        options = SubscribeOptions(qos=wanted, retainAsPublished=False,
-                                   retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
+        options = SubscribeOptions(
+            qos=wanted,
+            retainAsPublished=False,
+            retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB,
+        )
         subscriptions = self._wanted_filters()
         remembered = await self._remembered(subscriptions)  # None: nothing to record now
         for topic in subscriptions:
@@ -793,15 +854,18 @@ class MqttSource:
             if inbox.identified:  # every message it brings carries the filter's identifier
                 props = Properties(PacketTypes.SUBSCRIBE)  # type: ignore[no-untyped-call]
                 props.SubscriptionIdentifier = identifier(topic)
-            granted = await _answered(client.subscribe(topic, options=options,
-                                                       properties=props, timeout=math.inf),
-                                      inbox, f"subscribing {topic!r}")
+            granted = await _answered(
+                client.subscribe(topic, options=options, properties=props, timeout=math.inf),
+                inbox,
+                f"subscribing {topic!r}",
+            )
             codes = [code if isinstance(code, int) else code.value for code in granted]
             if any(code != wanted for code in codes):
                 # 0x80 and above: refused (e.g. ACL); a lower QoS would silently turn the
                 # ack-after-write guarantee into at-most-once.
-                raise aiomqtt.MqttError(f"broker answered {codes} to subscribing {topic!r} at "
-                                        f"QoS {wanted}")
+                raise aiomqtt.MqttError(
+                    f"broker answered {codes} to subscribing {topic!r} at QoS {wanted}"
+                )
         # After subscribing, so a message is delivered twice rather than not at all: the
         # other form (plain or shared) a session of another --workers count may hold
         # (ingest/pipeline/workers.py), and the filters an earlier run of this client id
@@ -814,19 +878,28 @@ class MqttSource:
             unsubscribe = self._settings.other_subscriptions if self._resumed else ()
         unsubscribe = tuple(dict.fromkeys((*unsubscribe, *(remembered or ()))))
         for topic in unsubscribe:
-            await _answered(client.unsubscribe(topic, timeout=math.inf), inbox,
-                            f"unsubscribing {topic!r}")
+            await _answered(
+                client.unsubscribe(topic, timeout=math.inf), inbox, f"unsubscribing {topic!r}"
+            )
         if remembered:
-            logger.info("unsubscribed from %s: subscribed by an earlier run of client id %s "
-                        "and not wanted now", ", ".join(remembered), self._settings.client_id)
+            logger.info(
+                "unsubscribed from %s: subscribed by an earlier run of client id %s "
+                "and not wanted now",
+                ", ".join(remembered),
+                self._settings.client_id,
+            )
         if remembered is not None:
             # What the session holds from now on (a retired worker's: nothing).
             self._recalled = await self._record_filters(list(subscriptions))
         self._health.mqtt_connected = True
         self._metrics.mqtt_connected.set(1)
-        logger.info("connected to %s:%d as %s; subscribed to %s",
-                    self._settings.mqtt.host, self._settings.mqtt.port,
-                    self._settings.client_id, ", ".join(subscriptions) or "nothing (draining)")
+        logger.info(
+            "connected to %s:%d as %s; subscribed to %s",
+            self._settings.mqtt.host,
+            self._settings.mqtt.port,
+            self._settings.client_id,
+            ", ".join(subscriptions) or "nothing (draining)",
+        )
 
     async def _remembered(self, subscriptions: tuple[str, ...]) -> tuple[str, ...] | None:
         """The remembered filters to unsubscribe on this connection (see :meth:`_recall`)."""
@@ -861,7 +934,8 @@ class MqttSource:
             return None
         old = tuple(topic for topic in before or () if topic not in subscriptions)
         if (before is None or set(before) != set(subscriptions)) and not (
-                await self._record_filters([*subscriptions, *old])):
+            await self._record_filters([*subscriptions, *old])
+        ):
             return None
         # What they queued before today's filters existed arrives from now on.
         self._subscriptions.retire(old)
@@ -878,38 +952,42 @@ class MqttSource:
         return True
 
     def _forgetful(self, exc: BaseException) -> None:
-        logger.warning("cannot read or record the filters client id %s subscribed (%s): "
-                       "subscriptions of an earlier run that are not wanted now stay at the "
-                       "broker until the next start; what comes through them is skipped, "
-                       "counted in ingest_messages_skipped_total", self._settings.client_id,
-                       exc or type(exc).__name__)
+        logger.warning(
+            "cannot read or record the filters client id %s subscribed (%s): "
+            "subscriptions of an earlier run that are not wanted now stay at the "
+            "broker until the next start; what comes through them is skipped, "
+            "counted in ingest_messages_skipped_total",
+            self._settings.client_id,
+            exc or type(exc).__name__,
+        )
 
     def _disconnected(self) -> None:
         self._client = None
         self._health.mqtt_connected = False
         self._metrics.mqtt_connected.set(0)
 
-    async def _consume_until_stopped(self, client: aiomqtt.Client, inbox: _Inbox,
-                                     sink: Callable[[Inbound], Awaitable[bool]],
-                                     take_now: TakeNow) -> None:
+    async def _consume_until_stopped(
+        self,
+        client: aiomqtt.Client,
+        inbox: _Inbox,
+        sink: Callable[[Inbound], Awaitable[bool]],
+        take_now: TakeNow,
+    ) -> None:
         # Consuming starts before the subscription is confirmed: a resumed session's
         # backlog arrives ahead of the SUBACK and can be more than the inbox holds, so the
         # inbox must drain (and reading resume) for the SUBACK to be read at all, however
         # long the pipeline takes (a MongoDB outage): the SUBACK's timeout counts only the
         # time spent reading (see _answered), next to the watch for a lost connection.
-        consume = asyncio.create_task(self._consume(inbox, sink, take_now),
-                                      name="mqtt-consume")
+        consume = asyncio.create_task(self._consume(inbox, sink, take_now), name="mqtt-consume")
         # Our receive path bypasses aiomqtt's queue, so its iterator only ever ends by
         # raising MqttError when the connection drops: a public way to watch for that.
         watch = asyncio.create_task(_until_disconnected(client), name="mqtt-watch")
         stop: asyncio.Task[Any] = asyncio.create_task(self._stop.wait(), name="mqtt-stop")
-        subscribed = asyncio.create_task(self._subscribe(client, inbox),
-                                         name="mqtt-subscribe")
+        subscribed = asyncio.create_task(self._subscribe(client, inbox), name="mqtt-subscribe")
         try:
             waiting = {consume, watch, stop, subscribed}
             while True:
-                done, waiting = await asyncio.wait(waiting,
-                                                   return_when=asyncio.FIRST_COMPLETED)
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 if subscribed in done:
                     subscribed.result()  # a refused subscription raises: a failed connection
                 if done - {subscribed}:
@@ -967,16 +1045,19 @@ class MqttSource:
         elif held is not None and _message_of(held) is message:
             del self._unacked[mid]
 
-    async def _consume(self, inbox: _Inbox, sink: Callable[[Inbound], Awaitable[bool]],
-                       take_now: TakeNow = _not_now) -> None:
+    async def _consume(
+        self,
+        inbox: _Inbox,
+        sink: Callable[[Inbound], Awaitable[bool]],
+        take_now: TakeNow = _not_now,
+    ) -> None:
         messages, wake, take, usual = inbox.messages, inbox.wake, inbox.take, Inbound
         while True:
             count = 0
             while messages:
                 message = take()  # now the inbox's current
                 # (not usual: a message through an old subscription)
-                taken = (take_now(message) if type(message) is usual
-                         else self._skipped(message))
+                taken = take_now(message) if type(message) is usual else self._skipped(message)
                 if taken is None:
                     taken = await sink(message)
                 if not taken:
@@ -1027,9 +1108,12 @@ async def _until_disconnected(client: aiomqtt.Client) -> None:
         # aiomqtt's iterator says only "Disconnected during message iteration"; the
         # broker's reason (e.g. 0x8E session taken over) is in the disconnect it recorded.
         disconnected = getattr(client, "_disconnected", None)
-        if (isinstance(disconnected, asyncio.Future) and disconnected.done()
-                and not disconnected.cancelled()
-                and isinstance(disconnected.exception(), aiomqtt.MqttError)):
+        if (
+            isinstance(disconnected, asyncio.Future)
+            and disconnected.done()
+            and not disconnected.cancelled()
+            and isinstance(disconnected.exception(), aiomqtt.MqttError)
+        ):
             raise disconnected.exception() from exc  # type: ignore[misc]
         raise
 
@@ -1038,8 +1122,10 @@ def _lost_hint(exc: aiomqtt.MqttError, client_id: str) -> str:
     """What to do about a lost connection, when its reason says."""
     code = getattr(exc, "rc", None)
     if getattr(code, "value", code) == _SESSION_TAKEN_OVER:
-        return (f"; another client connected with client id {client_id}: give each "
-                "daemon its own --client-id (or --shared-group to split the topics)")
+        return (
+            f"; another client connected with client id {client_id}: give each "
+            "daemon its own --client-id (or --shared-group to split the topics)"
+        )
     return ""
 
 
@@ -1064,7 +1150,9 @@ async def _answered[T](request: Awaitable[T], inbox: _Inbox, what: str) -> T:
             if not inbox.paused:
                 waited += time.monotonic() - start
             if waited >= ANSWER_TIMEOUT:
-                raise aiomqtt.MqttError(f"{what}: no answer from the broker in "
-                                        f"{ANSWER_TIMEOUT:.0f} s of reading (timed out)")
+                raise aiomqtt.MqttError(
+                    f"{what}: no answer from the broker in "
+                    f"{ANSWER_TIMEOUT:.0f} s of reading (timed out)"
+                )
     finally:
         task.cancel()

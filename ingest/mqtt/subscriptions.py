@@ -109,8 +109,7 @@ class Subscriptions:
         if matched is None:
             if len(self._matched) >= TOPIC_CACHE:
                 self._matched.clear()
-            matched = self._matched[topic] = any(topic_matches_sub(f, topic)
-                                                 for f in self._plain)
+            matched = self._matched[topic] = any(topic_matches_sub(f, topic) for f in self._plain)
         return None if matched else reason
 
 

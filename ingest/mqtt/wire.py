@@ -85,8 +85,7 @@ def scan_py(data: bytes, reader: Cursor, deliver: Deliver) -> int:
     return handled
 
 
-def deliver_publish_py(deliver: Deliver, command: int, data: bytes, at: int,
-                       stop: int) -> None:
+def deliver_publish_py(deliver: Deliver, command: int, data: bytes, at: int, stop: int) -> None:
     """Hand a QoS 0 or 1 PUBLISH to ``deliver``: its first header byte and its body.
 
     The body is ``data[at:stop]``, parsed in place (topic, packet id, the Subscription
@@ -99,8 +98,9 @@ def deliver_publish_py(deliver: Deliver, command: int, data: bytes, at: int,
     _check_bytes(data)
     command, at, stop = index(command), index(at), index(stop)
     if not (0 <= command <= 0xFF and at >= 0 and stop <= len(data)):
-        raise ValueError(f"not a packet of the buffer: command {command}, body {at}:{stop} "
-                         f"of {len(data)} bytes")
+        raise ValueError(
+            f"not a packet of the buffer: command {command}, body {at}:{stop} of {len(data)} bytes"
+        )
     _deliver_publish(deliver, command, data, at, stop)
 
 
@@ -113,7 +113,7 @@ def _deliver_publish(deliver: Deliver, command: int, data: bytes, at: int, stop:
     """:func:`deliver_publish` of a body :func:`scan` found within ``data``."""
     try:
         end = at + 2 + (data[at] << 8 | data[at + 1])
-        topic = data[at + 2:end].decode("utf-8", "replace")
+        topic = data[at + 2 : end].decode("utf-8", "replace")
         mid = 0
         if command & 0x06:
             mid = data[end] << 8 | data[end + 1]
@@ -127,8 +127,15 @@ def _deliver_publish(deliver: Deliver, command: int, data: bytes, at: int, stop:
         end = stop + 1
     if end > stop:
         raise ValueError(MALFORMED)
-    deliver(topic, data[end:stop], mid, (command & 0x06) >> 1, bool(command & 0x08),
-            bool(command & 0x01), _subscription(data, block, end) if end > block else 0)
+    deliver(
+        topic,
+        data[end:stop],
+        mid,
+        (command & 0x06) >> 1,
+        bool(command & 0x08),
+        bool(command & 0x01),
+        _subscription(data, block, end) if end > block else 0,
+    )
 
 
 def _property_block(data: bytes, pos: int) -> tuple[int, int]:
@@ -154,7 +161,7 @@ def _subscription(data: bytes, pos: int, end: int) -> Subscription:
     """
     if end - pos == 5 and data[pos] == SUBSCRIPTION_IDENTIFIER:
         # The usual block: one identifier of 4 bytes (the daemon's; see subscriptions.py)
-        b1, b2, b3, b4 = data[pos + 1:end]
+        b1, b2, b3, b4 = data[pos + 1 : end]
         if b1 & b2 & b3 & 0x80 and not b4 & 0x80:
             return (b1 & 0x7F | (b2 & 0x7F) << 7 | (b3 & 0x7F) << 14 | b4 << 21) or 0
     found: Subscription = 0
@@ -166,8 +173,11 @@ def _subscription(data: bytes, pos: int, end: int) -> Subscription:
             if value < 0:
                 break
             if value:  # 0 is not an identifier (a protocol error): nothing found
-                found = value if not found else (
-                    (found,) if isinstance(found, int) else found) + (value,)
+                found = (
+                    value
+                    if not found
+                    else ((found,) if isinstance(found, int) else found) + (value,)
+                )
         elif ident in _FIXED:
             pos += _FIXED[ident]
         elif ident in _STRINGS:

@@ -65,9 +65,10 @@ WATCHDOG_SLACK = 10.0
 
 def metrics_guard(settings: Settings) -> dict[str, Any]:
     """The bearer tokens and TLS of the public /metrics (--metrics-tokens-file, -tls-*)."""
-    return {"tokens": TokenSet(settings.metrics_tokens) if settings.metrics_tokens else None,
-            "tls": server_tls_context(settings.metrics_tls_cert, settings.metrics_tls_key,
-                                      "--metrics")}
+    return {
+        "tokens": TokenSet(settings.metrics_tokens) if settings.metrics_tokens else None,
+        "tls": server_tls_context(settings.metrics_tls_cert, settings.metrics_tls_key, "--metrics"),
+    }
 
 
 class Shutdown:
@@ -79,8 +80,9 @@ class Shutdown:
     exits with status 1. The graceful path normally ends well before.
     """
 
-    def __init__(self, deadline: float | None = None,
-                 exit_now: Callable[[int], object] = os._exit) -> None:
+    def __init__(
+        self, deadline: float | None = None, exit_now: Callable[[int], object] = os._exit
+    ) -> None:
         self.requested = asyncio.Event()
         self.forced = asyncio.Event()
         self._deadline = deadline
@@ -100,8 +102,11 @@ class Shutdown:
                 watchdog.start()
 
     def _give_up(self) -> None:
-        logger.error("still running %.0f s after the signal; exiting now (unacknowledged "
-                     "messages will be redelivered)", self._deadline)
+        logger.error(
+            "still running %.0f s after the signal; exiting now (unacknowledged "
+            "messages will be redelivered)",
+            self._deadline,
+        )
         for handler in logging.getLogger().handlers:
             handler.flush()
         self._exit_now(1)
@@ -109,14 +114,18 @@ class Shutdown:
 
 def mongo_client(settings: Settings, **options: Any) -> AsyncMongoClient[dict[str, Any]]:  # noqa: ANN401
     """The driver client, with timezone-aware dates."""
-    return AsyncMongoClient(settings.mongodb_uri, tz_aware=True, appname="ingest",
-                            connect=False, **options)
+    return AsyncMongoClient(
+        settings.mongodb_uri, tz_aware=True, appname="ingest", connect=False, **options
+    )
 
 
 def build_labels() -> tuple[str, str, str]:
     """``ingest_build_info``'s labels: version, Python, whether the accelerators run."""
-    return (__version__, f"{sys.implementation.name} {platform.python_version()}",
-            str(accel.accelerated()).lower())
+    return (
+        __version__,
+        f"{sys.implementation.name} {platform.python_version()}",
+        str(accel.accelerated()).lower(),
+    )
 
 
 def warn_about(settings: Settings) -> None:
@@ -127,8 +136,11 @@ def warn_about(settings: Settings) -> None:
             "--max-inflight-messages %d is below --batch-size x (--write-concurrency + 1) = "
             "%d: at QoS 1 the broker stops sending before batches of single-reading "
             "messages fill, so they close only at --flush-interval; raise it to %d "
-            "(at most 65535) or lower --batch-size", settings.max_inflight_messages, enough,
-            min(enough, 65535))
+            "(at most 65535) or lower --batch-size",
+            settings.max_inflight_messages,
+            enough,
+            min(enough, 65535),
+        )
 
 
 # A topic of the default format, to ask whether a rule reads it.
@@ -149,24 +161,33 @@ def tell_default_topic(settings: Settings) -> None:
     if matched is not None and not matched.rule.ignore:
         return
     covered = matched is not None or any(
-        topic_matches_sub(topic, DEFAULT_FORMAT_PROBE) for topic in settings.topics)
+        topic_matches_sub(topic, DEFAULT_FORMAT_PROBE) for topic in settings.topics
+    )
     logger.warning(
         "--preset/--mapping without --topic: subscribed to the rules' filters (%s) instead "
         "of the default sensors/#, and no rule reads the default format there, so readings "
         "published to sensors/<id> are not stored%s; to keep the default format alongside, "
         'add a --mapping file rule with topic = "sensors/#" and format = "ingest" '
-        "(docs/presets.md)", ", ".join(settings.topics),
+        "(docs/presets.md)",
+        ", ".join(settings.topics),
         ' (counted in ingest_messages_ignored_total{rule="(outside the rules)"})'
-        if covered else "")
+        if covered
+        else "",
+    )
 
 
 def make_schema(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) -> Schema:
     """The collections, validators and indexes of the configured mode."""
-    return Schema(client[settings.db], settings.collection,
-                  rejects_collection=settings.rejects_collection,
-                  rejects_max_bytes=settings.rejects_max_bytes,
-                  retention_days=settings.retention_days, span_seconds=settings.span_seconds,
-                  granularity=settings.granularity, custom_span=settings.bucket_span_seconds)
+    return Schema(
+        client[settings.db],
+        settings.collection,
+        rejects_collection=settings.rejects_collection,
+        rejects_max_bytes=settings.rejects_max_bytes,
+        retention_days=settings.retention_days,
+        span_seconds=settings.span_seconds,
+        granularity=settings.granularity,
+        custom_span=settings.bucket_span_seconds,
+    )
 
 
 def ledger_of(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) -> Deliveries:
@@ -176,8 +197,9 @@ def ledger_of(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) -> D
     crash was first delivered at most Receive Maximum - 1 entries before the last, and
     after a crash during the redelivery, at most about twice that.
     """
-    return Deliveries(client[settings.db][DELIVERIES], settings.client_id,
-                      keep=2 * settings.max_inflight_messages)
+    return Deliveries(
+        client[settings.db][DELIVERIES], settings.client_id, keep=2 * settings.max_inflight_messages
+    )
 
 
 def make_writer(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) -> Writer:
@@ -186,28 +208,37 @@ def make_writer(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) ->
     schema = make_schema(settings, client)
     problem = bulk.fast_path_problem()
     if problem is not None:
-        logger.warning("this pymongo's bulk internals differ (%s): writing through its "
-                       "public bulk API, at more CPU per reading", problem)
+        logger.warning(
+            "this pymongo's bulk internals differ (%s): writing through its "
+            "public bulk API, at more CPU per reading",
+            problem,
+        )
     if settings.mode == "timeseries":
         # Its claims are the session's: each worker's (and a drain's) own client id.
         return TimeseriesWriter(db[settings.collection], schema, settings.client_id)
-    return BucketWriter(db[settings.collection], schema, settings.span_seconds,
-                        settings.bucket_max_readings)
+    return BucketWriter(
+        db[settings.collection], schema, settings.span_seconds, settings.bucket_max_readings
+    )
 
 
 @contextlib.asynccontextmanager
 async def _one_shot_client(settings: Settings) -> AsyncIterator[AsyncMongoClient[dict[str, Any]]]:
     """A client for a one-shot command; an unreachable server is one start-up line."""
     # A one-shot command should not sit silent for the driver's 30 s default.
-    quick = ({} if "serverselectiontimeoutms" in settings.mongodb_uri.lower()
-             else {"serverSelectionTimeoutMS": INIT_DB_WAIT_MS})
+    quick = (
+        {}
+        if "serverselectiontimeoutms" in settings.mongodb_uri.lower()
+        else {"serverSelectionTimeoutMS": INIT_DB_WAIT_MS}
+    )
     client = mongo_client(settings, **quick)
     try:
         yield client
     except ConnectionFailure as exc:
-        raise StartupError(f"--mongodb-uri: cannot reach MongoDB at "
-                           f"{redact_mongodb_uri(settings.mongodb_uri)} ({mongo_reason(exc)}); "
-                           "start it or correct --mongodb-uri") from None
+        raise StartupError(
+            f"--mongodb-uri: cannot reach MongoDB at "
+            f"{redact_mongodb_uri(settings.mongodb_uri)} ({mongo_reason(exc)}); "
+            "start it or correct --mongodb-uri"
+        ) from None
     finally:
         await client.close()
 
@@ -228,9 +259,14 @@ async def migrate(settings: Settings) -> None:
     async with _one_shot_client(settings) as client:
         schema = make_schema(settings, client)
         changed, dropped = await schema.migrate_buckets()
-        logger.info("migrated %s.%s: %d documents brought to schema_version %d; dropped "
-                    "indexes: %s", settings.db, settings.collection, changed,
-                    BUCKET_SCHEMA_VERSION, ", ".join(dropped) or "none")
+        logger.info(
+            "migrated %s.%s: %d documents brought to schema_version %d; dropped indexes: %s",
+            settings.db,
+            settings.collection,
+            changed,
+            BUCKET_SCHEMA_VERSION,
+            ", ".join(dropped) or "none",
+        )
         await schema.ensure_buckets()
 
 
@@ -242,8 +278,12 @@ def mongo_reason(exc: BaseException) -> str:
     return redact_mongodb_uri(text.replace("\n", " "))[:200] or type(exc).__name__
 
 
-async def run(settings: Settings, shutdown: Shutdown | None = None,
-              metrics: Metrics | None = None, metrics_sock: socket.socket | None = None) -> None:
+async def run(
+    settings: Settings,
+    shutdown: Shutdown | None = None,
+    metrics: Metrics | None = None,
+    metrics_sock: socket.socket | None = None,
+) -> None:
     """Run the daemon until a signal (or ``shutdown``, when given by a caller) stops it.
 
     ``metrics_sock``: serve /metrics on this listening socket instead of binding
@@ -261,24 +301,50 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
     try:
         writer = make_writer(settings, client)
         if settings.mapping is not None and not settings.dry_run:
-            attach_store(settings.mapping.stateful, client[settings.db],
-                         None if settings.shared_group is None
-                         else (settings.collection, settings.client_id))
+            attach_store(
+                settings.mapping.stateful,
+                client[settings.db],
+                None
+                if settings.shared_group is None
+                else (settings.collection, settings.client_id),
+            )
             attach_homie(settings.mapping.stateful, client[settings.db])
-        memory = (None if settings.dry_run else SubscribedFilters(
-            client[settings.db][SUBSCRIBED_COLLECTION], settings.client_id,
-            f"{settings.mqtt.host}:{settings.mqtt.port}"))
+        memory = (
+            None
+            if settings.dry_run
+            else SubscribedFilters(
+                client[settings.db][SUBSCRIBED_COLLECTION],
+                settings.client_id,
+                f"{settings.mqtt.host}:{settings.mqtt.port}",
+            )
+        )
         source = MqttSource(settings, metrics, health, memory=memory)
         rejects = RejectsWriter(client[settings.db][settings.rejects_collection])
-        first_seen = (FirstSeen(client[settings.db][RETAINED_COLLECTION])
-                      if settings.retained == "store" and not settings.dry_run else None)
-        pipeline = Pipeline(settings, writer, rejects, source, metrics, health, first_seen,
-                            None if settings.dry_run else ledger_of(settings, client))
-        server = MetricsServer(settings.metrics_host, settings.metrics_port, metrics, health,
-                               before_scrape=functools.partial(_sync_metrics, pipeline, source),
-                               sock=metrics_sock, **metrics_guard(settings))
-        async with (server,
-                    contextlib.AsyncExitStack() as stack):
+        first_seen = (
+            FirstSeen(client[settings.db][RETAINED_COLLECTION])
+            if settings.retained == "store" and not settings.dry_run
+            else None
+        )
+        pipeline = Pipeline(
+            settings,
+            writer,
+            rejects,
+            source,
+            metrics,
+            health,
+            first_seen,
+            None if settings.dry_run else ledger_of(settings, client),
+        )
+        server = MetricsServer(
+            settings.metrics_host,
+            settings.metrics_port,
+            metrics,
+            health,
+            before_scrape=functools.partial(_sync_metrics, pipeline, source),
+            sock=metrics_sock,
+            **metrics_guard(settings),
+        )
+        async with server, contextlib.AsyncExitStack() as stack:
             if not settings.dry_run:
                 await _prepare(writer, health, metrics, shutdown, settings.mongodb_uri)
             if shutdown.requested.is_set():
@@ -288,11 +354,13 @@ async def run(settings: Settings, shutdown: Shutdown | None = None,
             group = await stack.enter_async_context(asyncio.TaskGroup())
             helpers = []
             if not settings.dry_run:
-                helpers.append(group.create_task(_watch_mongodb(client, health, metrics),
-                                                 name="mongodb-ping"))
+                helpers.append(
+                    group.create_task(_watch_mongodb(client, health, metrics), name="mongodb-ping")
+                )
             helpers.append(group.create_task(pipeline.run(), name="pipeline"))
-            consumer = group.create_task(source.run(pipeline.submit, pipeline.take_now,
-                                                    pipeline.skip), name="mqtt-source")
+            consumer = group.create_task(
+                source.run(pipeline.submit, pipeline.take_now, pipeline.skip), name="mqtt-source"
+            )
             await shutdown.requested.wait()
             deadline = asyncio.get_running_loop().time() + settings.shutdown_timeout
             await _drain(settings, source, pipeline, shutdown)
@@ -345,8 +413,9 @@ def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
-async def _prepare(writer: Writer, health: Health, metrics: Metrics, shutdown: Shutdown,
-                   uri: str) -> None:
+async def _prepare(
+    writer: Writer, health: Health, metrics: Metrics, shutdown: Shutdown, uri: str
+) -> None:
     """Make sure collections and indexes exist, waiting for MongoDB if it is not up yet.
 
     Returns early when a signal arrives: one attempt can wait for server selection
@@ -359,12 +428,15 @@ async def _prepare(writer: Writer, health: Health, metrics: Metrics, shutdown: S
         while not shutdown.requested.is_set():
             step = asyncio.create_task(writer.ensure_schema(), name="ensure-schema")
             # Server selection waits up to 30 s: say at once what the daemon waits for.
-            await asyncio.wait({step, stop}, timeout=SLOW_START,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {step, stop}, timeout=SLOW_START, return_when=asyncio.FIRST_COMPLETED
+            )
             if not step.done() and not stop.done() and attempt == 0:
-                logger.warning("waiting for MongoDB at %s (no answer yet; /readyz says "
-                               "'mongodb unreachable' until it answers); MQTT starts after it",
-                               where)
+                logger.warning(
+                    "waiting for MongoDB at %s (no answer yet; /readyz says "
+                    "'mongodb unreachable' until it answers); MQTT starts after it",
+                    where,
+                )
             await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not step.done():
                 step.cancel()
@@ -374,8 +446,12 @@ async def _prepare(writer: Writer, health: Health, metrics: Metrics, shutdown: S
             except PyMongoError as exc:
                 attempt += 1
                 delay = backoff(attempt, base=1.0)
-                logger.warning("cannot prepare MongoDB collections at %s (%s); retrying in %.1fs",
-                               where, mongo_reason(exc), delay)
+                logger.warning(
+                    "cannot prepare MongoDB collections at %s (%s); retrying in %.1fs",
+                    where,
+                    mongo_reason(exc),
+                    delay,
+                )
                 await asyncio.wait({stop}, timeout=delay)
             else:
                 health.mongodb_ok = True
@@ -386,17 +462,21 @@ async def _prepare(writer: Writer, health: Health, metrics: Metrics, shutdown: S
         stop.cancel()
 
 
-async def _watch_mongodb(client: AsyncMongoClient[dict[str, Any]], health: Health,
-                         metrics: Metrics) -> None:
+async def _watch_mongodb(
+    client: AsyncMongoClient[dict[str, Any]], health: Health, metrics: Metrics
+) -> None:
     """Ping MongoDB so /readyz tells the truth even when no data flows."""
     while True:
         try:
             await asyncio.wait_for(client.admin.command("ping"), PING_INTERVAL)
         except (PyMongoError, TimeoutError) as exc:
             if health.mongodb_ok:
-                logger.warning("MongoDB ping failed: %s",
-                               f"no answer within {PING_INTERVAL:.0f} s"
-                               if isinstance(exc, TimeoutError) else mongo_reason(exc))
+                logger.warning(
+                    "MongoDB ping failed: %s",
+                    f"no answer within {PING_INTERVAL:.0f} s"
+                    if isinstance(exc, TimeoutError)
+                    else mongo_reason(exc),
+                )
             health.mongodb_ok = False
         else:
             health.mongodb_ok = True
@@ -410,23 +490,29 @@ def _sync_metrics(pipeline: Pipeline, source: MqttSource) -> None:
     source.sync_metrics()
 
 
-async def _drain(settings: Settings, source: MqttSource, pipeline: Pipeline,
-                 shutdown: Shutdown) -> None:
+async def _drain(
+    settings: Settings, source: MqttSource, pipeline: Pipeline, shutdown: Shutdown
+) -> None:
     """Stop consuming, write and ack what is in flight, then disconnect."""
     source.stop_consuming()
     drained = asyncio.create_task(_hand_over_and_drain(source, pipeline), name="drain")
     forced = asyncio.create_task(shutdown.forced.wait(), name="forced")
-    done, _ = await asyncio.wait({drained, forced}, timeout=settings.shutdown_timeout,
-                                 return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait(
+        {drained, forced}, timeout=settings.shutdown_timeout, return_when=asyncio.FIRST_COMPLETED
+    )
     if drained in done:
         logger.info("in-flight batches written and acknowledged")
     else:
         lost = pipeline.unwritten_qos0()
         source.count_lost(lost)
-        logger.warning("shutdown timeout or second signal: %d buffered readings not written "
-                       "(their QoS 1 messages are unacknowledged and will be redelivered; "
-                       "%d QoS 0 messages among them are lost, counted in "
-                       "ingest_messages_lost_total)", pipeline.buffered, lost)
+        logger.warning(
+            "shutdown timeout or second signal: %d buffered readings not written "
+            "(their QoS 1 messages are unacknowledged and will be redelivered; "
+            "%d QoS 0 messages among them are lost, counted in "
+            "ingest_messages_lost_total)",
+            pipeline.buffered,
+            lost,
+        )
     for task in (drained, forced):
         task.cancel()
     source.release()

@@ -65,8 +65,9 @@ def merged(batches: list[Batch]) -> Batch:
 class Batcher:
     """Close a batch at ``max_items`` readings or messages, or ``linger`` s after it opened."""
 
-    def __init__(self, max_items: int, linger: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, max_items: int, linger: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._max = max_items
         self._linger = linger
         self._clock = clock
@@ -74,9 +75,14 @@ class Batcher:
         self.current: Batch | None = None
         self._numbers = 0
 
-    def add(self, message: Inbound, readings: list[Reading],
-            rejects: list[dict[str, Any]], held_bytes: int = 0,
-            given: list[int] = _NOTHING) -> Batch | None:
+    def add(
+        self,
+        message: Inbound,
+        readings: list[Reading],
+        rejects: list[dict[str, Any]],
+        held_bytes: int = 0,
+        given: list[int] = _NOTHING,
+    ) -> Batch | None:
         """Add one decoded message (holding ``held_bytes``); return the batch if it is full.
 
         ``given``: the times its readings were given at arrival, moved (the list is

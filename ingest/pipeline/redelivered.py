@@ -35,8 +35,14 @@ logger = logging.getLogger(__name__)
 class Ledger:
     """Record what times messages gave; find them again for their redeliveries."""
 
-    def __init__(self, deliveries: Deliveries, metrics: Metrics, health: Health,
-                 retry: Failed, closed: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        deliveries: Deliveries,
+        metrics: Metrics,
+        health: Health,
+        retry: Failed,
+        closed: Callable[[], bool],
+    ) -> None:
         self._deliveries = deliveries
         self._metrics = metrics
         self._health = health
@@ -67,9 +73,13 @@ class Ledger:
             await until_answered(write, self._retry, self._health)
         except RefusedWriteError as exc:
             self._metrics.write_error("rejected")
-            logger.error("cannot record the arrival times of %d messages (a crash "  # noqa: TRY400 - a server's answer, not a bug
-                         "before their PUBACKs would store their redeliveries' readings "
-                         "twice): %s", len(batch.deliveries), exc)
+            logger.error(  # noqa: TRY400
+                "cannot record the arrival times of %d messages (a crash "
+                "before their PUBACKs would store their redeliveries' readings "
+                "twice): %s",
+                len(batch.deliveries),
+                exc,
+            )
 
     async def recorded(self, message: Inbound) -> Recorded | None:
         """The times the first delivery of this DUP gave, if they were recorded.
@@ -85,15 +95,20 @@ class Ledger:
             read = self._read = (message.generation, entries)
         found = first_delivery(read[1], message)
         self._metrics.redeliveries_retimed.labels(
-            "unrecorded" if found is None else "recorded").inc()
+            "unrecorded" if found is None else "recorded"
+        ).inc()
         return found
 
     async def _entries(self) -> Latest | None:
         """The client's entries, retried like a write; None if the pipeline closes first."""
-        entries = await until_answered(self._deliveries.tail, self._retry, self._health,
-                                       self._closed)
+        entries = await until_answered(
+            self._deliveries.tail, self._retry, self._health, self._closed
+        )
         if entries is not None:
-            logger.info("a message resent after a restart (DUP): %d arrival times recorded "
-                        "for client %s, for its readings without a time of their own",
-                        len(entries), self._deliveries.client)
+            logger.info(
+                "a message resent after a restart (DUP): %d arrival times recorded "
+                "for client %s, for its readings without a time of their own",
+                len(entries),
+                self._deliveries.client,
+            )
         return entries

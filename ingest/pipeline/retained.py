@@ -74,15 +74,18 @@ class FirstSeen:
                     doc = await self.collection.find_one_and_update(
                         {"_id": topic, "digest": {"$ne": key}},
                         {"$set": {"digest": key, "first_seen": _EPOCH + int(now * 1000) * _MS}},
-                        upsert=True, return_document=ReturnDocument.AFTER)
+                        upsert=True,
+                        return_document=ReturnDocument.AFTER,
+                    )
                 except DuplicateKeyError:
                     continue  # another daemon recorded a payload of this topic meanwhile
                 if doc is not None and doc.get("digest") == key:
                     return _ms(doc["first_seen"]), True
         except (PyMongoError, InvalidDocument) as exc:
             raise as_write_error(exc) from exc
-        raise WriteError(f"retained state of {topic[:200]!r} changed {RACES} times while "
-                         "being recorded")
+        raise WriteError(
+            f"retained state of {topic[:200]!r} changed {RACES} times while being recorded"
+        )
 
 
 def _ms(when: datetime) -> int:

@@ -25,8 +25,12 @@ def _never() -> bool:
     return False
 
 
-async def until_answered[T](call: Callable[[], Awaitable[T]], failed: Failed, health: Health,
-                            closed: Callable[[], bool] = _never) -> T | None:
+async def until_answered[T](
+    call: Callable[[], Awaitable[T]],
+    failed: Failed,
+    health: Health,
+    closed: Callable[[], bool] = _never,
+) -> T | None:
     """``call``'s answer, retried after each ``failed(error, attempt)``.
 
     None if ``closed()`` first; :class:`~ingest.errors.RefusedWriteError` is raised as it

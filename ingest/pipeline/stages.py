@@ -33,7 +33,6 @@ from ingest.retry import backoff
 from ingest.store.writers.rejects import reject_docs
 
 if TYPE_CHECKING:
-
     from ingest.config import Settings
     from ingest.metrics import Health, Metrics
     from ingest.model import Inbound, Reading
@@ -57,13 +56,13 @@ REJECT_DOC_BYTES = 768
 _NO_DOCS: list[dict[str, Any]] = []
 
 
-def held_bytes_py(message: Inbound, readings: list[Reading], docs: list[dict[str, Any]]
-                  ) -> int:
+def held_bytes_py(message: Inbound, readings: list[Reading], docs: list[dict[str, Any]]) -> int:
     """Estimated memory one taken message holds until it is acknowledged."""
     size = MESSAGE_BYTES + len(message.payload) + len(message.topic)
     if readings:
         size += READING_BYTES * len(readings) + VALUE_BYTES * sum(
-            [len(reading.values) for reading in readings])
+            [len(reading.values) for reading in readings]
+        )
     for doc in docs:
         size += REJECT_DOC_BYTES + len(doc["payload"]) + len(doc["detail"])
     return size
@@ -89,18 +88,29 @@ class Acker(Protocol):
 class Pipeline:
     """Decode and batch submitted messages; write batches; ack them in order."""
 
-    def __init__(self, settings: Settings, writer: Writer, rejects: RejectsWriter,
-                 acker: Acker, metrics: Metrics, health: Health,
-                 first_seen: FirstSeen | None = None,
-                 deliveries: Deliveries | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        writer: Writer,
+        rejects: RejectsWriter,
+        acker: Acker,
+        metrics: Metrics,
+        health: Health,
+        first_seen: FirstSeen | None = None,
+        deliveries: Deliveries | None = None,
+    ) -> None:
         self._settings = settings
         self._writer = writer
         self._rejects = rejects
         self._acker = acker
         self._metrics = metrics
         self._health = health
-        self._limits = Limits(settings.max_message_bytes, settings.max_readings_per_message,
-                              settings.max_past_seconds, settings.max_future_seconds)
+        self._limits = Limits(
+            settings.max_message_bytes,
+            settings.max_readings_per_message,
+            settings.max_past_seconds,
+            settings.max_future_seconds,
+        )
         self._batcher = Batcher(settings.batch_size, settings.flush_interval)
         # Each batch goes to both queues with one future: the writer that takes it
         # resolves the future, the acker waits for the futures in dispatch order.
@@ -122,8 +132,11 @@ class Pipeline:
         self._told_retained = False  # the one log line about retained messages is out
         # The delivery ledger (None: dry run): the times given to readings without their
         # own, recorded per message, so that a redelivery after a crash gets them again.
-        self._ledger = (None if deliveries is None else
-                        Ledger(deliveries, metrics, health, self._failed, lambda: self._closed))
+        self._ledger = (
+            None
+            if deliveries is None
+            else Ledger(deliveries, metrics, health, self._failed, lambda: self._closed)
+        )
         # What the arrivals gave the message being decoded (never filled without a ledger).
         self._given: list[int] = [] if self._ledger is None else self._ledger.given
         metrics.buffer_limit.set(settings.max_buffered_readings)
@@ -137,8 +150,9 @@ class Pipeline:
         # Subscriptions derived from the rules may be wider than the rules (partly
         # overlapping filters are joined into one): what arrives only through that
         # widening was never asked for, so it is ignored, not rejected as no_rule.
-        self._widened = (self._mapping is not None
-                         and settings.topics == self._mapping.subscriptions())
+        self._widened = (
+            self._mapping is not None and settings.topics == self._mapping.subscriptions()
+        )
         if self._ledger is not None:
             ARRIVALS.given = self._given  # the process's, for the default format
             if self._mapping is not None:
@@ -146,8 +160,10 @@ class Pipeline:
         if self._mapping is not None:
             rules = self._mapping.rules
             ignored = [r.name for r in rules if r.ignore]
-            metrics.init_rules([r.name for r in rules if not r.ignore],
-                               [*ignored, OUTSIDE_RULES] if self._widened else ignored)
+            metrics.init_rules(
+                [r.name for r in rules if not r.ignore],
+                [*ignored, OUTSIDE_RULES] if self._widened else ignored,
+            )
 
     @property
     def buffered(self) -> int:
@@ -194,8 +210,12 @@ class Pipeline:
             # a BIRTH is stored before its message can be acknowledged.
             step = self._mapping.stateful_for(message.topic)
             if step is not None and not await step.prepare(
-                    message.topic, message.payload, self._limits, lambda: self._closed,
-                    message.generation):
+                message.topic,
+                message.payload,
+                self._limits,
+                lambda: self._closed,
+                message.generation,
+            ):
                 return False
         return True
 
@@ -227,18 +247,22 @@ class Pipeline:
             return False
         ms, new = found
         self._metrics.retained_messages.labels("new" if new else "known").inc()
-        self._tell_retained(message, "storing them at the time any daemon first saw "
-                            "each state (--retained store)")
+        self._tell_retained(
+            message, "storing them at the time any daemon first saw each state (--retained store)"
+        )
         self._take(message, ms)
         return True
 
     def _skip_retained(self, message: Inbound) -> None:
         """Count a retained message and batch it without readings (it is acked in turn)."""
         self._metrics.retained_messages.labels("skipped").inc()
-        self._tell_retained(message, "skipping them, counted in "
-                            "ingest_retained_messages_total"
-                            '{outcome="skipped"} (--retained ignore; --retained store '
-                            "stores them)")
+        self._tell_retained(
+            message,
+            "skipping them, counted in "
+            "ingest_retained_messages_total"
+            '{outcome="skipped"} (--retained ignore; --retained store '
+            "stores them)",
+        )
         self._pass(message)
 
     def skip(self, message: Inbound) -> bool:
@@ -270,8 +294,11 @@ class Pipeline:
         """Say once what becomes of retained messages (not once per message)."""
         if not self._told_retained:
             self._told_retained = True
-            logger.info("retained messages arrive on subscribing (old state; the first on "
-                        "%r); %s", message.topic[:200], what)
+            logger.info(
+                "retained messages arrive on subscribing (old state; the first on %r); %s",
+                message.topic[:200],
+                what,
+            )
 
     async def _first_seen_of(self, message: Inbound) -> tuple[int, bool] | None:
         """When the retained state was first seen (epoch ms) and whether that is now.
@@ -287,12 +314,17 @@ class Pipeline:
         first_seen = self._first_seen
         try:
             return await until_answered(
-                lambda: first_seen.first_seen(message.topic, message.payload,
-                                              message.received_at),
-                self._failed, self._health, lambda: self._closed)
+                lambda: first_seen.first_seen(message.topic, message.payload, message.received_at),
+                self._failed,
+                self._health,
+                lambda: self._closed,
+            )
         except RefusedWriteError as exc:
-            logger.error("cannot record the retained state of %r (storing it at its "  # noqa: TRY400 - a server's answer, not a bug
-                         "arrival time): %s", message.topic[:200], exc)
+            logger.error(  # noqa: TRY400
+                "cannot record the retained state of %r (storing it at its arrival time): %s",
+                message.topic[:200],
+                exc,
+            )
             return arrived, True
 
     def take_now(self, message: Inbound) -> bool | None:
@@ -305,14 +337,18 @@ class Pipeline:
         if self._closed:
             return False
         # _full(), inline: this runs for every message
-        if (self._buffered >= self._max_buffered or self._held_bytes >= self._max_held_bytes
-                or self._stateful or message.retained or message.dup):
+        if (
+            self._buffered >= self._max_buffered
+            or self._held_bytes >= self._max_held_bytes
+            or self._stateful
+            or message.retained
+            or message.dup
+        ):
             return None
         self._take(message)
         return True
 
-    def _take(self, message: Inbound, first_seen: int | Recorded | None = None
-              ) -> Batch | None:
+    def _take(self, message: Inbound, first_seen: int | Recorded | None = None) -> Batch | None:
         """Decode one message into the open batch (there is room for it).
 
         ``first_seen``: a retained state's time (epoch ms), used instead of the arrival
@@ -327,8 +363,9 @@ class Pipeline:
         self._received_bytes += len(payload)
         if self._mapping is None:  # the default format: no rule lookup at all
             if first_seen is None:
-                readings, rejections = decode(message.topic, payload, message.received_at,
-                                              self._limits, None, ARRIVALS)
+                readings, rejections = decode(
+                    message.topic, payload, message.received_at, self._limits, None, ARRIVALS
+                )
             else:
                 readings, rejections = self._decoded_at(message, first_seen)
         else:
@@ -344,8 +381,13 @@ class Pipeline:
             docs = reject_docs(message, rejections, self._writer.mode)
             size = held_bytes(message, readings, docs)
         elif count == 1:  # held_bytes of the usual message, inline
-            size = (MESSAGE_BYTES + READING_BYTES + len(payload) + len(message.topic)
-                    + VALUE_BYTES * len(readings[0].values))
+            size = (
+                MESSAGE_BYTES
+                + READING_BYTES
+                + len(payload)
+                + len(message.topic)
+                + VALUE_BYTES * len(readings[0].values)
+            )
             docs = _NO_DOCS
         else:
             docs = _NO_DOCS
@@ -370,39 +412,46 @@ class Pipeline:
         if type(first_seen) is int:
             return decode(message.topic, message.payload, first_seen / 1000, self._limits)
         recorded: Recorded = first_seen  # type: ignore[assignment]
-        return decode(message.topic, message.payload, recorded.received_at, self._limits,
-                      None, Replayed(recorded.times, self._given))
+        return decode(
+            message.topic,
+            message.payload,
+            recorded.received_at,
+            self._limits,
+            None,
+            Replayed(recorded.times, self._given),
+        )
 
-    def _topic_named(self, topic: str, readings: list[Reading], rejections: list[Rejection]
-                     ) -> Decoded:
+    def _topic_named(
+        self, topic: str, readings: list[Reading], rejections: list[Rejection]
+    ) -> Decoded:
         """--sensor-id-from-topic: the readings of another sensor than the topic's, refused."""
-        expected = (sensor_from_topic(topic) if self._mapping is None
-                    else self._mapping.topic_sensor(topic))
+        expected = (
+            sensor_from_topic(topic) if self._mapping is None else self._mapping.topic_sensor(topic)
+        )
         return refuse_others(Decoded(readings, rejections), expected, len(readings) == 1)
 
     def _full(self) -> bool:
         """Whether the pipeline holds as much as it may (readings or bytes)."""
-        return (self._buffered >= self._max_buffered
-                or self._held_bytes >= self._max_held_bytes)
+        return self._buffered >= self._max_buffered or self._held_bytes >= self._max_held_bytes
 
-    def _mapped(self, message: Inbound, first_seen: int | Recorded | None = None
-                ) -> Decoded:
+    def _mapped(self, message: Inbound, first_seen: int | Recorded | None = None) -> Decoded:
         """Decode through the mapping rules, counting each rule's messages."""
         mapping = self._mapping
         assert mapping is not None
         if first_seen is None:
-            result = mapping.decode(message.topic, message.payload, message.received_at,
-                                    self._limits)
+            result = mapping.decode(
+                message.topic, message.payload, message.received_at, self._limits
+            )
         elif type(first_seen) is int:
-            result = mapping.decode_at(message.topic, message.payload, first_seen,
-                                       self._limits)
+            result = mapping.decode_at(message.topic, message.payload, first_seen, self._limits)
         else:  # a redelivery: the rules' arrivals give the times recorded, for this one
             recorded: Recorded = first_seen  # type: ignore[assignment]
             arrivals = mapping.arrivals
             mapping.arrivals = Replayed(recorded.times, arrivals.given)
             try:
-                result = mapping.decode(message.topic, message.payload, recorded.received_at,
-                                        self._limits)
+                result = mapping.decode(
+                    message.topic, message.payload, recorded.received_at, self._limits
+                )
             finally:
                 mapping.arrivals = arrivals
         if result.rule is None and self._widened:
@@ -415,8 +464,7 @@ class Pipeline:
             else:
                 # Nothing stored and nothing refused (a Sparkplug DEATH): handled, accepted.
                 decoded = result.decoded
-                outcome = ("accepted" if decoded.readings or not decoded.rejections
-                           else "rejected")
+                outcome = "accepted" if decoded.readings or not decoded.rejections else "rejected"
             key = (result.rule.name, outcome)
             self._rule_counts[key] = self._rule_counts.get(key, 0) + 1
         return result.decoded
@@ -544,8 +592,7 @@ class Pipeline:
         self._metrics.batch_write_seconds.observe(time.perf_counter() - started)
         self._metrics.batch_readings.observe(len(batch.readings))
 
-    async def _write_readings(self, readings: list[Reading]
-                              ) -> list[tuple[Reading, Rejection]]:
+    async def _write_readings(self, readings: list[Reading]) -> list[tuple[Reading, Rejection]]:
         """Write until nothing is left to retry; return the readings refused for good.
 
         A write retried after its outcome was unknown (or a redelivered message) may hold
@@ -572,8 +619,9 @@ class Pipeline:
             pending = outcome.retry
             if pending:
                 attempt += 1
-                await self._failed(outcome.error or WriteError(
-                    f"{len(pending)} readings to retry"), attempt)
+                await self._failed(
+                    outcome.error or WriteError(f"{len(pending)} readings to retry"), attempt
+                )
         return refused
 
     def _settled(self, ops: int, outcome: Outcome) -> list[tuple[Reading, Rejection]]:
@@ -584,11 +632,13 @@ class Pipeline:
             self._metrics.duplicates.inc(outcome.duplicates)
         if outcome.refused:
             self._metrics.write_error("rejected")
-        return (self._refusals(outcome.refused, "write_rejected")
-                + self._refusals(outcome.conflicts, "ts_conflict"))
+        return self._refusals(outcome.refused, "write_rejected") + self._refusals(
+            outcome.conflicts, "ts_conflict"
+        )
 
-    def _refusals(self, refused: list[tuple[Reading, str]], reason: str
-                  ) -> list[tuple[Reading, Rejection]]:
+    def _refusals(
+        self, refused: list[tuple[Reading, str]], reason: str
+    ) -> list[tuple[Reading, Rejection]]:
         """Log and count readings refused for good, each with its reason."""
         for _reading, detail in refused:
             logger.warning("refused a reading (%s): %s", reason, detail)
@@ -596,14 +646,16 @@ class Pipeline:
             self._metrics.reject(reason, len(refused))
         return [(reading, Rejection(reason, detail)) for reading, detail in refused]
 
-    async def _isolate(self, readings: list[Reading], exc: RefusedWriteError
-                       ) -> list[tuple[Reading, Rejection]]:
+    async def _isolate(
+        self, readings: list[Reading], exc: RefusedWriteError
+    ) -> list[tuple[Reading, Rejection]]:
         """A whole request was refused for its data: split it until the culprit is alone."""
         if len(readings) == 1:
             return self._refusals([(readings[0], str(exc)[:300])], "write_rejected")
         half = len(readings) // 2
-        return (await self._write_readings(readings[:half])
-                + await self._write_readings(readings[half:]))
+        return await self._write_readings(readings[:half]) + await self._write_readings(
+            readings[half:]
+        )
 
     async def _write_rejects(self, docs: list[dict[str, Any]]) -> None:
         if self._settings.dry_run:
@@ -650,8 +702,9 @@ class Pipeline:
         except (PyMongoError, IngestError) as exc:
             logger.error("cannot ensure the schema again: %s", str(exc)[:300])  # noqa: TRY400
 
-    def _refused_docs(self, batch: Batch, refused: list[tuple[Reading, Rejection]]
-                      ) -> list[dict[str, Any]]:
+    def _refused_docs(
+        self, batch: Batch, refused: list[tuple[Reading, Rejection]]
+    ) -> list[dict[str, Any]]:
         """Reject documents for readings refused at write time, pointing at their message."""
         owners = batch.origin()
         docs: list[dict[str, Any]] = []

@@ -28,8 +28,9 @@ COLLECTION = "subscribed_filters"
 class SubscribedFilters:
     """One session's record in ``subscribed_filters`` (see the module docstring)."""
 
-    def __init__(self, collection: AsyncCollection[dict[str, Any]], client_id: str,
-                 broker: str) -> None:
+    def __init__(
+        self, collection: AsyncCollection[dict[str, Any]], client_id: str, broker: str
+    ) -> None:
         # From the primary: the record the last run wrote, not a secondary's older copy.
         self._collection = collection.with_options(read_preference=ReadPreference.PRIMARY)
         self._client_id = client_id
@@ -51,7 +52,13 @@ class SubscribedFilters:
         try:
             await self._collection.replace_one(
                 {"_id": self._key},
-                {"client_id": self._client_id, "broker": self._broker, "filters": filters,
-                 "updated_at": datetime.now(UTC)}, upsert=True)
+                {
+                    "client_id": self._client_id,
+                    "broker": self._broker,
+                    "filters": filters,
+                    "updated_at": datetime.now(UTC),
+                },
+                upsert=True,
+            )
         except (PyMongoError, InvalidDocument) as exc:
             raise as_write_error(exc) from exc

@@ -63,8 +63,11 @@ async def retire_sessions(settings: Settings, shutdown: app.Shutdown) -> None:
             # probe would take it over.
             held = client_lock.claim(settings, client_id)
         except client_lock.SessionInUseError as exc:
-            logger.info("not looking for retired sessions from %s on: a running daemon "
-                        "(pid %s) uses it", client_id, exc.pid or "unknown")
+            logger.info(
+                "not looking for retired sessions from %s on: a running daemon (pid %s) uses it",
+                client_id,
+                exc.pid or "unknown",
+            )
             return
         try:
             if not await _retire(settings, client_id, shutdown):
@@ -84,30 +87,41 @@ async def _retire(settings: Settings, client_id: str, shutdown: app.Shutdown) ->
         return False
     if shutdown.requested.is_set():
         return False
-    logger.info("taking the messages queued for %s (a worker of an earlier run with "
-                "more workers), then ending its session", client_id)
+    logger.info(
+        "taking the messages queued for %s (a worker of an earlier run with "
+        "more workers), then ending its session",
+        client_id,
+    )
     return await drain_session(settings, client_id, shutdown)
 
 
-def _client(settings: Settings, client_id: str, clean_start: bool,
-            expiry: int) -> aiomqtt.Client:
+def _client(settings: Settings, client_id: str, clean_start: bool, expiry: int) -> aiomqtt.Client:
     mqtt = settings.mqtt
     props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
     props.SessionExpiryInterval = expiry
     props.ReceiveMaximum = 1  # a probe takes as little as it can; nothing is acknowledged
-    return aiomqtt.Client(mqtt.host, mqtt.port, username=mqtt.username,
-                          password=mqtt.password, identifier=client_id,
-                          protocol=aiomqtt.ProtocolVersion.V5, clean_start=clean_start,
-                          properties=props, tls_context=mqtt.ssl_context(),
-                          timeout=PROBE_TIMEOUT, logger=logging.getLogger("ingest.mqtt.client"))
+    return aiomqtt.Client(
+        mqtt.host,
+        mqtt.port,
+        username=mqtt.username,
+        password=mqtt.password,
+        identifier=client_id,
+        protocol=aiomqtt.ProtocolVersion.V5,
+        clean_start=clean_start,
+        properties=props,
+        tls_context=mqtt.ssl_context(),
+        timeout=PROBE_TIMEOUT,
+        logger=logging.getLogger("ingest.mqtt.client"),
+    )
 
 
 async def session_exists(settings: Settings, client_id: str) -> bool:
     """Whether the broker holds a session for ``client_id``; leaves none if it did not."""
     client = _client(settings, client_id, clean_start=False, expiry=SESSION_EXPIRY)
     present: list[bool] = []
-    paho_hooks.install(client, lambda *_: None, lambda found, _ids: present.append(found),
-                       lambda: None)
+    paho_hooks.install(
+        client, lambda *_: None, lambda found, _ids: present.append(found), lambda: None
+    )
     async with client:
         pass
     if present and present[0]:
@@ -128,10 +142,18 @@ async def drain_session(settings: Settings, client_id: str, outer: app.Shutdown)
     True when drained and ended; False when a signal came first (the session is kept,
     with what is left in it, for the next start).
     """
-    drain = replace(settings, client_id=client_id, drain_only=True, workers=1,
-                    shared_group=settings.shared_group or settings.derived_group,
-                    metrics_host="127.0.0.1", metrics_port=0, metrics_tokens=(),
-                    metrics_tls_cert=None, metrics_tls_key=None)
+    drain = replace(
+        settings,
+        client_id=client_id,
+        drain_only=True,
+        workers=1,
+        shared_group=settings.shared_group or settings.derived_group,
+        metrics_host="127.0.0.1",
+        metrics_port=0,
+        metrics_tokens=(),
+        metrics_tls_cert=None,
+        metrics_tls_key=None,
+    )
     sock = listen("127.0.0.1", 0)
     port = int(sock.getsockname()[1])
     # No watchdog of its own: it would end the whole process once the drain is over (the
@@ -142,19 +164,25 @@ async def drain_session(settings: Settings, client_id: str, outer: app.Shutdown)
     stop = asyncio.create_task(outer.requested.wait(), name="drain-stop")
     forced = asyncio.create_task(outer.forced.wait(), name="drain-forced")
     try:
-        await asyncio.wait({run, idle, stop}, timeout=DRAIN_MAX_SECONDS,
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {run, idle, stop}, timeout=DRAIN_MAX_SECONDS, return_when=asyncio.FIRST_COMPLETED
+        )
         drained = idle.done()
         if not (drained or run.done() or stop.done()):
-            logger.warning("session %s still receives messages after %.0f s: it holds a "
-                           "subscription other than %s (was --shared-group changed?); "
-                           "leaving it (its new messages wait there for a daemon that uses "
-                           "its subscription, or until it expires)", client_id,
-                           DRAIN_MAX_SECONDS, ", ".join(drain.subscriptions))
+            logger.warning(
+                "session %s still receives messages after %.0f s: it holds a "
+                "subscription other than %s (was --shared-group changed?); "
+                "leaving it (its new messages wait there for a daemon that uses "
+                "its subscription, or until it expires)",
+                client_id,
+                DRAIN_MAX_SECONDS,
+                ", ".join(drain.subscriptions),
+            )
             inner.requested.set()
         elif drained:
-            logger.info("nothing new for %s for %.0f s: stopping its drain", client_id,
-                        IDLE_SECONDS)
+            logger.info(
+                "nothing new for %s for %.0f s: stopping its drain", client_id, IDLE_SECONDS
+            )
             inner.requested.set()  # as a signal would, without saying there was one
         elif not run.done():
             inner.signal()
@@ -180,13 +208,19 @@ async def _until_idle(port: int) -> None:
         await asyncio.sleep(POLL_SECONDS)
         status, text = await ask(port, "/metrics")
         values = _values(text) if status == 200 else {}
-        now = (values.get("ingest_messages_received_total", -1.0),
-               values.get("ingest_messages_acked_total", -2.0))
+        now = (
+            values.get("ingest_messages_received_total", -1.0),
+            values.get("ingest_messages_acked_total", -2.0),
+        )
         steady = values.get("ingest_mqtt_connected") == 1 and now[0] == now[1] and now == last
         quiet = quiet + POLL_SECONDS if steady else 0.0
         last = now
 
 
 def _values(text: str) -> dict[str, float]:
-    return {sample.name: sample.value for family in text_string_to_metric_families(text)
-            for sample in family.samples if not sample.labels}
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if not sample.labels
+    }

@@ -65,7 +65,8 @@ AUTO_MAX = 8
 PARENT_POLL_SECONDS = 1.0
 DRAIN = signal.SIGUSR1  # parent to worker: drain and stop; a second one forces
 _ERRORS: dict[str, type[Exception]] = {
-    cls.__name__: cls for cls in (ConfigError, StartupError, SchemaError, IncompatibleError)}
+    cls.__name__: cls for cls in (ConfigError, StartupError, SchemaError, IncompatibleError)
+}
 
 
 def auto_workers() -> int:
@@ -97,16 +98,27 @@ def cgroup_cpus(root: Path = Path("/sys/fs/cgroup")) -> int | None:
 
 def worker_settings(settings: Settings, index: int) -> Settings:
     """The settings of worker ``index``: its client id, the group, a private metrics port."""
-    return replace(settings, client_id=worker_client_id(settings.client_id, index),
-                   shared_group=settings.shared_group or settings.derived_group,
-                   metrics_host="127.0.0.1", metrics_port=0, metrics_tokens=(),
-                   metrics_tls_cert=None, metrics_tls_key=None)
+    return replace(
+        settings,
+        client_id=worker_client_id(settings.client_id, index),
+        shared_group=settings.shared_group or settings.derived_group,
+        metrics_host="127.0.0.1",
+        metrics_port=0,
+        metrics_tokens=(),
+        metrics_tls_cert=None,
+        metrics_tls_key=None,
+    )
 
 
 # --- one worker (also the whole daemon with --workers 1) ---
 
-async def run_one(settings: Settings, shutdown: app.Shutdown | None = None,
-                  metrics_sock: socket.socket | None = None, retire: bool = True) -> None:
+
+async def run_one(
+    settings: Settings,
+    shutdown: app.Shutdown | None = None,
+    metrics_sock: socket.socket | None = None,
+    retire: bool = True,
+) -> None:
     """Retire the sessions of workers beyond ``settings.workers``, then run the daemon."""
     if shutdown is None:
         shutdown = app.Shutdown(deadline(settings))
@@ -117,6 +129,7 @@ async def run_one(settings: Settings, shutdown: app.Shutdown | None = None,
 
 
 # --- the parent ---
+
 
 @dataclass(slots=True)
 class Worker:
@@ -137,9 +150,11 @@ def supervise(settings: Settings) -> int:
     for index, sock in enumerate(socks):
         receive, send = context.Pipe(duplex=False)
         process = context.Process(
-            target=_worker_main, name=f"ingest-worker-{index}",
+            target=_worker_main,
+            name=f"ingest-worker-{index}",
             args=(worker_settings(settings, index), index, sock, send, [public, *socks]),
-            daemon=False)
+            daemon=False,
+        )
         process.start()
         send.close()
         endpoint = Endpoint(index, int(sock.getsockname()[1]))
@@ -159,11 +174,15 @@ async def _supervise(settings: Settings, workers: list[Worker], public: socket.s
         loop.add_signal_handler(sig, state.signal)
     for worker in workers:
         loop.add_reader(worker.process.sentinel, _on_exit, loop, exited, worker)
-    logger.info("%d workers: client ids %s; shared group %s", len(workers),
-                ", ".join(worker_client_id(settings.client_id, w.index) for w in workers),
-                settings.shared_group or settings.derived_group)
-    async with AggregateServer(public, [worker.endpoint for worker in workers],
-                               **app.metrics_guard(settings)):
+    logger.info(
+        "%d workers: client ids %s; shared group %s",
+        len(workers),
+        ", ".join(worker_client_id(settings.client_id, w.index) for w in workers),
+        settings.shared_group or settings.derived_group,
+    )
+    async with AggregateServer(
+        public, [worker.endpoint for worker in workers], **app.metrics_guard(settings)
+    ):
         for _ in workers:
             state.exited(await exited.get())
     if state.error is not None:
@@ -183,8 +202,9 @@ class _Stopping:
     def signal(self) -> None:
         """SIGTERM/SIGINT to the parent: the first drains every worker, the next forces."""
         self.signals += 1
-        logger.info("signal received: %s every worker",
-                    "forcing" if self.signals > 1 else "draining")
+        logger.info(
+            "signal received: %s every worker", "forcing" if self.signals > 1 else "draining"
+        )
         _signal_all(self.workers)
 
     def exited(self, worker: Worker) -> None:
@@ -197,14 +217,18 @@ class _Stopping:
             self.failed = True
         if unasked:
             if report is None:  # a start-up error is said once, by the CLI
-                logger.error("worker %d exited with status %s; stopping the others",
-                             worker.index, _status(code))
+                logger.error(
+                    "worker %d exited with status %s; stopping the others",
+                    worker.index,
+                    _status(code),
+                )
             self.signals = 1
             _signal_all(self.workers)
 
 
-def _on_exit(loop: asyncio.AbstractEventLoop, exited: asyncio.Queue[Worker],
-             worker: Worker) -> None:
+def _on_exit(
+    loop: asyncio.AbstractEventLoop, exited: asyncio.Queue[Worker], worker: Worker
+) -> None:
     loop.remove_reader(worker.process.sentinel)
     worker.process.join()
     exited.put_nowait(worker)
@@ -232,8 +256,13 @@ def _report(worker: Worker) -> Exception | None:
     return _ERRORS.get(kind, StartupError)(message)
 
 
-def _worker_main(settings: Settings, index: int, sock: socket.socket, report: Connection,
-                 inherited: list[socket.socket]) -> None:
+def _worker_main(
+    settings: Settings,
+    index: int,
+    sock: socket.socket,
+    report: Connection,
+    inherited: list[socket.socket],
+) -> None:
     """A worker process: the daemon of one worker; errors go to the parent, not stderr."""
     for other in inherited:
         if other is not sock:
@@ -245,8 +274,9 @@ def _worker_main(settings: Settings, index: int, sock: socket.socket, report: Co
     early: list[int] = []  # a SIGUSR1 before the event loop handles it
     signal.signal(signal.SIGUSR1, lambda signum, _frame: early.append(signum))
     for handler in logging.getLogger().handlers:
-        handler.setFormatter(logging.Formatter(
-            f"%(asctime)s %(levelname)s %(name)s [worker {index}]: %(message)s"))
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s %(levelname)s %(name)s [worker {index}]: %(message)s")
+        )
     ARRIVALS.spread(index, settings.workers)  # this process's own (forked)
     if settings.mapping is not None:
         settings.mapping.arrivals.spread(index, settings.workers)
@@ -265,8 +295,9 @@ def _worker_main(settings: Settings, index: int, sock: socket.socket, report: Co
     sys.exit(code)
 
 
-async def _worker(settings: Settings, sock: socket.socket, parent: int, early: list[int],
-                  retire: bool) -> None:
+async def _worker(
+    settings: Settings, sock: socket.socket, parent: int, early: list[int], retire: bool
+) -> None:
     shutdown = app.Shutdown(deadline(settings))
     asyncio.get_running_loop().add_signal_handler(DRAIN, shutdown.signal)
     for _ in early:
@@ -284,5 +315,3 @@ async def _until_orphaned(parent: int, shutdown: app.Shutdown) -> None:
         await asyncio.sleep(PARENT_POLL_SECONDS)
     logger.warning("the parent process is gone: draining and stopping")
     shutdown.signal()
-
-

@@ -87,8 +87,13 @@ async def ask(port: int, path: str) -> tuple[int, str]:
 class AggregateServer(HttpEndpoint):
     """The public /metrics, /healthz and /readyz, answered by asking every worker."""
 
-    def __init__(self, sock: socket.socket, workers: list[Endpoint],
-                 tokens: TokenSet | None = None, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        workers: list[Endpoint],
+        tokens: TokenSet | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self._sock = sock
         self._workers = workers
         self._server = None
@@ -99,9 +104,14 @@ class AggregateServer(HttpEndpoint):
     async def __aenter__(self) -> Self:
         self._server = await asyncio.start_server(self._handle, sock=self._sock, ssl=self.tls)
         host, port = self._sock.getsockname()[:2]
-        logger.info("metrics and health of %d workers on %s://%s:%d/metrics%s",
-                    len(self._workers), "https" if self.tls else "http", host, port,
-                    " (a bearer token needed)" if self.tokens else "")
+        logger.info(
+            "metrics and health of %d workers on %s://%s:%d/metrics%s",
+            len(self._workers),
+            "https" if self.tls else "http",
+            host,
+            port,
+            " (a bearer token needed)" if self.tokens else "",
+        )
         return self
 
     async def _route(self, path: bytes) -> tuple[bytes, bytes, bytes]:
@@ -114,14 +124,18 @@ class AggregateServer(HttpEndpoint):
             # A worker that does not answer in time counts with its last answer, so the
             # sums do not fall back (a counter reset to Prometheus) while it is busy.
             answered = [w for w in self._workers if w.metrics]
-            merged = merge([*(w.metrics for w in answered), generate_latest(self._own).decode()],
-                           [*(f"worker-{w.index}" for w in answered), "parent"])
+            merged = merge(
+                [*(w.metrics for w in answered), generate_latest(self._own).decode()],
+                [*(f"worker-{w.index}" for w in answered), "parent"],
+            )
             return b"200 OK", CONTENT_TYPE_LATEST.encode(), merged
         if path in {b"/healthz", b"/readyz"}:
             answers = await self._ask_all(path.decode())
-            problems = [(w.index, body.strip())
-                        for w, (status, body) in zip(self._workers, answers, strict=True)
-                        if status != 200]
+            problems = [
+                (w.index, body.strip())
+                for w, (status, body) in zip(self._workers, answers, strict=True)
+                if status != 200
+            ]
             if problems:
                 return b"503 Service Unavailable", text, _problems(problems, answers)
             return b"200 OK", text, b"ok\n" if path == b"/healthz" else b"ready\n"
@@ -153,8 +167,9 @@ def merge(texts: list[str], processes: list[str] | None = None) -> bytes:
                 for sample in family.samples:
                     sample.labels["process"] = processes[index]
             if family.name not in families:
-                families[family.name] = Metric(family.name, family.documentation,
-                                               family.type, family.unit)
+                families[family.name] = Metric(
+                    family.name, family.documentation, family.type, family.unit
+                )
                 values[family.name] = {}
             samples = values[family.name]
             for sample in family.samples:

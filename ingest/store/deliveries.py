@@ -108,12 +108,18 @@ def pack(messages: Sequence[Inbound], given: Sequence[int]) -> bytes:
     entry by entry costs more.
     """
     crc32, known = zlib.crc32, _TOPIC_CRCS.get
-    columns = (array(_MID, [message.mid for message in messages]),
-               array(_CRC, [crc32(message.payload,
-                                  known(message.topic) or _topic_crc(message.topic))
-                            for message in messages]),
-               array(_ARRIVED, [message.received_at for message in messages]),
-               array(_TIME, given))
+    columns = (
+        array(_MID, [message.mid for message in messages]),
+        array(
+            _CRC,
+            [
+                crc32(message.payload, known(message.topic) or _topic_crc(message.topic))
+                for message in messages
+            ],
+        ),
+        array(_ARRIVED, [message.received_at for message in messages]),
+        array(_TIME, given),
+    )
     if _BIG_ENDIAN:
         for column in columns:
             column.byteswap()
@@ -136,13 +142,17 @@ def unpack(data: bytes, count: int) -> Iterator[tuple[int, int, Recorded]]:
     at = 0
     for i in range(count):
         times = int(given[at])
-        yield (int(mids[i]), int(crcs[i]),
-               Recorded(float(arrived[i]), tuple(int(t) for t in given[at + 1:at + 1 + times])))
+        yield (
+            int(mids[i]),
+            int(crcs[i]),
+            Recorded(float(arrived[i]), tuple(int(t) for t in given[at + 1 : at + 1 + times])),
+        )
         at += 1 + times
 
 
-def pieces(messages: Sequence[Inbound], given: Sequence[int]
-           ) -> Iterator[tuple[Sequence[Inbound], Sequence[int]]]:
+def pieces(
+    messages: Sequence[Inbound], given: Sequence[int]
+) -> Iterator[tuple[Sequence[Inbound], Sequence[int]]]:
     """A batch's entries in pieces that each fit one document."""
     if len(messages) <= ENTRIES_PER_DOC and len(given) <= TIMES_PER_DOC:
         yield messages, given  # the usual batch: one document
@@ -196,8 +206,7 @@ def first_delivery(found: Latest, message: Inbound) -> Recorded | None:
 class Deliveries:
     """One client's ledger in the ``deliveries`` collection."""
 
-    def __init__(self, collection: AsyncCollection[dict[str, Any]], client: str,
-                 keep: int) -> None:
+    def __init__(self, collection: AsyncCollection[dict[str, Any]], client: str, keep: int) -> None:
         # From the primary: a secondary may not have the entries just written.
         self.collection = collection.with_options(read_preference=ReadPreference.PRIMARY)
         self.client = client
@@ -205,8 +214,9 @@ class Deliveries:
         self._count: int | None = None  # entries the client has recorded (None: not read yet)
         self._since_trim = 0
 
-    async def documents(self, messages: Sequence[Inbound], given: Sequence[int]
-                        ) -> list[dict[str, Any]]:
+    async def documents(
+        self, messages: Sequence[Inbound], given: Sequence[int]
+    ) -> list[dict[str, Any]]:
         """The documents recording ``messages`` and their ``given`` (:func:`pack`).
 
         Numbered now, in the order asked. Raises :class:`~ingest.errors.WriteError` if
@@ -215,7 +225,8 @@ class Deliveries:
         if self._count is None:
             try:
                 last = await self.collection.find_one(
-                    {"client": self.client}, {"seq": 1}, sort=[("seq", DESCENDING)])
+                    {"client": self.client}, {"seq": 1}, sort=[("seq", DESCENDING)]
+                )
             except (PyMongoError, InvalidDocument) as exc:
                 raise mongo_errors.translate(exc, "lookup") from exc
             if self._count is None:  # not read meanwhile by another writer
@@ -224,8 +235,16 @@ class Deliveries:
         at = datetime.now(UTC)
         for some, times in pieces(messages, given):
             self._count += len(some)
-            docs.append({"_id": ObjectId(), "client": self.client, "seq": self._count,
-                         "n": len(some), "at": at, "entries": Binary(pack(some, times))})
+            docs.append(
+                {
+                    "_id": ObjectId(),
+                    "client": self.client,
+                    "seq": self._count,
+                    "n": len(some),
+                    "at": at,
+                    "entries": Binary(pack(some, times)),
+                }
+            )
         return docs
 
     async def write(self, docs: list[dict[str, Any]]) -> None:
@@ -241,7 +260,8 @@ class Deliveries:
             self._since_trim += sum(doc["n"] for doc in docs)
             if self._since_trim >= self.keep and self._count is not None:
                 await self.collection.delete_many(
-                    {"client": self.client, "seq": {"$lte": self._count - self.keep}})
+                    {"client": self.client, "seq": {"$lte": self._count - self.keep}}
+                )
                 self._since_trim = 0
         except (PyMongoError, InvalidDocument) as exc:
             raise mongo_errors.translate(exc, "write") from exc
@@ -253,8 +273,8 @@ class Deliveries:
         """
         try:
             docs = await self.collection.find(
-                {"client": self.client}, {"seq": 1, "n": 1, "entries": 1},
-                sort=[("seq", ASCENDING)]).to_list()
+                {"client": self.client}, {"seq": 1, "n": 1, "entries": 1}, sort=[("seq", ASCENDING)]
+            ).to_list()
         except (PyMongoError, InvalidDocument) as exc:
             raise mongo_errors.translate(exc, "lookup") from exc
         return latest(docs, self.keep)

@@ -25,8 +25,9 @@ def _measurement(field: str) -> str:
     return field
 
 
-def recent_bucket(sensor_id: str, since: datetime, until: datetime, span_seconds: int = 3600
-                  ) -> Pipeline:
+def recent_bucket(
+    sensor_id: str, since: datetime, until: datetime, span_seconds: int = 3600
+) -> Pipeline:
     """One sensor's readings in ``[since, until)``, oldest first, from bucket documents."""
     first_bucket = since - timedelta(seconds=since.timestamp() % span_seconds)
     return [
@@ -51,13 +52,32 @@ def hourly_bucket(field: str, since: datetime, until: datetime) -> Pipeline:
     """Per sensor and hour: min, average and max of ``field``, from the running statistics."""
     stats = f"$stats.{_measurement(field)}"
     return [
-        {"$match": {"bucket_start": {"$gte": since, "$lt": until},
-                    f"stats.{field}": {"$exists": True}}},
-        {"$group": {"_id": {"sensor_id": "$sensor_id", "hour": "$bucket_start"},
-                    "count": {"$sum": f"{stats}.count"}, "sum": {"$sum": f"{stats}.sum"},
-                    "min": {"$min": f"{stats}.min"}, "max": {"$max": f"{stats}.max"}}},
-        {"$project": {"_id": 0, "sensor_id": "$_id.sensor_id", "hour": "$_id.hour",
-                      "count": 1, "min": 1, "max": 1, "avg": {"$divide": ["$sum", "$count"]}}},
+        {
+            "$match": {
+                "bucket_start": {"$gte": since, "$lt": until},
+                f"stats.{field}": {"$exists": True},
+            }
+        },
+        {
+            "$group": {
+                "_id": {"sensor_id": "$sensor_id", "hour": "$bucket_start"},
+                "count": {"$sum": f"{stats}.count"},
+                "sum": {"$sum": f"{stats}.sum"},
+                "min": {"$min": f"{stats}.min"},
+                "max": {"$max": f"{stats}.max"},
+            }
+        },
+        {
+            "$project": {
+                "_id": 0,
+                "sensor_id": "$_id.sensor_id",
+                "hour": "$_id.hour",
+                "count": 1,
+                "min": 1,
+                "max": 1,
+                "avg": {"$divide": ["$sum", "$count"]},
+            }
+        },
         {"$sort": {"sensor_id": 1, "hour": 1}},
     ]
 
@@ -67,11 +87,28 @@ def hourly_timeseries(field: str, since: datetime, until: datetime) -> Pipeline:
     _measurement(field)
     return [
         {"$match": {"ts": {"$gte": since, "$lt": until}, field: {"$exists": True}}},
-        {"$group": {"_id": {"sensor_id": "$meta.sensor_id",
-                            "hour": {"$dateTrunc": {"date": "$ts", "unit": "hour"}}},
-                    "count": {"$sum": 1}, "avg": {"$avg": f"${field}"},
-                    "min": {"$min": f"${field}"}, "max": {"$max": f"${field}"}}},
-        {"$project": {"_id": 0, "sensor_id": "$_id.sensor_id", "hour": "$_id.hour",
-                      "count": 1, "min": 1, "max": 1, "avg": 1}},
+        {
+            "$group": {
+                "_id": {
+                    "sensor_id": "$meta.sensor_id",
+                    "hour": {"$dateTrunc": {"date": "$ts", "unit": "hour"}},
+                },
+                "count": {"$sum": 1},
+                "avg": {"$avg": f"${field}"},
+                "min": {"$min": f"${field}"},
+                "max": {"$max": f"${field}"},
+            }
+        },
+        {
+            "$project": {
+                "_id": 0,
+                "sensor_id": "$_id.sensor_id",
+                "hour": "$_id.hour",
+                "count": 1,
+                "min": 1,
+                "max": 1,
+                "avg": 1,
+            }
+        },
         {"$sort": {"sensor_id": 1, "hour": 1}},
     ]

@@ -67,24 +67,46 @@ COMMAND_DATA_CODES = frozenset({121, 10334, 17419})
 # it asks of the client (82, 409). Listed for the docs and the logs: every code not in
 # DATA_CODES is retried anyway.
 TRANSIENT_CODES: Mapping[int, str] = {
-    6: "HostUnreachable", 7: "HostNotFound", 24: "LockTimeout", 46: "LockBusy",
-    50: "MaxTimeMSExpired", 64: "WriteConcernTimeout", 82: "NoProgressMade",
-    89: "NetworkTimeout", 91: "ShutdownInProgress", 112: "WriteConflict",
-    134: "ReadConcernMajorityNotAvailableYet", 150: "StaleEpoch", 189: "PrimarySteppedDown",
-    249: "StaleDbVersion", 262: "ExceededTimeLimit", 279: "ClientDisconnect",
-    365: "TemporarilyUnavailable", 402: "ResourceExhausted",
-    409: "TimeseriesBucketCompressionFailed", 412: "UpdatesStillPending",
-    433: "AdmissionQueueOverflow", 449: "RateLimitExceeded",
-    453: "InterruptedDueToReshardingCriticalSection", 462: "IngressRequestRateLimitExceeded",
-    9001: "SocketException", 10058: "LegacyNotPrimary", 10107: "NotWritablePrimary",
-    11600: "InterruptedAtShutdown", 11601: "Interrupted",
-    11602: "InterruptedDueToReplStateChange", 13388: "StaleConfig",
-    13435: "NotPrimaryNoSecondaryOk", 13436: "NotPrimaryOrSecondary",
-    91331: "RetriableRemoteCommandFailure", 10045600: "InterruptedDueToFCVChange",
+    6: "HostUnreachable",
+    7: "HostNotFound",
+    24: "LockTimeout",
+    46: "LockBusy",
+    50: "MaxTimeMSExpired",
+    64: "WriteConcernTimeout",
+    82: "NoProgressMade",
+    89: "NetworkTimeout",
+    91: "ShutdownInProgress",
+    112: "WriteConflict",
+    134: "ReadConcernMajorityNotAvailableYet",
+    150: "StaleEpoch",
+    189: "PrimarySteppedDown",
+    249: "StaleDbVersion",
+    262: "ExceededTimeLimit",
+    279: "ClientDisconnect",
+    365: "TemporarilyUnavailable",
+    402: "ResourceExhausted",
+    409: "TimeseriesBucketCompressionFailed",
+    412: "UpdatesStillPending",
+    433: "AdmissionQueueOverflow",
+    449: "RateLimitExceeded",
+    453: "InterruptedDueToReshardingCriticalSection",
+    462: "IngressRequestRateLimitExceeded",
+    9001: "SocketException",
+    10058: "LegacyNotPrimary",
+    10107: "NotWritablePrimary",
+    11600: "InterruptedAtShutdown",
+    11601: "Interrupted",
+    11602: "InterruptedDueToReplStateChange",
+    13388: "StaleConfig",
+    13435: "NotPrimaryNoSecondaryOk",
+    13436: "NotPrimaryOrSecondary",
+    91331: "RetriableRemoteCommandFailure",
+    10045600: "InterruptedDueToFCVChange",
 }
 # Labels with which the server or the driver marks an error as safe to retry.
-RETRY_LABELS = frozenset({"RetryableWriteError", "TransientTransactionError",
-                          "SystemOverloadedError", "RetryableError"})
+RETRY_LABELS = frozenset(
+    {"RetryableWriteError", "TransientTransactionError", "SystemOverloadedError", "RetryableError"}
+)
 # BadValue with this message: a ``hint`` names an index that does not exist (the server
 # says "hint provided does not correspond to an existing index",
 # src/mongo/db/query/query_planner.cpp). The schema is gone, not the data.
@@ -121,8 +143,11 @@ def translate(exc: PyMongoError | InvalidDocument, call: Call) -> WriteError:
     # pymongo raises WriteError for the one operation of a single write (update_one,
     # insert_one) the server refused in ``writeErrors``: judged as an operation.
     refusing = DATA_CODES if isinstance(exc, OneOperationFailed) else COMMAND_DATA_CODES
-    if call != "lookup" and not labels & RETRY_LABELS and (
-            isinstance(exc, InvalidDocument) or code in refusing):
+    if (
+        call != "lookup"
+        and not labels & RETRY_LABELS
+        and (isinstance(exc, InvalidDocument) or code in refusing)
+    ):
         return RefusedWriteError(message)
     return WriteError(message)
 

@@ -22,8 +22,13 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
 
-async def until_done(step: Callable[[], Awaitable[None]], what: str,
-                     closing: Callable[[], bool], log: logging.Logger, who: str) -> bool:
+async def until_done(
+    step: Callable[[], Awaitable[None]],
+    what: str,
+    closing: Callable[[], bool],
+    log: logging.Logger,
+    who: str,
+) -> bool:
     """Run a stateful format's MongoDB ``step`` until it succeeds; False if closing first.
 
     Transient MongoDB errors are retried with backoff. A refusal for the data itself
@@ -38,13 +43,23 @@ async def until_done(step: Callable[[], Awaitable[None]], what: str,
             error = as_write_error(exc)
             if isinstance(error, RefusedWriteError):
                 # An expected server answer, not a bug: no traceback.
-                log.error("%s: MongoDB refused to %s (kept in memory only): %s",  # noqa: TRY400
-                          who, what, error)
+                log.error(  # noqa: TRY400
+                    "%s: MongoDB refused to %s (kept in memory only): %s",
+                    who,
+                    what,
+                    error,
+                )
                 return True
             attempt += 1
             delay = backoff(attempt)
-            log.warning("%s: cannot %s (attempt %d, retrying in %.2fs): %s", who, what,
-                        attempt, delay, str(exc)[:200])
+            log.warning(
+                "%s: cannot %s (attempt %d, retrying in %.2fs): %s",
+                who,
+                what,
+                attempt,
+                delay,
+                str(exc)[:200],
+            )
             await asyncio.sleep(delay)
         else:
             return True

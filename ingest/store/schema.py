@@ -49,8 +49,18 @@ CLAIMS_TTL_INDEX = "at_ttl"
 BUCKET_VALIDATOR: dict[str, Any] = {
     "$jsonSchema": {
         "bsonType": "object",
-        "required": ["sensor_id", "tags", "bucket_start", "count", "bytes", "first_ts",
-                     "last_ts", "readings", "stats", "schema_version"],
+        "required": [
+            "sensor_id",
+            "tags",
+            "bucket_start",
+            "count",
+            "bytes",
+            "first_ts",
+            "last_ts",
+            "readings",
+            "stats",
+            "schema_version",
+        ],
         "properties": {
             "sensor_id": {"bsonType": "string", "pattern": f"^{SENSOR_ID_PATTERN}$"},
             "tags": {"bsonType": "object"},
@@ -72,10 +82,18 @@ BUCKET_VALIDATOR: dict[str, Any] = {
 class Schema:
     """Creates and checks what the writers need in one database."""
 
-    def __init__(self, db: AsyncDatabase[dict[str, Any]], collection: str, *,
-                 rejects_collection: str, rejects_max_bytes: int,
-                 retention_days: float | None, span_seconds: int,
-                 granularity: str = "seconds", custom_span: int | None = None) -> None:
+    def __init__(
+        self,
+        db: AsyncDatabase[dict[str, Any]],
+        collection: str,
+        *,
+        rejects_collection: str,
+        rejects_max_bytes: int,
+        retention_days: float | None,
+        span_seconds: int,
+        granularity: str = "seconds",
+        custom_span: int | None = None,
+    ) -> None:
         self.db = db
         self.collection = collection
         self.rejects_collection = rejects_collection
@@ -106,25 +124,39 @@ class Schema:
         """Bucket collection with its validator, compound index and optional TTL."""
         info = await self.info(self.collection)
         if info is None:
-            await self.create(self.collection, validator=BUCKET_VALIDATOR,
-                              validationLevel="strict", validationAction="error")
+            await self.create(
+                self.collection,
+                validator=BUCKET_VALIDATOR,
+                validationLevel="strict",
+                validationAction="error",
+            )
         elif _is_timeseries(info) or info.get("type", "collection") != "collection":
-            raise SchemaError(f"{self.db.name}.{self.collection} exists but is not a regular "
-                              "collection; bucket mode will not write into it")
+            raise SchemaError(
+                f"{self.db.name}.{self.collection} exists but is not a regular "
+                "collection; bucket mode will not write into it"
+            )
         else:
             await self.check_bucket_version()
         if info is not None and info["options"].get("validator") != BUCKET_VALIDATOR:
             # An older validator: bring it up to date.
-            await self.db.command({"collMod": self.collection, "validator": BUCKET_VALIDATOR,
-                                   "validationLevel": "strict", "validationAction": "error"})
+            await self.db.command(
+                {
+                    "collMod": self.collection,
+                    "validator": BUCKET_VALIDATOR,
+                    "validationLevel": "strict",
+                    "validationAction": "error",
+                }
+            )
             logger.info("updated the validator of %s.%s", self.db.name, self.collection)
         await self.ensure_index(BUCKET_KEY, BUCKET_INDEX)
         try:
             await self.ensure_index(READINGS_KEY, READINGS_INDEX, unique=True)
         except OperationFailure as exc:
             if exc.code == CANNOT_CREATE_INDEX:
-                raise SchemaError(f"{self.db.name}.{self.collection}: cannot create the "
-                                  f"unique index {READINGS_INDEX}: {str(exc)[:200]}") from exc
+                raise SchemaError(
+                    f"{self.db.name}.{self.collection}: cannot create the "
+                    f"unique index {READINGS_INDEX}: {str(exc)[:200]}"
+                ) from exc
             if exc.code != DUPLICATE_KEY:
                 raise
             raise SchemaError(
@@ -152,9 +184,11 @@ class Schema:
         stale = sorted(names & set(OLD_BUCKET_INDEXES))
         oldest = await coll.find_one({}, {"schema_version": 1}, sort=[("_id", 1)])
         if oldest is not None and oldest.get("schema_version") != BUCKET_SCHEMA_VERSION:
-            what = (f"holds bucket documents of schema_version "
-                    f"{oldest.get('schema_version')!r}, this daemon writes "
-                    f"{BUCKET_SCHEMA_VERSION}")
+            what = (
+                f"holds bucket documents of schema_version "
+                f"{oldest.get('schema_version')!r}, this daemon writes "
+                f"{BUCKET_SCHEMA_VERSION}"
+            )
         elif stale:
             what = f"has the index {stale[0]} of an earlier document shape"
         else:
@@ -162,7 +196,8 @@ class Schema:
         raise SchemaError(
             f"{self.db.name}.{self.collection} {what}: "
             f"run `ingest migrate --db {self.db.name} --collection {self.collection}` once "
-            "(docs/readings.md#document-versions), or choose another --collection")
+            "(docs/readings.md#document-versions), or choose another --collection"
+        )
 
     async def migrate_buckets(self) -> tuple[int, list[str]]:
         """Bring bucket documents of an earlier shape to this one; drop the old indexes.
@@ -173,14 +208,18 @@ class Schema:
         """
         coll = self.db[self.collection]
         changed = 0
-        cursor = coll.find({"schema_version": {"$ne": BUCKET_SCHEMA_VERSION}},
-                           {"tags": 1, "schema_version": 1}, sort=[("_id", 1)])
+        cursor = coll.find(
+            {"schema_version": {"$ne": BUCKET_SCHEMA_VERSION}},
+            {"tags": 1, "schema_version": 1},
+            sort=[("_id", 1)],
+        )
         async for doc in cursor:
             tags = dict(sorted((doc.get("tags") or {}).items()))
             result = await coll.update_one(
                 {"_id": doc["_id"], "schema_version": doc.get("schema_version")},
                 {"$set": {"tags": tags, "schema_version": BUCKET_SCHEMA_VERSION}},
-                bypass_document_validation=True)
+                bypass_document_validation=True,
+            )
             changed += result.modified_count
         # Last: while they exist, the daemon refuses the collection (a migration cut
         # short is found and can be run again).
@@ -229,17 +268,21 @@ class Schema:
         if info is None:
             await self.create(name)
         elif _is_timeseries(info) or info.get("type", "collection") != "collection":
-            raise SchemaError(f"{self.db.name}.{name} exists but is not a regular "
-                              "collection; timeseries mode keeps its claims there")
+            raise SchemaError(
+                f"{self.db.name}.{name} exists but is not a regular "
+                "collection; timeseries mode keeps its claims there"
+            )
         await self.ensure_ttl(CLAIMS_TTL_INDEX, "at", CLAIM_SECONDS, collection=name)
 
     def _check_timeseries(self, info: dict[str, Any], wanted: dict[str, Any]) -> None:
         """Refuse to write into a collection of another kind or with other options."""
         name = f"{self.db.name}.{self.collection}"
         if not _is_timeseries(info):
-            raise SchemaError(f"{name} exists but is not a time-series collection "
-                              f"(type {info.get('type', '?')!r}); drop it or choose another "
-                              "--collection")
+            raise SchemaError(
+                f"{name} exists but is not a time-series collection "
+                f"(type {info.get('type', '?')!r}); drop it or choose another "
+                "--collection"
+            )
         actual = info["options"]["timeseries"]
         # MongoDB adds derived fields (bucketMaxSpanSeconds for a granularity): compare
         # only what we set.
@@ -248,8 +291,9 @@ class Schema:
             detail = ", ".join(f"{k} is {a!r}, configured {w!r}" for k, (a, w) in different.items())
             raise SchemaError(f"{name} exists with other time-series options: {detail}")
 
-    async def ensure_index(self, keys: list[tuple[str, int]], name: str,
-                           unique: bool = False) -> None:
+    async def ensure_index(
+        self, keys: list[tuple[str, int]], name: str, unique: bool = False
+    ) -> None:
         """Create an index the writers name in their ``hint``; refuse a clashing one.
 
         MongoDB refuses an index whose key another index already has under another name
@@ -265,10 +309,12 @@ class Schema:
                 f"{self.db.name}.{self.collection}: cannot create index {name} "
                 f"{dict(keys)}{' (unique)' if unique else ''}: an index with the same key "
                 "or the same name but other options exists; drop it (dropIndex) and start "
-                f"again ({str(exc)[:160]})") from exc
+                f"again ({str(exc)[:160]})"
+            ) from exc
 
-    async def ensure_ttl(self, name: str, field: str, expire_seconds: int,
-                         collection: str | None = None) -> None:
+    async def ensure_ttl(
+        self, name: str, field: str, expire_seconds: int, collection: str | None = None
+    ) -> None:
         """Create a TTL index, or change its expiry if it exists with another one.
 
         On the mode's collection, or on ``collection``.
@@ -280,8 +326,12 @@ class Schema:
         except OperationFailure as exc:
             if exc.code not in INDEX_CONFLICTS:
                 raise
-            await self.db.command({"collMod": collection, "index": {
-                "name": name, "expireAfterSeconds": expire_seconds}})
+            await self.db.command(
+                {
+                    "collMod": collection,
+                    "index": {"name": name, "expireAfterSeconds": expire_seconds},
+                }
+            )
             logger.info("changed TTL of %s to %d s", name, expire_seconds)
 
     async def ensure_rejects(self) -> None:
@@ -290,23 +340,27 @@ class Schema:
         if info is None:
             await self.create(self.rejects_collection, capped=True, size=self.rejects_max_bytes)
         elif not info.get("options", {}).get("capped"):
-            logger.warning("collection %s exists and is not capped; rejects will grow unbounded",
-                           self.rejects_collection)
+            logger.warning(
+                "collection %s exists and is not capped; rejects will grow unbounded",
+                self.rejects_collection,
+            )
 
     async def ensure_deliveries(self) -> None:
         """The delivery ledger's indexes (ingest/store/deliveries.py): by client, and expiry."""
         coll = self.db[deliveries.COLLECTION]
         try:
             await coll.create_index([("client", 1), ("seq", 1)], name=deliveries.INDEX)
-            await coll.create_index("at", name=deliveries.TTL_INDEX,
-                                    expireAfterSeconds=deliveries.EXPIRE_SECONDS)
+            await coll.create_index(
+                "at", name=deliveries.TTL_INDEX, expireAfterSeconds=deliveries.EXPIRE_SECONDS
+            )
         except OperationFailure as exc:
             if exc.code not in INDEX_CONFLICTS:
                 raise
             raise SchemaError(
                 f"{self.db.name}.{deliveries.COLLECTION}: an index with the key or the name "
                 f"of {deliveries.INDEX} or {deliveries.TTL_INDEX} but other options exists; "
-                f"drop it (dropIndex) and start again ({str(exc)[:160]})") from exc
+                f"drop it (dropIndex) and start again ({str(exc)[:160]})"
+            ) from exc
 
 
 def claims_collection(collection: str) -> str:

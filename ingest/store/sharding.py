@@ -51,8 +51,9 @@ async def is_sharded_cluster(client: AsyncMongoClient[dict[str, Any]]) -> bool:
     return hello.get("msg") == "isdbgrid"
 
 
-async def shard_collection(client: AsyncMongoClient[dict[str, Any]], mode: str, db: str,
-                           collection: str) -> bool:
+async def shard_collection(
+    client: AsyncMongoClient[dict[str, Any]], mode: str, db: str, collection: str
+) -> bool:
     """Shard ``db.collection`` with the mode's key; False if the cluster is not sharded.
 
     Idempotent: a collection already sharded on the same key is left as it is; one
@@ -61,12 +62,17 @@ async def shard_collection(client: AsyncMongoClient[dict[str, Any]], mode: str, 
     namespace = f"{db}.{collection}"
     key = SHARD_KEYS[mode]
     if not await is_sharded_cluster(client):
-        logger.warning("--shard: %s is not a sharded cluster (not a mongos), nothing to "
-                       "shard; %s stays unsharded", await _host(client), namespace)
+        logger.warning(
+            "--shard: %s is not a sharded cluster (not a mongos), nothing to "
+            "shard; %s stays unsharded",
+            await _host(client),
+            namespace,
+        )
         return False
     if mode == "bucket":  # the hashed index must exist if the collection holds data
-        await client[db][collection].create_index([("sensor_id", "hashed")],
-                                                  name="sensor_id_hashed")
+        await client[db][collection].create_index(
+            [("sensor_id", "hashed")], name="sensor_id_hashed"
+        )
     try:
         await client.admin.command({"enableSharding": db})
     except OperationFailure as exc:
@@ -80,15 +86,17 @@ async def shard_collection(client: AsyncMongoClient[dict[str, Any]], mode: str, 
     return True
 
 
-async def _shard(client: AsyncMongoClient[dict[str, Any]], namespace: str,
-                 key: dict[str, Any], mode: str) -> None:
+async def _shard(
+    client: AsyncMongoClient[dict[str, Any]], namespace: str, key: dict[str, Any], mode: str
+) -> None:
     """``shardCollection``; one sharded on another key is refused with one line."""
     try:
         await client.admin.command({"shardCollection": namespace, "key": key})
     except OperationFailure as exc:
         if exc.code == ALREADY_INITIALIZED:
-            raise SchemaError(f"{namespace} is already sharded with another key; "
-                              f"ingest {mode} mode expects {key}") from exc
+            raise SchemaError(
+                f"{namespace} is already sharded with another key; ingest {mode} mode expects {key}"
+            ) from exc
         raise
     logger.info("sharded %s on %s", namespace, key)
 

@@ -17,8 +17,7 @@ if TYPE_CHECKING:
 
 
 @pytest.fixture
-def api_process(tmp_path: Path, mongo_uri: str, db_name: str
-                ) -> Iterator[Callable[..., int]]:
+def api_process(tmp_path: Path, mongo_uri: str, db_name: str) -> Iterator[Callable[..., int]]:
     """Factory: start ``ingest api`` on a free port; returns the port once ready."""
     started: list[subprocess.Popen[bytes]] = []
 
@@ -27,10 +26,28 @@ def api_process(tmp_path: Path, mongo_uri: str, db_name: str
         env = clean_env()
         log = (tmp_path / "api.log").open("ab")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ingest", "api", "--mongodb-uri", mongo_uri, "--db", db_name,
-             "--api-host", "127.0.0.1", "--api-port", str(port),
-             "--grafana-url", "http://grafana.example:3000", *extra],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            [
+                sys.executable,
+                "-m",
+                "ingest",
+                "api",
+                "--mongodb-uri",
+                mongo_uri,
+                "--db",
+                db_name,
+                "--api-host",
+                "127.0.0.1",
+                "--api-port",
+                str(port),
+                "--grafana-url",
+                "http://grafana.example:3000",
+                *extra,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+        )
         log.close()
         started.append(proc)
         deadline = time.monotonic() + 20

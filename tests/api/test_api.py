@@ -45,8 +45,9 @@ def fleet() -> list[Reading]:
     out = []
     for sensor in SENSORS:
         for i in range(30):  # one every 6 minutes, jittered
-            ts = START + timedelta(seconds=360 * i + rng.randint(0, 300),
-                                   milliseconds=rng.randint(0, 999))
+            ts = START + timedelta(
+                seconds=360 * i + rng.randint(0, 300), milliseconds=rng.randint(0, 999)
+            )
             values: dict[str, Any] = {"temp": round(rng.uniform(15, 25), 2)}
             if i % 3 == 0:
                 values["hum"] = rng.randint(30, 60)
@@ -64,8 +65,12 @@ def fleet() -> list[Reading]:
 
 
 # (sensor, tags) of each series: s2's tag changed, so it has two
-SERIES = [("s1", {"room": "kitchen"}), ("s2", {"room": "attic"}), ("s2", {"room": "hall"}),
-          ("s3", {})]
+SERIES = [
+    ("s1", {"room": "kitchen"}),
+    ("s2", {"room": "attic"}),
+    ("s2", {"room": "hall"}),
+    ("s3", {}),
+]
 
 
 def series_of(reading: Reading) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -77,14 +82,20 @@ def batches(readings: list[Reading]) -> list[list[Reading]]:
     ordered = sorted(readings, key=lambda r: r.epoch)
     late = [r for r in ordered[:40] if r.seq is not None and r.seq % 5 == 1]
     early = [r for r in ordered if r not in late]
-    chunks = [early[i:i + 25] for i in range(0, len(early), 25)]
+    chunks = [early[i : i + 25] for i in range(0, len(early), 25)]
     return [*chunks, late]
 
 
 async def write_both(db: Any, readings: list[Reading]) -> None:
     def schema(name: str) -> Schema:
-        return Schema(db, name, rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                      retention_days=None, span_seconds=3600)
+        return Schema(
+            db,
+            name,
+            rejects_collection="rejects",
+            rejects_max_bytes=1 << 20,
+            retention_days=None,
+            span_seconds=3600,
+        )
 
     bucket = BucketWriter(db.buckets, schema("buckets"), 3600, max_readings=MAX_READINGS)
     series = TimeseriesWriter(db.readings, schema("readings"))
@@ -94,16 +105,29 @@ async def write_both(db: Any, readings: list[Reading]) -> None:
         for writer in (bucket, series):
             outcome = await writer.write(writer.plan(batch))
             assert outcome.written == len(batch)
-    await db.rejects.insert_many([
-        {"at": NOW - timedelta(minutes=m), "mode": "bucket", "topic": "sensors/x",
-         "reason": reason, "detail": f"detail {m}", "payload": "{}", "payload_bytes": 2}
-        for m, reason in ((1, "bad_json"), (5, "bad_value"), (7, "bad_json"), (90, "old"))])
+    await db.rejects.insert_many(
+        [
+            {
+                "at": NOW - timedelta(minutes=m),
+                "mode": "bucket",
+                "topic": "sensors/x",
+                "reason": reason,
+                "detail": f"detail {m}",
+                "payload": "{}",
+                "payload_bytes": 2,
+            }
+            for m, reason in ((1, "bad_json"), (5, "bad_value"), (7, "bad_json"), (90, "old"))
+        ]
+    )
 
 
 @contextlib.asynccontextmanager
 async def serving(mongo: Any, db_name: str, mode: str) -> AsyncIterator[str]:
-    settings = ApiSettings(mode=mode, db=db_name,  # type: ignore[arg-type]
-                           collection="buckets" if mode == "bucket" else "readings")
+    settings = ApiSettings(
+        mode=mode,
+        db=db_name,  # type: ignore[arg-type]
+        collection="buckets" if mode == "bucket" else "readings",
+    )
     api = ReadApi(settings, mongo, clock=lambda: NOW)
     await api.check_layout()
     runner = web.AppRunner(api.app())
@@ -123,13 +147,16 @@ async def apis(mongo: Any, db: Any, db_name: str) -> AsyncIterator[dict[str, Any
     # overflow: more documents than sensor-hours, and a first-hour document that is not
     # full (the late readings, written after the third hour's)
     assert await db.buckets.count_documents({}) > 3 * 3
-    assert await db.buckets.count_documents({"bucket_start": START,
-                                             "count": {"$lt": MAX_READINGS}}) > 0
-    async with (serving(mongo, db_name, "bucket") as bucket,
-                serving(mongo, db_name, "timeseries") as series,
-                aiohttp.ClientSession() as http):
-        yield {"bucket": bucket, "timeseries": series, "http": http, "readings": readings,
-               "db": db}
+    assert (
+        await db.buckets.count_documents({"bucket_start": START, "count": {"$lt": MAX_READINGS}})
+        > 0
+    )
+    async with (
+        serving(mongo, db_name, "bucket") as bucket,
+        serving(mongo, db_name, "timeseries") as series,
+        aiohttp.ClientSession() as http,
+    ):
+        yield {"bucket": bucket, "timeseries": series, "http": http, "readings": readings, "db": db}
 
 
 async def get(apis: dict[str, Any], mode: str, path: str, status: int = 200) -> Any:
@@ -165,7 +192,11 @@ async def test_sensors_list_is_the_same_and_complete(apis: dict[str, Any]) -> No
         assert entry["units"] == (UNITS if entry["sensor_id"] == "s1" else {})
         assert entry["info"] == {}
     assert [s["label"] for s in answer["sensors"]] == [
-        "s1{room=kitchen}", "s2{room=attic}", "s2{room=hall}", "s3"]
+        "s1{room=kitchen}",
+        "s2{room=attic}",
+        "s2{room=hall}",
+        "s3",
+    ]
     # paging: one series a page, the cursor leads through all of them
     seen, path = [], f"/api/sensors?since={iso(since)}&limit=1"
     while True:
@@ -188,45 +219,65 @@ async def test_raw_readings_page_through_both_layouts_alike(apis: dict[str, Any]
         got += page["readings"]
         pages += 1
         path = f"{base}&cursor={page['next']}" if page["next"] else ""
-    expected = sorted((r for r in readings if r.sensor_id in {"s1", "s3"}
-                       and since <= r.ts < until), key=lambda r: (series_of(r), r.epoch))
+    expected = sorted(
+        (r for r in readings if r.sensor_id in {"s1", "s3"} and since <= r.ts < until),
+        key=lambda r: (series_of(r), r.epoch),
+    )
     assert pages == math.ceil(len(expected) / 7)
     assert [(g["sensor_id"], g["tags"], g["ts"], g["seq"]) for g in got] == [
-        (r.sensor_id, r.tags or {}, iso(r.ts), r.seq) for r in expected]
+        (r.sensor_id, r.tags or {}, iso(r.ts), r.seq) for r in expected
+    ]
     assert [g["values"] for g in got] == [r.values for r in expected]
     # one measurement: only readings that have it, and only its value
-    hum = await both(apis, f"/api/readings?sensor=s2&measurement=hum&since={iso(START)}"
-                           f"&until={iso(NOW)}")
+    hum = await both(
+        apis, f"/api/readings?sensor=s2&measurement=hum&since={iso(START)}&until={iso(NOW)}"
+    )
     assert [g["values"] for g in hum["readings"]] == [
-        {"hum": r.values["hum"]} for r in sorted(readings, key=lambda r: (series_of(r), r.epoch))
-        if r.sensor_id == "s2" and "hum" in r.values]
+        {"hum": r.values["hum"]}
+        for r in sorted(readings, key=lambda r: (series_of(r), r.epoch))
+        if r.sensor_id == "s2" and "hum" in r.values
+    ]
     # one series of s2, by its tag
-    hall = await both(apis, f"/api/readings?sensor=s2&tag=room:hall&since={iso(START)}"
-                            f"&until={iso(NOW)}")
+    hall = await both(
+        apis, f"/api/readings?sensor=s2&tag=room:hall&since={iso(START)}&until={iso(NOW)}"
+    )
     assert [g["seq"] for g in hall["readings"]] == list(range(20))
     assert {g["tags"]["room"] for g in hall["readings"]} == {"hall"}
 
 
-def expected_series(readings: list[Reading], sensor: str, tags: dict[str, str], name: str,
-                    low: datetime, high: datetime, step: timedelta
-                    ) -> list[tuple[str, int, float, float, float]]:
+def expected_series(
+    readings: list[Reading],
+    sensor: str,
+    tags: dict[str, str],
+    name: str,
+    low: datetime,
+    high: datetime,
+    step: timedelta,
+) -> list[tuple[str, int, float, float, float]]:
     groups: dict[datetime, list[float]] = {}
     for r in readings:
-        if (series_of(r) == (sensor, tuple(sorted(tags.items()))) and name in r.values
-                and low <= r.ts < high):
+        if (
+            series_of(r) == (sensor, tuple(sorted(tags.items())))
+            and name in r.values
+            and low <= r.ts < high
+        ):
             t = low + step * ((r.ts - low) // step)
             groups.setdefault(t, []).append(numeric(r.values[name]))
     return [(iso(t), len(v), min(v), sum(v) / len(v), max(v)) for t, v in sorted(groups.items())]
 
 
-@pytest.mark.parametrize(("step", "source"), [("10m", "readings"), ("1h", "stats"),
-                                              ("2h", "stats"), ("90m", "readings")])
-async def test_series_match_each_other_and_the_readings(apis: dict[str, Any], step: str,
-                                                         source: str) -> None:
+@pytest.mark.parametrize(
+    ("step", "source"), [("10m", "readings"), ("1h", "stats"), ("2h", "stats"), ("90m", "readings")]
+)
+async def test_series_match_each_other_and_the_readings(
+    apis: dict[str, Any], step: str, source: str
+) -> None:
     readings = apis["readings"]
     since, until = START + timedelta(minutes=7), START + timedelta(hours=2, minutes=50)
-    path = (f"/api/series?sensor=s1,s2,s3&measurement=temp,hum,on,state&since={iso(since)}"
-            f"&until={iso(until)}&step={step}")
+    path = (
+        f"/api/series?sensor=s1,s2,s3&measurement=temp,hum,on,state&since={iso(since)}"
+        f"&until={iso(until)}&step={step}"
+    )
     bucket = await get(apis, "bucket", path)
     series = await get(apis, "timeseries", path)
     assert bucket["source"] == source
@@ -237,20 +288,30 @@ async def test_series_match_each_other_and_the_readings(apis: dict[str, Any], st
     step_td = timedelta(seconds=bucket["step_seconds"])
     assert low <= since
     assert high >= until
-    pairs = [(s, t, m) for s, t in SERIES for m in ("temp", "hum", "on")
-             if any(series_of(r) == (s, tuple(t.items())) and m in r.values and low <= r.ts < high
-                    for r in readings)]
-    assert [(e["sensor_id"], e["tags"], e["measurement"])
-            for e in bucket["series"]] == pairs  # no strings
+    pairs = [
+        (s, t, m)
+        for s, t in SERIES
+        for m in ("temp", "hum", "on")
+        if any(
+            series_of(r) == (s, tuple(t.items())) and m in r.values and low <= r.ts < high
+            for r in readings
+        )
+    ]
+    assert [
+        (e["sensor_id"], e["tags"], e["measurement"]) for e in bucket["series"]
+    ] == pairs  # no strings
     for answer in (bucket, series):
         assert [e["unit"] for e in answer["series"]] == [
-            UNITS.get(m) if s == "s1" else None for s, _, m in pairs]
+            UNITS.get(m) if s == "s1" else None for s, _, m in pairs
+        ]
     for b, s in zip(bucket["series"], series["series"], strict=True):
-        want = expected_series(readings, b["sensor_id"], b["tags"], b["measurement"], low, high,
-                               step_td)
+        want = expected_series(
+            readings, b["sensor_id"], b["tags"], b["measurement"], low, high, step_td
+        )
         for points in (b["points"], s["points"]):
             assert [(p["t"], p["count"], p["min"], p["max"]) for p in points] == [
-                (t, n, lo, hi) for t, n, lo, _, hi in want]
+                (t, n, lo, hi) for t, n, lo, _, hi in want
+            ]
             for p, w in zip(points, want, strict=True):
                 assert math.isclose(p["avg"], w[3], rel_tol=1e-9)
 
@@ -259,54 +320,65 @@ async def test_rejects_of_the_last_hour(apis: dict[str, Any]) -> None:
     answer = await both(apis, "/api/rejects")
     assert [r["reason"] for r in answer["rejects"]] == ["bad_json", "bad_value", "bad_json"]
     assert "payload" not in answer["rejects"][0]
-    assert answer["reasons"] == [{"reason": "bad_json", "count": 2},
-                                 {"reason": "bad_value", "count": 1}]
+    assert answer["reasons"] == [
+        {"reason": "bad_json", "count": 2},
+        {"reason": "bad_value", "count": 1},
+    ]
 
 
-@pytest.mark.parametrize(("path", "parameter"), [
-    ("/api/readings?sensor=s1&since=yesterday", "since"),
-    ("/api/readings?sensor=s1&since=2026-05-01T08:00:00", "since"),
-    ("/api/readings?since=now-1h", "sensor"),
-    ("/api/readings?sensor=a%01b", "sensor"),  # a control character
-    ("/api/readings?sensor=s1&limit=0", "limit"),
-    ("/api/readings?sensor=s1&limit=10001", "limit"),
-    ("/api/readings?sensor=s1&cursor=xyz", "cursor"),
-    ("/api/readings?sensor=s1&since=now-40d", "since"),
-    ("/api/readings?sensor=s1&since=now&until=now-1h", "since"),
-    ("/api/readings?sensor=s1&measurement=$where", "measurement"),
-    ("/api/readings?sensor=s1&sensors=s2", "sensors"),
-    ("/api/sensors?since=now-2h&step=1m", "step"),  # a parameter of another endpoint
-    ("/api/info?since=now", "since"),
-    ("/api/series?sensor=s1", "measurement"),
-    ("/api/series?sensor=s1&measurement=temp&step=fast", "step"),
-    ("/api/series?sensor=s1&measurement=temp&step=1s&since=now-1d", "step"),
-    ("/api/series?sensor=s1&measurement=temp&step=1m&step=2m", "step"),
-    ("/api/sensors?cursor=WyJyIiwiczEiLDEsMV0", "cursor"),  # a readings cursor
-    # what int() and datetime refuse or cannot hold: a 400, never a 500
-    ("/api/readings?sensor=s1&limit=%C2%B2", "limit"),  # "²": isdigit() but not int()
-    ("/api/readings?sensor=s1&limit=" + "1" * 5000, "limit"),  # over int()'s 4300 digits
-    ("/api/readings?sensor=s1&limit=" + "0" * 5000, "limit"),
-    ("/api/readings?sensor=s1&since=%C2%B2", "since"),
-    ("/api/rejects?since=%D9%A3", "since"),  # an Arabic-Indic 3: int() reads it
-    ("/api/readings?sensor=s1&since=999999999999999", "since"),  # 15 digits: year 33658
-    ("/api/readings?sensor=s1&since=now-99999999999w", "since"),
-    ("/api/readings?sensor=s1&since=now-999999d", "since"),
-    ("/api/series?sensor=s1&measurement=temp&since=now-" + "9" * 400 + "w", "since"),
-    ("/api/readings?sensor=s1&since=0001-01-01T00:00:00%2B01:00", "since"),
-    ("/api/readings?sensor=s1&until=9999-12-31T23:59:59-01:00", "until"),
-    ("/api/series?sensor=s1&measurement=temp&since=0001-01-01T00:00:00Z", "since"),
-    ("/api/series?sensor=s1&measurement=temp&until=9999-12-31T00:00:00Z", "until"),
-    ("/api/rejects?since=1969-12-31T23:59:59Z", "since"),
-    ("/api/series?sensor=s1&measurement=temp&step=99999999999999999999w", "step"),
-    ("/api/series?sensor=s1&measurement=temp&step=" + "9" * 400, "step"),
-    (("/api/series?sensor=s1&measurement=temp&since=8999-01-01T00:00:00Z"
-      "&until=8999-01-02T00:00:00Z&step=366d"), "step"),
-    # a readings cursor whose time or count is out of range
-    ("/api/readings?sensor=s1&cursor=WyJyIiwiczEiLDk5OTk5OTk5OTk5OTk5OTk5LDFd", "cursor"),
-    ("/api/readings?sensor=s1&cursor=WyJyIiwiczEiLDEsMTg0NDY3NDQwNzM3MDk1NTE2MTVd", "cursor"),
-])
+@pytest.mark.parametrize(
+    ("path", "parameter"),
+    [
+        ("/api/readings?sensor=s1&since=yesterday", "since"),
+        ("/api/readings?sensor=s1&since=2026-05-01T08:00:00", "since"),
+        ("/api/readings?since=now-1h", "sensor"),
+        ("/api/readings?sensor=a%01b", "sensor"),  # a control character
+        ("/api/readings?sensor=s1&limit=0", "limit"),
+        ("/api/readings?sensor=s1&limit=10001", "limit"),
+        ("/api/readings?sensor=s1&cursor=xyz", "cursor"),
+        ("/api/readings?sensor=s1&since=now-40d", "since"),
+        ("/api/readings?sensor=s1&since=now&until=now-1h", "since"),
+        ("/api/readings?sensor=s1&measurement=$where", "measurement"),
+        ("/api/readings?sensor=s1&sensors=s2", "sensors"),
+        ("/api/sensors?since=now-2h&step=1m", "step"),  # a parameter of another endpoint
+        ("/api/info?since=now", "since"),
+        ("/api/series?sensor=s1", "measurement"),
+        ("/api/series?sensor=s1&measurement=temp&step=fast", "step"),
+        ("/api/series?sensor=s1&measurement=temp&step=1s&since=now-1d", "step"),
+        ("/api/series?sensor=s1&measurement=temp&step=1m&step=2m", "step"),
+        ("/api/sensors?cursor=WyJyIiwiczEiLDEsMV0", "cursor"),  # a readings cursor
+        # what int() and datetime refuse or cannot hold: a 400, never a 500
+        ("/api/readings?sensor=s1&limit=%C2%B2", "limit"),  # "²": isdigit() but not int()
+        ("/api/readings?sensor=s1&limit=" + "1" * 5000, "limit"),  # over int()'s 4300 digits
+        ("/api/readings?sensor=s1&limit=" + "0" * 5000, "limit"),
+        ("/api/readings?sensor=s1&since=%C2%B2", "since"),
+        ("/api/rejects?since=%D9%A3", "since"),  # an Arabic-Indic 3: int() reads it
+        ("/api/readings?sensor=s1&since=999999999999999", "since"),  # 15 digits: year 33658
+        ("/api/readings?sensor=s1&since=now-99999999999w", "since"),
+        ("/api/readings?sensor=s1&since=now-999999d", "since"),
+        ("/api/series?sensor=s1&measurement=temp&since=now-" + "9" * 400 + "w", "since"),
+        ("/api/readings?sensor=s1&since=0001-01-01T00:00:00%2B01:00", "since"),
+        ("/api/readings?sensor=s1&until=9999-12-31T23:59:59-01:00", "until"),
+        ("/api/series?sensor=s1&measurement=temp&since=0001-01-01T00:00:00Z", "since"),
+        ("/api/series?sensor=s1&measurement=temp&until=9999-12-31T00:00:00Z", "until"),
+        ("/api/rejects?since=1969-12-31T23:59:59Z", "since"),
+        ("/api/series?sensor=s1&measurement=temp&step=99999999999999999999w", "step"),
+        ("/api/series?sensor=s1&measurement=temp&step=" + "9" * 400, "step"),
+        (
+            (
+                "/api/series?sensor=s1&measurement=temp&since=8999-01-01T00:00:00Z"
+                "&until=8999-01-02T00:00:00Z&step=366d"
+            ),
+            "step",
+        ),
+        # a readings cursor whose time or count is out of range
+        ("/api/readings?sensor=s1&cursor=WyJyIiwiczEiLDk5OTk5OTk5OTk5OTk5OTk5LDFd", "cursor"),
+        ("/api/readings?sensor=s1&cursor=WyJyIiwiczEiLDEsMTg0NDY3NDQwNzM3MDk1NTE2MTVd", "cursor"),
+    ],
+)
 async def test_bad_parameters_are_one_json_error_naming_the_parameter(
-        apis: dict[str, Any], path: str, parameter: str) -> None:
+    apis: dict[str, Any], path: str, parameter: str
+) -> None:
     for mode in ("bucket", "timeseries"):
         body = await get(apis, mode, path, status=400)
         assert set(body) == {"error"}
@@ -338,7 +410,8 @@ async def test_metrics_page_and_unknown_paths(apis: dict[str, Any]) -> None:
 
 
 async def test_the_api_refuses_a_collection_of_the_other_layout(
-        mongo: Any, db: Any, db_name: str) -> None:
+    mongo: Any, db: Any, db_name: str
+) -> None:
     await write_both(db, fleet()[:3])
     settings = ApiSettings(mode="bucket", db=db_name, collection="readings")
     with pytest.raises(Exception, match=r"--mode bucket: .*readings is a time-series collection"):

@@ -35,9 +35,16 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
 # Every route that reads data or describes the API; a token is needed for each.
-GUARDED = ["/api/sensors?since=now-1h", "/api/readings?sensor=guarded-s1&since=now-1h",
-           "/api/series?sensor=guarded-s1&measurement=temp&since=now-1h", "/api/rejects",
-           "/api/info", "/openapi.json", "/metrics", "/api/nothing"]
+GUARDED = [
+    "/api/sensors?since=now-1h",
+    "/api/readings?sensor=guarded-s1&since=now-1h",
+    "/api/series?sensor=guarded-s1&measurement=temp&since=now-1h",
+    "/api/rejects",
+    "/api/info",
+    "/openapi.json",
+    "/metrics",
+    "/api/nothing",
+]
 
 
 @dataclass
@@ -59,24 +66,43 @@ def api(tmp_path: Path, mongo_uri: str, db_name: str) -> Iterator[Callable[..., 
     """Factory: start ``ingest api`` with extra flags; returns it once /healthz answers."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(*extra: str, mongodb_uri: str = mongo_uri,
-              cafile: Path | None = None) -> Api:
+    def start(*extra: str, mongodb_uri: str = mongo_uri, cafile: Path | None = None) -> Api:
         port = free_port()
         log = tmp_path / f"api-{len(started)}.log"
         with log.open("ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "ingest", "api", "--mongodb-uri", mongodb_uri,
-                 "--db", db_name, "--api-port", str(port), "--log-level", "debug", *extra],
-                stdout=out, stderr=subprocess.STDOUT, env=clean_env(), cwd=ROOT)
+                [
+                    sys.executable,
+                    "-m",
+                    "ingest",
+                    "api",
+                    "--mongodb-uri",
+                    mongodb_uri,
+                    "--db",
+                    db_name,
+                    "--api-port",
+                    str(port),
+                    "--log-level",
+                    "debug",
+                    *extra,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=clean_env(),
+                cwd=ROOT,
+            )
         started.append(proc)
         running = Api(proc, port, log, "https" if cafile else "http")
         context = ssl.create_default_context(cafile=cafile) if cafile else None
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             assert proc.poll() is None, log.read_text()
-            with (contextlib.suppress(OSError),
-                  urllib.request.urlopen(f"{running.url}/healthz", timeout=2,
-                                         context=context) as resp):
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(
+                    f"{running.url}/healthz", timeout=2, context=context
+                ) as resp,
+            ):
                 if resp.status == 200:
                     return running
             time.sleep(0.1)
@@ -98,19 +124,39 @@ def token_file(tmp_path: Path, **tokens: str) -> Path:
 async def store(db: Any) -> None:
     """Three readings of one sensor, in the last few minutes."""
     now = time.time()
-    readings = [Reading("guarded-s1", datetime.fromtimestamp(now - 60 * i, UTC), now - 60 * i,
-                        {"temp": 20.0 + i}, i) for i in range(3)]
-    schema = Schema(db, "buckets", rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                    retention_days=None, span_seconds=3600)
+    readings = [
+        Reading(
+            "guarded-s1",
+            datetime.fromtimestamp(now - 60 * i, UTC),
+            now - 60 * i,
+            {"temp": 20.0 + i},
+            i,
+        )
+        for i in range(3)
+    ]
+    schema = Schema(
+        db,
+        "buckets",
+        rejects_collection="rejects",
+        rejects_max_bytes=1 << 20,
+        retention_days=None,
+        span_seconds=3600,
+    )
     writer = BucketWriter(db.buckets, schema, 3600, max_readings=1000)
     await writer.ensure_schema()
     assert (await writer.write(writer.plan(readings))).written == 3
 
 
 def run_api(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ingest", "api", *argv], capture_output=True,
-                          text=True, timeout=30, env=clean_env() | (env or {}), cwd=ROOT,
-                          check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "ingest", "api", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=clean_env() | (env or {}),
+        cwd=ROOT,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
@@ -130,14 +176,18 @@ def test_an_api_on_a_non_loopback_address_without_tokens_refuses_to_start(how: s
     assert "--api-insecure" in line
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("", "holds no token"),
-    ("short\n", "shorter than 16 characters"),
-    ('page = "' + "x" * 30 + '"\ngrafana = "' + "x" * 30 + '"\n', "the same token twice"),
-    ("[tokens]\npage = 3\n", 'name = "token" pairs'),
-])
-def test_a_bad_tokens_file_is_one_line_naming_the_flag(tmp_path: Path, content: str,
-                                                       message: str) -> None:
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("", "holds no token"),
+        ("short\n", "shorter than 16 characters"),
+        ('page = "' + "x" * 30 + '"\ngrafana = "' + "x" * 30 + '"\n', "the same token twice"),
+        ("[tokens]\npage = 3\n", 'name = "token" pairs'),
+    ],
+)
+def test_a_bad_tokens_file_is_one_line_naming_the_flag(
+    tmp_path: Path, content: str, message: str
+) -> None:
     path = tmp_path / "tokens"
     path.write_text(content)
     result = run_api("--api-tokens-file", str(path))
@@ -148,23 +198,24 @@ def test_a_bad_tokens_file_is_one_line_naming_the_flag(tmp_path: Path, content: 
     assert "x" * 30 not in result.stderr
 
 
-def test_an_insecure_api_on_any_address_serves_without_tokens(
-        api: Callable[..., Api]) -> None:
+def test_an_insecure_api_on_any_address_serves_without_tokens(api: Callable[..., Api]) -> None:
     running = api("--api-host", "0.0.0.0", "--api-insecure")
     with urllib.request.urlopen(f"{running.url}/api/info", timeout=5) as resp:
         assert resp.status == 200
     assert "no --api-tokens-file: anyone who reaches 0.0.0.0" in running.log.read_text()
 
 
-async def get(http: aiohttp.ClientSession, url: str, token: str | None = None,
-              scheme: str = "Bearer") -> tuple[int, dict[str, str], str]:
+async def get(
+    http: aiohttp.ClientSession, url: str, token: str | None = None, scheme: str = "Bearer"
+) -> tuple[int, dict[str, str], str]:
     headers = {"Authorization": f"{scheme} {token}"} if token is not None else {}
     async with http.get(url, headers=headers) as resp:
         return resp.status, dict(resp.headers), await resp.text()
 
 
 async def test_tokens_guard_every_data_route_and_never_leak(
-        api: Callable[..., Api], db: Any, tmp_path: Path) -> None:
+    api: Callable[..., Api], db: Any, tmp_path: Path
+) -> None:
     await store(db)
     grafana, page = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
     tokens = token_file(tmp_path, grafana=grafana, page=page)
@@ -172,9 +223,13 @@ async def test_tokens_guard_every_data_route_and_never_leak(
     async with aiohttp.ClientSession() as http:
         for path in GUARDED:
             url = running.url + path
-            for token, scheme in [(None, "Bearer"), ("wrong-" + grafana, "Bearer"),
-                                  (grafana, "Basic"), (grafana[:-1], "Bearer"),
-                                  ("", "Bearer")]:
+            for token, scheme in [
+                (None, "Bearer"),
+                ("wrong-" + grafana, "Bearer"),
+                (grafana, "Basic"),
+                (grafana[:-1], "Bearer"),
+                ("", "Bearer"),
+            ]:
                 status, headers, body = await get(http, url, token, scheme)
                 assert status == 401, (path, token, body)
                 assert headers["WWW-Authenticate"].startswith('Bearer realm="ingest api"')
@@ -210,18 +265,23 @@ async def test_tokens_guard_every_data_route_and_never_leak(
     assert 'ingest_api_request_seconds_count{endpoint="sensors",status="4xx"} 5.0' in metrics
 
 
-async def login(http: aiohttp.ClientSession, url: str, token: str,
-                origin: str | None) -> tuple[int, str, dict[str, str]]:
+async def login(
+    http: aiohttp.ClientSession, url: str, token: str, origin: str | None
+) -> tuple[int, str, dict[str, str]]:
     headers = {"Accept": "application/json"}
     if origin is not None:
         headers["Origin"] = origin
     async with http.post(f"{url}/login", data={"token": token}, headers=headers) as resp:
-        return resp.status, await resp.text(), {k.lower(): v for k, v in resp.headers.items()
-                                                if k.lower() == "set-cookie"}
+        return (
+            resp.status,
+            await resp.text(),
+            {k.lower(): v for k, v in resp.headers.items() if k.lower() == "set-cookie"},
+        )
 
 
 async def test_the_page_login_is_a_session_cookie_and_refuses_other_sites(
-        api: Callable[..., Api], db: Any, tmp_path: Path) -> None:
+    api: Callable[..., Api], db: Any, tmp_path: Path
+) -> None:
     await store(db)
     token = secrets.token_urlsafe(32)
     running = api("--api-tokens-file", str(token_file(tmp_path, page=token)))
@@ -253,8 +313,12 @@ async def test_the_page_login_is_a_session_cookie_and_refuses_other_sites(
         # logout ends the session on the server: the old cookie is refused afterwards
         async with http.post(f"{own}/logout", headers={"Origin": own}) as resp:
             assert resp.status == 200
-    async with aiohttp.ClientSession() as fresh, fresh.get(f"{own}/api/sensors",
-                         headers={"Cookie": f"ingest_session={session.group(1)}"}) as resp:
+    async with (
+        aiohttp.ClientSession() as fresh,
+        fresh.get(
+            f"{own}/api/sensors", headers={"Cookie": f"ingest_session={session.group(1)}"}
+        ) as resp,
+    ):
         assert resp.status == 401
     log = running.log.read_text()
     assert "page login with token page" in log
@@ -263,20 +327,29 @@ async def test_the_page_login_is_a_session_cookie_and_refuses_other_sites(
     assert session.group(1) not in log
 
 
-
-async def test_tls_with_a_self_signed_certificate(api: Callable[..., Api], db: Any,
-                                                  tmp_path: Path) -> None:
+async def test_tls_with_a_self_signed_certificate(
+    api: Callable[..., Api], db: Any, tmp_path: Path
+) -> None:
     await store(db)
     cert, key = self_signed(tmp_path, "api")
     token = secrets.token_urlsafe(32)
-    running = api("--api-tokens-file", str(token_file(tmp_path, page=token)),
-                  "--api-tls-cert", str(cert), "--api-tls-key", str(key), cafile=cert)
+    running = api(
+        "--api-tokens-file",
+        str(token_file(tmp_path, page=token)),
+        "--api-tls-cert",
+        str(cert),
+        "--api-tls-key",
+        str(key),
+        cafile=cert,
+    )
     assert running.url.startswith("https://")
     trusting = aiohttp.TCPConnector(ssl=ssl.create_default_context(cafile=cert))
-    async with aiohttp.ClientSession(connector=trusting,
-                                     cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
-        status, _, body = await get(http, running.url + "/api/readings?sensor=guarded-s1"
-                                    "&since=now-1h", token)
+    async with aiohttp.ClientSession(
+        connector=trusting, cookie_jar=aiohttp.CookieJar(unsafe=True)
+    ) as http:
+        status, _, body = await get(
+            http, running.url + "/api/readings?sensor=guarded-s1&since=now-1h", token
+        )
         assert status == 200
         assert "guarded-s1" in body
         assert (await get(http, running.url + "/api/info"))[0] == 401
@@ -293,7 +366,8 @@ async def test_tls_with_a_self_signed_certificate(api: Callable[..., Api], db: A
 
 
 async def test_a_caller_over_its_concurrent_queries_gets_429(
-        api: Callable[..., Api], db: Any, mongo_uri: str, tmp_path: Path) -> None:
+    api: Callable[..., Api], db: Any, mongo_uri: str, tmp_path: Path
+) -> None:
     """MongoDB held by a proxy: a caller's first query waits, its second is answered 429
     at once, naming the limit; another token's query is not refused."""
     await store(db)
@@ -302,9 +376,13 @@ async def test_a_caller_over_its_concurrent_queries_gets_429(
     proxy = Proxy(host, int(port)).start()
     try:
         a, b = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-        running = api("--api-tokens-file", str(token_file(tmp_path, a=a, b=b)),
-                      "--api-max-concurrent-queries", "1",
-                      mongodb_uri=f"mongodb://127.0.0.1:{proxy.port}/?directConnection=true")
+        running = api(
+            "--api-tokens-file",
+            str(token_file(tmp_path, a=a, b=b)),
+            "--api-max-concurrent-queries",
+            "1",
+            mongodb_uri=f"mongodb://127.0.0.1:{proxy.port}/?directConnection=true",
+        )
         url = running.url + "/api/readings?sensor=guarded-s1&since=now-1h"
         async with aiohttp.ClientSession() as http:
             assert (await get(http, url, a))[0] == 200  # connected

@@ -24,9 +24,18 @@ def params(**query: str | list[str]) -> Params:
     return Params(multi, lambda name: multi.getall(name, []), NOW)
 
 
-@pytest.mark.parametrize(("text", "ms"), [("500ms", 500), ("30s", 30_000), ("30", 30_000),
-                                          ("5m", 300_000), ("1.5h", 5_400_000),
-                                          ("1d", 86_400_000), ("2w", 1_209_600_000)])
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("500ms", 500),
+        ("30s", 30_000),
+        ("30", 30_000),
+        ("5m", 300_000),
+        ("1.5h", 5_400_000),
+        ("1d", 86_400_000),
+        ("2w", 1_209_600_000),
+    ],
+)
 def test_durations(text: str, ms: int) -> None:
     assert parse_duration("step", text) == ms
 
@@ -38,22 +47,38 @@ def test_bad_durations_name_the_parameter(text: str) -> None:
     assert caught.value.parameter == "step"
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("now", NOW), ("now-90m", NOW - timedelta(minutes=90)),
-    ("2026-05-01T08:00:00Z", datetime(2026, 5, 1, 8, tzinfo=UTC)),
-    ("2026-05-01T10:00:00+02:00", datetime(2026, 5, 1, 8, tzinfo=UTC)),
-    ("1777622400000", datetime(2026, 5, 1, 8, tzinfo=UTC)),  # Grafana's ${__from}
-    # the ends of the range a time may name
-    ("0", datetime(1970, 1, 1, tzinfo=UTC)), ("now-2939w", datetime(1970, 1, 2, 12, tzinfo=UTC)),
-    ("9998-12-31T23:59:59.999Z", datetime(9998, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("now", NOW),
+        ("now-90m", NOW - timedelta(minutes=90)),
+        ("2026-05-01T08:00:00Z", datetime(2026, 5, 1, 8, tzinfo=UTC)),
+        ("2026-05-01T10:00:00+02:00", datetime(2026, 5, 1, 8, tzinfo=UTC)),
+        ("1777622400000", datetime(2026, 5, 1, 8, tzinfo=UTC)),  # Grafana's ${__from}
+        # the ends of the range a time may name
+        ("0", datetime(1970, 1, 1, tzinfo=UTC)),
+        ("now-2939w", datetime(1970, 1, 2, 12, tzinfo=UTC)),
+        ("9998-12-31T23:59:59.999Z", datetime(9998, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)),
+    ],
+)
 def test_times(text: str, expected: datetime) -> None:
     assert parse_time("since", text, NOW) == expected
 
 
-@pytest.mark.parametrize("text", ["1969-12-31T23:59:59.999Z", "9999-01-01T00:00:00Z",
-                                  "253370764800000", "now-2940w", "0001-01-01T00:00:00+01:00",
-                                  "9999-12-31T23:59:59-01:00", "²", "٣", "1" * 5000])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1969-12-31T23:59:59.999Z",
+        "9999-01-01T00:00:00Z",
+        "253370764800000",
+        "now-2940w",
+        "0001-01-01T00:00:00+01:00",
+        "9999-12-31T23:59:59-01:00",
+        "²",
+        "٣",
+        "1" * 5000,
+    ],
+)
 def test_times_out_of_range_or_in_other_digits_name_the_parameter(text: str) -> None:
     with pytest.raises(ParamError) as caught:
         parse_time("until", text, NOW)
@@ -64,7 +89,8 @@ def test_a_limit_may_have_leading_zeros_of_any_length() -> None:
     assert params(limit="0" * 5000 + "25").limit(100, 1000) == 25
     assert params(limit="01000").limit(100, 1000) == 1000
     assert parse_time("since", "0" * 5000 + "1777622400000", NOW) == datetime(
-        2026, 5, 1, 8, tzinfo=UTC)
+        2026, 5, 1, 8, tzinfo=UTC
+    )
 
 
 def test_a_step_may_be_a_year_at_most() -> None:
@@ -89,16 +115,24 @@ def test_sensors_and_measurements_are_lists_in_order_without_repeats() -> None:
 def test_cursors_round_trip_and_are_checked() -> None:
     cursor = encode_cursor("r", "s1", {"path": "/boot", "host": "h1"}, 1_777_622_400_000)
     assert params(cursor=cursor).reading_cursor() == Cursor(
-        SeriesKey("s1", (("host", "h1"), ("path", "/boot"))), 1_777_622_400_000)
-    for bad in (encode_cursor("r", "s1", {}, "x"), encode_cursor("r", "s1", 1, 1),
-                encode_cursor("r", "s1", {"$gt": "a"}, 1),  # a tag name goes into a query
-                encode_cursor("r", "s1", {"a.b": "x"}, 1), encode_cursor("r", "s1", {"a": 1}, 1),
-                encode_cursor("r", "a\x01", {}, 1), encode_cursor("s", "s1", {}), "!!!"):
+        SeriesKey("s1", (("host", "h1"), ("path", "/boot"))), 1_777_622_400_000
+    )
+    for bad in (
+        encode_cursor("r", "s1", {}, "x"),
+        encode_cursor("r", "s1", 1, 1),
+        encode_cursor("r", "s1", {"$gt": "a"}, 1),  # a tag name goes into a query
+        encode_cursor("r", "s1", {"a.b": "x"}, 1),
+        encode_cursor("r", "s1", {"a": 1}, 1),
+        encode_cursor("r", "a\x01", {}, 1),
+        encode_cursor("s", "s1", {}),
+        "!!!",
+    ):
         with pytest.raises(ParamError) as caught:
             params(cursor=bad).reading_cursor()
         assert caught.value.parameter == "cursor"
     assert params(cursor=encode_cursor("s", "h1", {"path": "/"})).sensor_cursor() == SeriesKey(
-        "h1", (("path", "/"),))
+        "h1", (("path", "/"),)
+    )
 
 
 def test_tag_selectors() -> None:
@@ -106,8 +140,15 @@ def test_tag_selectors() -> None:
     assert p.tags() == {"path": ["/boot", "/"], "host": ["h1:8080"], "empty": [""]}
     assert params().tags() == {}
     assert params(tag="path:a,b").tags() == {"path": ["a,b"]}  # never split
-    for bad in ("path", "a.b:x", "$where:1", "sensor_id:s1", ":x", "path:a\x01",
-                "path:" + "x" * 257):
+    for bad in (
+        "path",
+        "a.b:x",
+        "$where:1",
+        "sensor_id:s1",
+        ":x",
+        "path:a\x01",
+        "path:" + "x" * 257,
+    ):
         with pytest.raises(ParamError) as caught:
             params(tag=bad).tags()
         assert caught.value.parameter == "tag"
@@ -118,35 +159,51 @@ def test_tag_selectors() -> None:
 def test_only_a_literal_comma_separates_sensor_ids() -> None:
     multi: MultiDict[str] = MultiDict([("sensor", "a,b"), ("sensor", "c,d")])
     raw = {"sensor": ["a%2Cb", "c,d"]}
-    p = Params(multi, lambda name: multi.getall(name, []), NOW,
-               raw=lambda name: raw.get(name, []))
+    p = Params(multi, lambda name: multi.getall(name, []), NOW, raw=lambda name: raw.get(name, []))
     assert p.sensors() == ["a,b", "c", "d"]
 
 
 def rows(*spec: tuple[str, int, int, dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"sensor_id": s, "tags": {"sensor_id": s}, "ts": datetime.fromtimestamp(
-        ms / 1000, UTC), "_id": n, **values} for s, ms, n, values in spec]
+    return [
+        {
+            "sensor_id": s,
+            "tags": {"sensor_id": s},
+            "ts": datetime.fromtimestamp(ms / 1000, UTC),
+            "_id": n,
+            **values,
+        }
+        for s, ms, n, values in spec
+    ]
 
 
 def test_rows_of_one_instant_merge_and_a_cut_instant_waits() -> None:
-    fetched = rows(("a", 1000, 1, {"x": 1, "seq": 0}), ("a", 1000, 2, {"y": 2, "x": 9, "seq": 5}),
-                   ("a", 2000, 3, {"x": 3}), ("b", 2000, 4, {"x": 4}))
+    fetched = rows(
+        ("a", 1000, 1, {"x": 1, "seq": 0}),
+        ("a", 1000, 2, {"y": 2, "x": 9, "seq": 5}),
+        ("a", 2000, 3, {"x": 3}),
+        ("b", 2000, 4, {"x": 4}),
+    )
     merged = merge_rows(fetched, complete=True)
-    assert [(k.sensor_id, ms, {n: d[n] for n in ("x", "y", "seq") if n in d})
-            for k, ms, d in merged] == [("a", 1000, {"x": 1, "y": 2, "seq": 0}),
-                                        ("a", 2000, {"x": 3}), ("b", 2000, {"x": 4})]
+    assert [
+        (k.sensor_id, ms, {n: d[n] for n in ("x", "y", "seq") if n in d}) for k, ms, d in merged
+    ] == [("a", 1000, {"x": 1, "y": 2, "seq": 0}), ("a", 2000, {"x": 3}), ("b", 2000, {"x": 4})]
     # a full fetch may have cut the last instant: it is left for the next one
     assert [ms for _, ms, _ in merge_rows(fetched, complete=False)] == [1000, 2000]
 
 
 async def test_timeseries_documents_at_one_instant_are_one_reading_across_pages(
-        mongo: Any, db: Any, db_name: str) -> None:
+    mongo: Any, db: Any, db_name: str
+) -> None:
     await db.create_collection("readings", timeseries={"timeField": "ts", "metaField": "meta"})
     ts = datetime(2026, 5, 1, 11, 5, tzinfo=UTC)  # before the served clock (11:10)
     # each instant written in three batches (three documents)
-    await db.readings.insert_many([
-        {"ts": ts + timedelta(seconds=s), "meta": {"sensor_id": "s1"}, f"m{i}": float(i)}
-        for s in range(3) for i in range(3)])
+    await db.readings.insert_many(
+        [
+            {"ts": ts + timedelta(seconds=s), "meta": {"sensor_id": "s1"}, f"m{i}": float(i)}
+            for s in range(3)
+            for i in range(3)
+        ]
+    )
     async with serving(mongo, db_name, "timeseries") as url:
         import aiohttp  # noqa: PLC0415
 
@@ -162,15 +219,19 @@ async def test_timeseries_documents_at_one_instant_are_one_reading_across_pages(
     assert [r["ts"] for r in got] == [f"2026-05-01T11:05:0{s}.000Z" for s in range(3)]
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--api-port", "70000"], "--api-port: must be between 0 and 65535"),
-    (["--mongodb-uri", "http://x"], "--mongodb-uri: must start with mongodb://"),
-    (["--mongodb-uri-file", "/nonexistent/uri"], "--mongodb-uri-file: cannot read"),
-    (["--query-timeout", "0"], "--query-timeout: must be a finite number greater than 0"),
-    (["--collection", "a.b"], "--collection: use letters"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--api-port", "70000"], "--api-port: must be between 0 and 65535"),
+        (["--mongodb-uri", "http://x"], "--mongodb-uri: must start with mongodb://"),
+        (["--mongodb-uri-file", "/nonexistent/uri"], "--mongodb-uri-file: cannot read"),
+        (["--query-timeout", "0"], "--query-timeout: must be a finite number greater than 0"),
+        (["--collection", "a.b"], "--collection: use letters"),
+    ],
+)
 def test_api_command_refuses_bad_flags_in_one_line(
-        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["api", *argv], env={}) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"ingest: error: {message}")
@@ -181,4 +242,8 @@ def test_api_flags_come_from_the_environment_too() -> None:
     env = {"INGEST_MODE": "timeseries", "INGEST_API_PORT": "9000", "INGEST_DB": "plant"}
     settings = api_settings_from(build_parser(env).parse_args(["api"]))
     assert (settings.mode, settings.port, settings.db, settings.collection) == (
-        "timeseries", 9000, "plant", "readings")
+        "timeseries",
+        9000,
+        "plant",
+        "readings",
+    )

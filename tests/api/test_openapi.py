@@ -15,21 +15,31 @@ from tests.api.test_api import apis, get  # noqa: F401 - fixtures
 
 DOC = description(__version__)
 # a valid value of each parameter, for each endpoint's happy path
-VALID = {"since": "2026-05-01T08:00:00Z", "until": "2026-05-01T10:00:00Z", "sensor": "s1,s2",
-         "measurement": "temp,on", "step": "1h", "limit": "5", "cursor": "",
-         "tag": "room:kitchen"}
+VALID = {
+    "since": "2026-05-01T08:00:00Z",
+    "until": "2026-05-01T10:00:00Z",
+    "sensor": "s1,s2",
+    "measurement": "temp,on",
+    "step": "1h",
+    "limit": "5",
+    "cursor": "",
+    "tag": "room:kitchen",
+}
 
 
 def validator(name: str) -> Draft202012Validator:
-    return Draft202012Validator({"$ref": f"#/components/schemas/{name}",
-                                 "components": DOC["components"]})
+    return Draft202012Validator(
+        {"$ref": f"#/components/schemas/{name}", "components": DOC["components"]}
+    )
 
 
 def test_the_description_lists_exactly_the_api_routes(mongo: Any) -> None:
     app = ReadApi(ApiSettings(), mongo).app()
-    routes = {r.resource.canonical for r in app.router.routes()
-              if r.method == "GET" and r.resource is not None
-              and r.resource.canonical.startswith("/api/")}
+    routes = {
+        r.resource.canonical
+        for r in app.router.routes()
+        if r.method == "GET" and r.resource is not None and r.resource.canonical.startswith("/api/")
+    }
     assert set(DOC["paths"]) == routes
     assert DOC["openapi"] == "3.1.0"
     for schema in DOC["components"]["schemas"].values():
@@ -41,7 +51,8 @@ def query(names: list[str]) -> str:
 
 
 async def test_each_endpoint_reads_the_parameters_described_and_refuses_others(
-        apis: dict[str, Any]) -> None:  # noqa: F811
+    apis: dict[str, Any],  # noqa: F811
+) -> None:
     known = {p["name"] for op in DOC["paths"].values() for p in op["get"]["parameters"]}
     for path, operation in DOC["paths"].items():
         parameters = operation["get"]["parameters"]
@@ -63,8 +74,7 @@ async def test_each_endpoint_reads_the_parameters_described_and_refuses_others(
                 assert error["error"]["parameter"] == name, (path, error)
             # a parameter of another endpoint: a 400 naming it
             for name in sorted(known - set(names)):
-                error = await get(apis, mode, f"{path}?{query([*required, name])}",
-                                  status=400)
+                error = await get(apis, mode, f"{path}?{query([*required, name])}", status=400)
                 assert error["error"]["parameter"] == name, (path, error)
                 assert "unknown parameter" in error["error"]["message"]
 
@@ -79,8 +89,9 @@ async def test_answers_with_data_match_their_schemas(apis: dict[str, Any]) -> No
         assert readings["next"]
         assert any("seq" in r for r in readings["readings"])
         validator("readings").validate(readings)
-        series = await get(apis, mode, "/api/series?sensor=s1,s2,s3&measurement=temp,hum,on"
-                                        f"&{window}&step=10m")
+        series = await get(
+            apis, mode, f"/api/series?sensor=s1,s2,s3&measurement=temp,hum,on&{window}&step=10m"
+        )
         assert series["series"]
         validator("series").validate(series)
         rejects = await get(apis, mode, "/api/rejects")

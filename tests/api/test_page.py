@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 
     from tests.support.procs import Daemon
 
-pytestmark = pytest.mark.skipif(chromium_binary() is None,
-                                reason="needs chromium (apt-get install chromium; .ci/run does)")
+pytestmark = pytest.mark.skipif(
+    chromium_binary() is None, reason="needs chromium (apt-get install chromium; .ci/run does)"
+)
 
 # Per chart, the pixels of its line's colour in its canvas: uPlot drew a curve.
 CURVE_PIXELS = """
@@ -62,21 +63,34 @@ async def log_in(browser: Chromium, token: str) -> tuple[list[str], list[dict[st
     await eventually(lambda: browser.evaluate("document.body.dataset.ready === '1'"))
     assert await browser.evaluate("document.getElementById('token').value") == ""
     urls = await browser.evaluate(
-        "[location.href, ...performance.getEntriesByType('resource').map((e) => e.name)]")
+        "[location.href, ...performance.getEntriesByType('resource').map((e) => e.name)]"
+    )
     return urls, (await browser.send("Network.getCookies"))["cookies"]
 
 
 async def test_page_shows_sensors_published_a_moment_before(
-        mode: str, daemon: Callable[..., Daemon], publish: Callable[..., Any],
-        topic_root: str, db: Any, api_process: Callable[..., int], tmp_path: Path) -> None:
+    mode: str,
+    daemon: Callable[..., Daemon],
+    publish: Callable[..., Any],
+    topic_root: str,
+    db: Any,
+    api_process: Callable[..., int],
+    tmp_path: Path,
+) -> None:
     daemon()
     collection = db.buckets if mode == "bucket" else db.readings
     now = time.time()
     messages: list[tuple[str, bytes | str]] = []
     for n, sensor in enumerate(("kitchen", "cellar")):
-        readings = [{"ts": round(now - 60 * (40 - i), 3), "seq": i,
-                     "temp": 20 + n * 3 + (i % 10) / 2, "hum": 40 + i % 7}
-                    for i in range(40)]
+        readings = [
+            {
+                "ts": round(now - 60 * (40 - i), 3),
+                "seq": i,
+                "temp": 20 + n * 3 + (i % 10) / 2,
+                "hum": 40 + i % 7,
+            }
+            for i in range(40)
+        ]
         messages.append((f"{topic_root}/{sensor}", orjson.dumps(readings)))
     messages.append((f"{topic_root}/attic", b"{not json"))
     await publish(messages)
@@ -88,6 +102,7 @@ async def test_page_shows_sensors_published_a_moment_before(
         else:
             readings = await collection.count_documents({})
         return readings == 80 and await db.rejects.count_documents({}) >= 1
+
     await eventually(stored)
 
     # The API takes a token (from a file): the page asks for it, POSTs it to /login and
@@ -99,23 +114,23 @@ async def test_page_shows_sensors_published_a_moment_before(
         await browser.open(f"http://127.0.0.1:{port}/")
         urls, cookies = await log_in(browser, token)
         cards = await browser.evaluate(
-            "[...document.querySelectorAll('.card')].map((c) => c.dataset.sensor)")
-        reasons = await browser.evaluate(
-            "document.querySelector('#reasons tbody').textContent")
+            "[...document.querySelectorAll('.card')].map((c) => c.dataset.sensor)"
+        )
+        reasons = await browser.evaluate("document.querySelector('#reasons tbody').textContent")
         link = await browser.evaluate("document.getElementById('grafana').href")
         curves = await browser.evaluate(CURVE_PIXELS)
         await browser.screenshot(tmp_path / "page.png")
         errors = list(browser.errors)
         # logging out ends the session: the page asks again, the API refuses the cookie
         await browser.evaluate("document.getElementById('logout').click()")
-        await eventually(lambda: browser.evaluate(
-            "!document.getElementById('login').hidden"))
+        await eventually(lambda: browser.evaluate("!document.getElementById('login').hidden"))
         refused = await browser.evaluate("fetch('api/sensors').then((r) => r.status)")
     assert urls[0] == f"http://127.0.0.1:{port}/"
     assert any("/api/series?" in url for url in urls)
     assert not any(token in url for url in urls)
     assert [(c["name"], c["httpOnly"], c["sameSite"]) for c in cookies] == [
-        ("ingest_session", True, "Strict")]
+        ("ingest_session", True, "Strict")
+    ]
     assert token not in cookies[0]["value"]
     assert refused == 401
     log = (tmp_path / "api.log").read_text()
@@ -137,33 +152,62 @@ SOLO = {"battery": 3.1, "co2": 612, "hum": 41, "pressure": 1013.2, "temp": 21.5}
 
 def few_and_many(now: float) -> list[Reading]:
     """``solo``: one reading of five measurements; ``pair``: two readings; ``many``: 45."""
+
     def at(sensor: str, minutes_ago: float, values: dict[str, Any], seq: int) -> Reading:
         epoch = round(now - 60 * minutes_ago, 3)
         return Reading(sensor, datetime.fromtimestamp(epoch, UTC), epoch, values, seq)
-    readings = [at("solo", 12, SOLO, 0),
-                at("pair", 31, {"temp": 19.0, "hum": 55}, 0),
-                at("pair", 6, {"temp": 20.5, "hum": 52}, 1)]
-    readings += [at("many", 50 - i, {"temp": 18 + math.sin(i / 5) * 3, "hum": 40 + i % 9,
-                                     "on": i % 7 == 0}, i) for i in range(45)]
+
+    readings = [
+        at("solo", 12, SOLO, 0),
+        at("pair", 31, {"temp": 19.0, "hum": 55}, 0),
+        at("pair", 6, {"temp": 20.5, "hum": 52}, 1),
+    ]
+    readings += [
+        at(
+            "many",
+            50 - i,
+            {"temp": 18 + math.sin(i / 5) * 3, "hum": 40 + i % 9, "on": i % 7 == 0},
+            i,
+        )
+        for i in range(45)
+    ]
     return readings
 
 
 async def store(db: Any, mode: str, readings: list[Reading]) -> None:
     """Through the mode's real writer, and one rejection of each mode in ``rejects``."""
     name = "buckets" if mode == "bucket" else "readings"
-    schema = Schema(db, name, rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                    retention_days=None, span_seconds=3600)
+    schema = Schema(
+        db,
+        name,
+        rejects_collection="rejects",
+        rejects_max_bytes=1 << 20,
+        retention_days=None,
+        span_seconds=3600,
+    )
     writer: BucketWriter | TimeseriesWriter = (
-        BucketWriter(db[name], schema, 3600, max_readings=1000) if mode == "bucket"
-        else TimeseriesWriter(db[name], schema))
+        BucketWriter(db[name], schema, 3600, max_readings=1000)
+        if mode == "bucket"
+        else TimeseriesWriter(db[name], schema)
+    )
     await writer.ensure_schema()
     outcome = await writer.write(writer.plan(readings))
     assert outcome.written == len(readings)
     at = datetime.now(UTC) - timedelta(minutes=3)
-    await db.rejects.insert_many([
-        {"at": at - timedelta(seconds=n), "mode": m, "topic": f"sensors/{m}", "reason": "bad_json",
-         "detail": "not JSON", "payload": "{", "payload_bytes": 1}
-        for n, m in enumerate(("bucket", "timeseries"))])
+    await db.rejects.insert_many(
+        [
+            {
+                "at": at - timedelta(seconds=n),
+                "mode": m,
+                "topic": f"sensors/{m}",
+                "reason": "bad_json",
+                "detail": "not JSON",
+                "payload": "{",
+                "payload_bytes": 1,
+            }
+            for n, m in enumerate(("bucket", "timeseries"))
+        ]
+    )
 
 
 # Per card: its text, and per chart what uPlot drew: the data, the scales' ranges, the
@@ -199,15 +243,19 @@ def rgb(color: str) -> tuple[int, int, int]:
 
 def drawn(image: Image, x: float, y: float, color: tuple[int, int, int]) -> bool:
     """Whether a pixel of ``color`` (within anti-aliasing) is within 2 pixels of (x, y)."""
-    near = [image[i, j] for i in range(round(x) - 2, round(x) + 3)
-            for j in range(round(y) - 2, round(y) + 3)
-            if 0 <= i < image.width and 0 <= j < image.height]
+    near = [
+        image[i, j]
+        for i in range(round(x) - 2, round(x) + 3)
+        for j in range(round(y) - 2, round(y) + 3)
+        if 0 <= i < image.width and 0 <= j < image.height
+    ]
     return any(sum(abs(a - b) for a, b in zip(p, color, strict=True)) < 90 for p in near)
 
 
 @contextlib.asynccontextmanager
-async def page_of(readings: list[Reading], db: Any, mode: str,
-                  api_process: Callable[..., int], tmp_path: Path) -> AsyncIterator[Chromium]:
+async def page_of(
+    readings: list[Reading], db: Any, mode: str, api_process: Callable[..., int], tmp_path: Path
+) -> AsyncIterator[Chromium]:
     """The page of an API over ``readings``, loaded in Chromium (screenshot: page.png)."""
     await store(db, mode, readings)
     port = api_process("--mode", mode)
@@ -219,15 +267,18 @@ async def page_of(readings: list[Reading], db: Any, mode: str,
 
 
 async def test_page_draws_every_value_of_a_sensor_of_one_two_or_many_readings(
-        mode: str, db: Any, api_process: Callable[..., int], tmp_path: Path) -> None:
+    mode: str, db: Any, api_process: Callable[..., int], tmp_path: Path
+) -> None:
     readings = few_and_many(time.time())
     async with page_of(readings, db, mode, api_process, tmp_path) as browser:
         metas = await browser.evaluate(
             "Object.fromEntries([...document.querySelectorAll('.card')].map((c) => "
-            "[c.dataset.sensor, c.querySelector('.meta').textContent]))")
+            "[c.dataset.sensor, c.querySelector('.meta').textContent]))"
+        )
         about = await browser.evaluate("document.querySelector('main section').textContent")
         rejects = await browser.evaluate(
-            "[...document.querySelectorAll('#rejects tr')].map((r) => r.cells[1].textContent)")
+            "[...document.querySelectorAll('#rejects tr')].map((r) => r.cells[1].textContent)"
+        )
         # what a newcomer reads: a count in words, the four-chart limit, both modes' rejects
         assert sorted(metas) == ["many", "pair", "solo"]
         assert metas["solo"].startswith("1 reading, last ")
@@ -258,33 +309,37 @@ async def test_page_draws_every_value_of_a_sensor_of_one_two_or_many_readings(
             assert 3600 <= high - low <= 3600 + 120, what
             assert low <= min(chart["xs"]) <= max(chart["xs"]) <= high, what
             assert chart["ticks"] is None or not any(
-                re.fullmatch(r"\d{4}", t) for t in chart["ticks"]), (what, chart["ticks"])
+                re.fullmatch(r"\d{4}", t) for t in chart["ticks"]
+            ), (what, chart["ticks"])
             # every value inside the value scale, and drawn where it should be
             assert chart["y"][0] < min(values) <= max(values) < chart["y"][1], what
             color = rgb(chart["color"])
             for (x, y), value in zip(chart["points"], values, strict=True):
                 assert drawn(image, x - card["clip"]["x"], y - card["clip"]["y"], color), (
-                    what, value)
+                    what,
+                    value,
+                )
     assert sum(1 for c in cards.values() for chart in c["charts"] if chart["ticks"]) == 3
 
 
 async def test_each_series_is_a_card_titled_with_its_tags(
-        mode: str, db: Any, api_process: Callable[..., int], tmp_path: Path) -> None:
+    mode: str, db: Any, api_process: Callable[..., int], tmp_path: Path
+) -> None:
     now = time.time()
     readings = []
     for i in range(5):
         epoch = round(now - 60 * (30 - 5 * i), 3)
         ts = datetime.fromtimestamp(epoch, UTC)
         for path, free in (("/", 200.0 + i), ("/boot", 300.0 + i)):
-            readings.append(Reading("h1", ts, epoch, {"disk_free": free}, i,
-                                    tags={"path": path}))
+            readings.append(Reading("h1", ts, epoch, {"disk_free": free}, i, tags={"path": path}))
         readings.append(Reading("h1", ts, epoch, {"mem_free": 1000.0 + i}, i, tags={}))
     async with page_of(readings, db, mode, api_process, tmp_path) as browser:
         cards = await browser.evaluate(
             "[...document.querySelectorAll('.card')].map((c) => ({"
             "title: c.querySelector('h3').textContent, meta: c.querySelector('.meta').textContent,"
             "charts: [...c.querySelectorAll('.chart')].map((b) => ({"
-            "measurement: b.dataset.measurement, ys: b.uplot.data[1]}))}))")
+            "measurement: b.dataset.measurement, ys: b.uplot.data[1]}))}))"
+        )
         errors = list(browser.errors)
     assert errors == []
     assert [c["title"] for c in cards] == ["h1", "h1 {path=/}", "h1 {path=/boot}"]
@@ -293,4 +348,5 @@ async def test_each_series_is_a_card_titled_with_its_tags(
     assert [c["charts"] for c in cards] == [
         [{"measurement": "mem_free", "ys": [1000.0 + i for i in range(5)]}],
         [{"measurement": "disk_free", "ys": [200.0 + i for i in range(5)]}],
-        [{"measurement": "disk_free", "ys": [300.0 + i for i in range(5)]}]]
+        [{"measurement": "disk_free", "ys": [300.0 + i for i in range(5)]}],
+    ]

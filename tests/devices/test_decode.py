@@ -90,7 +90,9 @@ def test_array_of_objects_keeps_order() -> None:
     out = run([{"sensor_id": "a", "v": 1}, {"sensor_id": "b", "v": 2}, {"sensor_id": "c", "v": 3}])
     assert out.rejections == []
     assert [(r.sensor_id, r.values) for r in out.readings] == [
-        ("a", {"v": 1}), ("b", {"v": 2}), ("c", {"v": 3}),
+        ("a", {"v": 1}),
+        ("b", {"v": 2}),
+        ("c", {"v": 3}),
     ]
 
 
@@ -98,7 +100,8 @@ def test_envelope_sensor_id_applies_to_every_reading_and_beats_the_topic() -> No
     out = run({"sensor_id": "s1", "readings": [{"ts": NOW - 1, "t": 1}, {"t": 2}]})
     assert out.rejections == []
     assert [(r.sensor_id, r.values, r.epoch) for r in out.readings] == [
-        ("s1", {"t": 1}, NOW - 1), ("s1", {"t": 2}, NOW),
+        ("s1", {"t": 1}, NOW - 1),
+        ("s1", {"t": 2}, NOW),
     ]
 
 
@@ -126,15 +129,18 @@ def test_inner_sensor_id_in_an_array_overrides_the_topic() -> None:
     assert [r.sensor_id for r in out.readings] == ["inner", "abc"]
 
 
-@pytest.mark.parametrize(("topic", "sensor"), [
-    ("sensors/abc/readings", "abc"),
-    ("sensors/abc", "abc"),
-    ("sensors/abc/x/y/z", "abc"),
-    ("sensors", None),
-    ("sensors/", None),
-    ("sensors//readings", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    ("topic", "sensor"),
+    [
+        ("sensors/abc/readings", "abc"),
+        ("sensors/abc", "abc"),
+        ("sensors/abc/x/y/z", "abc"),
+        ("sensors", None),
+        ("sensors/", None),
+        ("sensors//readings", None),
+        ("", None),
+    ],
+)
 def test_sensor_from_topic(topic: str, sensor: str | None) -> None:
     assert sensor_from_topic(topic) == sensor
 
@@ -171,12 +177,15 @@ def test_float_epoch_seconds() -> None:
     assert reading.epoch == 1_789_999_999.25
 
 
-@pytest.mark.parametrize("text", [
-    "2026-09-21T14:00:00Z",
-    "2026-09-21T14:00:00+00:00",
-    "2026-09-21T16:00:00+02:00",
-    "2026-09-21T09:30:00-04:30",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-09-21T14:00:00Z",
+        "2026-09-21T14:00:00+00:00",
+        "2026-09-21T16:00:00+02:00",
+        "2026-09-21T09:30:00-04:30",
+    ],
+)
 def test_iso_8601_with_an_offset_is_the_right_utc_instant(text: str) -> None:
     reading = accepted(run({"ts": text, "t": 1}))
     assert reading.ts == datetime(2026, 9, 21, 14, 0, tzinfo=UTC)
@@ -210,26 +219,37 @@ def test_absent_or_null_ts_is_the_arrival_time(payload: dict[str, Any]) -> None:
     assert reading.ts == NOW_DT
 
 
-@pytest.mark.parametrize("ts", [
-    "2026-09-21T14:00:00",  # naive: no offset
-    "2026-09-21",  # a date, also naive
-    "yesterday",
-    "",
-    "1790000000",  # epoch as a string is not a number
-    True,
-    False,
-    [NOW],
-    {"epoch": NOW},
-])
+@pytest.mark.parametrize(
+    "ts",
+    [
+        "2026-09-21T14:00:00",  # naive: no offset
+        "2026-09-21",  # a date, also naive
+        "yesterday",
+        "",
+        "1790000000",  # epoch as a string is not a number
+        True,
+        False,
+        [NOW],
+        {"epoch": NOW},
+    ],
+)
 def test_bad_timestamp(ts: object) -> None:
     assert rejected(run({"ts": ts, "t": 1})).reason == "bad_timestamp"
 
 
-@pytest.mark.parametrize("ts", [
-    0, 1.5, "1970-01-01T00:00:00Z",
-    4_102_444_800, "2100-01-01T00:00:00Z", "2100-01-01T02:00:00+02:00",
-    -1, 1e300,
-])
+@pytest.mark.parametrize(
+    "ts",
+    [
+        0,
+        1.5,
+        "1970-01-01T00:00:00Z",
+        4_102_444_800,
+        "2100-01-01T00:00:00Z",
+        "2100-01-01T02:00:00+02:00",
+        -1,
+        1e300,
+    ],
+)
 def test_ts_out_of_window(ts: object) -> None:
     assert rejected(run({"ts": ts, "t": 1})).reason == "ts_out_of_window"
 
@@ -274,8 +294,9 @@ REASON_CASES: list[tuple[str, object, str, Limits]] = [
 ]
 
 
-@pytest.mark.parametrize(("reason", "payload", "topic", "limits"), REASON_CASES,
-                         ids=[case[0] for case in REASON_CASES])
+@pytest.mark.parametrize(
+    ("reason", "payload", "topic", "limits"), REASON_CASES, ids=[case[0] for case in REASON_CASES]
+)
 def test_each_reason(reason: str, payload: object, topic: str, limits: Limits) -> None:
     rejection = rejected(run(payload, topic=topic, limits=limits))
     assert rejection.reason == reason
@@ -284,8 +305,7 @@ def test_each_reason(reason: str, payload: object, topic: str, limits: Limits) -
 
 
 def test_reason_cases_cover_every_decoder_reason() -> None:
-    expected = (set(REASONS) - set(WRITE_REASONS) - set(MAPPING_REASONS)
-                - set(IDENTITY_REASONS))
+    expected = set(REASONS) - set(WRITE_REASONS) - set(MAPPING_REASONS) - set(IDENTITY_REASONS)
     assert {case[0] for case in REASON_CASES} == expected
     assert len(REASONS) == len(set(REASONS))
 
@@ -310,19 +330,33 @@ def test_invalid_utf8(payload: bytes) -> None:
     assert rejected(run(payload)).reason == "invalid_utf8"
 
 
-@pytest.mark.parametrize("payload", [
-    b'{"t": 1',  # truncated
-    b'[{"t": 1}, {"t": 2}',
-    b"",
-    b"   ",
-    b'{"t": 1}{"t": 2}',  # two documents
-    b"{'t': 1}",  # single quotes
-    b'\xef\xbb\xbf{"t": 1}',  # UTF-8 BOM
-    b'{"t": "\\ud800"}',  # lone surrogate escape
-    NESTED_5000,
-    b'{"a":' * 5000 + b"1" + b"}" * 5000,
-], ids=["truncated", "truncated-array", "empty", "blank", "two-documents", "single-quotes",
-        "bom", "lone-surrogate", "array-nested-5000", "object-nested-5000"])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"t": 1',  # truncated
+        b'[{"t": 1}, {"t": 2}',
+        b"",
+        b"   ",
+        b'{"t": 1}{"t": 2}',  # two documents
+        b"{'t': 1}",  # single quotes
+        b'\xef\xbb\xbf{"t": 1}',  # UTF-8 BOM
+        b'{"t": "\\ud800"}',  # lone surrogate escape
+        NESTED_5000,
+        b'{"a":' * 5000 + b"1" + b"}" * 5000,
+    ],
+    ids=[
+        "truncated",
+        "truncated-array",
+        "empty",
+        "blank",
+        "two-documents",
+        "single-quotes",
+        "bom",
+        "lone-surrogate",
+        "array-nested-5000",
+        "object-nested-5000",
+    ],
+)
 def test_invalid_json(payload: bytes) -> None:
     rejection = rejected(run(payload))
     assert rejection.reason == "invalid_json"
@@ -376,8 +410,9 @@ def test_bad_shape_envelope_with_extra_keys() -> None:
     assert "site" in rejection.detail
 
 
-@pytest.mark.parametrize("payload", [[], {"readings": []}, {"sensor_id": "s1", "readings": []}],
-                         ids=repr)
+@pytest.mark.parametrize(
+    "payload", [[], {"readings": []}, {"sensor_id": "s1", "readings": []}], ids=repr
+)
 def test_no_readings(payload: object) -> None:
     assert rejected(run(payload)).reason == "no_readings"
 
@@ -405,10 +440,24 @@ def test_null_sensor_id_does_not_fall_back_to_the_topic() -> None:
     assert rejected(out).reason == "no_sensor_id"
 
 
-@pytest.mark.parametrize("sensor", [
-    "", "x" * 129, "x" * 200, 42, 4.2, True, ["a"], {"id": "a"}, "a\n", "\x00", "a\x7f",
-    "\x85",
-], ids=repr)
+@pytest.mark.parametrize(
+    "sensor",
+    [
+        "",
+        "x" * 129,
+        "x" * 200,
+        42,
+        4.2,
+        True,
+        ["a"],
+        {"id": "a"},
+        "a\n",
+        "\x00",
+        "a\x7f",
+        "\x85",
+    ],
+    ids=repr,
+)
 def test_bad_sensor_id(sensor: object) -> None:
     assert rejected(run({"sensor_id": sensor, "t": 1})).reason == "bad_sensor_id"
 
@@ -418,14 +467,27 @@ def test_bad_sensor_id_in_envelope_and_topic() -> None:
     assert rejected(run({"t": 1}, topic="sensors/a\tb/readings")).reason == "bad_sensor_id"
 
 
-@pytest.mark.parametrize("sensor", [
-    "a", "A-b_9", "x" * 128, "a/b", "$x", "a.b", "Living Room", "Küche", "Кухня", "客厅",
-    "ü" * 128,
-])
+@pytest.mark.parametrize(
+    "sensor",
+    [
+        "a",
+        "A-b_9",
+        "x" * 128,
+        "a/b",
+        "$x",
+        "a.b",
+        "Living Room",
+        "Küche",
+        "Кухня",
+        "客厅",
+        "ü" * 128,
+    ],
+)
 def test_good_sensor_ids_are_kept_exactly(sensor: str) -> None:
     assert accepted(run({"sensor_id": sensor, "t": 1})).sensor_id == sensor
     assert accepted(run({"t": 1}, topic=f"sensors/{sensor.replace('/', '_')}/x")).sensor_id == (
-        sensor.replace("/", "_"))
+        sensor.replace("/", "_")
+    )
 
 
 def test_device_names_that_differ_stay_different_sensors() -> None:
@@ -433,9 +495,21 @@ def test_device_names_that_differ_stay_different_sensors() -> None:
     assert [accepted(run({"t": 1}, topic=f"sensors/{n}/x")).sensor_id for n in names] == names
 
 
-@pytest.mark.parametrize("name", [
-    "$set", "a.b", "x" * 10_000, "x" * 65, "", "a b", "tëmp", "a$", "\x00",
-], ids=lambda name: repr(name[:20]))
+@pytest.mark.parametrize(
+    "name",
+    [
+        "$set",
+        "a.b",
+        "x" * 10_000,
+        "x" * 65,
+        "",
+        "a b",
+        "tëmp",
+        "a$",
+        "\x00",
+    ],
+    ids=lambda name: repr(name[:20]),
+)
 def test_bad_field_name(name: str) -> None:
     rejection = rejected(run({name: 1}))
     assert rejection.reason == "bad_field_name"
@@ -446,9 +520,20 @@ def test_longest_field_name_is_accepted() -> None:
     assert accepted(run({"x" * 64: 1})).values == {"x" * 64: 1}
 
 
-@pytest.mark.parametrize("value", [
-    "22.5", "", True, False, None, {"x": 1}, [1], [],
-], ids=repr)
+@pytest.mark.parametrize(
+    "value",
+    [
+        "22.5",
+        "",
+        True,
+        False,
+        None,
+        {"x": 1},
+        [1],
+        [],
+    ],
+    ids=repr,
+)
 def test_bad_value(value: object) -> None:
     assert rejected(run({"t": value})).reason == "bad_value"
 
@@ -471,9 +556,16 @@ def test_good_seq(payload_seq: int | None, seq: int | None) -> None:
     assert reading.values == {"t": 1}
 
 
-@pytest.mark.parametrize("payload", [
-    {"ts": NOW}, {}, {"sensor_id": "s1", "seq": 1, "ts": NOW}, {"_id": 1, "meta": 2},
-], ids=repr)
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"ts": NOW},
+        {},
+        {"sensor_id": "s1", "seq": 1, "ts": NOW},
+        {"_id": 1, "meta": 2},
+    ],
+    ids=repr,
+)
 def test_no_measurements(payload: dict[str, Any]) -> None:
     assert rejected(run(payload)).reason == "no_measurements"
 
@@ -532,8 +624,9 @@ def test_duplicate_keys_last_one_wins() -> None:
     # An earlier bad duplicate is invisible, a later bad one rejects the reading.
     assert accepted(run(b'{"temp": "x", "temp": 2}')).values == {"temp": 2}
     assert rejected(run(b'{"temp": 1, "temp": "x"}')).reason == "bad_value"
-    reading = accepted(run(b'{"ts": 0, "ts": %d, "sensor_id": "a/b", "sensor_id": "ok", "t": 1}'
-                           % int(NOW)))
+    reading = accepted(
+        run(b'{"ts": 0, "ts": %d, "sensor_id": "a/b", "sensor_id": "ok", "t": 1}' % int(NOW))
+    )
     assert (reading.epoch, reading.sensor_id) == (NOW, "ok")
 
 
@@ -587,14 +680,18 @@ def test_decode_never_raises_on_arbitrary_bytes(payload: bytes, topic: str) -> N
 
 
 @settings(max_examples=100)
-@given(prefix=st.sampled_from([b"{", b"[", b'{"t":', b'[{"ts":', b'{"readings":[']),
-       body=st.binary(max_size=64), topic=topics)
+@given(
+    prefix=st.sampled_from([b"{", b"[", b'{"t":', b'[{"ts":', b'{"readings":[']),
+    body=st.binary(max_size=64),
+    topic=topics,
+)
 def test_decode_never_raises_on_almost_json_bytes(prefix: bytes, body: bytes, topic: str) -> None:
     assert_well_formed(decode(topic, prefix + body, NOW, LIMITS))
 
 
-KEYS = st.sampled_from([*sorted(RESERVED_FIELDS), "readings", "t", "temp", "$set", "a.b", ""]
-                       ) | st.text(max_size=8)
+KEYS = st.sampled_from(
+    [*sorted(RESERVED_FIELDS), "readings", "t", "temp", "$set", "a.b", ""]
+) | st.text(max_size=8)
 LEAVES = (
     st.none()
     | st.booleans()
@@ -622,12 +719,12 @@ SENSOR_IDS = st.text(ALPHABET, min_size=1, max_size=128)
 # "readings" is excluded too: in a lone object it would make the object an envelope
 # (see test_a_field_called_readings_turns_a_lone_object_into_an_envelope).
 FIELD_NAMES = st.text(ALPHABET, min_size=1, max_size=64).filter(
-    lambda name: name not in RESERVED_FIELDS and name != "readings")
-NUMBERS = st.integers(INT64_MIN, INT64_MAX) | st.floats(-1e300, 1e300)  # beyond: refused
-EPOCHS = (
-    st.integers(int(NOW - LIMITS.max_past_seconds) + 1, int(NOW + LIMITS.max_future_seconds))
-    | st.floats(NOW - LIMITS.max_past_seconds, NOW + LIMITS.max_future_seconds)
+    lambda name: name not in RESERVED_FIELDS and name != "readings"
 )
+NUMBERS = st.integers(INT64_MIN, INT64_MAX) | st.floats(-1e300, 1e300)  # beyond: refused
+EPOCHS = st.integers(
+    int(NOW - LIMITS.max_past_seconds) + 1, int(NOW + LIMITS.max_future_seconds)
+) | st.floats(NOW - LIMITS.max_past_seconds, NOW + LIMITS.max_future_seconds)
 
 
 @dataclass(frozen=True)
@@ -655,8 +752,12 @@ def test_valid_readings_round_trip(data: st.DataObject) -> None:
     shape = data.draw(st.sampled_from(["single", "array", "envelope"]), label="shape")
     size = 1 if shape == "single" else data.draw(st.integers(1, 12), label="size")
     specs = data.draw(st.lists(READINGS, min_size=size, max_size=size), label="readings")
-    where = data.draw(st.sampled_from(["reading", "topic", "envelope"] if shape == "envelope"
-                                      else ["reading", "topic"]), label="sensor_id in")
+    where = data.draw(
+        st.sampled_from(
+            ["reading", "topic", "envelope"] if shape == "envelope" else ["reading", "topic"]
+        ),
+        label="sensor_id in",
+    )
     shared = data.draw(SENSOR_IDS, label="shared sensor_id")
     topic = f"sensors/{shared}/readings" if where == "topic" else "sensors"
 
@@ -693,8 +794,11 @@ def test_valid_readings_round_trip(data: st.DataObject) -> None:
 
 
 @settings(max_examples=2000)
-@given(st.floats(NOW - 86400, NOW + 500) | st.integers(int(NOW) - 86400, int(NOW)).map(
-    lambda s: s + 0.9999995) | st.integers(0, 864_000_000).map(lambda k: NOW - 86400 + k / 1e4))
+@given(
+    st.floats(NOW - 86400, NOW + 500)
+    | st.integers(int(NOW) - 86400, int(NOW)).map(lambda s: s + 0.9999995)
+    | st.integers(0, 864_000_000).map(lambda k: NOW - 86400 + k / 1e4)
+)
 def test_the_millisecond_key_is_the_stored_timestamp(epoch: float) -> None:
     """``Reading.ms`` (bucket mode's identity of a reading, computed cheaply in the
     decoder) is exactly the millisecond BSON stores for ``ts``, carries included."""

@@ -59,13 +59,27 @@ def arrivals_like(state: tuple[int, int, dict[str, int]] | None) -> Arrivals | N
     return arrivals
 
 
-def agree(topic: object, payload: object, received_at: object, limits: object,
-          sensor: object = None, state: tuple[int, int, dict[str, int]] | None = None) -> object:
+def agree(
+    topic: object,
+    payload: object,
+    received_at: object,
+    limits: object,
+    sensor: object = None,
+    state: tuple[int, int, dict[str, int]] | None = None,
+) -> object:
     """Run both twins on the same input (each on its own copy of the Arrivals state):
     the same outcome and the same arrival times left behind. Returns the outcome."""
     arrivals_py, arrivals_c = arrivals_like(state), arrivals_like(state)
-    expected = outcome(lambda: decode_py(topic, payload, received_at, limits,  # type: ignore[arg-type]
-                                         sensor, arrivals_py))
+    expected = outcome(
+        lambda: decode_py(
+            topic,
+            payload,
+            received_at,
+            limits,  # type: ignore[arg-type]
+            sensor,
+            arrivals_py,
+        )
+    )
     got = outcome(lambda: twin.decode(topic, payload, received_at, limits, sensor, arrivals_c))
     assert got == expected
     if arrivals_py is not None and arrivals_c is not None:
@@ -76,48 +90,77 @@ def agree(topic: object, payload: object, received_at: object, limits: object,
 # --------------------------------------------------------------------------- generators
 
 ALPHABET = "abcXYZ019_-"
-NAMES = (
-    st.text(ALPHABET, min_size=1, max_size=6)
-    | st.sampled_from(sorted(RESERVED_FIELDS | {"readings", "temp", "hum", "a" * 64, "a" * 65,
-                                                "", "$gt", "a.b", "tëmp", "t\x00", "TS"}))
+NAMES = st.text(ALPHABET, min_size=1, max_size=6) | st.sampled_from(
+    sorted(
+        RESERVED_FIELDS
+        | {"readings", "temp", "hum", "a" * 64, "a" * 65, "", "$gt", "a.b", "tëmp", "t\x00", "TS"}
+    )
 )
 INTS = st.integers(INT64_MIN, INT64_MAX) | st.sampled_from(
-    [INT64_MIN, INT64_MAX, INT64_MAX + 1, 2**64 - 1, 0, -1])
+    [INT64_MIN, INT64_MAX, INT64_MAX + 1, 2**64 - 1, 0, -1]
+)
 FLOATS = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(
-    [1e300, -1e300, 1.0000000000000002e300, 2.0**63, -(2.0**63), 5e-324, -0.0])
+    [1e300, -1e300, 1.0000000000000002e300, 2.0**63, -(2.0**63), 5e-324, -0.0]
+)
 SCALARS = st.none() | st.booleans() | INTS | FLOATS | st.text(max_size=8)
 VALUES = st.recursive(
-    SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(NAMES, inner, max_size=3),
-    max_leaves=6)
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(NAMES, inner, max_size=3),
+    max_leaves=6,
+)
 SENSORS = (
     st.text(ALPHABET, min_size=1, max_size=8)
     | st.text(max_size=4)  # control characters, any Unicode
     | st.sampled_from(["x" * 128, "x" * 129, "\x7f", "\x9f", "\xa0", "s/1", ""])
-    | st.none() | st.integers(0, 9) | st.booleans()
+    | st.none()
+    | st.integers(0, 9)
+    | st.booleans()
 )
 # Epoch seconds in and around the window of NOW, as ints, floats and ISO-8601 strings.
 OFFSETS = st.floats(-2 * 365 * 86400.0, 2000.0) | st.sampled_from(
-    [-365 * 86400.0, 600.0, 600.0000001, -365 * 86400.0 - 1e-6, 0.0, 0.4999995, 0.0000005])
+    [-365 * 86400.0, 600.0, 600.0000001, -365 * 86400.0 - 1e-6, 0.0, 0.4999995, 0.0000005]
+)
 TIMES = (
     OFFSETS.map(lambda s: NOW + s)
     | OFFSETS.map(lambda s: int(NOW + s))
     | OFFSETS.map(lambda s: int(NOW + s) + 0.9999995)
-    | st.integers(INT64_MIN, 2**64 - 1) | FLOATS
-    | st.sampled_from(["2026-09-21T14:13:20Z", "2026-09-21T14:13:20.123456+02:00",
-                       "2026-09-21T14:13:20", "2026-09-21", "yesterday", "", "9999-12-31T23:59:59Z",
-                       "0001-01-01T00:00:00+00:00"])
-    | st.none() | st.booleans() | st.just([]) | st.just({})
+    | st.integers(INT64_MIN, 2**64 - 1)
+    | FLOATS
+    | st.sampled_from(
+        [
+            "2026-09-21T14:13:20Z",
+            "2026-09-21T14:13:20.123456+02:00",
+            "2026-09-21T14:13:20",
+            "2026-09-21",
+            "yesterday",
+            "",
+            "9999-12-31T23:59:59Z",
+            "0001-01-01T00:00:00+00:00",
+        ]
+    )
+    | st.none()
+    | st.booleans()
+    | st.just([])
+    | st.just({})
 )
 SEQS = st.none() | INTS | st.sampled_from([-1, 2**63, 2**64 - 1, 1.0, "1", True])
 
 
 # What a well-formed reading holds (a valid one is more likely to reach every check).
 GOOD_NAMES = st.text(ALPHABET, min_size=1, max_size=6) | st.sampled_from(
-    ["_id", "tags", "units", "a" * 64])
+    ["_id", "tags", "units", "a" * 64]
+)
 GOOD_TIMES = (
-    OFFSETS.map(lambda s: NOW + s) | OFFSETS.map(lambda s: int(NOW + s))
-    | st.sampled_from(["2026-09-21T14:13:20Z", "2026-09-21T16:13:20.5+02:00",
-                       "2026-09-21T14:13:20", "2026-09-21 14:13:20.000001+00:00"])
+    OFFSETS.map(lambda s: NOW + s)
+    | OFFSETS.map(lambda s: int(NOW + s))
+    | st.sampled_from(
+        [
+            "2026-09-21T14:13:20Z",
+            "2026-09-21T16:13:20.5+02:00",
+            "2026-09-21T14:13:20",
+            "2026-09-21 14:13:20.000001+00:00",
+        ]
+    )
 )
 
 
@@ -128,13 +171,20 @@ def readings(draw: st.DrawFn) -> object:
         return draw(SCALARS | st.lists(SCALARS, max_size=2))
     good = draw(st.booleans())
     item: dict[str, object] = {}
-    for key, strategy in (("sensor_id", st.text(ALPHABET, min_size=1) if good else SENSORS),
-                          ("ts", GOOD_TIMES if good else TIMES),
-                          ("seq", st.integers(0, INT64_MAX) if good else SEQS)):
+    for key, strategy in (
+        ("sensor_id", st.text(ALPHABET, min_size=1) if good else SENSORS),
+        ("ts", GOOD_TIMES if good else TIMES),
+        ("seq", st.integers(0, INT64_MAX) if good else SEQS),
+    ):
         if draw(st.booleans()):
             item[key] = draw(strategy)
-    item.update(draw(st.dictionaries(GOOD_NAMES, INTS | FLOATS, min_size=1, max_size=4) if good
-                     else st.dictionaries(NAMES, INTS | FLOATS | VALUES, max_size=5)))
+    item.update(
+        draw(
+            st.dictionaries(GOOD_NAMES, INTS | FLOATS, min_size=1, max_size=4)
+            if good
+            else st.dictionaries(NAMES, INTS | FLOATS | VALUES, max_size=5)
+        )
+    )
     # The reserved keys anywhere in the order, not only first.
     keys = draw(st.permutations(list(item)))
     return {key: item[key] for key in keys}
@@ -150,8 +200,7 @@ def documents(draw: st.DrawFn) -> object:
         return draw(st.lists(readings(), max_size=5))
     if kind == "other":
         return draw(VALUES)
-    envelope: dict[str, object] = {"readings": draw(st.lists(readings(), max_size=5)
-                                                    | VALUES)}
+    envelope: dict[str, object] = {"readings": draw(st.lists(readings(), max_size=5) | VALUES)}
     if draw(st.booleans()):
         envelope["sensor_id"] = draw(SENSORS)
     for key in draw(st.lists(NAMES, max_size=7)):
@@ -164,15 +213,43 @@ def serialised(doc: object) -> bytes:
 
 
 # Raw bytes: JSON spellings orjson refuses or reads differently, non-UTF-8, deep nesting.
-HOSTILE = st.sampled_from([
-    b"", b"{", b"[", b"null", b"NaN", b'{"t": NaN}', b'{"t": Infinity}', b'{"t": 1e400}',
-    b'{"t": -1e400}', b'{"t": 1e-400}', b'{"t": 18446744073709551616}',
-    b'{"t": -9223372036854775809}', b'{"t": 1, "t": 2.5}', b'{"ts": 1, "ts": "x", "t": 1}',
-    b'{"t": "\xff"}', b"\xff\xfe", b'{"t": "\\ud800"}', b'{"t\x00": 1}', b"[" * 2000,
-    b'{"a":' * 1100 + b"1" + b"}" * 1100, b"[]", b"{}", b'{"readings": []}',
-    b'{"readings": {}}', b'{"readings": null}', b'{"readings": [[]]}', b"[{}, [], 1]",
-    b'\xef\xbb\xbf{"t": 1}', b' {"t": 1} ', b'{"t": 1} x', b'"text"', b"1", b"true",
-])
+HOSTILE = st.sampled_from(
+    [
+        b"",
+        b"{",
+        b"[",
+        b"null",
+        b"NaN",
+        b'{"t": NaN}',
+        b'{"t": Infinity}',
+        b'{"t": 1e400}',
+        b'{"t": -1e400}',
+        b'{"t": 1e-400}',
+        b'{"t": 18446744073709551616}',
+        b'{"t": -9223372036854775809}',
+        b'{"t": 1, "t": 2.5}',
+        b'{"ts": 1, "ts": "x", "t": 1}',
+        b'{"t": "\xff"}',
+        b"\xff\xfe",
+        b'{"t": "\\ud800"}',
+        b'{"t\x00": 1}',
+        b"[" * 2000,
+        b'{"a":' * 1100 + b"1" + b"}" * 1100,
+        b"[]",
+        b"{}",
+        b'{"readings": []}',
+        b'{"readings": {}}',
+        b'{"readings": null}',
+        b'{"readings": [[]]}',
+        b"[{}, [], 1]",
+        b'\xef\xbb\xbf{"t": 1}',
+        b' {"t": 1} ',
+        b'{"t": 1} x',
+        b'"text"',
+        b"1",
+        b"true",
+    ]
+)
 
 
 @st.composite
@@ -185,15 +262,29 @@ def payloads(draw: st.DrawFn) -> bytes:
     data = serialised(draw(documents()))
     if kind == 2 and data:  # cut short, or one byte replaced
         at = draw(st.integers(0, len(data) - 1))
-        return data[:at] if draw(st.booleans()) else data[:at] + b"\xc3" + data[at + 1:]
+        return data[:at] if draw(st.booleans()) else data[:at] + b"\xc3" + data[at + 1 :]
     return data
 
 
-TOPICS = st.sampled_from([TOPIC, "sensors/s1/readings", "sensors/s1", "sensors", "", "/",
-                          "sensors//readings", "/abc", "a/\x01/b", "a/é/b", "a/b/c/d",
-                          "a/" + "x" * 129]) | st.text(max_size=12)
-RECEIVED = st.sampled_from([NOW, NOW + 0.0005, 1_700_000_000.9999995, 0.0, -1.5, 1e15, 1e16,
-                            math.nan, math.inf]) | st.floats(0, 4e9)
+TOPICS = st.sampled_from(
+    [
+        TOPIC,
+        "sensors/s1/readings",
+        "sensors/s1",
+        "sensors",
+        "",
+        "/",
+        "sensors//readings",
+        "/abc",
+        "a/\x01/b",
+        "a/é/b",
+        "a/b/c/d",
+        "a/" + "x" * 129,
+    ]
+) | st.text(max_size=12)
+RECEIVED = st.sampled_from(
+    [NOW, NOW + 0.0005, 1_700_000_000.9999995, 0.0, -1.5, 1e15, 1e16, math.nan, math.inf]
+) | st.floats(0, 4e9)
 LIMITS = st.builds(
     Limits,
     max_message_bytes=st.sampled_from([1024 * 1024, 0, 10, 60]),
@@ -202,20 +293,36 @@ LIMITS = st.builds(
     max_future_seconds=st.sampled_from([600.0, 0.0, math.inf, math.nan, 2**60]),
 ) | st.just(Limits())
 STATES = st.none() | st.tuples(
-    st.integers(0, 3), st.sampled_from([1, 1, 2, 4]),
-    st.dictionaries(st.sampled_from(["abc", "s1", "x"]),
-                    st.integers(int(NOW * 1000) - 5, int(NOW * 1000) + 5), max_size=2))
+    st.integers(0, 3),
+    st.sampled_from([1, 1, 2, 4]),
+    st.dictionaries(
+        st.sampled_from(["abc", "s1", "x"]),
+        st.integers(int(NOW * 1000) - 5, int(NOW * 1000) + 5),
+        max_size=2,
+    ),
+)
 
 
 # --------------------------------------------------------------------------- properties
 
 
 @settings(max_examples=400)
-@given(topic=TOPICS, payload=payloads(), received_at=RECEIVED, limits=LIMITS,
-       sensor=st.none() | SENSORS, state=STATES)
-def test_the_twins_agree_on_any_message(topic: str, payload: bytes, received_at: float,
-                                        limits: Limits, sensor: object,
-                                        state: tuple[int, int, dict[str, int]] | None) -> None:
+@given(
+    topic=TOPICS,
+    payload=payloads(),
+    received_at=RECEIVED,
+    limits=LIMITS,
+    sensor=st.none() | SENSORS,
+    state=STATES,
+)
+def test_the_twins_agree_on_any_message(
+    topic: str,
+    payload: bytes,
+    received_at: float,
+    limits: Limits,
+    sensor: object,
+    state: tuple[int, int, dict[str, int]] | None,
+) -> None:
     agree(topic, payload, received_at, limits, sensor, state)
 
 
@@ -223,20 +330,41 @@ def test_the_twins_agree_on_any_message(topic: str, payload: bytes, received_at:
 @given(doc=documents(), state=STATES)
 @example(doc=[{"t": 1}, {"t": 2}, {"ts": 5, "t": 3}], state=(0, 1, {}))
 def test_the_twins_agree_on_the_daemon_s_arguments(
-        doc: object, state: tuple[int, int, dict[str, int]] | None) -> None:
+    doc: object, state: tuple[int, int, dict[str, int]] | None
+) -> None:
     agree(TOPIC, serialised(doc), NOW, Limits(), None, state)
 
 
 @settings(max_examples=400)
-@given(st.floats(allow_nan=False) | st.integers(-(2**64), 2**64)
-       | st.integers(int(NOW) - 86400, int(NOW)).map(lambda s: s + 0.9999995)
-       | st.integers(-(10**12), 10**12).map(lambda k: k / 1e4 + 0.00000049)
-       # Fractions that round to a half or a whole second in microseconds, either side.
-       | st.tuples(st.integers(-(10**10), 10**10), st.sampled_from(
-           [0.5000004, 0.4999996, 0.9999996, 0.0000004, 0.5000005, 0.0000005, 0.9999995])
-       ).map(sum)
-       | st.sampled_from([-62135596800.0, -62135596800.5, 253402300799.0, 253402300799.9999996,
-                          2.5e11, -2.5e11, 2.5e11 - 0.5, 1e20, -1e20, 0.5, -0.5, -0.0000005]))
+@given(
+    st.floats(allow_nan=False)
+    | st.integers(-(2**64), 2**64)
+    | st.integers(int(NOW) - 86400, int(NOW)).map(lambda s: s + 0.9999995)
+    | st.integers(-(10**12), 10**12).map(lambda k: k / 1e4 + 0.00000049)
+    # Fractions that round to a half or a whole second in microseconds, either side.
+    | st.tuples(
+        st.integers(-(10**10), 10**10),
+        st.sampled_from(
+            [0.5000004, 0.4999996, 0.9999996, 0.0000004, 0.5000005, 0.0000005, 0.9999995]
+        ),
+    ).map(sum)
+    | st.sampled_from(
+        [
+            -62135596800.0,
+            -62135596800.5,
+            253402300799.0,
+            253402300799.9999996,
+            2.5e11,
+            -2.5e11,
+            2.5e11 - 0.5,
+            1e20,
+            -1e20,
+            0.5,
+            -0.5,
+            -0.0000005,
+        ]
+    )
+)
 def test_the_twins_store_the_same_millisecond_for_any_time(epoch: float) -> None:
     """Every time a window lets through, year 1 to 9999 and beyond (where both raise)."""
     text = repr(epoch) if isinstance(epoch, float) else str(epoch)
@@ -246,70 +374,90 @@ def test_the_twins_store_the_same_millisecond_for_any_time(epoch: float) -> None
 # --------------------------------------------------------------------------- examples
 
 
-@pytest.mark.parametrize("payload", [
-    b'{"ts": 1790000000, "temp": 21.5, "hum": 40}',
-    b'{"temp": 21.5, "hum": 40, "seq": 3}',
-    b'{"ts": 1790000000.123456, "temp": 21.5, "seq": 9223372036854775807}',
-    b'{"ts": 1790000000, "temp": 9223372036854775808, "big": 18446744073709551615}',
-    b'{"ts": 1790000000, "units": {"t": "C"}, "temp": 1, "tags": 3, "_id": "x"}',
-    b'{"ts": 1790000000, "meta": 1, "info": null}',
-    b'{"ts": "2026-09-21T14:13:20.5+00:00", "t": 1e300, "u": -1e300}',
-    b'{"ts": "2026-09-21T16:13:20.000001+02:00", "t": 1}',
-    b'{"ts": "2026-09-21T14:13:20", "t": 1}',
-    b'{"ts": 1790000000, "t": 1.0000000000000002e300}',
-    b'{"ts": 1790000000, "t": true}',
-    b'{"ts": 1790000000, "seq": -1, "t": 1}',
-    b'{"ts": 1790000000, "seq": 9223372036854775808, "t": 1}',
-    b'{"sensor_id": "' + b"x" * 129 + b'", "t": 1}',
-    b'{"sensor_id": "\\u007f", "t": 1}',
-    b'{"ts": 1758464000, "t": 1}',  # 365 days back: the edge
-    b'{"ts": 1790000600.25, "t": 1}',  # 600 s ahead: the edge
-    b'{"ts": 1790000600.2500002, "t": 1}',
-    b'{"readings": [{"t": 1}, {"t": "x"}, 3, {"ts": 1, "t": 1}], "sensor_id": "env"}',
-    b'{"readings": [{"t": 1}], "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6, "sensor_id": 1}',
-    b'{"readings": [{"t": 1}], "' + b"k" * 100 + b'": 0}',
-    b'{"readings": "many"}',
-    b"[]",
-    b"[" + b",".join(b'{"t": %d}' % i for i in range(10_001)) + b"]",
-    b'{"readings": [' + b",".join(b'{"t": %d}' % i for i in range(300)) + b"]}",
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"ts": 1790000000, "temp": 21.5, "hum": 40}',
+        b'{"temp": 21.5, "hum": 40, "seq": 3}',
+        b'{"ts": 1790000000.123456, "temp": 21.5, "seq": 9223372036854775807}',
+        b'{"ts": 1790000000, "temp": 9223372036854775808, "big": 18446744073709551615}',
+        b'{"ts": 1790000000, "units": {"t": "C"}, "temp": 1, "tags": 3, "_id": "x"}',
+        b'{"ts": 1790000000, "meta": 1, "info": null}',
+        b'{"ts": "2026-09-21T14:13:20.5+00:00", "t": 1e300, "u": -1e300}',
+        b'{"ts": "2026-09-21T16:13:20.000001+02:00", "t": 1}',
+        b'{"ts": "2026-09-21T14:13:20", "t": 1}',
+        b'{"ts": 1790000000, "t": 1.0000000000000002e300}',
+        b'{"ts": 1790000000, "t": true}',
+        b'{"ts": 1790000000, "seq": -1, "t": 1}',
+        b'{"ts": 1790000000, "seq": 9223372036854775808, "t": 1}',
+        b'{"sensor_id": "' + b"x" * 129 + b'", "t": 1}',
+        b'{"sensor_id": "\\u007f", "t": 1}',
+        b'{"ts": 1758464000, "t": 1}',  # 365 days back: the edge
+        b'{"ts": 1790000600.25, "t": 1}',  # 600 s ahead: the edge
+        b'{"ts": 1790000600.2500002, "t": 1}',
+        b'{"readings": [{"t": 1}, {"t": "x"}, 3, {"ts": 1, "t": 1}], "sensor_id": "env"}',
+        b'{"readings": [{"t": 1}], "a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6, "sensor_id": 1}',
+        b'{"readings": [{"t": 1}], "' + b"k" * 100 + b'": 0}',
+        b'{"readings": "many"}',
+        b"[]",
+        b"[" + b",".join(b'{"t": %d}' % i for i in range(10_001)) + b"]",
+        b'{"readings": [' + b",".join(b'{"t": %d}' % i for i in range(300)) + b"]}",
+    ],
+)
 @pytest.mark.parametrize("arrivals", [False, True])
 def test_the_twins_agree_on_these(payload: bytes, arrivals: bool) -> None:
-    agree(TOPIC, payload, NOW, Limits(), None, (0, 1, {"abc": int(NOW * 1000)}) if arrivals
-          else None)
+    agree(
+        TOPIC, payload, NOW, Limits(), None, (0, 1, {"abc": int(NOW * 1000)}) if arrivals else None
+    )
 
 
-@pytest.mark.parametrize("limits", [
-    Limits(max_readings=0), Limits(max_readings=-3), Limits(max_message_bytes=5),
-    Limits(10, 2, 1.0, 0.0), Limits(2**70), Limits(max_readings=2**64),
-    Limits(max_past_seconds=2**60), Limits(max_future_seconds=2**53 + 1),
-    Limits(max_past_seconds="x"),  # type: ignore[arg-type]
-    Limits(max_readings=1.5),  # type: ignore[arg-type]
-    Limits(max_message_bytes=True),  # type: ignore[arg-type]
-])
+@pytest.mark.parametrize(
+    "limits",
+    [
+        Limits(max_readings=0),
+        Limits(max_readings=-3),
+        Limits(max_message_bytes=5),
+        Limits(10, 2, 1.0, 0.0),
+        Limits(2**70),
+        Limits(max_readings=2**64),
+        Limits(max_past_seconds=2**60),
+        Limits(max_future_seconds=2**53 + 1),
+        Limits(max_past_seconds="x"),  # type: ignore[arg-type]
+        Limits(max_readings=1.5),  # type: ignore[arg-type]
+        Limits(max_message_bytes=True),  # type: ignore[arg-type]
+    ],
+)
 def test_the_twins_agree_on_unusual_limits(limits: Limits) -> None:
-    for payload in (b'{"t": 1}', b'[{"t": 1}, {"t": 2}, {"t": 3}]', b'{"readings": [{"t": 1}]}',
-                    b'{"ts": 1790000000.5, "t": 1}'):
+    for payload in (
+        b'{"t": 1}',
+        b'[{"t": 1}, {"t": 2}, {"t": 3}]',
+        b'{"readings": [{"t": 1}]}',
+        b'{"ts": 1790000000.5, "t": 1}',
+    ):
         agree(TOPIC, payload, NOW, limits)
 
 
-@pytest.mark.parametrize(("topic", "payload", "received_at"), [
-    (b"sensors/abc/readings", b'{"t": 1}', NOW),  # a bytes topic
-    (None, b'{"t": 1}', NOW),
-    (TOPIC, '{"t": 1}', NOW),  # str, bytearray and memoryview payloads
-    (TOPIC, bytearray(b'{"t": 1}'), NOW),
-    (TOPIC, memoryview(b'{"t": 1}'), NOW),
-    (TOPIC, "{", NOW),
-    (TOPIC, 1, NOW),
-    (TOPIC, b'{"t": 1}', 1_790_000_000),  # an int arrival time
-    (TOPIC, b'{"t": 1}', True),
-    (TOPIC, b'{"t": 1}', None),
-    (TOPIC, b'{"t": 1}', math.nan),
-    (TOPIC, b'{"t": 1}', -math.inf),
-])
+@pytest.mark.parametrize(
+    ("topic", "payload", "received_at"),
+    [
+        (b"sensors/abc/readings", b'{"t": 1}', NOW),  # a bytes topic
+        (None, b'{"t": 1}', NOW),
+        (TOPIC, '{"t": 1}', NOW),  # str, bytearray and memoryview payloads
+        (TOPIC, bytearray(b'{"t": 1}'), NOW),
+        (TOPIC, memoryview(b'{"t": 1}'), NOW),
+        (TOPIC, "{", NOW),
+        (TOPIC, 1, NOW),
+        (TOPIC, b'{"t": 1}', 1_790_000_000),  # an int arrival time
+        (TOPIC, b'{"t": 1}', True),
+        (TOPIC, b'{"t": 1}', None),
+        (TOPIC, b'{"t": 1}', math.nan),
+        (TOPIC, b'{"t": 1}', -math.inf),
+    ],
+)
 @pytest.mark.parametrize("arrivals", [False, True])
-def test_the_twins_agree_on_arguments_of_other_types(topic: object, payload: object,
-                                                     received_at: object, arrivals: bool) -> None:
+def test_the_twins_agree_on_arguments_of_other_types(
+    topic: object, payload: object, received_at: object, arrivals: bool
+) -> None:
     agree(topic, payload, received_at, Limits(), None, (1, 2, {}) if arrivals else None)
 
 
@@ -318,8 +466,10 @@ def test_a_limits_that_is_not_one_is_refused_alike() -> None:
 
 
 def test_the_arrival_times_are_given_in_the_same_order() -> None:
-    payload = (b'[{"sensor_id": "a", "t": 1}, {"sensor_id": "b", "t": 1}, {"sensor_id": "a", '
-               b'"t": 1}, {"sensor_id": "a", "seq": -1, "t": 1}, {"sensor_id": "a", "t": 2}]')
+    payload = (
+        b'[{"sensor_id": "a", "t": 1}, {"sensor_id": "b", "t": 1}, {"sensor_id": "a", '
+        b'"t": 1}, {"sensor_id": "a", "seq": -1, "t": 1}, {"sensor_id": "a", "t": 2}]'
+    )
     state = (1, 3, {"b": int(NOW * 1000) + 7})
     agree(TOPIC, payload, NOW, Limits(), None, state)
     out = twin.decode(TOPIC, payload, NOW, Limits(), None, arrivals_like(state))

@@ -36,6 +36,7 @@ BINARY = b"\xff\xd8\xff\xe0\x00\x10JFIF\x00\x01"
 
 def fleet() -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
     """(retained, live) messages of a mixed fleet."""
+
     def js(doc: Any) -> bytes:
         return orjson.dumps(doc)
 
@@ -47,19 +48,48 @@ def fleet() -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
     ]
     live = [
         ("zigbee2mqtt/hall", js({"temperature": 20.5, "linkquality": 100})),
-        ("tele/tasmota_1A2B3C/SENSOR", js({"Time": "2026-11-21T09:00:00",
-                                           "AM2301": {"Temperature": 22.5}, "TempUnit": "C"})),
-        *((f"factory/line1/press-{n}/telemetry",
-           js({"ts": int(NOW * 1000) - n, "spindle": {"rpm": 1200 + n, "temp": 40.5},
-               "mode": "auto", "alarms": []})) for n in (7, 8, 9)),
-        *((f"plant/boiler-{n}/{q}", f"{70 + n}.5".encode())
-          for n in (1, 2) for q in ("temperature", "pressure")),
-        ("plant/boiler-1/pump", b"ON"), ("plant/boiler-2/pump", b"OFF"),
+        (
+            "tele/tasmota_1A2B3C/SENSOR",
+            js({"Time": "2026-11-21T09:00:00", "AM2301": {"Temperature": 22.5}, "TempUnit": "C"}),
+        ),
+        *(
+            (
+                f"factory/line1/press-{n}/telemetry",
+                js(
+                    {
+                        "ts": int(NOW * 1000) - n,
+                        "spindle": {"rpm": 1200 + n, "temp": 40.5},
+                        "mode": "auto",
+                        "alarms": [],
+                    }
+                ),
+            )
+            for n in (7, 8, 9)
+        ),
+        *(
+            (f"plant/boiler-{n}/{q}", f"{70 + n}.5".encode())
+            for n in (1, 2)
+            for q in ("temperature", "pressure")
+        ),
+        ("plant/boiler-1/pump", b"ON"),
+        ("plant/boiler-2/pump", b"OFF"),
         ("sensors/s1/readings", js({"ts": NOW - 5, "temp": 20.1})),
         ("sensors/s2/readings", js({"ts": NOW - 5, "temp": 20.2, "hum": 41})),
-        ("lab/gw1/senml", js([{"bn": "urn:dev:mac:0024befffe804ff1:", "bt": NOW,
-                               "n": "temp", "u": "Cel", "v": 22.5},
-                              {"n": "hum", "u": "%RH", "v": 40}])),
+        (
+            "lab/gw1/senml",
+            js(
+                [
+                    {
+                        "bn": "urn:dev:mac:0024befffe804ff1:",
+                        "bt": NOW,
+                        "n": "temp",
+                        "u": "Cel",
+                        "v": 22.5,
+                    },
+                    {"n": "hum", "u": "%RH", "v": 40},
+                ]
+            ),
+        ),
         # Telegraf's outputs.mqtt (taken by --preset influx), and line protocol on topics
         # of another publisher (proposed).
         ("telegraf/host1/cpu", f"cpu,host=host1 usage=0.5 {int(NOW * 1e9)}".encode()),
@@ -124,7 +154,8 @@ def test_a_proposal_from_a_capture_stores_the_fleet() -> None:
 
 
 async def test_discover_listens_to_a_broker_and_proposes_a_working_mapping(
-        persistent: Broker) -> None:
+    persistent: Broker,
+) -> None:
     retained, live = fleet()
     text, report = await discover(persistent, retained, live)
     assert f"captured {len(retained) + len(live)} message(s)" in report
@@ -135,8 +166,22 @@ async def test_discover_listens_to_a_broker_and_proposes_a_working_mapping(
 
 def test_discover_with_no_broker_is_one_line() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "ingest", "discover", "--mqtt-url", "mqtt://127.0.0.1:1",
-         "--seconds", "1"], capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+        [
+            sys.executable,
+            "-m",
+            "ingest",
+            "discover",
+            "--mqtt-url",
+            "mqtt://127.0.0.1:1",
+            "--seconds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
     assert out.returncode == 1
     assert out.stderr.strip().startswith("ingest: error: broker 127.0.0.1:1:")
     assert len(out.stderr.strip().splitlines()) == 1
@@ -146,20 +191,33 @@ def test_plain_values_name_their_measurement_from_the_topic() -> None:
     """Two Gen1-Shelly-like devices under a base topic no preset knows."""
     from ingest.devices.discover.propose import propose  # noqa: PLC0415
 
-    messages = [Captured(f"home/{device}/{tail}", payload.encode())
-                for device in ("sh1-AAA1", "sh1-AAA2")
-                for tail, payload in (("relay/0", "on"), ("relay/0/power", "22.5"),
-                                      ("relay/1/power", "0"), ("temperature", "41.2"))]
+    messages = [
+        Captured(f"home/{device}/{tail}", payload.encode())
+        for device in ("sh1-AAA1", "sh1-AAA2")
+        for tail, payload in (
+            ("relay/0", "on"),
+            ("relay/0/power", "22.5"),
+            ("relay/1/power", "0"),
+            ("temperature", "41.2"),
+        )
+    ]
     found = {"/".join(p.levels): p.measurement for p in propose(messages)}
-    assert found == {"home/{sensor_id}/relay/{level4}/power": "relay_{level4}_power",
-                     "home/{sensor_id}/relay/0": "relay_0",
-                     "home/{sensor_id}/temperature": "temperature"}
+    assert found == {
+        "home/{sensor_id}/relay/{level4}/power": "relay_{level4}_power",
+        "home/{sensor_id}/relay/0": "relay_0",
+        "home/{sensor_id}/temperature": "temperature",
+    }
 
 
 def test_discover_with_an_unknown_preset_is_one_line() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "ingest", "discover", "--preset", "nope", "--seconds", "1"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
     assert out.returncode == 2
     assert out.stderr.startswith("ingest: error: --preset nope: unknown preset (known: ")
     assert len(out.stderr.strip().splitlines()) == 1
@@ -169,21 +227,25 @@ def test_topics_your_mapping_covers_are_not_proposed_again() -> None:
     from ingest.devices.discover.command import finish  # noqa: PLC0415
 
     retained, live = fleet()
-    mine = parse('[[rule]]\nname = "boilers"\ntopic = "plant/{sensor_id}/{measurement}"\n'
-                 'format = "value"\n', "--mapping mine.toml")
+    mine = parse(
+        '[[rule]]\nname = "boilers"\ntopic = "plant/{sensor_id}/{measurement}"\nformat = "value"\n',
+        "--mapping mine.toml",
+    )
     captured = [Captured(t, p) for t, p in retained + live]
     out, err = io.StringIO(), io.StringIO()
     assert finish(captured, mine, [], out, err) == 0
     assert 'topic = "plant/' not in out.getvalue()
     assert "boilers" in err.getvalue()  # your rule's counts are in the report
-    check_proposal(out.getvalue() + '\n[[rule]]\nname = "boilers"\n'
-                   'topic = "plant/{sensor_id}/{measurement}"\nformat = "value"\n'
-                   '[rule.values]\nON = true\nOFF = false\n',
-                   ["influx", "tasmota", "zigbee2mqtt"], retained + live)
+    check_proposal(
+        out.getvalue() + '\n[[rule]]\nname = "boilers"\n'
+        'topic = "plant/{sensor_id}/{measurement}"\nformat = "value"\n'
+        "[rule.values]\nON = true\nOFF = false\n",
+        ["influx", "tasmota", "zigbee2mqtt"],
+        retained + live,
+    )
 
 
-def test_sparkplug_traffic_is_recognised_even_when_its_births_came_before_the_capture(
-        ) -> None:
+def test_sparkplug_traffic_is_recognised_even_when_its_births_came_before_the_capture() -> None:
     from ingest.devices.discover.command import finish  # noqa: PLC0415
     from loadgen import sparkplug as enc  # noqa: PLC0415
     from loadgen.sparkplug import Metric  # noqa: PLC0415
@@ -191,14 +253,22 @@ def test_sparkplug_traffic_is_recognised_even_when_its_births_came_before_the_ca
     t0 = int(NOW * 1000) - 60_000
 
     def ndata(node: str, seq: int) -> Captured:
-        return Captured(enc.topic("Plant1", "NDATA", node), enc.payload(
-            [Metric(alias=1, timestamp=t0 + seq, datatype=enc.FLOAT, value=1.5)], t0 + seq, seq))
+        return Captured(
+            enc.topic("Plant1", "NDATA", node),
+            enc.payload(
+                [Metric(alias=1, timestamp=t0 + seq, datatype=enc.FLOAT, value=1.5)], t0 + seq, seq
+            ),
+        )
 
     # E1's BIRTH was published before the capture began; E2 connects during it.
     captured = [ndata("E1", seq) for seq in range(1, 6)]
     captured.append(Captured("spBv1.0/STATE/scada", b'{"online": true, "timestamp": 1}'))
-    captured.append(Captured(enc.topic("Plant1", "NBIRTH", "E2"), enc.nbirth(
-        [Metric("Temp", 1, t0, enc.FLOAT, 20.0)], bd_seq=0, timestamp=t0)))
+    captured.append(
+        Captured(
+            enc.topic("Plant1", "NBIRTH", "E2"),
+            enc.nbirth([Metric("Temp", 1, t0, enc.FLOAT, 20.0)], bd_seq=0, timestamp=t0),
+        )
+    )
     captured += [ndata("E2", seq) for seq in range(1, 4)]
     out, err = io.StringIO(), io.StringIO()
     assert finish(captured, [], [], out, err) == 0
@@ -214,12 +284,13 @@ def shadowed_fleet() -> list[tuple[str, bytes]]:
     """Tasmota and Zigbee2MQTT as their fixtures document them, Telegraf's line protocol,
     and plain values on three-level topics no preset knows (three messages on each)."""
     t = base_time(time.time())
-    vendors = [(m.topic, m.payload) for name in ("tasmota", "zigbee2mqtt")
-               for m in load(name, t)]
+    vendors = [(m.topic, m.payload) for name in ("tasmota", "zigbee2mqtt") for m in load(name, t)]
     line = f"cpu,host=host1 usage=0.5 {int(time.time() * 1e9)}".encode()
-    unknown = [(topic, f"{20 + n}.5".encode()) for n in range(3)
-               for topic in ("plant/boiler-1/temperature", "barn/cow-2/humidity",
-                             "shed/pump-3/pressure")]
+    unknown = [
+        (topic, f"{20 + n}.5".encode())
+        for n in range(3)
+        for topic in ("plant/boiler-1/temperature", "barn/cow-2/humidity", "shed/pump-3/pressure")
+    ]
     return [*vendors, ("telegraf/host1/cpu", line), *unknown]
 
 
@@ -234,11 +305,15 @@ def test_a_proposal_never_takes_a_topic_of_a_preset_it_recommends() -> None:
     assert finish([Captured(t, p) for t, p in messages], [], [], out, err) == 0
     text = out.getvalue()
     assert 'topic = "{level1}' not in text
-    for site, device, quantity in (("plant", "boiler-1", "temperature"),
-                                   ("barn", "cow-2", "humidity"),
-                                   ("shed", "pump-3", "pressure")):
-        assert (f"# 3 message(s) on 1 topic(s) of the capture: 3 stored, e.g. "
-                f"{site}/{device}/{quantity}\n") in text
+    for site, device, quantity in (
+        ("plant", "boiler-1", "temperature"),
+        ("barn", "cow-2", "humidity"),
+        ("shed", "pump-3", "pressure"),
+    ):
+        assert (
+            f"# 3 message(s) on 1 topic(s) of the capture: 3 stored, e.g. "
+            f"{site}/{device}/{quantity}\n"
+        ) in text
         assert f'topic = "{site}/{{sensor_id}}/{{measurement}}"' in text
     rules = parse(text, "proposal")
     for name in ("influx", "tasmota", "zigbee2mqtt"):
@@ -260,19 +335,25 @@ def test_an_overlap_no_split_can_remove_is_a_note_naming_the_preset_rule() -> No
     from ingest.devices.discover.command import finish  # noqa: PLC0415
 
     messages = [Captured(m.topic, m.payload) for m in load("shelly", base_time(time.time()))]
-    messages += [Captured(f"plant/boiler-{n}/{q}", b"1.5") for n in (1, 2)
-                 for q in ("temperature", "pressure")]
+    messages += [
+        Captured(f"plant/boiler-{n}/{q}", b"1.5")
+        for n in (1, 2)
+        for q in ("temperature", "pressure")
+    ]
     out, err = io.StringIO(), io.StringIO()
     assert finish(messages, [], [], out, err) == 0
     text = out.getvalue()
     assert "use --preset shelly with this file" in text
-    assert ("# NOTE: a topic such as plant/status/sys would match this rule before preset "
-            "shelly's rule shelly2-status-system (+/status/sys) and ") in text
+    assert (
+        "# NOTE: a topic such as plant/status/sys would match this rule before preset "
+        "shelly's rule shelly2-status-system (+/status/sys) and "
+    ) in text
     assert 'topic = "plant/{sensor_id}/{measurement}"' in text
 
 
 async def test_following_the_advice_leaves_every_preset_topic_to_its_preset(
-        persistent: Broker, daemon: Callable[..., Daemon], db: Any, tmp_path: Path) -> None:
+    persistent: Broker, daemon: Callable[..., Daemon], db: Any, tmp_path: Path
+) -> None:
     """discover on the broker, then the daemon run exactly as discover advises: each vendor
     message lands on the preset rule its fixture names, and every rule takes the messages
     discover's report said it would."""
@@ -281,16 +362,25 @@ async def test_following_the_advice_leaves_every_preset_topic_to_its_preset(
     mapping = tmp_path / "proposal.toml"
     mapping.write_text(text)
     flags = advised(report, mapping)
-    assert flags == ["--preset", "influx", "--preset", "tasmota", "--preset", "zigbee2mqtt",
-                     "--mapping", str(mapping)]
+    assert flags == [
+        "--preset",
+        "influx",
+        "--preset",
+        "tasmota",
+        "--preset",
+        "zigbee2mqtt",
+        "--mapping",
+        str(mapping),
+    ]
     proc = daemon(*flags, broker_url=persistent.url, rule_topics=True)
     await send(persistent, messages)
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == len(messages))
     said = report_table(report)
     assert daemon_table(proc, list(said)) == said
     t = base_time(time.time())
-    vendor = Counter((m.rule, m.ignored) for name in ("tasmota", "zigbee2mqtt")
-                     for m in load(name, t))
+    vendor = Counter(
+        (m.rule, m.ignored) for name in ("tasmota", "zigbee2mqtt") for m in load(name, t)
+    )
     for (rule, ignored), n in vendor.items():
         assert said[rule][2 if ignored else 0] == n, rule
     assert said["telegraf"] == (1, 0, 0)
@@ -309,8 +399,11 @@ def test_topic_levels_a_filter_cannot_hold_still_give_a_loadable_proposal() -> N
     wildcard, never written as a literal the mapping file would refuse."""
     from ingest.devices.discover.command import finish  # noqa: PLC0415
 
-    messages = [Captured("odd/{x}/temp", b"1.5"), Captured("odd/y}/temp", b"2.5"),
-                Captured("odd/{z/telemetry/{v}", b'{"a": 1}')]
+    messages = [
+        Captured("odd/{x}/temp", b"1.5"),
+        Captured("odd/y}/temp", b"2.5"),
+        Captured("odd/{z/telemetry/{v}", b'{"a": 1}'),
+    ]
     out, err = io.StringIO(), io.StringIO()
     assert finish(messages, [], [], out, err) == 0
     rules = parse(out.getvalue(), "proposal")

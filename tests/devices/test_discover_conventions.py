@@ -45,29 +45,85 @@ def js(doc: object) -> bytes:
 # device's plain-value topics outside the discovery prefix (abbreviated: stat_t,
 # unit_of_meas, dev_cla, dev.ids).
 HA_CONFIGS = [
-    ("homeassistant/sensor/sensorBedroomT/config", js({
-        "device_class": "temperature", "state_topic": "homeassistant/sensor/sensorBedroom/state",
-        "unit_of_measurement": "°C", "value_template": "{{ value_json.temperature}}",
-        "unique_id": "temp01ae", "device": {"identifiers": ["bedroom01ae"], "name": "Bedroom",
-                                            "manufacturer": "Example sensors Ltd."}})),
-    ("homeassistant/sensor/sensorBedroomH/config", js({
-        "device_class": "humidity", "state_topic": "homeassistant/sensor/sensorBedroom/state",
-        "unit_of_measurement": "%", "value_template": "{{ value_json.humidity}}",
-        "unique_id": "hum01ae", "device": {"identifiers": ["bedroom01ae"]}})),
-    ("homeassistant/binary_sensor/garden/config", js({
-        "name": None, "device_class": "motion",
-        "state_topic": "homeassistant/binary_sensor/garden/state", "unique_id": "motion01ad",
-        "device": {"identifiers": ["01ad"], "name": "Garden"}})),
-    ("homeassistant/switch/irrigation/config", js({
-        "~": "homeassistant/switch/irrigation", "name": "garden", "cmd_t": "~/set",
-        "stat_t": "~/state"})),
-    ("homeassistant/sensor/kitchen_t/config", js({
-        "~": "kitchen/climate", "stat_t": "~/temperature", "unit_of_meas": "°C",
-        "dev_cla": "temperature", "uniq_id": "kt1", "dev": {"ids": "kitchen01",
-                                                            "name": "Kitchen"}})),
-    ("homeassistant/sensor/kitchen_h/config", js({
-        "~": "kitchen/climate", "stat_t": "~/humidity", "unit_of_meas": "%",
-        "dev_cla": "humidity", "uniq_id": "kh1", "dev": {"ids": "kitchen01"}})),
+    (
+        "homeassistant/sensor/sensorBedroomT/config",
+        js(
+            {
+                "device_class": "temperature",
+                "state_topic": "homeassistant/sensor/sensorBedroom/state",
+                "unit_of_measurement": "°C",
+                "value_template": "{{ value_json.temperature}}",
+                "unique_id": "temp01ae",
+                "device": {
+                    "identifiers": ["bedroom01ae"],
+                    "name": "Bedroom",
+                    "manufacturer": "Example sensors Ltd.",
+                },
+            }
+        ),
+    ),
+    (
+        "homeassistant/sensor/sensorBedroomH/config",
+        js(
+            {
+                "device_class": "humidity",
+                "state_topic": "homeassistant/sensor/sensorBedroom/state",
+                "unit_of_measurement": "%",
+                "value_template": "{{ value_json.humidity}}",
+                "unique_id": "hum01ae",
+                "device": {"identifiers": ["bedroom01ae"]},
+            }
+        ),
+    ),
+    (
+        "homeassistant/binary_sensor/garden/config",
+        js(
+            {
+                "name": None,
+                "device_class": "motion",
+                "state_topic": "homeassistant/binary_sensor/garden/state",
+                "unique_id": "motion01ad",
+                "device": {"identifiers": ["01ad"], "name": "Garden"},
+            }
+        ),
+    ),
+    (
+        "homeassistant/switch/irrigation/config",
+        js(
+            {
+                "~": "homeassistant/switch/irrigation",
+                "name": "garden",
+                "cmd_t": "~/set",
+                "stat_t": "~/state",
+            }
+        ),
+    ),
+    (
+        "homeassistant/sensor/kitchen_t/config",
+        js(
+            {
+                "~": "kitchen/climate",
+                "stat_t": "~/temperature",
+                "unit_of_meas": "°C",
+                "dev_cla": "temperature",
+                "uniq_id": "kt1",
+                "dev": {"ids": "kitchen01", "name": "Kitchen"},
+            }
+        ),
+    ),
+    (
+        "homeassistant/sensor/kitchen_h/config",
+        js(
+            {
+                "~": "kitchen/climate",
+                "stat_t": "~/humidity",
+                "unit_of_meas": "%",
+                "dev_cla": "humidity",
+                "uniq_id": "kh1",
+                "dev": {"ids": "kitchen01"},
+            }
+        ),
+    ),
 ]
 HA_STATES = [
     ("homeassistant/sensor/sensorBedroom/state", js({"temperature": 23.2, "humidity": 43.7})),
@@ -78,18 +134,19 @@ HA_STATES = [
     ("kitchen/climate/humidity", b"40"),
 ]
 HA_STORED = {
-    "bedroom01ae": ({"temperature": 23.2, "humidity": 43.7},
-                    {"temperature": "°C", "humidity": "%"}),
+    "bedroom01ae": (
+        {"temperature": 23.2, "humidity": 43.7},
+        {"temperature": "°C", "humidity": "%"},
+    ),
     "01ad": ({"motion": True}, {}),
     "irrigation": ({"garden": False}, {}),
-    "kitchen01": ({"temperature": 21.5, "humidity": 40}, {"temperature": "°C",
-                                                         "humidity": "%"}),
+    "kitchen01": ({"temperature": 21.5, "humidity": 40}, {"temperature": "°C", "humidity": "%"}),
 }
 
 
 async def test_home_assistant_discovery_configs_give_the_state_topics_units_and_devices(
-        persistent: Broker, daemon: Callable[..., Daemon], mode: str, db: Any,
-        tmp_path: Path) -> None:
+    persistent: Broker, daemon: Callable[..., Daemon], mode: str, db: Any, tmp_path: Path
+) -> None:
     """Configs retained (as Home Assistant recommends), states live: the proposal, run as
     discover advises, stores each state under the device the configs name, with the
     measurement and unit they give."""
@@ -120,28 +177,52 @@ def test_device_discovery_abbreviations_and_templates_are_read() -> None:
     """A device config (component ``device``, entities under ``cmps``, the state topic
     shared at the top) as mqtt.markdown's "Device discovery payload" shows it; a template
     discover cannot follow is kept as computed."""
-    device = js({
-        "dev": {"ids": "ea334450945afc", "name": "Kitchen", "mf": "Bla electronics"},
-        "o": {"name": "bla2mqtt", "sw": "2.1"},
-        "cmps": {"some_unique_component_id1": {
-            "p": "sensor", "device_class": "temperature", "unit_of_measurement": "°C",
-            "value_template": "{{ value_json.temperature}}", "unique_id": "temp01ae_t"},
-            "some_unique_id2": {
-            "p": "sensor", "device_class": "humidity", "unit_of_measurement": "%",
-            "value_template": "{{ value_json['humidity'] | float }}",
-            "unique_id": "temp01ae_h"}},
-        "state_topic": "sensorBedroom/state", "qos": 2})
-    pump = js({"name": "turned on", "state_topic": "pump/timestamp_on",
-               "device_class": "timestamp", "value_template": "{{ as_datetime(value) }}",
-               "unique_id": "hp_1231232_ts_on",
-               "device": {"name": "Heat pump", "identifiers": ["hp_1231232"]}})
-    known = read([("homeassistant/device/ea334450945afc/config", device),
-                  ("homeassistant/sensor/hp_1231232/config", pump)])
+    device = js(
+        {
+            "dev": {"ids": "ea334450945afc", "name": "Kitchen", "mf": "Bla electronics"},
+            "o": {"name": "bla2mqtt", "sw": "2.1"},
+            "cmps": {
+                "some_unique_component_id1": {
+                    "p": "sensor",
+                    "device_class": "temperature",
+                    "unit_of_measurement": "°C",
+                    "value_template": "{{ value_json.temperature}}",
+                    "unique_id": "temp01ae_t",
+                },
+                "some_unique_id2": {
+                    "p": "sensor",
+                    "device_class": "humidity",
+                    "unit_of_measurement": "%",
+                    "value_template": "{{ value_json['humidity'] | float }}",
+                    "unique_id": "temp01ae_h",
+                },
+            },
+            "state_topic": "sensorBedroom/state",
+            "qos": 2,
+        }
+    )
+    pump = js(
+        {
+            "name": "turned on",
+            "state_topic": "pump/timestamp_on",
+            "device_class": "timestamp",
+            "value_template": "{{ as_datetime(value) }}",
+            "unique_id": "hp_1231232_ts_on",
+            "device": {"name": "Heat pump", "identifiers": ["hp_1231232"]},
+        }
+    )
+    known = read(
+        [
+            ("homeassistant/device/ea334450945afc/config", device),
+            ("homeassistant/sensor/hp_1231232/config", pump),
+        ]
+    )
     assert known.configs == 2
     shared = known.entities["sensorBedroom/state"]
     assert [(e.component, e.path, e.unit, e.device) for e in shared] == [
         ("sensor", ("temperature",), "°C", "ea334450945afc"),
-        ("sensor", ("humidity",), "%", "ea334450945afc")]
+        ("sensor", ("humidity",), "%", "ea334450945afc"),
+    ]
     (timestamp,) = known.entities["pump/timestamp_on"]
     assert (timestamp.path, timestamp.template) == (None, "{{ as_datetime(value) }}")
     state = Captured("sensorBedroom/state", js({"temperature": 23.2, "humidity": 43.7}))
@@ -167,14 +248,46 @@ def readings(pattern: Pattern, messages: list[Captured]) -> list[Reading]:
 # model, id, channel, time, <Type>_<Unit> fields), several devices on one topic, on a
 # base topic of the user's own (the default rtl_433/<host>/events is its preset's).
 RADIO = [
-    {"time": "2026-05-01 12:00:00", "model": "Acurite-Tower", "id": 12345, "channel": "A",
-     "battery_ok": 1, "temperature_C": 21.3, "humidity": 45, "mic": "CHECKSUM"},
-    {"time": "2026-05-01 12:00:05", "model": "Acurite-Tower", "id": 2211, "channel": "B",
-     "battery_ok": 1, "temperature_C": 19.8, "humidity": 52, "mic": "CHECKSUM"},
-    {"time": "2026-05-01 12:00:07", "model": "LaCrosse-TX141THBv2", "id": 51, "channel": 0,
-     "battery_ok": 1, "temperature_C": 4.5, "humidity": 80, "test": "No"},
-    {"time": "2026-05-01 12:01:00", "model": "Fineoffset-WH51", "id": "0d1a2b",
-     "battery_ok": 0.9, "battery_mV": 1500, "moisture": 33, "ad_raw": 320, "mic": "CRC"},
+    {
+        "time": "2026-05-01 12:00:00",
+        "model": "Acurite-Tower",
+        "id": 12345,
+        "channel": "A",
+        "battery_ok": 1,
+        "temperature_C": 21.3,
+        "humidity": 45,
+        "mic": "CHECKSUM",
+    },
+    {
+        "time": "2026-05-01 12:00:05",
+        "model": "Acurite-Tower",
+        "id": 2211,
+        "channel": "B",
+        "battery_ok": 1,
+        "temperature_C": 19.8,
+        "humidity": 52,
+        "mic": "CHECKSUM",
+    },
+    {
+        "time": "2026-05-01 12:00:07",
+        "model": "LaCrosse-TX141THBv2",
+        "id": 51,
+        "channel": 0,
+        "battery_ok": 1,
+        "temperature_C": 4.5,
+        "humidity": 80,
+        "test": "No",
+    },
+    {
+        "time": "2026-05-01 12:01:00",
+        "model": "Fineoffset-WH51",
+        "id": "0d1a2b",
+        "battery_ok": 0.9,
+        "battery_mV": 1500,
+        "moisture": 33,
+        "ad_raw": 320,
+        "mic": "CRC",
+    },
 ]
 
 
@@ -184,11 +297,19 @@ def test_a_gateway_topic_takes_its_sensor_ids_from_the_payload() -> None:
     assert pattern.levels == ["radio", "shed-pi", "events"]
     assert pattern.sensor_id == ["{model}-{channel}-{id}", "{model}-{id}"]
     assert any(n.startswith("one topic carries several devices") for n in pattern.notes)
-    assert pattern.units == {"temperature_C": "°C", "humidity": "%", "moisture": "%",
-                             "battery_mV": "mV"}
+    assert pattern.units == {
+        "temperature_C": "°C",
+        "humidity": "%",
+        "moisture": "%",
+        "battery_mV": "mV",
+    }
     got = readings(pattern, messages)
-    assert [r.sensor_id for r in got] == ["Acurite-Tower-A-12345", "Acurite-Tower-B-2211",
-                                          "LaCrosse-TX141THBv2-0-51", "Fineoffset-WH51-0d1a2b"]
+    assert [r.sensor_id for r in got] == [
+        "Acurite-Tower-A-12345",
+        "Acurite-Tower-B-2211",
+        "LaCrosse-TX141THBv2-0-51",
+        "Fineoffset-WH51-0d1a2b",
+    ]
     assert all("model" not in r.values and "id" not in r.values for r in got)
     assert got[0].units == {"temperature_C": "°C", "humidity": "%"}
     assert "time" not in got[0].values  # a local time without offset: noted, dropped
@@ -197,26 +318,38 @@ def test_a_gateway_topic_takes_its_sensor_ids_from_the_payload() -> None:
 def test_a_mac_in_the_payload_is_the_device_and_its_model_descriptive_info() -> None:
     """A BLE gateway's topic per device, the payload's id a MAC: the sensor id needs no
     model beside it, and the model is kept as info."""
-    docs = {"AABBCCDDEEFF": {"id": "AA:BB:CC:DD:EE:FF", "model": "LYWSD03MMC",
-                             "tempc": 21.4, "hum": 48},
-            "112233445566": {"id": "11:22:33:44:55:66", "model": "MiFlora",
-                             "tempc": 18.2, "moi": 40}}
+    docs = {
+        "AABBCCDDEEFF": {
+            "id": "AA:BB:CC:DD:EE:FF",
+            "model": "LYWSD03MMC",
+            "tempc": 21.4,
+            "hum": 48,
+        },
+        "112233445566": {"id": "11:22:33:44:55:66", "model": "MiFlora", "tempc": 18.2, "moi": 40},
+    }
     messages = [Captured(f"ble/gw1/{mac}", js(doc)) for mac, doc in docs.items()]
     (pattern,) = propose(messages)
     assert pattern.levels == ["ble", "gw1", "+"]
     assert (pattern.sensor_id, pattern.info, pattern.tags) == (
-        ["{id}"], ["model"], {"model": "{model}"})
+        ["{id}"],
+        ["model"],
+        {"model": "{model}"},
+    )
     got = readings(pattern, messages)
     assert sorted((r.sensor_id, r.info) for r in got) == [
         ("11:22:33:44:55:66", {"model": "MiFlora"}),
-        ("AA:BB:CC:DD:EE:FF", {"model": "LYWSD03MMC"})]
+        ("AA:BB:CC:DD:EE:FF", {"model": "LYWSD03MMC"}),
+    ]
 
 
 def test_a_level_whose_values_repeat_under_several_devices_is_a_node() -> None:
     """pump1/motor and pump2/motor: the level that varies most (motor, bearing, inlet) is
     a part of each pump, not a device; the pump is the sensor."""
-    messages = [Captured(f"plant/{pump}/{part}/temp", b"41.5")
-                for pump in ("pump1", "pump2") for part in ("motor", "bearing", "inlet")]
+    messages = [
+        Captured(f"plant/{pump}/{part}/temp", b"41.5")
+        for pump in ("pump1", "pump2")
+        for part in ("motor", "bearing", "inlet")
+    ]
     (pattern,) = propose(messages)
     assert pattern.levels == ["plant", "{sensor_id}", "{node}", "temp"]
     assert pattern.measurement == "{node}_temp"
@@ -230,9 +363,10 @@ def test_homie_devices_their_units_and_attributes() -> None:
     """Homie 4 (homieiot convention v4.0.0): the device is the level after the root, the
     node and property name the measurement, $unit gives its unit, and every $-attribute is
     ignored (one rule per depth where no reading shares it)."""
-    tree = {"weather-1": {"dht": {"temperature": "°C", "humidity": "%"},
-                          "bme": {"pressure": "hPa"}},
-            "garage": {"dht": {"temperature": "°C"}}}
+    tree = {
+        "weather-1": {"dht": {"temperature": "°C", "humidity": "%"}, "bme": {"pressure": "hPa"}},
+        "garage": {"dht": {"temperature": "°C"}},
+    }
     messages = []
     for device, nodes in tree.items():
         base = f"homie/{device}"
@@ -240,20 +374,28 @@ def test_homie_devices_their_units_and_attributes() -> None:
         for node, props in nodes.items():
             messages.append(Captured(f"{base}/{node}/$properties", ",".join(props).encode()))
             for prop, unit in props.items():
-                messages += [Captured(f"{base}/{node}/{prop}/$datatype", b"float"),
-                             Captured(f"{base}/{node}/{prop}/$unit", unit.encode()),
-                             Captured(f"{base}/{node}/{prop}", b"21.5")]
+                messages += [
+                    Captured(f"{base}/{node}/{prop}/$datatype", b"float"),
+                    Captured(f"{base}/{node}/{prop}/$unit", unit.encode()),
+                    Captured(f"{base}/{node}/{prop}", b"21.5"),
+                ]
     patterns = {"/".join(p.levels): p for p in propose(messages)}
-    assert set(patterns) == {"homie/+/+", "homie/+/+/$properties", "homie/+/+/+/+",
-                             "homie/{sensor_id}/{level3}/{measurement}"}
+    assert set(patterns) == {
+        "homie/+/+",
+        "homie/+/+/$properties",
+        "homie/+/+/+/+",
+        "homie/{sensor_id}/{level3}/{measurement}",
+    }
     values = patterns["homie/{sensor_id}/{level3}/{measurement}"]
     assert values.measurement == "{level3}_{measurement}"
-    assert values.units == {"dht_temperature": "°C", "dht_humidity": "%",
-                            "bme_pressure": "hPa"}
+    assert values.units == {"dht_temperature": "°C", "dht_humidity": "%", "bme_pressure": "hPa"}
     got = readings(values, [m for m in messages if "$" not in m.topic])
     assert sorted((r.sensor_id, *r.values, *r.units.values()) for r in got) == [
-        ("garage", "dht_temperature", "°C"), ("weather-1", "bme_pressure", "hPa"),
-        ("weather-1", "dht_humidity", "%"), ("weather-1", "dht_temperature", "°C")]
+        ("garage", "dht_temperature", "°C"),
+        ("weather-1", "bme_pressure", "hPa"),
+        ("weather-1", "dht_humidity", "%"),
+        ("weather-1", "dht_temperature", "°C"),
+    ]
 
 
 # A plain-value device no preset knows, beside the gateway: the proposal has a rule.
@@ -262,8 +404,13 @@ GARDEN = [("garden/weather-1/temperature", b"21.5"), ("garden/weather-1/humidity
 
 @pytest.mark.parametrize("vendor", ["openmqttgateway", "rtl_433"])
 async def test_onboarding_a_gateway_as_discover_advises(
-        vendor: str, persistent: Broker, daemon: Callable[..., Daemon], mode: str, db: Any,
-        tmp_path: Path) -> None:
+    vendor: str,
+    persistent: Broker,
+    daemon: Callable[..., Daemon],
+    mode: str,
+    db: Any,
+    tmp_path: Path,
+) -> None:
     """A new user's broker: a gateway publishing as its vendor documents (the preset's
     fixture, its hostile messages aside) and a device of their own. discover recommends
     the gateway's preset and proposes a rule for the rest; run exactly as advised, every
@@ -282,13 +429,22 @@ async def test_onboarding_a_gateway_as_discover_advises(
     await send(persistent, messages)
     expected = [(m, r) for m in fixture for r in m.readings]
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == len(messages))
-    await eventually(lambda: proc.metric(
-        f'ingest_readings_written_total{{mode="{mode}"}}') == len(expected) + len(GARDEN))
+    await eventually(
+        lambda: (
+            proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}')
+            == len(expected) + len(GARDEN)
+        )
+    )
     assert_counted(proc.metrics(), fixture)
-    own = [(Message("garden", topic, payload, "garden", (), ignored=False, rejections=()),
-            Expected("weather-1", "arrival", {name: value}, None))
-           for (topic, payload), (name, value) in zip(
-               GARDEN, (("temperature", 21.5), ("humidity", 40)), strict=True)]
+    own = [
+        (
+            Message("garden", topic, payload, "garden", (), ignored=False, rejections=()),
+            Expected("weather-1", "arrival", {name: value}, None),
+        )
+        for (topic, payload), (name, value) in zip(
+            GARDEN, (("temperature", 21.5), ("humidity", 40)), strict=True
+        )
+    ]
     await assert_stored(db, mode, [*expected, *own], t, (started, time.time()))
     assert proc.stop() == 0
 
@@ -297,16 +453,27 @@ def homie_device(root: str) -> tuple[list[tuple[str, bytes]], list[tuple[str, by
     """(retained, live): the Homie 4.0.0 super-car as the convention shows it (its engine
     node's temperature, speed and direction described, each value retained as well), then
     new values and a controller's command, under the domain ``root``."""
-    described = [*SUPER_CAR_V4, *declare("super-car", {
-        "engine/speed": ("integer", "km/h", "0:300"),
-        "engine/direction": ("enum", None, "forward,backward")})]
-    values = [("homie/super-car/engine/temperature", "20.0"),
-              ("homie/super-car/engine/speed", "0"),
-              ("homie/super-car/engine/direction", "backward")]
-    live = [("homie/super-car/engine/temperature", "21.5"),
-            ("homie/super-car/engine/speed", "120"),
-            ("homie/super-car/engine/direction", "forward"),
-            ("homie/super-car/engine/speed/set", "100")]
+    described = [
+        *SUPER_CAR_V4,
+        *declare(
+            "super-car",
+            {
+                "engine/speed": ("integer", "km/h", "0:300"),
+                "engine/direction": ("enum", None, "forward,backward"),
+            },
+        ),
+    ]
+    values = [
+        ("homie/super-car/engine/temperature", "20.0"),
+        ("homie/super-car/engine/speed", "0"),
+        ("homie/super-car/engine/direction", "backward"),
+    ]
+    live = [
+        ("homie/super-car/engine/temperature", "21.5"),
+        ("homie/super-car/engine/speed", "120"),
+        ("homie/super-car/engine/direction", "forward"),
+        ("homie/super-car/engine/speed/set", "100"),
+    ]
 
     def under(messages: list[tuple[str, str]]) -> list[tuple[str, bytes]]:
         return [(f"{root}/{t.removeprefix('homie/')}", p.encode()) for t, p in messages]
@@ -314,9 +481,11 @@ def homie_device(root: str) -> tuple[list[tuple[str, bytes]], list[tuple[str, by
     return under(described + values), under(live)
 
 
-HOMIE_STORED = [("super-car", {"engine_temperature": ("float", 21.5)}),
-                ("super-car", {"engine_speed": ("int", 120)}),
-                ("super-car", {"engine_direction": ("str", "forward")})]
+HOMIE_STORED = [
+    ("super-car", {"engine_temperature": ("float", 21.5)}),
+    ("super-car", {"engine_speed": ("int", 120)}),
+    ("super-car", {"engine_direction": ("str", "forward")}),
+]
 
 
 def test_homie_devices_under_a_domain_of_their_own_get_a_homie_rule() -> None:
@@ -337,16 +506,22 @@ def test_homie_devices_under_a_domain_of_their_own_get_a_homie_rule() -> None:
     assert advised(err.getvalue(), Path("p.toml")) == ["--mapping", "p.toml"]
     mapping = Mapping(parse(text, "proposal"))
     results = [mapping.decode(t, p, time.time(), Limits()) for t, p in retained + live]
-    got = [(r.sensor_id, {k: (type(v).__name__, v) for k, v in r.values.items()}, r.units)
-           for result in results[len(retained):] for r in result.decoded.readings]
-    assert got == [(*HOMIE_STORED[0], {"engine_temperature": "°C"}),
-                   (*HOMIE_STORED[1], {"engine_speed": "km/h"}), (*HOMIE_STORED[2], None)]
+    got = [
+        (r.sensor_id, {k: (type(v).__name__, v) for k, v in r.values.items()}, r.units)
+        for result in results[len(retained) :]
+        for r in result.decoded.readings
+    ]
+    assert got == [
+        (*HOMIE_STORED[0], {"engine_temperature": "°C"}),
+        (*HOMIE_STORED[1], {"engine_speed": "km/h"}),
+        (*HOMIE_STORED[2], None),
+    ]
 
 
 @pytest.mark.parametrize("root", ["homie", "myhome"])
 async def test_onboarding_a_homie_device_as_discover_advises(
-        root: str, persistent: Broker, daemon: Callable[..., Daemon], mode: str, db: Any,
-        tmp_path: Path) -> None:
+    root: str, persistent: Broker, daemon: Callable[..., Daemon], mode: str, db: Any, tmp_path: Path
+) -> None:
     """A Homie 4 device's retained attributes and values, then live values: on homie/,
     discover recommends --preset homie and proposes nothing; under a root of its own, a
     homie rule for it. Run exactly as advised, every value is stored under the device id
@@ -362,22 +537,26 @@ async def test_onboarding_a_homie_device_as_discover_advises(
     else:
         assert flags == ["--mapping", str(mapping)]
     proc = daemon(*flags, broker_url=persistent.url, rule_topics=True)
-    await eventually(lambda: proc.metric(
-        'ingest_homie_messages_total{kind="attribute"}') == 8)  # $datatype, $unit, $format
+    await eventually(
+        lambda: proc.metric('ingest_homie_messages_total{kind="attribute"}') == 8
+    )  # $datatype, $unit, $format
     await send(persistent, live)
-    await eventually(lambda: proc.metric(
-        f'ingest_readings_written_total{{mode="{mode}"}}') == len(HOMIE_STORED))
+    await eventually(
+        lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == len(HOMIE_STORED)
+    )
     assert await typed(db, mode) == HOMIE_STORED
-    assert await units(db, mode) == {"super-car": {"engine_temperature": "°C",
-                                                   "engine_speed": "km/h"}}
+    assert await units(db, mode) == {
+        "super-car": {"engine_temperature": "°C", "engine_speed": "km/h"}
+    }
     assert rejected(proc) == 0
     assert proc.stop() == 0
 
 
 def rejected(proc: Daemon) -> float:
     """Readings the daemon rejected, for every reason."""
-    return sum(v for k, v in proc.metrics().items()
-               if k.startswith("ingest_readings_rejected_total{"))
+    return sum(
+        v for k, v in proc.metrics().items() if k.startswith("ingest_readings_rejected_total{")
+    )
 
 
 def test_a_capture_the_presets_take_whole_is_run_with_the_presets_alone() -> None:

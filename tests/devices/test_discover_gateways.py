@@ -27,50 +27,98 @@ if TYPE_CHECKING:
 
 # A 433 MHz gateway's round: the devices it heard, one without a model; seq is a name the
 # daemon keeps for itself, batt a number whose unit no name gives (docs/onboarding.md).
-SHED = {"devices": [
-    {"id": "a4c1381f", "model": "THB2", "temp": 21.4, "hum": 48, "batt": 2950, "seq": 112},
-    {"id": "38c1a2b7", "model": "SOIL", "moisture": 37, "temp": 11.9, "batt": 3010, "seq": 9},
-    {"id": "c0ffee01", "temp": 4.8, "batt": 2710, "seq": 55}]}
-GREENHOUSE = {"devices": [
-    {"id": "5e7a11c4", "model": "THB2", "temp": 24.9, "hum": 71, "batt": 2890, "seq": 4}]}
+SHED = {
+    "devices": [
+        {"id": "a4c1381f", "model": "THB2", "temp": 21.4, "hum": 48, "batt": 2950, "seq": 112},
+        {"id": "38c1a2b7", "model": "SOIL", "moisture": 37, "temp": 11.9, "batt": 3010, "seq": 9},
+        {"id": "c0ffee01", "temp": 4.8, "batt": 2710, "seq": 55},
+    ]
+}
+GREENHOUSE = {
+    "devices": [
+        {"id": "5e7a11c4", "model": "THB2", "temp": 24.9, "hum": 71, "batt": 2890, "seq": 4}
+    ]
+}
 # A BLE hub publishing the advertisements it heard as a JSON array (rtl_433-style names).
 PORCH = [
-    {"mac": "A4:C1:38:0B:5E:7A", "model": "LYWSD03MMC", "temperature_C": 12.5,
-     "humidity": 81, "battery_mV": 2950},
-    {"mac": "A4:C1:38:91:0C:33", "model": "LYWSD03MMC", "temperature_C": 13.0,
-     "humidity": 77, "battery_mV": 3010}]
+    {
+        "mac": "A4:C1:38:0B:5E:7A",
+        "model": "LYWSD03MMC",
+        "temperature_C": 12.5,
+        "humidity": 81,
+        "battery_mV": 2950,
+    },
+    {
+        "mac": "A4:C1:38:91:0C:33",
+        "model": "LYWSD03MMC",
+        "temperature_C": 13.0,
+        "humidity": 77,
+        "battery_mV": 3010,
+    },
+]
 # A Tasmota Zigbee bridge under a FullTopic of its own (the tasmota preset reads
 # tele/<topic>/SENSOR): ZbReceived as the tasmota fixture has it (docs/Zigbee.md).
 ZIGBEE = [
-    {"ZbReceived": {"0x2916": {"Device": "0x2916", "Temperature": 26.27, "Humidity": 47.73,
-                               "Endpoint": 1, "LinkQuality": 105}}},
-    {"ZbReceived": {"0x7120": {"Device": "0x7120", "Power": 1, "Endpoint": 1,
-                               "LinkQuality": 229}}}]
+    {
+        "ZbReceived": {
+            "0x2916": {
+                "Device": "0x2916",
+                "Temperature": 26.27,
+                "Humidity": 47.73,
+                "Endpoint": 1,
+                "LinkQuality": 105,
+            }
+        }
+    },
+    {"ZbReceived": {"0x7120": {"Device": "0x7120", "Power": 1, "Endpoint": 1, "LinkQuality": 229}}},
+]
 
 
 def test_an_array_of_devices_gives_a_reading_each_and_the_gateway_as_info() -> None:
-    messages = [Captured("rf-gateway/shed/events", js(SHED)),
-                Captured("rf-gateway/greenhouse/events", js(GREENHOUSE))]
+    messages = [
+        Captured("rf-gateway/shed/events", js(SHED)),
+        Captured("rf-gateway/greenhouse/events", js(GREENHOUSE)),
+    ]
     (pattern,) = propose(messages)
     assert pattern.levels == ["rf-gateway", "{gateway}", "events"]
     assert (pattern.each, pattern.sensor_id, pattern.info) == (
-        "devices", ["{model}-{id}", "{id}"], ["gateway"])
+        "devices",
+        ["{model}-{id}", "{id}"],
+        ["gateway"],
+    )
     assert pattern.drop == []  # the array is the readings, not a field to drop
     assert pattern.units == {"hum": "%", "moisture": "%"}  # not temp (°C or °F?), not batt
-    assert any(n.startswith("messages list the devices they carry (up to 3 in one, in the "
-                            "array 'devices')") for n in pattern.notes)
+    assert any(
+        n.startswith(
+            "messages list the devices they carry (up to 3 in one, in the array 'devices')"
+        )
+        for n in pattern.notes
+    )
     assert any("temp, batt have no unit" in n for n in pattern.notes)
     text = rule_text(pattern, "gw", time.time())
     assert '[rule.rename]\n"seq" = "device_seq"' in text
     got = readings(pattern, messages)
     assert [(r.sensor_id, r.values, r.units, r.info) for r in got] == [
-        ("THB2-a4c1381f", {"temp": 21.4, "hum": 48, "batt": 2950, "device_seq": 112},
-         {"hum": "%"}, {"gateway": "shed"}),
-        ("SOIL-38c1a2b7", {"moisture": 37, "temp": 11.9, "batt": 3010, "device_seq": 9},
-         {"moisture": "%"}, {"gateway": "shed"}),
+        (
+            "THB2-a4c1381f",
+            {"temp": 21.4, "hum": 48, "batt": 2950, "device_seq": 112},
+            {"hum": "%"},
+            {"gateway": "shed"},
+        ),
+        (
+            "SOIL-38c1a2b7",
+            {"moisture": 37, "temp": 11.9, "batt": 3010, "device_seq": 9},
+            {"moisture": "%"},
+            {"gateway": "shed"},
+        ),
         ("c0ffee01", {"temp": 4.8, "batt": 2710, "device_seq": 55}, None, {"gateway": "shed"}),
-        ("THB2-5e7a11c4", {"temp": 24.9, "hum": 71, "batt": 2890, "device_seq": 4},
-         {"hum": "%"}, {"gateway": "greenhouse"})]
+        (
+            "THB2-5e7a11c4",
+            {"temp": 24.9, "hum": 71, "batt": 2890, "device_seq": 4},
+            {"hum": "%"},
+            {"gateway": "greenhouse"},
+        ),
+    ]
     assert all(r.tags == {} for r in got)  # the gateway is not part of the series
 
 
@@ -78,21 +126,29 @@ def test_a_payload_that_is_an_array_of_devices_and_an_object_keyed_by_device() -
     porch = [Captured("ble-hub/porch", js(PORCH))]
     (pattern,) = propose(porch)
     assert (pattern.levels, pattern.each, pattern.sensor_id) == (
-        ["ble-hub", "{gateway}"], None, ["{mac}"])
+        ["ble-hub", "{gateway}"],
+        None,
+        ["{mac}"],
+    )
     assert pattern.info == ["gateway", "model"]
     assert pattern.units == {"temperature_C": "°C", "humidity": "%", "battery_mV": "mV"}
     assert [(r.sensor_id, r.info) for r in readings(pattern, porch)] == [
         ("A4:C1:38:0B:5E:7A", {"model": "LYWSD03MMC", "gateway": "porch"}),
-        ("A4:C1:38:91:0C:33", {"model": "LYWSD03MMC", "gateway": "porch"})]
+        ("A4:C1:38:91:0C:33", {"model": "LYWSD03MMC", "gateway": "porch"}),
+    ]
     zigbee = [Captured("zb-hub/kitchen/tele/SENSOR", js(doc)) for doc in ZIGBEE]
     (pattern,) = propose(zigbee)
     assert (pattern.levels, pattern.each, pattern.sensor_id, pattern.drop) == (
-        ["zb-hub", "{gateway}", "tele", "SENSOR"], "ZbReceived", ["{_key}"], ["Device"])
+        ["zb-hub", "{gateway}", "tele", "SENSOR"],
+        "ZbReceived",
+        ["{_key}"],
+        ["Device"],
+    )
     assert pattern.units == {"Humidity": "%"}
     assert [(r.sensor_id, r.values) for r in readings(pattern, zigbee)] == [
-        ("0x2916", {"Temperature": 26.27, "Humidity": 47.73, "Endpoint": 1,
-                    "LinkQuality": 105}),
-        ("0x7120", {"Power": 1, "Endpoint": 1, "LinkQuality": 229})]
+        ("0x2916", {"Temperature": 26.27, "Humidity": 47.73, "Endpoint": 1, "LinkQuality": 105}),
+        ("0x7120", {"Power": 1, "Endpoint": 1, "LinkQuality": 229}),
+    ]
 
 
 def test_the_messages_time_dates_its_devices_and_a_narrowed_gateway_stays_info() -> None:
@@ -105,38 +161,46 @@ def test_the_messages_time_dates_its_devices_and_a_narrowed_gateway_stays_info()
     assert {r.ts.timestamp() for r in readings(pattern, messages)} == {sent}
     narrowed = pattern.narrowed(1, "shed", {"rf-gateway/shed/events"})
     assert narrowed.levels == ["rf-gateway", "shed", "events"]
-    assert {(r.info["gateway"], len(r.tags)) for r in readings(narrowed, messages)} == {
-        ("shed", 0)}
+    assert {(r.info["gateway"], len(r.tags)) for r in readings(narrowed, messages)} == {("shed", 0)}
 
 
 def test_arrays_that_do_not_list_devices_are_still_dropped() -> None:
     """An alarm list whose ids repeat under every machine names no device, and objects
     of objects keyed by sensor type (Tasmota's AM2301) are not devices: the topic level
     stays the device."""
-    alarms = [Captured(f"factory/press-{n}/telemetry",
-                       js({"rpm": 1200 + n, "alarms": [{"id": 1, "level": 2},
-                                                       {"id": 2, "level": 1}]}))
-              for n in (7, 8, 9)]
+    alarms = [
+        Captured(
+            f"factory/press-{n}/telemetry",
+            js({"rpm": 1200 + n, "alarms": [{"id": 1, "level": 2}, {"id": 2, "level": 1}]}),
+        )
+        for n in (7, 8, 9)
+    ]
     (pattern,) = propose(alarms)
     assert (pattern.levels, pattern.each) == (["factory", "{sensor_id}", "telemetry"], None)
     assert 'drop = ["alarms"]' in rule_text(pattern, "press", time.time())
-    types = [Captured(f"plug/{n}/SENSOR", js({"AM2301": {"Temperature": 21.5},
-                                               "DS18B20": {"Temperature": 19.0}}))
-             for n in ("a1", "b2")]
+    types = [
+        Captured(
+            f"plug/{n}/SENSOR",
+            js({"AM2301": {"Temperature": 21.5}, "DS18B20": {"Temperature": 19.0}}),
+        )
+        for n in ("a1", "b2")
+    ]
     (pattern,) = propose(types)
     assert (pattern.levels, pattern.each) == (["plug", "{sensor_id}", "SENSOR"], None)
 
 
 async def test_onboarding_gateways_that_list_their_devices_as_discover_proposes(
-        persistent: Broker, daemon: Callable[..., Daemon], mode: str, db: Any,
-        tmp_path: Path) -> None:
+    persistent: Broker, daemon: Callable[..., Daemon], mode: str, db: Any, tmp_path: Path
+) -> None:
     """Three gateways no preset knows, each listing its devices its own way: discover's
     proposal, applied unchanged, stores one reading per device under its own id, with
     the units the names give and the gateway as info."""
-    messages = [("rf-gateway/shed/events", js(SHED)),
-                ("rf-gateway/greenhouse/events", js(GREENHOUSE)),
-                ("ble-hub/porch", js(PORCH)),
-                *(("zb-hub/kitchen/tele/SENSOR", js(doc)) for doc in ZIGBEE)]
+    messages = [
+        ("rf-gateway/shed/events", js(SHED)),
+        ("rf-gateway/greenhouse/events", js(GREENHOUSE)),
+        ("ble-hub/porch", js(PORCH)),
+        *(("zb-hub/kitchen/tele/SENSOR", js(doc)) for doc in ZIGBEE),
+    ]
     text, report = await discover(persistent, [], messages)
     assert 'each = "devices"' in text
     assert 'each = "ZbReceived"' in text
@@ -148,27 +212,56 @@ async def test_onboarding_gateways_that_list_their_devices_as_discover_proposes(
     started = time.time()
     await send(persistent, messages)
     expected = [
-        ("THB2-a4c1381f", {"temp": 21.4, "hum": 48, "batt": 2950, "device_seq": 112},
-         {"hum": "%"}, {"gateway": "shed"}),
-        ("SOIL-38c1a2b7", {"moisture": 37, "temp": 11.9, "batt": 3010, "device_seq": 9},
-         {"moisture": "%"}, {"gateway": "shed"}),
+        (
+            "THB2-a4c1381f",
+            {"temp": 21.4, "hum": 48, "batt": 2950, "device_seq": 112},
+            {"hum": "%"},
+            {"gateway": "shed"},
+        ),
+        (
+            "SOIL-38c1a2b7",
+            {"moisture": 37, "temp": 11.9, "batt": 3010, "device_seq": 9},
+            {"moisture": "%"},
+            {"gateway": "shed"},
+        ),
         ("c0ffee01", {"temp": 4.8, "batt": 2710, "device_seq": 55}, None, {"gateway": "shed"}),
-        ("THB2-5e7a11c4", {"temp": 24.9, "hum": 71, "batt": 2890, "device_seq": 4},
-         {"hum": "%"}, {"gateway": "greenhouse"}),
-        *((d["mac"], {k: v for k, v in d.items() if k not in {"mac", "model"}},
-           {"temperature_C": "°C", "humidity": "%", "battery_mV": "mV"},
-           {"model": "LYWSD03MMC", "gateway": "porch"}) for d in PORCH),
-        ("0x2916", {"Temperature": 26.27, "Humidity": 47.73, "Endpoint": 1,
-                    "LinkQuality": 105}, {"Humidity": "%"}, {"gateway": "kitchen"}),
-        ("0x7120", {"Power": 1, "Endpoint": 1, "LinkQuality": 229}, None,
-         {"gateway": "kitchen"})]
+        (
+            "THB2-5e7a11c4",
+            {"temp": 24.9, "hum": 71, "batt": 2890, "device_seq": 4},
+            {"hum": "%"},
+            {"gateway": "greenhouse"},
+        ),
+        *(
+            (
+                d["mac"],
+                {k: v for k, v in d.items() if k not in {"mac", "model"}},
+                {"temperature_C": "°C", "humidity": "%", "battery_mV": "mV"},
+                {"model": "LYWSD03MMC", "gateway": "porch"},
+            )
+            for d in PORCH
+        ),
+        (
+            "0x2916",
+            {"Temperature": 26.27, "Humidity": 47.73, "Endpoint": 1, "LinkQuality": 105},
+            {"Humidity": "%"},
+            {"gateway": "kitchen"},
+        ),
+        ("0x7120", {"Power": 1, "Endpoint": 1, "LinkQuality": 229}, None, {"gateway": "kitchen"}),
+    ]
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == len(messages))
-    await eventually(lambda: proc.metric(
-        f'ingest_readings_written_total{{mode="{mode}"}}') == len(expected))
+    await eventually(
+        lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == len(expected)
+    )
     assert rejected(proc) == 0  # seq renamed, not refused
     message = Message("gateways", "", b"", "", (), ignored=False, rejections=())
-    await assert_stored(db, mode, [(message, Expected(sensor, "arrival", values, None, units,
-                                                      info))
-                                   for sensor, values, units, info in expected],
-                        0.0, (started, time.time()))
+    await assert_stored(
+        db,
+        mode,
+        [
+            (message, Expected(sensor, "arrival", values, None, units, info))
+            for sensor, values, units, info in expected
+        ],
+        0.0,
+        (started, time.time()),
+    )
     assert proc.stop() == 0

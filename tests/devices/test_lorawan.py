@@ -30,8 +30,9 @@ CS_TOPIC = "application/17c82e96-be03-4f38-aef3-f83d48582d97/device/010101010101
 def _documented(preset: str, rule: str) -> dict[str, Any]:
     """The first documented uplink of a preset's fixtures that gives a reading, as a dict."""
     t = base_time(time.time())
-    msg = next(m for m in load(preset, t) if m.rule == rule and m.readings
-               and m.readings[0].ts == "T")
+    msg = next(
+        m for m in load(preset, t) if m.rule == rule and m.readings and m.readings[0].ts == "T"
+    )
     doc: dict[str, Any] = orjson.loads(msg.payload)
     return doc
 
@@ -72,14 +73,17 @@ def test_chirpstack_uplink_without_an_object_is_a_counted_rejection(decoded: obj
 
 
 # (preset, topic, path to the descriptive field, its info name)
-IDENTITY = [("ttn", TTN_TOPIC, ("end_device_ids", "dev_eui"), "dev_eui"),
-            ("chirpstack", CS_TOPIC, ("deviceInfo", "deviceName"), "device_name")]
+IDENTITY = [
+    ("ttn", TTN_TOPIC, ("end_device_ids", "dev_eui"), "dev_eui"),
+    ("chirpstack", CS_TOPIC, ("deviceInfo", "deviceName"), "device_name"),
+]
 
 
 @pytest.mark.parametrize(("preset", "topic", "path", "name"), IDENTITY)
 @pytest.mark.parametrize("value", [None, 3.5, True, {"x": "y"}, ["a"]])
 def test_descriptive_ids_that_are_not_strings_are_left_out(
-        preset: str, topic: str, path: tuple[str, str], name: str, value: object) -> None:
+    preset: str, topic: str, path: tuple[str, str], name: str, value: object
+) -> None:
     """A DevEUI or device name that is null, a float, a boolean, an object or an array is
     absent: the reading is stored without it, under the topic's sensor id."""
     doc = _documented(preset, f"{preset}-up")
@@ -94,7 +98,8 @@ def test_descriptive_ids_that_are_not_strings_are_left_out(
 
 @pytest.mark.parametrize(("preset", "topic", "path", "name"), IDENTITY)
 def test_a_descriptive_id_that_is_an_integer_is_its_decimal_text(
-        preset: str, topic: str, path: tuple[str, str], name: str) -> None:
+    preset: str, topic: str, path: tuple[str, str], name: str
+) -> None:
     doc = _documented(preset, f"{preset}-up")
     doc[path[0]][path[1]] = 1234
     [reading] = _decode(preset, topic, doc).decoded.readings
@@ -103,7 +108,8 @@ def test_a_descriptive_id_that_is_an_integer_is_its_decimal_text(
 
 @pytest.mark.parametrize(("preset", "topic", "path", "name"), IDENTITY)
 def test_a_descriptive_id_beyond_the_tag_limit_refuses_the_reading(
-        preset: str, topic: str, path: tuple[str, str], name: str) -> None:
+    preset: str, topic: str, path: tuple[str, str], name: str
+) -> None:
     """A DevEUI or device name longer than a tag may be (ChirpStack's names are at most
     100 characters, DevEUIs 16): refused with a counted reason, never cut or stored."""
     doc = _documented(preset, f"{preset}-up")
@@ -111,15 +117,20 @@ def test_a_descriptive_id_beyond_the_tag_limit_refuses_the_reading(
     result = _decode(preset, topic, doc)
     assert result.decoded.readings == []
     assert [(r.reason, name in r.detail) for r in result.decoded.rejections] == [
-        ("bad_value", True)]
+        ("bad_value", True)
+    ]
     doc[path[0]][path[1]] = "é" * (MAX_TAG_BYTES // 2)
     [reading] = _decode(preset, topic, doc).decoded.readings
     assert reading.info == {name: "é" * (MAX_TAG_BYTES // 2)}
 
 
-@pytest.mark.parametrize(("preset", "topic"), [
-    ("ttn", "v3/app1@ttn/devices/{}/up"),
-    ("chirpstack", "application/17c82e96-be03-4f38-aef3-f83d48582d97/device/{}/event/up")])
+@pytest.mark.parametrize(
+    ("preset", "topic"),
+    [
+        ("ttn", "v3/app1@ttn/devices/{}/up"),
+        ("chirpstack", "application/17c82e96-be03-4f38-aef3-f83d48582d97/device/{}/event/up"),
+    ],
+)
 def test_a_device_level_too_long_for_a_sensor_id_is_refused(preset: str, topic: str) -> None:
     doc = _documented(preset, f"{preset}-up")
     result = _decode(preset, topic.format("d" * 129), doc)
@@ -142,8 +153,10 @@ def test_chirpstack_time_in_whole_seconds_and_with_an_offset() -> None:
     """chrono's to_rfc3339 writes no fraction for a whole second, and any offset."""
     doc = _documented("chirpstack", "chirpstack-up")
     t = int(base_time(time.time()))
-    for text in (time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t)),
-                 time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t + 7200)) + "+02:00"):
+    for text in (
+        time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t)),
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t + 7200)) + "+02:00",
+    ):
         doc["time"] = text
         [reading] = _decode("chirpstack", CS_TOPIC, doc).decoded.readings
         assert reading.epoch == t
@@ -160,8 +173,10 @@ def test_chirpstack_protobuf_marshaler_is_refused_as_not_json() -> None:
         if not seconds:
             break
     timestamp = b"\x08" + bytes(varint) + b"\x10\x95\x9a\xef\x3a"
-    payload = (b"\x0a\x243ac7e3c4-4401-4b8d-9386-a5c902f9202d"
-               b"\x12" + bytes([len(timestamp)]) + timestamp + b"\x40\x01")
+    payload = (
+        b"\x0a\x243ac7e3c4-4401-4b8d-9386-a5c902f9202d"
+        b"\x12" + bytes([len(timestamp)]) + timestamp + b"\x40\x01"
+    )
     result = _decode("chirpstack", CS_TOPIC, payload)
     assert result.decoded.readings == []
     assert _reasons(result) in (["invalid_utf8"], ["invalid_json"])
@@ -184,8 +199,10 @@ def test_chirpstack_codec_time_dates_the_reading_and_a_bad_one_is_counted() -> N
     not a time refuses the uplink as ``bad_timestamp``, counted."""
     doc = _documented("chirpstack", "chirpstack-up")
     t = base_time(time.time()) - 60
-    doc["object"] = {"temperature": 21.0,
-                     "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))}
+    doc["object"] = {
+        "temperature": 21.0,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t)),
+    }
     [reading] = _decode("chirpstack", CS_TOPIC, doc).decoded.readings
     assert (reading.epoch, reading.values) == (int(t), {"temperature": 21.0})
     doc["object"] = {"temperature": 21.0, "time": "12:00"}
@@ -201,29 +218,48 @@ def test_the_status_rule_in_the_docs_reads_chirpstack_status_events() -> None:
     block = re.search(r"```toml\n(# chirpstack-status, read.*?)```", docs, re.DOTALL)
     assert block is not None
     preset = (ROOT / "ingest" / "devices" / "presets" / "chirpstack.toml").read_text()
-    ignored = ('name = "chirpstack-status"\ntopic = "application/+/device/+/event/status"\n'
-               "ignore = true\n")
+    ignored = (
+        'name = "chirpstack-status"\ntopic = "application/+/device/+/event/status"\nignore = true\n'
+    )
     assert ignored in preset
     rules = parse(block.group(1), "docs") + parse(
-        preset.replace("[[rule]]\n" + ignored, ""), "copy")
+        preset.replace("[[rule]]\n" + ignored, ""), "copy"
+    )
     t = base_time(time.time())
-    status = orjson.dumps({
-        "deduplicationId": "bf2a9746-1c8b-49be-a92e-f0b89c8534e4",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S.250172638+00:00", time.gmtime(t)),
-        "deviceInfo": {"tenantId": "52f14cd4-c6f1-4fbd-8f87-4025e1d49242",
-                       "applicationId": "17c82e96-be03-4f38-aef3-f83d48582d97",
-                       "deviceName": "Test device", "devEui": "0101010101010101",
-                       "deviceClassEnabled": "CLASS_A", "tags": {}},
-        "margin": 10, "externalPowerSource": False, "batteryLevelUnavailable": False,
-        "batteryLevel": 88.3})
-    result = Mapping(rules).decode(CS_TOPIC.replace("/up", "/status"), status, time.time(),
-                                   Limits())
+    status = orjson.dumps(
+        {
+            "deduplicationId": "bf2a9746-1c8b-49be-a92e-f0b89c8534e4",
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S.250172638+00:00", time.gmtime(t)),
+            "deviceInfo": {
+                "tenantId": "52f14cd4-c6f1-4fbd-8f87-4025e1d49242",
+                "applicationId": "17c82e96-be03-4f38-aef3-f83d48582d97",
+                "deviceName": "Test device",
+                "devEui": "0101010101010101",
+                "deviceClassEnabled": "CLASS_A",
+                "tags": {},
+            },
+            "margin": 10,
+            "externalPowerSource": False,
+            "batteryLevelUnavailable": False,
+            "batteryLevel": 88.3,
+        }
+    )
+    result = Mapping(rules).decode(
+        CS_TOPIC.replace("/up", "/status"), status, time.time(), Limits()
+    )
     assert result.decoded.rejections == []
     [reading] = result.decoded.readings
     assert (reading.sensor_id, reading.values, reading.info, reading.ms) == (
-        "0101010101010101", {"margin": 10, "externalPowerSource": False,
-                             "batteryLevelUnavailable": False, "batteryLevel": 88.3},
-        {"device_name": "Test device"}, round(t * 1000))
+        "0101010101010101",
+        {
+            "margin": 10,
+            "externalPowerSource": False,
+            "batteryLevelUnavailable": False,
+            "batteryLevel": 88.3,
+        },
+        {"device_name": "Test device"},
+        round(t * 1000),
+    )
 
 
 def test_the_benchmark_uplinks_are_fully_decoded_by_the_ttn_preset() -> None:
@@ -240,7 +276,10 @@ def test_the_benchmark_uplinks_are_fully_decoded_by_the_ttn_preset() -> None:
     readings = [reading for r in results for reading in r.decoded.readings]
     assert len(readings) == 30
     assert len({r.sensor_id for r in readings}) == 7
-    assert all(set(r.values) == {"temperature", "humidity", "battery", "light"}
-               and r.tags == {"application": "bench-app@ttn"} and r.info is not None
-               for r in readings)
+    assert all(
+        set(r.values) == {"temperature", "humidity", "battery", "light"}
+        and r.tags == {"application": "bench-app@ttn"}
+        and r.info is not None
+        for r in readings
+    )
     assert [r.ms for r in readings] == list(range(readings[0].ms or 0, (readings[0].ms or 0) + 30))

@@ -45,31 +45,55 @@ format = "senml"
 """
 
 
-def z2m(seconds: int, battery: int, *, low: bool, temperature: float, state: str,
-        inner: float) -> bytes:
-    return orjson.dumps({
-        "time": int((HOUR + seconds) * 1000) + 500, "battery": battery, "battery_low": low,
-        "occupancy": True, "temperature": temperature, "linkquality": 134,
-        "update": {"state": state}, "AM2301": {"Humidity": inner}, "last_seen": "now"})
+def z2m(
+    seconds: int, battery: int, *, low: bool, temperature: float, state: str, inner: float
+) -> bytes:
+    return orjson.dumps(
+        {
+            "time": int((HOUR + seconds) * 1000) + 500,
+            "battery": battery,
+            "battery_low": low,
+            "occupancy": True,
+            "temperature": temperature,
+            "linkquality": 134,
+            "update": {"state": state},
+            "AM2301": {"Humidity": inner},
+            "last_seen": "now",
+        }
+    )
 
 
 async def test_mapped_messages_are_stored_with_their_kinds_tags_units_and_exact_stats(
-        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any,
-        tmp_path: Path) -> None:
+    daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any, tmp_path: Path
+) -> None:
     mapping = tmp_path / "mapping.toml"
     mapping.write_text(MAPPING.format(root=topic_root))
     proc = daemon("--mapping", str(mapping))
-    senml = [{"bn": "urn:dev:mac:0024befffe804ff1:", "bt": HOUR + 30, "n": "temp",
-              "u": "Cel", "v": 22.5}, {"n": "door", "vb": True}]
-    await publish([
-        (f"{topic_root}/z2m/Living Room",
-         z2m(10, 100, low=False, temperature=21.7, state="idle", inner=40.5)),
-        (f"{topic_root}/z2m/Living Room",
-         z2m(20, 99, low=True, temperature=22.1, state="updating", inner=41.5)),
-        (f"{topic_root}/z2m/bridge/state", b"online"),
-        (f"{topic_root}/senml/gw", orjson.dumps(senml)),
-        (f"{topic_root}/nobody/x", b"1"),
-    ])
+    senml = [
+        {
+            "bn": "urn:dev:mac:0024befffe804ff1:",
+            "bt": HOUR + 30,
+            "n": "temp",
+            "u": "Cel",
+            "v": 22.5,
+        },
+        {"n": "door", "vb": True},
+    ]
+    await publish(
+        [
+            (
+                f"{topic_root}/z2m/Living Room",
+                z2m(10, 100, low=False, temperature=21.7, state="idle", inner=40.5),
+            ),
+            (
+                f"{topic_root}/z2m/Living Room",
+                z2m(20, 99, low=True, temperature=22.1, state="updating", inner=41.5),
+            ),
+            (f"{topic_root}/z2m/bridge/state", b"online"),
+            (f"{topic_root}/senml/gw", orjson.dumps(senml)),
+            (f"{topic_root}/nobody/x", b"1"),
+        ]
+    )
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 5)
     assert proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 3
     assert proc.metric('ingest_messages_ignored_total{rule="bridge"}') == 1
@@ -154,8 +178,8 @@ format = "senml"
 
 
 async def test_values_beyond_the_bound_are_refused_on_every_path_and_sums_stay_finite(
-        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any,
-        tmp_path: Path) -> None:
+    daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any, tmp_path: Path
+) -> None:
     """±1e300 bounds every format (two 1.7e308 would make a bucket's stats sum Infinity),
     the mapping formats and Sparkplug doubles as the default format."""
     from loadgen import sparkplug as enc  # noqa: PLC0415 - only this test publishes Sparkplug
@@ -163,35 +187,62 @@ async def test_values_beyond_the_bound_are_refused_on_every_path_and_sums_stay_f
 
     mapping = tmp_path / "bounds.toml"
     mapping.write_text(BOUNDS.format(root=topic_root))
-    proc = daemon("--mapping", str(mapping), "--preset", "sparkplug",
-                  "--topic", f"spBv1.0/{topic_root}/#")
+    proc = daemon(
+        "--mapping", str(mapping), "--preset", "sparkplug", "--topic", f"spBv1.0/{topic_root}/#"
+    )
     t0 = int(HOUR * 1000)
     huge = 1.7e308
-    await publish([
-        *[(f"{topic_root}/json/j", orjson.dumps({"v": huge, "ok": i})) for i in range(2)],
-        *[(f"{topic_root}/value/w/v", repr(huge).encode()) for _ in range(2)],
-        (f"{topic_root}/value/w/v", b"1" + b"0" * 400),  # an integer no double holds
-        (f"{topic_root}/value/w/ok", b"3"),
-        (f"{topic_root}/senml/s", orjson.dumps(
-            [{"bn": "s:", "bt": HOUR, "bv": huge, "n": "v", "v": huge},
-             {"n": "ok", "v": 1, "bv": 0}])),
-        (enc.topic(topic_root, "NBIRTH", "E"), enc.nbirth(
-            [Metric("v", 1, t0, enc.DOUBLE, huge), Metric("ok", 2, t0, enc.INT32, 1)],
-            bd_seq=0, timestamp=t0)),
-        (enc.topic(topic_root, "NDATA", "E"), enc.payload(
-            [Metric(alias=1, timestamp=t0 + 1, datatype=enc.DOUBLE, value=huge),
-             Metric(alias=2, timestamp=t0 + 1, datatype=enc.INT32, value=2)], t0 + 1, 1)),
-    ])
+    await publish(
+        [
+            *[(f"{topic_root}/json/j", orjson.dumps({"v": huge, "ok": i})) for i in range(2)],
+            *[(f"{topic_root}/value/w/v", repr(huge).encode()) for _ in range(2)],
+            (f"{topic_root}/value/w/v", b"1" + b"0" * 400),  # an integer no double holds
+            (f"{topic_root}/value/w/ok", b"3"),
+            (
+                f"{topic_root}/senml/s",
+                orjson.dumps(
+                    [
+                        {"bn": "s:", "bt": HOUR, "bv": huge, "n": "v", "v": huge},
+                        {"n": "ok", "v": 1, "bv": 0},
+                    ]
+                ),
+            ),
+            (
+                enc.topic(topic_root, "NBIRTH", "E"),
+                enc.nbirth(
+                    [Metric("v", 1, t0, enc.DOUBLE, huge), Metric("ok", 2, t0, enc.INT32, 1)],
+                    bd_seq=0,
+                    timestamp=t0,
+                ),
+            ),
+            (
+                enc.topic(topic_root, "NDATA", "E"),
+                enc.payload(
+                    [
+                        Metric(alias=1, timestamp=t0 + 1, datatype=enc.DOUBLE, value=huge),
+                        Metric(alias=2, timestamp=t0 + 1, datatype=enc.INT32, value=2),
+                    ],
+                    t0 + 1,
+                    1,
+                ),
+            ),
+        ]
+    )
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 9)
     rejects = await db["rejects"].find({}, {"reason": 1, "detail": 1}).to_list()
     assert sorted((r["reason"], r["detail"]) for r in rejects) == sorted(
         [("bad_value", "v: not a finite number within ±1e300")] * 8
-        + [("no_measurements", "no measurement left to store")] * 3), rejects
+        + [("no_measurements", "no measurement left to store")] * 3
+    ), rejects
     coll = db[COLLECTION[mode]]
     if mode == "bucket":
         docs = await coll.find({}).to_list()
         assert {d["sensor_id"]: d["count"] for d in docs} == {
-            "j": 2, "w": 1, "s": 1, f"{topic_root}/E": 2}
+            "j": 2,
+            "w": 1,
+            "s": 1,
+            f"{topic_root}/E": 2,
+        }
         sums = [s["sum"] for d in docs for s in d["stats"].values()]
         assert all(abs(s) < 1e300 for s in sums), sums
     else:
@@ -218,16 +269,34 @@ format = "epoch_s"
 
 
 async def test_one_gateway_message_stores_each_device_under_its_own_id_with_units(
-        daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any,
-        tmp_path: Path) -> None:
+    daemon: Callable[..., Daemon], mode: str, publish: Any, topic_root: str, db: Any, tmp_path: Path
+) -> None:
     """Identity, time, units and names from the payload (docs/mapping.md), both layouts."""
     mapping = tmp_path / "mapping.toml"
     mapping.write_text(GATEWAY.format(root=topic_root))
     proc = daemon("--mapping", str(mapping))
-    await publish([(f"{topic_root}/gw/attic", orjson.dumps({"time": HOUR + 60, "devices": [
-        {"model": "Nexus-TH", "id": 7, "temperature_C": 20.5, "seq": 1},
-        {"model": "Nexus-TH", "id": 8, "temperature_C": 19.0, "time": HOUR + 61},
-        {"id": 9, "temperature_C": 18.0}]}))])
+    await publish(
+        [
+            (
+                f"{topic_root}/gw/attic",
+                orjson.dumps(
+                    {
+                        "time": HOUR + 60,
+                        "devices": [
+                            {"model": "Nexus-TH", "id": 7, "temperature_C": 20.5, "seq": 1},
+                            {
+                                "model": "Nexus-TH",
+                                "id": 8,
+                                "temperature_C": 19.0,
+                                "time": HOUR + 61,
+                            },
+                            {"id": 9, "temperature_C": 18.0},
+                        ],
+                    }
+                ),
+            )
+        ]
+    )
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)
     assert proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 2
     assert proc.metric('ingest_readings_rejected_total{reason="no_sensor_id"}') == 1
@@ -239,9 +308,12 @@ async def test_one_gateway_message_stores_each_device_under_its_own_id_with_unit
         reading = doc["readings"][0] if mode == "bucket" else doc
         assert doc["units"] == {"temperature_C": "°C"}
         assert doc["info"] == {"gw": "attic"}
-        found[sensor] = {k: v for k, v in reading.items()
-                         if k in {"temperature_C", "dev_seq", "id", "model"}}
+        found[sensor] = {
+            k: v for k, v in reading.items() if k in {"temperature_C", "dev_seq", "id", "model"}
+        }
         found[sensor]["ts"] = reading["ts"].timestamp()
-    assert found == {"Nexus-TH-7": {"temperature_C": 20.5, "dev_seq": 1, "ts": HOUR + 60},
-                     "Nexus-TH-8": {"temperature_C": 19.0, "ts": HOUR + 61}}
+    assert found == {
+        "Nexus-TH-7": {"temperature_C": 20.5, "dev_seq": 1, "ts": HOUR + 60},
+        "Nexus-TH-8": {"temperature_C": 19.0, "ts": HOUR + 61},
+    }
     assert proc.stop() == 0

@@ -90,8 +90,9 @@ root = "up.data"
 field = "at"
 """
 MAPPING = Mapping(parse(RULES, "fuzz"))
-SETTINGS = settings(max_examples=300,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=300, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 def checked(topic: str, payload: bytes, now: float = NOW) -> Result:
@@ -132,11 +133,20 @@ def checked(topic: str, payload: bytes, now: float = NOW) -> Result:
 
 
 levels = st.text(st.characters(codec="utf-8", exclude_characters="/"), max_size=300)
-json_scalar = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70),
-                        st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=300))
-json_value = st.recursive(json_scalar, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=80), inner, max_size=6)),
-    max_leaves=60)
+json_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=300),
+)
+json_value = st.recursive(
+    json_scalar,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=80), inner, max_size=6)
+    ),
+    max_leaves=60,
+)
 
 
 def dumps(value: Any) -> bytes:
@@ -145,25 +155,33 @@ def dumps(value: Any) -> bytes:
 
 
 @SETTINGS
-@given(prefix=st.sampled_from(["z", "tz", "v", "s", "i", "g", "u", "z/bridge", "$SYS", ""]),
-       parts=st.lists(levels, max_size=5), payload=json_value)
+@given(
+    prefix=st.sampled_from(["z", "tz", "v", "s", "i", "g", "u", "z/bridge", "$SYS", ""]),
+    parts=st.lists(levels, max_size=5),
+    payload=json_value,
+)
 def test_any_topic_and_json_payload(prefix: str, parts: list[str], payload: Any) -> None:
     checked("/".join([prefix, *parts]), dumps(payload))
 
 
 @SETTINGS
 @given(devices=json_value, top=st.dictionaries(st.text(max_size=40), json_value, max_size=4))
-def test_payload_identities_of_any_gateway_or_uplink(devices: Any, top: dict[str, Any]
-                                                     ) -> None:
+def test_payload_identities_of_any_gateway_or_uplink(devices: Any, top: dict[str, Any]) -> None:
     """Device ids, tags and units taken from payload fields stay text, bounded and safe."""
     checked("g/gw1", dumps({**top, "devices": devices}))
     checked("u/dev1", dumps({**top, "up": {"data": devices}}))
 
 
 @SETTINGS
-@given(obj=st.dictionaries(st.text(max_size=100), json_value, max_size=30),
-       t=st.one_of(st.integers(-(2**80), 2**80), st.floats(), st.text(max_size=80),
-                   st.sampled_from(["2026-11-21T10:00:00", "1795251600500", "nan", ""])))
+@given(
+    obj=st.dictionaries(st.text(max_size=100), json_value, max_size=30),
+    t=st.one_of(
+        st.integers(-(2**80), 2**80),
+        st.floats(),
+        st.text(max_size=80),
+        st.sampled_from(["2026-11-21T10:00:00", "1795251600500", "nan", ""]),
+    ),
+)
 def test_json_objects_with_any_time_value(obj: dict[str, Any], t: Any) -> None:
     obj["t"] = t
     for topic in ("z/dev", "tz/kitchen/dev"):
@@ -171,8 +189,10 @@ def test_json_objects_with_any_time_value(obj: dict[str, Any], t: Any) -> None:
 
 
 @SETTINGS
-@given(unit=st.sampled_from([1, 1000, 1_000_000, 1_000_000_000]),
-       offset=st.floats(-3e7, 500, allow_nan=False))
+@given(
+    unit=st.sampled_from([1, 1000, 1_000_000, 1_000_000_000]),
+    offset=st.floats(-3e7, 500, allow_nan=False),
+)
 def test_timestamps_in_every_unit_land_where_they_say(unit: int, offset: float) -> None:
     epoch = NOW + offset
     raw = int(epoch * unit)
@@ -188,8 +208,7 @@ def test_deep_wide_long_and_huge_payloads_are_bounded() -> None:
     assert [r.reason for r in result.decoded.rejections] == ["bad_value"]
     assert "nested deeper than 16" in result.decoded.rejections[0].detail
     nested_5000 = b'{"a":' * 5000 + b"1" + b"}" * 5000
-    assert [r.reason for r in checked("z/dev", nested_5000).decoded.rejections] == [
-        "invalid_json"]
+    assert [r.reason for r in checked("z/dev", nested_5000).decoded.rejections] == ["invalid_json"]
     wide = {f"k{i}": i for i in range(MAX_FIELDS + 1)}
     result = checked("z/dev", orjson.dumps(wide))
     assert [r.reason for r in result.decoded.rejections] == ["bad_shape"]
@@ -201,8 +220,7 @@ def test_deep_wide_long_and_huge_payloads_are_bounded() -> None:
     strings = checked("z/dev", orjson.dumps({"s": "é" * 40, "n": 1}))
     assert [r.reason for r in strings.decoded.rejections] == ["bad_value"]  # 80 bytes > 64
     many = orjson.dumps([{"x": i} for i in range(LIMITS.max_readings + 1)])
-    assert [r.reason for r in checked("z/dev", many).decoded.rejections] == [
-        "too_many_readings"]
+    assert [r.reason for r in checked("z/dev", many).decoded.rejections] == ["too_many_readings"]
 
 
 def test_the_topic_cache_stays_bounded(monkeypatch: Any) -> None:
@@ -222,9 +240,29 @@ def test_any_bytes_as_a_plain_value(payload: bytes, measurement: str) -> None:
 
 
 senml_record = st.dictionaries(
-    st.sampled_from(["bn", "bt", "bu", "bv", "bs", "bver", "n", "u", "v", "vs", "vb", "vd",
-                     "s", "t", "ut", "x_"]),
-    st.one_of(json_scalar, st.sampled_from(["urn:dev:x:", "temp", "a/b", ""])), max_size=8)
+    st.sampled_from(
+        [
+            "bn",
+            "bt",
+            "bu",
+            "bv",
+            "bs",
+            "bver",
+            "n",
+            "u",
+            "v",
+            "vs",
+            "vb",
+            "vd",
+            "s",
+            "t",
+            "ut",
+            "x_",
+        ]
+    ),
+    st.one_of(json_scalar, st.sampled_from(["urn:dev:x:", "temp", "a/b", ""])),
+    max_size=8,
+)
 
 
 @SETTINGS
@@ -233,7 +271,7 @@ def test_any_senml_pack(records: list[dict[str, Any]]) -> None:
     checked("s/gw", dumps(records))
 
 
-line_text = st.text(st.sampled_from(list('ab=, \\"\'#tTfF0123456789.-+eiu\nxé')), max_size=200)
+line_text = st.text(st.sampled_from(list("ab=, \\\"'#tTfF0123456789.-+eiu\nxé")), max_size=200)
 
 
 @SETTINGS
@@ -244,8 +282,11 @@ def test_any_line_protocol_text(text: str, site: str) -> None:
 
 
 @SETTINGS
-@given(ms=st.one_of(st.integers(-(6 * 10**13), 6 * 10**13),
-                    st.integers(3_999_999_999_000, 4_000_000_001_000)))
+@given(
+    ms=st.one_of(
+        st.integers(-(6 * 10**13), 6 * 10**13), st.integers(3_999_999_999_000, 4_000_000_001_000)
+    )
+)
 def test_millisecond_timestamps_are_exact(ms: int) -> None:
     from datetime import UTC, datetime, timedelta  # noqa: PLC0415
 
@@ -258,16 +299,22 @@ def test_millisecond_timestamps_are_exact(ms: int) -> None:
 
 
 filter_level = st.sampled_from(["a", "b", "$s", "+"])
-mqtt_filter = st.builds(lambda levels, tail: "/".join(levels + (["#"] if tail else [])),
-                        st.lists(filter_level, min_size=1, max_size=4), st.booleans())
+mqtt_filter = st.builds(
+    lambda levels, tail: "/".join(levels + (["#"] if tail else [])),
+    st.lists(filter_level, min_size=1, max_size=4),
+    st.booleans(),
+)
 topic_level = st.sampled_from(["a", "b", "c", "$s", ""])
 
 
 @SETTINGS
-@given(filters=st.lists(mqtt_filter, min_size=1, max_size=6),
-       topics=st.lists(st.lists(topic_level, min_size=1, max_size=5), max_size=30))
-def test_subscriptions_cover_every_filter_and_never_overlap(filters: list[str],
-                                                            topics: list[list[str]]) -> None:
+@given(
+    filters=st.lists(mqtt_filter, min_size=1, max_size=6),
+    topics=st.lists(st.lists(topic_level, min_size=1, max_size=5), max_size=30),
+)
+def test_subscriptions_cover_every_filter_and_never_overlap(
+    filters: list[str], topics: list[list[str]]
+) -> None:
     from paho.mqtt.client import topic_matches_sub  # noqa: PLC0415
 
     from ingest.devices.mapping import disjoint_filters  # noqa: PLC0415
@@ -285,9 +332,24 @@ def test_subscriptions_cover_every_filter_and_never_overlap(filters: list[str],
 
 RESERVED = {"sensor_id", "units", "_id"}
 tag_key = st.one_of(
-    st.sampled_from(["sensor_id", "units", "_id", "_sensor_id", "probe.id", "probe_id",
-                     "probe id", "site", "zone", "k" * 64, "k" * 65, "x.y" * 22]),
-    st.text(st.sampled_from(list("ab._- é,")), min_size=1, max_size=6))
+    st.sampled_from(
+        [
+            "sensor_id",
+            "units",
+            "_id",
+            "_sensor_id",
+            "probe.id",
+            "probe_id",
+            "probe id",
+            "site",
+            "zone",
+            "k" * 64,
+            "k" * 65,
+            "x.y" * 22,
+        ]
+    ),
+    st.text(st.sampled_from(list("ab._- é,")), min_size=1, max_size=6),
+)
 tag_value = st.text(st.sampled_from(list("xyz019")), min_size=1, max_size=4)
 
 
@@ -306,19 +368,27 @@ def escaped(text: str) -> str:
 
 
 @SETTINGS
-@given(tags=st.dictionaries(tag_key, tag_value, max_size=6), capture=st.booleans(),
-       constant=st.booleans(), by_tag=st.booleans(), site=tag_value)
+@given(
+    tags=st.dictionaries(tag_key, tag_value, max_size=6),
+    capture=st.booleans(),
+    constant=st.booleans(),
+    by_tag=st.booleans(),
+    site=tag_value,
+)
 def test_every_line_tag_is_kept_under_a_name_of_its_own_or_the_line_refused(
-        tags: dict[str, str], capture: bool, constant: bool, by_tag: bool, site: str) -> None:
+    tags: dict[str, str], capture: bool, constant: bool, by_tag: bool, site: str
+) -> None:
     """Under a generated influx rule (a topic capture, a constant tag, the sensor id from
     a tag or from host), every tag of a line is stored under its documented name, one
     name per tag, or the line is refused as ``bad_tag_name``: never a tag left out."""
     tags.pop("host", None)
     tags.pop("dev", None)
-    rule = ('[[rule]]\nname = "gen"\nformat = "influx"\n'
-            + ('topic = "i2/{site}"\n' if capture else 'topic = "i2/+"\n')
-            + ('sensor_id = "{tag.dev}"\n' if by_tag else "")
-            + ('[rule.tags]\nzone = "z1"\n' if constant else ""))
+    rule = (
+        '[[rule]]\nname = "gen"\nformat = "influx"\n'
+        + ('topic = "i2/{site}"\n' if capture else 'topic = "i2/+"\n')
+        + ('sensor_id = "{tag.dev}"\n' if by_tag else "")
+        + ('[rule.tags]\nzone = "z1"\n' if constant else "")
+    )
     mapping = Mapping(parse(rule, "gen"))
     line_tags = {"host": "h", "dev": "d", **tags}
     text = "m," + ",".join(f"{escaped(k)}={escaped(v)}" for k, v in line_tags.items())
@@ -326,9 +396,11 @@ def test_every_line_tag_is_kept_under_a_name_of_its_own_or_the_line_refused(
     topic_tags = {**({"site": site} if capture else {}), **({"zone": "z1"} if constant else {})}
     kept = {k: v for k, v in line_tags.items() if k != ("dev" if by_tag else "host")}
     names = [stored_tag_name(k) for k in kept]
-    refused = (None in names or len(set(names)) < len(names)
-               or any(topic_tags.get(n, v) != v for n, v in zip(names, kept.values(),
-                                                                strict=True)))
+    refused = (
+        None in names
+        or len(set(names)) < len(names)
+        or any(topic_tags.get(n, v) != v for n, v in zip(names, kept.values(), strict=True))
+    )
     if refused:
         assert result.decoded.readings == []
         assert [r.reason for r in result.decoded.rejections] == ["bad_tag_name"]
@@ -340,21 +412,31 @@ def test_every_line_tag_is_kept_under_a_name_of_its_own_or_the_line_refused(
 
 
 kind_name = st.sampled_from(["t", "h", "o", "s", "x"])
-kind_value = st.one_of(st.booleans(), st.integers(-(2**70), 2**70),
-                       st.floats(allow_nan=False, allow_infinity=False),
-                       st.sampled_from(["ON", "OFF", "warm", "NaN", "21.5", "", "é" * 30]),
-                       st.lists(st.integers(), max_size=2))
+kind_value = st.one_of(
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(["ON", "OFF", "warm", "NaN", "21.5", "", "é" * 30]),
+    st.lists(st.integers(), max_size=2),
+)
 FITS = {"number": (int, float), "boolean": (bool,), "string": (str,)}
 
 
 @SETTINGS
-@given(declared=st.dictionaries(kind_name, st.sampled_from(list(FITS)), max_size=5),
-       wildcard=st.sampled_from([None, *FITS]), strings=st.sampled_from(["keep", "drop",
-                                                                          "reject"]),
-       mapped=st.booleans(), fields=st.dictionaries(kind_name, kind_value, min_size=1))
+@given(
+    declared=st.dictionaries(kind_name, st.sampled_from(list(FITS)), max_size=5),
+    wildcard=st.sampled_from([None, *FITS]),
+    strings=st.sampled_from(["keep", "drop", "reject"]),
+    mapped=st.booleans(),
+    fields=st.dictionaries(kind_name, kind_value, min_size=1),
+)
 def test_declared_kinds_hold_for_any_value_under_any_generated_rule(
-        declared: dict[str, str], wildcard: str | None, strings: str, mapped: bool,
-        fields: dict[str, Any]) -> None:
+    declared: dict[str, str],
+    wildcard: str | None,
+    strings: str,
+    mapped: bool,
+    fields: dict[str, Any],
+) -> None:
     """Under a generated json rule with ``[rule.types]`` (names, then maybe ``*``), a
     value map and any ``strings``: a declared measurement is stored only with its kind,
     every other value of it is refused as ``bad_value`` naming it; undeclared ones as
@@ -366,20 +448,22 @@ def test_declared_kinds_hold_for_any_value_under_any_generated_rule(
         by_kind.setdefault(wildcard, []).append("*")
     table = "".join(f"{kind} = {json.dumps(names)}\n" for kind, names in by_kind.items())
     values = "[rule.values]\nON = true\nOFF = 0\n" if mapped else ""
-    rule = (f'[[rule]]\nname = "gen"\ntopic = "k/{{sensor_id}}"\nstrings = "{strings}"\n'
-            f'max_string_bytes = 32\n{values}' + (f"[rule.types]\n{table}" if table else ""))
+    rule = (
+        f'[[rule]]\nname = "gen"\ntopic = "k/{{sensor_id}}"\nstrings = "{strings}"\n'
+        f"max_string_bytes = 32\n{values}" + (f"[rule.types]\n{table}" if table else "")
+    )
     mapping = Mapping(parse(rule, "gen"))
     result = mapping.decode("k/dev", dumps(fields), NOW, LIMITS)
     stored = result.decoded.readings[0].values if result.decoded.readings else {}
-    refused = {r.detail.split(":")[0] for r in result.decoded.rejections
-               if r.reason == "bad_value"}
+    refused = {r.detail.split(":")[0] for r in result.decoded.rejections if r.reason == "bad_value"}
     kinds = [(n, k) for k, names in by_kind.items() for n in names]
     for name, value in fields.items():
         kind = next((k for glob, k in kinds if glob in {name, "*"}), None)
         if kind is None:
             continue
-        given = {"ON": True, "OFF": 0}.get(value, value) if (
-            mapped and type(value) is str) else value
+        given = (
+            {"ON": True, "OFF": 0}.get(value, value) if (mapped and type(value) is str) else value
+        )
         if type(given) not in FITS[kind]:
             assert name not in stored
             assert name in refused, (name, given, kind, result.decoded.rejections)
@@ -387,7 +471,8 @@ def test_declared_kinds_hold_for_any_value_under_any_generated_rule(
             assert name not in stored
             assert name not in refused
         elif (kind == "string" and (strings == "reject" or len(given.encode()) > 32)) or (
-                kind == "number" and abs(given) > 1e300):
+            kind == "number" and abs(given) > 1e300
+        ):
             assert name not in stored
             assert name in refused
         else:  # an integer beyond 64 bits is stored as a double

@@ -47,47 +47,113 @@ RULES = [
     TTN,
     TTN.replace('info = ["dev_eui"]', 'info = ["dev_eui", "application"]'),
     TTN.replace('info = ["dev_eui"]\n', ""),  # an identity tag from the payload
-    TTN.replace('dev_eui = "{end_device_ids.dev_eui}"',
-                'dev_eui = "{end_device_ids.dev_eui}"\nmodel = "m-{end_device_ids.model}"'),
+    TTN.replace(
+        'dev_eui = "{end_device_ids.dev_eui}"',
+        'dev_eui = "{end_device_ids.dev_eui}"\nmodel = "m-{end_device_ids.model}"',
+    ),
     TTN.replace('info = ["dev_eui"]', 'info = ["dev_eui"]\nsensor_id = "{end_device_ids.id}"'),
     TTN + '[rule.units]\ntemperature = "Cel"\n',
-    ('[[rule]]\nname = "plain"\ntopic = "p/{site}/{sensor_id}"\ninfo = ["site"]\n'
-     '[rule.time]\nfield = "t"\nformat = "auto"\n'),
+    (
+        '[[rule]]\nname = "plain"\ntopic = "p/{site}/{sensor_id}"\ninfo = ["site"]\n'
+        '[rule.time]\nfield = "t"\nformat = "auto"\n'
+    ),
     '[[rule]]\nname = "plain"\ntopic = "p/{site}/{sensor_id}"\n',
 ]
-TOPICS = ["v3/app@ttn/devices/dev-1/up", "v3/" + "a" * 300 + "/devices/d/up",
-          "p/site/s1", "p/é/s2", "v3/x/devices/bad id/up"]
+TOPICS = [
+    "v3/app@ttn/devices/dev-1/up",
+    "v3/" + "a" * 300 + "/devices/d/up",
+    "p/site/s1",
+    "p/é/s2",
+    "v3/x/devices/bad id/up",
+]
 
 TIMES: st.SearchStrategy[Any] = st.one_of(
-    st.none(), st.sampled_from([
-        "2026-11-27T10:00:00.123456789Z", "2026-11-27T10:00:00Z", "2026-11-27T10:00:00+02:00",
-        "2026-11-27T10:00:00", "1790000000", "1790000000123", " 1790000000 ", "nonsense", "",
-        "1990-01-01T00:00:00Z", "9999-12-31T23:59:59Z", "2026-11-27T10:00:00.5Z" * 4]),
-    st.sampled_from([NOW, NOW + 0.0005, 1_790_000_000_123, 1_790_000_000_123_456_789, 2**70,
-                     float("nan"), float("inf"), -1.0, True, 0]),
-    st.integers(), st.floats(), st.text(max_size=30), st.lists(st.integers(), max_size=1))
-TAG_TEXT = st.one_of(st.sampled_from(["70B3D57ED0000001", "", "é" * 64, "é" * 129, "a" * 256,
-                                      "a" * 257, "\ud800", "x\udcffy"]),
-                     st.text(max_size=8))
-FIELDS = st.dictionaries(st.sampled_from(["temperature", "hum", "a b", "seq", "x" * 70]),
-                         st.one_of(st.floats(), st.integers(), st.booleans(), st.none(),
-                                   st.text(max_size=3), st.lists(st.integers(), max_size=1)),
-                         max_size=4)
-CONTEXT = st.one_of(st.none(), st.dictionaries(
-    st.sampled_from(["end_device_ids.dev_eui", "end_device_ids.model", "end_device_ids.id",
-                     "application", "sensor_id", "site"]), TAG_TEXT, max_size=4))
+    st.none(),
+    st.sampled_from(
+        [
+            "2026-11-27T10:00:00.123456789Z",
+            "2026-11-27T10:00:00Z",
+            "2026-11-27T10:00:00+02:00",
+            "2026-11-27T10:00:00",
+            "1790000000",
+            "1790000000123",
+            " 1790000000 ",
+            "nonsense",
+            "",
+            "1990-01-01T00:00:00Z",
+            "9999-12-31T23:59:59Z",
+            "2026-11-27T10:00:00.5Z" * 4,
+        ]
+    ),
+    st.sampled_from(
+        [
+            NOW,
+            NOW + 0.0005,
+            1_790_000_000_123,
+            1_790_000_000_123_456_789,
+            2**70,
+            float("nan"),
+            float("inf"),
+            -1.0,
+            True,
+            0,
+        ]
+    ),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=30),
+    st.lists(st.integers(), max_size=1),
+)
+TAG_TEXT = st.one_of(
+    st.sampled_from(
+        ["70B3D57ED0000001", "", "é" * 64, "é" * 129, "a" * 256, "a" * 257, "\ud800", "x\udcffy"]
+    ),
+    st.text(max_size=8),
+)
+FIELDS = st.dictionaries(
+    st.sampled_from(["temperature", "hum", "a b", "seq", "x" * 70]),
+    st.one_of(
+        st.floats(),
+        st.integers(),
+        st.booleans(),
+        st.none(),
+        st.text(max_size=3),
+        st.lists(st.integers(), max_size=1),
+    ),
+    max_size=4,
+)
+CONTEXT = st.one_of(
+    st.none(),
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "end_device_ids.dev_eui",
+                "end_device_ids.model",
+                "end_device_ids.id",
+                "application",
+                "sensor_id",
+                "site",
+            ]
+        ),
+        TAG_TEXT,
+        max_size=4,
+    ),
+)
 
 
 @st.composite
 def an_item(draw: st.DrawFn) -> Item:
     return Item(
-        draw(FIELDS), draw(TIMES), draw(st.none() | st.sampled_from([NOW, 1e300, 5.0])),
+        draw(FIELDS),
+        draw(TIMES),
+        draw(st.none() | st.sampled_from([NOW, 1e300, 5.0])),
         draw(st.none() | st.sampled_from(["s9", "bad id"])),
-        draw(st.none() | st.dictionaries(st.sampled_from(["host", "ts"]), TAG_TEXT,
-                                         max_size=1)),
-        draw(st.none() | st.just({}) | st.just({"temperature": "K"})), draw(CONTEXT),
+        draw(st.none() | st.dictionaries(st.sampled_from(["host", "ts"]), TAG_TEXT, max_size=1)),
+        draw(st.none() | st.just({}) | st.just({"temperature": "K"})),
+        draw(CONTEXT),
         draw(st.none() | st.just([]) | st.just([Rejection("bad_value", "x: an array")])),
-        draw(st.none() | st.integers(0, 3)))
+        draw(st.none() | st.integers(0, 3)),
+    )
 
 
 def both(rules_text: str, topic: str, parsed_of: Any, limits: Limits) -> None:
@@ -119,29 +185,48 @@ def both(rules_text: str, topic: str, parsed_of: Any, limits: Limits) -> None:
 
 
 @settings(max_examples=600)
-@given(st.sampled_from(RULES), st.sampled_from(TOPICS), st.lists(an_item(), max_size=3),
-       st.sampled_from([Limits(), Limits(max_past_seconds=1, max_future_seconds=1)]))
-def test_the_twins_agree_on_items_of_every_shape(rules_text: str, topic: str,
-                                                 items: list[Item], limits: Limits) -> None:
+@given(
+    st.sampled_from(RULES),
+    st.sampled_from(TOPICS),
+    st.lists(an_item(), max_size=3),
+    st.sampled_from([Limits(), Limits(max_past_seconds=1, max_future_seconds=1)]),
+)
+def test_the_twins_agree_on_items_of_every_shape(
+    rules_text: str, topic: str, items: list[Item], limits: Limits
+) -> None:
     def parsed_of(_matched: object) -> Parsed:
         return Parsed(list(items), [Rejection("bad_shape", "earlier")])
 
     both(rules_text, topic, parsed_of, limits)
 
 
-UPLINK = st.fixed_dictionaries({
-    "end_device_ids": st.fixed_dictionaries({}, optional={
-        "dev_eui": TAG_TEXT | st.integers() | st.none(), "model": TAG_TEXT,
-        "id": st.sampled_from(["d1", "bad id", ""]) | st.integers()}),
-    "uplink_message": st.fixed_dictionaries({}, optional={
-        "decoded_payload": FIELDS | st.just([]) | st.integers(),
-        "received_at": TIMES}),
-})
+UPLINK = st.fixed_dictionaries(
+    {
+        "end_device_ids": st.fixed_dictionaries(
+            {},
+            optional={
+                "dev_eui": TAG_TEXT | st.integers() | st.none(),
+                "model": TAG_TEXT,
+                "id": st.sampled_from(["d1", "bad id", ""]) | st.integers(),
+            },
+        ),
+        "uplink_message": st.fixed_dictionaries(
+            {},
+            optional={
+                "decoded_payload": FIELDS | st.just([]) | st.integers(),
+                "received_at": TIMES,
+            },
+        ),
+    }
+)
 
 
 @settings(max_examples=300)
-@given(st.sampled_from(RULES[:6]), st.sampled_from(TOPICS[:2] + TOPICS[4:]),
-       UPLINK | st.lists(UPLINK, max_size=3))
+@given(
+    st.sampled_from(RULES[:6]),
+    st.sampled_from(TOPICS[:2] + TOPICS[4:]),
+    UPLINK | st.lists(UPLINK, max_size=3),
+)
 def test_the_twins_agree_on_parsed_uplinks(rules_text: str, topic: str, doc: object) -> None:
     payload = orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS) if _dumpable(doc) else b"{}"
     limits = Limits(max_past_seconds=10**12, max_future_seconds=10**12)
@@ -161,12 +246,16 @@ def _dumpable(doc: object) -> bool:
 
 
 def test_an_uplink_of_the_common_shape_is_read_by_the_compiled_code_itself(
-        monkeypatch: Any) -> None:
+    monkeypatch: Any,
+) -> None:
     mapping = Mapping(parse(TTN, "test"))
     matched = mapping.match(TOPICS[0])
     assert matched is not None
-    item = Item({"temperature": 21.5, "hum": 40}, "2026-11-27T10:00:00.123456789Z",
-                context={"end_device_ids.dev_eui": "70B3D57ED0000001"})
+    item = Item(
+        {"temperature": 21.5, "hum": 40},
+        "2026-11-27T10:00:00.123456789Z",
+        context={"end_device_ids.dev_eui": "70B3D57ED0000001"},
+    )
     monkeypatch.setattr(Mapping, "_reading", None)  # never called
     limits = Limits(max_past_seconds=10**9, max_future_seconds=10**9)
     [reading] = twin.readings(mapping, matched, Parsed([item], []), NOW, limits).readings

@@ -23,16 +23,27 @@ NO_DB: Any = defaultdict(lambda: None)
 MAPPED: dict[str, str] = {}  # what the mapping path gives a reading without tags
 
 
-def reading(epoch: float, values: dict[str, Any], tags: dict[str, str] | None = MAPPED,
-            units: dict[str, str] | None = None, sensor: str = "s1") -> Reading:
+def reading(
+    epoch: float,
+    values: dict[str, Any],
+    tags: dict[str, str] | None = MAPPED,
+    units: dict[str, str] | None = None,
+    sensor: str = "s1",
+) -> Reading:
     """A reading as the mapping path makes it (tags None: as the default decoder does)."""
     ts = datetime.fromtimestamp(epoch, UTC)
     return Reading(sensor, ts, epoch, values, None, int(epoch * 1000), tags, units)
 
 
 def bucket(db: Any) -> BucketWriter:
-    schema = Schema(db, "buckets", rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                    retention_days=None, span_seconds=HOUR)
+    schema = Schema(
+        db,
+        "buckets",
+        rejects_collection="rejects",
+        rejects_max_bytes=1 << 20,
+        retention_days=None,
+        span_seconds=HOUR,
+    )
     return BucketWriter(db["buckets"], schema, HOUR, 3600)
 
 
@@ -44,9 +55,11 @@ def test_booleans_count_as_0_1_and_strings_get_no_statistics_single_and_coalesce
     assert type(doc["$min"]["stats.on.min"]) is int
     assert not any("mode" in key for part in ("$inc", "$min", "$max") for key in doc[part])
     assert doc["$push"]["readings"]["$each"][0]["on"] is True
-    batch = [reading(T0 + 1, {"on": True, "mode": "eco"}),
-             reading(T0 + 2, {"on": False, "mode": "away"}),
-             reading(T0 + 3, {"on": True})]
+    batch = [
+        reading(T0 + 1, {"on": True, "mode": "eco"}),
+        reading(T0 + 2, {"on": False, "mode": "away"}),
+        reading(T0 + 3, {"on": True}),
+    ]
     doc = bucket(NO_DB).plan(batch).ops[0]["u"]
     assert doc["$inc"]["stats.on.count"] == 3
     assert doc["$inc"]["stats.on.sum"] == 2
@@ -56,9 +69,12 @@ def test_booleans_count_as_0_1_and_strings_get_no_statistics_single_and_coalesce
 
 
 def test_tags_are_the_bucket_key_units_are_set_and_the_default_path_sets_nothing() -> None:
-    plan = bucket(NO_DB).plan([reading(T0 + 1, {"t": 1}, {"room": "a", "floor": "1"},
-                                       {"t": "Cel"}),
-                               reading(T0 + 2, {"t": 2}, {"room": "b"})])
+    plan = bucket(NO_DB).plan(
+        [
+            reading(T0 + 1, {"t": 1}, {"room": "a", "floor": "1"}, {"t": "Cel"}),
+            reading(T0 + 2, {"t": 2}, {"room": "b"}),
+        ]
+    )
     assert [op["q"]["tags"] for op in plan.ops] == [{"floor": "1", "room": "a"}, {"room": "b"}]
     assert list(plan.ops[0]["q"]["tags"]) == ["floor", "room"]  # name order: one key
     assert plan.ops[0]["u"]["$set"] == {"units.t": "Cel"}
@@ -84,8 +100,9 @@ def test_strings_count_in_the_byte_estimate() -> None:
 
 
 def test_timeseries_documents_hold_tags_in_meta_in_name_order_and_units_per_document() -> None:
-    doc = reading_document(reading(T0, {"b": True, "a": "x"}, {"z": "1", "room": "k"},
-                                   {"b": "bool"}))
+    doc = reading_document(
+        reading(T0, {"b": True, "a": "x"}, {"z": "1", "room": "k"}, {"b": "bool"})
+    )
     assert list(doc["meta"]) == ["sensor_id", "room", "z"]
     assert doc["units"] == {"b": "bool"}
     assert doc["b"] is True
@@ -93,15 +110,27 @@ def test_timeseries_documents_hold_tags_in_meta_in_name_order_and_units_per_docu
     assert reading_document(reading(T0, {"t": 1}, None))["meta"] == {"sensor_id": "s1"}
 
 
-mixed = st.one_of(st.booleans(), st.integers(-1000, 1000),
-                  st.floats(-1e6, 1e6, allow_nan=False), st.text(max_size=8))
+mixed = st.one_of(
+    st.booleans(),
+    st.integers(-1000, 1000),
+    st.floats(-1e6, 1e6, allow_nan=False),
+    st.text(max_size=8),
+)
 
 
-@settings(max_examples=15, suppress_health_check=[HealthCheck.too_slow,
-                                                                   HealthCheck.function_scoped_fixture])
-@given(batches=st.lists(st.lists(st.dictionaries(st.sampled_from(["a", "b"]), mixed,
-                                                 min_size=1), min_size=1, max_size=6),
-                        min_size=1, max_size=3))
+@settings(
+    max_examples=15,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    batches=st.lists(
+        st.lists(
+            st.dictionaries(st.sampled_from(["a", "b"]), mixed, min_size=1), min_size=1, max_size=6
+        ),
+        min_size=1,
+        max_size=3,
+    )
+)
 async def test_stored_statistics_are_exact_for_mixed_kinds(db: Any, batches: Any) -> None:
     await db["buckets"].drop()
     writer = bucket(db)
@@ -120,8 +149,11 @@ async def test_stored_statistics_are_exact_for_mixed_kinds(db: Any, batches: Any
     assert doc["count"] == len(written)
     assert doc["tags"] == {"site": "x"}
     for name in ("a", "b"):
-        numbers = [int(v) if type(v) is bool else v for w in written
-                   if (v := w.get(name)) is not None and type(v) is not str]
+        numbers = [
+            int(v) if type(v) is bool else v
+            for w in written
+            if (v := w.get(name)) is not None and type(v) is not str
+        ]
         stats = doc["stats"].get(name)
         if not numbers:
             assert stats is None
@@ -138,17 +170,25 @@ async def test_stored_statistics_are_exact_for_mixed_kinds(db: Any, batches: Any
 
 
 async def test_timeseries_writer_stores_any_scalar_with_meta_tags_and_units(db: Any) -> None:
-    schema = Schema(db, "readings", rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                    retention_days=None, span_seconds=HOUR)
+    schema = Schema(
+        db,
+        "readings",
+        rejects_collection="rejects",
+        rejects_max_bytes=1 << 20,
+        retention_days=None,
+        span_seconds=HOUR,
+    )
     writer = TimeseriesWriter(db["readings"], schema)
     await writer.ensure_schema()
-    outcome = await writer.write(writer.plan([
-        reading(T0 + 1, {"on": True, "state": "idle", "t": 21.5}, {"room": "k"}, {"t": "Cel"})]))
+    outcome = await writer.write(
+        writer.plan(
+            [reading(T0 + 1, {"on": True, "state": "idle", "t": 21.5}, {"room": "k"}, {"t": "Cel"})]
+        )
+    )
     assert outcome.written == 1
     (doc,) = await db["readings"].find({"meta.room": "k"}).to_list()
     assert doc["meta"] == {"sensor_id": "s1", "room": "k"}
-    assert (doc["on"], doc["state"], doc["t"], doc["units"]) == (True, "idle", 21.5,
-                                                                 {"t": "Cel"})
+    assert (doc["on"], doc["state"], doc["t"], doc["units"]) == (True, "idle", 21.5, {"t": "Cel"})
 
 
 def test_readings_of_the_mapping_path_always_get_per_kind_statistics() -> None:

@@ -21,14 +21,20 @@ async def feed(fmt: SparkplugFormat, topic: str, payload: bytes):
     return fmt.parse(topic, payload, LIMITS)
 
 
-BIRTH = enc.nbirth([Metric("Temp/A", 1, T0, enc.FLOAT, 1.5,
-                           properties={"engUnit": "degC", "Quality": "good"}),
-                    Metric("Count", 2, T0, enc.UINT32, 3)], bd_seq=7, timestamp=T0)
+BIRTH = enc.nbirth(
+    [
+        Metric("Temp/A", 1, T0, enc.FLOAT, 1.5, properties={"engUnit": "degC", "Quality": "good"}),
+        Metric("Count", 2, T0, enc.UINT32, 3),
+    ],
+    bd_seq=7,
+    timestamp=T0,
+)
 
 
 def data(seq: int, value: float = 2.5) -> bytes:
-    return enc.payload([Metric(alias=1, timestamp=T0 + seq, datatype=enc.FLOAT, value=value)],
-                       T0 + seq, seq)
+    return enc.payload(
+        [Metric(alias=1, timestamp=T0 + seq, datatype=enc.FLOAT, value=value)], T0 + seq, seq
+    )
 
 
 async def test_a_birth_seen_by_one_daemon_serves_another(db):
@@ -39,9 +45,13 @@ async def test_a_birth_seen_by_one_daemon_serves_another(db):
     assert doc["bd_seq"] == 7
     assert doc["online"] is True
     assert doc["sensor_id"] == "G/E"
-    assert doc["metrics"][2] == {"name": "Temp/A", "datatype": "Float", "alias": 1,
-                                 "units": "degC",
-                                 "properties": {"engUnit": "degC", "Quality": "good"}}
+    assert doc["metrics"][2] == {
+        "name": "Temp/A",
+        "datatype": "Float",
+        "alias": 1,
+        "units": "degC",
+        "properties": {"engUnit": "degC", "Quality": "good"},
+    }
     # The second daemon never saw the BIRTH: it reads the table once, then from memory.
     parsed = await feed(second, enc.topic("G", "NDATA", "E"), data(1))
     assert [i.fields for i in parsed.items] == [{"Temp/A": 2.5}]
@@ -58,8 +68,11 @@ async def test_death_and_unknown_nodes_are_not_guessed(db):
     await feed(second, enc.topic("G", "NDATA", "X"), data(2))
     assert second._lookups["missing"] == 1  # not read again right away
     await feed(first, enc.topic("G", "NBIRTH", "E"), BIRTH)
-    await feed(first, enc.topic("G", "DBIRTH", "E", "D"),
-               enc.payload([Metric("p", 5, T0, enc.INT16, -2)], T0, 1))
+    await feed(
+        first,
+        enc.topic("G", "DBIRTH", "E", "D"),
+        enc.payload([Metric("p", 5, T0, enc.INT16, -2)], T0, 1),
+    )
     device = await db[BIRTHS_COLLECTION].find_one({"_id": "G/E/D"})
     assert device["bd_seq"] == 7
     assert device["online"] is True
@@ -79,17 +92,25 @@ async def test_a_new_nbirth_closes_its_devices_in_the_store(db):
     store = BirthStore(db[BIRTHS_COLLECTION])
     fmt = SparkplugFormat(store=store)
     await feed(fmt, enc.topic("G", "NBIRTH", "E"), BIRTH)
-    await feed(fmt, enc.topic("G", "DBIRTH", "E", "D"),
-               enc.payload([Metric("p", 5, T0, enc.INT16, -2)], T0, 1))
+    await feed(
+        fmt,
+        enc.topic("G", "DBIRTH", "E", "D"),
+        enc.payload([Metric("p", 5, T0, enc.INT16, -2)], T0, 1),
+    )
     # a rebirth: the same metrics, a later timestamp (identical bytes would be one BIRTH)
-    await feed(fmt, enc.topic("G", "NBIRTH", "E"), enc.nbirth(
-        [Metric("Temp/A", 1, T0 + 1, enc.FLOAT, 1.5)], bd_seq=7, timestamp=T0 + 1))
+    await feed(
+        fmt,
+        enc.topic("G", "NBIRTH", "E"),
+        enc.nbirth([Metric("Temp/A", 1, T0 + 1, enc.FLOAT, 1.5)], bd_seq=7, timestamp=T0 + 1),
+    )
     states = {d["_id"]: d["online"] async for d in db[BIRTHS_COLLECTION].find()}
     assert states == {"G/E": True, "G/E/D": False}
     other = SparkplugFormat(store=store)
-    parsed = await feed(other, enc.topic("G", "DDATA", "E", "D"),
-                        enc.payload([Metric(alias=5, timestamp=T0, datatype=enc.INT16,
-                                            value=1)], T0, 2))
+    parsed = await feed(
+        other,
+        enc.topic("G", "DDATA", "E", "D"),
+        enc.payload([Metric(alias=5, timestamp=T0, datatype=enc.INT16, value=1)], T0, 2),
+    )
     assert [r.reason for r in parsed.rejections] == ["no_birth"]
 
 
@@ -99,8 +120,11 @@ async def test_a_daemon_holding_a_closed_table_finds_a_birth_another_daemon_stor
     await feed(second, enc.topic("G", "NBIRTH", "E"), BIRTH)
     await feed(second, enc.topic("G", "NDEATH", "E"), enc.ndeath(7))
     # The edge node reconnects; its new NBIRTH goes to the other daemon.
-    await feed(first, enc.topic("G", "NBIRTH", "E"), enc.nbirth(
-        [Metric("Other", 1, T0, enc.FLOAT, 0.5)], bd_seq=8, timestamp=T0))
+    await feed(
+        first,
+        enc.topic("G", "NBIRTH", "E"),
+        enc.nbirth([Metric("Other", 1, T0, enc.FLOAT, 0.5)], bd_seq=8, timestamp=T0),
+    )
     parsed = await feed(second, enc.topic("G", "NDATA", "E"), data(1))
     assert [i.fields for i in parsed.items] == [{"Other": 2.5}]
     assert second._lookups == {"found": 1, "missing": 0}
@@ -123,13 +147,13 @@ async def test_daemons_of_a_shared_group_store_a_birth_and_its_readings_once(db)
     other_mode = SparkplugFormat(store=BirthStore(births, ("readings", "ingest-ts")))
     topic = enc.topic("G", "NBIRTH", "E")
     assert [i.fields for i in (await feed(first, topic, BIRTH)).items] == [
-        {"Temp/A": 1.5, "Count": 3}]
+        {"Temp/A": 1.5, "Count": 3}
+    ]
     stored = await births.find_one({"_id": "G/E"})
     # Every daemon gets the BIRTH: the table is everyone's, the readings the claimant's.
     assert (await feed(second, topic, BIRTH)).items == []
     assert second.state.counts.skipped["other_daemon"] == 4
-    assert await births.find_one({"_id": "G/E"}) == {**stored,
-                                                     "claims": {"buckets": "ingest-a"}}
+    assert await births.find_one({"_id": "G/E"}) == {**stored, "claims": {"buckets": "ingest-a"}}
     # A daemon writing another collection claims for that one; a redelivery to the
     # claimant stores its readings again (the writers settle duplicates).
     assert len((await feed(other_mode, topic, BIRTH)).items) == 1
@@ -144,8 +168,7 @@ async def test_a_late_death_from_a_slower_daemon_does_not_close_the_next_session
     births = db[BIRTHS_COLLECTION]
     fast = SparkplugFormat(store=BirthStore(births, ("buckets", "a")))
     slow = SparkplugFormat(store=BirthStore(births, ("buckets", "b")))
-    rebirth = enc.nbirth([Metric("New", 1, T0 + 5, enc.FLOAT, 0.5)], bd_seq=8,
-                         timestamp=T0 + 5)
+    rebirth = enc.nbirth([Metric("New", 1, T0 + 5, enc.FLOAT, 0.5)], bd_seq=8, timestamp=T0 + 5)
     device = enc.payload([Metric("p", 5, T0 + 5, enc.INT16, -2)], T0 + 5, 1)
     for step in (fast, slow):
         await feed(step, enc.topic("G", "NBIRTH", "E"), BIRTH)
@@ -161,8 +184,10 @@ async def test_a_late_death_from_a_slower_daemon_does_not_close_the_next_session
 
 async def test_after_a_reconnect_tables_are_read_again_from_mongodb(db):
     births = db[BIRTHS_COLLECTION]
-    away, other = SparkplugFormat(store=BirthStore(births)), SparkplugFormat(
-        store=BirthStore(births))
+    away, other = (
+        SparkplugFormat(store=BirthStore(births)),
+        SparkplugFormat(store=BirthStore(births)),
+    )
 
     async def on(fmt: SparkplugFormat, generation: int, topic: str, payload: bytes):
         assert await fmt.prepare(topic, payload, LIMITS, never, generation)
@@ -171,8 +196,12 @@ async def test_after_a_reconnect_tables_are_read_again_from_mongodb(db):
     await on(away, 1, enc.topic("G", "NBIRTH", "E"), BIRTH)
     # While "away" is disconnected, a rebirth moves alias 1 to another metric; only the
     # other daemon receives (and stores) it.
-    await on(other, 1, enc.topic("G", "NBIRTH", "E"), enc.nbirth(
-        [Metric("Moved", 1, T0 + 9, enc.FLOAT, 0.5)], bd_seq=8, timestamp=T0 + 9))
+    await on(
+        other,
+        1,
+        enc.topic("G", "NBIRTH", "E"),
+        enc.nbirth([Metric("Moved", 1, T0 + 9, enc.FLOAT, 0.5)], bd_seq=8, timestamp=T0 + 9),
+    )
     parsed = await on(away, 2, enc.topic("G", "NDATA", "E"), data(10))
     assert [i.fields for i in parsed.items] == [{"Moved": 2.5}]
     assert away._lookups == {"found": 1, "missing": 0}
@@ -183,8 +212,7 @@ async def test_a_slower_daemon_neither_stores_an_older_birth_again_nor_puts_it_b
     fast = SparkplugFormat(store=BirthStore(births, ("readings", "a")))
     slow = SparkplugFormat(store=BirthStore(births, ("readings", "b")))
     topic = enc.topic("G", "NBIRTH", "E")
-    rebirth = enc.nbirth([Metric("Moved", 1, T0 + 5, enc.FLOAT, 0.5)], bd_seq=7,
-                         timestamp=T0 + 5)
+    rebirth = enc.nbirth([Metric("Moved", 1, T0 + 5, enc.FLOAT, 0.5)], bd_seq=7, timestamp=T0 + 5)
     assert len((await feed(fast, topic, BIRTH)).items) == 1
     assert len((await feed(fast, topic, rebirth)).items) == 1
     assert (await feed(slow, topic, BIRTH)).items == []
@@ -202,10 +230,13 @@ async def test_a_refused_rebirth_closes_only_the_session_it_ends_for_every_daemo
     slow = SparkplugFormat(store=BirthStore(births, ("buckets", "b")))
     node, device = enc.topic("G", "NBIRTH", "E"), enc.topic("G", "DBIRTH", "E", "D")
     dbirth = enc.payload([Metric("p", 5, T0, enc.INT16, -2)], T0, 1)
-    refused = enc.nbirth([Metric("Pressure", 1, T0 + 5, enc.DOUBLE, 1013.0)], bd_seq=8,
-                         timestamp=T0 + 5) + b"\xff"  # a broken tag: invalid_protobuf
-    rebirth = enc.nbirth([Metric("Pressure", 1, T0 + 9, enc.FLOAT, 0.5)], bd_seq=8,
-                         timestamp=T0 + 9)
+    refused = (
+        enc.nbirth([Metric("Pressure", 1, T0 + 5, enc.DOUBLE, 1013.0)], bd_seq=8, timestamp=T0 + 5)
+        + b"\xff"
+    )  # a broken tag: invalid_protobuf
+    rebirth = enc.nbirth(
+        [Metric("Pressure", 1, T0 + 9, enc.FLOAT, 0.5)], bd_seq=8, timestamp=T0 + 9
+    )
     for step in (fast, slow):
         await feed(step, node, BIRTH)
         await feed(step, device, dbirth)
@@ -225,14 +256,18 @@ async def test_a_refused_rebirth_closes_only_the_session_it_ends_for_every_daemo
     restarted = SparkplugFormat(store=BirthStore(births, ("buckets", "c")))
     for step in (slow, restarted):
         assert [r.reason for r in (await feed(step, node, refused)).rejections] == [
-            "invalid_protobuf"]
+            "invalid_protobuf"
+        ]
         assert (await births.find_one({"_id": "G/E"}))["online"] is True
         assert (await feed(step, node, rebirth)).items == []  # the other daemon's to store
         parsed = await feed(step, enc.topic("G", "NDATA", "E"), data(10, 3.5))
         assert [i.fields for i in parsed.items] == [{"Pressure": 3.5}]
     doc = await births.find_one({"_id": "G/E"})
     assert (doc["online"], doc.get("closed_by"), doc["metrics"][-1]["name"]) == (
-        True, None, "Pressure")
+        True,
+        None,
+        "Pressure",
+    )
 
 
 async def test_a_refused_dbirth_closes_its_device_and_nothing_else(db):
@@ -241,18 +276,20 @@ async def test_a_refused_dbirth_closes_its_device_and_nothing_else(db):
     device = enc.topic("G", "DBIRTH", "E", "D")
     await feed(fmt, enc.topic("G", "NBIRTH", "E"), BIRTH)
     await feed(fmt, device, enc.payload([Metric("p", 5, T0, enc.INT16, -2)], T0, 1))
-    await feed(fmt, enc.topic("G", "DBIRTH", "E", "D2"),
-               enc.payload([Metric("q", 5, T0, enc.INT16, -2)], T0, 2))
+    await feed(
+        fmt,
+        enc.topic("G", "DBIRTH", "E", "D2"),
+        enc.payload([Metric("q", 5, T0, enc.INT16, -2)], T0, 2),
+    )
     small = Limits(max_readings=1)
-    huge = enc.payload([Metric("p", 5, T0 + 1, enc.INT16, 1),
-                        Metric("r", 6, T0 + 1, enc.INT16, 1)], T0 + 1, 3)
+    huge = enc.payload(
+        [Metric("p", 5, T0 + 1, enc.INT16, 1), Metric("r", 6, T0 + 1, enc.INT16, 1)], T0 + 1, 3
+    )
     assert await fmt.prepare(device, huge, small, never)
-    assert [r.reason for r in fmt.parse(device, huge, small).rejections] == [
-        "too_many_readings"]
+    assert [r.reason for r in fmt.parse(device, huge, small).rejections] == ["too_many_readings"]
     states = {d["_id"]: d["online"] async for d in db[BIRTHS_COLLECTION].find()}
     assert states == {"G/E": True, "G/E/D": False, "G/E/D2": True}
-    ddata = enc.payload([Metric(alias=5, timestamp=T0 + 2, datatype=enc.INT16, value=4)],
-                        T0 + 2, 4)
+    ddata = enc.payload([Metric(alias=5, timestamp=T0 + 2, datatype=enc.INT16, value=4)], T0 + 2, 4)
     for fmt_now in (fmt, SparkplugFormat(store=store)):
         parsed = await feed(fmt_now, enc.topic("G", "DDATA", "E", "D"), ddata)
         assert [r.reason for r in parsed.rejections] == ["no_birth"]
@@ -290,32 +327,52 @@ async def test_data_redelivered_after_a_restart_is_read_with_the_session_it_was_
         return [i.fields for i in parsed.items] or parsed.rejections[0].reason
 
     await feed(first, node, BIRTH)  # alias 1 = Temp/A, at T0
-    await feed(first, node, enc.nbirth([Metric("Moved", 1, T0 + 5, enc.FLOAT, 0.5)],
-                                       bd_seq=8, timestamp=T0 + 5))
+    await feed(
+        first,
+        node,
+        enc.nbirth([Metric("Moved", 1, T0 + 5, enc.FLOAT, 0.5)], bd_seq=8, timestamp=T0 + 5),
+    )
     again = restarted()
     assert await values(again, 3) == [{"Temp/A": 3.0}]
     assert await values(again, 6) == [{"Moved": 6.0}]
     assert await values(restarted(), -1) == "no_birth"  # before any session stored
     # A refused rebirth at T0 + 8, then a usable one at T0 + 10.
-    await feed(first, node, enc.nbirth([Metric("X", 1, T0 + 8, enc.FLOAT, 0.5)], bd_seq=8,
-                                       timestamp=T0 + 8) + b"\xff")
+    await feed(
+        first,
+        node,
+        enc.nbirth([Metric("X", 1, T0 + 8, enc.FLOAT, 0.5)], bd_seq=8, timestamp=T0 + 8) + b"\xff",
+    )
     again = restarted()
     assert await values(again, 7) == [{"Moved": 7.0}]
     assert await values(again, 9) == "no_birth"
-    await feed(first, node, enc.nbirth([Metric("Last", 1, T0 + 10, enc.FLOAT, 0.5)],
-                                       bd_seq=8, timestamp=T0 + 10))
+    await feed(
+        first,
+        node,
+        enc.nbirth([Metric("Last", 1, T0 + 10, enc.FLOAT, 0.5)], bd_seq=8, timestamp=T0 + 10),
+    )
     again = restarted()
     assert [await values(again, seq) for seq in (7, 9, 11)] == [
-        [{"Moved": 7.0}], "no_birth", [{"Last": 11.0}]]
+        [{"Moved": 7.0}],
+        "no_birth",
+        [{"Last": 11.0}],
+    ]
     assert await values(again, 3) == [{"Temp/A": 3.0}]  # three sessions back
     # The history is bounded: eight sessions.
     for step in range(11, 20):
-        await feed(first, node, enc.nbirth([Metric(f"S{step}", 1, T0 + 10 * step, enc.FLOAT,
-                                                   0.5)], bd_seq=8, timestamp=T0 + 10 * step))
+        await feed(
+            first,
+            node,
+            enc.nbirth(
+                [Metric(f"S{step}", 1, T0 + 10 * step, enc.FLOAT, 0.5)],
+                bd_seq=8,
+                timestamp=T0 + 10 * step,
+            ),
+        )
     again = restarted()
     assert await values(again, 10 * 12 + 1) == [{"S12": 121.0}]
     assert await values(again, 10 * 11 + 1) == [{"S11": 111.0}]
     assert await values(again, 11) == "no_birth"
     doc = await births.find_one({"_id": "G/E"})
     assert [h["metrics"][-1]["name"] for h in doc["history"]] == [
-        f"S{step}" for step in range(18, 10, -1)]
+        f"S{step}" for step in range(18, 10, -1)
+    ]

@@ -28,29 +28,59 @@ RULES = [
     BASE + 'strings = "reject"\n',
     BASE + 'strings = "drop"\nkeep = ["t*", "a*", "x y"]\ndrop = ["tz"]\n',
     BASE + 'drop = ["x*"]\n[rule.rename]\n"seq" = "r_seq"\n"a b" = "ab"\n'
-           '[rule.values]\nON = true\nOFF = false\nlow = 0\n',
+    "[rule.values]\nON = true\nOFF = false\nlow = 0\n",
     BASE + '[rule.values]\nON = true\nOFF = "off"\nlow = 0\n'
-           '[rule.types]\nnumber = ["t", "ab"]\nboolean = ["a*"]\nstring = ["x*"]\n',
+    '[rule.types]\nnumber = ["t", "ab"]\nboolean = ["a*"]\nstring = ["x*"]\n',
     BASE + 'strings = "drop"\n[rule.types]\nnumber = ["*"]\n',
 ]
 
-NAMES = st.one_of(st.sampled_from(["t", "a", "a b", "a_b", "a-b", "ab", "seq", "ts", "_id",
-                                   "x y", "x_y", "tz", "x1", "é", "", "a" * 64, "a" * 65,
-                                   "ON", "info", "units"]),
-                  st.text(max_size=70))
+NAMES = st.one_of(
+    st.sampled_from(
+        [
+            "t",
+            "a",
+            "a b",
+            "a_b",
+            "a-b",
+            "ab",
+            "seq",
+            "ts",
+            "_id",
+            "x y",
+            "x_y",
+            "tz",
+            "x1",
+            "é",
+            "",
+            "a" * 64,
+            "a" * 65,
+            "ON",
+            "info",
+            "units",
+        ]
+    ),
+    st.text(max_size=70),
+)
 VALUES: st.SearchStrategy[Any] = st.one_of(
-    st.none(), st.booleans(),
-    st.integers(), st.sampled_from([2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 10**400]),
-    st.floats(), st.sampled_from([MAX_MAGNITUDE, -MAX_MAGNITUDE, float("inf"), float("nan"),
-                                  1e301, -0.0]),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.sampled_from([2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 10**400]),
+    st.floats(),
+    st.sampled_from([MAX_MAGNITUDE, -MAX_MAGNITUDE, float("inf"), float("nan"), 1e301, -0.0]),
     st.sampled_from(["ON", "OFF", "low", "12345678", "123456789", "éééé", "ééééé", ""]),
-    st.text(max_size=12), st.lists(st.integers(), max_size=2),
-    st.dictionaries(st.text(max_size=2), st.integers(), max_size=1))
+    st.text(max_size=12),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=2), st.integers(), max_size=1),
+)
 
 
 @settings(max_examples=1500)
-@given(st.sampled_from(range(len(RULES))), st.dictionaries(NAMES, VALUES, max_size=8),
-       st.one_of(st.none(), st.integers(0, 3)))
+@given(
+    st.sampled_from(range(len(RULES))),
+    st.dictionaries(NAMES, VALUES, max_size=8),
+    st.one_of(st.none(), st.integers(0, 3)),
+)
 def test_values_agree(rule_at: int, fields: dict[str, Any], index: int | None) -> None:
     rules = parse(RULES[rule_at], "test")
     python, compiled_ = Mapping(rules), Mapping(rules)  # name caches apart
@@ -72,11 +102,14 @@ def test_a_dict_subclass_and_a_collision_give_the_python_answer() -> None:
     class Fields(dict[str, Any]):
         pass
 
-    for fields in ({"a b": 1, "a_b": 2.5, "seq": 3, "n": float("nan"), "big": 2**64},
-                   Fields({"a b": True, "a_b": "x"})):
+    for fields in (
+        {"a b": 1, "a_b": 2.5, "seq": 3, "n": float("nan"), "big": 2**64},
+        Fields({"a b": True, "a_b": "x"}),
+    ):
         expected: list[Any] = []
         got: list[Any] = []
         assert twin.values(Mapping(rules), rule, fields, got, 1) == values_py(
-            Mapping(rules), rule, fields, expected, 1)
+            Mapping(rules), rule, fields, expected, 1
+        )
         assert got == expected
         assert expected

@@ -33,9 +33,13 @@ WRITE_COMMAND = {"bucket": "update", "timeseries": "insert"}
 
 
 def messages(topic_root: str, count: int, start: int = 0) -> list[tuple[str, bytes]]:
-    return [(f"{topic_root}/s{i % 3}/readings",
-             orjson.dumps({"ts": NOW - 600 + i, "seq": i, "temp": 20 + i / 10}))
-            for i in range(start, start + count)]
+    return [
+        (
+            f"{topic_root}/s{i % 3}/readings",
+            orjson.dumps({"ts": NOW - 600 + i, "seq": i, "temp": 20 + i / 10}),
+        )
+        for i in range(start, start + count)
+    ]
 
 
 @contextlib.contextmanager
@@ -48,8 +52,14 @@ def proxied(broker: Broker) -> Iterator[Proxy]:
 
 
 async def test_pubacks_lost_with_a_dying_connection_are_sent_again_not_written_again(
-        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
-        mongo: Any, publish: Any) -> None:
+    daemon: Callable[..., Daemon],
+    mode: str,
+    broker: Broker,
+    topic_root: str,
+    db: Any,
+    mongo: Any,
+    publish: Any,
+) -> None:
     """Fault model: "PUBACK queued or on the wire, connection dies". The messages are
     written and their PUBACKs queued while a partition holds them; the connection then
     drops with them. The broker resends all 20 with DUP on the resumed session: each is
@@ -63,12 +73,10 @@ async def test_pubacks_lost_with_a_dying_connection_are_sent_again_not_written_a
             proxy.cut()  # ...until the PUBACKs can no longer reach the broker
         # The writes were retried with backoff while refused: the next attempt can be up
         # to 30 s away (the backoff's cap), however long the refusal lasted.
-        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 20,
-                         timeout=90)
+        await eventually(lambda: proc.metric("ingest_messages_acked_total") == 20, timeout=90)
         proxy.drop()  # the held PUBACKs never arrive
         proxy.heal()
-        await eventually(lambda: proc.metric("ingest_redeliveries_reacked_total") == 20,
-                         timeout=60)
+        await eventually(lambda: proc.metric("ingest_redeliveries_reacked_total") == 20, timeout=60)
         await eventually(lambda: proc.metric("ingest_mqtt_connected") == 1)
         assert proc.metric("ingest_messages_received_total") == 20
         assert proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 20
@@ -87,8 +95,14 @@ async def test_pubacks_lost_with_a_dying_connection_are_sent_again_not_written_a
 
 
 async def test_a_refused_reconnect_keeps_the_session_and_its_messages(
-        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
-        mongo: Any, publish: Any) -> None:
+    daemon: Callable[..., Daemon],
+    mode: str,
+    broker: Broker,
+    topic_root: str,
+    db: Any,
+    mongo: Any,
+    publish: Any,
+) -> None:
     """Fault model: "CONNACK refused (not authorised, server unavailable/busy)". The
     connection drops while writes are in flight and the next two CONNECTs are refused:
     the broker still holds the session, so the accepted reconnect resumes it and the DUP
@@ -99,8 +113,11 @@ async def test_a_refused_reconnect_keeps_the_session_and_its_messages(
         async with failpoint(mongo, [WRITE_COMMAND[mode]]):
             await publish(messages(topic_root, 10))
             await eventually(lambda: proc.metric("ingest_messages_received_total") == 10)
-            await eventually(lambda: proc.metric(
-                f'ingest_write_errors_total{{kind="transient",mode="{mode}"}}') >= 1)
+            await eventually(
+                lambda: (
+                    proc.metric(f'ingest_write_errors_total{{kind="transient",mode="{mode}"}}') >= 1
+                )
+            )
             proxy.refuse(2, code=0x87)  # not authorised, as during a password rotation
             proxy.drop()
             await eventually(lambda: proxy.refused == 2)
@@ -112,8 +129,7 @@ async def test_a_refused_reconnect_keeps_the_session_and_its_messages(
     assert proc.metric("ingest_mqtt_reconnects_total") >= 3
 
 
-async def test_remembered_pubacks_are_forgotten_once_the_broker_has_certainly_read_them(
-) -> None:
+async def test_remembered_pubacks_are_forgotten_once_the_broker_has_certainly_read_them() -> None:
     """The memory behind re-acknowledging DUPs stays within Receive Maximum entries on a
     connection, and each proof of receipt forgets what it proves (no network: the
     source's bookkeeping driven directly, the PUBACK bytes captured from paho's queue)."""
@@ -121,8 +137,7 @@ async def test_remembered_pubacks_are_forgotten_once_the_broker_has_certainly_re
     source = MqttSource(Settings(max_inflight_messages=window), Metrics("bucket"), Health())
     client = aiomqtt.Client("127.0.0.1")
     queued: list[bytes] = []
-    client._client._packet_queue = lambda _cmd, packet, *_a, **_k: queued.append(
-        bytes(packet)) or 0
+    client._client._packet_queue = lambda _cmd, packet, *_a, **_k: queued.append(bytes(packet)) or 0
     client._client.manual_ack_set(on=True)
     source._client, source._generation = client, 1
 
@@ -153,8 +168,8 @@ async def test_remembered_pubacks_are_forgotten_once_the_broker_has_certainly_re
 
 
 async def test_a_lost_session_forgets_the_messages_in_flight_and_goes_on(
-        daemon: Callable[..., Daemon], tmp_path: Path, topic_root: str, db: Any,
-        mongo: Any) -> None:
+    daemon: Callable[..., Daemon], tmp_path: Path, topic_root: str, db: Any, mongo: Any
+) -> None:
     """Fault model: "CONNACK accepted, session present 0". A broker without persistence
     restarts while writes are held: the session and its unacknowledged messages are gone
     at the broker, so nothing is redelivered. The writes still finish (at least once),
@@ -171,10 +186,13 @@ async def test_a_lost_session_forgets_the_messages_in_flight_and_goes_on(
                     await client.publish(topic, payload, qos=1)
             await eventually(lambda: proc.metric("ingest_messages_received_total") == 5)
             volatile.restart()
-            await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 1
-                             and proc.metric("ingest_mqtt_connected") == 1)
-        await eventually(lambda: proc.metric('ingest_readings_written_total{mode="bucket"}')
-                         == 5)
+            await eventually(
+                lambda: (
+                    proc.metric("ingest_mqtt_reconnects_total") >= 1
+                    and proc.metric("ingest_mqtt_connected") == 1
+                )
+            )
+        await eventually(lambda: proc.metric('ingest_readings_written_total{mode="bucket"}') == 5)
         async with aiomqtt.Client("127.0.0.1", volatile.port) as client:
             for topic, payload in messages(topic_root, 3, start=5):
                 await client.publish(topic, payload, qos=1)
@@ -186,8 +204,8 @@ async def test_a_lost_session_forgets_the_messages_in_flight_and_goes_on(
 
 
 async def test_a_second_daemon_with_the_client_id_of_a_running_one_refuses_to_start(
-        daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any,
-        publish: Any) -> None:
+    daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any, publish: Any
+) -> None:
     """Fault model: "A second daemon on the same host with the same client id". A daemon
     runs with two workers (client ids X and X-w1); a second one started with X and one
     worker would take X's session and take X-w1's as a retired worker's. It refuses to
@@ -200,10 +218,12 @@ async def test_a_second_daemon_with_the_client_id_of_a_running_one_refuses_to_st
     second = daemon(wait_ready=False)
     assert second.wait(timeout=30) == 1
     lines = second.logs().strip().splitlines()
-    assert lines[-1].startswith(f"ingest: error: --client-id: another ingest daemon (pid "
-                                f"{first.process.pid}) on this host uses client id "
-                                f"ingest-{topic_root} with the broker at 127.0.0.1:"
-                                f"{broker.port}"), lines
+    assert lines[-1].startswith(
+        f"ingest: error: --client-id: another ingest daemon (pid "
+        f"{first.process.pid}) on this host uses client id "
+        f"ingest-{topic_root} with the broker at 127.0.0.1:"
+        f"{broker.port}"
+    ), lines
     assert "taking the messages queued for" not in second.logs()
     await publish(messages(topic_root, 30))
     await eventually(lambda: first.metric("ingest_messages_acked_total") == 30)
@@ -218,24 +238,26 @@ async def test_a_second_daemon_with_the_client_id_of_a_running_one_refuses_to_st
 
 
 async def test_a_live_daemons_session_is_not_retired_as_an_earlier_runs_worker(
-        daemon: Callable[..., Daemon], topic_root: str) -> None:
+    daemon: Callable[..., Daemon], topic_root: str
+) -> None:
     """A daemon whose client id is that of another one's worker 1 (``X-w1``) runs; a
     daemon with client id X and one worker looks for sessions of retired workers: it
     finds X-w1 in use on this host, leaves it alone (no probe, no drain) and starts."""
     first = daemon(client_id=f"ingest-{topic_root}-w1")
     second = daemon()
     assert second.process is not None
-    assert (f"not looking for retired sessions from ingest-{topic_root}-w1 on: a running "
-            f"daemon (pid {first.process.pid if first.process else 0}) uses it"
-            in second.logs())
+    assert (
+        f"not looking for retired sessions from ingest-{topic_root}-w1 on: a running "
+        f"daemon (pid {first.process.pid if first.process else 0}) uses it" in second.logs()
+    )
     assert "taking the messages queued for" not in second.logs()
     assert first.metric("ingest_mqtt_reconnects_total") == 0
     assert first.metric("ingest_mqtt_connected") == 1
 
 
 async def test_the_brokers_reason_for_closing_the_connection_is_logged_with_what_to_do(
-        daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any,
-        publish: Any) -> None:
+    daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any, publish: Any
+) -> None:
     """A broker that closes the connection with an MQTT 5 DISCONNECT says why; for 0x8E
     (session taken over: another client connected with the daemon's client id, as EMQX,
     HiveMQ and the MQTT 5 specification do) the log names the client id and what to do,
@@ -244,8 +266,9 @@ async def test_the_brokers_reason_for_closing_the_connection_is_logged_with_what
     with proxied(broker) as proxy:
         proc = daemon(broker_url=f"mqtt://127.0.0.1:{proxy.port}")
         proxy.disconnect(0x8E)
-        await eventually(lambda: "another client connected with client id "
-                         f"ingest-{topic_root}" in proc.logs())
+        await eventually(
+            lambda: f"another client connected with client id ingest-{topic_root}" in proc.logs()
+        )
         assert "Session taken over" in proc.logs()
         await eventually(lambda: proc.metric("ingest_mqtt_connected") == 1)
         await publish(messages(topic_root, 1))
@@ -254,8 +277,8 @@ async def test_the_brokers_reason_for_closing_the_connection_is_logged_with_what
 
 
 async def test_a_connect_left_unanswered_times_out_and_is_tried_again(
-        daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any,
-        publish: Any) -> None:
+    daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any, publish: Any
+) -> None:
     """Fault model: "CONNECT unanswered (partition while connecting)". The connection is
     dropped during a partition, so the reconnect's CONNECT is held and no CONNACK comes:
     the attempt times out (aiomqtt's 10 s), is logged and tried again with backoff, and
@@ -275,8 +298,8 @@ async def test_a_connect_left_unanswered_times_out_and_is_tried_again(
 
 
 async def test_a_suback_that_never_comes_times_out_and_the_connection_is_made_again(
-        daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any,
-        publish: Any) -> None:
+    daemon: Callable[..., Daemon], broker: Broker, topic_root: str, db: Any, publish: Any
+) -> None:
     """Fault model: "SUBACK never arrives". CONNECT is answered, then the SUBSCRIBE is held
     (a partition right after CONNACK): the daemon never reports itself connected or
     ready without its subscription; the subscribe times out, the connection is made
@@ -297,8 +320,14 @@ async def test_a_suback_that_never_comes_times_out_and_the_connection_is_made_ag
 
 
 async def test_a_stop_while_the_broker_is_unreachable_leaves_the_messages_to_the_next_process(
-        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
-        mongo: Any, publish: Any) -> None:
+    daemon: Callable[..., Daemon],
+    mode: str,
+    broker: Broker,
+    topic_root: str,
+    db: Any,
+    mongo: Any,
+    publish: Any,
+) -> None:
     """Fault model: "SIGTERM while the broker is unreachable". The writes finish, their
     PUBACKs cannot reach the broker, the process exits 0 within its shutdown timeout.
     The broker sends the messages again (DUP) to the next process, which finds their
@@ -310,8 +339,9 @@ async def test_a_stop_while_the_broker_is_unreachable_leaves_the_messages_to_the
             await publish(messages(topic_root, 10))
             await eventually(lambda: proc.metric("ingest_messages_received_total") == 10)
             proxy.cut()  # the broker is unreachable from now on
-        await eventually(lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}')
-                         == 10, timeout=90)  # after the backoff's next attempt
+        await eventually(
+            lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 10, timeout=90
+        )  # after the backoff's next attempt
         assert proc.stop() == 0
         proxy.drop()  # the PUBACKs held by the partition are lost
         proxy.heal()
@@ -324,8 +354,14 @@ async def test_a_stop_while_the_broker_is_unreachable_leaves_the_messages_to_the
 
 
 async def test_a_stop_whose_writes_outlast_the_shutdown_timeout_loses_nothing(
-        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
-        mongo: Any, publish: Any) -> None:
+    daemon: Callable[..., Daemon],
+    mode: str,
+    broker: Broker,
+    topic_root: str,
+    db: Any,
+    mongo: Any,
+    publish: Any,
+) -> None:
     """Fault model: "SIGTERM, writes still in flight at --shutdown-timeout". MongoDB
     refuses the writes; SIGTERM waits --shutdown-timeout, says what it leaves, and exits
     without acknowledging anything. The next process receives the messages again and
@@ -348,9 +384,13 @@ def fixed_width(topic_root: str, count: int) -> list[tuple[str, bytes]]:
     """Messages of one size each (three sensors, ``seq`` 100 and up), whose inbox share
     (``ingest_inbox_bytes``) tells how many wait there."""
     ts = int(NOW) - 600
-    return [(f"{topic_root}/s{i % 3}/readings",
-             orjson.dumps({"ts": ts + i, "seq": 100 + i, "temp": 20.5}))
-            for i in range(count)]
+    return [
+        (
+            f"{topic_root}/s{i % 3}/readings",
+            orjson.dumps({"ts": ts + i, "seq": 100 + i, "temp": 20.5}),
+        )
+        for i in range(count)
+    ]
 
 
 def inbox_share(message: tuple[str, bytes]) -> int:
@@ -360,24 +400,36 @@ def inbox_share(message: tuple[str, bytes]) -> int:
     return INBOX_MESSAGE_BYTES + len(message[0]) + len(message[1])
 
 
-async def qos0_waiting_in_the_inbox(proc: Daemon, mongo: Any, publish: Any, mode: str,
-                                    sent: list[tuple[str, bytes]]) -> None:
+async def qos0_waiting_in_the_inbox(
+    proc: Daemon, mongo: Any, publish: Any, mode: str, sent: list[tuple[str, bytes]]
+) -> None:
     """Publish ``sent`` at QoS 0 while MongoDB refuses the writes (hold the fail point
     around this): 10 readings fill the pipeline, one waits for room, the rest in the inbox."""
     await publish(sent, qos=0)
     waiting = (len(sent) - 11) * inbox_share(sent[0])
-    await eventually(lambda: proc.metric("ingest_messages_received_total") == 10
-                     and proc.metric("ingest_inbox_bytes") == waiting)
-    await eventually(lambda: proc.metric(
-        f'ingest_write_errors_total{{kind="transient",mode="{mode}"}}') >= 1)
+    await eventually(
+        lambda: (
+            proc.metric("ingest_messages_received_total") == 10
+            and proc.metric("ingest_inbox_bytes") == waiting
+        )
+    )
+    await eventually(
+        lambda: proc.metric(f'ingest_write_errors_total{{kind="transient",mode="{mode}"}}') >= 1
+    )
 
 
 QOS0_FLAGS = ("--qos", "0", "--batch-size", "5", "--max-buffered-readings", "10")
 
 
 async def test_qos0_messages_read_before_a_reconnect_are_written_after_it(
-        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
-        mongo: Any, publish: Any) -> None:
+    daemon: Callable[..., Daemon],
+    mode: str,
+    broker: Broker,
+    topic_root: str,
+    db: Any,
+    mongo: Any,
+    publish: Any,
+) -> None:
     """Fault model: "Connection lost with QoS 0 messages in the inbox". MongoDB refuses
     the writes, so the pipeline is full and 39 QoS 0 messages wait in the daemon's inbox
     (one more for room in the pipeline); then the connection drops. The broker does not
@@ -390,44 +442,70 @@ async def test_qos0_messages_read_before_a_reconnect_are_written_after_it(
         async with failpoint(mongo, [WRITE_COMMAND[mode]]):
             await qos0_waiting_in_the_inbox(proc, mongo, publish, mode, sent)
             proxy.drop()
-            await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 1
-                             and proc.metric("ingest_mqtt_connected") == 1)
+            await eventually(
+                lambda: (
+                    proc.metric("ingest_mqtt_reconnects_total") >= 1
+                    and proc.metric("ingest_mqtt_connected") == 1
+                )
+            )
         # After the backoff's next attempt (up to 30 s).
-        await eventually(lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}')
-                         == 50, timeout=90)
+        await eventually(
+            lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 50, timeout=90
+        )
         assert proc.metric("ingest_messages_received_total") == 50
         assert proc.metric("ingest_messages_lost_total") == 0
     assert await stored_values(db, mode, "seq") == list(range(100, 150))
 
 
 async def test_qos0_messages_behind_a_paused_reader_are_written_after_a_reconnect(
-        daemon: Callable[..., Daemon], mode: str, broker: Broker, topic_root: str, db: Any,
-        mongo: Any, publish: Any) -> None:
+    daemon: Callable[..., Daemon],
+    mode: str,
+    broker: Broker,
+    topic_root: str,
+    db: Any,
+    mongo: Any,
+    publish: Any,
+) -> None:
     """The issue's case: reading paused during a MongoDB outage (the inbox holds 20
     messages), then the connection drops. The messages in the inbox, and those the broker
     had already sent into the daemon's socket behind the pause, are the only copies:
     all 100 are written once MongoDB is back."""
     sent = fixed_width(topic_root, 100)
     with proxied(broker) as proxy:
-        proc = daemon(*QOS0_FLAGS, "--max-inflight-messages", "20",
-                      broker_url=f"mqtt://127.0.0.1:{proxy.port}")
+        proc = daemon(
+            *QOS0_FLAGS,
+            "--max-inflight-messages",
+            "20",
+            broker_url=f"mqtt://127.0.0.1:{proxy.port}",
+        )
         async with failpoint(mongo, [WRITE_COMMAND[mode]]):
             await publish(sent, qos=0)
-            await eventually(lambda: proc.metric("ingest_mqtt_read_paused") == 1
-                             and proc.metric("ingest_messages_received_total") == 10)
+            await eventually(
+                lambda: (
+                    proc.metric("ingest_mqtt_read_paused") == 1
+                    and proc.metric("ingest_messages_received_total") == 10
+                )
+            )
             await asyncio.sleep(0.5)  # the rest is in the daemon's socket by now
             proxy.drop()
-            await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 1
-                             and proc.metric("ingest_mqtt_connected") == 1, timeout=30)
-        await eventually(lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}')
-                         == 100, timeout=90)
+            await eventually(
+                lambda: (
+                    proc.metric("ingest_mqtt_reconnects_total") >= 1
+                    and proc.metric("ingest_mqtt_connected") == 1
+                ),
+                timeout=30,
+            )
+        await eventually(
+            lambda: proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 100,
+            timeout=90,
+        )
         assert proc.metric("ingest_messages_lost_total") == 0
     assert await stored_values(db, mode, "seq") == list(range(100, 200))
 
 
 async def test_a_stop_writes_the_qos0_messages_waiting_in_the_inbox(
-        daemon: Callable[..., Daemon], mode: str, topic_root: str, db: Any, mongo: Any,
-        publish: Any) -> None:
+    daemon: Callable[..., Daemon], mode: str, topic_root: str, db: Any, mongo: Any, publish: Any
+) -> None:
     """Fault model: "SIGTERM with QoS 0 messages in the inbox". MongoDB is back but the
     pipeline has not caught up (19 messages wait in the inbox, one for room) when SIGTERM
     comes: the drain takes them first, since nothing would send them again, and writes
@@ -442,8 +520,8 @@ async def test_a_stop_writes_the_qos0_messages_waiting_in_the_inbox(
 
 
 async def test_a_stop_with_qos0_messages_in_the_inbox_counts_and_logs_them_as_lost(
-        daemon: Callable[..., Daemon], mode: str, topic_root: str, mongo: Any,
-        publish: Any) -> None:
+    daemon: Callable[..., Daemon], mode: str, topic_root: str, mongo: Any, publish: Any
+) -> None:
     """Fault model: "SIGTERM with QoS 0 messages in the inbox". The messages read and never
     taken, and those taken whose write outlasts --shutdown-timeout, cannot be sent again
     by the broker: the stop says how many are lost, rather than dropping them silently."""
@@ -452,6 +530,8 @@ async def test_a_stop_with_qos0_messages_in_the_inbox_counts_and_logs_them_as_lo
         await qos0_waiting_in_the_inbox(proc, mongo, publish, mode, fixed_width(topic_root, 30))
         assert proc.metric("ingest_messages_lost_total") == 0
         assert proc.stop() == 0
-    assert ("stopping with 20 QoS 0 messages read from the broker and not taken by the "
-            "pipeline: they are lost") in proc.logs()
+    assert (
+        "stopping with 20 QoS 0 messages read from the broker and not taken by the "
+        "pipeline: they are lost"
+    ) in proc.logs()
     assert "10 QoS 0 messages among them are lost" in proc.logs()

@@ -55,15 +55,19 @@ async def settled(proc: Daemon, db: Any, mode: str, last: str) -> dict[str, floa
     def check() -> dict[str, float] | None:
         metrics = proc.metrics()
         received = metrics.get("ingest_messages_received_total", 0.0)
-        return metrics if received and metrics.get(
-            "ingest_messages_acked_total", 0.0) == received else None
+        return (
+            metrics
+            if received and metrics.get("ingest_messages_acked_total", 0.0) == received
+            else None
+        )
+
     result: dict[str, float] = await eventually(check)
     return result
 
 
 async def test_a_restart_with_another_topic_stores_nothing_of_the_old_one(
-        daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
-        topic_root: str, mode: str) -> None:
+    daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any, topic_root: str, mode: str
+) -> None:
     old, new = f"{topic_root}/old", f"{topic_root}/new"
     first = daemon("--topic", f"{old}/#", rule_topics=True)
     assert first.stop() == 0
@@ -84,8 +88,8 @@ async def test_a_restart_with_another_topic_stores_nothing_of_the_old_one(
 
 
 async def test_what_an_old_filter_queued_for_todays_topics_is_stored_once(
-        daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
-        topic_root: str, mode: str) -> None:
+    daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any, topic_root: str, mode: str
+) -> None:
     """Another filter for the same topics (``root/#`` then ``root/+/+``): what the old
     one queued while the daemon was away has no other copy, and is stored (readings
     without a time, so a second copy would be a second reading); live ones come once."""
@@ -104,8 +108,12 @@ async def test_what_an_old_filter_queued_for_todays_topics_is_stored_once(
 
 
 async def test_presets_then_the_default_format_store_a_reading_once(
-        daemon: Callable[..., Daemon], persistent: Broker, db: Any, mode: str,
-        publish: Callable[..., Any]) -> None:
+    daemon: Callable[..., Daemon],
+    persistent: Broker,
+    db: Any,
+    mode: str,
+    publish: Callable[..., Any],
+) -> None:
     """``--preset zigbee2mqtt --preset shelly`` subscribes ``+/+/#``, which covers
     ``sensors/<id>``; the default format then subscribes ``sensors/#``. Without the
     record of the earlier filters (a session from before it), the broker sends a reading
@@ -113,8 +121,15 @@ async def test_presets_then_the_default_format_store_a_reading_once(
     unsubscribed and the reading comes once."""
     url = persistent.url
     for known in (False, True):
-        presets = daemon("--preset", "zigbee2mqtt", "--preset", "shelly", broker_url=url,
-                         rule_topics=True, client_id="switching")
+        presets = daemon(
+            "--preset",
+            "zigbee2mqtt",
+            "--preset",
+            "shelly",
+            broker_url=url,
+            rule_topics=True,
+            client_id="switching",
+        )
         assert "subscribed to +/+/#" in presets.logs()
         assert presets.stop() == 0
         if not known:
@@ -127,14 +142,15 @@ async def test_presets_then_the_default_format_store_a_reading_once(
         assert metrics["ingest_messages_received_total"] == (1 if known else 2)
         assert metrics[OLD] == (0 if known else 1)
     # Said at start: the rules' filters replace sensors/#, and how to keep it.
-    assert ("instead of the default sensors/#, and no rule reads the default format"
-            in presets.logs())
+    assert (
+        "instead of the default sensors/#, and no rule reads the default format" in presets.logs()
+    )
     assert "instead of the default" not in default.logs()
 
 
 async def test_workers_restarted_with_another_topic_store_nothing_of_the_old_one(
-        daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
-        topic_root: str) -> None:
+    daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any, topic_root: str
+) -> None:
     old, new = f"{topic_root}/old", f"{topic_root}/new"
     first = daemon("--workers", "2", "--topic", f"{old}/#", rule_topics=True)
     assert first.stop() == 0
@@ -193,13 +209,19 @@ class FailingMemory:
 
 @pytest.mark.parametrize("hang", [False, True])
 async def test_a_record_mongodb_cannot_read_leaves_the_subscriptions_to_the_identifiers(
-        broker: Broker, publish: Callable[..., Any], topic_root: str, hang: bool,
-        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    broker: Broker,
+    publish: Callable[..., Any],
+    topic_root: str,
+    hang: bool,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """MongoDB failing (or not answering) when the recorded filters are read: logged, and
     the daemon subscribes and consumes all the same (no unsubscribe of old filters)."""
     monkeypatch.setattr(source_module, "MEMORY_TIMEOUT", 0.2)
-    settings = Settings(mqtt=parse_mqtt_url(broker.url), topics=(f"{topic_root}/#",),
-                        client_id=f"mem-{topic_root}")
+    settings = Settings(
+        mqtt=parse_mqtt_url(broker.url), topics=(f"{topic_root}/#",), client_id=f"mem-{topic_root}"
+    )
     memory = FailingMemory(hang)
     source = MqttSource(settings, Metrics("bucket"), Health(), memory=memory)
     got: list[Inbound] = []
@@ -220,12 +242,16 @@ async def test_a_record_mongodb_cannot_read_leaves_the_subscriptions_to_the_iden
     assert "cannot read or record the filters client id" in caplog.text
 
 
-@pytest.mark.parametrize(("connack_properties", "identified", "skipped"), [
-    (b"", True, [False, True, True]),  # identifiers taken (the property absent)
-    (b"\x29\x00", False, [False, False, False]),  # Subscription Identifier Available 0
-])
+@pytest.mark.parametrize(
+    ("connack_properties", "identified", "skipped"),
+    [
+        (b"", True, [False, True, True]),  # identifiers taken (the property absent)
+        (b"\x29\x00", False, [False, False, False]),  # Subscription Identifier Available 0
+    ],
+)
 async def test_a_broker_without_identifiers_gets_nothing_skipped(
-        connack_properties: bytes, identified: bool, skipped: list[bool]) -> None:
+    connack_properties: bytes, identified: bool, skipped: list[bool]
+) -> None:
     """A broker whose CONNACK says it takes no Subscription Identifiers: the source then
     subscribes without them and skips nothing. Otherwise a message without identifier is
     skipped when its topic is outside today's filters, and one with another filter's
@@ -248,21 +274,31 @@ async def test_a_broker_without_identifiers_gets_nothing_skipped(
 
 
 async def test_a_backlog_queued_through_subscriptions_without_identifiers_is_stored(
-        daemon: Callable[..., Daemon], broker: Broker, publish: Callable[..., Any], db: Any,
-        topic_root: str) -> None:
+    daemon: Callable[..., Daemon],
+    broker: Broker,
+    publish: Callable[..., Any],
+    db: Any,
+    topic_root: str,
+) -> None:
     """A session subscribed without Subscription Identifiers (by a version before them):
     what it queued on a filter still wanted is stored, what it queued on another filter
     is skipped, counted as unidentified."""
     client_id = f"ingest-{topic_root}"
     props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
     props.SessionExpiryInterval = 300
-    async with aiomqtt.Client("127.0.0.1", broker.port, identifier=client_id,
-                              protocol=aiomqtt.ProtocolVersion.V5, clean_start=True,
-                              properties=props) as earlier:
+    async with aiomqtt.Client(
+        "127.0.0.1",
+        broker.port,
+        identifier=client_id,
+        protocol=aiomqtt.ProtocolVersion.V5,
+        clean_start=True,
+        properties=props,
+    ) as earlier:
         for topic in (f"{topic_root}/new/#", f"{topic_root}/old/#"):
             await earlier.subscribe(topic, qos=1)
-    await publish([reading(f"{topic_root}/old/x", "dropped", 1),
-                   reading(f"{topic_root}/new/x", "kept", 2)])  # the last one comes last
+    await publish(
+        [reading(f"{topic_root}/old/x", "dropped", 1), reading(f"{topic_root}/new/x", "kept", 2)]
+    )  # the last one comes last
     proc = daemon("--topic", f"{topic_root}/new/#", rule_topics=True)
     metrics = await settled(proc, db, "bucket", "kept")
     assert await stored(db, "bucket") == 1

@@ -46,16 +46,26 @@ def varint(n: int) -> bytes:
             return bytes(out)
 
 
-def publish_packet(topic: str, payload: bytes, mid: int = 0, qos: int = 0,
-                   dup: bool = False, props: bytes = b"", retain: bool = False) -> bytes:
+def publish_packet(
+    topic: str,
+    payload: bytes,
+    mid: int = 0,
+    qos: int = 0,
+    dup: bool = False,
+    props: bytes = b"",
+    retain: bool = False,
+) -> bytes:
     """An MQTT 5 PUBLISH as a broker sends it."""
     name = topic.encode()
     body = len(name).to_bytes(2) + name
     if qos:
         body += mid.to_bytes(2)
     body += varint(len(props)) + props + payload
-    return (bytes((0x30 | qos << 1 | (0x08 if dup else 0) | (0x01 if retain else 0),))
-            + varint(len(body)) + body)
+    return (
+        bytes((0x30 | qos << 1 | (0x08 if dup else 0) | (0x01 if retain else 0),))
+        + varint(len(body))
+        + body
+    )
 
 
 class KernelSocket:
@@ -97,8 +107,12 @@ class Hooked:
         self.client = aiomqtt.Client("127.0.0.1", protocol=aiomqtt.ProtocolVersion.V5)
         self.delivered: list[tuple[str, bytes, int, int, bool, bool, object]] = []
         self.sessions: list[bool] = []
-        paho_hooks.install(self.client, lambda *m: self.delivered.append(m),
-                           lambda present, _ids: self.sessions.append(present), lambda: None)
+        paho_hooks.install(
+            self.client,
+            lambda *m: self.delivered.append(m),
+            lambda present, _ids: self.sessions.append(present),
+            lambda: None,
+        )
         self.paho: Any = self.client._client
         self.sock = KernelSocket(segment)
         self.paho._sock = self.sock
@@ -153,18 +167,22 @@ async def test_a_packet_completed_by_parsers_hundredth_read_is_handled_at_once()
 @settings(max_examples=60)
 @example(sizes=[92], segment=1, cuts=[])  # a body of exactly 100 one-byte reads
 @example(sizes=[3, 92], segment=1, cuts=[])
-@given(sizes=st.lists(st.integers(0, 300_000), min_size=1, max_size=6),
-       segment=st.sampled_from([1, 7, 536, 1448, 16384, 65536, 262144]),
-       cuts=st.lists(st.integers(0, 10**7), max_size=8))
+@given(
+    sizes=st.lists(st.integers(0, 300_000), min_size=1, max_size=6),
+    segment=st.sampled_from([1, 7, 536, 1448, 16384, 65536, 262144]),
+    cuts=st.lists(st.integers(0, 10**7), max_size=8),
+)
 async def test_every_complete_packet_is_delivered_before_the_reader_waits(
-        sizes: list[int], segment: int, cuts: list[int]) -> None:
+    sizes: list[int], segment: int, cuts: list[int]
+) -> None:
     """Whatever the sizes and however the bytes arrive: once the socket is drained, every
     complete packet that arrived has been delivered, in order, and no byte is held."""
     hooked = Hooked(segment)
-    packets = [publish_packet(f"s/{i}", bytes([i % 256]) * size, i + 1, 1)
-               for i, size in enumerate(sizes)]
+    packets = [
+        publish_packet(f"s/{i}", bytes([i % 256]) * size, i + 1, 1) for i, size in enumerate(sizes)
+    ]
     stream = b"".join(packets)
-    ends = [sum(map(len, packets[:i + 1])) for i in range(len(packets))]
+    ends = [sum(map(len, packets[: i + 1])) for i in range(len(packets))]
     for sent in hooked.feed_cut(stream, cuts):
         complete = sum(1 for end in ends if end <= sent)
         assert [m[2] for m in hooked.delivered] == list(range(1, complete + 1))
@@ -176,10 +194,13 @@ PINGRESP = bytes((0xD0, 0))
 
 @settings(max_examples=60)
 @example(segment=65536, cuts=[])  # the whole stream in the buffer at once
-@given(segment=st.sampled_from([1, 2, 3, 7, 13, 536, 65536]),
-       cuts=st.lists(st.integers(0, 10**6), max_size=8))
+@given(
+    segment=st.sampled_from([1, 2, 3, 7, 13, 536, 65536]),
+    cuts=st.lists(st.integers(0, 10**6), max_size=8),
+)
 async def test_publishes_between_other_packets_are_delivered_in_order_and_keep_alive(
-        segment: int, cuts: list[int]) -> None:
+    segment: int, cuts: list[int]
+) -> None:
     """PUBLISH packets handled straight from the reader's buffer and the packets paho
     reads itself (PINGRESP, and publishes cut across reads) interleave in any order and
     any cut: every PUBLISH is delivered once, in order, with its topic, id, QoS, DUP, RETAIN
@@ -188,13 +209,15 @@ async def test_publishes_between_other_packets_are_delivered_in_order_and_keep_a
     hooked = Hooked(segment)
     big = 130 * b"x"  # a two-byte remaining length
     packets = [
-        (publish_packet("a/1", b"one", 1, 1, retain=True), ("a/1", b"one", 1, 1, False, True,
-                                                              0)),
+        (publish_packet("a/1", b"one", 1, 1, retain=True), ("a/1", b"one", 1, 1, False, True, 0)),
         (PINGRESP, None),
         (publish_packet("b", b"", 0, 0, retain=True), ("b", b"", 0, 0, False, True, 0)),
-        (publish_packet("é/2", big, 65535, 1, dup=True,
-                        props=bytes((0x02, 0, 0, 0, 60, 0x0B, 0x81, 0x01))),
-         ("é/2", big, 65535, 1, True, False, 129)),
+        (
+            publish_packet(
+                "é/2", big, 65535, 1, dup=True, props=bytes((0x02, 0, 0, 0, 60, 0x0B, 0x81, 0x01))
+            ),
+            ("é/2", big, 65535, 1, True, False, 129),
+        ),
         (PINGRESP, None),
         (publish_packet("c", b"three", 2, 1), ("c", b"three", 2, 1, False, False, 0)),
     ]
@@ -225,8 +248,9 @@ async def test_the_publish_parser_reads_what_paho_encodes() -> None:
     """Our PUBLISH handler against paho's own encoder: topic, id, QoS, DUP, the
     Subscription Identifiers, other properties skipped (user properties, message expiry,
     content type), payload intact."""
-    sender = paho_client.Client(paho_client.CallbackAPIVersion.VERSION2,
-                                protocol=paho_client.MQTTv5)
+    sender = paho_client.Client(
+        paho_client.CallbackAPIVersion.VERSION2, protocol=paho_client.MQTTv5
+    )
     sender._sock = KernelSocket(1)  # paho encodes only when connected
     queued: list[bytes] = []
     sender._packet_queue = lambda _cmd, packet, *_a, **_k: queued.append(bytes(packet)) or 0
@@ -236,18 +260,20 @@ async def test_the_publish_parser_reads_what_paho_encodes() -> None:
     props.ContentType = "application/json"
     props.SubscriptionIdentifier = 268_435_455
     props.SubscriptionIdentifier = 3
-    sender._send_publish(7, b"a/b/c", b'{"t": 1}', 1, retain=False, dup=True,
-                         properties=props)
+    sender._send_publish(7, b"a/b/c", b'{"t": 1}', 1, retain=False, dup=True, properties=props)
     sender._send_publish(0, "é/x".encode(), b"zero", 0, retain=True, dup=False)
     hooked = Hooked(1448)
     hooked.sock.feed(b"".join(queued))
     hooked.readable()
-    assert hooked.delivered == [("a/b/c", b'{"t": 1}', 7, 1, True, False, (268_435_455, 3)),
-                                ("é/x", b"zero", 0, 0, False, True, 0)]
+    assert hooked.delivered == [
+        ("a/b/c", b'{"t": 1}', 7, 1, True, False, (268_435_455, 3)),
+        ("é/x", b"zero", 0, 0, False, True, 0),
+    ]
 
 
 async def test_only_retained_messages_sent_on_subscribing_arrive_with_retain(
-        broker: Broker) -> None:
+    broker: Broker,
+) -> None:
     """With the daemon's subscription options (Retain As Published off, Retain Handling
     1), mosquitto sets RETAIN on the retained message it sends because of a new
     subscription, and on nothing else: not on a live publish made with retain, not on
@@ -255,17 +281,31 @@ async def test_only_retained_messages_sent_on_subscribing_arrive_with_retain(
     topic = f"ret/{uuid.uuid4().hex[:8]}"
     ident = f"c-{uuid.uuid4().hex[:8]}"
     got: list[tuple[bytes, bool]] = []
-    options = SubscribeOptions(qos=1, retainAsPublished=False,
-                               retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB)
+    options = SubscribeOptions(
+        qos=1, retainAsPublished=False, retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB
+    )
     props = Properties(PacketTypes.CONNECT)
     props.SessionExpiryInterval = 60
 
     def session(clean_start: bool) -> aiomqtt.Client:
-        client = aiomqtt.Client("127.0.0.1", broker.port, identifier=ident,
-                                protocol=aiomqtt.ProtocolVersion.V5, clean_start=clean_start,
-                                properties=props)
-        def deliver(_topic: str, payload: bytes, mid: int, qos: int, _dup: bool,
-                    retain: bool, _subscription: object) -> None:
+        client = aiomqtt.Client(
+            "127.0.0.1",
+            broker.port,
+            identifier=ident,
+            protocol=aiomqtt.ProtocolVersion.V5,
+            clean_start=clean_start,
+            properties=props,
+        )
+
+        def deliver(
+            _topic: str,
+            payload: bytes,
+            mid: int,
+            qos: int,
+            _dup: bool,
+            retain: bool,
+            _subscription: object,
+        ) -> None:
             got.append((payload, retain))
             paho_hooks.ack(client, mid, qos)
 
@@ -311,8 +351,9 @@ async def test_a_publish_whose_header_runs_past_its_end_ends_the_connection() ->
 async def test_ack_many_queues_exactly_the_bytes_of_pahos_own_pubacks() -> None:
     hooked = Hooked(1448)
     queued: list[tuple[int, bytes]] = []
-    hooked.paho._packet_queue = lambda cmd, packet, *_a, **_k: queued.append(
-        (cmd, bytes(packet))) or 0
+    hooked.paho._packet_queue = lambda cmd, packet, *_a, **_k: (
+        queued.append((cmd, bytes(packet))) or 0
+    )
     hooked.paho.manual_ack_set(on=True)
     for mid in (1, 300, 65535):
         hooked.paho.ack(mid, 1)
@@ -328,7 +369,8 @@ async def test_the_installed_versions_have_every_internal_the_hooks_use() -> Non
 
 @pytest.mark.parametrize("name", [*paho_hooks.REQUIRED, "on_connect"])
 async def test_a_missing_or_changed_internal_is_refused_with_the_versions(
-        monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
     monkeypatch.setattr(paho_client.Client, name, lambda _self, _changed: None)
     with pytest.raises(IncompatibleError) as info:
         paho_hooks.check_compatible(aiomqtt.Client("127.0.0.1"))
@@ -340,12 +382,30 @@ async def test_a_missing_or_changed_internal_is_refused_with_the_versions(
 
 def test_the_daemon_refuses_to_start_on_other_paho_internals() -> None:
     """The real command: exit 1 with one line naming the versions, before connecting."""
-    code = ("import sys, paho.mqtt.client as c; del c.Client._packet_read; "
-            "from ingest.cli import main; sys.exit(main(sys.argv[1:]))")
-    run = subprocess.run([sys.executable, "-c", code, "run", "--dry-run",
-                          "--mqtt-url", "mqtt://127.0.0.1:1", "--topic", "x/#",
-                          "--metrics-port", "0"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
+    code = (
+        "import sys, paho.mqtt.client as c; del c.Client._packet_read; "
+        "from ingest.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "run",
+            "--dry-run",
+            "--mqtt-url",
+            "mqtt://127.0.0.1:1",
+            "--topic",
+            "x/#",
+            "--metrics-port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
     lines = (run.stdout + run.stderr).strip().splitlines()
     assert run.returncode == 1, lines
     errors = [line for line in lines if " ERROR " in line]
@@ -366,11 +426,17 @@ async def test_a_refused_connack_does_not_report_a_session(broker: Broker) -> No
             proxy.refuse(1 if refused else 0)
             props = Properties(PacketTypes.CONNECT)
             props.SessionExpiryInterval = 60
-            client = aiomqtt.Client("127.0.0.1", proxy.port, identifier=ident,
-                                    protocol=aiomqtt.ProtocolVersion.V5, clean_start=False,
-                                    properties=props)
-            paho_hooks.install(client, lambda *_: None,
-                               lambda present, _ids: seen.append(present), lambda: None)
+            client = aiomqtt.Client(
+                "127.0.0.1",
+                proxy.port,
+                identifier=ident,
+                protocol=aiomqtt.ProtocolVersion.V5,
+                clean_start=False,
+                properties=props,
+            )
+            paho_hooks.install(
+                client, lambda *_: None, lambda present, _ids: seen.append(present), lambda: None
+            )
             if refused:
                 with pytest.raises(aiomqtt.MqttCodeError):
                     await client.__aenter__()
@@ -384,15 +450,18 @@ async def test_a_refused_connack_does_not_report_a_session(broker: Broker) -> No
 
 
 async def test_large_messages_through_mosquitto_arrive_without_waiting_for_more(
-        broker: Broker) -> None:
+    broker: Broker,
+) -> None:
     """Messages of several MB, each the last thing on the wire for a while: each one is
     delivered without a later byte (keepalive 60 s) having to push it out."""
     topic = f"big/{uuid.uuid4().hex[:8]}"
     got: asyncio.Queue[int] = asyncio.Queue()
-    client = aiomqtt.Client("127.0.0.1", broker.port, protocol=aiomqtt.ProtocolVersion.V5,
-                            keepalive=60)
-    paho_hooks.install(client, lambda _t, p, *_: got.put_nowait(len(p)),
-                       lambda *_: None, lambda: None)
+    client = aiomqtt.Client(
+        "127.0.0.1", broker.port, protocol=aiomqtt.ProtocolVersion.V5, keepalive=60
+    )
+    paho_hooks.install(
+        client, lambda _t, p, *_: got.put_nowait(len(p)), lambda *_: None, lambda: None
+    )
     async with client, aiomqtt.Client("127.0.0.1", broker.port) as publisher:
         await client.subscribe(topic, qos=0)
         for size in (6_553_000, 6_553_600, 6_600_000, 1_638_400):
@@ -400,16 +469,16 @@ async def test_large_messages_through_mosquitto_arrive_without_waiting_for_more(
             assert await asyncio.wait_for(got.get(), 10) == size
 
 
-async def test_a_partition_is_noticed_by_the_keepalive_through_the_hooks(
-        broker: Broker) -> None:
+async def test_a_partition_is_noticed_by_the_keepalive_through_the_hooks(broker: Broker) -> None:
     """PINGREQ/PINGRESP go through the replaced reader: with keepalive 1 s, PINGRESPs are
     handled; a partition (nothing closed, nothing answered) ends the connection after
     paho's 1.5 keepalives, and on_lost is told."""
     proxy = Proxy("127.0.0.1", broker.port).start()
     lost = asyncio.Event()
     try:
-        client = aiomqtt.Client("127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5,
-                                keepalive=1)
+        client = aiomqtt.Client(
+            "127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5, keepalive=1
+        )
         paho_hooks.install(client, lambda *_: None, lambda *_: None, lost.set)
         paho = client._client
         answered: list[int] = []
@@ -436,7 +505,8 @@ async def _until(condition: Callable[[], bool]) -> None:
 
 @pytest.mark.parametrize("transport", ["tcp", "tls"])
 async def test_a_paused_reader_reads_nothing_more_and_resumes_from_what_it_buffered(
-        broker: Broker, tmp_path: Path, transport: str) -> None:
+    broker: Broker, tmp_path: Path, transport: str
+) -> None:
     """200 small messages wait in the socket of a paused reader. On resume, one recv
     takes them all into the reader's buffer and the first delivery pauses again: the
     rest sits in the buffer, the kernel socket is empty (nothing more will arrive), and
@@ -447,10 +517,14 @@ async def test_a_paused_reader_reads_nothing_more_and_resumes_from_what_it_buffe
     if transport == "tls":
         tls = make_tls_files(tmp_path)
         port = free_port()
-        secure = Broker(tmp_path, extra=(
-            f"listener {port} 127.0.0.1\n"
-            f"cafile {tls['ca.crt']}\ncertfile {tls['server.crt']}\n"
-            f"keyfile {tls['server.key']}\n"))
+        secure = Broker(
+            tmp_path,
+            extra=(
+                f"listener {port} 127.0.0.1\n"
+                f"cafile {tls['ca.crt']}\ncertfile {tls['server.crt']}\n"
+                f"keyfile {tls['server.key']}\n"
+            ),
+        )
         secure.start()
         tls_params = aiomqtt.TLSParameters(ca_certs=str(tls["ca.crt"]))
     topic = f"pause/{uuid.uuid4().hex[:8]}"
@@ -462,8 +536,9 @@ async def test_a_paused_reader_reads_nothing_more_and_resumes_from_what_it_buffe
         if len(got) in pause_at:
             reader.pause()
 
-    client = aiomqtt.Client(host, port, protocol=aiomqtt.ProtocolVersion.V5, keepalive=60,
-                            tls_params=tls_params)
+    client = aiomqtt.Client(
+        host, port, protocol=aiomqtt.ProtocolVersion.V5, keepalive=60, tls_params=tls_params
+    )
     reader = paho_hooks.install(client, deliver, lambda *_: None, lambda: None)
     try:
         async with client, aiomqtt.Client(host, (secure or broker).port) as publisher:
@@ -488,8 +563,7 @@ async def test_a_paused_reader_reads_nothing_more_and_resumes_from_what_it_buffe
             secure.stop()
 
 
-async def test_a_pause_longer_than_two_keepalives_keeps_the_connection(
-        broker: Broker) -> None:
+async def test_a_pause_longer_than_two_keepalives_keeps_the_connection(broker: Broker) -> None:
     """Paused for 4 s with keepalive 1 s, data waiting unread in front of the PINGRESPs:
     paho's own check would close the connection after about a keepalive, the broker its
     side after 1.5 without a PINGREQ. PINGREQs keep going out, the connection and the
@@ -500,10 +574,12 @@ async def test_a_pause_longer_than_two_keepalives_keeps_the_connection(
     lost = asyncio.Event()
     got: list[bytes] = []
     try:
-        client = aiomqtt.Client("127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5,
-                                keepalive=1)
-        reader = paho_hooks.install(client, lambda _t, p, *_: got.append(p),
-                                    lambda *_: None, lost.set)
+        client = aiomqtt.Client(
+            "127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5, keepalive=1
+        )
+        reader = paho_hooks.install(
+            client, lambda _t, p, *_: got.append(p), lambda *_: None, lost.set
+        )
         paho = client._client
         pings: list[float] = []
         send_pingreq = paho._send_pingreq
@@ -529,15 +605,15 @@ async def test_a_pause_longer_than_two_keepalives_keeps_the_connection(
     assert lost.is_set()
 
 
-async def test_a_connection_the_broker_closes_during_a_pause_is_noticed(
-        broker: Broker) -> None:
+async def test_a_connection_the_broker_closes_during_a_pause_is_noticed(broker: Broker) -> None:
     """Paused, the reader does not read the broker's EOF: the kernel's TCP state tells
     that the peer closed, within seconds rather than at the next keepalive (60 s)."""
     proxy = Proxy("127.0.0.1", broker.port).start()
     lost = asyncio.Event()
     try:
-        client = aiomqtt.Client("127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5,
-                                keepalive=60)
+        client = aiomqtt.Client(
+            "127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5, keepalive=60
+        )
         reader = paho_hooks.install(client, lambda *_: None, lambda *_: None, lost.set)
         async with client:
             reader.pause()
@@ -554,7 +630,8 @@ async def test_a_connection_the_broker_closes_during_a_pause_is_noticed(
 
 @pytest.mark.parametrize("close", ["drop", "hang_up"])
 async def test_what_the_broker_sent_before_closing_during_a_pause_is_still_read(
-        broker: Broker, close: str) -> None:
+    broker: Broker, close: str
+) -> None:
     """QoS 0 messages that reached the socket while reading was paused are the only copy
     (the broker does not resend QoS 0): when the peer closes, the reader reads up to its
     EOF, past the pause, then reports the connection lost. ``drop``: the connection is
@@ -564,10 +641,12 @@ async def test_what_the_broker_sent_before_closing_during_a_pause_is_still_read(
     received: list[bytes] = []
     lost = asyncio.Event()
     try:
-        client = aiomqtt.Client("127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5,
-                                keepalive=60)
-        reader = paho_hooks.install(client, lambda _t, payload, *_: received.append(payload),
-                                    lambda *_: None, lost.set)
+        client = aiomqtt.Client(
+            "127.0.0.1", proxy.port, protocol=aiomqtt.ProtocolVersion.V5, keepalive=60
+        )
+        reader = paho_hooks.install(
+            client, lambda _t, payload, *_: received.append(payload), lambda *_: None, lost.set
+        )
         async with client:
             await client.subscribe(topic, qos=0)
             reader.pause()

@@ -35,8 +35,7 @@ class Connection:
         self.sock = KernelSocket(65536)
         paho._sock = self.sock
         self.pubacks: list[bytes] = []
-        paho._packet_queue = lambda _cmd, packet, *_a, **_k: self.pubacks.append(
-            bytes(packet)) or 0
+        paho._packet_queue = lambda _cmd, packet, *_a, **_k: self.pubacks.append(bytes(packet)) or 0
         self.paho = paho
         source._connected(self.client)
 
@@ -155,16 +154,16 @@ async def consuming(source: MqttSource, connection: Connection) -> AsyncIterator
     """The source's consumer on ``connection``, the pipeline taking every message into
     the list it yields; cancelled at the end."""
     offered: list[Inbound] = []
-    consume = asyncio.create_task(source._consume(connection.inbox,
-                                                  lambda m: _take(offered, m)))
+    consume = asyncio.create_task(source._consume(connection.inbox, lambda m: _take(offered, m)))
     try:
         yield offered
     finally:
         consume.cancel()
 
 
-async def taken_then_disconnected(source: MqttSource, *packets: bytes
-                                  ) -> tuple[Connection, list[Inbound]]:
+async def taken_then_disconnected(
+    source: MqttSource, *packets: bytes
+) -> tuple[Connection, list[Inbound]]:
     """A connection that receives ``packets``, whose messages the pipeline takes, and
     then ends: the connection and the messages taken."""
     first = Connection(source)
@@ -217,7 +216,8 @@ async def test_both_messages_of_a_packet_id_redelivered_after_a_reconnect_are_ad
     metrics = Metrics("timeseries")
     source = MqttSource(Settings(max_inflight_messages=100), metrics, Health())
     first, (older, newer) = await taken_then_disconnected(
-        source, reading(5, b"older"), reading(5, b"newer"))
+        source, reading(5, b"older"), reading(5, b"newer")
+    )
     assert source.ack_all([newer]) == 0  # written while disconnected
 
     second = Connection(source)
@@ -238,8 +238,7 @@ async def test_a_redelivery_adopts_the_second_message_of_its_packet_id() -> None
     message, the second DUP (matching both) the second; both writes are acknowledged."""
     metrics = Metrics("timeseries")
     source = MqttSource(Settings(max_inflight_messages=100), metrics, Health())
-    _, taken = await taken_then_disconnected(source, reading(5, b"same"),
-                                             reading(5, b"same"))
+    _, taken = await taken_then_disconnected(source, reading(5, b"same"), reading(5, b"same"))
 
     second = Connection(source)
     async with consuming(source, second) as offered:
@@ -258,7 +257,8 @@ async def test_a_message_the_broker_does_not_resend_no_longer_holds_back_its_pac
     queues behind it, and the first's write is not acknowledged (nothing holds it)."""
     source = MqttSource(Settings(max_inflight_messages=100), Metrics("timeseries"), Health())
     _, (expired, kept) = await taken_then_disconnected(
-        source, reading(5, b"expired"), reading(5, b"kept"))
+        source, reading(5, b"expired"), reading(5, b"kept")
+    )
 
     second = Connection(source)
     async with consuming(source, second) as offered:

@@ -37,6 +37,7 @@ def test_a_packet_id_outside_the_range_is_refused_by_both_twins(mid: int) -> Non
 
 # --- scanning a read buffer into PUBLISH packets -------------------------------------
 
+
 def remaining_length(n: int, extra: int = 0) -> bytes:
     """``n`` as a variable byte integer, padded with ``extra`` non-minimal bytes (which
     the scanner accepts, as paho's reader does, up to 4 bytes in all)."""
@@ -50,12 +51,33 @@ def remaining_length(n: int, extra: int = 0) -> bytes:
 # Pieces of a PUBLISH's property block, whole or cut: Subscription Identifiers of one to
 # five bytes (0 and a non-minimal one included), each other property type, an identifier
 # MQTT 5 does not define for a PUBLISH, a string running past the block.
-property_pieces = st.lists(st.sampled_from([
-    b"\x0b\x05", b"\x0b\x81\x01", b"\x0b\xff\xff\xff\x7f", b"\x0b\x80\x80\x80\x80\x01",
-    b"\x0b\x80\x80\x80\x00", b"\x0b\xb9\xb4\xac\x6c", b"\x0b\xb9\xb4\xac\xec",
-    b"\x0b\x00", b"\x0b\x85\x00", b"\x01\x01", b"\x02\x00\x00\x00\x3c", b"\x23\x00\x01",
-    b"\x03\x00\x02js", b"\x08\x00\x01r", b"\x09\x00\x00", b"\x26\x00\x01k\x00\x02vv",
-    b"\x26\x00\x01k", b"\x03\x00\x09", b"\x0b", b"\x17\x01"]), max_size=6).map(b"".join)
+property_pieces = st.lists(
+    st.sampled_from(
+        [
+            b"\x0b\x05",
+            b"\x0b\x81\x01",
+            b"\x0b\xff\xff\xff\x7f",
+            b"\x0b\x80\x80\x80\x80\x01",
+            b"\x0b\x80\x80\x80\x00",
+            b"\x0b\xb9\xb4\xac\x6c",
+            b"\x0b\xb9\xb4\xac\xec",
+            b"\x0b\x00",
+            b"\x0b\x85\x00",
+            b"\x01\x01",
+            b"\x02\x00\x00\x00\x3c",
+            b"\x23\x00\x01",
+            b"\x03\x00\x02js",
+            b"\x08\x00\x01r",
+            b"\x09\x00\x00",
+            b"\x26\x00\x01k\x00\x02vv",
+            b"\x26\x00\x01k",
+            b"\x03\x00\x09",
+            b"\x0b",
+            b"\x17\x01",
+        ]
+    ),
+    max_size=6,
+).map(b"".join)
 
 
 @st.composite
@@ -66,15 +88,29 @@ def publishes(draw: st.DrawFn, large: bool = True) -> bytes:
     remaining length if ``large``."""
     qos = draw(st.sampled_from([0, 1, 1, 1, 2, 3]))
     topic = draw(st.one_of(st.text(max_size=20).map(str.encode), st.binary(max_size=20)))
-    props = draw(st.one_of(st.just(b""), st.binary(max_size=3), st.binary(min_size=128,
-                                                                         max_size=300),
-                           property_pieces))
+    props = draw(
+        st.one_of(
+            st.just(b""),
+            st.binary(max_size=3),
+            st.binary(min_size=128, max_size=300),
+            property_pieces,
+        )
+    )
     props_length = remaining_length(len(props), draw(st.integers(0, 2)))
-    payload = draw(st.one_of(st.binary(max_size=40), st.integers(100, 20000 if large else 300)
-                             .map(lambda n: b"p" * n)))
-    body = (len(topic).to_bytes(2) + topic
-            + (draw(st.integers(0, 0xFFFF)).to_bytes(2) if qos else b"")
-            + props_length + props + payload)
+    payload = draw(
+        st.one_of(
+            st.binary(max_size=40),
+            st.integers(100, 20000 if large else 300).map(lambda n: b"p" * n),
+        )
+    )
+    body = (
+        len(topic).to_bytes(2)
+        + topic
+        + (draw(st.integers(0, 0xFFFF)).to_bytes(2) if qos else b"")
+        + props_length
+        + props
+        + payload
+    )
     flags = qos << 1 | draw(st.sampled_from([0, 0x08])) | draw(st.sampled_from([0, 0x01]))
     extra = draw(st.integers(0, 4 - len(varint(len(body)))))
     return bytes((0x30 | flags,)) + remaining_length(len(body), extra) + body
@@ -86,19 +122,36 @@ def malformed(draw: st.DrawFn) -> bytes:
     property length in many bytes; or a remaining length over 4 bytes."""
     if draw(st.booleans()):
         return bytes((0x30 | draw(st.integers(0, 15)), 0xFF, 0xFF, 0xFF, 0xFF, 0x01))
-    body = draw(st.one_of(
-        st.binary(max_size=12),
-        st.tuples(st.binary(min_size=3, max_size=3), st.binary(max_size=8).map(
-            lambda tail: b"\x80" * len(tail) + tail)).map(
-            lambda parts: b"\x00\x01t" + parts[1] if parts[0][0] & 1 else b"\x00\x01t\x00\x01"
-            + parts[1])))
+    body = draw(
+        st.one_of(
+            st.binary(max_size=12),
+            st.tuples(
+                st.binary(min_size=3, max_size=3),
+                st.binary(max_size=8).map(lambda tail: b"\x80" * len(tail) + tail),
+            ).map(
+                lambda parts: (
+                    b"\x00\x01t" + parts[1] if parts[0][0] & 1 else b"\x00\x01t\x00\x01" + parts[1]
+                )
+            ),
+        )
+    )
     return bytes((draw(st.sampled_from([0x30, 0x32, 0x3B])),)) + varint(len(body)) + body
 
 
-others = st.sampled_from([b"\xd0\x00", b"\x62\x02\x00\x01", b"\x90\x04\x00\x01\x00\x01",
-                          b"\x40\x02\x00\x07", b"\x30", b"\x32\x85"])
-buffers = st.lists(st.one_of(publishes(), publishes(), publishes(), malformed(), others,
-                             st.binary(max_size=6)), max_size=8).map(b"".join)
+others = st.sampled_from(
+    [
+        b"\xd0\x00",
+        b"\x62\x02\x00\x01",
+        b"\x90\x04\x00\x01\x00\x01",
+        b"\x40\x02\x00\x07",
+        b"\x30",
+        b"\x32\x85",
+    ]
+)
+buffers = st.lists(
+    st.one_of(publishes(), publishes(), publishes(), malformed(), others, st.binary(max_size=6)),
+    max_size=8,
+).map(b"".join)
 
 
 class Reader:
@@ -112,8 +165,14 @@ class Reader:
 type Outcome = tuple[object, object, list[tuple[tuple[type, object], ...]]]
 
 
-def run(scan: Callable[..., int], data: object, pos: object, pause_after: int | None = None,
-        fail_after: int | None = None, paused: bool = False) -> Outcome:
+def run(
+    scan: Callable[..., int],
+    data: object,
+    pos: object,
+    pause_after: int | None = None,
+    fail_after: int | None = None,
+    paused: bool = False,
+) -> Outcome:
     """What a scanner does to ``data``: its result or exception, the position it left,
     each delivery's arguments with their types. The delivery pauses the reader after
     ``pause_after`` packets and raises at packet ``fail_after``."""
@@ -141,17 +200,25 @@ def same(data: bytes, pos: int = 0, **how: Any) -> Outcome:
 
 
 @settings(max_examples=300)
-@given(buffers, st.integers(0, 2), st.none() | st.integers(1, 4),
-       st.none() | st.integers(1, 4), st.booleans())
+@given(
+    buffers,
+    st.integers(0, 2),
+    st.none() | st.integers(1, 4),
+    st.none() | st.integers(1, 4),
+    st.booleans(),
+)
 def test_both_scanners_deliver_the_same_packets_and_stop_at_the_same_byte(
-        data: bytes, pos: int, pause_after: int | None, fail_after: int | None,
-        paused: bool) -> None:
+    data: bytes, pos: int, pause_after: int | None, fail_after: int | None, paused: bool
+) -> None:
     same(data, pos, pause_after=pause_after, fail_after=fail_after, paused=paused)
 
 
 @settings(max_examples=40)
-@given(st.lists(st.one_of(publishes(large=False), malformed(), others), min_size=1,
-                max_size=3).map(b"".join))
+@given(
+    st.lists(st.one_of(publishes(large=False), malformed(), others), min_size=1, max_size=3).map(
+        b"".join
+    )
+)
 def test_both_scanners_agree_on_a_buffer_cut_at_every_byte(data: bytes) -> None:
     for cut in range(len(data) + 1):
         for pos in (0, 1, cut):
@@ -171,47 +238,67 @@ def properties(draw: st.DrawFn) -> tuple[bytes, object]:
         props.ContentType = draw(st.text(max_size=20))
     if draw(st.booleans()):
         props.CorrelationData = draw(st.binary(max_size=20))
-    for pair in draw(st.lists(st.tuples(st.text(max_size=8), st.text(max_size=8)),
-                              max_size=2)):
+    for pair in draw(st.lists(st.tuples(st.text(max_size=8), st.text(max_size=8)), max_size=2)):
         props.UserProperty = pair
     identifiers = draw(st.lists(st.integers(1, 268_435_455), max_size=3))
     for value in identifiers:
         props.SubscriptionIdentifier = value
     packed = props.pack()
     length = 1 + next(i for i, byte in enumerate(packed) if not byte & 0x80)
-    found: object = (tuple(identifiers) if len(identifiers) > 1
-                     else identifiers[0] if identifiers else 0)
+    found: object = (
+        tuple(identifiers) if len(identifiers) > 1 else identifiers[0] if identifiers else 0
+    )
     return packed[length:], found
 
 
-@given(st.lists(st.tuples(st.text(max_size=30), st.binary(max_size=300),
-                          st.integers(1, 0xFFFF), st.integers(0, 1), st.booleans(),
-                          st.booleans(), properties()), max_size=10))
+@given(
+    st.lists(
+        st.tuples(
+            st.text(max_size=30),
+            st.binary(max_size=300),
+            st.integers(1, 0xFFFF),
+            st.integers(0, 1),
+            st.booleans(),
+            st.booleans(),
+            properties(),
+        ),
+        max_size=10,
+    )
+)
 def test_the_scanner_delivers_what_was_encoded(
-        messages: list[tuple[str, bytes, int, int, bool, bool, tuple[bytes, object]]]) -> None:
-    data = b"".join(publish_packet(topic, payload, mid, qos, dup, props[0], retain)
-                    for topic, payload, mid, qos, dup, retain, props in messages)
+    messages: list[tuple[str, bytes, int, int, bool, bool, tuple[bytes, object]]],
+) -> None:
+    data = b"".join(
+        publish_packet(topic, payload, mid, qos, dup, props[0], retain)
+        for topic, payload, mid, qos, dup, retain, props in messages
+    )
     handled, pos, delivered = same(data + b"\x30", pause_after=None)
     assert (handled, pos) == (len(messages), len(data))
     assert [tuple(value for _type, value in args) for args in delivered] == [
         (topic, payload, mid if qos else 0, qos, dup, retain, props[1])
-        for topic, payload, mid, qos, dup, retain, props in messages]
-    assert all(types[:6] == (str, bytes, int, int, bool, bool) and types[6] in (int, tuple)
-               for types in (tuple(t for t, _v in args) for args in delivered))
+        for topic, payload, mid, qos, dup, retain, props in messages
+    ]
+    assert all(
+        types[:6] == (str, bytes, int, int, bool, bool) and types[6] in (int, tuple)
+        for types in (tuple(t for t, _v in args) for args in delivered)
+    )
 
 
-@pytest.mark.parametrize(("props", "found"), [
-    (b"", 0),
-    (b"\x0b\x05", 5),
-    (b"\x0b\xff\xff\xff\x7f", 268_435_455),
-    (b"\x0b\x80\x80\x80\x00", 0),  # 0, non-minimal
-    (b"\x0b\x80\x80\x80\x80", 0),  # a fifth byte would follow: not read
-    (b"\x01\x01\x0b\x81\x01\x0b\x07", (129, 7)),
-    (b"\x0b\x00", 0),  # 0 is no identifier
-    (b"\x0b\x80\x80\x80\x80\x01", 0),  # over 4 bytes: not read
-    (b"\x0b\x05\x17\x01\x0b\x06", 5),  # an unknown property ends the reading
-    (b"\x0b\x05\x03\x00\x09\x0b\x06", 5),  # so does a string past the block
-])
+@pytest.mark.parametrize(
+    ("props", "found"),
+    [
+        (b"", 0),
+        (b"\x0b\x05", 5),
+        (b"\x0b\xff\xff\xff\x7f", 268_435_455),
+        (b"\x0b\x80\x80\x80\x00", 0),  # 0, non-minimal
+        (b"\x0b\x80\x80\x80\x80", 0),  # a fifth byte would follow: not read
+        (b"\x01\x01\x0b\x81\x01\x0b\x07", (129, 7)),
+        (b"\x0b\x00", 0),  # 0 is no identifier
+        (b"\x0b\x80\x80\x80\x80\x01", 0),  # over 4 bytes: not read
+        (b"\x0b\x05\x17\x01\x0b\x06", 5),  # an unknown property ends the reading
+        (b"\x0b\x05\x03\x00\x09\x0b\x06", 5),  # so does a string past the block
+    ],
+)
 def test_both_parsers_find_the_subscription_identifiers(props: bytes, found: object) -> None:
     _result, _pos, delivered = same(publish_packet("t", b"p", 3, 1, props=props))
     assert delivered[0][6] == (type(found), found)
@@ -232,22 +319,30 @@ def test_a_non_utf8_topic_is_decoded_with_replacement_by_both_scanners() -> None
     assert delivered[0][0] == (str, "a\ufffdb")
 
 
-@pytest.mark.parametrize(("data", "pos", "error"), [
-    (bytearray(b"\x30\x00"), 0, (TypeError, "a read buffer is bytes, not bytearray")),
-    (b"\x30\x00", -1, (ValueError, "position -1 before the buffer")),
-    (b"\x30\x00", 2**70, 0),
-    (b"\x30\x00", 1.0, (TypeError, "'float' object cannot be interpreted as an integer")),
-])
-def test_a_buffer_or_position_out_of_range_is_refused_alike(data: object, pos: float,
-                                                            error: object) -> None:
+@pytest.mark.parametrize(
+    ("data", "pos", "error"),
+    [
+        (bytearray(b"\x30\x00"), 0, (TypeError, "a read buffer is bytes, not bytearray")),
+        (b"\x30\x00", -1, (ValueError, "position -1 before the buffer")),
+        (b"\x30\x00", 2**70, 0),
+        (b"\x30\x00", 1.0, (TypeError, "'float' object cannot be interpreted as an integer")),
+    ],
+)
+def test_a_buffer_or_position_out_of_range_is_refused_alike(
+    data: object, pos: float, error: object
+) -> None:
     assert run(twin.scan, data, pos) == run(wire.scan_py, data, pos) == (error, pos, [])
 
 
-@given(st.integers(0, 0xFF) | st.integers(-5, 300) | st.just(2**70),
-       st.binary(max_size=30), st.integers(-3, 35) | st.sampled_from([2**63, 2**70, -2**70]),
-       st.integers(-3, 35) | st.sampled_from([2**63, 2**70, -2**70]))
-def test_both_publish_parsers_agree_on_any_body_bounds(command: int, data: bytes, at: int,
-                                                       stop: int) -> None:
+@given(
+    st.integers(0, 0xFF) | st.integers(-5, 300) | st.just(2**70),
+    st.binary(max_size=30),
+    st.integers(-3, 35) | st.sampled_from([2**63, 2**70, -(2**70)]),
+    st.integers(-3, 35) | st.sampled_from([2**63, 2**70, -(2**70)]),
+)
+def test_both_publish_parsers_agree_on_any_body_bounds(
+    command: int, data: bytes, at: int, stop: int
+) -> None:
     def outcome(deliver_publish: Callable[..., None]) -> object:
         delivered: list[tuple[object, ...]] = []
         try:

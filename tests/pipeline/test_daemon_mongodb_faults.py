@@ -34,8 +34,8 @@ def alive(proc: Daemon) -> bool:
 
 
 async def test_a_settle_lookup_refused_for_a_missing_privilege_is_retried_not_fatal(
-        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any,
-        mongo: Any) -> None:
+    daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any, mongo: Any
+) -> None:
     """The same readings published again collide with the stored ones; the lookup that
     settles them (an aggregate) is refused with 13 Unauthorized, as with a role that
     lacks ``find``. The daemon stays up, unready, retrying with backoff, and settles
@@ -46,8 +46,9 @@ async def test_a_settle_lookup_refused_for_a_missing_privilege_is_retried_not_fa
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 3)
     async with failpoint(mongo, ["aggregate"], code=13):
         await publish(messages)
-        await eventually(lambda: proc.metric(
-            'ingest_write_errors_total{kind="transient",mode="bucket"}') >= 2)
+        await eventually(
+            lambda: proc.metric('ingest_write_errors_total{kind="transient",mode="bucket"}') >= 2
+        )
         assert alive(proc)
         await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 503)
         assert proc.metric("ingest_messages_acked_total") == 3
@@ -59,7 +60,8 @@ async def test_a_settle_lookup_refused_for_a_missing_privilege_is_retried_not_fa
 
 
 async def test_a_dropped_index_is_created_again_and_no_reading_goes_to_rejects(
-        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any) -> None:
+    daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any
+) -> None:
     """The upserts name their index in a ``hint``; with the index dropped the server
     refuses each one with BadValue. That is the schema gone, not bad data."""
     proc = daemon()
@@ -84,8 +86,8 @@ def rss_bytes(proc: Daemon) -> int:
 
 @pytest.mark.parametrize("qos", [1, 0])
 async def test_messages_with_no_accepted_reading_are_bounded_in_bytes_during_an_outage(
-        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any,
-        mongo: Any, qos: int) -> None:
+    daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any, mongo: Any, qos: int
+) -> None:
     """250 invalid 200 KB messages (50 MB) while MongoDB refuses every insert: none has
     a reading, so only the byte bound stops the pipeline taking them. It holds at most
     the bound plus one message, says so in ``ingest_buffered_bytes`` and ``/readyz``.
@@ -110,13 +112,14 @@ async def test_messages_with_no_accepted_reading_are_bounded_in_bytes_during_an_
         assert metrics["ingest_inbox_limit_bytes"] == bound // 4
         assert metrics["ingest_inbox_bytes"] <= bound // 4 + size + 4096
         grown = rss_bytes(proc) - before
-        print(f"\n{count} x {size} B invalid messages at QoS {qos} during an outage: "  # noqa: T201
-              f"ingest_buffered_bytes {metrics['ingest_buffered_bytes']:.0f} "
-              f"(bound {bound}), ingest_inbox_bytes {metrics['ingest_inbox_bytes']:.0f}, "
-              f"RSS {before / 2**20:.1f} -> {(before + grown) / 2**20:.1f} MiB")
+        print(  # noqa: T201
+            f"\n{count} x {size} B invalid messages at QoS {qos} during an outage: "
+            f"ingest_buffered_bytes {metrics['ingest_buffered_bytes']:.0f} "
+            f"(bound {bound}), ingest_inbox_bytes {metrics['ingest_inbox_bytes']:.0f}, "
+            f"RSS {before / 2**20:.1f} -> {(before + grown) / 2**20:.1f} MiB"
+        )
         assert grown < bound + bound // 4 + size + (8 << 20)
-    await eventually(lambda: proc.metric("ingest_messages_received_total") == count,
-                     timeout=90)
+    await eventually(lambda: proc.metric("ingest_messages_received_total") == count, timeout=90)
     await eventually(lambda: proc.metric("ingest_rejects_written_total") == count, timeout=90)
     assert await db.rejects.count_documents({"reason": "invalid_json"}) == count
     await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 200)
@@ -125,8 +128,8 @@ async def test_messages_with_no_accepted_reading_are_bounded_in_bytes_during_an_
 
 
 async def test_a_start_refused_for_a_missing_privilege_waits_unready_instead_of_exiting(
-        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any,
-        mongo: Any) -> None:
+    daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any, mongo: Any
+) -> None:
     """listCollections refused with 13 Unauthorized (a role without the privilege): the
     daemon stays up, unready, retrying with backoff and saying why, and starts once the
     privilege is granted: no crash loop."""

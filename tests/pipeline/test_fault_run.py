@@ -81,8 +81,19 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.fault
 
 SECONDS = float(os.environ.get("INGEST_FAULT_SECONDS", "10"))
-FAULTS = ["partition", "drop", "hangup", "refuse", "kill", "term", "retopic", "twin",
-          "writes", "slow", "broker"]
+FAULTS = [
+    "partition",
+    "drop",
+    "hangup",
+    "refuse",
+    "kill",
+    "term",
+    "retopic",
+    "twin",
+    "writes",
+    "slow",
+    "broker",
+]
 QOS0_FAULTS = ["partition", "hangup", "twin", "writes", "slow"]  # see the docstring
 KINDS = os.environ.get("INGEST_FAULT_KINDS", ",".join([*FAULTS, "rebirth"])).split(",")
 # With two workers: the supervisor's SIGKILL leaves its workers to drain and stop by
@@ -109,26 +120,45 @@ PER_MESSAGE = 2
 RATE = 24  # readings/s published while the faults run (the emulator is slow)
 WRITE_COMMAND = {"bucket": "update", "timeseries": "insert"}
 # Counters summed over the daemon's processes (each scraped before it ends).
-COUNTED = ["ingest_redeliveries_reacked_total", "ingest_redeliveries_adopted_total",
-           "ingest_messages_lost_total",
-           'ingest_duplicate_readings_total{{mode="{mode}"}}',
-           'ingest_duplicate_checked_readings_total{{mode="{mode}"}}',
-           'ingest_duplicate_check_seconds_total{{mode="{mode}"}}',
-           'ingest_batch_write_seconds_sum{{mode="{mode}"}}',
-           'ingest_readings_written_total{{mode="{mode}"}}']
+COUNTED = [
+    "ingest_redeliveries_reacked_total",
+    "ingest_redeliveries_adopted_total",
+    "ingest_messages_lost_total",
+    'ingest_duplicate_readings_total{{mode="{mode}"}}',
+    'ingest_duplicate_checked_readings_total{{mode="{mode}"}}',
+    'ingest_duplicate_check_seconds_total{{mode="{mode}"}}',
+    'ingest_batch_write_seconds_sum{{mode="{mode}"}}',
+    'ingest_readings_written_total{{mode="{mode}"}}',
+]
 
 
 class FaultRun:
     """The daemon behind a proxy, restarted as the faults require; a log of what was done."""
 
-    def __init__(self, start: Callable[..., Daemon], proxy: Proxy, broker: Broker,
-                 mongo: Any, mode: str, rng: random.Random, qos: int, root: str,
-                 node: SparkplugNode | None = None, workers: int = 1) -> None:
+    def __init__(
+        self,
+        start: Callable[..., Daemon],
+        proxy: Proxy,
+        broker: Broker,
+        mongo: Any,
+        mode: str,
+        rng: random.Random,
+        qos: int,
+        root: str,
+        node: SparkplugNode | None = None,
+        workers: int = 1,
+    ) -> None:
         self.start, self.proxy, self.broker = start, proxy, broker
         self.mongo, self.mode, self.rng, self.qos = mongo, mode, rng, qos
         self.node, self.root = node, root
-        self.flags = ["--max-inflight-messages", str(RECEIVE_MAXIMUM), "--batch-size", "20",
-                      "--workers", str(workers)]
+        self.flags = [
+            "--max-inflight-messages",
+            str(RECEIVE_MAXIMUM),
+            "--batch-size",
+            "20",
+            "--workers",
+            str(workers),
+        ]
         # The fleet's filter: "retopic" switches between two that match the same topics.
         self.topics = [f"{root}/#", f"{root}/+/+"]
         if qos == 0:
@@ -136,8 +166,9 @@ class FaultRun:
             # the broker ends the connection (what a reconnect must not lose at QoS 0).
             self.flags += ["--max-buffered-readings", "40"]
         allowed = WORKER_FAULTS if workers > 1 else FAULTS
-        self.kinds = [k for k in KINDS if k in allowed and (qos or k in QOS0_FAULTS)
-                      ] or ["partition"]
+        self.kinds = [k for k in KINDS if k in allowed and (qos or k in QOS0_FAULTS)] or [
+            "partition"
+        ]
         self.done: Counter[str] = Counter()
         self.proc = self._daemon()
         self.counted: Counter[str] = Counter()
@@ -147,9 +178,15 @@ class FaultRun:
         # connection, which the daemon rightly takes as a configuration error (exit 1).
         self.proxy.refuse(0)
         extra = () if self.node is None else self.node.daemon_args
-        proc = self.start(*self.flags, "--topic", self.topics[0], *extra,
-                          broker_url=f"mqtt://127.0.0.1:{self.proxy.port}", wait_ready=False,
-                          rule_topics=True)
+        proc = self.start(
+            *self.flags,
+            "--topic",
+            self.topics[0],
+            *extra,
+            broker_url=f"mqtt://127.0.0.1:{self.proxy.port}",
+            wait_ready=False,
+            rule_topics=True,
+        )
         if wait_ready:
             # Ready once its backlog lets the SUBACK through: with MongoDB refusing or
             # holding writes, each BIRTH of the backlog waits for its store
@@ -163,8 +200,7 @@ class FaultRun:
         Drawn from the node's random stream; the first time always.
         """
         node = self.node
-        if node is not None and (not self.done["rebirth"]
-                                 or node.rng.random() < REBIRTH_CHANCE):
+        if node is not None and (not self.done["rebirth"] or node.rng.random() < REBIRTH_CHANCE):
             if not self.done["rebirth"]:
                 await node.birth()
             self.done["rebirth"] += 1
@@ -231,16 +267,20 @@ class FaultRun:
     async def _slow(self) -> None:
         """Every write waits (blockTimeMS) before it runs, for a while (the emulator
         then refuses it as not primary, a real server runs it)."""
-        command = {"configureFailPoint": "failCommand", "mode": "alwaysOn",
-                   "data": {"failCommands": [WRITE_COMMAND[self.mode]],
-                            "blockConnection": True,
-                            "blockTimeMS": self.rng.randint(100, 1500)}}
+        command = {
+            "configureFailPoint": "failCommand",
+            "mode": "alwaysOn",
+            "data": {
+                "failCommands": [WRITE_COMMAND[self.mode]],
+                "blockConnection": True,
+                "blockTimeMS": self.rng.randint(100, 1500),
+            },
+        }
         await self.mongo.admin.command(command)
         try:
             self.pause()
         finally:
-            await self.mongo.admin.command({"configureFailPoint": "failCommand",
-                                            "mode": "off"})
+            await self.mongo.admin.command({"configureFailPoint": "failCommand", "mode": "off"})
 
     async def _broker(self) -> None:
         self.broker.restart()
@@ -262,8 +302,15 @@ class SparkplugNode:
     def __init__(self, broker: Broker, group: str, mapping: Path, rng: random.Random) -> None:
         self.broker, self.group, self.rng = broker, group, rng
         self.sensor = f"{group}/E"
-        self.daemon_args = ("--mapping", str(mapping), "--preset", "sparkplug",
-                            "--topic", f"spBv1.0/{group}/#", *SPARKPLUG_LIMITS)
+        self.daemon_args = (
+            "--mapping",
+            str(mapping),
+            "--preset",
+            "sparkplug",
+            "--topic",
+            f"spBv1.0/{group}/#",
+            *SPARKPLUG_LIMITS,
+        )
         self.t0 = int(time.time() * 1000) - 3_600_000
         self.step = 0
         self.name = "temp"
@@ -276,23 +323,27 @@ class SparkplugNode:
         return self.t0 + self.step
 
     def _birth(self, name: str, at: int) -> bytes:
-        return enc.nbirth([Metric(name, 1, at, enc.DOUBLE, is_null=True)], bd_seq=0,
-                          timestamp=at)
+        return enc.nbirth([Metric(name, 1, at, enc.DOUBLE, is_null=True)], bd_seq=0, timestamp=at)
 
     def _data(self, at: int) -> bytes:
-        return enc.payload([Metric(alias=1, timestamp=at, datatype=enc.DOUBLE,
-                                   value=float(at - self.t0))], at, (at - self.t0) % 256)
+        return enc.payload(
+            [Metric(alias=1, timestamp=at, datatype=enc.DOUBLE, value=float(at - self.t0))],
+            at,
+            (at - self.t0) % 256,
+        )
 
     async def _send(self, messages: list[tuple[str, bytes]]) -> None:
-        async with aiomqtt.Client("127.0.0.1", self.broker.port,
-                                  identifier=f"edge-{self.group}") as client:
+        async with aiomqtt.Client(
+            "127.0.0.1", self.broker.port, identifier=f"edge-{self.group}"
+        ) as client:
             for topic, payload in messages:
                 await client.publish(topic, payload, qos=1)
 
     async def birth(self) -> None:
         """The node's first NBIRTH."""
-        await self._send([(enc.topic(self.group, "NBIRTH", "E"),
-                           self._birth(self.name, self._next()))])
+        await self._send(
+            [(enc.topic(self.group, "NBIRTH", "E"), self._birth(self.name, self._next()))]
+        )
 
     async def refused_rebirth(self) -> None:
         """DATA; a refused NBIRTH moving alias 1; DATA to refuse; a usable NBIRTH; DATA."""
@@ -304,18 +355,33 @@ class SparkplugNode:
             "too_many_readings": enc.nbirth(
                 [Metric(other, 1, at, enc.DOUBLE, is_null=True)]
                 + [Metric(f"x{i}", 2 + i, at, enc.DOUBLE, is_null=True) for i in range(60)],
-                bd_seq=0, timestamp=at),
+                bd_seq=0,
+                timestamp=at,
+            ),
             "too_large": enc.nbirth(
-                [Metric(other, 1, at, enc.DOUBLE, is_null=True),
-                 Metric("note", 2, at, enc.STRING, "x" * 70_000)], bd_seq=0, timestamp=at),
-            "invalid_protobuf": enc.nbirth([Metric(other, 1, at, enc.DOUBLE, is_null=True)],
-                                           bd_seq=0, timestamp=at) + b"\xff",
+                [
+                    Metric(other, 1, at, enc.DOUBLE, is_null=True),
+                    Metric("note", 2, at, enc.STRING, "x" * 70_000),
+                ],
+                bd_seq=0,
+                timestamp=at,
+            ),
+            "invalid_protobuf": enc.nbirth(
+                [Metric(other, 1, at, enc.DOUBLE, is_null=True)], bd_seq=0, timestamp=at
+            )
+            + b"\xff",
         }[reason]
         during, reborn, after = (self._next() for _ in range(3))
         node = enc.topic(self.group, "NBIRTH", "E"), enc.topic(self.group, "NDATA", "E")
-        await self._send([(node[1], self._data(before)), (node[0], refused),
-                          (node[1], self._data(during)),
-                          (node[0], self._birth(other, reborn)), (node[1], self._data(after))])
+        await self._send(
+            [
+                (node[1], self._data(before)),
+                (node[0], refused),
+                (node[1], self._data(during)),
+                (node[0], self._birth(other, reborn)),
+                (node[1], self._data(after)),
+            ]
+        )
         self.expected[before] = {self.name: float(before - self.t0)}
         self.refused.append(during)
         self.expected[after] = {other: float(after - self.t0)}
@@ -327,26 +393,35 @@ class SparkplugNode:
         out: list[tuple[int, dict[str, Any]]] = []
         if mode == "bucket":
             async for doc in coll.find({"sensor_id": self.sensor}):
-                out.extend((_ms(r["ts"]), {k: v for k, v in r.items() if k != "ts"})
-                           for r in doc["readings"])
+                out.extend(
+                    (_ms(r["ts"]), {k: v for k, v in r.items() if k != "ts"})
+                    for r in doc["readings"]
+                )
         else:
-            out.extend([(_ms(doc["ts"]), {k: v for k, v in doc.items()
-                                          if k not in ("_id", "ts", "meta")})
-                        async for doc in coll.find({"meta.sensor_id": self.sensor})])
+            out.extend(
+                [
+                    (
+                        _ms(doc["ts"]),
+                        {k: v for k, v in doc.items() if k not in ("_id", "ts", "meta")},
+                    )
+                    async for doc in coll.find({"meta.sensor_id": self.sensor})
+                ]
+            )
         return sorted(out, key=lambda r: r[0])
 
     def check(self, stored: list[tuple[int, dict[str, Any]]]) -> dict[str, int]:
         """Missing, duplicated and wrong readings of the node (as ``loadgen verify``)."""
         seen = Counter(ts for ts, _ in stored)
         wrong = sum(1 for ts, values in stored if self.expected.get(ts) != values)
-        return {"expected": len(self.expected),
-                "missing": sum(1 for ts in self.expected if not seen[ts]),
-                "duplicated": sum(n - 1 for ts, n in seen.items() if ts in self.expected),
-                "wrong": wrong}
+        return {
+            "expected": len(self.expected),
+            "missing": sum(1 for ts in self.expected if not seen[ts]),
+            "duplicated": sum(n - 1 for ts, n in seen.items() if ts in self.expected),
+            "wrong": wrong,
+        }
 
 
-def sparkplug_node(broker: Broker, group: str, tmp_path: Path, seed: int
-                   ) -> SparkplugNode | None:
+def sparkplug_node(broker: Broker, group: str, tmp_path: Path, seed: int) -> SparkplugNode | None:
     """The Sparkplug node of the run (with its rule for the fleet), unless left out."""
     if "rebirth" not in KINDS:
         return None
@@ -356,8 +431,13 @@ def sparkplug_node(broker: Broker, group: str, tmp_path: Path, seed: int
     return SparkplugNode(broker, group, rules, random.Random(seed + 1))
 
 
-async def check_node(node: SparkplugNode | None, run: FaultRun, db: Any, mode: str,
-                     capsys: pytest.CaptureFixture[str]) -> None:
+async def check_node(
+    node: SparkplugNode | None,
+    run: FaultRun,
+    db: Any,
+    mode: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """The node's readings: all there, none wrong, none of the refused DATA; bucket mode
     exactly once (time-series duplicates fall under the run's bound of process exits)."""
     if node is None:
@@ -365,11 +445,18 @@ async def check_node(node: SparkplugNode | None, run: FaultRun, db: Any, mode: s
     stored = await node.stored(db, mode)
     found = node.check(stored)
     with capsys.disabled():
-        print(f"fault run: {mode}: Sparkplug node: {run.done['rebirth']} refused "  # noqa: T201
-              f"rebirths {dict(sorted(node.reasons.items()))}; {found}")
+        print(  # noqa: T201
+            f"fault run: {mode}: Sparkplug node: {run.done['rebirth']} refused "
+            f"rebirths {dict(sorted(node.reasons.items()))}; {found}"
+        )
     assert (found["missing"], found["wrong"]) == (0, 0), (
-        found, [(ts - node.t0, values, node.expected.get(ts)) for ts, values in stored
-                if node.expected.get(ts) != values])
+        found,
+        [
+            (ts - node.t0, values, node.expected.get(ts))
+            for ts, values in stored
+            if node.expected.get(ts) != values
+        ],
+    )
     assert not set(node.refused) & {ts for ts, _ in stored}, stored
     if mode == "bucket":
         assert found["duplicated"] == 0, (found, stored)
@@ -385,46 +472,103 @@ def _ms(value: Any) -> int:
 def verify(manifest: Path, mongo_uri: str, db_name: str, mode: str) -> dict[str, Any]:
     """``loadgen verify``'s report, or ``{"error": ...}`` if it could not run (MongoDB
     busy or unreachable: the caller waits and tries again)."""
-    run = subprocess.run([sys.executable, "-m", "loadgen", "verify", "--manifest",
-                          str(manifest), "--mongodb-uri", mongo_uri, "--db", db_name,
-                          "--mode", mode, "--json"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "verify",
+            "--manifest",
+            str(manifest),
+            "--mongodb-uri",
+            mongo_uri,
+            "--db",
+            db_name,
+            "--mode",
+            mode,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
     if not run.stdout:
         return {"error": run.stderr[-1000:], "missing": None}
     report: dict[str, Any] = json.loads(run.stdout)["modes"][0]
     return report
 
 
-def summarise(run: str, faults: dict[str, int], report: dict[str, Any], c: dict[str, float],
-              capsys: pytest.CaptureFixture[str]) -> None:
+def summarise(
+    run: str,
+    faults: dict[str, int],
+    report: dict[str, Any],
+    c: dict[str, float],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """Print what a run did: its faults, the verify result and the daemon's counters."""
     with capsys.disabled():
-        print(f"fault run: {run}: faults {faults}; expected {report['expected']}, "  # noqa: T201
-              f"missing {report['missing']}, duplicated {report['duplicated']}, "
-              f"wrong {report['wrong']}; PUBACKs re-sent for "
-              f"{c['redeliveries_reacked_total']:.0f} DUPs, "
-              f"{c['redeliveries_adopted_total']:.0f} DUPs adopted by writes in flight; "
-              f"{c['readings_written_total']:.0f} readings written, "
-              f"{c['duplicate_readings_total']:.0f} not written again as duplicates; "
-              f"duplicate lookups: {c['duplicate_checked_readings_total']:.0f} readings in "
-              f"{c['duplicate_check_seconds_total']:.3f} s (batch writes "
-              f"{c['batch_write_seconds_sum']:.3f} s in all)")
+        print(  # noqa: T201
+            f"fault run: {run}: faults {faults}; expected {report['expected']}, "
+            f"missing {report['missing']}, duplicated {report['duplicated']}, "
+            f"wrong {report['wrong']}; PUBACKs re-sent for "
+            f"{c['redeliveries_reacked_total']:.0f} DUPs, "
+            f"{c['redeliveries_adopted_total']:.0f} DUPs adopted by writes in flight; "
+            f"{c['readings_written_total']:.0f} readings written, "
+            f"{c['duplicate_readings_total']:.0f} not written again as duplicates; "
+            f"duplicate lookups: {c['duplicate_checked_readings_total']:.0f} readings in "
+            f"{c['duplicate_check_seconds_total']:.3f} s (batch writes "
+            f"{c['batch_write_seconds_sum']:.3f} s in all)"
+        )
         if report.get("examples"):
             print(f"fault run: {run}: examples: {report['examples']}")  # noqa: T201
 
 
-def start_publisher(broker: Broker, root: str, count: int, qos: int, seed: int,
-                    manifest: Path, workers: int) -> subprocess.Popen[str]:
+def start_publisher(
+    broker: Broker, root: str, count: int, qos: int, seed: int, manifest: Path, workers: int
+) -> subprocess.Popen[str]:
     """The fleet's publisher: half of it without a time; with two workers, some messages
     of the other half twice."""
     repeat = ["--repeat-every", str(REPEAT_EVERY)] if workers > 1 else []
     return subprocess.Popen(
-        [sys.executable, "-m", "loadgen", "publish", "--mqtt-url", broker.url,
-         "--topic-prefix", root, "--sensors", "12", "--count", str(count),
-         "--per-message", str(PER_MESSAGE), "--qos", str(qos), "--rate", str(RATE),
-         "--start", "now-6h", "--time-step", "30", "--seed", str(seed),
-         "--untimed-every", str(UNTIMED_EVERY), *repeat, "--manifest", str(manifest), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "loadgen",
+            "publish",
+            "--mqtt-url",
+            broker.url,
+            "--topic-prefix",
+            root,
+            "--sensors",
+            "12",
+            "--count",
+            str(count),
+            "--per-message",
+            str(PER_MESSAGE),
+            "--qos",
+            str(qos),
+            "--rate",
+            str(RATE),
+            "--start",
+            "now-6h",
+            "--time-step",
+            "30",
+            "--seed",
+            str(seed),
+            "--untimed-every",
+            str(UNTIMED_EVERY),
+            *repeat,
+            "--manifest",
+            str(manifest),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 @pytest.fixture
@@ -439,16 +583,29 @@ def persistent(tmp_path: Path) -> Iterator[Broker]:
     broker.stop()
 
 
-@pytest.mark.parametrize(("qos", "workers"), [(1, 1), (0, 1), (1, 2)],
-                         ids=["qos1", "qos0", "qos1-2workers"])
+@pytest.mark.parametrize(
+    ("qos", "workers"), [(1, 1), (0, 1), (1, 2)], ids=["qos1", "qos0", "qos1-2workers"]
+)
 async def test_random_faults_lose_nothing_and_duplicate_only_what_a_kill_explains(
-        daemon: Callable[..., Daemon], mode: str, qos: int, workers: int, persistent: Broker,
-        topic_root: str, mongo: Any, mongo_uri: str, db_name: str, db: Any, tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    daemon: Callable[..., Daemon],
+    mode: str,
+    qos: int,
+    workers: int,
+    persistent: Broker,
+    topic_root: str,
+    mongo: Any,
+    mongo_uri: str,
+    db_name: str,
+    db: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     seed = int(os.environ.get("INGEST_FAULT_SEED", random.randrange(10**6)))
     with capsys.disabled():
-        print(f"\nfault run: mode {mode}, QoS {qos}, {workers} worker(s), seed {seed}, "  # noqa: T201
-              f"{SECONDS:.0f} s (replay: INGEST_FAULT_SEED={seed})")
+        print(  # noqa: T201
+            f"\nfault run: mode {mode}, QoS {qos}, {workers} worker(s), seed {seed}, "
+            f"{SECONDS:.0f} s (replay: INGEST_FAULT_SEED={seed})"
+        )
     rng = random.Random(seed)
     proxy = Proxy("127.0.0.1", persistent.port).start()
     manifest = tmp_path / "run.json"
@@ -457,8 +614,7 @@ async def test_random_faults_lose_nothing_and_duplicate_only_what_a_kill_explain
     node = sparkplug_node(persistent, topic_root, tmp_path, seed) if workers == 1 else None
     # The daemon first: its subscription must exist before anything is published.
     run = FaultRun(daemon, proxy, persistent, mongo, mode, rng, qos, topic_root, node, workers)
-    publisher = start_publisher(persistent, topic_root, count, qos, seed, manifest,
-                                workers)
+    publisher = start_publisher(persistent, topic_root, count, qos, seed, manifest, workers)
     try:
         deadline = time.monotonic() + SECONDS
         while time.monotonic() < deadline:
@@ -476,11 +632,19 @@ async def test_random_faults_lose_nothing_and_duplicate_only_what_a_kill_explain
         async def caught_up() -> dict[str, Any] | None:
             report = verify(manifest, mongo_uri, db_name, mode)
             metrics = proc.metrics()
-            last[:] = [report, {k: v for k, v in metrics.items() if "messages" in k
-                                or "buffered" in k or "redeliver" in k or "mqtt" in k}]
-            settled = (metrics["ingest_buffered_readings"] == 0
-                       and metrics["ingest_messages_received_total"]
-                       == metrics["ingest_messages_acked_total"])
+            last[:] = [
+                report,
+                {
+                    k: v
+                    for k, v in metrics.items()
+                    if "messages" in k or "buffered" in k or "redeliver" in k or "mqtt" in k
+                },
+            ]
+            settled = (
+                metrics["ingest_buffered_readings"] == 0
+                and metrics["ingest_messages_received_total"]
+                == metrics["ingest_messages_acked_total"]
+            )
             if node is not None:  # the node's readings are all there too
                 last.append(node.check(await node.stored(db, mode)))
                 settled = settled and last[-1]["missing"] == 0
@@ -489,18 +653,24 @@ async def test_random_faults_lose_nothing_and_duplicate_only_what_a_kill_explain
         try:
             report = await eventually(caught_up, timeout=60 + 6 * SECONDS, interval=1.0)
         except AssertionError:
-            pytest.fail(f"seed {seed}: not caught up; faults {dict(run.done)}; {last}\n"
-                        f"{proc.logs()[-4000:]}")
+            pytest.fail(
+                f"seed {seed}: not caught up; faults {dict(run.done)}; {last}\n"
+                f"{proc.logs()[-4000:]}"
+            )
         run._scrape()
     finally:
         publisher.kill()
         proxy.stop()
     faults = dict(sorted(run.done.items()))
-    c = {name.split("{")[0].removeprefix("ingest_"): value
-         for name, value in run.counted.items()}
+    c = {name.split("{")[0].removeprefix("ingest_"): value for name, value in run.counted.items()}
     summarise(f"{mode}, QoS {qos}, {workers} worker(s)", faults, report, c, capsys)
-    assert (report["expected"], report["missing"], report["wrong"],
-            report["unexpected"], report["bad_documents"]) == (count, 0, 0, 0, 0), report
+    assert (
+        report["expected"],
+        report["missing"],
+        report["wrong"],
+        report["unexpected"],
+        report["bad_documents"],
+    ) == (count, 0, 0, 0, 0), report
     # A QoS 0 message read and lost by a stop would be counted here (none is published
     # in the runs with stops).
     assert c["messages_lost_total"] == 0, c

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from tests.support.procs import Daemon
 
 
-def get(url: str, token: str | None = None, context: ssl.SSLContext | None = None
-        ) -> tuple[int, str]:
+def get(
+    url: str, token: str | None = None, context: ssl.SSLContext | None = None
+) -> tuple[int, str]:
     """Status and body of a GET (errors included)."""
     request = urllib.request.Request(url)
     if token is not None:
@@ -33,10 +34,10 @@ def get(url: str, token: str | None = None, context: ssl.SSLContext | None = Non
         return exc.code, exc.read().decode()
 
 
-
 @pytest.mark.parametrize("workers", [1, 2])
 def test_metrics_need_a_token_and_health_stays_open(
-        daemon: Callable[..., Daemon], tmp_path: Path, workers: int) -> None:
+    daemon: Callable[..., Daemon], tmp_path: Path, workers: int
+) -> None:
     token = secrets.token_urlsafe(32)
     tokens = tmp_path / "tokens"
     tokens.write_text(f'prometheus = "{token}"\n')
@@ -57,8 +58,7 @@ def test_metrics_need_a_token_and_health_stays_open(
 
 def test_metrics_over_tls(daemon: Callable[..., Daemon], tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path, "metrics")
-    proc = daemon("--metrics-tls-cert", str(cert), "--metrics-tls-key", str(key),
-                  wait_ready=False)
+    proc = daemon("--metrics-tls-cert", str(cert), "--metrics-tls-key", str(key), wait_ready=False)
     trusted = ssl.create_default_context(cafile=str(cert))
     base = f"https://127.0.0.1:{proc.metrics_port}"
     deadline = time.monotonic() + 20
@@ -78,10 +78,10 @@ def test_metrics_over_tls(daemon: Callable[..., Daemon], tmp_path: Path) -> None
     assert proc.stop() == 0
 
 
-def test_half_a_tls_pair_is_one_line_naming_both_flags(daemon: Callable[..., Daemon],
-                                                      tmp_path: Path) -> None:
+def test_half_a_tls_pair_is_one_line_naming_both_flags(
+    daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
     cert, _ = self_signed(tmp_path, "metrics")
     proc = daemon("--metrics-tls-cert", str(cert), wait_ready=False)
     assert proc.wait() == 2
-    assert ("--metrics-tls-cert and --metrics-tls-key: give both or neither"
-            in proc.logs())
+    assert "--metrics-tls-cert and --metrics-tls-key: give both or neither" in proc.logs()

@@ -84,8 +84,9 @@ def test_dashboard_structure() -> None:
     assert board["title"]
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
-    datasources = yaml.safe_load(
-        (PROVISIONING / "datasources" / "prometheus.yaml").read_text())["datasources"]
+    datasources = yaml.safe_load((PROVISIONING / "datasources" / "prometheus.yaml").read_text())[
+        "datasources"
+    ]
     uid = next(d["uid"] for d in datasources if d["type"] == "prometheus")
     for panel in graph_panels():
         title = panel["title"]
@@ -99,18 +100,26 @@ def test_dashboard_structure() -> None:
             assert target["expr"].strip(), title
     for row in (p for p in board["panels"] if p["type"] == "row"):
         assert not row.get("targets"), "rows only group panels"
-    providers = yaml.safe_load(
-        (PROVISIONING / "dashboards" / "iot-ingest.yaml").read_text())["providers"]
+    providers = yaml.safe_load((PROVISIONING / "dashboards" / "iot-ingest.yaml").read_text())[
+        "providers"
+    ]
     assert providers[0]["options"]["path"] == "/var/lib/grafana/dashboards"
 
 
 def test_dashboard_covers_what_operators_look_at() -> None:
     exprs = " ".join(expr for _, _, expr in targets())
-    for metric in ("ingest_readings_accepted_total", "ingest_readings_written_total",
-                   "ingest_messages_received_total", "ingest_batch_write_seconds_bucket",
-                   "ingest_batch_readings_bucket", "ingest_buffered_readings",
-                   "ingest_readings_rejected_total", "ingest_mqtt_connected",
-                   "mongodb_top_insert_count", "mongodb_collstats_storageStats_storageSize"):
+    for metric in (
+        "ingest_readings_accepted_total",
+        "ingest_readings_written_total",
+        "ingest_messages_received_total",
+        "ingest_batch_write_seconds_bucket",
+        "ingest_batch_readings_bucket",
+        "ingest_buffered_readings",
+        "ingest_readings_rejected_total",
+        "ingest_mqtt_connected",
+        "mongodb_top_insert_count",
+        "mongodb_collstats_storageStats_storageSize",
+    ):
         assert metric in exprs, f"no panel shows {metric}"
 
 
@@ -121,11 +130,14 @@ def prometheus_config(scrape: dict[str, str]) -> dict[str, Any]:
     """deploy/prometheus/prometheus.yml's ingest job, pointed at our daemons, every 1 s."""
     deployed = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
     job = next(j for j in deployed["scrape_configs"] if j["job_name"] == "ingest")
-    job["static_configs"] = [{"targets": [target], "labels": {"service": service}}
-                             for service, target in scrape.items()]
+    job["static_configs"] = [
+        {"targets": [target], "labels": {"service": service}} for service, target in scrape.items()
+    ]
     job.update(scrape_interval="1s", scrape_timeout="1s")
-    return {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [job]}
+    return {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [job],
+    }
 
 
 class Prometheus:
@@ -139,10 +151,16 @@ class Prometheus:
         self.log = directory / "prometheus.log"
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                [binary, f"--config.file={directory / 'prometheus.yml'}",
-                 f"--storage.tsdb.path={directory / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT)
+                [
+                    binary,
+                    f"--config.file={directory / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={directory / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--log.level=warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def get(self, path: str, **params: str) -> dict[str, Any]:
         url = f"http://127.0.0.1:{self.port}{path}"
@@ -166,8 +184,9 @@ class Prometheus:
             if self.process.poll() is not None:
                 raise RuntimeError(f"prometheus exited:\n{self.log.read_text()}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready",
-                                            timeout=2) as resp:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.port}/-/ready", timeout=2
+                ) as resp:
                     if resp.status == 200:
                         return
             except OSError:
@@ -191,13 +210,24 @@ def prometheus_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(params=["1", "2"], ids=["one-worker", "two-workers"])
-def two_daemons(daemon: Callable[..., Daemon], topic_root: str,
-                request: pytest.FixtureRequest) -> dict[str, Daemon]:
+def two_daemons(
+    daemon: Callable[..., Daemon], topic_root: str, request: pytest.FixtureRequest
+) -> dict[str, Daemon]:
     """Both modes in dry-run, each in its own shared group, like the compose stack; with
     one worker and with two (the endpoint then merges the workers' metrics)."""
-    return {mode: daemon("--mode", mode, "--dry-run", "--shared-group", f"ingest-{mode}",
-                         "--workers", request.param, client_id=f"ingest-{mode}-{topic_root}")
-            for mode in sorted(MODES)}
+    return {
+        mode: daemon(
+            "--mode",
+            mode,
+            "--dry-run",
+            "--shared-group",
+            f"ingest-{mode}",
+            "--workers",
+            request.param,
+            client_id=f"ingest-{mode}-{topic_root}",
+        )
+        for mode in sorted(MODES)
+    }
 
 
 @pytest.fixture
@@ -214,18 +244,23 @@ def prometheus(prometheus_dir: Path, two_daemons: dict[str, Daemon]) -> Iterator
 def traffic(topic_root: str, round_no: int) -> list[tuple[str, bytes | str]]:
     """A few good readings and one of each kind of bad input, every round."""
     now = time.time()
-    good = [(f"{topic_root}/s{i}/readings",
-             json.dumps({"ts": now, "seq": round_no, "temp": 20 + i, "hum": 40.5}))
-            for i in range(5)]
+    good = [
+        (
+            f"{topic_root}/s{i}/readings",
+            json.dumps({"ts": now, "seq": round_no, "temp": 20 + i, "hum": 40.5}),
+        )
+        for i in range(5)
+    ]
     batch = json.dumps([{"ts": now, "temp": t} for t in range(20)])
-    bad = [(f"{topic_root}/s1/readings", "{not json"),
-           (f"{topic_root}/s1/readings", json.dumps({"ts": now, "temp": "warm"})),
-           (f"{topic_root}/s1/readings", b"\xff\xfe")]
+    bad = [
+        (f"{topic_root}/s1/readings", "{not json"),
+        (f"{topic_root}/s1/readings", json.dumps({"ts": now, "temp": "warm"})),
+        (f"{topic_root}/s1/readings", b"\xff\xfe"),
+    ]
     return [*good, (f"{topic_root}/batch/readings", batch), *bad]
 
 
-async def keep_publishing(publish: Callable[..., Any], topic_root: str,
-                          stop: asyncio.Event) -> int:
+async def keep_publishing(publish: Callable[..., Any], topic_root: str, stop: asyncio.Event) -> int:
     rounds = 0
     while not stop.is_set():
         await publish(traffic(topic_root, rounds))
@@ -246,9 +281,9 @@ def finite(result: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [s for s in result if math.isfinite(float(s["value"][1]))]
 
 
-async def test_every_dashboard_query_returns_data(prometheus: Prometheus,
-                                                  publish: Callable[..., Any],
-                                                  topic_root: str) -> None:
+async def test_every_dashboard_query_returns_data(
+    prometheus: Prometheus, publish: Callable[..., Any], topic_root: str
+) -> None:
     stop = asyncio.Event()
     publisher = asyncio.create_task(keep_publishing(publish, topic_root, stop))
     try:
@@ -264,9 +299,10 @@ async def test_every_dashboard_query_returns_data(prometheus: Prometheus,
         else:
             pytest.fail(f"no rates from both daemons after 20 s: {found}")
         await asyncio.sleep(2)  # a couple more scrapes with rejects and batches in them
-        answers = {(title, ref): (expr, await asyncio.to_thread(prometheus.query,
-                                                                concrete(expr)))
-                   for title, ref, expr in targets()}
+        answers = {
+            (title, ref): (expr, await asyncio.to_thread(prometheus.query, concrete(expr)))
+            for title, ref, expr in targets()
+        }
         # The check below notices a query that does not parse.
         broken = await asyncio.to_thread(prometheus.query, "sum by (mode (rate(x[1m]))")
         assert (broken["status"], broken["errorType"]) == ("error", "bad_data")
@@ -291,7 +327,6 @@ async def test_every_dashboard_query_returns_data(prometheus: Prometheus,
     assert not problems, "\n".join(problems)
 
 
-
 def _resident_bytes(pid: int) -> int:
     """What the kernel counts as the process's resident memory (/proc/PID/statm)."""
     pages = int((Path(f"/proc/{pid}/statm")).read_text().split()[1])
@@ -301,7 +336,8 @@ def _resident_bytes(pid: int) -> int:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process_* read /proc")
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "two-workers"])
 def test_the_daemon_exports_the_memory_and_cpu_of_each_of_its_processes(
-        daemon: Callable[..., Daemon], workers: int) -> None:
+    daemon: Callable[..., Daemon], workers: int
+) -> None:
     """process_* from a running daemon, as Prometheus scrapes it; with --workers 2 one
     series per process, labelled, never a sum (a sum of start times means nothing)."""
     proc = daemon("--dry-run", "--workers", str(workers))
@@ -310,8 +346,12 @@ def test_the_daemon_exports_the_memory_and_cpu_of_each_of_its_processes(
     if workers == 1:
         names = {"": proc.process.pid}
     else:
-        pids = [int(p) for p in Path(f"/proc/{proc.process.pid}/task/{proc.process.pid}"
-                                     "/children").read_text().split()]
+        pids = [
+            int(p)
+            for p in Path(f"/proc/{proc.process.pid}/task/{proc.process.pid}/children")
+            .read_text()
+            .split()
+        ]
         assert len(pids) == workers
         names = {'{process="parent"}': proc.process.pid}
         names |= {f'{{process="worker-{i}"}}': pid for i, pid in enumerate(pids)}

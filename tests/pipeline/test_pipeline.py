@@ -59,8 +59,11 @@ class ScriptedWriter:
         if step == "half":
             retry, refused, rest = plan.groups[0], plan.groups[1], plan.groups[2:]
             self.stored += [g[0].seq for g in rest]  # type: ignore[misc]
-            return Outcome(written=len(rest), retry=retry,
-                           refused=[(refused[0], "code 121: Document failed validation")])
+            return Outcome(
+                written=len(rest),
+                retry=retry,
+                refused=[(refused[0], "code 121: Document failed validation")],
+            )
         # Idempotent, as both real writers are: a reading stored already is a duplicate.
         fresh = [seq for seq in plan.ops if seq not in self.stored]
         self.stored += fresh
@@ -79,8 +82,9 @@ class Rejects:
         return len(docs), []
 
 
-async def run_pipeline(writer: ScriptedWriter, count: int, **overrides: Any) -> tuple[
-        Acks, Rejects, Metrics]:
+async def run_pipeline(
+    writer: ScriptedWriter, count: int, **overrides: Any
+) -> tuple[Acks, Rejects, Metrics]:
     settings = Settings(batch_size=4, flush_interval=0.05, **overrides)
     acks, rejects, metrics = Acks(), Rejects(), Metrics("bucket")
     pipeline = Pipeline(settings, writer, rejects, acks, metrics, Health())  # type: ignore[arg-type]
@@ -95,7 +99,8 @@ async def run_pipeline(writer: ScriptedWriter, count: int, **overrides: Any) -> 
 
 
 async def test_partial_failure_retries_only_what_failed_and_rejects_the_refused(
-        monkeypatch: Any) -> None:
+    monkeypatch: Any,
+) -> None:
     monkeypatch.setattr("ingest.pipeline.stages.backoff", lambda *_a, **_k: 0.0)
     writer = ScriptedWriter(["half"])
     acks, rejects, metrics = await run_pipeline(writer, 4)
@@ -119,7 +124,8 @@ async def test_a_failed_write_is_retried_whole_and_acks_wait_for_it(monkeypatch:
 
 
 async def test_a_request_refused_for_its_data_is_split_until_the_culprit_is_alone(
-        monkeypatch: Any) -> None:
+    monkeypatch: Any,
+) -> None:
     monkeypatch.setattr("ingest.pipeline.stages.backoff", lambda *_a, **_k: 0.0)
     writer = ScriptedWriter(["poison5"])
     acks, rejects, metrics = await run_pipeline(writer, 8)
@@ -132,7 +138,8 @@ async def test_a_request_refused_for_its_data_is_split_until_the_culprit_is_alon
 
 
 async def test_a_shutdown_that_hangs_past_its_deadline_exits_anyway(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The watchdog armed by the first signal: a process still running ``deadline``
     seconds later logs one line and exits 1 (here into a recorder instead of os._exit)."""
     exits: list[int] = []
@@ -149,8 +156,7 @@ async def test_a_shutdown_that_hangs_past_its_deadline_exits_anyway(
     assert exits == [1]
 
 
-async def test_batches_waiting_for_a_slow_write_are_written_together_and_acked_in_order(
-) -> None:
+async def test_batches_waiting_for_a_slow_write_are_written_together_and_acked_in_order() -> None:
     """MongoDB slow: the linger keeps closing small batches; the next write takes all of
     those waiting (up to --batch-size) in one request, and acks still go out in order."""
     gate = asyncio.Event()
@@ -184,7 +190,8 @@ async def test_batches_waiting_for_a_slow_write_are_written_together_and_acked_i
 
 
 async def test_a_write_whose_outcome_is_unknown_is_sent_again_and_counted_once(
-        monkeypatch: Any) -> None:
+    monkeypatch: Any,
+) -> None:
     """The first attempt landed but its answer was lost: the whole batch is sent again,
     and the writer (idempotent) reports the readings stored already as duplicates."""
     monkeypatch.setattr("ingest.pipeline.stages.backoff", lambda *_a, **_k: 0.0)
@@ -206,8 +213,7 @@ async def test_a_redelivered_message_stored_before_a_crash_counts_as_a_duplicate
     writer.stored = [1]  # written before a crash; its PUBACK never reached the broker
     for i in range(3):
         payload = orjson.dumps({"ts": NOW - 10, "seq": i, "v": i})
-        await pipeline.submit(Inbound("sensors/a/readings", payload, i + 1, 1, 1, NOW,
-                                      dup=i == 1))
+        await pipeline.submit(Inbound("sensors/a/readings", payload, i + 1, 1, 1, NOW, dup=i == 1))
     await asyncio.wait_for(pipeline.drain(), 30)
     task.cancel()
     pipeline.sync_metrics()
@@ -221,8 +227,14 @@ async def test_take_now_takes_what_fits_and_leaves_waiting_to_submit() -> None:
     # None (submit must take it, waiting) once the pipeline is full, False once closed.
     settings = Settings(batch_size=4, flush_interval=60, max_buffered_readings=4)
     writer, acks = ScriptedWriter([]), Acks()
-    pipeline = Pipeline(settings, writer, Rejects(), acks, Metrics("bucket"),  # type: ignore[arg-type]
-                        Health())
+    pipeline = Pipeline(
+        settings,
+        writer,
+        Rejects(),
+        acks,
+        Metrics("bucket"),  # type: ignore[arg-type]
+        Health(),
+    )
 
     def message(i: int) -> Inbound:
         payload = orjson.dumps({"ts": NOW - 10, "seq": i, "v": i})
@@ -255,10 +267,10 @@ async def test_a_message_whose_connection_ended_while_it_waited_is_not_taken() -
     writer, acks, metrics = ScriptedWriter([]), LostConnection(), Metrics("bucket")
     pipeline = Pipeline(settings, writer, Rejects(), acks, metrics, Health())  # type: ignore[arg-type]
     task = asyncio.create_task(pipeline.run())
-    resent = Inbound("sensors/a/readings", orjson.dumps({"ts": NOW, "seq": 1, "v": 1}), 7, 1,
-                     1, NOW, dup=True)
-    qos0 = Inbound("sensors/a/readings", orjson.dumps({"ts": NOW, "seq": 2, "v": 2}), 0, 0,
-                   1, NOW)
+    resent = Inbound(
+        "sensors/a/readings", orjson.dumps({"ts": NOW, "seq": 1, "v": 1}), 7, 1, 1, NOW, dup=True
+    )
+    qos0 = Inbound("sensors/a/readings", orjson.dumps({"ts": NOW, "seq": 2, "v": 2}), 0, 0, 1, NOW)
     assert await pipeline.submit(resent) is False
     assert await pipeline.submit(qos0) is True
     await asyncio.wait_for(pipeline.drain(), 30)

@@ -43,11 +43,13 @@ NEW = 'ingest_retained_messages_total{outcome="new"}'
 KNOWN = 'ingest_retained_messages_total{outcome="known"}'
 
 
-async def publish(broker: Broker, messages: list[tuple[str, dict[str, Any]]],
-                  retain: bool = True) -> None:
+async def publish(
+    broker: Broker, messages: list[tuple[str, dict[str, Any]]], retain: bool = True
+) -> None:
     """Publish at QoS 1, retained unless told otherwise."""
-    async with aiomqtt.Client("127.0.0.1", broker.port,
-                              identifier=f"pub-{uuid.uuid4().hex[:8]}") as client:
+    async with aiomqtt.Client(
+        "127.0.0.1", broker.port, identifier=f"pub-{uuid.uuid4().hex[:8]}"
+    ) as client:
         for topic, payload in messages:
             await client.publish(topic, json.dumps(payload), qos=1, retain=retain)
 
@@ -55,8 +57,13 @@ async def publish(broker: Broker, messages: list[tuple[str, dict[str, Any]]],
 async def end_sessions(broker: Broker, client_ids: list[str]) -> None:
     """End the daemon's sessions (as an expiry does): its next start subscribes anew."""
     for client_id in client_ids:
-        async with aiomqtt.Client("127.0.0.1", broker.port, identifier=client_id,
-                                  protocol=aiomqtt.ProtocolVersion.V5, clean_start=True):
+        async with aiomqtt.Client(
+            "127.0.0.1",
+            broker.port,
+            identifier=client_id,
+            protocol=aiomqtt.ProtocolVersion.V5,
+            clean_start=True,
+        ):
             pass
 
 
@@ -73,26 +80,37 @@ async def readings(db: Any, mode: str) -> list[tuple[str, datetime, float]]:
 async def run_once(daemon: Callable[..., Daemon], retained: str, delivered: int) -> Daemon:
     """Two workers; wait until every worker has had the retained states (two each)."""
     proc = daemon("--workers", "2", "--retained", retained)
-    await eventually(lambda: sum(proc.metric(name) for name in (SKIPPED, NEW, KNOWN))
-                     == delivered)
-    await eventually(lambda: proc.metric("ingest_messages_acked_total")
-                     == proc.metric("ingest_messages_received_total"))
+    await eventually(lambda: sum(proc.metric(name) for name in (SKIPPED, NEW, KNOWN)) == delivered)
+    await eventually(
+        lambda: (
+            proc.metric("ingest_messages_acked_total")
+            == proc.metric("ingest_messages_received_total")
+        )
+    )
     return proc
 
 
 @pytest.mark.parametrize("retained", ["ignore", "store"])
 async def test_a_retained_state_through_two_workers_and_a_restart(
-        daemon: Callable[..., Daemon], broker: Broker, db: Any, topic_root: str,
-        mode: str, retained: str) -> None:
+    daemon: Callable[..., Daemon],
+    broker: Broker,
+    db: Any,
+    topic_root: str,
+    mode: str,
+    retained: str,
+) -> None:
     # The usual retained state: a reading without a time of its own (ESPHome, Tasmota,
     # Homie); and one with its own time.
-    states = [(f"{topic_root}/r1", {"sensor_id": "r1", "temp": 21.5}),
-              (f"{topic_root}/r2", {"sensor_id": "r2", "ts": TIMED_TS, "temp": 3.0})]
+    states = [
+        (f"{topic_root}/r1", {"sensor_id": "r1", "temp": 21.5}),
+        (f"{topic_root}/r2", {"sensor_id": "r2", "ts": TIMED_TS, "temp": 3.0}),
+    ]
     await publish(broker, states)
     first = await run_once(daemon, retained, 4)  # each worker gets both states
     # A live publish: a reading, delivered once through the group.
-    await publish(broker, [(f"{topic_root}/live", {"sensor_id": "live", "temp": 1.0})],
-                  retain=False)
+    await publish(
+        broker, [(f"{topic_root}/live", {"sensor_id": "live", "temp": 1.0})], retain=False
+    )
     await eventually(lambda: first.metric("ingest_messages_acked_total") == 5)
     metrics = first.metrics()
     assert first.stop() == 0
@@ -124,10 +142,13 @@ async def test_a_retained_state_through_two_workers_and_a_restart(
 
 
 async def test_two_daemons_recording_one_state_agree_and_a_new_payload_is_a_new_time(
-        db: Any) -> None:
+    db: Any,
+) -> None:
     store = FirstSeen(db[COLLECTION])
-    one, two = await store.first_seen("a/t", b"x", 1000.0), await store.first_seen(
-        "a/t", b"x", 2000.0)
+    one, two = (
+        await store.first_seen("a/t", b"x", 1000.0),
+        await store.first_seen("a/t", b"x", 2000.0),
+    )
     assert (one, two) == ((1_000_000, True), (1_000_000, False))
     assert await store.first_seen("a/t", b"y", 3000.5) == (3_000_500, True)
     assert await store.first_seen("a/t", b"y", 4000.0) == (3_000_500, False)
@@ -165,8 +186,8 @@ async def test_a_daemon_that_loses_the_race_takes_the_winners_time(db: Any) -> N
 
 
 async def test_a_mongodb_failure_of_the_record_is_retried_and_nothing_doubles(
-        daemon: Callable[..., Daemon], broker: Broker, db: Any, mongo: Any,
-        topic_root: str) -> None:
+    daemon: Callable[..., Daemon], broker: Broker, db: Any, mongo: Any, topic_root: str
+) -> None:
     await publish(broker, [(f"{topic_root}/r1", {"sensor_id": "r1", "temp": 21.5})])
     async with failpoint(mongo, ["findAndModify"], {"times": 3}):
         proc = daemon("--retained", "store")
@@ -217,16 +238,28 @@ class Recorded:
         return self.times.setdefault(topic, int(now * 1000)), new
 
 
-async def through_pipeline(messages: list[Inbound], retained: str, worker: int = 0,
-                           record: Recorded | None = None) -> tuple[Recorder, Acks, Metrics]:
+async def through_pipeline(
+    messages: list[Inbound], retained: str, worker: int = 0, record: Recorded | None = None
+) -> tuple[Recorder, Acks, Metrics]:
     """Messages through a pipeline as worker ``worker`` of two, with the shelly preset."""
     mapping = Mapping.load(None, ["shelly"])
     mapping.arrivals.spread(worker, 2)
-    settings = Settings(batch_size=10, flush_interval=0.05, retained=retained,  # type: ignore[arg-type]
-                        mapping=mapping)
+    settings = Settings(
+        batch_size=10,
+        flush_interval=0.05,
+        retained=retained,  # type: ignore[arg-type]
+        mapping=mapping,
+    )
     writer, acks, metrics = Recorder(), Acks(), Metrics("timeseries")
-    pipeline = Pipeline(settings, writer, Rejects(), acks, metrics, Health(),  # type: ignore[arg-type]
-                        record)  # type: ignore[arg-type]
+    pipeline = Pipeline(
+        settings,
+        writer,
+        Rejects(),
+        acks,
+        metrics,
+        Health(),  # type: ignore[arg-type]
+        record,
+    )  # type: ignore[arg-type]
     task = asyncio.create_task(pipeline.run())
     for message in messages:
         taken = pipeline.take_now(message)
@@ -254,8 +287,13 @@ def inbound(mid: int, *, retained: bool, at: float = ARRIVED) -> Inbound:
 
 async def test_ignore_acknowledges_and_counts_a_retained_message_in_its_turn() -> None:
     writer, acks, metrics = await through_pipeline(
-        [inbound(1, retained=False), inbound(2, retained=True),
-         inbound(3, retained=False, at=ARRIVED + 1)], "ignore")
+        [
+            inbound(1, retained=False),
+            inbound(2, retained=True),
+            inbound(3, retained=False, at=ARRIVED + 1),
+        ],
+        "ignore",
+    )
     assert acks.mids == [1, 2, 3]  # in arrival order, the skipped one included
     assert len(writer.written) == 2
     values = metrics.registry.get_sample_value
@@ -272,7 +310,10 @@ async def test_store_gives_a_retained_state_the_same_instant_in_every_worker() -
     for worker, arrived in ((0, ARRIVED), (1, ARRIVED + 5)):
         writer, acks, _ = await through_pipeline(
             [inbound(1, retained=True, at=arrived), inbound(2, retained=False, at=arrived)],
-            "store", worker, record)
+            "store",
+            worker,
+            record,
+        )
         assert acks.mids == [1, 2]
         retained, live = writer.written  # in arrival order
         assert live.ms is not None

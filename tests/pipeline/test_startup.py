@@ -31,8 +31,15 @@ if TYPE_CHECKING:
 
 
 def ingest(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ingest", *argv], cwd=ROOT, env=clean_env(),
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "ingest", *argv],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def failure_line(result: subprocess.CompletedProcess[str], status: int) -> str:
@@ -61,23 +68,32 @@ def pem_files(tmp_path: Path) -> dict[str, Path]:
     return {"garbage": garbage, "missing": tmp_path / "missing.pem"}
 
 
-@pytest.mark.parametrize(("flags", "named"), [
-    (["--mqtt-ca-file", "{missing}"], "--mqtt-ca-file"),
-    (["--mqtt-ca-file", "{garbage}"], "--mqtt-ca-file"),
-    (["--mqtt-cert-file", "{garbage}"], "--mqtt-cert-file"),
-    (["--mqtt-cert-file", "{garbage}", "--mqtt-key-file", "{garbage}"], "--mqtt-key-file"),
-    (["--mqtt-key-file", "{garbage}"], "--mqtt-key-file"),
-], ids=["missing-ca", "garbage-ca", "garbage-cert", "garbage-cert-and-key", "key-alone"])
-def test_bad_tls_files_are_refused_before_start(pem_files: dict[str, Path], flags: list[str],
-                                                named: str) -> None:
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--mqtt-ca-file", "{missing}"], "--mqtt-ca-file"),
+        (["--mqtt-ca-file", "{garbage}"], "--mqtt-ca-file"),
+        (["--mqtt-cert-file", "{garbage}"], "--mqtt-cert-file"),
+        (["--mqtt-cert-file", "{garbage}", "--mqtt-key-file", "{garbage}"], "--mqtt-key-file"),
+        (["--mqtt-key-file", "{garbage}"], "--mqtt-key-file"),
+    ],
+    ids=["missing-ca", "garbage-ca", "garbage-cert", "garbage-cert-and-key", "key-alone"],
+)
+def test_bad_tls_files_are_refused_before_start(
+    pem_files: dict[str, Path], flags: list[str], named: str
+) -> None:
     argv = [flag.format(**pem_files) for flag in flags]
     line = failure_line(ingest("run", "--mqtt-url", "mqtts://broker.invalid", *argv), 2)
     assert named in line
 
 
 def test_tls_files_with_a_plain_url_are_refused(pem_files: dict[str, Path]) -> None:
-    line = failure_line(ingest("run", "--mqtt-url", "mqtt://127.0.0.1",
-                               "--mqtt-ca-file", str(pem_files["garbage"])), 2)
+    line = failure_line(
+        ingest(
+            "run", "--mqtt-url", "mqtt://127.0.0.1", "--mqtt-ca-file", str(pem_files["garbage"])
+        ),
+        2,
+    )
     assert "--mqtt-ca-file" in line
     assert "mqtts://" in line
 
@@ -103,18 +119,37 @@ def taken_port() -> Iterator[int]:
 
 
 def test_metrics_port_in_use(taken_port: int) -> None:
-    line = failure_line(ingest("run", "--dry-run", "--mqtt-url", "mqtt://127.0.0.1:1",
-                               "--metrics-host", "127.0.0.1",
-                               "--metrics-port", str(taken_port)), 1)
+    line = failure_line(
+        ingest(
+            "run",
+            "--dry-run",
+            "--mqtt-url",
+            "mqtt://127.0.0.1:1",
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(taken_port),
+        ),
+        1,
+    )
     assert "--metrics-port" in line
     assert f"127.0.0.1:{taken_port}" in line
     assert "in use" in line
 
 
 def test_api_port_in_use(taken_port: int) -> None:
-    line = failure_line(ingest("api", "--mongodb-uri", "mongodb://127.0.0.1:1/?"
-                               "serverSelectionTimeoutMS=200", "--api-host", "127.0.0.1",
-                               "--api-port", str(taken_port)), 1)
+    line = failure_line(
+        ingest(
+            "api",
+            "--mongodb-uri",
+            "mongodb://127.0.0.1:1/?serverSelectionTimeoutMS=200",
+            "--api-host",
+            "127.0.0.1",
+            "--api-port",
+            str(taken_port),
+        ),
+        1,
+    )
     assert "--api-port" in line
     assert f"127.0.0.1:{taken_port}" in line
 
@@ -123,8 +158,10 @@ def test_the_two_modes_default_to_distinct_metrics_ports() -> None:
     """Two daemons on one host, as the docs show them, do not collide."""
     from ingest.cli import build_parser, settings_from  # noqa: PLC0415
 
-    ports = {mode: settings_from(build_parser({}).parse_args(["run", "--mode", mode]), {})
-             .metrics_port for mode in ("bucket", "timeseries")}
+    ports = {
+        mode: settings_from(build_parser({}).parse_args(["run", "--mode", mode]), {}).metrics_port
+        for mode in ("bucket", "timeseries")
+    }
     assert ports == {"bucket": 9108, "timeseries": 9109}
 
 
@@ -142,14 +179,27 @@ def start_daemon(tmp_path: Path, *argv: str) -> tuple[subprocess.Popen[str], Pat
     log = tmp_path / "daemon.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ingest", "run", "--metrics-host", "127.0.0.1",
-             "--metrics-port", str(port), *argv],
-            cwd=ROOT, env=clean_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "ingest",
+                "run",
+                "--metrics-host",
+                "127.0.0.1",
+                "--metrics-port",
+                str(port),
+                *argv,
+            ],
+            cwd=ROOT,
+            env=clean_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     return proc, log, port
 
 
-def wait_for_text(proc: subprocess.Popen[str], log: Path, text: str,
-                  timeout: float = 30) -> str:
+def wait_for_text(proc: subprocess.Popen[str], log: Path, text: str, timeout: float = 30) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         content = log.read_text()
@@ -184,8 +234,9 @@ def test_run_says_at_once_that_it_waits_for_mongodb(tmp_path: Path, broker: Brok
     """The first line about MongoDB comes within seconds, not after the driver's 30 s, and
     /readyz blames MongoDB, not the broker (which is fine and not contacted yet)."""
     closed = free_port()
-    proc, log, port = start_daemon(tmp_path, "--mongodb-uri", f"mongodb://127.0.0.1:{closed}",
-                                   "--mqtt-url", broker.url)
+    proc, log, port = start_daemon(
+        tmp_path, "--mongodb-uri", f"mongodb://127.0.0.1:{closed}", "--mqtt-url", broker.url
+    )
     try:
         content = wait_for_text(proc, log, "waiting for MongoDB at", timeout=25)
         assert f"127.0.0.1:{closed}" in content
@@ -200,8 +251,7 @@ def test_run_says_at_once_that_it_waits_for_mongodb(tmp_path: Path, broker: Brok
 
 def test_a_broker_never_reached_is_not_a_lost_connection(tmp_path: Path) -> None:
     closed = free_port()
-    proc, log, _ = start_daemon(tmp_path, "--dry-run", "--mqtt-url",
-                                f"mqtt://127.0.0.1:{closed}")
+    proc, log, _ = start_daemon(tmp_path, "--dry-run", "--mqtt-url", f"mqtt://127.0.0.1:{closed}")
     try:
         content = wait_for_text(proc, log, "cannot reach the MQTT broker at")
         assert f"127.0.0.1:{closed}" in content
@@ -215,8 +265,15 @@ def test_a_broker_refusing_the_credentials_stops_the_start(tmp_path: Path) -> No
     broker = password_broker(tmp_path, "alice", "right")
     broker.start()
     try:
-        result = ingest("run", "--dry-run", "--metrics-port", "0", "--mqtt-url",
-                        f"mqtt://alice:wrong@127.0.0.1:{broker.port}", timeout=60)
+        result = ingest(
+            "run",
+            "--dry-run",
+            "--metrics-port",
+            "0",
+            "--mqtt-url",
+            f"mqtt://alice:wrong@127.0.0.1:{broker.port}",
+            timeout=60,
+        )
     finally:
         broker.stop()
     line = failure_line(result, 1)
@@ -232,8 +289,14 @@ def test_a_broker_refusing_the_credentials_stops_the_start(tmp_path: Path) -> No
 def test_an_older_python_gets_one_line() -> None:
     """As the package sees an older interpreter (simulated: any machine can run this)."""
     code = "import sys; sys.version_info = (3, 11, 2, 'final', 0); import ingest.cli"
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                            text=True, timeout=30, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert "needs Python 3.13" in result.stderr
@@ -246,26 +309,47 @@ OLD_PYTHONS = [p for p in (shutil.which(f"python3.{minor}") for minor in (11, 12
 @pytest.mark.skipif(not OLD_PYTHONS, reason="no python3.11 or python3.12 on PATH")
 @pytest.mark.parametrize("package", ["ingest", "loadgen"])
 def test_a_real_older_python_gets_one_line(package: str) -> None:
-    result = subprocess.run([OLD_PYTHONS[0], "-m", package, "--help"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=30, check=False)
+    result = subprocess.run(
+        [OLD_PYTHONS[0], "-m", package, "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert result.returncode == 1
     assert "SyntaxError" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert "needs Python 3.13" in result.stderr
 
 
-@pytest.mark.parametrize("argv", [["ingest", "run"], ["ingest", "init-db"],
-                                  ["ingest", "local"], ["loadgen", "publish"],
-                                  ["loadgen", "verify"], ["loadgen", "bench"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ingest", "run"],
+        ["ingest", "init-db"],
+        ["ingest", "local"],
+        ["loadgen", "publish"],
+        ["loadgen", "verify"],
+        ["loadgen", "bench"],
+    ],
+)
 def test_no_help_says_default_none(argv: list[str]) -> None:
-    result = subprocess.run([sys.executable, "-m", argv[0], argv[1], "--help"], cwd=ROOT,
-                            env=clean_env(), capture_output=True, text=True, timeout=30,
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", argv[0], argv[1], "--help"],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     assert "(default: None)" not in " ".join(result.stdout.split())
 
 
 async def test_a_mongodb_ping_without_answer_says_so(
-        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Not ``MongoDB ping failed: TimeoutError:`` with nothing after it."""
     import asyncio  # noqa: PLC0415
 
@@ -292,7 +376,8 @@ async def test_a_mongodb_ping_without_answer_says_so(
 
 
 def test_a_receive_maximum_too_small_for_the_batches_is_named_at_start(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     from ingest.config import Settings  # noqa: PLC0415
     from ingest.pipeline import app  # noqa: PLC0415
 

@@ -48,8 +48,11 @@ NOW = int(time.time() * 1000)
 
 
 def reading(topic_root: str, sensor: int, second: int) -> tuple[str, str]:
-    payload = {"sensor_id": f"s{sensor}", "ts": f"2026-01-01T00:00:{second:02d}Z",
-               "temp": float(second)}
+    payload = {
+        "sensor_id": f"s{sensor}",
+        "ts": f"2026-01-01T00:00:{second:02d}Z",
+        "temp": float(second),
+    }
     return f"{topic_root}/s{sensor}", json.dumps(payload)
 
 
@@ -93,15 +96,18 @@ def test_a_bad_workers_value_is_one_line_naming_the_flag(given: str) -> None:
 
 
 def test_worker_ids_and_the_derived_group() -> None:
-    settings = Settings(client_id="ingest-bucket-host.example", topics=("a/#", "b/+"),
-                        workers=3)
+    settings = Settings(client_id="ingest-bucket-host.example", topics=("a/#", "b/+"), workers=3)
     assert settings.derived_group == "ingest-bucket-host-example"
     zero, two = worker_settings(settings, 0), worker_settings(settings, 2)
     assert zero.client_id == "ingest-bucket-host.example"  # keeps the one-worker session
-    assert two.client_id == worker_client_id(settings.client_id, 2) == \
-        "ingest-bucket-host.example-w2"
-    assert zero.subscriptions == two.subscriptions == (
-        "$share/ingest-bucket-host-example/a/#", "$share/ingest-bucket-host-example/b/+")
+    assert (
+        two.client_id == worker_client_id(settings.client_id, 2) == "ingest-bucket-host.example-w2"
+    )
+    assert (
+        zero.subscriptions
+        == two.subscriptions
+        == ("$share/ingest-bucket-host-example/a/#", "$share/ingest-bucket-host-example/b/+")
+    )
     # Each form unsubscribes the other, which a session of the other worker count holds.
     assert zero.other_subscriptions == ("a/#", "b/+")
     assert settings.other_subscriptions == zero.subscriptions
@@ -136,8 +142,8 @@ def test_merged_metrics_sum_counters_and_histograms_and_apply_the_gauge_rules() 
 
 
 async def test_two_workers_share_the_stream_behind_one_endpoint_and_stop_together(
-        daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
-        topic_root: str) -> None:
+    daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any, topic_root: str
+) -> None:
     proc = daemon("--workers", "2")
     assert proc.process is not None
     workers = children(proc.process.pid)
@@ -157,12 +163,13 @@ async def test_two_workers_share_the_stream_behind_one_endpoint_and_stop_togethe
     assert proc.wait() == 0
     assert logs.count("in-flight batches written and acknowledged") <= 2
     for pid in workers:
-        assert not Path(f"/proc/{pid}").exists() or \
-            Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        )
 
 
-async def test_readyz_names_the_worker_that_is_not_ready(
-        daemon: Callable[..., Daemon]) -> None:
+async def test_readyz_names_the_worker_that_is_not_ready(daemon: Callable[..., Daemon]) -> None:
     proc = daemon("--workers", "2")
     assert proc.process is not None
     second = children(proc.process.pid)[1]
@@ -186,8 +193,8 @@ def signal_worker(pid: int) -> None:
 
 
 async def test_a_worker_that_dies_stops_the_others_and_the_daemon_exits_1(
-        daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
-        topic_root: str) -> None:
+    daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any, topic_root: str
+) -> None:
     proc = daemon("--workers", "2")
     assert proc.process is not None
     first, second = children(proc.process.pid)
@@ -196,13 +203,15 @@ async def test_a_worker_that_dies_stops_the_others_and_the_daemon_exits_1(
     logs = proc.logs()
     assert "worker 1 exited with status killed by signal 9; stopping the others" in logs
     assert "[worker 0]: in-flight batches written and acknowledged" in logs
-    assert not Path(f"/proc/{first}/cmdline").exists() or \
-        Path(f"/proc/{first}/stat").read_text().split()[2] == "Z"
+    assert (
+        not Path(f"/proc/{first}/cmdline").exists()
+        or Path(f"/proc/{first}/stat").read_text().split()[2] == "Z"
+    )
 
 
 async def test_one_to_two_workers_takes_the_queue_and_drops_the_plain_subscription(
-        daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
-        topic_root: str) -> None:
+    daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any, topic_root: str
+) -> None:
     proc = await switch_async(daemon, publish, db, topic_root, "1", "2")
     metrics = proc.metrics()
     # Worker 0 resumed the one-worker session (40 queued) and unsubscribed its plain
@@ -213,12 +222,11 @@ async def test_one_to_two_workers_takes_the_queue_and_drops_the_plain_subscripti
 
 
 async def test_two_to_one_worker_drains_and_ends_the_retired_session(
-        daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
-        topic_root: str) -> None:
+    daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any, topic_root: str
+) -> None:
     # A short shutdown timeout: the process's watchdog (armed by a signal, 16 s here) must
     # not be armed by the end of the drain.
-    proc = await switch_async(daemon, publish, db, topic_root, "2", "1",
-                              "--shutdown-timeout", "1")
+    proc = await switch_async(daemon, publish, db, topic_root, "2", "1", "--shutdown-timeout", "1")
     logs = proc.logs()
     # The group spread the 40 queued messages over both sessions: the retired worker's
     # were taken (by a drain of its session) and the session ended.
@@ -237,8 +245,15 @@ async def test_two_to_one_worker_drains_and_ends_the_retired_session(
     assert "taking the messages queued" not in again.logs()
 
 
-async def switch_async(daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
-                       topic_root: str, before: str, after: str, *extra: str) -> Daemon:
+async def switch_async(
+    daemon: Callable[..., Daemon],
+    publish: Callable[..., Any],
+    db: Any,
+    topic_root: str,
+    before: str,
+    after: str,
+    *extra: str,
+) -> Daemon:
     """Run with ``before`` workers, stop, publish while down, run with ``after``, publish
     again: every message stored once (the received counts are checked by the caller)."""
     first = daemon("--workers", before)
@@ -252,8 +267,12 @@ async def switch_async(daemon: Callable[..., Daemon], publish: Callable[..., Any
     while await stored(db, "bucket") < 100 and time.monotonic() < deadline:
         await eventually(lambda: True, timeout=0.2)
     assert await stored(db, "bucket") == 100
-    await eventually(lambda: second.metric("ingest_messages_acked_total")
-                     == second.metric("ingest_messages_received_total"))
+    await eventually(
+        lambda: (
+            second.metric("ingest_messages_acked_total")
+            == second.metric("ingest_messages_received_total")
+        )
+    )
     return second
 
 
@@ -263,8 +282,16 @@ def test_a_start_up_error_of_the_workers_is_one_line_from_the_parent(tmp_path: P
     broker = password_broker(tmp_path, "alice", "right")
     broker.start()
     try:
-        result = ingest("run", "--workers", "3", "--dry-run", "--metrics-port", "0",
-                        "--mqtt-url", f"mqtt://alice:wrong@127.0.0.1:{broker.port}")
+        result = ingest(
+            "run",
+            "--workers",
+            "3",
+            "--dry-run",
+            "--metrics-port",
+            "0",
+            "--mqtt-url",
+            f"mqtt://alice:wrong@127.0.0.1:{broker.port}",
+        )
     finally:
         broker.stop()
     line = failure_line(result, 1)
@@ -273,8 +300,8 @@ def test_a_start_up_error_of_the_workers_is_one_line_from_the_parent(tmp_path: P
 
 
 async def test_workers_whose_parent_is_killed_drain_and_exit(
-        daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
-        topic_root: str) -> None:
+    daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any, topic_root: str
+) -> None:
     proc = daemon("--workers", "2")
     assert proc.process is not None
     workers = children(proc.process.pid)
@@ -293,14 +320,20 @@ async def test_workers_whose_parent_is_killed_drain_and_exit(
 
 
 async def test_sparkplug_and_dry_run_run_in_the_workers(
-        daemon: Callable[..., Daemon], publish: Callable[..., Any], topic_root: str) -> None:
+    daemon: Callable[..., Daemon], publish: Callable[..., Any], topic_root: str
+) -> None:
     """The workers share a group, so the preset's BIRTH and DEATH filters are subscribed
     unshared: every worker receives every BIRTH (docs/sparkplug.md, shared groups)."""
-    proc = daemon("--workers", "2", "--preset", "sparkplug", "--dry-run",
-                  "--topic", f"spBv1.0/{topic_root}/#")
-    births = [(enc.topic(topic_root, "NBIRTH", f"E{n}"), enc.nbirth(
-        [Metric("Temp", 1, NOW, enc.DOUBLE, 20.5)], bd_seq=0, timestamp=NOW))
-        for n in range(6)]
+    proc = daemon(
+        "--workers", "2", "--preset", "sparkplug", "--dry-run", "--topic", f"spBv1.0/{topic_root}/#"
+    )
+    births = [
+        (
+            enc.topic(topic_root, "NBIRTH", f"E{n}"),
+            enc.nbirth([Metric("Temp", 1, NOW, enc.DOUBLE, 20.5)], bd_seq=0, timestamp=NOW),
+        )
+        for n in range(6)
+    ]
     await publish(births)
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 12)
     metrics = proc.metrics()
@@ -319,8 +352,7 @@ def test_workers_never_give_a_sensor_the_same_arrival_millisecond() -> None:
     for index, arrivals in enumerate(workers):
         arrivals.spread(index, 3)
     now = math.floor(time.time() * 1000) + 123
-    given = [arrivals.next("shelly1pm-84CCA8ADE5E2", now) for arrivals in workers
-             for _ in range(3)]
+    given = [arrivals.next("shelly1pm-84CCA8ADE5E2", now) for arrivals in workers for _ in range(3)]
     assert len(set(given)) == 9
     assert max(given) - now < 9
     assert [g % 3 for g in given] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
@@ -336,22 +368,21 @@ def test_the_default_format_and_the_rules_time_a_burst_apart_the_same_way() -> N
     now = math.floor(time.time()) + 0.1234
     given = []
     for topic in ("relay/0/power", "relay/0/energy", "temperature"):
-        decoded = mapping.decode(f"shellies/shelly-burst/{topic}", b"1.5", now,
-                                 Limits()).decoded
+        decoded = mapping.decode(f"shellies/shelly-burst/{topic}", b"1.5", now, Limits()).decoded
         given.extend(reading.ms for reading in decoded.readings)
     start = math.floor(now * 1000)
     assert given == list(range(start, start + 3))
     arrivals = Arrivals()
-    decoded = decode("sensors/shelly-burst/x", b'[{"t": 1}, {"t": 2}]', now, Limits(), None,
-                     arrivals)
+    decoded = decode(
+        "sensors/shelly-burst/x", b'[{"t": 1}, {"t": 2}]', now, Limits(), None, arrivals
+    )
     decoded_too = decode("sensors/shelly-burst/x", b'{"t": 3}', now, Limits(), None, arrivals)
-    assert [r.ms for r in decoded.readings + decoded_too.readings] == [start, start + 1,
-                                                                       start + 2]
+    assert [r.ms for r in decoded.readings + decoded_too.readings] == [start, start + 1, start + 2]
 
 
 async def test_a_second_signal_makes_every_worker_exit_without_its_writes(
-        daemon: Callable[..., Daemon], publish: Callable[..., Any], mongo: Any,
-        topic_root: str) -> None:
+    daemon: Callable[..., Daemon], publish: Callable[..., Any], mongo: Any, topic_root: str
+) -> None:
     proc = daemon("--workers", "2", "--shutdown-timeout", "120")
     async with failpoint(mongo, ["update"]):  # every bucket write fails, and is retried
         await publish(batch(topic_root, 0, 20))

@@ -32,21 +32,19 @@ WINDOW = "since=2026-01-01T00:00:00Z&until=2026-01-01T00:01:00Z"
 def message(topic_root: str, n: int, temp: float) -> tuple[str, str]:
     """Reading ``n``: one of 10 sensors at one of 10 seconds (each (sensor, second) once)."""
     sensor, second = n % SENSORS, n // SENSORS
-    payload = {"sensor_id": f"s{sensor}", "ts": f"2026-01-01T00:00:{second:02d}Z",
-               "temp": temp}
+    payload = {"sensor_id": f"s{sensor}", "ts": f"2026-01-01T00:00:{second:02d}Z", "temp": temp}
     return f"{topic_root}/s{sensor}", json.dumps(payload)
 
 
 async def settled(proc: Daemon, messages: int) -> dict[str, float]:
     """The daemon's metrics once every message is acknowledged."""
-    await eventually(lambda: proc.metric("ingest_messages_acked_total") == messages,
-                     timeout=60)
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == messages, timeout=60)
     return proc.metrics()
 
 
 async def test_a_reading_published_twice_is_stored_once_by_two_workers(
-        daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any,
-        topic_root: str, mode: str) -> None:
+    daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any, topic_root: str, mode: str
+) -> None:
     proc = daemon("--workers", "2")
     copies = []
     for n in range(READINGS):  # each message then its copy: the group splits the pair
@@ -61,8 +59,14 @@ async def test_a_reading_published_twice_is_stored_once_by_two_workers(
 
 
 async def test_conflicting_values_of_one_instant_store_one_and_refuse_the_other(
-        daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any, mongo: Any,
-        db_name: str, topic_root: str, mode: str) -> None:
+    daemon: Callable[..., Daemon],
+    publish: Callable[..., Any],
+    db: Any,
+    mongo: Any,
+    db_name: str,
+    topic_root: str,
+    mode: str,
+) -> None:
     proc = daemon("--workers", "2")
     pairs = []
     for n in range(READINGS):
@@ -74,8 +78,10 @@ async def test_conflicting_values_of_one_instant_store_one_and_refuse_the_other(
     refused = await db.rejects.find({"reason": "ts_conflict"}).to_list()
     assert len(refused) == READINGS
     # each instant holds one of its two values, and its reject the other
-    kept = {(sensor, ms): fields["temp"]
-              for (sensor, _, ms), fields in (await instants(db[COLLECTION[mode]], mode)).items()}
+    kept = {
+        (sensor, ms): fields["temp"]
+        for (sensor, _, ms), fields in (await instants(db[COLLECTION[mode]], mode)).items()
+    }
     other = {}
     for doc in refused:
         payload = json.loads(doc["payload"])
@@ -84,16 +90,18 @@ async def test_conflicting_values_of_one_instant_store_one_and_refuse_the_other(
     assert sorted(other) == list(range(READINGS))
     assert sorted(kept.values()) != sorted(other.values())
     assert sorted([*kept.values(), *other.values()]) == sorted(
-        [float(n) for n in range(READINGS)] + [1000.0 + n for n in range(READINGS)])
+        [float(n) for n in range(READINGS)] + [1000.0 + n for n in range(READINGS)]
+    )
     assert proc.stop() == 0
 
     # the read API counts what it lists
     sensors = "&".join(f"sensor=s{i}" for i in range(SENSORS))
-    async with (serving(mongo, db_name, mode) as api, aiohttp.ClientSession() as http):
+    async with serving(mongo, db_name, mode) as api, aiohttp.ClientSession() as http:
         async with http.get(f"{api}/api/readings?{sensors}&{WINDOW}&limit=1000") as resp:
             listed = (await resp.json())["readings"]
-        async with http.get(f"{api}/api/series?{sensors}&{WINDOW}&measurement=temp"
-                            "&step=1m") as resp:
+        async with http.get(
+            f"{api}/api/series?{sensors}&{WINDOW}&measurement=temp&step=1m"
+        ) as resp:
             series = (await resp.json())["series"]
     assert len(listed) == READINGS
     assert sum(point["count"] for s in series for point in s["points"]) == READINGS

@@ -54,8 +54,11 @@ def same(a: object, b: object, where: str = "") -> None:
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             same(x, y, f"{where}[{i}]")
     elif isinstance(a, float):
-        assert struct.pack("<d", a) == struct.pack("<d", b) or (math.isnan(a) and math.isnan(b)
-                                                                ), (where, a, b)
+        assert struct.pack("<d", a) == struct.pack("<d", b) or (math.isnan(a) and math.isnan(b)), (
+            where,
+            a,
+            b,
+        )
     elif isinstance(a, bucket.BsonDate):
         assert isinstance(b, bucket.BsonDate)
         same(a.ms, b.ms, f"{where}.ms")
@@ -74,10 +77,14 @@ def same_plan(want: Plan, got: Plan) -> None:
     same(want.ops, got.ops, "ops")
     assert [encoded(op) for op in want.ops] == [encoded(op) for op in got.ops]
     assert [[id(r) for r in group] for group in want.groups] == [
-        [id(r) for r in group] for group in got.groups]
+        [id(r) for r in group] for group in got.groups
+    ]
     assert [id(r) for r in want.deferred] == [id(r) for r in got.deferred]
     assert (want.duplicates, want.conflicts, want.lookup) == (
-        got.duplicates, got.conflicts, got.lookup)
+        got.duplicates,
+        got.conflicts,
+        got.lookup,
+    )
 
 
 @contextmanager
@@ -92,8 +99,9 @@ def max_bytes(limit: int | None) -> Iterator[None]:
         bucket.MAX_BUCKET_BYTES = saved
 
 
-def both(readings: list[Reading], span: int = HOUR, limit: int = 3600,
-         size: int | None = None) -> Plan | None:
+def both(
+    readings: list[Reading], span: int = HOUR, limit: int = 3600, size: int | None = None
+) -> Plan | None:
     """Plan with both twins; the plans (or exceptions) must agree. The Python plan."""
     with max_bytes(size):
         try:
@@ -117,8 +125,9 @@ def both(readings: list[Reading], span: int = HOUR, limit: int = 3600,
 SHARED_TAGS = [{"path": "/"}, {"host": "h", "cpu": "cpu0"}, {}]
 names = st.sampled_from(["t", "h", "v", "temp", "Влажность", "x" * 40])
 ints = st.sampled_from([0, 1, -1, 7, 2**31, 2**53, 2**53 + 1, -(2**53) - 1, *INT64])
-floats = (st.sampled_from([0.0, -0.0, 1e300, -1e300, 1.5, -2.25, 5e-324, 2.0**53 + 2])
-          | st.floats(allow_nan=False, allow_infinity=False, width=64))
+floats = st.sampled_from([0.0, -0.0, 1e300, -1e300, 1.5, -2.25, 5e-324, 2.0**53 + 2]) | st.floats(
+    allow_nan=False, allow_infinity=False, width=64
+)
 numbers = ints | floats
 
 
@@ -130,29 +139,51 @@ def a_series(draw: st.DrawFn) -> tuple[str, dict[str, str] | None]:
         return sensor, None  # the default decoder's reading
     if kind == 1:
         return sensor, draw(st.sampled_from(SHARED_TAGS))  # one dict, shared as topics share
-    return sensor, draw(st.dictionaries(st.sampled_from(["host", "path"]),
-                                        st.sampled_from(["a", "b"]), max_size=2))
+    return sensor, draw(
+        st.dictionaries(st.sampled_from(["host", "path"]), st.sampled_from(["a", "b"]), max_size=2)
+    )
 
 
 @st.composite
 def a_reading(draw: st.DrawFn, span: int = HOUR) -> Reading:
     sensor, tags = draw(a_series())
     # around span boundaries: the instant's ms, and an epoch a few ms either side of it
-    ms = T0 * 1000 + draw(st.sampled_from([0, 1, 2, 999, span * 1000 - 1, span * 1000,
-                                           -1, 2 * span * 1000 + 7]))
+    ms = T0 * 1000 + draw(
+        st.sampled_from([0, 1, 2, 999, span * 1000 - 1, span * 1000, -1, 2 * span * 1000 + 7])
+    )
     mapping = tags is not None
     kinds = numbers | st.booleans() | st.text(max_size=5) if mapping else numbers
     values = draw(st.dictionaries(names, kinds, min_size=1, max_size=4))
     seq = draw(st.none() | st.integers(0, 2**63 - 1))
     units = info = None
     if mapping:
-        units = draw(st.none() | st.dictionaries(names, st.sampled_from(["Cel", "%", "°C"]),
-                                                 max_size=2)) or None
-        info = draw(st.none() | st.dictionaries(st.sampled_from(["model", "room"]),
-                                                st.text(max_size=4), max_size=2)) or None
+        units = (
+            draw(
+                st.none() | st.dictionaries(names, st.sampled_from(["Cel", "%", "°C"]), max_size=2)
+            )
+            or None
+        )
+        info = (
+            draw(
+                st.none()
+                | st.dictionaries(
+                    st.sampled_from(["model", "room"]), st.text(max_size=4), max_size=2
+                )
+            )
+            or None
+        )
     if draw(st.integers(0, 5)) == 0:  # timed by a datetime, as some callers build them
-        return Reading(sensor, datetime.fromtimestamp(ms / 1000, UTC), ms / 1000, values,
-                       seq, None, tags, units, info)
+        return Reading(
+            sensor,
+            datetime.fromtimestamp(ms / 1000, UTC),
+            ms / 1000,
+            values,
+            seq,
+            None,
+            tags,
+            units,
+            info,
+        )
     return Reading(sensor, None, ms / 1000, values, seq, ms, tags, units, info)
 
 
@@ -160,16 +191,18 @@ def a_reading(draw: st.DrawFn, span: int = HOUR) -> Reading:
 def a_busy_batch(draw: st.DrawFn) -> list[Reading]:
     """Many readings of few series, mostly of one shape: groups to coalesce and split."""
     series = draw(st.lists(a_series(), min_size=1, max_size=2))
-    shapes = draw(st.lists(st.lists(names, min_size=1, max_size=3, unique=True), min_size=1,
-                           max_size=2))
+    shapes = draw(
+        st.lists(st.lists(names, min_size=1, max_size=3, unique=True), min_size=1, max_size=2)
+    )
     out = []
     for _ in range(draw(st.integers(1, 60))):
         sensor, tags = draw(st.sampled_from(series))
         ms = T0 * 1000 + draw(st.integers(-3, 4000)) * draw(st.sampled_from([1, 1000]))
         kinds = numbers | st.booleans() | st.text(max_size=3) if tags is not None else numbers
         values = {name: draw(kinds) for name in draw(st.sampled_from(shapes))}
-        out.append(Reading(sensor, None, ms / 1000, values, draw(st.none() | st.integers(0, 9)),
-                           ms, tags))
+        out.append(
+            Reading(sensor, None, ms / 1000, values, draw(st.none() | st.integers(0, 9)), ms, tags)
+        )
     return out
 
 
@@ -177,10 +210,15 @@ batches = st.lists(a_reading(), max_size=40) | a_busy_batch()
 
 
 @settings(max_examples=300)
-@given(batch=batches, limit=st.sampled_from([1, 2, 3, 3600]),
-       size=st.none() | st.integers(100, 3000), span=st.sampled_from([60, HOUR]))
-def test_the_twins_plan_the_same_statements(batch: list[Reading], limit: int,
-                                            size: int | None, span: int) -> None:
+@given(
+    batch=batches,
+    limit=st.sampled_from([1, 2, 3, 3600]),
+    size=st.none() | st.integers(100, 3000),
+    span=st.sampled_from([60, HOUR]),
+)
+def test_the_twins_plan_the_same_statements(
+    batch: list[Reading], limit: int, size: int | None, span: int
+) -> None:
     before = twin.fallbacks()
     if both(batch, span, limit, size) is not None:  # planned by the compiled code itself
         assert twin.fallbacks() == before
@@ -192,17 +230,28 @@ def a_default_batch(draw: st.DrawFn) -> list[Reading]:
     out: list[Reading] = []
     for _ in range(draw(st.integers(1, 12))):
         sensor = draw(st.sampled_from(["a", "b", "c"]))
-        items = [{"ts": T0 + draw(st.integers(-5, 3 * HOUR)) + draw(st.integers(0, 999)) / 1000,
-                  "seq": draw(st.none() | st.integers(0, 10)),
-                  **draw(st.dictionaries(st.sampled_from(["t", "h", "temp"]), numbers,
-                                         min_size=1, max_size=3))}
-                 for _ in range(draw(st.integers(1, 5)))]
+        items = [
+            {
+                "ts": T0 + draw(st.integers(-5, 3 * HOUR)) + draw(st.integers(0, 999)) / 1000,
+                "seq": draw(st.none() | st.integers(0, 10)),
+                **draw(
+                    st.dictionaries(
+                        st.sampled_from(["t", "h", "temp"]), numbers, min_size=1, max_size=3
+                    )
+                ),
+            }
+            for _ in range(draw(st.integers(1, 5)))
+        ]
         for item in items:
             if item["seq"] is None:
                 del item["seq"]
         payload = json.dumps({"readings": items}).encode()
-        decoded = decode(f"sensors/{sensor}/readings", payload, T0 + HOUR, Limits(
-            max_past_seconds=10 * HOUR, max_future_seconds=10 * HOUR))
+        decoded = decode(
+            f"sensors/{sensor}/readings",
+            payload,
+            T0 + HOUR,
+            Limits(max_past_seconds=10 * HOUR, max_future_seconds=10 * HOUR),
+        )
         out.extend(decoded.readings)
     return out
 
@@ -217,10 +266,26 @@ def test_the_twins_plan_the_decoders_readings_alike(batch: list[Reading], limit:
 
 # --- hostile input: the compiled twin hands it to the Python one -------------------------
 
-def r(sensor: Any = "s", epoch: Any = T0 + 0.5, values: Any = None, ms: Any = T0 * 1000 + 500,
-      tags: Any = None, **rest: Any) -> Reading:
-    return Reading(sensor, None, epoch, {"v": 1.0} if values is None else values,
-                   rest.get("seq"), ms, tags, rest.get("units"), rest.get("info"))
+
+def r(
+    sensor: Any = "s",
+    epoch: Any = T0 + 0.5,
+    values: Any = None,
+    ms: Any = T0 * 1000 + 500,
+    tags: Any = None,
+    **rest: Any,
+) -> Reading:
+    return Reading(
+        sensor,
+        None,
+        epoch,
+        {"v": 1.0} if values is None else values,
+        rest.get("seq"),
+        ms,
+        tags,
+        rest.get("units"),
+        rest.get("info"),
+    )
 
 
 class Odd(Reading):
@@ -236,12 +301,20 @@ HOSTILE: list[tuple[str, Any, Any, Any]] = [
     ("an ms beyond 64 bits", [r(ms=2**70), r(ms=2**70 + 1)], HOUR, 3600),
     ("no time at all", [r(ms=None)], HOUR, 3600),
     ("a string value without tags", [r(values={"v": "1.5"})], HOUR, 3600),
-    ("a bool value without tags", [r(values={"v": True}), r(values={"v": False}, ms=1)],
-     HOUR, 3600),
+    (
+        "a bool value without tags",
+        [r(values={"v": True}), r(values={"v": False}, ms=1)],
+        HOUR,
+        3600,
+    ),
     ("a None value", [r(values={"v": None}, tags={})], HOUR, 3600),
     ("an int too large for a float", [r(values={"v": 10**400})], HOUR, 3600),
-    ("ints too large for a float", [r(values={"v": 10**400}), r(values={"v": 1}, ms=1)],
-     HOUR, 3600),
+    (
+        "ints too large for a float",
+        [r(values={"v": 10**400}), r(values={"v": 1}, ms=1)],
+        HOUR,
+        3600,
+    ),
     ("a list of values", [r(values=[("v", 1.0)])], HOUR, 3600),
     ("a name that is not a string", [r(values={1: 1.0})], HOUR, 3600),
     ("a sensor that is not a string", [r(sensor=5), r(sensor=None)], HOUR, 3600),
@@ -251,24 +324,32 @@ HOSTILE: list[tuple[str, Any, Any, Any]] = [
     ("info that is not a dict", [r(tags={}, info="room")], HOUR, 3600),
     ("a short Reading", [tuple.__new__(Reading, ("s", None))], HOUR, 3600),
     ("a subclass of Reading", [Odd(*r())], HOUR, 3600),
-    ("not a Reading", [("s", None, T0 + 0.5, {"v": 1.0}, None, 1, None, None, None)],
-     HOUR, 3600),
+    ("not a Reading", [("s", None, T0 + 0.5, {"v": 1.0}, None, 1, None, None, None)], HOUR, 3600),
     ("a span of zero", [r()], 0, 3600),
     ("a float span", [r()], 60.0, 3600),
     ("a negative cap", [r(), r(ms=T0 * 1000 + 501)], HOUR, -1),
     ("a cap beyond 64 bits", [r(), r(ms=T0 * 1000 + 501)], HOUR, 2**64),
-    ("ts and seq among the values", [r(values={"ts": 1, "seq": 2.5}, seq=3),
-                                     r(values={"ts": 2, "seq": 2.5}, ms=T0 * 1000 + 9)],
-     HOUR, 3600),
-    ("a reading larger than a document", [r(values={f"n{i}": 1.0 for i in range(200)})],
-     HOUR, 3600),
+    (
+        "ts and seq among the values",
+        [r(values={"ts": 1, "seq": 2.5}, seq=3), r(values={"ts": 2, "seq": 2.5}, ms=T0 * 1000 + 9)],
+        HOUR,
+        3600,
+    ),
+    (
+        "a reading larger than a document",
+        [r(values={f"n{i}": 1.0 for i in range(200)})],
+        HOUR,
+        3600,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("readings", "span", "limit"), [h[1:] for h in HOSTILE],
-                         ids=[h[0] for h in HOSTILE])
+@pytest.mark.parametrize(
+    ("readings", "span", "limit"), [h[1:] for h in HOSTILE], ids=[h[0] for h in HOSTILE]
+)
 def test_hostile_batches_get_the_same_plan_or_the_same_exception(
-        readings: list[Any], span: int, limit: int) -> None:
+    readings: list[Any], span: int, limit: int
+) -> None:
     with max_bytes(4000):
         both(readings, span, limit)
 
@@ -280,30 +361,68 @@ def test_a_batch_that_is_not_a_list_is_planned_alike() -> None:
 # --- examples worth keeping --------------------------------------------------------------
 
 LIMITS = [
-    [r(values={"v": 2**63 - 1}), r(values={"v": -(2**63)}, ms=T0 * 1000 + 501),
-     r(values={"v": 2**53 + 1}, ms=T0 * 1000 + 502)],
-    [r(values={"v": 0.0}), r(values={"v": -0.0}, ms=T0 * 1000 + 501),
-     r(values={"v": 0}, ms=T0 * 1000 + 502)],
-    [r(values={"v": 1e300}), r(values={"v": 1e300}, ms=T0 * 1000 + 501),
-     r(values={"v": -1e300}, ms=T0 * 1000 + 502)],
+    [
+        r(values={"v": 2**63 - 1}),
+        r(values={"v": -(2**63)}, ms=T0 * 1000 + 501),
+        r(values={"v": 2**53 + 1}, ms=T0 * 1000 + 502),
+    ],
+    [
+        r(values={"v": 0.0}),
+        r(values={"v": -0.0}, ms=T0 * 1000 + 501),
+        r(values={"v": 0}, ms=T0 * 1000 + 502),
+    ],
+    [
+        r(values={"v": 1e300}),
+        r(values={"v": 1e300}, ms=T0 * 1000 + 501),
+        r(values={"v": -1e300}, ms=T0 * 1000 + 502),
+    ],
     [r(values={"v": 1e308}), r(values={"v": 1e308}, ms=T0 * 1000 + 501)],
-    [r(values={"v": 2**53}), r(values={"v": float(2**53)}, ms=T0 * 1000 + 501),
-     r(values={"v": 2**53 + 1}, ms=T0 * 1000 + 502)],
-    [r(values={"v": 2**80}), r(values={"v": 2.0**80}, ms=T0 * 1000 + 501),
-     r(values={"v": 2**80 + 1}, ms=T0 * 1000 + 502), r(values={"v": 2**80}, ms=T0 * 1000 + 3)],
-    [r(epoch=-0.0, ms=0), r(epoch=0.0, ms=1), r(epoch=-0.5, ms=-500), r(epoch=-3600.0,
-                                                                          ms=-3600_000)],
-    [r(epoch=T0 - 0.001, ms=T0 * 1000 - 1), r(epoch=float(T0), ms=T0 * 1000),
-     r(epoch=T0 + HOUR - 0.001, ms=(T0 + HOUR) * 1000 - 1)],
-    [r(ms=T0 * 1000 + 3), r(ms=T0 * 1000 + 1), r(ms=T0 * 1000 + 2),
-     r(ms=T0 * 1000 + 1, values={"w": 2.0})],
+    [
+        r(values={"v": 2**53}),
+        r(values={"v": float(2**53)}, ms=T0 * 1000 + 501),
+        r(values={"v": 2**53 + 1}, ms=T0 * 1000 + 502),
+    ],
+    [
+        r(values={"v": 2**80}),
+        r(values={"v": 2.0**80}, ms=T0 * 1000 + 501),
+        r(values={"v": 2**80 + 1}, ms=T0 * 1000 + 502),
+        r(values={"v": 2**80}, ms=T0 * 1000 + 3),
+    ],
+    [
+        r(epoch=-0.0, ms=0),
+        r(epoch=0.0, ms=1),
+        r(epoch=-0.5, ms=-500),
+        r(epoch=-3600.0, ms=-3600_000),
+    ],
+    [
+        r(epoch=T0 - 0.001, ms=T0 * 1000 - 1),
+        r(epoch=float(T0), ms=T0 * 1000),
+        r(epoch=T0 + HOUR - 0.001, ms=(T0 + HOUR) * 1000 - 1),
+    ],
+    [
+        r(ms=T0 * 1000 + 3),
+        r(ms=T0 * 1000 + 1),
+        r(ms=T0 * 1000 + 2),
+        r(ms=T0 * 1000 + 1, values={"w": 2.0}),
+    ],
 ]
 
 
-@pytest.mark.parametrize("batch", LIMITS, ids=[
-    "int64 limits", "signed zeros", "1e300", "a sum beyond the largest float",
-    "2**53 and around", "ints beyond 64 bits", "around the epoch", "span boundaries",
-    "out of order and merged"])
+@pytest.mark.parametrize(
+    "batch",
+    LIMITS,
+    ids=[
+        "int64 limits",
+        "signed zeros",
+        "1e300",
+        "a sum beyond the largest float",
+        "2**53 and around",
+        "ints beyond 64 bits",
+        "around the epoch",
+        "span boundaries",
+        "out of order and merged",
+    ],
+)
 def test_limits_of_numbers_and_spans_are_planned_alike(batch: list[Reading]) -> None:
     before = twin.fallbacks()
     assert both(batch) is not None

@@ -32,10 +32,17 @@ def reading(sensor: str, epoch: float, **values: float) -> Reading:
     return Reading(sensor, datetime.fromtimestamp(epoch, UTC), epoch, values or {"v": 1.0})
 
 
-def writer_for(db: Any, name: str = "buckets", max_readings: int = 3600,
-               retention_days: float | None = None) -> BucketWriter:
-    schema = Schema(db, name, rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                    retention_days=retention_days, span_seconds=HOUR)
+def writer_for(
+    db: Any, name: str = "buckets", max_readings: int = 3600, retention_days: float | None = None
+) -> BucketWriter:
+    schema = Schema(
+        db,
+        name,
+        rejects_collection="rejects",
+        rejects_max_bytes=1 << 20,
+        retention_days=retention_days,
+        span_seconds=HOUR,
+    )
     return BucketWriter(db[name], schema, HOUR, max_readings)
 
 
@@ -43,9 +50,15 @@ def writer_for(db: Any, name: str = "buckets", max_readings: int = 3600,
 
 NO_DB: Any = defaultdict(lambda: None)  # plan() builds operations without touching a database
 
+
 def test_one_update_per_sensor_hour() -> None:
-    batch = [reading("a", T0 + 1), reading("b", T0 + 2), reading("a", T0 + 3),
-             reading("a", T0 + HOUR + 1), reading("b", T0 + 4)]
+    batch = [
+        reading("a", T0 + 1),
+        reading("b", T0 + 2),
+        reading("a", T0 + 3),
+        reading("a", T0 + HOUR + 1),
+        reading("b", T0 + 4),
+    ]
     plan = writer_for(NO_DB).plan(batch)
     assert len(plan.ops) == 3
     keys = [(op["q"]["sensor_id"], op["q"]["bucket_start"]) for op in plan.ops]
@@ -55,8 +68,7 @@ def test_one_update_per_sensor_hour() -> None:
     assert [len(g) for g in plan.groups] == [2, 2, 1]
     first = plan.ops[0]["u"]
     assert first["$inc"]["count"] == 2
-    assert [r["ts"] for r in first["$push"]["readings"]["$each"]] == [
-        batch[0].ts, batch[2].ts]
+    assert [r["ts"] for r in first["$push"]["readings"]["$each"]] == [batch[0].ts, batch[2].ts]
     assert first["$setOnInsert"] == {"schema_version": 2}
     assert all(op["q"]["tags"] == {} for op in plan.ops)
     assert plan.ops[0]["upsert"] is True
@@ -77,12 +89,20 @@ def test_group_larger_than_the_cap_is_split_and_each_filter_leaves_room() -> Non
 
 
 def test_statistics_of_one_update() -> None:
-    batch = [reading("a", T0 + 1, temp=22.5, hum=40), reading("a", T0 + 2, temp=21.0),
-             reading("a", T0 + 3, temp=23.5, hum=41)]
+    batch = [
+        reading("a", T0 + 1, temp=22.5, hum=40),
+        reading("a", T0 + 2, temp=21.0),
+        reading("a", T0 + 3, temp=23.5, hum=41),
+    ]
     op = writer_for(NO_DB).plan(batch).ops[0]["u"]
-    assert op["$inc"] == {"count": 3, "bytes": sum(reading_bytes(r) for r in batch),
-                          "stats.temp.count": 3, "stats.temp.sum": 67.0,
-                          "stats.hum.count": 2, "stats.hum.sum": 81.0}
+    assert op["$inc"] == {
+        "count": 3,
+        "bytes": sum(reading_bytes(r) for r in batch),
+        "stats.temp.count": 3,
+        "stats.temp.sum": 67.0,
+        "stats.hum.count": 2,
+        "stats.hum.sum": 81.0,
+    }
     assert op["$min"]["stats.temp.min"] == 21.0
     assert op["$max"]["stats.temp.max"] == 23.5
     assert op["$min"]["stats.hum.min"] == 40
@@ -93,14 +113,25 @@ def test_statistics_of_one_update() -> None:
 
 # --- through the driver -------------------------------------------------------------------
 
-values = st.one_of(st.integers(-10**6, 10**6),
-                   st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False))
+values = st.one_of(
+    st.integers(-(10**6), 10**6), st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
+)
 readings_st = st.lists(
-    st.builds(lambda s, dt, v, w: Reading(s, datetime.fromtimestamp(T0 + dt, UTC), T0 + dt,
-                                          {"v": v} if w is None else {"v": v, "w": w}),
-              st.sampled_from(["a", "b", "c"]), st.integers(-HOUR, 2 * HOUR - 1), values,
-              st.none() | values),
-    min_size=1, max_size=25)
+    st.builds(
+        lambda s, dt, v, w: Reading(
+            s,
+            datetime.fromtimestamp(T0 + dt, UTC),
+            T0 + dt,
+            {"v": v} if w is None else {"v": v, "w": w},
+        ),
+        st.sampled_from(["a", "b", "c"]),
+        st.integers(-HOUR, 2 * HOUR - 1),
+        values,
+        st.none() | values,
+    ),
+    min_size=1,
+    max_size=25,
+)
 
 
 async def expected_vs_stored(coll: Any, written: list[Reading]) -> None:
@@ -117,7 +148,8 @@ async def expected_vs_stored(coll: Any, written: list[Reading]) -> None:
         parts = stored[key]
         assert sum(d["count"] for d in parts) == len(group)
         assert min(d["first_ts"] for d in parts) == min(r.ts for r in group).replace(
-            microsecond=min(r.ts for r in group).microsecond // 1000 * 1000)
+            microsecond=min(r.ts for r in group).microsecond // 1000 * 1000
+        )
         for name in ("v", "w"):
             vals = [r.values[name] for r in group if name in r.values]
             if not vals:
@@ -125,8 +157,9 @@ async def expected_vs_stored(coll: Any, written: list[Reading]) -> None:
                 continue
             stats = [d["stats"][name] for d in parts if name in d["stats"]]
             assert sum(s["count"] for s in stats) == len(vals)
-            assert math.isclose(sum(s["sum"] for s in stats), math.fsum(vals),
-                                rel_tol=1e-9, abs_tol=1e-6)
+            assert math.isclose(
+                sum(s["sum"] for s in stats), math.fsum(vals), rel_tol=1e-9, abs_tol=1e-6
+            )
             assert min(s["min"] for s in stats) == min(vals)
             assert max(s["max"] for s in stats) == max(vals)
             stored_vals = sorted(x[name] for d in parts for x in d["readings"] if name in x)
@@ -141,12 +174,15 @@ def first_of_each_ts(readings: list[Reading]) -> list[Reading]:
     return list(first.values())
 
 
-@settings(max_examples=12,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(batches=st.lists(readings_st, min_size=1, max_size=4),
-       cap=st.sampled_from([3, 10, 3600]), replays=st.lists(st.integers(0, 3), max_size=3))
+@settings(max_examples=12, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    batches=st.lists(readings_st, min_size=1, max_size=4),
+    cap=st.sampled_from([3, 10, 3600]),
+    replays=st.lists(st.integers(0, 3), max_size=3),
+)
 async def test_stats_equal_what_the_readings_imply_after_many_batches_and_replays(
-        db: Any, batches: list[list[Reading]], cap: int, replays: list[int]) -> None:
+    db: Any, batches: list[list[Reading]], cap: int, replays: list[int]
+) -> None:
     """Arbitrary batches, some written again (as after a crash or a retried write): each
     sensor keeps the first reading of each timestamp, counted once; a repeat is a
     duplicate if its values are the same, a conflict otherwise."""
@@ -168,7 +204,10 @@ async def test_stats_equal_what_the_readings_imply_after_many_batches_and_replay
             else:
                 conflicts += 1
         assert (outcome.written, outcome.duplicates, len(outcome.conflicts)) == (
-            new, dups, conflicts)
+            new,
+            dups,
+            conflicts,
+        )
         assert not outcome.retry
         assert not outcome.refused
     coll = db[writer._collection.name]
@@ -176,8 +215,7 @@ async def test_stats_equal_what_the_readings_imply_after_many_batches_and_replay
     assert await coll.count_documents({"count": {"$gt": cap}}) == 0
 
 
-async def test_a_write_repeated_after_it_filled_its_document_is_not_stored_again(
-        db: Any) -> None:
+async def test_a_write_repeated_after_it_filled_its_document_is_not_stored_again(db: Any) -> None:
     """The retry of a write whose first attempt landed (and filled its document) would
     start a new document: the unique index refuses it, and nothing is counted twice."""
     writer = writer_for(db, max_readings=5)
@@ -190,8 +228,7 @@ async def test_a_write_repeated_after_it_filled_its_document_is_not_stored_again
     assert [(d["count"], d["stats"]["v"]["sum"]) for d in docs] == [(5, 10.0)]
 
 
-async def test_a_redelivery_mixed_with_new_readings_writes_only_the_new_ones(
-        db: Any) -> None:
+async def test_a_redelivery_mixed_with_new_readings_writes_only_the_new_ones(db: Any) -> None:
     writer = writer_for(db, max_readings=4)
     await writer.ensure_schema()
     old = [reading("a", T0 + i, v=1.0) for i in range(3)]
@@ -208,13 +245,18 @@ async def test_another_reading_at_a_stored_time_is_refused_as_a_conflict(db: Any
     await writer.ensure_schema()
     await writer.write(writer.plan([reading("a", T0 + 1, v=1.0)]))
     late = reading("a", T0 + 1, v=9.0)
-    same_batch = [reading("b", T0 + 2, v=1.0), reading("b", T0 + 2, v=2.0),
-                  reading("b", T0 + 2, v=1.0)]
+    same_batch = [
+        reading("b", T0 + 2, v=1.0),
+        reading("b", T0 + 2, v=2.0),
+        reading("b", T0 + 2, v=1.0),
+    ]
     outcome = await writer.write(writer.plan([late, *same_batch]))
     assert outcome.written == 1
     assert outcome.duplicates == 1
     assert [(r.sensor_id, r.values) for r, _ in outcome.conflicts] == [
-        ("a", {"v": 9.0}), ("b", {"v": 2.0})]
+        ("a", {"v": 9.0}),
+        ("b", {"v": 2.0}),
+    ]
     assert "a already has v=1.0 at" in outcome.conflicts[0][1]
     assert await stored_values(db, "bucket", "v") == [1.0, 1.0]
 
@@ -247,7 +289,8 @@ async def test_bucket_overflow_starts_new_documents_never_above_the_cap(db: Any)
 
 
 async def test_concurrent_writers_keep_counts_exact_and_under_the_cap(
-        mongo_uri: str, db: Any) -> None:
+    mongo_uri: str, db: Any
+) -> None:
     """Several daemons update the same sensor-hour at once: the cap and the sums hold."""
     from pymongo import AsyncMongoClient  # noqa: PLC0415
 
@@ -255,8 +298,10 @@ async def test_concurrent_writers_keep_counts_exact_and_under_the_cap(
     try:
         writers = [writer_for(c[db.name], max_readings=7) for c in clients]
         await writers[0].ensure_schema()
-        batches = [[reading("a", T0 + 10 * w + i, v=float(w * 100 + i)) for i in range(4)]
-                   for w in range(12)]
+        batches = [
+            [reading("a", T0 + 10 * w + i, v=float(w * 100 + i)) for i in range(4)]
+            for w in range(12)
+        ]
 
         async def run(w: int) -> None:
             writer = writers[w % 3]
@@ -320,8 +365,10 @@ async def test_documents_also_stay_under_a_byte_budget(db: Any, monkeypatch: Any
     wide = {f"measurement_{i:03d}": float(i) for i in range(20)}  # ~ 500 estimated bytes
     written = []
     for b in range(3):
-        batch = [Reading("a", datetime.fromtimestamp(T0 + 10 * b + i, UTC), T0 + 10 * b + i,
-                         wide) for i in range(7)]
+        batch = [
+            Reading("a", datetime.fromtimestamp(T0 + 10 * b + i, UTC), T0 + 10 * b + i, wide)
+            for i in range(7)
+        ]
         await writer.write(writer.plan(batch))
         written += batch
     docs = await db.buckets.find({}).to_list()
@@ -332,7 +379,8 @@ async def test_documents_also_stay_under_a_byte_budget(db: Any, monkeypatch: Any
 
 
 async def test_thousands_of_names_count_their_statistics_in_the_byte_budget(
-        db: Any, monkeypatch: Any) -> None:
+    db: Any, monkeypatch: Any
+) -> None:
     """A sensor whose readings each bring new measurement names grows by its ``stats`` as
     much as by its readings: every document's real BSON size stays within twice the
     budget (the margin MongoDB's 16 MiB limit has over the 8 MiB budget)."""
@@ -342,10 +390,19 @@ async def test_thousands_of_names_count_their_statistics_in_the_byte_budget(
     monkeypatch.setattr(bucket, "MAX_BUCKET_BYTES", budget)
     writer = writer_for(db)
     await writer.ensure_schema()
-    readings = [Reading("a", None, T0 + i / 10, {f"n{3 * i + k:04d}": 1.0 for k in range(3)},
-                        None, T0 * 1000 + i * 100) for i in range(1000)]
+    readings = [
+        Reading(
+            "a",
+            None,
+            T0 + i / 10,
+            {f"n{3 * i + k:04d}": 1.0 for k in range(3)},
+            None,
+            T0 * 1000 + i * 100,
+        )
+        for i in range(1000)
+    ]
     for start in range(0, len(readings), 250):
-        outcome = await writer.write(writer.plan(readings[start:start + 250]))
+        outcome = await writer.write(writer.plan(readings[start : start + 250]))
         assert outcome.written == 250
     docs = await db.buckets.find({}).to_list()
     assert sum(d["count"] for d in docs) == 1000
@@ -357,7 +414,11 @@ async def test_thousands_of_names_count_their_statistics_in_the_byte_budget(
 def test_a_reading_larger_than_the_budget_goes_alone_and_the_server_decides() -> None:
     from ingest.store.writers.bucket import MAX_BUCKET_BYTES, chunks  # noqa: PLC0415
 
-    huge = Reading("a", datetime.fromtimestamp(T0, UTC), T0,
-                   {f"m{i:06d}": 1.0 for i in range(MAX_BUCKET_BYTES // 17 + 1)})
+    huge = Reading(
+        "a",
+        datetime.fromtimestamp(T0, UTC),
+        T0,
+        {f"m{i:06d}": 1.0 for i in range(MAX_BUCKET_BYTES // 17 + 1)},
+    )
     small = reading("a", T0 + 1)
     assert [len(c) for c, _ in chunks([small, huge, small], 3600)] == [1, 1, 1]

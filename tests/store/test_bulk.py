@@ -50,11 +50,11 @@ class Commands(monitoring.CommandListener):
 
 
 @pytest.fixture
-async def listened(mongo_uri: str, db_name: str
-                   ) -> AsyncIterator[tuple[Any, Commands]]:
+async def listened(mongo_uri: str, db_name: str) -> AsyncIterator[tuple[Any, Commands]]:
     commands = Commands()
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-        mongo_uri, tz_aware=True, event_listeners=[commands])
+        mongo_uri, tz_aware=True, event_listeners=[commands]
+    )
     try:
         yield client[db_name], commands
     finally:
@@ -65,14 +65,22 @@ async def listened(mongo_uri: str, db_name: str
 async def hinted(db: Any, *names: str) -> None:
     """The index the bucket upserts name in their hint."""
     for name in names:
-        await db[name].create_index([("sensor_id", 1), ("bucket_start", 1)],
-                                    name=BUCKET_INDEX)
+        await db[name].create_index([("sensor_id", 1), ("bucket_start", 1)], name=BUCKET_INDEX)
 
 
 def readings(sensors: int, each: int, offset: int = 0) -> list[Reading]:
-    return [Reading(f"s{s}", None, float(T0 + offset + i), {"t": 20.5 + i, "h": 40 + s},
-                    i, (T0 + offset + i) * 1000)
-            for s in range(sensors) for i in range(each)]
+    return [
+        Reading(
+            f"s{s}",
+            None,
+            float(T0 + offset + i),
+            {"t": 20.5 + i, "h": 40 + s},
+            i,
+            (T0 + offset + i) * 1000,
+        )
+        for s in range(sensors)
+        for i in range(each)
+    ]
 
 
 def test_the_installed_pymongo_takes_the_fast_path() -> None:
@@ -83,7 +91,8 @@ def test_the_installed_pymongo_takes_the_fast_path() -> None:
 
 @pytest.mark.parametrize("kind", [bulk.UPDATE, bulk.INSERT])
 async def test_the_fast_path_sends_the_public_apis_commands(
-        listened: tuple[Any, Commands], kind: str) -> None:
+    listened: tuple[Any, Commands], kind: str
+) -> None:
     db, commands = listened
     batch = readings(3, 4)
     if kind == bulk.UPDATE:
@@ -103,7 +112,8 @@ async def test_the_fast_path_sends_the_public_apis_commands(
 
 
 async def test_a_partial_failure_raises_the_same_bulk_write_error(
-        listened: tuple[Any, Commands]) -> None:
+    listened: tuple[Any, Commands],
+) -> None:
     db, _commands = listened
     for name in ("fast", "public"):
         await db[name].insert_one({"_id": "taken"})
@@ -116,12 +126,14 @@ async def test_a_partial_failure_raises_the_same_bulk_write_error(
     fast, public = errors
     assert [e["index"] for e in fast["writeErrors"]] == [1]
     assert [(e["index"], e["code"]) for e in fast["writeErrors"]] == [
-        (e["index"], e["code"]) for e in public["writeErrors"]]
+        (e["index"], e["code"]) for e in public["writeErrors"]
+    ]
     assert fast["nInserted"] == public["nInserted"] == 2
 
 
 async def test_a_failed_command_fails_both_paths_alike(
-        listened: tuple[Any, Commands], mongo: AsyncMongoClient[dict[str, Any]]) -> None:
+    listened: tuple[Any, Commands], mongo: AsyncMongoClient[dict[str, Any]]
+) -> None:
     db, commands = listened
     outcomes = []
     for name, send in (("fast", bulk.execute), ("public", bulk.public)):
@@ -135,11 +147,12 @@ async def test_a_failed_command_fails_both_paths_alike(
     assert commands.failed_codes == [91, 91]  # each path met the failure once
     # as many attempts either way (one, or two where the driver retries the write)
     assert len(commands.sent) % 2 == 0
-    assert commands.sent[: len(commands.sent) // 2] == commands.sent[len(commands.sent) // 2:]
+    assert commands.sent[: len(commands.sent) // 2] == commands.sent[len(commands.sent) // 2 :]
 
 
 async def test_without_the_fast_path_the_public_api_writes_the_same(
-        listened: tuple[Any, Commands], monkeypatch: pytest.MonkeyPatch) -> None:
+    listened: tuple[Any, Commands], monkeypatch: pytest.MonkeyPatch
+) -> None:
     db, commands = listened
     await hinted(db, "fast", "public")
     plan = BucketWriter(db["x"], None, HOUR, 3600).plan(readings(2, 3))  # type: ignore[arg-type]

@@ -34,8 +34,12 @@ if TYPE_CHECKING:
 NOW = 1_790_000_000.25
 
 
-def message(mid: int, payload: bytes = b'{"v":1}', topic: str = "sensors/a/readings",
-            received_at: float = NOW) -> Inbound:
+def message(
+    mid: int,
+    payload: bytes = b'{"v":1}',
+    topic: str = "sensors/a/readings",
+    received_at: float = NOW,
+) -> Inbound:
     return Inbound(topic, payload, mid, 1, 1, received_at)
 
 
@@ -52,25 +56,34 @@ def documents(ledger: Deliveries, entries: list[Entry]) -> Any:
     return ledger.documents(*flat(entries))
 
 
-@given(st.lists(st.tuples(st.integers(1, 65535), st.binary(max_size=40), st.floats(0, 4e9),
-                          st.lists(st.integers(-(2**63), 2**63 - 1), max_size=5)),
-                max_size=20))
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 65535),
+            st.binary(max_size=40),
+            st.floats(0, 4e9),
+            st.lists(st.integers(-(2**63), 2**63 - 1), max_size=5),
+        ),
+        max_size=20,
+    )
+)
 def test_entries_read_back_as_they_were_packed(
-        raw: list[tuple[int, bytes, float, list[int]]]) -> None:
-    entries = [(message(mid, payload, received_at=at), times)
-               for mid, payload, at, times in raw]
+    raw: list[tuple[int, bytes, float, list[int]]],
+) -> None:
+    entries = [(message(mid, payload, received_at=at), times) for mid, payload, at, times in raw]
     assert list(unpack(pack(*flat(entries)), len(entries))) == [
         (m.mid, checksum(m.topic, m.payload), Recorded(m.received_at, tuple(times)))
-        for m, times in entries]
+        for m, times in entries
+    ]
 
 
 def test_a_resent_message_is_the_latest_entry_of_its_packet_id_if_the_content_agrees() -> None:
     """A broker gives a packet id to the next message once the PUBACK is in: the latest
     entry of an id is the resent message's first delivery, if that was recorded. An
     earlier message with the same words and id (a device repeating a state) never is."""
-    acked = (message(7, received_at=NOW - 60), [1])   # the same words, earlier: acked
-    other = (message(7, b'{"v":2}'), [2])              # the id given to another payload
-    resent = (message(7), [3, 4])                      # the one the broker resends
+    acked = (message(7, received_at=NOW - 60), [1])  # the same words, earlier: acked
+    other = (message(7, b'{"v":2}'), [2])  # the id given to another payload
+    resent = (message(7), [3, 4])  # the one the broker resends
     found = latest([doc(2, [acked, other]), doc(3, [resent])], keep=10)
     assert first_delivery(found, message(7)) == Recorded(NOW, (3, 4))
     assert first_delivery(found, message(7, b'{"v":2}')) is None  # acked before (7, v1)
@@ -93,8 +106,11 @@ def test_a_batch_too_large_for_one_document_is_recorded_in_several(monkeypatch: 
     entries = [(message(mid), [mid] * (4 if mid == 5 else 1)) for mid in range(1, 9)]
     split = list(pieces(*flat(entries)))
     assert [[m.mid for m in some] for some, _given in split] == [[1, 2, 3], [4, 5], [6, 7, 8]]
-    assert [given for _some, given in split] == [[1, 1, 1, 2, 1, 3], [1, 4, 4, 5, 5, 5, 5],
-                                                 [1, 6, 1, 7, 1, 8]]
+    assert [given for _some, given in split] == [
+        [1, 1, 1, 2, 1, 3],
+        [1, 4, 4, 5, 5, 5, 5],
+        [1, 6, 1, 7, 1, 8],
+    ]
 
 
 def test_the_ledger_outlives_every_session_the_broker_keeps() -> None:
@@ -102,8 +118,14 @@ def test_the_ledger_outlives_every_session_the_broker_keeps() -> None:
 
 
 async def test_entries_are_numbered_across_restarts_trimmed_and_written_once(db: Any) -> None:
-    await Schema(db, "buckets", rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                 retention_days=None, span_seconds=3600).ensure_deliveries()
+    await Schema(
+        db,
+        "buckets",
+        rejects_collection="rejects",
+        rejects_max_bytes=1 << 20,
+        retention_days=None,
+        span_seconds=3600,
+    ).ensure_deliveries()
     first = Deliveries(db[COLLECTION], "worker-0", keep=2)
     docs = await documents(first, [(message(1), [10]), (message(2), [20])])
     await first.write(docs)
@@ -126,8 +148,13 @@ async def test_entries_are_numbered_across_restarts_trimmed_and_written_once(db:
 def test_both_decoders_give_a_redelivery_the_recorded_times_in_order() -> None:
     """Two readings without a time, one with: the recorded times go to the two, in
     order, and are recorded again; a third asked for (not expected) takes its arrival."""
-    payload = orjson.dumps([{"sensor_id": "a", "v": 1}, {"sensor_id": "a", "ts": NOW, "v": 2},
-                            {"sensor_id": "b", "v": 3}])
+    payload = orjson.dumps(
+        [
+            {"sensor_id": "a", "v": 1},
+            {"sensor_id": "a", "ts": NOW, "v": 2},
+            {"sensor_id": "b", "v": 3},
+        ]
+    )
     compiled = compiled_or_none("ingest.devices._decode_c")
     for decode in [decode_py] + ([compiled.decode] if compiled else []):
         again: list[int] = []

@@ -33,30 +33,46 @@ def fleet() -> list[Reading]:
 
 
 async def write_both(db: Any, readings: list[Reading]) -> None:
-    schema = Schema(db, "buckets", rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                    retention_days=None, span_seconds=3600)
+    schema = Schema(
+        db,
+        "buckets",
+        rejects_collection="rejects",
+        rejects_max_bytes=1 << 20,
+        retention_days=None,
+        span_seconds=3600,
+    )
     bucket = BucketWriter(db.buckets, schema, 3600, max_readings=20)  # forces overflow docs
-    ts_schema = Schema(db, "readings", rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                       retention_days=None, span_seconds=3600)
+    ts_schema = Schema(
+        db,
+        "readings",
+        rejects_collection="rejects",
+        rejects_max_bytes=1 << 20,
+        retention_days=None,
+        span_seconds=3600,
+    )
     series = TimeseriesWriter(db.readings, ts_schema)
     await bucket.ensure_schema()
     await series.ensure_schema()
     for i in range(0, len(readings), 50):
         for writer in (bucket, series):
-            outcome = await writer.write(writer.plan(readings[i:i + 50]))
-            assert outcome.written == len(readings[i:i + 50])
+            outcome = await writer.write(writer.plan(readings[i : i + 50]))
+            assert outcome.written == len(readings[i : i + 50])
 
 
 async def test_recent_readings_of_one_sensor_match(db: Any) -> None:
     readings = fleet()
     await write_both(db, readings)
     since, until = START + timedelta(minutes=50), START + timedelta(minutes=110)
-    bucket = await (await db.buckets.aggregate(
-        layout_queries.recent_bucket("s2", since, until))).to_list()
-    series = await (await db.readings.aggregate(
-        layout_queries.recent_timeseries("s2", since, until))).to_list()
-    expected = sorted((r for r in readings if r.sensor_id == "s2" and since <= r.ts < until),
-                      key=lambda r: r.epoch)
+    bucket = await (
+        await db.buckets.aggregate(layout_queries.recent_bucket("s2", since, until))
+    ).to_list()
+    series = await (
+        await db.readings.aggregate(layout_queries.recent_timeseries("s2", since, until))
+    ).to_list()
+    expected = sorted(
+        (r for r in readings if r.sensor_id == "s2" and since <= r.ts < until),
+        key=lambda r: r.epoch,
+    )
     assert [d["seq"] for d in bucket] == [r.seq for r in expected]
     assert [d["seq"] for d in series] == [r.seq for r in expected]
     assert [d["temp"] for d in bucket] == [d["temp"] for d in series]
@@ -66,17 +82,29 @@ async def test_hourly_statistics_of_all_sensors_match(db: Any) -> None:
     readings = fleet()
     await write_both(db, readings)
     since, until = START, START + timedelta(hours=3)
-    bucket = await (await db.buckets.aggregate(
-        layout_queries.hourly_bucket("hum", since, until))).to_list()
-    series = await (await db.readings.aggregate(
-        layout_queries.hourly_timeseries("hum", since, until))).to_list()
+    bucket = await (
+        await db.buckets.aggregate(layout_queries.hourly_bucket("hum", since, until))
+    ).to_list()
+    series = await (
+        await db.readings.aggregate(layout_queries.hourly_timeseries("hum", since, until))
+    ).to_list()
     assert len(bucket) == len(series) == 9  # 3 sensors x 3 hours
     for b, s in zip(bucket, series, strict=True):
         assert (b["sensor_id"], b["hour"], b["count"], b["min"], b["max"]) == (
-            s["sensor_id"], s["hour"], s["count"], s["min"], s["max"])
+            s["sensor_id"],
+            s["hour"],
+            s["count"],
+            s["min"],
+            s["max"],
+        )
         assert math.isclose(b["avg"], s["avg"], rel_tol=1e-12)
-        group = [r.values["hum"] for r in readings if r.sensor_id == b["sensor_id"]
-                 and b["hour"] <= r.ts < b["hour"] + timedelta(hours=1) and "hum" in r.values]
+        group = [
+            r.values["hum"]
+            for r in readings
+            if r.sensor_id == b["sensor_id"]
+            and b["hour"] <= r.ts < b["hour"] + timedelta(hours=1)
+            and "hum" in r.values
+        ]
         assert b["count"] == len(group)
         assert math.isclose(b["avg"], sum(group) / len(group), rel_tol=1e-12)
 

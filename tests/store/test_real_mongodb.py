@@ -56,11 +56,24 @@ def reading(sensor: str, epoch: int, seq: int) -> Reading:
     return Reading(sensor, at(epoch), float(epoch), {"v": seq * 0.5}, seq)
 
 
-def schema_for(db: Any, name: str, *, retention_days: float | None = None,
-               granularity: str = "seconds", custom_span: int | None = None) -> Schema:
-    return Schema(db, name, rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                  retention_days=retention_days, span_seconds=HOUR, granularity=granularity,
-                  custom_span=custom_span)
+def schema_for(
+    db: Any,
+    name: str,
+    *,
+    retention_days: float | None = None,
+    granularity: str = "seconds",
+    custom_span: int | None = None,
+) -> Schema:
+    return Schema(
+        db,
+        name,
+        rejects_collection="rejects",
+        rejects_max_bytes=1 << 20,
+        retention_days=retention_days,
+        span_seconds=HOUR,
+        granularity=granularity,
+        custom_span=custom_span,
+    )
 
 
 async def collection_info(db: Any, name: str) -> dict[str, Any]:
@@ -81,9 +94,14 @@ async def raw_buckets(db: Any, name: str) -> list[dict[str, Any]]:
     if await db.list_collection_names(filter={"name": bucket_ns}):
         cursor = db[bucket_ns].find({}).sort([("control.min.ts", 1), ("meta.sensor_id", 1)])
         return list(await cursor.to_list())
-    reply = await db.command({"aggregate": name, "rawData": True, "cursor": {},
-                              "pipeline": [{"$sort": {"control.min.ts": 1,
-                                                      "meta.sensor_id": 1}}]})
+    reply = await db.command(
+        {
+            "aggregate": name,
+            "rawData": True,
+            "cursor": {},
+            "pipeline": [{"$sort": {"control.min.ts": 1, "meta.sensor_id": 1}}],
+        }
+    )
     return list(reply["cursor"]["firstBatch"])
 
 
@@ -164,7 +182,7 @@ async def test_timeseries_stores_one_bucket_per_sensor_within_the_hour(db: Any) 
         per_sensor = 30  # one a minute: far below the 1000-measurement and 125 KB limits
         written = [reading(s, t0 + 60 * i, i) for i in range(per_sensor) for s in sensors]
         for start in range(0, len(written), 25):  # several inserts, sensors interleaved
-            await write_all(writer, written[start:start + 25])
+            await write_all(writer, written[start : start + 25])
 
         info = await collection_info(db, "readings")
         assert info["type"] == "timeseries"
@@ -186,14 +204,19 @@ async def test_timeseries_stores_one_bucket_per_sensor_within_the_hour(db: Any) 
 
 
 @pytest.mark.real_mongodb
-@pytest.mark.parametrize(("options", "step", "count", "starts"), [
-    # granularity "seconds": a bucket spans at most one hour (bucketMaxSpanSeconds 3600)
-    ({}, 300, 24, [0, HOUR]),
-    # custom bucketing: span = rounding = 600 s, bucket starts rounded down to 600 s
-    ({"custom_span": 600}, 60, 30, [0, 600, 1200]),
-], ids=["granularity-seconds", "custom-600s"])
+@pytest.mark.parametrize(
+    ("options", "step", "count", "starts"),
+    [
+        # granularity "seconds": a bucket spans at most one hour (bucketMaxSpanSeconds 3600)
+        ({}, 300, 24, [0, HOUR]),
+        # custom bucketing: span = rounding = 600 s, bucket starts rounded down to 600 s
+        ({"custom_span": 600}, 60, 30, [0, 600, 1200]),
+    ],
+    ids=["granularity-seconds", "custom-600s"],
+)
 async def test_readings_beyond_the_bucket_span_open_new_buckets(
-        db: Any, options: dict[str, Any], step: int, count: int, starts: list[int]) -> None:
+    db: Any, options: dict[str, Any], step: int, count: int, starts: list[int]
+) -> None:
     """One sensor, readings in time order across more than bucketMaxSpanSeconds: a reading
     past the open bucket's span opens a new bucket whose minimum time is the reading's time
     rounded down by bucketRoundingSeconds. Docs: core/timeseries/timeseries-granularity
@@ -207,8 +230,8 @@ async def test_readings_beyond_the_bucket_span_open_new_buckets(
         await writer.ensure_schema()
         offset = 30 if "custom_span" in options else 0  # not on a boundary: rounding shows
         written = [reading("a", t0 + offset + step * i, i) for i in range(count)]
-        await write_all(writer, written[:count // 2])
-        await write_all(writer, written[count // 2:])
+        await write_all(writer, written[: count // 2])
+        await write_all(writer, written[count // 2 :])
 
         span = options.get("custom_span", HOUR)
         info = await collection_info(db, "readings")
@@ -232,7 +255,8 @@ async def test_readings_beyond_the_bucket_span_open_new_buckets(
 
 @pytest.mark.real_mongodb
 async def test_storage_figures_the_benchmark_reports_are_present_on_a_real_server(
-        db: Any, mongo_uri: str, record_property: Any) -> None:
+    db: Any, mongo_uri: str, record_property: Any
+) -> None:
     """The same readings in both layouts; loadgen's ``storage()`` (``$collStats``
     storageStats, on ``system.buckets.<name>`` for time-series) reports positive
     size/storageSize/totalIndexSize/avgObjSize and the right document counts, and dbStats
@@ -251,9 +275,11 @@ async def test_storage_figures_the_benchmark_reports_are_present_on_a_real_serve
         def figures() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
             with MongoClient(mongo_uri, tz_aware=True) as client:
                 sync_db = client[db.name]
-                return (storage(sync_db, "buckets", "bucket"),
-                        storage(sync_db, "readings", "timeseries"),
-                        dict(sync_db.command("dbStats")))
+                return (
+                    storage(sync_db, "buckets", "bucket"),
+                    storage(sync_db, "readings", "timeseries"),
+                    dict(sync_db.command("dbStats")),
+                )
 
         bucket_fig, series_fig, db_stats = await asyncio.to_thread(figures)
         record_property("storage_bucket", bucket_fig)
@@ -278,7 +304,8 @@ async def test_storage_figures_the_benchmark_reports_are_present_on_a_real_serve
 
 @pytest.mark.real_mongodb
 async def test_concurrent_writers_on_one_bucket_keep_every_document_exact(
-        db: Any, mongo_uri: str, record_property: Any) -> None:
+    db: Any, mongo_uri: str, record_property: Any
+) -> None:
     """Eight clients upsert into the same sensor-hour at once, in small batches, with a cap
     of 25 readings per document: every document's count, sum, min, max, first/last time
     and byte estimate match the readings it holds, none exceeds the cap, and every reading
@@ -292,8 +319,10 @@ async def test_concurrent_writers_on_one_bucket_keep_every_document_exact(
         cap, writers_n, batches_n = 25, 8, 12
         clients = [AsyncMongoClient(mongo_uri, tz_aware=True) for _ in range(writers_n)]
         try:
-            writers = [BucketWriter(c[db.name].buckets, schema_for(c[db.name], "buckets"),
-                                    HOUR, cap) for c in clients]
+            writers = [
+                BucketWriter(c[db.name].buckets, schema_for(c[db.name], "buckets"), HOUR, cap)
+                for c in clients
+            ]
             await writers[0].ensure_schema()
             batches: list[list[list[Reading]]] = []
             seq = 0
@@ -331,7 +360,8 @@ async def test_concurrent_writers_on_one_bucket_keep_every_document_exact(
 
 @pytest.mark.real_mongodb
 async def test_daemons_on_one_shared_subscription_fill_one_bucket_exactly(
-        daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any) -> None:
+    daemon: Callable[..., Daemon], publish: Any, topic_root: str, db: Any
+) -> None:
     """Three real daemons share one subscription and write one sensor-hour in tiny batches
     (3 readings, cap 40 per document): the same per-document exactness as above, end to end.
     Docs: as the test above; MQTT 5 shared subscriptions split messages between the
@@ -340,16 +370,31 @@ async def test_daemons_on_one_shared_subscription_fill_one_bucket_exactly(
     async with asyncio.timeout(TIME_LIMIT + 30):
         group = f"g{topic_root}"
         cap, total = 40, 300
-        procs = [daemon("--shared-group", group, "--batch-size", "3", "--flush-interval", "0.05",
-                        "--bucket-max-readings", str(cap), client_id=f"{group}-{i}")
-                 for i in range(3)]
+        procs = [
+            daemon(
+                "--shared-group",
+                group,
+                "--batch-size",
+                "3",
+                "--flush-interval",
+                "0.05",
+                "--bucket-max-readings",
+                str(cap),
+                client_id=f"{group}-{i}",
+            )
+            for i in range(3)
+        ]
         t0 = hour_start(1)
-        await publish([(f"{topic_root}/hot/readings",
-                        orjson.dumps({"ts": t0 + i, "seq": i, "v": i * 0.5}))
-                       for i in range(total)])
+        await publish(
+            [
+                (f"{topic_root}/hot/readings", orjson.dumps({"ts": t0 + i, "seq": i, "v": i * 0.5}))
+                for i in range(total)
+            ]
+        )
         await eventually(
             lambda: sum(p.metric("ingest_messages_acked_total") for p in procs) == total,
-            timeout=TIME_LIMIT)
+            timeout=TIME_LIMIT,
+        )
         assert all(p.metric("ingest_messages_received_total") > 0 for p in procs)
         docs = await db.buckets.find({}).to_list()
         assert {(d["sensor_id"], d["bucket_start"]) for d in docs} == {("hot", at(t0))}
@@ -376,19 +421,30 @@ async def test_the_bucket_validator_refuses_malformed_documents_and_updates(db: 
         assert info["options"]["validationAction"] == "error"
 
         now = at(hour_start(0))
-        good = {"sensor_id": "a", "tags": {}, "bucket_start": now, "count": 1, "bytes": 52,
-                "first_ts": now, "last_ts": now, "readings": [{"ts": now, "seq": 0, "v": 1.0}],
-                "stats": {"v": {"count": 1, "sum": 1.0, "min": 1.0, "max": 1.0}},
-                "schema_version": 2}
+        good = {
+            "sensor_id": "a",
+            "tags": {},
+            "bucket_start": now,
+            "count": 1,
+            "bytes": 52,
+            "first_ts": now,
+            "last_ts": now,
+            "readings": [{"ts": now, "seq": 0, "v": 1.0}],
+            "stats": {"v": {"count": 1, "sum": 1.0, "min": 1.0, "max": 1.0}},
+            "schema_version": 2,
+        }
         await db.buckets.insert_one(dict(good))
         bad: dict[str, dict[str, Any]] = {
-            "count 0": {"count": 0}, "count a double": {"count": 1.0},
-            "count a string": {"count": "1"}, "bytes 0": {"bytes": 0},
+            "count 0": {"count": 0},
+            "count a double": {"count": 1.0},
+            "count a string": {"count": "1"},
+            "bytes 0": {"bytes": 0},
             "sensor_id with a control character": {"sensor_id": "bad\x01id"},
             "tags a string": {"tags": "a=b"},
             "schema_version of an earlier shape": {"schema_version": 1},
             "bucket_start a string": {"bucket_start": now.isoformat()},
-            "readings an object": {"readings": {}}, "stats an array": {"stats": []},
+            "readings an object": {"readings": {}},
+            "stats an array": {"stats": []},
             "schema_version a double": {"schema_version": 1.5},
         }
         for why, change in bad.items():
@@ -401,8 +457,11 @@ async def test_the_bucket_validator_refuses_malformed_documents_and_updates(db: 
             with pytest.raises(WriteError) as caught:
                 await db.buckets.insert_one({k: v for k, v in good.items() if k != field})
             assert caught.value.code == 121, field
-        for update in ({"$set": {"count": 0}}, {"$unset": {"stats": ""}},
-                       {"$set": {"last_ts": "later"}}):
+        for update in (
+            {"$set": {"count": 0}},
+            {"$unset": {"stats": ""}},
+            {"$set": {"last_ts": "later"}},
+        ):
             with pytest.raises(WriteError) as caught:
                 await db.buckets.update_one({"sensor_id": "a"}, update)
             assert caught.value.code == 121, update
@@ -432,7 +491,8 @@ class CommandNames(monitoring.CommandListener):
 @pytest.mark.real_mongodb
 @pytest.mark.parametrize("mode", ["bucket", "timeseries"])
 async def test_restarting_sends_no_collmod_when_nothing_changed(
-        mongo_uri: str, db: Any, mode: str) -> None:
+    mongo_uri: str, db: Any, mode: str
+) -> None:
     """What we compare (validator, expireAfterSeconds, time-series options) equals what a
     real server reports back, so a restart changes nothing: a daemon needs the collMod
     privilege (dbAdmin, not readWrite) only when the configuration really changed.
@@ -443,7 +503,8 @@ async def test_restarting_sends_no_collmod_when_nothing_changed(
     async with asyncio.timeout(TIME_LIMIT):
         listener = CommandNames()
         client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-            mongo_uri, tz_aware=True, event_listeners=[listener])
+            mongo_uri, tz_aware=True, event_listeners=[listener]
+        )
         try:
             cdb = client[db.name]
             for _ in range(2):
@@ -460,7 +521,8 @@ async def test_restarting_sends_no_collmod_when_nothing_changed(
 
 @pytest.mark.real_mongodb
 async def test_changed_retention_changes_expire_after_seconds_of_the_timeseries_collection(
-        db: Any) -> None:
+    db: Any,
+) -> None:
     """Retention added, then changed, on an existing time-series collection goes through
     collMod expireAfterSeconds and is reported by listCollections. (The TTL index of bucket
     mode is covered by test_bucket_writer.py.) Docs:
@@ -482,8 +544,14 @@ async def test_an_older_bucket_validator_is_replaced_through_collmod(db: Any) ->
     Docs: reference/command/collMod (validator, validationLevel, validationAction)."""
     async with asyncio.timeout(TIME_LIMIT):
         old = {"$jsonSchema": {"bsonType": "object", "required": ["sensor_id"]}}
-        await db.command({"create": "buckets", "validator": old, "validationLevel": "moderate",
-                          "validationAction": "warn"})
+        await db.command(
+            {
+                "create": "buckets",
+                "validator": old,
+                "validationLevel": "moderate",
+                "validationAction": "warn",
+            }
+        )
         await schema_for(db, "buckets").ensure_buckets()
         options = (await collection_info(db, "buckets"))["options"]
         assert options["validator"] == BUCKET_VALIDATOR
@@ -502,13 +570,33 @@ async def test_granularity_with_other_custom_bucketing_is_refused(db: Any) -> No
     reference/command/create (timeseries options)."""
     async with asyncio.timeout(TIME_LIMIT):
         with pytest.raises(OperationFailure):
-            await db.command({"create": "mixed", "timeseries": {
-                "timeField": "ts", "metaField": "meta", "granularity": "seconds",
-                "bucketMaxSpanSeconds": 600, "bucketRoundingSeconds": 600}})
+            await db.command(
+                {
+                    "create": "mixed",
+                    "timeseries": {
+                        "timeField": "ts",
+                        "metaField": "meta",
+                        "granularity": "seconds",
+                        "bucketMaxSpanSeconds": 600,
+                        "bucketRoundingSeconds": 600,
+                    },
+                }
+            )
         with pytest.raises(OperationFailure):
-            await db.command({"create": "unequal", "timeseries": {
-                "timeField": "ts", "bucketMaxSpanSeconds": 600, "bucketRoundingSeconds": 60}})
+            await db.command(
+                {
+                    "create": "unequal",
+                    "timeseries": {
+                        "timeField": "ts",
+                        "bucketMaxSpanSeconds": 600,
+                        "bucketRoundingSeconds": 60,
+                    },
+                }
+            )
         assert "mixed" not in await db.list_collection_names()
         assert schema_for(db, "x", custom_span=600).timeseries_options() == {
-            "timeField": "ts", "metaField": "meta", "bucketMaxSpanSeconds": 600,
-            "bucketRoundingSeconds": 600}
+            "timeField": "ts",
+            "metaField": "meta",
+            "bucketMaxSpanSeconds": 600,
+            "bucketRoundingSeconds": 600,
+        }

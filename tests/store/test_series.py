@@ -28,8 +28,13 @@ T0 = 1_790_000_000 // HOUR * HOUR
 type Instant = tuple[str, tuple[tuple[str, str], ...], int]
 
 
-def reading(sensor: str, ms: int, values: dict[str, Any], tags: dict[str, str] | None = None,
-            seq: int | None = None) -> Reading:
+def reading(
+    sensor: str,
+    ms: int,
+    values: dict[str, Any],
+    tags: dict[str, str] | None = None,
+    seq: int | None = None,
+) -> Reading:
     return Reading(sensor, None, ms / 1000, values, seq, ms, tags)
 
 
@@ -72,8 +77,14 @@ def writers(db: Any) -> tuple[BucketWriter, TimeseriesWriter]:
     name = uuid.uuid4().hex[:8]
 
     def schema(coll: str) -> Schema:
-        return Schema(db, coll, rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                      retention_days=None, span_seconds=HOUR)
+        return Schema(
+            db,
+            coll,
+            rejects_collection="rejects",
+            rejects_max_bytes=1 << 20,
+            retention_days=None,
+            span_seconds=HOUR,
+        )
 
     bucket = BucketWriter(db[f"b{name}"], schema(f"b{name}"), HOUR, 3)
     timeseries = TimeseriesWriter(db[f"t{name}"], schema(f"t{name}"))
@@ -87,10 +98,19 @@ def same_answer(got: dict[Instant, dict[str, Any]], want: dict[Instant, dict[str
         assert all(same_value(got[key][k], v) for k, v in fields.items()), key
 
 
-series = st.sampled_from([("s1", None), ("s1", {"path": "/"}), ("s1", {"path": "/boot"}),
-                          ("Кухня", None), ("s1", {}), ("s2", {"cpu": "cpu0", "host": "h"})])
-values = st.dictionaries(st.sampled_from(["a", "b", "c"]),
-                         st.sampled_from([1, 2, 1.5, True]), min_size=1, max_size=3)
+series = st.sampled_from(
+    [
+        ("s1", None),
+        ("s1", {"path": "/"}),
+        ("s1", {"path": "/boot"}),
+        ("Кухня", None),
+        ("s1", {}),
+        ("s2", {"cpu": "cpu0", "host": "h"}),
+    ]
+)
+values = st.dictionaries(
+    st.sampled_from(["a", "b", "c"]), st.sampled_from([1, 2, 1.5, True]), min_size=1, max_size=3
+)
 
 
 @st.composite
@@ -103,19 +123,25 @@ def a_reading(draw: st.DrawFn) -> Reading:
 
 # A reading deferred for repeating a field holds back the later readings of its instant:
 # {a: 2} must meet {a: 1} (a conflict), not merge into {b: 2} ahead of it.
-_HELD_BACK = [[reading("s1", T0 * 1000, {"b": 2}),
-               reading("s1", T0 * 1000, {"a": 1, "b": 2, "c": 2}),
-               reading("s1", T0 * 1000, {"a": 2})]]
+_HELD_BACK = [
+    [
+        reading("s1", T0 * 1000, {"b": 2}),
+        reading("s1", T0 * 1000, {"a": 1, "b": 2, "c": 2}),
+        reading("s1", T0 * 1000, {"a": 2}),
+    ]
+]
 
 
-@settings(max_examples=40,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @example(batches=_HELD_BACK, replays=[])
 @example(batches=[[*_HELD_BACK[0][:2], reading("s1", T0 * 1000, {"a": 1})]], replays=[])
-@given(batches=st.lists(st.lists(a_reading(), min_size=1, max_size=8), min_size=1, max_size=4),
-       replays=st.lists(st.integers(0, 3), max_size=2))
+@given(
+    batches=st.lists(st.lists(a_reading(), min_size=1, max_size=8), min_size=1, max_size=4),
+    replays=st.lists(st.integers(0, 3), max_size=2),
+)
 async def test_both_layouts_store_and_refuse_what_the_model_says(
-        db: Any, batches: list[list[Reading]], replays: list[int]) -> None:
+    db: Any, batches: list[list[Reading]], replays: list[int]
+) -> None:
     bucket, timeseries = writers(db)
     await bucket.ensure_schema()
     await timeseries.ensure_schema()
@@ -128,7 +154,8 @@ async def test_both_layouts_store_and_refuse_what_the_model_says(
             assert not outcome.retry
             assert not outcome.refused
             assert (outcome.written, outcome.duplicates, len(outcome.conflicts)) == want, (
-                writer.mode)
+                writer.mode
+            )
     same_answer(await stored_bucket(bucket._collection), model.stored)
     same_answer(await stored_timeseries(timeseries._collection), model.stored)
 
@@ -141,13 +168,14 @@ def test_readings_of_one_instant_merge_and_a_changed_field_is_a_conflict() -> No
     assert both.values == {"pressure": 1013.5, "running": True, "mode": 2}
     assert both.seq == 1  # the first reading's
     conflict = merged(first, reading("press", T0 * 1000, {"pressure": 999.0}, {"group": "g"}))
-    assert conflict == ("press{group=g} already has pressure=1013.5 at "
-                        "2026-09-21T14:00:00.000+00:00 (this reading: 999.0); the stored "
-                        "value is kept")
+    assert conflict == (
+        "press{group=g} already has pressure=1013.5 at "
+        "2026-09-21T14:00:00.000+00:00 (this reading: 999.0); the stored "
+        "value is kept"
+    )
 
 
-async def test_a_default_reading_and_a_rule_reading_of_one_instant_store_together(
-        db: Any) -> None:
+async def test_a_default_reading_and_a_rule_reading_of_one_instant_store_together(db: Any) -> None:
     """No tags (the default format) and empty tags (a rule) are one series: a number from
     one and a string from the other at one instant are one stored instant, whichever came
     first (the string is not taken for a number)."""
@@ -177,8 +205,12 @@ async def test_a_stored_instant_takes_new_fields_once_and_refuses_changed_ones(d
     bucket, timeseries = writers(db)
     for writer in (bucket, timeseries):
         await writer.ensure_schema()
-        for batch, counts in ((first, (1, 0, 0)), (second, (1, 0, 0)), (second, (0, 1, 0)),
-                              (bad, (0, 0, 1))):
+        for batch, counts in (
+            (first, (1, 0, 0)),
+            (second, (1, 0, 0)),
+            (second, (0, 1, 0)),
+            (bad, (0, 0, 1)),
+        ):
             outcome = await writer.write(writer.plan(batch))
             assert (outcome.written, outcome.duplicates, len(outcome.conflicts)) == counts
     key = ("Plant1/Edge1/Press", tags_key(sparkplug), at)
@@ -192,14 +224,17 @@ async def test_a_stored_instant_takes_new_fields_once_and_refuses_changed_ones(d
     assert doc["tags"] == {"device": "Press", "group": "Plant1", "node": "Edge1"}
 
 
-async def test_merges_that_landed_count_once_when_another_merge_fails(db: Any,
-                                                                      monkeypatch: Any) -> None:
+async def test_merges_that_landed_count_once_when_another_merge_fails(
+    db: Any, monkeypatch: Any
+) -> None:
     """Bucket settle: a failed merge is retried alone; the ones that landed are written,
     not duplicates of the retry."""
     at = T0 * 1000 + 500
     first = [reading("boiler", at, {"temp": 60.5}), reading("boiler", at + 1, {"temp": 61})]
-    second = [reading("boiler", at, {"pressure": 1.5}),
-              reading("boiler", at + 1, {"pressure": 1.6})]
+    second = [
+        reading("boiler", at, {"pressure": 1.5}),
+        reading("boiler", at + 1, {"pressure": 1.6}),
+    ]
     bucket, _ = writers(db)
     await bucket.ensure_schema()
     await bucket.write(bucket.plan(first))
@@ -212,12 +247,13 @@ async def test_merges_that_landed_count_once_when_another_merge_fails(db: Any,
 
     monkeypatch.setattr(bucket, "_merge", failing)
     outcome = await bucket.write(bucket.plan(second))
-    assert (outcome.written, outcome.duplicates, [r.ms for r in outcome.retry]) == (
-        1, 0, [at + 1])
+    assert (outcome.written, outcome.duplicates, [r.ms for r in outcome.retry]) == (1, 0, [at + 1])
     assert isinstance(outcome.error, WriteError)
     monkeypatch.setattr(bucket, "_merge", merge)
     again = await bucket.write(bucket.plan(outcome.retry))
     assert (again.written, again.duplicates, again.retry) == (1, 0, [])
-    want = {("boiler", (), at): {"temp": 60.5, "pressure": 1.5},
-            ("boiler", (), at + 1): {"temp": 61, "pressure": 1.6}}
+    want = {
+        ("boiler", (), at): {"temp": 60.5, "pressure": 1.5},
+        ("boiler", (), at + 1): {"temp": 61, "pressure": 1.6},
+    }
     same_answer(await stored_bucket(bucket._collection), want)

@@ -26,21 +26,38 @@ if TYPE_CHECKING:
 COLLECTION = {"bucket": "buckets", "timeseries": "readings"}
 
 
-def init_db(uri: str, db: str, mode: str, *, flag: bool = True
-            ) -> subprocess.CompletedProcess[str]:
+def init_db(uri: str, db: str, mode: str, *, flag: bool = True) -> subprocess.CompletedProcess[str]:
     """``ingest init-db`` with ``--shard``, or with INGEST_SHARD=true in its environment."""
     env = clean_env()
     if not flag:
         env["INGEST_SHARD"] = "true"
     return subprocess.run(
-        [sys.executable, "-m", "ingest", "init-db", *(["--shard"] if flag else []),
-         "--mode", mode, "--mongodb-uri", uri, "--db", db],
-        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False, env=env)
+        [
+            sys.executable,
+            "-m",
+            "ingest",
+            "init-db",
+            *(["--shard"] if flag else []),
+            "--mode",
+            mode,
+            "--mongodb-uri",
+            uri,
+            "--db",
+            db,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+        env=env,
+    )
 
 
 @pytest.mark.parametrize("flag", [True, False], ids=["flag", "env"])
 def test_shard_on_a_deployment_without_mongos_changes_nothing_and_says_so(
-        mongo_uri: str, db_name: str, mode: str, flag: bool) -> None:
+    mongo_uri: str, db_name: str, mode: str, flag: bool
+) -> None:
     result = init_db(mongo_uri, db_name, mode, flag=flag)
     with MongoClient(mongo_uri) as client:
         try:
@@ -56,8 +73,14 @@ def test_shard_on_a_deployment_without_mongos_changes_nothing_and_says_so(
 
 
 def test_help_explains_each_shard_key() -> None:
-    result = subprocess.run([sys.executable, "-m", "ingest", "init-db", "--help"],
-                            capture_output=True, text=True, timeout=30, cwd=ROOT, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "ingest", "init-db", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        check=True,
+    )
     text = " ".join(result.stdout.split())
     assert '{sensor_id: "hashed"}' in text
     assert "{meta.sensor_id: 1}" in text
@@ -67,6 +90,7 @@ def test_help_explains_each_shard_key() -> None:
 
 
 # --- on a real sharded cluster -------------------------------------------------------------
+
 
 @pytest.fixture
 async def sharded() -> AsyncIterator[tuple[str, str, AsyncMongoClient[dict[str, Any]]]]:
@@ -80,8 +104,9 @@ async def sharded() -> AsyncIterator[tuple[str, str, AsyncMongoClient[dict[str, 
         await client.close()
 
 
-async def shard_key(client: AsyncMongoClient[dict[str, Any]], db: str, name: str
-                    ) -> dict[str, Any] | None:
+async def shard_key(
+    client: AsyncMongoClient[dict[str, Any]], db: str, name: str
+) -> dict[str, Any] | None:
     """The shard key recorded in config.collections (time-series: its buckets namespace)."""
     for namespace in (f"{db}.{name}", f"{db}.system.buckets.{name}"):
         entry = await client.config.collections.find_one({"_id": namespace})
@@ -93,7 +118,8 @@ async def shard_key(client: AsyncMongoClient[dict[str, Any]], db: str, name: str
 @pytest.mark.sharded_cluster
 @pytest.mark.parametrize("mode", ["bucket", "timeseries"])
 async def test_shard_shards_each_mode_on_its_key_and_is_idempotent(
-        sharded: tuple[str, str, AsyncMongoClient[dict[str, Any]]], mode: str) -> None:
+    sharded: tuple[str, str, AsyncMongoClient[dict[str, Any]]], mode: str
+) -> None:
     uri, db, client = sharded
     for _ in range(2):
         result = init_db(uri, db, mode)
@@ -108,10 +134,10 @@ async def test_shard_shards_each_mode_on_its_key_and_is_idempotent(
 
 @pytest.mark.sharded_cluster
 async def test_a_collection_sharded_on_another_key_is_refused_with_one_line(
-        sharded: tuple[str, str, AsyncMongoClient[dict[str, Any]]]) -> None:
+    sharded: tuple[str, str, AsyncMongoClient[dict[str, Any]]],
+) -> None:
     uri, db, client = sharded
-    await client.admin.command({"shardCollection": f"{db}.buckets",
-                                "key": {"bucket_start": 1}})
+    await client.admin.command({"shardCollection": f"{db}.buckets", "key": {"bucket_start": 1}})
     result = init_db(uri, db, "bucket")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
@@ -121,16 +147,25 @@ async def test_a_collection_sharded_on_another_key_is_refused_with_one_line(
 
 @pytest.mark.sharded_cluster
 async def test_idempotent_bucket_writes_hold_through_mongos(
-        sharded: tuple[str, str, AsyncMongoClient[dict[str, Any]]]) -> None:
+    sharded: tuple[str, str, AsyncMongoClient[dict[str, Any]]],
+) -> None:
     """The duplicate-key settle path (an aggregate and a retried bulk) through a mongos."""
     uri, db, client = sharded
     assert init_db(uri, db, "bucket").returncode == 0
-    schema = Schema(client[db], "buckets", rejects_collection="rejects",
-                    rejects_max_bytes=1 << 20, retention_days=None, span_seconds=3600)
+    schema = Schema(
+        client[db],
+        "buckets",
+        rejects_collection="rejects",
+        rejects_max_bytes=1 << 20,
+        retention_days=None,
+        span_seconds=3600,
+    )
     writer = BucketWriter(client[db].buckets, schema, 3600, 5)
     start = 1_790_000_000 // 3600 * 3600
-    batch = [Reading(f"s{i % 3}", datetime.fromtimestamp(start + i, UTC), start + i,
-                     {"v": float(i)}) for i in range(15)]
+    batch = [
+        Reading(f"s{i % 3}", datetime.fromtimestamp(start + i, UTC), start + i, {"v": float(i)})
+        for i in range(15)
+    ]
     assert (await writer.write(writer.plan(batch))).written == 15
     again = await writer.write(writer.plan(batch))
     assert (again.written, again.duplicates, again.conflicts) == (0, 15, [])

@@ -30,8 +30,7 @@ T0 = 1_790_000_000.0
 N = 20
 
 
-def reading(sensor: str, n: int, tags: dict[str, str] | None = None, **values: Any
-            ) -> Reading:
+def reading(sensor: str, n: int, tags: dict[str, str] | None = None, **values: Any) -> Reading:
     epoch = T0 + n
     return Reading(sensor, datetime.fromtimestamp(epoch, UTC), epoch, values, tags=tags)
 
@@ -39,17 +38,23 @@ def reading(sensor: str, n: int, tags: dict[str, str] | None = None, **values: A
 def batch(**values: Any) -> list[Reading]:
     """N instants of two sensors, the second of them a tagged series."""
     return [reading("a", n, **values) for n in range(N // 2)] + [
-        reading("b", n, {"site": "x y"}, **values) for n in range(N // 2)]
+        reading("b", n, {"site": "x y"}, **values) for n in range(N // 2)
+    ]
 
 
 def writer_for(db: Any, owner: str, claims: bool = True) -> TimeseriesWriter:
-    schema = Schema(db, "readings", rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                    retention_days=None, span_seconds=3600)
+    schema = Schema(
+        db,
+        "readings",
+        rejects_collection="rejects",
+        rejects_max_bytes=1 << 20,
+        retention_days=None,
+        span_seconds=3600,
+    )
     return TimeseriesWriter(db.readings, schema, owner, claims=claims)
 
 
-async def claimed_only(writer: TimeseriesWriter, monkeypatch: pytest.MonkeyPatch,
-                       why: str) -> None:
+async def claimed_only(writer: TimeseriesWriter, monkeypatch: pytest.MonkeyPatch, why: str) -> None:
     """``writer`` writes a batch of ``temp=1.0`` whose claims are made and whose insert
     then fails with ``why`` (a process that dies there, an outage): claimed, not stored."""
 
@@ -83,8 +88,7 @@ def race(monkeypatch: pytest.MonkeyPatch) -> Any:
     return start
 
 
-async def racing(race: Any, writers: list[tuple[TimeseriesWriter, list[Reading]]]
-                 ) -> list[Outcome]:
+async def racing(race: Any, writers: list[tuple[TimeseriesWriter, list[Reading]]]) -> list[Outcome]:
     race(len(writers))
     return list(await asyncio.gather(*(w.write(w.plan(b)) for w, b in writers)))
 
@@ -107,7 +111,8 @@ async def test_two_writers_store_a_reading_written_by_both_once(db: Any, race: A
 
 
 async def test_two_writers_with_other_values_store_one_and_refuse_the_other(
-        db: Any, race: Any) -> None:
+    db: Any, race: Any
+) -> None:
     one, two = writer_for(db, "w0"), writer_for(db, "w1")
     await one.ensure_schema()
     outcomes = await racing(race, [(one, batch(temp=1.0)), (two, batch(temp=2.0))])
@@ -120,12 +125,15 @@ async def test_two_writers_with_other_values_store_one_and_refuse_the_other(
 
 
 async def test_disjoint_fields_merge_and_a_contested_field_is_stored_once(
-        db: Any, race: Any) -> None:
+    db: Any, race: Any
+) -> None:
     """Three writers at once: temperature, humidity 40, humidity 41 of the same instants."""
     writers = [writer_for(db, f"w{i}") for i in range(3)]
     await writers[0].ensure_schema()
-    outcomes = await racing(race, [(writers[0], batch(temp=20.5)),
-                                   (writers[1], batch(hum=40)), (writers[2], batch(hum=41))])
+    outcomes = await racing(
+        race,
+        [(writers[0], batch(temp=20.5)), (writers[1], batch(hum=40)), (writers[2], batch(hum=41))],
+    )
     assert (outcomes[0].written, outcomes[0].conflicts) == (N, [])
     assert sorted(len(o.conflicts) for o in outcomes[1:]) == [0, N]
     assert sum(o.written for o in outcomes) == 2 * N
@@ -145,22 +153,26 @@ async def test_disjoint_fields_merge_and_a_contested_field_is_stored_once(
     repeated = await writers[2].write(writers[2].plan(later))
     assert (repeated.written, repeated.duplicates, len(repeated.conflicts)) == (0, N, 0)
     assert set((await instants(db.readings, "timeseries"))[("a", (), int(T0 * 1000))]) == {
-        "temp", "hum", "pressure"}
+        "temp",
+        "hum",
+        "pressure",
+    }
 
 
-async def test_one_writer_writing_an_instant_in_two_batches_at_once_stores_it_once(
-        db: Any) -> None:
+async def test_one_writer_writing_an_instant_in_two_batches_at_once_stores_it_once(db: Any) -> None:
     """``--write-concurrency``: two batches of one session holding the same readings."""
     writer = writer_for(db, "w0")
     await writer.ensure_schema()
-    outcomes = await asyncio.gather(writer.write(writer.plan(batch(temp=1.0))),
-                                    writer.write(writer.plan(batch(temp=1.0))))
+    outcomes = await asyncio.gather(
+        writer.write(writer.plan(batch(temp=1.0))), writer.write(writer.plan(batch(temp=1.0)))
+    )
     assert sorted((o.written, o.duplicates) for o in outcomes) == [(0, N), (N, 0)]
     assert await db.readings.count_documents({}) == N
 
 
 async def test_a_claim_left_by_a_crashed_writer_is_its_sessions_to_store(
-        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A writer claims, then dies before its insert: the claim stays, nothing is stored.
 
     Another session finds the claim: its copy is a duplicate and another value a
@@ -192,7 +204,8 @@ async def test_a_claim_left_by_a_crashed_writer_is_its_sessions_to_store(
 
 
 async def test_a_failed_insert_is_retried_by_the_same_session_through_its_own_claims(
-        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A partial failure: the failed documents' claims stay, and the retry stores them."""
     writer = writer_for(db, "w0")
     await writer.ensure_schema()
@@ -205,7 +218,7 @@ async def test_a_failed_insert_is_retried_by_the_same_session_through_its_own_cl
             return await original(self, plan)
         kept = type(plan)(plan.ops[: N // 2], plan.groups[: N // 2])
         outcome = await original(self, kept)
-        outcome.retry.extend(r for group in plan.groups[N // 2:] for r in group)
+        outcome.retry.extend(r for group in plan.groups[N // 2 :] for r in group)
         return outcome
 
     monkeypatch.setattr(TimeseriesWriter, "_insert", half_fails)
@@ -225,7 +238,8 @@ async def test_the_claims_collection_expires_its_claims(db: Any) -> None:
 
 
 async def test_a_failed_claim_insert_is_retried_and_nothing_is_stored_twice(
-        db: Any, mongo: Any) -> None:
+    db: Any, mongo: Any
+) -> None:
     writer = writer_for(db, "w0")
     await writer.ensure_schema()
     async with failpoint(mongo, ["insert"]):  # the claims' insert comes first: it fails
@@ -238,7 +252,8 @@ async def test_a_failed_claim_insert_is_retried_and_nothing_is_stored_twice(
 
 
 async def test_a_claim_that_failed_alone_is_retried_with_its_readings(
-        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One claim of a bulk insert fails (a transient error for that operation only)."""
     writer = writer_for(db, "w0")
     await writer.ensure_schema()
@@ -249,9 +264,12 @@ async def test_a_claim_that_failed_alone_is_retried_with_its_readings(
             await original(collection, kind, docs)
             return
         await original(collection, kind, docs[:-1])
-        raise BulkWriteError({"writeErrors": [{"index": N - 1, "code": 11602,
-                                               "errmsg": "interrupted"}],
-                              "nInserted": N - 1})
+        raise BulkWriteError(
+            {
+                "writeErrors": [{"index": N - 1, "code": 11602, "errmsg": "interrupted"}],
+                "nInserted": N - 1,
+            }
+        )
 
     monkeypatch.setattr(bulk, "execute", last_fails)
     first = await writer.write(writer.plan(batch(temp=1.0)))
@@ -262,7 +280,8 @@ async def test_a_claim_that_failed_alone_is_retried_with_its_readings(
 
 
 async def test_a_write_retried_after_its_claims_expired_is_judged_afresh(
-        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An outage longer than the claims' life: the first attempt claimed, its insert
     failed, the TTL removed the claims, another session stored the instants meanwhile.
     The retry looks up and claims again: the other session's values stand."""
@@ -280,7 +299,8 @@ async def test_a_write_retried_after_its_claims_expired_is_judged_afresh(
 
 
 async def test_a_claim_gone_between_its_collision_and_its_read_is_made_again(
-        db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ingest.store.writers.claims import Claims  # noqa: PLC0415
 
     other = writer_for(db, "w1")

@@ -68,13 +68,41 @@ names = st.one_of(
     st.sampled_from(["temp", "hum", "co2", "a", "Z_1", "v-2", "é", "😀", "B"]),
     st.sampled_from(["ts", "_id", "meta", "seq", "units", "info"]),  # what the decoders refuse
     st.sampled_from(["a\x00b", "x\ud800", "sensor_id"]),  # a NUL, a lone surrogate
-    st.text(max_size=3))
-edges = [0, 1, 1.0, -0.0, math.inf, -math.inf, math.nan, None, 2**31 - 1, 2**31, -(2**31),
-         -(2**31) - 1, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, "", "a\x00b", "x\ud800",
-         "é😀", [1, [2]], {"x": 1}, b"x", ObjectId(bytes(12))]
+    st.text(max_size=3),
+)
+edges = [
+    0,
+    1,
+    1.0,
+    -0.0,
+    math.inf,
+    -math.inf,
+    math.nan,
+    None,
+    2**31 - 1,
+    2**31,
+    -(2**31),
+    -(2**31) - 1,
+    2**63 - 1,
+    2**63,
+    -(2**63),
+    -(2**63) - 1,
+    "",
+    "a\x00b",
+    "x\ud800",
+    "é😀",
+    [1, [2]],
+    {"x": 1},
+    b"x",
+    ObjectId(bytes(12)),
+]
 scalars = st.one_of(
-    st.integers(-(2**70), 2**70), st.floats(), st.booleans(), st.text(max_size=6),
-    st.sampled_from(edges))
+    st.integers(-(2**70), 2**70),
+    st.floats(),
+    st.booleans(),
+    st.text(max_size=6),
+    st.sampled_from(edges),
+)
 
 
 @st.composite
@@ -88,18 +116,28 @@ def value_maps(draw: st.DrawFn, hostile: bool) -> Any:
     if kind == 16:
         return OrderedDict(draw(st.dictionaries(names, scalars, min_size=1, max_size=4)))
     if kind == 17:  # names that are not all str
-        return draw(st.dictionaries(st.one_of(names, st.integers(0, 3)), scalars,
-                                    min_size=1, max_size=3))
+        return draw(
+            st.dictionaries(st.one_of(names, st.integers(0, 3)), scalars, min_size=1, max_size=3)
+        )
     return draw(st.sampled_from([["b", "a"], ("a",), [("b", 1), ("a", 2)], 5, None, "ab"]))
 
 
-naive = st.datetimes(min_value=datetime(1970, 1, 2),  # noqa: DTZ001 - what a client may give
-                     max_value=datetime(2100, 1, 1))  # noqa: DTZ001
-aware = st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),  # noqa: DTZ001
-                     timezones=st.just(UTC))
-labels = st.one_of(st.none(), st.just({}),
-                   st.dictionaries(st.one_of(names, st.sampled_from(["site", "room"])),
-                                   st.text(max_size=4), max_size=3))
+naive = st.datetimes(
+    min_value=datetime(1970, 1, 2),  # noqa: DTZ001 - what a client may give
+    max_value=datetime(2100, 1, 1),  # noqa: DTZ001
+)
+aware = st.datetimes(
+    min_value=datetime(1, 1, 2),  # noqa: DTZ001
+    max_value=datetime(9999, 12, 30),  # noqa: DTZ001
+    timezones=st.just(UTC),
+)
+labels = st.one_of(
+    st.none(),
+    st.just({}),
+    st.dictionaries(
+        st.one_of(names, st.sampled_from(["site", "room"])), st.text(max_size=4), max_size=3
+    ),
+)
 
 
 @st.composite
@@ -111,13 +149,18 @@ def a_reading(draw: st.DrawFn, hostile: bool = False) -> Any:
     if kind == 1:  # a Reading with too few fields
         return tuple.__new__(Reading, draw(st.lists(st.just("s"), max_size=8)))
     if hostile:
-        ms = draw(st.one_of(st.none(), st.integers(T0 - 5, T0 + 5), st.integers(-(2**70), 2**70),
-                            st.sampled_from([1.5, math.nan, -0.0, True])))
+        ms = draw(
+            st.one_of(
+                st.none(),
+                st.integers(T0 - 5, T0 + 5),
+                st.integers(-(2**70), 2**70),
+                st.sampled_from([1.5, math.nan, -0.0, True]),
+            )
+        )
         when = draw(st.one_of(st.none(), aware, naive, st.just("x")))
         sensor = draw(st.one_of(sensors, odd_sensors))
     else:  # the time as the decoders give it: milliseconds, or an aware datetime
-        ms = draw(st.one_of(st.integers(T0 - 5, T0 + 5), st.integers(-(2**62), 2**62),
-                            st.none()))
+        ms = draw(st.one_of(st.integers(T0 - 5, T0 + 5), st.integers(-(2**62), 2**62), st.none()))
         when = draw(aware) if ms is None else None
         sensor = draw(sensors)
     epoch = float(ms) / 1000 if type(ms) is int and abs(ms) < 2**60 else 0.0
@@ -126,10 +169,10 @@ def a_reading(draw: st.DrawFn, hostile: bool = False) -> Any:
     if draw(st.booleans()):  # the default decoder: no tags, units or info
         reading = Reading(*fields)
     else:
-        units = draw(st.one_of(st.none(), st.dictionaries(names, st.sampled_from(["Cel", "%"]),
-                                                          max_size=2)))
-        info = draw(st.one_of(st.none(), st.dictionaries(names, st.text(max_size=3),
-                                                         max_size=2)))
+        units = draw(
+            st.one_of(st.none(), st.dictionaries(names, st.sampled_from(["Cel", "%"]), max_size=2))
+        )
+        info = draw(st.one_of(st.none(), st.dictionaries(names, st.text(max_size=3), max_size=2)))
         tags = draw(labels)
         if hostile:
             units = draw(st.one_of(st.just(units), st.just(5)))
@@ -150,14 +193,27 @@ def batches(draw: st.DrawFn, *, sort: bool) -> list[Any]:
 
 
 # Ids as _reserve_ids gives them, and (one time in ten) what it never gives.
-prefixes = st.one_of(st.binary(min_size=9, max_size=9), st.binary(max_size=12),
-                     st.sampled_from(["123456789", bytearray(9), None]))
-starts = st.one_of(st.integers(0, 0xFFFFFF), st.sampled_from([0xFFFFFF, 0xFFFFFE]),
-                   st.integers(-(2**70), 2**70), st.sampled_from([True, 1.0, "1", None]))
+prefixes = st.one_of(
+    st.binary(min_size=9, max_size=9),
+    st.binary(max_size=12),
+    st.sampled_from(["123456789", bytearray(9), None]),
+)
+starts = st.one_of(
+    st.integers(0, 0xFFFFFF),
+    st.sampled_from([0xFFFFFF, 0xFFFFFE]),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([True, 1.0, "1", None]),
+)
 ids = st.integers(0, 9).flatmap(
-    lambda n: st.tuples(prefixes, starts) if n == 0 else st.tuples(
-        st.binary(min_size=9, max_size=9), st.one_of(st.integers(0, 0xFFFFFF),
-                                                     st.sampled_from([0xFFFFFF, 0xFFFFFE]))))
+    lambda n: (
+        st.tuples(prefixes, starts)
+        if n == 0
+        else st.tuples(
+            st.binary(min_size=9, max_size=9),
+            st.one_of(st.integers(0, 0xFFFFFF), st.sampled_from([0xFFFFFF, 0xFFFFFE])),
+        )
+    )
+)
 
 
 def same(a: Any, b: Any) -> bool:
@@ -201,20 +257,30 @@ def written_as_bytes(reading: Any, doc: dict[str, Any]) -> bool:
     or info, also no ``when``, at most 32 values and tags, units, info each (exact dicts)
     and no tag named ``sensor_id``.
     """
-    if (type(reading) is not Reading or len(reading) != len(Reading._fields)
-            or not isinstance(encoded(doc), bytes) or type(reading.values) is not dict
-            or any(name in OWN for name in reading.values)):
+    if (
+        type(reading) is not Reading
+        or len(reading) != len(Reading._fields)
+        or not isinstance(encoded(doc), bytes)
+        or type(reading.values) is not dict
+        or any(name in OWN for name in reading.values)
+    ):
         return False
     if reading.tags or reading.units is not None or reading.info is not None:
         parts = [reading.values, reading.tags or {}, reading.units or {}, reading.info or {}]
-        if (reading.when is not None or any(type(p) is not dict or len(p) > 32 for p in parts)
-                or "sensor_id" in parts[1]):
+        if (
+            reading.when is not None
+            or any(type(p) is not dict or len(p) > 32 for p in parts)
+            or "sensor_id" in parts[1]
+        ):
             return False
     elif type(doc["ts"].ms) is not int:
         return False
-    leaves = [*doc["meta"].values(), *doc.get("units", {}).values(),
-              *doc.get("info", {}).values(),
-              *(v for k, v in doc.items() if k not in {"_id", "ts", "meta", "units", "info"})]
+    leaves = [
+        *doc["meta"].values(),
+        *doc.get("units", {}).values(),
+        *doc.get("info", {}).values(),
+        *(v for k, v in doc.items() if k not in {"_id", "ts", "meta", "units", "info"}),
+    ]
     return all(type(v) in {bool, int, float, str, type(None)} for v in leaves)
 
 
@@ -240,36 +306,47 @@ def check_batch(twin: ModuleType, readings: list[Any], prefix: bytes, start: int
     assert ccollided is collided
     assert [encoded(d) for d in cdocs] == [encoded(d) for d in docs]
     assert [encoded({"t": t}) for _, times in cruns for t in times] == [
-        encoded({"t": t}) for _, times in runs for t in times]
+        encoded({"t": t}) for _, times in runs for t in times
+    ]
 
 
 @settings(max_examples=150)
 @given(batches(sort=True), ids)
 def test_sorted_batches_give_identical_documents_and_runs(
-        twin: ModuleType, readings: list[Any], first: tuple[bytes, int]) -> None:
+    twin: ModuleType, readings: list[Any], first: tuple[bytes, int]
+) -> None:
     check_batch(twin, readings, *first)
 
 
 @settings(max_examples=80)
 @given(batches(sort=False), ids)
 def test_batches_in_any_order_give_identical_documents_and_runs(
-        twin: ModuleType, readings: list[Any], first: tuple[bytes, int]) -> None:
+    twin: ModuleType, readings: list[Any], first: tuple[bytes, int]
+) -> None:
     check_batch(twin, readings, *first)
 
 
-clean_names = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"),
-                      min_size=1, max_size=8).filter(lambda name: name not in OWN)
+clean_names = st.text(
+    st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), min_size=1, max_size=8
+).filter(lambda name: name not in OWN)
 decoded_values = st.one_of(
-    st.integers(-(2**63), 2**63 - 1), st.floats(), st.booleans(), st.text(max_size=8),
-    st.sampled_from([2**31 - 1, 2**31, -(2**31), -(2**31) - 1, -0.0, math.nan, "é😀\x00"]))
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(),
+    st.booleans(),
+    st.text(max_size=8),
+    st.sampled_from([2**31 - 1, 2**31, -(2**31), -(2**31) - 1, -0.0, math.nan, "é😀\x00"]),
+)
 
 
 @st.composite
 def decoded(draw: st.DrawFn) -> Reading:
     """A reading as the decoders make it: the default decoder's, or a mapping rule's."""
     sensor = draw(st.text(min_size=1, max_size=8))
-    ms = draw(st.one_of(st.integers(T0 - 5, T0 + 5),
-                        st.integers(-62_135_596_800_000, 253_402_300_799_999)))
+    ms = draw(
+        st.one_of(
+            st.integers(T0 - 5, T0 + 5), st.integers(-62_135_596_800_000, 253_402_300_799_999)
+        )
+    )
     values = draw(st.dictionaries(clean_names, decoded_values, min_size=1, max_size=8))
     seq = draw(st.none() | st.integers(0, 2**63 - 1))
     if draw(st.booleans()):
@@ -282,26 +359,33 @@ def decoded(draw: st.DrawFn) -> Reading:
 
 
 @settings(max_examples=150)
-@given(st.lists(decoded(), max_size=20), st.binary(min_size=9, max_size=9),
-       st.integers(0, 0xFFFFFF))
+@given(
+    st.lists(decoded(), max_size=20), st.binary(min_size=9, max_size=9), st.integers(0, 0xFFFFFF)
+)
 def test_readings_of_the_decoders_become_the_bytes_of_the_python_twins_documents(
-        twin: ModuleType, readings: list[Reading], prefix: bytes, start: int) -> None:
+    twin: ModuleType, readings: list[Reading], prefix: bytes, start: int
+) -> None:
     readings = ts_mod.sorted_readings_py(readings)
     docs, runs, collided = ts_mod.batch_documents_py(readings, prefix, start)
     cdocs, cruns, ccollided = twin.batch_documents(readings, prefix, start)
     assert all(type(doc) is RawBSONDocument for doc in cdocs)
     assert [doc.raw for doc in cdocs] == [
-        bson.encode(doc, codec_options=CLIENT_OPTIONS) for doc in docs]
+        bson.encode(doc, codec_options=CLIENT_OPTIONS) for doc in docs
+    ]
     assert same(cruns, runs)
     assert ccollided is collided
 
 
 def test_a_document_the_driver_refuses_is_the_python_twins_dict_refused_alike(
-        twin: ModuleType) -> None:
+    twin: ModuleType,
+) -> None:
     hostile: list[tuple[dict[str, Any], type[Exception]]] = [
-        ({"v": 2**63}, OverflowError), ({"v": -(2**63) - 1}, OverflowError),
-        ({"v": "x\ud800"}, UnicodeEncodeError), ({"a\x00b": 1.0}, InvalidDocument),
-        ({"v": object()}, InvalidDocument)]
+        ({"v": 2**63}, OverflowError),
+        ({"v": -(2**63) - 1}, OverflowError),
+        ({"v": "x\ud800"}, UnicodeEncodeError),
+        ({"a\x00b": 1.0}, InvalidDocument),
+        ({"v": object()}, InvalidDocument),
+    ]
     for values, error in hostile:
         for tags in (None, {"room": "k"}):
             reading = Reading("s", None, T0 / 1000, values, None, T0, tags)
@@ -314,21 +398,36 @@ def test_a_document_the_driver_refuses_is_the_python_twins_dict_refused_alike(
 
 
 def test_a_document_written_as_bytes_reads_as_the_python_twins(twin: ModuleType) -> None:
-    reading = Reading("s1", None, T0 / 1000, {"temp": 21.5, "on": True, "n": 7, "text": "é"}, 3,
-                      T0, {"room": "k"}, {"temp": "Cel"}, {"model": "x"})
+    reading = Reading(
+        "s1",
+        None,
+        T0 / 1000,
+        {"temp": 21.5, "on": True, "n": 7, "text": "é"},
+        3,
+        T0,
+        {"room": "k"},
+        {"temp": "Cel"},
+        {"model": "x"},
+    )
     py_doc = ts_mod.batch_documents_py([reading], bytes(9), 0)[0][0]
     doc = twin.batch_documents([reading], bytes(9), 0)[0][0]
     assert type(doc) is RawBSONDocument
-    assert list(doc) == list(py_doc) == ["_id", "ts", "meta", "seq", "units", "info", "n",
-                                         "on", "temp", "text"]
+    assert (
+        list(doc)
+        == list(py_doc)
+        == ["_id", "ts", "meta", "seq", "units", "info", "n", "on", "temp", "text"]
+    )
     assert doc["_id"] == py_doc["_id"]
     assert doc["ts"] == py_doc["ts"] == reading.ts
     assert doc["ts"].tzinfo is UTC
     assert dict(doc["meta"]) == py_doc["meta"] == {"sensor_id": "s1", "room": "k"}
-    assert [(k, type(v), v) for k, v in doc.items() if k not in {"_id", "ts", "meta", "units",
-                                                                  "info"}] == [
-        (k, type(v), v) for k, v in py_doc.items() if k not in {"_id", "ts", "meta", "units",
-                                                                 "info"}]
+    assert [
+        (k, type(v), v) for k, v in doc.items() if k not in {"_id", "ts", "meta", "units", "info"}
+    ] == [
+        (k, type(v), v)
+        for k, v in py_doc.items()
+        if k not in {"_id", "ts", "meta", "units", "info"}
+    ]
     assert ts_mod._doc_instant(doc) == ts_mod._doc_instant(py_doc)
 
 
@@ -346,7 +445,8 @@ def test_one_readings_document_is_identical(twin: ModuleType, reading: Any) -> N
 
 
 def test_a_sensors_readings_share_an_instant_only_when_their_milliseconds_are_equal(
-        twin: ModuleType) -> None:
+    twin: ModuleType,
+) -> None:
     nan = math.nan
     cases = [
         ([("a", T0), ("a", T0 + 1), ("b", T0 + 1)], False),
@@ -361,7 +461,8 @@ def test_a_sensors_readings_share_an_instant_only_when_their_milliseconds_are_eq
             _, runs, got = fn(readings, bytes(9), 0)
             assert got is collided
             assert [(s, len(t)) for s, t in runs] == [
-                (s, sum(1 for p, _ in pairs if p == s)) for s in dict.fromkeys(p for p, _ in pairs)]
+                (s, sum(1 for p, _ in pairs if p == s)) for s in dict.fromkeys(p for p, _ in pairs)
+            ]
 
 
 def test_ids_are_the_prefix_and_a_wrapping_counter_in_both_twins(twin: ModuleType) -> None:
@@ -370,14 +471,19 @@ def test_ids_are_the_prefix_and_a_wrapping_counter_in_both_twins(twin: ModuleTyp
     for fn in (ts_mod.batch_documents_py, twin.batch_documents):
         docs, _, _ = fn(readings, prefix, 0xFFFFFE)
         assert [d["_id"].binary for d in docs] == [
-            prefix + c.to_bytes(3, "big") for c in (0xFFFFFE, 0xFFFFFF, 0, 1)]
+            prefix + c.to_bytes(3, "big") for c in (0xFFFFFE, 0xFFFFFF, 0, 1)
+        ]
 
 
 @pytest.mark.parametrize("compiled_twin", [False, True])
 def test_documents_take_new_ids_counting_on_from_the_last_batch(
-        twin: ModuleType, compiled_twin: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ts_mod, "batch_documents",
-                        twin.batch_documents if compiled_twin else ts_mod.batch_documents_py)
+    twin: ModuleType, compiled_twin: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        ts_mod,
+        "batch_documents",
+        twin.batch_documents if compiled_twin else ts_mod.batch_documents_py,
+    )
     before = int(time.time())
     readings = [Reading(f"s{i % 3}", None, 0.0, {"v": i}, None, T0 + i) for i in range(50)]
     ids = [d["_id"] for d in ts_mod.documents(readings)]
@@ -393,15 +499,25 @@ def test_documents_take_new_ids_counting_on_from_the_last_batch(
 @given(st.lists(a_reading(), max_size=20))
 def test_a_plan_is_the_same_with_either_twin(twin: ModuleType, readings: list[Any]) -> None:
     # Readings of the decoders only (a plan sorts them, which hostile ones would stop).
-    readings = [r for r in readings if type(r) is Reading and len(r) == len(Reading._fields)
-                and type(r.sensor_id) is str and type(r.ms) is int]
+    readings = [
+        r
+        for r in readings
+        if type(r) is Reading
+        and len(r) == len(Reading._fields)
+        and type(r.sensor_id) is str
+        and type(r.ms) is int
+    ]
     plans = []
     for fn in (ts_mod.batch_documents_py, twin.batch_documents):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(ts_mod, "batch_documents", fn)
             patch.setattr(ts_mod, "_reserve_ids", lambda _count: (bytes(9), 7))
-            plans.append(outcome(ts_mod.TimeseriesWriter(None, None).plan,  # type: ignore[arg-type]
-                                 readings))
+            plans.append(
+                outcome(
+                    ts_mod.TimeseriesWriter(None, None).plan,  # type: ignore[arg-type]
+                    readings,
+                )
+            )
     assert plans[1][0] == plans[0][0]
     if plans[0][0] == "raised":
         assert plans[1] == plans[0]
@@ -413,8 +529,11 @@ def test_a_plan_is_the_same_with_either_twin(twin: ModuleType, readings: list[An
     assert compiled_plan.deferred == py.deferred
 
 
-epochs = st.one_of(st.sampled_from([0.0, -0.0, 1.0, 1.5, 2.0, -1.0, math.inf, -math.inf]),
-                   st.floats(allow_nan=False), st.floats())
+epochs = st.one_of(
+    st.sampled_from([0.0, -0.0, 1.0, 1.5, 2.0, -1.0, math.inf, -math.inf]),
+    st.floats(allow_nan=False),
+    st.floats(),
+)
 order_keys = st.tuples(st.sampled_from(["b", "a", "c", "é", ""]).map(fresh) | sensors, epochs)
 
 
@@ -424,19 +543,27 @@ def to_sort(draw: st.DrawFn) -> list[Any]:
     keys = draw(st.lists(order_keys, max_size=60))
     readings: list[Any] = [Reading(s, None, e, {"v": i}, None, i) for i, (s, e) in enumerate(keys)]
     if draw(st.integers(0, 4)) == 0 and readings:  # an odd one: int time, NaN, not str...
-        odd = draw(st.one_of(
-            st.builds(lambda s, e: Reading(s, None, e, {}), sensors | odd_sensors,
-                      st.sampled_from([1, math.nan, True, None, "1"])),
-            st.sampled_from([object(), 5]), st.builds(lambda: tuple.__new__(Reading, ("s",))),
-            st.builds(lambda s: SubReading(s, None, 1.0, {}), sensors)))
+        odd = draw(
+            st.one_of(
+                st.builds(
+                    lambda s, e: Reading(s, None, e, {}),
+                    sensors | odd_sensors,
+                    st.sampled_from([1, math.nan, True, None, "1"]),
+                ),
+                st.sampled_from([object(), 5]),
+                st.builds(lambda: tuple.__new__(Reading, ("s",))),
+                st.builds(lambda s: SubReading(s, None, 1.0, {}), sensors),
+            )
+        )
         readings.insert(draw(st.integers(0, len(readings))), odd)
     return readings
 
 
 @settings(max_examples=150)
 @given(to_sort())
-def test_a_batch_is_put_in_the_same_order_by_both_twins(twin: ModuleType,
-                                                         readings: list[Any]) -> None:
+def test_a_batch_is_put_in_the_same_order_by_both_twins(
+    twin: ModuleType, readings: list[Any]
+) -> None:
     expected = outcome(ts_mod.sorted_readings_py, readings)
     got = outcome(twin.sorted_readings, readings)
     if expected[0] == "raised":
@@ -449,7 +576,8 @@ def test_a_batch_is_put_in_the_same_order_by_both_twins(twin: ModuleType,
 
 
 def test_many_readings_of_one_sensor_out_of_order_are_sorted_by_time(twin: ModuleType) -> None:
-    readings = [Reading(f"s{i % 3}", None, float((i * 7919) % 1000 // 2), {"v": i})
-                for i in range(3000)]
+    readings = [
+        Reading(f"s{i % 3}", None, float((i * 7919) % 1000 // 2), {"v": i}) for i in range(3000)
+    ]
     for data in (readings, readings[::-1], tuple(readings)):
         assert twin.sorted_readings(data) == ts_mod.sorted_readings_py(data)

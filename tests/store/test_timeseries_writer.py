@@ -23,11 +23,24 @@ def reading(sensor: str, epoch: float, seq: int | None = None, **values: float) 
     return Reading(sensor, datetime.fromtimestamp(epoch, UTC), epoch, values or {"v": 1.0}, seq)
 
 
-def schema_for(db: Any, *, granularity: str = "seconds", span: int | None = None,
-               retention_days: float | None = None, name: str = "readings") -> Schema:
-    return Schema(db, name, rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                  retention_days=retention_days, span_seconds=3600, granularity=granularity,
-                  custom_span=span)
+def schema_for(
+    db: Any,
+    *,
+    granularity: str = "seconds",
+    span: int | None = None,
+    retention_days: float | None = None,
+    name: str = "readings",
+) -> Schema:
+    return Schema(
+        db,
+        name,
+        rejects_collection="rejects",
+        rejects_max_bytes=1 << 20,
+        retention_days=retention_days,
+        span_seconds=3600,
+        granularity=granularity,
+        custom_span=span,
+    )
 
 
 def test_document_has_stable_field_order_and_no_empty_fields() -> None:
@@ -38,22 +51,39 @@ def test_document_has_stable_field_order_and_no_empty_fields() -> None:
 
 
 def test_plan_sorts_by_sensor_then_time() -> None:
-    batch = [reading("b", T0 + 2), reading("a", T0 + 5), reading("b", T0 + 1),
-             reading("a", T0 + 3)]
+    batch = [reading("b", T0 + 2), reading("a", T0 + 5), reading("b", T0 + 1), reading("a", T0 + 3)]
     plan = TimeseriesWriter(None, None).plan(batch)  # type: ignore[arg-type]
     assert [(d["meta"]["sensor_id"], d["ts"].timestamp()) for d in plan.ops] == [
-        ("a", T0 + 3), ("a", T0 + 5), ("b", T0 + 1), ("b", T0 + 2)]
+        ("a", T0 + 3),
+        ("a", T0 + 5),
+        ("b", T0 + 1),
+        ("b", T0 + 2),
+    ]
     assert [g[0] for g in plan.groups] == sorted(batch, key=lambda r: (r.sensor_id, r.epoch))
 
 
-@pytest.mark.parametrize(("kwargs", "expected"), [
-    ({}, {"timeField": "ts", "metaField": "meta", "granularity": "seconds"}),
-    ({"granularity": "hours"}, {"timeField": "ts", "metaField": "meta", "granularity": "hours"}),
-    ({"span": 600}, {"timeField": "ts", "metaField": "meta", "bucketMaxSpanSeconds": 600,
-                     "bucketRoundingSeconds": 600}),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({}, {"timeField": "ts", "metaField": "meta", "granularity": "seconds"}),
+        (
+            {"granularity": "hours"},
+            {"timeField": "ts", "metaField": "meta", "granularity": "hours"},
+        ),
+        (
+            {"span": 600},
+            {
+                "timeField": "ts",
+                "metaField": "meta",
+                "bucketMaxSpanSeconds": 600,
+                "bucketRoundingSeconds": 600,
+            },
+        ),
+    ],
+)
 async def test_collection_is_created_with_the_configured_options(
-        db: Any, kwargs: dict[str, Any], expected: dict[str, Any]) -> None:
+    db: Any, kwargs: dict[str, Any], expected: dict[str, Any]
+) -> None:
     schema = schema_for(db, retention_days=2, **kwargs)
     await schema.ensure_timeseries()
     await schema.ensure_timeseries()  # idempotent
@@ -89,16 +119,32 @@ async def test_bucket_mode_refuses_a_time_series_collection(db: Any) -> None:
 
 
 def test_init_db_on_the_wrong_kind_of_collection_exits_non_zero_with_one_line(
-        mongo_uri: str, db_name: str) -> None:
+    mongo_uri: str, db_name: str
+) -> None:
     from pymongo import MongoClient  # noqa: PLC0415
 
     with MongoClient(mongo_uri) as client:
         client[db_name].readings.insert_one({"x": 1})
         try:
             result = subprocess.run(
-                [sys.executable, "-m", "ingest", "init-db", "--mode", "timeseries",
-                 "--mongodb-uri", mongo_uri, "--db", db_name],
-                capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+                [
+                    sys.executable,
+                    "-m",
+                    "ingest",
+                    "init-db",
+                    "--mode",
+                    "timeseries",
+                    "--mongodb-uri",
+                    mongo_uri,
+                    "--db",
+                    db_name,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=ROOT,
+                check=False,
+            )
         finally:
             client.drop_database(db_name)
     assert result.returncode == 1
@@ -126,8 +172,14 @@ async def test_a_refused_document_does_not_stop_the_others(db: Any) -> None:
     await writer.ensure_schema()
     good = [reading("a", T0 + 1), reading("a", T0 + 2)]
     bad = reading("a", T0 + 3)
-    plan = Plan([reading_document(good[0]), {"meta": {"sensor_id": "a"}, "v": 1.0},
-                 reading_document(good[1])], [[good[0]], [bad], [good[1]]])
+    plan = Plan(
+        [
+            reading_document(good[0]),
+            {"meta": {"sensor_id": "a"}, "v": 1.0},
+            reading_document(good[1]),
+        ],
+        [[good[0]], [bad], [good[1]]],
+    )
     outcome = await writer.write(plan)
     assert outcome.written == 2
     assert [r for r, _ in outcome.refused] == [bad]

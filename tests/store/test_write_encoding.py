@@ -42,11 +42,14 @@ HOUR = 3600
 T0 = 1_790_000_000 // HOUR * HOUR
 NO_DB: Any = defaultdict(lambda: None)
 
-numbers = st.one_of(st.integers(-(2**63), 2**63 - 1),
-                    st.floats(-1e300, 1e300, allow_nan=False, allow_infinity=False))
+numbers = st.one_of(
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(-1e300, 1e300, allow_nan=False, allow_infinity=False),
+)
 names = st.sampled_from(["temp", "hum", "co2", "a", "Z_1", "v-2"])
-labels = st.dictionaries(st.sampled_from(["room", "floor", "site"]),
-                         st.text(max_size=8), max_size=3)
+labels = st.dictionaries(
+    st.sampled_from(["room", "floor", "site"]), st.text(max_size=8), max_size=3
+)
 
 
 @st.composite
@@ -64,8 +67,7 @@ def a_reading(draw: st.DrawFn) -> Reading:
         return Reading(sensor, ts, epoch, values, seq, millis)
     scalars = st.one_of(numbers, st.booleans(), st.text(max_size=12))
     values = draw(st.dictionaries(names, scalars, min_size=1, max_size=4))
-    units = draw(st.none() | st.dictionaries(names, st.sampled_from(["Cel", "%RH"]),
-                                             max_size=2))
+    units = draw(st.none() | st.dictionaries(names, st.sampled_from(["Cel", "%RH"]), max_size=2))
     return Reading(sensor, ts, epoch, values, seq, millis, draw(labels), units)
 
 
@@ -81,15 +83,22 @@ def as_datetimes(value: Any) -> Any:
 
 
 def bucket_writer(max_readings: int = 3600) -> BucketWriter:
-    schema = Schema(NO_DB, "buckets", rejects_collection="rejects", rejects_max_bytes=1 << 20,
-                    retention_days=None, span_seconds=HOUR)
+    schema = Schema(
+        NO_DB,
+        "buckets",
+        rejects_collection="rejects",
+        rejects_max_bytes=1 << 20,
+        retention_days=None,
+        span_seconds=HOUR,
+    )
     return BucketWriter(NO_DB["buckets"], schema, HOUR, max_readings)
 
 
 @settings(max_examples=150)
 @given(st.lists(a_reading(), min_size=1, max_size=30), st.sampled_from([2, 5, 3600]))
 def test_bucket_updates_encode_as_with_datetimes_and_push_reading_docs(
-        readings: list[Reading], cap: int) -> None:
+    readings: list[Reading], cap: int
+) -> None:
     plan = bucket_writer(cap).plan(readings)
     assert plan.ops
     for op, chunk in zip(plan.ops, plan.groups, strict=True):
@@ -110,10 +119,10 @@ def test_bucket_updates_encode_as_with_datetimes_and_push_reading_docs(
 
 
 @settings(max_examples=200)
-@given(st.lists(a_reading(), min_size=1, max_size=30), st.sampled_from([2, 5, 3600]),
-       st.booleans())
+@given(st.lists(a_reading(), min_size=1, max_size=30), st.sampled_from([2, 5, 3600]), st.booleans())
 def test_the_single_pass_bucket_plan_sends_the_bytes_of_the_general_one(
-        readings: list[Reading], cap: int, repeat: bool) -> None:
+    readings: list[Reading], cap: int, repeat: bool
+) -> None:
     if repeat:  # the same millisecond twice in a group: the general path settles it
         readings = [*readings, readings[0]]
     fast = bucket_writer(cap).plan(readings)
@@ -125,18 +134,33 @@ def test_the_single_pass_bucket_plan_sends_the_bytes_of_the_general_one(
 
 
 @settings(max_examples=200)
-@given(st.lists(st.sampled_from(["temp", "hum", "co2", "v-2"]), min_size=1, max_size=4,
-                unique=True),
-       st.lists(st.lists(st.one_of(numbers, st.sampled_from([0.0, -0.0, 0, 1, 1.0])),
-                         min_size=4, max_size=4), min_size=1, max_size=40),
-       st.permutations(range(40)))
+@given(
+    st.lists(st.sampled_from(["temp", "hum", "co2", "v-2"]), min_size=1, max_size=4, unique=True),
+    st.lists(
+        st.lists(
+            st.one_of(numbers, st.sampled_from([0.0, -0.0, 0, 1, 1.0])), min_size=4, max_size=4
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.permutations(range(40)),
+)
 def test_a_group_of_readings_with_the_same_names_gets_the_general_plans_statistics(
-        names: list[str], rows: list[list[Any]], order: list[int]) -> None:
+    names: list[str], rows: list[list[Any]], order: list[int]
+) -> None:
     # Ties of 1 and 1.0, -0.0 first, ints and floats mixed: the sum, minimum and maximum
     # (and their types) are those of the reading-by-reading path.
-    readings = [Reading("s1", None, float(T0 + second), dict(zip(names, row, strict=False)),
-                        None, (T0 + second) * 1000)
-                for second, row in zip(order, rows, strict=False)]
+    readings = [
+        Reading(
+            "s1",
+            None,
+            float(T0 + second),
+            dict(zip(names, row, strict=False)),
+            None,
+            (T0 + second) * 1000,
+        )
+        for second, row in zip(order, rows, strict=False)
+    ]
     fast = bucket_writer().plan(readings)
     with mock.patch.object(bucket_mod, "_fast_update", return_value=None):
         general = bucket_writer().plan(readings)
@@ -147,7 +171,8 @@ def test_a_group_of_readings_with_the_same_names_gets_the_general_plans_statisti
 @settings(max_examples=150)
 @given(st.lists(a_reading(), min_size=1, max_size=30))
 def test_timeseries_documents_are_reading_documents_with_an_id_first(
-        readings: list[Reading]) -> None:
+    readings: list[Reading],
+) -> None:
     docs = documents(readings)
     for doc, reading in zip(docs, readings, strict=True):
         assert next(iter(doc)) == "_id"
@@ -160,9 +185,10 @@ def test_timeseries_documents_are_reading_documents_with_an_id_first(
 
 
 def test_timeseries_plan_gives_the_driver_documents_with_ids() -> None:
-    batch = [Reading("b", datetime.fromtimestamp(T0 + 1, UTC), T0 + 1, {"t": 1.5}, 3,
-                     (T0 + 1) * 1000),
-             Reading("a", datetime.fromtimestamp(T0, UTC), float(T0), {"t": 2, "h": 40})]
+    batch = [
+        Reading("b", datetime.fromtimestamp(T0 + 1, UTC), T0 + 1, {"t": 1.5}, 3, (T0 + 1) * 1000),
+        Reading("a", datetime.fromtimestamp(T0, UTC), float(T0), {"t": 2, "h": 40}),
+    ]
     plan = TimeseriesWriter(None, None).plan(batch)  # type: ignore[arg-type]
     assert [d["meta"]["sensor_id"] for d in plan.ops] == ["a", "b"]
     assert len({d["_id"] for d in plan.ops}) == 2
@@ -170,7 +196,8 @@ def test_timeseries_plan_gives_the_driver_documents_with_ids() -> None:
 
 
 def test_object_ids_are_unique_well_formed_and_new_per_process(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     before = int(time.time())
     ids = object_ids(3000) + object_ids(5)
     assert len(set(ids)) == len(ids)
@@ -185,8 +212,9 @@ def test_object_ids_are_unique_well_formed_and_new_per_process(
     assert after_fork.binary[4:9] != ids[0].binary[4:9]
 
 
-@pytest.mark.parametrize("ms", [0, 1, -1, 999, 1_790_000_000_123, -62_135_596_800_000,
-                                253_402_300_799_999])
+@pytest.mark.parametrize(
+    "ms", [0, 1, -1, 999, 1_790_000_000_123, -62_135_596_800_000, 253_402_300_799_999]
+)
 def test_bson_date_encodes_as_datetime_ms_and_as_the_datetime(ms: int) -> None:
     date = bson_date(ms)
     assert bson.encode({"t": date}) == bson.encode({"t": DatetimeMS(ms)})

@@ -21,10 +21,19 @@ if TYPE_CHECKING:
     from pathlib import Path
     from types import TracebackType
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run",
-         "--disable-dev-shm-usage", "--hide-scrollbars", "--window-size=1280,1000",
-         "--remote-debugging-port=0")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+    "--window-size=1280,1000",
+    "--remote-debugging-port=0",
+)
 
 
 def chromium_binary() -> str | None:
@@ -50,7 +59,10 @@ class Chromium:
         assert binary is not None, "chromium is not installed (apt-get install chromium)"
         self._proc = subprocess.Popen(
             [binary, *FLAGS, f"--user-data-dir={self._profile}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         port = await asyncio.to_thread(self._devtools_port)
         self._http = aiohttp.ClientSession()
         async with self._http.get(f"http://127.0.0.1:{port}/json/list") as resp:
@@ -62,8 +74,12 @@ class Chromium:
             await self.send(f"{domain}.enable")
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -128,8 +144,9 @@ class Chromium:
 
     async def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page (promises awaited)."""
-        result = await self.send("Runtime.evaluate", expression=expression, returnByValue=True,
-                                 awaitPromise=True)
+        result = await self.send(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
@@ -155,6 +172,7 @@ class Chromium:
         """Save a PNG of the whole page, or of ``clip`` (x, y, width, height in CSS pixels
         of the document) at one device pixel per CSS pixel."""
         extra: dict[str, Any] = {} if clip is None else {"clip": {**clip, "scale": 1}}
-        result = await self.send("Page.captureScreenshot", format="png",
-                                 captureBeyondViewport=True, **extra)
+        result = await self.send(
+            "Page.captureScreenshot", format="png", captureBeyondViewport=True, **extra
+        )
         path.write_bytes(base64.b64decode(result["data"]))

@@ -26,8 +26,17 @@ from pathlib import Path
 from typing import Any
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "devices"
-PRESETS = ("zigbee2mqtt", "tasmota", "shelly", "esphome", "homeassistant",
-           "openmqttgateway", "rtl_433", "ttn", "chirpstack")
+PRESETS = (
+    "zigbee2mqtt",
+    "tasmota",
+    "shelly",
+    "esphome",
+    "homeassistant",
+    "openmqttgateway",
+    "rtl_433",
+    "ttn",
+    "chirpstack",
+)
 
 
 @dataclass(frozen=True)
@@ -66,14 +75,15 @@ def render(text: str, t: float) -> str:
     plus1 = instant.astimezone(timezone(timedelta(hours=1)))
     second = instant.strftime("%Y-%m-%dT%H:%M:%S")
     later = (instant + timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%S")
-    return (text.replace('"@T_MS@"', str(round(t * 1000)))
-                .replace('"@T_S@"', f"{t:.2f}")
-                .replace("@T_ISO_NS_Z@", f"{second}.250339525Z")
-                .replace("@T_ISO_NS_UTC@", f"{second}.250023242+00:00")
-                .replace("@T_LATER_ISO_NS_Z@", f"{later}.250773143Z")
-                .replace("@T_ISO_Z@", instant.isoformat(timespec="milliseconds")
-                         .replace("+00:00", "Z"))
-                .replace("@T_ISO_PLUS1@", plus1.isoformat(timespec="milliseconds")))
+    return (
+        text.replace('"@T_MS@"', str(round(t * 1000)))
+        .replace('"@T_S@"', f"{t:.2f}")
+        .replace("@T_ISO_NS_Z@", f"{second}.250339525Z")
+        .replace("@T_ISO_NS_UTC@", f"{second}.250023242+00:00")
+        .replace("@T_LATER_ISO_NS_Z@", f"{later}.250773143Z")
+        .replace("@T_ISO_Z@", instant.isoformat(timespec="milliseconds").replace("+00:00", "Z"))
+        .replace("@T_ISO_PLUS1@", plus1.isoformat(timespec="milliseconds"))
+    )
 
 
 def load(preset: str, t: float) -> list[Message]:
@@ -84,18 +94,30 @@ def load(preset: str, t: float) -> list[Message]:
 
 def _message(entry: dict[str, Any], t: float) -> Message:
     raw = entry["payload"]
-    text = raw if isinstance(raw, str) else json.dumps(raw, separators=(",", ":"),
-                                                       ensure_ascii=False)
+    text = (
+        raw if isinstance(raw, str) else json.dumps(raw, separators=(",", ":"), ensure_ascii=False)
+    )
     expect = entry["expect"]
     readings: tuple[Expected, ...] = ()
     rejections: tuple[str, ...] = ()
     if isinstance(expect, list):
-        readings = tuple(Expected(r["sensor_id"], r["ts"], r["values"], r.get("tags"),
-                                  r.get("units"), r.get("info")) for r in expect)
+        readings = tuple(
+            Expected(
+                r["sensor_id"], r["ts"], r["values"], r.get("tags"), r.get("units"), r.get("info")
+            )
+            for r in expect
+        )
     elif isinstance(expect, dict):
         rejections = tuple(expect["rejections"])
-    return Message(entry["source"], entry["topic"], render(text, t).encode(), entry["rule"],
-                   readings, expect == "ignored", rejections)
+    return Message(
+        entry["source"],
+        entry["topic"],
+        render(text, t).encode(),
+        entry["rule"],
+        readings,
+        expect == "ignored",
+        rejections,
+    )
 
 
 def same_value(got: object, want: object) -> bool:

@@ -24,21 +24,35 @@ type Messages = Sequence[tuple[str, bytes]]
 
 async def send(broker: Broker, messages: Messages, *, retain: bool = False) -> None:
     """Publish at QoS 1, each acknowledged."""
-    async with aiomqtt.Client("127.0.0.1", broker.port,
-                              identifier=f"pub-{uuid.uuid4().hex[:8]}") as client:
+    async with aiomqtt.Client(
+        "127.0.0.1", broker.port, identifier=f"pub-{uuid.uuid4().hex[:8]}"
+    ) as client:
         for topic, payload in messages:
             await client.publish(topic, payload, qos=1, retain=retain)
 
 
-async def discover(broker: Broker, retained: Messages, live: Messages,
-                   *flags: str) -> tuple[str, str]:
+async def discover(
+    broker: Broker, retained: Messages, live: Messages, *flags: str
+) -> tuple[str, str]:
     """Run ``ingest discover``: ``retained`` published (retained) before it starts,
     ``live`` once it listens; it stops when it has them all. (stdout, stderr)."""
     await send(broker, retained, retain=True)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ingest", "discover", "--mqtt-url", broker.url, "--seconds",
-        "20", "--max-messages", str(len(retained) + len(live)), *flags, cwd=ROOT,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "ingest",
+        "discover",
+        "--mqtt-url",
+        broker.url,
+        "--seconds",
+        "20",
+        "--max-messages",
+        str(len(retained) + len(live)),
+        *flags,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stderr is not None
     first = await asyncio.wait_for(proc.stderr.readline(), 20)
     assert first.startswith(b"listening to #"), first
@@ -62,7 +76,7 @@ def report_table(report: str) -> dict[str, tuple[int, int, int]]:
     lines = report.splitlines()
     start = next(i for i, x in enumerate(lines) if x.startswith("rule ") and "accepted" in x)
     rows = {}
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.strip() or line.startswith("("):
             break
         name, *_, accepted, rejected, ignored = line.split()
@@ -77,9 +91,14 @@ def daemon_table(proc: Daemon, rules: Sequence[str]) -> dict[str, tuple[int, int
     def get(name: str) -> int:
         return int(metrics.get(name, 0))
 
-    return {rule: (get(f'ingest_rule_messages_total{{outcome="accepted",rule="{rule}"}}'),
-                   get(f'ingest_rule_messages_total{{outcome="rejected",rule="{rule}"}}'),
-                   get(f'ingest_messages_ignored_total{{rule="{rule}"}}')) for rule in rules}
+    return {
+        rule: (
+            get(f'ingest_rule_messages_total{{outcome="accepted",rule="{rule}"}}'),
+            get(f'ingest_rule_messages_total{{outcome="rejected",rule="{rule}"}}'),
+            get(f'ingest_messages_ignored_total{{rule="{rule}"}}'),
+        )
+        for rule in rules
+    }
 
 
 async def units(db: Any, mode: str) -> dict[str, dict[str, str]]:

@@ -13,16 +13,22 @@ if TYPE_CHECKING:
 
 
 @contextlib.asynccontextmanager
-async def failpoint(client: Any, commands: list[str], mode: Any = "alwaysOn",
-                    code: int = 91) -> AsyncIterator[None]:
+async def failpoint(
+    client: Any, commands: list[str], mode: Any = "alwaysOn", code: int = 91
+) -> AsyncIterator[None]:
     """Make the server fail ``commands`` with ``code`` (91: ShutdownInProgress, transient).
 
     Needs ``configureFailPoint``: the emulator has it; a real mongod needs
     ``--setParameter enableTestCommands=1`` (the compose test profile sets it).
     """
     try:
-        await client.admin.command({"configureFailPoint": "failCommand", "mode": mode,
-                                    "data": {"failCommands": commands, "errorCode": code}})
+        await client.admin.command(
+            {
+                "configureFailPoint": "failCommand",
+                "mode": mode,
+                "data": {"failCommands": commands, "errorCode": code},
+            }
+        )
     except OperationFailure as exc:
         pytest.skip(f"server has no failCommand fail point: {exc}")
     try:

@@ -34,8 +34,8 @@ def read_png(path: Path) -> Image:
     assert data.startswith(_SIGNATURE), f"{path} is not a PNG"
     pos, idat, header = len(_SIGNATURE), b"", b""
     while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
         pos += 12 + length
         if kind == b"IHDR":
             header = body
@@ -52,7 +52,7 @@ def read_png(path: Path) -> Image:
     previous = bytearray(stride)
     for y in range(height):
         start = y * (stride + 1)
-        kind, line = raw[start], bytearray(raw[start + 1:start + 1 + stride])
+        kind, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
         for i in range(stride):
             left = line[i - channels] if i >= channels else 0
             up = previous[i]

@@ -50,8 +50,7 @@ def password_broker(directory: Path, user: str, password: str, extra: str = "") 
     """A Broker (not started) whose password file knows ``user`` with ``password``."""
     passwd = directory / "passwd"
     tool = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
-    subprocess.run([tool, "-c", "-b", str(passwd), user, password], check=True,
-                   capture_output=True)
+    subprocess.run([tool, "-c", "-b", str(passwd), user, password], check=True, capture_output=True)
     passwd.chmod(0o600)
     return Broker(directory, extra=f"{extra}password_file {passwd}\n")
 
@@ -137,11 +136,21 @@ class Daemon:
 
     def start(self, wait_ready: bool = True) -> Daemon:
         env = clean_env() | self.env
-        cmd = [sys.executable, "-m", "ingest", "run", *self.args,
-               "--metrics-host", "127.0.0.1", "--metrics-port", str(self.metrics_port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "ingest",
+            "run",
+            *self.args,
+            "--metrics-host",
+            "127.0.0.1",
+            "--metrics-port",
+            str(self.metrics_port),
+        ]
         with self.log.open("ab") as log:
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                            env=env, cwd=self.cwd or ROOT)
+            self.process = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd or ROOT
+            )
         if wait_ready:
             self.wait_ready()
         return self

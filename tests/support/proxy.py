@@ -106,7 +106,8 @@ class Proxy:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._server = self._loop.run_until_complete(
-            asyncio.start_server(self._client, "127.0.0.1", self.port))
+            asyncio.start_server(self._client, "127.0.0.1", self.port)
+        )
         self._ready.set()
         self._loop.run_forever()
         self._loop.close()
@@ -144,8 +145,9 @@ class Proxy:
             for stream in (writer, up_writer):
                 stream.close()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    upstream: bool = False) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: bool = False
+    ) -> None:
         hold_after_first = upstream and self._hold_after_first
         chunks = 0
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):

@@ -23,13 +23,17 @@ def compiled(module: str) -> ModuleType:
     reference again would repeat the compiled run's test exactly.
     """
     if accel.disabled():
-        pytest.skip(f"{accel.ENV} is set: the twins are compared in the compiled run",
-                    allow_module_level=True)
+        pytest.skip(
+            f"{accel.ENV} is set: the twins are compared in the compiled run",
+            allow_module_level=True,
+        )
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        pytest.skip(f"{module} is not built ({exc}): pip install needs a C compiler",
-                    allow_module_level=True)
+        pytest.skip(
+            f"{module} is not built ({exc}): pip install needs a C compiler",
+            allow_module_level=True,
+        )
 
 
 def compiled_or_none(module: str) -> ModuleType | None:

@@ -89,35 +89,49 @@ class Tally:
         return f"{took}: {self.accepted} stored{rejected}{ignored}"
 
 
-async def capture(mqtt: MqttSettings, topics: Sequence[str], seconds: float,
-                  max_messages: int, err: TextIO = sys.stderr) -> list[Captured]:
+async def capture(
+    mqtt: MqttSettings,
+    topics: Sequence[str],
+    seconds: float,
+    max_messages: int,
+    err: TextIO = sys.stderr,
+) -> list[Captured]:
     """Messages received on ``topics`` within ``seconds`` (at most ``max_messages``)."""
     tls = mqtt.ssl_context()
     out: list[Captured] = []
     kept = 0
-    async with aiomqtt.Client(mqtt.host, mqtt.port, username=mqtt.username,
-                              password=mqtt.password, tls_context=tls,
-                              identifier=f"ingest-discover-{uuid.uuid4().hex[:8]}") as client:
+    async with aiomqtt.Client(
+        mqtt.host,
+        mqtt.port,
+        username=mqtt.username,
+        password=mqtt.password,
+        tls_context=tls,
+        identifier=f"ingest-discover-{uuid.uuid4().hex[:8]}",
+    ) as client:
         for topic in topics:
             await client.subscribe(topic, qos=0)
-        err.write(f"listening to {', '.join(topics)} on {mqtt.host}:{mqtt.port} for "
-                  f"{seconds:g} s (or {max_messages} messages)\n")
+        err.write(
+            f"listening to {', '.join(topics)} on {mqtt.host}:{mqtt.port} for "
+            f"{seconds:g} s (or {max_messages} messages)\n"
+        )
         err.flush()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 async for message in client.messages:
                     payload = message.payload
                     data = payload if isinstance(payload, bytes) else str(payload).encode()
-                    out.append(Captured(message.topic.value, data[:MAX_PAYLOAD],
-                                        bool(message.retain)))
+                    out.append(
+                        Captured(message.topic.value, data[:MAX_PAYLOAD], bool(message.retain))
+                    )
                     kept += min(len(data), MAX_PAYLOAD)
                     if len(out) >= max_messages or kept >= MAX_BYTES:
                         break
     return out
 
 
-def tally(rules: Sequence[Rule], messages: Sequence[Captured], now: float
-          ) -> tuple[dict[str, Tally], list[Captured]]:
+def tally(
+    rules: Sequence[Rule], messages: Sequence[Captured], now: float
+) -> tuple[dict[str, Tally], list[Captured]]:
     """Each rule's counts over the messages (through the real engine), and the unmatched."""
     mapping = Mapping(list(rules))
     counts = {rule.name: Tally() for rule in rules}
@@ -148,22 +162,26 @@ def tally(rules: Sequence[Rule], messages: Sequence[Captured], now: float
 
 def sparkplug_types(messages: Sequence[Captured]) -> Counter[str]:
     """Captured Sparkplug B messages by message type (NBIRTH, NDATA, ..., STATE)."""
-    return Counter(parsed.type for parsed in (spb.topic_of(m.topic) for m in messages)
-                   if parsed is not None)
+    return Counter(
+        parsed.type for parsed in (spb.topic_of(m.topic) for m in messages) if parsed is not None
+    )
 
 
-def recognise(messages: Sequence[Captured], now: float, skip: Sequence[str]
-              ) -> list[tuple[str, Tally]]:
+def recognise(
+    messages: Sequence[Captured], now: float, skip: Sequence[str]
+) -> list[tuple[str, Tally]]:
     """Shipped presets that fit the capture: they store messages and reject few."""
     fits = []
     for name in preset_names():
         if name in skip:
             continue
         counts, _ = tally(load_preset(name), messages, now)
-        total = Tally(sum(c.accepted for c in counts.values()),
-                      sum(c.rejected for c in counts.values()),
-                      sum(c.ignored for c in counts.values()),
-                      sum(c.waiting for c in counts.values()))
+        total = Tally(
+            sum(c.accepted for c in counts.values()),
+            sum(c.rejected for c in counts.values()),
+            sum(c.ignored for c in counts.values()),
+            sum(c.waiting for c in counts.values()),
+        )
         stored = total.accepted + total.rejected
         fitting = total.accepted + total.waiting
         if fitting and fitting >= PRESET_FIT * stored:
@@ -186,64 +204,90 @@ def _names(patterns: list[Pattern], taken: set[str]) -> list[str]:
     return out
 
 
-def proposal_text(patterns: list[Pattern], names: list[str], header: list[str], now: float,
-                  counts: dict[str, Tally] | None = None) -> str:
+def proposal_text(
+    patterns: list[Pattern],
+    names: list[str],
+    header: list[str],
+    now: float,
+    counts: dict[str, Tally] | None = None,
+) -> str:
     """The proposed mapping file; ``counts``: what each rule took of the capture."""
     parts = ["\n".join(f"# {line}" if line else "#" for line in header)]
-    parts += [rule_text(p, n, now, counts[n].summary() if counts else None)
-              for p, n in zip(patterns, names, strict=True)]
+    parts += [
+        rule_text(p, n, now, counts[n].summary() if counts else None)
+        for p, n in zip(patterns, names, strict=True)
+    ]
     return "\n\n".join(parts) + "\n"
 
 
-def report(counts: dict[str, Tally], sources: dict[str, str], unmatched: int,
-           out: TextIO) -> None:
+def report(counts: dict[str, Tally], sources: dict[str, str], unmatched: int, out: TextIO) -> None:
     """The per-rule table on stderr."""
     width = max([len(n) for n in counts] + [4])
-    out.write(f"{'rule':<{width}}  {'from':<22} {'accepted':>8} {'rejected':>8} "
-              f"{'ignored':>8}\n")
+    out.write(f"{'rule':<{width}}  {'from':<22} {'accepted':>8} {'rejected':>8} {'ignored':>8}\n")
     idle = 0
     for name, c in counts.items():
         if not (c.accepted or c.rejected or c.ignored):
             idle += 1
             continue
-        out.write(f"{name:<{width}}  {sources[name][:22]:<22} {c.accepted:>8} {c.rejected:>8} "
-                  f"{c.ignored:>8}\n")
+        out.write(
+            f"{name:<{width}}  {sources[name][:22]:<22} {c.accepted:>8} {c.rejected:>8} "
+            f"{c.ignored:>8}\n"
+        )
     out.write(f"{'(no rule)':<{width}}  {'':<22} {0:>8} {unmatched:>8} {0:>8}\n")
     if idle:
         out.write(f"({idle} other rule(s) matched none of the captured messages)\n")
 
 
-def advice(counts: dict[str, Tally], patterns: list[Pattern], presets: list[str],
-           mine: str | None, out: TextIO) -> None:
+def advice(
+    counts: dict[str, Tally],
+    patterns: list[Pattern],
+    presets: list[str],
+    mine: str | None,
+    out: TextIO,
+) -> None:
     """What to edit next."""
     tips = []
     flags = "".join(f" --preset {n}" for n in presets)
     if not patterns:
         given = f" --mapping {mine}" if mine else ""
-        tips.append(f"run with{given}{flags}: the capture needs no rules of its own (this "
-                    "file has none, and a mapping file needs one)")
+        tips.append(
+            f"run with{given}{flags}: the capture needs no rules of its own (this "
+            "file has none, and a mapping file needs one)"
+        )
     elif mine:
-        tips.append(f"append this file's rules to {mine}, after your rules (the first "
-                    f"matching rule wins), then run with --mapping {mine}{flags}")
+        tips.append(
+            f"append this file's rules to {mine}, after your rules (the first "
+            f"matching rule wins), then run with --mapping {mine}{flags}"
+        )
     else:
-        tips.append(f"run with{flags} --mapping <this file>" + (
-            " (this file's rules are tried first: none takes a topic these presets handle)"
-            if presets else ""))
+        tips.append(
+            f"run with{flags} --mapping <this file>"
+            + (
+                " (this file's rules are tried first: none takes a topic these presets handle)"
+                if presets
+                else ""
+            )
+        )
     for name, c in counts.items():
         if c.waiting:
             if c.reasons["no_datatype"]:
-                tips.append(f"rule {name}: {c.waiting} Homie value(s) came before their "
-                            "property's attributes (no_datatype; retained values arrive "
-                            "first when subscribing to #): the daemon subscribes to the "
-                            "attributes first (docs/presets.md#homie)")
+                tips.append(
+                    f"rule {name}: {c.waiting} Homie value(s) came before their "
+                    "property's attributes (no_datatype; retained values arrive "
+                    "first when subscribing to #): the daemon subscribes to the "
+                    "attributes first (docs/presets.md#homie)"
+                )
             else:
-                tips.append(f"rule {name}: {c.waiting} message(s) refer to a BIRTH "
-                            "published before the capture (no_birth, unknown_alias): the "
-                            "daemon stores them once it has the BIRTH (docs/sparkplug.md)")
+                tips.append(
+                    f"rule {name}: {c.waiting} message(s) refer to a BIRTH "
+                    "published before the capture (no_birth, unknown_alias): the "
+                    "daemon stores them once it has the BIRTH (docs/sparkplug.md)"
+                )
         if c.rejected > c.waiting:
             reasons = ", ".join(f"{r} x{k}" for r, k in c.reasons.most_common(3))
-            tips.append(f"rule {name}: {c.rejected} message(s) rejected ({reasons}), "
-                        f"e.g. {c.example}")
+            tips.append(
+                f"rule {name}: {c.rejected} message(s) rejected ({reasons}), e.g. {c.example}"
+            )
     notes = sum(len(p.notes) for p in patterns)
     if notes:
         tips.append(f"{notes} NOTE comment(s) in the file mark guesses to check")
@@ -251,32 +295,49 @@ def advice(counts: dict[str, Tally], patterns: list[Pattern], presets: list[str]
     out.write("\nnext:\n" + "".join(f"  - {tip}\n" for tip in tips))
 
 
-async def run(mqtt: MqttSettings, topics: Sequence[str], seconds: float, max_messages: int,
-              mapping_file: str | None, presets: Sequence[str], out: TextIO = sys.stdout,
-              err: TextIO = sys.stderr) -> int:
+async def run(
+    mqtt: MqttSettings,
+    topics: Sequence[str],
+    seconds: float,
+    max_messages: int,
+    mapping_file: str | None,
+    presets: Sequence[str],
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+) -> int:
     """Capture, recognise, propose, check; 0 when the proposal stores what it should."""
     given: list[Rule] = load_file(mapping_file) if mapping_file else []
     for name in presets:
         given.extend(load_preset(name))
     messages = await capture(mqtt, topics, seconds, min(max_messages, MAX_MESSAGES), err)
-    err.write(f"captured {len(messages)} message(s) on {len({m.topic for m in messages})} "
-              f"topic(s) in up to {seconds:g} s "
-              f"({sum(m.retained for m in messages)} retained)\n")
+    err.write(
+        f"captured {len(messages)} message(s) on {len({m.topic for m in messages})} "
+        f"topic(s) in up to {seconds:g} s "
+        f"({sum(m.retained for m in messages)} retained)\n"
+    )
     if not messages:
         err.write("nothing to propose: no message arrived (check --topic and the broker)\n")
         return 1
     return finish(messages, given, presets, out, err)
 
 
-def finish(messages: list[Captured], given: list[Rule], presets: Sequence[str],
-           out: TextIO, err: TextIO, now: float | None = None) -> int:
+def finish(
+    messages: list[Captured],
+    given: list[Rule],
+    presets: Sequence[str],
+    out: TextIO,
+    err: TextIO,
+    now: float | None = None,
+) -> int:
     """Everything after the capture (separate for tests)."""
     now = time.time() if now is None else now
     mine = [r for r in given if not r.source.startswith("--preset ")]
     _, rest = tally(given, messages, now) if given else ({}, messages)
     fits = recognise(rest, now, presets)
-    preset_rules = [*(r for r in given if r not in mine),
-                    *(r for name, _ in fits for r in load_preset(name))]
+    preset_rules = [
+        *(r for r in given if r not in mine),
+        *(r for name, _ in fits for r in load_preset(name)),
+    ]
     before = [*mine, *preset_rules]
     counts, rest = tally(before, messages, now) if before else ({}, messages)
     taken = {t for r in preset_rules for t in counts[r.name].topics}
@@ -289,37 +350,56 @@ def finish(messages: list[Captured], given: list[Rule], presets: Sequence[str],
     counts, unmatched = tally(rules, messages, now)
     sources = {r.name: r.source.removeprefix("--") for r in rules}
     all_presets = [*presets, *(n for n, _ in fits)]
-    out.write(proposal_text(patterns, names, _header(messages, fits, counts, sources,
-                                                     bool(patterns)), now, counts))
+    out.write(
+        proposal_text(
+            patterns, names, _header(messages, fits, counts, sources, bool(patterns)), now, counts
+        )
+    )
     types = sparkplug_types(messages)
     if types:
-        err.write("Sparkplug B messages: " + ", ".join(
-            f"{kind} {types[kind]}" for kind in spb.MESSAGE_TYPES if types[kind]) + "\n")
+        err.write(
+            "Sparkplug B messages: "
+            + ", ".join(f"{kind} {types[kind]}" for kind in spb.MESSAGE_TYPES if types[kind])
+            + "\n"
+        )
     report(counts, sources, len(unmatched), err)
     stolen = {r.name: len(counts[r.name].topics & taken) for r in proposed}
     for name, n in stolen.items():
         if n:  # separate() prevents it; said loudly if it ever does not
-            err.write(f"rule {name} takes {n} topic(s) a preset would take: narrow its "
-                      "topic\n")
+            err.write(f"rule {name} takes {n} topic(s) a preset would take: narrow its topic\n")
     mine_file = next((r.source.removeprefix("--mapping ") for r in mine), None)
     advice(counts, patterns, all_presets, mine_file, err)
     return 0
 
 
-def _header(messages: list[Captured], fits: list[tuple[str, Tally]],
-            counts: dict[str, Tally], sources: dict[str, str], proposed: bool) -> list[str]:
-    lines = [(f"Proposed by ingest discover from {len(messages)} message(s) on "
-              f"{len({m.topic for m in messages})} topic(s).")]
+def _header(
+    messages: list[Captured],
+    fits: list[tuple[str, Tally]],
+    counts: dict[str, Tally],
+    sources: dict[str, str],
+    proposed: bool,
+) -> list[str]:
+    lines = [
+        (
+            f"Proposed by ingest discover from {len(messages)} message(s) on "
+            f"{len({m.topic for m in messages})} topic(s)."
+        )
+    ]
     for name, _ in fits:
         took = [c for n, c in counts.items() if sources[n] == f"preset {name}"]
         accepted = sum(c.accepted for c in took)
         ignored = sum(c.ignored for c in took)
-        lines.append(f"Preset {name} takes {sum(c.messages for c in took)} message(s) "
-                     f"({accepted} accepted, {ignored} ignored): use --preset {name} with "
-                     "this file.")
-    lines += ["This file's rules are tried before the presets' and take none of their topics.",
-              "Each rule below is a guess from the topics and payloads seen: check the",
-              "NOTE lines, then try it with ingest check and run with --mapping FILE.", ""]
+        lines.append(
+            f"Preset {name} takes {sum(c.messages for c in took)} message(s) "
+            f"({accepted} accepted, {ignored} ignored): use --preset {name} with "
+            "this file."
+        )
+    lines += [
+        "This file's rules are tried before the presets' and take none of their topics.",
+        "Each rule below is a guess from the topics and payloads seen: check the",
+        "NOTE lines, then try it with ingest check and run with --mapping FILE.",
+        "",
+    ]
     if not proposed:
         lines.append("Every message is taken by the given rules and presets: nothing to add.")
     return lines
@@ -332,13 +412,15 @@ def main(args: argparse.Namespace, env: Env[str, str]) -> int:
     if args.mqtt_password_file:
         password = read_secret(args.mqtt_password_file, "--mqtt-password-file")
     mqtt = replace(mqtt, password=password, ca_file=args.mqtt_ca_file)
-    presets = args.preset or [p.strip() for p in env.get("INGEST_PRESET", "").split(",")
-                              if p.strip()]
+    presets = args.preset or [
+        p.strip() for p in env.get("INGEST_PRESET", "").split(",") if p.strip()
+    ]
     if args.seconds <= 0 or args.max_messages < 1:
         raise ConfigError("--seconds and --max-messages must be positive")
     try:
-        return asyncio.run(run(mqtt, args.topic or ["#"], args.seconds, args.max_messages,
-                               args.mapping, presets))
+        return asyncio.run(
+            run(mqtt, args.topic or ["#"], args.seconds, args.max_messages, args.mapping, presets)
+        )
     except aiomqtt.MqttError as exc:
         sys.stderr.write(f"ingest: error: broker {mqtt.host}:{mqtt.port}: {exc}\n")
         return 1

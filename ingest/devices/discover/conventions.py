@@ -32,25 +32,71 @@ if TYPE_CHECKING:
 
 # The abbreviations of the option names discover reads (mqtt.markdown's tables).
 ABBREVIATIONS = {
-    "stat_t": "state_topic", "unit_of_meas": "unit_of_measurement", "dev_cla": "device_class",
-    "val_tpl": "value_template", "json_attr_t": "json_attributes_topic", "dev": "device",
-    "uniq_id": "unique_id", "obj_id": "object_id", "p": "platform", "cmps": "components",
-    "cmp": "components", "avty_t": "availability_topic", "avty": "availability",
-    "pl_on": "payload_on", "pl_off": "payload_off", "stat_cla": "state_class", "o": "origin",
-    "t": "topic", "cmd_t": "command_topic", "ids": "identifiers", "cns": "connections",
-    "mdl": "model", "mf": "manufacturer", "sn": "serial_number",
+    "stat_t": "state_topic",
+    "unit_of_meas": "unit_of_measurement",
+    "dev_cla": "device_class",
+    "val_tpl": "value_template",
+    "json_attr_t": "json_attributes_topic",
+    "dev": "device",
+    "uniq_id": "unique_id",
+    "obj_id": "object_id",
+    "p": "platform",
+    "cmps": "components",
+    "cmp": "components",
+    "avty_t": "availability_topic",
+    "avty": "availability",
+    "pl_on": "payload_on",
+    "pl_off": "payload_off",
+    "stat_cla": "state_class",
+    "o": "origin",
+    "t": "topic",
+    "cmd_t": "command_topic",
+    "ids": "identifiers",
+    "cns": "connections",
+    "mdl": "model",
+    "mf": "manufacturer",
+    "sn": "serial_number",
 }
 _VALUE_JSON = re.compile(
     r"^\{\{-?\s*value_json((?:\.[A-Za-z_][A-Za-z0-9_]*|\[\s*'[^']+'\s*\]|\[\s*\"[^\"]+\"\s*\])+)"
     r"\s*(?:\|\s*(?:float|int|round(?:\(\s*\d*\s*\))?|float\(\s*0?\s*\)|int\(\s*0?\s*\))"
-    r"\s*)*-?\}\}$")
+    r"\s*)*-?\}\}$"
+)
 _VALUE = re.compile(r"^\{\{-?\s*value\s*(?:\|\s*(?:float|int|round(?:\(\s*\d*\s*\))?)\s*)*-?\}\}$")
 _STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[\s*['\"]([^'\"]+)['\"]\s*\]")
-COMPONENTS = frozenset({
-    "alarm_control_panel", "binary_sensor", "button", "camera", "climate", "cover",
-    "device_automation", "device_tracker", "event", "fan", "humidifier", "image",
-    "lawn_mower", "light", "lock", "notify", "number", "scene", "select", "sensor", "siren",
-    "switch", "tag", "text", "update", "vacuum", "valve", "water_heater", "device"})
+COMPONENTS = frozenset(
+    {
+        "alarm_control_panel",
+        "binary_sensor",
+        "button",
+        "camera",
+        "climate",
+        "cover",
+        "device_automation",
+        "device_tracker",
+        "event",
+        "fan",
+        "humidifier",
+        "image",
+        "lawn_mower",
+        "light",
+        "lock",
+        "notify",
+        "number",
+        "scene",
+        "select",
+        "sensor",
+        "siren",
+        "switch",
+        "tag",
+        "text",
+        "update",
+        "vacuum",
+        "valve",
+        "water_heater",
+        "device",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -144,8 +190,9 @@ def _topics(config: dict[str, object]) -> dict[str, str]:
     return out
 
 
-def _entity(config_topic: str, component: str, object_id: str,
-            config: dict[str, object], known: Known) -> None:
+def _entity(
+    config_topic: str, component: str, object_id: str, config: dict[str, object], known: Known
+) -> None:
     topics = _topics(config)
     for key, topic in topics.items():
         if "command" in key or key == "availability_topic":
@@ -164,11 +211,18 @@ def _entity(config_topic: str, component: str, object_id: str,
     template = _text(config.get("value_template"))
     path = _path(template)
     entity = Entity(
-        config_topic, component, state, path,
+        config_topic,
+        component,
+        state,
+        path,
         template if template and path is None and not _VALUE.match(template) else None,
-        _text(config.get("unit_of_measurement")), _text(config.get("device_class")), label,
-        _device(config.get("device")), _text(config.get("payload_on")),
-        _text(config.get("payload_off")))
+        _text(config.get("unit_of_measurement")),
+        _text(config.get("device_class")),
+        label,
+        _device(config.get("device")),
+        _text(config.get("payload_on")),
+        _text(config.get("payload_off")),
+    )
     known.entities.setdefault(state, []).append(entity)
 
 
@@ -216,9 +270,9 @@ def _homie(levels: list[str], payload: bytes, known: Known) -> None:
         except orjson.JSONDecodeError:
             return
         nodes = doc.get("nodes") if type(doc) is dict else None
-        for node, spec in (nodes.items() if type(nodes) is dict else ()):
+        for node, spec in nodes.items() if type(nodes) is dict else ():
             props = spec.get("properties") if type(spec) is dict else None
-            for prop, desc in (props.items() if type(props) is dict else ()):
+            for prop, desc in props.items() if type(props) is dict else ():
                 given = desc.get("unit") if type(desc) is dict else None
                 if type(given) is str and given:
                     known.homie_units["/".join([*levels[:-1], node, prop])] = given

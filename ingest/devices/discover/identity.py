@@ -25,20 +25,60 @@ import orjson
 from ingest.devices.formats.json import template_text, walk
 
 QUALIFIERS = ("model", "subtype", "channel")
-IDENTIFIERS = ("id", "device_id", "deviceid", "dev_id", "mac", "serial", "serial_number",
-               "sn", "uid", "uuid", "eui", "dev_eui", "deveui", "address", "addr", "node_id",
-               "nodeid")
+IDENTIFIERS = (
+    "id",
+    "device_id",
+    "deviceid",
+    "dev_id",
+    "mac",
+    "serial",
+    "serial_number",
+    "sn",
+    "uid",
+    "uuid",
+    "eui",
+    "dev_eui",
+    "deveui",
+    "address",
+    "addr",
+    "node_id",
+    "nodeid",
+)
 # A MAC or EUI-64 names a device on its own; a small number (rtl_433's id) only with the
 # model (and channel) beside it.
 _GLOBAL = re.compile(r"^(?:[0-9A-Fa-f]{2}[:-]){5,7}[0-9A-Fa-f]{2}$|^[0-9A-Fa-f]{12,16}$")
 MAX_TEMPLATES = 4
 # rtl_433's field names end in their unit (docs/DATA_FORMAT.md: "<Type>_<Unit>",
 # temperature_C, wind_avg_m_s, rain_rate_mm_h, pressure_hPa); humidity and moisture are %.
-SUFFIX_UNITS = {"_C": "°C", "_F": "°F", "_V": "V", "_mV": "mV", "_deg": "°", "_m_s": "m/s",
-                "_km_h": "km/h", "_mi_h": "mi/h", "_mm": "mm", "_in": "in", "_mm_h": "mm/h",
-                "_in_h": "in/h", "_hPa": "hPa", "_kPa": "kPa", "_psi": "psi", "_lux": "lx",
-                "_W": "W", "_kW": "kW", "_kWh": "kWh", "_A": "A", "_Hz": "Hz", "_dB": "dB",
-                "_ppm": "ppm", "_ug_m3": "µg/m³", "_m": "m", "_cm": "cm", "_s": "s"}
+SUFFIX_UNITS = {
+    "_C": "°C",
+    "_F": "°F",
+    "_V": "V",
+    "_mV": "mV",
+    "_deg": "°",
+    "_m_s": "m/s",
+    "_km_h": "km/h",
+    "_mi_h": "mi/h",
+    "_mm": "mm",
+    "_in": "in",
+    "_mm_h": "mm/h",
+    "_in_h": "in/h",
+    "_hPa": "hPa",
+    "_kPa": "kPa",
+    "_psi": "psi",
+    "_lux": "lx",
+    "_W": "W",
+    "_kW": "kW",
+    "_kWh": "kWh",
+    "_A": "A",
+    "_Hz": "Hz",
+    "_dB": "dB",
+    "_ppm": "ppm",
+    "_ug_m3": "µg/m³",
+    "_m": "m",
+    "_cm": "cm",
+    "_s": "s",
+}
 PERCENT = frozenset({"humidity", "moisture", "hum"})
 # Member names of an object of objects that name devices: a Zigbee short address (0x2916),
 # a MAC or EUI-64 (or a member field repeating the name: Tasmota's "Device").
@@ -110,8 +150,9 @@ def _objects(payloads: list[bytes], path: tuple[str, ...] | None = None) -> list
     return [m for doc in json_docs(payloads) for m in members(doc, path)]
 
 
-def identity(by_topic: dict[str, list[bytes]], topic_devices: int,
-             where: Container | None = None) -> Identity | None:
+def identity(
+    by_topic: dict[str, list[bytes]], topic_devices: int, where: Container | None = None
+) -> Identity | None:
     """The payload's device identity, if it names at least as many devices as the topics.
 
     ``topic_devices``: how many devices the topic level guessed as the device names;
@@ -122,26 +163,36 @@ def identity(by_topic: dict[str, list[bytes]], topic_devices: int,
     if where is not None and where.keyed:
         keys = {t: {k for k, _ in ms} for t, ms in listed.items()}
         first = next((k for ms in listed.values() for k, _ in ms if k), "")
-        return Identity(["{_key}"], [], [], sorted(t for t, ks in keys.items()
-                                                   if len(ks) > 1), first)
+        return Identity(
+            ["{_key}"], [], [], sorted(t for t, ks in keys.items() if len(ks) > 1), first
+        )
     docs = {topic: [d for _, d in ms] for topic, ms in listed.items()}
     every = [d for ds in docs.values() for d in ds]
     if not every:
         return None
     names = {k.lower(): k for d in every for k in d}
-    ident = next((names[k] for k in IDENTIFIERS if k in names
-                  and sum(_key(d.get(names[k])) is not None for d in every) * 2 > len(every)),
-                 None)
+    ident = next(
+        (
+            names[k]
+            for k in IDENTIFIERS
+            if k in names and sum(_key(d.get(names[k])) is not None for d in every) * 2 > len(every)
+        ),
+        None,
+    )
     if ident is None:
         return None
-    quals = [names[q] for q in QUALIFIERS if q in names
-             and any(_key(d.get(names[q])) is not None for d in every)]
+    quals = [
+        names[q]
+        for q in QUALIFIERS
+        if q in names and any(_key(d.get(names[q])) is not None for d in every)
+    ]
     parts = [*quals, ident]
     tuples = [tuple(_key(d.get(p)) for p in parts) for d in every]
     if len(set(tuples)) < topic_devices:
         return None  # one value for several topic devices: not a device id
-    shared = sorted(t for t, ds in docs.items()
-                    if len({tuple(_key(d.get(p)) for p in parts) for d in ds}) > 1)
+    shared = sorted(
+        t for t, ds in docs.items() if len({tuple(_key(d.get(p)) for p in parts) for d in ds}) > 1
+    )
     model = names.get("model")
     if all(_GLOBAL.match(str(_key(d.get(ident)))) for d in every if _key(d.get(ident))):
         found = Identity([f"{{{ident}}}"], [ident], [model] if model else [], shared)
@@ -173,8 +224,7 @@ def _render(template: str, doc: dict[str, object]) -> str | None:
     return out
 
 
-def container(by_topic: dict[str, list[bytes]], topic_devices: int = 1
-              ) -> Container | None:
+def container(by_topic: dict[str, list[bytes]], topic_devices: int = 1) -> Container | None:
     """Where the payloads list several devices, if they do.
 
     A payload that is an array of objects, else the array of objects (or object of
@@ -200,22 +250,29 @@ def container(by_topic: dict[str, list[bytes]], topic_devices: int = 1
         if keyed:
             where.echo = _echo(objects)
             named = set(where.echo)
-            if not all(_ADDRESS.match(k or "") or _GLOBAL.match(k or "") or any(
-                    v == k for v in d.values()) for k, d in objects):
+            if not all(
+                _ADDRESS.match(k or "") or _GLOBAL.match(k or "") or any(v == k for v in d.values())
+                for k, d in objects
+            ):
                 continue
         else:
             ident = identity(by_topic, topic_devices, where)
             if ident is None:
                 continue
             named = set(ident.fields)
-        if any(type(v) in {int, float, bool} for _, d in objects
-               for f, v in d.items() if f not in named):
+        if any(
+            type(v) in {int, float, bool}
+            for _, d in objects
+            for f, v in d.items()
+            if f not in named
+        ):
             return where
     return None
 
 
-def _candidates(obj: dict[str, object], path: tuple[str, ...],
-                found: Counter[tuple[tuple[str, ...], bool]]) -> None:
+def _candidates(
+    obj: dict[str, object], path: tuple[str, ...], found: Counter[tuple[tuple[str, ...], bool]]
+) -> None:
     """Paths to arrays of objects and objects of objects in ``obj``, counted."""
     for key, value in obj.items():
         if not _PATH_KEY.match(key):
@@ -238,8 +295,9 @@ def _echo(objects: list[Member]) -> list[str]:
     return sorted(k for k, same in seen.items() if same)
 
 
-def descriptive(by_topic: dict[str, list[bytes]], found: Identity,
-                where: Container | None = None) -> list[str]:
+def descriptive(
+    by_topic: dict[str, list[bytes]], found: Identity, where: Container | None = None
+) -> list[str]:
     """Text fields whose value never changes for a device (brand, type): info, not data."""
     seen: dict[str, dict[tuple[str | None, ...], list[object]]] = {}
     skip = {*found.fields, *found.info, *(where.echo if where else ())}
@@ -249,11 +307,15 @@ def descriptive(by_topic: dict[str, list[bytes]], found: Identity,
             for key, value in doc.items():
                 if key not in skip:
                     seen.setdefault(key, {}).setdefault(device, []).append(
-                        value if type(value) is str else None)
+                        value if type(value) is str else None
+                    )
     # Seen twice for some device (once proves nothing), the same text every time.
-    return sorted(k for k, devices in seen.items()
-                  if any(len(vs) > 1 for vs in devices.values())
-                  and all(len(set(vs)) == 1 and None not in vs for vs in devices.values()))
+    return sorted(
+        k
+        for k, devices in seen.items()
+        if any(len(vs) > 1 for vs in devices.values())
+        and all(len(set(vs)) == 1 and None not in vs for vs in devices.values())
+    )
 
 
 def suffix_units(names: list[str]) -> dict[str, str]:
@@ -263,8 +325,11 @@ def suffix_units(names: list[str]) -> dict[str, str]:
         if name.lower() in PERCENT:
             out[name] = "%"
             continue
-        suffix = max((s for s in SUFFIX_UNITS if name.endswith(s) and len(name) > len(s)),
-                     key=len, default=None)
+        suffix = max(
+            (s for s in SUFFIX_UNITS if name.endswith(s) and len(name) > len(s)),
+            key=len,
+            default=None,
+        )
         if suffix is not None:
             out[name] = SUFFIX_UNITS[suffix]
     return out

@@ -29,19 +29,65 @@ if TYPE_CHECKING:
     from ingest.devices.discover.conventions import Known
 
 # Last topic levels that carry status, commands or metadata rather than readings.
-HOUSEKEEPING = frozenset({"availability", "lwt", "will", "online", "offline", "announce",
-                          "debug", "log", "logging", "config", "set", "get", "command",
-                          "cmnd", "info", "connected", "birth", "heartbeat"})
+HOUSEKEEPING = frozenset(
+    {
+        "availability",
+        "lwt",
+        "will",
+        "online",
+        "offline",
+        "announce",
+        "debug",
+        "log",
+        "logging",
+        "config",
+        "set",
+        "get",
+        "command",
+        "cmnd",
+        "info",
+        "connected",
+        "birth",
+        "heartbeat",
+    }
+)
 # Levels that name a kind of message, never a device.
-KIND_WORDS = frozenset({"sensor", "sensors", "tele", "stat", "state", "status", "data",
-                        "telemetry", "readings", "events", "event", "up", "json", "value",
-                        "values", "measurements", "metrics", "devices", "device", "relay",
-                        "switch", "light", "cover", "binary_sensor", "text_sensor"})
+KIND_WORDS = frozenset(
+    {
+        "sensor",
+        "sensors",
+        "tele",
+        "stat",
+        "state",
+        "status",
+        "data",
+        "telemetry",
+        "readings",
+        "events",
+        "event",
+        "up",
+        "json",
+        "value",
+        "values",
+        "measurements",
+        "metrics",
+        "devices",
+        "device",
+        "relay",
+        "switch",
+        "light",
+        "cover",
+        "binary_sensor",
+        "text_sensor",
+    }
+)
 # Whole payloads that report a connection rather than a reading.
-STATUS_WORDS = frozenset({"online", "offline", "connected", "disconnected", "alive", "dead",
-                          "ready", "lost"})
-SENML_KEYS = frozenset({"bn", "bt", "bu", "bv", "bver", "n", "u", "v", "vs", "vb", "vd",
-                        "s", "t", "ut"})
+STATUS_WORDS = frozenset(
+    {"online", "offline", "connected", "disconnected", "alive", "dead", "ready", "lost"}
+)
+SENML_KEYS = frozenset(
+    {"bn", "bt", "bu", "bv", "bver", "n", "u", "v", "vs", "vb", "vd", "s", "t", "ut"}
+)
 # Last levels that say "this is the value" rather than what is measured.
 GENERIC_LAST = frozenset({"state", "value", "status", "data", "get", "current"})
 MAX_JSON_PATTERNS = 5  # distinct values of a non-device level kept as separate rules
@@ -85,8 +131,11 @@ class Pattern:
 
     def captures(self, topic: str) -> dict[str, str]:
         """The values the pattern's captures take in ``topic``."""
-        return {lv[1:-1]: part for lv, part in zip(self.levels, topic.split("/"), strict=False)
-                if lv.startswith("{")}
+        return {
+            lv[1:-1]: part
+            for lv, part in zip(self.levels, topic.split("/"), strict=False)
+            if lv.startswith("{")
+        }
 
     def narrowed(self, index: int, value: str, topics: set[str]) -> Pattern:
         """A copy for ``topics`` only, with level ``index`` fixed to ``value``."""
@@ -108,10 +157,21 @@ class Pattern:
         if measurement is not None:  # the units of the measurements it can still store
             glob = VARIABLE.sub("*", measurement)
             units = {m: u for m, u in units.items() if fnmatchcase(m, glob)}
-        return Pattern(levels, self.kind, set(topics),
-                       {t: self.payloads[t] for t in topics if t in self.payloads},
-                       measurement, [*self.notes], sensor_id, dict(units), dict(self.values),
-                       tags, [*self.info], [*self.drop], self.each)
+        return Pattern(
+            levels,
+            self.kind,
+            set(topics),
+            {t: self.payloads[t] for t in topics if t in self.payloads},
+            measurement,
+            [*self.notes],
+            sensor_id,
+            dict(units),
+            dict(self.values),
+            tags,
+            [*self.info],
+            [*self.drop],
+            self.each,
+        )
 
 
 def payload_kind(topic: str, payload: bytes) -> str:
@@ -133,8 +193,9 @@ def payload_kind(topic: str, payload: bytes) -> str:
 
 
 def _json_kind(topic: str, payload: bytes, doc: object) -> str:
-    objects = type(doc) is dict or (type(doc) is list and bool(doc)
-                                    and all(type(r) is dict for r in doc))
+    objects = type(doc) is dict or (
+        type(doc) is list and bool(doc) and all(type(r) is dict for r in doc)
+    )
     if not objects:
         return "value"
     if type(doc) is list and _senml(doc):
@@ -145,8 +206,11 @@ def _json_kind(topic: str, payload: bytes, doc: object) -> str:
 
 def _senml(records: list[dict[str, object]]) -> bool:
     keys = set().union(*records)
-    return keys <= SENML_KEYS and bool(keys & {"n", "bn"}) and bool(keys & {"v", "vs", "vb",
-                                                                            "vd", "s"})
+    return (
+        keys <= SENML_KEYS
+        and bool(keys & {"n", "bn"})
+        and bool(keys & {"v", "vs", "vb", "vd", "s"})
+    )
 
 
 def _now() -> float:
@@ -191,9 +255,12 @@ def group(messages: list[Captured], known: Known) -> list[Pattern]:
     for topic, kind in kinds.items():
         last = topic.rsplit("/", 1)[-1].lower()
         texts = {p.strip().lower() for p in by_topic[topic] if p.strip()}
-        chore = (last in HOUSEKEEPING and kind in {"value", "json"}) or (
-            kind == "value" and bool(texts) and texts <= {w.encode() for w in STATUS_WORDS}
-        ) or topic in known.chores or last.startswith("$")
+        chore = (
+            (last in HOUSEKEEPING and kind in {"value", "json"})
+            or (kind == "value" and bool(texts) and texts <= {w.encode() for w in STATUS_WORDS})
+            or topic in known.chores
+            or last.startswith("$")
+        )
         key = (topic.count("/") + 1, kind, chore, _homie_device(topic, known))
         groups.setdefault(key, []).append(topic)
     patterns: list[Pattern] = []
@@ -244,8 +311,11 @@ def _housekeeping(topics: list[str], kind: str, known: Known) -> list[Pattern]:
     for topic in topics:
         levels = topic.split("/")
         levels = [literal(lv) for lv in levels]
-        varying = [levels[0], *(["+"] * (len(levels) - 2)), levels[-1]] if len(levels) > 2 \
+        varying = (
+            [levels[0], *(["+"] * (len(levels) - 2)), levels[-1]]
+            if len(levels) > 2
             else (["+", levels[-1]] if len(levels) == 2 else levels)
+        )
         shapes.setdefault(tuple(varying), set()).add(topic)
     out = []
     for shape, members in shapes.items():
@@ -258,8 +328,9 @@ def _housekeeping(topics: list[str], kind: str, known: Known) -> list[Pattern]:
             why = f"last level {shape[-1]!r} or payloads such as online/offline"
         else:
             why = f"last level {shape[-1]!r}"
-        pattern.notes.append(f"looks like housekeeping ({why}): ignored; delete this rule "
-                             "to store it")
+        pattern.notes.append(
+            f"looks like housekeeping ({why}): ignored; delete this rule to store it"
+        )
         out.append(pattern)
     return out
 
@@ -285,17 +356,21 @@ def _merge_chores(patterns: list[Pattern], data: set[str]) -> list[Pattern]:
             continue
         lasts = ", ".join(sorted(p.levels[-1] for p in group)[:6])
         merged = Pattern(levels, "ignore", set().union(*(p.topics for p in group)))
-        merged.notes.append(f"looks like housekeeping (last levels {lasts}): ignored; "
-                            "delete this rule to store them")
+        merged.notes.append(
+            f"looks like housekeeping (last levels {lasts}): ignored; "
+            "delete this rule to store them"
+        )
         out.append(merged)
     return out
 
 
 def _takes(levels: list[str], topic: str) -> bool:
     parts = topic.split("/")
-    return len(parts) == len(levels) and all(
-        lv in {"+", part} for lv, part in zip(levels, parts, strict=True)) and not (
-        levels[0] == "+" and parts[0].startswith("$"))
+    return (
+        len(parts) == len(levels)
+        and all(lv in {"+", part} for lv, part in zip(levels, parts, strict=True))
+        and not (levels[0] == "+" and parts[0].startswith("$"))
+    )
 
 
 def _patterns(topics: list[str], kind: str, device: int = -1) -> list[Pattern]:
@@ -353,8 +428,9 @@ def _split(levels: list[str], rows: list[list[str]], kind: str) -> list[Pattern]
         out.setdefault(shape, Pattern(list(shape), kind)).topics.add("/".join(row))
     for pattern in out.values():
         device = pattern.levels.index("{sensor_id}")
-        values = [sorted({t.split("/")[i] for t in pattern.topics})
-                  for i in range(len(pattern.levels))]
+        values = [
+            sorted({t.split("/")[i] for t in pattern.topics}) for i in range(len(pattern.levels))
+        ]
         _describe(pattern, device, values)
     return list(out.values())
 
@@ -364,13 +440,14 @@ def _describe(pattern: Pattern, device: int, values: list[list[str]]) -> None:
         pattern.measurement = _measurement(pattern.levels, device, values)
     only = values[device][0] if len(values[device]) == 1 else None
     if only is not None and (only.lower() in KIND_WORDS or only.lower() in HOUSEKEEPING):
-        pattern.notes.append(f"the level taken as the device ({only!r}) names a kind of "
-                             "message, not a device: every reading of these topics lands "
-                             f"under sensor id {only!r}; set sensor_id to what names the "
-                             "device")
+        pattern.notes.append(
+            f"the level taken as the device ({only!r}) names a kind of "
+            "message, not a device: every reading of these topics lands "
+            f"under sensor id {only!r}; set sensor_id to what names the "
+            "device"
+        )
     elif only is not None:
-        pattern.notes.append(f"one device seen ({only!r}): check that this level is the "
-                             "device")
+        pattern.notes.append(f"one device seen ({only!r}): check that this level is the device")
 
 
 def _measurement(levels: list[str], device: int, values: list[list[str]]) -> str:
@@ -390,7 +467,7 @@ def _measurement(levels: list[str], device: int, values: list[list[str]]) -> str
             parts.append(f"{safe(before)}_{level}" if numbered else safe(level))
     if parts:
         return "_".join(parts)
-    tail = [lv for lv in levels[device + 1:] if not _variable(lv)]
+    tail = [lv for lv in levels[device + 1 :] if not _variable(lv)]
     return safe(tail[-1]) if tail else "value"
 
 

@@ -18,8 +18,9 @@ from ingest.model import RESERVED_FIELDS
 if TYPE_CHECKING:
     from ingest.devices.discover.patterns import Pattern
 
-TIME_KEYS = frozenset({"ts", "time", "timestamp", "datetime", "date", "last_seen", "t",
-                       "epoch", "utc", "time_iso"})
+TIME_KEYS = frozenset(
+    {"ts", "time", "timestamp", "datetime", "date", "last_seen", "t", "epoch", "utc", "time_iso"}
+)
 _ISO = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?$")
 _OFFSET = re.compile(r"(Z|[+-]\d{2}:?\d{2})$")
 
@@ -32,8 +33,9 @@ def time_of(name: str, values: list[object], now: float) -> str | None:
     for value in values:
         if isinstance(value, int | float) and not isinstance(value, bool):
             size = abs(float(value))
-            unit = next((10**d for d in (0, 3, 6, 9)
-                         if abs(size / 10**d - now) < 10 * 365 * 86400), None)
+            unit = next(
+                (10**d for d in (0, 3, 6, 9) if abs(size / 10**d - now) < 10 * 365 * 86400), None
+            )
             kinds.add("auto" if unit else "?")
         elif type(value) is str and _ISO.match(value):
             kinds.add("auto" if _OFFSET.search(value) else "local")
@@ -77,8 +79,7 @@ def _sensor_id(pattern: Pattern) -> list[str]:
         return [f"sensor_id = {quote(ids[0])}"]
     if ids:
         return [f"sensor_id = [{', '.join(quote(t) for t in ids)}]"]
-    if "{sensor_id}" in pattern.levels or pattern.kind in {"senml", "ingest", "influx",
-                                                            "homie"}:
+    if "{sensor_id}" in pattern.levels or pattern.kind in {"senml", "ingest", "influx", "homie"}:
         return []
     captures = [lv for lv in pattern.levels if lv.startswith("{")]
     return [f"sensor_id = {quote(captures[0])}"] if captures else []
@@ -95,37 +96,59 @@ def _values_table(texts: set[str], given: dict[str, bool]) -> list[str]:
     pairs.update(given)
     if not pairs:
         return []
-    return ["[rule.values]", *(f"{quote(k)} = {'true' if v else 'false'}"
-                               for k, v in sorted(pairs.items()))]
+    return [
+        "[rule.values]",
+        *(f"{quote(k)} = {'true' if v else 'false'}" for k, v in sorted(pairs.items())),
+    ]
 
 
 def _json_options(pattern: Pattern, now: float) -> tuple[list[str], list[str]]:
     fields = field_values(pattern.samples, pattern.each)
-    used = {f for t in [*pattern.sensor_id, *pattern.tags.values()]
-            for f in re.findall(r"\{([^}]+)\}", t)}
+    used = {
+        f
+        for t in [*pattern.sensor_id, *pattern.tags.values()]
+        for f in re.findall(r"\{([^}]+)\}", t)
+    }
     arrays = sorted(k for k, vs in fields.items() if any(type(v) is list for v in vs))
     times = {k: time_of(k, vs, now) for k, vs in fields.items() if k not in used}
     local = sorted(k for k, how in times.items() if how == "local")
     time_field = next((k for k, how in times.items() if how == "auto"), None)
     if time_field is None and pattern.each:  # a time the message gives all its devices
-        time_field = next((k for k, vs in _top(pattern.samples, pattern.each).items()
-                           if k not in used and time_of(k, vs, now) == "auto"), None)
+        time_field = next(
+            (
+                k
+                for k, vs in _top(pattern.samples, pattern.each).items()
+                if k not in used and time_of(k, vs, now) == "auto"
+            ),
+            None,
+        )
     out: list[str] = []
     if arrays:
         out.append(f"# NOTE: arrays cannot be stored: dropped ({', '.join(arrays)})")
     if local:
-        out.append(f"# NOTE: {', '.join(local)}: a local time without offset, dropped (the "
-                   "arrival time is used); to use it add [rule.time] with field = "
-                   f'{quote(local[0])}, format = "local", zone = "<the devices\' zone>"')
+        out.append(
+            f"# NOTE: {', '.join(local)}: a local time without offset, dropped (the "
+            "arrival time is used); to use it add [rule.time] with field = "
+            f'{quote(local[0])}, format = "local", zone = "<the devices\' zone>"'
+        )
     drop = sorted({*arrays, *local, *pattern.drop})
     if drop:
         out.append(f"drop = [{', '.join(quote(k) for k in drop)}]")
-    onoff = {v for vs in fields.values() for v in vs
-             if type(v) is str and v.lower() in {"on", "off"}}
+    onoff = {
+        v for vs in fields.values() for v in vs if type(v) is str and v.lower() in {"on", "off"}
+    }
     rename = _renames([k for k in fields if k not in {*used, *drop, time_field}], fields)
     names = f"{', '.join(rename)} {'is a name' if len(rename) == 1 else 'are names'}"
-    tables = [(f"# NOTE: {names} the daemon keeps for itself: stored as "
-               f"{', '.join(rename.values())} (any other valid name will do)")] if rename else []
+    tables = (
+        [
+            (
+                f"# NOTE: {names} the daemon keeps for itself: stored as "
+                f"{', '.join(rename.values())} (any other valid name will do)"
+            )
+        ]
+        if rename
+        else []
+    )
     tables += _table("rename", rename) + _values_table(onoff, pattern.values)
     if time_field is not None:
         tables += ["[rule.time]", f"field = {quote(time_field)}", 'format = "auto"']

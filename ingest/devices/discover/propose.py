@@ -66,8 +66,12 @@ def _homie_domains(messages: list[Captured], known: Known) -> list[Pattern]:
             devices.setdefault(root, []).append(prefix)
     out = []
     for root, prefixes in devices.items():
-        topics = {m.topic for m in messages if m.topic.startswith(f"{root}/$") or any(
-            m.topic.startswith(f"{prefix}/") for prefix in prefixes)}
+        topics = {
+            m.topic
+            for m in messages
+            if m.topic.startswith(f"{root}/$")
+            or any(m.topic.startswith(f"{prefix}/") for prefix in prefixes)
+        }
         if not topics:
             continue
         pattern = Pattern([root, "#"], "homie", topics)
@@ -76,7 +80,8 @@ def _homie_domains(messages: list[Captured], known: Known) -> list[Pattern]:
             f"Homie devices under {root}/ (a domain of their own, {len(names)} device(s): "
             f"{', '.join(names[:3])}): the homie format reads them as --preset homie "
             "reads homie/: sensor id the device id, measurement <node>_<property>, typed by "
-            "its $datatype, with its $unit; attributes are state, never readings")
+            "its $datatype, with its $unit; attributes are state, never readings"
+        )
         out.append(pattern)
     return out
 
@@ -102,19 +107,26 @@ def _describe_conventions(pattern: Pattern, known: Known) -> None:
     configs = any(t.endswith("/config") for t in pattern.topics)
     if configs and pattern.kind == "ignore" and known.configs:
         described = len({e.state_topic for es in known.entities.values() for e in es})
-        pattern.notes.append(f"Home Assistant MQTT discovery: {known.configs} config(s) "
-                             f"describe {described} state topic(s); their units and names "
-                             "are in the rules for those topics")
+        pattern.notes.append(
+            f"Home Assistant MQTT discovery: {known.configs} config(s) "
+            f"describe {described} state topic(s); their units and names "
+            "are in the rules for those topics"
+        )
     attributes = sorted({label for t in pattern.topics for label in known.attributes.get(t, [])})
     if attributes and pattern.kind != "ignore":
-        pattern.notes.append("Home Assistant reads these as attributes of "
-                             f"{', '.join(attributes[:3])}: descriptive text (names, "
-                             "addresses) is stored as text values; drop what is no reading")
-    computed = sorted({e.template for t in pattern.topics for e in known.entities.get(t, [])
-                       if e.template})
+        pattern.notes.append(
+            "Home Assistant reads these as attributes of "
+            f"{', '.join(attributes[:3])}: descriptive text (names, "
+            "addresses) is stored as text values; drop what is no reading"
+        )
+    computed = sorted(
+        {e.template for t in pattern.topics for e in known.entities.get(t, []) if e.template}
+    )
     if computed:
-        pattern.notes.append(f"Home Assistant computes the value with {computed[0]}: stored "
-                             "as published, not as computed")
+        pattern.notes.append(
+            f"Home Assistant computes the value with {computed[0]}: stored "
+            "as published, not as computed"
+        )
 
 
 def _home_assistant_device(pattern: Pattern, known: Known) -> None:
@@ -131,10 +143,13 @@ def _home_assistant_device(pattern: Pattern, known: Known) -> None:
     levels = sorted({t.split("/")[index] for t in pattern.topics})
     pattern.levels[index] = literal(levels[0]) if len(levels) == 1 else "+"
     pattern.sensor_id = [_braces(device)]
-    pattern.notes = [n for n in pattern.notes if not n.startswith(("one device seen",
-                                                                   "the level taken"))]
-    pattern.notes.append(f"Home Assistant's discovery configs name the device {device!r} "
-                         f"for these topics (topic level {levels[0]!r}): the sensor id")
+    pattern.notes = [
+        n for n in pattern.notes if not n.startswith(("one device seen", "the level taken"))
+    ]
+    pattern.notes.append(
+        f"Home Assistant's discovery configs name the device {device!r} "
+        f"for these topics (topic level {levels[0]!r}): the sensor id"
+    )
 
 
 def _render(template: str, captures: dict[str, str]) -> str:
@@ -154,8 +169,13 @@ def _value_units(pattern: Pattern, known: Known) -> list[Pattern]:
         entities = [e for e in known.entities.get(topic, []) if e.path is None]
         unit = _unit(topic, known, entities)
         alone_ok = all(literal(lv) == lv for lv in topic.split("/"))
-        if entities and alone_ok and (name.lower() in GENERIC_LAST or (
-                name in units and unit and unit not in units[name])):
+        if (
+            entities
+            and alone_ok
+            and (
+                name.lower() in GENERIC_LAST or (name in units and unit and unit not in units[name])
+            )
+        ):
             alone.append(_entity_pattern(pattern, topic, entities[0]))
             continue
         if unit:
@@ -182,12 +202,21 @@ def _entity_pattern(whole: Pattern, topic: str, entity: Entity) -> Pattern:
     """One Home Assistant entity's state topic as a rule: its device, its name, its unit."""
     device = entity.device or whole.captures(topic).get("sensor_id") or entity.label
     name = safe(entity.device_class or entity.label)
-    part = Pattern(topic.split("/"), "value", {topic}, {topic: whole.payloads.get(topic, [])},
-                   _braces(name), sensor_id=[_braces(device)], values=_onoff(entity))
+    part = Pattern(
+        topic.split("/"),
+        "value",
+        {topic},
+        {topic: whole.payloads.get(topic, [])},
+        _braces(name),
+        sensor_id=[_braces(device)],
+        values=_onoff(entity),
+    )
     if entity.unit:
         part.units[name] = entity.unit
-    part.notes.append(f"Home Assistant entity {entity.label!r} ({entity.component}, "
-                      f"{entity.config_topic}): device {device!r}, measurement {name!r}")
+    part.notes.append(
+        f"Home Assistant entity {entity.label!r} ({entity.component}, "
+        f"{entity.config_topic}): device {device!r}, measurement {name!r}"
+    )
     return part
 
 
@@ -204,8 +233,10 @@ def _json_units(pattern: Pattern, known: Known) -> None:
     pattern.units = _single(units)
     clashes = sorted(m for m, us in units.items() if len(us) > 1)
     if clashes:
-        pattern.notes.append(f"Home Assistant gives {', '.join(clashes)} different units on "
-                             "different topics: left without a unit")
+        pattern.notes.append(
+            f"Home Assistant gives {', '.join(clashes)} different units on "
+            "different topics: left without a unit"
+        )
 
 
 def _payload_identity(pattern: Pattern) -> None:
@@ -219,8 +250,9 @@ def _payload_identity(pattern: Pattern) -> None:
     if found is None:
         return
     pattern.sensor_id = found.templates
-    pattern.notes = [n for n in pattern.notes if not n.startswith(("one device seen",
-                                                                   "the level taken"))]
+    pattern.notes = [
+        n for n in pattern.notes if not n.startswith(("one device seen", "the level taken"))
+    ]
     fields = ", ".join(found.fields)
     if where is not None:
         _listed(pattern, index, devices, where, found)
@@ -230,36 +262,43 @@ def _payload_identity(pattern: Pattern) -> None:
             f"one topic carries several devices ({found.shared[0]}): the topic level "
             f"{devices[0]!r} is a gateway or a kind of message, not the device; the sensor "
             f"id comes from the payload's {fields} (e.g. {found.example!r}), the fields "
-            "it uses are not stored as values")
+            "it uses are not stored as values"
+        )
     else:
         pattern.levels[index] = literal(devices[0]) if len(devices) == 1 else "+"
         pattern.notes.append(
             f"the payload names its device ({fields}): the sensor id comes from there (e.g. "
-            f"{found.example!r}) rather than the topic level ({devices[0]!r}, ...)")
+            f"{found.example!r}) rather than the topic level ({devices[0]!r}, ...)"
+        )
     for name in found.info:
         pattern.tags[name] = f"{{{name}}}"
         pattern.info.append(name)
-    numbers = [k for k, vs in field_values(pattern.samples, pattern.each).items()
-               if k not in {*found.fields, *pattern.drop}
-               and any(type(v) in {int, float} for v in vs)]
+    numbers = [
+        k
+        for k, vs in field_values(pattern.samples, pattern.each).items()
+        if k not in {*found.fields, *pattern.drop} and any(type(v) in {int, float} for v in vs)
+    ]
     if where is not None:
         _named_units(pattern, numbers)
     elif "model" in found.fields or "model" in found.info:  # rtl_433's data format
         units = suffix_units(numbers)
         if units:
             pattern.units.update(units)
-            pattern.notes.append("units from the field names (rtl_433's <Type>_<Unit>: "
-                                 "temperature_C is °C)")
+            pattern.notes.append(
+                "units from the field names (rtl_433's <Type>_<Unit>: temperature_C is °C)"
+            )
     text = descriptive(pattern.payloads, found, where)
     if text:
         pattern.notes.append(
             f"text that never changes for a device ({', '.join(text[:4])}) is stored as a "
             f"value with every reading; to keep it as descriptive info instead add "
-            f'[rule.tags] {text[0]} = "{{{text[0]}}}" and info = [{quote(text[0])}]')
+            f'[rule.tags] {text[0]} = "{{{text[0]}}}" and info = [{quote(text[0])}]'
+        )
 
 
-def _listed(pattern: Pattern, index: int, devices: list[str], where: Container,
-            found: Identity) -> None:
+def _listed(
+    pattern: Pattern, index: int, devices: list[str], where: Container, found: Identity
+) -> None:
     """A message that lists several devices: one reading each.
 
     The topic level is the gateway that sent them, kept as info rather than the device.
@@ -270,14 +309,18 @@ def _listed(pattern: Pattern, index: int, devices: list[str], where: Container,
     if where.keyed:
         at = f"in the object {where.each!r}, a member each"
     count = "one in each message" if where.most == 1 else f"up to {where.most} in one"
-    how = (f"the member's name is the sensor id ({{_key}}, e.g. {found.example!r})"
-           if where.keyed else f"the sensor id comes from their {', '.join(found.fields)} "
-           f"(e.g. {found.example!r}; not stored as values)")
+    how = (
+        f"the member's name is the sensor id ({{_key}}, e.g. {found.example!r})"
+        if where.keyed
+        else f"the sensor id comes from their {', '.join(found.fields)} "
+        f"(e.g. {found.example!r}; not stored as values)"
+    )
     echo = f"; {', '.join(where.echo)} repeats it: dropped" if where.keyed and where.echo else ""
     pattern.notes.append(
         f"messages list the devices they carry ({count}, {at}): "
         f"{'each makes' if where.each else 'the rule makes'} a reading of every one; "
-        f"{how}{echo}")
+        f"{how}{echo}"
+    )
     if len(devices) == 1 and device_score(devices[0], index) <= KIND:
         pattern.levels[index] = literal(devices[0])  # a kind of message (events), no gateway
         return
@@ -288,7 +331,8 @@ def _listed(pattern: Pattern, index: int, devices: list[str], where: Container,
     pattern.notes.append(
         f"the topic level ({seen}) names the gateway that sent them, not a device: the "
         f"capture {{{name}}} is stored as info with each reading (info = [{quote(name)}]), "
-        "not part of the sensor id or the series")
+        "not part of the sensor id or the series"
+    )
 
 
 def _named_units(pattern: Pattern, numbers: list[str]) -> None:
@@ -303,9 +347,11 @@ def _named_units(pattern: Pattern, numbers: list[str]) -> None:
     notes = [f"units from the field names ({given})"] if units else []
     if bare:
         one = len(bare) == 1
-        notes.append(f"{', '.join(bare[:6])} {'has' if one else 'have'} no unit: "
-                     f"{'its name does' if one else 'their names do'} not say which (add "
-                     f"{'it' if one else 'them'} under [rule.units], by the stored name)")
+        notes.append(
+            f"{', '.join(bare[:6])} {'has' if one else 'have'} no unit: "
+            f"{'its name does' if one else 'their names do'} not say which (add "
+            f"{'it' if one else 'them'} under [rule.units], by the stored name)"
+        )
     if notes:
         pattern.notes.append("; ".join(notes))
 
@@ -334,5 +380,9 @@ def _node_level(pattern: Pattern) -> None:
     pattern.notes.append(
         f"{shared[0]!r} appears under several devices ({', '.join(where[:3])}): it names a "
         "part of a device (a node, a channel), so the level before it is the sensor id and "
-        + ("this level is part of the measurement name" if pattern.kind == "value"
-           else f"this level is the tag {node!r}"))
+        + (
+            "this level is part of the measurement name"
+            if pattern.kind == "value"
+            else f"this level is the tag {node!r}"
+        )
+    )

@@ -73,10 +73,16 @@ def _order(pattern: Pattern) -> list[int]:
     Never a last ``#``: a Homie domain's rule takes its whole tree.
     """
     levels = pattern.levels
-    others = [i for i, lv in enumerate(levels)
-              if _wild(lv) and lv not in {"{sensor_id}", "{measurement}", "#"}]
-    return [*others, *(i for i, lv in enumerate(levels) if lv == "{measurement}"),
-            *(i for i, lv in enumerate(levels) if lv == "{sensor_id}")]
+    others = [
+        i
+        for i, lv in enumerate(levels)
+        if _wild(lv) and lv not in {"{sensor_id}", "{measurement}", "#"}
+    ]
+    return [
+        *others,
+        *(i for i, lv in enumerate(levels) if lv == "{measurement}"),
+        *(i for i, lv in enumerate(levels) if lv == "{sensor_id}"),
+    ]
 
 
 def split(pattern: Pattern, index: int) -> list[Pattern]:
@@ -92,8 +98,7 @@ def split(pattern: Pattern, index: int) -> list[Pattern]:
     return out
 
 
-def separate(patterns: list[Pattern], presets: Sequence[Rule], taken: set[str]
-             ) -> list[Pattern]:
+def separate(patterns: list[Pattern], presets: Sequence[Rule], taken: set[str]) -> list[Pattern]:
     """The patterns narrowed until none takes a captured topic that is not its own.
 
     ``taken``: the captured topics the presets' rules take. The result is in rule order
@@ -111,16 +116,20 @@ def separate(patterns: list[Pattern], presets: Sequence[Rule], taken: set[str]
                     stolen.setdefault(first, set()).add(topic)
         if not stolen:
             break
-        out = [q for i, p in enumerate(out) for q in (
-            Separator(presets, taken | stolen[i], []).separate(p) if i in stolen else [p])]
+        out = [
+            q
+            for i, p in enumerate(out)
+            for q in (Separator(presets, taken | stolen[i], []).separate(p) if i in stolen else [p])
+        ]
     return sorted(out, key=order)
 
 
 class Separator:
     """Splits a proposed pattern away from the topics and filters of other rules."""
 
-    def __init__(self, presets: Sequence[Rule], taken: set[str],
-                 proposals: Sequence[Pattern]) -> None:
+    def __init__(
+        self, presets: Sequence[Rule], taken: set[str], proposals: Sequence[Pattern]
+    ) -> None:
         self.filters = [(r.subscription.split("/"), r) for r in presets]
         self.taken = taken
         self.proposals = proposals
@@ -128,8 +137,10 @@ class Separator:
     def _hard(self, pattern: Pattern) -> list[str]:
         """Captured topics it would take from a preset or from a proposal tried after it."""
         later = {t for p in self.proposals if order(p) >= order(pattern) for t in p.topics}
-        return [t for t in self.taken | later if t not in pattern.topics
-                and matches(pattern.levels, t)]
+        return [
+            t for t in self.taken | later if t not in pattern.topics and matches(pattern.levels, t)
+        ]
+
     def _soft(self, pattern: Pattern) -> list[tuple[Rule, str]]:
         out = []
         for levels, rule in self.filters:
@@ -144,8 +155,9 @@ class Separator:
         if not hard and not soft:
             return [pattern]
         tries = [(i, split(pattern, i)) for i in _order(pattern)]
-        tries = [(i, parts) for i, parts in tries if len(parts) > 1 or
-                 parts[0].levels != pattern.levels]
+        tries = [
+            (i, parts) for i, parts in tries if len(parts) > 1 or parts[0].levels != pattern.levels
+        ]
         for i, parts in tries:
             cheap = pattern.levels[i] != "{sensor_id}" and len(parts) <= MAX_SPLIT
             if cheap and not any(self._hard(p) or self._soft(p) for p in parts):
@@ -153,18 +165,24 @@ class Separator:
         if hard:
             for _, parts in tries:
                 if sum(len(self._hard(p)) for p in parts) < len(hard):
-                    return [q for p in parts for q in self.separate(
-                        self._explain(p, pattern, soft))]
+                    return [
+                        q for p in parts for q in self.separate(self._explain(p, pattern, soft))
+                    ]
         self._note(pattern, soft)
         return [pattern]
 
     def _explain(self, part: Pattern, whole: Pattern, soft: list[tuple[Rule, str]]) -> Pattern:
-        if soft and part.levels != whole.levels and not any(
-                n.startswith("narrowed from") for n in part.notes):
+        if (
+            soft
+            and part.levels != whole.levels
+            and not any(n.startswith("narrowed from") for n in part.notes)
+        ):
             names = sorted({r.source.removeprefix("--") for r, _ in soft})
-            part.notes.append(f"narrowed from {'/'.join(whole.levels)}, which would also "
-                              f"take topics of {', '.join(names)} (this file's rules are "
-                              "tried first)")
+            part.notes.append(
+                f"narrowed from {'/'.join(whole.levels)}, which would also "
+                f"take topics of {', '.join(names)} (this file's rules are "
+                "tried first)"
+            )
         return part
 
     def _note(self, pattern: Pattern, soft: list[tuple[Rule, str]]) -> None:
@@ -177,4 +195,5 @@ class Separator:
                 f"a topic such as {topic} would match this rule before {source}'s rule "
                 f"{rule.name} ({rule.subscription})"
                 + (f" and {more} more of its rules" if more else "")
-                + "; none was captured")
+                + "; none was captured"
+            )

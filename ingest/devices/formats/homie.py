@@ -48,13 +48,22 @@ if TYPE_CHECKING:
     from ingest.devices.rules import Rule
 
 V5 = "5"  # the level after the domain that marks Homie 5 (the spec reserves it)
-DATATYPES = ("integer", "float", "boolean", "string", "enum", "color", "datetime",
-             "duration", "json")
+DATATYPES = (
+    "integer",
+    "float",
+    "boolean",
+    "string",
+    "enum",
+    "color",
+    "datetime",
+    "duration",
+    "json",
+)
 # The Homie 4 property attributes this format uses; every other attribute is ignored.
 ATTRIBUTES = ("$datatype", "$unit", "$format")
 DESCRIPTION = "$description"
 REASONS: tuple[str, ...] = (
-    "bad_topic",    # not a Homie topic (e.g. an id with '.' or spaces, a level too many)
+    "bad_topic",  # not a Homie topic (e.g. an id with '.' or spaces, a level too many)
     "no_datatype",  # a value whose property's datatype is not known (yet)
 )
 KINDS = ("value", "attribute", "cleared")  # messages counted (see Counts)
@@ -73,8 +82,10 @@ _INTEGER = re.compile(r"-?[0-9]+")
 _FLOAT = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 _NUMBER = r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
 _COLOR = re.compile(rf"(?:(?:rgb|hsv),)?{_NUMBER},{_NUMBER},{_NUMBER}|xyz,{_NUMBER},{_NUMBER}")
-_DURATION = re.compile(r"P(?=[0-9.]|T[0-9.])(?:[0-9]+Y)?(?:[0-9]+M)?(?:[0-9]+W)?(?:[0-9]+D)?"
-                       r"(?:T(?=[0-9.])(?:[0-9]+H)?(?:[0-9]+M)?(?:[0-9]+(?:\.[0-9]+)?S)?)?")
+_DURATION = re.compile(
+    r"P(?=[0-9.]|T[0-9.])(?:[0-9]+Y)?(?:[0-9]+M)?(?:[0-9]+W)?(?:[0-9]+D)?"
+    r"(?:T(?=[0-9.])(?:[0-9]+H)?(?:[0-9]+M)?(?:[0-9]+(?:\.[0-9]+)?S)?)?"
+)
 _INT64 = 2**63
 
 
@@ -125,13 +136,18 @@ def topic_of(topic: str) -> Topic:
     device = levels[base]
     if not _ID.fullmatch(device):
         return _BAD
-    key = "/".join(levels[:base + 1])
-    rest = levels[base + 1:]
+    key = "/".join(levels[: base + 1])
+    rest = levels[base + 1 :]
     if any(level.startswith("$") for level in rest):
         if version == 5 and rest == [DESCRIPTION]:
             return Topic("attribute", key, device, 5, attribute=DESCRIPTION)
-        if (version == 4 and len(rest) == 3 and rest[2] in ATTRIBUTES
-                and _PART.fullmatch(rest[0]) and _PART.fullmatch(rest[1])):
+        if (
+            version == 4
+            and len(rest) == 3
+            and rest[2] in ATTRIBUTES
+            and _PART.fullmatch(rest[0])
+            and _PART.fullmatch(rest[1])
+        ):
             return Topic("attribute", key, device, 4, rest[0], rest[1], rest[2])
         return _IGNORED  # $state, $name, $target, $log/..., $alert/..., $stats/...
     if len(rest) == 3 and rest[2] == "set":
@@ -215,27 +231,43 @@ def description_of(topic: Topic, payload: bytes) -> Description:
     except orjson.JSONDecodeError:
         return Description(topic, {}, None, (Rejection("invalid_json", f"{where}: not JSON"),))
     if type(doc) is not dict:
-        return Description(topic, {}, None, (Rejection(
-            "bad_shape", f"{where}: not a JSON object"),))
+        return Description(
+            topic, {}, None, (Rejection("bad_shape", f"{where}: not a JSON object"),)
+        )
     version = doc.get("version")
     props: dict[str, Prop] = {}
     problems: list[Rejection] = []
     nodes = doc.get("nodes", {})
-    for node_id, node in (nodes.items() if type(nodes) is dict else ()):
+    for node_id, node in nodes.items() if type(nodes) is dict else ():
         declared = node.get("properties", {}) if type(node) is dict else None
         if type(declared) is not dict or not _PART.fullmatch(node_id):
-            problems.append(Rejection("bad_value", f"{where}: node {node_id[:60]!r} "
-                                                   "is not a Homie node (ignored)"))
+            problems.append(
+                Rejection(
+                    "bad_value", f"{where}: node {node_id[:60]!r} is not a Homie node (ignored)"
+                )
+            )
             continue
         for prop_id, prop in declared.items():
             found = _declared(prop_id, prop)
             if isinstance(found, str):
-                problems.append(Rejection("bad_value", f"{where}: property "
-                                          f"{node_id[:40]}/{prop_id[:40]}: {found} (ignored)"))
+                problems.append(
+                    Rejection(
+                        "bad_value",
+                        f"{where}: property {node_id[:40]}/{prop_id[:40]}: {found} (ignored)",
+                    )
+                )
                 continue
             if len(props) >= MAX_PROPERTIES:
-                return Description(topic, {}, None, (Rejection(
-                    "too_many_readings", f"{where}: more than {MAX_PROPERTIES} properties"),))
+                return Description(
+                    topic,
+                    {},
+                    None,
+                    (
+                        Rejection(
+                            "too_many_readings", f"{where}: more than {MAX_PROPERTIES} properties"
+                        ),
+                    ),
+                )
             props[f"{node_id}/{prop_id}"] = found
     known = type(version) is int and -_INT64 <= version < _INT64  # what BSON can hold
     return Description(topic, props, version if known else None, tuple(problems))
@@ -245,8 +277,11 @@ def _declared(prop_id: str, prop: object) -> Prop | str:
     """A property object of a description, or why it cannot be used."""
     if not _PART.fullmatch(prop_id) or type(prop) is not dict:
         return "not a Homie property"
-    attrs = {"datatype": prop.get("datatype"), "unit": prop.get("unit"),
-             "format": prop.get("format")}
+    attrs = {
+        "datatype": prop.get("datatype"),
+        "unit": prop.get("unit"),
+        "format": prop.get("format"),
+    }
     for name, value in attrs.items():
         if value is not None and type(value) is not str:
             return f"{name} is not a string"
@@ -322,8 +357,11 @@ class HomieState:
         elif path in held.props or len(held.props) < MAX_PROPERTIES:
             held.props[path] = prop
         else:
-            return [Rejection("too_many_readings", f"{key[:120]}: more than "
-                                                   f"{MAX_PROPERTIES} properties")]
+            return [
+                Rejection(
+                    "too_many_readings", f"{key[:120]}: more than {MAX_PROPERTIES} properties"
+                )
+            ]
         return [] if change.problem is None else [change.problem]
 
     def parse(self, topic_name: str, payload: bytes, limits: Limits) -> Parsed:
@@ -372,10 +410,11 @@ def measurement_name(node: str, prop: str) -> str:
 def _unknown(topic: Topic) -> str:
     """The detail of a value refused for want of its datatype."""
     if topic.version == 5:
-        return (f"no $description of {topic.key[:120]!r} declares {topic.path[:120]} "
-                "(types are not guessed)")
-    return (f"no $datatype of {topic.key[:120]}/{topic.path[:120]} seen "
-            "(types are not guessed)")
+        return (
+            f"no $description of {topic.key[:120]!r} declares {topic.path[:120]} "
+            "(types are not guessed)"
+        )
+    return f"no $datatype of {topic.key[:120]}/{topic.path[:120]} seen (types are not guessed)"
 
 
 def _set(prop: Prop | None, attribute: str, value: str | None) -> Prop | None:
@@ -472,8 +511,12 @@ def meet(a: Sequence[str], b: Sequence[str]) -> list[str] | None:
 def _pieces(levels: list[str], domain: str, shared: bool) -> list[tuple[str, bool]]:
     """What of one filter a Homie rule needs: (filter, every daemon needs it)."""
     found: list[tuple[str, bool]] = []
-    groups = ((_V4_ATTRIBUTES, True, 4), (_V5_ATTRIBUTES, True, 5), (_V4_VALUES, False, 4),
-              (_V5_VALUES, False, 5))
+    groups = (
+        (_V4_ATTRIBUTES, True, 4),
+        (_V5_ATTRIBUTES, True, 5),
+        (_V4_VALUES, False, 4),
+        (_V5_VALUES, False, 5),
+    )
     for shapes, every, version in groups:
         for shape in shapes:
             piece = meet(levels, [domain if level == "D" else level for level in shape])
@@ -481,15 +524,20 @@ def _pieces(levels: list[str], domain: str, shared: bool) -> list[tuple[str, boo
                 continue  # the level after the domain is 5: Homie 5's, not a v4 device's
             found.append(("/".join(piece), every))
     if not shared:  # alone, a piece another one covers comes through that one
-        split = [(f, every) for f, every in found
-                 if not any(g != f and meet(g.split("/"), f.split("/")) == f.split("/")
-                            for g, _ in found)]
+        split = [
+            (f, every)
+            for f, every in found
+            if not any(
+                g != f and meet(g.split("/"), f.split("/")) == f.split("/") for g, _ in found
+            )
+        ]
         found = split
     return found
 
 
-def subscriptions(topics: Sequence[str], rules: Sequence[Rule], shared: bool
-                  ) -> list[tuple[str, bool]]:
+def subscriptions(
+    topics: Sequence[str], rules: Sequence[Rule], shared: bool
+) -> list[tuple[str, bool]]:
     """``topics`` as subscribed, each with whether every daemon of a group must receive it.
 
     A filter that a ``homie`` rule takes (no earlier rule of another format shares its
@@ -511,8 +559,7 @@ def subscriptions(topics: Sequence[str], rules: Sequence[Rule], shared: bool
         levels = topic.split("/")
         owner = _owner(levels, rules)
         if owner is None:
-            first.extend((piece, True) for piece in _attributes_apart(topic, levels, rules,
-                                                                      shared))
+            first.extend((piece, True) for piece in _attributes_apart(topic, levels, rules, shared))
             rest.append((topic, False))
             continue
         for piece, every in _pieces(levels, _domain(owner), shared):
@@ -537,8 +584,9 @@ def _owner(levels: list[str], rules: Sequence[Rule]) -> Rule | None:
     return None
 
 
-def _attributes_apart(topic: str, levels: list[str], rules: Sequence[Rule], shared: bool
-                      ) -> list[str]:
+def _attributes_apart(
+    topic: str, levels: list[str], rules: Sequence[Rule], shared: bool
+) -> list[str]:
     """The Homie rules' attribute topics under a filter kept whole, to subscribe apart.
 
     Only attribute topics a Homie rule takes entirely: a piece that an earlier rule of
@@ -552,8 +600,7 @@ def _attributes_apart(topic: str, levels: list[str], rules: Sequence[Rule], shar
         theirs = rule.subscription.split("/")
         for version, shapes in ((4, _V4_ATTRIBUTES), (5, _V5_ATTRIBUTES)):
             for shape in shapes:
-                mine = meet(theirs, [_domain(rule) if level == "D" else level
-                                     for level in shape])
+                mine = meet(theirs, [_domain(rule) if level == "D" else level for level in shape])
                 piece = None if mine is None else meet(levels, mine)
                 if piece is None or (version == 4 and piece[1] == V5):
                     continue  # the level after the domain is 5: Homie 5's
@@ -565,5 +612,6 @@ def _attributes_apart(topic: str, levels: list[str], rules: Sequence[Rule], shar
                         f"{rule.name!r} that an earlier rule of another format shares, "
                         "while every daemon of a shared group must receive them on their "
                         "own subscription; narrow the filters so that rule's topics "
-                        "leave the Homie rule's attribute topics alone")
+                        "leave the Homie rule's attribute topics alone"
+                    )
     return out

@@ -31,8 +31,9 @@ def parse(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) 
     text = text_of(payload)
     if text is None:
         return refused("invalid_utf8", "payload is not UTF-8")
-    lines = [line for line in text.split("\n") if line.strip() and not
-             line.lstrip().startswith("#")]
+    lines = [
+        line for line in text.split("\n") if line.strip() and not line.lstrip().startswith("#")
+    ]
     if not lines:
         return refused("no_readings", "no line protocol lines")
     if len(lines) > limits.max_readings:
@@ -42,8 +43,7 @@ def parse(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) 
     for index, line in enumerate(lines):
         item = _line(line.rstrip("\r"), rule, captures)
         if isinstance(item, Rejection):
-            out.rejections.append(Rejection(item.reason, item.detail,
-                                            index if several else None))
+            out.rejections.append(Rejection(item.reason, item.detail, index if several else None))
         else:
             out.items.append(item._replace(position=index) if several else item)
     return out
@@ -78,9 +78,9 @@ def _line(line: str, rule: Rule, captures: dict[str, str]) -> Item | Rejection:
         context["field"] = key
         name = template.render(context)
         if name is None:
-            problems.append(Rejection("bad_field_name", f"{key[:60]}: the measurement "
-                                                        "template has no value"))
+            problems.append(
+                Rejection("bad_field_name", f"{key[:60]}: the measurement template has no value")
+            )
             continue
         fields[name] = value
-    return Item(fields, point["time"], None, host, tags or None, None, context,
-                problems or None)
+    return Item(fields, point["time"], None, host, tags or None, None, context, problems or None)

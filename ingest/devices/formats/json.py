@@ -53,31 +53,54 @@ def parse_py(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limit
         if len(objects) > limits.max_readings:
             return refused("too_many_readings", f"{len(objects)} readings > {limits.max_readings}")
     else:
-        return refused("bad_shape", f"expected a JSON object or an array of objects, got "
-                                    f"{type(doc).__name__}")
+        return refused(
+            "bad_shape", f"expected a JSON object or an array of objects, got {type(doc).__name__}"
+        )
     if rule.paths:
         return _parse_paths(objects, rule, captures, limits)
     out = Parsed([], [])
     several = len(objects) > 1
     for index, obj in enumerate(objects):
         if type(obj) is not dict:
-            out.rejections.append(Rejection(
-                "bad_shape", f"a reading must be an object, got {type(obj).__name__}",
-                index if several else None))
+            out.rejections.append(
+                Rejection(
+                    "bad_shape",
+                    f"a reading must be an object, got {type(obj).__name__}",
+                    index if several else None,
+                )
+            )
             continue
         fields: dict[str, object] = {}
         problems: list[Rejection] = []
         try:
             _flatten(obj, "", rule.flatten, fields, problems, 1)
         except _TooMany:
-            out.rejections.append(Rejection(
-                "bad_shape", f"more than {MAX_FIELDS} fields in one reading",
-                index if several else None))
+            out.rejections.append(
+                Rejection(
+                    "bad_shape",
+                    f"more than {MAX_FIELDS} fields in one reading",
+                    index if several else None,
+                )
+            )
             continue
         ts = fields.pop(rule.time_flat, None) if rule.time_flat is not None else None
         # Positional, through tuple.__new__: the NamedTuple's keyword handling is slow.
-        out.items.append(_new(Item, (fields, ts, None, None, None, None, None,
-                                     problems or None, index if several else None)))
+        out.items.append(
+            _new(
+                Item,
+                (
+                    fields,
+                    ts,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    problems or None,
+                    index if several else None,
+                ),
+            )
+        )
     return out
 
 
@@ -95,8 +118,7 @@ def walk(obj: object, path: tuple[str, ...]) -> object:
 ABSENT = object()  # what walk() gives for a path the payload does not have
 
 
-def _readings(doc: dict[str, object], rule: Rule
-              ) -> list[tuple[object, str | None]] | Rejection:
+def _readings(doc: dict[str, object], rule: Rule) -> list[tuple[object, str | None]] | Rejection:
     """The objects of one payload object that are readings, with their ``{_key}``."""
     if rule.root is not None:
         obj = walk(doc, rule.root)
@@ -112,8 +134,10 @@ def _readings(doc: dict[str, object], rule: Rule
         return [(obj, None) for obj in inner]
     if type(inner) is dict:
         return [(obj, key) for key, obj in inner.items()]
-    return Rejection("bad_shape", f"{'.'.join(rule.each)}: expected an array or an object, "
-                                  f"got {type(inner).__name__}")
+    return Rejection(
+        "bad_shape",
+        f"{'.'.join(rule.each)}: expected an array or an object, got {type(inner).__name__}",
+    )
 
 
 def template_text(value: object) -> str | None:
@@ -129,21 +153,27 @@ def template_text(value: object) -> str | None:
     return None
 
 
-def _parse_paths(objects: list[object], rule: Rule, captures: dict[str, str],
-                 limits: Limits) -> Parsed:
+def _parse_paths(
+    objects: list[object], rule: Rule, captures: dict[str, str], limits: Limits
+) -> Parsed:
     """:func:`parse` for rules with ``root``, ``each``, payload variables or a time path."""
     out = Parsed([], [])
     found: list[tuple[object, str | None, dict[str, object]]] = []
     for index, top in enumerate(objects):
         if type(top) is not dict:
-            out.rejections.append(Rejection(
-                "bad_shape", f"a reading must be an object, got {type(top).__name__}",
-                index if len(objects) > 1 else None))
+            out.rejections.append(
+                Rejection(
+                    "bad_shape",
+                    f"a reading must be an object, got {type(top).__name__}",
+                    index if len(objects) > 1 else None,
+                )
+            )
             continue
         readings = _readings(top, rule)
         if type(readings) is Rejection:
-            out.rejections.append(Rejection(readings.reason, readings.detail,
-                                            index if len(objects) > 1 else None))
+            out.rejections.append(
+                Rejection(readings.reason, readings.detail, index if len(objects) > 1 else None)
+            )
             continue
         found.extend((obj, key, top) for obj, key in readings)  # type: ignore[union-attr]
     if len(found) > limits.max_readings:
@@ -153,17 +183,20 @@ def _parse_paths(objects: list[object], rule: Rule, captures: dict[str, str],
     for index, (obj, key, top) in enumerate(found):
         position = index if several else None
         if type(obj) is not dict:
-            out.rejections.append(Rejection(
-                "bad_shape", f"a reading must be an object, got {type(obj).__name__}",
-                position))
+            out.rejections.append(
+                Rejection(
+                    "bad_shape", f"a reading must be an object, got {type(obj).__name__}", position
+                )
+            )
             continue
         fields: dict[str, object] = {}
         problems: list[Rejection] = []
         try:
             _flatten(obj, "", sep, fields, problems, 1)
         except _TooMany:
-            out.rejections.append(Rejection(
-                "bad_shape", f"more than {MAX_FIELDS} fields in one reading", position))
+            out.rejections.append(
+                Rejection("bad_shape", f"more than {MAX_FIELDS} fields in one reading", position)
+            )
             continue
         ts: object = None
         if rule.time_path is not None:
@@ -187,19 +220,27 @@ def _parse_paths(objects: list[object], rule: Rule, captures: dict[str, str],
                 text = template_text(value)
                 if text is not None:
                     context[name] = text
-        out.items.append(_new(Item, (fields, ts, None, None, None, None, context,
-                                     problems or None, position)))
+        out.items.append(
+            _new(Item, (fields, ts, None, None, None, None, context, problems or None, position))
+        )
     return out
 
 
-def _flatten(obj: dict[str, object], prefix: str, sep: str, out: dict[str, object],
-             problems: list[Rejection], depth: int) -> None:
+def _flatten(
+    obj: dict[str, object],
+    prefix: str,
+    sep: str,
+    out: dict[str, object],
+    problems: list[Rejection],
+    depth: int,
+) -> None:
     for key, value in obj.items():
         name = prefix + key if prefix else key
         if type(value) is dict:
             if depth >= MAX_DEPTH:
-                problems.append(Rejection("bad_value", f"{name[:80]}: nested deeper than "
-                                                       f"{MAX_DEPTH} levels"))
+                problems.append(
+                    Rejection("bad_value", f"{name[:80]}: nested deeper than {MAX_DEPTH} levels")
+                )
                 continue
             _flatten(value, name + sep, sep, out, problems, depth + 1)
             continue

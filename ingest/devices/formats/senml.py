@@ -35,16 +35,15 @@ def _number(value: object) -> bool:
 def _split(name: str, base: str) -> tuple[str, str]:
     """(sensor part, measurement part) of a resolved name."""
     if base:
-        return base, name[len(base):]
+        return base, name[len(base) :]
     for sep in (":", "/"):
         cut = name.rfind(sep)
         if cut > 0:
-            return name[:cut], name[cut + 1:]
+            return name[:cut], name[cut + 1 :]
     return "", name
 
 
-def parse(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits
-          ) -> Parsed:
+def parse(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) -> Parsed:
     """Readings from a SenML pack (a JSON array of records; one object is accepted too)."""
     del rule, captures
     try:
@@ -67,8 +66,7 @@ def _resolve(records: list[object], max_readings: int) -> Parsed:
     groups: dict[tuple[str, float], Item] = {}
     for index, record in enumerate(records):
         if type(record) is not dict:
-            out.rejections.append(Rejection("bad_shape", "a SenML record must be an object",
-                                            index))
+            out.rejections.append(Rejection("bad_shape", "a SenML record must be an object", index))
             continue
         problem = _update_base(record, base)
         if problem is not None:
@@ -77,13 +75,15 @@ def _resolve(records: list[object], max_readings: int) -> Parsed:
         name = f"{base['bn']}{record.get('n', '')}" if type(record.get("n", "")) is str else None
         if not name:
             if any(k in record for k in ("v", "vs", "vb", "vd", "s")):
-                out.rejections.append(Rejection("bad_field_name",
-                                                "record without a name (bn + n)", index))
+                out.rejections.append(
+                    Rejection("bad_field_name", "record without a name (bn + n)", index)
+                )
             continue
         t = record.get("t", 0)
         if not _number(t):
-            out.rejections.append(Rejection("bad_timestamp", f"{name[:60]}: t must be a "
-                                                             "number", index))
+            out.rejections.append(
+                Rejection("bad_timestamp", f"{name[:60]}: t must be a number", index)
+            )
             continue
         epoch = float(base["bt"]) + float(t)  # type: ignore[arg-type]
         sensor, measurement = _split(name, str(base["bn"]))
@@ -91,8 +91,7 @@ def _resolve(records: list[object], max_readings: int) -> Parsed:
         item = groups.get(key)
         if item is None:
             if len(groups) >= max_readings:
-                out.rejections.append(Rejection("too_many_readings", "too many readings",
-                                                index))
+                out.rejections.append(Rejection("too_many_readings", "too many readings", index))
                 continue
             item = groups[key] = Item({}, None, epoch, sensor or None, None, {}, None, [])
         _values(record, base, measurement, item)
@@ -121,8 +120,7 @@ def _update_base(record: dict[str, object], base: dict[str, object]) -> str | No
     return None
 
 
-def _values(record: dict[str, object], base: dict[str, object], name: str, item: Item
-            ) -> None:
+def _values(record: dict[str, object], base: dict[str, object], name: str, item: Item) -> None:
     fields, problems, units = item.fields, item.problems, item.units
     assert problems is not None
     assert units is not None

@@ -54,31 +54,71 @@ if TYPE_CHECKING:
     from ingest.devices.decode import Limits
 
 NAMESPACE = "spBv1.0"
-MESSAGE_TYPES = ("NBIRTH", "NDATA", "NDEATH", "DBIRTH", "DDATA", "DDEATH", "NCMD", "DCMD",
-                 "STATE")
+MESSAGE_TYPES = ("NBIRTH", "NDATA", "NDEATH", "DBIRTH", "DDATA", "DDEATH", "NCMD", "DCMD", "STATE")
 # Every reason this format rejects a message or metric for (metrics initialise them).
 REASONS: tuple[str, ...] = (
-    "invalid_protobuf",   # not a Sparkplug B payload (truncated, malformed, too deep)
-    "bad_topic",          # not spBv1.0/<group>/<type>/<edge node>[/<device>]
-    "no_birth",           # DATA for an edge node or device with no BIRTH (or after its DEATH)
-    "unknown_alias",      # a DATA metric whose alias (or name) its BIRTH did not declare
-    "unsupported_type",   # DataSet, Template, Bytes, File, PropertySet, arrays: not stored
+    "invalid_protobuf",  # not a Sparkplug B payload (truncated, malformed, too deep)
+    "bad_topic",  # not spBv1.0/<group>/<type>/<edge node>[/<device>]
+    "no_birth",  # DATA for an edge node or device with no BIRTH (or after its DEATH)
+    "unknown_alias",  # a DATA metric whose alias (or name) its BIRTH did not declare
+    "unsupported_type",  # DataSet, Template, Bytes, File, PropertySet, arrays: not stored
 )
 # Metrics skipped without a rejection (see module doc); "other_daemon": a BIRTH's metrics
 # that another daemon of a shared group stores (every daemon receives every BIRTH).
 SKIPS = ("null", "transient", "other_daemon")
-DATATYPES = ("Unknown", "Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32",
-             "UInt64", "Float", "Double", "Boolean", "String", "DateTime", "Text", "UUID",
-             "DataSet", "Bytes", "File", "Template", "PropertySet", "PropertySetList",
-             "Int8Array", "Int16Array", "Int32Array", "Int64Array", "UInt8Array",
-             "UInt16Array", "UInt32Array", "UInt64Array", "FloatArray", "DoubleArray",
-             "BooleanArray", "StringArray", "DateTimeArray")
+DATATYPES = (
+    "Unknown",
+    "Int8",
+    "Int16",
+    "Int32",
+    "Int64",
+    "UInt8",
+    "UInt16",
+    "UInt32",
+    "UInt64",
+    "Float",
+    "Double",
+    "Boolean",
+    "String",
+    "DateTime",
+    "Text",
+    "UUID",
+    "DataSet",
+    "Bytes",
+    "File",
+    "Template",
+    "PropertySet",
+    "PropertySetList",
+    "Int8Array",
+    "Int16Array",
+    "Int32Array",
+    "Int64Array",
+    "UInt8Array",
+    "UInt16Array",
+    "UInt32Array",
+    "UInt64Array",
+    "FloatArray",
+    "DoubleArray",
+    "BooleanArray",
+    "StringArray",
+    "DateTimeArray",
+)
 # datatype -> (oneof member carrying it, signed bit width or 0)
 _SCALARS: dict[int, tuple[str, int]] = {
-    1: ("int_value", 8), 2: ("int_value", 16), 3: ("int_value", 32), 4: ("long_value", 64),
-    5: ("int_value", 0), 6: ("int_value", 0), 7: ("int_value", 0), 8: ("long_value", 0),
-    9: ("float_value", 0), 10: ("double_value", 0), 11: ("boolean_value", 0),
-    12: ("string_value", 0), 13: ("long_value", 0), 14: ("string_value", 0),
+    1: ("int_value", 8),
+    2: ("int_value", 16),
+    3: ("int_value", 32),
+    4: ("long_value", 64),
+    5: ("int_value", 0),
+    6: ("int_value", 0),
+    7: ("int_value", 0),
+    8: ("long_value", 0),
+    9: ("float_value", 0),
+    10: ("double_value", 0),
+    11: ("boolean_value", 0),
+    12: ("string_value", 0),
+    13: ("long_value", 0),
+    14: ("string_value", 0),
     15: ("string_value", 0),
 }
 # Metrics that are the protocol's, not measurements: kept in the BIRTH document only.
@@ -168,9 +208,14 @@ def definition(name: str, datatype: int, units: str | None) -> Definition:
     """A metric's definition, marked if it is one of the protocol's own."""
     spec = _SCALARS.get(datatype)
     member = spec[0] if spec is not None else None
-    return Definition(name, datatype, units,
-                      name in PROTOCOL_METRICS or name.startswith(PROTOCOL_PREFIXES),
-                      member, member in ("float_value", "double_value"))
+    return Definition(
+        name,
+        datatype,
+        units,
+        name in PROTOCOL_METRICS or name.startswith(PROTOCOL_PREFIXES),
+        member,
+        member in ("float_value", "double_value"),
+    )
 
 
 @dataclass(slots=True)
@@ -240,8 +285,9 @@ class SparkplugState:
         """Count a gap if ``seq`` is not the one after the edge node's last (mod 256)."""
         key = topic.node_key
         last = self.seqs.get(key)
-        if topic.type != "NBIRTH" and (seq is None or (last is not None
-                                                       and seq != (last + 1) % 256)):
+        if topic.type != "NBIRTH" and (
+            seq is None or (last is not None and seq != (last + 1) % 256)
+        ):
             self.counts.seq_gaps += 1
         if seq is None or not 0 <= seq <= 255:
             self.seqs.pop(key, None)
@@ -253,8 +299,12 @@ class SparkplugState:
 
     # --- parsing ---------------------------------------------------------------------
 
-    def birth(self, topic: Topic, payload: Any, raw: bytes = b""  # noqa: ANN401
-              ) -> tuple[Table, list[Rejection]]:
+    def birth(
+        self,
+        topic: Topic,
+        payload: Any,  # noqa: ANN401
+        raw: bytes = b"",
+    ) -> tuple[Table, list[Rejection]]:
         """The table a parsed BIRTH declares, and the metrics it could not declare."""
         bd_seq = None
         own = digest(raw)
@@ -263,15 +313,21 @@ class SparkplugState:
             node = self.tables.get(topic.node_key)
             bd_seq = node.bd_seq if node is not None else None
             node_digest = node.digest if node is not None else None
-        table = Table(topic.key, bd_seq, payload.seq if payload.HasField("seq") else None,
-                      payload.timestamp if payload.HasField("timestamp") else None,
-                      digest=own, node_digest=node_digest)
+        table = Table(
+            topic.key,
+            bd_seq,
+            payload.seq if payload.HasField("seq") else None,
+            payload.timestamp if payload.HasField("timestamp") else None,
+            digest=own,
+            node_digest=node_digest,
+        )
         problems: list[Rejection] = []
         for index, metric in enumerate(payload.metrics):
             name = metric.name
             if bad_name(name):
-                problems.append(Rejection("bad_field_name",
-                                          f"metric {index}: missing or invalid name", index))
+                problems.append(
+                    Rejection("bad_field_name", f"metric {index}: missing or invalid name", index)
+                )
                 continue
             if name == "bdSeq" and metric.WhichOneof("value") == "long_value":
                 table.bd_seq = metric.long_value
@@ -279,15 +335,21 @@ class SparkplugState:
             table.by_name[name] = declared
             if metric.HasField("alias"):
                 if metric.alias in table.by_alias:
-                    problems.append(Rejection(
-                        "unknown_alias", f"metric {name[:60]!r}: alias {metric.alias} "
-                        "declared twice in the BIRTH (the later one is not used)", index))
+                    problems.append(
+                        Rejection(
+                            "unknown_alias",
+                            f"metric {name[:60]!r}: alias {metric.alias} "
+                            "declared twice in the BIRTH (the later one is not used)",
+                            index,
+                        )
+                    )
                     continue
                 table.by_alias[metric.alias] = declared
         return table, problems
 
-    def parse(self, topic_name: str, payload: bytes, limits: Limits,
-              readings: bool = True) -> Parsed:
+    def parse(
+        self, topic_name: str, payload: bytes, limits: Limits, readings: bool = True
+    ) -> Parsed:
         """One message as items (readings before the rule), with the tables held now.
 
         ``readings=False``: a BIRTH updates the tables only (another daemon of a shared
@@ -302,8 +364,7 @@ class SparkplugState:
         decoded = decode_payload(payload, limits)
         if isinstance(decoded, Parsed):
             if topic.type in ("NBIRTH", "DBIRTH"):
-                self.refused_birth(topic, decoded.rejections[0].reason,
-                                   leading_timestamp(payload))
+                self.refused_birth(topic, decoded.rejections[0].reason, leading_timestamp(payload))
             return decoded
         if topic.type != "NDEATH":
             self._sequence(topic, decoded.seq if decoded.HasField("seq") else None)
@@ -321,11 +382,12 @@ class SparkplugState:
             return parsed
         held = self.table(topic.key)
         if held is None or not held.online or held.from_store:
-            session = _session(held, decoded.timestamp if decoded.HasField("timestamp")
-                               else None)
+            session = _session(held, decoded.timestamp if decoded.HasField("timestamp") else None)
             if isinstance(session, str):
-                return refused("no_birth", f"{topic.type} for {topic.key[:120]!r}: "
-                                           f"{session} (aliases are not guessed)")
+                return refused(
+                    "no_birth",
+                    f"{topic.type} for {topic.key[:120]!r}: {session} (aliases are not guessed)",
+                )
             held = session
         return _items(topic, decoded, held, self.counts)
 
@@ -343,8 +405,13 @@ class SparkplugState:
         restart, the table stored meanwhile) is not the session it ends: nothing changes.
         """
         table = self.tables.get(topic.key)
-        if (table is not None and table.from_store and at_ms is not None
-                and table.birth_ms is not None and at_ms < table.birth_ms):
+        if (
+            table is not None
+            and table.from_store
+            and at_ms is not None
+            and table.birth_ms is not None
+            and at_ms < table.birth_ms
+        ):
             return
         if topic.type == "NBIRTH":
             self.forget_devices(topic.node_key)
@@ -361,8 +428,14 @@ class SparkplugState:
         if topic.type != "NDEATH":
             return True
         table = self.tables.get(topic.key)
-        bd_seq = next((m.long_value for m in decoded.metrics
-                       if m.name == "bdSeq" and m.WhichOneof("value") == "long_value"), None)
+        bd_seq = next(
+            (
+                m.long_value
+                for m in decoded.metrics
+                if m.name == "bdSeq" and m.WhichOneof("value") == "long_value"
+            ),
+            None,
+        )
         return table is None or bd_seq is None or table.bd_seq is None or bd_seq == table.bd_seq
 
     def death(self, topic: Topic, decoded: Any) -> bool:  # noqa: ANN401
@@ -389,10 +462,15 @@ def _session(held: Table | None, at_ms: int | None) -> Table | str:
     """
     if held is None:
         return "no BIRTH seen"
-    if (held.from_store and at_ms is not None and held.birth_ms is not None
-            and at_ms < held.birth_ms):
-        earlier = next((t for t in held.earlier
-                        if t.birth_ms is not None and t.birth_ms <= at_ms), None)
+    if (
+        held.from_store
+        and at_ms is not None
+        and held.birth_ms is not None
+        and at_ms < held.birth_ms
+    ):
+        earlier = next(
+            (t for t in held.earlier if t.birth_ms is not None and t.birth_ms <= at_ms), None
+        )
         if earlier is None or not _open_at(earlier, at_ms):
             return "older than the BIRTH stored for it, and of no session known"
         return earlier
@@ -407,8 +485,12 @@ def _open_at(table: Table, at_ms: int | None) -> bool:
     A table read from MongoDB, closed by a refused BIRTH stamped later than ``at_ms``,
     was: that DATA is a redelivery from before the BIRTH. (In order, closed is closed.)
     """
-    return table.online or (table.from_store and at_ms is not None
-                            and table.closed_ms is not None and at_ms < table.closed_ms)
+    return table.online or (
+        table.from_store
+        and at_ms is not None
+        and table.closed_ms is not None
+        and at_ms < table.closed_ms
+    )
 
 
 def refused_birth_detail(kind: str, reason: str) -> str:
@@ -439,9 +521,11 @@ def digest(payload: bytes) -> str:
 
 # Message types every daemon of a shared group must see, in order with the DATA it gets.
 UNSHARED_TYPES = ("NBIRTH", "NDEATH", "DBIRTH", "DDEATH")
-_SHAPES = tuple((kind, [NAMESPACE, "+", kind, "+"]) for kind in ("NBIRTH", "NDATA", "NDEATH",
-                                                                  "NCMD")) + tuple(
-    (kind, [NAMESPACE, "+", kind, "+", "+"]) for kind in ("DBIRTH", "DDATA", "DDEATH", "DCMD"))
+_SHAPES = tuple(
+    (kind, [NAMESPACE, "+", kind, "+"]) for kind in ("NBIRTH", "NDATA", "NDEATH", "NCMD")
+) + tuple(
+    (kind, [NAMESPACE, "+", kind, "+", "+"]) for kind in ("DBIRTH", "DDATA", "DDEATH", "DCMD")
+)
 _STATE_SHAPE = [NAMESPACE, "STATE", "+"]
 
 
@@ -485,7 +569,8 @@ def shared_subscriptions(topics: Sequence[str], group: str) -> tuple[str, ...]:
             raise ValueError(
                 f"topic filter {topic!r} also takes Sparkplug BIRTH and DEATH topics, which "
                 "every daemon of a shared group must receive on its own subscription; "
-                f"subscribe {NAMESPACE}/# with a filter of its own and narrow this one")
+                f"subscribe {NAMESPACE}/# with a filter of its own and narrow this one"
+            )
         state = _intersect(levels, _STATE_SHAPE)
         if state is not None:
             found.append(("STATE", state))
@@ -524,8 +609,9 @@ def decode_payload(payload: bytes, limits: Limits) -> Any | Parsed:  # noqa: ANN
     except DecodeError as exc:
         return refused("invalid_protobuf", f"not a Sparkplug B payload: {str(exc)[:160]}")
     if len(decoded.metrics) > limits.max_readings:
-        return refused("too_many_readings",
-                       f"{len(decoded.metrics)} metrics > {limits.max_readings}")
+        return refused(
+            "too_many_readings", f"{len(decoded.metrics)} metrics > {limits.max_readings}"
+        )
     return decoded
 
 
@@ -562,8 +648,9 @@ def properties(metric: Any) -> dict[str, object]:  # noqa: ANN401
     return out
 
 
-_VALUE_MEMBERS = frozenset({"int_value", "long_value", "float_value", "double_value",
-                            "boolean_value", "string_value"})
+_VALUE_MEMBERS = frozenset(
+    {"int_value", "long_value", "float_value", "double_value", "boolean_value", "string_value"}
+)
 
 
 def _convert(raw: object, datatype: int, member: str) -> object:
@@ -596,11 +683,13 @@ def _value(metric: Any, datatype: int) -> object:  # noqa: ANN401
     spec = _SCALARS.get(datatype)
     member = metric.WhichOneof("value")
     if spec is None:
-        return Rejection("unsupported_type",
-                         f"datatype {datatype_name(datatype)} is not stored (refused whole)")
+        return Rejection(
+            "unsupported_type", f"datatype {datatype_name(datatype)} is not stored (refused whole)"
+        )
     if member != spec[0]:
-        return Rejection("bad_value", f"datatype {DATATYPES[datatype]} but the value is "
-                                      f"{member or 'missing'}")
+        return Rejection(
+            "bad_value", f"datatype {DATATYPES[datatype]} but the value is {member or 'missing'}"
+        )
     return _convert(getattr(metric, member), datatype, member)
 
 
@@ -618,8 +707,13 @@ def _items(topic: Topic, decoded: Any, table: Table, counts: Counts) -> Parsed: 
         if data and metric.HasField("alias"):
             declared = by_alias.get(metric.alias)
             if declared is None:
-                problems.append(Rejection("unknown_alias", f"alias {metric.alias} not declared "
-                                          f"in the BIRTH of {table.key[:120]!r}", index))
+                problems.append(
+                    Rejection(
+                        "unknown_alias",
+                        f"alias {metric.alias} not declared in the BIRTH of {table.key[:120]!r}",
+                        index,
+                    )
+                )
                 continue
         else:
             found = _by_name(metric, table, data)
@@ -636,8 +730,9 @@ def _items(topic: Topic, decoded: Any, table: Table, counts: Counts) -> Parsed: 
             continue
         value = _value_of(metric, declared)
         if isinstance(value, Rejection):
-            problems.append(Rejection(value.reason, f"metric {declared.name[:60]!r}: "
-                                      f"{value.detail}", index))
+            problems.append(
+                Rejection(value.reason, f"metric {declared.name[:60]!r}: {value.detail}", index)
+            )
             continue
         ms = metric.timestamp if metric.HasField("timestamp") else default_ms
         item = items.get(ms)
@@ -647,8 +742,13 @@ def _items(topic: Topic, decoded: Any, table: Table, counts: Counts) -> Parsed: 
             item = items[ms] = Item({}, ms, None, sensor, None, None, None, None)
         name = declared.name
         if name in item.fields:
-            problems.append(Rejection("bad_value", f"metric {name[:60]!r}: twice at the "
-                                                   "same timestamp (the first is kept)", index))
+            problems.append(
+                Rejection(
+                    "bad_value",
+                    f"metric {name[:60]!r}: twice at the same timestamp (the first is kept)",
+                    index,
+                )
+            )
             continue
         item.fields[name] = value
         if declared.units is not None:
@@ -673,8 +773,11 @@ def _value_of(metric: Any, declared: Definition) -> object:  # noqa: ANN401
     return _convert(raw, declared.datatype, member)
 
 
-def _by_name(metric: Any, table: Table, data: bool  # noqa: ANN401
-             ) -> Definition | Rejection | None:
+def _by_name(
+    metric: Any,  # noqa: ANN401
+    table: Table,
+    data: bool,
+) -> Definition | Rejection | None:
     """The BIRTH definition a metric names (None: a BIRTH metric already refused)."""
     name = metric.name
     if type(name) is not str or not name:
@@ -685,6 +788,8 @@ def _by_name(metric: Any, table: Table, data: bool  # noqa: ANN401
     if found is None and not data:
         return None
     if found is None:
-        return Rejection("unknown_alias", f"metric {name[:60]!r} not declared in the BIRTH "
-                                          f"of {table.key[:120]!r}")
+        return Rejection(
+            "unknown_alias",
+            f"metric {name[:60]!r} not declared in the BIRTH of {table.key[:120]!r}",
+        )
     return found

@@ -17,8 +17,12 @@ PACKAGE = "org.eclipse.tahu.protobuf"
 _F = descriptor_pb2.FieldDescriptorProto
 _OPTIONAL, _REPEATED = _F.LABEL_OPTIONAL, _F.LABEL_REPEATED
 _TYPES = {
-    "uint32": _F.TYPE_UINT32, "uint64": _F.TYPE_UINT64, "float": _F.TYPE_FLOAT,
-    "double": _F.TYPE_DOUBLE, "bool": _F.TYPE_BOOL, "string": _F.TYPE_STRING,
+    "uint32": _F.TYPE_UINT32,
+    "uint64": _F.TYPE_UINT64,
+    "float": _F.TYPE_FLOAT,
+    "double": _F.TYPE_DOUBLE,
+    "bool": _F.TYPE_BOOL,
+    "string": _F.TYPE_STRING,
     "bytes": _F.TYPE_BYTES,
 }
 # (name, number, type, repeated, oneof "value"): a type not in _TYPES is a message
@@ -27,13 +31,21 @@ type _Field = tuple[str, int, str, bool, bool]
 
 # The scalar members of every ``oneof value`` in the schema, from this field number on.
 _VALUE_SCALARS = ("uint32", "uint64", "float", "double", "bool", "string")
-_VALUE_NAMES = ("int_value", "long_value", "float_value", "double_value", "boolean_value",
-                "string_value")
+_VALUE_NAMES = (
+    "int_value",
+    "long_value",
+    "float_value",
+    "double_value",
+    "boolean_value",
+    "string_value",
+)
 
 
 def _values(first: int) -> list[_Field]:
-    return [(name, first + i, kind, False, True)
-            for i, (name, kind) in enumerate(zip(_VALUE_NAMES, _VALUE_SCALARS, strict=True))]
+    return [
+        (name, first + i, kind, False, True)
+        for i, (name, kind) in enumerate(zip(_VALUE_NAMES, _VALUE_SCALARS, strict=True))
+    ]
 
 
 _MESSAGES: dict[str, list[_Field]] = {
@@ -115,8 +127,9 @@ _MESSAGES: dict[str, list[_Field]] = {
 
 
 def _file() -> descriptor_pb2.FileDescriptorProto:
-    proto = descriptor_pb2.FileDescriptorProto(name="ingest_sparkplug_b.proto",
-                                               package=PACKAGE, syntax="proto2")
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="ingest_sparkplug_b.proto", package=PACKAGE, syntax="proto2"
+    )
     payload = proto.message_type.add(name="Payload")
     built: dict[str, descriptor_pb2.DescriptorProto] = {"Payload": payload}
     for path in sorted(_MESSAGES, key=lambda p: p.count(".")):  # parents first
@@ -129,8 +142,9 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
         if any(oneof for *_, oneof in fields):
             message.oneof_decl.add(name="value")
         for name, number, kind, repeated, oneof in fields:
-            field = message.field.add(name=name, number=number,
-                                      label=_REPEATED if repeated else _OPTIONAL)
+            field = message.field.add(
+                name=name, number=number, label=_REPEATED if repeated else _OPTIONAL
+            )
             if kind in _TYPES:
                 field.type = _TYPES[kind]
             else:

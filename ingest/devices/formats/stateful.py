@@ -47,8 +47,14 @@ class Stateful(Protocol):
     def role(self, topic: str) -> str:
         """What messages on ``topic`` are to the format: DATA, STATE or OTHER."""
 
-    async def prepare(self, topic: str, payload: bytes, limits: Limits,
-                      closing: Callable[[], bool], generation: int = 0) -> bool:
+    async def prepare(
+        self,
+        topic: str,
+        payload: bytes,
+        limits: Limits,
+        closing: Callable[[], bool],
+        generation: int = 0,
+    ) -> bool:
         """Bring the state up to date for this message; False if ``closing`` made it give up.
 
         ``generation`` numbers the MQTT connection the message came on: a change means a

@@ -68,8 +68,9 @@ def text_py(raw: str, fmt: str, zone: ZoneInfo | None) -> Instant | None:
     if len(raw) > _MAX_TEXT:
         return None
     stripped = raw.strip()
-    if fmt in _DIGITS or (fmt == "auto" and stripped[:1].isdigit() and "-" not in stripped
-                          and ":" not in stripped):
+    if fmt in _DIGITS or (
+        fmt == "auto" and stripped[:1].isdigit() and "-" not in stripped and ":" not in stripped
+    ):
         try:
             value: float = int(stripped)
         except ValueError:
@@ -106,4 +107,3 @@ def parse(raw: object, fmt: str, zone: ZoneInfo | None) -> Instant | None:
     if kind is str:
         return text(raw, fmt, zone)  # type: ignore[arg-type]
     return None
-

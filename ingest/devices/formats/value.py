@@ -58,8 +58,9 @@ def parse(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) 
     if text is None:
         return refused("invalid_utf8", "payload is not UTF-8")
     if text.lstrip()[:1] in {"{", "["}:
-        return refused("bad_shape", "a JSON object or array, not a plain value "
-                                    '(use format = "json")')
+        return refused(
+            "bad_shape", 'a JSON object or array, not a plain value (use format = "json")'
+        )
     assert rule.measurement is not None  # the rules loader requires one for this format
     name = rule.measurement.render(captures)
     if name is None:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from ingest.model import Reading
 
+
 class PrimaryReads:
     """A writer's lookups of what it has just written: always from the primary.
 
@@ -35,7 +36,8 @@ class PrimaryReads:
         """The collection, read from the primary (made once, when first asked)."""
         if self._primary_coll is None:
             self._primary_coll = self._collection.with_options(
-                read_preference=ReadPreference.PRIMARY)
+                read_preference=ReadPreference.PRIMARY
+            )
         return self._primary_coll
 
 
@@ -128,7 +130,6 @@ class Writer(Protocol):
 
     def take_lookups(self) -> tuple[int, float]:
         """Instants looked up before writing since the last call, and the seconds spent."""
-
 
 
 def split_bulk_error(exc: BulkWriteError, plan: Plan, collide: bool = False) -> Outcome:

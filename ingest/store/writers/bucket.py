@@ -248,8 +248,9 @@ def ms_of(reading: Reading) -> int:
     return reading.ms if reading.ms is not None else ts_key(reading.ts)
 
 
-def unique_readings(group: list[Reading], plan: Plan
-                    ) -> tuple[list[Reading], dict[int, list[Reading]] | None]:
+def unique_readings(
+    group: list[Reading], plan: Plan
+) -> tuple[list[Reading], dict[int, list[Reading]] | None]:
     """One series' group, one reading per instant; and, if some merged, their sources.
 
     Readings at one instant with other fields merge; one that repeats a field is left
@@ -262,8 +263,7 @@ def unique_readings(group: list[Reading], plan: Plan
         return group, None  # the common case (each reading its own instant), at C speed
     out, deferred = merge_series(group, ms_of)
     plan.deferred.extend(deferred)
-    return [reading for reading, _ in out], {id(reading): originals
-                                             for reading, originals in out}
+    return [reading for reading, _ in out], {id(reading): originals for reading, originals in out}
 
 
 def reading_doc(reading: Reading) -> dict[str, Any]:
@@ -283,8 +283,11 @@ def chunks(group: list[Reading], max_readings: int) -> list[tuple[list[Reading],
     for reading in group:
         values = reading.values
         # reading_bytes, inlined for the default decoder's readings (numbers only)
-        grow = (41 + 70 * len(values) + 2 * sum(map(len, values)) if reading.tags is None
-                else reading_bytes(reading))
+        grow = (
+            41 + 70 * len(values) + 2 * sum(map(len, values))
+            if reading.tags is None
+            else reading_bytes(reading)
+        )
         if chunk and (len(chunk) >= max_readings or size + grow > MAX_BUCKET_BYTES):
             out.append((chunk, size))
             chunk, size = [], 0
@@ -300,15 +303,20 @@ _STAT_KEYS: dict[str, tuple[str, str, str, str]] = {}
 
 def _stat_keys(name: str) -> tuple[str, str, str, str]:
     """The update paths of one measurement's statistics, built once per name."""
-    keys = (f"stats.{name}.count", f"stats.{name}.sum", f"stats.{name}.min",
-            f"stats.{name}.max")
+    keys = (f"stats.{name}.count", f"stats.{name}.sum", f"stats.{name}.min", f"stats.{name}.max")
     if len(_STAT_KEYS) < 10_000:  # names are validated, but a fleet may invent many
         _STAT_KEYS[name] = keys
     return keys
 
 
-def update_for(sensor_id: str, tags: dict[str, str], start: datetime | BsonDate,
-               chunk: list[Reading], max_readings: int, size: int) -> dict[str, Any]:
+def update_for(
+    sensor_id: str,
+    tags: dict[str, str],
+    start: datetime | BsonDate,
+    chunk: list[Reading],
+    max_readings: int,
+    size: int,
+) -> dict[str, Any]:
     """One upsert that appends ``chunk`` to a document of that series-span with room for it.
 
     Room means both fewer than ``max_readings - n`` readings and fewer than
@@ -326,8 +334,11 @@ def update_for(sensor_id: str, tags: dict[str, str], start: datetime | BsonDate,
         inc, mins, maxs, labels = _single(reading, size)
         mins["first_ts"] = maxs["last_ts"] = date
         # reading_doc's document, with the BSON date
-        pushed = [{"ts": date, **reading.values} if reading.seq is None
-                  else {"ts": date, "seq": reading.seq, **reading.values}]
+        pushed = [
+            {"ts": date, **reading.values}
+            if reading.seq is None
+            else {"ts": date, "seq": reading.seq, **reading.values}
+        ]
     else:
         dates = bson_dates(chunk)
         inc, mins, maxs, labels = _coalesced(chunk, size)
@@ -336,15 +347,23 @@ def update_for(sensor_id: str, tags: dict[str, str], start: datetime | BsonDate,
         # reading_doc's documents, with the BSON dates
         pushed = [
             {"ts": d, **r.values} if r.seq is None else {"ts": d, "seq": r.seq, **r.values}
-            for d, r in zip(dates, chunk, strict=True)]
-    return statement(sensor_id, tags, start, dates, pushed, size, max_readings,
-                     (inc, mins, maxs, labels))
+            for d, r in zip(dates, chunk, strict=True)
+        ]
+    return statement(
+        sensor_id, tags, start, dates, pushed, size, max_readings, (inc, mins, maxs, labels)
+    )
 
 
-def statement(sensor_id: str, tags: dict[str, str], start: datetime | BsonDate,
-              dates: list[BsonDate],
-              pushed: list[dict[str, Any]], size: int, max_readings: int,
-              stats: _Stats) -> dict[str, Any]:
+def statement(
+    sensor_id: str,
+    tags: dict[str, str],
+    start: datetime | BsonDate,
+    dates: list[BsonDate],
+    pushed: list[dict[str, Any]],
+    size: int,
+    max_readings: int,
+    stats: _Stats,
+) -> dict[str, Any]:
     """The update command's statement for one bucket upsert, as pymongo builds it.
 
     ``stats`` are the ``$inc``, ``$min``, ``$max`` and ``$set`` (units) of the readings
@@ -357,21 +376,32 @@ def statement(sensor_id: str, tags: dict[str, str], start: datetime | BsonDate,
     inc, mins, maxs, labels = stats
     update: dict[str, Any] = {
         "$push": {"readings": {"$each": pushed}},
-        "$inc": inc, "$min": mins, "$max": maxs,
-        "$setOnInsert": {"schema_version": SCHEMA_VERSION}}
+        "$inc": inc,
+        "$min": mins,
+        "$max": maxs,
+        "$setOnInsert": {"schema_version": SCHEMA_VERSION},
+    }
     if labels:
         update["$set"] = labels
     if len(inc) == 2:  # only strings: no statistics, and the validator wants a stats object
         update["$setOnInsert"]["stats"] = {}
-    return {"q": {"sensor_id": sensor_id, "tags": tags, "bucket_start": start,
-                  "count": {"$lte": max_readings - len(dates)},
-                  "bytes": {"$lte": max(MAX_BUCKET_BYTES - size, 0)},
-                  "readings.ts": {"$nin": dates}},
-            "u": update, "multi": False, "upsert": True, "hint": BUCKET_INDEX}
+    return {
+        "q": {
+            "sensor_id": sensor_id,
+            "tags": tags,
+            "bucket_start": start,
+            "count": {"$lte": max_readings - len(dates)},
+            "bytes": {"$lte": max(MAX_BUCKET_BYTES - size, 0)},
+            "readings.ts": {"$nin": dates},
+        },
+        "u": update,
+        "multi": False,
+        "upsert": True,
+        "hint": BUCKET_INDEX,
+    }
 
 
-def _by_reading(group: list[Reading], labels: dict[str, str] | None = None
-                ) -> dict[str, list[Any]]:
+def _by_reading(group: list[Reading], labels: dict[str, str] | None = None) -> dict[str, list[Any]]:
     """Each measurement's ``[count, sum, min, max]``, reading by reading.
 
     Readings of the mapping path (tags not None) count booleans as 0/1 and strings not
@@ -408,13 +438,13 @@ def _by_column(group: list[Reading]) -> dict[str, list[Any]]:
     acc: dict[str, list[Any]] = {}
     for name in group[0].values:
         column = [reading.values[name] for reading in group]
-        acc[name] = [count, reduce(add, column[1:], float(column[0])), min(column),
-                     max(column)]
+        acc[name] = [count, reduce(add, column[1:], float(column[0])), min(column), max(column)]
     return acc
 
 
-def _one_update(sensor_id: str, tags: dict[str, str], start: BsonDate, reading: Reading,
-                max_readings: int) -> dict[str, Any] | None:
+def _one_update(
+    sensor_id: str, tags: dict[str, str], start: BsonDate, reading: Reading, max_readings: int
+) -> dict[str, Any] | None:
     """:func:`_fast_update` of a group of one reading (a large fleet's usual group).
 
     :func:`update_for` without the splitting and settling a group of one never needs.
@@ -427,8 +457,9 @@ def _one_update(sensor_id: str, tags: dict[str, str], start: BsonDate, reading: 
     return update_for(sensor_id, tags, start, [reading], max_readings, size)
 
 
-def _fast_update(sensor_id: str, tags: dict[str, str], start: BsonDate, group: list[Reading],
-                 max_readings: int) -> dict[str, Any] | None:
+def _fast_update(
+    sensor_id: str, tags: dict[str, str], start: BsonDate, group: list[Reading], max_readings: int
+) -> dict[str, Any] | None:
     """:func:`update_for` of a whole group in one pass, for the default decoder's readings.
 
     For a group whose readings are numbers only (no tags), all timed in milliseconds,
@@ -460,15 +491,18 @@ def _fast_update(sensor_id: str, tags: dict[str, str], start: BsonDate, group: l
             names = values.keys()
             grow = reading_bytes(reading)
         size += grow
-        pushed.append({"ts": date, **values} if reading.seq is None
-                      else {"ts": date, "seq": reading.seq, **values})
+        pushed.append(
+            {"ts": date, **values}
+            if reading.seq is None
+            else {"ts": date, "seq": reading.seq, **values}
+        )
     if size > MAX_BUCKET_BYTES:
         return None
     acc = _by_column(group) if uniform and count > 2 else _by_reading(group)
-    inc, mins, maxs = _statistics(acc, count, size, bson_date(min(stamps)),
-                                  bson_date(max(stamps)))
-    return statement(sensor_id, tags, start, dates, pushed, size, max_readings,
-                     (inc, mins, maxs, {}))
+    inc, mins, maxs = _statistics(acc, count, size, bson_date(min(stamps)), bson_date(max(stamps)))
+    return statement(
+        sensor_id, tags, start, dates, pushed, size, max_readings, (inc, mins, maxs, {})
+    )
 
 
 type _Stats = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]
@@ -515,8 +549,9 @@ def _coalesced(chunk: list[Reading], size: int) -> _Stats:
     return inc, mins, maxs, labels
 
 
-def _statistics(acc: dict[str, list[Any]], count: int, size: int, first: BsonDate | None,
-                last: BsonDate | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _statistics(
+    acc: dict[str, list[Any]], count: int, size: int, first: BsonDate | None, last: BsonDate | None
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``$inc``, ``$min`` and ``$max`` of a group from its measurements' statistics."""
     inc: dict[str, Any] = {"count": count, "bytes": size}
     mins: dict[str, Any] = {"first_ts": first}
@@ -551,8 +586,9 @@ def plan_buckets_py(readings: list[Reading], span: int, max_readings: int) -> Pl
         unique, sources = unique_readings(group, plan)
         for chunk, size in chunks(unique, max_readings):
             ops.append(update_for(sensor_id, tags, start_dt, chunk, max_readings, size))
-            groups.append(chunk if sources is None
-                          else [o for reading in chunk for o in sources[id(reading)]])
+            groups.append(
+                chunk if sources is None else [o for reading in chunk for o in sources[id(reading)]]
+            )
     return plan
 
 
@@ -567,8 +603,13 @@ class BucketWriter(PrimaryReads):
 
     mode = "bucket"
 
-    def __init__(self, collection: AsyncCollection[dict[str, Any]], schema: Schema,
-                 span_seconds: int, max_readings: int) -> None:
+    def __init__(
+        self,
+        collection: AsyncCollection[dict[str, Any]],
+        schema: Schema,
+        span_seconds: int,
+        max_readings: int,
+    ) -> None:
         self._collection = collection
         self._schema = schema
         self._span = span_seconds
@@ -622,8 +663,7 @@ class BucketWriter(PrimaryReads):
         return 0, 0.0
 
     async def _send(self, plan: Plan) -> Outcome:
-        return await send(bulk.execute(self._collection, bulk.UPDATE, plan.ops), plan,
-                          collide=True)
+        return await send(bulk.execute(self._collection, bulk.UPDATE, plan.ops), plan, collide=True)
 
     async def settle(self, groups: list[list[Reading]], outcome: Outcome) -> list[Reading]:
         """Sort readings refused with a duplicate key: stored already, conflicting, or not.
@@ -644,10 +684,15 @@ class BucketWriter(PrimaryReads):
         found = await _all([lookup(group) for group in groups])
         fresh, merges, duplicates, conflicts = _sort_stored(groups, found)
         if duplicates or conflicts or merges:
-            logger.info("settled %d readings at stored instants: %d duplicates, %d conflicts, "
-                        "%d merged", duplicates + len(conflicts) + len(merges), duplicates,
-                        len(conflicts), len(merges))
+            logger.info(
+                "settled %d readings at stored instants: %d duplicates, %d conflicts, %d merged",
+                duplicates + len(conflicts) + len(merges),
+                duplicates,
+                len(conflicts),
+                len(merges),
+            )
         if merges:
+
             async def merge(reading: Reading, doc_id: Any, new: dict[str, Any]) -> bool:  # noqa: ANN401
                 async with limit:
                     return await self._merge(reading, doc_id, new)
@@ -678,11 +723,13 @@ class BucketWriter(PrimaryReads):
         inc, mins, maxs, labels = _single(part, reading_bytes(part) - 41)  # no new entry
         del inc["count"], mins["first_ts"], maxs["last_ts"]
         update: dict[str, Any] = {
-            op: fields for op, fields in (("$inc", inc), ("$min", mins), ("$max", maxs))
-            if fields}
+            op: fields for op, fields in (("$inc", inc), ("$min", mins), ("$max", maxs)) if fields
+        }
         update["$set"] = {f"readings.$.{k}": v for k, v in new.items()} | labels
-        query = {"_id": doc_id, "readings": {"$elemMatch": {
-            "ts": date, **{k: {"$exists": False} for k in new}}}}
+        query = {
+            "_id": doc_id,
+            "readings": {"$elemMatch": {"ts": date, **{k: {"$exists": False} for k in new}}},
+        }
         try:
             result = await self._collection.update_one(query, update)
         except (PyMongoError, InvalidDocument) as exc:
@@ -699,17 +746,29 @@ class BucketWriter(PrimaryReads):
         low, high = min(dates, key=_ms_of), max(dates, key=_ms_of)
         tags = dict(tags_key(first.tags))
         pipeline: list[dict[str, Any]] = [
-            {"$match": {"sensor_id": first.sensor_id, "tags": tags,
-                        "readings.ts": {"$in": dates}}},
-            {"$project": {"_id": 1, "readings": {"$filter": {
-                "input": "$readings", "as": "r",
-                "cond": {"$and": [{"$gte": ["$$r.ts", low]}, {"$lte": ["$$r.ts", high]}]},
-            }}}},
+            {"$match": {"sensor_id": first.sensor_id, "tags": tags, "readings.ts": {"$in": dates}}},
+            {
+                "$project": {
+                    "_id": 1,
+                    "readings": {
+                        "$filter": {
+                            "input": "$readings",
+                            "as": "r",
+                            "cond": {
+                                "$and": [{"$gte": ["$$r.ts", low]}, {"$lte": ["$$r.ts", high]}]
+                            },
+                        }
+                    },
+                }
+            },
         ]
         try:
             cursor = await self._primary().aggregate(pipeline, hint=READINGS_INDEX)
-            return {ts_key(entry["ts"]): (doc["_id"], entry)
-                    async for doc in cursor for entry in doc["readings"]}
+            return {
+                ts_key(entry["ts"]): (doc["_id"], entry)
+                async for doc in cursor
+                for entry in doc["readings"]
+            }
         except (PyMongoError, InvalidDocument) as exc:
             raise mongo_errors.translate(exc, "lookup") from exc
 
@@ -717,8 +776,9 @@ class BucketWriter(PrimaryReads):
 type _Merge = tuple["Reading", Any, dict[str, Any]]
 
 
-def _sort_stored(groups: list[list[Reading]], found: list[dict[int, tuple[Any, dict[str, Any]]]]
-                 ) -> tuple[list[Reading], list[_Merge], int, list[tuple[Reading, str]]]:
+def _sort_stored(
+    groups: list[list[Reading]], found: list[dict[int, tuple[Any, dict[str, Any]]]]
+) -> tuple[list[Reading], list[_Merge], int, list[tuple[Reading, str]]]:
     """Each reading against the stored entry of its instant, if any.
 
     Returns the readings not stored, the merges to make (reading, document, new fields),

@@ -34,8 +34,7 @@ logger = logging.getLogger(__name__)
 INSERT = "insert"
 UPDATE = "update"
 
-type Runner = Callable[[AsyncCollection[Any], str, list[dict[str, Any]]],
-                       Coroutine[Any, Any, None]]
+type Runner = Callable[[AsyncCollection[Any], str, list[dict[str, Any]]], Coroutine[Any, Any, None]]
 
 
 def _fast() -> tuple[Runner | None, str | None]:
@@ -49,10 +48,12 @@ def _fast() -> tuple[Runner | None, str | None]:
     except ImportError as exc:
         return None, str(exc)
     probe = _Run(_INSERT)
-    if not (isinstance(getattr(probe, "ops", None), list)
-            and isinstance(getattr(probe, "index_map", None), list)
-            and getattr(probe, "idx_offset", None) == 0
-            and callable(getattr(_AsyncBulk, "gen_unordered", None))):
+    if not (
+        isinstance(getattr(probe, "ops", None), list)
+        and isinstance(getattr(probe, "index_map", None), list)
+        and getattr(probe, "idx_offset", None) == 0
+        and callable(getattr(_AsyncBulk, "gen_unordered", None))
+    ):
         return None, "_Run(op_type) with ops, index_map, idx_offset; gen_unordered"
     init = tuple(inspect.signature(_AsyncBulk.__init__).parameters)[:4]
     if init != ("self", "collection", "ordered", "bypass_document_validation"):
@@ -65,8 +66,9 @@ def _fast() -> tuple[Runner | None, str | None]:
     kinds = {INSERT: _INSERT, UPDATE: _UPDATE}
 
     @_csot.apply  # as bulk_write and insert_many: the client's timeoutMS
-    async def run_bulk(collection: AsyncCollection[Any], kind: str,
-                       statements: list[dict[str, Any]]) -> None:
+    async def run_bulk(
+        collection: AsyncCollection[Any], kind: str, statements: list[dict[str, Any]]
+    ) -> None:
         bulk = _AsyncBulk(collection, False, None)  # noqa: FBT003 - unordered
         # The one run of operations that gen_unordered would sort them into, made at
         # once: all of one kind, in order (index_map maps errors back to statements).
@@ -89,8 +91,9 @@ def fast_path_problem() -> str | None:
     return PROBLEM
 
 
-async def execute(collection: AsyncCollection[Any], kind: str,
-                  statements: list[dict[str, Any]]) -> None:
+async def execute(
+    collection: AsyncCollection[Any], kind: str, statements: list[dict[str, Any]]
+) -> None:
     """Send ``statements`` unordered, as ``bulk_write``/``insert_many`` would.
 
     ``statements`` are all :data:`INSERT` documents or all :data:`UPDATE` statements;
@@ -102,11 +105,13 @@ async def execute(collection: AsyncCollection[Any], kind: str,
         await public(collection, kind, statements)
 
 
-def public(collection: AsyncCollection[Any], kind: str, statements: list[dict[str, Any]]
-           ) -> Coroutine[Any, Any, object]:
+def public(
+    collection: AsyncCollection[Any], kind: str, statements: list[dict[str, Any]]
+) -> Coroutine[Any, Any, object]:
     """The public API's request for the same statements (tests compare the two)."""
     if kind == UPDATE:
         return collection.bulk_write(
-            [UpdateOne(s["q"], s["u"], upsert=s["upsert"], hint=s.get("hint"))
-             for s in statements], ordered=False)
+            [UpdateOne(s["q"], s["u"], upsert=s["upsert"], hint=s.get("hint")) for s in statements],
+            ordered=False,
+        )
     return collection.insert_many(statements, ordered=False)

@@ -96,8 +96,9 @@ class Judged:
     conflicts: list[tuple[Reading, str]] = field(default_factory=list)
 
 
-def judge(group: list[Reading], claim: Mapping[str, Any], stored: Mapping[str, Any],
-          owner: str) -> Judged:
+def judge(
+    group: list[Reading], claim: Mapping[str, Any], stored: Mapping[str, Any], owner: str
+) -> Judged:
     """The readings of one instant against its claim and what the lookup found there.
 
     ``stored``: the fields the lookup before the claim found at the instant (the
@@ -165,8 +166,14 @@ class Claims:
         self.owner = owner
         self._primary = collection.with_options(read_preference=ReadPreference.PRIMARY)
 
-    async def take(self, ops: list[Any], groups: Sequence[list[Reading]], ids: list[str],
-                   stored: list[dict[str, Any] | None] | None, rebuild: Rebuild) -> Taken:
+    async def take(
+        self,
+        ops: list[Any],
+        groups: Sequence[list[Reading]],
+        ids: list[str],
+        stored: list[dict[str, Any] | None] | None,
+        rebuild: Rebuild,
+    ) -> Taken:
         """Claim each operation's instant; what is left to insert, and what was decided.
 
         ``ids``: each operation's claim id (:func:`claim_ids`); ``stored``: the fields the
@@ -199,7 +206,8 @@ class Claims:
             await bulk.execute(self.collection, bulk.INSERT, docs)
         except BulkWriteError as exc:
             sorted_out = split_bulk_error(
-                exc, Plan(docs, [round_.groups[i] for i in chosen]), collide=True)
+                exc, Plan(docs, [round_.groups[i] for i in chosen]), collide=True
+            )
             failed = {int(error["index"]) for error in exc.details.get("writeErrors", [])}
             round_.taken.retry.extend(sorted_out.retry)
             round_.taken.refused.extend(sorted_out.refused)
@@ -216,12 +224,20 @@ class Claims:
         owner, ids, stored, groups = self.owner, round_.ids, round_.stored, round_.groups
         if indexes is None and stored is None and isinstance(groups, Singles):
             # the common case: one reading an instant, nothing stored there
-            return [{"_id": key, "at": at, "by": owner, "f": reading.values}
-                    for key, reading in zip(ids, groups.readings, strict=True)]
+            return [
+                {"_id": key, "at": at, "by": owner, "f": reading.values}
+                for key, reading in zip(ids, groups.readings, strict=True)
+            ]
         chosen = range(len(ids)) if indexes is None else indexes
-        return [{"_id": ids[i], "at": at, "by": owner,
-                 "f": _fields(groups[i], stored[i] if stored is not None else None)}
-                for i in chosen]
+        return [
+            {
+                "_id": ids[i],
+                "at": at,
+                "by": owner,
+                "f": _fields(groups[i], stored[i] if stored is not None else None),
+            }
+            for i in chosen
+        ]
 
     async def _settle(self, round_: _Round, pending: list[int]) -> list[int]:
         """Judge operations whose instant is claimed against the claims; those left open."""
@@ -234,8 +250,12 @@ class Claims:
             if claim is None:  # removed (its TTL) since it collided: claim it anew
                 missing.append(i)
                 continue
-            judged = judge(round_.groups[i], claim,
-                           (stored[i] if stored is not None else None) or {}, self.owner)
+            judged = judge(
+                round_.groups[i],
+                claim,
+                (stored[i] if stored is not None else None) or {},
+                self.owner,
+            )
             if judged.add:
                 extend.append((i, judged))
             else:
@@ -268,8 +288,7 @@ class Claims:
                 query[f"f.{name}"] = {"$exists": False}
                 update[f"f.{name}"] = value
                 update[f"x.{name}"] = self.owner
-            statements.append({"q": query, "u": {"$set": update}, "multi": False,
-                               "upsert": False})
+            statements.append({"q": query, "u": {"$set": update}, "multi": False, "upsert": False})
         try:
             await bulk.execute(self.collection, bulk.UPDATE, statements)
         except BulkWriteError:
@@ -286,8 +305,9 @@ class Claims:
         if not ids:
             return
         try:
-            await self.collection.delete_many({"_id": {"$in": ids}, "by": self.owner,
-                                               "x": {"$exists": False}})
+            await self.collection.delete_many(
+                {"_id": {"$in": ids}, "by": self.owner, "x": {"$exists": False}}
+            )
         except PyMongoError:
             return
 
@@ -335,10 +355,12 @@ class _Round:
 
 def claim_ids(readings: Iterable[Reading]) -> list[str]:
     """:func:`claim_id` of each reading's series and instant."""
-    return [f"{reading.ms} {reading.sensor_id}"
-            if reading.ms is not None and not reading.tags
-            else claim_id((reading.sensor_id, tags_key(reading.tags), ms_of(reading)))
-            for reading in readings]
+    return [
+        f"{reading.ms} {reading.sensor_id}"
+        if reading.ms is not None and not reading.tags
+        else claim_id((reading.sensor_id, tags_key(reading.tags), ms_of(reading)))
+        for reading in readings
+    ]
 
 
 def _fields(group: list[Reading], stored: dict[str, Any] | None) -> dict[str, Any]:

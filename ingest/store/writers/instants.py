@@ -50,9 +50,11 @@ def series_name(reading: Reading) -> str:
 
 def conflict_detail(reading: Reading, name: str, stored: object) -> str:
     """Why a reading is refused: its series has ``name`` at that instant with another value."""
-    return (f"{series_name(reading)} already has {name}={stored!r} at "
-            f"{reading.ts.isoformat(timespec='milliseconds')} (this reading: "
-            f"{reading.values[name]!r}); the stored value is kept")
+    return (
+        f"{series_name(reading)} already has {name}={stored!r} at "
+        f"{reading.ts.isoformat(timespec='milliseconds')} (this reading: "
+        f"{reading.values[name]!r}); the stored value is kept"
+    )
 
 
 def new_fields(reading: Reading, stored: dict[str, Any]) -> dict[str, Any] | str:
@@ -103,8 +105,10 @@ def stored_values(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entry.items() if k not in NOT_VALUES}
 
 
-def merge_series(group: list[Reading], instant: Callable[[Reading], Hashable],
-                 ) -> tuple[list[tuple[Reading, list[Reading]]], list[Reading]]:
+def merge_series(
+    group: list[Reading],
+    instant: Callable[[Reading], Hashable],
+) -> tuple[list[tuple[Reading, list[Reading]]], list[Reading]]:
     """Readings, one per instant, each with the readings it stands for; and the deferred.
 
     ``instant(reading)`` names a reading's series and instant (within one series, its

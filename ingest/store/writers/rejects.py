@@ -22,8 +22,7 @@ PAYLOAD_EXCERPT_BYTES = 512
 MAX_REJECT_DOCS_PER_MESSAGE = 20
 
 
-def reject_docs(message: Inbound, rejections: list[Rejection], mode: str
-                ) -> list[dict[str, Any]]:
+def reject_docs(message: Inbound, rejections: list[Rejection], mode: str) -> list[dict[str, Any]]:
     """Documents for the rejects collection: topic, reason, detail and a payload excerpt.
 
     ``mode`` tells which daemon refused it when both modes share a database.
@@ -33,8 +32,12 @@ def reject_docs(message: Inbound, rejections: list[Rejection], mode: str
     docs = []
     for rejection in rejections[:MAX_REJECT_DOCS_PER_MESSAGE]:
         doc: dict[str, Any] = {
-            "at": at, "mode": mode, "topic": message.topic[:256], "reason": rejection.reason,
-            "detail": rejection.detail, "payload": excerpt,
+            "at": at,
+            "mode": mode,
+            "topic": message.topic[:256],
+            "reason": rejection.reason,
+            "detail": rejection.detail,
+            "payload": excerpt,
             "payload_bytes": len(message.payload),
         }
         if rejection.index is not None:
@@ -58,13 +61,16 @@ class RejectsWriter:
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
             verdicts = [mongo_errors.per_operation(e, "rejects") for e in errors]
-            retry = [docs[e["index"]] for e, v in zip(errors, verdicts, strict=True)
-                     if v != "refuse"]
+            retry = [
+                docs[e["index"]] for e, v in zip(errors, verdicts, strict=True) if v != "refuse"
+            ]
             refused = len(errors) - len(retry)
             if refused:
-                first = next(mongo_errors.describe(e) for e, v in zip(errors, verdicts,
-                                                                      strict=True)
-                             if v == "refuse")
+                first = next(
+                    mongo_errors.describe(e)
+                    for e, v in zip(errors, verdicts, strict=True)
+                    if v == "refuse"
+                )
                 # An expected server answer, not a bug: no traceback.
                 logger.error("rejects collection refused %d documents: %s", refused, first)  # noqa: TRY400
             return int(exc.details.get("nInserted", 0)), retry

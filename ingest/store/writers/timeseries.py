@@ -145,8 +145,9 @@ def _documents(readings: list[Reading]) -> tuple[list[dict[str, Any]], Runs, boo
     return batch_documents(readings, *_reserve_ids(len(readings)))
 
 
-def batch_documents_py(readings: list[Reading], prefix: bytes, start: int
-                       ) -> tuple[list[dict[str, Any]], Runs, bool]:
+def batch_documents_py(
+    readings: list[Reading], prefix: bytes, start: int
+) -> tuple[list[dict[str, Any]], Runs, bool]:
     """The documents of ``readings``, with what the lookup before the insert needs.
 
     ``readings`` are sorted by sensor and time. Also returns each sensor's run of times
@@ -258,8 +259,10 @@ def _ids(prefix: bytes, start: int, count: int) -> list[ObjectId]:
     Here each id's 12 bytes are set in its slot.
     """
     if type(prefix) is not bytes or type(start) is not int:
-        raise TypeError(f"an ObjectId prefix and counter are bytes and int, not "
-                        f"{type(prefix).__name__} and {type(start).__name__}")
+        raise TypeError(
+            f"an ObjectId prefix and counter are bytes and int, not "
+            f"{type(prefix).__name__} and {type(start).__name__}"
+        )
     if len(prefix) != _PREFIX_BYTES:
         raise ValueError(f"an ObjectId prefix is {_PREFIX_BYTES} bytes, not {len(prefix)}")
     new = _new_object
@@ -268,7 +271,8 @@ def _ids(prefix: bytes, start: int, count: int) -> list[ObjectId]:
     for counter in range(start, start + count):
         oid = new(ObjectId)
         oid._ObjectId__id = (  # type: ignore[attr-defined]  # noqa: SLF001 - its one slot
-            prefix + (counter & 0xFFFFFF).to_bytes(3, "big"))
+            prefix + (counter & 0xFFFFFF).to_bytes(3, "big")
+        )
         append(oid)
     return ids
 
@@ -283,8 +287,14 @@ class TimeseriesWriter(PrimaryReads):
 
     mode = "timeseries"
 
-    def __init__(self, collection: AsyncCollection[dict[str, Any]], schema: Schema,
-                 owner: str | None = None, *, claims: bool = True) -> None:
+    def __init__(
+        self,
+        collection: AsyncCollection[dict[str, Any]],
+        schema: Schema,
+        owner: str | None = None,
+        *,
+        claims: bool = True,
+    ) -> None:
         """A writer into ``collection``.
 
         ``owner``: the session whose claims it makes (the MQTT client id); by default
@@ -314,8 +324,7 @@ class TimeseriesWriter(PrimaryReads):
         pairs, deferred = merge_series(ordered, _instant)
         ordered = [reading for reading, _ in pairs]
         docs, runs, _ = _documents(ordered)
-        return Plan(docs, [originals for _, originals in pairs], deferred=deferred,
-                    lookup=runs)
+        return Plan(docs, [originals for _, originals in pairs], deferred=deferred, lookup=runs)
 
     async def write(self, plan: Plan) -> Outcome:
         """Leave out what is stored, claim the rest, insert what the claims leave.
@@ -364,10 +373,14 @@ class TimeseriesWriter(PrimaryReads):
             plan = looked
             if not plan.ops:
                 return plan, Outcome()
-            taken = await self._claimed().take(plan.ops, plan.groups, ids, stored,
-                                               reading_document)
-            plan = Plan(taken.ops, taken.groups, plan.duplicates + taken.duplicates,
-                        plan.conflicts + taken.conflicts, plan.deferred)
+            taken = await self._claimed().take(plan.ops, plan.groups, ids, stored, reading_document)
+            plan = Plan(
+                taken.ops,
+                taken.groups,
+                plan.duplicates + taken.duplicates,
+                plan.conflicts + taken.conflicts,
+                plan.deferred,
+            )
             result = await self._insert(plan)
         result.retry.extend(taken.retry)
         result.refused.extend(taken.refused)
@@ -391,9 +404,13 @@ class TimeseriesWriter(PrimaryReads):
     async def _release(self, result: Outcome, taken: Taken) -> None:
         """Remove the claims made for documents refused for their data."""
         refused = {id(reading) for reading, _ in result.refused}
-        await self._claimed().release([
-            key for key, group in zip(taken.won, taken.groups, strict=True)
-            if key is not None and any(id(r) in refused for r in group)])
+        await self._claimed().release(
+            [
+                key
+                for key, group in zip(taken.won, taken.groups, strict=True)
+                if key is not None and any(id(r) in refused for r in group)
+            ]
+        )
 
     @contextlib.asynccontextmanager
     async def _alone(self, instants: list[str]) -> AsyncIterator[None]:
@@ -418,8 +435,7 @@ class TimeseriesWriter(PrimaryReads):
             del rounds[done]
             done.set_result(None)
 
-    async def _without_stored(self, plan: Plan
-                              ) -> tuple[Plan, list[dict[str, Any] | None] | None]:
+    async def _without_stored(self, plan: Plan) -> tuple[Plan, list[dict[str, Any] | None] | None]:
         """``plan`` without what is stored: duplicates, conflicts, and stored fields.
 
         A document whose instant holds stored fields is built again from the fields of
@@ -454,8 +470,9 @@ class TimeseriesWriter(PrimaryReads):
         return out, found
 
     @staticmethod
-    def _unstored(group: list[Reading], fields: dict[str, Any], plan: Plan
-                  ) -> tuple[Reading | None, list[Reading]]:
+    def _unstored(
+        group: list[Reading], fields: dict[str, Any], plan: Plan
+    ) -> tuple[Reading | None, list[Reading]]:
         """The readings of one instant less what ``fields`` (stored there) already holds.
 
         Returns what is left to store, and the readings that still add something.
@@ -483,13 +500,18 @@ class TimeseriesWriter(PrimaryReads):
         ``LOOKUP_SENSORS`` sensors, each clause a sensor and its times. Raises
         :class:`WriteError` if a lookup fails.
         """
-        clauses = [{"meta.sensor_id": sensor,
-                    "ts": times[0] if len(times) == 1
-                    else {"$gte": times[0], "$lte": times[-1], "$in": times}}
-                   for sensor, times in runs]
+        clauses = [
+            {
+                "meta.sensor_id": sensor,
+                "ts": times[0]
+                if len(times) == 1
+                else {"$gte": times[0], "$lte": times[-1], "$in": times},
+            }
+            for sensor, times in runs
+        ]
         found: dict[tuple[Any, ...], dict[str, Any]] = {}
         for start in range(0, len(clauses), LOOKUP_SENSORS):
-            query = {"$or": clauses[start:start + LOOKUP_SENSORS]}
+            query = {"$or": clauses[start : start + LOOKUP_SENSORS]}
             try:
                 cursor = self._primary().find(query, {"_id": 0, "seq": 0, "units": 0})
                 async for doc in cursor:
