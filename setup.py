@@ -1,12 +1,22 @@
 """Build the optional compiled accelerators (Cython); everything else is in pyproject.toml.
 
-Each ``ingest/**/_*_c.pyx`` is the compiled twin of functions of the pure-Python module
-beside it (ingest/accel.py picks one at import). The extensions are optional, as
-aiohttp's, yarl's and frozenlist's are: without a C compiler, or with
-``INGEST_NO_EXTENSIONS=1`` set at build time, ``pip install`` installs the pure-Python
-path and the daemon says so at start. A build with the variable set leaves a note,
-``ingest/NO_EXTENSIONS``, in what it installs (in the source tree for an editable install),
-so that the daemon, started later without the variable, says why nothing is compiled.
+Two kinds of compiled module, both named ``_<name>_c`` (ingest/accel.py picks them):
+
+- **compiled Python** (the rule): ``_<name>_py.py`` is the one source of the rule, and is
+  what runs without a compiler; Cython compiles that same file as ``_<name>_c``, with the
+  types and ``cdef`` declarations of the augmenting ``_<name>_c.pxd`` beside it (Cython's
+  pure-Python mode, as aiohttp compiles its websocket reader);
+- **kernels** (``_<name>_c.pyx``): hand-written Cython only where the compiled algorithm
+  genuinely differs from the Python one (the selective JSON scanner, the BSON writer, the
+  ISO-8601 fast path); a kernel answers "not sure" to the Python around it rather than
+  holding a copy of its rules.
+
+The extensions are optional, as aiohttp's, yarl's and frozenlist's are: without a C
+compiler, or with ``INGEST_NO_EXTENSIONS=1`` set at build time, ``pip install`` installs
+the pure-Python path and the daemon says so at start. A build with the variable set leaves
+a note, ``ingest/NO_EXTENSIONS``, in what it installs (in the source tree for an editable
+install), so that the daemon, started later without the variable, says why nothing is
+compiled. Cython's warnings are shown, and fail the build.
 """
 
 from __future__ import annotations
@@ -49,13 +59,25 @@ def extensions() -> list[Extension]:
         return []
     try:
         from Cython.Build import cythonize  # noqa: PLC0415 - a build-time requirement
+        from Cython.Compiler import Options  # noqa: PLC0415
     except ImportError:
         return []
-    sources = sorted(p.relative_to(HERE).as_posix() for p in HERE.glob("ingest/**/_*_c.pyx"))
+    # Module name -> source: the .pyx kernels, and the compiled Python (a _<name>_c.pxd
+    # with no .pyx of its name augments _<name>_py.py).
+    sources = {p.with_suffix(""): p for p in HERE.glob("ingest/**/_*_c.pyx")}
+    for pxd in HERE.glob("ingest/**/_*_c.pxd"):
+        if pxd.with_suffix("") not in sources:
+            sources[pxd.with_suffix("")] = pxd.with_name(pxd.name[: -len("_c.pxd")] + "_py.py")
+    Options.warning_errors = True  # a Cython warning (a deprecated DEF, say) fails the build
     modules = cythonize(
-        [Extension(source[:-4].replace("/", "."), [source]) for source in sources],
+        [
+            Extension(
+                name.relative_to(HERE).as_posix().replace("/", "."),
+                [source.relative_to(HERE).as_posix()],
+            )
+            for name, source in sorted(sources.items())
+        ],
         language_level=3,
-        quiet=True,
         compiler_directives={
             "boundscheck": False,
             "wraparound": False,

@@ -11,11 +11,18 @@ is set to anything but ``0`` (as aiohttp's ``AIOHTTP_NO_EXTENSIONS``); then ever
 the Python one. Both must behave identically, rejections and exceptions included
 (tests/test_accel.py runs them side by side on generated input). The daemon says at start
 which path runs (:func:`describe`) and exports it as ``ingest_build_info{accelerated}``.
+
+A compiled function that meets input it does not handle may hand it to its Python twin.
+Only the documented "not supported" signal of a kernel does so silently; any other cause
+(an exception, a bug) goes through :func:`fell_back`: counted per function and cause
+(``ingest_accelerator_fallbacks_total``) and logged once per cause, so that a bug in a
+compiled path shows as a line in the log, not as an unexplained slowdown.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -31,6 +38,9 @@ BUILD_NOTE = Path(__file__).with_name("NO_EXTENSIONS")
 _loaded: dict[str, bool] = {}
 _modules: dict[str, ModuleType] = {}
 _errors: dict[str, str] = {}
+# (function, cause) -> how many calls the compiled function handed to its Python twin.
+_fallbacks: dict[tuple[str, str], int] = {}
+logger = logging.getLogger(__name__)
 
 
 def disabled() -> bool:
@@ -84,3 +94,27 @@ def describe() -> str:
         f"accelerators: partly built, pure Python for "
         f"{', '.join(m.rsplit('.', 1)[-1] for m in missing)}"
     )
+
+
+def fell_back(function: str, exc: BaseException) -> None:
+    """Count a call of compiled ``function`` handed to its Python twin because of ``exc``.
+
+    The first of each cause is logged (as a warning, with the exception's text); every one
+    is counted. Call it from the ``except`` clause that then runs the Python twin.
+    """
+    cause = type(exc).__name__
+    seen = _fallbacks.get((function, cause), 0)
+    _fallbacks[function, cause] = seen + 1
+    if not seen:
+        logger.warning(
+            "compiled %s handed a call to its Python twin (%s: %s); further ones of this "
+            "cause are counted in ingest_accelerator_fallbacks_total, not logged",
+            function,
+            cause,
+            exc,
+        )
+
+
+def fallbacks() -> dict[tuple[str, str], int]:
+    """(function, cause) -> calls handed to the Python twin so far (see :func:`fell_back`)."""
+    return dict(_fallbacks)

@@ -17,8 +17,10 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ingest import accel
 from ingest.devices.decode import REASONS
 from ingest.devices.formats import homie, sparkplug
 from ingest.errors import StartupError
@@ -26,8 +28,10 @@ from ingest.errors import StartupError
 if TYPE_CHECKING:
     import socket
     import ssl
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterator
     from types import TracebackType
+
+    from prometheus_client.metrics_core import Metric
 
     from ingest.devices.formats.stateful import Counts
     from ingest.tokens import TokenSet
@@ -61,7 +65,7 @@ class Metrics:
         # process_* (memory, CPU, file descriptors) of this process, read from /proc at
         # each scrape (Linux; elsewhere none): a worker's are its own, labelled by the
         # parent of --workers N (ingest.pipeline.workers_endpoint).
-        ProcessCollector(registry=r)
+        self._collectors(r)
         self.messages_received = Counter(
             "messages_received", "MQTT messages received.", namespace=NAMESPACE, registry=r
         )
@@ -344,6 +348,12 @@ class Metrics:
         for reason in SKIP_REASONS:
             self.messages_skipped.labels(reason)
 
+    @staticmethod
+    def _collectors(r: CollectorRegistry) -> None:
+        """The process's own figures, and the compiled paths' fallbacks, read when scraped."""
+        ProcessCollector(registry=r)
+        r.register(_AcceleratorFallbacks())
+
     def _ledger(self, r: CollectorRegistry) -> None:
         """The delivery ledger's lookups (ingest/pipeline/redelivered.py)."""
         self.redeliveries_retimed = Counter(
@@ -467,6 +477,23 @@ class Metrics:
     def write_error(self, kind: str) -> None:
         """Count a failed write of the given kind."""
         self.write_errors.labels(self.mode, kind).inc()
+
+
+class _AcceleratorFallbacks:
+    """``ingest_accelerator_fallbacks_total``, read from :func:`ingest.accel.fallbacks`."""
+
+    def collect(self) -> Iterator[Metric]:
+        """One sample per compiled function and cause that handed calls to Python."""
+        family = CounterMetricFamily(
+            f"{NAMESPACE}_accelerator_fallbacks",
+            "Calls a compiled accelerator handed to its Python twin because of an "
+            "unexpected exception (a bug in the compiled path: its first is logged), by "
+            "function and exception class.",
+            labels=["function", "cause"],
+        )
+        for (function, cause), count in sorted(accel.fallbacks().items()):
+            family.add_metric([function, cause], count)
+        yield family
 
 
 @dataclass(slots=True)

@@ -1,9 +1,10 @@
 """How the package is built: the compiled accelerators where a C compiler is, the
 pure-Python path where none is, and an sdist that carries what compiles them.
 
-Every ``ingest/**/_*_c.pyx`` counts, whichever twins exist. The wheels are built from a
-copy of the source with pip, as ``pip install .`` builds them (without build isolation,
-so offline: setuptools and Cython come from the test extra).
+Every accelerator counts (a ``.pyx`` kernel, or a ``_*_py.py`` compiled with its ``.pxd``),
+whichever twins exist. The wheels are built from a copy of the source with pip, as
+``pip install .`` builds them (without build isolation, so offline: setuptools and Cython
+come from the test extra).
 """
 
 from __future__ import annotations
@@ -25,14 +26,26 @@ import pytest
 from ingest import accel
 from tests.support.procs import ROOT, clean_env
 
-ACCELERATORS = sorted(ROOT.glob("ingest/**/_*_c.pyx"))
 # What `pip install .` reads; the in-place builds of the checkout stay out of the copy.
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "ingest", "loadgen")
 BUILT = shutil.ignore_patterns("*.so", "*.pyd", "*.c", "*.html", "__pycache__")
 
 
-def module_of(pyx: Path) -> str:
-    return ".".join(pyx.relative_to(ROOT).with_suffix("").parts)
+def module_of(source: Path) -> str:
+    return ".".join(source.relative_to(ROOT).with_suffix("").parts)
+
+
+def accelerator_sources() -> dict[str, list[Path]]:
+    """Compiled module -> its sources, as setup.py finds them: a ``.pyx`` kernel, or a
+    ``_<name>_py.py`` compiled with the ``_<name>_c.pxd`` beside it."""
+    found = {module_of(pyx): [pyx] for pyx in ROOT.glob("ingest/**/_*_c.pyx")}
+    for pxd in ROOT.glob("ingest/**/_*_c.pxd"):
+        python = pxd.with_name(pxd.name.removesuffix("_c.pxd") + "_py.py")
+        found.setdefault(module_of(pxd), [pxd, python])
+    return dict(sorted(found.items()))
+
+
+ACCELERATORS = accelerator_sources()
 
 
 def picks() -> list[tuple[str, str, str, str]]:
@@ -111,9 +124,11 @@ def build_wheel(src: Path, **env: str) -> tuple[Path, str]:
 
 
 def test_every_accelerator_is_the_twin_of_a_python_function() -> None:
-    assert ACCELERATORS, "no ingest/**/_*_c.pyx"
+    assert ACCELERATORS, "no ingest/**/_*_c.pyx or _*_c.pxd"
     picked = {compiled for _, _, compiled, _ in picks()}
-    assert picked == {module_of(pyx) for pyx in ACCELERATORS}
+    assert picked == set(ACCELERATORS)
+    for sources in ACCELERATORS.values():
+        assert all(source.is_file() for source in sources), sources
 
 
 def test_where_a_compiler_is_the_compiled_twins_run() -> None:
@@ -131,10 +146,10 @@ def test_where_a_compiler_is_the_compiled_twins_run() -> None:
                 f"{compiled} is not built ({exc}): run scripts/env.sh, or "
                 ".venv/bin/python setup.py build_ext --inplace"
             )
-        pyx = ROOT / f"{compiled.replace('.', '/')}.pyx"
-        assert Path(str(extension.__file__)).stat().st_mtime >= pyx.stat().st_mtime, (
-            f"{compiled} is older than {pyx.name}: run scripts/env.sh"
-        )
+        for source in ACCELERATORS[compiled]:
+            assert Path(str(extension.__file__)).stat().st_mtime >= source.stat().st_mtime, (
+                f"{compiled} is older than {source.name}: run scripts/env.sh"
+            )
         chosen = getattr(importlib.import_module(module), attribute)
         assert chosen is getattr(extension, function), f"{module}.{attribute}"
 
@@ -144,8 +159,8 @@ def test_without_a_c_compiler_pip_installs_the_pure_python_path(tmp_path: Path) 
     nothing = tmp_path / "bin"
     nothing.mkdir()
     wheel, output = build_wheel(src, PATH=str(nothing), CC="no-such-cc")
-    for pyx in ACCELERATORS:  # tried, and given up with a warning
-        assert f'building extension "{module_of(pyx)}" failed' in output
+    for module in ACCELERATORS:  # tried, and given up with a warning
+        assert f'building extension "{module}" failed' in output
     names = zipfile.ZipFile(wheel).namelist()
     assert "ingest/accel.py" in names
     assert [n for n in names if n.endswith((".so", ".pyd", ".c", ".pyx"))] == []
@@ -212,7 +227,7 @@ def test_the_sdist_carries_setup_py_and_the_cython_sources(tmp_path: Path) -> No
         "pyproject.toml",
         "MANIFEST.in",
         "README.md",
-        *(pyx.relative_to(ROOT).as_posix() for pyx in ACCELERATORS),
+        *(s.relative_to(ROOT).as_posix() for sources in ACCELERATORS.values() for s in sources),
     }
     assert wanted <= names
     assert [n for n in names if n.endswith((".so", ".pyd", ".c"))] == []

@@ -36,19 +36,19 @@ cdef object _new = tuple.__new__
 cdef object _SLOW = object()  # _fast's answer for an item Mapping._reading decides
 
 # Item's and _Topic's fields, by position
-DEF ITEM_FIELDS = 9
-DEF FIELDS = 0
-DEF TS = 1
-DEF EPOCH = 2
-DEF TAGS = 4
-DEF UNITS = 5
-DEF CONTEXT = 6
-DEF PROBLEMS = 7
-DEF TOPIC_FIELDS = 5
-DEF RULE = 0
-DEF TOPIC_TAGS = 2
-DEF SENSOR = 3
-DEF INFO_ONLY = 4
+cdef enum: ITEM_FIELDS = 9
+cdef enum: FIELDS = 0
+cdef enum: TS = 1
+cdef enum: EPOCH = 2
+cdef enum: TAGS = 4
+cdef enum: UNITS = 5
+cdef enum: CONTEXT = 6
+cdef enum: PROBLEMS = 7
+cdef enum: TOPIC_FIELDS = 5
+cdef enum: RULE = 0
+cdef enum: TOPIC_TAGS = 2
+cdef enum: SENSOR = 3
+cdef enum: INFO_ONLY = 4
 
 
 cdef int _init() except -1:

@@ -60,15 +60,15 @@ from types import MemberDescriptorType
 from ingest.model import Reading as _Reading
 
 # Reading's fields, by position
-DEF SENSOR = 0
-DEF EPOCH = 2
-DEF VALUES = 3
-DEF SEQ = 4
-DEF MS = 5
-DEF TAGS = 6
-DEF UNITS = 7
-DEF INFO = 8
-DEF FIELDS = 9
+cdef enum: SENSOR = 0
+cdef enum: EPOCH = 2
+cdef enum: VALUES = 3
+cdef enum: SEQ = 4
+cdef enum: MS = 5
+cdef enum: TAGS = 6
+cdef enum: UNITS = 7
+cdef enum: INFO = 8
+cdef enum: FIELDS = 9
 if _Reading._fields != ("sensor_id", "when", "epoch", "values", "seq", "ms", "tags", "units",
                         "info"):  # then this module is not used (accel.pick: not built)
     raise ImportError(f"ingest.model.Reading has other fields: {_Reading._fields}")
@@ -96,9 +96,9 @@ cdef dict _INFO_KEYS = {}
 cdef dict _UNIT_KEYS = {}
 
 # Epochs handled here: their span's start times 1000 is well within 64 bits.
-DEF EPOCH_LIMIT = 1e14
-DEF SPAN_LIMIT = 1_000_000_000_000
-DEF TWO_53 = 9007199254740992.0
+cdef double EPOCH_LIMIT = 1e14
+cdef long long SPAN_LIMIT = 1_000_000_000_000
+cdef double TWO_53 = 9007199254740992.0
 
 
 class _Unsupported(Exception):
