@@ -109,7 +109,14 @@ async def test_page_shows_sensors_published_a_moment_before(
     # reads with the session cookie it gets; the token is in no URL and no log line.
     token = secrets.token_urlsafe(32)
     (tmp_path / "tokens").write_text(f"{token}\n")
-    port = api_process("--mode", mode, "--api-tokens-file", str(tmp_path / "tokens"))
+    port = api_process(
+        "--mode",
+        mode,
+        "--api-tokens-file",
+        str(tmp_path / "tokens"),
+        "--grafana-url",
+        "http://grafana.example:3000",
+    )
     async with Chromium(tmp_path / "chromium") as browser:
         await browser.open(f"http://127.0.0.1:{port}/")
         urls, cookies = await log_in(browser, token)
