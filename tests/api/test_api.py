@@ -431,7 +431,9 @@ async def test_metrics_page_and_unknown_paths(apis: dict[str, Any]) -> None:
             assert resp.status == 200, asset
     info = await get(apis, "timeseries", "/api/info")
     assert info["mode"] == "timeseries"
-    assert info["grafana_dashboard"].endswith("/d/iot-sensors/sensors")
+    assert info["grafana_dashboard"] is None  # no --grafana-url: the page shows no link
+    assert info["measurement_order"]["first"][0] == "temperature"
+    assert "battery*" in info["measurement_order"]["last"]
 
 
 async def test_the_api_refuses_a_collection_of_the_other_layout(
