@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from multidict import MultiDict
@@ -13,6 +12,9 @@ from ingest.api.query_params import ParamError, Params, encode_cursor, parse_dur
 from ingest.api.read_queries import Cursor, SeriesKey, merge_rows
 from ingest.cli import api_settings_from, build_parser, main
 from tests.api.test_api import get, serving
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 NOW = datetime(2026, 5, 1, 12, tzinfo=UTC)
 
