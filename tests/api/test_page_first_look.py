@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import pytest
 
+from ingest.model import Reading
+from tests.api.test_page import store
 from tests.support.browser import Chromium, chromium_binary
 from tests.support.procs import eventually
 
@@ -379,3 +381,46 @@ def check_view(view: dict[str, Any], mode: str) -> None:
     assert view["readings"][0] == ["Time", "aenergy_total", "pf"]
     assert len(view["readings"]) == 11
     assert view["readings"][1][1:] == ["1,234.667", "0.0069"]  # as stored
+
+
+async def test_a_busy_series_is_charted_from_averages_per_step(
+    mode: str, db: Any, api_process: Callable[..., int], tmp_path: Path
+) -> None:
+    """Over 500 readings in the window: numbers and booleans as the series endpoint's
+    averages per step, strings as a timeline of their latest readings."""
+    now = time.time()
+    readings = []
+    for i in range(600):  # one every 5 s over the last 50 minutes
+        epoch = round(now - 3000 + 5 * i, 3)
+        values = {"power": 1500 + (i % 40) * 2.5, "on": i % 100 < 50, "mode": f"m{i // 150}"}
+        when = datetime.fromtimestamp(epoch, UTC)
+        readings.append(Reading("busy", when, epoch, values, i, tags={}))  # as a rule reads
+    await store(db, mode, readings)
+    port = api_process("--mode", mode)
+    async with Chromium(tmp_path / "chromium") as browser:
+        await browser.before_load(CAPTURE)
+        await browser.open(f"http://127.0.0.1:{port}/")
+        await wait_ready(browser)
+        await browser.screenshot(tmp_path / "busy.png")
+        charts = await browser.evaluate(charts_js("#sensors"))
+        urls = await browser.evaluate("performance.getEntriesByType('resource').map((e) => e.name)")
+        errors = list(browser.errors)
+    assert errors == []
+    by = {c["measurement"]: c for c in charts}
+    assert list(by) == ["power", "mode", "on"]  # power first; the rest by name
+    assert any("/api/series?" in u and "step=30s" in u for u in urls), urls
+    power = by["power"]
+    assert power["caption"] == f"power: latest {1500 + 599 % 40 * 2.5:,.1f} (average per 30s)"
+    assert 100 <= len(power["xs"]) <= 102  # 50 minutes in steps of 30 s
+    assert by["on"]["kind"] == "boolean"
+    assert y_labels(by["on"]) == ["on", "off"]
+    assert min(by["on"]["ys"]) == 0
+    assert max(by["on"]["ys"]) == 1
+    assert by["mode"]["kind"] == "string"
+    assert by["mode"]["caption"] == "mode: latest m3"
+    assert y_labels(by["mode"])[0] == "m3"
+    for chart in charts:
+        assert_whole(chart)
+    assert len({c["plotLeft"] for c in charts}) == 1
+    labels = [number(t) for t in y_labels(power)]
+    assert all(1500 <= v <= 1600 for v in labels), labels

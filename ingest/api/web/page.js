@@ -440,7 +440,8 @@ async function showSensors() {
   note.textContent = answer.sensors.length === 0 ?
     (state.search ? `No series matches "${state.search}" in the last ${word}.` :
       `No sensor reported in the last ${word}.`) :
-    `Series ${first}–${first + answer.sensors.length - 1}` +
+    (answer.sensors.length === 1 ? `Series ${first}` :
+      `Series ${first}–${first + answer.sensors.length - 1}`) +
     (answer.next ? ", more follow." : ".");
   const prev = document.getElementById("prev");
   const next = document.getElementById("next");
