@@ -423,7 +423,7 @@ async function sensorCard(sensor) {
   return card;
 }
 
-async function showSensors() {
+async function showSensors(mine) {
   const [since, , word] = WINDOWS[state.window];
   document.getElementById("sensors-title").textContent =
     `Sensors that reported in the last ${word}`;
@@ -433,6 +433,7 @@ async function showSensors() {
   if (state.cursors[page]) q.set("cursor", state.cursors[page]);
   const answer = await getJSON(`api/sensors?${q}`);
   const cards = await mapLimited(answer.sensors, sensorCard);
+  if (mine !== generation) return;
   document.getElementById("sensors").replaceChildren(...cards);
   const first = page * PAGE_SIZE + 1;
   const note = document.getElementById("sensors-note");
@@ -455,7 +456,7 @@ async function showSensors() {
 
 // -- a sensor's own view -----------------------------------------------------------------
 
-async function showSensorView() {
+async function showSensorView(mine) {
   const [since, , word] = WINDOWS[state.window];
   const view = document.getElementById("sensor-view");
   delete view.dataset.ready;
@@ -486,6 +487,7 @@ async function showSensorView() {
     view.dataset.ready = "1";
     return;
   }
+  if (mine !== generation) return;
   const names = ordered(sensor.measurements);
   document.getElementById("view-meta").textContent =
     `${plural(sensor.readings, "reading")} in the last ${word}, first ` +
@@ -494,6 +496,7 @@ async function showSensorView() {
     names.join(", ");
   const box = el("div");
   await drawAll(box, await chartData(sensor, names, since), 720);
+  if (mine !== generation) return;
   charts.replaceChildren(box);
   await Promise.all([statsTable(sensor, names, since, stats), readingsTable(sensor, names, rows)]);
   view.dataset.ready = "1";
@@ -580,6 +583,7 @@ async function showInfo() {
 // -- refresh, login ----------------------------------------------------------------------
 
 let timer = null;
+let generation = 0;  // of the latest refresh: an older one, still loading, draws nothing
 
 function showError(err) {
   if (err.status === 401) {  // the session ended (expired, or the API restarted)
@@ -598,13 +602,15 @@ async function refresh() {
   document.getElementById("window").value = state.window;
   document.getElementById("search").value = state.search;
   delete document.body.dataset.ready;
+  const mine = ++generation;
   try {
-    await Promise.all([viewing ? showSensorView() : showSensors(), showRejects()]);
+    await Promise.all([viewing ? showSensorView(mine) : showSensors(mine), showRejects()]);
   } catch (err) {
+    if (mine !== generation) return;
     showError(err);
     if (err.status === 401) return;
   }
-  document.body.dataset.ready = "1";
+  if (mine === generation) document.body.dataset.ready = "1";
 }
 
 function showLogin(message) {
