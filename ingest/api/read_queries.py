@@ -293,7 +293,17 @@ def _sensors_bucket(
     }
     return [
         {"$match": match},
-        {"$project": {"_id": 0, "sensor_id": 1, "tags": 1, "units": 1, "info": 1, "r": inside}},
+        {
+            "$project": {
+                "_id": 0,
+                "sensor_id": 1,
+                "tags": 1,
+                "units": 1,
+                "info": 1,
+                "first_ts": 1,
+                "r": inside,
+            }
+        },
         {"$match": {"r.0": {"$exists": True}}},
         {
             "$project": {
@@ -302,12 +312,20 @@ def _sensors_bucket(
                 "units": 1,
                 "info": 1,
                 "n": {"$size": "$r"},
+                # a document's first reading is its first_ts, unless it began before
+                # the window (only the window's first document per series)
                 "first": {
-                    "$reduce": {
-                        "input": "$r",
-                        "initialValue": None,
-                        "in": {"$min": ["$$value", "$$this.ts"]},
-                    }
+                    "$cond": [
+                        {"$gte": ["$first_ts", since]},
+                        "$first_ts",
+                        {
+                            "$reduce": {
+                                "input": "$r",
+                                "initialValue": None,
+                                "in": {"$min": ["$$value", "$$this.ts"]},
+                            }
+                        },
+                    ]
                 },
                 "last": {
                     "$reduce": {
