@@ -1,13 +1,12 @@
 """--retained: what becomes of a message the broker sent with RETAIN set (old state).
 
-:class:`Retained` is the policy the pipeline asks about each such message. With
-``--retained ignore`` it is acknowledged in its turn and counted, never stored. A Homie
-attribute (the device's description) is taken as usual whatever --retained says. With
-``--retained store`` its readings are stored at the time the state was first seen:
-
-A retained message that the broker sends because the daemon subscribed (its RETAIN flag
+:class:`RetainedPolicy` is the policy the pipeline asks about each such message. A
+retained message that the broker sends because the daemon subscribed (its RETAIN flag
 set on delivery) is the topic's last state, published some time before. With
-``--retained store`` its readings are stored; those without a time of their own need
+``--retained ignore`` it is acknowledged in its turn and counted, never stored; a Homie
+attribute (the device's description) is taken as usual whatever --retained says.
+
+With ``--retained store`` its readings are stored; those without a time of their own need
 one that does not depend on when or where the message arrived, since the same state
 arrives again: at each member of a shared group (mosquitto sends retained messages to
 every member that subscribes), and whenever a subscription is made anew (a session
@@ -134,7 +133,7 @@ class Steps:
     closed: Callable[[], bool]  # the pipeline takes nothing more
 
 
-class Retained:
+class RetainedPolicy:
     """--retained: the pipeline's answer to a message delivered with RETAIN set."""
 
     def __init__(

@@ -27,7 +27,7 @@ from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, Write
 from ingest.model import Decoded, Rejection
 from ingest.pipeline.batcher import Batch, Batcher, merged
 from ingest.pipeline.redelivered import Ledger
-from ingest.pipeline.retained import Retained, Steps
+from ingest.pipeline.retained import RetainedPolicy, Steps
 from ingest.retry import backoff
 from ingest.store.writers.rejects import reject_docs
 
@@ -126,7 +126,7 @@ class Pipeline:
         self._received = self._received_bytes = self._accepted = 0
         self._closed = False
         # --retained: what becomes of a message delivered with RETAIN set.
-        self._retained = Retained(
+        self._retained = RetainedPolicy(
             settings,
             metrics,
             health,
