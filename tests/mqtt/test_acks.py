@@ -8,7 +8,7 @@ and the readings depend on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -82,7 +82,6 @@ class Sent:
     serial: int
     mid: int
     payload: bytes
-    delivered_on: set[int] = field(default_factory=set)
 
 
 @dataclass
