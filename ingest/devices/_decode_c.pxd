@@ -9,8 +9,8 @@ cdef set _valid_names, _valid_sensors
 cdef tuple _known
 cdef frozenset _RESERVED
 cdef object _NAME, _SENSOR_ID, _loads, _JSONDecodeError, Decoded, Reading, Rejection
-cdef object _INT64_MIN, _INT64_MAX
-cdef double _INT64_RANGE
+cdef object _INT64_MIN, _INT64_MAX, _FAST_FROM, _FAST_TO
+cdef double _INT64_RANGE, _INF
 cdef Py_ssize_t CACHE_LIMIT
 
 
@@ -30,3 +30,10 @@ cdef object _reading(dict item, object default_sensor, object now, tuple window,
                      object arrivals)
 
 cdef object _values(dict item)
+
+@cython.locals(number=cython.double, whole=cython.longlong, scaled=cython.double,
+               micros=cython.longlong, rest=cython.double)
+cdef object _ms_of(object epoch)
+
+@cython.locals(value=cython.double)
+cdef object _epoch(object raw, object now)
