@@ -18,7 +18,7 @@ cdef Py_ssize_t CACHE_LIMIT
 cpdef object sensor_from_topic(object topic)
 
 @cython.locals(count=Py_ssize_t, index=Py_ssize_t, readings=list, rejections=list,
-               window=tuple, known=tuple)
+               known=tuple)
 cpdef object decode(object topic, object payload, object received_at, object limits,
                     object sensor=*, object arrivals=*)
 
@@ -26,8 +26,9 @@ cdef tuple _remember(object limits)
 
 cdef object _whole(str reason, str detail)
 
-cdef object _reading(dict item, object default_sensor, object now, tuple window,
-                     object arrivals)
+@cython.locals(number=cython.double)
+cdef object _reading(dict item, object default_sensor, object now, object earliest,
+                     object latest, object arrivals)
 
 cdef object _values(dict item)
 

@@ -102,10 +102,10 @@ def decode(
     except _JSONDecodeError as exc:
         return _whole(_json_reason(payload), str(exc).split("\n", 1)[0][:200])
     default_sensor: object = sensor_from_topic(topic) if sensor is None else sensor
-    window = (received_at - max_past, received_at + max_future)
+    earliest, latest = received_at - max_past, received_at + max_future  # the window
     if type(doc) is dict and "readings" not in doc and max_readings > 0:
         # One reading object, the most common message: no list of items to go through.
-        result = _reading(doc, default_sensor, received_at, window, arrivals)
+        result = _reading(doc, default_sensor, received_at, earliest, latest, arrivals)
         if type(result) is not tuple:  # a Reading (a tuple subclass), not (reason, detail)
             return _new(Decoded, ([result], []))
         return _new(Decoded, ([], [Rejection(*result)]))
@@ -135,7 +135,7 @@ def decode(
     for index in range(count):
         item = items[index]
         result = (
-            _reading(item, default_sensor, received_at, window, arrivals)
+            _reading(item, default_sensor, received_at, earliest, latest, arrivals)
             if type(item) is dict
             else ("bad_shape", f"a reading must be an object, got {type(item).__name__}")
         )
@@ -179,7 +179,8 @@ def _reading(
     item: dict[str, Any],
     default_sensor: object,
     now: float,
-    window: tuple[float, float],
+    earliest: float,
+    latest: float,
     arrivals: Arrivals | None,
 ) -> Reading | tuple[str, str]:
     """Validate one reading object; return it or ``(reason, detail)``.
@@ -210,7 +211,7 @@ def _reading(
         epoch = _epoch(raw, now)
         if epoch is None:
             return "bad_timestamp", "ts must be epoch seconds or ISO-8601 with an offset"
-    if epoch is not None and not window[0] <= epoch <= window[1]:
+    if epoch is not None and not earliest <= epoch <= latest:
         return "ts_out_of_window", f"ts {epoch:.3f} outside the accepted window"
     seq = item.pop("seq", None)
     if seq is not None and (type(seq) is not int or not 0 <= seq <= _INT64_MAX):
@@ -225,7 +226,8 @@ def _reading(
             break
         kind = type(value)
         if kind is float:
-            if not -_INT64_RANGE <= value <= _INT64_RANGE:  # also false for NaN
+            number = value  # a C double when compiled
+            if not -_INT64_RANGE <= number <= _INT64_RANGE:  # also false for NaN
                 values = _values(item)
                 break
         elif kind is not int or not _INT64_MIN <= value <= _INT64_MAX:
