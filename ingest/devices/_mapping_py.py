@@ -425,13 +425,7 @@ def _reading(
             rejections.append(_at(found, index))
             return None
         tags = found
-    units = None
-    if item.units:
-        renamed = (
-            (mapping._resolve(rule, k), u[:MAX_UNIT])  # noqa: SLF001
-            for k, u in item.units.items()
-        )
-        units = {k: u for k, u in renamed if type(k) is str and k in measured} or None
+    units = _item_units(mapping, rule, item.units, measured) if item.units else None
     if rule.units:
         units = _units(rule, measured, item.context or matched.captures, units)
     if info is not None:
@@ -442,6 +436,17 @@ def _reading(
         if tags == matched.tags:  # the same keys in the same order: share the topic's
             tags = matched.tags  # (the bucket plan keys its series by the dict's id)
     return _new(Reading, (sensor, None, epoch, measured, None, ms, tags, units, info))
+
+
+def _item_units(
+    mapping: Mapping,
+    rule: Rule,
+    units: dict[str, str],
+    measured: dict[str, int | float | bool | str],
+) -> dict[str, str] | None:
+    """The units an item gives (SenML ``u``), under the names its values are stored by."""
+    renamed = ((mapping._resolve(rule, k), u[:MAX_UNIT]) for k, u in units.items())  # noqa: SLF001
+    return {k: u for k, u in renamed if type(k) is str and k in measured} or None
 
 
 def _instant(item: Item, rule: Rule, now: float) -> tuple[float, int] | None:
