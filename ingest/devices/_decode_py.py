@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -32,8 +32,25 @@ except ImportError:  # Cython builds the accelerators; it is not needed to run
     from ingest import _cython_shim as cython
 
 if TYPE_CHECKING:
-    from ingest.devices.decode import Arrivals, Limits
     from ingest.model import Scalar
+
+    class Limits(Protocol):
+        """What of decode.Limits the decoder reads."""
+
+        @property
+        def max_message_bytes(self) -> int: ...
+        @property
+        def max_readings(self) -> int: ...
+        @property
+        def max_past_seconds(self) -> float: ...
+        @property
+        def max_future_seconds(self) -> float: ...
+
+    class Arrivals(Protocol):
+        """What of decode.Arrivals the decoder calls."""
+
+        def next(self, sensor: str, ms: int) -> int: ...
+
 
 # Beyond this a bucket's running sum (stats.<m>.sum, at most ~160,000 readings of a
 # document) could overflow to infinity; no sensor measures anything this large. The one

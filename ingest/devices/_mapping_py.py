@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ingest.devices._decode_py import BEYOND_MAGNITUDE, MAX_MAGNITUDE
 from ingest.devices.formats import senml
@@ -38,10 +38,21 @@ except ImportError:  # Cython builds the accelerators; it is not needed to run
     from ingest import _cython_shim as cython
 
 if TYPE_CHECKING:
-    from ingest.devices.decode import Limits
+    from ingest.devices.decode import Arrivals, Limits
     from ingest.devices.formats import Item, Parsed
-    from ingest.devices.mapping import Mapping, _Topic
     from ingest.devices.rules import Rule
+
+    class Mapping(Protocol):
+        """What of a mapping.Mapping applying its rules reads: its caches, its arrivals."""
+
+        _names: dict[str, dict[str, str | Rejection]]
+        _kinds: dict[str, dict[str, str]]
+        _exact: bool
+        arrivals: Arrivals
+
+        def _resolve(self, rule: Rule, raw: str) -> str | Rejection: ...
+        def _kind(self, rule: Rule, name: str) -> str: ...
+
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _SENSOR = re.compile(SENSOR_ID_PATTERN)
@@ -57,6 +68,18 @@ def safe(text: str) -> str:
 
 
 _DROP_VALUE = object()  # a value left out, silently
+
+
+class _Topic(NamedTuple):
+    """What is known about a topic once matched: rule, captures, tags, sensor id."""
+
+    rule: Rule
+    captures: dict[str, str]
+    tags: dict[str, str]  # shared by the topic's readings, never changed
+    sensor: str | Rejection | None  # None: decided per item (payload or line tags)
+    # Every tag the rule renders from the payload is descriptive (``info``), and no
+    # descriptive one comes from the topic: readings keep ``tags`` as they are.
+    info_only: bool = False
 
 
 def readings(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from ingest import accel
 from ingest.devices import _mapping_py
 from ingest.devices._mapping_py import MAX_NAME as MAX_NAME  # noqa: PLC0414
-from ingest.devices._mapping_py import _sensor, _tag_problem
+from ingest.devices._mapping_py import _sensor, _tag_problem, _Topic
 from ingest.devices._mapping_py import safe as safe  # noqa: PLC0414
 from ingest.devices._mapping_py import tag_name as tag_name  # noqa: PLC0414
 from ingest.devices.decode import (
@@ -74,18 +74,6 @@ class Result(NamedTuple):
     rule: Rule | None  # None: no rule matched (``no_rule``)
     decoded: Decoded
     ignored: bool = False
-
-
-class _Topic(NamedTuple):
-    """What is known about a topic once matched: rule, captures, tags, sensor id."""
-
-    rule: Rule
-    captures: dict[str, str]
-    tags: dict[str, str]  # shared by the topic's readings, never changed
-    sensor: str | Rejection | None  # None: decided per item (payload or line tags)
-    # Every tag the rule renders from the payload is descriptive (``info``), and no
-    # descriptive one comes from the topic: readings keep ``tags`` as they are.
-    info_only: bool = False
 
 
 def _covers(wide: list[str], narrow: list[str]) -> bool:
