@@ -9,7 +9,7 @@ the reading.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast
 
 import orjson
 
@@ -18,6 +18,8 @@ from ingest.devices.formats import MAX_DEPTH, MAX_FIELDS, Item, Parsed, refused
 from ingest.model import Rejection
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ingest.devices.decode import Limits
     from ingest.devices.rules import Rule
 
@@ -30,11 +32,7 @@ class _TooMany(Exception):  # noqa: N818 - a signal inside flatten, never seen o
 
 
 def parse_py(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) -> Parsed:
-    """Readings from a JSON object or an array of objects.
-
-    The Python twin of ``_json_c.parse``, which reads only the parts of the payload a rule
-    with ``root`` or ``each`` needs (and hands anything unusual to this function).
-    """
+    """Readings from a JSON object or an array of objects (the whole payload parsed)."""
     try:
         doc = orjson.loads(payload)
     except orjson.JSONDecodeError as exc:
@@ -249,7 +247,54 @@ def _flatten(
         out[name] = value
 
 
-# The compiled twin repeats _parse_paths, _readings, walk, template_text and _flatten in C
-# for the parts of a payload it builds: a change to them here is made there too
-# (tests/devices/test_json_twins.py compares the twins).
-parse = accel.pick(parse_py, "ingest.devices.formats._json_c", "parse")
+class Selection(Protocol):
+    """The compiled selective scanner (``_json_c.Selection``) of a rule's payload paths."""
+
+    def pruned(self, payload: bytes) -> dict[str, object] | None:
+        """The payload object with only the paths, or None: not sure (parse it whole)."""
+
+
+# Built where a C compiler is: the kernel that reads only what a rule with root or each
+# needs (ingest/devices/formats/_json_c.pyx); None on the pure-Python path.
+_Selection = cast(
+    "Callable[[tuple[tuple[str, ...], ...]], Selection] | None",
+    accel.pick(None, "ingest.devices.formats._json_c", "Selection"),
+)
+_selections: dict[Rule, Selection | None] = {}
+_MAX_SELECTIONS = 1024  # rules remembered (a process has a fixed set)
+
+
+def _selection(rule: Rule) -> Selection | None:
+    """The scanner of the paths :func:`_parse_paths` reads, or None: parse the whole object."""
+    target = rule.root if rule.root is not None else rule.each
+    if _Selection is None or target is None:
+        return None  # the payload object itself is a reading: all of it is read
+    paths = (target, *((rule.time_path,) if rule.time_path else ()))
+    try:
+        return _Selection(paths + tuple(path for _name, path in rule.variables))
+    except ValueError:  # a key of no UTF-8 form, or too many keys: parsed whole
+        return None
+
+
+def parse_selective(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) -> Parsed:
+    """:func:`parse_py`, building only what a rule with ``root`` or ``each`` reads.
+
+    The compiled scanner prunes the payload object to the rule's paths; anything it is
+    not sure of, and a gateway's ``each`` that is absent (the whole object is then the
+    reading), is parsed whole.
+    """
+    if rule.paths and type(payload) is bytes:
+        try:
+            selection = _selections[rule]
+        except KeyError:
+            if len(_selections) >= _MAX_SELECTIONS:
+                _selections.clear()
+            selection = _selections[rule] = _selection(rule)
+        if selection is not None:
+            doc = selection.pruned(payload)
+            if doc is not None and (rule.each is None or walk(doc, rule.each) is not ABSENT):
+                return _parse_paths([doc], rule, captures, limits)
+    return parse_py(payload, rule, captures, limits)
+
+
+parse = parse_py if _Selection is None else parse_selective
