@@ -11,20 +11,26 @@ cdef int PUBLISH, PUBACK, SUBSCRIPTION_IDENTIFIER
                length=Py_ssize_t, at=Py_ssize_t, stop=Py_ssize_t)
 cpdef Py_ssize_t scan(object data, object reader, object deliver) except -1
 
+
 cdef bytes _read_buffer(object data)
+
 
 @cython.locals(topic_end=Py_ssize_t, end=Py_ssize_t, block=Py_ssize_t, length=Py_ssize_t,
                mid=long)
 cdef int _deliver_publish(object deliver, int command, const unsigned char *data, Py_ssize_t at,
                           Py_ssize_t stop) except -1
 
+
 @cython.locals(value=Py_ssize_t, shift=int, byte=int)
 cdef (Py_ssize_t, Py_ssize_t) _varint(const unsigned char *data, Py_ssize_t pos, Py_ssize_t end)
+
 
 @cython.locals(ident=int, value=Py_ssize_t, found=object)
 cdef object _subscription(const unsigned char *data, Py_ssize_t pos, Py_ssize_t end)
 
+
 cdef Py_ssize_t _skip_strings(const unsigned char *data, Py_ssize_t pos, Py_ssize_t end, int count)
+
 
 @cython.locals(out=bytearray, at=Py_ssize_t, value=int)
 cpdef bytes pubacks(object mids)

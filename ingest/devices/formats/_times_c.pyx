@@ -1,7 +1,8 @@
 """The ISO-8601 fast path of ingest.devices.formats.times.text_py: a kernel.
 
-For a format of ``times.ISO_FORMATS``, reads the form network servers send, ``YYYY-MM-DDTHH:MM:SS[.f]`` with ``Z`` or ``±HH:MM``
-(one to nine fraction digits), field by field with the ranges ``datetime`` checks, and
+For a format of ``times.ISO_FORMATS``, reads the form network servers send,
+``YYYY-MM-DDTHH:MM:SS[.f]`` with ``Z`` or ``±HH:MM`` (one to nine fraction digits), field
+by field with the ranges ``datetime`` checks, and
 computes what ``datetime.fromisoformat(raw).timestamp()`` gives: the exact count of
 microseconds since the epoch (the fraction truncated to microseconds, as fromisoformat
 does) divided by 10**6, one rounding as Python's int division. Any other text, any other
