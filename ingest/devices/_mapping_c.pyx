@@ -11,7 +11,6 @@ case, goes to ``Mapping._reading``, which decides it: nothing is appended to the
 rejections before that.
 """
 
-from cpython.object cimport PyObject
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 
 cdef extern from "Python.h":
