@@ -1,6 +1,7 @@
-"""The json format's two paths agree: ``json_format.parse_py`` (a full ``orjson.loads``) and
-``parse_selective``, whose compiled scanner (``_json_c.Selection``) builds only what a rule
-with ``root`` or ``each`` reads.
+"""The json format's paths agree: its rules (``_jsonparse_py``) run as Python on the whole
+payload (a full ``orjson.loads``), compiled (``_jsonparse_c``) on the whole payload, and
+compiled on what the selective scanner (the kernel ``_json_c.Selection``) builds of it for a
+rule with ``root`` or ``each``.
 
 Same Parsed (items, values and their types, key order, rejections with their detail text)
 on LoRaWAN uplinks as the vendors send them, on generated JSON of every shape (random extra
@@ -24,6 +25,7 @@ from prometheus_client import generate_latest
 from bench.mapping import ttn
 from ingest import accel
 from ingest.devices.decode import Limits
+from ingest.devices.formats import _jsonparse_py
 from ingest.devices.formats import json as json_format
 from ingest.devices.rules import load_preset, parse
 from ingest.metrics import Metrics
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from ingest.devices.rules import Rule
 
 compiled("ingest.devices.formats._json_c")
+compiled_rules = compiled("ingest.devices.formats._jsonparse_c")
 
 OTHER_RULES = """
 [[rule]]
@@ -99,13 +102,17 @@ def outcome(parse_fn: Any, payload: bytes, rule: Rule, limits: Limits) -> str:
 
 
 def assert_same(payload: bytes, rules: list[Rule] = RULES) -> None:
+    """The rules run as Python on the whole payload, compiled on the whole payload, and
+    compiled on what the scanner builds of it: the same Parsed."""
     for rule in rules:
         for limits in LIMITS:
-            expected = outcome(json_format.parse_py, payload, rule, limits)
-            assert outcome(json_format.parse_selective, payload, rule, limits) == expected, (
-                rule.name,
-                payload,
-            )
+            expected = outcome(_jsonparse_py.parse, payload, rule, limits)
+            for parse_fn in (json_format.parse_py, json_format.parse_selective):
+                assert outcome(parse_fn, payload, rule, limits) == expected, (
+                    parse_fn,
+                    rule.name,
+                    payload,
+                )
 
 
 def uplinks() -> list[bytes]:
@@ -512,7 +519,7 @@ def test_the_compiled_twin_reads_clean_payloads_without_the_full_parse(
     def full_parse(*args: object) -> Parsed:
         raise AssertionError(f"parse_py called for {args[0]!r}")
 
-    monkeypatch.setattr(json_format, "parse_py", full_parse)
+    monkeypatch.setattr(compiled_rules, "parse", full_parse)
     got = [json_format.parse_selective(p, rule, CAPTURES[rule.name], Limits()) for p, rule in cases]
     assert repr(got) == repr(expected)
     assert all(parsed.items for parsed in got[-len(OTHERS) :])
@@ -547,7 +554,7 @@ def test_anything_doubtful_is_left_to_the_full_parse(
         calls.append(args[0])
         return full_parse(*args)
 
-    monkeypatch.setattr(json_format, "parse_py", counted)
+    monkeypatch.setattr(compiled_rules, "parse", counted)
     assert outcome(json_format.parse_selective, payload, TTN, Limits()) == expected
     assert calls == [payload]
 
