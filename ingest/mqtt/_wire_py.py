@@ -10,14 +10,21 @@ packet is malformed either way). The annotations are for mypy: the C types are t
 
 from __future__ import annotations
 
+import struct
 from operator import index
 from typing import TYPE_CHECKING
+
+try:
+    import cython
+except ImportError:  # Cython builds the accelerators; it is not needed to run
+    from ingest import _cython_shim as cython
 
 if TYPE_CHECKING:
     from ingest.mqtt.wire import Cursor, Deliver, Subscription
 
 PUBLISH = 0x30
 PUBACK = 0x40
+PUBACK_WORD = (PUBACK << 8 | 2) << 16  # a PUBACK's head (remaining length 2) above its id
 MALFORMED = "malformed PUBLISH: its header runs past its end"
 SUBSCRIPTION_IDENTIFIER = 0x0B
 
@@ -194,11 +201,14 @@ def pubacks(mids: list[int]) -> bytes:
     Each is 4 bytes: ``0x40 0x02`` and the id, big-endian (an MQTT 5 PUBACK without
     reason code means success). An id outside 1..65535 raises ``ValueError``.
     """
-    out = bytearray(4 * len(mids))
-    at = 0
     for mid in mids:
         if not 0 < mid <= 0xFFFF:
             raise ValueError(f"packet id {mid} outside 1..65535")
+    if not cython.compiled:  # Python packs the words at once; compiled, C writes the bytes
+        return struct.pack(f">{len(mids)}I", *[PUBACK_WORD | mid for mid in mids])
+    out = bytearray(4 * len(mids))
+    at = 0
+    for mid in mids:
         value = mid
         out[at] = PUBACK
         out[at + 1] = 2
