@@ -67,7 +67,6 @@ def held_bytes(message: Inbound, readings: list[Reading], docs: list[dict[str, A
     return size
 
 
-
 class Acker(Protocol):
     """Something that acknowledges a message to the broker (the MQTT source)."""
 

@@ -10,7 +10,7 @@ payload to what a rule with ``root`` or ``each`` reads, then applies the same ru
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Protocol
 
 import orjson
 
@@ -19,8 +19,6 @@ from ingest.devices.formats import MAX_DEPTH, MAX_FIELDS, Item, Parsed, refused
 from ingest.model import Rejection
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from ingest.devices.decode import Limits
     from ingest.devices.rules import Rule
 
@@ -257,12 +255,14 @@ class Selection(Protocol):
         """The payload object with only the paths, or None: not sure (parse it whole)."""
 
 
+def no_selection(paths: tuple[tuple[str, ...], ...]) -> Selection | None:  # noqa: ARG001
+    """What the pure-Python path has of the selective scanner: nothing."""
+    return None
+
+
 # Built where a C compiler is: the kernel that reads only what a rule with root or each
-# needs (ingest/devices/formats/_json_c.pyx); None on the pure-Python path.
-_Selection = cast(
-    "Callable[[tuple[tuple[str, ...], ...]], Selection] | None",
-    accel.pick(None, "ingest.devices.formats._json_c", "Selection"),
-)
+# needs (ingest/devices/formats/_json_c.pyx); no_selection on the pure-Python path.
+_Selection = accel.pick(no_selection, "ingest.devices.formats._json_c", "Selection")
 _selections: dict[Rule, Selection | None] = {}
 _MAX_SELECTIONS = 1024  # rules remembered (a process has a fixed set)
 
@@ -270,7 +270,7 @@ _MAX_SELECTIONS = 1024  # rules remembered (a process has a fixed set)
 def _selection(rule: Rule) -> Selection | None:
     """The scanner of the paths :func:`_parse_paths` reads, or None: parse the whole object."""
     target = rule.root if rule.root is not None else rule.each
-    if _Selection is None or target is None:
+    if target is None:
         return None  # the payload object itself is a reading: all of it is read
     paths = (target, *((rule.time_path,) if rule.time_path else ()))
     try:
@@ -302,4 +302,4 @@ def parse_selective(payload: bytes, rule: Rule, captures: dict[str, str], limits
 
 def selective() -> bool:
     """Whether the selective scanner is built (else :func:`parse_selective` is :func:`parse`)."""
-    return _Selection is not None
+    return _Selection is not no_selection
