@@ -25,8 +25,11 @@ cdef int _deliver_publish(object deliver, int command, const unsigned char *data
 cdef (Py_ssize_t, Py_ssize_t) _varint(const unsigned char *data, Py_ssize_t pos, Py_ssize_t end)
 
 
-@cython.locals(ident=int, value=Py_ssize_t, found=object)
 cdef object _subscription(const unsigned char *data, Py_ssize_t pos, Py_ssize_t end)
+
+
+@cython.locals(ident=int, value=Py_ssize_t, found=object)
+cdef object _read_subscription(const unsigned char *data, Py_ssize_t pos, Py_ssize_t end)
 
 
 cdef Py_ssize_t _skip_strings(const unsigned char *data, Py_ssize_t pos, Py_ssize_t end, int count)

@@ -147,7 +147,27 @@ def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
     return -1, pos
 
 
+# The pure-Python path remembers the short property blocks it has read (a daemon's PUBLISH
+# packets carry one of a few: its subscriptions' identifiers); compiled, reading a block
+# costs less than looking it up.
+_BLOCKS: dict[bytes, Subscription] = {}
+_MAX_BLOCKS, _MAX_BLOCK_SIZE = 64, 16
+
+
 def _subscription(data: bytes, pos: int, end: int) -> Subscription:
+    """:func:`_read_subscription`, remembered by the pure-Python path."""
+    if not cython.compiled and end - pos <= _MAX_BLOCK_SIZE:
+        block = data[pos:end]
+        found = _BLOCKS.get(block)
+        if found is None:
+            found = _read_subscription(data, pos, end)
+            if len(_BLOCKS) < _MAX_BLOCKS:
+                _BLOCKS[block] = found
+        return found
+    return _read_subscription(data, pos, end)
+
+
+def _read_subscription(data: bytes, pos: int, end: int) -> Subscription:
     """The Subscription Identifiers among the properties ``data[pos:end]``.
 
     0 for none, the identifier if one, a tuple if several (a broker may send one copy of
