@@ -67,7 +67,14 @@ def extensions() -> list[Extension]:
     sources = {p.with_suffix(""): p for p in HERE.glob("ingest/**/_*_c.pyx")}
     for pxd in HERE.glob("ingest/**/_*_c.pxd"):
         if pxd.with_suffix("") not in sources:
-            sources[pxd.with_suffix("")] = pxd.with_name(pxd.name[: -len("_c.pxd")] + "_py.py")
+            source = sources[pxd.with_suffix("")] = pxd.with_name(
+                pxd.name[: -len("_c.pxd")] + "_py.py"
+            )
+            # cythonize tracks the .pxd of the source's own name only: a changed _<name>_c.pxd
+            # makes the generated C stale.
+            generated = source.with_suffix(".c")
+            if generated.exists() and generated.stat().st_mtime < pxd.stat().st_mtime:
+                generated.unlink()
     Options.warning_errors = True  # a Cython warning (a deprecated DEF, say) fails the build
     modules = cythonize(
         [

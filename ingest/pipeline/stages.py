@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pymongo.errors import PyMongoError
 
-from ingest import accel
 from ingest.devices.decode import ARRIVALS, Limits, Replayed, decode, sensor_from_topic
 from ingest.devices.identity import refuse_others
 from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, WriteError
@@ -55,7 +54,7 @@ REJECT_DOC_BYTES = 768
 _NO_DOCS: list[dict[str, Any]] = []
 
 
-def held_bytes_py(message: Inbound, readings: list[Reading], docs: list[dict[str, Any]]) -> int:
+def held_bytes(message: Inbound, readings: list[Reading], docs: list[dict[str, Any]]) -> int:
     """Estimated memory one taken message holds until it is acknowledged."""
     size = MESSAGE_BYTES + len(message.payload) + len(message.topic)
     if readings:
@@ -65,10 +64,6 @@ def held_bytes_py(message: Inbound, readings: list[Reading], docs: list[dict[str
     for doc in docs:
         size += REJECT_DOC_BYTES + len(doc["payload"]) + len(doc["detail"])
     return size
-
-
-# The compiled twin counts a message's values in C (ingest/pipeline/_stages_c.pyx).
-held_bytes = accel.pick(held_bytes_py, "ingest.pipeline._stages_c", "held_bytes")
 
 
 class Acker(Protocol):

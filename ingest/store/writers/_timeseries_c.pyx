@@ -67,7 +67,8 @@ cdef extern from *:
         member = ((PyMemberDescrObject *)descr)->d_member;
         if (member->type != Py_T_OBJECT_EX || (member->flags & Py_READONLY)) return -1;
         if (member->offset <= 0
-                || member->offset + (Py_ssize_t)sizeof(PyObject *) > ((PyTypeObject *)cls)->tp_basicsize)
+                || member->offset + (Py_ssize_t)sizeof(PyObject *)
+                   > ((PyTypeObject *)cls)->tp_basicsize)
             return -1;
         return member->offset;
     }
@@ -690,7 +691,7 @@ def sorted_readings(readings):
     if type(readings) is not list:
         return sorted(readings, key=_BY_SENSOR_AND_TIME)
     cdef list rows = <list>readings
-    cdef Py_ssize_t n = len(rows), i, g, k, begin, end, distinct
+    cdef Py_ssize_t n = len(rows), i, k, begin, end, distinct
     cdef dict groups = {}
     cdef list sensors = []
     cdef object reading, sensor, epoch, last = None, found
