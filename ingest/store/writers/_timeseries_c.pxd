@@ -4,6 +4,11 @@ cimport cython
 from ingest cimport _capi
 from ingest.store.writers cimport _bson_c
 
+cdef Py_ssize_t _DATE_MS_SLOT, _SENSOR_ID, _EPOCH
+cdef frozenset _OWN, _META_OWN
+cdef dict _SORTED
+cdef object _new, _NOTHING, _TIME
+
 
 cpdef dict reading_document(object reading)
 

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from ingest.store.writers.timeseries import Runs
 
 _TIME = attrgetter("epoch")
+_SENSOR_ID = Reading._fields.index("sensor_id")
+_EPOCH = Reading._fields.index("epoch")
 _new = object.__new__
 _NOTHING = object()
 # Field names of a reading in name order, by their order in the payload (bounded: names
@@ -56,6 +58,8 @@ RAW_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(
     tzinfo=UTC,
     datetime_conversion=DatetimeConversion.DATETIME_AUTO,
 )
+# Where a BsonDate holds its milliseconds (compiled: set there, see ingest/_capi.pxd).
+_DATE_MS_SLOT = _capi.slot_offset(BsonDate, "ms") if cython.compiled else -1
 # A document's own fields: a value of that name overwrites one in its dict.
 _OWN = frozenset({"_id", "ts", "meta", "seq", "units", "info"})
 _META_OWN = frozenset({"sensor_id"})
@@ -107,8 +111,12 @@ def sorted_readings(readings: list[Reading]) -> list[Reading]:
     by_sensor: dict[str, list[Reading]] = {}
     last: object = _NOTHING
     run: list[Reading] = []
+    reading_type = Reading
     for reading in readings:
-        sensor = reading.sensor_id
+        if cython.compiled:  # a Reading's field by index
+            sensor = _capi.field(reading, reading_type, _SENSOR_ID, "sensor_id")
+        else:
+            sensor = reading.sensor_id
         if sensor is not last:
             found = by_sensor.get(sensor)
             if found is None:
@@ -126,9 +134,13 @@ def sorted_readings(readings: list[Reading]) -> list[Reading]:
 
 def _in_time_order(run: list[Reading]) -> bool:
     """Whether no reading of ``run`` is earlier than the one before it."""
+    reading_type = Reading
     earlier = run[0].epoch
     for k in range(1, len(run)):
-        epoch = run[k].epoch
+        if cython.compiled:  # a Reading's field by index
+            epoch = _capi.field(run[k], reading_type, _EPOCH, "epoch")
+        else:
+            epoch = run[k].epoch
         if epoch < earlier:
             return False
         earlier = epoch
@@ -161,7 +173,7 @@ def batch_documents(
         writer = None
         ids = ids_of(prefix, start, count)
     counter = start & 0xFFFFFF
-    new = _new
+    new, date_type, reading_type = _new, BsonDate, Reading
     metas: dict[str, dict[str, Any]] = {}
     docs: list[Any] = []
     dates: list[BsonDate] = []
@@ -173,7 +185,7 @@ def batch_documents(
     for i, reading in enumerate(readings):
         try:
             if cython.compiled:  # a Reading's fields by index; anything else as Python would
-                row = _capi.as_tuple(reading) if type(reading) is Reading else tuple(reading)
+                row = _capi.as_tuple(reading) if type(reading) is reading_type else tuple(reading)
             else:
                 row = reading
             sensor, when, _, values, seq, ms, tags, units, info = row
@@ -181,8 +193,11 @@ def batch_documents(
             raise TypeError(f"not a Reading: {reading!r}") from None
         if ms is None:
             ms = ts_key(reading.ts)
-        date = new(BsonDate)
-        date.ms = ms
+        if cython.compiled:
+            date = _capi.new_with(date_type, _DATE_MS_SLOT, "ms", ms)
+        else:
+            date = new(date_type)
+            date.ms = ms
         dates.append(date)
         if i == 0 or not (sensor is last or last == sensor):  # a new run
             if i:
@@ -191,7 +206,7 @@ def batch_documents(
         elif not collided and previous == ms:
             collided = True
         previous = ms
-        if writer is not None and type(reading) is Reading:
+        if writer is not None and type(reading) is reading_type:
             if tags or units is not None or info is not None:
                 raw = _mapped_raw(writer, counter + i, reading, when, ms, prefix)
             else:
