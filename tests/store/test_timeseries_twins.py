@@ -18,8 +18,8 @@ import itertools
 import math
 import time
 from collections import OrderedDict
-from operator import attrgetter
 from datetime import UTC, datetime
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import bson

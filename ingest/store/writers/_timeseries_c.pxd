@@ -30,6 +30,7 @@ cdef bint _in_time_order(list run) except -1
     dates=list,
     runs=list,
     row=tuple,
+    mapped=bint,
 )
 cpdef tuple batch_documents(object readings, object prefix, object start)
 

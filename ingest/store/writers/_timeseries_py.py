@@ -1,4 +1,5 @@
 # cython: annotation_typing=False
+# ruff: noqa: ERA001 - the line above is a Cython directive (the .pxd gives the types)
 """Time-series documents of a batch: the rules, once.
 
 Run as Python, and compiled by Cython as ``_timeseries_c`` with the types of
@@ -25,18 +26,32 @@ from ingest.model import Reading
 from ingest.store.writers.bucket import BsonDate, ts_key
 
 try:
-    import cython
+    import cython  # type: ignore[import-untyped]
 except ImportError:  # Cython builds the accelerators; it is not needed to run
     from ingest import _cython_shim as cython
 
-try:  # compiled only: the BSON writer kernel, and the C-level helpers (cimported)
-    from ingest import _capi  # type: ignore[attr-defined]
-    from ingest.store.writers import _bson_c
-except ImportError:
-    _capi = _bson_c = None
+# Compiled, these are cimported (_timeseries_c.pxd): the BSON writer kernel
+# (ingest/store/writers/_bson_c.pyx) and the C-level helpers (ingest/_capi.pxd).
+_bson_c: Any = None
+_capi: Any = None
 
 if TYPE_CHECKING:
+    from typing import Protocol
+
     from ingest.store.writers.timeseries import Runs
+
+    class _Writer(Protocol):
+        """The BSON writer kernel (``_bson_c.Writer``): each part WRITTEN (0) or NOT_SURE (1)."""
+
+        def start(self) -> int: ...
+        def object_id(self, name: str, prefix: bytes, counter: int) -> int: ...
+        def date(self, name: str, ms: object) -> int: ...
+        def value(self, name: str, value: object) -> int: ...
+        def items(self, mapping: object, *, by_name: bool, skip: frozenset[str] | None) -> int: ...
+        def open(self, name: str) -> int: ...
+        def close(self) -> int: ...
+        def finish(self) -> object: ...
+
 
 _TIME = attrgetter("epoch")
 _SENSOR_ID = Reading._fields.index("sensor_id")
@@ -147,7 +162,7 @@ def _in_time_order(run: list[Reading]) -> bool:
     return True
 
 
-def batch_documents(
+def batch_documents(  # noqa: C901, PLR0912, PLR0915 - one loop, the batch's hot path
     readings: list[Reading], prefix: bytes, start: int
 ) -> tuple[list[Any], Runs, bool]:
     """The documents of ``readings``, with what the lookup before the insert needs.
@@ -182,6 +197,7 @@ def batch_documents(
     begin = 0
     last: Any = None
     previous: Any = None
+    row: tuple[Any, ...]
     for i, reading in enumerate(readings):
         try:
             if cython.compiled:  # a Reading's fields by index; anything else as Python would
@@ -206,16 +222,18 @@ def batch_documents(
         elif not collided and previous == ms:
             collided = True
         previous = ms
+        mapped = tags or units is not None or info is not None
         if writer is not None and type(reading) is reading_type:
-            if tags or units is not None or info is not None:
-                raw = _mapped_raw(writer, counter + i, reading, when, ms, prefix)
-            else:
-                raw = _plain_raw(writer, counter + i, sensor, ms, seq, values, prefix)
+            raw = (
+                _mapped_raw(writer, counter + i, reading, when, ms, prefix)
+                if mapped
+                else _plain_raw(writer, counter + i, sensor, ms, seq, values, prefix)
+            )
             if raw is not None:
                 docs.append(raw)
                 continue
         oid = ids[i] if writer is None else ids_of(prefix, counter + i, 1)[0]
-        if tags or units is not None or info is not None:
+        if mapped:
             docs.append({"_id": oid, **reading_document(reading)})
         else:
             docs.append(_plain_document(oid, date, sensor, seq, values, metas))
@@ -225,7 +243,12 @@ def batch_documents(
 
 
 def _plain_document(
-    oid: ObjectId, date: BsonDate, sensor: str, seq: object, values: Any, metas: dict[str, Any]
+    oid: ObjectId,
+    date: BsonDate,
+    sensor: str,
+    seq: object,
+    values: dict[str, Any],
+    metas: dict[str, Any],
 ) -> dict[str, Any]:
     """:func:`reading_document`'s dict for a reading without tags, units or info.
 
@@ -252,10 +275,15 @@ def _plain_document(
 
 
 def _plain_raw(
-    writer: Any, counter: int, sensor: object, ms: object, seq: object, values: object, prefix: bytes
+    writer: _Writer,
+    counter: int,
+    sensor: object,
+    ms: object,
+    seq: object,
+    values: object,
+    prefix: bytes,
 ) -> object:
-    """Compiled: the bytes of :func:`_plain_document`'s dict, or None when the kernel is
-    not sure of a part."""
+    """Compiled: the bytes of :func:`_plain_document`'s dict, or None if the kernel is not sure."""
     if (
         writer.start()
         or writer.object_id("_id", prefix, counter)
@@ -264,17 +292,19 @@ def _plain_raw(
         or writer.value("sensor_id", sensor)
         or writer.close()
         or (seq is not None and writer.value("seq", seq))
-        or writer.items(values, True, _OWN)
+        or writer.items(values, by_name=True, skip=_OWN)
     ):
         return None
     return writer.finish()
 
 
 def _mapped_raw(
-    writer: Any, counter: int, reading: Reading, when: object, ms: object, prefix: bytes
+    writer: _Writer, counter: int, reading: Reading, when: object, ms: object, prefix: bytes
 ) -> object:
-    """Compiled: the bytes of ``{"_id": ..., **reading_document(reading)}`` for a reading
-    with tags, units or info, or None when the kernel is not sure of a part."""
+    """Compiled: the bytes of ``{"_id": ..., **reading_document(reading)}``, or None.
+
+    For a reading with tags, units or info; None when the kernel is not sure of a part.
+    """
     if (
         when is not None  # the driver encodes the datetime given
         or type(ms) is not int
@@ -288,18 +318,24 @@ def _mapped_raw(
         or writer.date("ts", ms)
         or writer.open("meta")
         or writer.value("sensor_id", reading.sensor_id)
-        or (tags and writer.items(tags, True, _META_OWN))
+        or (tags and writer.items(tags, by_name=True, skip=_META_OWN))
         or writer.close()
         or (seq is not None and writer.value("seq", seq))
         or (
             units is not None
-            and (writer.open("units") or writer.items(units, True, None) or writer.close())
+            and (
+                writer.open("units")
+                or writer.items(units, by_name=True, skip=None)
+                or writer.close()
+            )
         )
         or (
             info is not None
-            and (writer.open("info") or writer.items(info, True, None) or writer.close())
+            and (
+                writer.open("info") or writer.items(info, by_name=True, skip=None) or writer.close()
+            )
         )
-        or writer.items(reading.values, True, _OWN)
+        or writer.items(reading.values, by_name=True, skip=_OWN)
     ):
         return None
     return writer.finish()
