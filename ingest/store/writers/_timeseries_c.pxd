@@ -7,6 +7,7 @@ from ingest.store.writers cimport _bson_c
 cdef Py_ssize_t _DATE_MS_SLOT, _SENSOR_ID, _EPOCH
 cdef frozenset _OWN, _META_OWN
 cdef dict _SORTED
+cdef _bson_c.Writer _WRITER
 cdef object _new, _NOTHING, _TIME
 
 

@@ -75,6 +75,8 @@ RAW_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(
 )
 # Where a BsonDate holds its milliseconds (compiled: set there, see ingest/_capi.pxd).
 _DATE_MS_SLOT = _capi.slot_offset(BsonDate, "ms") if cython.compiled else -1
+# Compiled: the writer of every batch's documents (one at a time; its buffer kept).
+_WRITER = _bson_c.Writer(RAW_OPTIONS) if cython.compiled else None
 # A document's own fields: a value of that name overwrites one in its dict.
 _OWN = frozenset({"_id", "ts", "meta", "seq", "units", "info"})
 _META_OWN = frozenset({"sensor_id"})
@@ -182,7 +184,7 @@ def batch_documents(  # noqa: C901, PLR0912, PLR0915 - one loop, the batch's hot
     """
     count = len(readings)
     if cython.compiled:
-        writer = _bson_c.Writer(RAW_OPTIONS)
+        writer = _WRITER
         ids = ids_of(prefix, start, 0)  # the checks: an id is made for a document left a dict
     else:
         writer = None
