@@ -19,7 +19,12 @@ from cpython.exc cimport PyErr_Clear, PyErr_ExceptionMatches
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
 from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.object cimport PyObject
-from cpython.unicode cimport PyUnicode_CheckExact, PyUnicode_Compare
+from cpython.unicode cimport (
+    PyUnicode_CheckExact,
+    PyUnicode_Compare,
+    PyUnicode_DATA,
+    PyUnicode_GET_LENGTH,
+)
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport free, qsort, realloc
 from libc.string cimport memchr, memcpy
@@ -29,6 +34,7 @@ from bson.raw_bson import RawBSONDocument
 from ingest._capi cimport new_object, set_slot, slot_offset
 
 cdef extern from "Python.h":
+    bint PyUnicode_IS_COMPACT_ASCII(object text)  # public: an ASCII str's data is its UTF-8
     # Declared without Cython's exception check: a failure (a lone surrogate) is cleared
     # and the part is NOT_SURE.
     const char *_utf8_of "PyUnicode_AsUTF8AndSize"(object text, Py_ssize_t *size)
@@ -71,6 +77,10 @@ cdef int _text(object text, const char **out, Py_ssize_t *size) except -1:
     cdef const char *data
     if not PyUnicode_CheckExact(text):
         return NOT_SURE
+    if PyUnicode_IS_COMPACT_ASCII(text):  # its characters are its UTF-8 bytes
+        out[0] = <const char *>PyUnicode_DATA(text)
+        size[0] = PyUnicode_GET_LENGTH(text)
+        return WRITTEN
     data = _utf8_of(text, size)
     if data == NULL:
         if not PyErr_ExceptionMatches(UnicodeEncodeError):
