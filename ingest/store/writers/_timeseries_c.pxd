@@ -13,11 +13,14 @@ cdef object _new, _NOTHING, _TIME
 
 cpdef dict reading_document(object reading)
 
+
 @cython.locals(by_sensor=dict, run=list, found=list, out=list)
 cpdef list sorted_readings(object readings)
 
+
 @cython.locals(k=Py_ssize_t)
 cdef bint _in_time_order(list run) except -1
+
 
 @cython.locals(
     count=Py_ssize_t,
@@ -35,13 +38,16 @@ cdef bint _in_time_order(list run) except -1
 )
 cpdef tuple batch_documents(object readings, object prefix, object start)
 
+
 cdef dict _plain_document(object oid, object date, object sensor, object seq, object values,
                           dict metas)
+
 
 cdef object _plain_raw(
     _bson_c.Writer writer, Py_ssize_t counter, object sensor, object ms, object seq,
     object values, bytes prefix,
 )
+
 
 cdef object _mapped_raw(
     _bson_c.Writer writer, Py_ssize_t counter, object reading, object when, object ms,
