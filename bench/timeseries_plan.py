@@ -27,7 +27,7 @@ from bench.e2e import backlog
 from ingest.devices.decode import Arrivals, Limits, decode
 from ingest.model import Inbound
 from ingest.pipeline.app import GC_THRESHOLD
-from ingest.store.writers import timeseries
+from ingest.store.writers import _timeseries_py, timeseries
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -64,7 +64,7 @@ def run(per_message: int, count: int, rounds: int) -> None:
     """Print both twins' cost per reading for one shape of message."""
     taken = messages(per_message, count)
     batch = [reading for _, reading_list in taken for reading in reading_list]
-    ordered = timeseries.sorted_readings_py(batch)
+    ordered = _timeseries_py.sorted_readings(batch)
     prefix, start = bytes(9), 0
     twin = importlib.import_module("ingest.store.writers._timeseries_c")
     writer = timeseries.TimeseriesWriter(None, None)  # type: ignore[arg-type]
@@ -82,19 +82,19 @@ def run(per_message: int, count: int, rounds: int) -> None:
 
     cases = {
         "TimeseriesWriter.plan": (
-            plan_with(timeseries.sorted_readings_py, timeseries.batch_documents_py),
+            plan_with(_timeseries_py.sorted_readings, _timeseries_py.batch_documents),
             plan_with(twin.sorted_readings, twin.batch_documents),
         ),
         "  sorted_readings": (
-            lambda: timeseries.sorted_readings_py(batch),
+            lambda: _timeseries_py.sorted_readings(batch),
             lambda: twin.sorted_readings(batch),
         ),
         "  batch_documents": (
-            lambda: timeseries.batch_documents_py(ordered, prefix, start),
+            lambda: _timeseries_py.batch_documents(ordered, prefix, start),
             lambda: twin.batch_documents(ordered, prefix, start),
         ),
         "plan + BSON encoding": (
-            encoded(plan_with(timeseries.sorted_readings_py, timeseries.batch_documents_py)),
+            encoded(plan_with(_timeseries_py.sorted_readings, _timeseries_py.batch_documents)),
             encoded(plan_with(twin.sorted_readings, twin.batch_documents)),
         ),
     }
