@@ -263,21 +263,7 @@ class PromApi:
             )
         times = list(range(start, end + 1, step))
         value = await self.evaluate(node, Steps(times, self._lookback(params), step))
-        if isinstance(value, Matrix):
-            raise bad_data("a range query needs a scalar or an instant vector")
-        columns: dict[Labels, list[float | None]] = (
-            {(): list[float | None](value.values)} if isinstance(value, Scalar) else value.series
-        )
-        result = []
-        for labels, column in sorted(columns.items()):
-            points = [
-                [t / 1000, format_value(v)]
-                for t, v in zip(times, column, strict=True)
-                if v is not None
-            ]
-            if points:
-                result.append({"metric": dict(labels), "values": points})
-        return answer({"resultType": "matrix", "result": result})
+        return answer({"resultType": "matrix", "result": range_result(value, times)})
 
     def _window(self, params: MultiDict[str]) -> tuple[int, int]:
         end = parse_time("end", params["end"]) if params.get("end") else self.now_ms()
@@ -347,6 +333,23 @@ class PromApi:
                 for n in names
             }
         )
+
+
+def range_result(value: Scalar | Vector | Matrix, times: list[int]) -> list[dict[str, Any]]:
+    """A range query's ``result``: each series' points where it has a value."""
+    if isinstance(value, Matrix):
+        raise bad_data("a range query needs a scalar or an instant vector")
+    columns: dict[Labels, list[float | None]] = (
+        {(): list[float | None](value.values)} if isinstance(value, Scalar) else value.series
+    )
+    result = []
+    for labels, column in sorted(columns.items()):
+        points = [
+            [t / 1000, format_value(v)] for t, v in zip(times, column, strict=True) if v is not None
+        ]
+        if points:
+            result.append({"metric": dict(labels), "values": points})
+    return result
 
 
 def _matrix_entry(series: Series) -> dict[str, Any]:
