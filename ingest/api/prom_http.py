@@ -28,6 +28,7 @@ from aiohttp import web
 from multidict import MultiDict
 from pymongo.errors import PyMongoError
 
+from ingest.api import prom_stats
 from ingest.api.prom_store import (
     NAME,
     Labels,
@@ -217,7 +218,10 @@ class PromApi:
 
     async def evaluate(self, node: Any, steps: Steps) -> Scalar | Vector | Matrix:  # noqa: ANN401
         """Evaluate a parsed query over the steps."""
-        return await Evaluator(steps, self.fetch).eval(node)
+        stats = None
+        if self.layout.bucket:
+            stats = prom_stats.Source(self.run, self.layout, self.fetch).over_time
+        return await Evaluator(steps, self.fetch, stats).eval(node)
 
     async def query(self, params: MultiDict[str], _request: web.Request) -> web.Response:
         """``/api/v1/query``: an instant query."""

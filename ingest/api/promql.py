@@ -140,7 +140,10 @@ def drop_name(labels: Labels) -> Labels:
     return tuple(p for p in labels if p[0] != NAME)
 
 
-def _put(out: dict[Labels, list[float | None]], labels: Labels, column: list[float | None]) -> None:
+def put_unique(
+    out: dict[Labels, list[float | None]], labels: Labels, column: list[float | None]
+) -> None:
+    """Add a series to a vector; two of the same labels are Prometheus' error."""
     if labels in out:
         raise PromError("execution", "vector cannot contain metrics with the same labelset", 422)
     out[labels] = column
@@ -240,7 +243,7 @@ class Evaluator:
         for s in series:
             column = [window(name, s, t - span, t, span) for t in at]
             if any(v is not None for v in column):
-                _put(out, s.labels if name in KEEP_NAME else drop_name(s.labels), column)
+                put_unique(out, s.labels if name in KEEP_NAME else drop_name(s.labels), column)
         return Vector(out)
 
     async def aggregate(self, node: Any) -> Vector:  # noqa: ANN401 - an AggregateExpr
@@ -278,7 +281,7 @@ class Evaluator:
         if isinstance(value, Vector):
             out: dict[Labels, list[float | None]] = {}
             for labels, column in value.series.items():
-                _put(out, drop_name(labels), [None if v is None else -v for v in column])
+                put_unique(out, drop_name(labels), [None if v is None else -v for v in column])
             return Vector(out)
         raise unsupported("unary minus of a range vector")
 
@@ -338,7 +341,7 @@ def with_scalar(op: str, as_bool: bool, vector: Vector, scalar: Scalar, *, flip:
             else:
                 new.append(v if COMPARISON[op](a, b) else None)
         if any(v is not None for v in new):
-            _put(out, labels if keep else drop_name(labels), new)
+            put_unique(out, labels if keep else drop_name(labels), new)
     return Vector(out)
 
 

@@ -133,3 +133,55 @@ async def test_both_layouts_and_the_reference_agree(
     expected = Reference(rows).range(query, start, end, step)
     assert close(answers[0], answers[1]), (query, answers)
     assert close(answers[0], expected), (query, answers[0], expected)
+
+
+async def aligned_answers(db: Any, rows: list[Reading], query: str, raw: bool) -> tuple[Any, Any]:
+    """An aligned range query (1h steps, whole hours) in bucket mode; ``raw``: may read raw."""
+    collection = await write(db, "bucket", rows)
+    start, end = START + timedelta(hours=1), START + timedelta(hours=3)
+    times = list(
+        range(round(start.timestamp() * 1000), round(end.timestamp() * 1000) + 1, 3_600_000)
+    )
+
+    async def run(pipeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return await (await collection.aggregate(pipeline)).to_list()  # type: ignore[no-any-return]
+
+    api = PromApi(run, Layout("bucket", 3600), lambda: end, 10)
+    if not raw:
+
+        async def refuse(*_: Any) -> Any:
+            raise AssertionError("read raw readings")
+
+        api.fetch = refuse  # type: ignore[method-assign]
+    value = await api.evaluate(parse(query), Steps(times, DEFAULT_LOOKBACK_MS, 3_600_000))
+    return range_result(value, times), Reference(rows).range(query, start, end, 3600)
+
+
+def hourly(values: dict[int, float]) -> list[Reading]:
+    """Readings of sensor a at the given minutes (0, 60, 120: on the buckets' bounds)."""
+    out = []
+    for minute, value in values.items():
+        ts = START + timedelta(minutes=minute)
+        out.append(Reading("a", ts, ts.timestamp(), {"v": value}, None, tags={"room": "x"}))
+    return out
+
+
+async def test_aligned_over_time_is_answered_from_the_statistics(db: Any) -> None:
+    # readings on the bounds (minutes 60 and 120) that are no window's extreme
+    rows = hourly({10: 5.0, 30: 1.0, 60: 3.0, 61: 9.0, 90: 2.0, 120: 4.0, 150: 8.0, 170: 0.5})
+    for function in ("avg", "min", "max", "sum", "count"):
+        got, expected = await aligned_answers(db, rows, f"{function}_over_time(v[1h])", raw=False)
+        assert expected
+        assert close(got, expected), (function, got, expected)
+    got, expected = await aligned_answers(
+        db, rows, "sum by (room) (avg_over_time(v[2h]))", raw=False
+    )
+    assert close(got, expected), (got, expected)
+
+
+async def test_a_bound_reading_that_was_the_extreme_is_recomputed(db: Any) -> None:
+    # minute 60 is the minimum of the second bucket, and not part of the window (60, 120]
+    rows = hourly({30: 5.0, 60: 0.1, 70: 3.0, 110: 2.0, 120: 4.0})
+    for function in ("min", "max"):
+        got, expected = await aligned_answers(db, rows, f"{function}_over_time(v[1h])", raw=True)
+        assert close(got, expected), (function, got, expected)
