@@ -152,7 +152,7 @@ async def aligned_answers(db: Any, rows: list[Reading], query: str, raw: bool) -
         async def refuse(*_: Any) -> Any:
             raise AssertionError("read raw readings")
 
-        api.fetch = refuse  # type: ignore[method-assign]
+        api.fetch = refuse  # type: ignore[method-assign,assignment]
     value = await api.evaluate(parse(query), Steps(times, DEFAULT_LOOKBACK_MS, 3_600_000))
     return range_result(value, times), Reference(rows).range(query, start, end, 3600)
 
