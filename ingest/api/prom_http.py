@@ -136,10 +136,17 @@ class PromApi:
     """The handlers over one collection: ``run`` runs a pipeline on it (with its limits)."""
 
     def __init__(
-        self, run: Run, layout: Layout, clock: Callable[[], datetime], query_timeout: float
+        self,
+        run: Run,
+        layout: Layout,
+        clock: Callable[[], datetime],
+        query_timeout: float,
+        *,
+        use_stats: bool = True,
     ) -> None:
         self.run = run
         self.layout = layout
+        self.use_stats = use_stats and layout.bucket
         self.clock = clock
         self.query_timeout = query_timeout
 
@@ -219,7 +226,7 @@ class PromApi:
     async def evaluate(self, node: Any, steps: Steps) -> Scalar | Vector | Matrix:  # noqa: ANN401
         """Evaluate a parsed query over the steps."""
         stats = None
-        if self.layout.bucket:
+        if self.use_stats:
             stats = prom_stats.Source(self.run, self.layout, self.fetch).over_time
         return await Evaluator(steps, self.fetch, stats).eval(node)
 

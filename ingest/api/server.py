@@ -53,6 +53,7 @@ from ingest.api.query_params import (
     encode_cursor,
 )
 from ingest.api.read_queries import Cursor, Layout, Selection
+from ingest.api.remote_read import RemoteRead
 from ingest.config import server_tls_context
 from ingest.errors import ConfigError, StartupError
 from ingest.metrics import API_ENDPOINTS, ApiMetrics
@@ -135,12 +136,12 @@ class ReadApi:
         get("/readyz", self.readyz, name="health-ready")
         get("/metrics", self.metrics_handler, name="metrics")
         app.router.add_static("/static/", WEB, name="static")
-        PromApi(
-            lambda pipeline: self.aggregate(self.collection, pipeline),
-            self.layout,
-            self.clock,
-            self.settings.query_timeout,
-        ).add_routes(app)
+
+        def run(pipeline: Pipeline) -> Awaitable[list[dict[str, Any]]]:
+            return self.aggregate(self.collection, pipeline)
+
+        PromApi(run, self.layout, self.clock, self.settings.query_timeout).add_routes(app)
+        RemoteRead(run, self.layout).add_routes(app)
         return app
 
     @web.middleware

@@ -33,14 +33,16 @@ pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="promto
 TOKEN = "promtool-token-0123456789abcdef"
 
 
-async def stored(base: str, start: datetime, end: datetime) -> list[Reading]:
+async def stored(
+    base: str, start: datetime, end: datetime, sensors: tuple[str, ...] = ("h1", "$evil")
+) -> list[Reading]:
     """The stored readings of the window, through ``/api/readings`` (paged)."""
     out: list[Reading] = []
     cursor = None
     window = f"since={quote(start.isoformat())}&until={quote(end.isoformat())}"
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with aiohttp.ClientSession(headers=headers) as http:
-        for sensor in ("h1", "$evil"):
+        for sensor in sensors:
             while True:
                 url = f"{base}/api/readings?sensor={quote(sensor)}&{window}&limit=1000"
                 async with http.get(url + (f"&cursor={cursor}" if cursor else "")) as resp:
