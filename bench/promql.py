@@ -80,7 +80,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     uri = args.mongodb_uri
     if uri is None:
         proc, uri = start_emulator()
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, tz_aware=True)
+    # a long timeout: the emulator answers one write at a time, and a busy machine can
+    # hold a batch past the default 20 s (the driver's monitor would then reset the pool)
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        uri, tz_aware=True, connectTimeoutMS=300_000, socketTimeoutMS=300_000
+    )
     db_name = f"bench_promql_{int(time.time())}"
     try:
         readings = fleet(args.sensors, args.hours, args.interval, args.seed)
