@@ -273,7 +273,7 @@ class PromApi:
                 "the query resolution (?step=XX)"
             )
         times = list(range(start, end + 1, step))
-        value = await self.evaluate(node, Steps(times, self._lookback(params), step))
+        value = await self.evaluate(node, Steps(times, self._lookback(params), step, end))
         return answer({"resultType": "matrix", "result": range_result(value, times)})
 
     def _window(self, params: MultiDict[str]) -> tuple[int, int]:

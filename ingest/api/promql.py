@@ -116,6 +116,7 @@ class Steps:
     times: list[int]
     lookback_ms: int
     step_ms: int = 0  # 0: an instant query
+    end_ms: int | None = None  # a range query's end (``@ end()``): the last step if None
 
 
 def matchers_of(selector: Any) -> list[Matcher]:  # noqa: ANN401 - a VectorSelector
@@ -167,7 +168,7 @@ class Evaluator:
             if kind.endswith("Start"):
                 fixed = times[0]
             elif kind.endswith("End"):
-                fixed = times[-1]
+                fixed = times[-1] if self.steps.end_ms is None else self.steps.end_ms
             else:
                 fixed = round(at.at.timestamp() * 1000)
             times = [fixed] * len(times)

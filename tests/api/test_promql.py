@@ -213,3 +213,22 @@ async def test_errors_have_prometheus_shape(
     assert body["status"] == "error"
     assert body["errorType"] == error_type
     assert words in body["error"]
+
+
+async def test_the_at_modifier_pins_the_evaluation_time(proms: dict[str, Any]) -> None:
+    at = START + timedelta(hours=2, minutes=3)
+    ref: Reference = proms["ref"]
+    expected = {
+        tuple(sorted(s["metric"].items())): s["value"][1] for s in ref.instant("temp", at)["result"]
+    }
+    assert expected
+    for query in (f"temp @ {at.timestamp()}", "temp @ end()"):
+        params = {"query": query, "start": seconds(timedelta(hours=1)), "step": "600"}
+        params["end"] = str(at.timestamp())
+        for mode in ("bucket", "timeseries"):
+            status, body = await call(proms, mode, "/api/v1/query_range", params)
+            assert status == 200, body
+            for series in body["data"]["result"]:
+                value = expected[tuple(sorted(series["metric"].items()))]
+                assert {v for _, v in series["values"]} == {value}, (query, series)
+            assert len(body["data"]["result"]) == len(expected)
