@@ -44,8 +44,14 @@ type Stat = list[float]  # count, sum, min, max
 def bucket_pipeline(
     layout: Layout, matchers: Sequence[Matcher], names: list[str], low: int, high: int
 ) -> Pipeline:
-    """``stats`` of ``names`` per series and bucket start in ``[low, high)``."""
-    group: dict[str, Any] = {"_id": {"s": "$sensor_id", "tags": "$tags", "b": "$bucket_start"}}
+    """``stats`` of ``names`` per series and bucket start in ``[low, high)``, and the
+    earliest reading's time of each."""
+    group: dict[str, Any] = {
+        "_id": {"s": "$sensor_id", "tags": "$tags", "b": "$bucket_start"},
+        # a reading on the bucket's bound exists only if the earliest is there (a document
+        # without first_ts may have one too)
+        "first": {"$min": {"$ifNull": ["$first_ts", "$bucket_start"]}},
+    }
     for i, name in enumerate(names):
         stats = f"$stats.{name}"
         group |= {
@@ -124,9 +130,11 @@ class Source:
         if not names or not self.aligned(range_ms, at):
             return None
         low, high = min(at) - range_ms, max(at)
-        buckets = await self.run(bucket_pipeline(self.layout, matchers, names, low, high))
-        bounds = list(range(low, high + 1, self.span))
-        on_bounds = await self.run(bound_pipeline(self.layout, matchers, names, bounds))
+        buckets = await self.run(bucket_pipeline(self.layout, matchers, names, low, high + 1))
+        bounds = sorted({to_ms(d["_id"]["b"]) for d in buckets if d["first"] == d["_id"]["b"]})
+        on_bounds = []
+        if bounds:
+            on_bounds = await self.run(bound_pipeline(self.layout, matchers, names, bounds))
         stats: dict[Labels, dict[int, Stat]] = {}
         for doc in buckets:
             key = doc["_id"]

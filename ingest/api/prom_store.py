@@ -67,7 +67,8 @@ class Matcher:
                     "and possessive quantifiers are not RE2"
                 )
             try:
-                regex = re.compile(f"(?s:{value})")
+                # RE2's \d, \w, \s and \b are ASCII, as re.ASCII makes Python's
+                regex = re.compile(f"(?s:{value})", re.ASCII)
             except re.error as exc:
                 raise MatcherError(f"invalid regular expression {value!r}: {exc}") from None
         return cls(name, op, value, regex)
