@@ -44,8 +44,7 @@ type Stat = list[float]  # count, sum, min, max
 def bucket_pipeline(
     layout: Layout, matchers: Sequence[Matcher], names: list[str], low: int, high: int
 ) -> Pipeline:
-    """``stats`` of ``names`` per series and bucket start in ``[low, high)``, and the
-    earliest reading's time of each."""
+    """``stats`` of ``names`` per series and bucket in ``[low, high)``, earliest reading too."""
     group: dict[str, Any] = {
         "_id": {"s": "$sensor_id", "tags": "$tags", "b": "$bucket_start"},
         # a reading on the bucket's bound exists only if the earliest is there (a document
