@@ -6,7 +6,8 @@ applied, whole multiples of ``--bucket-span-seconds``) is the buckets starting i
 reading on a bound lives in the bucket that starts there). The buckets' ``stats.<m>``
 (count, sum, min, max; overflow documents of one sensor-span summed) give the first part
 without reading one reading; the readings on the bounds come from a second query that
-the unique ``{sensor_id, tags, readings.ts}`` index answers. Counts and sums are corrected
+the unique ``{sensor_id, tags, readings.ts}`` index answers, asked only for buckets whose
+earliest reading (``first_ts``) is on their bound. Counts and sums are corrected
 exactly; a min or max whose removed bound reading may have been the extreme is computed
 from the raw readings of that one window. Anything else (a window off the bounds, a
 metric name given by a regex) is read raw, by the caller.
