@@ -401,6 +401,9 @@ async def test_a_caller_over_its_concurrent_queries_gets_429(
             assert status == 429
             assert headers["Retry-After"] == "1"
             assert "--api-max-concurrent-queries 1" in body
+            # the Prometheus query API shares the caller's slots
+            promql = running.url + "/api/v1/query?query=temp"
+            assert (await get(http, promql, a))[0] == 429
             assert (await get(http, running.url + "/api/info", a))[0] == 200  # no query
             proxy.heal()
             assert (await first)[0] == 200
