@@ -38,7 +38,11 @@ def messages(t: float) -> list[Msg]:
             Msg(
                 f"ESP_Easy_{node}/{task}/{name}",
                 text.encode(),
-                Truth(f"ESP_Easy_{node}-{task}", {name: value}, {name: unit} if unit else {}),
+                Truth(
+                    f"ESP_Easy_{node}",
+                    {f"{task}_{name}": value},
+                    {f"{task}_{name}": unit} if unit else {},
+                ),
             )
         )
     out.append(Msg("ESP_Easy_Garden/cmd", b"gpio,12,1", HOUSEKEEPING))
