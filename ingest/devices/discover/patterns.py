@@ -49,8 +49,20 @@ HOUSEKEEPING = frozenset(
         "connected",
         "birth",
         "heartbeat",
+        "status",
+        "cmd",
+        "keepalive",
+        "request",
     }
 )
+# Levels that mark everything under them as housekeeping, wherever they stand after the
+# first (OpenDTU's ``solar/<serial>/status/reachable``, ``.../cmd/limit``).
+HOUSEKEEPING_LEVELS = frozenset(
+    {"status", "cmd", "cmnd", "command", "lwt", "availability", "heartbeat", "keepalive"}
+)
+# First levels of a request/write mirror of a notification tree (Victron's dbus-flashmq:
+# ``N/<portal>/...`` notifications, ``R/`` read requests and keep-alives, ``W/`` writes).
+MIRRORS = {"R": "N", "W": "N"}
 # Levels that name a kind of message, never a device.
 KIND_WORDS = frozenset(
     {
@@ -251,29 +263,56 @@ def group(messages: list[Captured], known: Known) -> list[Pattern]:
             kinds[topic] = counted.most_common(1)[0][0]
         if kinds.get(topic) == "ingest" and topic in known.entities:
             kinds[topic] = "json"  # Home Assistant names its fields: units need the json format
+    roots = {topic.split("/", 1)[0] for topic in by_topic}
     groups: dict[tuple[int, str, bool, int], list[str]] = {}
+    now = _now()
     for topic, kind in kinds.items():
-        last = topic.rsplit("/", 1)[-1].lower()
-        texts = {p.strip().lower() for p in by_topic[topic] if p.strip()}
-        chore = (
-            (last in HOUSEKEEPING and kind in {"value", "json"})
-            or (kind == "value" and bool(texts) and texts <= {w.encode() for w in STATUS_WORDS})
-            or topic in known.chores
-            or last.startswith("$")
-        )
+        chore = housekeeping(topic, kind, by_topic[topic], roots, now) or topic in known.chores
         key = (topic.count("/") + 1, kind, chore, _homie_device(topic, known))
         groups.setdefault(key, []).append(topic)
     patterns: list[Pattern] = []
     for (_, kind, chore, device), topics in sorted(groups.items()):
         if chore:
-            patterns.extend(_housekeeping(topics, kind, known))
+            patterns.extend(_housekeeping(topics, kind, known, roots))
         else:
             patterns.extend(_patterns(sorted(topics), kind, device))
     data = {t for (_, _, chore, _), ts in groups.items() if not chore for t in ts}
-    patterns = _merge_chores(patterns, data)
+    patterns = _merge_chores(_same_shapes(patterns), data)
     for pattern in patterns:
         pattern.payloads = {t: by_topic[t][:SAMPLES] for t in pattern.topics}
     return patterns
+
+
+def housekeeping(topic: str, kind: str, payloads: list[bytes], roots: set[str], now: float) -> bool:
+    """Whether a topic carries housekeeping rather than readings, whatever its format.
+
+    By topic word (a last level such as ``status``, ``heartbeat``, ``lwt``, ``set``; a
+    level such as ``status`` or ``cmd`` anywhere after the first), by a request/write
+    mirror of a notification tree (``R/...``, ``W/...`` beside ``N/...``), by payloads
+    that report a connection (online/offline), or by plain values that are all clock
+    times (a last-update or heartbeat time: evcc's ``updated``).
+    """
+    levels = topic.split("/")
+    last = levels[-1].lower()
+    if last in HOUSEKEEPING or last.startswith("$"):
+        return True
+    if any(level.lower() in HOUSEKEEPING_LEVELS for level in levels[1:]):
+        return True
+    if MIRRORS.get(levels[0]) in roots:
+        return True
+    texts = {p.strip().lower() for p in payloads if p.strip()}
+    if kind == "value" and texts and texts <= {w.encode() for w in STATUS_WORDS}:
+        return True
+    return kind == "value" and bool(texts) and all(_clock(t, now) for t in texts)
+
+
+def _clock(text: bytes, now: float) -> bool:
+    """A plain value that is an epoch time within ten years of now."""
+    try:
+        number = float(text)
+    except ValueError:
+        return False
+    return any(abs(number / 10**d - now) < 10 * 365 * 86400 for d in (0, 3, 6, 9))
 
 
 def literal(level: str) -> str:
@@ -306,31 +345,71 @@ def _variable(level: str) -> bool:
     return level in {"+", "#"} or level.startswith("{")
 
 
-def _housekeeping(topics: list[str], kind: str, known: Known) -> list[Pattern]:
+def _housekeeping(
+    topics: list[str], kind: str, known: Known, roots: set[str] | None = None
+) -> list[Pattern]:
     shapes: dict[tuple[str, ...], set[str]] = {}
+    whys: dict[tuple[str, ...], str] = {}
     for topic in topics:
-        levels = topic.split("/")
-        levels = [literal(lv) for lv in levels]
-        varying = (
-            [levels[0], *(["+"] * (len(levels) - 2)), levels[-1]]
-            if len(levels) > 2
-            else (["+", levels[-1]] if len(levels) == 2 else levels)
-        )
-        shapes.setdefault(tuple(varying), set()).add(topic)
+        shape, why = _chore_shape(topic, kind, known, roots or set())
+        shapes.setdefault(shape, set()).add(topic)
+        whys.setdefault(shape, why)
     out = []
     for shape, members in shapes.items():
         pattern = Pattern(list(shape), "ignore", members)
-        if shape[-1].startswith("$"):
-            why = f"a Homie attribute ({shape[-1]})"
-        elif members & known.chores:
-            why = "availability or command topics of Home Assistant discovery configs"
-        elif kind == "value":
-            why = f"last level {shape[-1]!r} or payloads such as online/offline"
-        else:
-            why = f"last level {shape[-1]!r}"
         pattern.notes.append(
-            f"looks like housekeeping ({why}): ignored; delete this rule to store it"
+            f"looks like housekeeping ({whys[shape]}): ignored; delete this rule to store it"
         )
+        out.append(pattern)
+    return out
+
+
+def _chore_shape(
+    topic: str, kind: str, known: Known, roots: set[str]
+) -> tuple[tuple[str, ...], str]:
+    """The ignore rule's filter for a housekeeping topic, and why it is housekeeping."""
+    levels = [literal(lv) for lv in topic.split("/")]
+    mirrored = MIRRORS.get(levels[0])
+    if mirrored in roots and len(levels) > 1:
+        return (levels[0], "#"), (
+            f"{levels[0]}/ mirrors the notification tree {mirrored}/: requests and writes "
+            "to the device, not readings"
+        )
+    inner = next(
+        (i for i, lv in enumerate(levels[1:-1], 1) if lv.lower() in HOUSEKEEPING_LEVELS), None
+    )
+    if inner is not None:
+        shape = (levels[0], *(["+"] * (inner - 1)), levels[inner], "#")
+        return shape, f"under the level {levels[inner]!r}"
+    varying = (
+        [levels[0], *(["+"] * (len(levels) - 2)), levels[-1]]
+        if len(levels) > 2
+        else (["+", levels[-1]] if len(levels) == 2 else levels)
+    )
+    if varying[-1].startswith("$"):
+        why = f"a Homie attribute ({varying[-1]})"
+    elif topic in known.chores:
+        why = "availability or command topics of Home Assistant discovery configs"
+    elif varying[-1].lower() in HOUSEKEEPING:
+        why = f"last level {varying[-1]!r}"
+    elif kind == "value":
+        why = f"payloads such as online/offline, or clock times, on last level {varying[-1]!r}"
+    else:
+        why = f"last level {varying[-1]!r}"
+    return tuple(varying), why
+
+
+def _same_shapes(patterns: list[Pattern]) -> list[Pattern]:
+    """Ignore rules of one filter (from topics of several depths or formats) made one."""
+    out: list[Pattern] = []
+    seen: dict[tuple[str, ...], Pattern] = {}
+    for pattern in patterns:
+        key = tuple(pattern.levels)
+        if pattern.kind == "ignore" and key in seen:
+            seen[key].topics |= pattern.topics
+            continue
+        if pattern.kind == "ignore":
+            seen[key] = pattern
         out.append(pattern)
     return out
 
