@@ -135,6 +135,9 @@ class Pattern:
     info: list[str] = field(default_factory=list)
     drop: list[str] = field(default_factory=list)
     each: str | None = None  # json: the path of the devices a message lists
+    # [rule.match]: payload field -> the values it takes in the messages the rule takes
+    match: dict[str, list[str]] = field(default_factory=dict)
+    keep: list[str] = field(default_factory=list)  # json: the only fields stored
 
     @property
     def samples(self) -> list[bytes]:
@@ -183,6 +186,8 @@ class Pattern:
             [*self.info],
             [*self.drop],
             self.each,
+            {k: [*v] for k, v in self.match.items()},
+            [*self.keep],
         )
 
 
@@ -462,9 +467,12 @@ def _patterns(topics: list[str], kind: str, device: int = -1) -> list[Pattern]:
     if not 0 <= device < span:  # not a Homie device
         device = _device_level(values[:span])
     levels: list[str] = []
+    part = _device_part(rows, values, device) if not plain else -1
     for i in range(depth):
         if i == device:
             levels.append("{sensor_id}")
+        elif i == part:
+            levels.append(f"{{level{i + 1}}}")
         elif last_is_measurement and i == depth - 1:
             levels.append("{measurement}" if len(values[i]) > 1 else literal(values[i][0]))
         elif len(values[i]) == 1:
@@ -482,7 +490,35 @@ def _patterns(topics: list[str], kind: str, device: int = -1) -> list[Pattern]:
         return [Pattern(levels, kind, set(topics))]
     pattern = Pattern(levels, kind, set(topics))
     _describe(pattern, device, values)
+    if part >= 0:
+        pattern.sensor_id = [f"{{sensor_id}}-{{level{part + 1}}}"]
+        pattern.notes = [n for n in pattern.notes if not n.startswith("one device seen")]
+        pattern.notes.append(
+            f"levels {device + 1} and {part + 1} vary together, one value of each per "
+            f"device (e.g. {values[device][0]!r} with "
+            f"{next(r[part] for r in rows if r[device] == values[device][0])!r}): "
+            "together they name the device"
+        )
     return [pattern]
+
+
+def _device_part(rows: list[list[str]], values: list[list[str]], device: int) -> int:
+    """A later level that names the device with the device level (OwnTracks' user/device).
+
+    It varies, is no kind or housekeeping word, and its values pair one to one with the
+    device level's: a second part of the name, not a kind of message.
+    """
+    if device < 0 or len(values[device]) < 2:
+        return -1
+    for i in range(device + 1, len(values)):
+        if len(values[i]) < 2 or any(
+            v.lower() in KIND_WORDS or v.lower() in HOUSEKEEPING for v in values[i]
+        ):
+            continue
+        pairs = {(row[device], row[i]) for row in rows}
+        if len(pairs) == len(values[device]) == len(values[i]):
+            return i
+    return -1
 
 
 def _device_level(values: list[list[str]]) -> int:

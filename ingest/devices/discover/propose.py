@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ingest.devices.discover import conventions
 from ingest.devices.discover.identity import container, descriptive, identity, suffix_units
+from ingest.devices.discover.units import units_of
 from ingest.devices.discover.patterns import (
     GENERIC_LAST,
     VARIABLE,
@@ -100,7 +101,42 @@ def _complete(pattern: Pattern, known: Known) -> list[Pattern]:
         if part.kind in {"value", "json"} and not part.sensor_id:
             _node_level(part)
         _describe_conventions(part, known)
+        _table_units(part)
     return [p for p in out if p.topics]
+
+
+def _stored_names(pattern: Pattern) -> list[str]:
+    """The measurement names the pattern's rule stores numbers under, as far as seen."""
+    if pattern.kind == "value":
+        template = pattern.measurement or "value"
+        return sorted({safe(_render(template, pattern.captures(t))) for t in pattern.topics})
+    if pattern.kind != "json":
+        return []
+    used = {f for t in [*pattern.sensor_id, *pattern.tags.values()] for f in VARIABLE.findall(t)}
+    return sorted(
+        k
+        for k, vs in field_values(pattern.samples, pattern.each).items()
+        if k not in used and k not in pattern.drop and any(type(v) in {int, float} for v in vs)
+    )
+
+
+def _table_units(pattern: Pattern) -> None:
+    """Units the names imply (:mod:`ingest.devices.discover.units`), as a suggestion."""
+    names = _stored_names(pattern)
+    found = {
+        n: u
+        for n, u in units_of(names).items()
+        if n not in pattern.units and n not in RESERVED_FIELDS
+    }
+    if not found:
+        return
+    pattern.units.update(found)
+    given = ", ".join(f"{n} {u}" for n, u in sorted(found.items())[:8])
+    more = f" and {len(found) - 8} more" if len(found) > 8 else ""
+    pattern.notes.append(
+        f"units suggested by the names ({given}{more}; the table in docs/onboarding.md): "
+        "confirm them against the device's documentation"
+    )
 
 
 def _describe_conventions(pattern: Pattern, known: Known) -> None:
