@@ -282,7 +282,7 @@ def group(messages: list[Captured], known: Known) -> list[Pattern]:
         else:
             patterns.extend(_patterns(sorted(topics), kind, device))
     data = {t for (_, _, chore, _), ts in groups.items() if not chore for t in ts}
-    patterns = _merge_chores(_same_shapes(patterns), data)
+    patterns = merge_chores(_same_shapes(patterns), data)
     for pattern in patterns:
         pattern.payloads = {t: by_topic[t][:SAMPLES] for t in pattern.topics}
     return patterns
@@ -419,7 +419,7 @@ def _same_shapes(patterns: list[Pattern]) -> list[Pattern]:
     return out
 
 
-def _merge_chores(patterns: list[Pattern], data: set[str]) -> list[Pattern]:
+def merge_chores(patterns: list[Pattern], data: set[str]) -> list[Pattern]:
     """Ignore rules that differ in the last level only, made one where it can be.
 
     ``homie/+/+/+/+`` for ``$name``, ``$unit``..., if it takes none of the topics that

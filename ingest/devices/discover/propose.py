@@ -11,11 +11,11 @@ the device. Pure functions.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from ingest.devices.discover import conventions
 from ingest.devices.discover.identity import container, descriptive, identity, suffix_units
-from ingest.devices.discover.units import units_of
 from ingest.devices.discover.patterns import (
     GENERIC_LAST,
     VARIABLE,
@@ -24,10 +24,13 @@ from ingest.devices.discover.patterns import (
     field_values,
     group,
     literal,
+    merge_chores,
     order,
     quote,
     safe,
 )
+from ingest.devices.discover.selection import select
+from ingest.devices.discover.units import units_of
 from ingest.model import RESERVED_FIELDS
 
 if TYPE_CHECKING:
@@ -49,7 +52,13 @@ def propose(messages: list[Captured], known: Known | None = None) -> list[Patter
     homie = _homie_domains(messages, known)
     taken = {t for p in homie for t in p.topics}
     rest = [m for m in messages if m.topic not in taken]
-    patterns = homie + [q for p in group(rest, known) for q in _complete(p, known)]
+    now = time.time()
+    patterns = homie + [
+        r for p in group(rest, known) for q in _complete(p, known) for r in select(q, now)
+    ]
+    data = {t for p in patterns if p.kind != "ignore" and not p.match for t in p.topics}
+    plain = [p for p in patterns if not p.match]
+    patterns = [p for p in patterns if p.match] + merge_chores(plain, data)
     return sorted(patterns, key=order)
 
 
@@ -106,18 +115,40 @@ def _complete(pattern: Pattern, known: Known) -> list[Pattern]:
 
 
 def _stored_names(pattern: Pattern) -> list[str]:
-    """The measurement names the pattern's rule stores numbers under, as far as seen."""
+    """The names the pattern's rule stores numbers under, as far as seen.
+
+    Not those seen as 0 and 1 only: a switch's state (Tasmota's ``"Power": 1``) has no
+    physical unit whatever its name.
+    """
+    seen: dict[str, list[object]] = {}
     if pattern.kind == "value":
         template = pattern.measurement or "value"
-        return sorted({safe(_render(template, pattern.captures(t))) for t in pattern.topics})
-    if pattern.kind != "json":
-        return []
-    used = {f for t in [*pattern.sensor_id, *pattern.tags.values()] for f in VARIABLE.findall(t)}
+        for topic in pattern.topics:
+            name = safe(_render(template, pattern.captures(topic)))
+            for payload in pattern.payloads.get(topic, []):
+                seen.setdefault(name, []).append(_number(payload))
+    elif pattern.kind == "json":
+        used = {
+            f for t in [*pattern.sensor_id, *pattern.tags.values()] for f in VARIABLE.findall(t)
+        }
+        seen = {
+            k: vs
+            for k, vs in field_values(pattern.samples, pattern.each).items()
+            if k not in used and k not in pattern.drop
+        }
     return sorted(
         k
-        for k, vs in field_values(pattern.samples, pattern.each).items()
-        if k not in used and k not in pattern.drop and any(type(v) in {int, float} for v in vs)
+        for k, vs in seen.items()
+        if any(type(v) in {int, float} for v in vs)
+        and not {v for v in vs if type(v) in {int, float}} <= {0, 1}
     )
+
+
+def _number(payload: bytes) -> float | None:
+    try:
+        return float(payload)
+    except ValueError:
+        return None
 
 
 def _table_units(pattern: Pattern) -> None:
@@ -125,7 +156,7 @@ def _table_units(pattern: Pattern) -> None:
     names = _stored_names(pattern)
     found = {
         n: u
-        for n, u in units_of(names).items()
+        for n, u in {**units_of(names), **suffix_units(names)}.items()
         if n not in pattern.units and n not in RESERVED_FIELDS
     }
     if not found:
