@@ -145,12 +145,19 @@ class Pattern:
         return [p for topic in sorted(self.topics) for p in self.payloads.get(topic, [])]
 
     def captures(self, topic: str) -> dict[str, str]:
-        """The values the pattern's captures take in ``topic``."""
-        return {
+        """The values the pattern's captures take in ``topic``.
+
+        A last ``{name#}`` takes the rest of the levels, joined with ``_``.
+        """
+        parts = topic.split("/")
+        out = {
             lv[1:-1]: part
-            for lv, part in zip(self.levels, topic.split("/"), strict=False)
-            if lv.startswith("{")
+            for lv, part in zip(self.levels, parts, strict=False)
+            if lv.startswith("{") and not lv.endswith("#}")
         }
+        if self.levels and self.levels[-1].endswith("#}"):
+            out[self.levels[-1][1:-2]] = "_".join(parts[len(self.levels) - 1 :])
+        return out
 
     def narrowed(self, index: int, value: str, topics: set[str]) -> Pattern:
         """A copy for ``topics`` only, with level ``index`` fixed to ``value``."""
@@ -308,7 +315,16 @@ def housekeeping(topic: str, kind: str, payloads: list[bytes], roots: set[str], 
     texts = {p.strip().lower() for p in payloads if p.strip()}
     if kind == "value" and texts and texts <= {w.encode() for w in STATUS_WORDS}:
         return True
-    return kind == "value" and bool(texts) and all(_clock(t, now) for t in texts)
+    if kind in {"json", "ingest"}:  # {"value": <a clock time>}: Victron's full_publish_completed
+        docs = json_docs(list(texts))
+        texts = {
+            orjson.dumps(d["value"])
+            for d in docs
+            if type(d) is dict and len(d) == 1 and "value" in d
+        }
+        if len(texts) < len(docs):
+            return False
+    return bool(texts) and all(_clock(t, now) for t in texts)
 
 
 def _clock(text: bytes, now: float) -> bool:

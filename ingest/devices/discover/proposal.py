@@ -71,6 +71,8 @@ def rule_text(pattern: Pattern, name: str, now: float, summary: str | None = Non
         texts = {s.decode("utf-8", "replace").strip() for s in pattern.samples}
         tables += _values_table(texts, pattern.values)
     elif pattern.kind == "json":
+        if pattern.measurement:  # one value per topic, named by the topic
+            lines.append(f"measurement = {quote(pattern.measurement)}")
         keys, tables = _json_options(pattern, now)
         lines += keys
     if pattern.info:

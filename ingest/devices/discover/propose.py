@@ -14,8 +14,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ingest.devices.discover import conventions
-from ingest.devices.discover.identity import container, descriptive, identity, suffix_units
+from ingest.devices.discover import conventions, onevalue
+from ingest.devices.discover.identity import (
+    container,
+    descriptive,
+    identity,
+    json_docs,
+    suffix_units,
+)
 from ingest.devices.discover.patterns import (
     GENERIC_LAST,
     VARIABLE,
@@ -53,9 +59,14 @@ def propose(messages: list[Captured], known: Known | None = None) -> list[Patter
     taken = {t for p in homie for t in p.topics}
     rest = [m for m in messages if m.topic not in taken]
     now = time.time()
-    patterns = homie + [
-        r for p in group(rest, known) for q in _complete(p, known) for r in select(q, now)
-    ]
+    trees, rest = onevalue.split(rest)
+    for tree in trees:
+        _table_units(tree)
+    patterns = (
+        homie
+        + trees
+        + [r for p in group(rest, known) for q in _complete(p, known) for r in select(q, now)]
+    )
     data = {t for p in patterns if p.kind != "ignore" and not p.match for t in p.topics}
     plain = [p for p in patterns if not p.match]
     patterns = [p for p in patterns if p.match] + merge_chores(plain, data)
@@ -121,12 +132,12 @@ def _stored_names(pattern: Pattern) -> list[str]:
     physical unit whatever its name.
     """
     seen: dict[str, list[object]] = {}
-    if pattern.kind == "value":
+    if pattern.kind == "value" or (pattern.kind == "json" and pattern.measurement):
         template = pattern.measurement or "value"
         for topic in pattern.topics:
             name = safe(_render(template, pattern.captures(topic)))
             for payload in pattern.payloads.get(topic, []):
-                seen.setdefault(name, []).append(_number(payload))
+                seen.setdefault(name, []).append(_number(payload, pattern.kind))
     elif pattern.kind == "json":
         used = {
             f for t in [*pattern.sensor_id, *pattern.tags.values()] for f in VARIABLE.findall(t)
@@ -144,7 +155,11 @@ def _stored_names(pattern: Pattern) -> list[str]:
     )
 
 
-def _number(payload: bytes) -> float | None:
+def _number(payload: bytes, kind: str) -> object:
+    """A plain value's number, or a one-value JSON payload's value."""
+    if kind == "json":
+        docs = json_docs([payload])
+        return docs[0].get("value") if docs and type(docs[0]) is dict else None
     try:
         return float(payload)
     except ValueError:
