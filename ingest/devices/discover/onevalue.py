@@ -96,3 +96,49 @@ def _tree(topics: list[str], multi: bool) -> Pattern:
         f"({shown}, ...)"
     )
     return pattern
+
+
+def merge_values(patterns: list[Pattern]) -> list[Pattern]:
+    """Plain-value rules of one device level but several depths, made one.
+
+    ``solar/{sensor_id}/{measurement}`` and ``solar/{sensor_id}/{level3}/{measurement}``
+    become ``solar/{sensor_id}/{measurement#}``, where the mapping has such a capture.
+    """
+    if not supports("multi_level"):
+        return patterns
+    by_prefix: dict[tuple[str, ...], list[Pattern]] = {}
+    out = []
+    for pattern in patterns:
+        levels = pattern.levels
+        device = levels.index("{sensor_id}") if "{sensor_id}" in levels else -1
+        after = levels[device + 1 :]
+        if (
+            pattern.kind == "value"
+            and device >= 0
+            and after
+            and all(lv.startswith("{") for lv in after)
+            and not pattern.sensor_id
+            and not pattern.tags
+        ):
+            by_prefix.setdefault(tuple(levels[: device + 1]), []).append(pattern)
+        else:
+            out.append(pattern)
+    for prefix, group in by_prefix.items():
+        if len(group) == 1:
+            out += group
+            continue
+        merged = Pattern(
+            [*prefix, "{measurement#}"], "value", set().union(*(p.topics for p in group))
+        )
+        merged.measurement = "{measurement}"
+        merged.payloads = {t: ps for p in group for t, ps in p.payloads.items()}
+        for p in group:
+            merged.units.update(p.units)
+            merged.values.update(p.values)
+            merged.notes += [n for n in p.notes if n not in merged.notes]
+        merged.notes.append(
+            "topics of several depths after the device: the measurement is the rest of the "
+            "topic, its levels joined with _"
+        )
+        out.append(merged)
+    return out

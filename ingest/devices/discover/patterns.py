@@ -432,7 +432,27 @@ def _same_shapes(patterns: list[Pattern]) -> list[Pattern]:
         if pattern.kind == "ignore":
             seen[key] = pattern
         out.append(pattern)
-    return out
+    wide = [p for p in out if p.kind == "ignore" and p.levels[-1] == "#" and not p.match]
+    return [
+        p
+        for p in out
+        if not (
+            p.kind == "ignore"
+            and not p.match
+            and any(w is not p and all(covers(w.levels, t) for t in p.topics) for w in wide)
+        )
+    ]
+
+
+def covers(levels: list[str], topic: str) -> bool:
+    """Whether a filter (``+``, ``{capture}``, a last ``#``) takes a topic, as MQTT does."""
+    parts = topic.split("/")
+    for i, level in enumerate(levels):
+        if level == "#" or level.endswith("#}"):
+            return i <= len(parts) - (0 if level == "#" else 1)
+        if i >= len(parts) or not (_variable(level) or level == parts[i]):
+            return False
+    return len(parts) == len(levels)
 
 
 def merge_chores(patterns: list[Pattern], data: set[str]) -> list[Pattern]:

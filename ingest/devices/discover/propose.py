@@ -67,6 +67,7 @@ def propose(messages: list[Captured], known: Known | None = None) -> list[Patter
         + trees
         + [r for p in group(rest, known) for q in _complete(p, known) for r in select(q, now)]
     )
+    patterns = onevalue.merge_values(patterns)
     data = {t for p in patterns if p.kind != "ignore" and not p.match for t in p.topics}
     plain = [p for p in patterns if not p.match]
     patterns = [p for p in patterns if p.match] + merge_chores(plain, data)

@@ -18,9 +18,10 @@ from __future__ import annotations
 import importlib
 import io
 import re
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ingest.devices.decode import Limits
 from ingest.devices.discover.command import finish
@@ -86,42 +87,69 @@ def mapping_of(proposal: str) -> Mapping:
     return Mapping(rules)
 
 
-def _series(reading: Reading) -> str:
-    tags = ",".join(f"{k}={v}" for k, v in sorted((reading.tags or {}).items()))
-    return f"{reading.sensor_id}|{tags}"
+type Row = tuple[str, float, dict[str, Any], dict[str, str]]  # series, ts, values, units
+type Hit = tuple[Key, Key]  # (truth series, stored series)
+
+
+def _series(sensor_id: str, tags: dict[str, Any] | None) -> str:
+    return sensor_id + "|" + ",".join(f"{k}={v}" for k, v in sorted((tags or {}).items()))
+
+
+def _row(reading: Reading) -> Row:
+    series = _series(reading.sensor_id, reading.tags)
+    return series, reading.ts.timestamp(), reading.values, reading.units or {}
 
 
 def score(name: str, now: float = NOW) -> Score:
     """Discover's proposal for the family, applied unedited, against the truth."""
     messages = family_messages(name, now)
     proposal, report = propose(messages, now)
-    result = Score(name, proposal=proposal, report=report)
-    result.rules = proposal.count("[[rule]]")
     mapping = mapping_of(proposal)
     limits = Limits(max_past_seconds=100 * 365 * 86400.0)
-    stored: list[list[Reading]] = []
+    rows: list[list[Row]] = []
+    housekeeping = stored = 0
+    wrong = []
     for msg in messages:
         decoded = mapping.decode(msg.topic, msg.payload, now, limits)
         readings = [] if decoded.ignored else list(decoded.decoded.readings)
-        stored.append(readings)
+        rows.append([_row(r) for r in readings])
         if msg.truth == HOUSEKEEPING:
-            result.housekeeping += 1
-            if readings:
-                result.housekeeping_stored += 1
-                result.wrong.append(f"housekeeping stored: {msg.topic}")
-    hits = [
-        _hits(msg.truth, readings, now) if isinstance(msg.truth, Truth) else []
-        for msg, readings in zip(messages, stored, strict=True)
+            housekeeping += 1
+            stored += bool(readings)
+            wrong += [f"housekeeping stored: {msg.topic}"] if readings else []
+    result = _tally(name, messages, rows, (now, now))
+    result.proposal, result.report, result.rules = proposal, report, proposal.count("[[rule]]")
+    result.housekeeping, result.housekeeping_stored = housekeeping, stored
+    result.wrong = wrong + result.wrong
+    return result
+
+
+def score_rows(
+    name: str, messages: list[Msg], rows: list[dict[str, Any]], window: tuple[float, float]
+) -> Score:
+    """The values and units the daemon stored (``rows``: tests.devices.test_presets'
+    ``stored_rows``) against the truth; arrival times within ``window``."""
+    every = [
+        (_series(r["sensor_id"], r["tags"]), r["ts"].timestamp(), r["values"], r["units"] or {})
+        for r in rows
     ]
-    devices = _pair(Counter((k[0], s[0].split("|")[0]) for h in hits for k, _, s in h))
+    return _tally(name, messages, [every] * len(messages), (window[0] - 1, window[1] + 5))
+
+
+def _tally(
+    name: str, messages: list[Msg], rows: list[list[Row]], arrival: tuple[float, float]
+) -> Score:
+    """Values and units right: ``rows[i]`` the stored readings message i may have made."""
+    result = Score(name)
+    hits = [
+        _hits(m.truth, r, arrival) if isinstance(m.truth, Truth) else []
+        for m, r in zip(messages, rows, strict=True)
+    ]
+    devices = _pair(Counter((k[0], s[0].split("|")[0]) for h in hits for k, s in h))
     pairs = _pair(
-        Counter((k, s) for h in hits for k, _, s in h if devices.get(k[0]) == s[0].split("|")[0])
+        Counter((k, s) for h in hits for k, s in h if devices.get(k[0]) == s[0].split("|")[0])
     )
-    units: dict[Key, str] = {}
-    for readings in stored:
-        for reading in readings:
-            for measurement, unit in (reading.units or {}).items():
-                units.setdefault((_series(reading), measurement), unit)
+    units = {(r[0], m): u for rs in rows for r in rs for m, u in r[3].items()}
     documented: dict[Key, str] = {}
     for msg, found in zip(messages, hits, strict=True):
         if not isinstance(msg.truth, Truth):
@@ -129,18 +157,16 @@ def score(name: str, now: float = NOW) -> Score:
         for measurement in msg.truth.values:
             key = (msg.truth.device, measurement)
             result.values += 1
-            if key in pairs and any(k == key and s == pairs[key] for k, _, s in found):
+            if key in pairs and (key, pairs[key]) in found:
                 result.right += 1
             else:
                 result.wrong.append(f"value not stored right: {msg.topic} {measurement}")
-        for measurement, unit in msg.truth.units.items():
-            documented[(msg.truth.device, measurement)] = unit
+        documented.update({(msg.truth.device, m): u for m, u in msg.truth.units.items()})
     result.units = len(documented)
     for key, unit in documented.items():
         got = units.get(pairs[key]) if key in pairs else None
-        if got == unit:
-            result.units_right += 1
-        else:
+        result.units_right += got == unit
+        if got != unit:
             result.wrong.append(f"unit of {key[0]} {key[1]}: {got!r}, documented {unit!r}")
     return result
 
@@ -156,19 +182,21 @@ def _pair[T](votes: Counter[tuple[T, T]]) -> dict[T, T]:
     return pairs
 
 
-def _hits(truth: Truth, readings: list[Reading], now: float) -> list[tuple[Key, object, Key]]:
-    """(truth key, value, stored key) for each truth value a reading stores at its time."""
-    # The arrival time: the daemon keeps a sensor's arrival-timed readings a millisecond
-    # apart, so a capture's arrivals spread a little.
-    want, slack = (now, 1.0) if truth.ts is None else (truth.ts, 0.001)
+def _hits(truth: Truth, rows: list[Row], arrival: tuple[float, float]) -> list[Hit]:
+    """(truth series, stored series) for each truth value a row stores at its time.
+
+    The arrival time is a range: the daemon keeps a sensor's arrival-timed readings a
+    millisecond apart, and through the broker it is the time of the run.
+    """
+    low, high = (arrival[0], arrival[1] + 1.0) if truth.ts is None else (truth.ts, truth.ts)
     out = []
-    for reading in readings:
-        if abs(reading.ts.timestamp() - want) > slack:
+    for series, ts, values, _ in rows:
+        if not low - 0.001 <= ts <= high + 0.001:
             continue
         for measurement, value in truth.values.items():
-            for name, got in reading.values.items():
+            for stored, got in values.items():
                 if got == value and (type(got) is bool) == (type(value) is bool):
-                    out.append(((truth.device, measurement), value, (_series(reading), name)))
+                    out.append(((truth.device, measurement), (series, stored)))
     return out
 
 
@@ -194,15 +222,13 @@ def table(scores: list[Score]) -> str:
 
 def main() -> None:
     """Print the table, and with -v what each family got wrong."""
-    import sys
-
     scores = [score(name) for name in FAMILIES]
-    print(table(scores))
+    sys.stdout.write(table(scores) + "\n")
     if "-v" in sys.argv:
         for s in scores:
-            print(f"\n## {s.family}\n" + "\n".join(s.wrong[:40]))
+            sys.stdout.write(f"\n## {s.family}\n" + "\n".join(s.wrong[:40]) + "\n")
             if "-vv" in sys.argv:
-                print(s.proposal)
+                sys.stdout.write(s.proposal)
 
 
 if __name__ == "__main__":
