@@ -502,23 +502,8 @@ def _patterns(topics: list[str], kind: str, device: int = -1) -> list[Pattern]:
     span = depth - 1 if last_is_measurement else depth
     if not 0 <= device < span:  # not a Homie device
         device = _device_level(values[:span])
-    levels: list[str] = []
     part = _device_part(rows, values, device) if not plain else -1
-    for i in range(depth):
-        if i == device:
-            levels.append("{sensor_id}")
-        elif i == part:
-            levels.append(f"{{level{i + 1}}}")
-        elif last_is_measurement and i == depth - 1:
-            levels.append("{measurement}" if len(values[i]) > 1 else literal(values[i][0]))
-        elif len(values[i]) == 1:
-            levels.append(literal(values[i][0]))
-        elif plain or (i < device):
-            levels.append(f"{{level{i + 1}}}")
-        elif len(values[i]) <= MAX_JSON_PATTERNS:
-            levels.append("*")  # split below: one rule per value
-        else:
-            levels.append("+")
+    levels = [_level(i, values, device, part, plain) for i in range(depth)]
     if "*" in levels:
         return _split(levels, rows, kind)
     if kind == "binary":
@@ -536,6 +521,22 @@ def _patterns(topics: list[str], kind: str, device: int = -1) -> list[Pattern]:
             "together they name the device"
         )
     return [pattern]
+
+
+def _level(i: int, values: list[list[str]], device: int, part: int, plain: bool) -> str:
+    """Level ``i`` of a pattern's filter: device, capture, literal, ``*`` (a split) or ``+``."""
+    last_is_measurement = plain and len(values) > 1
+    if i == device:
+        return "{sensor_id}"
+    if i == part:
+        return f"{{level{i + 1}}}"
+    if last_is_measurement and i == len(values) - 1:
+        return "{measurement}" if len(values[i]) > 1 else literal(values[i][0])
+    if len(values[i]) == 1:
+        return literal(values[i][0])
+    if plain or i < device:
+        return f"{{level{i + 1}}}"
+    return "*" if len(values[i]) <= MAX_JSON_PATTERNS else "+"
 
 
 def _device_part(rows: list[list[str]], values: list[list[str]], device: int) -> int:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import re
 
-# word -> (unit, source). HA: Home Assistant's sensor device classes and their default
-# units (developers.home-assistant.io/docs/core/entity/sensor, SensorDeviceClass);
-# Z2M: Zigbee2MQTT's exposes (zigbee-herdsman-converters src/lib/exposes.ts presets).
+# Each word with its unit and where that unit comes from. HA stands for Home Assistant's
+# sensor device classes and their default units (SensorDeviceClass in its developer
+# docs); Z2M for Zigbee2MQTT's exposes (zigbee-herdsman-converters, lib/exposes.ts).
 TABLE: dict[str, tuple[str, str]] = {
     "temperature": ("°C", "Z2M temperature; HA temperature (metric)"),
     "humidity": ("%", "Z2M humidity; HA humidity"),
