@@ -245,7 +245,7 @@ async def test_onboarding_gateways_that_list_their_devices_as_discover_proposes(
         (
             "0x2916",
             {"Temperature": 26.27, "Humidity": 47.73, "Endpoint": 1, "LinkQuality": 105},
-            {"Humidity": "%"},
+            {"Humidity": "%", "Temperature": "°C"},  # Temperature from the names' table
             {"gateway": "kitchen"},
         ),
         ("0x7120", {"Power": 1, "Endpoint": 1, "LinkQuality": 229}, None, {"gateway": "kitchen"}),
