@@ -217,3 +217,34 @@ async def settled(db: Any, mode: str) -> list[dict[str, Any]]:
             break
         rows = now_rows
     return rows
+
+
+def test_units_from_a_unit_field_and_a_unit_topic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A payload's unit field gives its number's unit (``[rule.units] value =
+    "{unit}"``); a unit topic beside a plain value gives that value's, before the names'
+    table (°F here, where the table would say °C), and is itself ignored."""
+    now = time.time()
+    messages = [
+        Captured("lab/meter-1/voltage", b'{"value": 3.3, "unit": "V"}'),
+        Captured("lab/meter-2/voltage", b'{"value": 3.1, "unit": "V"}'),
+        Captured("yard/probe-1/temperature", b"71.5"),
+        Captured("yard/probe-2/temperature", b"70.1"),
+        Captured("yard/probe-1/temperature/unit", b"\xc2\xb0F"),
+        Captured("yard/probe-2/temperature/unit", b"\xc2\xb0F"),
+    ]
+    patterns = propose(messages)
+    text = proposal_text(patterns, _names(patterns, set()), [], now)
+    mapping = mapping_of(text)
+    got = mapping.decode("lab/meter-1/voltage", messages[0].payload, now, Limits())
+    assert [(r.sensor_id, r.values, r.units) for r in got.decoded.readings] == [
+        ("meter-1", {"value": 3.3}, {"value": "V"})
+    ]
+    got = mapping.decode("yard/probe-1/temperature", b"71.5", now, Limits())
+    assert [(r.values, r.units) for r in got.decoded.readings] == [
+        ({"temperature": 71.5}, {"temperature": "°F"})
+    ]
+    assert mapping.decode("yard/probe-1/temperature/unit", b"\xc2\xb0F", now, Limits()).ignored
+    for module in (language, onevalue, selection):  # one rule per tree, units by name
+        monkeypatch.setattr(module, "supports", lambda _feature: True)
+    tree = next(p for p in propose(messages) if p.measurement == "{property}")
+    assert tree.units == {"voltage": "V"}

@@ -53,6 +53,9 @@ HOUSEKEEPING = frozenset(
         "cmd",
         "keepalive",
         "request",
+        "unit",
+        "units",
+        "uom",
     }
 )
 # Levels that mark everything under them as housekeeping, wherever they stand after the

@@ -61,6 +61,7 @@ def propose(messages: list[Captured], known: Known | None = None) -> list[Patter
     now = time.time()
     trees, rest = onevalue.split(rest)
     for tree in trees:
+        _tree_units(tree, known)
         _table_units(tree)
     patterns = (
         homie
@@ -116,6 +117,7 @@ def _complete(pattern: Pattern, known: Known) -> list[Pattern]:
     elif pattern.kind == "json":
         _json_units(pattern, known)
         _payload_identity(pattern)
+        _field_unit(pattern)
     if pattern.kind in {"value", "json"}:
         _home_assistant_device(pattern, known)
     for part in out:
@@ -165,6 +167,43 @@ def _number(payload: bytes, kind: str) -> object:
         return float(payload)
     except ValueError:
         return None
+
+
+def _tree_units(pattern: Pattern, known: Known) -> None:
+    """A one-value tree's units: from a unit attribute topic or the payloads' unit field."""
+    found: dict[str, set[str]] = {}
+    for topic in pattern.topics:
+        name = safe(_render(pattern.measurement or "value", pattern.captures(topic)))
+        given = {
+            d["unit"]
+            for d in json_docs(pattern.payloads.get(topic, []))
+            if type(d) is dict and type(d.get("unit")) is str and d["unit"]
+        }
+        if topic in known.homie_units:
+            given.add(known.homie_units[topic])
+        if given:
+            found.setdefault(name, set()).update(given)
+    units = _single(found)
+    if units:
+        pattern.units.update(units)
+        pattern.notes.append(
+            f"units from the payloads' unit field or a unit topic beside the value "
+            f"({', '.join(f'{n} {u}' for n, u in sorted(units.items())[:6])})"
+        )
+
+
+def _field_unit(pattern: Pattern) -> None:
+    """``{"value": 3.3, "unit": "V"}``: the one number's unit is the payload's unit field."""
+    fields = field_values(pattern.samples, pattern.each)
+    unit = next((k for k in ("unit", "units", "uom") if k in fields), None)
+    if unit is None or not all(type(v) is str for v in fields[unit]):
+        return
+    numbers = [
+        k for k, vs in fields.items() if k != unit and any(type(v) in {int, float} for v in vs)
+    ]
+    if len(numbers) == 1 and numbers[0] not in pattern.units:
+        pattern.units[numbers[0]] = f"{{{unit}}}"
+        pattern.notes.append(f"the unit of {numbers[0]} is the payload's {unit} field")
 
 
 def _table_units(pattern: Pattern) -> None:
