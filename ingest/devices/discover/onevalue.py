@@ -16,9 +16,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from ingest.devices.discover.chores import housekeeping
 from ingest.devices.discover.identity import json_docs
 from ingest.devices.discover.language import supports
-from ingest.devices.discover.patterns import Captured, Pattern, housekeeping, literal
+from ingest.devices.discover.patterns import Captured, Pattern, literal
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -1,32 +1,28 @@
 """What a captured stream looks like: payload formats and topic patterns.
 
 Pure functions over captured ``(topic, payload)`` messages, used by ``ingest discover``:
-:func:`payload_kind` names a payload's format, :func:`group` groups the topics into
-patterns (the level that varies most is the device; levels after it name the measurement
-of a plain value; housekeeping topics are ignored). :mod:`ingest.devices.discover.propose`
-completes the patterns with what conventions and payloads say,
-:mod:`ingest.devices.discover.proposal` writes them as rules, and
-:mod:`ingest.devices.discover.command` checks them through the real mapping engine. Nothing here
-does I/O.
+:func:`payload_kind` names a payload's format; :func:`topic_patterns` makes a group of
+topics (:mod:`ingest.devices.discover.grouping`) a pattern (the level that varies most is
+the device; levels after it name the measurement of a plain value). The words that mark
+housekeeping are here, its rules in :mod:`ingest.devices.discover.chores`.
+:mod:`ingest.devices.discover.propose` completes the patterns with what conventions and
+payloads say, :mod:`ingest.devices.discover.proposal` writes them as rules, and
+:mod:`ingest.devices.discover.command` checks them through the real mapping engine.
+Nothing here does I/O.
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING
 
 import orjson
 
 from ingest.devices.decode import Limits, decode
 from ingest.devices.discover.identity import json_docs
 from ingest.devices.discover.identity import members as reading_objects
-
-if TYPE_CHECKING:
-    from ingest.devices.discover.conventions import Known
 
 # Last topic levels that carry status, commands or metadata rather than readings.
 HOUSEKEEPING = frozenset(
@@ -227,7 +223,7 @@ def _json_kind(topic: str, payload: bytes, doc: object) -> str:
         return "value"
     if type(doc) is list and _senml(doc):
         return "senml"
-    decoded = decode(topic, payload, _now(), Limits())
+    decoded = decode(topic, payload, epoch_now(), Limits())
     return "ingest" if decoded.readings and not decoded.rejections else "json"
 
 
@@ -240,7 +236,8 @@ def _senml(records: list[dict[str, object]]) -> bool:
     )
 
 
-def _now() -> float:
+def epoch_now() -> float:
+    """The time now, as an epoch."""
     return datetime.now().timestamp()  # noqa: DTZ005 - an epoch, no zone involved
 
 
@@ -261,84 +258,6 @@ def device_score(level: str, position: int) -> int:
     return score
 
 
-def group(messages: list[Captured], known: Known) -> list[Pattern]:
-    """The messages' topics grouped into patterns, one per rule to propose.
-
-    Each keeps the first payloads of its topics. ``known``: what the conventions say
-    (Homie devices, Home Assistant's availability and command topics).
-    """
-    by_topic: dict[str, list[bytes]] = {}
-    for msg in messages:
-        by_topic.setdefault(msg.topic, []).append(msg.payload)
-    kinds: dict[str, str] = {}
-    for topic, payloads in by_topic.items():
-        counted = Counter(payload_kind(topic, p) for p in payloads)
-        counted.pop("empty", None)
-        if counted:
-            kinds[topic] = counted.most_common(1)[0][0]
-        if kinds.get(topic) == "ingest" and topic in known.entities:
-            kinds[topic] = "json"  # Home Assistant names its fields: units need the json format
-    roots = {topic.split("/", 1)[0] for topic in by_topic}
-    groups: dict[tuple[int, str, bool, int], list[str]] = {}
-    now = _now()
-    for topic, kind in kinds.items():
-        chore = housekeeping(topic, kind, by_topic[topic], roots, now) or topic in known.chores
-        key = (topic.count("/") + 1, kind, chore, _homie_device(topic, known))
-        groups.setdefault(key, []).append(topic)
-    patterns: list[Pattern] = []
-    for (_, kind, chore, device), topics in sorted(groups.items()):
-        if chore:
-            patterns.extend(_housekeeping(topics, kind, known, roots))
-        else:
-            patterns.extend(_patterns(sorted(topics), kind, device))
-    data = {t for (_, _, chore, _), ts in groups.items() if not chore for t in ts}
-    patterns = merge_chores(_same_shapes(patterns), data)
-    for pattern in patterns:
-        pattern.payloads = {t: by_topic[t][:SAMPLES] for t in pattern.topics}
-    return patterns
-
-
-def housekeeping(topic: str, kind: str, payloads: list[bytes], roots: set[str], now: float) -> bool:
-    """Whether a topic carries housekeeping rather than readings, whatever its format.
-
-    By topic word (a last level such as ``status``, ``heartbeat``, ``lwt``, ``set``; a
-    level such as ``status`` or ``cmd`` anywhere after the first), by a request/write
-    mirror of a notification tree (``R/...``, ``W/...`` beside ``N/...``), by payloads
-    that report a connection (online/offline), or by plain values that are all clock
-    times (a last-update or heartbeat time: evcc's ``updated``).
-    """
-    levels = topic.split("/")
-    last = levels[-1].lower()
-    if last in HOUSEKEEPING or last.startswith("$"):
-        return True
-    if any(level.lower() in HOUSEKEEPING_LEVELS for level in levels[1:]):
-        return True
-    if MIRRORS.get(levels[0]) in roots:
-        return True
-    texts = {p.strip().lower() for p in payloads if p.strip()}
-    if kind == "value" and texts and texts <= {w.encode() for w in STATUS_WORDS}:
-        return True
-    if kind in {"json", "ingest"}:  # {"value": <a clock time>}: Victron's full_publish_completed
-        docs = json_docs(list(texts))
-        texts = {
-            orjson.dumps(d["value"])
-            for d in docs
-            if type(d) is dict and len(d) == 1 and "value" in d
-        }
-        if len(texts) < len(docs):
-            return False
-    return bool(texts) and all(_clock(t, now) for t in texts)
-
-
-def _clock(text: bytes, now: float) -> bool:
-    """A plain value that is an epoch time within ten years of now."""
-    try:
-        number = float(text)
-    except ValueError:
-        return False
-    return any(abs(number / 10**d - now) < 10 * 365 * 86400 for d in (0, 3, 6, 9))
-
-
 def literal(level: str) -> str:
     """A topic's level as a rule's filter can hold it.
 
@@ -353,150 +272,16 @@ def order(pattern: Pattern) -> tuple[int, bool, list[str]]:
     A general rule must not shadow a specific one.
     """
     levels = pattern.levels
-    return -sum(not _variable(x) for x in levels), levels[-1] == "#", levels
+    return -sum(not variable(x) for x in levels), levels[-1] == "#", levels
 
 
-def _homie_device(topic: str, known: Known) -> int:
-    """The device level of a topic under a Homie device (``homie/<device>/...``), or -1."""
-    levels = topic.split("/")
-    for depth in range(2, len(levels)):
-        if "/".join(levels[:depth]) in known.homie_devices:
-            return depth - 1
-    return -1
-
-
-def _variable(level: str) -> bool:
+def variable(level: str) -> bool:
+    """A filter level that is no literal: ``+``, ``#`` or a capture."""
     return level in {"+", "#"} or level.startswith("{")
 
 
-def _housekeeping(
-    topics: list[str], kind: str, known: Known, roots: set[str] | None = None
-) -> list[Pattern]:
-    shapes: dict[tuple[str, ...], set[str]] = {}
-    whys: dict[tuple[str, ...], str] = {}
-    for topic in topics:
-        shape, why = _chore_shape(topic, kind, known, roots or set())
-        shapes.setdefault(shape, set()).add(topic)
-        whys.setdefault(shape, why)
-    out = []
-    for shape, members in shapes.items():
-        pattern = Pattern(list(shape), "ignore", members)
-        pattern.notes.append(
-            f"looks like housekeeping ({whys[shape]}): ignored; delete this rule to store it"
-        )
-        out.append(pattern)
-    return out
-
-
-def _chore_shape(
-    topic: str, kind: str, known: Known, roots: set[str]
-) -> tuple[tuple[str, ...], str]:
-    """The ignore rule's filter for a housekeeping topic, and why it is housekeeping."""
-    levels = [literal(lv) for lv in topic.split("/")]
-    mirrored = MIRRORS.get(levels[0])
-    if mirrored in roots and len(levels) > 1:
-        return (levels[0], "#"), (
-            f"{levels[0]}/ mirrors the notification tree {mirrored}/: requests and writes "
-            "to the device, not readings"
-        )
-    inner = next(
-        (i for i, lv in enumerate(levels[1:-1], 1) if lv.lower() in HOUSEKEEPING_LEVELS), None
-    )
-    if inner is not None:
-        shape = (levels[0], *(["+"] * (inner - 1)), levels[inner], "#")
-        return shape, f"under the level {levels[inner]!r}"
-    varying = (
-        [levels[0], *(["+"] * (len(levels) - 2)), levels[-1]]
-        if len(levels) > 2
-        else (["+", levels[-1]] if len(levels) == 2 else levels)
-    )
-    if varying[-1].startswith("$"):
-        why = f"a Homie attribute ({varying[-1]})"
-    elif topic in known.chores:
-        why = "availability or command topics of Home Assistant discovery configs"
-    elif varying[-1].lower() in HOUSEKEEPING:
-        why = f"last level {varying[-1]!r}"
-    elif kind == "value":
-        why = f"payloads such as online/offline, or clock times, on last level {varying[-1]!r}"
-    else:
-        why = f"last level {varying[-1]!r}"
-    return tuple(varying), why
-
-
-def _same_shapes(patterns: list[Pattern]) -> list[Pattern]:
-    """Ignore rules of one filter (from topics of several depths or formats) made one."""
-    out: list[Pattern] = []
-    seen: dict[tuple[str, ...], Pattern] = {}
-    for pattern in patterns:
-        key = tuple(pattern.levels)
-        if pattern.kind == "ignore" and key in seen:
-            seen[key].topics |= pattern.topics
-            continue
-        if pattern.kind == "ignore":
-            seen[key] = pattern
-        out.append(pattern)
-    wide = [p for p in out if p.kind == "ignore" and p.levels[-1] == "#" and not p.match]
-    return [
-        p
-        for p in out
-        if not (
-            p.kind == "ignore"
-            and not p.match
-            and any(w is not p and all(covers(w.levels, t) for t in p.topics) for w in wide)
-        )
-    ]
-
-
-def covers(levels: list[str], topic: str) -> bool:
-    """Whether a filter (``+``, ``{capture}``, a last ``#``) takes a topic, as MQTT does."""
-    parts = topic.split("/")
-    for i, level in enumerate(levels):
-        if level == "#" or level.endswith("#}"):
-            return i <= len(parts) - (0 if level == "#" else 1)
-        if i >= len(parts) or not (_variable(level) or level == parts[i]):
-            return False
-    return len(parts) == len(levels)
-
-
-def merge_chores(patterns: list[Pattern], data: set[str]) -> list[Pattern]:
-    """Ignore rules that differ in the last level only, made one where it can be.
-
-    ``homie/+/+/+/+`` for ``$name``, ``$unit``..., if it takes none of the topics that
-    carry readings.
-    """
-    by_parent: dict[tuple[str, ...], list[Pattern]] = {}
-    out = []
-    for pattern in patterns:
-        if pattern.kind == "ignore":
-            by_parent.setdefault(tuple(pattern.levels[:-1]), []).append(pattern)
-        else:
-            out.append(pattern)
-    for parent, group in by_parent.items():
-        levels = [*parent, "+"]
-        wide = len(group) > 1 and not any(_takes(levels, t) for t in data)
-        if not wide:
-            out += group
-            continue
-        lasts = ", ".join(sorted(p.levels[-1] for p in group)[:6])
-        merged = Pattern(levels, "ignore", set().union(*(p.topics for p in group)))
-        merged.notes.append(
-            f"looks like housekeeping (last levels {lasts}): ignored; "
-            "delete this rule to store them"
-        )
-        out.append(merged)
-    return out
-
-
-def _takes(levels: list[str], topic: str) -> bool:
-    parts = topic.split("/")
-    return (
-        len(parts) == len(levels)
-        and all(lv in {"+", part} for lv, part in zip(levels, parts, strict=True))
-        and not (levels[0] == "+" and parts[0].startswith("$"))
-    )
-
-
-def _patterns(topics: list[str], kind: str, device: int = -1) -> list[Pattern]:
+def topic_patterns(topics: list[str], kind: str, device: int = -1) -> list[Pattern]:
+    """The pattern (or, split by a level of few values, patterns) of one group of topics."""
     rows = [t.split("/") for t in topics]
     depth = len(rows[0])
     values = [sorted({row[i] for row in rows}) for i in range(depth)]
@@ -615,14 +400,14 @@ def _measurement(levels: list[str], device: int, values: list[list[str]]) -> str
     last = len(levels) - 1
     for i in range(device + 1, len(levels)):
         level, before = levels[i], levels[i - 1]
-        numbered = all(v.isdigit() for v in values[i]) and not _variable(before)
+        numbered = all(v.isdigit() for v in values[i]) and not variable(before)
         if level.startswith("{"):
             parts.append(f"{safe(before)}_{level}" if numbered else level)
         elif i == last and level.lower() not in GENERIC_LAST:
             parts.append(f"{safe(before)}_{level}" if numbered else safe(level))
     if parts:
         return "_".join(parts)
-    tail = [lv for lv in levels[device + 1 :] if not _variable(lv)]
+    tail = [lv for lv in levels[device + 1 :] if not variable(lv)]
     return safe(tail[-1]) if tail else "value"
 
 

@@ -1,7 +1,7 @@
 """The proposed patterns, completed with what conventions and payloads say about them.
 
 :func:`propose` gives each Homie domain other than ``homie/`` a ``homie`` rule, groups the
-other captured topics (:func:`ingest.devices.discover.patterns.group`) and completes each pattern:
+other captured topics (:func:`ingest.devices.discover.grouping.group`) and completes each pattern:
 units and devices from Home Assistant discovery configs and Homie attributes
 (:mod:`ingest.devices.discover.conventions`), device ids inside gateway payloads and the devices a
 message lists (:mod:`ingest.devices.discover.identity`), a node level taken for the device, and a
@@ -15,6 +15,8 @@ import time
 from typing import TYPE_CHECKING
 
 from ingest.devices.discover import conventions, onevalue
+from ingest.devices.discover.chores import merge_chores
+from ingest.devices.discover.grouping import group
 from ingest.devices.discover.identity import (
     container,
     descriptive,
@@ -28,9 +30,7 @@ from ingest.devices.discover.patterns import (
     Pattern,
     device_score,
     field_values,
-    group,
     literal,
-    merge_chores,
     order,
     quote,
     safe,
