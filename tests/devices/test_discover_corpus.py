@@ -112,6 +112,17 @@ def test_the_score_in_the_docs_is_the_corpus_score() -> None:
     assert table([score(f) for f in FAMILIES]) in docs
 
 
+def test_each_rule_says_what_it_stores() -> None:
+    """Each rule's comments: the messages it took, then the sensors and measurements its
+    readings stored; an ignore rule, that it ignored them."""
+    text = score("opendtu").proposal
+    assert (
+        "22 stored, e.g. solar/114190641177/0/current\n# stores 2 sensor(s) "
+        "(114190641177, 114190641178); measurements 0_current, 0_frequency, 0_power,"
+    ) in text
+    assert "# 8 message(s) on 8 topic(s) of the capture, ignored" in text
+
+
 def test_housekeeping_is_known_whatever_the_payload() -> None:
     """Status, last wills, commands, heartbeats and request/write mirrors are ignored:
     each family's housekeeping on a topic of its own is taken by an ignore rule."""

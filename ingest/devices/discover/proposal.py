@@ -50,10 +50,16 @@ def time_of(name: str, values: list[object], now: float, by_value: bool = False)
     return kinds.pop() if len(kinds) == 1 and "?" not in kinds else None
 
 
-def rule_text(pattern: Pattern, name: str, now: float, summary: str | None = None) -> str:
-    """One pattern as a commented [[rule]] table; ``summary``: what it took of the capture."""
+def rule_text(
+    pattern: Pattern, name: str, now: float, summary: str | None = None, stores: str | None = None
+) -> str:
+    """One pattern as a commented [[rule]] table.
+
+    ``summary``: what it took of the capture; ``stores``: the sensors and measurements
+    its readings stored.
+    """
     head = summary or f"{len(pattern.topics)} topic(s)"
-    lines = [f"# {head}, e.g. {min(pattern.topics)}"]
+    lines = [f"# {head}, e.g. {min(pattern.topics)}"] + ([f"# {stores}"] if stores else [])
     if pattern.kind == "binary":
         lines.append("# NOTE: binary payloads (not UTF-8 text): no format reads them; ignored")
     lines += [f"# NOTE: {note}" for note in pattern.notes]
