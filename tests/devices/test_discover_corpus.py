@@ -120,7 +120,7 @@ def test_each_rule_says_what_it_stores() -> None:
         "22 stored, e.g. solar/114190641177/0/current\n# stores 2 sensor(s) "
         "(114190641177, 114190641178); measurements 0_current, 0_frequency, 0_power,"
     ) in text
-    assert "# 8 message(s) on 8 topic(s) of the capture, ignored" in text
+    assert "# 9 message(s) on 9 topic(s) of the capture, ignored" in text  # status/#
 
 
 def test_housekeeping_is_known_whatever_the_payload() -> None:
