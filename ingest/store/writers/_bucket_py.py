@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from operator import attrgetter, floordiv
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from bson.datetime_ms import DatetimeMS
 
@@ -49,10 +49,26 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 _ms_of = attrgetter("ms")
 _EMPTY: dict[str, str] = {}  # the tags of a series without any (shared, never changed)
-# A reading's fields by position.
-SENSOR_ID, EPOCH, VALUES, SEQ, MS, TAGS, UNITS, INFO = map(
-    Reading._fields.index, ("sensor_id", "epoch", "values", "seq", "ms", "tags", "units", "info")
-)
+# A reading's fields by position (ingest.model.Reading's order, checked below).
+SENSOR_ID: Final = 0
+EPOCH: Final = 2
+VALUES: Final = 3
+SEQ: Final = 4
+MS: Final = 5
+TAGS: Final = 6
+UNITS: Final = 7
+INFO: Final = 8
+if [Reading._fields[i] for i in (SENSOR_ID, EPOCH, VALUES, SEQ, MS, TAGS, UNITS, INFO)] != [
+    "sensor_id",
+    "epoch",
+    "values",
+    "seq",
+    "ms",
+    "tags",
+    "units",
+    "info",
+]:
+    raise ImportError(f"ingest.model.Reading has other fields: {Reading._fields}")
 # Spans below this many seconds (ints a float holds exactly) take the compiled floor
 # division of floats.
 _FLOAT_SPANS = 2**53
@@ -138,6 +154,7 @@ if cython.compiled:
 
 def bson_date(ms: int) -> BsonDate:
     """A :class:`BsonDate` of ``ms`` milliseconds since the epoch."""
+    date: BsonDate
     if cython.compiled and _MS_SLOT >= 0:
         date = new_with_slot(BsonDate, _MS_SLOT, ms)  # type: ignore[name-defined]  # noqa: F821 - as above
     else:
