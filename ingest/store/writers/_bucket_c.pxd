@@ -29,7 +29,8 @@ cdef Py_ssize_t _labels_bytes(object labels) except -1
 @cython.locals(out=dict)
 cpdef dict stat_values(object values)
 
-@cython.locals(row=tuple, groups=dict, keys=dict, group=list, fast=bint, seconds=double)
+@cython.locals(row=tuple, groups=dict, keys=dict, latest=dict, mine=tuple, group=list, fast=bint,
+               seconds=double)
 cpdef dict group_readings(object readings, object span)
 
 cpdef tuple unique_readings(object group, object plan)

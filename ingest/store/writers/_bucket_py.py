@@ -226,6 +226,9 @@ def group_readings(readings: list[Reading], span: int) -> dict[GroupKey, list[Re
     last_start = 0.0
     group: list[Reading] = []
     keys: dict[int, TagsKey] = {}  # by id() of a tags dict: topics share theirs
+    # Each sensor's latest group, (tags, start, readings): interleaved messages of many
+    # sensors find theirs without a key to build and hash.
+    latest: dict[str, tuple[TagsKey, float, list[Reading]]] = {}
     # Compiled: Python's float // of a float epoch and a span a float holds, in C.
     fast = cython.compiled and type(span) is int and 0 < span < _FLOAT_SPANS
     seconds = float(span) if fast else 1.0
@@ -250,13 +253,19 @@ def group_readings(readings: list[Reading], span: int) -> dict[GroupKey, list[Re
             if found_key is None:
                 found_key = keys[id(tags)] = tags_key(tags)
             tags_of = found_key
-        key = (sensor, tags_of, start)
-        found = groups.get(key)
-        if found is None:
-            group = groups[key] = [reading]
-        else:
-            group = found
+        mine = latest.get(sensor)
+        if mine is not None and mine[1] == start and mine[0] == tags_of:
+            group = mine[2]
             group.append(reading)
+        else:
+            key = (sensor, tags_of, start)
+            found = groups.get(key)
+            if found is None:
+                group = groups[key] = [reading]
+            else:
+                group = found
+                group.append(reading)
+            latest[sensor] = (tags_of, start, group)
         last_sensor, last_tags, last_start = sensor, tags, start
     return groups
 
