@@ -143,3 +143,94 @@ cdef inline tuple as_tuple(object reading):
     is, so that Cython reads its fields by index. Cython unpacks an object that is not
     exactly a ``tuple`` through an iterator (a Python call per field)."""
     return <tuple>reading
+
+
+# ---- bucket mode's dates and spans ----------------------------------------------------
+
+cdef extern from *:
+    """
+    /* object.__new__(cls), then its slot at ``offset`` set to ``value``. An object whose
+       slots hold nothing but an int is in no reference cycle: the collector is told not
+       to look at it (a batch makes one per reading), as CPython's stops looking at dicts
+       of atomic values. */
+    static PyObject *ingest_capi_new_with_slot(PyObject *cls, Py_ssize_t offset,
+                                               PyObject *value) {
+        PyTypeObject *type = (PyTypeObject *)cls;
+        PyObject *obj = type->tp_alloc(type, 0);
+        if (obj == NULL) return NULL;
+        Py_INCREF(value);
+        *(PyObject **)((char *)obj + offset) = value;
+        if (PyLong_CheckExact(value) && PyObject_IS_GC(obj)) PyObject_GC_UnTrack(obj);
+        return obj;
+    }
+
+    /* Python's float // float (floatobject.c, _float_div_mod) for a divisor that is not
+       zero: the floor of the exact quotient, -0.0 where Python gives it. For an integral
+       0 < wx < 1e12 and |vx| < 1e14 (a span and an epoch) that floor is found from the
+       rounded quotient, corrected by at most one (k * wx is exact below 2**53), without
+       fmod, which is slow for a large quotient. */
+    static double ingest_capi_float_floordiv(double vx, double wx) {
+        if (wx > 0.0 && wx < 1e12 && wx == floor(wx) && fabs(vx) < 1e14) {
+            double k = floor(vx / wx);
+            if (k * wx > vx) k -= 1.0;
+            else if ((k + 1.0) * wx <= vx) k += 1.0;
+            return k == 0.0 ? copysign(0.0, vx / wx) : k;
+        }
+        double mod = fmod(vx, wx);
+        double div = (vx - mod) / wx;
+        double floordiv;
+        if (mod) {
+            if ((wx < 0) != (mod < 0)) div -= 1.0;
+        }
+        if (div) {
+            floordiv = floor(div);
+            if (div - floordiv > 0.5) floordiv += 1.0;
+        } else {
+            floordiv = copysign(0.0, vx / wx);
+        }
+        return floordiv;
+    }
+
+    /* ``obj`` itself, when it is a tuple or a tuple subclass (a NamedTuple). */
+    static PyObject *ingest_capi_as_tuple(PyObject *obj) {
+        if (!PyTuple_Check(obj)) {
+            PyErr_Format(PyExc_TypeError, "a reading is a tuple (ingest.model.Reading), not %.200s",
+                         Py_TYPE(obj)->tp_name);
+            return NULL;
+        }
+        Py_INCREF(obj);
+        return obj;
+    }
+    """
+    tuple ingest_capi_as_tuple(object obj)
+    object ingest_capi_new_with_slot(object cls, Py_ssize_t offset, object value)
+    double ingest_capi_float_floordiv(double vx, double wx) noexcept
+
+
+cdef inline object new_with_slot(object cls, Py_ssize_t offset, object value):
+    """``object.__new__(cls)`` with the slot at ``offset`` (from :func:`slot_offset`) set.
+
+    Bucket mode makes one BSON date per reading: ``object.__new__`` and the slot's
+    setter are two calls through Python's machinery; this is one allocation.
+    """
+    return ingest_capi_new_with_slot(cls, offset, value)
+
+
+cdef inline double float_floordiv(double a, double b) noexcept:
+    """``a // b`` of two floats as Python computes it (``b`` not zero).
+
+    Cython's ``//`` of C doubles is ``floor(a / b)``, which differs from Python's where
+    the quotient rounds up to an integer; Python's own, on objects, boxes both floats.
+    """
+    return ingest_capi_float_floordiv(a, b)
+
+
+cdef inline tuple checked_tuple(object obj):
+    """``obj`` typed as a tuple: a tuple or a tuple subclass; else a TypeError.
+
+    A NamedTuple's fields by position are then read by Cython in C. Indexing an object
+    that Cython does not know as a tuple goes through the type's ``sq_item``, which for a
+    Python subclass of tuple (a NamedTuple) is the generic slot that looks ``__getitem__``
+    up and calls it, several times the cost of its attribute.
+    """
+    return ingest_capi_as_tuple(obj)

@@ -1,0 +1,91 @@
+# Types of ingest/store/writers/_bucket_py.py, compiled as _bucket_c (setup.py).
+cimport cython
+
+from ingest._capi cimport checked_tuple as _fields
+from ingest._capi cimport float_floordiv as _floordiv, new_with_slot, slot_offset
+
+cdef Py_ssize_t SENSOR_ID, EPOCH, VALUES, SEQ, MS, TAGS, UNITS, INFO
+cdef Py_ssize_t _MS_SLOT
+cdef dict _EMPTY
+cdef dict _STAT_KEYS
+
+
+cpdef object ts_key(object ts)
+
+cpdef object bson_date(object ms)
+
+@cython.locals(out=list)
+cpdef list bson_dates(object readings)
+
+@cython.locals(row=tuple)
+cpdef object ms_of(object reading)
+
+@cython.locals(row=tuple, size=Py_ssize_t)
+cpdef Py_ssize_t reading_bytes(object reading) except -1
+
+@cython.locals(size=Py_ssize_t)
+cdef Py_ssize_t _labels_bytes(object labels) except -1
+
+@cython.locals(out=dict)
+cpdef dict stat_values(object values)
+
+@cython.locals(row=tuple, groups=dict, keys=dict, latest=dict, mine=tuple, group=list, fast=bint,
+               seconds=double)
+cpdef dict group_readings(object readings, object span)
+
+cpdef tuple unique_readings(object group, object plan)
+
+cpdef dict reading_doc(object reading)
+
+@cython.locals(row=tuple)
+cdef dict _entry(object date, object reading)
+
+@cython.locals(out=list, chunk=list, grow=Py_ssize_t, size=Py_ssize_t)
+cpdef list chunks(object group, object max_readings, object max_bytes=*)
+
+cpdef tuple _stat_keys(object name)
+
+@cython.locals(dates=list, pushed=list, inc=dict, mins=dict, maxs=dict, labels=dict)
+cpdef dict update_for(object sensor_id, object tags, object start, list chunk,
+                      object max_readings, object size, object max_bytes=*)
+
+@cython.locals(inc=dict, mins=dict, maxs=dict, labels=dict, update=dict)
+cpdef dict statement(object sensor_id, object tags, object start, list dates,
+                     list pushed, object size, object max_readings, tuple stats,
+                     object max_bytes=*)
+
+@cython.final
+cdef class _Stat:
+    cdef Py_ssize_t count
+    cdef double total
+    cdef object low, high
+
+
+@cython.locals(row=tuple, acc=dict, stat=_Stat)
+cdef dict _by_reading(list group, dict labels=*)
+
+cdef object _one_update(object sensor_id, object tags, object start, object reading,
+                        object max_readings, object max_bytes)
+
+@cython.locals(row=tuple, count=Py_ssize_t, i=Py_ssize_t, stamps=list, dates=list, pushed=list,
+               size=Py_ssize_t, values=dict, acc=dict, times=tuple,
+               inc=dict, mins=dict, maxs=dict)
+cdef object _fast_update(object sensor_id, object tags, object start, list group,
+                         object max_readings, object max_bytes)
+
+@cython.locals(row=tuple, stamps=list, ordered=bint)
+cdef tuple _distinct_times(list group)
+
+cdef object _label(object reading, dict labels)
+
+@cython.locals(row=tuple, inc=dict, mins=dict, maxs=dict, labels=dict, keys=tuple)
+cpdef tuple _single(object reading, object size)
+
+@cython.locals(labels=dict, acc=dict)
+cdef tuple _coalesced(list chunk, object size)
+
+@cython.locals(inc=dict, mins=dict, maxs=dict, keys_of=dict, keys=tuple, stat=_Stat)
+cdef tuple _statistics(dict acc, object count, object size, object first, object last)
+
+@cython.locals(ops=list, groups=list)
+cpdef object plan_buckets(object readings, object span, object max_readings, object max_bytes=*)

@@ -1,0 +1,647 @@
+# cython: annotation_typing=False, boundscheck=True, wraparound=True
+"""Bucket mode's plan: the upsert statements of a batch, its rules written once.
+
+Run as Python, and compiled by Cython as ``_bucket_c`` with the types of
+``_bucket_c.pxd`` (setup.py); :mod:`ingest.store.writers.bucket` picks one (``accel.pick``)
+and documents the statements. Both build the same statements: the same dicts in the same
+key order, the same value types, the same filters, caps and chunks (tests/store/
+test_bucket_twins.py runs them side by side).
+
+The hot loops read a reading's fields by position (``row[VALUES]``): compiled, with the
+reading typed as the tuple it is, that is a C-level step where an attribute is a lookup by
+name. Three steps plain Python cannot say come from ``ingest/_capi.pxd`` when compiled:
+typing a reading as a tuple, making a :class:`BsonDate` (an object and its one slot, as
+``object.__new__`` and the slot's setter make them), and Python's ``//`` of two floats (a
+C ``floor(a / b)`` is not it).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from operator import attrgetter, floordiv
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
+
+from bson.datetime_ms import DatetimeMS
+
+from ingest.model import Reading
+from ingest.store.schema import BUCKET_INDEX
+from ingest.store.writers import Plan
+from ingest.store.writers.instants import NO_TAGS, TagsKey, merge_series, tags_key
+
+try:
+    import cython
+except ImportError:  # Cython builds the accelerators; it is not needed to run
+    from ingest import _cython_shim as cython
+
+if TYPE_CHECKING:
+    # Cython does not parse ``type`` statements.
+    GroupKey: TypeAlias = tuple[str, TagsKey, float]  # noqa: UP040
+    _Stats: TypeAlias = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]  # noqa: UP040
+
+# 2: the series' tags are part of a document's key (``tags``, always present), sensor
+# ids are kept exactly, one entry per instant.
+SCHEMA_VERSION = 2
+# Estimated BSON bytes of one document (its readings, and the statistics and units their
+# measurements add): half of MongoDB's 16 MiB limit, so the estimate can be off by 2x and
+# an update still fits (the key's tags and info are bounded: 32 of 256 bytes each).
+MAX_BUCKET_BYTES = 8 * 1024 * 1024
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+_ms_of = attrgetter("ms")
+_EMPTY: dict[str, str] = {}  # the tags of a series without any (shared, never changed)
+# A reading's fields by position (ingest.model.Reading's order, checked below).
+SENSOR_ID: Final = 0
+EPOCH: Final = 2
+VALUES: Final = 3
+SEQ: Final = 4
+MS: Final = 5
+TAGS: Final = 6
+UNITS: Final = 7
+INFO: Final = 8
+if [Reading._fields[i] for i in (SENSOR_ID, EPOCH, VALUES, SEQ, MS, TAGS, UNITS, INFO)] != [
+    "sensor_id",
+    "epoch",
+    "values",
+    "seq",
+    "ms",
+    "tags",
+    "units",
+    "info",
+]:
+    raise ImportError(f"ingest.model.Reading has other fields: {Reading._fields}")
+# Spans below this many seconds (ints a float holds exactly) take the compiled floor
+# division of floats.
+_FLOAT_SPANS = 2**53
+if not cython.compiled:  # compiled: ingest/_capi.pxd's float_floordiv, the same in C
+    _floordiv = floordiv
+
+    def _fields(reading: Reading) -> Reading:
+        """The reading, typed as the tuple it is (compiled: ingest/_capi.pxd's checked_tuple).
+
+        Its fields are then read by position in C. A hot loop takes
+        ``_fields(reading) if cython.compiled else reading``: no call as Python.
+        """
+        return reading
+
+
+def ts_key(ts: datetime | DatetimeMS) -> int:
+    """A timestamp as BSON stores it: whole milliseconds since the epoch (floored)."""
+    if isinstance(ts, DatetimeMS):  # a BsonDate of a document built here
+        return int(ts)
+    if ts.tzinfo is None:  # a client without tz_aware returns naive UTC datetimes
+        ts = ts.replace(tzinfo=UTC)
+    return (ts - _EPOCH) // _MS
+
+
+class BsonDate(DatetimeMS):
+    """A BSON date (UTC milliseconds) built cheaply; equal to the datetime of that instant.
+
+    pymongo's C encoder spends three times as long on a timezone-aware ``datetime`` (it
+    calls ``utcoffset()`` in Python) as on a ``DatetimeMS``, whose own constructor checks
+    its argument in Python. The writers make these instead from the milliseconds the
+    decoder computed: the encoder writes the same bytes (``int()`` of it, as for any
+    ``DatetimeMS``), and it compares equal to the ``datetime`` it stands for.
+    """
+
+    __slots__ = ("ms",)
+    ms: int
+
+    def __int__(self) -> int:
+        # The encoder calls it for every date it writes (compiled: no Python frame).
+        return self.ms
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, datetime):
+            return self.ms == ts_key(other)
+        if isinstance(other, DatetimeMS):
+            return self.ms == int(other)
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash(self.ms)
+
+    def __le__(self, other: DatetimeMS | int) -> bool:
+        return self.ms <= int(other)
+
+    def __ge__(self, other: DatetimeMS | int) -> bool:
+        return self.ms >= int(other)
+
+    def __lt__(self, other: DatetimeMS | int) -> bool:
+        return self.ms < int(other)
+
+    def __gt__(self, other: DatetimeMS | int) -> bool:
+        return self.ms > int(other)
+
+    def __repr__(self) -> str:
+        return f"BsonDate({self.ms})"
+
+    def timestamp(self) -> float:
+        """Seconds since the epoch, as ``datetime.timestamp()`` gives them."""
+        return self.ms / 1000
+
+    def as_datetime(self, *_args: object, **_kwargs: object) -> datetime:
+        """The instant as an aware UTC datetime."""
+        return _EPOCH + self.ms * _MS
+
+
+if cython.compiled:
+    _MS_SLOT = slot_offset(BsonDate, "ms")  # type: ignore[name-defined]  # noqa: F821 - _bucket_c.pxd cimports it
+
+
+def bson_date(ms: int) -> BsonDate:
+    """A :class:`BsonDate` of ``ms`` milliseconds since the epoch."""
+    date: BsonDate
+    if cython.compiled and _MS_SLOT >= 0:
+        date = new_with_slot(BsonDate, _MS_SLOT, ms)  # type: ignore[name-defined]  # noqa: F821 - as above
+    else:
+        date = object.__new__(BsonDate)
+        date.ms = ms
+    return date
+
+
+def bson_dates(readings: list[Reading]) -> list[BsonDate]:
+    """The readings' times as :class:`BsonDate` objects, in order."""
+    return [bson_date(ms_of(reading)) for reading in readings]
+
+
+def ms_of(reading: Reading) -> int:
+    """A reading's instant: whole milliseconds since the epoch."""
+    row = _fields(reading) if cython.compiled else reading
+    ms = row[MS]
+    return ms if ms is not None else ts_key(reading.ts)
+
+
+def reading_bytes(reading: Reading) -> int:
+    """Upper estimate of what a reading adds to its document's BSON size.
+
+    Its entry in ``readings`` and, for each of its measurements, the ``stats.<m>`` entry
+    (and ``units.<m>``) it may add: a document whose readings each bring new names grows
+    by its statistics as much as by its readings.
+    """
+    # entry: array index key and sub-document framing ~16, ts 12, seq 13, each value
+    # 10 + name; stats.<m>: {count, sum, min, max} 60 + name
+    row = _fields(reading) if cython.compiled else reading
+    values = row[VALUES]
+    size = 41
+    for name in values:
+        size += 70 + 2 * len(name)
+    if row[TAGS] is not None:  # the mapping path: strings too (UTF-8: 4 bytes a character)
+        for value in values.values():
+            if type(value) is str:
+                size += 4 * len(value)
+        size += _labels_bytes(row[UNITS]) + _labels_bytes(row[INFO])
+    return size
+
+
+def _labels_bytes(labels: dict[str, str] | None) -> int:
+    """What a reading's units or info add to its size (:func:`reading_bytes`)."""
+    size = 0
+    if labels:
+        for key, value in labels.items():
+            size += len(key) + 7 + 4 * len(value)
+    return size
+
+
+def stat_values(values: dict[str, Any]) -> dict[str, Any]:
+    """The values that get statistics: numbers, and booleans as 0/1; not strings."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        kind = type(value)
+        if kind is bool:
+            out[name] = int(value)
+        elif kind is not str:
+            out[name] = value
+    return out
+
+
+def group_readings(readings: list[Reading], span: int) -> dict[GroupKey, list[Reading]]:
+    """Group readings by series and span, keeping arrival order inside each group."""
+    groups: dict[GroupKey, list[Reading]] = {}
+    last_sensor: str | None = None
+    last_tags: dict[str, str] | None = None
+    last_start = 0.0
+    group: list[Reading] = []
+    keys: dict[int, TagsKey] = {}  # by id() of a tags dict: topics share theirs
+    # Each sensor's latest group, (tags, start, readings): interleaved messages of many
+    # sensors find theirs without a key to build and hash.
+    latest: dict[str, tuple[TagsKey, float, list[Reading]]] = {}
+    # Compiled: Python's float // of a float epoch and a span a float holds, in C.
+    fast = cython.compiled and type(span) is int and 0 < span < _FLOAT_SPANS
+    seconds = float(span) if fast else 1.0
+    for reading in readings:
+        row = _fields(reading) if cython.compiled else reading
+        sensor = row[SENSOR_ID]
+        tags = row[TAGS]
+        epoch = row[EPOCH]
+        if fast and type(epoch) is float:
+            start = _floordiv(epoch, seconds) * seconds
+        else:
+            start = epoch // span * span
+        # A message's readings come one after the other, of one series (the same string
+        # and tags objects) and mostly of one span: no key to build and look up for those.
+        if sensor is last_sensor and tags is last_tags and start == last_start:
+            group.append(reading)
+            continue
+        if not tags:
+            tags_of = NO_TAGS
+        else:
+            found_key = keys.get(id(tags))
+            if found_key is None:
+                found_key = keys[id(tags)] = tags_key(tags)
+            tags_of = found_key
+        mine = latest.get(sensor)
+        if mine is not None and mine[1] == start and mine[0] == tags_of:
+            group = mine[2]
+            group.append(reading)
+        else:
+            key = (sensor, tags_of, start)
+            found = groups.get(key)
+            if found is None:
+                group = groups[key] = [reading]
+            else:
+                group = found
+                group.append(reading)
+            latest[sensor] = (tags_of, start, group)
+        last_sensor, last_tags, last_start = sensor, tags, start
+    return groups
+
+
+def unique_readings(
+    group: list[Reading], plan: Plan
+) -> tuple[list[Reading], dict[int, list[Reading]] | None]:
+    """One series' group, one reading per instant; and, if some merged, their sources.
+
+    Readings at one instant with other fields merge; one that repeats a field is left
+    for a later round, in ``plan.deferred`` (:func:`~ingest.store.writers.instants.merge_series`).
+    The sources map ``id()`` of each reading returned to the readings it stands for;
+    None when every reading is its own instant (the group itself is returned).
+    """
+    keys = {reading.ms for reading in group}
+    if len(keys) == len(group) and None not in keys:
+        return group, None  # the common case (each reading its own instant), at C speed
+    out, deferred = merge_series(group, ms_of)
+    plan.deferred.extend(deferred)
+    return [reading for reading, _ in out], {id(reading): originals for reading, originals in out}
+
+
+def reading_doc(reading: Reading) -> dict[str, Any]:
+    """The sub-document pushed into ``readings``."""
+    doc: dict[str, Any] = {"ts": reading.ts}
+    if reading.seq is not None:
+        doc["seq"] = reading.seq
+    doc.update(reading.values)
+    return doc
+
+
+def _entry(date: BsonDate, reading: Reading) -> dict[str, Any]:
+    """:func:`reading_doc`'s document, with the BSON date of the reading's time."""
+    row = _fields(reading) if cython.compiled else reading
+    seq = row[SEQ]
+    if seq is None:
+        return {"ts": date, **row[VALUES]}
+    return {"ts": date, "seq": seq, **row[VALUES]}
+
+
+def chunks(
+    group: list[Reading], max_readings: int, max_bytes: int = MAX_BUCKET_BYTES
+) -> list[tuple[list[Reading], int]]:
+    """Split one sensor-span's readings so each piece fits one document: (readings, bytes)."""
+    out: list[tuple[list[Reading], int]] = []
+    chunk: list[Reading] = []
+    size = 0
+    for reading in group:
+        grow = reading_bytes(reading)
+        if chunk and (len(chunk) >= max_readings or size + grow > max_bytes):
+            out.append((chunk, size))
+            chunk, size = [], 0
+        chunk.append(reading)
+        size += grow
+    if chunk:
+        out.append((chunk, size))
+    return out
+
+
+_STAT_KEYS: dict[str, tuple[str, str, str, str]] = {}
+
+
+def _stat_keys(name: str) -> tuple[str, str, str, str]:
+    """The update paths of one measurement's statistics, built once per name."""
+    keys = (f"stats.{name}.count", f"stats.{name}.sum", f"stats.{name}.min", f"stats.{name}.max")
+    if len(_STAT_KEYS) < 10_000:  # names are validated, but a fleet may invent many
+        _STAT_KEYS[name] = keys
+    return keys
+
+
+def update_for(
+    sensor_id: str,
+    tags: dict[str, str],
+    start: datetime | BsonDate,
+    chunk: list[Reading],
+    max_readings: int,
+    size: int,
+    max_bytes: int = MAX_BUCKET_BYTES,
+) -> dict[str, Any]:
+    """One upsert that appends ``chunk`` to a document of that series-span with room for it.
+
+    Room means both fewer than ``max_readings - n`` readings and fewer than
+    ``max_bytes - size`` estimated bytes, so no document outgrows MongoDB's limit,
+    and none of the chunk's timestamps, so no document holds a reading twice.
+
+    Returned as the update command's statement (:func:`statement`), which
+    :mod:`ingest.store.writers.bulk` sends.
+    """
+    if len(chunk) == 1:  # the common case of a large fleet: no coalescing to do
+        reading = chunk[0]
+        date = bson_date(ms_of(reading))
+        dates = [date]
+        inc, mins, maxs, labels = _single(reading, size)
+        mins["first_ts"] = maxs["last_ts"] = date
+        pushed = [_entry(date, reading)]
+    else:
+        dates = bson_dates(chunk)
+        inc, mins, maxs, labels = _coalesced(chunk, size)
+        mins["first_ts"] = min(dates, key=_ms_of)
+        maxs["last_ts"] = max(dates, key=_ms_of)
+        pushed = [_entry(date, reading) for date, reading in zip(dates, chunk, strict=True)]
+    return statement(
+        sensor_id,
+        tags,
+        start,
+        dates,
+        pushed,
+        size,
+        max_readings,
+        (inc, mins, maxs, labels),
+        max_bytes,
+    )
+
+
+def statement(
+    sensor_id: str,
+    tags: dict[str, str],
+    start: datetime | BsonDate,
+    dates: list[BsonDate],
+    pushed: list[dict[str, Any]],
+    size: int,
+    max_readings: int,
+    stats: _Stats,
+    max_bytes: int = MAX_BUCKET_BYTES,
+) -> dict[str, Any]:
+    """The update command's statement for one bucket upsert, as pymongo builds it.
+
+    ``stats`` are the ``$inc``, ``$min``, ``$max`` and ``$set`` (units) of the readings
+    pushed. ``tags`` are the series' identity tags in name order: an equality match on
+    the whole object, which an upsert copies into the new document. The filter could
+    also be served by the unique ``{sensor_id, tags, readings.ts}`` index, which would
+    scan every reading of the series: the hint names the index that finds the
+    series-span's few documents.
+    """
+    inc, mins, maxs, labels = stats
+    update: dict[str, Any] = {
+        "$push": {"readings": {"$each": pushed}},
+        "$inc": inc,
+        "$min": mins,
+        "$max": maxs,
+        "$setOnInsert": {"schema_version": SCHEMA_VERSION},
+    }
+    if labels:
+        update["$set"] = labels
+    if len(inc) == 2:  # only strings: no statistics, and the validator wants a stats object
+        update["$setOnInsert"]["stats"] = {}
+    return {
+        "q": {
+            "sensor_id": sensor_id,
+            "tags": tags,
+            "bucket_start": start,
+            "count": {"$lte": max_readings - len(dates)},
+            "bytes": {"$lte": max(max_bytes - size, 0)},
+            "readings.ts": {"$nin": dates},
+        },
+        "u": update,
+        "multi": False,
+        "upsert": True,
+        "hint": BUCKET_INDEX,
+    }
+
+
+class _Stat:
+    """One measurement's statistics over a group's readings: count, sum, min and max.
+
+    The sum is added up in reading order from the first value as a float; ``min`` and
+    ``max`` keep the first of equal values.
+    """
+
+    __slots__ = ("count", "high", "low", "total")
+
+    def __init__(self, value: Any) -> None:  # noqa: ANN401 - a number
+        self.count = 1
+        self.total = float(value)
+        self.low = self.high = value
+
+
+def _by_reading(group: list[Reading], labels: dict[str, str] | None = None) -> dict[str, _Stat]:
+    """Each measurement's statistics, reading by reading.
+
+    Readings of the mapping path (tags not None) count booleans as 0/1 and strings not
+    at all; their units go to ``labels`` when it is given.
+    """
+    acc: dict[str, _Stat] = {}
+    for reading in group:
+        row = _fields(reading) if cython.compiled else reading
+        values = row[VALUES]
+        if row[TAGS] is not None:
+            values = stat_values(values)
+            if labels is not None:
+                _label(reading, labels)
+        for name, value in values.items():
+            stat = acc.get(name)
+            if stat is None:
+                acc[name] = _Stat(value)
+                continue
+            stat.count += 1
+            # float(): as Python adds an int to a float (compiled, Cython's own float + int
+            # gives -0.0 + 0 as -0.0, where Python gives 0.0)
+            stat.total += float(value)
+            if value < stat.low:
+                stat.low = value
+            elif value > stat.high:
+                stat.high = value
+    return acc
+
+
+def _one_update(
+    sensor_id: str,
+    tags: dict[str, str],
+    start: BsonDate,
+    reading: Reading,
+    max_readings: int,
+    max_bytes: int,
+) -> dict[str, Any] | None:
+    """:func:`_fast_update` of a group of one reading (a large fleet's usual group).
+
+    :func:`update_for` without the splitting and settling a group of one never needs.
+    """
+    row = _fields(reading) if cython.compiled else reading
+    if row[MS] is None or row[TAGS] is not None:
+        return None
+    size = reading_bytes(reading)
+    if size > max_bytes:
+        return None
+    return update_for(sensor_id, tags, start, [reading], max_readings, size, max_bytes)
+
+
+def _fast_update(
+    sensor_id: str,
+    tags: dict[str, str],
+    start: BsonDate,
+    group: list[Reading],
+    max_readings: int,
+    max_bytes: int,
+) -> dict[str, Any] | None:
+    """:func:`update_for` of a whole group in one pass, for the default decoder's readings.
+
+    For a group whose readings are numbers only (no tags), all timed in milliseconds,
+    each at its own millisecond, and that fit one document; otherwise None (the general
+    path then splits, settles repeats and labels). Builds the same statement.
+    """
+    count = len(group)
+    if count == 1:
+        return _one_update(sensor_id, tags, start, group[0], max_readings, max_bytes)
+    if count > max_readings:
+        return None
+    times = _distinct_times(group)
+    if times is None:
+        return None
+    stamps, first, last = times
+    dates: list[BsonDate] = []
+    pushed: list[dict[str, Any]] = []
+    size = 41 * count  # reading_bytes of each: numbers only
+    for i in range(count):
+        row = _fields(group[i]) if cython.compiled else group[i]
+        date = bson_date(stamps[i])
+        dates.append(date)
+        pushed.append(_entry(date, row))
+        values: dict[str, Any] = row[VALUES]
+        for name in values:
+            size += 70 + 2 * len(name)
+    if size > max_bytes:
+        return None
+    acc = _by_reading(group)
+    inc, mins, maxs = _statistics(acc, count, size, bson_date(first), bson_date(last))
+    return statement(
+        sensor_id, tags, start, dates, pushed, size, max_readings, (inc, mins, maxs, {}), max_bytes
+    )
+
+
+def _distinct_times(group: list[Reading]) -> tuple[list[int], int, int] | None:
+    """The group's ms, the first and the last, for :func:`_fast_update`'s readings only.
+
+    None unless each reading is of the default decoder (no tags, values in a dict) and
+    has its own ms.
+    """
+    stamps: list[int] = []
+    ordered = True  # in time order (the usual batch): distinct, first and last at the ends
+    for reading in group:
+        row = _fields(reading) if cython.compiled else reading
+        ms = row[MS]
+        if ms is None or row[TAGS] is not None or type(row[VALUES]) is not dict:
+            return None
+        if ordered and stamps and ms <= stamps[-1]:
+            ordered = False
+        stamps.append(ms)
+    if ordered:
+        return stamps, stamps[0], stamps[-1]
+    if len(set(stamps)) < len(stamps):
+        return None
+    return stamps, min(stamps), max(stamps)
+
+
+def _label(reading: Reading, labels: dict[str, str]) -> None:
+    """Add a reading's units and info to the ``$set`` (``units.<m>``, ``info.<k>``).
+
+    The last one wins. Only readings of the mapping path (tags not None) have any. The
+    series' tags are part of the document's key, never set here.
+    """
+    if reading.info is not None:
+        for key, value in reading.info.items():
+            labels[f"info.{key}"] = value
+    if reading.units is not None:
+        for name, unit in reading.units.items():
+            labels[f"units.{name}"] = unit
+
+
+def _single(reading: Reading, size: int) -> _Stats:
+    """``$inc``, ``$min`` and ``$max`` for one reading."""
+    inc: dict[str, Any] = {"count": 1, "bytes": size}
+    mins: dict[str, Any] = {"first_ts": None}  # set by update_for
+    maxs: dict[str, Any] = {"last_ts": None}
+    labels: dict[str, str] = {}
+    row = _fields(reading) if cython.compiled else reading
+    values = row[VALUES]
+    if row[TAGS] is not None:  # the mapping path: booleans as 0/1, no strings
+        values = stat_values(values)
+        _label(reading, labels)
+    for name, value in values.items():
+        keys = _STAT_KEYS.get(name) or _stat_keys(name)
+        inc[keys[0]] = 1
+        inc[keys[1]] = float(value)
+        mins[keys[2]] = value
+        maxs[keys[3]] = value
+    return inc, mins, maxs, labels
+
+
+def _coalesced(chunk: list[Reading], size: int) -> _Stats:
+    """``$inc``, ``$min`` and ``$max`` for several readings of one sensor-span."""
+    labels: dict[str, str] = {}
+    acc = _by_reading(chunk, labels)
+    inc, mins, maxs = _statistics(acc, len(chunk), size, None, None)  # dates: update_for
+    return inc, mins, maxs, labels
+
+
+def _statistics(
+    acc: dict[str, _Stat], count: int, size: int, first: BsonDate | None, last: BsonDate | None
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``$inc``, ``$min`` and ``$max`` of a group from its measurements' statistics."""
+    inc: dict[str, Any] = {"count": count, "bytes": size}
+    mins: dict[str, Any] = {"first_ts": first}
+    maxs: dict[str, Any] = {"last_ts": last}
+    keys_of = _STAT_KEYS
+    for name, stat in acc.items():
+        keys = keys_of.get(name) or _stat_keys(name)
+        inc[keys[0]] = stat.count
+        inc[keys[1]] = stat.total
+        mins[keys[2]] = stat.low
+        maxs[keys[3]] = stat.high
+    return inc, mins, maxs
+
+
+def plan_buckets(
+    readings: list[Reading], span: int, max_readings: int, max_bytes: int = MAX_BUCKET_BYTES
+) -> Plan:
+    """One upsert per series-span of ``span`` seconds (more only past ``max_readings``).
+
+    The statements, each with the readings it carries, and the readings deferred to a
+    later round (:func:`unique_readings`). ``max_bytes`` caps a document's estimated size.
+    """
+    ops: list[Any] = []
+    groups: list[list[Reading]] = []
+    plan = Plan(ops, groups)
+    for (sensor_id, tags_of, start), group in group_readings(readings, span).items():
+        start_dt = bson_date(int(start) * 1000)
+        tags = dict(tags_of) if tags_of else _EMPTY
+        op = _fast_update(sensor_id, tags, start_dt, group, max_readings, max_bytes)
+        if op is not None:
+            ops.append(op)
+            groups.append(group)
+            continue
+        unique, sources = unique_readings(group, plan)
+        for chunk, size in chunks(unique, max_readings, max_bytes):
+            ops.append(update_for(sensor_id, tags, start_dt, chunk, max_readings, size, max_bytes))
+            groups.append(
+                chunk if sources is None else [o for reading in chunk for o in sources[id(reading)]]
+            )
+    return plan
