@@ -15,6 +15,8 @@ import re
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, NamedTuple
 
+import orjson
+
 from ingest import accel
 from ingest.devices import _mapping_py
 from ingest.devices._mapping_py import MAX_NAME as MAX_NAME  # noqa: PLC0414
@@ -26,8 +28,6 @@ from ingest.devices.decode import (
     decode,
     sensor_from_topic,
 )
-import orjson
-
 from ingest.devices.formats import influx, json, senml, value
 from ingest.devices.formats.homie import subscriptions as homie_subscriptions
 from ingest.devices.formats.sparkplug import shared_subscriptions as sparkplug_shared
@@ -287,9 +287,7 @@ class Mapping:
             after = self._topic(self.rules[at], at, got, after)
         return after
 
-    def _topic(
-        self, rule: Rule, index: int, m: re.Match[str], after: _Topic | None
-    ) -> _Topic:
+    def _topic(self, rule: Rule, index: int, m: re.Match[str], after: _Topic | None) -> _Topic:
         """What rule ``index`` makes of a topic its filter matched (``m``)."""
         captures = {name: m.group(f"r{index}_{name}") for name in rule.captures}
         if rule.rest:  # {name#}: the levels joined with _, made safe as a measurement name
@@ -401,7 +399,9 @@ class Mapping:
         )
         if rule.rename_templates:
             _rename_items(parsed, rule, matched.captures)
-        return _new(Result, (rule, readings(self, matched, parsed, received_at, limits), False, False))
+        return _new(
+            Result, (rule, readings(self, matched, parsed, received_at, limits), False, False)
+        )
 
     def passed_over(self, topic: str, payload: bytes) -> list[str]:
         """Why each rule tried before the one that takes the message did not (``check``).
@@ -491,9 +491,7 @@ def _select(matched: _Topic, payload: bytes) -> _Topic | str:
         wanted = candidate.rule.match
         if wanted is None:
             return candidate
-        if type(doc) is dict and all(
-            match_key(doc.get(key)) in values for key, values in wanted
-        ):
+        if type(doc) is dict and all(match_key(doc.get(key)) in values for key, values in wanted):
             return candidate
         candidate = candidate.after
     return "the payload matched no [rule.match]" + (

@@ -496,7 +496,7 @@ def _measurement_template(
 def _value_path(
     entry: dict[str, Any], fmt: str, measurement: Template | None
 ) -> tuple[str, ...] | None:
-    """json with ``measurement``: the payload field holding the value (``value_field``)."""
+    """The payload field holding the value (``value_field``) of a json rule with a measurement."""
     text = entry.get("value_field")
     if fmt != "json" or measurement is None:
         if text is not None:

@@ -88,7 +88,7 @@ def decode(m: Mapping, topic: str, payload: bytes) -> Result:
     return m.decode(topic, payload, time.time(), LIMITS)
 
 
-def values(result: Result) -> list[dict[str, object]]:
+def values(result: Result) -> list[dict[str, int | float | bool | str]]:
     return [r.values for r in result.decoded.readings]
 
 
@@ -193,7 +193,8 @@ def test_match_selects_among_rules_that_share_a_topic() -> None:
         )
 
     telemetry = decode(m, topic, packet("telemetry", '{"voltage": 4.05, "battery_level": 87}'))
-    assert telemetry.rule is not None and telemetry.rule.name == "mesh"
+    assert telemetry.rule is not None
+    assert telemetry.rule.name == "mesh"
     (reading,) = telemetry.decoded.readings
     assert (reading.sensor_id, reading.values, reading.info) == (
         "2130636288",
@@ -202,7 +203,9 @@ def test_match_selects_among_rules_that_share_a_topic() -> None:
     )
     for chore in ("nodeinfo", "text"):
         ignored = decode(m, topic, packet(chore, '{"text": "hello mesh"}'))
-        assert ignored.ignored and ignored.rule is not None and ignored.rule.name == "mesh-chores"
+        assert ignored.ignored
+        assert ignored.rule is not None
+        assert ignored.rule.name == "mesh-chores"
     for other in (packet("traceroute", "{}"), b"online", b'{"payload": {}}', b"[1]"):
         refused = decode(m, topic, other)
         assert (refused.rule, refused.unselected) == (None, True)
@@ -216,12 +219,13 @@ def test_match_on_owntracks_ignores_the_last_will_on_the_location_topic() -> Non
     m = mapping()
     tst = int(time.time()) - 60
     lwt = decode(m, "owntracks/jane/phone", b'{"_type": "lwt", "tst": %d}' % tst)
-    assert lwt.ignored and lwt.rule is not None and lwt.rule.name == "owntracks-lwt"
+    assert lwt.ignored
+    assert lwt.rule is not None
+    assert lwt.rule.name == "owntracks-lwt"
     location = decode(
         m,
         "owntracks/jane/phone",
-        b'{"_type": "location", "tid": "jp", "tst": %d, "lat": 52.5, "lon": 13.4, "acc": 12}'
-        % tst,
+        b'{"_type": "location", "tid": "jp", "tst": %d, "lat": 52.5, "lon": 13.4, "acc": 12}' % tst,
     )
     (reading,) = location.decoded.readings
     assert (reading.sensor_id, reading.values, reading.ms) == (
@@ -254,7 +258,7 @@ def test_match_values_compare_by_kind(table: str, payload: bytes, taken: bool) -
 
 def test_the_default_path_is_untouched_without_match() -> None:
     m = mapping('[[rule]]\nname = "z"\ntopic = "z/{sensor_id}"\n')
-    assert m._alone == []  # noqa: SLF001 - no per-rule filters compiled, no payload read
+    assert m._alone == []
     assert m.match("z/s1").after is None  # type: ignore[union-attr]
 
 
@@ -276,8 +280,10 @@ def test_check_explains_which_rule_takes_a_message_and_which_match_failed(
     assert out == [
         "passed over by rule mesh-chores: [rule.match] not met: no field 'type'",
         "passed over by rule mesh: [rule.match] not met: no field 'type'",
-        "rejected: no_rule: topic 'msh/EU_868/2/json/LongFast/!a1b2c3d4': the payload "
-        "matched no [rule.match] (rules mesh-chores, mesh)",
+        (
+            "rejected: no_rule: topic 'msh/EU_868/2/json/LongFast/!a1b2c3d4': the payload "
+            "matched no [rule.match] (rules mesh-chores, mesh)"
+        ),
     ]
 
 
@@ -356,8 +362,10 @@ BASE = '[[rule]]\nname = "r"\n'
         ),
         (
             'topic = "a/{measurement}"\nformat = "value"\nsensor_id = "s"\n[rule.match]\nt = 1\n',
-            "match reads JSON payloads: it applies to the json and ingest formats and to "
-            "ignore rules, not to format value",
+            (
+                "match reads JSON payloads: it applies to the json and ingest formats and to "
+                "ignore rules, not to format value"
+            ),
         ),
         (
             'topic = "a/#"\nignore = true\nformat = "json"\n',

@@ -234,7 +234,8 @@ def parse_value(payload: bytes, rule: Rule, captures: dict[str, str], limits: Li
     templates name (``{unit}``) are variables; every other field is left out. An array
     of such objects is several readings.
     """
-    assert rule.measurement is not None and rule.value_path is not None  # see rules.py
+    assert rule.measurement is not None
+    assert rule.value_path is not None
     try:
         doc = orjson.loads(payload)
     except orjson.JSONDecodeError:
@@ -248,8 +249,8 @@ def parse_value(payload: bytes, rule: Rule, captures: dict[str, str], limits: Li
     else:
         where = ".".join(rule.value_path)
         return refused(
-            "bad_shape", f'expected a JSON object such as {{"{where}": 21.5}}, got '
-            f"{type(doc).__name__}"
+            "bad_shape",
+            f'expected a JSON object such as {{"{where}": 21.5}}, got {type(doc).__name__}',
         )
     name = rule.measurement.render(captures) or ""
     out = Parsed([], [])
