@@ -196,16 +196,13 @@ class Rule:
     match: tuple[tuple[str, frozenset[tuple[str, object]]], ...] | None = None
     # json with ``measurement``: the payload field (a path of keys) holding the value.
     value_path: tuple[str, ...] | None = None
+    # The parser of the rule's payloads: its format's, or json's one-value reader.
+    reader: str = "json"
 
     @property
     def subscription(self) -> str:
         """The topic filter to subscribe to: captures become ``+``, ``{name#}`` ``#``."""
         return _CAPTURE.sub("+", _REST.sub("#", self.topic))
-
-    @property
-    def reader(self) -> str:
-        """The parser of the rule's payloads: its format's, or json's one-value reader."""
-        return "json_value" if self.value_path is not None else self.format
 
 
 def preset_names() -> list[str]:
@@ -360,6 +357,7 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
         rename_templates=rename_templates,
         match=match,
         value_path=value_path,
+        reader="json_value" if value_path is not None else fmt,
     )
 
 
