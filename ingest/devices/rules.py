@@ -65,6 +65,7 @@ _OPTIONS = frozenset(
         "value_field",
     }
 )
+_LINE_BREAKS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _TIME_OPTIONS = frozenset({"field", "format", "zone"})
 _DEFAULT_TIME = {"influx": "epoch_ns", "sparkplug": "epoch_ms"}
 
@@ -276,7 +277,9 @@ def _rule(entry: object, source: str, index: int) -> Rule:
     try:
         return _build(entry, source, name)
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{source}: rule {name!r}: {exc}") from None
+        # One line whatever a key says (a table key may hold a newline).
+        detail = _LINE_BREAKS.sub(lambda m: repr(m.group())[1:-1], str(exc))
+        raise ConfigError(f"{source}: rule {name!r}: {detail}") from None
 
 
 def _build(entry: dict[str, Any], source: str, name: str) -> Rule:

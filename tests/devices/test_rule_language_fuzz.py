@@ -69,9 +69,11 @@ toml_any = st.recursive(
 )
 match_table = st.dictionaries(
     st.one_of(st.sampled_from(["type", "_type", "a.b", ""]), st.text(max_size=8)),
-    toml_any,
+    st.one_of(toml_scalar, st.lists(toml_scalar, max_size=3), toml_any),
     max_size=3,
 )
+# Templates that load more often than hostile text does.
+templates = st.sampled_from(["{x}", "{p}", "{x}_{p}", "m", "{{x}}"])
 
 
 def rule_text(
@@ -101,14 +103,15 @@ def rule_text(
 @SETTINGS
 @given(
     topic=st.one_of(
+        st.sampled_from(["a/{x}", "N/{x}/{p#}", "a/{p#}", "{x}/+/{p#}", "a/{x}/#"]),
         st.lists(
             st.one_of(pieces, st.sampled_from(["a", "N", "{p#}", "{x}"])), min_size=1, max_size=5
         ).map("/".join),
         hostile,
     ),
-    fmt=st.sampled_from(["json", "value", "ingest", "senml", "influx"]),
-    measurement=st.one_of(st.none(), hostile),
-    rename=st.one_of(st.none(), hostile),
+    fmt=st.sampled_from(["json", "json", "json", "value", "ingest", "senml", "influx"]),
+    measurement=st.one_of(st.none(), templates, hostile),
+    rename=st.one_of(st.none(), templates, hostile),
     match=st.one_of(st.none(), match_table),
     ignore=st.booleans(),
     parts=st.lists(levels, min_size=1, max_size=5),
