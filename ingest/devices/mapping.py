@@ -2,7 +2,9 @@
 
 All topic filters are compiled into one regular expression (alternatives in rule order,
 so the first matching rule wins), asked once per topic: the answer, with the topic's
-captures, tags and sensor id, is kept in a bounded cache. A format parses the payload
+captures, tags and sensor id, is kept in a bounded cache. A rule with ``[rule.match]``
+takes only the payloads it selects; the answer then also holds the rules after it whose
+filters match the topic, tried in turn for the others. A format parses the payload
 into raw items (:mod:`ingest.devices.formats`); :meth:`Mapping.decode` applies the rule to each:
 field names made safe and kept or dropped, values mapped, strings bounded, the time
 read, the sensor id and tags filled in. Nothing here does I/O per message or raises for
@@ -354,6 +356,8 @@ class Mapping:
         if not self.stateful:
             return None
         matched = self.match(topic)
+        while matched is not None and matched.rule.match is not None:
+            matched = matched.after  # selected by payload: the unconditional rule after
         if matched is None or matched.rule.ignore:
             return None
         return self.stateful.get(matched.rule.format)
