@@ -8,7 +8,10 @@ Meshtastic (docs/mapping.md); their refusals are one line.
 
 from __future__ import annotations
 
+import re
+import shlex
 import time
+from pathlib import Path
 
 import pytest
 
@@ -396,3 +399,27 @@ def test_bad_rules_are_refused_in_one_line(text: str, error: str) -> None:
     assert "\n" not in message
     assert message.startswith("--mapping m.toml: rule 'r': ")
     assert error in message
+
+
+def test_the_docs_example_prints_what_the_page_shows(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/mapping.md's one-value and [rule.match] example, its ``ingest check`` lines."""
+    page = (Path(__file__).parents[2] / "docs" / "mapping.md").read_text()
+    section = page.split("## One value per topic and messages that share a topic", 1)[1]
+    rules = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    shell = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    m = mapping(rules)
+    commands = shell.split("$ ")[1:]
+    assert len(commands) == 4
+    for command in commands:
+        line, *shown = command.strip().split("\n")
+        args = shlex.split(line)
+        assert args[:4] == ["ingest", "check", "--mapping", "rules.toml"]
+        check(m, args[5], args[6], Limits(max_past_seconds=1e10))  # the page's times, any day
+        printed = capsys.readouterr().out.strip().split("\n")
+        ts = re.compile(r'"ts":"[^"]*"')
+        if "tst" not in args[6] and "timestamp" not in args[6]:  # timed at arrival
+            shown = [ts.sub('"ts":""', s) for s in shown]
+            printed = [ts.sub('"ts":""', s) for s in printed]
+        assert printed == shown
