@@ -80,6 +80,9 @@ class _Topic(NamedTuple):
     # Every tag the rule renders from the payload is descriptive (``info``), and no
     # descriptive one comes from the topic: readings keep ``tags`` as they are.
     info_only: bool = False
+    # The next rule whose filter matches the topic, tried when this rule's
+    # ``[rule.match]`` does not take the payload (None: no other).
+    after: _Topic | None = None
 
 
 def readings(

@@ -64,6 +64,8 @@ def check(
     if mapping is None:
         decoded: Decoded = decode(topic, payload, now, limits)
     else:
+        for line in mapping.passed_over(topic, payload):
+            print(line)  # noqa: T201 - the command's output
         result = mapping.decode(topic, payload, now, limits)
         rule = result.rule.name if result.rule is not None else None
         if result.ignored:

@@ -2,7 +2,9 @@
 
 All topic filters are compiled into one regular expression (alternatives in rule order,
 so the first matching rule wins), asked once per topic: the answer, with the topic's
-captures, tags and sensor id, is kept in a bounded cache. A format parses the payload
+captures, tags and sensor id, is kept in a bounded cache. A rule with ``[rule.match]``
+takes only the payloads it selects; the answer then also holds the rules after it whose
+filters match the topic, tried in turn for the others. A format parses the payload
 into raw items (:mod:`ingest.devices.formats`); :meth:`Mapping.decode` applies the rule to each:
 field names made safe and kept or dropped, values mapped, strings bounded, the time
 read, the sensor id and tags filled in. Nothing here does I/O per message or raises for
@@ -14,6 +16,8 @@ from __future__ import annotations
 import re
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, NamedTuple
+
+import orjson
 
 from ingest import accel
 from ingest.devices import _mapping_py
@@ -35,6 +39,7 @@ from ingest.devices.rules import (
     check_unique,
     load_file,
     load_preset,
+    match_key,
 )
 from ingest.devices.sparkplug_state import SparkplugFormat
 from ingest.errors import ConfigError
@@ -58,6 +63,7 @@ _DROP = ""  # a field name resolved to "leave it out, silently"
 _new = tuple.__new__  # builds a NamedTuple without its argument handling
 _FORMATS: dict[str, Callable[[bytes, Rule, dict[str, str], Limits], Parsed]] = {
     "json": json.parse,
+    "json_value": json.parse_value,
     "value": value.parse,
     "senml": senml.parse,
     "influx": influx.parse,
@@ -74,6 +80,8 @@ class Result(NamedTuple):
     rule: Rule | None  # None: no rule matched (``no_rule``)
     decoded: Decoded
     ignored: bool = False
+    # Rules' filters matched the topic, but the payload matched none's [rule.match].
+    unselected: bool = False
 
 
 def _covers(wide: list[str], narrow: list[str]) -> bool:
@@ -150,6 +158,8 @@ def _filter_regex(rule: Rule, index: int) -> str:
             break
         if level == "+":
             out.append("[^/]*")
+        elif level.endswith("#}"):  # the rest of the topic, one or more levels
+            out.append(f"(?P<r{index}_{level[1:-2]}>.*)")
         elif level.startswith("{"):
             out.append(f"(?P<r{index}_{level[1:-1]}>[^/]*)")
         else:
@@ -171,6 +181,13 @@ class Mapping:
             "|".join(f"(?P<r{i}>{_filter_regex(rule, i)})" for i, rule in enumerate(self.rules))
         )
         self._group_rule = {self._regex.groupindex[f"r{i}"]: i for i in range(len(self.rules))}
+        # Rules that select by payload too ([rule.match]): the rules after one that also
+        # match its topic are its fallbacks, tried in order (see _select).
+        self._alone = (
+            [re.compile(_filter_regex(rule, i)) for i, rule in enumerate(self.rules)]
+            if any(rule.match is not None for rule in self.rules)
+            else []
+        )
         self._cache: dict[str, _Topic | None] = {}
         self._names: dict[str, dict[str, str | Rejection]] = {r.name: {} for r in self.rules}
         # Per rule with [rule.types]: stored name -> its declared kind ("" for none).
@@ -257,11 +274,36 @@ class Mapping:
             return None
         index = self._group_rule[m.lastindex]
         rule = self.rules[index]
+        if rule.match is None:
+            return self._topic(rule, index, m, None)
+        # The rules after it that match the topic too, tried in turn (see _select).
+        found = [(index, m)]
+        for later in range(index + 1, len(self.rules)):
+            other = self._alone[later].fullmatch(topic)
+            if other is not None:
+                found.append((later, other))
+                if self.rules[later].match is None:
+                    break  # takes every message the ones before leave
+        after: _Topic | None = None
+        for at, got in reversed(found):
+            after = self._topic(self.rules[at], at, got, after)
+        return after
+
+    def _topic(self, rule: Rule, index: int, m: re.Match[str], after: _Topic | None) -> _Topic:
+        """What rule ``index`` makes of a topic its filter matched (``m``)."""
         captures = {name: m.group(f"r{index}_{name}") for name in rule.captures}
+        if rule.rest:  # {name#}: the levels joined with _, made safe as a measurement name
+            last = rule.captures[-1]
+            captures[last] = safe(captures[last].replace("/", "_"))
         # Captures that build the sensor id or the measurement name are part of those,
         # not tags: as tags they would change from message to message of one sensor.
         named = {"sensor_id", "measurement"}
-        for template in (rule.sensor_id, rule.measurement, *rule.units.values()):
+        for template in (
+            rule.sensor_id,
+            rule.measurement,
+            *rule.units.values(),
+            *rule.rename_templates.values(),
+        ):
             if template is not None:
                 named |= template.names
         tags = {k: v for k, v in captures.items() if k not in named}
@@ -282,7 +324,7 @@ class Mapping:
         info_only = (
             bool(rule.tags) and rule.info.issuperset(rule.tags) and rule.info.isdisjoint(tags)
         )
-        return _Topic(rule, captures, tags, sensor, info_only)
+        return _Topic(rule, captures, tags, sensor, info_only, after)
 
     def topic_sensor(self, topic: str) -> str | None:
         """The sensor id that ``topic`` alone names under its rule (``--sensor-id-from-topic``).
@@ -296,6 +338,7 @@ class Mapping:
         if (
             matched is None
             or matched.rule.ignore
+            or matched.rule.match is not None  # the payload chooses the rule
             or (self.stateful and matched.rule.format in self.stateful)
         ):
             return None
@@ -313,6 +356,8 @@ class Mapping:
         if not self.stateful:
             return None
         matched = self.match(topic)
+        while matched is not None and matched.rule.match is not None:
+            matched = matched.after  # selected by payload: the unconditional rule after
         if matched is None or matched.rule.ignore:
             return None
         return self.stateful.get(matched.rule.format)
@@ -328,6 +373,14 @@ class Mapping:
                 ),
             )
         rule = matched.rule
+        if rule.match is not None:  # [rule.match]: the payload chooses among the rules
+            if len(payload) > limits.max_message_bytes:
+                return Result(rule, _too_large(payload, limits))
+            selected = _select(matched, payload)
+            if type(selected) is str:
+                return Result(None, _unselected(matched, topic, selected), unselected=True)
+            matched = selected  # type: ignore[assignment]
+            rule = matched.rule
         if rule.ignore:
             return Result(rule, Decoded([], []), ignored=True)
         if len(payload) > limits.max_message_bytes:
@@ -346,9 +399,36 @@ class Mapping:
         parsed = (
             stateful.parse(topic, payload, limits)
             if stateful is not None
-            else _FORMATS[rule.format](payload, rule, matched.captures, limits)
+            else _FORMATS[rule.reader](payload, rule, matched.captures, limits)
         )
-        return _new(Result, (rule, readings(self, matched, parsed, received_at, limits), False))
+        if rule.rename_templates:
+            _rename_items(parsed, rule, matched.captures)
+        return _new(
+            Result, (rule, readings(self, matched, parsed, received_at, limits), False, False)
+        )
+
+    def passed_over(self, topic: str, payload: bytes) -> list[str]:
+        """Why each rule tried before the one that takes the message did not (``check``).
+
+        One line per rule whose filter matches ``topic`` but whose ``[rule.match]`` the
+        payload does not meet, in the order they are tried.
+        """
+        matched = self.match(topic)
+        if matched is None or matched.rule.match is None:
+            return []
+        try:
+            doc = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            doc = None
+        out = []
+        candidate: _Topic | None = matched
+        while candidate is not None and candidate.rule.match is not None:
+            miss = _miss(candidate.rule, doc)
+            if miss is None:
+                break
+            out.append(f"passed over by rule {candidate.rule.name}: [rule.match] not met: {miss}")
+            candidate = candidate.after
+        return out
 
     def decode_at(self, topic: str, payload: bytes, ms: int, limits: Limits) -> Result:
         """:meth:`decode` with items that have no time of their own at ``ms`` exactly.
@@ -402,6 +482,106 @@ class Mapping:
             if len(kinds) < NAME_CACHE:
                 kinds[name] = kind
         return kind
+
+
+def _select(matched: _Topic, payload: bytes) -> _Topic | str:
+    """The first of the topic's rules whose ``[rule.match]`` the payload meets, or why none."""
+    try:
+        doc = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        doc = None
+    candidate: _Topic | None = matched
+    while candidate is not None:
+        wanted = candidate.rule.match
+        if wanted is None:
+            return candidate
+        if type(doc) is dict and all(match_key(doc.get(key)) in values for key, values in wanted):
+            return candidate
+        candidate = candidate.after
+    return "the payload matched no [rule.match]" + (
+        "" if type(doc) is dict else " (not a JSON object)"
+    )
+
+
+def _miss(rule: Rule, doc: object) -> str | None:
+    """Which ``[rule.match]`` field the payload ``doc`` does not meet, or None."""
+    if type(doc) is not dict:
+        return "the payload is not a JSON object"
+    for key, values in rule.match or ():
+        held = doc.get(key, _ABSENT)
+        if held is _ABSENT:
+            return f"no field {key[:60]!r}"
+        if match_key(held) not in values:
+            wanted = sorted(_shown(v) for _, v in values)
+            return f"{key[:60]!r} is {_shown(held)} (wanted {' or '.join(wanted)[:200]})"
+    return None
+
+
+_ABSENT = object()
+
+
+def _shown(value: object) -> str:
+    """A payload or [rule.match] value as JSON writes it, cut."""
+    if type(value) is str:
+        return orjson.dumps(value[:60]).decode()
+    if type(value) is bool:
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if type(value) in {dict, list}:
+        return "an object" if type(value) is dict else "an array"
+    return repr(value)[:60]
+
+
+def _unselected(matched: _Topic, topic: str, why: str) -> Decoded:
+    """The ``no_rule`` rejection of a payload that met no rule's ``[rule.match]``."""
+    names = []
+    candidate: _Topic | None = matched
+    while candidate is not None:
+        names.append(candidate.rule.name)
+        candidate = candidate.after
+    return Decoded(
+        [],
+        [
+            Rejection(
+                "no_rule",
+                f"topic {repr(topic)[:200]}: {why} (rules {', '.join(names)[:200]})",
+            )
+        ],
+    )
+
+
+def _too_large(payload: bytes, limits: Limits) -> Decoded:
+    return Decoded(
+        [], [Rejection("too_large", f"{len(payload)} bytes > {limits.max_message_bytes}")]
+    )
+
+
+def _rename_items(parsed: Parsed, rule: Rule, captures: dict[str, str]) -> None:
+    """``[rule.rename]`` templates applied to the items' field names, in place."""
+    items = parsed.items
+    for position, item in enumerate(items):
+        fields = item.fields
+        if not any(raw in fields for raw in rule.rename_templates):
+            continue
+        renamed: dict[str, object] = {}
+        problems = list(item.problems or ())
+        for raw, field_value in fields.items():
+            template = rule.rename_templates.get(raw)
+            name = raw if template is None else template.render(captures) or raw
+            if name in renamed or (name != raw and name in fields):
+                problems.append(
+                    Rejection(
+                        "bad_field_name",
+                        f"{raw[:60]!r} renamed {name[:60]!r}: the name of another field",
+                    )
+                )
+                continue
+            renamed[name] = field_value
+        fields.clear()
+        fields.update(renamed)
+        if problems:
+            items[position] = item._replace(problems=problems)
 
 
 def _resolve_name(rule: Rule, raw: str) -> str | Rejection:

@@ -28,6 +28,8 @@ MAX_STRING_BYTES = 65_536
 MAX_RULES = 1000
 _RULE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]{0,63})\}")
+# A last level capturing the rest of the topic, one or more levels: {name#}.
+_REST = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]{0,63})#\}")
 # A template variable: a capture, {tag.<key>} (influx) or a payload path (json: {a.b}).
 _VAR = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]{0,63}(?:\.[A-Za-z0-9_-]{1,64}){0,7})\}")
 _PATH = re.compile(r"[A-Za-z0-9_-]{1,64}(?:\.[A-Za-z0-9_-]{1,64}){0,7}")
@@ -35,6 +37,9 @@ MAX_ALTERNATIVES = 8  # sensor_id templates tried in order
 _TAG_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _FLATTEN = re.compile(r"[A-Za-z0-9_-]{1,8}")
 MAX_UNIT = 64  # characters of a unit
+MAX_MATCH_VALUES = 64  # values one [rule.match] field may take
+MAX_MATCH_KEY = 256  # characters of a [rule.match] field name
+MATCH_FORMATS = ("json", "ingest")  # payloads [rule.match] reads (and ignore rules)
 _OPTIONS = frozenset(
     {
         "name",
@@ -57,8 +62,11 @@ _OPTIONS = frozenset(
         "rename",
         "units",
         "types",
+        "match",
+        "value_field",
     }
 )
+_LINE_BREAKS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _TIME_OPTIONS = frozenset({"field", "format", "zone"})
 _DEFAULT_TIME = {"influx": "epoch_ns", "sparkplug": "epoch_ms"}
 
@@ -181,11 +189,22 @@ class Rule:
     time_flat: str | None = None
     # json: any of root, each, payload variables or a nested time field (the slower parse).
     paths: bool = False
+    # Whether the last capture takes the rest of the topic ({name#}, one or more levels).
+    rest: bool = False
+    # ``[rule.rename]`` entries whose new name is a template over the captures.
+    rename_templates: dict[str, Template] = field(default_factory=dict)
+    # ``[rule.match]``: top-level payload field -> the values it may hold, each as
+    # match_key() makes it; None: the rule takes every message its topic filter matches.
+    match: tuple[tuple[str, frozenset[tuple[str, object]]], ...] | None = None
+    # json with ``measurement``: the payload field (a path of keys) holding the value.
+    value_path: tuple[str, ...] | None = None
+    # The parser of the rule's payloads: its format's, or json's one-value reader.
+    reader: str = "json"
 
     @property
     def subscription(self) -> str:
-        """The topic filter to subscribe to: captures become ``+``."""
-        return _CAPTURE.sub("+", self.topic)
+        """The topic filter to subscribe to: captures become ``+``, ``{name#}`` ``#``."""
+        return _CAPTURE.sub("+", _REST.sub("#", self.topic))
 
 
 def preset_names() -> list[str]:
@@ -260,7 +279,9 @@ def _rule(entry: object, source: str, index: int) -> Rule:
     try:
         return _build(entry, source, name)
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{source}: rule {name!r}: {exc}") from None
+        # One line whatever a key says (a table key may hold a newline).
+        detail = _LINE_BREAKS.sub(lambda m: repr(m.group())[1:-1], str(exc))
+        raise ConfigError(f"{source}: rule {name!r}: {detail}") from None
 
 
 def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
@@ -271,15 +292,22 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
     if topic is None:
         raise ValueError("topic is required")
     captures = _check_topic(topic)
+    rest = _REST.search(topic) is not None
     ignore = _boolean(entry, "ignore")
     if ignore:
-        extra = set(entry) - {"name", "topic", "ignore"}
+        extra = set(entry) - {"name", "topic", "ignore", "match"}
         if extra:
             raise ValueError(
-                f"ignore = true takes no other options (got {', '.join(sorted(extra))})"
+                "ignore = true takes no other options than [rule.match] "
+                f"(got {', '.join(sorted(extra))})"
             )
-        return Rule(name, topic, source, captures, ignore=True)
+        return Rule(
+            name, topic, source, captures, ignore=True, rest=rest, match=_match(entry, None)
+        )
     fmt = _choice(entry, "format", FORMATS, "json")
+    if rest and fmt in {"sparkplug", "homie"}:
+        raise ValueError(f"a {{name#}} capture does not apply to format {fmt}")
+    match = _match(entry, fmt)
     time, configured = _time(entry.get("time"), fmt)
     root, each = _path(entry, "root", fmt), _path(entry, "each", fmt)
     if root is not None and each is not None:
@@ -287,13 +315,18 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
     allowed = set(captures) | ({"_key"} if each is not None else set())
     sensor_id = _sensor_template(entry, fmt, captures, allowed)
     measurement = _measurement_template(entry, fmt, captures)
+    value_path = _value_path(entry, fmt, measurement)
     named = (sensor_id.names if sensor_id else set()) | (
         measurement.names if measurement else set()
     )
     tags = _tags(entry.get("tags", {}), fmt, allowed)
     units = _units(entry.get("units", {}), fmt, allowed)
+    rename, rename_templates = _rename(entry.get("rename", {}), set(captures))
     used = set(named).union(*(t.names for t in (*tags.values(), *units.values())))
-    _check_capture_tags(captures, set(named).union(*(t.names for t in units.values())))
+    _check_capture_tags(
+        captures,
+        set(named).union(*(t.names for t in (*units.values(), *rename_templates.values()))),
+    )
     flatten = _flatten(entry)
     variables = tuple((n, tuple(n.split("."))) for n in sorted(used - allowed) if fmt == "json")
     time_path = tuple(time.field.split(".")) if time.field else None
@@ -318,13 +351,18 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
         info=_info(entry),
         root=root,
         each=each,
-        rename=_rename(entry.get("rename", {})),
+        rename=rename,
         units=units,
         types=_types(entry.get("types", {}), fmt),
         variables=variables,
         time_path=time_path,
         time_flat=time.field.replace(".", flatten) if time.field else None,
         paths=bool(root or each or variables or (time_path and len(time_path) > 1)),
+        rest=rest,
+        rename_templates=rename_templates,
+        match=match,
+        value_path=value_path,
+        reader="json_value" if value_path is not None else fmt,
     )
 
 
@@ -336,10 +374,15 @@ def _check_topic(topic: str) -> tuple[str, ...]:
     levels = topic.split("/")
     captures: list[str] = []
     for position, level in enumerate(levels):
-        match = _CAPTURE.fullmatch(level)
+        match = _CAPTURE.fullmatch(level) or _REST.fullmatch(level)
         if match:
             if match.group(1) in captures:
                 raise ValueError(f"topic {topic!r}: capture {{{match.group(1)}}} used twice")
+            if level.endswith("#}") and position != len(levels) - 1:
+                raise ValueError(
+                    f"topic {topic!r}: {level} (the rest of the topic) must be the last level"
+                    + (", not with '#'" if levels[-1] == "#" else "")
+                )
             captures.append(match.group(1))
         elif level == "#":
             if position != len(levels) - 1:
@@ -446,9 +489,32 @@ def _measurement_template(
             if text is None
             else _template(text, "measurement", set(captures) | {"measurement", "field"}, fmt)
         )
+    if fmt == "json" and text is not None:  # one value per topic, named by the topic
+        return _template(text, "measurement", set(captures), "value")
     if text is not None:
-        raise ValueError("measurement applies to the value and influx formats only")
+        raise ValueError("measurement applies to the json, value and influx formats only")
     return None
+
+
+def _value_path(
+    entry: dict[str, Any], fmt: str, measurement: Template | None
+) -> tuple[str, ...] | None:
+    """The payload field holding the value (``value_field``) of a json rule with a measurement."""
+    text = entry.get("value_field")
+    if fmt != "json" or measurement is None:
+        if text is not None:
+            raise ValueError("value_field applies to json rules with a measurement only")
+        return None
+    text = "value" if text is None else text
+    if type(text) is not str or not _PATH.fullmatch(text):
+        raise ValueError(
+            "value_field must be a payload field or a path of keys such as data.value"
+            f" ([A-Za-z0-9_-] keys joined by '.'), got {text!r}"
+        )
+    for key in ("root", "each"):
+        if key in entry:
+            raise ValueError(f"{key} does not apply to a json rule with a measurement")
+    return tuple(text.split("."))
 
 
 def _flatten(entry: dict[str, Any]) -> str:
@@ -544,18 +610,83 @@ def _path(entry: dict[str, Any], key: str, fmt: str) -> tuple[str, ...] | None:
     return tuple(text.split("."))
 
 
-def _rename(table: object) -> dict[str, str]:
-    """``[rule.rename]``: field name as the payload has it -> the name stored."""
+def _rename(table: object, captures: set[str]) -> tuple[dict[str, str], dict[str, Template]]:
+    """``[rule.rename]``: field name as the payload has it -> the name stored.
+
+    A new name with ``{capture}`` variables is a template over the topic's captures
+    (``value = "{property}"``), rendered per message; the others are literal names.
+    """
     if type(table) is not dict:
-        raise TypeError('rename must be a table of "field" = "new_name"')
+        raise TypeError('rename must be a table of "field" = "new_name" or "{capture}"')
+    literal: dict[str, str] = {}
+    templates: dict[str, Template] = {}
     for key, new in table.items():
+        if type(new) is str and "{" in new:
+            try:
+                template = _template(new, f"rename.{key}", captures, "value")
+            except ValueError as exc:
+                where = "" if str(exc).startswith("rename.") else f"rename.{key}: "
+                raise ValueError(f"{where}{exc}") from None
+            if template.names:
+                templates[key] = template
+                continue
         if type(new) is not str or not _TAG_KEY.fullmatch(new) or new in RESERVED_FIELDS:
             raise ValueError(
                 f"rename.{key}: {new!r} is not a valid measurement name "
                 "([A-Za-z0-9_-]{1,64}, not ts, seq, sensor_id, _id, meta, "
-                "tags, units or info)"
+                "tags, units or info) nor a template over the captures"
             )
-    return dict(table)
+        literal[key] = new
+    return literal, templates
+
+
+def match_key(value: object) -> tuple[str, object] | None:
+    """A payload or [rule.match] value as compared: strings, numbers, booleans apart.
+
+    ``1`` and ``1.0`` are one number; ``true`` is never ``1``; None for other kinds.
+    """
+    kind = type(value)
+    if kind is str:
+        return ("s", value)
+    if kind is bool:
+        return ("b", value)
+    if kind is int or kind is float:
+        return ("n", value)
+    return None
+
+
+def _match(
+    entry: dict[str, Any], fmt: str | None
+) -> tuple[tuple[str, frozenset[tuple[str, object]]], ...] | None:
+    """``[rule.match]``: top-level payload field -> a value or a list of values."""
+    table = entry.get("match")
+    if table is None:
+        return None
+    if fmt is not None and fmt not in MATCH_FORMATS:
+        raise ValueError(
+            f"match reads JSON payloads: it applies to the {' and '.join(MATCH_FORMATS)} "
+            f"formats and to ignore rules, not to format {fmt}"
+        )
+    if type(table) is not dict or not table:
+        raise TypeError('match must be a table of "field" = value or [values] ([rule.match])')
+    out = []
+    for key, given in table.items():
+        if not key or len(key) > MAX_MATCH_KEY:
+            raise ValueError(f"match: a field name of 1 to {MAX_MATCH_KEY} characters")
+        values = given if type(given) is list else [given]
+        if not 1 <= len(values) <= MAX_MATCH_VALUES:
+            raise ValueError(f"match.{key}: a list of 1 to {MAX_MATCH_VALUES} values")
+        keys = set()
+        for value in values:
+            found = match_key(value)
+            if found is None or (type(value) is float and not math.isfinite(value)):
+                raise TypeError(
+                    f"match.{key}: {str(value)[:40]!r} is not a string, a finite number "
+                    "or true/false"
+                )
+            keys.add(found)
+        out.append((key, frozenset(keys)))
+    return tuple(out)
 
 
 def _types(table: object, fmt: str) -> tuple[tuple[str, str], ...]:

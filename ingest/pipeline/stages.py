@@ -376,7 +376,7 @@ class Pipeline:
                 )
             finally:
                 mapping.arrivals = arrivals
-        if result.rule is None and self._widened:
+        if result.rule is None and self._widened and not result.unselected:
             key = (OUTSIDE_RULES, "ignored")
             self._rule_counts[key] = self._rule_counts.get(key, 0) + 1
             return Decoded([], [])

@@ -225,6 +225,76 @@ def _parse_paths(
     return _new(Parsed, (items, rejections))
 
 
+def parse_value(payload: bytes, rule: Rule, captures: dict[str, str], limits: Limits) -> Parsed:
+    """One value per topic: ``{"value": 21.5}``, its name from the topic (``measurement``).
+
+    The rule's ``value_field`` holds the value, stored under the name the ``measurement``
+    template makes of the captures; the time is at ``[rule.time] field``; the fields its
+    templates name (``{unit}``) are variables; every other field is left out. An array
+    of such objects is several readings.
+    """
+    assert rule.measurement is not None
+    assert rule.value_path is not None
+    try:
+        doc = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return parse(payload, rule, captures, limits)  # its rejection, word for word
+    if type(doc) is dict:
+        objects: list[object] = [doc]
+    elif type(doc) is list and doc and len(doc) <= limits.max_readings:
+        objects = doc
+    elif type(doc) is list:
+        return parse(payload, rule, captures, limits)  # empty, or too many
+    else:
+        where = ".".join(rule.value_path)
+        return refused(
+            "bad_shape",
+            f'expected a JSON object such as {{"{where}": 21.5}}, got {type(doc).__name__}',
+        )
+    name = rule.measurement.render(captures) or ""
+    out = Parsed([], [])
+    several = len(objects) > 1
+    for index, obj in enumerate(objects):
+        position = index if several else None
+        if type(obj) is not dict:
+            out.rejections.append(
+                Rejection(
+                    "bad_shape", f"a reading must be an object, got {type(obj).__name__}", position
+                )
+            )
+            continue
+        found = walk(obj, rule.value_path)
+        if found is ABSENT:
+            out.rejections.append(
+                Rejection(
+                    "no_measurements",
+                    f"no field {'.'.join(rule.value_path)!r} (the rule's value_field)",
+                    position,
+                )
+            )
+            continue
+        problems = None
+        if type(found) is dict:
+            problems = [Rejection("bad_value", f"{name[:60]}: an object, not one value")]
+            found = None
+        ts = None
+        if rule.time_path is not None:
+            ts = walk(obj, rule.time_path)
+            ts = None if ts is ABSENT else ts
+        context: dict[str, str] | None = None
+        if rule.variables:
+            context = dict(captures)
+            for variable, path in rule.variables:
+                if variable not in context:
+                    text = template_text(walk(obj, path))
+                    if text is not None:
+                        context[variable] = text
+        out.items.append(
+            _new(Item, ({name: found}, ts, None, None, None, None, context, problems, position))
+        )
+    return out
+
+
 def _flatten(
     obj: dict[str, object],
     prefix: str,

@@ -19,6 +19,8 @@ parse_selective = accel.pick(_jsonparse_py.parse_selective, _COMPILED, "parse_se
 walk = accel.pick(_jsonparse_py.walk, _COMPILED, "walk")
 ABSENT = accel.pick(_jsonparse_py.ABSENT, _COMPILED, "ABSENT")  # what walk() gives if absent
 template_text = accel.pick(_jsonparse_py.template_text, _COMPILED, "template_text")
+# One value per topic (a json rule with a measurement template): the reader "json_value".
+parse_value = accel.pick(_jsonparse_py.parse_value, _COMPILED, "parse_value")
 # Where the selective scanner (the kernel _json_c.pyx) is built, rules with root or each
 # read only what they need of a payload.
 parse = parse_selective if _jsonparse_py.selective() else parse_py
