@@ -30,14 +30,14 @@ from ingest.devices.formats.sparkplug import shared_subscriptions as sparkplug_s
 from ingest.devices.formats.stateful import OTHER
 from ingest.devices.formats.times import LIMIT as TIME_LIMIT
 from ingest.devices.formats.times import from_seconds, parse
-from ingest.devices.homie_state import HomieFormat
+from ingest.devices.homie_state import HomieState
 from ingest.devices.rules import (
     MAX_UNIT,
     check_unique,
     load_file,
     load_preset,
 )
-from ingest.devices.sparkplug_state import SparkplugFormat
+from ingest.devices.sparkplug_state import SparkplugState
 from ingest.errors import ConfigError
 from ingest.model import (
     MAX_TAG_BYTES,
@@ -75,7 +75,7 @@ _FORMATS: dict[str, Callable[[bytes, Rule, dict[str, str], Limits], Parsed]] = {
 
 
 # Formats with state across messages (see ingest.devices.formats.stateful), made once per Mapping.
-_STATEFUL: dict[str, Callable[[], Stateful]] = {"sparkplug": SparkplugFormat, "homie": HomieFormat}
+_STATEFUL: dict[str, Callable[[], Stateful]] = {"sparkplug": SparkplugState, "homie": HomieState}
 
 
 class Result(NamedTuple):

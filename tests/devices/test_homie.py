@@ -389,7 +389,7 @@ def test_rule_options_apply_to_the_measurement_names_and_values() -> None:
 
 
 def test_state_is_bounded() -> None:
-    state = hm.HomieState(max_devices=3)
+    state = hm.HomieFormat(max_devices=3)
     for n in range(5):
         state.parse(f"homie/d{n}/n/p/$datatype", b"integer", LIMITS)
     assert list(state.devices) == ["homie/d2", "homie/d3", "homie/d4"]
