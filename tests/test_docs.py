@@ -16,7 +16,9 @@ from ingest.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-PAGES = sorted([README, ROOT / "tests" / "README.md", *(ROOT / "docs").rglob("*.md")])
+PAGES = sorted(
+    [README, ROOT / "CHANGELOG.md", ROOT / "tests" / "README.md", *(ROOT / "docs").rglob("*.md")]
+)
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
