@@ -166,6 +166,7 @@ def test_every_test_the_docs_name_by_file_is_in_that_file() -> None:
     assert missing == []
 
 
+@pytest.mark.process
 def test_the_sparkplug_example_prints_what_the_page_shows() -> None:
     """docs/sparkplug.md's ``ingest check`` of an NBIRTH, run as shown: the same line."""
     page = (ROOT / "docs" / "sparkplug.md").read_text(encoding="utf-8")

@@ -431,6 +431,7 @@ def test_the_parts_get_only_the_settings_ingest_local_decides(
     assert proc.process.wait(timeout=60) == 0
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("argv", "env", "error"),
     [
@@ -495,6 +496,7 @@ def test_an_empty_topic_in_the_variable_is_refused_as_by_ingest_run() -> None:
         local_settings(build_parser(env).parse_args(["local"]), env)
 
 
+@pytest.mark.process
 def test_a_taken_api_port_names_the_flag(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -607,6 +609,7 @@ def last_line(result: subprocess.CompletedProcess[str], status: int) -> str:
     return result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.process
 def test_without_mosquitto_it_says_how_to_install_it(tmp_path: Path) -> None:
     line = last_line(
         run_local(
@@ -624,6 +627,7 @@ def test_without_mosquitto_it_says_how_to_install_it(tmp_path: Path) -> None:
     assert "apt-get install mosquitto" in line
 
 
+@pytest.mark.process
 def test_a_taken_store_port_names_the_flag(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -636,11 +640,13 @@ def test_a_taken_store_port_names_the_flag(tmp_path: Path) -> None:
     assert "--mongodb-uri" in line
 
 
+@pytest.mark.process
 def test_a_bad_broker_url_is_a_configuration_error(tmp_path: Path) -> None:
     line = last_line(run_local(tmp_path, "--mqtt-url", "127.0.0.1:1883"), 2)
     assert "mqtt://host:port" in line
 
 
+@pytest.mark.process
 def test_without_the_local_extra_it_says_what_to_install(tmp_path: Path) -> None:
     """As on a machine where mongoeco is not installed (an import that fails)."""
     code = (

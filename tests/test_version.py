@@ -11,10 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ingest import __version__
 from tests.support.procs import ROOT, clean_env
 
 
+@pytest.mark.process
 def test_the_built_metadata_takes_the_version_from_the_package(tmp_path: Path) -> None:
     """A copy of the source whose ``__version__`` says 9.8.7 builds as 9.8.7."""
     for name in ("pyproject.toml", "setup.py", "README.md"):
@@ -37,6 +40,7 @@ def test_the_built_metadata_takes_the_version_from_the_package(tmp_path: Path) -
     assert done.stdout.strip().splitlines()[-1] == "9.8.7"
 
 
+@pytest.mark.process
 def test_the_installed_package_and_the_cli_say_the_same_version() -> None:
     assert importlib.metadata.version("iot-ingest") == __version__
     done = subprocess.run(
@@ -50,6 +54,7 @@ def test_the_installed_package_and_the_cli_say_the_same_version() -> None:
     assert done.stdout.strip() == f"ingest {__version__}"
 
 
+@pytest.mark.process
 def test_no_other_file_writes_the_version() -> None:
     """Outside ``ingest/__init__.py`` (and the changelog's release headings), no tracked
     text file holds the version string."""

@@ -542,6 +542,7 @@ def test_discover_proposes_the_preset_for_a_homie_fleet_captured_on_hash() -> No
     assert "2 Homie value(s) came before their property's attributes" in report
 
 
+@pytest.mark.process
 def test_check_shows_a_value_after_its_attributes() -> None:
     from tests.devices.test_mapping_cli import ingest  # noqa: PLC0415
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.config import Settings, validate
@@ -433,7 +433,6 @@ VALID = [
 ]
 
 
-@settings(max_examples=300)
 @given(
     kind=st.sampled_from(["NBIRTH", "NDATA", "NDEATH", "DBIRTH", "DDATA", "DDEATH"]),
     base=st.sampled_from(VALID),
@@ -534,7 +533,6 @@ def test_a_switch_between_one_and_several_workers_unsubscribes_the_split_filters
     assert not set(several.other_subscriptions) & set(several.subscriptions)
 
 
-@settings(max_examples=200)
 @given(stamp=st.integers(0, 2**64 - 1), rest=st.binary(max_size=32))
 def test_a_refused_payloads_timestamp_is_read_when_it_comes_first(stamp, rest):
     payload = enc.payload([], stamp) + rest

@@ -380,6 +380,7 @@ async def test_a_missing_or_changed_internal_is_refused_with_the_versions(
     assert "\n" not in text
 
 
+@pytest.mark.process
 def test_the_daemon_refuses_to_start_on_other_paho_internals() -> None:
     """The real command: exit 1 with one line naming the versions, before connecting."""
     code = (

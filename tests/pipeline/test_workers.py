@@ -276,6 +276,7 @@ async def switch_async(
     return second
 
 
+@pytest.mark.process
 def test_a_start_up_error_of_the_workers_is_one_line_from_the_parent(tmp_path: Path) -> None:
     from tests.pipeline.test_startup import failure_line, ingest  # noqa: PLC0415
 

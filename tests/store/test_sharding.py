@@ -72,6 +72,7 @@ def test_shard_on_a_deployment_without_mongos_changes_nothing_and_says_so(
     assert COLLECTION[mode] in names  # the rest of init-db still ran
 
 
+@pytest.mark.process
 def test_help_explains_each_shard_key() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "ingest", "init-db", "--help"],
