@@ -32,7 +32,7 @@ settings.register_profile(
 settings.register_profile(
     "ci",
     settings.get_profile("dev"),
-    max_examples=300,
+    max_examples=150,
     derandomize=True,
     database=None,
     print_blob=True,
