@@ -7,7 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.model import Inbound, Reading
@@ -78,7 +78,6 @@ def outcome(fn: Any, *args: Any) -> tuple[Any, ...]:
         return ("raised", type(exc), str(exc))
 
 
-@settings(max_examples=200)
 @given(
     messages,
     st.one_of(st.lists(readings, max_size=120), st.lists(readings, max_size=3).map(tuple)),
