@@ -3,6 +3,7 @@ unique names per test, and the daemon as a subprocess."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import uuid
@@ -44,6 +45,9 @@ settings.load_profile(
 MONGO_ENV = "INGEST_TEST_MONGODB_URI"
 REAL_MONGODB = bool(os.environ.get(MONGO_ENV))
 SHARDED_ENV = "INGEST_TEST_MONGODB_SHARDED_URI"  # a mongos, e.g. compose's "sharded" profile
+# Set by coverage.py (pyproject.toml's [tool.coverage.run] patch) when it measures the
+# processes the tests start.
+COVERAGE = bool(os.environ.get("COVERAGE_PROCESS_CONFIG"))
 
 
 # Fixtures that start a process (a broker, the MongoDB emulator, a daemon, a browser,
@@ -218,6 +222,10 @@ def daemon(
     yield start
     for proc in started:
         if proc.process and proc.process.poll() is None:
+            if COVERAGE:  # a daemon saves its coverage data when it exits, not when killed
+                proc.process.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.process.wait(timeout=10)
             proc.process.kill()
             proc.process.wait()
 
