@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import given
@@ -18,6 +18,9 @@ from ingest.devices.formats import homie as hm
 from ingest.devices.mapping import Mapping
 from ingest.devices.rules import parse
 from ingest.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 LIMITS = Limits()
 NOW = 1_795_000_000.0
@@ -58,7 +61,7 @@ SUPER_CAR_V5 = {
 }
 
 
-def run(mapping: Mapping, messages: list[tuple[str, str | bytes]]) -> list[Any]:
+def run(mapping: Mapping, messages: Sequence[tuple[str, str | bytes]]) -> list[Any]:
     """Each message's mapping Result, in order."""
     return [
         mapping.decode(

@@ -562,4 +562,6 @@ def test_a_refused_rebirth_closes_the_node_and_its_devices_in_memory():
         parsed = state.parse(topic, VALID[1], LIMITS)
         assert parsed.items == []
         assert [(r.reason, detail in r.detail) for r in parsed.rejections] == [("no_birth", True)]
-    assert state.table("G1/E1").closed_ms == T0 + 5
+    table = state.table("G1/E1")
+    assert table is not None
+    assert table.closed_ms == T0 + 5
