@@ -63,7 +63,7 @@ def picks() -> list[tuple[str, str, str, str]]:
                 constants |= {ast.unparse(target): node.value.value for target in node.targets}
             if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "accel.pick":
                 compiled, function = (
-                    arg.value if isinstance(arg, ast.Constant) else constants[ast.unparse(arg)]
+                    str(arg.value) if isinstance(arg, ast.Constant) else constants[ast.unparse(arg)]
                     for arg in node.value.args[1:]
                 )
                 found += [
