@@ -53,6 +53,19 @@ class BuildPyWithNote(build_py):
             note.unlink(missing_ok=True)
 
 
+def drop_stale_c(python: Path) -> None:
+    """Remove the C that Cython wrote for compiled ``python`` if a ``.pxd`` is newer.
+
+    Cython tracks a source's own ``.pxd`` by the source's name (``_<name>_py.pxd``), not
+    the augmenting ``_<name>_c.pxd`` nor the ``.pxd`` files that one cimports; without
+    its C, cythonize writes it again.
+    """
+    c_file = python.with_suffix(".c")
+    pxds = [p.stat().st_mtime for p in HERE.glob("ingest/**/*.pxd")]
+    if c_file.exists() and pxds and max(pxds) > c_file.stat().st_mtime:
+        c_file.unlink()
+
+
 def extensions() -> list[Extension]:
     """The accelerators, or none when they are turned off or Cython is missing."""
     if turned_off():
@@ -68,6 +81,7 @@ def extensions() -> list[Extension]:
     for pxd in HERE.glob("ingest/**/_*_c.pxd"):
         if pxd.with_suffix("") not in sources:
             sources[pxd.with_suffix("")] = pxd.with_name(pxd.name[: -len("_c.pxd")] + "_py.py")
+            drop_stale_c(sources[pxd.with_suffix("")])
     Options.warning_errors = True  # a Cython warning (a deprecated DEF, say) fails the build
     modules = cythonize(
         [

@@ -1,9 +1,10 @@
-"""Cost of the source's acknowledgement bookkeeping per QoS 1 message, in process.
+"""Cost of the acknowledgement ledger per QoS 1 message, in process.
 
-Drives MqttSource's bookkeeping directly (arrival, taken by the pipeline, acknowledged in
-batches of 500; PUBACK bytes queued to a paho client that sends nothing) for 100,000
-messages, with and without remembering sent PUBACKs for DUP redeliveries, and prints the
-fastest of several rounds of each.
+Drives the source's :class:`~ingest.mqtt.acks.AckLedger` directly (arrival, then
+acknowledged in batches of 500 as the pipeline does; PUBACK bytes queued to a paho client
+that sends nothing, through the source's own callback) for 100,000 messages, with and
+without remembering sent PUBACKs for DUP redeliveries, and prints the fastest of several
+rounds of each.
 
     .venv/bin/python -m bench.acks [--rounds 12]
 """
@@ -27,11 +28,13 @@ BATCH = 500
 
 async def per_message_us(*, remember: bool) -> float:
     source = MqttSource(Settings(), Metrics("bucket"), Health())
+    ledger = source._ledger  # noqa: SLF001
     if not remember:
-        source._remember = lambda _messages: None  # type: ignore[method-assign]  # noqa: SLF001
+        ledger._remember = lambda _messages: None  # type: ignore[method-assign,assignment]  # noqa: SLF001
     client = aiomqtt.Client("127.0.0.1")
     client._client._packet_queue = lambda *_a, **_k: 0  # noqa: SLF001
     source._client, source._generation = client, 1  # noqa: SLF001
+    ledger.connected(1)
     messages = [
         Inbound(
             f"sensors/s{i % 1000}/readings",
@@ -43,12 +46,13 @@ async def per_message_us(*, remember: bool) -> float:
         )
         for i in range(MESSAGES)
     ]
+    arrived, written = ledger.arrived, ledger.written
     started = time.perf_counter()
     for i in range(0, MESSAGES, BATCH):
         batch = messages[i : i + BATCH]
         for message in batch:
-            source._arrived(message, client)  # noqa: SLF001
-        source.ack_all(batch)
+            arrived(message)
+        written(batch)
     return (time.perf_counter() - started) / MESSAGES * 1e6
 
 
@@ -58,7 +62,7 @@ async def main(rounds: int) -> None:
         with_memory.append(await per_message_us(remember=True))
         without.append(await per_message_us(remember=False))
     print(
-        f"acknowledgement bookkeeping, fastest of {rounds} rounds of {MESSAGES:,} messages: "
+        f"acknowledgement ledger, fastest of {rounds} rounds of {MESSAGES:,} messages: "
         f"{min(with_memory):.2f} us/message remembering PUBACKs, "
         f"{min(without):.2f} us/message without"
     )

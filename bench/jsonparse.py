@@ -1,10 +1,10 @@
-"""CPU per message of the json format's parse of LoRaWAN uplinks, compiled twin against Python.
+"""CPU per message of the json format's parse of LoRaWAN uplinks, compiled scanner against Python.
 
 The uplinks of ``bench.mapping --stream ttn`` and ``--stream chirpstack`` (about 1 KB
 each, four values under ``root``) through the uplink rule of the shipped ``ttn`` and
 ``chirpstack`` presets: ``ingest.devices.formats.json.parse_py`` (the whole payload through
-``orjson.loads``) and its compiled twin (only what the rule reads is built), in
-interleaved rounds; the best round of each is kept.
+``orjson.loads``) and ``parse_selective`` (the compiled scanner builds only what the rule
+reads), in interleaved rounds; the best round of each is kept.
 
     .venv/bin/python -m bench.jsonparse --rounds 20
 """
@@ -12,7 +12,6 @@ interleaved rounds; the best round of each is kept.
 from __future__ import annotations
 
 import argparse
-import importlib
 import time
 from typing import TYPE_CHECKING
 
@@ -49,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     twins: dict[str, Parse] = {
         "python": json.parse_py,
-        "compiled": importlib.import_module("ingest.devices.formats._json_c").parse,
+        "compiled": json.parse_selective,
     }
     limits = Limits()
     for stream, name in RULES.items():

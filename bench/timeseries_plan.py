@@ -4,8 +4,7 @@ Decodes ``bench.e2e``'s backlog (1,000 sensors, 1 or 100 readings a message) int
 batch of readings and times, in one process and interleaved, what the writer does to it
 before the driver sees it: :meth:`TimeseriesWriter.plan` (sort, documents with their ids,
 each sensor's run of times) and its two steps, the plan and the BSON encoding of its
-documents (the driver's encoder: the Python twin's dicts, the compiled twin's bytes), and
-``held_bytes`` of each message. The
+documents (the driver's encoder: the Python twin's dicts, the compiled twin's bytes). The
 garbage collector is set as the daemon sets it. Prints the best of ``--rounds`` per
 reading, and each compiled time as a ratio of the Python one.
 
@@ -27,9 +26,8 @@ import bson
 from bench.e2e import backlog
 from ingest.devices.decode import Arrivals, Limits, decode
 from ingest.model import Inbound
-from ingest.pipeline import stages
 from ingest.pipeline.app import GC_THRESHOLD
-from ingest.store.writers import timeseries
+from ingest.store.writers import _timeseries_py, timeseries
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -66,10 +64,9 @@ def run(per_message: int, count: int, rounds: int) -> None:
     """Print both twins' cost per reading for one shape of message."""
     taken = messages(per_message, count)
     batch = [reading for _, reading_list in taken for reading in reading_list]
-    ordered = timeseries.sorted_readings_py(batch)
+    ordered = _timeseries_py.sorted_readings(batch)
     prefix, start = bytes(9), 0
     twin = importlib.import_module("ingest.store.writers._timeseries_c")
-    stages_twin = importlib.import_module("ingest.pipeline._stages_c")
     writer = timeseries.TimeseriesWriter(None, None)  # type: ignore[arg-type]
 
     def plan_with(sort: Callable[..., Any], build: Callable[..., Any]) -> Callable[[], object]:
@@ -83,27 +80,23 @@ def run(per_message: int, count: int, rounds: int) -> None:
         encode = bson.encode
         return lambda: [encode(doc) for doc in plan().ops]
 
-    def held(fn: Callable[..., int]) -> Callable[[], object]:
-        return lambda: [fn(message, readings, []) for message, readings in taken]
-
     cases = {
         "TimeseriesWriter.plan": (
-            plan_with(timeseries.sorted_readings_py, timeseries.batch_documents_py),
+            plan_with(_timeseries_py.sorted_readings, _timeseries_py.batch_documents),
             plan_with(twin.sorted_readings, twin.batch_documents),
         ),
         "  sorted_readings": (
-            lambda: timeseries.sorted_readings_py(batch),
+            lambda: _timeseries_py.sorted_readings(batch),
             lambda: twin.sorted_readings(batch),
         ),
         "  batch_documents": (
-            lambda: timeseries.batch_documents_py(ordered, prefix, start),
+            lambda: _timeseries_py.batch_documents(ordered, prefix, start),
             lambda: twin.batch_documents(ordered, prefix, start),
         ),
         "plan + BSON encoding": (
-            encoded(plan_with(timeseries.sorted_readings_py, timeseries.batch_documents_py)),
+            encoded(plan_with(_timeseries_py.sorted_readings, _timeseries_py.batch_documents)),
             encoded(plan_with(twin.sorted_readings, twin.batch_documents)),
         ),
-        "held_bytes": (held(stages.held_bytes_py), held(stages_twin.held_bytes)),
     }
     print(
         f"{per_message} reading(s) a message, {len(batch):,} readings "

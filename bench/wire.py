@@ -1,7 +1,7 @@
 """CPU per packet of the MQTT read buffer's scan, compiled twin against Python twin.
 
 A 64 KiB read buffer of single-reading QoS 1 PUBLISH packets (the topics and payloads of
-``bench.e2e``), scanned by ``ingest.mqtt.wire.scan_py`` and by its compiled twin, in
+``bench.e2e``), scanned by ``ingest.mqtt._wire_py.scan`` and by its compiled twin, in
 interleaved rounds, into a delivery that does nothing; the best round of each is kept.
 With ``--subscription-identifier`` each packet carries the Subscription Identifier of
 the daemon's subscription to ``sensors/#``, as the broker sends every message to the
@@ -17,7 +17,7 @@ import importlib
 import time
 from typing import TYPE_CHECKING
 
-from ingest.mqtt import wire
+from ingest.mqtt import _wire_py, wire
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -113,7 +113,7 @@ def main() -> None:
     args = parser.parse_args()
     data, count = buffer(identifier_property() if args.subscription_identifier else b"")
     twins = {
-        "python": wire.scan_py,
+        "python": _wire_py.scan,
         "compiled": importlib.import_module("ingest.mqtt._wire_c").scan,
     }
     times: dict[str, list[float]] = {name: [] for name in twins}

@@ -435,8 +435,21 @@ def _api_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
         parser,
         env,
         "grafana-url",
-        "Grafana's address, for the page's dashboard link",
-        "http://localhost:3000",
+        "Grafana's address, for the page's dashboard link (none: no link)",
+        "",
+    )
+    _flag(
+        parser,
+        env,
+        "mapping",
+        "the daemon's mapping file: its [page] table orders the page's charts",
+    )
+    parser.add_argument(
+        "--preset",
+        action="append",
+        default=None,
+        help="the daemon's presets, repeatable: their [page] tables order the page's "
+        "charts (docs/presets.md) [env INGEST_PRESET, comma-separated]",
     )
     _flag(parser, env, "query-timeout", "seconds one query may run (maxTimeMS)", 10.0, type=real)
     _flag(
@@ -471,6 +484,7 @@ def api_settings_from(
             host=args.api_host,
             port=args.api_port,
             grafana_url=args.grafana_url,
+            page_order=load_page_order(args, env),
             query_timeout=args.query_timeout,
             tokens=read_tokens(args.api_tokens_file) if args.api_tokens_file else (),
             insecure=insecure,
@@ -511,6 +525,15 @@ def topic_filters(
 def preset_names(args: argparse.Namespace, env: Mapping[str, str]) -> list[str]:
     """The presets of --preset, else of INGEST_PRESET (comma-separated)."""
     return args.preset or [p.strip() for p in env.get("INGEST_PRESET", "").split(",") if p.strip()]
+
+
+def load_page_order(
+    args: argparse.Namespace, env: Mapping[str, str]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The page's measurement order from the [page] tables of --mapping and --preset."""
+    from ingest.devices import page_order  # noqa: PLC0415 - only ingest api needs it
+
+    return page_order.load(args.mapping, preset_names(args, env))
 
 
 def load_mapping(args: argparse.Namespace, env: Mapping[str, str]) -> RuleMapping | None:

@@ -402,7 +402,9 @@ class ApiSettings:
     bucket_span_seconds: int = DEFAULT_BUCKET_SPAN_SECONDS
     host: str = "127.0.0.1"
     port: int = 8080
-    grafana_url: str = "http://localhost:3000"
+    grafana_url: str = ""  # none: the page shows no Grafana link
+    # the [page] tables of the daemon's presets and mapping file: (first, last) patterns
+    page_order: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
     query_timeout: float = 10.0
     tokens: tuple[ApiToken, ...] = ()
     insecure: bool = False
@@ -440,7 +442,7 @@ def validate_api(settings: ApiSettings) -> ApiSettings:
     ):
         if not (value > 0 and math.isfinite(value)):
             raise ConfigError(f"{flag}: must be a finite number greater than 0, got {value}")
-    if not settings.grafana_url.startswith(("http://", "https://", "/")):
+    if settings.grafana_url and not settings.grafana_url.startswith(("http://", "https://", "/")):
         raise ConfigError("--grafana-url: must start with http://, https:// or /")
     if settings.max_concurrent_queries < 1:
         raise ConfigError(

@@ -388,6 +388,8 @@ class Local:
                 str(s.api_port),
                 "--log-level",
                 s.log_level,
+                *(["--mapping", s.mapping] if s.mapping is not None else []),
+                *(arg for preset in s.presets for arg in ("--preset", preset)),
             ],
             mongodb_uri,
         )

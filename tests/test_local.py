@@ -354,6 +354,11 @@ def test_a_preset_goes_to_every_daemon_and_the_banner_names_the_api_that_reads_i
     url = f"{api}api/readings?sensor={urllib.parse.quote(message.topic.split('/')[1])}"
     answer = wait_for(lambda: get_json(url)["readings"])
     assert [r["values"] for r in answer] == [message.readings[0].values]
+    # The API got it too (its [page] orders the page's charts), and no Grafana address:
+    # ingest local runs no Grafana, so the page links to none.
+    info = get_json(f"{api}api/info")
+    assert info["grafana_dashboard"] is None
+    assert "linkquality" in info["measurement_order"]["last"]
     # The timeseries daemon got the preset too (the API serves the bucket layout).
     uri = f"mongodb://127.0.0.1:{proc.ports['store']}/?directConnection=true"
     with MongoClient[dict[str, Any]](uri) as client:

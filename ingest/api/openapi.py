@@ -17,6 +17,7 @@ from ingest.api.query_params import (
     LIMITS,
     MAX_MEASUREMENTS,
     MAX_POINTS,
+    MAX_SEARCH,
     MAX_SENSORS,
     MAX_STEP,
     MAX_TAG_PARAMETERS,
@@ -80,6 +81,14 @@ _ABOUT: dict[str, tuple[str, dict[str, str]]] = {
         ),
         {},
     ),
+    "search": (
+        (
+            "Only series whose sensor id, or one of whose tags written key=value "
+            "(path=/boot), holds this text, ignoring case; at most "
+            f"{MAX_SEARCH} characters."
+        ),
+        {},
+    ),
     "limit": ("How many entries one answer holds at most.", {}),
     "cursor": ("The next value of the previous answer of the same endpoint.", {}),
 }
@@ -91,7 +100,8 @@ _SUMMARIES = {
     "readings": "Raw readings of some series in a window, by series then time, paged",
     "series": "min/avg/max/count per step of some series' measurements",
     "rejects": "The latest rejections and their count by reason",
-    "info": "What this API serves (layout, collection) and the Grafana dashboard's address",
+    "info": "What this API serves (layout, collection), the Grafana dashboard's address "
+    "and the page's order of measurements",
 }
 
 
@@ -155,6 +165,7 @@ _ANSWERS: dict[str, Schema] = {
                         "sensor_id": _STRING,
                         "tags": _TAGS,
                         "label": _LABEL,
+                        "first_seen": _INSTANT,
                         "last_seen": _INSTANT,
                         "readings": {"type": "integer"},
                         "measurements": {"type": "array", "items": _STRING},
@@ -250,7 +261,16 @@ _ANSWERS: dict[str, Schema] = {
             "db": _STRING,
             "collection": _STRING,
             "bucket_span_seconds": {"type": ["integer", "null"]},
-            "grafana_dashboard": _STRING,
+            "grafana_dashboard": {
+                "type": ["string", "null"],
+                "description": "The Grafana Sensors dashboard (--grafana-url), or null.",
+            },
+            "measurement_order": _object(
+                {
+                    "first": {"type": "array", "items": _STRING},
+                    "last": {"type": "array", "items": _STRING},
+                },
+            ),
         }
     ),
 }

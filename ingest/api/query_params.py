@@ -33,6 +33,7 @@ MAX_MEASUREMENTS = 10
 MAX_TAG_PARAMETERS = 20  # tag=key:value selectors in one request
 MAX_WINDOW = timedelta(days=31)  # sensors and raw readings: how far one request may scan
 MAX_POINTS = 20_000  # series: steps x sensors x measurements in one answer
+MAX_SEARCH = 128  # characters of sensors' search text
 # The instants a time parameter may name: [EARLIEST, LATEST). With MAX_STEP, a window
 # widened to whole steps stays inside what a datetime holds (years 1 to 9999).
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
@@ -41,7 +42,7 @@ MAX_STEP = timedelta(days=365)
 # The parameters each endpoint reads (its OpenAPI description, ingest/api/openapi.py, lists
 # the same); any other is a 400 naming it.
 ENDPOINT_PARAMETERS: dict[str, tuple[str, ...]] = {
-    "sensors": ("since", "until", "limit", "cursor"),
+    "sensors": ("since", "until", "search", "limit", "cursor"),
     "readings": ("sensor", "tag", "since", "until", "measurement", "limit", "cursor"),
     "series": ("sensor", "tag", "measurement", "since", "until", "step"),
     "rejects": ("since", "limit"),
@@ -204,6 +205,17 @@ class Params:
             if wanted not in chosen:
                 chosen.append(wanted)
         return out
+
+    def search(self) -> str | None:
+        """``search``: text a series' sensor id or one of its tags (``key=value``) holds."""
+        text = self.one("search")
+        if not text:
+            return None
+        if len(text) > MAX_SEARCH:
+            raise ParamError("search", f"at most {MAX_SEARCH} characters, got {len(text)}")
+        if not _TAG_VALUE.match(text):
+            raise ParamError("search", "holds a control character")
+        return text
 
     def limit(self, default: int, most: int) -> int:
         """``limit``: 1 to ``most``."""

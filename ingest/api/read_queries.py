@@ -24,6 +24,7 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -206,15 +207,60 @@ def _in_window(field: str, since: datetime, until: datetime) -> dict[str, Any]:
 
 
 def sensors(
-    layout: Layout, since: datetime, until: datetime, after: SeriesKey | None, limit: int
+    layout: Layout,
+    since: datetime,
+    until: datetime,
+    after: SeriesKey | None,
+    limit: int,
+    search: str | None = None,
 ) -> Pipeline:
     """Series with readings in ``[since, until)``, in series order, ``limit + 1`` of them.
 
-    Only series after ``after`` (the previous page's last).
+    Only series after ``after`` (the previous page's last), and with ``search`` only those
+    whose sensor id or a tag (``key=value``) holds that text, ignoring case.
     """
     if layout.bucket:
-        return _sensors_bucket(layout.span_seconds, since, until, after, limit)
-    return _sensors_timeseries(since, until, after, limit)
+        pipeline = _sensors_bucket(layout.span_seconds, since, until, after, limit)
+    else:
+        pipeline = _sensors_timeseries(since, until, after, limit)
+    if search:
+        pipeline.insert(1, {"$match": _search(layout, search)})
+    return pipeline
+
+
+def _search(layout: Layout, text: str) -> dict[str, Any]:
+    """Documents whose sensor id or one of whose tags (``key=value``) holds ``text``.
+
+    The text is matched literally (escaped into a regular expression), ignoring case.
+    """
+    pattern = re.escape(text)
+    sensor_field, tags_field = (
+        ("sensor_id", "$tags") if layout.bucket else ("meta.sensor_id", "$meta")
+    )
+    pairs = {
+        "$filter": {
+            "input": {"$objectToArray": {"$ifNull": [tags_field, {}]}},
+            "cond": {"$ne": ["$$this.k", "sensor_id"]},
+        }
+    }
+    pair_matches = {
+        "$map": {
+            "input": pairs,
+            "in": {
+                "$regexMatch": {
+                    "input": {"$concat": ["$$this.k", "=", {"$toString": "$$this.v"}]},
+                    "regex": literal(pattern),
+                    "options": "i",
+                }
+            },
+        }
+    }
+    return {
+        "$or": [
+            {sensor_field: {"$regex": pattern, "$options": "i"}},
+            {"$expr": {"$anyElementTrue": [pair_matches]}},
+        ]
+    }
 
 
 def _series_after(after: SeriesKey | None) -> Pipeline:
@@ -247,7 +293,17 @@ def _sensors_bucket(
     }
     return [
         {"$match": match},
-        {"$project": {"_id": 0, "sensor_id": 1, "tags": 1, "units": 1, "info": 1, "r": inside}},
+        {
+            "$project": {
+                "_id": 0,
+                "sensor_id": 1,
+                "tags": 1,
+                "units": 1,
+                "info": 1,
+                "first_ts": 1,
+                "r": inside,
+            }
+        },
         {"$match": {"r.0": {"$exists": True}}},
         {
             "$project": {
@@ -256,6 +312,21 @@ def _sensors_bucket(
                 "units": 1,
                 "info": 1,
                 "n": {"$size": "$r"},
+                # a document's first reading is its first_ts, unless it began before
+                # the window (only the window's first document per series)
+                "first": {
+                    "$cond": [
+                        {"$gte": ["$first_ts", since]},
+                        "$first_ts",
+                        {
+                            "$reduce": {
+                                "input": "$r",
+                                "initialValue": None,
+                                "in": {"$min": ["$$value", "$$this.ts"]},
+                            }
+                        },
+                    ]
+                },
                 "last": {
                     "$reduce": {
                         "input": "$r",
@@ -276,6 +347,7 @@ def _sensors_bucket(
             "$group": {
                 "_id": {"s": "$sensor_id", "tags": {"$ifNull": ["$tags", {}]}},
                 "readings": {"$sum": "$n"},
+                "first_seen": {"$min": "$first"},
                 "last_seen": {"$max": "$last"},
                 "names": {"$push": "$names"},
                 "units": {"$mergeObjects": "$units"},
@@ -325,6 +397,7 @@ def _sensors_timeseries(
             "$group": {
                 "_id": "$_id.meta",
                 "readings": {"$sum": 1},
+                "first_seen": {"$min": "$_id.ts"},
                 "last_seen": {"$max": "$_id.ts"},
                 "names": {"$push": _union("$names")},
                 "units": {"$mergeObjects": "$units"},
@@ -335,6 +408,7 @@ def _sensors_timeseries(
             "$project": {
                 "_id": {"s": "$_id.sensor_id", "tags": tags},
                 "readings": 1,
+                "first_seen": 1,
                 "last_seen": 1,
                 "names": 1,
                 "units": 1,
@@ -364,6 +438,7 @@ def _sensor_page(after: SeriesKey | None, limit: int) -> Pipeline:
             "$project": {
                 "_id": 1,
                 "readings": 1,
+                "first_seen": 1,
                 "last_seen": 1,
                 "units": 1,
                 "info": "$latest.info",
@@ -387,6 +462,7 @@ def sensor_answer(doc: dict[str, Any]) -> dict[str, Any]:
         "sensor_id": key.sensor_id,
         "tags": key.tag_dict,
         "label": label(key),
+        "first_seen": iso(doc["first_seen"]),
         "last_seen": iso(doc["last_seen"]),
         "readings": int(doc["readings"]),
         "measurements": measurements,

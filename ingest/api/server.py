@@ -5,7 +5,8 @@
     GET /api/readings  raw readings of some series in a window, paged with a cursor
     GET /api/series    min/avg/max/count per series and step (bucket statistics when they fit)
     GET /api/rejects   the latest rejections and their count by reason
-    GET /api/info      the layout served and the Grafana address (for the page)
+    GET /api/info      the layout served, the Grafana address and the order of the
+                       page's charts (for the page)
     GET /openapi.json  the OpenAPI 3.1 description of the endpoints above
     GET /              the page; /static/ its files
     GET /metrics, /healthz, /readyz
@@ -43,6 +44,7 @@ from pymongo.errors import PyMongoError
 from ingest import __version__
 from ingest.api import openapi, read_queries
 from ingest.api.auth import COOKIE, CallerSlots, Sessions
+from ingest.api.chart_order import measurement_order
 from ingest.api.query_params import (
     ENDPOINT_PARAMETERS,
     LIMITS,
@@ -312,13 +314,15 @@ class ReadApi:
             return await cursor.to_list()
 
     async def sensors(self, request: web.Request) -> web.Response:
-        """``GET /api/sensors?since&until&limit&cursor``."""
+        """``GET /api/sensors?since&until&search&limit&cursor``."""
         p = self.params(request, "sensors")
         since, until = p.window(timedelta(hours=24))
+        search = p.search()
         limit = p.limit(*LIMITS["sensors"])
         after = p.sensor_cursor()
         docs = await self.aggregate(
-            self.collection, read_queries.sensors(self.layout, since, until, after, limit)
+            self.collection,
+            read_queries.sensors(self.layout, since, until, after, limit, search),
         )
         more = len(docs) > limit
         docs = docs[:limit]
@@ -472,7 +476,10 @@ class ReadApi:
                 "db": s.db,
                 "collection": s.collection,
                 "bucket_span_seconds": s.bucket_span_seconds if s.mode == "bucket" else None,
-                "grafana_dashboard": s.grafana_url.rstrip("/") + DASHBOARD_PATH,
+                "grafana_dashboard": (
+                    s.grafana_url.rstrip("/") + DASHBOARD_PATH if s.grafana_url else None
+                ),
+                "measurement_order": measurement_order(s.page_order),
             }
         )
 

@@ -2,31 +2,23 @@
 
 No I/O here. Every problem becomes a :class:`Rejection` with a reason from
 :data:`REASONS`; nothing but a rejection ever leaves this module for bad input.
-:func:`decode_py` has a compiled twin in ``_decode_c.pyx`` (see ingest/accel.py); the rest
-of the package calls :data:`decode`, the one :func:`ingest.accel.pick` chose.
+:func:`decode_py` is written once, in ``_decode_py.py``, and compiled from there as
+``_decode_c`` (see ingest/accel.py); the rest of the package calls :data:`decode`, the
+one :func:`ingest.accel.pick` chose.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
-
-import orjson
 
 from ingest import accel
-from ingest.model import (
-    NAME_PATTERN,
-    RESERVED_FIELDS,
-    SENSOR_ID_PATTERN,
-    SENSOR_ID_RULE,
-    Decoded,
-    Reading,
-    Rejection,
-    Scalar,
-)
+
+# The default format itself (its limits, reasons and details) is in _decode_py.py.
+from ingest.devices._decode_py import BEYOND_MAGNITUDE as BEYOND_MAGNITUDE  # noqa: PLC0414
+from ingest.devices._decode_py import CACHE_LIMIT as _CACHE_LIMIT
+from ingest.devices._decode_py import MAX_MAGNITUDE as MAX_MAGNITUDE  # noqa: PLC0414
+from ingest.devices._decode_py import decode as decode_py
+from ingest.devices._decode_py import sensor_from_topic as sensor_from_topic  # noqa: PLC0414
 
 # Reasons given when a reading is written, not decoded.
 WRITE_REASONS: tuple[str, ...] = (
@@ -62,25 +54,6 @@ REASONS: tuple[str, ...] = (
     *IDENTITY_REASONS,
     *WRITE_REASONS,
 )
-
-# Beyond this a bucket's running sum (stats.<m>.sum, at most ~160,000 readings of a
-# document) could overflow to infinity; no sensor measures anything this large. The one
-# bound for every path: the default format here, every mapping format in ingest.devices.mapping.
-MAX_MAGNITUDE = 1e300
-BEYOND_MAGNITUDE = "not a finite number within ±1e300"  # the bad_value detail
-_NAME = re.compile(NAME_PATTERN)
-_SENSOR_ID = re.compile(SENSOR_ID_PATTERN)
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-# Doubles within this magnitude take the fast check (the others: the full one).
-_INT64_RANGE = float(2**63)
-# Names and ids already checked against their pattern (bounded, so hostile input cannot
-# grow them without limit); a set lookup is much cheaper than a regex match.
-_CACHE_LIMIT = 100_000
-_valid_names: set[str] = set()
-_valid_sensors: set[str] = set()
-# Building a Reading through tuple.__new__ skips the NamedTuple's argument handling, the
-# larger part of its cost on the hot path (tags and units are None here).
-_new = tuple.__new__
 
 
 class Arrivals:
@@ -164,220 +137,6 @@ class Limits:
     max_readings: int = 10_000
     max_past_seconds: float = 365 * 86400.0
     max_future_seconds: float = 600.0
-
-
-def sensor_from_topic(topic: str) -> str | None:
-    """Return the topic level after the first (``sensors/abc/readings`` -> ``abc``)."""
-    parts = topic.split("/", 2)
-    return parts[1] if len(parts) > 1 and parts[1] else None
-
-
-def decode_py(
-    topic: str,
-    payload: bytes,
-    received_at: float,
-    limits: Limits,
-    sensor: str | None = None,
-    arrivals: Arrivals | None = None,
-) -> Decoded:
-    """Turn one MQTT message into readings and rejections; never raises for bad input.
-
-    ``sensor`` (a mapping rule's sensor id) replaces the one taken from the topic.
-    ``arrivals``: readings without a time take their sensor's next arrival millisecond
-    from it (the daemon's); without it they all take ``received_at``.
-    """
-    if len(payload) > limits.max_message_bytes:
-        return _whole("too_large", f"{len(payload)} bytes > {limits.max_message_bytes}")
-    try:
-        doc = orjson.loads(payload)
-    except orjson.JSONDecodeError as exc:
-        return _whole(_json_reason(payload), str(exc).split("\n", 1)[0][:200])
-    default_sensor: object = sensor_from_topic(topic) if sensor is None else sensor
-    window = (received_at - limits.max_past_seconds, received_at + limits.max_future_seconds)
-    if type(doc) is dict and "readings" not in doc and limits.max_readings > 0:
-        # One reading object, the most common message: no list of items to go through.
-        result = _reading(doc, default_sensor, received_at, window, arrivals)
-        if isinstance(result, Reading):  # Decoded(...) without its Python-level __new__
-            return _new(Decoded, ([result], []))
-        return Decoded([], [Rejection(*result)])
-    items: Any
-    if type(doc) is dict and "readings" in doc:
-        items = doc["readings"]
-        if "sensor_id" in doc:
-            default_sensor = doc["sensor_id"]
-        extra = doc.keys() - {"readings", "sensor_id"}
-        if extra:
-            return _whole("bad_shape", f"unexpected envelope keys: {_names(extra)}")
-        if type(items) is not list:
-            return _whole("bad_shape", "'readings' must be an array")
-    elif type(doc) is list:
-        items = doc
-    elif type(doc) is dict:
-        items = (doc,)
-    else:
-        return _whole("bad_shape", f"expected an object or array, got {type(doc).__name__}")
-    if not items:
-        return _whole("no_readings", "no readings in message")
-    if len(items) > limits.max_readings:
-        return _whole("too_many_readings", f"{len(items)} readings > {limits.max_readings}")
-    out = Decoded([], [])
-    for index, item in enumerate(items):
-        result = _reading(item, default_sensor, received_at, window, arrivals)
-        if isinstance(result, Reading):
-            out.readings.append(result)
-        else:
-            reason, detail = result
-            out.rejections.append(Rejection(reason, detail, index if len(items) > 1 else None))
-    return out
-
-
-def _whole(reason: str, detail: str) -> Decoded:
-    return Decoded([], [Rejection(reason, detail)])
-
-
-def _json_reason(payload: bytes) -> str:
-    try:
-        payload.decode("utf-8")
-    except UnicodeDecodeError:
-        return "invalid_utf8"
-    return "invalid_json"
-
-
-def _names(keys: Any) -> str:  # noqa: ANN401 - any iterable of keys
-    return ", ".join(sorted(repr(k[:40]) for k in keys)[:5])
-
-
-def _reading(
-    item: object,
-    default_sensor: object,
-    now: float,
-    window: tuple[float, float],
-    arrivals: Arrivals | None,
-) -> Reading | tuple[str, str]:
-    """Validate one reading object; return it or ``(reason, detail)``.
-
-    The object is the decoder's own (fresh from orjson): its reserved keys are popped
-    and what is left becomes the reading's ``values``, with no copy.
-    """
-    if type(item) is not dict:
-        return "bad_shape", f"a reading must be an object, got {type(item).__name__}"
-    sensor = item.pop("sensor_id", default_sensor)
-    if sensor is None:
-        return "no_sensor_id", "no sensor_id in payload or topic"
-    if type(sensor) is not str:
-        return "bad_sensor_id", f"sensor_id must be a string of {SENSOR_ID_RULE}"
-    if sensor not in _valid_sensors:
-        if not _SENSOR_ID.fullmatch(sensor):
-            return "bad_sensor_id", f"sensor_id {sensor[:60]!r}: {SENSOR_ID_RULE}"
-        if len(_valid_sensors) < _CACHE_LIMIT:
-            _valid_sensors.add(sensor)
-    raw = item.pop("ts", None)
-    whole: int | None = None
-    epoch: float | None
-    if raw is None and arrivals is not None:  # timed at its sensor's next arrival ms
-        ms = arrivals.next(sensor, math.floor(now * 1000))
-        seq = item.pop("seq", None)
-        if seq is not None and (type(seq) is not int or not 0 <= seq <= _INT64_MAX):
-            return "bad_seq", "seq must be a non-negative integer"
-        checked = _values(item)
-        if isinstance(checked, tuple):
-            return checked
-        return _new(Reading, (sensor, None, ms / 1000, checked, seq, ms, None, None, None))
-    if type(raw) is int:  # whole epoch seconds, the usual case: no call, no rounding
-        whole = raw
-        epoch = float(raw)
-    else:
-        epoch = _epoch(raw, now)
-    if epoch is None:
-        return "bad_timestamp", "ts must be epoch seconds or ISO-8601 with an offset"
-    if not window[0] <= epoch <= window[1]:
-        return "ts_out_of_window", f"ts {epoch:.3f} outside the accepted window"
-    seq = item.pop("seq", None)
-    if seq is not None and (type(seq) is not int or not 0 <= seq <= _INT64_MAX):
-        return "bad_seq", "seq must be a non-negative integer"
-    values: dict[str, Scalar] = item
-    # The usual case, checked with the least work: names seen before (reserved names
-    # never enter that set), finite numbers within the 64-bit integer range.
-    if item and _valid_names.issuperset(item):
-        for value in item.values():
-            kind = type(value)
-            if kind is float:
-                if not -_INT64_RANGE <= value <= _INT64_RANGE:  # also false for NaN
-                    break
-            elif kind is not int or not _INT64_MIN <= value <= _INT64_MAX:
-                break
-        else:
-            if whole is not None:  # _timed's usual case, inline: whole milliseconds
-                return _new(
-                    Reading, (sensor, None, epoch, values, seq, whole * 1000, None, None, None)
-                )
-            return _timed(sensor, epoch, whole, values, seq)
-    checked = _values(item)
-    if isinstance(checked, tuple):
-        return checked
-    return _timed(sensor, epoch, whole, checked, seq)
-
-
-def _values(item: dict[str, Any]) -> dict[str, Scalar] | tuple[str, str]:
-    """The measurements of a reading object (reserved keys popped), or why not."""
-    values: dict[str, Scalar] = {}
-    for key, value in item.items():
-        if key in RESERVED_FIELDS:
-            continue
-        if key not in _valid_names:
-            if not _NAME.fullmatch(key):
-                return "bad_field_name", f"field {key[:40]!r} must match {NAME_PATTERN}"
-            if len(_valid_names) < _CACHE_LIMIT:
-                _valid_names.add(key)
-        kind = type(value)
-        if kind is float:
-            if not -MAX_MAGNITUDE <= value <= MAX_MAGNITUDE:  # also false for NaN
-                return "bad_value", f"{key}: {BEYOND_MAGNITUDE}"
-        elif kind is not int:
-            return "bad_value", f"{key}: expected a number, got {type(value).__name__}"
-        elif not _INT64_MIN <= value <= _INT64_MAX:
-            # BSON has no wider integer; orjson already reads integers past 2**64 as
-            # doubles, so every integer beyond the signed 64-bit range becomes a double.
-            values[key] = float(value)
-            continue
-        values[key] = value
-    if not values:
-        return "no_measurements", "no numeric measurement in reading"
-    return values
-
-
-def _timed(
-    sensor: str, epoch: float, whole: int | None, values: dict[str, Scalar], seq: int | None
-) -> Reading:
-    """The reading, its time as BSON will store it (whole milliseconds, floored)."""
-    if whole is not None:  # already whole milliseconds
-        return _new(Reading, (sensor, None, epoch, values, seq, whole * 1000, None, None, None))
-    # The instant MongoDB will store: datetime's microseconds, truncated to milliseconds.
-    micros = datetime.fromtimestamp(epoch, UTC).microsecond
-    seconds = math.floor(epoch)
-    if micros < 500_000 and epoch - seconds > 0.5:  # microseconds rounded up to a new second
-        seconds += 1
-    return _new(
-        Reading,
-        (sensor, None, epoch, values, seq, seconds * 1000 + micros // 1000, None, None, None),
-    )
-
-
-def _epoch(raw: object, now: float) -> float | None:
-    """Epoch seconds from a number or an ISO-8601 string with an offset; None if invalid."""
-    if raw is None:
-        return now
-    kind = type(raw)
-    if kind is int or kind is float:
-        value = float(raw)  # type: ignore[arg-type]
-        return value if math.isfinite(value) else None
-    if kind is str:
-        try:
-            parsed = datetime.fromisoformat(raw)  # type: ignore[arg-type]
-        except ValueError:
-            return None
-        return parsed.timestamp() if parsed.tzinfo is not None else None
-    return None
 
 
 decode = accel.pick(decode_py, "ingest.devices._decode_c", "decode")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from ingest.devices import page_order
 from ingest.devices.formats.times import TIME_FORMATS
 from ingest.errors import ConfigError
 from ingest.model import RESERVED_FIELDS, RESERVED_TAGS
@@ -220,12 +221,13 @@ def parse(text: str, source: str) -> list[Rule]:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    extra = set(doc) - {"rule"}
+    extra = set(doc) - {"rule", "page"}
     if extra:
         raise ConfigError(
             f"{source}: unknown top-level key(s) {', '.join(sorted(extra))} "
-            "(rules are [[rule]] tables)"
+            "(rules are [[rule]] tables; [page] orders the read API page's charts)"
         )
+    page_order.check(doc.get("page"), source)  # for ingest api; checked here too
     raw = doc.get("rule", [])
     if type(raw) is not list or not raw:
         raise ConfigError(f"{source}: no [[rule]] tables")

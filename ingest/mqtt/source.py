@@ -15,23 +15,10 @@ which the broker does not resend, are taken first on the next connection, or by 
 drain of a stop (:meth:`MqttSource.hand_over`); a stop that cannot write them counts them
 in ``ingest_messages_lost_total``.
 
-A PUBACK cannot be confirmed: one queued just before the connection dies may never reach
-the broker, which then resends the message with DUP on the resumed session. So a written
-and acknowledged message is remembered (topic, payload size and hash) until the broker has
-certainly received its PUBACK, and a DUP redelivery that matches is acknowledged again
-instead of being written again. "Certainly received" is proved by one of: the broker
-reusing the packet id for a new message; Receive Maximum more messages arriving on the
-same connection after the PUBACK (PUBACKs go out in order and the broker keeps at most
-Receive Maximum messages unacknowledged, so it cannot have sent them without reading it);
-a new message (not DUP) on a later connection of the session (the broker resends its
-unacknowledged messages first, in order); or a new session. (A broker that reuses ids
-still unacknowledged, and then exceeds Receive Maximum, breaks the first two: a PUBACK
-forgotten too early only makes its redelivery written again.)
-
-Such a broker (mosquitto draining a backlog of more than 65,535 messages: it numbers a
-message when it queues it) deletes on a PUBACK the oldest unacknowledged message with
-its id, so the messages of one id are acknowledged in the order they arrived
-(:class:`_Reused`).
+Which written messages get their PUBACK, when and on which connection (arrival order,
+DUP redeliveries adopted or acknowledged again, packet ids reused while unacknowledged)
+is the ledger's business (ingest/mqtt/acks.py); the source reports arrivals, writes and
+connections to it and sends the PUBACKs it asks for.
 """
 
 from __future__ import annotations
@@ -41,8 +28,7 @@ import contextlib
 import logging
 import math
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import aiomqtt
@@ -54,6 +40,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from ingest.errors import IngestError, StartupError
 from ingest.model import Inbound
 from ingest.mqtt import paho_hooks
+from ingest.mqtt.acks import AckLedger
 from ingest.mqtt.subscriptions import (
     OLD_SUBSCRIPTION,
     UNIDENTIFIED_SUBSCRIPTION,
@@ -209,40 +196,6 @@ class _Inbox:
         self._metrics.inbox_bytes.set(self.bytes)
 
 
-@dataclass(slots=True)
-class _Unacked:
-    """A QoS 1 message whose acknowledgement is not simply its own connection's business.
-
-    Either it is written and waits for the connection that may acknowledge it
-    (``written``), or a DUP redelivery on a later connection adopted it (``owner``). Every
-    other unacknowledged message is held in ``MqttSource._unacked`` as itself (its
-    owner is the connection it came on): one object less per message.
-    """
-
-    message: Inbound
-    owner: int
-    written: bool = False
-
-
-class _Reused(list["Inbound | _Unacked"]):
-    """The unacknowledged messages under one packet id, oldest first (as the broker has them).
-
-    A broker may send a new message under a packet id it has not had the PUBACK of yet
-    (mosquitto numbers a queued message when it queues it, so a backlog of more than
-    65,535 wraps the ids), and a PUBACK deletes the oldest unacknowledged message with
-    its id. So these are acknowledged in this order: a written message waits for the
-    ones ahead of it. Only an id with more than one message has a list: the usual entry
-    of ``MqttSource._unacked`` is the message itself or its :class:`_Unacked` record.
-    """
-
-    __slots__ = ()
-
-
-# A message whose PUBACK is queued or sent but perhaps not received by the broker: the
-# connection its PUBACK was queued on, the QoS 1 messages received on that connection
-# by then, and (topic, payload size, payload hash) to recognise its DUP. A plain tuple:
-# one is built per acknowledged message.
-type _Acked = tuple[int, int, str, int, int]
 # Takes a message at once if it can: True taken, False refused, None: await the sink.
 type TakeNow = Callable[[Inbound], bool | None]
 # Takes a message without its readings, acknowledged in turn (False: refused, stopping).
@@ -281,19 +234,8 @@ class MqttSource:
         self._session_expiry = session_expiry
         self._client: aiomqtt.Client | None = None
         self._generation = 0
-        # QoS 1 messages received from the broker and not yet acknowledged, by packet id:
-        # the message itself, or an _Unacked record once its state is more than that; a
-        # _Reused list of them, oldest first, while the broker has several under one id.
-        self._unacked: dict[int, Inbound | _Unacked | _Reused] = {}
-        # Acknowledged messages whose PUBACK may not have reached the broker, by packet id,
-        # in the order acknowledged (see the module docstring).
-        # (An OrderedDict: a plain dict's first key is found by scanning the slots that
-        # the removals from the front leave behind.)
-        self._acked: OrderedDict[int, _Acked] = OrderedDict()
-        self._received = 0  # QoS 1 messages received on connection _received_on
-        self._received_on = 0
-        self._fresh_on = 0  # the last connection a new (not DUP) QoS 1 message came on
-        self._reacks: list[Inbound] = []  # DUPs to acknowledge again once connected
+        # Which QoS 1 messages are owed a PUBACK, and when (ingest/mqtt/acks.py).
+        self._ledger = AckLedger(settings.max_inflight_messages, self._send_pubacks)
         # QoS 0 messages read on a connection that ended before the pipeline took them:
         # the daemon's only copy (the broker does not resend QoS 0), taken first on the
         # next connection, or counted as lost if the daemon stops first.
@@ -314,9 +256,23 @@ class MqttSource:
         metrics.inbox_limit_bytes.set(max(1, settings.max_buffered_bytes // INBOX_SHARE))
 
     def sync_metrics(self) -> None:
-        """Move the inbox's size and the pause's time into the metrics (before a scrape)."""
+        """Move the inbox's size, the pause's time and the ledger's counts into the metrics.
+
+        Before a scrape: the ledger counts in plain ints (a Prometheus counter takes a lock
+        on every inc()).
+        """
         if self._inbox is not None:
             self._inbox.sync_metrics()
+        reused, adopted, reacked, acked_late = self._ledger.take_counts()
+        metrics = self._metrics
+        for counter, count in (
+            (metrics.packet_id_reused, reused),
+            (metrics.redeliveries_adopted, adopted),
+            (metrics.redeliveries_reacked, reacked),
+            (metrics.messages_acked, acked_late),
+        ):
+            if count:
+                counter.inc(count)
 
     def _new_client(self) -> aiomqtt.Client:
         mqtt = self._settings.mqtt
@@ -338,239 +294,14 @@ class MqttSource:
         )
 
     def ack_all(self, messages: list[Inbound]) -> int:
-        """Acknowledge written messages, in order; return how many were acknowledged.
+        """Acknowledge written messages; how many PUBACKs went out (AckLedger.written)."""
+        return self._ledger.written(messages)
 
-        A message is acknowledged on the connection that currently owns its packet id.
-        After a reconnect the broker resends unacknowledged messages with the same id
-        and the DUP flag; :meth:`_redelivered` hands the id to the new connection, so the
-        original write is acknowledged there instead of being written a second time.
-        Until that redelivery arrives the ack waits (``written``). A message behind an
-        unacknowledged one with the same packet id waits for it (:class:`_Reused`) and is
-        acknowledged with it. The PUBACKs of one call go out in one write.
-        """
-        unacked, generation, client = self._unacked, self._generation, self._client
-        done, now = 0, []
-        for message in messages:
-            if not message.qos:
-                done += 1  # nothing to acknowledge: done with
-            elif (
-                unacked.get(message.mid) is message
-                and message.generation == generation
-                and client is not None
-            ):
-                # The usual case, inlined: received on this connection, nothing else.
-                del unacked[message.mid]
-                now.append(message)
-            else:
-                now += self._ackable(message)
-        if now and client is not None:
-            paho_hooks.ack_many(client, [message.mid for message in now])
-            self._remember(now)
-        return done + len(now)
-
-    def _remember(self, messages: list[Inbound]) -> None:
-        """Keep what identifies the QoS 1 messages whose PUBACKs were just queued."""
-        acked, generation = self._acked, self._generation
-        seq = self._received if self._received_on == generation else 0
-        for message in messages:
-            mid, payload = message.mid, message.payload
-            if mid in acked:
-                del acked[mid]  # the order is the order of the PUBACKs
-            acked[mid] = (generation, seq, message.topic, len(payload), hash(payload))
-        self._forget_acked()
-        while len(acked) > 2 * self._settings.max_inflight_messages:
-            acked.popitem(last=False)  # a hard bound; the proofs normally come first
-
-    def _forget_acked(self) -> None:
-        """Forget the PUBACKs the broker has certainly received (oldest first).
-
-        Done per batch of PUBACKs rather than per message received: remembering one a
-        little longer costs a few bytes, not correctness.
-        """
-        acked, fresh_on, received_on = self._acked, self._fresh_on, self._received_on
-        proven = self._received - self._settings.max_inflight_messages
-        certain = 0
-        for acked_on, seq, _topic, _size, _hash in acked.values():
-            # Its DUP would have come before a new message on a later connection; or the
-            # broker sent Receive Maximum more on its connection after it.
-            if acked_on < fresh_on or (acked_on == received_on and seq <= proven):
-                certain += 1
-            else:
-                break
-        for _ in range(certain):
-            acked.popitem(last=False)
-
-    def _arrived(self, message: Inbound, client: aiomqtt.Client) -> bool:
-        """Account for a QoS 1 message; True if it is new to the pipeline."""
-        generation, mid = message.generation, message.mid
-        if self._received_on != generation:
-            self._received_on, self._received = generation, 0
-        self._received += 1
-        if not message.dup:
-            # The id is reused: its PUBACK arrived, or (a broker that reuses ids still
-            # unacknowledged) it may not have, and a redelivery is written again.
-            self._acked.pop(mid, None)
-            if self._fresh_on != generation:
-                self._resent(generation)
-        elif self._redelivered(message) or self._reacked(message, client):
-            return False
-        if self._unacked.setdefault(mid, message) is not message:
-            self._queue(message)
-        return True
-
-    def _resent(self, generation: int) -> None:
-        """The first new message of a connection: the broker has resent what it holds.
-
-        It resends its unacknowledged messages first, in order; one from an earlier
-        connection not resent by now (expired at the broker) never will be, and must
-        not hold back the messages behind it with its packet id.
-        """
-        self._fresh_on = generation
-        self._drop_before(generation)
-
-    def _drop_before(self, generation: int) -> None:
-        """Forget the unacknowledged messages of connections before ``generation``.
-
-        Their readings are written (at least once) but never acknowledged: the broker
-        does not hold them any more (a new session, or not resent on a resumed one).
-        """
-        unacked = self._unacked
-        for mid, entry in list(unacked.items()):
-            if not isinstance(entry, _Reused):
-                if _owner(entry) < generation:
-                    del unacked[mid]
-                continue
-            kept = [e for e in entry if _owner(e) >= generation]
-            if len(kept) < len(entry):
-                entry[:] = kept
-                self._settle(mid, entry)
-                self._ack_ready(mid)
-
-    def _queue(self, message: Inbound) -> None:
-        """Put a message behind the unacknowledged ones with its packet id.
-
-        A new message goes last. A redelivery processed as new (its original was not
-        taken) goes where the broker has it: behind the ones this connection had resent
-        already, ahead of those of earlier connections not resent yet.
-        """
-        mid, generation = message.mid, message.generation
-        entry = self._unacked[mid]
-        entries = entry if isinstance(entry, _Reused) else _Reused((entry,))
-        at = next((i for i, e in enumerate(entries) if _owner(e) < generation), len(entries))
-        entries.insert(at, message)
-        self._unacked[mid] = entries
-        if not message.dup:
-            self._metrics.packet_id_reused.inc()
-
-    def _reacked(self, message: Inbound, client: aiomqtt.Client) -> bool:
-        """Acknowledge again a DUP of a message already written and acknowledged."""
-        entry = self._acked.get(message.mid)
-        payload = message.payload
-        if entry is None or entry[2:] != (message.topic, len(payload), hash(payload)):
-            return False
-        self._metrics.redeliveries_reacked.inc()
-        if self._client is client:
-            self._reack(client, message)
-        else:
-            self._reacks.append(message)  # before _connected(): acknowledged there
-        return True
-
-    def _reack(self, client: aiomqtt.Client, message: Inbound) -> None:
-        paho_hooks.ack(client, message.mid, message.qos)
-        self._remember([message])
-
-    def _record(self, mid: int, at: int, entry: Inbound | _Unacked) -> _Unacked:
-        """The unacknowledged ``entry`` (``at`` in its id's list) as a record, to change."""
-        if isinstance(entry, _Unacked):
-            return entry
-        record = _Unacked(entry, entry.generation)
-        held = self._unacked[mid]
-        if isinstance(held, _Reused):
-            held[at] = record
-        else:
-            self._unacked[mid] = record
-        return record
-
-    def _ackable(self, message: Inbound) -> list[Inbound]:
-        """Mark a QoS 1 message written; forget and return those to acknowledge now.
-
-        That is it, if the current connection may acknowledge it and it is the oldest
-        with its packet id, and the written ones behind it.
-        """
-        mid = message.mid
-        held = self._unacked.get(mid)
-        entries = held if isinstance(held, _Reused) else () if held is None else (held,)
-        for at, entry in enumerate(entries):
-            if _message_of(entry) is message:
-                self._record(mid, at, entry).written = True
-                return self._ready(mid)
-        return []  # forgotten: the session was lost, or the broker did not resend it
-
-    def _ready(self, mid: int) -> list[Inbound]:
-        """Forget and return the written messages at the head of this packet id's list.
-
-        Those the current connection may acknowledge: none until it has connected.
-        """
-        held = self._unacked.get(mid)
-        if held is None or self._client is None:
-            return []
-        generation = self._generation
-        if not isinstance(held, _Reused):
-            if isinstance(held, _Unacked) and held.written and held.owner == generation:
-                del self._unacked[mid]
-                return [held.message]
-            return []
-        ready = []
-        while held and _done(held[0], generation):
-            ready.append(_message_of(held.pop(0)))
-        self._settle(mid, held)
-        return ready
-
-    def _settle(self, mid: int, held: _Reused) -> None:
-        """Store a packet id's shortened list as the usual entry once one is left."""
-        if len(held) > 1:
-            return
-        if held:
-            self._unacked[mid] = held[0]
-        else:
-            del self._unacked[mid]
-
-    def _redelivered(self, message: Inbound) -> bool:
-        """Adopt a DUP redelivery of a message already in the pipeline; True if adopted.
-
-        Of the messages with its packet id, the oldest that this connection has not
-        adopted yet and that matches; those of earlier connections ahead of it were not
-        resent (the broker resends in order), so no longer hold it back.
-        """
-        mid, generation = message.mid, message.generation
-        held = self._unacked.get(mid)
-        entries = held if isinstance(held, _Reused) else () if held is None else (held,)
-        at = next(
-            (
-                i
-                for i, entry in enumerate(entries)
-                if _owner(entry) != generation and self._resends(_message_of(entry), message)
-            ),
-            -1,
-        )
-        if at < 0:
-            return False  # not in the pipeline: process the redelivery as a new message
-        record = self._record(mid, at, entries[at])
-        record.owner = generation
-        if isinstance(held, _Reused) and at:
-            held[:at] = [e for e in held[:at] if _owner(e) >= generation]
-            self._settle(mid, held)
-        self._metrics.redeliveries_adopted.inc()
-        self._ack_ready(mid)
-        return True
-
-    def _resends(self, original: Inbound, message: Inbound) -> bool:
-        """Whether a DUP ``message`` is a redelivery of ``original``, which is in the pipeline."""
-        return (
-            original.topic == message.topic
-            and original.payload == message.payload
-            and self._taken(original)
-        )
+    def _send_pubacks(self, messages: list[Inbound]) -> None:
+        """The ledger's PUBACKs, in its order, as one packet write on the current connection."""
+        client = self._client
+        assert client is not None, "the ledger sends only while connected"
+        paho_hooks.ack_many(client, [message.mid for message in messages])
 
     def holds(self, message: Inbound) -> bool:
         """Whether the pipeline may still take ``message`` (asked after it waited for I/O).
@@ -588,30 +319,6 @@ class MqttSource:
             and inbox.generation == message.generation
             and inbox.current is message
         )
-
-    def _taken(self, message: Inbound) -> bool:
-        """Whether the pipeline took this (unacknowledged) message.
-
-        A message not taken waits in its connection's inbox or is being offered to the
-        pipeline (the inbox's ``current``); when a connection ends, the messages its inbox
-        still holds are forgotten (:meth:`_close`), so every message left from
-        an earlier connection was taken.
-        """
-        inbox = self._inbox
-        if inbox is None or message.generation != inbox.generation:
-            return True
-        return message is not inbox.current and all(m is not message for m in inbox.messages)
-
-    def _ack_ready(self, mid: int) -> None:
-        """Acknowledge the written messages with this packet id that may be, now.
-
-        An adopted redelivery, or those a message no longer held back (see :meth:`_ready`).
-        """
-        messages = self._ready(mid)
-        if messages and self._client is not None:
-            paho_hooks.ack_many(self._client, [message.mid for message in messages])
-            self._remember(messages)
-            self._metrics.messages_acked.inc(len(messages))
 
     def stop_consuming(self) -> None:
         """Stop taking messages but keep the connection so acks can still go out."""
@@ -780,7 +487,7 @@ class MqttSource:
         inbox = self._inbox = _Inbox(self._settings, self._metrics, self._health, generation)
         inbox.seed(self._carried)  # before anything new: the order they were read in
         self._carried = []
-        new_tuple, now, arrived, put = tuple.__new__, time.time, self._arrived, inbox.put
+        new_tuple, now, arrived, put = tuple.__new__, time.time, self._ledger.arrived, inbox.put
         wanted, unwanted = self._subscriptions.wanted, self._subscriptions.unwanted
         identified = True  # the broker takes Subscription Identifiers (as CONNACK says)
 
@@ -803,7 +510,7 @@ class MqttSource:
                     kind = _OldSubscription if why == OLD_SUBSCRIPTION else _Unidentified
             # Inbound(...) without its Python-level __new__ (what that does, one call less)
             message = new_tuple(kind, (topic, payload, mid, qos, generation, now(), dup, retain))
-            if not qos or arrived(message, client):
+            if not qos or arrived(message):
                 put(message)
 
         def on_session(present: bool, identifiers: bool) -> None:
@@ -814,8 +521,7 @@ class MqttSource:
             # Without the old session no redelivery will come: earlier entries can never
             # be acknowledged (their readings are still written, at least once).
             if not present:
-                self._drop_before(generation)
-                self._acked.clear()  # a new session: nothing will be resent
+                self._ledger.new_session(generation)
 
         def on_lost() -> None:
             if self._client is client:
@@ -827,14 +533,7 @@ class MqttSource:
     def _connected(self, client: aiomqtt.Client) -> None:
         self._generation += 1
         self._client = client
-        # Redeliveries adopted before this point (they arrive right after CONNACK) whose
-        # write had already finished: acknowledge them now.
-        for mid in list(self._unacked):
-            self._ack_ready(mid)
-        reacks, self._reacks = self._reacks, []
-        for message in reacks:
-            if message.generation == self._generation:
-                self._reack(client, message)
+        self._ledger.connected(self._generation)
 
     async def _subscribe(self, client: aiomqtt.Client, inbox: _Inbox) -> None:
         wanted = self._settings.qos
@@ -963,6 +662,7 @@ class MqttSource:
 
     def _disconnected(self) -> None:
         self._client = None
+        self._ledger.disconnected()
         self._health.mqtt_connected = False
         self._metrics.mqtt_connected.set(0)
 
@@ -1023,27 +723,9 @@ class MqttSource:
         """
         for message in inbox.close():
             if message.qos:
-                self._forget(message)
+                self._ledger.forget(message)
             else:
                 self._carried.append(message)
-
-    def _forget(self, message: Inbound) -> None:
-        """Forget an unacknowledged message the pipeline did not take.
-
-        With the ones behind it under its packet id: acknowledging one of them would
-        make the broker delete this one (the oldest), and they came later, so were not
-        taken either (or, from an earlier connection, are written again when resent).
-        """
-        mid = message.mid
-        held = self._unacked.get(mid)
-        if isinstance(held, _Reused):
-            for at, entry in enumerate(held):
-                if _message_of(entry) is message:
-                    del held[at:]
-                    self._settle(mid, held)
-                    return
-        elif held is not None and _message_of(held) is message:
-            del self._unacked[mid]
 
     async def _consume(
         self,
@@ -1062,7 +744,7 @@ class MqttSource:
                     taken = await sink(message)
                 if not taken:
                     if message.qos:
-                        self._forget(message)
+                        self._ledger.forget(message)
                     else:  # refused while stopping: counted as lost when run() ends
                         self._carried.append(message)
                 inbox.current = None
@@ -1071,21 +753,6 @@ class MqttSource:
                     await asyncio.sleep(0)  # let the writers and the acker run
             wake.clear()
             await wake.wait()
-
-
-def _owner(entry: Inbound | _Unacked) -> int:
-    """The connection that may acknowledge an unacknowledged message."""
-    return entry.owner if isinstance(entry, _Unacked) else entry.generation
-
-
-def _done(entry: Inbound | _Unacked, generation: int) -> bool:
-    """Whether an unacknowledged message is written and connection ``generation`` owns it."""
-    return isinstance(entry, _Unacked) and entry.written and entry.owner == generation
-
-
-def _message_of(entry: Inbound | _Unacked) -> Inbound:
-    """The unacknowledged message an entry of ``MqttSource._unacked`` stands for."""
-    return entry.message if isinstance(entry, _Unacked) else entry
 
 
 # CONNACK reason codes that no retry can fix: bad protocol, client id, credentials,

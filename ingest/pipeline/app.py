@@ -30,8 +30,7 @@ from ingest.devices.sparkplug_state import attach_store
 from ingest.errors import StartupError
 from ingest.metrics import Health, Metrics, MetricsServer
 from ingest.mqtt.source import MqttSource
-from ingest.pipeline.retained import COLLECTION as RETAINED_COLLECTION
-from ingest.pipeline.retained import FirstSeen
+from ingest.pipeline import retained
 from ingest.pipeline.stages import Pipeline
 from ingest.pipeline.subscribed import COLLECTION as SUBSCRIBED_COLLECTION
 from ingest.pipeline.subscribed import SubscribedFilters
@@ -320,11 +319,7 @@ async def run(
         )
         source = MqttSource(settings, metrics, health, memory=memory)
         rejects = RejectsWriter(client[settings.db][settings.rejects_collection])
-        first_seen = (
-            FirstSeen(client[settings.db][RETAINED_COLLECTION])
-            if settings.retained == "store" and not settings.dry_run
-            else None
-        )
+        first_seen = retained.record_of(settings, client[settings.db])
         pipeline = Pipeline(
             settings,
             writer,

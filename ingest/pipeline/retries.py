@@ -1,7 +1,7 @@
 """One MongoDB call of the pipeline's, retried like a write until it is answered.
 
 The delivery ledger's record and read (ingest/pipeline/redelivered.py) and a retained
-state's first-seen time (ingest/pipeline/stages.py) wait for MongoDB as a batch's write
+state's first-seen time (ingest/pipeline/retained.py) wait for MongoDB as a batch's write
 does: a transient failure goes through the pipeline's own wait after a failed write
 (backoff, ``/readyz``, the error metric) and is tried again; a refusal for the data
 (:class:`~ingest.errors.RefusedWriteError`) is the caller's to handle.

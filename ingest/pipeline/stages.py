@@ -20,15 +20,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pymongo.errors import PyMongoError
 
-from ingest import accel
 from ingest.devices.decode import ARRIVALS, Limits, Replayed, decode, sensor_from_topic
-from ingest.devices.formats.stateful import DATA
 from ingest.devices.identity import refuse_others
 from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, WriteError
 from ingest.model import Decoded, Rejection
 from ingest.pipeline.batcher import Batch, Batcher, merged
 from ingest.pipeline.redelivered import Ledger
-from ingest.pipeline.retries import until_answered
+from ingest.pipeline.retained import RetainedPolicy, Steps
 from ingest.retry import backoff
 from ingest.store.writers.rejects import reject_docs
 
@@ -56,7 +54,7 @@ REJECT_DOC_BYTES = 768
 _NO_DOCS: list[dict[str, Any]] = []
 
 
-def held_bytes_py(message: Inbound, readings: list[Reading], docs: list[dict[str, Any]]) -> int:
+def held_bytes(message: Inbound, readings: list[Reading], docs: list[dict[str, Any]]) -> int:
     """Estimated memory one taken message holds until it is acknowledged."""
     size = MESSAGE_BYTES + len(message.payload) + len(message.topic)
     if readings:
@@ -66,10 +64,6 @@ def held_bytes_py(message: Inbound, readings: list[Reading], docs: list[dict[str
     for doc in docs:
         size += REJECT_DOC_BYTES + len(doc["payload"]) + len(doc["detail"])
     return size
-
-
-# The compiled twin counts a message's values in C (ingest/pipeline/_stages_c.pyx).
-held_bytes = accel.pick(held_bytes_py, "ingest.pipeline._stages_c", "held_bytes")
 
 
 class Acker(Protocol):
@@ -126,10 +120,14 @@ class Pipeline:
         self._max_held_bytes = settings.max_buffered_bytes
         self._received = self._received_bytes = self._accepted = 0
         self._closed = False
-        # --retained store: where retained states' first-seen times are recorded (None:
-        # dry run, or --retained ignore).
-        self._first_seen = first_seen
-        self._told_retained = False  # the one log line about retained messages is out
+        # --retained: what becomes of a message delivered with RETAIN set.
+        self._retained = RetainedPolicy(
+            settings,
+            metrics,
+            health,
+            first_seen,
+            Steps(self._ready, self._take, self._pass, self._failed, lambda: self._closed),
+        )
         # The delivery ledger (None: dry run): the times given to readings without their
         # own, recorded per message, so that a redelivery after a crash gets them again.
         self._ledger = (
@@ -188,9 +186,9 @@ class Pipeline:
             if self._closed:
                 return False
         if message.retained:
-            if self._retained_data(message.topic):
-                return await self._take_retained(message)
-            self._metrics.retained_messages.labels("attribute").inc()
+            taken = await self._retained.submit(message)
+            if taken is not None:
+                return taken
         recorded = None
         if message.dup and message.qos and self._ledger is not None:
             # Resent, and not recognised by the source: after a restart, the first
@@ -198,10 +196,17 @@ class Pipeline:
             recorded = await self._ledger.recorded(message)
             if self._closed:
                 return False
-        if not await self._prepared(message) or not self._acker.holds(message):
-            return False  # closing, or its connection ended meanwhile (it is resent)
+        if not await self._ready(message):
+            return False
         self._take(message, recorded)
         return True
+
+    async def _ready(self, message: Inbound) -> bool:
+        """Whether a message that waited for I/O may be taken now; brings the state up.
+
+        False when closing, or its connection ended meanwhile (the broker resends it).
+        """
+        return await self._prepared(message) and self._acker.holds(message)
 
     async def _prepared(self, message: Inbound) -> bool:
         """Bring a stateful format's state up to date; False if given up (closing)."""
@@ -218,52 +223,6 @@ class Pipeline:
             ):
                 return False
         return True
-
-    def _retained_data(self, topic: str) -> bool:
-        """Whether a retained message on ``topic`` follows --retained.
-
-        Not a Homie attribute (or command) topic: an attribute is the device's
-        description, taken as its state whether --retained ignores old readings or not,
-        and never a reading to record a first-seen time for.
-        """
-        if not self._stateful or self._mapping is None:
-            return True
-        step = self._mapping.stateful_for(topic)
-        return step is None or step.role(topic) == DATA
-
-    async def _take_retained(self, message: Inbound) -> bool:
-        """A retained message sent because we subscribed: old state, not a new reading.
-
-        --retained ignore: acknowledged (in order, with its batch) and counted, not
-        stored. --retained store: decoded at the time this state was first seen (see
-        ingest/pipeline/retained.py), so that a state stored by another delivery already is found
-        by the writer and counted as duplicates, as a redelivery's readings are.
-        """
-        if self._settings.retained == "ignore":
-            self._skip_retained(message)
-            return True
-        found = await self._first_seen_of(message)
-        if found is None or not await self._prepared(message) or not self._acker.holds(message):
-            return False
-        ms, new = found
-        self._metrics.retained_messages.labels("new" if new else "known").inc()
-        self._tell_retained(
-            message, "storing them at the time any daemon first saw each state (--retained store)"
-        )
-        self._take(message, ms)
-        return True
-
-    def _skip_retained(self, message: Inbound) -> None:
-        """Count a retained message and batch it without readings (it is acked in turn)."""
-        self._metrics.retained_messages.labels("skipped").inc()
-        self._tell_retained(
-            message,
-            "skipping them, counted in "
-            "ingest_retained_messages_total"
-            '{outcome="skipped"} (--retained ignore; --retained store '
-            "stores them)",
-        )
-        self._pass(message)
 
     def skip(self, message: Inbound) -> bool:
         """Take a message without its readings: acknowledged in turn, never stored.
@@ -289,43 +248,6 @@ class Pipeline:
             self._dispatch(full)
         elif not had_open:
             self._opened.set()
-
-    def _tell_retained(self, message: Inbound, what: str) -> None:
-        """Say once what becomes of retained messages (not once per message)."""
-        if not self._told_retained:
-            self._told_retained = True
-            logger.info(
-                "retained messages arrive on subscribing (old state; the first on %r); %s",
-                message.topic[:200],
-                what,
-            )
-
-    async def _first_seen_of(self, message: Inbound) -> tuple[int, bool] | None:
-        """When the retained state was first seen (epoch ms) and whether that is now.
-
-        A MongoDB failure is retried like a write; None if the pipeline closes first
-        (the message is left unacknowledged and the broker sends it again). A refusal
-        for the data (not expected: the document is a topic, a hash and a date) falls
-        back to this arrival's time, logged.
-        """
-        arrived = int(message.received_at * 1000)
-        if self._first_seen is None:  # dry run: nothing is recorded
-            return arrived, True
-        first_seen = self._first_seen
-        try:
-            return await until_answered(
-                lambda: first_seen.first_seen(message.topic, message.payload, message.received_at),
-                self._failed,
-                self._health,
-                lambda: self._closed,
-            )
-        except RefusedWriteError as exc:
-            logger.error(  # noqa: TRY400
-                "cannot record the retained state of %r (storing it at its arrival time): %s",
-                message.topic[:200],
-                exc,
-            )
-            return arrived, True
 
     def take_now(self, message: Inbound) -> bool | None:
         """:meth:`submit` without a coroutine, when nothing needs waiting for.

@@ -39,8 +39,6 @@ def api_process(tmp_path: Path, mongo_uri: str, db_name: str) -> Iterator[Callab
                 "127.0.0.1",
                 "--api-port",
                 str(port),
-                "--grafana-url",
-                "http://grafana.example:3000",
                 *extra,
             ],
             stdout=log,

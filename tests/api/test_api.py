@@ -12,6 +12,7 @@ import math
 import random
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -187,6 +188,7 @@ async def test_sensors_list_is_the_same_and_complete(apis: dict[str, Any]) -> No
         key = (entry["sensor_id"], tuple(sorted(entry["tags"].items())))
         mine = [r for r in readings if series_of(r) == key and r.ts >= since]
         assert entry["readings"] == len(mine)
+        assert entry["first_seen"] == iso(min(r.ts for r in mine))
         assert entry["last_seen"] == iso(max(r.ts for r in mine))
         assert entry["measurements"] == sorted({m for r in mine for m in r.values})
         assert entry["units"] == (UNITS if entry["sensor_id"] == "s1" else {})
@@ -206,6 +208,29 @@ async def test_sensors_list_is_the_same_and_complete(apis: dict[str, Any]) -> No
             break
         path = f"/api/sensors?since={iso(since)}&limit=1&cursor={page['next']}"
     assert seen == SERIES
+    # search: the sensor id or a tag (key=value) holding the text, ignoring case; paged
+    for text, found in (
+        ("S2", SERIES[1:3]),
+        ("ROOM=K", SERIES[:1]),
+        ("hal", SERIES[2:3]),
+        ("3", SERIES[3:]),
+        (".*", []),  # text, not a regular expression
+        ("$room", []),
+    ):
+        query = f"/api/sensors?since={iso(since)}&search={quote(text)}"
+        answer = await both(apis, query)
+        assert [(s["sensor_id"], s["tags"]) for s in answer["sensors"]] == found, text
+    page = await both(apis, f"/api/sensors?since={iso(since)}&search=s2&limit=1")
+    rest = await both(
+        apis, f"/api/sensors?since={iso(since)}&search=s2&limit=1&cursor={page['next']}"
+    )
+    assert [s["tags"] for s in page["sensors"] + rest["sensors"]] == [
+        {"room": "attic"},
+        {"room": "hall"},
+    ]
+    assert rest["next"] is None
+    error = await get(apis, "bucket", "/api/sensors?search=" + "x" * 129, 400)
+    assert error["error"]["parameter"] == "search"
 
 
 async def test_raw_readings_page_through_both_layouts_alike(apis: dict[str, Any]) -> None:
@@ -406,7 +431,9 @@ async def test_metrics_page_and_unknown_paths(apis: dict[str, Any]) -> None:
             assert resp.status == 200, asset
     info = await get(apis, "timeseries", "/api/info")
     assert info["mode"] == "timeseries"
-    assert info["grafana_dashboard"].endswith("/d/iot-sensors/sensors")
+    assert info["grafana_dashboard"] is None  # no --grafana-url: the page shows no link
+    assert info["measurement_order"]["first"][0] == "temperature"
+    assert "battery*" in info["measurement_order"]["last"]
 
 
 async def test_the_api_refuses_a_collection_of_the_other_layout(

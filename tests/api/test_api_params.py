@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from multidict import MultiDict
@@ -12,6 +12,9 @@ from ingest.api.query_params import ParamError, Params, encode_cursor, parse_dur
 from ingest.api.read_queries import Cursor, SeriesKey, merge_rows
 from ingest.cli import api_settings_from, build_parser, main
 from tests.api.test_api import get, serving
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 NOW = datetime(2026, 5, 1, 12, tzinfo=UTC)
 
@@ -247,3 +250,47 @@ def test_api_flags_come_from_the_environment_too() -> None:
         "plant",
         "readings",
     )
+
+
+def test_the_page_order_comes_from_the_daemons_presets_and_mapping_file(tmp_path: Path) -> None:
+    mapping = tmp_path / "mine.toml"
+    mapping.write_text(
+        '[page]\nfirst = ["soil_*"]\nlast = ["rssi"]\n\n'
+        '[[rule]]\nname = "plants"\ntopic = "plants/{sensor_id}"\nformat = "json"\n'
+    )
+    env = {"INGEST_PRESET": "zigbee2mqtt,shelly"}
+    args = build_parser(env).parse_args(["api", "--mapping", str(mapping)])
+    first, last = api_settings_from(args, env).page_order
+    # the file's patterns, then the presets' in the order given
+    assert first[:3] == ("soil_*", "temperature", "humidity")
+    assert first.index("apower") > first.index("soil_moisture")
+    assert last[:2] == ("rssi", "battery*")
+    assert "temperature_t?" in last
+    # the daemon reads the same file: the table is checked and left out of the rules
+    from ingest.devices.mapping import Mapping  # noqa: PLC0415
+
+    assert [r.name for r in Mapping.load(str(mapping), []).rules] == ["plants"]
+    # without presets, file and --grafana-url: the API's defaults and no Grafana link
+    plain = api_settings_from(build_parser({}).parse_args(["api"]))
+    assert plain.page_order == ((), ())
+    assert plain.grafana_url == ""
+
+
+@pytest.mark.parametrize(
+    ("page", "message"),
+    [
+        ('first = ["a b"]', "[page] first: a list of at most 100 measurement names or patterns"),
+        ("last = 3", "[page] last: a list of at most 100"),
+        ('order = ["x"]', "[page]: unknown key(s) order (known: first, last)"),
+    ],
+)
+def test_a_bad_page_table_is_one_line_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], page: str, message: str
+) -> None:
+    mapping = tmp_path / "bad.toml"
+    mapping.write_text(f'[page]\n{page}\n\n[[rule]]\nname = "x"\ntopic = "x/#"\n')
+    for command in (["api"], ["check", "--topic-name", "x/y", "{}"]):
+        assert main([*command, "--mapping", str(mapping)], env={}) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"ingest: error: --mapping {mapping}: {message}"), err
+        assert err.count("\n") == 1

@@ -24,6 +24,7 @@ VALID = {
     "limit": "5",
     "cursor": "",
     "tag": "room:kitchen",
+    "search": "s",
 }
 
 

@@ -11,9 +11,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from ingest.devices import decode as decoding
 from ingest.devices.decode import Arrivals, Limits, decode_py
-from ingest.model import NAME_PATTERN, RESERVED_FIELDS, SENSOR_ID_PATTERN, Decoded
+from ingest.model import RESERVED_FIELDS, Decoded
 from tests.support.twins import compiled
 
 twin = compiled("ingest.devices._decode_c")
@@ -474,12 +473,3 @@ def test_the_arrival_times_are_given_in_the_same_order() -> None:
     # The rejected reading (bad seq) took its millisecond too, as decode_py's does.
     assert times == [1_790_000_000_251, 1_790_000_000_254, 1_790_000_000_260]
     assert [r.reason for r in out.rejections] == ["bad_seq"]
-
-
-def test_the_compiled_checks_are_the_model_s_rules() -> None:
-    """The twin's C checks implement these patterns; with others it falls back to them."""
-    assert twin.NAME_PATTERN == NAME_PATTERN
-    assert twin.SENSOR_ID_PATTERN == SENSOR_ID_PATTERN
-    assert twin.RESERVED == RESERVED_FIELDS
-    assert twin.MAX_MAGNITUDE == decoding.MAX_MAGNITUDE
-    assert twin.BEYOND_MAGNITUDE == decoding.BEYOND_MAGNITUDE

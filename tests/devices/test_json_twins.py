@@ -1,5 +1,7 @@
-"""The json format's two twins agree: ``json_format.parse_py`` (a full ``orjson.loads``) and the
-compiled ``_json_c.parse``, which reads only what a rule with ``root`` or ``each`` needs.
+"""The json format's paths agree: its rules (``_jsonparse_py``) run as Python on the whole
+payload (a full ``orjson.loads``), compiled (``_jsonparse_c``) on the whole payload, and
+compiled on what the selective scanner (the kernel ``_json_c.Selection``) builds of it for a
+rule with ``root`` or ``each``.
 
 Same Parsed (items, values and their types, key order, rejections with their detail text)
 on LoRaWAN uplinks as the vendors send them, on generated JSON of every shape (random extra
@@ -18,11 +20,15 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import generate_latest
 
 from bench.mapping import ttn
+from ingest import accel
 from ingest.devices.decode import Limits
+from ingest.devices.formats import _jsonparse_py
 from ingest.devices.formats import json as json_format
 from ingest.devices.rules import load_preset, parse
+from ingest.metrics import Metrics
 from tests.support.devices import base_time, load
 from tests.support.twins import compiled
 
@@ -30,7 +36,8 @@ if TYPE_CHECKING:
     from ingest.devices.formats import Parsed
     from ingest.devices.rules import Rule
 
-twin = compiled("ingest.devices.formats._json_c")
+compiled("ingest.devices.formats._json_c")
+compiled_rules = compiled("ingest.devices.formats._jsonparse_c")
 
 OTHER_RULES = """
 [[rule]]
@@ -93,10 +100,17 @@ def outcome(parse_fn: Any, payload: bytes, rule: Rule, limits: Limits) -> str:
 
 
 def assert_same(payload: bytes, rules: list[Rule] = RULES) -> None:
+    """The rules run as Python on the whole payload, compiled on the whole payload, and
+    compiled on what the scanner builds of it: the same Parsed."""
     for rule in rules:
         for limits in LIMITS:
-            expected = outcome(json_format.parse_py, payload, rule, limits)
-            assert outcome(twin.parse, payload, rule, limits) == expected, (rule.name, payload)
+            expected = outcome(_jsonparse_py.parse, payload, rule, limits)
+            for parse_fn in (json_format.parse_py, json_format.parse_selective):
+                assert outcome(parse_fn, payload, rule, limits) == expected, (
+                    parse_fn,
+                    rule.name,
+                    payload,
+                )
 
 
 def uplinks() -> list[bytes]:
@@ -503,8 +517,8 @@ def test_the_compiled_twin_reads_clean_payloads_without_the_full_parse(
     def full_parse(*args: object) -> Parsed:
         raise AssertionError(f"parse_py called for {args[0]!r}")
 
-    monkeypatch.setattr(json_format, "parse_py", full_parse)
-    got = [twin.parse(p, rule, CAPTURES[rule.name], Limits()) for p, rule in cases]
+    monkeypatch.setattr(compiled_rules, "parse", full_parse)
+    got = [json_format.parse_selective(p, rule, CAPTURES[rule.name], Limits()) for p, rule in cases]
     assert repr(got) == repr(expected)
     assert all(parsed.items for parsed in got[-len(OTHERS) :])
     assert {rule.name for (_, rule), parsed in zip(cases, got, strict=True) if parsed.items} == {
@@ -538,6 +552,33 @@ def test_anything_doubtful_is_left_to_the_full_parse(
         calls.append(args[0])
         return full_parse(*args)
 
-    monkeypatch.setattr(json_format, "parse_py", counted)
-    assert outcome(twin.parse, payload, TTN, Limits()) == expected
+    monkeypatch.setattr(compiled_rules, "parse", counted)
+    assert outcome(json_format.parse_selective, payload, TTN, Limits()) == expected
     assert calls == [payload]
+
+
+def test_a_value_the_scanner_cannot_build_is_parsed_whole_counted_and_logged_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unexpected exception in the compiled scanner (here orjson refusing a value the
+    scan checked) is no silent slowdown: the message is parsed whole, the fallback is
+    counted in ingest_accelerator_fallbacks_total and its first is logged."""
+    kernel = compiled("ingest.devices.formats._json_c")
+
+    def refuse(raw: bytes) -> object:
+        raise orjson.JSONDecodeError("refused", raw.decode(), 0)
+
+    monkeypatch.setattr(accel, "_fallbacks", {})
+    monkeypatch.setattr(kernel, "_loads", refuse)
+    payloads = uplinks()[:2]
+    for payload in payloads:
+        expected = outcome(json_format.parse_py, payload, TTN, Limits())
+        assert outcome(json_format.parse_selective, payload, TTN, Limits()) == expected
+    scraped = generate_latest(Metrics("bucket").registry).decode()
+    assert (
+        'ingest_accelerator_fallbacks_total{cause="JSONDecodeError",'
+        f'function="json.Selection.pruned"}} {len(payloads)}.0' in scraped
+    )
+    warnings = [r.getMessage() for r in caplog.records if r.name == "ingest.accel"]
+    assert len(warnings) == 1, warnings
+    assert "compiled json.Selection.pruned handed a call to its Python twin" in warnings[0]

@@ -1,4 +1,5 @@
-"""The field-value twins agree: ``mapping.values_py`` and the compiled ``_values_c.values``.
+"""An item's fields as a reading's values, ``_mapping_py.values`` run as Python
+(``mapping.values_py``) and compiled (``_mapping_c.values``), give the same answers.
 
 Same values (types and key order included) and the same rejections (reason, detail,
 index) for generated fields under rules that rename, keep, drop, map strings and keep,
@@ -20,7 +21,7 @@ from ingest.devices.mapping import Mapping, values_py
 from ingest.devices.rules import parse
 from tests.support.twins import compiled
 
-twin = compiled("ingest.devices._values_c")
+twin = compiled("ingest.devices._mapping_c")
 
 BASE = '[[rule]]\nname = "r"\ntopic = "a/{sensor_id}"\nmax_string_bytes = 8\n'
 RULES = [

@@ -14,10 +14,6 @@ from typing import TYPE_CHECKING, Any
 import aiomqtt
 import orjson
 
-from ingest.config import Settings
-from ingest.metrics import Health, Metrics
-from ingest.model import Inbound
-from ingest.mqtt.source import MqttSource
 from tests.support.mongo import failpoint, stored, stored_values
 from tests.support.procs import Broker, eventually, http_status
 from tests.support.proxy import Proxy
@@ -127,44 +123,6 @@ async def test_a_refused_reconnect_keeps_the_session_and_its_messages(
     assert proc.metric(f'ingest_readings_written_total{{mode="{mode}"}}') == 10
     assert await stored_values(db, mode, "seq") == list(range(10))
     assert proc.metric("ingest_mqtt_reconnects_total") >= 3
-
-
-async def test_remembered_pubacks_are_forgotten_once_the_broker_has_certainly_read_them() -> None:
-    """The memory behind re-acknowledging DUPs stays within Receive Maximum entries on a
-    connection, and each proof of receipt forgets what it proves (no network: the
-    source's bookkeeping driven directly, the PUBACK bytes captured from paho's queue)."""
-    window = 5
-    source = MqttSource(Settings(max_inflight_messages=window), Metrics("bucket"), Health())
-    client = aiomqtt.Client("127.0.0.1")
-    queued: list[bytes] = []
-    client._client._packet_queue = lambda _cmd, packet, *_a, **_k: queued.append(bytes(packet)) or 0
-    client._client.manual_ack_set(on=True)
-    source._client, source._generation = client, 1
-
-    def arrive(mid: int, payload: bytes, generation: int = 1, dup: bool = False) -> bool:
-        message = Inbound("t/s1/readings", payload, mid, 1, generation, 0.0, dup)
-        new = source._arrived(message, client)
-        if new:
-            assert source.ack_all([message]) == 1
-        return new
-
-    for mid in range(1, 101):
-        assert arrive(mid, b"p%d" % mid)
-    # Receive Maximum later messages prove the earlier PUBACKs were read.
-    assert sorted(source._acked) == [96, 97, 98, 99, 100]
-    queued.clear()
-    assert not arrive(98, b"p98", dup=True)  # written and acked: acknowledged again
-    assert queued == [bytes((0x40, 2, 0, 98))]
-    assert source._metrics.redeliveries_reacked._value.get() == 1
-    assert arrive(97, b"other", dup=True)  # same id, other payload: a new message
-    assert arrive(99, b"p99-new")  # a new message reusing the id: its PUBACK was read
-    assert source._acked[99][1] == source._received  # forgotten, then acked anew
-    # A new connection of the session: its first new message proves the old PUBACKs.
-    source._generation = 2
-    before = set(source._acked)
-    assert arrive(1000, b"fresh", generation=2)
-    assert not before & set(source._acked)
-    assert len(source._acked) <= 2 * window
 
 
 async def test_a_lost_session_forgets_the_messages_in_flight_and_goes_on(

@@ -1,4 +1,4 @@
-"""The source's receive path and acknowledgement bookkeeping, driven in process.
+"""The source's receive path and its acknowledgement ledger, driven in process.
 
 A real aiomqtt/paho client with the hooks installed reads PUBLISH packets from a socket
 stand-in (tests/mqtt/test_paho_contract.py's ``KernelSocket``), the source's own consumer
@@ -82,7 +82,7 @@ async def test_a_connection_ending_forgets_what_the_pipeline_did_not_take() -> N
     source._disconnected()
     source._close(first.inbox)
     assert (list(first.inbox.messages), first.inbox.current, first.inbox.bytes) == ([], None, 0)
-    assert sorted(source._unacked) == [1]  # only the message the pipeline took
+    assert source._ledger.unacknowledged() == [1]  # only the message the pipeline took
 
     second = Connection(source)
     taken = offered[:1]
@@ -92,13 +92,14 @@ async def test_a_connection_ending_forgets_what_the_pipeline_did_not_take() -> N
         second.receive(packet(1, dup=True), packet(2, dup=True), packet(3, dup=True))
         await until(lambda: len(offered) == 2)
         assert [(m.mid, m.dup, m.generation) for m in offered] == [(2, True, 2), (3, True, 2)]
+        source.sync_metrics()
         assert metrics.redeliveries_adopted._value.get() == 1
         # The first write finishes: acknowledged on the connection that adopted it.
         assert source.ack_all(taken) == 1
         assert source.ack_all(offered) == 2
         assert second.pubacks == [bytes((0x40, 2, 0, 1)), bytes((0x40, 2, 0, 2, 0x40, 2, 0, 3))]
         assert first.pubacks == []
-        assert source._unacked == {}
+        assert source._ledger.unacknowledged() == []
         # Messages arriving one at a time into the empty inbox each wake the consumer.
         for mid in (4, 5, 6):
             second.receive(packet(mid))
@@ -133,6 +134,7 @@ async def test_a_message_the_pipeline_refuses_is_forgotten_and_its_dup_offered_a
     second = Connection(source)
     second.receive(packet(7, dup=True))
     assert [(m.mid, m.dup) for m in second.inbox.messages] == [(7, True)]
+    source.sync_metrics()
     assert source._metrics.redeliveries_adopted._value.get() == 0
 
 
@@ -187,8 +189,9 @@ async def test_two_new_messages_under_one_packet_id_are_both_acknowledged_in_ord
         await until(lambda: len(offered) == 3)
         assert source.ack_all(offered) == 3
         assert connection.pubacks == [puback(5, 6, 5)]
+        source.sync_metrics()
         assert metrics.packet_id_reused._value.get() == 1
-        assert source._unacked == {}
+        assert source._ledger.unacknowledged() == []
 
 
 async def test_the_newer_message_of_a_packet_id_waits_for_the_older_to_be_written() -> None:
@@ -205,7 +208,7 @@ async def test_the_newer_message_of_a_packet_id_waits_for_the_older_to_be_writte
         assert connection.pubacks == []
         assert source.ack_all([older]) == 2
         assert connection.pubacks == [puback(5, 5)]
-        assert source._unacked == {}
+        assert source._ledger.unacknowledged() == []
 
 
 async def test_both_messages_of_a_packet_id_redelivered_after_a_reconnect_are_adopted() -> None:
@@ -224,12 +227,13 @@ async def test_both_messages_of_a_packet_id_redelivered_after_a_reconnect_are_ad
     async with consuming(source, second) as offered:
         second.receive(reading(5, b"older", dup=True), reading(5, b"newer", dup=True))
         assert (list(second.inbox.messages), offered) == ([], [])  # nothing written again
+        source.sync_metrics()
         assert metrics.redeliveries_adopted._value.get() == 2
         assert second.pubacks == []
         assert source.ack_all([older]) == 2
         assert second.pubacks == [puback(5, 5)]
         assert first.pubacks == []
-        assert source._unacked == {}
+        assert source._ledger.unacknowledged() == []
 
 
 async def test_a_redelivery_adopts_the_second_message_of_its_packet_id() -> None:
@@ -244,10 +248,11 @@ async def test_a_redelivery_adopts_the_second_message_of_its_packet_id() -> None
     async with consuming(source, second) as offered:
         second.receive(reading(5, b"same", dup=True), reading(5, b"same", dup=True))
         assert (list(second.inbox.messages), offered) == ([], [])  # nothing written again
+        source.sync_metrics()
         assert metrics.redeliveries_adopted._value.get() == 2
         assert source.ack_all(taken) == 2
         assert second.pubacks == [puback(5, 5)]
-        assert source._unacked == {}
+        assert source._ledger.unacknowledged() == []
 
 
 async def test_a_message_the_broker_does_not_resend_no_longer_holds_back_its_packet_id() -> None:
@@ -267,4 +272,4 @@ async def test_a_message_the_broker_does_not_resend_no_longer_holds_back_its_pac
         assert source.ack_all([*offered, expired]) == 0  # the new one waits for "kept"
         assert source.ack_all([kept]) == 2
         assert second.pubacks == [puback(5, 5)]
-        assert source._unacked == {}
+        assert source._ledger.unacknowledged() == []

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from ingest.mqtt import wire
+from ingest.mqtt import _wire_py
 from tests.mqtt.test_paho_contract import publish_packet, varint
 from tests.support.twins import compiled
 
@@ -24,13 +24,13 @@ twin = compiled("ingest.mqtt._wire_c")
 @given(st.lists(st.integers(min_value=1, max_value=0xFFFF), max_size=300))
 def test_pubacks_are_four_bytes_each_in_order_in_both_twins(mids: list[int]) -> None:
     expected = b"".join(struct.pack(">BBH", 0x40, 2, mid) for mid in mids)
-    assert wire.pubacks_py(mids) == expected
+    assert _wire_py.pubacks(mids) == expected
     assert twin.pubacks(mids) == expected
 
 
 @pytest.mark.parametrize("mid", [0, -1, 0x10000, 2**70])
 def test_a_packet_id_outside_the_range_is_refused_by_both_twins(mid: int) -> None:
-    for pubacks in (wire.pubacks_py, twin.pubacks):
+    for pubacks in (_wire_py.pubacks, twin.pubacks):
         with pytest.raises(ValueError, match=f"packet id {mid} outside 1..65535"):
             pubacks([1, mid])
 
@@ -194,7 +194,7 @@ def run(
 
 
 def same(data: bytes, pos: int = 0, **how: Any) -> Outcome:
-    python = run(wire.scan_py, data, pos, **how)
+    python = run(_wire_py.scan, data, pos, **how)
     assert run(twin.scan, data, pos, **how) == python
     return python
 
@@ -329,7 +329,7 @@ def test_a_non_utf8_topic_is_decoded_with_replacement_by_both_scanners() -> None
 def test_a_buffer_or_position_out_of_range_is_refused_alike(
     data: object, pos: float, error: object
 ) -> None:
-    assert run(twin.scan, data, pos) == run(wire.scan_py, data, pos) == (error, pos, [])
+    assert run(twin.scan, data, pos) == run(_wire_py.scan, data, pos) == (error, pos, [])
 
 
 @given(
@@ -349,4 +349,14 @@ def test_both_publish_parsers_agree_on_any_body_bounds(
             return type(exc), str(exc)
         return delivered
 
-    assert outcome(twin.deliver_publish) == outcome(wire.deliver_publish_py)
+    assert outcome(twin.deliver_publish) == outcome(_wire_py.deliver_publish)
+
+
+def test_a_property_length_over_four_bytes_is_malformed_in_both_scanners() -> None:
+    """MQTT's variable byte integers have at most 4 bytes: a fifth is a malformed packet."""
+    good = publish_packet("t", b"next", 9, 1)
+    body = b"\x00\x01t" + b"\x80\x80\x80\x80\x00" + b"payload"
+    bad = b"\x30" + varint(len(body)) + body
+    result, pos, delivered = same(good + bad + good)
+    assert result == (ValueError, "malformed PUBLISH: its header runs past its end")
+    assert (pos, len(delivered)) == (len(good + bad), 1)

@@ -19,6 +19,7 @@ import math
 import time
 from collections import OrderedDict
 from datetime import UTC, datetime
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import bson
@@ -31,6 +32,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.model import Reading
+from ingest.store.writers import _timeseries_py as py_mod
 from ingest.store.writers import timeseries as ts_mod
 from ingest.store.writers.bucket import BsonDate
 from tests.support.twins import compiled
@@ -188,7 +190,7 @@ def batches(draw: st.DrawFn, *, sort: bool) -> list[Any]:
     readings = draw(st.lists(st.one_of(a_reading(), a_reading(hostile)), max_size=25))
     if sort:
         with contextlib.suppress(TypeError, AttributeError, IndexError):
-            readings = sorted(readings, key=ts_mod._BY_SENSOR_AND_TIME)
+            readings = sorted(readings, key=attrgetter("sensor_id", "epoch"))
     return readings
 
 
@@ -254,8 +256,8 @@ def written_as_bytes(reading: Any, doc: dict[str, Any]) -> bool:
 
     Its rule: an exact ``Reading`` whose document the driver encodes, whose leaves are
     bool, int, float, str or None, no value named as a document field; with tags, units
-    or info, also no ``when``, at most 32 values and tags, units, info each (exact dicts)
-    and no tag named ``sensor_id``.
+    or info, also no ``when``, tags, units and info exact dicts and no tag named
+    ``sensor_id``.
     """
     if (
         type(reading) is not Reading
@@ -269,7 +271,7 @@ def written_as_bytes(reading: Any, doc: dict[str, Any]) -> bool:
         parts = [reading.values, reading.tags or {}, reading.units or {}, reading.info or {}]
         if (
             reading.when is not None
-            or any(type(p) is not dict or len(p) > 32 for p in parts)
+            or any(type(p) is not dict for p in parts)
             or "sensor_id" in parts[1]
         ):
             return False
@@ -285,7 +287,7 @@ def written_as_bytes(reading: Any, doc: dict[str, Any]) -> bool:
 
 
 def check_batch(twin: ModuleType, readings: list[Any], prefix: bytes, start: int) -> None:
-    expected = outcome(ts_mod.batch_documents_py, readings, prefix, start)
+    expected = outcome(py_mod.batch_documents, readings, prefix, start)
     got = outcome(twin.batch_documents, readings, prefix, start)
     if expected[0] == "raised" or got[0] == "raised":
         assert got == expected
@@ -297,7 +299,7 @@ def check_batch(twin: ModuleType, readings: list[Any], prefix: bytes, start: int
             assert type(cdoc) is RawBSONDocument
             assert cdoc.raw == bson.encode(doc, codec_options=CLIENT_OPTIONS)
             # read as the lookup before an insert reads a document
-            assert ts_mod._doc_instant(cdoc) == ts_mod._doc_instant(doc)
+            assert same(ts_mod._doc_instant(cdoc), ts_mod._doc_instant(doc))
         else:
             assert same(cdoc, doc)
     dicts = [i for i, cdoc in enumerate(cdocs) if type(cdoc) is dict]
@@ -362,8 +364,8 @@ def decoded(draw: st.DrawFn) -> Reading:
 def test_readings_of_the_decoders_become_the_bytes_of_the_python_twins_documents(
     twin: ModuleType, readings: list[Reading], prefix: bytes, start: int
 ) -> None:
-    readings = ts_mod.sorted_readings_py(readings)
-    docs, runs, collided = ts_mod.batch_documents_py(readings, prefix, start)
+    readings = py_mod.sorted_readings(readings)
+    docs, runs, collided = py_mod.batch_documents(readings, prefix, start)
     cdocs, cruns, ccollided = twin.batch_documents(readings, prefix, start)
     assert all(type(doc) is RawBSONDocument for doc in cdocs)
     assert [doc.raw for doc in cdocs] == [
@@ -386,7 +388,7 @@ def test_a_document_the_driver_refuses_is_the_python_twins_dict_refused_alike(
     for values, error in hostile:
         for tags in (None, {"room": "k"}):
             reading = Reading("s", None, T0 / 1000, values, None, T0, tags)
-            py_doc = ts_mod.batch_documents_py([reading], bytes(9), 0)[0][0]
+            py_doc = py_mod.batch_documents([reading], bytes(9), 0)[0][0]
             doc = twin.batch_documents([reading], bytes(9), 0)[0][0]
             assert same(doc, py_doc)
             with pytest.raises(error) as raised:
@@ -406,7 +408,7 @@ def test_a_document_written_as_bytes_reads_as_the_python_twins(twin: ModuleType)
         {"temp": "Cel"},
         {"model": "x"},
     )
-    py_doc = ts_mod.batch_documents_py([reading], bytes(9), 0)[0][0]
+    py_doc = py_mod.batch_documents([reading], bytes(9), 0)[0][0]
     doc = twin.batch_documents([reading], bytes(9), 0)[0][0]
     assert type(doc) is RawBSONDocument
     assert (
@@ -430,7 +432,7 @@ def test_a_document_written_as_bytes_reads_as_the_python_twins(twin: ModuleType)
 
 @given(st.one_of(a_reading(), a_reading(hostile=True)))
 def test_one_readings_document_is_identical(twin: ModuleType, reading: Any) -> None:
-    expected = outcome(ts_mod.reading_document_py, reading)
+    expected = outcome(py_mod.reading_document, reading)
     got = outcome(twin.reading_document, reading)
     assert got[0] == expected[0]
     if got[0] == "raised":
@@ -453,7 +455,7 @@ def test_a_sensors_readings_share_an_instant_only_when_their_milliseconds_are_eq
     ]
     for pairs, collided in cases:
         readings = [Reading(sensor, None, 0.0, {"v": 1}, None, ms) for sensor, ms in pairs]
-        for fn in (ts_mod.batch_documents_py, twin.batch_documents):
+        for fn in (py_mod.batch_documents, twin.batch_documents):
             _, runs, got = fn(readings, bytes(9), 0)
             assert got is collided
             assert [(s, len(t)) for s, t in runs] == [
@@ -464,7 +466,7 @@ def test_a_sensors_readings_share_an_instant_only_when_their_milliseconds_are_eq
 def test_ids_are_the_prefix_and_a_wrapping_counter_in_both_twins(twin: ModuleType) -> None:
     readings = [Reading("s", None, 0.0, {"v": i}, None, T0 + i) for i in range(4)]
     prefix = bytes(range(1, 10))
-    for fn in (ts_mod.batch_documents_py, twin.batch_documents):
+    for fn in (py_mod.batch_documents, twin.batch_documents):
         docs, _, _ = fn(readings, prefix, 0xFFFFFE)
         assert [d["_id"].binary for d in docs] == [
             prefix + c.to_bytes(3, "big") for c in (0xFFFFFE, 0xFFFFFF, 0, 1)
@@ -478,7 +480,7 @@ def test_documents_take_new_ids_counting_on_from_the_last_batch(
     monkeypatch.setattr(
         ts_mod,
         "batch_documents",
-        twin.batch_documents if compiled_twin else ts_mod.batch_documents_py,
+        twin.batch_documents if compiled_twin else py_mod.batch_documents,
     )
     before = int(time.time())
     readings = [Reading(f"s{i % 3}", None, 0.0, {"v": i}, None, T0 + i) for i in range(50)]
@@ -503,7 +505,7 @@ def test_a_plan_is_the_same_with_either_twin(twin: ModuleType, readings: list[An
         and type(r.ms) is int
     ]
     plans = []
-    for fn in (ts_mod.batch_documents_py, twin.batch_documents):
+    for fn in (py_mod.batch_documents, twin.batch_documents):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(ts_mod, "batch_documents", fn)
             patch.setattr(ts_mod, "_reserve_ids", lambda _count: (bytes(9), 7))
@@ -558,7 +560,7 @@ def to_sort(draw: st.DrawFn) -> list[Any]:
 def test_a_batch_is_put_in_the_same_order_by_both_twins(
     twin: ModuleType, readings: list[Any]
 ) -> None:
-    expected = outcome(ts_mod.sorted_readings_py, readings)
+    expected = outcome(py_mod.sorted_readings, readings)
     got = outcome(twin.sorted_readings, readings)
     if expected[0] == "raised":
         assert got == expected
@@ -574,4 +576,4 @@ def test_many_readings_of_one_sensor_out_of_order_are_sorted_by_time(twin: Modul
         Reading(f"s{i % 3}", None, float((i * 7919) % 1000 // 2), {"v": i}) for i in range(3000)
     ]
     for data in (readings, readings[::-1], tuple(readings)):
-        assert twin.sorted_readings(data) == ts_mod.sorted_readings_py(data)
+        assert twin.sorted_readings(data) == py_mod.sorted_readings(data)

@@ -32,6 +32,7 @@ FLAGS = (
     "--disable-dev-shm-usage",
     "--hide-scrollbars",
     "--window-size=1280,1000",
+    "--lang=en-US",  # numbers as the tests read them (1,234.5)
     "--remote-debugging-port=0",
 )
 
@@ -150,6 +151,10 @@ class Chromium:
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
+
+    async def before_load(self, script: str) -> None:
+        """Run ``script`` in every document this page loads, before the document's own."""
+        await self.send("Page.addScriptToEvaluateOnNewDocument", source=script)
 
     async def open(self, url: str) -> None:
         """Navigate and wait for the load event."""

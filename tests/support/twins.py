@@ -4,6 +4,7 @@ INGEST_NO_EXTENSIONS says), for the tests that run both on the same input."""
 from __future__ import annotations
 
 import importlib
+import re
 from typing import TYPE_CHECKING
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from ingest import accel
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from types import ModuleType
 
 
@@ -42,3 +44,16 @@ def compiled_or_none(module: str) -> ModuleType | None:
         return importlib.import_module(module)
     except ImportError:
         return None
+
+
+def cimported_kernels(root: Path) -> set[str]:
+    """The compiled modules that other compiled modules cimport (``from pkg cimport
+    _name_c`` in their ``.pxd``): a kernel such as ``_bson_c`` is used only through
+    them, picked by no Python module, and they do not import without it."""
+    return {
+        f"{package}.{name}"
+        for pxd in (root / "ingest").rglob("_*_c.pxd")
+        for package, name in re.findall(
+            r"^from ([\w.]+) cimport (_\w+_c)$", pxd.read_text(encoding="utf-8"), re.MULTILINE
+        )
+    }

@@ -1,52 +1,40 @@
 # cython: language_level=3
-"""Compiled twin of ingest/devices/formats/json.py's ``parse`` (its Python twin: ``parse_py``).
+"""The selective JSON scanner of ingest/devices/formats/json.py: a kernel.
 
-For a rule with ``root`` or ``each`` (``rule.paths``), most of a payload is never read:
-a LoRaWAN uplink of about 1 KB names its device, gateways, settings and correlation ids
-around the few values the rule takes. This twin validates the whole payload in C without
-building objects, and materialises only what the rule reads: the value at ``root`` or
-``each``, at the time path and at each payload path its templates name (a string or small
-integer directly, anything else through ``orjson.loads`` of its bytes alone), into a
-document pruned to those paths. What json._parse_paths, _readings, walk and _flatten then
-do with the document is done here line for line in C (json.py stays the reference).
+For a rule with ``root`` or ``each``, most of a payload is never read: a LoRaWAN uplink of
+about 1 KB names its device, gateways, settings and correlation ids around the few values
+the rule takes. :class:`Selection` validates the whole payload in C without building
+objects, and materialises only the values at the paths json.py names (a string or small
+integer directly, anything else through ``orjson.loads`` of its bytes alone), into the
+payload object pruned to those paths. What the rule then does with it is json.py's.
 
-Whenever anything is unusual, this twin hands the payload to ``parse_py`` (a full
-``orjson.loads``), so every rejection and its detail text stay orjson's: invalid UTF-8,
-a control character in a string, an escape it does not fully check, a number outside
-JSON's grammar or so large it could be infinite, nesting deeper than ``MAX_SCAN_DEPTH``,
-a needed key given twice or written with an escape, a top level that is not an object,
-anything after the document. It is stricter than orjson (that only costs the fallback),
-never more lenient.
+Whenever anything is unusual the answer is None, "not sure", and json.py parses the whole
+payload with ``orjson.loads``, so every rejection and its detail text stay orjson's:
+invalid UTF-8, a control character in a string, an escape it does not fully check, a
+number outside JSON's grammar or so large it could be infinite, nesting deeper than
+``MAX_SCAN_DEPTH``, a needed key given twice or written with an escape, a top level that
+is not an object, anything after the document. It is stricter than orjson (that only
+costs the full parse), never more lenient.
 """
 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.dict cimport PyDict_Copy
 from cpython.long cimport PyLong_FromLongLong
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint64_t
 from libc.string cimport memcmp
 
-import importlib
-
 import orjson
 
-from ingest.devices.formats import MAX_DEPTH, MAX_FIELDS, Item, Parsed, refused
-from ingest.model import Rejection
+from ingest import accel
 
-cdef object _loads = orjson.loads
-cdef object _JSONDecodeError = orjson.JSONDecodeError
-# ingest.devices.formats.json: imported at the first call, as that module picks this one
-# while it is itself being imported.
-cdef object _py = None
-cdef dict _plans = {}  # rule -> its _Plan, or False (nothing to gain: parse_py)
-cdef object _DOUBT = object()  # a value could not be materialised: parse_py decides
-cdef object _ABSENT = object()  # what _walk gives for a path the document does not have
+# A module global, not a C one: tests replace it to make a value's parse fail.
+_loads = orjson.loads
+cdef object _DOUBT = object()  # a value could not be materialised: not sure
 
 cdef enum:
-    MAX_SCAN_DEPTH = 128  # orjson's own limit is 1024: deeper payloads go to parse_py
+    MAX_SCAN_DEPTH = 128  # orjson's own limit is 1024: deeper payloads are not ours
     MAX_KEYS = 64  # needed keys of one object (a bit each for duplicates)
-    MAX_PLANS = 1024  # rules remembered (a process has a fixed set)
 
 
 cdef struct _Buf:
@@ -96,58 +84,41 @@ cdef class _Node:
 
 
 @cython.final
-cdef class _Plan:
-    """What a rule reads from a payload object, and the rule's fields this twin uses."""
+cdef class Selection:
+    """The paths of a payload object to materialise (tuples of keys), compiled once.
+
+    ``Selection(paths).pruned(payload)`` is the payload object with only those paths, or
+    None (not sure: the caller parses the whole payload). None of them may be empty;
+    ``ValueError`` for a path that is empty or not of strings, or too many keys.
+    """
 
     cdef _Node top
-    cdef tuple root, each, time_path, variables
-    cdef object time_flat
-    cdef str sep
 
-
-cdef object _plan(object rule):
-    """The :class:`_Plan` of ``rule``, or False when it reads the whole payload object
-    (or is not made as ingest.devices.rules makes rules: then parse_py decides)."""
-    target = rule.root if rule.root is not None else rule.each
-    if target is None:
-        return False  # the payload object itself is the reading
-    paths = [target]
-    if rule.time_path is not None:
-        paths.append(rule.time_path)
-    if type(rule.variables) is not tuple or type(rule.flatten) is not str:
-        return False
-    for variable in rule.variables:
-        if type(variable) is not tuple or len(variable) != 2:
-            return False
-        paths.append(variable[1])
-    for path in paths:
-        if type(path) is not tuple or not path:
-            return False
-    if rule.each is not None and type(rule.each) is not tuple:
-        return False
-    cdef _Plan plan = _Plan()
-    cdef _Node node
-    cdef Py_ssize_t i, last, index
-    plan.top = _Node()
-    for path in paths:
-        node = plan.top
-        last = len(path) - 1
-        for i, key in enumerate(path):
-            if type(key) is not str:
-                return False
-            try:
+    def __cinit__(self, tuple paths):
+        cdef _Node node
+        cdef Py_ssize_t i, last, index
+        self.top = _Node()
+        for path in paths:
+            if type(path) is not tuple or not path:
+                raise ValueError(f"a path is a non-empty tuple of keys, not {path!r}")
+            node = self.top
+            last = len(path) - 1
+            for i, key in enumerate(<tuple>path):
+                if type(key) is not str:
+                    raise ValueError(f"a key is a string, not {key!r}")
                 index = node.add(key, i == last)
-            except UnicodeEncodeError:
-                return False
-            if index < 0:
-                return False
-            if i < last:
-                if node.subs[index] is None:
-                    node.subs[index] = _Node()
-                node = node.subs[index]
-    plan.root, plan.each, plan.time_path = rule.root, rule.each, rule.time_path
-    plan.variables, plan.time_flat, plan.sep = rule.variables, rule.time_flat, rule.flatten
-    return plan
+                if index < 0:
+                    raise ValueError(f"more than {MAX_KEYS} keys in one object")
+                if i < last:
+                    if node.subs[index] is None:
+                        node.subs[index] = _Node()
+                    node = node.subs[index]
+
+    def pruned(self, payload):
+        """The payload object pruned to the paths, or None when not sure (see above)."""
+        if type(payload) is not bytes:
+            return None
+        return _scan(<bytes>payload, self.top)
 
 
 cdef extern from *:
@@ -165,16 +136,6 @@ cdef extern from *:
         w = __builtin_bswap64(w);
     #endif
         return w;
-    }
-    /* tuple.__new__(cls, items), without the call through tuple.__new__'s wrapper */
-    static PyObject *json_c_tuple_new(PyObject *cls, PyObject *items) {
-        PyObject *args = PyTuple_Pack(1, items), *out;
-        if (args == NULL) {
-            return NULL;
-        }
-        out = PyTuple_Type.tp_new((PyTypeObject *)cls, args, NULL);
-        Py_DECREF(args);
-        return out;
     }
     /* The index (0-7) of the lowest byte flagged (0x80) in m (m != 0). */
     static inline int json_c_first(uint64_t m) {
@@ -195,7 +156,6 @@ cdef extern from *:
     }
     """
     uint64_t json_c_word(const unsigned char *p) noexcept nogil
-    object _tuple_new "json_c_tuple_new"(object cls, tuple items)
     int json_c_first(uint64_t m) noexcept nogil
 
 
@@ -471,7 +431,8 @@ cdef object _value(_Buf *b, int depth):
             try:
                 return PyUnicode_DecodeUTF8(<const char *>p + start + 1, end - start - 2,
                                             NULL)
-            except UnicodeDecodeError:
+            except ValueError as exc:  # a bug: _string checked it
+                accel.fell_back("json.Selection.pruned", exc)
                 return _DOUBT
     elif c == 45 or _digit(c):
         end = _number(p, start, b.n, &flag)
@@ -489,7 +450,8 @@ cdef object _value(_Buf *b, int depth):
         b.pos = end
     try:
         return _loads(PyBytes_FromStringAndSize(<const char *>p + start, end - start))
-    except _JSONDecodeError:
+    except ValueError as exc:  # orjson.JSONDecodeError: a bug, as the scan checked it
+        accel.fell_back("json.Selection.pruned", exc)
         return _DOUBT
 
 
@@ -571,142 +533,3 @@ cdef object _scan(bytes payload, _Node plan):
     if doc is None or _ws(b.p, b.pos, b.n) != b.n:
         return None
     return doc
-
-
-cdef object _walk(object obj, tuple path):
-    """json.walk: the value at ``path`` (keys of nested objects), or _ABSENT."""
-    for key in path:
-        if type(obj) is not dict:
-            return _ABSENT
-        obj = (<dict>obj).get(key, _ABSENT)
-        if obj is _ABSENT:
-            return _ABSENT
-    return obj
-
-
-cdef object _text(object value):
-    """json.template_text."""
-    if type(value) is str:
-        return value
-    if type(value) is int:
-        return str(value)
-    return None
-
-
-cdef int _flatten(dict obj, str prefix, str sep, dict out, list problems,
-                  int depth) except -2:
-    """json._flatten; -1 for more than MAX_FIELDS fields (json's _TooMany)."""
-    for key, value in obj.items():
-        name = prefix + key if prefix else key
-        if type(value) is dict:
-            if depth >= MAX_DEPTH:
-                problems.append(Rejection("bad_value", f"{name[:80]}: nested deeper than "
-                                                       f"{MAX_DEPTH} levels"))
-                continue
-            if _flatten(value, name + sep, sep, out, problems, depth + 1) < 0:
-                return -1
-            continue
-        if len(out) >= MAX_FIELDS:
-            return -1
-        out[name] = value
-    return 0
-
-
-cdef object _paths(dict top, _Plan plan, object captures, object limits):
-    """json._parse_paths for one payload object (``[top]``), with json._readings."""
-    cdef list items = [], rejections = []
-    cdef Py_ssize_t count, index = 0
-    if plan.root is not None:
-        obj = _walk(top, plan.root)
-        if type(obj) is not dict:
-            return _tuple_new(Parsed, ([], [Rejection(
-                "no_measurements", f"no object at {'.'.join(plan.root)}")]))
-        if 1 > limits.max_readings:
-            return refused("too_many_readings", f"1 readings > {limits.max_readings}")
-        _reading(obj, None, None, top, plan, captures, items, rejections)
-        return _tuple_new(Parsed, (items, rejections))
-    inner = _walk(top, plan.each)
-    if type(inner) is list:
-        count = len(<list>inner)
-    elif type(inner) is dict:
-        count = len(<dict>inner)
-    else:
-        return _tuple_new(Parsed, ([], [Rejection(
-            "bad_shape", f"{'.'.join(plan.each)}: expected an array or an object, "
-                         f"got {type(inner).__name__}")]))
-    if count > limits.max_readings:
-        return refused("too_many_readings", f"{count} readings > {limits.max_readings}")
-    if type(inner) is list:
-        for obj in <list>inner:
-            _reading(obj, None, index if count > 1 else None, top, plan, captures, items,
-                     rejections)
-            index += 1
-    else:
-        for key, obj in (<dict>inner).items():
-            _reading(obj, key, index if count > 1 else None, top, plan, captures, items,
-                     rejections)
-            index += 1
-    return _tuple_new(Parsed, (items, rejections))
-
-
-cdef int _reading(object obj, object key, object position, dict top, _Plan plan,
-                  object captures, list items, list rejections) except -1:
-    """One reading of json._parse_paths's loop: an Item, or a rejection."""
-    cdef dict fields, context
-    cdef list problems
-    cdef str sep = plan.sep
-    cdef tuple path
-    if type(obj) is not dict:
-        rejections.append(Rejection(
-            "bad_shape", f"a reading must be an object, got {type(obj).__name__}", position))
-        return 0
-    fields = {}
-    problems = []
-    if _flatten(obj, "", sep, fields, problems, 1) < 0:
-        rejections.append(Rejection(
-            "bad_shape", f"more than {MAX_FIELDS} fields in one reading", position))
-        return 0
-    ts = None
-    if plan.time_path is not None:
-        ts = fields.pop(plan.time_flat, _ABSENT)
-        if ts is _ABSENT:
-            ts = None if obj is top else _walk(top, plan.time_path)
-            ts = None if ts is _ABSENT else ts
-    context = None
-    if plan.variables or key is not None:
-        context = PyDict_Copy(captures) if type(captures) is dict else dict(captures)
-        if key is not None:
-            context["_key"] = key
-        for name, path in plan.variables:
-            if name in context:
-                continue
-            value = _walk(obj, path)
-            if value is not _ABSENT:
-                fields.pop(sep.join(path), None)  # identity, not a measurement
-            elif obj is not top:
-                value = _walk(top, path)
-            text = _text(value)
-            if text is not None:
-                context[name] = text
-    items.append(_tuple_new(Item, (fields, ts, None, None, None, None, context,
-                                   problems or None, position)))
-    return 0
-
-
-def parse(payload, rule, captures, limits):
-    """Readings from a JSON object or an array of objects (see json.parse_py)."""
-    global _py
-    if _py is None:
-        _py = importlib.import_module("ingest.devices.formats.json")
-    plan = _plans.get(rule)  # the rule's fields are not read again: rules are frozen
-    if plan is None:
-        if len(_plans) >= MAX_PLANS:
-            _plans.clear()
-        plan = _plans[rule] = _plan(rule) if rule.paths else False
-    if plan is False or type(payload) is not bytes:
-        return _py.parse_py(payload, rule, captures, limits)
-    doc = _scan(payload, (<_Plan>plan).top)
-    if doc is None or ((<_Plan>plan).each is not None and
-                       _walk(doc, (<_Plan>plan).each) is _ABSENT):
-        return _py.parse_py(payload, rule, captures, limits)  # doubt, or the whole object
-    return _paths(doc, plan, captures, limits)

@@ -1,18 +1,23 @@
-"""Compiled twin of ingest.devices.formats.times.text_py (an ISO-8601 time as an instant).
+"""The ISO-8601 fast path of ingest.devices.formats.times.text_py: a kernel.
 
-Reads the form network servers send, ``YYYY-MM-DDTHH:MM:SS[.f]`` with ``Z`` or ``±HH:MM``
-(one to nine fraction digits), field by field with the ranges ``datetime`` checks, and
+For a format of ``times.ISO_FORMATS``, reads the form network servers send,
+``YYYY-MM-DDTHH:MM:SS[.f]`` with ``Z`` or ``±HH:MM`` (one to nine fraction digits), field
+by field with the ranges ``datetime`` checks, and
 computes what ``datetime.fromisoformat(raw).timestamp()`` gives: the exact count of
 microseconds since the epoch (the fraction truncated to microseconds, as fromisoformat
 does) divided by 10**6, one rounding as Python's int division. Any other text, any other
 format, an out-of-range field or a count beyond 2**53 microseconds (about 285 years from
-1970, where a double no longer holds it exactly) goes to the Python twin unchanged.
+1970, where a double no longer holds it exactly) is not sure: it goes to ``text_py``
+unchanged.
 """
 
 from libc.math cimport floor
 from cpython.unicode cimport PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
 
+# ingest.devices.formats.times: text_py and ISO_FORMATS, read at the first call (that
+# module picks this one while it is itself being imported).
 cdef object _text_py = None
+cdef tuple _iso_formats = ()
 cdef long long _EXACT = 1LL << 53
 
 
@@ -110,12 +115,12 @@ cdef object _iso(str raw):
 
 def text(raw, fmt, zone):
     """times.text_py: a time given as text (the common ISO form read here)."""
-    global _text_py
-    if type(raw) is str and (fmt == "iso" or fmt == "auto" or fmt == "local"):
+    global _text_py, _iso_formats
+    if _text_py is None:
+        from ingest.devices.formats import times
+        _text_py, _iso_formats = times.text_py, times.ISO_FORMATS
+    if type(raw) is str and fmt in _iso_formats:
         found = _iso(<str>raw)
         if found is not None:
             return found
-    if _text_py is None:
-        from ingest.devices.formats import times
-        _text_py = times.text_py
     return _text_py(raw, fmt, zone)

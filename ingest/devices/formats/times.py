@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 TIME_FORMATS = ("auto", "epoch_s", "epoch_ms", "epoch_us", "epoch_ns", "iso", "local")
 # Digits after the epoch second of each unit.
 _DIGITS = {"epoch_s": 0, "epoch_ms": 3, "epoch_us": 6, "epoch_ns": 9}
+# The formats that read ISO-8601 text (every other: a number in digits); the compiled
+# fast path reads the common form for these only.
+ISO_FORMATS = tuple(f for f in TIME_FORMATS if f not in _DIGITS)
 # auto: a number below 1e11 is seconds (1e11 s is the year 5138), below 1e14
 # milliseconds, below 1e17 microseconds, else nanoseconds.
 _AUTO = ((1e11, 0), (1e14, 3), (1e17, 6))
@@ -95,7 +98,8 @@ def text_py(raw: str, fmt: str, zone: ZoneInfo | None) -> Instant | None:
     return epoch, whole * 1000 + parsed.microsecond // 1000
 
 
-# The compiled twin (_times_c.pyx) reads the common ISO form itself, the rest here.
+# Where built, the kernel _times_c.pyx reads the common ISO form of the ISO_FORMATS
+# itself and hands anything else (its "not sure") to text_py.
 text = accel.pick(text_py, "ingest.devices.formats._times_c", "text")
 
 

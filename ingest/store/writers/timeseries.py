@@ -33,20 +33,25 @@ import contextlib
 import os
 import time
 import uuid
-from itertools import groupby, islice
-from operator import attrgetter, eq
 from typing import TYPE_CHECKING, Any
 
 from bson.errors import InvalidDocument
-from bson.objectid import ObjectId
 from pymongo.errors import PyMongoError
 
 from ingest import accel
 from ingest.errors import WriteError
 from ingest.store import mongo_errors
 from ingest.store.schema import claims_collection
-from ingest.store.writers import Outcome, Plan, PrimaryReads, Singles, bulk, send
-from ingest.store.writers.bucket import bson_dates, ms_of, ts_key
+from ingest.store.writers import (
+    Outcome,
+    Plan,
+    PrimaryReads,
+    Singles,
+    _timeseries_py,
+    bulk,
+    send,
+)
+from ingest.store.writers.bucket import ms_of, ts_key
 from ingest.store.writers.claims import Claims, Taken, claim_ids
 from ingest.store.writers.instants import (
     NO_TAGS,
@@ -62,74 +67,24 @@ from ingest.store.writers.instants import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping, Sequence
 
+    from bson.objectid import ObjectId
     from pymongo.asynchronous.collection import AsyncCollection
 
     from ingest.model import Reading
     from ingest.store.schema import Schema
 
 
-_BY_SENSOR_AND_TIME = attrgetter("sensor_id", "epoch")
-_SENSOR = attrgetter("sensor_id")
-_DATE_MS = attrgetter("ms")
-_new_object = object.__new__
-
 # Sensors per duplicate lookup: a redelivery burst becomes several small queries.
 LOOKUP_SENSORS = 256
 
-# Field names of a reading in name order, by their order in the payload (bounded: names
-# are validated, but a fleet may invent many).
-_SORTED: dict[tuple[str, ...], tuple[str, ...] | None] = {}
-_SORTED_LIMIT = 10_000
-
-
-# The compiled twins of this module's batch work (see ingest/accel.py).
-_COMPILED = "ingest.store.writers._timeseries_c"
-
-
-def reading_document_py(reading: Reading) -> dict[str, Any]:
-    """The time-series document for one reading."""
-    meta: dict[str, Any] = {"sensor_id": reading.sensor_id}
-    if reading.tags:  # in name order: a meta field order is part of the series
-        tags = reading.tags
-        for key in sorted(tags):
-            meta[key] = tags[key]
-    doc: dict[str, Any] = {"ts": reading.ts, "meta": meta}
-    if reading.seq is not None:
-        doc["seq"] = reading.seq
-    if reading.units is not None:
-        doc["units"] = dict(sorted(reading.units.items()))
-    if reading.info is not None:
-        doc["info"] = dict(sorted(reading.info.items()))
-    values = reading.values
-    for name in sorted(values):
-        doc[name] = values[name]
-    return doc
-
-
-reading_document = accel.pick(reading_document_py, _COMPILED, "reading_document")
-
-
-def _sorted_names(names: tuple[str, ...]) -> tuple[str, ...] | None:
-    """``names`` in name order, or None if they are in name order already."""
-    try:
-        return _SORTED[names]
-    except KeyError:
-        order = tuple(sorted(names))
-        result = None if order == names else order
-        if len(_SORTED) < _SORTED_LIMIT:
-            _SORTED[names] = result
-        return result
-
-
 type Runs = list[tuple[str, list[Any]]]
 
-
-def sorted_readings_py(readings: list[Reading]) -> list[Reading]:
-    """A batch in its documents' order: by sensor, then time, ties in the batch's order."""
-    return sorted(readings, key=_BY_SENSOR_AND_TIME)
-
-
-sorted_readings = accel.pick(sorted_readings_py, _COMPILED, "sorted_readings")
+# The rules of a batch's documents are in _timeseries_py, compiled as _timeseries_c
+# (ingest/accel.py picks; the compiled one writes the documents' BSON bytes).
+_COMPILED = "ingest.store.writers._timeseries_c"
+reading_document = accel.pick(_timeseries_py.reading_document, _COMPILED, "reading_document")
+sorted_readings = accel.pick(_timeseries_py.sorted_readings, _COMPILED, "sorted_readings")
+batch_documents = accel.pick(_timeseries_py.batch_documents, _COMPILED, "batch_documents")
 
 
 def documents(readings: list[Reading]) -> list[dict[str, Any]]:
@@ -140,90 +95,10 @@ def documents(readings: list[Reading]) -> list[dict[str, Any]]:
 def _documents(readings: list[Reading]) -> tuple[list[dict[str, Any]], Runs, bool]:
     """:func:`documents`, with what the lookup before the insert needs.
 
-    See :func:`batch_documents_py`; each document gets a new ``_id``.
+    See :func:`~ingest.store.writers._timeseries_py.batch_documents`; each document gets
+    a new ``_id``.
     """
     return batch_documents(readings, *_reserve_ids(len(readings)))
-
-
-def batch_documents_py(
-    readings: list[Reading], prefix: bytes, start: int
-) -> tuple[list[dict[str, Any]], Runs, bool]:
-    """The documents of ``readings``, with what the lookup before the insert needs.
-
-    ``readings`` are sorted by sensor and time. Also returns each sensor's run of times
-    (BSON dates, in order) and whether two readings of one sensor share a millisecond.
-    Document ``i``'s ``_id`` is ``prefix`` (9 bytes) and the 3-byte counter ``start + i``
-    (see :func:`object_ids`).
-
-    The same documents as :func:`reading_document`'s, built with less work for readings
-    without tags, units or info: the sorted field order is looked up once per field
-    list, one ``meta`` object is shared by a sensor's documents (nothing changes them),
-    and ``ts`` is a :class:`~ingest.store.writers.bucket.BsonDate`. The ``_id`` is what
-    the driver would add; given here, the driver does not make one per document.
-
-    The compiled twin gives a document as a ``RawBSONDocument`` of the bytes the driver
-    would write for this dict, which the driver sends as they are; a document it cannot
-    write byte for byte stays this dict (see ``_timeseries_c``). Either reads as a mapping.
-    """
-    ids = _ids(prefix, start, len(readings))
-    dates = bson_dates(readings)
-    metas: dict[str, dict[str, Any]] = {}
-    sorted_names = _SORTED
-    docs: list[dict[str, Any]] = []
-    append = docs.append
-    for oid, date, reading in zip(ids, dates, readings, strict=True):
-        if reading.tags or reading.units is not None or reading.info is not None:
-            append({"_id": oid, **reading_document_py(reading)})
-            continue
-        sensor = reading.sensor_id
-        meta = metas.get(sensor)
-        if meta is None:
-            meta = metas[sensor] = {"sensor_id": sensor}
-        values = reading.values
-        names = tuple(values)
-        try:
-            order = sorted_names[names]
-        except KeyError:
-            order = _sorted_names(names)
-        if reading.seq is None:
-            doc = {"_id": oid, "ts": date, "meta": meta}
-        else:
-            doc = {"_id": oid, "ts": date, "meta": meta, "seq": reading.seq}
-        if order is None:
-            doc.update(values)
-        else:
-            for name in order:
-                doc[name] = values[name]
-        append(doc)
-    runs, collided = _runs(readings, dates)
-    return docs, runs, collided
-
-
-batch_documents = accel.pick(batch_documents_py, _COMPILED, "batch_documents")
-
-
-def _runs(readings: list[Reading], dates: list[Any]) -> tuple[Runs, bool]:
-    """Each sensor's run of times, and whether two of one sensor share a millisecond.
-
-    ``readings`` are sorted by sensor and time, so equal instants are neighbours. The
-    work per reading is done by builtins (map, groupby, slices); Python runs once a sensor.
-    """
-    sensors = list(map(_SENSOR, readings))
-    stamps = list(map(_DATE_MS, dates))
-    runs: Runs = []
-    collided = False
-    start = 0
-    for sensor, run in groupby(sensors):
-        end = start + len(list(run))
-        if end - start > 1 and not collided:
-            part = stamps[start:end]
-            collided = any(map(eq, part, islice(part, 1, None)))
-        runs.append((sensor, dates[start:end]))
-        start = end
-    return runs, collided
-
-
-_PREFIX_BYTES = 9  # of an ObjectId: seconds (4) and the process's random bytes (5)
 
 
 class _IdState:
@@ -251,35 +126,9 @@ def _reserve_ids(count: int) -> tuple[bytes, int]:
     return (int(time.time()) & 0xFFFFFFFF).to_bytes(4, "big") + state.random, start
 
 
-def _ids(prefix: bytes, start: int, count: int) -> list[ObjectId]:
-    """``count`` ObjectIds: ``prefix`` then the counters from ``start`` (24 bits, wrapping).
-
-    ``ObjectId()`` costs several times more per id: it reads the clock, checks the pid
-    and takes a lock for every one; ``ObjectId(bytes)`` checks its argument in Python.
-    Here each id's 12 bytes are set in its slot.
-    """
-    if type(prefix) is not bytes or type(start) is not int:
-        raise TypeError(
-            f"an ObjectId prefix and counter are bytes and int, not "
-            f"{type(prefix).__name__} and {type(start).__name__}"
-        )
-    if len(prefix) != _PREFIX_BYTES:
-        raise ValueError(f"an ObjectId prefix is {_PREFIX_BYTES} bytes, not {len(prefix)}")
-    new = _new_object
-    ids: list[ObjectId] = []
-    append = ids.append
-    for counter in range(start, start + count):
-        oid = new(ObjectId)
-        oid._ObjectId__id = (  # type: ignore[attr-defined]  # noqa: SLF001 - its one slot
-            prefix + (counter & 0xFFFFFF).to_bytes(3, "big")
-        )
-        append(oid)
-    return ids
-
-
 def object_ids(count: int) -> list[ObjectId]:
     """``count`` new ObjectIds as the BSON spec makes them (and the driver would)."""
-    return _ids(*_reserve_ids(count), count)
+    return _timeseries_py.ids_of(*_reserve_ids(count), count)
 
 
 class TimeseriesWriter(PrimaryReads):

@@ -1,0 +1,40 @@
+# Types for _decode_py.py compiled as ingest.devices._decode_c (Cython's pure-Python mode).
+# They change nothing of what the code does: C types only where a value is proven in range.
+
+import cython
+
+from ingest._capi cimport tuple_as as _new
+
+cdef set _valid_names, _valid_sensors
+cdef tuple _known
+cdef frozenset _RESERVED
+cdef object _NAME, _SENSOR_ID, _loads, _JSONDecodeError, Decoded, Reading, Rejection
+cdef object _INT64_MIN, _INT64_MAX, _FAST_FROM, _FAST_TO
+cdef double _INT64_RANGE, _INF
+cdef Py_ssize_t CACHE_LIMIT
+
+
+@cython.locals(text=str, start=Py_ssize_t, end=Py_ssize_t)
+cpdef object sensor_from_topic(object topic)
+
+@cython.locals(count=Py_ssize_t, index=Py_ssize_t, readings=list, rejections=list,
+               known=tuple)
+cpdef object decode(object topic, object payload, object received_at, object limits,
+                    object sensor=*, object arrivals=*)
+
+cdef tuple _remember(object limits)
+
+cdef object _whole(str reason, str detail)
+
+@cython.locals(number=cython.double)
+cdef object _reading(dict item, object default_sensor, object now, object earliest,
+                     object latest, object arrivals)
+
+cdef object _values(dict item)
+
+@cython.locals(number=cython.double, whole=cython.longlong, scaled=cython.double,
+               micros=cython.longlong, rest=cython.double)
+cdef object _ms_of(object epoch)
+
+@cython.locals(value=cython.double)
+cdef object _epoch(object raw, object now)

@@ -1,0 +1,322 @@
+# cython: language_level=3
+"""The BSON writer kernel: a document's bytes, written as pymongo's encoder writes them.
+
+The compiled Python that decides a document (which fields, in which order, from what)
+hands its parts to a :class:`Writer` one at a time: ``start``, then elements (``object_id``,
+``date``, ``value``, ``items`` of a dict, ``open``/``close`` of a sub-document), then
+``finish``, which gives the document as a ``RawBSONDocument`` the driver sends as it is.
+Each part answers ``WRITTEN``, or ``NOT_SURE`` for anything it cannot write exactly as
+``bson.encode`` of the equivalent dict would: a value other than exactly ``bool``,
+``int`` (int32 when it fits, else int64; beyond: not sure), ``float``, ``str`` (valid
+UTF-8) or None; a name not exactly ``str``, not UTF-8, with a NUL, or one the caller
+says is written already. The caller then drops the document and builds its dict, which
+the driver encodes or refuses. The kernel knows BSON, not what a document means.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_Next, PyDict_Size
+from cpython.exc cimport PyErr_Clear, PyErr_ExceptionMatches
+from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_CheckExact
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
+from cpython.object cimport PyObject
+from cpython.unicode cimport (
+    PyUnicode_CheckExact,
+    PyUnicode_Compare,
+    PyUnicode_DATA,
+    PyUnicode_GET_LENGTH,
+)
+from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport free, qsort, realloc
+from libc.string cimport memchr, memcpy
+
+from bson.raw_bson import RawBSONDocument
+
+from ingest._capi cimport new_object, set_slot, slot_offset
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_COMPACT_ASCII(object text)  # public: an ASCII str's data is its UTF-8
+    # Declared without Cython's exception check: a failure (a lone surrogate) is cleared
+    # and the part is NOT_SURE.
+    const char *_utf8_of "PyUnicode_AsUTF8AndSize"(object text, Py_ssize_t *size)
+
+cdef enum:
+    # BSON element types
+    T_DOUBLE = 0x01
+    T_STRING = 0x02
+    T_DOCUMENT = 0x03
+    T_OBJECT_ID = 0x07
+    T_BOOL = 0x08
+    T_DATE = 0x09
+    T_NULL = 0x0A
+    T_INT32 = 0x10
+    T_INT64 = 0x12
+    # Items sorted by insertion up to this many; more by qsort.
+    FEW_ITEMS = 16
+
+cdef object _RawBSONDocument = RawBSONDocument
+cdef Py_ssize_t _RAW = slot_offset(RawBSONDocument, "_RawBSONDocument__raw")
+cdef Py_ssize_t _INFLATED = slot_offset(RawBSONDocument, "_RawBSONDocument__inflated_doc")
+cdef Py_ssize_t _OPTIONS = slot_offset(RawBSONDocument, "_RawBSONDocument__codec_options")
+cdef bint _BY_SLOTS = _RAW > 0 and _INFLATED > 0 and _OPTIONS > 0
+
+
+cdef inline void _le32(char *at, uint32_t v) noexcept:
+    at[0] = <char>(v & 0xFF)
+    at[1] = <char>((v >> 8) & 0xFF)
+    at[2] = <char>((v >> 16) & 0xFF)
+    at[3] = <char>((v >> 24) & 0xFF)
+
+
+cdef inline void _le64(char *at, uint64_t v) noexcept:
+    _le32(at, <uint32_t>v)  # the low 32 bits (C's conversion to unsigned)
+    _le32(at + 4, <uint32_t>(v >> 32))
+
+
+cdef int _text(object text, const char **out, Py_ssize_t *size) except -1:
+    """``text``'s UTF-8 bytes, or NOT_SURE when it is not exactly ``str`` or not UTF-8."""
+    cdef const char *data
+    if not PyUnicode_CheckExact(text):
+        return NOT_SURE
+    if PyUnicode_IS_COMPACT_ASCII(text):  # its characters are its UTF-8 bytes
+        out[0] = <const char *>PyUnicode_DATA(text)
+        size[0] = PyUnicode_GET_LENGTH(text)
+        return WRITTEN
+    data = _utf8_of(text, size)
+    if data == NULL:
+        if not PyErr_ExceptionMatches(UnicodeEncodeError):
+            return -1  # MemoryError: raised
+        PyErr_Clear()
+        return NOT_SURE
+    out[0] = data
+    return WRITTEN
+
+
+cdef extern from "Python.h":
+    # For qsort, which runs while this thread holds the GIL; the names are exactly str,
+    # whose comparison cannot fail.
+    int _compare "PyUnicode_Compare"(PyObject *a, PyObject *b) nogil
+
+
+cdef int _by_name(const void *a, const void *b) noexcept nogil:
+    return _compare(<PyObject *>(<Item *>a).key, <PyObject *>(<Item *>b).key)
+
+
+cdef class Writer:
+    """Writes one document at a time (see the module docstring); reused between them.
+
+    ``options``: the ``CodecOptions`` of the ``RawBSONDocument``s it gives (how they
+    decode when read); their ``document_class`` must be ``RawBSONDocument``.
+    """
+
+    def __init__(self, options):
+        _RawBSONDocument(b"\x05\x00\x00\x00\x00", options)  # refuses options it does not take
+        self.options = options
+
+    def __dealloc__(self):
+        free(self.data)
+        free(self.items_of)
+
+    cdef int _grow(self, Py_ssize_t extra) except -1:
+        """Room for ``extra`` more bytes."""
+        cdef Py_ssize_t capacity
+        cdef char *data
+        if extra <= self.capacity - self.size:
+            return 0
+        if extra > 0x7FFFFFFF:  # beyond any BSON document: never finished (see finish)
+            raise MemoryError()
+        capacity = self.capacity * 2 if self.capacity else 512
+        while capacity - self.size < extra:
+            capacity *= 2
+        data = <char *>realloc(self.data, capacity)
+        if data == NULL:
+            raise MemoryError()
+        self.data, self.capacity = data, capacity
+        return 0
+
+    cdef int _element(self, int kind, object name, Py_ssize_t extra) except -1:
+        """An element's type byte and name, and room for ``extra`` bytes of its value."""
+        cdef const char *text
+        cdef Py_ssize_t size
+        if _text(name, &text, &size) == NOT_SURE or memchr(text, 0, size) != NULL:
+            return NOT_SURE
+        self._grow(size + 2 + extra)
+        self.data[self.size] = <char>kind
+        memcpy(self.data + self.size + 1, text, size)
+        self.data[self.size + 1 + size] = 0
+        self.size += size + 2
+        return WRITTEN
+
+    cdef int start(self) except -1:
+        """A new document (the one before, finished or not, is dropped)."""
+        self.size = 0
+        self.depth = 0
+        self._grow(4)
+        self.opened[0] = 0
+        self.depth = 1
+        self.size = 4
+        return WRITTEN
+
+    cdef int object_id(self, str name, bytes prefix, Py_ssize_t counter) except -1:
+        """An ObjectId: ``prefix`` (9 bytes), then ``counter``'s low 3 bytes, big-endian."""
+        if prefix is None or PyBytes_GET_SIZE(prefix) != 9:
+            return NOT_SURE
+        if self._element(T_OBJECT_ID, name, 12) == NOT_SURE:
+            return NOT_SURE
+        memcpy(self.data + self.size, PyBytes_AS_STRING(prefix), 9)
+        self.data[self.size + 9] = <char>((counter >> 16) & 0xFF)
+        self.data[self.size + 10] = <char>((counter >> 8) & 0xFF)
+        self.data[self.size + 11] = <char>(counter & 0xFF)
+        self.size += 12
+        return WRITTEN
+
+    cdef int date(self, str name, object ms) except -1:
+        """A UTC datetime of ``ms`` milliseconds since the epoch (exactly an int64)."""
+        cdef long long stamp
+        cdef int overflow = 0
+        if not PyLong_CheckExact(ms):
+            return NOT_SURE
+        stamp = PyLong_AsLongLongAndOverflow(ms, &overflow)
+        if overflow or self._element(T_DATE, name, 8) == NOT_SURE:
+            return NOT_SURE
+        _le64(self.data + self.size, <uint64_t>stamp)
+        self.size += 8
+        return WRITTEN
+
+    cdef int value(self, str name, object value) except -1:
+        """``name: value`` for a value of the types in the module docstring."""
+        return self._value(name, value)
+
+    cdef int _value(self, object name, object value) except -1:
+        cdef long long number
+        cdef int overflow = 0
+        cdef double real
+        cdef uint64_t bits
+        cdef const char *data
+        cdef Py_ssize_t length
+        if value is True or value is False:
+            if self._element(T_BOOL, name, 1) == NOT_SURE:
+                return NOT_SURE
+            self.data[self.size] = 1 if value is True else 0
+            self.size += 1
+        elif PyLong_CheckExact(value):
+            number = PyLong_AsLongLongAndOverflow(value, &overflow)
+            if overflow:  # beyond int64: the driver refuses it (OverflowError)
+                return NOT_SURE
+            if -2147483648 <= number <= 2147483647:
+                if self._element(T_INT32, name, 4) == NOT_SURE:
+                    return NOT_SURE
+                _le32(self.data + self.size, <uint32_t>number)
+                self.size += 4
+            else:
+                if self._element(T_INT64, name, 8) == NOT_SURE:
+                    return NOT_SURE
+                _le64(self.data + self.size, <uint64_t>number)
+                self.size += 8
+        elif PyFloat_CheckExact(value):
+            real = PyFloat_AS_DOUBLE(value)
+            memcpy(&bits, &real, 8)  # the double's bits as they are: NaN's and -0.0's too
+            if self._element(T_DOUBLE, name, 8) == NOT_SURE:
+                return NOT_SURE
+            _le64(self.data + self.size, bits)
+            self.size += 8
+        elif value is None:
+            return self._element(T_NULL, name, 0)
+        else:
+            if _text(value, &data, &length) == NOT_SURE or length >= 0x7FFFFFFF:
+                return NOT_SURE
+            if self._element(T_STRING, name, length + 5) == NOT_SURE:
+                return NOT_SURE
+            _le32(self.data + self.size, <uint32_t>(length + 1))
+            memcpy(self.data + self.size + 4, data, length)
+            self.data[self.size + 4 + length] = 0
+            self.size += length + 5
+        return WRITTEN
+
+    cdef int items(self, object mapping, bint by_name, frozenset skip) except -1:
+        """Each item of ``mapping`` (exactly a dict) as ``value`` writes it: in name order
+        when ``by_name`` (names exactly ``str``), else in the dict's order. A name in
+        ``skip`` (one written already in this document) is NOT_SURE."""
+        cdef Py_ssize_t count, j = 0, k, i
+        cdef PyObject *key
+        cdef PyObject *item
+        cdef Item *entries
+        cdef Item entry
+        if type(mapping) is not dict:
+            return NOT_SURE
+        count = PyDict_Size(mapping)
+        if count > self.items_room:
+            entries = <Item *>realloc(self.items_of, count * sizeof(Item))
+            if entries == NULL:
+                raise MemoryError()
+            self.items_of, self.items_room = entries, count
+        entries = self.items_of
+        k = 0
+        while PyDict_Next(mapping, &j, &key, &item):
+            if not PyUnicode_CheckExact(<object>key):
+                return NOT_SURE
+            entries[k].key = key
+            entries[k].value = item
+            k += 1
+        if by_name:
+            if count <= FEW_ITEMS:
+                for k in range(1, count):
+                    entry = entries[k]
+                    i = k
+                    while i > 0 and PyUnicode_Compare(
+                            <object>entries[i - 1].key, <object>entry.key) > 0:
+                        entries[i] = entries[i - 1]
+                        i -= 1
+                    entries[i] = entry
+            else:
+                qsort(entries, count, sizeof(Item), _by_name)
+        # The dict is not changed meanwhile (nothing here runs Python code): the borrowed
+        # names and values stay alive.
+        for k in range(count):
+            if skip is not None and <object>entries[k].key in skip:
+                return NOT_SURE
+            if self._value(<object>entries[k].key, <object>entries[k].value) == NOT_SURE:
+                return NOT_SURE
+        return WRITTEN
+
+    cdef int open(self, str name) except -1:
+        """A sub-document ``name``: the elements up to its ``close`` are its own."""
+        if self.depth >= MAX_DEPTH or self._element(T_DOCUMENT, name, 4) == NOT_SURE:
+            return NOT_SURE
+        self.opened[self.depth] = self.size
+        self.depth += 1
+        self.size += 4
+        return WRITTEN
+
+    cdef int close(self) except -1:
+        """The end of the sub-document opened last."""
+        cdef Py_ssize_t begin
+        if self.depth <= 1:
+            return NOT_SURE
+        self._grow(1)
+        self.data[self.size] = 0
+        self.size += 1
+        self.depth -= 1
+        begin = self.opened[self.depth]
+        _le32(self.data + begin, <uint32_t>(self.size - begin))
+        return WRITTEN
+
+    cdef object finish(self):
+        """The document written, as a RawBSONDocument; None if it is not whole or too long."""
+        cdef object raw, doc
+        if self.depth != 1:
+            return None
+        self._grow(1)
+        self.data[self.size] = 0
+        self.size += 1
+        self.depth = 0
+        if self.size > 0x7FFFFFFF:
+            return None
+        _le32(self.data, <uint32_t>self.size)
+        raw = PyBytes_FromStringAndSize(self.data, self.size)
+        if not _BY_SLOTS:
+            return _RawBSONDocument(raw, self.options)
+        doc = new_object(_RawBSONDocument)
+        set_slot(doc, _RAW, raw)
+        set_slot(doc, _INFLATED, None)
+        set_slot(doc, _OPTIONS, self.options)
+        return doc

@@ -1,0 +1,55 @@
+# Types of ingest/store/writers/_timeseries_py.py, compiled as _timeseries_c (setup.py).
+cimport cython
+
+from ingest cimport _capi
+from ingest.store.writers cimport _bson_c
+
+cdef Py_ssize_t _DATE_MS_SLOT, _SENSOR_ID, _EPOCH
+cdef frozenset _OWN, _META_OWN
+cdef dict _SORTED
+cdef _bson_c.Writer _WRITER
+cdef object _new, _NOTHING, _TIME
+
+
+cpdef dict reading_document(object reading)
+
+
+@cython.locals(by_sensor=dict, run=list, found=list, out=list)
+cpdef list sorted_readings(object readings)
+
+
+@cython.locals(k=Py_ssize_t)
+cdef bint _in_time_order(list run) except -1
+
+
+@cython.locals(
+    count=Py_ssize_t,
+    i=Py_ssize_t,
+    counter=Py_ssize_t,
+    begin=Py_ssize_t,
+    collided=bint,
+    writer=_bson_c.Writer,
+    docs=list,
+    metas=dict,
+    dates=list,
+    runs=list,
+    row=tuple,
+    mapped=bint,
+)
+cpdef tuple batch_documents(object readings, object prefix, object start)
+
+
+cdef dict _plain_document(object oid, object date, object sensor, object seq, object values,
+                          dict metas)
+
+
+cdef object _plain_raw(
+    _bson_c.Writer writer, Py_ssize_t counter, object sensor, object ms, object seq,
+    object values, bytes prefix,
+)
+
+
+cdef object _mapped_raw(
+    _bson_c.Writer writer, Py_ssize_t counter, object reading, object when, object ms,
+    bytes prefix,
+)

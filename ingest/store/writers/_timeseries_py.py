@@ -1,0 +1,369 @@
+# cython: annotation_typing=False
+# ruff: noqa: ERA001 - the line above is a Cython directive (the .pxd gives the types)
+"""Time-series documents of a batch: the rules, once.
+
+Run as Python, and compiled by Cython as ``_timeseries_c`` with the types of
+``_timeseries_c.pxd`` (setup.py); :mod:`ingest.store.writers.timeseries` picks one
+(``accel.pick``). Compiled, :func:`batch_documents` hands each document's parts to the BSON
+writer kernel (``_bson_c.Writer``) and gives the ``RawBSONDocument`` of the bytes the
+driver would write for the dict built here, which the driver then sends as they are; a
+document the kernel is not sure of (another type of value, an int beyond int64, a string
+that is not UTF-8, a name with a NUL or one of the document's own fields, a ``Reading``
+subclass, a ``when``) stays this module's dict, which the driver encodes or refuses.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.objectid import ObjectId
+from bson.raw_bson import RawBSONDocument
+
+from ingest.model import Reading
+from ingest.store.writers.bucket import BsonDate, ts_key
+
+try:
+    import cython  # type: ignore[import-untyped]
+except ImportError:  # Cython builds the accelerators; it is not needed to run
+    from ingest import _cython_shim as cython
+
+# Compiled, these are cimported (_timeseries_c.pxd): the BSON writer kernel
+# (ingest/store/writers/_bson_c.pyx) and the C-level helpers (ingest/_capi.pxd).
+_bson_c: Any = None
+_capi: Any = None
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    from ingest.store.writers.timeseries import Runs
+
+    class _Writer(Protocol):
+        """The BSON writer kernel (``_bson_c.Writer``): each part WRITTEN (0) or NOT_SURE (1)."""
+
+        def start(self) -> int: ...
+        def object_id(self, name: str, prefix: bytes, counter: int) -> int: ...
+        def date(self, name: str, ms: object) -> int: ...
+        def value(self, name: str, value: object) -> int: ...
+        def items(self, mapping: object, *, by_name: bool, skip: frozenset[str] | None) -> int: ...
+        def open(self, name: str) -> int: ...
+        def close(self) -> int: ...
+        def finish(self) -> object: ...
+
+
+_TIME = attrgetter("epoch")
+_SENSOR_ID = Reading._fields.index("sensor_id")
+_EPOCH = Reading._fields.index("epoch")
+_new = object.__new__
+_NOTHING = object()
+# Field names of a reading in name order, by their order in the payload (bounded: names
+# are validated, but a fleet may invent many).
+_SORTED: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+_SORTED_LIMIT = 10_000
+
+_PREFIX_BYTES = 9  # of an ObjectId: seconds (4) and the process's random bytes (5)
+
+# How the documents written as bytes decode when read (the lookup before an insert reads
+# ``meta`` and ``ts``): aware UTC datetimes, or DatetimeMS beyond their range.
+RAW_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(
+    document_class=RawBSONDocument,
+    tz_aware=True,
+    tzinfo=UTC,
+    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
+)
+# Where a BsonDate holds its milliseconds (compiled: set there, see ingest/_capi.pxd).
+_DATE_MS_SLOT = _capi.slot_offset(BsonDate, "ms") if cython.compiled else -1
+# Compiled: the writer of every batch's documents (one at a time; its buffer kept).
+_WRITER = _bson_c.Writer(RAW_OPTIONS) if cython.compiled else None
+# A document's own fields: a value of that name overwrites one in its dict.
+_OWN = frozenset({"_id", "ts", "meta", "seq", "units", "info"})
+_META_OWN = frozenset({"sensor_id"})
+# The instants a Python datetime holds (years 1 to 9999), in milliseconds: ``Reading.ts``
+# raises OverflowError beyond them.
+_MIN_DATETIME_MS = -62_135_596_800_000
+_MAX_DATETIME_MS = 253_402_300_799_999
+
+
+def reading_document(reading: Reading) -> dict[str, Any]:
+    """The time-series document for one reading."""
+    meta: dict[str, Any] = {"sensor_id": reading.sensor_id}
+    if reading.tags:  # in name order: a meta field order is part of the series
+        tags = reading.tags
+        for key in sorted(tags):
+            meta[key] = tags[key]
+    doc: dict[str, Any] = {"ts": reading.ts, "meta": meta}
+    if reading.seq is not None:
+        doc["seq"] = reading.seq
+    if reading.units is not None:
+        doc["units"] = dict(sorted(reading.units.items()))
+    if reading.info is not None:
+        doc["info"] = dict(sorted(reading.info.items()))
+    values = reading.values
+    for name in sorted(values):
+        doc[name] = values[name]
+    return doc
+
+
+def _sorted_names(names: tuple[str, ...]) -> tuple[str, ...] | None:
+    """``names`` in name order, or None if they are in name order already."""
+    try:
+        return _SORTED[names]
+    except KeyError:
+        order = tuple(sorted(names))
+        result = None if order == names else order
+        if len(_SORTED) < _SORTED_LIMIT:
+            _SORTED[names] = result
+        return result
+
+
+def sorted_readings(readings: list[Reading]) -> list[Reading]:
+    """A batch in its documents' order: by sensor, then time, ties in the batch's order.
+
+    Each sensor's readings are gathered in the batch's order (a sensor's readings arrive
+    in time order, as a rule), the sensors sorted, and a run sorted by time only if it
+    is out of order.
+    """
+    by_sensor: dict[str, list[Reading]] = {}
+    last: object = _NOTHING
+    run: list[Reading] = []
+    reading_type = Reading
+    for reading in readings:
+        if cython.compiled:  # a Reading's field by index
+            sensor = _capi.field(reading, reading_type, _SENSOR_ID, "sensor_id")
+        else:
+            sensor = reading.sensor_id
+        if sensor is not last:
+            found = by_sensor.get(sensor)
+            if found is None:
+                found = by_sensor[sensor] = []
+            run, last = found, sensor
+        run.append(reading)
+    out: list[Reading] = []
+    for sensor in sorted(by_sensor):
+        run = by_sensor[sensor]
+        if len(run) > 1 and not _in_time_order(run):
+            run.sort(key=_TIME)
+        out += run
+    return out
+
+
+def _in_time_order(run: list[Reading]) -> bool:
+    """Whether no reading of ``run`` is earlier than the one before it."""
+    reading_type = Reading
+    earlier = run[0].epoch
+    for k in range(1, len(run)):
+        if cython.compiled:  # a Reading's field by index
+            epoch = _capi.field(run[k], reading_type, _EPOCH, "epoch")
+        else:
+            epoch = run[k].epoch
+        if epoch < earlier:
+            return False
+        earlier = epoch
+    return True
+
+
+def batch_documents(  # noqa: C901, PLR0912, PLR0915 - one loop, the batch's hot path
+    readings: list[Reading], prefix: bytes, start: int
+) -> tuple[list[Any], Runs, bool]:
+    """The documents of ``readings``, with what the lookup before the insert needs.
+
+    ``readings`` are sorted by sensor and time. Also returns each sensor's run of times
+    (BSON dates, in order: a run is what ``itertools.groupby`` makes of the sensor ids)
+    and whether two readings of one sensor share a millisecond. Document ``i``'s ``_id``
+    is ``prefix`` (9 bytes) and the 3-byte counter ``start + i``.
+
+    The same documents as :func:`reading_document`'s, built with less work for readings
+    without tags, units or info: the sorted field order is looked up once per field
+    list, one ``meta`` object is shared by a sensor's documents (nothing changes them),
+    and ``ts`` is a :class:`~ingest.store.writers.bucket.BsonDate`. The ``_id`` is what
+    the driver would add; given here, the driver does not make one per document.
+    Compiled, a document is the ``RawBSONDocument`` of its bytes where the kernel is sure
+    of them (see the module docstring); either reads as a mapping.
+    """
+    count = len(readings)
+    if cython.compiled:
+        writer = _WRITER
+        ids = ids_of(prefix, start, 0)  # the checks: an id is made for a document left a dict
+    else:
+        writer = None
+        ids = ids_of(prefix, start, count)
+    counter = start & 0xFFFFFF
+    new, date_type, reading_type = _new, BsonDate, Reading
+    metas: dict[str, dict[str, Any]] = {}
+    docs: list[Any] = []
+    dates: list[BsonDate] = []
+    runs: Runs = []
+    collided = False
+    begin = 0
+    last: Any = None
+    previous: Any = None
+    row: tuple[Any, ...]
+    for i, reading in enumerate(readings):
+        try:
+            if cython.compiled:  # a Reading's fields by index; anything else as Python would
+                row = _capi.as_tuple(reading) if type(reading) is reading_type else tuple(reading)
+            else:
+                row = reading
+            sensor, when, _, values, seq, ms, tags, units, info = row
+        except (TypeError, ValueError):  # the same message, compiled or not
+            raise TypeError(f"not a Reading: {reading!r}") from None
+        if ms is None:
+            ms = ts_key(reading.ts)
+        if cython.compiled:
+            date = _capi.new_with(date_type, _DATE_MS_SLOT, "ms", ms)
+        else:
+            date = new(date_type)
+            date.ms = ms
+        dates.append(date)
+        if i == 0 or not (sensor is last or last == sensor):  # a new run
+            if i:
+                runs.append((last, dates[begin:i]))
+            begin, last = i, sensor
+        elif not collided and previous == ms:
+            collided = True
+        previous = ms
+        mapped = tags or units is not None or info is not None
+        if writer is not None and type(reading) is reading_type:
+            raw = (
+                _mapped_raw(writer, counter + i, reading, when, ms, prefix)
+                if mapped
+                else _plain_raw(writer, counter + i, sensor, ms, seq, values, prefix)
+            )
+            if raw is not None:
+                docs.append(raw)
+                continue
+        oid = ids[i] if writer is None else ids_of(prefix, counter + i, 1)[0]
+        if mapped:
+            docs.append({"_id": oid, **reading_document(reading)})
+        else:
+            docs.append(_plain_document(oid, date, sensor, seq, values, metas))
+    if readings:
+        runs.append((last, dates[begin:]))
+    return docs, runs, collided
+
+
+def _plain_document(
+    oid: ObjectId,
+    date: BsonDate,
+    sensor: str,
+    seq: object,
+    values: dict[str, Any],
+    metas: dict[str, Any],
+) -> dict[str, Any]:
+    """:func:`reading_document`'s dict for a reading without tags, units or info.
+
+    ``metas``: the ``meta`` of each sensor so far, shared by its documents.
+    """
+    meta = metas.get(sensor)
+    if meta is None:
+        meta = metas[sensor] = {"sensor_id": sensor}
+    names = tuple(values)
+    try:
+        order = _SORTED[names]
+    except KeyError:
+        order = _sorted_names(names)
+    if seq is None:
+        doc = {"_id": oid, "ts": date, "meta": meta}
+    else:
+        doc = {"_id": oid, "ts": date, "meta": meta, "seq": seq}
+    if order is None:
+        doc.update(values)
+    else:
+        for name in order:
+            doc[name] = values[name]
+    return doc
+
+
+def _plain_raw(
+    writer: _Writer,
+    counter: int,
+    sensor: object,
+    ms: object,
+    seq: object,
+    values: object,
+    prefix: bytes,
+) -> object:
+    """Compiled: the bytes of :func:`_plain_document`'s dict, or None if the kernel is not sure."""
+    if (
+        writer.start()
+        or writer.object_id("_id", prefix, counter)
+        or writer.date("ts", ms)
+        or writer.open("meta")
+        or writer.value("sensor_id", sensor)
+        or writer.close()
+        or (seq is not None and writer.value("seq", seq))
+        or writer.items(values, by_name=True, skip=_OWN)
+    ):
+        return None
+    return writer.finish()
+
+
+def _mapped_raw(
+    writer: _Writer, counter: int, reading: Reading, when: object, ms: object, prefix: bytes
+) -> object:
+    """Compiled: the bytes of ``{"_id": ..., **reading_document(reading)}``, or None.
+
+    For a reading with tags, units or info; None when the kernel is not sure of a part.
+    """
+    if (
+        when is not None  # the driver encodes the datetime given
+        or type(ms) is not int
+        or not _MIN_DATETIME_MS <= ms <= _MAX_DATETIME_MS
+    ):
+        return None
+    tags, units, info, seq = reading.tags, reading.units, reading.info, reading.seq
+    if (
+        writer.start()
+        or writer.object_id("_id", prefix, counter)
+        or writer.date("ts", ms)
+        or writer.open("meta")
+        or writer.value("sensor_id", reading.sensor_id)
+        or (tags and writer.items(tags, by_name=True, skip=_META_OWN))
+        or writer.close()
+        or (seq is not None and writer.value("seq", seq))
+        or (
+            units is not None
+            and (
+                writer.open("units")
+                or writer.items(units, by_name=True, skip=None)
+                or writer.close()
+            )
+        )
+        or (
+            info is not None
+            and (
+                writer.open("info") or writer.items(info, by_name=True, skip=None) or writer.close()
+            )
+        )
+        or writer.items(reading.values, by_name=True, skip=_OWN)
+    ):
+        return None
+    return writer.finish()
+
+
+def ids_of(prefix: bytes, start: int, count: int) -> list[ObjectId]:
+    """``count`` ObjectIds: ``prefix`` then the counters from ``start`` (24 bits, wrapping).
+
+    ``ObjectId()`` costs several times more per id: it reads the clock, checks the pid
+    and takes a lock for every one; ``ObjectId(bytes)`` checks its argument in Python.
+    Here each id's 12 bytes are set in its slot.
+    """
+    if type(prefix) is not bytes or type(start) is not int:
+        raise TypeError(
+            f"an ObjectId prefix and counter are bytes and int, not "
+            f"{type(prefix).__name__} and {type(start).__name__}"
+        )
+    if len(prefix) != _PREFIX_BYTES:
+        raise ValueError(f"an ObjectId prefix is {_PREFIX_BYTES} bytes, not {len(prefix)}")
+    new = _new
+    ids: list[ObjectId] = []
+    append = ids.append
+    for counter in range(start, start + count):
+        oid = new(ObjectId)
+        oid._ObjectId__id = (  # type: ignore[attr-defined]  # noqa: SLF001 - its one slot
+            prefix + (counter & 0xFFFFFF).to_bytes(3, "big")
+        )
+        append(oid)
+    return ids
