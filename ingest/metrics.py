@@ -666,6 +666,7 @@ class MetricsServer(HttpEndpoint):
 
 
 API_ENDPOINTS = (
+    "promql",
     "sensors",
     "readings",
     "series",

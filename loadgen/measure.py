@@ -6,6 +6,7 @@ the daemon's own writers); nothing is published or started.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from datetime import UTC, datetime, timedelta
@@ -165,6 +166,7 @@ def query_latency(
         ),
     }
     out: dict[str, Any] = {}
+    out["promql_avg_over_time_day"] = promql_latency(db, name, mode, day[1], runs, span)
     for key, pipeline in pipelines.items():
         times, rows = [], 0
         for _ in range(runs):
@@ -173,6 +175,34 @@ def query_latency(
             times.append((time.perf_counter() - began) * 1000)
         out[key] = {"median_ms": round(median(times), 2), "runs": runs, "rows": rows}
     return out
+
+
+def promql_latency(
+    db: Database[dict[str, Any]], name: str, mode: str, day_end: datetime, runs: int, span: int
+) -> dict[str, Any]:
+    """Median latency of ``avg_over_time(temp[1h])`` over the day at 1-hour steps.
+
+    ingest api's PromQL evaluation (in process, no HTTP): bucket mode answers it from the
+    documents' statistics when the hours are bucket spans.
+    """
+    from ingest.api.prom_http import DEFAULT_LOOKBACK_MS, PromApi  # noqa: PLC0415 - aiohttp
+    from ingest.api.promql import Steps, parse  # noqa: PLC0415
+    from ingest.api.read_queries import Layout  # noqa: PLC0415
+
+    async def run_pipeline(pipeline: layout_queries.Pipeline) -> list[dict[str, Any]]:
+        return list(db[name].aggregate(pipeline))
+
+    end_ms = int(day_end.timestamp() * 1000)
+    times = list(range(end_ms - 23 * 3_600_000, end_ms + 1, 3_600_000))
+    api = PromApi(run_pipeline, Layout(mode, span), lambda: day_end, 600)
+    node = parse("avg_over_time(temp[1h])")
+    took, series = [], 0
+    for _ in range(runs):
+        began = time.perf_counter()
+        value = asyncio.run(api.evaluate(node, Steps(times, DEFAULT_LOOKBACK_MS, 3_600_000)))
+        took.append((time.perf_counter() - began) * 1000)
+        series = len(getattr(value, "series", ()))
+    return {"median_ms": round(median(took), 2), "runs": runs, "rows": series}
 
 
 def server_info(client: MongoClient[dict[str, Any]]) -> dict[str, Any]:

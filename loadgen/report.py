@@ -14,6 +14,7 @@ QUERIES = (
     ("one_sensor_last_hour", "query: one sensor, last hour (median ms)"),
     ("one_sensor_last_24h", "query: one sensor, last 24 h (median ms)"),
     ("hourly_all_sensors_day", ("query: hourly min/avg/max, all sensors, 1 day (median ms)")),
+    ("promql_avg_over_time_day", "query: PromQL avg_over_time(temp[1h]), 1 day at 1 h (median ms)"),
 )
 SECTIONS = (
     "published",

@@ -344,6 +344,7 @@ def test_bench_compares_both_modes_end_to_end(
     # ISO-8601 UTC strings compare in time order; the run takes seconds (two daemons).
     assert report["started_at"] < report["finished_at"]
     rows: dict[str, int] = {}
+    promql: dict[str, int] = {}
     for mode, figures in report["modes"].items():
         assert all(section in figures for section in SECTIONS), mode
         assert figures["published"] == figures["written"] == 200
@@ -362,8 +363,11 @@ def test_bench_compares_both_modes_end_to_end(
         assert figures["storage"]["documents"] > 0
         assert all(q["median_ms"] > 0 for q in figures["queries_ms"].values())
         rows[mode] = figures["queries_ms"]["hourly_all_sensors_day"]["rows"]
-    # Both layouts answer the hourly query with the same sensor-hours.
+        promql[mode] = figures["queries_ms"]["promql_avg_over_time_day"]["rows"]
+    # Both layouts answer the hourly query with the same sensor-hours, and the PromQL
+    # query with the same series.
     assert rows["bucket"] == rows["timeseries"] > 0
+    assert promql["bucket"] == promql["timeseries"] > 0
     assert report["modes"]["timeseries"]["writes"]["ops_per_reading"] == 1.0
     assert report["server"]["version"]
     files = sorted(p.suffix for p in out.glob("bench-*"))

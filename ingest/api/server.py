@@ -45,6 +45,7 @@ from ingest import __version__
 from ingest.api import openapi, read_queries
 from ingest.api.auth import COOKIE, CallerSlots, Sessions
 from ingest.api.chart_order import measurement_order
+from ingest.api.prom_http import PromApi
 from ingest.api.query_params import (
     ENDPOINT_PARAMETERS,
     LIMITS,
@@ -54,6 +55,7 @@ from ingest.api.query_params import (
     encode_cursor,
 )
 from ingest.api.read_queries import Cursor, Layout, Selection
+from ingest.api.remote_read import RemoteRead
 from ingest.config import server_tls_context
 from ingest.errors import ConfigError, StartupError
 from ingest.metrics import API_ENDPOINTS, ApiMetrics
@@ -77,6 +79,8 @@ type Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # /api/ routes, /openapi.json, /metrics, and unknown paths) needs a token.
 OPEN_ROUTES = frozenset({"page", "static", "health", "health-ready", "login", "logout", "session"})
 QUERY_ROUTES = frozenset({"sensors", "readings", "series", "rejects"})  # run MongoDB queries
+# The Prometheus query API's routes (ingest.api.prom_http) all run MongoDB queries too.
+PROM_PREFIX = "prom-"
 
 
 def json_response(body: object, status: int = 200) -> web.Response:
@@ -134,6 +138,12 @@ class ReadApi:
         get("/readyz", self.readyz, name="health-ready")
         get("/metrics", self.metrics_handler, name="metrics")
         app.router.add_static("/static/", WEB, name="static")
+
+        def run(pipeline: Pipeline) -> Awaitable[list[dict[str, Any]]]:
+            return self.aggregate(self.collection, pipeline)
+
+        PromApi(run, self.layout, self.clock, self.settings.query_timeout).add_routes(app)
+        RemoteRead(run, self.layout).add_routes(app)
         return app
 
     @web.middleware
@@ -157,6 +167,7 @@ class ReadApi:
         status = response.status
         route = request.match_info.route.name or "other"
         endpoint = "health" if route.startswith("health") else route
+        endpoint = "promql" if route.startswith(PROM_PREFIX) else endpoint
         endpoint = endpoint if endpoint in API_ENDPOINTS else "other"
         klass = "5xx" if status >= 500 else "4xx" if status >= 400 else "2xx"
         self.metrics.request_seconds.labels(endpoint, klass).observe(time.perf_counter() - start)
@@ -172,7 +183,7 @@ class ReadApi:
             if caller is None:
                 return self.unauthorized(request)
             logger.debug("%s %s by token %s", request.method, request.path, caller)
-        if route not in QUERY_ROUTES:
+        if route not in QUERY_ROUTES and not (route or "").startswith(PROM_PREFIX):
             return await handler(request)
         key = f"token {caller}" if caller is not None else f"address {request.remote}"
         if not self.slots.take(key):

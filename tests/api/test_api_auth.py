@@ -41,6 +41,12 @@ GUARDED = [
     "/api/series?sensor=guarded-s1&measurement=temp&since=now-1h",
     "/api/rejects",
     "/api/info",
+    "/api/v1/query?query=temp",
+    "/api/v1/query_range?query=temp&start=0&end=60&step=15",
+    "/api/v1/series?match[]=temp",
+    "/api/v1/labels",
+    "/api/v1/label/sensor_id/values",
+    "/api/v1/metadata",
     "/openapi.json",
     "/metrics",
     "/api/nothing",
@@ -397,6 +403,9 @@ async def test_a_caller_over_its_concurrent_queries_gets_429(
             assert status == 429
             assert headers["Retry-After"] == "1"
             assert "--api-max-concurrent-queries 1" in body
+            # the Prometheus query API shares the caller's slots
+            promql = running.url + "/api/v1/query?query=temp"
+            assert (await get(http, promql, a))[0] == 429
             assert (await get(http, running.url + "/api/info", a))[0] == 200  # no query
             proxy.heal()
             assert (await first)[0] == 200

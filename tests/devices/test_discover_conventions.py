@@ -439,10 +439,10 @@ async def test_onboarding_a_gateway_as_discover_advises(
     own = [
         (
             Message("garden", topic, payload, "garden", (), ignored=False, rejections=()),
-            Expected("weather-1", "arrival", {name: value}, None),
+            Expected("weather-1", "arrival", {name: value}, None, {name: unit}),
         )
-        for (topic, payload), (name, value) in zip(
-            GARDEN, (("temperature", 21.5), ("humidity", 40)), strict=True
+        for (topic, payload), (name, value, unit) in zip(
+            GARDEN, (("temperature", 21.5, "°C"), ("humidity", 40, "%")), strict=True
         )
     ]
     await assert_stored(db, mode, [*expected, *own], t, (started, time.time()))

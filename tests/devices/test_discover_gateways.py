@@ -144,7 +144,9 @@ def test_a_payload_that_is_an_array_of_devices_and_an_object_keyed_by_device() -
         ["{_key}"],
         ["Device"],
     )
-    assert pattern.units == {"Humidity": "%"}
+    # Temperature from the names' table (Tasmota's default is °C); Power is a relay's
+    # 0/1 state, no power in W
+    assert pattern.units == {"Humidity": "%", "Temperature": "°C"}
     assert [(r.sensor_id, r.values) for r in readings(pattern, zigbee)] == [
         ("0x2916", {"Temperature": 26.27, "Humidity": 47.73, "Endpoint": 1, "LinkQuality": 105}),
         ("0x7120", {"Power": 1, "Endpoint": 1, "LinkQuality": 229}),
@@ -243,7 +245,7 @@ async def test_onboarding_gateways_that_list_their_devices_as_discover_proposes(
         (
             "0x2916",
             {"Temperature": 26.27, "Humidity": 47.73, "Endpoint": 1, "LinkQuality": 105},
-            {"Humidity": "%"},
+            {"Humidity": "%", "Temperature": "°C"},  # Temperature from the names' table
             {"gateway": "kitchen"},
         ),
         ("0x7120", {"Power": 1, "Endpoint": 1, "LinkQuality": 229}, None, {"gateway": "kitchen"}),

@@ -73,6 +73,8 @@ class Tally:
     reasons: Counter[str] = field(default_factory=Counter)
     example: str = ""
     topics: set[str] = field(default_factory=set)
+    sensors: set[str] = field(default_factory=set)  # the sensor ids its readings have
+    measurements: set[str] = field(default_factory=set)  # the names they store
 
     @property
     def messages(self) -> int:
@@ -87,6 +89,19 @@ class Tally:
         rejected = f", {self.rejected} rejected" if self.rejected else ""
         ignored = f", {self.ignored} ignored" if self.ignored else ""
         return f"{took}: {self.accepted} stored{rejected}{ignored}"
+
+    def stores(self) -> str | None:
+        """What the rule's readings store: the sensors and measurements, in words."""
+        if not self.sensors:
+            return None
+        sensors = sorted(self.sensors)
+        names = sorted(self.measurements)
+        more = f", +{len(sensors) - 3} more" if len(sensors) > 3 else ""
+        rest = f", +{len(names) - 8} more" if len(names) > 8 else ""
+        return (
+            f"stores {len(sensors)} sensor(s) ({', '.join(sensors[:3])}{more}); "
+            f"measurements {', '.join(names[:8])}{rest}"
+        )
 
 
 async def capture(
@@ -148,6 +163,9 @@ def tally(
             count.ignored += 1
         elif result.decoded.readings or not result.decoded.rejections:
             count.accepted += 1  # stored, or taken as state (a Homie attribute, a DEATH)
+            for reading in result.decoded.readings:
+                count.sensors.add(reading.sensor_id)
+                count.measurements.update(reading.values)
         else:
             count.rejected += 1
             reasons = {r.reason for r in result.decoded.rejections}
@@ -214,7 +232,13 @@ def proposal_text(
     """The proposed mapping file; ``counts``: what each rule took of the capture."""
     parts = ["\n".join(f"# {line}" if line else "#" for line in header)]
     parts += [
-        rule_text(p, n, now, counts[n].summary() if counts else None)
+        rule_text(
+            p,
+            n,
+            now,
+            counts[n].summary() if counts else None,
+            counts[n].stores() if counts else None,
+        )
         for p, n in zip(patterns, names, strict=True)
     ]
     return "\n\n".join(parts) + "\n"

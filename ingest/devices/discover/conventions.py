@@ -128,6 +128,9 @@ class Known:
     homie_units: dict[str, str] = field(default_factory=dict)  # property topic -> unit
 
 
+UNIT_TOPICS = frozenset({"unit", "units", "uom"})  # a value topic's unit, published beside it
+
+
 def read(messages: Iterable[tuple[str, bytes]]) -> Known:
     """Home Assistant discovery configs and Homie attributes among ``(topic, payload)``."""
     known = Known()
@@ -137,7 +140,19 @@ def read(messages: Iterable[tuple[str, bytes]]) -> Known:
             _discovery(topic, payload, known)
         elif levels[-1].startswith("$") and len(levels) >= 3:
             _homie(levels, payload, known)
+        elif levels[-1].lower() in UNIT_TOPICS and len(levels) >= 2:
+            _unit_topic(levels, payload, known)
     return known
+
+
+def _unit_topic(levels: list[str], payload: bytes, known: Known) -> None:
+    """A unit attribute topic beside a value (``<value topic>/unit``: ``°C``)."""
+    try:
+        text = payload.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return
+    if 0 < len(text) <= 16 and not any(c in text for c in '{}[]"\n'):
+        known.homie_units.setdefault("/".join(levels[:-1]), text)
 
 
 def _expand(doc: dict[str, object]) -> dict[str, object]:

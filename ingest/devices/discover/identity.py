@@ -43,6 +43,10 @@ IDENTIFIERS = (
     "addr",
     "node_id",
     "nodeid",
+    "from",  # Meshtastic: the sending node (``id`` there is the packet's)
+    "src",
+    "source",
+    "node",
 )
 # A MAC or EUI-64 names a device on its own; a small number (rtl_433's id) only with the
 # model (and channel) beside it.
@@ -58,6 +62,7 @@ SUFFIX_UNITS = {
     "_deg": "°",
     "_m_s": "m/s",
     "_km_h": "km/h",
+    "_km": "km",
     "_mi_h": "mi/h",
     "_mm": "mm",
     "_in": "in",
@@ -171,16 +176,17 @@ def identity(
     if not every:
         return None
     names = {k.lower(): k for d in every for k in d}
-    ident = next(
-        (
-            names[k]
-            for k in IDENTIFIERS
-            if k in names and sum(_key(d.get(names[k])) is not None for d in every) * 2 > len(every)
-        ),
-        None,
-    )
-    if ident is None:
+    candidates = [
+        names[k]
+        for k in IDENTIFIERS
+        if k in names and sum(_key(d.get(names[k])) is not None for d in every) * 2 > len(every)
+    ]
+    if not candidates:
         return None
+    # A device id repeats across messages while the measurements change; a field unique
+    # to each message (a packet id) is no device id when another candidate repeats.
+    repeating = [c for c in candidates if not _per_message(c, every)]
+    ident = (repeating or candidates)[0]
     quals = [
         names[q]
         for q in QUALIFIERS
@@ -200,6 +206,13 @@ def identity(
         found = Identity(_templates(parts, every), parts, [], shared)
     found.example = next((t for t in (_render(x, every[0]) for x in found.templates) if t), "")
     return found
+
+
+def _per_message(name: str, docs: list[dict[str, object]]) -> bool:
+    """Whether a field takes a new value in (almost) every message: a packet or message id."""
+    values = [_key(d.get(name)) for d in docs]
+    present = [v for v in values if v is not None]
+    return len(present) >= 3 and len(set(present)) >= 0.8 * len(present)
 
 
 def _templates(parts: list[str], docs: list[dict[str, object]]) -> list[str]:

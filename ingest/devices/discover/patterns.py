@@ -1,32 +1,28 @@
 """What a captured stream looks like: payload formats and topic patterns.
 
 Pure functions over captured ``(topic, payload)`` messages, used by ``ingest discover``:
-:func:`payload_kind` names a payload's format, :func:`group` groups the topics into
-patterns (the level that varies most is the device; levels after it name the measurement
-of a plain value; housekeeping topics are ignored). :mod:`ingest.devices.discover.propose`
-completes the patterns with what conventions and payloads say,
-:mod:`ingest.devices.discover.proposal` writes them as rules, and
-:mod:`ingest.devices.discover.command` checks them through the real mapping engine. Nothing here
-does I/O.
+:func:`payload_kind` names a payload's format; :func:`topic_patterns` makes a group of
+topics (:mod:`ingest.devices.discover.grouping`) a pattern (the level that varies most is
+the device; levels after it name the measurement of a plain value). The words that mark
+housekeeping are here, its rules in :mod:`ingest.devices.discover.chores`.
+:mod:`ingest.devices.discover.propose` completes the patterns with what conventions and
+payloads say, :mod:`ingest.devices.discover.proposal` writes them as rules, and
+:mod:`ingest.devices.discover.command` checks them through the real mapping engine.
+Nothing here does I/O.
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING
 
 import orjson
 
 from ingest.devices.decode import Limits, decode
 from ingest.devices.discover.identity import json_docs
 from ingest.devices.discover.identity import members as reading_objects
-
-if TYPE_CHECKING:
-    from ingest.devices.discover.conventions import Known
 
 # Last topic levels that carry status, commands or metadata rather than readings.
 HOUSEKEEPING = frozenset(
@@ -49,8 +45,23 @@ HOUSEKEEPING = frozenset(
         "connected",
         "birth",
         "heartbeat",
+        "status",
+        "cmd",
+        "keepalive",
+        "request",
+        "unit",
+        "units",
+        "uom",
     }
 )
+# Levels that mark everything under them as housekeeping, wherever they stand after the
+# first (OpenDTU's ``solar/<serial>/status/reachable``, ``.../cmd/limit``).
+HOUSEKEEPING_LEVELS = frozenset(
+    {"status", "cmd", "cmnd", "command", "lwt", "availability", "heartbeat", "keepalive"}
+)
+# First levels of a request/write mirror of a notification tree (Victron's dbus-flashmq:
+# ``N/<portal>/...`` notifications, ``R/`` read requests and keep-alives, ``W/`` writes).
+MIRRORS = {"R": "N", "W": "N"}
 # Levels that name a kind of message, never a device.
 KIND_WORDS = frozenset(
     {
@@ -123,6 +134,9 @@ class Pattern:
     info: list[str] = field(default_factory=list)
     drop: list[str] = field(default_factory=list)
     each: str | None = None  # json: the path of the devices a message lists
+    # [rule.match]: payload field -> the values it takes in the messages the rule takes
+    match: dict[str, list[str]] = field(default_factory=dict)
+    keep: list[str] = field(default_factory=list)  # json: the only fields stored
 
     @property
     def samples(self) -> list[bytes]:
@@ -130,12 +144,19 @@ class Pattern:
         return [p for topic in sorted(self.topics) for p in self.payloads.get(topic, [])]
 
     def captures(self, topic: str) -> dict[str, str]:
-        """The values the pattern's captures take in ``topic``."""
-        return {
+        """The values the pattern's captures take in ``topic``.
+
+        A last ``{name#}`` takes the rest of the levels, joined with ``_``.
+        """
+        parts = topic.split("/")
+        out = {
             lv[1:-1]: part
-            for lv, part in zip(self.levels, topic.split("/"), strict=False)
-            if lv.startswith("{")
+            for lv, part in zip(self.levels, parts, strict=False)
+            if lv.startswith("{") and not lv.endswith("#}")
         }
+        if self.levels and self.levels[-1].endswith("#}"):
+            out[self.levels[-1][1:-2]] = "_".join(parts[len(self.levels) - 1 :])
+        return out
 
     def narrowed(self, index: int, value: str, topics: set[str]) -> Pattern:
         """A copy for ``topics`` only, with level ``index`` fixed to ``value``."""
@@ -171,6 +192,8 @@ class Pattern:
             [*self.info],
             [*self.drop],
             self.each,
+            {k: [*v] for k, v in self.match.items()},
+            [*self.keep],
         )
 
 
@@ -200,7 +223,7 @@ def _json_kind(topic: str, payload: bytes, doc: object) -> str:
         return "value"
     if type(doc) is list and _senml(doc):
         return "senml"
-    decoded = decode(topic, payload, _now(), Limits())
+    decoded = decode(topic, payload, epoch_now(), Limits())
     return "ingest" if decoded.readings and not decoded.rejections else "json"
 
 
@@ -213,7 +236,8 @@ def _senml(records: list[dict[str, object]]) -> bool:
     )
 
 
-def _now() -> float:
+def epoch_now() -> float:
+    """The time now, as an epoch."""
     return datetime.now().timestamp()  # noqa: DTZ005 - an epoch, no zone involved
 
 
@@ -234,48 +258,6 @@ def device_score(level: str, position: int) -> int:
     return score
 
 
-def group(messages: list[Captured], known: Known) -> list[Pattern]:
-    """The messages' topics grouped into patterns, one per rule to propose.
-
-    Each keeps the first payloads of its topics. ``known``: what the conventions say
-    (Homie devices, Home Assistant's availability and command topics).
-    """
-    by_topic: dict[str, list[bytes]] = {}
-    for msg in messages:
-        by_topic.setdefault(msg.topic, []).append(msg.payload)
-    kinds: dict[str, str] = {}
-    for topic, payloads in by_topic.items():
-        counted = Counter(payload_kind(topic, p) for p in payloads)
-        counted.pop("empty", None)
-        if counted:
-            kinds[topic] = counted.most_common(1)[0][0]
-        if kinds.get(topic) == "ingest" and topic in known.entities:
-            kinds[topic] = "json"  # Home Assistant names its fields: units need the json format
-    groups: dict[tuple[int, str, bool, int], list[str]] = {}
-    for topic, kind in kinds.items():
-        last = topic.rsplit("/", 1)[-1].lower()
-        texts = {p.strip().lower() for p in by_topic[topic] if p.strip()}
-        chore = (
-            (last in HOUSEKEEPING and kind in {"value", "json"})
-            or (kind == "value" and bool(texts) and texts <= {w.encode() for w in STATUS_WORDS})
-            or topic in known.chores
-            or last.startswith("$")
-        )
-        key = (topic.count("/") + 1, kind, chore, _homie_device(topic, known))
-        groups.setdefault(key, []).append(topic)
-    patterns: list[Pattern] = []
-    for (_, kind, chore, device), topics in sorted(groups.items()):
-        if chore:
-            patterns.extend(_housekeeping(topics, kind, known))
-        else:
-            patterns.extend(_patterns(sorted(topics), kind, device))
-    data = {t for (_, _, chore, _), ts in groups.items() if not chore for t in ts}
-    patterns = _merge_chores(patterns, data)
-    for pattern in patterns:
-        pattern.payloads = {t: by_topic[t][:SAMPLES] for t in pattern.topics}
-    return patterns
-
-
 def literal(level: str) -> str:
     """A topic's level as a rule's filter can hold it.
 
@@ -290,90 +272,16 @@ def order(pattern: Pattern) -> tuple[int, bool, list[str]]:
     A general rule must not shadow a specific one.
     """
     levels = pattern.levels
-    return -sum(not _variable(x) for x in levels), levels[-1] == "#", levels
+    return -sum(not variable(x) for x in levels), levels[-1] == "#", levels
 
 
-def _homie_device(topic: str, known: Known) -> int:
-    """The device level of a topic under a Homie device (``homie/<device>/...``), or -1."""
-    levels = topic.split("/")
-    for depth in range(2, len(levels)):
-        if "/".join(levels[:depth]) in known.homie_devices:
-            return depth - 1
-    return -1
-
-
-def _variable(level: str) -> bool:
+def variable(level: str) -> bool:
+    """A filter level that is no literal: ``+``, ``#`` or a capture."""
     return level in {"+", "#"} or level.startswith("{")
 
 
-def _housekeeping(topics: list[str], kind: str, known: Known) -> list[Pattern]:
-    shapes: dict[tuple[str, ...], set[str]] = {}
-    for topic in topics:
-        levels = topic.split("/")
-        levels = [literal(lv) for lv in levels]
-        varying = (
-            [levels[0], *(["+"] * (len(levels) - 2)), levels[-1]]
-            if len(levels) > 2
-            else (["+", levels[-1]] if len(levels) == 2 else levels)
-        )
-        shapes.setdefault(tuple(varying), set()).add(topic)
-    out = []
-    for shape, members in shapes.items():
-        pattern = Pattern(list(shape), "ignore", members)
-        if shape[-1].startswith("$"):
-            why = f"a Homie attribute ({shape[-1]})"
-        elif members & known.chores:
-            why = "availability or command topics of Home Assistant discovery configs"
-        elif kind == "value":
-            why = f"last level {shape[-1]!r} or payloads such as online/offline"
-        else:
-            why = f"last level {shape[-1]!r}"
-        pattern.notes.append(
-            f"looks like housekeeping ({why}): ignored; delete this rule to store it"
-        )
-        out.append(pattern)
-    return out
-
-
-def _merge_chores(patterns: list[Pattern], data: set[str]) -> list[Pattern]:
-    """Ignore rules that differ in the last level only, made one where it can be.
-
-    ``homie/+/+/+/+`` for ``$name``, ``$unit``..., if it takes none of the topics that
-    carry readings.
-    """
-    by_parent: dict[tuple[str, ...], list[Pattern]] = {}
-    out = []
-    for pattern in patterns:
-        if pattern.kind == "ignore":
-            by_parent.setdefault(tuple(pattern.levels[:-1]), []).append(pattern)
-        else:
-            out.append(pattern)
-    for parent, group in by_parent.items():
-        levels = [*parent, "+"]
-        wide = len(group) > 1 and not any(_takes(levels, t) for t in data)
-        if not wide:
-            out += group
-            continue
-        lasts = ", ".join(sorted(p.levels[-1] for p in group)[:6])
-        merged = Pattern(levels, "ignore", set().union(*(p.topics for p in group)))
-        merged.notes.append(
-            f"looks like housekeeping (last levels {lasts}): ignored; "
-            "delete this rule to store them"
-        )
-        out.append(merged)
-    return out
-
-
-def _takes(levels: list[str], topic: str) -> bool:
-    parts = topic.split("/")
-    return (
-        len(parts) == len(levels)
-        and all(lv in {"+", part} for lv, part in zip(levels, parts, strict=True))
-        and not (levels[0] == "+" and parts[0].startswith("$"))
-    )
-
-
-def _patterns(topics: list[str], kind: str, device: int = -1) -> list[Pattern]:
+def topic_patterns(topics: list[str], kind: str, device: int = -1) -> list[Pattern]:
+    """The pattern (or, split by a level of few values, patterns) of one group of topics."""
     rows = [t.split("/") for t in topics]
     depth = len(rows[0])
     values = [sorted({row[i] for row in rows}) for i in range(depth)]
@@ -382,20 +290,8 @@ def _patterns(topics: list[str], kind: str, device: int = -1) -> list[Pattern]:
     span = depth - 1 if last_is_measurement else depth
     if not 0 <= device < span:  # not a Homie device
         device = _device_level(values[:span])
-    levels: list[str] = []
-    for i in range(depth):
-        if i == device:
-            levels.append("{sensor_id}")
-        elif last_is_measurement and i == depth - 1:
-            levels.append("{measurement}" if len(values[i]) > 1 else literal(values[i][0]))
-        elif len(values[i]) == 1:
-            levels.append(literal(values[i][0]))
-        elif plain or (i < device):
-            levels.append(f"{{level{i + 1}}}")
-        elif len(values[i]) <= MAX_JSON_PATTERNS:
-            levels.append("*")  # split below: one rule per value
-        else:
-            levels.append("+")
+    part = _device_part(rows, values, device) if not plain else -1
+    levels = [_level(i, values, device, part, plain) for i in range(depth)]
     if "*" in levels:
         return _split(levels, rows, kind)
     if kind == "binary":
@@ -403,7 +299,51 @@ def _patterns(topics: list[str], kind: str, device: int = -1) -> list[Pattern]:
         return [Pattern(levels, kind, set(topics))]
     pattern = Pattern(levels, kind, set(topics))
     _describe(pattern, device, values)
+    if part >= 0:
+        pattern.sensor_id = [f"{{sensor_id}}-{{level{part + 1}}}"]
+        pattern.notes = [n for n in pattern.notes if not n.startswith("one device seen")]
+        pattern.notes.append(
+            f"levels {device + 1} and {part + 1} vary together, one value of each per "
+            f"device (e.g. {values[device][0]!r} with "
+            f"{next(r[part] for r in rows if r[device] == values[device][0])!r}): "
+            "together they name the device"
+        )
     return [pattern]
+
+
+def _level(i: int, values: list[list[str]], device: int, part: int, plain: bool) -> str:
+    """Level ``i`` of a pattern's filter: device, capture, literal, ``*`` (a split) or ``+``."""
+    last_is_measurement = plain and len(values) > 1
+    if i == device:
+        return "{sensor_id}"
+    if i == part:
+        return f"{{level{i + 1}}}"
+    if last_is_measurement and i == len(values) - 1:
+        return "{measurement}" if len(values[i]) > 1 else literal(values[i][0])
+    if len(values[i]) == 1:
+        return literal(values[i][0])
+    if plain or i < device:
+        return f"{{level{i + 1}}}"
+    return "*" if len(values[i]) <= MAX_JSON_PATTERNS else "+"
+
+
+def _device_part(rows: list[list[str]], values: list[list[str]], device: int) -> int:
+    """A later level that names the device with the device level (OwnTracks' user/device).
+
+    It varies, is no kind or housekeeping word, and its values pair one to one with the
+    device level's: a second part of the name, not a kind of message.
+    """
+    if device < 0 or len(values[device]) < 2:
+        return -1
+    for i in range(device + 1, len(values)):
+        if len(values[i]) < 2 or any(
+            v.lower() in KIND_WORDS or v.lower() in HOUSEKEEPING for v in values[i]
+        ):
+            continue
+        pairs = {(row[device], row[i]) for row in rows}
+        if len(pairs) == len(values[device]) == len(values[i]):
+            return i
+    return -1
 
 
 def _device_level(values: list[list[str]]) -> int:
@@ -460,14 +400,14 @@ def _measurement(levels: list[str], device: int, values: list[list[str]]) -> str
     last = len(levels) - 1
     for i in range(device + 1, len(levels)):
         level, before = levels[i], levels[i - 1]
-        numbered = all(v.isdigit() for v in values[i]) and not _variable(before)
+        numbered = all(v.isdigit() for v in values[i]) and not variable(before)
         if level.startswith("{"):
             parts.append(f"{safe(before)}_{level}" if numbered else level)
         elif i == last and level.lower() not in GENERIC_LAST:
             parts.append(f"{safe(before)}_{level}" if numbered else safe(level))
     if parts:
         return "_".join(parts)
-    tail = [lv for lv in levels[device + 1 :] if not _variable(lv)]
+    tail = [lv for lv in levels[device + 1 :] if not variable(lv)]
     return safe(tail[-1]) if tail else "value"
 
 

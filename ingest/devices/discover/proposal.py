@@ -25,9 +25,15 @@ _ISO = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{
 _OFFSET = re.compile(r"(Z|[+-]\d{2}:?\d{2})$")
 
 
-def time_of(name: str, values: list[object], now: float) -> str | None:
-    """How a field holds the time: auto (epoch or ISO with offset), local, or None."""
-    if name.lower() not in TIME_KEYS and not name.lower().endswith(("_ts", "_time")):
+def time_of(name: str, values: list[object], now: float, by_value: bool = False) -> str | None:
+    """How a field holds the time: auto (epoch or ISO with offset), local, or None.
+
+    By its name (``ts``, ``timestamp``, ``*_time``), or with ``by_value`` by its values
+    alone: epoch seconds, milliseconds, microseconds or nanoseconds within ten years of
+    now, or ISO-8601 strings (OwnTracks' ``tst``).
+    """
+    named = name.lower() in TIME_KEYS or name.lower().endswith(("_ts", "_time"))
+    if not named and not by_value:
         return None
     kinds = set()
     for value in values:
@@ -44,17 +50,23 @@ def time_of(name: str, values: list[object], now: float) -> str | None:
     return kinds.pop() if len(kinds) == 1 and "?" not in kinds else None
 
 
-def rule_text(pattern: Pattern, name: str, now: float, summary: str | None = None) -> str:
-    """One pattern as a commented [[rule]] table; ``summary``: what it took of the capture."""
+def rule_text(
+    pattern: Pattern, name: str, now: float, summary: str | None = None, stores: str | None = None
+) -> str:
+    """One pattern as a commented [[rule]] table.
+
+    ``summary``: what it took of the capture; ``stores``: the sensors and measurements
+    its readings stored.
+    """
     head = summary or f"{len(pattern.topics)} topic(s)"
-    lines = [f"# {head}, e.g. {min(pattern.topics)}"]
+    lines = [f"# {head}, e.g. {min(pattern.topics)}"] + ([f"# {stores}"] if stores else [])
     if pattern.kind == "binary":
         lines.append("# NOTE: binary payloads (not UTF-8 text): no format reads them; ignored")
     lines += [f"# NOTE: {note}" for note in pattern.notes]
     lines += ["[[rule]]", f"name = {quote(name)}", f"topic = {quote('/'.join(pattern.levels))}"]
     if pattern.kind in {"ignore", "binary"}:
         lines.append("ignore = true")
-        return "\n".join(lines)
+        return "\n".join(lines + _match(pattern))
     lines.append(f"format = {quote(pattern.kind)}")
     if pattern.each:
         lines.append(f"each = {quote(pattern.each)}")
@@ -65,12 +77,25 @@ def rule_text(pattern: Pattern, name: str, now: float, summary: str | None = Non
         texts = {s.decode("utf-8", "replace").strip() for s in pattern.samples}
         tables += _values_table(texts, pattern.values)
     elif pattern.kind == "json":
+        if pattern.measurement:  # one value per topic, named by the topic
+            lines.append(f"measurement = {quote(pattern.measurement)}")
         keys, tables = _json_options(pattern, now)
         lines += keys
     if pattern.info:
         lines.append(f"info = [{', '.join(quote(n) for n in pattern.info)}]")
     tables += _table("tags", pattern.tags) + _table("units", pattern.units)
-    return "\n".join(lines + tables)
+    return "\n".join(lines + tables + _match(pattern))
+
+
+def _match(pattern: Pattern) -> list[str]:
+    """``[rule.match]``: the payload field values a rule takes (one, or a list of any)."""
+    if not pattern.match:
+        return []
+    out = ["[rule.match]"]
+    for name, values in sorted(pattern.match.items()):
+        given = quote(values[0]) if len(values) == 1 else f"[{', '.join(map(quote, values))}]"
+        out.append(f"{quote(name)} = {given}")
+    return out
 
 
 def _sensor_id(pattern: Pattern) -> list[str]:
@@ -112,7 +137,18 @@ def _json_options(pattern: Pattern, now: float) -> tuple[list[str], list[str]]:
     arrays = sorted(k for k, vs in fields.items() if any(type(v) is list for v in vs))
     times = {k: time_of(k, vs, now) for k, vs in fields.items() if k not in used}
     local = sorted(k for k, how in times.items() if how == "local")
-    time_field = next((k for k, how in times.items() if how == "auto"), None)
+    # The time field in the most messages, by name first, else by value.
+    auto = sorted((k for k, how in times.items() if how == "auto"), key=lambda k: -len(fields[k]))
+    if not auto:
+        auto = sorted(
+            (
+                k
+                for k, vs in fields.items()
+                if k not in used and time_of(k, vs, now, by_value=True) == "auto"
+            ),
+            key=lambda k: -len(fields[k]),
+        )
+    time_field = auto[0] if auto else None
     if time_field is None and pattern.each:  # a time the message gives all its devices
         time_field = next(
             (
@@ -134,6 +170,8 @@ def _json_options(pattern: Pattern, now: float) -> tuple[list[str], list[str]]:
     drop = sorted({*arrays, *local, *pattern.drop})
     if drop:
         out.append(f"drop = [{', '.join(quote(k) for k in drop)}]")
+    if pattern.keep:
+        out.append(f"keep = [{', '.join(quote(k) for k in pattern.keep)}]")
     onoff = {
         v for vs in fields.values() for v in vs if type(v) is str and v.lower() in {"on", "off"}
     }

@@ -1,7 +1,7 @@
 """The proposed patterns, completed with what conventions and payloads say about them.
 
 :func:`propose` gives each Homie domain other than ``homie/`` a ``homie`` rule, groups the
-other captured topics (:func:`ingest.devices.discover.patterns.group`) and completes each pattern:
+other captured topics (:func:`ingest.devices.discover.grouping.group`) and completes each pattern:
 units and devices from Home Assistant discovery configs and Homie attributes
 (:mod:`ingest.devices.discover.conventions`), device ids inside gateway payloads and the devices a
 message lists (:mod:`ingest.devices.discover.identity`), a node level taken for the device, and a
@@ -11,22 +11,32 @@ the device. Pure functions.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
-from ingest.devices.discover import conventions
-from ingest.devices.discover.identity import container, descriptive, identity, suffix_units
+from ingest.devices.discover import conventions, onevalue
+from ingest.devices.discover.chores import merge_chores
+from ingest.devices.discover.grouping import group
+from ingest.devices.discover.identity import (
+    container,
+    descriptive,
+    identity,
+    json_docs,
+    suffix_units,
+)
 from ingest.devices.discover.patterns import (
     GENERIC_LAST,
     VARIABLE,
     Pattern,
     device_score,
     field_values,
-    group,
     literal,
     order,
     quote,
     safe,
 )
+from ingest.devices.discover.selection import select
+from ingest.devices.discover.units import units_of
 from ingest.model import RESERVED_FIELDS
 
 if TYPE_CHECKING:
@@ -48,7 +58,20 @@ def propose(messages: list[Captured], known: Known | None = None) -> list[Patter
     homie = _homie_domains(messages, known)
     taken = {t for p in homie for t in p.topics}
     rest = [m for m in messages if m.topic not in taken]
-    patterns = homie + [q for p in group(rest, known) for q in _complete(p, known)]
+    now = time.time()
+    trees, rest = onevalue.split(rest)
+    for tree in trees:
+        _tree_units(tree, known)
+        _table_units(tree)
+    patterns = (
+        homie
+        + trees
+        + [r for p in group(rest, known) for q in _complete(p, known) for r in select(q, now)]
+    )
+    patterns = onevalue.merge_values(patterns)
+    data = {t for p in patterns if p.kind != "ignore" and not p.match for t in p.topics}
+    plain = [p for p in patterns if not p.match]
+    patterns = [p for p in patterns if p.match] + merge_chores(plain, data)
     return sorted(patterns, key=order)
 
 
@@ -94,13 +117,112 @@ def _complete(pattern: Pattern, known: Known) -> list[Pattern]:
     elif pattern.kind == "json":
         _json_units(pattern, known)
         _payload_identity(pattern)
+        _field_unit(pattern)
     if pattern.kind in {"value", "json"}:
         _home_assistant_device(pattern, known)
     for part in out:
         if part.kind in {"value", "json"} and not part.sensor_id:
             _node_level(part)
         _describe_conventions(part, known)
+        _table_units(part)
     return [p for p in out if p.topics]
+
+
+def _stored_names(pattern: Pattern) -> list[str]:
+    """The names the pattern's rule stores numbers under, as far as seen.
+
+    Not those seen as 0 and 1 only: a switch's state (Tasmota's ``"Power": 1``) has no
+    physical unit whatever its name.
+    """
+    seen: dict[str, list[object]] = {}
+    if pattern.kind == "value" or (pattern.kind == "json" and pattern.measurement):
+        template = pattern.measurement or "value"
+        for topic in pattern.topics:
+            name = safe(_render(template, pattern.captures(topic)))
+            for payload in pattern.payloads.get(topic, []):
+                seen.setdefault(name, []).append(_number(payload, pattern.kind))
+    elif pattern.kind == "json":
+        used = {
+            f for t in [*pattern.sensor_id, *pattern.tags.values()] for f in VARIABLE.findall(t)
+        }
+        seen = {
+            k: vs
+            for k, vs in field_values(pattern.samples, pattern.each).items()
+            if k not in used and k not in pattern.drop
+        }
+    return sorted(
+        k
+        for k, vs in seen.items()
+        if any(type(v) in {int, float} for v in vs)
+        and not {v for v in vs if type(v) in {int, float}} <= {0, 1}
+    )
+
+
+def _number(payload: bytes, kind: str) -> object:
+    """A plain value's number, or a one-value JSON payload's value."""
+    if kind == "json":
+        docs = json_docs([payload])
+        return docs[0].get("value") if docs and type(docs[0]) is dict else None
+    try:
+        return float(payload)
+    except ValueError:
+        return None
+
+
+def _tree_units(pattern: Pattern, known: Known) -> None:
+    """A one-value tree's units: from a unit attribute topic or the payloads' unit field."""
+    found: dict[str, set[str]] = {}
+    for topic in pattern.topics:
+        name = safe(_render(pattern.measurement or "value", pattern.captures(topic)))
+        given = {
+            d["unit"]
+            for d in json_docs(pattern.payloads.get(topic, []))
+            if type(d) is dict and type(d.get("unit")) is str and d["unit"]
+        }
+        if topic in known.homie_units:
+            given.add(known.homie_units[topic])
+        if given:
+            found.setdefault(name, set()).update(given)
+    units = _single(found)
+    if units:
+        pattern.units.update(units)
+        pattern.notes.append(
+            f"units from the payloads' unit field or a unit topic beside the value "
+            f"({', '.join(f'{n} {u}' for n, u in sorted(units.items())[:6])})"
+        )
+
+
+def _field_unit(pattern: Pattern) -> None:
+    """``{"value": 3.3, "unit": "V"}``: the one number's unit is the payload's unit field."""
+    fields = field_values(pattern.samples, pattern.each)
+    unit = next((k for k in ("unit", "units", "uom") if k in fields), None)
+    if unit is None or not all(type(v) is str for v in fields[unit]):
+        return
+    numbers = [
+        k for k, vs in fields.items() if k != unit and any(type(v) in {int, float} for v in vs)
+    ]
+    if len(numbers) == 1 and numbers[0] not in pattern.units:
+        pattern.units[numbers[0]] = f"{{{unit}}}"
+        pattern.notes.append(f"the unit of {numbers[0]} is the payload's {unit} field")
+
+
+def _table_units(pattern: Pattern) -> None:
+    """Units the names imply (:mod:`ingest.devices.discover.units`), as a suggestion."""
+    names = _stored_names(pattern)
+    found = {
+        n: u
+        for n, u in {**units_of(names), **suffix_units(names)}.items()
+        if n not in pattern.units and n not in RESERVED_FIELDS
+    }
+    if not found:
+        return
+    pattern.units.update(found)
+    given = ", ".join(f"{n} {u}" for n, u in sorted(found.items())[:8])
+    more = f" and {len(found) - 8} more" if len(found) > 8 else ""
+    pattern.notes.append(
+        f"units suggested by the names ({given}{more}; the table in docs/onboarding.md): "
+        "confirm them against the device's documentation"
+    )
 
 
 def _describe_conventions(pattern: Pattern, known: Known) -> None:

@@ -1,5 +1,4 @@
 # cython: annotation_typing=False
-# ruff: noqa: ERA001 - the line above is a Cython directive (the .pxd gives the types)
 """Time-series documents of a batch: the rules, once.
 
 Run as Python, and compiled by Cython as ``_timeseries_c`` with the types of
@@ -26,7 +25,7 @@ from ingest.model import Reading
 from ingest.store.writers.bucket import BsonDate, ts_key
 
 try:
-    import cython  # type: ignore[import-untyped]
+    import cython
 except ImportError:  # Cython builds the accelerators; it is not needed to run
     from ingest import _cython_shim as cython
 

@@ -1,0 +1,197 @@
+"""Housekeeping: topics and messages that carry status, commands or metadata, not readings.
+
+:func:`housekeeping` tells a topic apart by its words, its tree and its payloads,
+whatever the payload format; :func:`chore_patterns` proposes ignore rules for such
+topics, :func:`same_shapes` and :func:`merge_chores` make them as few as they can be
+without taking a topic that carries readings. Pure functions; used by
+:mod:`ingest.devices.discover.grouping`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import orjson
+
+from ingest.devices.discover.identity import json_docs
+from ingest.devices.discover.patterns import (
+    HOUSEKEEPING,
+    HOUSEKEEPING_LEVELS,
+    MIRRORS,
+    STATUS_WORDS,
+    Pattern,
+    literal,
+    variable,
+)
+
+if TYPE_CHECKING:
+    from ingest.devices.discover.conventions import Known
+
+
+def housekeeping(topic: str, kind: str, payloads: list[bytes], roots: set[str], now: float) -> bool:
+    """Whether a topic carries housekeeping rather than readings, whatever its format.
+
+    By topic word (a last level such as ``status``, ``heartbeat``, ``lwt``, ``set``; a
+    level such as ``status`` or ``cmd`` anywhere after the first), by a request/write
+    mirror of a notification tree (``R/...``, ``W/...`` beside ``N/...``), by payloads
+    that report a connection (online/offline), or by plain values that are all clock
+    times (a last-update or heartbeat time: evcc's ``updated``).
+    """
+    levels = topic.split("/")
+    last = levels[-1].lower()
+    if last in HOUSEKEEPING or last.startswith("$"):
+        return True
+    if any(level.lower() in HOUSEKEEPING_LEVELS for level in levels[1:]):
+        return True
+    if MIRRORS.get(levels[0]) in roots:
+        return True
+    texts = {p.strip().lower() for p in payloads if p.strip()}
+    if kind == "value" and texts and texts <= {w.encode() for w in STATUS_WORDS}:
+        return True
+    if kind in {"json", "ingest"}:  # {"value": <a clock time>}: Victron's full_publish_completed
+        docs = json_docs(list(texts))
+        texts = {
+            orjson.dumps(d["value"])
+            for d in docs
+            if type(d) is dict and len(d) == 1 and "value" in d
+        }
+        if len(texts) < len(docs):
+            return False
+    return bool(texts) and all(_clock(t, now) for t in texts)
+
+
+def _clock(text: bytes, now: float) -> bool:
+    """A plain value that is an epoch time within ten years of now."""
+    try:
+        number = float(text)
+    except ValueError:
+        return False
+    return any(abs(number / 10**d - now) < 10 * 365 * 86400 for d in (0, 3, 6, 9))
+
+
+def chore_patterns(
+    topics: list[str], kind: str, known: Known, roots: set[str] | None = None
+) -> list[Pattern]:
+    """Ignore rules for housekeeping topics, one per filter shape, each saying why."""
+    shapes: dict[tuple[str, ...], set[str]] = {}
+    whys: dict[tuple[str, ...], str] = {}
+    for topic in topics:
+        shape, why = _chore_shape(topic, kind, known, roots or set())
+        shapes.setdefault(shape, set()).add(topic)
+        whys.setdefault(shape, why)
+    out = []
+    for shape, members in shapes.items():
+        pattern = Pattern(list(shape), "ignore", members)
+        pattern.notes.append(
+            f"looks like housekeeping ({whys[shape]}): ignored; delete this rule to store it"
+        )
+        out.append(pattern)
+    return out
+
+
+def _chore_shape(
+    topic: str, kind: str, known: Known, roots: set[str]
+) -> tuple[tuple[str, ...], str]:
+    """The ignore rule's filter for a housekeeping topic, and why it is housekeeping."""
+    levels = [literal(lv) for lv in topic.split("/")]
+    mirrored = MIRRORS.get(levels[0])
+    if mirrored in roots and len(levels) > 1:
+        return (levels[0], "#"), (
+            f"{levels[0]}/ mirrors the notification tree {mirrored}/: requests and writes "
+            "to the device, not readings"
+        )
+    inner = next(
+        (i for i, lv in enumerate(levels[1:-1], 1) if lv.lower() in HOUSEKEEPING_LEVELS), None
+    )
+    if inner is not None:
+        shape = (levels[0], *(["+"] * (inner - 1)), levels[inner], "#")
+        return shape, f"under the level {levels[inner]!r}"
+    varying = (
+        [levels[0], *(["+"] * (len(levels) - 2)), levels[-1]]
+        if len(levels) > 2
+        else (["+", levels[-1]] if len(levels) == 2 else levels)
+    )
+    if varying[-1].startswith("$"):
+        why = f"a Homie attribute ({varying[-1]})"
+    elif topic in known.chores:
+        why = "availability or command topics of Home Assistant discovery configs"
+    elif varying[-1].lower() in HOUSEKEEPING:
+        why = f"last level {varying[-1]!r}"
+    elif kind == "value":
+        why = f"payloads such as online/offline, or clock times, on last level {varying[-1]!r}"
+    else:
+        why = f"last level {varying[-1]!r}"
+    return tuple(varying), why
+
+
+def same_shapes(patterns: list[Pattern]) -> list[Pattern]:
+    """Ignore rules of one filter (from topics of several depths or formats) made one."""
+    out: list[Pattern] = []
+    seen: dict[tuple[str, ...], Pattern] = {}
+    for pattern in patterns:
+        key = tuple(pattern.levels)
+        if pattern.kind == "ignore" and key in seen:
+            seen[key].topics |= pattern.topics
+            continue
+        if pattern.kind == "ignore":
+            seen[key] = pattern
+        out.append(pattern)
+    wide = [p for p in out if p.kind == "ignore" and p.levels[-1] == "#" and not p.match]
+    return [
+        p
+        for p in out
+        if not (
+            p.kind == "ignore"
+            and not p.match
+            and any(w is not p and all(covers(w.levels, t) for t in p.topics) for w in wide)
+        )
+    ]
+
+
+def covers(levels: list[str], topic: str) -> bool:
+    """Whether a filter (``+``, ``{capture}``, a last ``#``) takes a topic, as MQTT does."""
+    parts = topic.split("/")
+    for i, level in enumerate(levels):
+        if level == "#" or level.endswith("#}"):
+            return i <= len(parts) - (0 if level == "#" else 1)
+        if i >= len(parts) or not (variable(level) or level == parts[i]):
+            return False
+    return len(parts) == len(levels)
+
+
+def merge_chores(patterns: list[Pattern], data: set[str]) -> list[Pattern]:
+    """Ignore rules that differ in the last level only, made one where it can be.
+
+    ``homie/+/+/+/+`` for ``$name``, ``$unit``..., if it takes none of the topics that
+    carry readings.
+    """
+    by_parent: dict[tuple[str, ...], list[Pattern]] = {}
+    out = []
+    for pattern in patterns:
+        if pattern.kind == "ignore":
+            by_parent.setdefault(tuple(pattern.levels[:-1]), []).append(pattern)
+        else:
+            out.append(pattern)
+    for parent, group in by_parent.items():
+        levels = [*parent, "+"]
+        wide = len(group) > 1 and not any(_takes(levels, t) for t in data)
+        if not wide:
+            out += group
+            continue
+        lasts = ", ".join(sorted(p.levels[-1] for p in group)[:6])
+        merged = Pattern(levels, "ignore", set().union(*(p.topics for p in group)))
+        merged.notes.append(
+            f"looks like housekeeping (last levels {lasts}): ignored; "
+            "delete this rule to store them"
+        )
+        out.append(merged)
+    return out
+
+
+def _takes(levels: list[str], topic: str) -> bool:
+    parts = topic.split("/")
+    return (
+        len(parts) == len(levels)
+        and all(lv in {"+", part} for lv, part in zip(levels, parts, strict=True))
+        and not (levels[0] == "+" and parts[0].startswith("$"))
+    )
