@@ -37,7 +37,7 @@ from pymongo import AsyncMongoClient
 from ingest.api.read_queries import iso
 from ingest.api.server import ReadApi
 from ingest.config import ApiSettings
-from ingest.model import Reading
+from ingest.model import Reading, Scalar
 from ingest.store.schema import Schema
 from ingest.store.writers.bucket import BucketWriter, ts_key
 from ingest.store.writers.timeseries import TimeseriesWriter
@@ -54,7 +54,10 @@ def fleet(sensors: int, hours: int, interval: int, seed: int) -> list[Reading]:
     for step in range(hours * 3600 // interval):
         for s in range(sensors):
             ts = DAY + timedelta(seconds=step * interval + rng.randint(0, interval - 1))
-            values = {"temp": round(20 + rng.gauss(0, 2), 2), "hum": rng.randint(30, 70)}
+            values: dict[str, Scalar] = {
+                "temp": round(20 + rng.gauss(0, 2), 2),
+                "hum": rng.randint(30, 70),
+            }
             out.append(Reading(f"sensor-{s:04d}", ts, ts.timestamp(), values, step, ts_key(ts)))
     return out
 
@@ -72,7 +75,7 @@ async def load(db: Any, readings: list[Reading]) -> dict[str, float]:  # noqa: A
             span_seconds=3600,
         )
 
-    writers = {
+    writers: dict[str, BucketWriter | TimeseriesWriter] = {
         "bucket": BucketWriter(db.buckets, schema("buckets"), 3600, 3600),
         "timeseries": TimeseriesWriter(db.readings, schema("readings")),
     }
@@ -111,8 +114,8 @@ async def measure(
     now: datetime,
 ) -> dict[str, dict[str, float]]:
     settings = ApiSettings(
-        mode=mode,
-        db=db,  # type: ignore[arg-type]
+        mode=mode,  # type: ignore[arg-type]
+        db=db,
         collection="buckets" if mode == "bucket" else "readings",
     )
     runner = web.AppRunner(ReadApi(settings, client, clock=lambda: now).app())

@@ -22,6 +22,7 @@ from paho.mqtt import client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from bench import e2e
+from bench.relay import Relay
 from tests.support.procs import Daemon
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def drain(
     first.stop()  # the persistent session now exists and queues the backlog
     preload(broker, messages)
     client_id = args[args.index("--client-id") + 1]
-    relay = e2e.Relay.start(e2e.tools()["mqttrelay"], broker.port, len(messages))
+    relay = Relay.start(e2e.tools()["mqttrelay"], broker.port, len(messages))
     try:
         url = args.index("--mqtt-url") + 1
         daemon = Daemon([*args[:url], relay.url, *args[url + 1 :]], log).start(wait_ready=False)
@@ -170,7 +171,7 @@ def run_sub(
     messages = list(zip(topics or ["bench/s0/readings"] * len(lines), lines, strict=True))
     preload(broker, messages)
     run = e2e.Run("mosquitto_sub", 0, 1, 1, len(messages), published=len(messages))
-    relay = e2e.Relay.start(e2e.tools()["mqttrelay"], broker.port, len(messages))
+    relay = Relay.start(e2e.tools()["mqttrelay"], broker.port, len(messages))
     try:
         e2e.measure_sub(run, relay, client_id, workdir, base="#")
         relay.wait_closed(e2e.CLOSE_TIMEOUT)

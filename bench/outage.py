@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
 from pymongo import MongoClient
@@ -91,7 +92,7 @@ def main() -> int:
         assert daemon.process is not None
         time.sleep(2)
         before = rss_mib(daemon.process.pid)
-        with MongoClient(uri) as mongo:
+        with MongoClient[dict[str, Any]](uri) as mongo:
             mongo.admin.command(
                 {
                     "configureFailPoint": "failCommand",

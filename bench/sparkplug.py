@@ -22,6 +22,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -40,7 +41,9 @@ format = "epoch_s"
 """
 
 
-def readings(messages: int, per_message: int, sensors: int) -> list[tuple[int, list[tuple]]]:
+def readings(
+    messages: int, per_message: int, sensors: int
+) -> list[tuple[int, list[tuple[Any, ...]]]]:
     """(sensor, [(ts_ms, seq, hum, temp)...]) per message, the same for every format."""
     start = int(time.time() * 1000) - 3_600_000
     out = []
@@ -53,7 +56,9 @@ def readings(messages: int, per_message: int, sensors: int) -> list[tuple[int, l
     return out
 
 
-def encode(fmt: str, plan: list[tuple[int, list[tuple]]], sensors: int) -> list[tuple[str, bytes]]:
+def encode(
+    fmt: str, plan: list[tuple[int, list[tuple[Any, ...]]]], sensors: int
+) -> list[tuple[str, bytes]]:
     """The messages of one format: topic and payload (Sparkplug: NBIRTHs first)."""
     out: list[tuple[str, bytes]] = []
     if fmt == "sparkplug":

@@ -1,10 +1,17 @@
 """Compiled accelerators and their pure-Python twins: which one runs.
 
-A hot function is written once in Python, in its own module, and may have a compiled twin
-(Cython, ``_<name>_c.pyx`` beside it, built by ``pip install`` where a C compiler is
-present; see setup.py). The module hands out one of the two with :func:`pick`::
+A business rule (validation, mapping, statistics) is written once, in Python. Where
+profiling shows Python itself is the limit, the rule lives in ``_<name>_py.py``, which
+runs as it is without a compiler, and setup.py compiles that same file as ``_<name>_c``
+with the types of the augmenting ``_<name>_c.pxd`` beside it (Cython's pure-Python mode,
+as aiohttp builds its websocket reader). A hand-written kernel (``_<name>_c.pyx``) is
+only for a step whose compiled algorithm differs from any Python we would write (the
+selective JSON scanner, the BSON writer, the ISO-8601 fast path): small, and answering
+"not sure" to the Python around it rather than holding a copy of its rules. The public
+module hands out one of the two with :func:`pick`, where ``pip install`` built the
+compiled one::
 
-    decode = accel.pick(decode_py, "ingest.devices._decode_c", "decode")
+    held_bytes = accel.pick(_stages_py.held_bytes, "ingest.pipeline._stages_c", "held_bytes")
 
 The compiled twin is used when it was built and imports, unless ``INGEST_NO_EXTENSIONS``
 is set to anything but ``0`` (as aiohttp's ``AIOHTTP_NO_EXTENSIONS``); then every twin is

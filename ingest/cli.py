@@ -1,7 +1,10 @@
-"""Command line: argv and ``INGEST_*`` environment -> Settings -> run.
+"""Command line: argv and ``INGEST_*`` environment -> settings -> the command.
 
-This is the only module that reads the environment. Every flag ``--some-flag`` can also
-be set as ``INGEST_SOME_FLAG``; a flag on the command line wins.
+Every ``ingest`` command (run, init-db, migrate, api, local, check, discover,
+device-account) is parsed here, and no other module reads a setting from the environment:
+every flag ``--some-flag`` can also be set as ``INGEST_SOME_FLAG``; a flag on the command
+line wins. The one other variable, ``INGEST_NO_EXTENSIONS`` (the pure-Python path instead
+of the compiled accelerators), is read where the path is chosen, by :mod:`ingest.accel`.
 """
 
 from __future__ import annotations
@@ -575,7 +578,7 @@ On a replica set or a standalone server --shard changes nothing and says so.
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    """The ``ingest`` parser with its ``run`` and ``init-db`` commands."""
+    """The ``ingest`` parser and its commands."""
     parser = _Parser(prog="ingest", description="MQTT to MongoDB time-series ingestion.")
     parser.add_argument("--version", action="version", version=f"ingest {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)

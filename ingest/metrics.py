@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from prometheus_client.metrics_core import Metric
 
-    from ingest.devices.formats.stateful import Counts
+    from ingest.devices.formats.stateful import MetricCounts
     from ingest.tokens import TokenSet
 
 logger = logging.getLogger(__name__)
@@ -461,7 +461,7 @@ class Metrics:
         """Count rejected readings."""
         self.readings_rejected.labels(reason).inc(count)
 
-    def add_counts(self, counts: Counts) -> None:
+    def add_counts(self, counts: MetricCounts) -> None:
         """Add what a stateful format counted (:meth:`Stateful.take_counts`)."""
         for name, value in counts.counters.items():
             metric = getattr(self, name)

@@ -3,7 +3,9 @@ unique names per test, and the daemon as a subprocess."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -18,18 +20,61 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
     from pathlib import Path
 
-# The property tests are about what the twins return, not how fast: a per-example
-# deadline or a "too slow" health check fails them at random on a loaded machine (the
-# suite runs one process per core, beside brokers and daemons).
-settings.register_profile("ingest", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("ingest")
+# Two Hypothesis profiles instead of per-test example counts: "dev" (few examples, a fresh
+# draw each run: quick feedback) and "ci" (more examples, derandomized: the same draw on
+# every run, so a failure repeats). CI (the CI variable, set by .ci/run's caller and by
+# GitHub Actions) gets "ci"; HYPOTHESIS_PROFILE names either. The property tests are about
+# what the code returns, not how fast: a per-example deadline or a "too slow" health check
+# fails them at random on a loaded machine (the suite runs two processes per core, beside
+# brokers and daemons).
+settings.register_profile(
+    "dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "ci",
+    settings.get_profile("dev"),
+    max_examples=150,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+)
 
 MONGO_ENV = "INGEST_TEST_MONGODB_URI"
 REAL_MONGODB = bool(os.environ.get(MONGO_ENV))
 SHARDED_ENV = "INGEST_TEST_MONGODB_SHARDED_URI"  # a mongos, e.g. compose's "sharded" profile
+# Set by coverage.py (pyproject.toml's [tool.coverage.run] patch) when it measures the
+# processes the tests start.
+COVERAGE = bool(os.environ.get("COVERAGE_PROCESS_CONFIG"))
+
+
+# Fixtures that start a process (a broker, the MongoDB emulator, a daemon, a browser,
+# Prometheus, Docker): a test that uses one, directly or through another fixture, is marked
+# ``process``, and ``scripts/test --fast`` (``-m "not process"``) runs the others.
+PROCESS_FIXTURES = frozenset(
+    {
+        "mongo_uri",  # the emulator (and mongo, db, daemon...)
+        "broker",
+        "persistent",
+        "local",  # tests/test_local.py: ingest local
+        "fakemongo",  # tests/test_bench_e2e.py: bench/fakemongo
+        "prometheus",  # tests/pipeline/test_observability.py
+        "api_process",  # tests/api/conftest.py: ingest api
+        "stack",  # tests/test_stack.py: docker compose
+        "auth_broker",  # tests/test_bench.py
+        "deployed_broker",  # tests/test_deploy.py
+        "device_broker",
+    }
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    process = pytest.mark.process
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(process)
     skip = pytest.mark.skip(
         reason=f"needs a real MongoDB server: set {MONGO_ENV} (the emulator cannot answer this)"
     )
@@ -42,6 +87,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(skip)
         if "sharded_cluster" in item.keywords and not os.environ.get(SHARDED_ENV):
             item.add_marker(skip_sharded)
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_where_marked(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test not marked ``process`` that starts one fails, naming the marker: so
+    ``scripts/test --fast`` never starts a process, and the marker stays true."""
+    if request.node.get_closest_marker("process") is None:
+
+        def refuse(*_args: object, **_kwargs: object) -> None:
+            raise AssertionError(
+                "this test starts a process: mark it @pytest.mark.process (or use a fixture "
+                "of tests/conftest.py's PROCESS_FIXTURES)"
+            )
+
+        monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
 
 
 @pytest.fixture(scope="session")
@@ -160,6 +222,10 @@ def daemon(
     yield start
     for proc in started:
         if proc.process and proc.process.poll() is None:
+            if COVERAGE:  # a daemon saves its coverage data when it exits, not when killed
+                proc.process.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.process.wait(timeout=10)
             proc.process.kill()
             proc.process.wait()
 

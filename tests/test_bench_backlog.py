@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
+@pytest.mark.process
 def test_a_fleet_backlog_is_drained_whole_and_timed_from_first_message_to_last_ack(
     tmp_path: Path,
 ) -> None:
@@ -37,6 +38,7 @@ def test_a_fleet_backlog_is_drained_whole_and_timed_from_first_message_to_last_a
     assert reading_rate == pytest.approx(msg_rate)
 
 
+@pytest.mark.process
 def test_the_publish_bench_reads_what_the_broker_received(tmp_path: Path) -> None:
     broker = Broker(tmp_path, extra="sys_interval 1\n")
     broker.start()
@@ -47,6 +49,7 @@ def test_the_publish_bench_reads_what_the_broker_received(tmp_path: Path) -> Non
         broker.stop()
 
 
+@pytest.mark.process
 def test_the_c_client_reference_drains_the_same_backlog_timed_by_the_relay(tmp_path: Path) -> None:
     broker = Broker(tmp_path)
     broker.start()
@@ -61,6 +64,7 @@ def test_the_c_client_reference_drains_the_same_backlog_timed_by_the_relay(tmp_p
     assert (tmp_path / "sub-0.txt").read_bytes().splitlines() == lines
 
 
+@pytest.mark.process
 def test_bench_mapping_reports_each_stream_against_mosquitto_sub_on_the_same_stream(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -166,6 +166,7 @@ def test_at_qos_0_the_daemon_is_timed_from_its_connect_to_the_scrapes_around_its
     assert (qos1.seconds_low, qos1.seconds, qos1.seconds_high) == (0.9, 0.9, 0.9)
 
 
+@pytest.mark.process
 def test_tiny_run_accounts_for_every_message() -> None:
     settings = Settings(
         sensors=20,
@@ -207,6 +208,7 @@ def test_tiny_run_accounts_for_every_message() -> None:
     assert "the relay that takes the clock spent" in table
 
 
+@pytest.mark.process
 def test_at_qos_0_the_baseline_is_timed_to_its_exit_after_the_backlog() -> None:
     settings = Settings(
         sensors=20, messages=300, per_message=(1,), qos=(0,), consumers=("mosquitto_sub",), rounds=1
@@ -250,6 +252,7 @@ client.loop_forever()
 """
 
 
+@pytest.mark.process
 def test_a_consumer_that_leaves_pubacks_unsent_is_not_counted_as_done(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -275,6 +278,7 @@ def test_a_consumer_that_leaves_pubacks_unsent_is_not_counted_as_done(
     assert not report["summary"][0]["complete"]
 
 
+@pytest.mark.process
 def test_tiny_run_with_two_workers_spreads_the_backlog_and_accounts_for_every_message() -> None:
     settings = Settings(
         sensors=20,

@@ -502,6 +502,7 @@ BAD_CONFIGS: list[tuple[list[str], dict[str, str], str]] = [
 ]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("argv", "env", "flag"),
     BAD_CONFIGS,
@@ -515,6 +516,7 @@ def test_bad_configuration_exits_with_one_line(
     assert flag in line
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("argv", "env", "line"),
     [
@@ -546,6 +548,7 @@ def test_a_bad_number_is_named_where_it_came_from(
     assert assert_one_line_error(ingest(*argv, env=env)) == line
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("flag", ["--mqtt-password-file", "--mongodb-uri-file"])
 def test_missing_secret_file_exits_with_one_line(tmp_path: Path, flag: str) -> None:
     missing = tmp_path / "missing-secret"
@@ -554,6 +557,7 @@ def test_missing_secret_file_exits_with_one_line(tmp_path: Path, flag: str) -> N
     assert str(missing) in line
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "url",
     [
@@ -572,6 +576,7 @@ def test_url_password_never_appears_in_errors(url: str) -> None:
     assert "s3cret" not in result.stdout
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("url", ["mqtt://u:s3cret/x@host:1883", "mqtt://u:s3cret#@host:1883"])
 def test_url_password_with_reserved_characters_never_appears_in_errors(url: str) -> None:
     result = ingest("--mqtt-url", url)
@@ -579,12 +584,14 @@ def test_url_password_with_reserved_characters_never_appears_in_errors(url: str)
     assert "s3cret" not in result.stderr
 
 
+@pytest.mark.process
 def test_undecodable_secret_file_exits_with_one_line(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_bytes(b"\xff\xfe")
     assert_one_line_error(ingest("--mqtt-password-file", str(secret)))
 
 
+@pytest.mark.process
 def test_bad_log_level_from_env_exits_with_one_line() -> None:
     # Unreachable broker and database: should the daemon ever start, it fails fast.
     result = ingest(

@@ -86,6 +86,7 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # --- compose ---------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_compose_file_matches_the_compose_spec() -> None:
     pytest.importorskip("check_jsonschema", reason="check-jsonschema is not installed")
     result = subprocess.run(
@@ -521,6 +522,7 @@ def test_dockerfile_compiles_the_accelerators_in_the_build_stage_only() -> None:
     assert "ingest/**/*.so" in dockerignore, "the host's builds stay out of the image"
 
 
+@pytest.mark.process
 def test_dockerfile_passes_hadolint() -> None:
     hadolint = tool("hadolint")
     if hadolint is None:
@@ -534,6 +536,7 @@ def test_dockerfile_passes_hadolint() -> None:
 # --- Prometheus ------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_prometheus_config_passes_promtool() -> None:
     promtool = tool("promtool")
     if promtool is None:
@@ -715,6 +718,7 @@ async def test_a_device_account_publishes_only_under_its_own_name(
             pass
 
 
+@pytest.mark.process
 def test_device_account_replaces_a_password_and_refuses_bad_names(tmp_path: Path) -> None:
     passwd = tmp_path / "passwd"
     secret = tmp_path / "secret"
@@ -878,6 +882,7 @@ def test_github_workflow_runs_lint_the_suite_on_real_mongodb_7_and_8_and_the_ima
     assert "--target test" in builds
 
 
+@pytest.mark.process
 def test_github_workflow_matches_the_schema() -> None:
     checker = tool("check-jsonschema")
     assert checker is not None

@@ -16,7 +16,9 @@ from ingest.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-PAGES = sorted([README, ROOT / "tests" / "README.md", *(ROOT / "docs").rglob("*.md")])
+PAGES = sorted(
+    [README, ROOT / "CHANGELOG.md", ROOT / "tests" / "README.md", *(ROOT / "docs").rglob("*.md")]
+)
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
@@ -164,6 +166,7 @@ def test_every_test_the_docs_name_by_file_is_in_that_file() -> None:
     assert missing == []
 
 
+@pytest.mark.process
 def test_the_sparkplug_example_prints_what_the_page_shows() -> None:
     """docs/sparkplug.md's ``ingest check`` of an NBIRTH, run as shown: the same line."""
     page = (ROOT / "docs" / "sparkplug.md").read_text(encoding="utf-8")

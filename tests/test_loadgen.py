@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from pymongo import MongoClient
 
@@ -145,7 +145,6 @@ def test_values_are_reproducible_from_the_seed_and_rounded_to_milli_units() -> N
     assert len(set(temps)) > 100  # noise, not a constant
 
 
-@settings(max_examples=200)
 @given(
     seed=st.integers(0, 2**31),
     index=st.integers(0, 10**6),

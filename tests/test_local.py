@@ -196,7 +196,7 @@ def test_one_command_runs_the_main_job_and_ctrl_c_stops_it(
     publish = first.command("mosquitto_pub")
     subprocess.run(publish, check=True, timeout=30)
     uri = f"mongodb://127.0.0.1:{first.ports['store']}/?directConnection=true"
-    with MongoClient(uri) as client:
+    with MongoClient[dict[str, Any]](uri) as client:
         bucket = wait_for(lambda: client.iot.buckets.find_one({"sensor_id": "demo-1"}))
         reading = wait_for(lambda: client.iot.readings.find_one({"meta.sensor_id": "demo-1"}))
     assert bucket["readings"][0]["temp"] == 21.5
@@ -238,7 +238,7 @@ def test_one_command_runs_the_main_job_and_ctrl_c_stops_it(
     local.append(second)
     second.banner()
     uri = f"mongodb://127.0.0.1:{second.ports['store']}/?directConnection=true"
-    with MongoClient(uri) as client:
+    with MongoClient[dict[str, Any]](uri) as client:
         assert client.iot.readings.count_documents({"meta.sensor_id": "demo-1"}) == 1
     second.process.send_signal(signal.SIGTERM)
     assert second.process.wait(timeout=60) == 0
@@ -361,7 +361,7 @@ def test_a_preset_goes_to_every_daemon_and_the_banner_names_the_api_that_reads_i
     assert "linkquality" in info["measurement_order"]["last"]
     # The timeseries daemon got the preset too (the API serves the bucket layout).
     uri = f"mongodb://127.0.0.1:{proc.ports['store']}/?directConnection=true"
-    with MongoClient(uri) as client:
+    with MongoClient[dict[str, Any]](uri) as client:
         doc = wait_for(lambda: client.iot.readings.find_one({"meta.sensor_id": "Living Room"}))
     assert doc["temperature"] == 21.7
     assert "update_state" not in doc
@@ -426,7 +426,7 @@ def test_the_parts_get_only_the_settings_ingest_local_decides(
         timeout=30,
     )
     uri = f"mongodb://127.0.0.1:{proc.ports['store']}/?directConnection=true"
-    with MongoClient(uri) as client:
+    with MongoClient[dict[str, Any]](uri) as client:
         wait_for(lambda: client.iot.buckets.find_one({"sensor_id": "demo-2"}))
         wait_for(lambda: client.iot.readings.find_one({"meta.sensor_id": "demo-2"}))
         assert "x" not in client.iot.list_collection_names()
@@ -436,6 +436,7 @@ def test_the_parts_get_only_the_settings_ingest_local_decides(
     assert proc.process.wait(timeout=60) == 0
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("argv", "env", "error"),
     [
@@ -500,6 +501,7 @@ def test_an_empty_topic_in_the_variable_is_refused_as_by_ingest_run() -> None:
         local_settings(build_parser(env).parse_args(["local"]), env)
 
 
+@pytest.mark.process
 def test_a_taken_api_port_names_the_flag(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -550,7 +552,7 @@ def test_the_same_flags_point_it_at_a_real_store_and_broker(
     assert not listening(proc.ports["store"])
     assert not listening(proc.ports["mqtt"])
     subprocess.run(proc.command("mosquitto_pub"), check=True, timeout=30)
-    with MongoClient(mongo_uri) as client:
+    with MongoClient[dict[str, Any]](mongo_uri) as client:
         wait_for(lambda: client[db_name].readings.find_one({"meta.sensor_id": "demo-1"}))
         client.drop_database(db_name)
     proc.process.send_signal(signal.SIGINT)
@@ -570,7 +572,7 @@ def test_a_broker_already_on_the_default_port_is_used_and_left_running(
     assert "using it" in proc.stderr.read_text()
     subprocess.run(proc.command("mosquitto_pub"), check=True, timeout=30)
     uri = f"mongodb://127.0.0.1:{proc.ports['store']}/?directConnection=true"
-    with MongoClient(uri) as client:
+    with MongoClient[dict[str, Any]](uri) as client:
         wait_for(lambda: client.iot.buckets.find_one({"sensor_id": "demo-1"}))
     proc.process.send_signal(signal.SIGINT)
     assert proc.process.wait(timeout=60) == 0
@@ -612,6 +614,7 @@ def last_line(result: subprocess.CompletedProcess[str], status: int) -> str:
     return result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.process
 def test_without_mosquitto_it_says_how_to_install_it(tmp_path: Path) -> None:
     line = last_line(
         run_local(
@@ -629,6 +632,7 @@ def test_without_mosquitto_it_says_how_to_install_it(tmp_path: Path) -> None:
     assert "apt-get install mosquitto" in line
 
 
+@pytest.mark.process
 def test_a_taken_store_port_names_the_flag(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -641,11 +645,13 @@ def test_a_taken_store_port_names_the_flag(tmp_path: Path) -> None:
     assert "--mongodb-uri" in line
 
 
+@pytest.mark.process
 def test_a_bad_broker_url_is_a_configuration_error(tmp_path: Path) -> None:
     line = last_line(run_local(tmp_path, "--mqtt-url", "127.0.0.1:1883"), 2)
     assert "mqtt://host:port" in line
 
 
+@pytest.mark.process
 def test_without_the_local_extra_it_says_what_to_install(tmp_path: Path) -> None:
     """As on a machine where mongoeco is not installed (an import that fails)."""
     code = (

@@ -64,7 +64,7 @@ def picks() -> list[tuple[str, str, str, str]]:
                 constants |= {ast.unparse(target): node.value.value for target in node.targets}
             if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "accel.pick":
                 compiled, function = (
-                    arg.value if isinstance(arg, ast.Constant) else constants[ast.unparse(arg)]
+                    str(arg.value) if isinstance(arg, ast.Constant) else constants[ast.unparse(arg)]
                     for arg in node.value.args[1:]
                 )
                 found += [
@@ -157,6 +157,7 @@ def test_where_a_compiler_is_the_compiled_twins_run() -> None:
         assert chosen is getattr(extension, function), f"{module}.{attribute}"
 
 
+@pytest.mark.process
 def test_without_a_c_compiler_pip_installs_the_pure_python_path(tmp_path: Path) -> None:
     src = source_copy(tmp_path)
     nothing = tmp_path / "bin"
@@ -198,6 +199,7 @@ def said_by(wheel: Path, tmp_path: Path) -> str:
     return said
 
 
+@pytest.mark.process
 def test_ingest_no_extensions_at_build_time_builds_a_pure_python_wheel(tmp_path: Path) -> None:
     wheel, _ = build_wheel(source_copy(tmp_path), INGEST_NO_EXTENSIONS="1")
     assert wheel.name.endswith("-py3-none-any.whl")
@@ -210,6 +212,7 @@ def test_ingest_no_extensions_at_build_time_builds_a_pure_python_wheel(tmp_path:
     )
 
 
+@pytest.mark.process
 def test_the_sdist_carries_setup_py_and_the_cython_sources(tmp_path: Path) -> None:
     src = source_copy(tmp_path)
     done = subprocess.run(
@@ -236,6 +239,7 @@ def test_the_sdist_carries_setup_py_and_the_cython_sources(tmp_path: Path) -> No
     assert [n for n in names if n.endswith((".so", ".pyd", ".c"))] == []
 
 
+@pytest.mark.process
 def test_no_built_binary_is_committed() -> None:
     """The C helpers of the bench (bench/build.sh) and the accelerators are built where they
     run, from their committed sources: a committed binary runs on one platform only, and

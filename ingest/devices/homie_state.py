@@ -1,4 +1,4 @@
-"""The ``homie`` format at work: device attributes in memory, backed by MongoDB.
+"""The ``homie`` format's state: device attributes in memory, backed by MongoDB.
 
 Homie attributes are retained, so a daemon that subscribes anew receives them all. One
 that resumes its session (a restart within the session's expiry) does not: the broker
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pymongo.errors import DuplicateKeyError
 
 from ingest.devices.formats import homie as hm
-from ingest.devices.formats.stateful import DATA, OTHER, STATE, Counts
+from ingest.devices.formats.stateful import DATA, OTHER, STATE, MetricCounts
 from ingest.store.persist import until_done
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ _ROLES = {"attribute": STATE, "ignored": OTHER}
 def attach_store(stateful: dict[str, Stateful], db: AsyncDatabase[dict[str, Any]]) -> None:
     """Give the ``homie`` format of ``Mapping.stateful`` its MongoDB store."""
     fmt = stateful.get("homie")
-    if isinstance(fmt, HomieFormat):
+    if isinstance(fmt, HomieState):
         fmt.store = DeviceStore(db[COLLECTION])
 
 
@@ -121,13 +121,14 @@ class DeviceStore:
         return None if doc is None else device_of(doc)
 
 
-class HomieFormat:
-    """The stateful ``homie`` format: :class:`~ingest.devices.formats.stateful.Stateful`."""
+class HomieState:
+    """The ``homie`` format's state: devices in memory (:attr:`format`) backed by MongoDB.
 
-    def __init__(
-        self, state: hm.HomieState | None = None, store: DeviceStore | None = None
-    ) -> None:
-        self.state = state or hm.HomieState()
+    The mapping's :class:`~ingest.devices.formats.stateful.Stateful` for ``homie``.
+    """
+
+    def __init__(self, fmt: hm.HomieFormat | None = None, store: DeviceStore | None = None) -> None:
+        self.format = fmt or hm.HomieFormat()
         self.store = store  # None (dry run, ``ingest check``): memory only
         self._missed: OrderedDict[str, float] = OrderedDict()
         self._lookups = {"found": 0, "missing": 0}
@@ -138,8 +139,8 @@ class HomieFormat:
         return _ROLES.get(hm.parse_topic(topic).kind, DATA)
 
     def parse(self, topic: str, payload: bytes, limits: Limits) -> Parsed:
-        """Items of one message (see :meth:`HomieState.parse`)."""
-        return self.state.parse(topic, payload, limits)
+        """Items of one message (see :meth:`.HomieFormat.parse`)."""
+        return self.format.parse(topic, payload, limits)
 
     async def prepare(
         self,
@@ -158,12 +159,12 @@ class HomieFormat:
         parsed = hm.parse_topic(topic)
         if parsed.kind not in ("value", "attribute") or len(payload) > limits.max_message_bytes:
             return True  # nothing to read, or refused before parse() (too_large)
-        if self.state.device(parsed.key) is None and not await self._load(parsed.key, closing):
+        if self.format.device(parsed.key) is None and not await self._load(parsed.key, closing):
             return False
         if parsed.kind == "value":
             return True
         change = hm.change_of(parsed, payload)
-        if not self.state.changes(change):
+        if not self.format.changes(change):
             return True  # known already (another daemon stored it, or a repeat)
         return await until_done(
             lambda: store.save(change, time.time()),
@@ -179,13 +180,13 @@ class HomieFormat:
         With QoS 0 the broker does not keep them for this daemon, while another one of a
         shared group stored them: the devices in memory are read again when next needed.
         """
-        if self._generation is not None and self.state.devices:
+        if self._generation is not None and self.format.devices:
             logger.info(
                 "homie: reconnected; %d devices' attributes will be read again "
                 "from MongoDB when next used",
-                len(self.state.devices),
+                len(self.format.devices),
             )
-            self.state.devices.clear()
+            self.format.devices.clear()
             self._missed.clear()
         self._generation = generation
 
@@ -208,19 +209,19 @@ class HomieFormat:
         if device is None:
             self._missed[key] = time.monotonic()
             self._missed.move_to_end(key)
-            while len(self._missed) > self.state.max_devices:
+            while len(self._missed) > self.format.max_devices:
                 self._missed.popitem(last=False)
         else:
-            self.state.install(device)
+            self.format.install(device)
             self._missed.pop(key, None)
         return True
 
-    def take_counts(self) -> Counts:
+    def take_counts(self) -> MetricCounts:
         """The counts of the state and the store since the last call."""
-        messages = self.state.counts.messages
-        taken = Counts(
+        messages = self.format.counts.messages
+        taken = MetricCounts(
             {"homie_messages": dict(messages), "homie_lookups": dict(self._lookups)},
-            {"homie_devices": len(self.state.devices)},
+            {"homie_devices": len(self.format.devices)},
         )
         for table in (messages, self._lookups):
             table.update(dict.fromkeys(table, 0))

@@ -34,14 +34,14 @@ from ingest.devices.formats import influx, json, senml, value
 from ingest.devices.formats.homie import subscriptions as homie_subscriptions
 from ingest.devices.formats.sparkplug import shared_subscriptions as sparkplug_shared
 from ingest.devices.formats.stateful import OTHER
-from ingest.devices.homie_state import HomieFormat
+from ingest.devices.homie_state import HomieState
 from ingest.devices.rules import (
     check_unique,
     load_file,
     load_preset,
     match_key,
 )
-from ingest.devices.sparkplug_state import SparkplugFormat
+from ingest.devices.sparkplug_state import SparkplugState
 from ingest.errors import ConfigError
 from ingest.model import (
     RESERVED_FIELDS,
@@ -71,7 +71,7 @@ _FORMATS: dict[str, Callable[[bytes, Rule, dict[str, str], Limits], Parsed]] = {
 
 
 # Formats with state across messages (see ingest.devices.formats.stateful), made once per Mapping.
-_STATEFUL: dict[str, Callable[[], Stateful]] = {"sparkplug": SparkplugFormat, "homie": HomieFormat}
+_STATEFUL: dict[str, Callable[[], Stateful]] = {"sparkplug": SparkplugState, "homie": HomieState}
 
 
 class Result(NamedTuple):

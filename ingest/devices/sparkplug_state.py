@@ -1,4 +1,4 @@
-"""The ``sparkplug`` format at work: alias tables in memory, backed by MongoDB.
+"""The ``sparkplug`` format's state: alias tables in memory, backed by MongoDB.
 
 A BIRTH reaches one daemon only when several share a subscription, and a restarted
 daemon has lost its memory. So every BIRTH is written to the ``sparkplug_births``
@@ -22,7 +22,7 @@ from pymongo.errors import DuplicateKeyError
 
 from ingest.devices.formats import Parsed
 from ingest.devices.formats import sparkplug as spb
-from ingest.devices.formats.stateful import DATA, Counts
+from ingest.devices.formats.stateful import DATA, MetricCounts
 from ingest.store.persist import until_done
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def attach_store(
     stores its readings (see :meth:`BirthStore.save`).
     """
     fmt = stateful.get("sparkplug")
-    if isinstance(fmt, SparkplugFormat):
+    if isinstance(fmt, SparkplugState):
         fmt.store = BirthStore(db[BIRTHS_COLLECTION], claim_as)
 
 
@@ -290,13 +290,16 @@ class BirthStore:
         await self.collection.update_many(query, {"$set": change})
 
 
-class SparkplugFormat:
-    """The stateful ``sparkplug`` format: :class:`~ingest.devices.formats.stateful.Stateful`."""
+class SparkplugState:
+    """The ``sparkplug`` format's state: tables in memory (:attr:`format`) backed by MongoDB.
+
+    The mapping's :class:`~ingest.devices.formats.stateful.Stateful` for ``sparkplug``.
+    """
 
     def __init__(
-        self, state: spb.SparkplugState | None = None, store: BirthStore | None = None
+        self, fmt: spb.SparkplugFormat | None = None, store: BirthStore | None = None
     ) -> None:
-        self.state = state or spb.SparkplugState()
+        self.format = fmt or spb.SparkplugFormat()
         self.store = store  # None (dry run, ``ingest check``): memory only
         self._missed: OrderedDict[str, float] = OrderedDict()
         self._lookups = {"found": 0, "missing": 0}
@@ -309,11 +312,11 @@ class SparkplugFormat:
         return DATA
 
     def parse(self, topic: str, payload: bytes, limits: Limits) -> Parsed:
-        """Items of one message (see :meth:`SparkplugState.parse`)."""
+        """Items of one message (see :meth:`.SparkplugFormat.parse`)."""
         if self._quiet is not None and payload is self._quiet:
             self._quiet = None
-            return self.state.parse(topic, payload, limits, readings=False)
-        return self.state.parse(topic, payload, limits)
+            return self.format.parse(topic, payload, limits, readings=False)
+        return self.format.parse(topic, payload, limits)
 
     async def prepare(  # noqa: PLR0911
         self,
@@ -335,7 +338,7 @@ class SparkplugFormat:
             return True
         data = parsed.type.endswith("DATA")
         if data:
-            held = self.state.table(parsed.key)
+            held = self.format.table(parsed.key)
             if held is not None and held.online:
                 return True  # the hot path: one dict lookup
             # Missing, or closed by a DEATH: another daemon may have stored a new BIRTH.
@@ -351,14 +354,14 @@ class SparkplugFormat:
         key = parsed.node_key if parsed.type == "DBIRTH" else parsed.key
         if (
             parsed.type != "NBIRTH"
-            and self.state.table(key) is None
+            and self.format.table(key) is None
             and not await self._load(key, closing)
         ):
             return False
         if parsed.type.endswith("BIRTH"):
             return await self._birth(parsed, decoded, payload, closing)
-        if self.state.death_applies(parsed, decoded):
-            held = self.state.table(parsed.key)
+        if self.format.death_applies(parsed, decoded):
+            held = self.format.table(parsed.key)
             return await _retry(
                 lambda: store.close(parsed, time.time(), held), "store a DEATH", closing
             )
@@ -374,7 +377,7 @@ class SparkplugFormat:
         """Store a BIRTH; its readings are left to another daemon if that one claimed them."""
         store = self.store
         assert store is not None
-        table, _ = self.state.birth(topic, decoded, payload)
+        table, _ = self.format.birth(topic, decoded, payload)
         doc = birth_doc(topic, table, decoded, time.time())
         mine = [True]  # a document MongoDB refuses: stored from memory, by every daemon
 
@@ -403,9 +406,9 @@ class SparkplugFormat:
         """
         store = self.store
         assert store is not None
-        if self.state.table(topic.key) is None and not await self._load(topic.key, closing):
+        if self.format.table(topic.key) is None and not await self._load(topic.key, closing):
             return False
-        held = self.state.table(topic.key)
+        held = self.format.table(topic.key)
         # A table read from MongoDB may be of a later session (another daemon is ahead, or
         # this BIRTH is redelivered after a restart): see BirthStore.close.
         refused = (refusal.rejections[0].reason, spb.leading_timestamp(payload))
@@ -422,7 +425,7 @@ class SparkplugFormat:
             closing,
         ):
             return False
-        self.state.refused_birth(topic, *refused)  # parse() is not called if too large
+        self.format.refused_birth(topic, *refused)  # parse() is not called if too large
         return True
 
     def _too_large(self, topic: str, payload: bytes, limits: Limits) -> None:
@@ -433,7 +436,7 @@ class SparkplugFormat:
             and parsed.type.endswith("BIRTH")
             and len(payload) > limits.max_message_bytes
         ):
-            self.state.refused_birth(parsed, "too_large", spb.leading_timestamp(payload))
+            self.format.refused_birth(parsed, "too_large", spb.leading_timestamp(payload))
 
     def _reconnected(self, generation: int) -> None:
         """A new MQTT connection: BIRTHs published meanwhile were missed (QoS 0).
@@ -442,13 +445,13 @@ class SparkplugFormat:
         while this one was away), so they are dropped and read again from MongoDB when
         next needed.
         """
-        if self._generation is not None and self.state.tables:
+        if self._generation is not None and self.format.tables:
             logger.info(
                 "sparkplug: reconnected; %d alias tables will be read again from "
                 "MongoDB when next used",
-                len(self.state.tables),
+                len(self.format.tables),
             )
-            self.state.tables.clear()
+            self.format.tables.clear()
             self._missed.clear()
         self._generation = generation
 
@@ -472,20 +475,20 @@ class SparkplugFormat:
         table = found[0]
         self._lookups["missing" if table is None else "found"] += 1
         if table is not None:
-            self.state.install(table)
+            self.format.install(table)
         if table is None or not table.online:
             self._missed[key] = time.monotonic()
             self._missed.move_to_end(key)
-            while len(self._missed) > self.state.max_tables:
+            while len(self._missed) > self.format.max_tables:
                 self._missed.popitem(last=False)
         else:
             self._missed.pop(key, None)
         return True
 
-    def take_counts(self) -> Counts:
+    def take_counts(self) -> MetricCounts:
         """The counts of the state and the store since the last call."""
-        counts = self.state.counts
-        taken = Counts(
+        counts = self.format.counts
+        taken = MetricCounts(
             {
                 "sparkplug_messages": dict(counts.messages),
                 "sparkplug_skipped": dict(counts.skipped),
@@ -493,7 +496,7 @@ class SparkplugFormat:
                 "sparkplug_seq_gaps": counts.seq_gaps,
                 "sparkplug_stale_deaths": counts.stale_deaths,
             },
-            {"sparkplug_tables": len(self.state.tables)},
+            {"sparkplug_tables": len(self.format.tables)},
         )
         for table in (counts.messages, counts.skipped, self._lookups):
             table.update(dict.fromkeys(table, 0))

@@ -125,8 +125,8 @@ async def write_both(db: Any, readings: list[Reading]) -> None:
 @contextlib.asynccontextmanager
 async def serving(mongo: Any, db_name: str, mode: str) -> AsyncIterator[str]:
     settings = ApiSettings(
-        mode=mode,
-        db=db_name,  # type: ignore[arg-type]
+        mode=mode,  # type: ignore[arg-type]
+        db=db_name,
         collection="buckets" if mode == "bucket" else "readings",
     )
     api = ReadApi(settings, mongo, clock=lambda: NOW)

@@ -165,6 +165,7 @@ def run_api(*argv: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_an_api_on_a_non_loopback_address_without_tokens_refuses_to_start(how: str) -> None:
     port = str(free_port())
@@ -182,6 +183,7 @@ def test_an_api_on_a_non_loopback_address_without_tokens_refuses_to_start(how: s
     assert "--api-insecure" in line
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("content", "message"),
     [

@@ -182,7 +182,7 @@ async def test_no_query_string_gets_a_5xx(urls: dict[str, str]) -> None:
                     return resp.status, orjson.loads(body)
                 return resp.status, body
 
-        @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow], database=None)
+        @settings(suppress_health_check=[HealthCheck.too_slow], database=None)
         @given(query=queries())
         def check(query: tuple[str, list[str], str]) -> None:
             endpoint, keys, text = query

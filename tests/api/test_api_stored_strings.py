@@ -354,6 +354,7 @@ async def test_any_stored_strings_read_back_once_through_every_route(
             for collection in names.values():
                 await db.drop_collection(collection)
 
+        # Each example is a round trip to the store: a count of its own, not the profile's.
         @settings(max_examples=25, database=None)
         @given(stored=stores())
         @example(stored=named(("h1", {"path": "$HOME"}), ("h1", {"path": "/"})))

@@ -101,7 +101,7 @@ async def test_page_shows_sensors_published_a_moment_before(
             readings = sum(d["count"] for d in docs)
         else:
             readings = await collection.count_documents({})
-        return readings == 80 and await db.rejects.count_documents({}) >= 1
+        return readings == 80 and int(await db.rejects.count_documents({})) >= 1
 
     await eventually(stored)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.devices.decode import (
@@ -673,13 +673,11 @@ def assert_well_formed(out: Decoded, limits: Limits = LIMITS) -> None:
 topics = st.sampled_from(["sensors/abc/readings", "sensors", "sensors/", ""]) | st.text(max_size=40)
 
 
-@settings(max_examples=300)
 @given(payload=st.binary(max_size=512), topic=topics)
 def test_decode_never_raises_on_arbitrary_bytes(payload: bytes, topic: str) -> None:
     assert_well_formed(decode(topic, payload, NOW, LIMITS))
 
 
-@settings(max_examples=100)
 @given(
     prefix=st.sampled_from([b"{", b"[", b'{"t":', b'[{"ts":', b'{"readings":[']),
     body=st.binary(max_size=64),
@@ -708,7 +706,6 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=300)
 @given(value=JSON, topic=topics)
 def test_decode_never_raises_on_arbitrary_json(value: object, topic: str) -> None:
     assert_well_formed(decode(topic, orjson.dumps(value), NOW, LIMITS))
@@ -746,7 +743,6 @@ READINGS = st.builds(
 )
 
 
-@settings(max_examples=200)
 @given(data=st.data())
 def test_valid_readings_round_trip(data: st.DataObject) -> None:
     shape = data.draw(st.sampled_from(["single", "array", "envelope"]), label="shape")
@@ -793,7 +789,6 @@ def test_valid_readings_round_trip(data: st.DataObject) -> None:
     assert_well_formed(out)
 
 
-@settings(max_examples=2000)
 @given(
     st.floats(NOW - 86400, NOW + 500)
     | st.integers(int(NOW) - 86400, int(NOW)).map(lambda s: s + 0.9999995)

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ingest.devices.decode import Arrivals, Limits, decode_py
@@ -305,7 +305,6 @@ STATES = st.none() | st.tuples(
 # --------------------------------------------------------------------------- properties
 
 
-@settings(max_examples=400)
 @given(
     topic=TOPICS,
     payload=payloads(),
@@ -325,7 +324,6 @@ def test_the_twins_agree_on_any_message(
     agree(topic, payload, received_at, limits, sensor, state)
 
 
-@settings(max_examples=200)
 @given(doc=documents(), state=STATES)
 @example(doc=[{"t": 1}, {"t": 2}, {"ts": 5, "t": 3}], state=(0, 1, {}))
 def test_the_twins_agree_on_the_daemon_s_arguments(
@@ -334,7 +332,6 @@ def test_the_twins_agree_on_the_daemon_s_arguments(
     agree(TOPIC, serialised(doc), NOW, Limits(), None, state)
 
 
-@settings(max_examples=400)
 @given(
     st.floats(allow_nan=False)
     | st.integers(-(2**64), 2**64)

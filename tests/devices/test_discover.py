@@ -14,6 +14,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import pytest
 
 from ingest.devices.decode import Limits
 from ingest.devices.discover.patterns import Captured, payload_kind
@@ -164,6 +165,7 @@ async def test_discover_listens_to_a_broker_and_proposes_a_working_mapping(
     assert "--preset influx --preset tasmota --preset zigbee2mqtt --mapping <this file>" in report
 
 
+@pytest.mark.process
 def test_discover_with_no_broker_is_one_line() -> None:
     out = subprocess.run(
         [
@@ -209,6 +211,7 @@ def test_plain_values_name_their_measurement_from_the_topic() -> None:
     }
 
 
+@pytest.mark.process
 def test_discover_with_an_unknown_preset_is_one_line() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "ingest", "discover", "--preset", "nope", "--seconds", "1"],

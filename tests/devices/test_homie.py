@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import given
@@ -18,6 +18,9 @@ from ingest.devices.formats import homie as hm
 from ingest.devices.mapping import Mapping
 from ingest.devices.rules import parse
 from ingest.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 LIMITS = Limits()
 NOW = 1_795_000_000.0
@@ -58,7 +61,7 @@ SUPER_CAR_V5 = {
 }
 
 
-def run(mapping: Mapping, messages: list[tuple[str, str | bytes]]) -> list[Any]:
+def run(mapping: Mapping, messages: Sequence[tuple[str, str | bytes]]) -> list[Any]:
     """Each message's mapping Result, in order."""
     return [
         mapping.decode(
@@ -389,7 +392,7 @@ def test_rule_options_apply_to_the_measurement_names_and_values() -> None:
 
 
 def test_state_is_bounded() -> None:
-    state = hm.HomieState(max_devices=3)
+    state = hm.HomieFormat(max_devices=3)
     for n in range(5):
         state.parse(f"homie/d{n}/n/p/$datatype", b"integer", LIMITS)
     assert list(state.devices) == ["homie/d2", "homie/d3", "homie/d4"]
@@ -542,6 +545,7 @@ def test_discover_proposes_the_preset_for_a_homie_fleet_captured_on_hash() -> No
     assert "2 Homie value(s) came before their property's attributes" in report
 
 
+@pytest.mark.process
 def test_check_shows_a_value_after_its_attributes() -> None:
     from tests.devices.test_mapping_cli import ingest  # noqa: PLC0415
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ingest.devices.decode import Limits
-from ingest.devices.homie_state import COLLECTION, DeviceStore, HomieFormat
+from ingest.devices.homie_state import COLLECTION, DeviceStore, HomieState
 from tests.devices.test_sparkplug_daemon import readings
 from tests.support.mongo import COLLECTION as READINGS
 from tests.support.procs import eventually
@@ -359,9 +359,9 @@ async def reading_units(db: Any) -> dict[tuple[str, str], set[str]]:
 
 async def test_the_store_keeps_what_the_attributes_say_and_serves_a_restart(db: Any) -> None:
     store = DeviceStore(db[COLLECTION])
-    first = HomieFormat(store=store)
+    first = HomieState(store=store)
 
-    async def take(fmt: HomieFormat, topic: str, payload: bytes) -> Any:
+    async def take(fmt: HomieState, topic: str, payload: bytes) -> Any:
         assert await fmt.prepare(topic, payload, LIMITS, lambda: False)
         return fmt.parse(topic, payload, LIMITS)
 
@@ -376,7 +376,7 @@ async def test_the_store_keeps_what_the_attributes_say_and_serves_a_restart(db: 
     doc = await db[COLLECTION].find_one({"_id": "h/car"})
     assert doc["properties"]["engine/temperature"] == {"datatype": "float"}
     # a restarted daemon: nothing in memory, the device read back once
-    second = HomieFormat(store=store)
+    second = HomieState(store=store)
     parsed = await take(second, "h/car/engine/rpm", b"3000")
     assert [i.fields for i in parsed.items] == [{"engine_rpm": 3000}]
     parsed = await take(second, "h/5/bulb/light/on", b"true")

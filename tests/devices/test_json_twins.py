@@ -87,9 +87,7 @@ CAPTURES = {
     "outer-time": {"sensor_id": "s1"},
 }
 LIMITS = (Limits(), Limits(max_readings=2), Limits(max_readings=0))
-SETTINGS = settings(
-    max_examples=300, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
-)
+SETTINGS = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 def outcome(parse_fn: Any, payload: bytes, rule: Rule, limits: Limits) -> str:

@@ -34,6 +34,7 @@ def ingest(
     )
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
@@ -68,6 +69,7 @@ def test_a_bad_mapping_file_stops_the_daemon_with_one_line_and_exit_2(
     assert done.stdout == b""
 
 
+@pytest.mark.process
 def test_a_missing_mapping_file_and_an_unknown_preset_from_the_environment(tmp_path: Path) -> None:
     done = ingest("run", "--mapping", str(tmp_path / "none.toml"))
     assert done.returncode == 2
@@ -109,6 +111,7 @@ def test_subscriptions_come_from_the_rules_unless_topics_are_given(tmp_path: Pat
     assert plain.topics == ("sensors/#",)
 
 
+@pytest.mark.process
 def test_check_prints_the_readings_that_would_be_stored(tmp_path: Path) -> None:
     path = tmp_path / "rules.toml"
     path.write_text(
@@ -136,6 +139,7 @@ def test_check_prints_the_readings_that_would_be_stored(tmp_path: Path) -> None:
     assert (done.returncode, done.stdout) == (0, b"ignored by rule bridge\n")
 
 
+@pytest.mark.process
 def test_check_exits_1_when_everything_is_rejected_and_says_why(tmp_path: Path) -> None:
     done = ingest("check", "--preset", "influx", "--topic-name", "other/x", "m v=1")
     assert done.returncode == 1

@@ -90,9 +90,7 @@ root = "up.data"
 field = "at"
 """
 MAPPING = Mapping(parse(RULES, "fuzz"))
-SETTINGS = settings(
-    max_examples=300, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
-)
+SETTINGS = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 def checked(topic: str, payload: bytes, now: float = NOW) -> Result:

@@ -96,7 +96,7 @@ async def test_two_probes_named_by_a_sensor_id_tag_are_two_series_and_bad_tag_na
 
 
 async def _count(db: Any, n: int) -> bool:
-    return await db["rejects"].count_documents({}) == n
+    return int(await db["rejects"].count_documents({})) == n
 
 
 async def test_two_homie_properties_whose_joined_ids_meet_are_stored_apart(

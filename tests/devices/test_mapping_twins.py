@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.devices.decode import Limits
@@ -184,7 +184,6 @@ def both(rules_text: str, topic: str, parsed_of: Any, limits: Limits) -> None:
         assert list((a.info or {}).items()) == list((b.info or {}).items())
 
 
-@settings(max_examples=600)
 @given(
     st.sampled_from(RULES),
     st.sampled_from(TOPICS),
@@ -221,7 +220,6 @@ UPLINK = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300)
 @given(
     st.sampled_from(RULES[:6]),
     st.sampled_from(TOPICS[:2] + TOPICS[4:]),

@@ -118,6 +118,7 @@ mixed = st.one_of(
 )
 
 
+# Each example is a round trip to the store: a count of its own, not the profile's.
 @settings(
     max_examples=15,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],

@@ -108,6 +108,7 @@ def test_presets_combined_leave_every_fixture_on_its_own_rule() -> None:
     assert wrong == {}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("preset", PRESETS)
 def test_check_shows_a_fixture_reading_and_an_ignored_topic(preset: str) -> None:
     t = base_time(time.time())
@@ -461,9 +462,7 @@ def _dumpable(doc: object) -> bool:
     return True
 
 
-@settings(
-    max_examples=150, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
-)
+@settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(
     preset=st.sampled_from(PRESETS),
     index=st.integers(0, 40),

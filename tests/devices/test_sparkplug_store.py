@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ingest.devices.decode import Limits
-from ingest.devices.sparkplug_state import BIRTHS_COLLECTION, BirthStore, SparkplugFormat
+from ingest.devices.sparkplug_state import BIRTHS_COLLECTION, BirthStore, SparkplugState
 from loadgen import sparkplug as enc
 from loadgen.sparkplug import Metric
 from tests.support.mongo import failpoint
@@ -16,7 +16,7 @@ def never() -> bool:
     return False
 
 
-async def feed(fmt: SparkplugFormat, topic: str, payload: bytes):
+async def feed(fmt: SparkplugState, topic: str, payload: bytes):
     assert await fmt.prepare(topic, payload, LIMITS, never)
     return fmt.parse(topic, payload, LIMITS)
 
@@ -39,7 +39,7 @@ def data(seq: int, value: float = 2.5) -> bytes:
 
 async def test_a_birth_seen_by_one_daemon_serves_another(db):
     store = BirthStore(db[BIRTHS_COLLECTION])
-    first, second = SparkplugFormat(store=store), SparkplugFormat(store=store)
+    first, second = SparkplugState(store=store), SparkplugState(store=store)
     await feed(first, enc.topic("G", "NBIRTH", "E"), BIRTH)
     doc = await db[BIRTHS_COLLECTION].find_one({"_id": "G/E"})
     assert doc["bd_seq"] == 7
@@ -62,7 +62,7 @@ async def test_a_birth_seen_by_one_daemon_serves_another(db):
 
 async def test_death_and_unknown_nodes_are_not_guessed(db):
     store = BirthStore(db[BIRTHS_COLLECTION])
-    first, second = SparkplugFormat(store=store), SparkplugFormat(store=store)
+    first, second = SparkplugState(store=store), SparkplugState(store=store)
     parsed = await feed(second, enc.topic("G", "NDATA", "X"), data(1))
     assert [r.reason for r in parsed.rejections] == ["no_birth"]
     await feed(second, enc.topic("G", "NDATA", "X"), data(2))
@@ -83,14 +83,14 @@ async def test_death_and_unknown_nodes_are_not_guessed(db):
     states = {d["_id"]: d["online"] async for d in db[BIRTHS_COLLECTION].find()}
     assert states == {"G/E": False, "G/E/D": False}
     # A daemon starting now does not use the closed table.
-    third = SparkplugFormat(store=store)
+    third = SparkplugState(store=store)
     parsed = await feed(third, enc.topic("G", "NDATA", "E"), data(3))
     assert [r.reason for r in parsed.rejections] == ["no_birth"]
 
 
 async def test_a_new_nbirth_closes_its_devices_in_the_store(db):
     store = BirthStore(db[BIRTHS_COLLECTION])
-    fmt = SparkplugFormat(store=store)
+    fmt = SparkplugState(store=store)
     await feed(fmt, enc.topic("G", "NBIRTH", "E"), BIRTH)
     await feed(
         fmt,
@@ -105,7 +105,7 @@ async def test_a_new_nbirth_closes_its_devices_in_the_store(db):
     )
     states = {d["_id"]: d["online"] async for d in db[BIRTHS_COLLECTION].find()}
     assert states == {"G/E": True, "G/E/D": False}
-    other = SparkplugFormat(store=store)
+    other = SparkplugState(store=store)
     parsed = await feed(
         other,
         enc.topic("G", "DDATA", "E", "D"),
@@ -116,7 +116,7 @@ async def test_a_new_nbirth_closes_its_devices_in_the_store(db):
 
 async def test_a_daemon_holding_a_closed_table_finds_a_birth_another_daemon_stored(db):
     store = BirthStore(db[BIRTHS_COLLECTION])
-    first, second = SparkplugFormat(store=store), SparkplugFormat(store=store)
+    first, second = SparkplugState(store=store), SparkplugState(store=store)
     await feed(second, enc.topic("G", "NBIRTH", "E"), BIRTH)
     await feed(second, enc.topic("G", "NDEATH", "E"), enc.ndeath(7))
     # The edge node reconnects; its new NBIRTH goes to the other daemon.
@@ -131,7 +131,7 @@ async def test_a_daemon_holding_a_closed_table_finds_a_birth_another_daemon_stor
 
 
 async def test_a_birth_mongodb_refuses_for_its_data_is_used_from_memory_not_retried(db, mongo):
-    fmt = SparkplugFormat(store=BirthStore(db[BIRTHS_COLLECTION]))
+    fmt = SparkplugState(store=BirthStore(db[BIRTHS_COLLECTION]))
     async with failpoint(mongo, ["update"], code=121):  # validation: the data's fault
         parsed = await feed(fmt, enc.topic("G", "NBIRTH", "E"), BIRTH)
     assert [i.fields for i in parsed.items] == [{"Temp/A": 1.5, "Count": 3}]
@@ -142,9 +142,9 @@ async def test_a_birth_mongodb_refuses_for_its_data_is_used_from_memory_not_retr
 
 async def test_daemons_of_a_shared_group_store_a_birth_and_its_readings_once(db):
     births = db[BIRTHS_COLLECTION]
-    first = SparkplugFormat(store=BirthStore(births, ("buckets", "ingest-a")))
-    second = SparkplugFormat(store=BirthStore(births, ("buckets", "ingest-b")))
-    other_mode = SparkplugFormat(store=BirthStore(births, ("readings", "ingest-ts")))
+    first = SparkplugState(store=BirthStore(births, ("buckets", "ingest-a")))
+    second = SparkplugState(store=BirthStore(births, ("buckets", "ingest-b")))
+    other_mode = SparkplugState(store=BirthStore(births, ("readings", "ingest-ts")))
     topic = enc.topic("G", "NBIRTH", "E")
     assert [i.fields for i in (await feed(first, topic, BIRTH)).items] == [
         {"Temp/A": 1.5, "Count": 3}
@@ -152,7 +152,7 @@ async def test_daemons_of_a_shared_group_store_a_birth_and_its_readings_once(db)
     stored = await births.find_one({"_id": "G/E"})
     # Every daemon gets the BIRTH: the table is everyone's, the readings the claimant's.
     assert (await feed(second, topic, BIRTH)).items == []
-    assert second.state.counts.skipped["other_daemon"] == 4
+    assert second.format.counts.skipped["other_daemon"] == 4
     assert await births.find_one({"_id": "G/E"}) == {**stored, "claims": {"buckets": "ingest-a"}}
     # A daemon writing another collection claims for that one; a redelivery to the
     # claimant stores its readings again (the writers settle duplicates).
@@ -166,8 +166,8 @@ async def test_daemons_of_a_shared_group_store_a_birth_and_its_readings_once(db)
 
 async def test_a_late_death_from_a_slower_daemon_does_not_close_the_next_session(db):
     births = db[BIRTHS_COLLECTION]
-    fast = SparkplugFormat(store=BirthStore(births, ("buckets", "a")))
-    slow = SparkplugFormat(store=BirthStore(births, ("buckets", "b")))
+    fast = SparkplugState(store=BirthStore(births, ("buckets", "a")))
+    slow = SparkplugState(store=BirthStore(births, ("buckets", "b")))
     rebirth = enc.nbirth([Metric("New", 1, T0 + 5, enc.FLOAT, 0.5)], bd_seq=8, timestamp=T0 + 5)
     device = enc.payload([Metric("p", 5, T0 + 5, enc.INT16, -2)], T0 + 5, 1)
     for step in (fast, slow):
@@ -185,11 +185,11 @@ async def test_a_late_death_from_a_slower_daemon_does_not_close_the_next_session
 async def test_after_a_reconnect_tables_are_read_again_from_mongodb(db):
     births = db[BIRTHS_COLLECTION]
     away, other = (
-        SparkplugFormat(store=BirthStore(births)),
-        SparkplugFormat(store=BirthStore(births)),
+        SparkplugState(store=BirthStore(births)),
+        SparkplugState(store=BirthStore(births)),
     )
 
-    async def on(fmt: SparkplugFormat, generation: int, topic: str, payload: bytes):
+    async def on(fmt: SparkplugState, generation: int, topic: str, payload: bytes):
         assert await fmt.prepare(topic, payload, LIMITS, never, generation)
         return fmt.parse(topic, payload, LIMITS)
 
@@ -209,8 +209,8 @@ async def test_after_a_reconnect_tables_are_read_again_from_mongodb(db):
 
 async def test_a_slower_daemon_neither_stores_an_older_birth_again_nor_puts_it_back(db):
     births = db[BIRTHS_COLLECTION]
-    fast = SparkplugFormat(store=BirthStore(births, ("readings", "a")))
-    slow = SparkplugFormat(store=BirthStore(births, ("readings", "b")))
+    fast = SparkplugState(store=BirthStore(births, ("readings", "a")))
+    slow = SparkplugState(store=BirthStore(births, ("readings", "b")))
     topic = enc.topic("G", "NBIRTH", "E")
     rebirth = enc.nbirth([Metric("Moved", 1, T0 + 5, enc.FLOAT, 0.5)], bd_seq=7, timestamp=T0 + 5)
     assert len((await feed(fast, topic, BIRTH)).items) == 1
@@ -226,8 +226,8 @@ async def test_a_refused_rebirth_closes_only_the_session_it_ends_for_every_daemo
     """Every daemon of a shared group receives the refused NBIRTH, some after the next
     usable one was stored: the session that one opened stays online for all of them."""
     births = db[BIRTHS_COLLECTION]
-    fast = SparkplugFormat(store=BirthStore(births, ("buckets", "a")))
-    slow = SparkplugFormat(store=BirthStore(births, ("buckets", "b")))
+    fast = SparkplugState(store=BirthStore(births, ("buckets", "a")))
+    slow = SparkplugState(store=BirthStore(births, ("buckets", "b")))
     node, device = enc.topic("G", "NBIRTH", "E"), enc.topic("G", "DBIRTH", "E", "D")
     dbirth = enc.payload([Metric("p", 5, T0, enc.INT16, -2)], T0, 1)
     refused = (
@@ -246,14 +246,14 @@ async def test_a_refused_rebirth_closes_only_the_session_it_ends_for_every_daemo
     why = "its last NBIRTH was refused (invalid_protobuf); waiting for a usable BIRTH"
     assert states == {"G/E": (False, why), "G/E/D": (False, why)}
     # Its DATA is not read with the old aliases, by this daemon or one that starts now.
-    for fmt in (fast, SparkplugFormat(store=BirthStore(births))):
+    for fmt in (fast, SparkplugState(store=BirthStore(births))):
         parsed = await feed(fmt, enc.topic("G", "NDATA", "E"), data(6, 1013.0))
         assert parsed.items == []
         assert [(r.reason, why in r.detail) for r in parsed.rejections] == [("no_birth", True)]
     await feed(fast, node, rebirth)
     # The slower daemon processes the refused NBIRTH only now, and so does one that was
     # restarted meanwhile (it reads the table, which is already the next session's).
-    restarted = SparkplugFormat(store=BirthStore(births, ("buckets", "c")))
+    restarted = SparkplugState(store=BirthStore(births, ("buckets", "c")))
     for step in (slow, restarted):
         assert [r.reason for r in (await feed(step, node, refused)).rejections] == [
             "invalid_protobuf"
@@ -272,7 +272,7 @@ async def test_a_refused_rebirth_closes_only_the_session_it_ends_for_every_daemo
 
 async def test_a_refused_dbirth_closes_its_device_and_nothing_else(db):
     store = BirthStore(db[BIRTHS_COLLECTION])
-    fmt = SparkplugFormat(store=store)
+    fmt = SparkplugState(store=store)
     device = enc.topic("G", "DBIRTH", "E", "D")
     await feed(fmt, enc.topic("G", "NBIRTH", "E"), BIRTH)
     await feed(fmt, device, enc.payload([Metric("p", 5, T0, enc.INT16, -2)], T0, 1))
@@ -290,7 +290,7 @@ async def test_a_refused_dbirth_closes_its_device_and_nothing_else(db):
     states = {d["_id"]: d["online"] async for d in db[BIRTHS_COLLECTION].find()}
     assert states == {"G/E": True, "G/E/D": False, "G/E/D2": True}
     ddata = enc.payload([Metric(alias=5, timestamp=T0 + 2, datatype=enc.INT16, value=4)], T0 + 2, 4)
-    for fmt_now in (fmt, SparkplugFormat(store=store)):
+    for fmt_now in (fmt, SparkplugState(store=store)):
         parsed = await feed(fmt_now, enc.topic("G", "DDATA", "E", "D"), ddata)
         assert [r.reason for r in parsed.rejections] == ["no_birth"]
         parsed = await feed(fmt_now, enc.topic("G", "DDATA", "E", "D2"), ddata)
@@ -302,7 +302,7 @@ async def test_a_refused_dbirth_closes_its_device_and_nothing_else(db):
 async def test_a_birth_too_large_to_be_parsed_ends_the_session_without_a_store():
     """``--dry-run``: the tables are in memory only, and a too-large NBIRTH still ends its
     session (the mapping refuses it before the format parses it)."""
-    fmt = SparkplugFormat()
+    fmt = SparkplugState()
     await feed(fmt, enc.topic("G", "NBIRTH", "E"), BIRTH)
     small = Limits(max_message_bytes=len(BIRTH) - 1)
     assert await fmt.prepare(enc.topic("G", "NBIRTH", "E"), BIRTH, small, never)
@@ -316,13 +316,13 @@ async def test_data_redelivered_after_a_restart_is_read_with_the_session_it_was_
     it were stored: it reads each message with the session its timestamp falls in (the
     stored one, or one of those it replaced), never a later one's aliases."""
     births = db[BIRTHS_COLLECTION]
-    first = SparkplugFormat(store=BirthStore(births))
+    first = SparkplugState(store=BirthStore(births))
     node = enc.topic("G", "NBIRTH", "E")
 
-    def restarted() -> SparkplugFormat:
-        return SparkplugFormat(store=BirthStore(births))
+    def restarted() -> SparkplugState:
+        return SparkplugState(store=BirthStore(births))
 
-    async def values(fmt: SparkplugFormat, seq: int) -> list[dict[str, object]] | str:
+    async def values(fmt: SparkplugState, seq: int) -> list[dict[str, object]] | str:
         parsed = await feed(fmt, enc.topic("G", "NDATA", "E"), data(seq, float(seq)))
         return [i.fields for i in parsed.items] or parsed.rejections[0].reason
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.devices.formats import times
@@ -75,13 +75,11 @@ def iso_times(draw: st.DrawFn) -> str:
     )
 
 
-@settings(max_examples=1500)
 @given(iso_times(), FORMATS)
 def test_iso_times(raw: str, fmt: str) -> None:
     same(raw, fmt)
 
 
-@settings(max_examples=600)
 @given(iso_times(), st.integers(0, 40), st.characters(), FORMATS)
 def test_damaged_iso_times(raw: str, at: int, char: str, fmt: str) -> None:
     """One character replaced, inserted or removed, or the text cut."""
@@ -97,7 +95,6 @@ def test_damaged_iso_times(raw: str, at: int, char: str, fmt: str) -> None:
         same(damaged, fmt)
 
 
-@settings(max_examples=500)
 @given(st.text(max_size=70), FORMATS)
 def test_any_text(raw: str, fmt: str) -> None:
     same(raw, fmt)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.devices.decode import MAX_MAGNITUDE
@@ -76,7 +76,6 @@ VALUES: st.SearchStrategy[Any] = st.one_of(
 )
 
 
-@settings(max_examples=1500)
 @given(
     st.sampled_from(range(len(RULES))),
     st.dictionaries(NAMES, VALUES, max_size=8),

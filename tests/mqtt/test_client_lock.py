@@ -63,6 +63,7 @@ def test_claim_all_is_all_or_nothing() -> None:
         taken.close()
 
 
+@pytest.mark.process
 def test_a_killed_holder_leaves_no_lock_behind() -> None:
     """The kernel frees the name when the process ends, however it ends."""
     client_id = f"c-{uuid.uuid4().hex[:8]}"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import aiomqtt
 import paho.mqtt.client as paho_client
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -164,7 +164,6 @@ async def test_a_packet_completed_by_parsers_hundredth_read_is_handled_at_once()
             assert not hooked.sock.queue
 
 
-@settings(max_examples=60)
 @example(sizes=[92], segment=1, cuts=[])  # a body of exactly 100 one-byte reads
 @example(sizes=[3, 92], segment=1, cuts=[])
 @given(
@@ -192,7 +191,6 @@ async def test_every_complete_packet_is_delivered_before_the_reader_waits(
 PINGRESP = bytes((0xD0, 0))
 
 
-@settings(max_examples=60)
 @example(segment=65536, cuts=[])  # the whole stream in the buffer at once
 @given(
     segment=st.sampled_from([1, 2, 3, 7, 13, 536, 65536]),
@@ -380,6 +378,7 @@ async def test_a_missing_or_changed_internal_is_refused_with_the_versions(
     assert "\n" not in text
 
 
+@pytest.mark.process
 def test_the_daemon_refuses_to_start_on_other_paho_internals() -> None:
     """The real command: exit 1 with one line naming the versions, before connecting."""
     code = (

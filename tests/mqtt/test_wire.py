@@ -6,7 +6,7 @@ import struct
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -199,7 +199,6 @@ def same(data: bytes, pos: int = 0, **how: Any) -> Outcome:
     return python
 
 
-@settings(max_examples=300)
 @given(
     buffers,
     st.integers(0, 2),
@@ -213,7 +212,6 @@ def test_both_scanners_deliver_the_same_packets_and_stop_at_the_same_byte(
     same(data, pos, pause_after=pause_after, fail_after=fail_after, paused=paused)
 
 
-@settings(max_examples=40)
 @given(
     st.lists(st.one_of(publishes(large=False), malformed(), others), min_size=1, max_size=3).map(
         b"".join

@@ -230,9 +230,9 @@ async def test_take_now_takes_what_fits_and_leaves_waiting_to_submit() -> None:
     pipeline = Pipeline(
         settings,
         writer,
-        Rejects(),
+        Rejects(),  # type: ignore[arg-type]
         acks,
-        Metrics("bucket"),  # type: ignore[arg-type]
+        Metrics("bucket"),
         Health(),
     )
 

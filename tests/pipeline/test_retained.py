@@ -180,7 +180,7 @@ async def test_a_daemon_that_loses_the_race_takes_the_winners_time(db: Any) -> N
     """Its read saw an old payload, its upsert's filter no longer matches (the winner
     recorded the same payload), the insert collides on _id: it reads the winner's."""
     await FirstSeen(db[COLLECTION]).first_seen("a/t", b"old", 1000.0)
-    loser = FirstSeen(Racing(db[COLLECTION], b"new"))
+    loser = FirstSeen(Racing(db[COLLECTION], b"new"))  # type: ignore[arg-type]
     assert await loser.first_seen("a/t", b"new", 7000.0) == (6_000_000, False)
     assert await db[COLLECTION].count_documents({}) == 1
 
@@ -254,12 +254,12 @@ async def through_pipeline(
     pipeline = Pipeline(
         settings,
         writer,
-        Rejects(),
+        Rejects(),  # type: ignore[arg-type]
         acks,
         metrics,
-        Health(),  # type: ignore[arg-type]
-        record,
-    )  # type: ignore[arg-type]
+        Health(),
+        record,  # type: ignore[arg-type]
+    )
     task = asyncio.create_task(pipeline.run())
     for message in messages:
         taken = pipeline.take_now(message)

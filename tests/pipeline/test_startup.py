@@ -55,6 +55,7 @@ def failure_line(result: subprocess.CompletedProcess[str], status: int) -> str:
 # --------------------------------------------------------------------------- configuration
 
 
+@pytest.mark.process
 def test_a_broker_url_without_scheme_says_how_to_write_it() -> None:
     line = failure_line(ingest("run", "--mqtt-url", "127.0.0.1:1883"), 2)
     assert "--mqtt-url" in line
@@ -68,6 +69,7 @@ def pem_files(tmp_path: Path) -> dict[str, Path]:
     return {"garbage": garbage, "missing": tmp_path / "missing.pem"}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
@@ -87,6 +89,7 @@ def test_bad_tls_files_are_refused_before_start(
     assert named in line
 
 
+@pytest.mark.process
 def test_tls_files_with_a_plain_url_are_refused(pem_files: dict[str, Path]) -> None:
     line = failure_line(
         ingest(
@@ -98,6 +101,7 @@ def test_tls_files_with_a_plain_url_are_refused(pem_files: dict[str, Path]) -> N
     assert "mqtts://" in line
 
 
+@pytest.mark.process
 def test_help_shows_each_default_once() -> None:
     result = ingest("run", "--help")
     assert result.returncode == 0
@@ -118,6 +122,7 @@ def taken_port() -> Iterator[int]:
         yield int(sock.getsockname()[1])
 
 
+@pytest.mark.process
 def test_metrics_port_in_use(taken_port: int) -> None:
     line = failure_line(
         ingest(
@@ -137,6 +142,7 @@ def test_metrics_port_in_use(taken_port: int) -> None:
     assert "in use" in line
 
 
+@pytest.mark.process
 def test_api_port_in_use(taken_port: int) -> None:
     line = failure_line(
         ingest(
@@ -165,6 +171,7 @@ def test_the_two_modes_default_to_distinct_metrics_ports() -> None:
     assert ports == {"bucket": 9108, "timeseries": 9109}
 
 
+@pytest.mark.process
 def test_init_db_with_mongodb_unreachable() -> None:
     closed = free_port()
     uri = f"mongodb://127.0.0.1:{closed}/?serverSelectionTimeoutMS=500"
@@ -249,6 +256,7 @@ def test_run_says_at_once_that_it_waits_for_mongodb(tmp_path: Path, broker: Brok
         assert stop(proc) == 0
 
 
+@pytest.mark.process
 def test_a_broker_never_reached_is_not_a_lost_connection(tmp_path: Path) -> None:
     closed = free_port()
     proc, log, _ = start_daemon(tmp_path, "--dry-run", "--mqtt-url", f"mqtt://127.0.0.1:{closed}")
@@ -261,6 +269,7 @@ def test_a_broker_never_reached_is_not_a_lost_connection(tmp_path: Path) -> None
         assert stop(proc) == 0
 
 
+@pytest.mark.process
 def test_a_broker_refusing_the_credentials_stops_the_start(tmp_path: Path) -> None:
     broker = password_broker(tmp_path, "alice", "right")
     broker.start()
@@ -286,6 +295,7 @@ def test_a_broker_refusing_the_credentials_stops_the_start(tmp_path: Path) -> No
 # --------------------------------------------------------------------------- Python itself
 
 
+@pytest.mark.process
 def test_an_older_python_gets_one_line() -> None:
     """As the package sees an older interpreter (simulated: any machine can run this)."""
     code = "import sys; sys.version_info = (3, 11, 2, 'final', 0); import ingest.cli"
@@ -306,6 +316,7 @@ def test_an_older_python_gets_one_line() -> None:
 OLD_PYTHONS = [p for p in (shutil.which(f"python3.{minor}") for minor in (11, 12)) if p]
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not OLD_PYTHONS, reason="no python3.11 or python3.12 on PATH")
 @pytest.mark.parametrize("package", ["ingest", "loadgen"])
 def test_a_real_older_python_gets_one_line(package: str) -> None:
@@ -323,6 +334,7 @@ def test_a_real_older_python_gets_one_line(package: str) -> None:
     assert "needs Python 3.13" in result.stderr
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "argv",
     [

@@ -195,8 +195,8 @@ async def through_a_pipeline(
     pipeline = Pipeline(
         settings,
         writer,
-        NoRejects(),
-        Acks(),  # type: ignore[arg-type]
+        NoRejects(),  # type: ignore[arg-type]
+        Acks(),
         metrics,
         Health(),
         deliveries=ledger(db[LEDGER], "c1", keep=100),

@@ -25,18 +25,19 @@ from ingest.cli import build_parser, settings_from
 from ingest.config import Settings
 from ingest.errors import ConfigError
 from ingest.metrics import Metrics
+from ingest.pipeline.worker_sessions import worker_client_id
 from ingest.pipeline.workers import (
     AUTO_MAX,
     auto_workers,
     cgroup_cpus,
-    worker_client_id,
     worker_settings,
 )
 from ingest.pipeline.workers_endpoint import merge
 from loadgen import sparkplug as enc
+from loadgen.daemons import parse_metrics
 from loadgen.sparkplug import Metric
 from tests.support.mongo import failpoint, stored
-from tests.support.procs import eventually, http_status, parse_metrics, password_broker
+from tests.support.procs import eventually, http_status, password_broker
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -276,6 +277,7 @@ async def switch_async(
     return second
 
 
+@pytest.mark.process
 def test_a_start_up_error_of_the_workers_is_one_line_from_the_parent(tmp_path: Path) -> None:
     from tests.pipeline.test_startup import failure_line, ingest  # noqa: PLC0415
 
@@ -366,7 +368,7 @@ def test_the_default_format_and_the_rules_time_a_burst_apart_the_same_way() -> N
 
     mapping = Mapping.load(None, ["shelly"])
     now = math.floor(time.time()) + 0.1234
-    given = []
+    given: list[Any] = []
     for topic in ("relay/0/power", "relay/0/energy", "temperature"):
         decoded = mapping.decode(f"shellies/shelly-burst/{topic}", b"1.5", now, Limits()).decoded
         given.extend(reading.ms for reading in decoded.readings)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import bson
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.devices.decode import Limits, decode
@@ -199,7 +199,6 @@ def a_busy_batch(draw: st.DrawFn) -> list[Reading]:
 batches = st.lists(a_reading(), max_size=40) | a_busy_batch()
 
 
-@settings(max_examples=300)
 @given(
     batch=batches,
     limit=st.sampled_from([1, 2, 3, 3600]),
@@ -244,7 +243,6 @@ def a_default_batch(draw: st.DrawFn) -> list[Reading]:
     return out
 
 
-@settings(max_examples=150)
 @given(batch=a_default_batch(), limit=st.sampled_from([2, 3600]))
 def test_the_twins_plan_the_decoders_readings_alike(batch: list[Reading], limit: int) -> None:
     assert both(batch, HOUR, limit) is not None

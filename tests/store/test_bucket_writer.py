@@ -174,6 +174,7 @@ def first_of_each_ts(readings: list[Reading]) -> list[Reading]:
     return list(first.values())
 
 
+# Each example is a round trip to the store: a count of its own, not the profile's.
 @settings(max_examples=12, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     batches=st.lists(readings_st, min_size=1, max_size=4),

@@ -273,7 +273,7 @@ async def test_storage_figures_the_benchmark_reports_are_present_on_a_real_serve
             await write_all(writer, written)
 
         def figures() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-            with MongoClient(mongo_uri, tz_aware=True) as client:
+            with MongoClient[dict[str, Any]](mongo_uri, tz_aware=True) as client:
                 sync_db = client[db.name]
                 return (
                     storage(sync_db, "buckets", "bucket"),
@@ -317,7 +317,9 @@ async def test_concurrent_writers_on_one_bucket_keep_every_document_exact(
     async with asyncio.timeout(TIME_LIMIT):
         t0 = hour_start(1)
         cap, writers_n, batches_n = 25, 8, 12
-        clients = [AsyncMongoClient(mongo_uri, tz_aware=True) for _ in range(writers_n)]
+        clients = [
+            AsyncMongoClient[dict[str, Any]](mongo_uri, tz_aware=True) for _ in range(writers_n)
+        ]
         try:
             writers = [
                 BucketWriter(c[db.name].buckets, schema_for(c[db.name], "buckets"), HOUR, cap)

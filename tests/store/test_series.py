@@ -132,6 +132,7 @@ _HELD_BACK = [
 ]
 
 
+# Each example is a round trip to the store: a count of its own, not the profile's.
 @settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @example(batches=_HELD_BACK, replays=[])
 @example(batches=[[*_HELD_BACK[0][:2], reading("s1", T0 * 1000, {"a": 1})]], replays=[])

@@ -59,7 +59,7 @@ def test_shard_on_a_deployment_without_mongos_changes_nothing_and_says_so(
     mongo_uri: str, db_name: str, mode: str, flag: bool
 ) -> None:
     result = init_db(mongo_uri, db_name, mode, flag=flag)
-    with MongoClient(mongo_uri) as client:
+    with MongoClient[dict[str, Any]](mongo_uri) as client:
         try:
             names = client[db_name].list_collection_names()
         finally:
@@ -72,6 +72,7 @@ def test_shard_on_a_deployment_without_mongos_changes_nothing_and_says_so(
     assert COLLECTION[mode] in names  # the rest of init-db still ran
 
 
+@pytest.mark.process
 def test_help_explains_each_shard_key() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "ingest", "init-db", "--help"],

@@ -28,7 +28,7 @@ from bson.codec_options import CodecOptions
 from bson.errors import InvalidDocument
 from bson.objectid import ObjectId
 from bson.raw_bson import RawBSONDocument
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.model import Reading
@@ -312,7 +312,6 @@ def check_batch(twin: ModuleType, readings: list[Any], prefix: bytes, start: int
     ]
 
 
-@settings(max_examples=150)
 @given(batches(sort=True), ids)
 def test_sorted_batches_give_identical_documents_and_runs(
     twin: ModuleType, readings: list[Any], first: tuple[bytes, int]
@@ -320,7 +319,6 @@ def test_sorted_batches_give_identical_documents_and_runs(
     check_batch(twin, readings, *first)
 
 
-@settings(max_examples=80)
 @given(batches(sort=False), ids)
 def test_batches_in_any_order_give_identical_documents_and_runs(
     twin: ModuleType, readings: list[Any], first: tuple[bytes, int]
@@ -360,7 +358,6 @@ def decoded(draw: st.DrawFn) -> Reading:
     return Reading(sensor, None, ms / 1000, values, seq, ms, tags, units, info)
 
 
-@settings(max_examples=150)
 @given(
     st.lists(decoded(), max_size=20), st.binary(min_size=9, max_size=9), st.integers(0, 0xFFFFFF)
 )
@@ -433,7 +430,6 @@ def test_a_document_written_as_bytes_reads_as_the_python_twins(twin: ModuleType)
     assert ts_mod._doc_instant(doc) == ts_mod._doc_instant(py_doc)
 
 
-@settings(max_examples=150)
 @given(st.one_of(a_reading(), a_reading(hostile=True)))
 def test_one_readings_document_is_identical(twin: ModuleType, reading: Any) -> None:
     expected = outcome(py_mod.reading_document, reading)
@@ -497,7 +493,6 @@ def test_documents_take_new_ids_counting_on_from_the_last_batch(
     assert all(before <= int(oid.generation_time.timestamp()) <= time.time() + 1 for oid in ids)
 
 
-@settings(max_examples=50)
 @given(st.lists(a_reading(), max_size=20))
 def test_a_plan_is_the_same_with_either_twin(twin: ModuleType, readings: list[Any]) -> None:
     # Readings of the decoders only (a plan sorts them, which hostile ones would stop).
@@ -561,7 +556,6 @@ def to_sort(draw: st.DrawFn) -> list[Any]:
     return readings
 
 
-@settings(max_examples=150)
 @given(to_sort())
 def test_a_batch_is_put_in_the_same_order_by_both_twins(
     twin: ModuleType, readings: list[Any]

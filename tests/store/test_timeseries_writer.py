@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ingest.errors import SchemaError
-from ingest.model import Reading
+from ingest.model import Reading, Scalar
 from ingest.store.schema import TIMESERIES_INDEX, Schema
 from ingest.store.writers import Plan
 from ingest.store.writers.timeseries import TimeseriesWriter, reading_document
@@ -19,7 +19,7 @@ from tests.support.procs import ROOT
 T0 = 1_790_000_000.0
 
 
-def reading(sensor: str, epoch: float, seq: int | None = None, **values: float) -> Reading:
+def reading(sensor: str, epoch: float, seq: int | None = None, **values: Scalar) -> Reading:
     return Reading(sensor, datetime.fromtimestamp(epoch, UTC), epoch, values or {"v": 1.0}, seq)
 
 
@@ -123,7 +123,7 @@ def test_init_db_on_the_wrong_kind_of_collection_exits_non_zero_with_one_line(
 ) -> None:
     from pymongo import MongoClient  # noqa: PLC0415
 
-    with MongoClient(mongo_uri) as client:
+    with MongoClient[dict[str, Any]](mongo_uri) as client:
         client[db_name].readings.insert_one({"x": 1})
         try:
             result = subprocess.run(

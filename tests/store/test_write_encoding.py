@@ -22,7 +22,7 @@ import bson
 import pytest
 from bson.datetime_ms import DatetimeMS
 from bson.objectid import ObjectId
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.model import Reading
@@ -94,7 +94,6 @@ def bucket_writer(max_readings: int = 3600) -> BucketWriter:
     return BucketWriter(NO_DB["buckets"], schema, HOUR, max_readings)
 
 
-@settings(max_examples=150)
 @given(st.lists(a_reading(), min_size=1, max_size=30), st.sampled_from([2, 5, 3600]))
 def test_bucket_updates_encode_as_with_datetimes_and_push_reading_docs(
     readings: list[Reading], cap: int
@@ -118,7 +117,6 @@ def test_bucket_updates_encode_as_with_datetimes_and_push_reading_docs(
         assert next(iter(update["$max"])) == "last_ts"
 
 
-@settings(max_examples=200)
 @given(st.lists(a_reading(), min_size=1, max_size=30), st.sampled_from([2, 5, 3600]), st.booleans())
 def test_the_single_pass_bucket_plan_sends_the_bytes_of_the_general_one(
     readings: list[Reading], cap: int, repeat: bool
@@ -133,7 +131,6 @@ def test_the_single_pass_bucket_plan_sends_the_bytes_of_the_general_one(
     assert (fast.duplicates, fast.conflicts) == (general.duplicates, general.conflicts)
 
 
-@settings(max_examples=200)
 @given(
     st.lists(st.sampled_from(["temp", "hum", "co2", "v-2"]), min_size=1, max_size=4, unique=True),
     st.lists(
@@ -168,7 +165,6 @@ def test_a_group_of_readings_with_the_same_names_gets_the_general_plans_statisti
     assert bson.encode(fast.ops[0]) == bson.encode(general.ops[0])
 
 
-@settings(max_examples=150)
 @given(st.lists(a_reading(), min_size=1, max_size=30))
 def test_timeseries_documents_are_reading_documents_with_an_id_first(
     readings: list[Reading],

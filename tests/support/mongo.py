@@ -94,4 +94,4 @@ def _tags_key(tags: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 def _ms(ts: Any) -> int:
-    return round(ts.timestamp() * 1000)
+    return round(float(ts.timestamp()) * 1000)

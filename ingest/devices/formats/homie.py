@@ -9,7 +9,7 @@ A Homie device publishes one plain value per topic,
 ``.../<property>/$datatype``, ``$unit``, ``$format``; Homie 5 in one JSON document,
 ``<domain>/5/<device>/$description``. So this format keeps, per device, what those
 attributes say (:class:`Device`, bounded, least recently used evicted) and types each value
-by its property's datatype; :class:`~ingest.devices.homie_state.HomieFormat` backs the state with
+by its property's datatype; :class:`~ingest.devices.homie_state.HomieState` backs the state with
 MongoDB. Nothing here does I/O or raises for bad input.
 
 - A value becomes one reading of the sensor ``<device>`` (the id as in the topic) with one
@@ -66,7 +66,7 @@ REASONS: tuple[str, ...] = (
     "bad_topic",  # not a Homie topic (e.g. an id with '.' or spaces, a level too many)
     "no_datatype",  # a value whose property's datatype is not known (yet)
 )
-KINDS = ("value", "attribute", "cleared")  # messages counted (see Counts)
+KINDS = ("value", "attribute", "cleared")  # messages counted (see KindCounts)
 MAX_DEVICES = 10_000  # devices held in memory (least recently used are evicted)
 MAX_PROPERTIES = 1000  # properties of one device
 MAX_UNIT = 64  # characters of a unit
@@ -293,8 +293,8 @@ def _declared(prop_id: str, prop: object) -> Prop | str:
     return Prop(attrs["datatype"], attrs["unit"] or None, attrs["format"])
 
 
-class Counts:
-    """What this format saw, as plain ints handed to the metrics at scrape time."""
+class KindCounts:
+    """Messages by kind (:data:`KINDS`), as plain ints handed to the metrics at scrape time."""
 
     __slots__ = ("messages",)
 
@@ -302,13 +302,13 @@ class Counts:
         self.messages = dict.fromkeys(KINDS, 0)
 
 
-class HomieState:
-    """The attributes of each device (bounded, least recently used evicted)."""
+class HomieFormat:
+    """The ``homie`` format: each device's attributes (bounded, LRU), and parsing by them."""
 
     def __init__(self, max_devices: int = MAX_DEVICES) -> None:
         self.max_devices = max_devices
         self.devices: OrderedDict[str, Device] = OrderedDict()
-        self.counts = Counts()
+        self.counts = KindCounts()
 
     def device(self, key: str) -> Device | None:
         """The device held for ``key`` (marked recently used), or None."""

@@ -4,11 +4,11 @@ Topics are ``spBv1.0/<group>/<type>/<edge node>[/<device>]``. A BIRTH (NBIRTH, D
 declares every metric of its edge node or device with a name, an alias and a datatype;
 later DATA messages may carry aliases only. So this format keeps, per edge node and per
 device, the alias table of the latest BIRTH (:class:`Table`), in memory (bounded) and,
-through :class:`~ingest.sparkplug_store.BirthStore`, in MongoDB. The pure part lives here:
-:meth:`SparkplugState.parse` turns one message into :class:`~ingest.devices.formats.Item` objects
-using the tables it holds; :meth:`SparkplugState.birth` builds the table a BIRTH declares.
+through :class:`~ingest.devices.sparkplug_state.BirthStore`, in MongoDB. The pure part lives here:
+:meth:`SparkplugFormat.parse` turns one message into :class:`~ingest.devices.formats.Item` objects
+using the tables it holds; :meth:`SparkplugFormat.birth` builds the table a BIRTH declares.
 Nothing here does I/O or raises for bad input: the I/O (store a BIRTH before it is acked,
-read a table missing from memory) is :class:`~ingest.sparkplug_store.SparkplugFormat`'s.
+read a table missing from memory) is :class:`~ingest.devices.sparkplug_state.SparkplugState`'s.
 
 State rules (Sparkplug 3.0, chapters 5 and 6):
 - NBIRTH replaces the edge node's table and forgets its devices' tables (a new session
@@ -238,8 +238,8 @@ class Table:
     earlier: tuple[Table, ...] = ()  # from MongoDB: sessions this one replaced, newest first
 
 
-class Counts:
-    """What this format saw, as plain ints handed to the metrics at scrape time."""
+class SessionCounts:
+    """Messages by type, seq gaps, skips and stale deaths: plain ints for the metrics."""
 
     __slots__ = ("messages", "seq_gaps", "skipped", "stale_deaths")
 
@@ -250,14 +250,14 @@ class Counts:
         self.skipped = dict.fromkeys(SKIPS, 0)
 
 
-class SparkplugState:
-    """Alias tables and sequence counters per edge node and device (bounded, LRU)."""
+class SparkplugFormat:
+    """The ``sparkplug`` format: alias tables and seq counters (bounded, LRU), and parsing."""
 
     def __init__(self, max_tables: int = MAX_TABLES) -> None:
         self.max_tables = max_tables
         self.tables: OrderedDict[str, Table] = OrderedDict()
         self.seqs: OrderedDict[str, int] = OrderedDict()  # last seq per edge node key
-        self.counts = Counts()
+        self.counts = SessionCounts()
 
     # --- state -----------------------------------------------------------------------
 
@@ -693,7 +693,7 @@ def _value(metric: Any, datatype: int) -> object:  # noqa: ANN401
     return _convert(getattr(metric, member), datatype, member)
 
 
-def _items(topic: Topic, decoded: Any, table: Table, counts: Counts) -> Parsed:  # noqa: ANN401
+def _items(topic: Topic, decoded: Any, table: Table, counts: SessionCounts) -> Parsed:  # noqa: ANN401
     """Readings of a BIRTH or DATA: metrics grouped by timestamp, one item per timestamp."""
     if not table.sensor:
         table.sensor = sensor_id(topic)

@@ -30,7 +30,7 @@ STATE = "state"  # the device's description only: taken even when retained is ig
 OTHER = "other"  # nothing the format uses: the message is ignored by its rule
 
 
-class Counts(NamedTuple):
+class MetricCounts(NamedTuple):
     """What a stateful format counted since it was last asked, by metric attribute name.
 
     The pipeline adds them to the metrics before each scrape (:meth:`Metrics.add_counts`),
@@ -64,5 +64,5 @@ class Stateful(Protocol):
     def parse(self, topic: str, payload: bytes, limits: Limits) -> Parsed:
         """The message's items and rejections, given the state (which it may update)."""
 
-    def take_counts(self) -> Counts:
+    def take_counts(self) -> MetricCounts:
         """The format's own counts since the last call (called before each scrape)."""
