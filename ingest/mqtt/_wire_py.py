@@ -20,7 +20,7 @@ except ImportError:  # Cython builds the accelerators; it is not needed to run
     from ingest import _cython_shim as cython
 
 if TYPE_CHECKING:
-    from ingest.mqtt.wire import Cursor, Deliver, Subscription
+    from ingest.mqtt.wire_types import Cursor, Deliver, Subscription
 
 PUBLISH = 0x30
 PUBACK = 0x40

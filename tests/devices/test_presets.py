@@ -494,7 +494,7 @@ def test_plain_values_of_one_device_in_one_millisecond_are_all_stored_in_bucket_
     """Shelly Gen1 publishes relay/0/power, relay/0/energy, temperature... in one burst:
     each value is its own message, and several arrive within a millisecond."""
     from ingest.store.writers import Plan  # noqa: PLC0415
-    from ingest.store.writers.bucket import unique_readings  # noqa: PLC0415
+    from ingest.store.writers._bucket_py import unique_readings  # noqa: PLC0415
 
     mapping = Mapping.load(None, ["shelly"])
     now = math.floor(time.time()) + 0.1234

@@ -37,8 +37,6 @@ _capi: Any = None
 if TYPE_CHECKING:
     from typing import Protocol
 
-    from ingest.store.writers.timeseries import Runs
-
     class _Writer(Protocol):
         """The BSON writer kernel (``_bson_c.Writer``): each part WRITTEN (0) or NOT_SURE (1)."""
 
@@ -165,7 +163,7 @@ def _in_time_order(run: list[Reading]) -> bool:
 
 def batch_documents(  # noqa: C901, PLR0912, PLR0915 - one loop, the batch's hot path
     readings: list[Reading], prefix: bytes, start: int
-) -> tuple[list[Any], Runs, bool]:
+) -> tuple[list[Any], list[tuple[str, list[Any]]], bool]:
     """The documents of ``readings``, with what the lookup before the insert needs.
 
     ``readings`` are sorted by sensor and time. Also returns each sensor's run of times
@@ -193,7 +191,7 @@ def batch_documents(  # noqa: C901, PLR0912, PLR0915 - one loop, the batch's hot
     metas: dict[str, dict[str, Any]] = {}
     docs: list[Any] = []
     dates: list[BsonDate] = []
-    runs: Runs = []
+    runs: list[tuple[str, list[Any]]] = []  # timeseries.Runs
     collided = False
     begin = 0
     last: Any = None
