@@ -277,6 +277,8 @@ def _examples() -> list[tuple[list[str], list[str]]]:
         for command, output in re.findall(
             r"^\$ ingest check (.*)\n((?:(?!\$ ).*\n)*)", block, re.MULTILINE
         ):
+            if "--mapping" in command:  # a file of the reader's own: test_api_params runs it
+                continue
             lines = output.splitlines()
             if all('"ts":' not in line or '"ts":"…"' in line for line in lines):
                 found.append((shlex.split(command), lines))
