@@ -11,7 +11,7 @@ selective JSON scanner, the BSON writer, the ISO-8601 fast path): small, and ans
 module hands out one of the two with :func:`pick`, where ``pip install`` built the
 compiled one::
 
-    held_bytes = accel.pick(_stages_py.held_bytes, "ingest.pipeline._stages_c", "held_bytes")
+    decode = accel.pick(_decode_py.decode, "ingest.devices._decode_c", "decode")
 
 The compiled twin is used when it was built and imports, unless ``INGEST_NO_EXTENSIONS``
 is set to anything but ``0`` (as aiohttp's ``AIOHTTP_NO_EXTENSIONS``); then every twin is
