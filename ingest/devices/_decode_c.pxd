@@ -9,7 +9,7 @@ from ingest._capi cimport tuple_as as _new, tuple_as2 as _tuple_as2, tuple_as9 a
 cdef set _valid_names, _valid_sensors
 cdef tuple _known
 cdef frozenset _RESERVED
-cdef object _NAME, _SENSOR_ID, _loads, _JSONDecodeError, Decoded, Reading, Rejection
+cdef object _floor, _NAME, _SENSOR_ID, _loads, _JSONDecodeError, Decoded, Reading, Rejection
 cdef object _INT64_MIN, _INT64_MAX, _FAST_FROM, _FAST_TO
 cdef double _INT64_RANGE, _INF
 cdef Py_ssize_t CACHE_LIMIT

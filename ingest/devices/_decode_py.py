@@ -68,6 +68,7 @@ CACHE_LIMIT = 100_000
 # Epoch seconds whose milliseconds _ms_of works out without a datetime (years 68 to 9892).
 _FAST_FROM, _FAST_TO = -6e10, 2.5e11
 _INF = math.inf
+_floor = math.floor  # one name to look up (a C variable when compiled)
 _valid_names: set[str] = set()
 _valid_sensors: set[str] = set()
 _RESERVED = RESERVED_FIELDS
@@ -132,8 +133,17 @@ def decode(
             readings, rejections = [], [Rejection(*result)]
     else:
         readings, rejections = [], []
-        decoded = _items(doc, default_sensor, received_at, earliest, latest, max_readings,
-                         arrivals, readings, rejections)
+        decoded = _items(
+            doc,
+            default_sensor,
+            received_at,
+            earliest,
+            latest,
+            max_readings,
+            arrivals,
+            readings,
+            rejections,
+        )
         if decoded is not None:
             return decoded
     if not cython.compiled:
@@ -246,7 +256,7 @@ def _reading(
     epoch: float | None
     if raw is None and arrivals is not None:  # timed at its sensor's next arrival ms
         epoch = None
-        ms = arrivals.next(sensor, math.floor(now * 1000))
+        ms = arrivals.next(sensor, _floor(now * 1000))
     elif type(raw) is int:  # whole epoch seconds, the usual case: no call, no rounding
         whole = raw
         epoch = _int_float(raw)
