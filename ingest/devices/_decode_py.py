@@ -148,7 +148,8 @@ def decode(
             return decoded
     if not cython.compiled:
         return _new(Decoded, (readings, rejections))
-    return _tuple_as2(Decoded, readings, rejections)  # the same, filled in place
+    # The same, filled in place: ingest/_capi.pxd's, cimported by _decode_c.pxd.
+    return _tuple_as2(Decoded, readings, rejections)  # type: ignore[name-defined,no-any-return]  # noqa: F821
 
 
 def _items(
@@ -162,8 +163,10 @@ def _items(
     readings: list[Reading],
     rejections: list[Rejection],
 ) -> Decoded | None:
-    """A message of several readings (or not one reading object) into ``readings`` and
-    ``rejections``; the Decoded of a rejection of the whole message, or None."""
+    """Decode a message that is not one reading object into ``readings``, ``rejections``.
+
+    Returns the Decoded of a rejection of the whole message, or None.
+    """
     items: Any
     if type(doc) is dict and "readings" in doc:
         items = doc["readings"]
@@ -295,12 +298,13 @@ def _reading(
     if epoch is None:
         epoch = ms / 1000
     elif whole is not None:
-        ms = _int_times(whole, 1000) if cython.compiled else whole * 1000  # C when it fits
+        # Compiled: ingest/_capi.pxd's int_times, the same product (in C when it fits).
+        ms = _int_times(whole, 1000) if cython.compiled else whole * 1000  # type: ignore[name-defined]  # noqa: F821
     else:
         ms = _ms_of(epoch)
     if not cython.compiled:
         return _new(Reading, (sensor, None, epoch, values, seq, ms, None, None, None))
-    return _tuple_as9(Reading, sensor, None, epoch, values, seq, ms, None, None, None)
+    return _tuple_as9(Reading, sensor, None, epoch, values, seq, ms, None, None, None)  # type: ignore[name-defined,no-any-return]  # noqa: F821
 
 
 def _values(item: dict[str, Any]) -> dict[str, Scalar] | tuple[str, str]:
