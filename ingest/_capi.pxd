@@ -283,14 +283,16 @@ cdef extern from *:
         if (!overflow) return PyFloat_FromDouble((double)whole);
         return PyNumber_Float(value);
     }
-    /* value * factor for an int value: in C when the product fits in 64 bits. */
+    /* value * factor for an int value: in C when the product fits in 64 bits (a
+       positive factor), else PyNumber_Multiply. */
     static PyObject *ingest_capi_int_times(PyObject *value, long long factor) {
         int overflow = 0;
-        long long whole = PyLong_AsLongLongAndOverflow(value, &overflow), product;
+        long long whole = PyLong_AsLongLongAndOverflow(value, &overflow);
         PyObject *times, *out;
         if (whole == -1 && PyErr_Occurred()) return NULL;
-        if (!overflow && !__builtin_mul_overflow(whole, factor, &product))
-            return PyLong_FromLongLong(product);
+        if (!overflow && factor > 0 && whole <= LLONG_MAX / factor
+                && whole >= LLONG_MIN / factor)
+            return PyLong_FromLongLong(whole * factor);
         times = PyLong_FromLongLong(factor);
         if (times == NULL) return NULL;
         out = PyNumber_Multiply(value, times);
