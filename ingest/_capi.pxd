@@ -234,3 +234,108 @@ cdef inline tuple checked_tuple(object obj):
     up and calls it, several times the cost of its attribute.
     """
     return ingest_capi_as_tuple(obj)
+
+
+# ---- h11-decode-speed: NamedTuples filled in place, int arithmetic in C -------------
+
+cdef extern from *:
+    """
+    /* A tuple subclass of no other storage (a NamedTuple) of n items, from its own
+       tp_alloc: NULL and a TypeError for any other class. */
+    static PyObject *ingest_capi_tuple_alloc(PyObject *cls, Py_ssize_t n) {
+        PyTypeObject *type = (PyTypeObject *)cls;
+        if (!PyType_FastSubclass(type, Py_TPFLAGS_TUPLE_SUBCLASS)
+                || type->tp_basicsize != PyTuple_Type.tp_basicsize) {
+            PyErr_Format(PyExc_TypeError, "%s is not a plain tuple subclass", type->tp_name);
+            return NULL;
+        }
+        return type->tp_alloc(type, n);
+    }
+    static PyObject *ingest_capi_tuple_as2(PyObject *cls, PyObject *a, PyObject *b) {
+        PyObject *out = ingest_capi_tuple_alloc(cls, 2);
+        if (out == NULL) return NULL;
+        Py_INCREF(a); PyTuple_SET_ITEM(out, 0, a);
+        Py_INCREF(b); PyTuple_SET_ITEM(out, 1, b);
+        return out;
+    }
+    static PyObject *ingest_capi_tuple_as9(PyObject *cls, PyObject *a, PyObject *b,
+            PyObject *c, PyObject *d, PyObject *e, PyObject *f, PyObject *g, PyObject *h,
+            PyObject *i) {
+        PyObject *out = ingest_capi_tuple_alloc(cls, 9);
+        if (out == NULL) return NULL;
+        Py_INCREF(a); PyTuple_SET_ITEM(out, 0, a);
+        Py_INCREF(b); PyTuple_SET_ITEM(out, 1, b);
+        Py_INCREF(c); PyTuple_SET_ITEM(out, 2, c);
+        Py_INCREF(d); PyTuple_SET_ITEM(out, 3, d);
+        Py_INCREF(e); PyTuple_SET_ITEM(out, 4, e);
+        Py_INCREF(f); PyTuple_SET_ITEM(out, 5, f);
+        Py_INCREF(g); PyTuple_SET_ITEM(out, 6, g);
+        Py_INCREF(h); PyTuple_SET_ITEM(out, 7, h);
+        Py_INCREF(i); PyTuple_SET_ITEM(out, 8, i);
+        return out;
+    }
+    /* float(value) for an int value: within 64 bits, C's conversion (rounded to
+       nearest, ties to even, as PyLong_AsDouble rounds); beyond, float() itself. */
+    static PyObject *ingest_capi_int_float(PyObject *value) {
+        int overflow = 0;
+        long long whole = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (whole == -1 && PyErr_Occurred()) return NULL;
+        if (!overflow) return PyFloat_FromDouble((double)whole);
+        return PyNumber_Float(value);
+    }
+    /* value * factor for an int value: in C when the product fits in 64 bits (a
+       positive factor), else PyNumber_Multiply. */
+    static PyObject *ingest_capi_int_times(PyObject *value, long long factor) {
+        int overflow = 0;
+        long long whole = PyLong_AsLongLongAndOverflow(value, &overflow);
+        PyObject *times, *out;
+        if (whole == -1 && PyErr_Occurred()) return NULL;
+        if (!overflow && factor > 0 && whole <= LLONG_MAX / factor
+                && whole >= LLONG_MIN / factor)
+            return PyLong_FromLongLong(whole * factor);
+        times = PyLong_FromLongLong(factor);
+        if (times == NULL) return NULL;
+        out = PyNumber_Multiply(value, times);
+        Py_DECREF(times);
+        return out;
+    }
+    """
+    object ingest_capi_tuple_as2(object cls, object a, object b)
+    object ingest_capi_tuple_as9(object cls, object a, object b, object c, object d,
+                                 object e, object f, object g, object h, object i)
+    object ingest_capi_int_float(object value)
+    object ingest_capi_int_times(object value, long long factor)
+
+
+cdef inline object tuple_as2(type cls, object a, object b):
+    """``tuple.__new__(cls, (a, b))`` for a NamedTuple class ``cls``, with no tuple between.
+
+    ``tuple_as`` copies a tuple built for the call; building the result directly spares
+    that tuple's allocation and the references counted twice (a reading's Reading, a
+    message's Decoded).
+    """
+    return ingest_capi_tuple_as2(cls, a, b)
+
+
+cdef inline object tuple_as9(type cls, object a, object b, object c, object d, object e,
+                             object f, object g, object h, object i):
+    """``tuple.__new__(cls, (a, ..., i))`` for a NamedTuple class ``cls``, as tuple_as2."""
+    return ingest_capi_tuple_as9(cls, a, b, c, d, e, f, g, h, i)
+
+
+cdef inline object int_float(object value):
+    """``float(value)`` for an ``int`` value, the same float and the same OverflowError.
+
+    CPython's float() of an int of more than 30 bits (an epoch second) goes through an
+    arbitrary-precision frexp; one C conversion gives the same double.
+    """
+    return ingest_capi_int_float(value)
+
+
+cdef inline object int_times(object value, long long factor):
+    """``value * factor`` for an ``int`` value, in C when the product fits in 64 bits.
+
+    Cython's own fast path multiplies only ints of one 30-bit digit; an epoch second
+    times 1000 otherwise goes through CPython's general multiplication.
+    """
+    return ingest_capi_int_times(value, factor)

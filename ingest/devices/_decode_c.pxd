@@ -3,12 +3,13 @@
 
 import cython
 
-from ingest._capi cimport tuple_as as _new
+from ingest._capi cimport int_float as _int_float, int_times as _int_times
+from ingest._capi cimport tuple_as as _new, tuple_as2 as _tuple_as2, tuple_as9 as _tuple_as9
 
 cdef set _valid_names, _valid_sensors
 cdef tuple _known
 cdef frozenset _RESERVED
-cdef object _NAME, _SENSOR_ID, _loads, _JSONDecodeError, Decoded, Reading, Rejection
+cdef object _floor, _NAME, _SENSOR_ID, _loads, _JSONDecodeError, Decoded, Reading, Rejection
 cdef object _INT64_MIN, _INT64_MAX, _FAST_FROM, _FAST_TO
 cdef double _INT64_RANGE, _INF
 cdef Py_ssize_t CACHE_LIMIT
@@ -17,10 +18,14 @@ cdef Py_ssize_t CACHE_LIMIT
 @cython.locals(text=str, start=Py_ssize_t, end=Py_ssize_t)
 cpdef object sensor_from_topic(object topic)
 
-@cython.locals(count=Py_ssize_t, index=Py_ssize_t, readings=list, rejections=list,
-               known=tuple)
+@cython.locals(readings=list, rejections=list, known=tuple)
 cpdef object decode(object topic, object payload, object received_at, object limits,
                     object sensor=*, object arrivals=*)
+
+@cython.locals(count=Py_ssize_t, index=Py_ssize_t)
+cdef object _items(object doc, object default_sensor, object received_at, object earliest,
+                   object latest, object max_readings, object arrivals, list readings,
+                   list rejections)
 
 cdef tuple _remember(object limits)
 

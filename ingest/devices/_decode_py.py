@@ -68,6 +68,7 @@ CACHE_LIMIT = 100_000
 # Epoch seconds whose milliseconds _ms_of works out without a datetime (years 68 to 9892).
 _FAST_FROM, _FAST_TO = -6e10, 2.5e11
 _INF = math.inf
+_floor = math.floor  # one name to look up (a C variable when compiled)
 _valid_names: set[str] = set()
 _valid_sensors: set[str] = set()
 _RESERVED = RESERVED_FIELDS
@@ -75,10 +76,11 @@ _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
 # The Limits last given and its fields (a Limits is frozen): see _remember.
 _known: tuple[object, int, int, float, float] = (None, 0, 0, 0.0, 0.0)
-if not cython.compiled:  # compiled: ingest/_capi.pxd's tuple_as, the same without a call
+if not cython.compiled:  # compiled: ingest/_capi.pxd's tuple_as and int_float
     # Builds a NamedTuple (Reading, Decoded) without its Python-level __new__, the larger
     # part of its cost on the hot path.
     _new = tuple.__new__
+    _int_float = float  # compiled: one C conversion for an int of 64 bits
 
 
 def sensor_from_topic(topic: str) -> str | None:
@@ -120,12 +122,51 @@ def decode(
         return _whole(_json_reason(payload), str(exc).split("\n", 1)[0][:200])
     default_sensor: object = sensor_from_topic(topic) if sensor is None else sensor
     earliest, latest = received_at - max_past, received_at + max_future  # the window
+    readings: list[Reading]
+    rejections: list[Rejection]
     if type(doc) is dict and "readings" not in doc and max_readings > 0:
         # One reading object, the most common message: no list of items to go through.
         result = _reading(doc, default_sensor, received_at, earliest, latest, arrivals)
         if type(result) is not tuple:  # a Reading (a tuple subclass), not (reason, detail)
-            return _new(Decoded, ([result], []))
-        return _new(Decoded, ([], [Rejection(*result)]))
+            readings, rejections = [result], []  # type: ignore[list-item]
+        else:
+            readings, rejections = [], [Rejection(*result)]
+    else:
+        readings, rejections = [], []
+        decoded = _items(
+            doc,
+            default_sensor,
+            received_at,
+            earliest,
+            latest,
+            max_readings,
+            arrivals,
+            readings,
+            rejections,
+        )
+        if decoded is not None:
+            return decoded
+    if not cython.compiled:
+        return _new(Decoded, (readings, rejections))
+    # The same, filled in place: ingest/_capi.pxd's, cimported by _decode_c.pxd.
+    return _tuple_as2(Decoded, readings, rejections)  # type: ignore[name-defined,no-any-return]  # noqa: F821
+
+
+def _items(
+    doc: object,
+    default_sensor: object,
+    received_at: float,
+    earliest: float,
+    latest: float,
+    max_readings: int,
+    arrivals: Arrivals | None,
+    readings: list[Reading],
+    rejections: list[Rejection],
+) -> Decoded | None:
+    """Decode a message that is not one reading object into ``readings``, ``rejections``.
+
+    Returns the Decoded of a rejection of the whole message, or None.
+    """
     items: Any
     if type(doc) is dict and "readings" in doc:
         items = doc["readings"]
@@ -147,8 +188,6 @@ def decode(
         return _whole("no_readings", "no readings in message")
     if count > max_readings:
         return _whole("too_many_readings", f"{count} readings > {max_readings}")
-    readings: list[Reading] = []
-    rejections: list[Rejection] = []
     for index in range(count):
         item = items[index]
         result = (
@@ -160,7 +199,7 @@ def decode(
             readings.append(result)  # type: ignore[arg-type]
         else:
             rejections.append(Rejection(result[0], result[1], index if count > 1 else None))  # type: ignore[arg-type]
-    return _new(Decoded, (readings, rejections))
+    return None
 
 
 def _remember(limits: Limits) -> tuple[object, int, int, float, float]:
@@ -220,10 +259,10 @@ def _reading(
     epoch: float | None
     if raw is None and arrivals is not None:  # timed at its sensor's next arrival ms
         epoch = None
-        ms = arrivals.next(sensor, math.floor(now * 1000))
+        ms = arrivals.next(sensor, _floor(now * 1000))
     elif type(raw) is int:  # whole epoch seconds, the usual case: no call, no rounding
         whole = raw
-        epoch = float(raw)
+        epoch = _int_float(raw)
     else:
         epoch = _epoch(raw, now)
         if epoch is None:
@@ -259,10 +298,13 @@ def _reading(
     if epoch is None:
         epoch = ms / 1000
     elif whole is not None:
-        ms = whole * 1000
+        # Compiled: ingest/_capi.pxd's int_times, the same product (in C when it fits).
+        ms = _int_times(whole, 1000) if cython.compiled else whole * 1000  # type: ignore[name-defined]  # noqa: F821
     else:
         ms = _ms_of(epoch)
-    return _new(Reading, (sensor, None, epoch, values, seq, ms, None, None, None))
+    if not cython.compiled:
+        return _new(Reading, (sensor, None, epoch, values, seq, ms, None, None, None))
+    return _tuple_as9(Reading, sensor, None, epoch, values, seq, ms, None, None, None)  # type: ignore[name-defined,no-any-return]  # noqa: F821
 
 
 def _values(item: dict[str, Any]) -> dict[str, Scalar] | tuple[str, str]:
