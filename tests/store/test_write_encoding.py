@@ -10,12 +10,13 @@ with and without seq, with and without the decoder's milliseconds.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import time
 from collections import defaultdict
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from unittest import mock
 
 import bson
@@ -27,9 +28,11 @@ from hypothesis import strategies as st
 
 from ingest.model import Reading
 from ingest.store.schema import Schema
+from ingest.store.writers import _bucket_py
 from ingest.store.writers import bucket as bucket_mod
 from ingest.store.writers import timeseries as ts_mod
-from ingest.store.writers.bucket import BsonDate, BucketWriter, bson_date, reading_doc
+from ingest.store.writers._bucket_py import reading_doc
+from ingest.store.writers.bucket import BsonDate, BucketWriter, bson_date
 from ingest.store.writers.instants import merge_series
 from ingest.store.writers.timeseries import (
     TimeseriesWriter,
@@ -37,6 +40,9 @@ from ingest.store.writers.timeseries import (
     object_ids,
     reading_document,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 HOUR = 3600
 T0 = 1_790_000_000 // HOUR * HOUR
@@ -117,6 +123,17 @@ def test_bucket_updates_encode_as_with_datetimes_and_push_reading_docs(
         assert next(iter(update["$max"])) == "last_ts"
 
 
+@contextlib.contextmanager
+def general_plan() -> Iterator[None]:
+    """The plan of the Python source with its single-pass path turned off: every group by
+    the general path (the compiled plan, the same source, cannot be patched)."""
+    with (
+        mock.patch.object(_bucket_py, "_fast_update", return_value=None),
+        mock.patch.object(bucket_mod, "plan_buckets", _bucket_py.plan_buckets),
+    ):
+        yield
+
+
 @given(st.lists(a_reading(), min_size=1, max_size=30), st.sampled_from([2, 5, 3600]), st.booleans())
 def test_the_single_pass_bucket_plan_sends_the_bytes_of_the_general_one(
     readings: list[Reading], cap: int, repeat: bool
@@ -124,7 +141,7 @@ def test_the_single_pass_bucket_plan_sends_the_bytes_of_the_general_one(
     if repeat:  # the same millisecond twice in a group: the general path settles it
         readings = [*readings, readings[0]]
     fast = bucket_writer(cap).plan(readings)
-    with mock.patch.object(bucket_mod, "_fast_update", return_value=None):
+    with general_plan():
         general = bucket_writer(cap).plan(readings)
     assert [bson.encode(op) for op in fast.ops] == [bson.encode(op) for op in general.ops]
     assert fast.groups == general.groups
@@ -159,7 +176,7 @@ def test_a_group_of_readings_with_the_same_names_gets_the_general_plans_statisti
         for second, row in zip(order, rows, strict=False)
     ]
     fast = bucket_writer().plan(readings)
-    with mock.patch.object(bucket_mod, "_fast_update", return_value=None):
+    with general_plan():
         general = bucket_writer().plan(readings)
     assert len(fast.ops) == 1
     assert bson.encode(fast.ops[0]) == bson.encode(general.ops[0])
