@@ -182,7 +182,9 @@ async def test_no_query_string_gets_a_5xx(urls: dict[str, str]) -> None:
                     return resp.status, orjson.loads(body)
                 return resp.status, body
 
-        @settings(suppress_health_check=[HealthCheck.too_slow], database=None)
+        # Its own count, whatever the profile: the check below needs enough of both kinds
+        # of answer, and most generated query strings are refused.
+        @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow], database=None)
         @given(query=queries())
         def check(query: tuple[str, list[str], str]) -> None:
             endpoint, keys, text = query
