@@ -37,12 +37,6 @@ if TYPE_CHECKING:
     from tests.support.procs import Broker, Daemon
 
 ROOT = Path(__file__).resolve().parents[2]
-JSON_MEASUREMENT = (
-    "waits on the rule language: a json rule's measurement from topic captures "
-    '(measurement = "{property}") and a last capture of several levels ({property#})'
-)
-MATCH = "waits on the rule language: [rule.match], payload selection"
-MULTI_LEVEL = "waits on the rule language: a last capture of several levels ({measurement#})"
 
 
 def miss(reason: str) -> Any:
@@ -56,14 +50,12 @@ STORED = {  # >= 90% of values right, no housekeeping stored
         "takes as the device: the task level is, the node a tag (BME280 and Soil of one "
         "node are two sensor ids)"
     ),
-    "victron": miss(JSON_MEASUREMENT),
     "wled": miss(
         "not met: WLED's command topics (<device>/api, <device>/col, the group topic "
         "wled/all) carry no housekeeping word; discover stores them"
     ),
 }
 UNITS = {  # units for >= 80% of the measurements with a documented unit
-    "victron": miss(JSON_MEASUREMENT),
     "owntracks": miss("not met: acc, alt, vac, vel, batt, cog name no unit the table knows"),
     "teslamate": miss(
         "not met: inside_temp, odometer, speed name no unit; power is kW, the table says W"
@@ -72,11 +64,10 @@ UNITS = {  # units for >= 80% of the measurements with a documented unit
     "meshtastic": miss("not met: channel_utilization, air_util_tx (%), altitude (m)"),
 }
 RULES = {  # at most three rules
-    "victron": miss(JSON_MEASUREMENT),
-    "opendtu": miss(MULTI_LEVEL),
-    "evcc": miss(
-        "not met: the site (evcc/site/<m>) and the loadpoints (evcc/loadpoints/<n>/<m>) "
-        "have their devices at different depths; with the last will and a command: 4 rules"
+    "victron": miss(
+        "not met: the notification tree's marker (N/+/full_publish_completed) and the "
+        "request and write mirrors (R/#, W/#) share no first level: three ignore rules "
+        "beside the one rule that stores the tree"
     ),
 }
 
@@ -117,8 +108,8 @@ def test_each_rule_says_what_it_stores() -> None:
     readings stored; an ignore rule, that it ignored them."""
     text = score("opendtu").proposal
     assert (
-        "22 stored, e.g. solar/114190641177/0/current\n# stores 2 sensor(s) "
-        "(114190641177, 114190641178); measurements 0_current, 0_frequency, 0_power,"
+        "28 stored, e.g. solar/114190641177/0/current\n# stores 3 sensor(s) "
+        "(114190641177, 114190641178, dtu); measurements 0_current, 0_frequency, 0_power,"
     ) in text
     assert "# 9 message(s) on 9 topic(s) of the capture, ignored" in text  # status/#
 
@@ -231,8 +222,8 @@ async def settled(db: Any, mode: str) -> list[dict[str, Any]]:
 
 
 def test_units_from_a_unit_field_and_a_unit_topic(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A payload's unit field gives its number's unit (``[rule.units] value =
-    "{unit}"``); a unit topic beside a plain value gives that value's, before the names'
+    """A payload's unit field gives its number's unit (one value per topic: the
+    measurement named by the topic, its unit the field's); a unit topic beside a plain value gives that value's, before the names'
     table (°F here, where the table would say °C), and is itself ignored."""
     now = time.time()
     messages = [
@@ -248,7 +239,7 @@ def test_units_from_a_unit_field_and_a_unit_topic(monkeypatch: pytest.MonkeyPatc
     mapping = mapping_of(text)
     got = mapping.decode("lab/meter-1/voltage", messages[0].payload, now, Limits())
     assert [(r.sensor_id, r.values, r.units) for r in got.decoded.readings] == [
-        ("meter-1", {"value": 3.3}, {"value": "V"})
+        ("meter-1", {"voltage": 3.3}, {"voltage": "V"})
     ]
     got = mapping.decode("yard/probe-1/temperature", b"71.5", now, Limits())
     assert [(r.values, r.units) for r in got.decoded.readings] == [

@@ -21,10 +21,14 @@ from ingest.devices.discover.patterns import (
     STATUS_WORDS,
     Pattern,
     literal,
+    order,
     variable,
 )
+from ingest.devices.discover.shadowing import matches, overlap
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ingest.devices.discover.conventions import Known
 
 
@@ -195,3 +199,52 @@ def _takes(levels: list[str], topic: str) -> bool:
         and all(lv in {"+", part} for lv, part in zip(levels, parts, strict=True))
         and not (levels[0] == "+" and parts[0].startswith("$"))
     )
+
+
+def merge_tail(
+    patterns: list[Pattern], taken: set[str], filters: Sequence[Sequence[str]]
+) -> list[Pattern]:
+    """Ignore rules of one first topic level made one ``<first>/#`` rule, tried last.
+
+    evcc's ``evcc/+/+/+/set`` and ``evcc/status``, ``evcc/updated`` become ``evcc/#``
+    after the rules that store ``evcc/...``: the first matching rule takes a message, so
+    the wide rule ignores only what no rule before it stores. Made only where, in rule
+    order, every captured topic is still taken by the rule that took it, and the wide
+    rule takes no topic of a preset (``taken``: the captured topics the presets take;
+    ``filters``: their topic filters, none of which may overlap it). ``patterns`` and
+    the result are in rule order.
+    """
+    groups: dict[str, list[Pattern]] = {}
+    for pattern in patterns:
+        firsts = {t.split("/", 1)[0] for t in pattern.topics}
+        if pattern.kind in {"ignore", "binary"} and not pattern.match and len(firsts) == 1:
+            first = firsts.pop()
+            if first and not first.startswith("$") and not variable(literal(first)):
+                groups.setdefault(first, []).append(pattern)
+    out = list(patterns)
+    for first, group in groups.items():
+        if len(group) < 2:
+            continue
+        wide = Pattern([literal(first), "#"], "ignore", set().union(*(p.topics for p in group)))
+        trial = sorted([p for p in out if all(p is not g for g in group)] + [wide], key=order)
+
+        def first_rule(rules: list[Pattern], topic: str) -> Pattern | None:
+            return next((p for p in rules if matches(p.levels, topic)), None)
+
+        kept = all(
+            first_rule(trial, t) is (wide if t in wide.topics else first_rule(out, t))
+            for p in out
+            for t in p.topics
+        )
+        if not kept or any(matches(wide.levels, t) for t in taken):
+            continue
+        if any(overlap(wide.levels, f) is not None for f in filters):
+            continue
+        lasts = sorted({t.rsplit("/", 1)[-1] for t in wide.topics})
+        shown = ", ".join(lasts[:6]) + (f" and {len(lasts) - 6} more" if len(lasts) > 6 else "")
+        wide.notes.append(
+            f"looks like housekeeping (topics ending {shown}, and any other {first}/ topic "
+            "that no rule before it stores): ignored; delete this rule to store them"
+        )
+        out = trial
+    return out
