@@ -45,23 +45,25 @@ def miss(reason: str) -> Any:
 
 
 STORED = {  # >= 90% of values right, no housekeeping stored
-    "espeasy": miss(
-        "not met: the node (%sysname%) is the first topic level, which discover never "
-        "takes as the device: the task level is, the node a tag (BME280 and Soil of one "
-        "node are two sensor ids)"
-    ),
     "wled": miss(
         "not met: WLED's command topics (<device>/api, <device>/col, the group topic "
-        "wled/all) carry no housekeeping word; discover stores them"
+        "wled/all) carry no housekeeping word and payloads like the readings' (#FF0000 "
+        "beside the colour reading c); discover stores them"
     ),
 }
 UNITS = {  # units for >= 80% of the measurements with a documented unit
-    "owntracks": miss("not met: acc, alt, vac, vel, batt, cog name no unit the table knows"),
-    "teslamate": miss(
-        "not met: inside_temp, odometer, speed name no unit; power is kW, the table says W"
+    "owntracks": miss(
+        "not met: acc, alt, vac (m), vel (km/h), batt (%), cog (°) are abbreviations the "
+        "names' table does not guess"
     ),
-    "opendtu": miss("not met: yieldday (Wh), yieldtotal (kWh), irradiation, rssi, uptime"),
-    "meshtastic": miss("not met: channel_utilization, air_util_tx (%), altitude (m)"),
+    "teslamate": miss(
+        "not met: inside_temp, outside_temp (temp: °C or °F), odometer, speed name no unit "
+        "the table knows; power and charger_power are kW, the table says W"
+    ),
+    "opendtu": miss(
+        "not met: yieldday (Wh), yieldtotal (kWh), irradiation (%), rssi (dB), uptime (s) "
+        "name no unit the table knows"
+    ),
 }
 RULES = {  # at most three rules
     "victron": miss(
@@ -223,8 +225,9 @@ async def settled(db: Any, mode: str) -> list[dict[str, Any]]:
 
 def test_units_from_a_unit_field_and_a_unit_topic(monkeypatch: pytest.MonkeyPatch) -> None:
     """A payload's unit field gives its number's unit (one value per topic: the
-    measurement named by the topic, its unit the field's); a unit topic beside a plain value gives that value's, before the names'
-    table (°F here, where the table would say °C), and is itself ignored."""
+    measurement named by the topic, its unit the field's); a unit topic beside a plain
+    value gives that value's, before the names' table (°F here, where the table would
+    say °C), and is itself ignored."""
     now = time.time()
     messages = [
         Captured("lab/meter-1/voltage", b'{"value": 3.3, "unit": "V"}'),
