@@ -211,13 +211,20 @@ def merge_tail(
     the wide rule ignores only what no rule before it stores. Made only where, in rule
     order, every captured topic is still taken by the rule that took it, and the wide
     rule takes no topic of a preset (``taken``: the captured topics the presets take;
-    ``filters``: their topic filters, none of which may overlap it). ``patterns`` and
-    the result are in rule order.
+    ``filters``: their topic filters, none of which may overlap it). A rule that says
+    more than that it looks like housekeeping (discovery configs it read) stays its own.
+    ``patterns`` and the result are in rule order.
     """
     groups: dict[str, list[Pattern]] = {}
     for pattern in patterns:
         firsts = {t.split("/", 1)[0] for t in pattern.topics}
-        if pattern.kind in {"ignore", "binary"} and not pattern.match and len(firsts) == 1:
+        plain = all(n.startswith("looks like housekeeping") for n in pattern.notes)
+        if (
+            pattern.kind in {"ignore", "binary"}
+            and not pattern.match
+            and plain
+            and len(firsts) == 1
+        ):
             first = firsts.pop()
             if first and not first.startswith("$") and not variable(literal(first)):
                 groups.setdefault(first, []).append(pattern)
