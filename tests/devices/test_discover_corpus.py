@@ -22,9 +22,11 @@ import pytest
 
 from ingest.devices.decode import Limits
 from ingest.devices.discover import language, onevalue, selection
+from ingest.devices.discover.chores import merge_tail
 from ingest.devices.discover.command import _names, proposal_text
 from ingest.devices.discover.patterns import Captured
 from ingest.devices.discover.propose import propose
+from ingest.devices.discover.shadowing import matches, overlap
 from tests.devices.corpus import FAMILIES, HOUSEKEEPING
 from tests.devices.corpus.score import family_messages, mapping_of, score, score_rows, table
 from tests.devices.test_presets import stored_rows
@@ -253,3 +255,28 @@ def test_units_from_a_unit_field_and_a_unit_topic(monkeypatch: pytest.MonkeyPatc
         monkeypatch.setattr(module, "supports", lambda _feature: True)
     tree = next(p for p in propose(messages) if p.measurement == "{property}")
     assert tree.units == {"voltage": "V"}
+
+
+def test_a_capture_of_several_levels_takes_one_or_more() -> None:
+    """``{measurement#}`` takes the rest of the topic, one level or more (as the mapping
+    does), so a proposal with one is separated from the others' topics and the presets'
+    filters without error."""
+    levels = ["solar", "{sensor_id}", "{measurement#}"]
+    assert matches(levels, "solar/114190641177/0/power")
+    assert matches(levels, "solar/dtu/rssi")
+    assert not matches(levels, "solar/dtu")
+    assert overlap(levels, ["solar", "+", "status"]) == "solar/x/status"
+    assert overlap(levels, ["solar", "+"]) is None
+
+
+def test_ignore_rules_are_one_wide_rule_only_where_it_takes_nothing_else() -> None:
+    """evcc's ignore rules become one ``evcc/#`` rule, tried last; not where a preset
+    takes a captured ``evcc/`` topic or has a filter the wide rule would overlap."""
+    messages = family_messages("evcc")
+    patterns = propose([Captured(m.topic, m.payload) for m in messages])
+    merged = merge_tail(patterns, set(), [])
+    assert merged[-1].levels == ["evcc", "#"]
+    assert len(merged) == 3
+    assert merged[-1].topics == {m.topic for m in messages if m.truth == HOUSEKEEPING}
+    assert len(merge_tail(patterns, {"evcc/vehicles/1/soc"}, [])) == len(patterns)
+    assert len(merge_tail(patterns, set(), [["evcc", "vehicles", "+"]])) == len(patterns)
