@@ -7,9 +7,8 @@ the real broker and daemon in both modes.
 
 Targets (issue 37): at least 90% of values stored right, no housekeeping stored, units for
 at least 80% of the measurements with a documented unit, at most three rules. A family
-that misses one is marked: strict xfail, with the reason, naming the rule-language
-feature it waits on where that is the cause (the test passes, and so fails as XPASS,
-once the mapping has it: discover then proposes it)."""
+that misses one is marked: strict xfail, with the reason (the test fails as XPASS once
+discover meets it, so the mark goes)."""
 
 from __future__ import annotations
 
