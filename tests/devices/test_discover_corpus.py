@@ -7,9 +7,8 @@ the real broker and daemon in both modes.
 
 Targets (issue 37): at least 90% of values stored right, no housekeeping stored, units for
 at least 80% of the measurements with a documented unit, at most three rules. A family
-that misses one is marked: strict xfail, with the reason, naming the rule-language
-feature it waits on where that is the cause (the test passes, and so fails as XPASS,
-once the mapping has it: discover then proposes it)."""
+that misses one is marked: strict xfail, with the reason (the test fails as XPASS once
+discover meets it, so the mark goes)."""
 
 from __future__ import annotations
 
@@ -22,9 +21,11 @@ import pytest
 
 from ingest.devices.decode import Limits
 from ingest.devices.discover import language, onevalue, selection
+from ingest.devices.discover.chores import merge_tail
 from ingest.devices.discover.command import _names, proposal_text
 from ingest.devices.discover.patterns import Captured
 from ingest.devices.discover.propose import propose
+from ingest.devices.discover.shadowing import matches, overlap
 from tests.devices.corpus import FAMILIES, HOUSEKEEPING
 from tests.devices.corpus.score import family_messages, mapping_of, score, score_rows, table
 from tests.devices.test_presets import stored_rows
@@ -37,12 +38,6 @@ if TYPE_CHECKING:
     from tests.support.procs import Broker, Daemon
 
 ROOT = Path(__file__).resolve().parents[2]
-JSON_MEASUREMENT = (
-    "waits on the rule language: a json rule's measurement from topic captures "
-    '(measurement = "{property}") and a last capture of several levels ({property#})'
-)
-MATCH = "waits on the rule language: [rule.match], payload selection"
-MULTI_LEVEL = "waits on the rule language: a last capture of several levels ({measurement#})"
 
 
 def miss(reason: str) -> Any:
@@ -51,34 +46,27 @@ def miss(reason: str) -> Any:
 
 
 STORED = {  # >= 90% of values right, no housekeeping stored
-    "espeasy": miss(
-        "not met: the node (%sysname%) is the first topic level, which discover never "
-        "takes as the device: the task level is, the node a tag (BME280 and Soil of one "
-        "node are two sensor ids)"
-    ),
-    "victron": miss(JSON_MEASUREMENT),
     "wled": miss(
         "not met: WLED's command topics (<device>/api, <device>/col, the group topic "
-        "wled/all) carry no housekeeping word; discover stores them"
+        "wled/all) carry no housekeeping word and payloads like the readings' (#FF0000 "
+        "beside the colour reading c); discover stores them"
     ),
 }
 UNITS = {  # units for >= 80% of the measurements with a documented unit
-    "victron": miss(JSON_MEASUREMENT),
-    "owntracks": miss("not met: acc, alt, vac, vel, batt, cog name no unit the table knows"),
+    "owntracks": miss(
+        "not met: acc, alt, vac (m), vel (km/h), batt (%), cog (°) are abbreviations the "
+        "names' table does not guess"
+    ),
     "teslamate": miss(
-        "not met: inside_temp, odometer, speed name no unit; power is kW, the table says W"
+        "not met: inside_temp, outside_temp (temp: °C or °F), odometer, speed name no unit "
+        "the table knows; power and charger_power are kW, the table says W"
     ),
-    "opendtu": miss("not met: yieldday (Wh), yieldtotal (kWh), irradiation, rssi, uptime"),
-    "meshtastic": miss("not met: channel_utilization, air_util_tx (%), altitude (m)"),
-}
-RULES = {  # at most three rules
-    "victron": miss(JSON_MEASUREMENT),
-    "opendtu": miss(MULTI_LEVEL),
-    "evcc": miss(
-        "not met: the site (evcc/site/<m>) and the loadpoints (evcc/loadpoints/<n>/<m>) "
-        "have their devices at different depths; with the last will and a command: 4 rules"
+    "opendtu": miss(
+        "not met: yieldday (Wh), yieldtotal (kWh), irradiation (%), rssi (dB), uptime (s) "
+        "name no unit the table knows"
     ),
 }
+RULES: dict[str, Any] = {}  # at most three rules: every family meets it
 
 
 def marked(targets: dict[str, Any]) -> list[Any]:
@@ -117,8 +105,8 @@ def test_each_rule_says_what_it_stores() -> None:
     readings stored; an ignore rule, that it ignored them."""
     text = score("opendtu").proposal
     assert (
-        "22 stored, e.g. solar/114190641177/0/current\n# stores 2 sensor(s) "
-        "(114190641177, 114190641178); measurements 0_current, 0_frequency, 0_power,"
+        "28 stored, e.g. solar/114190641177/0/current\n# stores 3 sensor(s) "
+        "(114190641177, 114190641178, dtu); measurements 0_current, 0_frequency, 0_power,"
     ) in text
     assert "# 9 message(s) on 9 topic(s) of the capture, ignored" in text  # status/#
 
@@ -231,9 +219,10 @@ async def settled(db: Any, mode: str) -> list[dict[str, Any]]:
 
 
 def test_units_from_a_unit_field_and_a_unit_topic(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A payload's unit field gives its number's unit (``[rule.units] value =
-    "{unit}"``); a unit topic beside a plain value gives that value's, before the names'
-    table (°F here, where the table would say °C), and is itself ignored."""
+    """A payload's unit field gives its number's unit (one value per topic: the
+    measurement named by the topic, its unit the field's); a unit topic beside a plain
+    value gives that value's, before the names' table (°F here, where the table would
+    say °C), and is itself ignored."""
     now = time.time()
     messages = [
         Captured("lab/meter-1/voltage", b'{"value": 3.3, "unit": "V"}'),
@@ -248,7 +237,7 @@ def test_units_from_a_unit_field_and_a_unit_topic(monkeypatch: pytest.MonkeyPatc
     mapping = mapping_of(text)
     got = mapping.decode("lab/meter-1/voltage", messages[0].payload, now, Limits())
     assert [(r.sensor_id, r.values, r.units) for r in got.decoded.readings] == [
-        ("meter-1", {"value": 3.3}, {"value": "V"})
+        ("meter-1", {"voltage": 3.3}, {"voltage": "V"})
     ]
     got = mapping.decode("yard/probe-1/temperature", b"71.5", now, Limits())
     assert [(r.values, r.units) for r in got.decoded.readings] == [
@@ -259,3 +248,28 @@ def test_units_from_a_unit_field_and_a_unit_topic(monkeypatch: pytest.MonkeyPatc
         monkeypatch.setattr(module, "supports", lambda _feature: True)
     tree = next(p for p in propose(messages) if p.measurement == "{property}")
     assert tree.units == {"voltage": "V"}
+
+
+def test_a_capture_of_several_levels_takes_one_or_more() -> None:
+    """``{measurement#}`` takes the rest of the topic, one level or more (as the mapping
+    does), so a proposal with one is separated from the others' topics and the presets'
+    filters without error."""
+    levels = ["solar", "{sensor_id}", "{measurement#}"]
+    assert matches(levels, "solar/114190641177/0/power")
+    assert matches(levels, "solar/dtu/rssi")
+    assert not matches(levels, "solar/dtu")
+    assert overlap(levels, ["solar", "+", "status"]) == "solar/x/status"
+    assert overlap(levels, ["solar", "+"]) is None
+
+
+def test_ignore_rules_are_one_wide_rule_only_where_it_takes_nothing_else() -> None:
+    """evcc's ignore rules become one ``evcc/#`` rule, tried last; not where a preset
+    takes a captured ``evcc/`` topic or has a filter the wide rule would overlap."""
+    messages = family_messages("evcc")
+    patterns = propose([Captured(m.topic, m.payload) for m in messages])
+    merged = merge_tail(patterns, set(), [])
+    assert merged[-1].levels == ["evcc", "#"]
+    assert len(merged) == 3
+    assert merged[-1].topics == {m.topic for m in messages if m.truth == HOUSEKEEPING}
+    assert len(merge_tail(patterns, {"evcc/vehicles/1/soc"}, [])) == len(patterns)
+    assert len(merge_tail(patterns, set(), [["evcc", "vehicles", "+"]])) == len(patterns)

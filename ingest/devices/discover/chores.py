@@ -21,10 +21,14 @@ from ingest.devices.discover.patterns import (
     STATUS_WORDS,
     Pattern,
     literal,
+    order,
     variable,
 )
+from ingest.devices.discover.shadowing import matches, overlap
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ingest.devices.discover.conventions import Known
 
 
@@ -195,3 +199,93 @@ def _takes(levels: list[str], topic: str) -> bool:
         and all(lv in {"+", part} for lv, part in zip(levels, parts, strict=True))
         and not (levels[0] == "+" and parts[0].startswith("$"))
     )
+
+
+def merge_tail(
+    patterns: list[Pattern], taken: set[str], filters: Sequence[Sequence[str]]
+) -> list[Pattern]:
+    """Ignore rules made one wide rule (``<common levels>/#``), tried last.
+
+    evcc's ``evcc/+/+/+/set`` and ``evcc/status``, ``evcc/updated`` become ``evcc/#``;
+    Victron's ``R/#``, ``W/#`` and ``N/+/full_publish_completed``, ``+/<portal>/#``: the
+    levels all their topics share, each literal where it is one value, ``+`` where not,
+    up to the last literal one (at least one). The first matching rule takes a message,
+    so the wide rule, tried after the rules that store, ignores only what no rule before
+    it stores. All the ignore rules are made one where they can be, else those of each
+    first level. Made only where, in rule order, every captured topic is still taken by
+    the rule that took it, and the wide rule takes no topic of a preset (``taken``: the
+    captured topics the presets take; ``filters``: their topic filters, none of which may
+    overlap it). A rule that says more than that it looks like housekeeping (discovery
+    configs it read) stays its own. ``patterns`` and the result are in rule order.
+    """
+    eligible = [
+        p
+        for p in patterns
+        if p.kind in {"ignore", "binary"}
+        and not p.match
+        and p.topics
+        and all(n.startswith("looks like housekeeping") for n in p.notes)
+        and not any(t.startswith("$") for t in p.topics)
+    ]
+    whole = _widen(patterns, eligible, taken, filters)
+    if whole is not None:
+        return whole
+    groups: dict[str, list[Pattern]] = {}
+    for pattern in eligible:
+        firsts = {t.split("/", 1)[0] for t in pattern.topics}
+        if len(firsts) == 1:
+            groups.setdefault(firsts.pop(), []).append(pattern)
+    out = list(patterns)
+    for group in groups.values():
+        out = _widen(out, group, taken, filters) or out
+    return out
+
+
+def _wide_levels(topics: set[str]) -> list[str] | None:
+    """The levels all topics share (literal where one value, else ``+``), then ``#``."""
+    rows = [t.split("/") for t in topics]
+    levels = []
+    for i in range(min(len(r) for r in rows)):
+        values = {r[i] for r in rows}
+        levels.append(literal(values.pop()) if len(values) == 1 else "+")
+    while levels and levels[-1] == "+":
+        levels.pop()
+    return [*levels, "#"] if levels else None
+
+
+def _widen(
+    out: list[Pattern],
+    group: list[Pattern],
+    taken: set[str],
+    filters: Sequence[Sequence[str]],
+) -> list[Pattern] | None:
+    """``out`` with the group's ignore rules made one wide rule, or None if it cannot."""
+    if len(group) < 2:
+        return None
+    topics = set().union(*(p.topics for p in group))
+    levels = _wide_levels(topics)
+    if levels is None:
+        return None
+    wide = Pattern(levels, "ignore", topics)
+    trial = sorted([p for p in out if all(p is not g for g in group)] + [wide], key=order)
+
+    def first_rule(rules: list[Pattern], topic: str) -> Pattern | None:
+        return next((p for p in rules if matches(p.levels, topic)), None)
+
+    kept = all(
+        first_rule(trial, t) is (wide if t in topics else first_rule(out, t))
+        for p in out
+        for t in p.topics
+    )
+    if not kept or any(matches(levels, t) for t in taken):
+        return None
+    if any(overlap(levels, f) is not None for f in filters):
+        return None
+    lasts = sorted({t.rsplit("/", 1)[-1] for t in topics})
+    shown = ", ".join(lasts[:6]) + (f" and {len(lasts) - 6} more" if len(lasts) > 6 else "")
+    under = "/".join(levels[:-1])
+    wide.notes.append(
+        f"looks like housekeeping (topics ending {shown}, and any other topic under "
+        f"{under} that no rule before it stores): ignored; delete this rule to store them"
+    )
+    return trial

@@ -35,6 +35,7 @@ import aiomqtt
 from ingest.config import parse_mqtt_url, read_secret
 from ingest.devices.decode import Limits
 from ingest.devices.discover import conventions
+from ingest.devices.discover.chores import merge_tail
 from ingest.devices.discover.patterns import Captured, Pattern
 from ingest.devices.discover.proposal import rule_text
 from ingest.devices.discover.propose import propose
@@ -367,6 +368,7 @@ def finish(
     taken = {t for r in preset_rules for t in counts[r.name].topics}
     known = conventions.read([(m.topic, m.payload) for m in messages])
     patterns = separate(propose(rest, known), preset_rules, taken)
+    patterns = merge_tail(patterns, taken, [r.subscription.split("/") for r in preset_rules])
     names = _names(patterns, {r.name for r in before})
     text = proposal_text(patterns, names, [], now)
     proposed = parse(text, "proposal") if patterns else []

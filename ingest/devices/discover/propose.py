@@ -66,7 +66,12 @@ def propose(messages: list[Captured], known: Known | None = None) -> list[Patter
     patterns = (
         homie
         + trees
-        + [r for p in group(rest, known) for q in _complete(p, known) for r in select(q, now)]
+        + [
+            r
+            for p in group(rest, known)
+            for q in _complete(p, known, _wills(messages))
+            for r in select(q, now)
+        ]
     )
     patterns = onevalue.merge_values(patterns)
     data = {t for p in patterns if p.kind != "ignore" and not p.match for t in p.topics}
@@ -109,8 +114,11 @@ def _homie_domains(messages: list[Captured], known: Known) -> list[Pattern]:
     return out
 
 
-def _complete(pattern: Pattern, known: Known) -> list[Pattern]:
-    """The pattern with what conventions and payloads say: units, devices, notes."""
+def _complete(pattern: Pattern, known: Known, wills: frozenset[str] = frozenset()) -> list[Pattern]:
+    """The pattern with what conventions and payloads say: units, devices, notes.
+
+    ``wills``: the topics' prefixes that have a last will of their own (``<prefix>/LWT``).
+    """
     out = [pattern]
     if pattern.kind == "value":
         out = _value_units(pattern, known)
@@ -123,6 +131,8 @@ def _complete(pattern: Pattern, known: Known) -> list[Pattern]:
     for part in out:
         if part.kind in {"value", "json"} and not part.sensor_id:
             _node_level(part)
+        if part.kind == "value" and not part.sensor_id:
+            _will_level(part, wills)
         _describe_conventions(part, known)
         _table_units(part)
     return [p for p in out if p.topics]
@@ -508,3 +518,44 @@ def _node_level(pattern: Pattern) -> None:
             else f"this level is the tag {node!r}"
         )
     )
+
+
+WILL_WORDS = frozenset({"lwt", "will", "availability", "status", "connection"})
+
+
+def _wills(messages: list[Captured]) -> frozenset[str]:
+    """The prefixes that publish a last will or availability topic of their own."""
+    return frozenset(
+        m.topic.rsplit("/", 1)[0]
+        for m in messages
+        if "/" in m.topic and m.topic.rsplit("/", 1)[1].lower() in WILL_WORDS
+    )
+
+
+def _will_level(pattern: Pattern, wills: frozenset[str]) -> None:
+    """A level before the device's whose every prefix has a last will is the device.
+
+    ESPEasy's ``%sysname%/%tskname%/%valname%`` beside ``%sysname%/LWT``: the client that
+    connects to the broker (and leaves a will) is the device; the task under it names a
+    part of it, so it becomes part of the measurement name (``BME280_Temperature``).
+    """
+    levels = pattern.levels
+    if "{sensor_id}" not in levels or not wills:
+        return
+    index = levels.index("{sensor_id}")
+    for i in range(index):
+        if not levels[i].startswith("{"):
+            continue
+        prefixes = {"/".join(t.split("/")[: i + 1]) for t in pattern.topics}
+        if len(prefixes) < 2 or not prefixes <= wills:
+            continue
+        node = "node" if "{node}" not in levels else f"level{index + 1}"
+        levels[i], levels[index] = "{sensor_id}", f"{{{node}}}"
+        pattern.measurement = f"{{{node}}}_{pattern.measurement or 'value'}"
+        shown = ", ".join(sorted(prefixes)[:2])
+        pattern.notes.append(
+            f"each value of this level has a last will of its own ({shown}): it is the "
+            "client that connects, so it is the sensor id, and the level after it is "
+            "part of the measurement name"
+        )
+        return

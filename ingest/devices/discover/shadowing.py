@@ -29,14 +29,27 @@ def _wild(level: str) -> bool:
     return level in {"+", "#"} or level.startswith("{")
 
 
+def _rest(level: str) -> bool:
+    """A last level that takes the rest of the topic.
+
+    ``#``: zero or more levels; a ``{name#}`` capture: one or more.
+    """
+    return level == "#" or (level.startswith("{") and level.endswith("#}"))
+
+
 def matches(levels: Sequence[str], topic: str) -> bool:
-    """Whether the filter (levels: literal, ``+``, ``{capture}``, last ``#``) takes topic."""
+    """Whether the filter takes topic.
+
+    Levels: literal, ``+``, ``{capture}``, a last ``#`` or ``{capture#}``.
+    """
     parts = topic.split("/")
     if _wild(levels[0]) and parts[0].startswith("$"):
         return False
     for i, level in enumerate(levels):
         if level == "#":
             return True
+        if _rest(level):
+            return i < len(parts)
         if i >= len(parts) or (not _wild(level) and level != parts[i]):
             return False
     return len(parts) == len(levels)
@@ -50,6 +63,12 @@ def overlap(a: Sequence[str], b: Sequence[str]) -> str | None:
     for i in range(max(len(a), len(b))):
         x = a[i] if i < len(a) else None
         y = b[i] if i < len(b) else None
+        if (x is not None and _rest(x) and x != "#" and y is not None) or (
+            y is not None and _rest(y) and y != "#" and x is not None
+        ):
+            # {name#} takes one or more levels: as # once this level is present
+            x = "#" if x is not None and _rest(x) else x
+            y = "#" if y is not None and _rest(y) else y
         if x == "#" or y == "#":
             other = y if x == "#" else x
             if other is None or other == "#":
@@ -76,7 +95,7 @@ def _order(pattern: Pattern) -> list[int]:
     others = [
         i
         for i, lv in enumerate(levels)
-        if _wild(lv) and lv not in {"{sensor_id}", "{measurement}", "#"}
+        if _wild(lv) and not _rest(lv) and lv not in {"{sensor_id}", "{measurement}"}
     ]
     return [
         *others,

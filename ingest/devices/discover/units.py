@@ -31,6 +31,8 @@ TABLE: dict[str, tuple[str, str]] = {
     "pm25": ("µg/m³", "Z2M pm25; HA pm25"),
     "moisture": ("%", "Z2M soil_moisture; HA moisture"),
     "seconds": ("s", "the name says it (uptime_seconds)"),
+    "altitude": ("m", "NMEA 0183 GGA altitude (metres); HA distance (metric)"),
+    "utilization": ("%", "a share of time or capacity in use (channel_utilization)"),
 }
 # Words after the quantity that do not change its unit.
 QUALIFIERS = frozenset(
