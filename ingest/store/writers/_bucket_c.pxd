@@ -6,6 +6,9 @@ from ingest._capi cimport float_floordiv as _floordiv, new_with_slot, slot_offse
 
 cdef Py_ssize_t SENSOR_ID, EPOCH, VALUES, SEQ, MS, TAGS, UNITS, INFO
 cdef Py_ssize_t _MS_SLOT
+# Typed globals: a plain module global is a dict lookup at each use (Python 3.12+, where
+# Cython's cache of the module dict's version is off), and these are read per group or date.
+cdef object _DATE, NO_TAGS, BUCKET_INDEX, SCHEMA_VERSION
 cdef dict _EMPTY
 cdef dict _STAT_KEYS
 

@@ -150,13 +150,15 @@ class BsonDate(DatetimeMS):
 
 if cython.compiled:
     _MS_SLOT = slot_offset(BsonDate, "ms")  # type: ignore[name-defined]  # noqa: F821 - _bucket_c.pxd cimports it
+    # A typed global (_bucket_c.pxd): a module global of Python 3.12+ is a dict lookup.
+    _DATE = BsonDate
 
 
 def bson_date(ms: int) -> BsonDate:
     """A :class:`BsonDate` of ``ms`` milliseconds since the epoch."""
     date: BsonDate
     if cython.compiled and _MS_SLOT >= 0:
-        date = new_with_slot(BsonDate, _MS_SLOT, ms)  # type: ignore[name-defined]  # noqa: F821 - as above
+        date = new_with_slot(_DATE, _MS_SLOT, ms)  # type: ignore[name-defined]  # noqa: F821 - as above
     else:
         date = object.__new__(BsonDate)
         date.ms = ms
