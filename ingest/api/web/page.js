@@ -170,6 +170,16 @@ function exactText(v) {
 
 const measurer = document.createElement("canvas").getContext("2d");
 
+// The time axis: a tick so near the plot's right edge that its label, centred on it,
+// would run past the canvas goes unlabelled, so that every label is drawn whole. The
+// widest label of a time tick is a time of day ("12:55pm").
+function wholeTimeLabels(u, splits) {
+  measurer.font = AXIS_FONT;
+  const half = (measurer.measureText("12:55pm").width / 2) * devicePixelRatio;
+  const edge = u.ctx.canvas.width;
+  return splits.map((v) => (u.valToPos(v, "x", true) + half <= edge ? v : null));
+}
+
 // The width an axis needs for its labels as drawn: tick, gap, the widest label, margin.
 function axisSize(_u, values) {
   if (!values) return 40;
@@ -232,7 +242,7 @@ function chart(target, spec, i, opts) {
     padding: [8, 24, timeAxis ? 0 : 8, 0],
     legend: { show: false }, cursor: { show: false },
     scales: { x: { time: true, range: () => spec.span }, y: { range } },
-    axes: [{ show: timeAxis, size: 44, font: AXIS_FONT }, y],
+    axes: [{ show: timeAxis, size: 44, font: AXIS_FONT, filter: wholeTimeLabels }, y],
     series: [{}, series],
   }, [spec.xs, spec.ys], box);
   box.uplot = u;  // the tests read its scales and draw positions through DevTools
