@@ -172,10 +172,12 @@ const measurer = document.createElement("canvas").getContext("2d");
 
 // The time axis: a tick so near the plot's right edge that its label, centred on it,
 // would run past the canvas goes unlabelled, so that every label is drawn whole. The
-// widest label of a time tick is a time of day ("12:55pm").
+// widest label of a time tick is a time of day ("12:00am"); 2 px spare for rounding.
+const TIME_LABELS = ["12:00am", "12:00pm", "10:00am", "10:00pm", "12:55pm"];
 function wholeTimeLabels(u, splits) {
   measurer.font = AXIS_FONT;
-  const half = (measurer.measureText("12:55pm").width / 2) * devicePixelRatio;
+  const widest = Math.max(...TIME_LABELS.map((t) => measurer.measureText(t).width));
+  const half = (widest / 2 + 2) * devicePixelRatio;
   const edge = u.ctx.canvas.width;
   return splits.map((v) => (u.valToPos(v, "x", true) + half <= edge ? v : null));
 }
