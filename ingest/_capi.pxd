@@ -114,21 +114,6 @@ cdef inline void set_slot(object obj, Py_ssize_t offset, object value) noexcept:
     capi_h3_set_slot(obj, offset, value)
 
 
-cdef inline object new_with(object cls, Py_ssize_t offset, str name, object value):
-    """``obj = object.__new__(cls); setattr(obj, name, value)``: by its slot when ``offset``
-    (:func:`slot_offset` of ``cls`` and ``name``) is one, else by those very calls.
-
-    For the BSON dates the writers make per reading: ``object.__new__`` and ``setattr``
-    take a Python call each (about 0.13 µs together, timed from Python), the slot a few ns."""
-    if offset > 0:
-        obj = capi_h3_new(cls, ())
-        capi_h3_set_slot(obj, offset, value)
-    else:
-        obj = object.__new__(cls)
-        setattr(obj, name, value)
-    return obj
-
-
 cdef inline object field(object obj, object cls, Py_ssize_t index, str name):
     """``getattr(obj, name)``, for a ``typing.NamedTuple`` ``cls`` whose field ``name`` is
     its item ``index``: read by index when ``obj`` is exactly a ``cls`` holding it (a

@@ -208,8 +208,8 @@ def batch_documents(  # noqa: C901, PLR0912, PLR0915 - one loop, the batch's hot
             raise TypeError(f"not a Reading: {reading!r}") from None
         if ms is None:
             ms = ts_key(reading.ts)
-        if cython.compiled:
-            date = _capi.new_with(date_type, _DATE_MS_SLOT, "ms", ms)
+        if cython.compiled and _DATE_MS_SLOT > 0:  # as bucket mode's bson_date makes one
+            date = _capi.new_with_slot(date_type, _DATE_MS_SLOT, ms)
         else:
             date = new(date_type)
             date.ms = ms
