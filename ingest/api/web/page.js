@@ -174,10 +174,13 @@ const measurer = document.createElement("canvas").getContext("2d");
 // would run past the canvas goes unlabelled, so that every label is drawn whole. The
 // widest label of a time tick is a time of day ("12:00am"); 2 px spare for rounding.
 const TIME_LABELS = ["12:00am", "12:00pm", "10:00am", "10:00pm", "12:55pm"];
+let timeLabelHalf;  // measured once: the font and the labels do not change
 function wholeTimeLabels(u, splits) {
-  measurer.font = AXIS_FONT;
-  const widest = Math.max(...TIME_LABELS.map((t) => measurer.measureText(t).width));
-  const half = (widest / 2 + 2) * devicePixelRatio;
+  if (timeLabelHalf === undefined) {
+    measurer.font = AXIS_FONT;
+    timeLabelHalf = Math.max(...TIME_LABELS.map((t) => measurer.measureText(t).width)) / 2 + 2;
+  }
+  const half = timeLabelHalf * devicePixelRatio;
   const edge = u.ctx.canvas.width;
   return splits.map((v) => (u.valToPos(v, "x", true) + half <= edge ? v : null));
 }
