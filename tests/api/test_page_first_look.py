@@ -424,3 +424,64 @@ async def test_a_busy_series_is_charted_from_averages_per_step(
     assert len({c["plotLeft"] for c in charts}) == 1
     labels = [number(t) for t in y_labels(power)]
     assert all(1500 <= v <= 1600 for v in labels), labels
+
+
+# Charts drawn by the page's own chart() with spans whose right end is a tick of the time
+# axis (on the hour, at midnight UTC) or near one: where a centred label would run past
+# the canvas. Per chart: its drawn texts, the time axis' ticks and labels, the plot's box.
+EDGE_CHARTS = """
+(async (cases) => {
+  const out = [];
+  for (const [from, to] of cases) {
+    const box = document.createElement('div');
+    document.body.append(box);
+    const spec = {name: 't', kind: 'number', xs: [from, to], ys: [1, 2], unit: '',
+                  latest: 2, span: [from, to]};
+    const u = chart(box, spec, 0, {width: 320, timeAxis: true});
+    await new Promise((r) => setTimeout(r, 0));
+    const canvas = box.querySelector('canvas');
+    out.push({span: [from, to], texts: canvas.drawnTexts || [], width: canvas.width,
+              plotLeft: u.bbox.left, plotTop: u.bbox.top,
+              plotBottom: u.bbox.top + u.bbox.height, values: u.axes[1]._values,
+              timeSplits: u.axes[0]._splits, timeValues: u.axes[0]._values,
+              sensor: 'edge', measurement: `${from}-${to}`});
+    u.destroy();
+    box.remove();
+  }
+  return out;
+})
+"""
+
+
+async def test_time_labels_at_the_right_edge_are_whole_or_absent(
+    api_process: Callable[..., int], tmp_path: Path
+) -> None:
+    """A tick at or near the plot's right edge: its label is drawn whole or not at all,
+    and every label drawn is the time of a tick (none stands for a tick left unlabelled)."""
+    hour = int(time.time()) // 3600 * 3600
+    midnight = hour // 86400 * 86400
+    cases = [
+        (end + offset - length, end + offset)
+        for end in (hour, midnight)
+        for offset in (-90, -30, -10, 0, 10, 30)
+        for length in (600, 3600, 86400, 7 * 86400)
+    ]
+    port = api_process("--mode", "bucket")
+    async with Chromium(tmp_path / "chromium") as browser:
+        await browser.before_load(CAPTURE)
+        await browser.open(f"http://127.0.0.1:{port}/")
+        await wait_ready(browser)
+        charts = await browser.evaluate(f"{EDGE_CHARTS}({orjson.dumps(cases).decode()})")
+        errors = list(browser.errors)
+    assert errors == []
+    assert len(charts) == len(cases)
+    dropped = 0
+    for chart in charts:
+        assert_whole(chart)
+        drawn = [t["text"] for t in chart["texts"] if t["y"] > chart["plotBottom"]]
+        labels = [v for v in chart["timeValues"] if v is not None]
+        lines = [line for v in labels for line in v.split("\n")]
+        assert sorted(drawn) == sorted(lines), chart
+        assert labels, chart
+        dropped += len(chart["timeSplits"]) - len(labels)
+    assert dropped > 0  # some cases put a tick at the edge: it went unlabelled

@@ -173,16 +173,24 @@ const measurer = document.createElement("canvas").getContext("2d");
 // The time axis: a tick so near the plot's right edge that its label, centred on it,
 // would run past the canvas goes unlabelled, so that every label is drawn whole. The
 // widest label of a time tick is a time of day ("12:00am"); 2 px spare for rounding.
+// uPlot's own time labels are kept (they name the day where it changes); the labels of
+// such ticks are dropped from them. (uPlot's axis `filter` cannot do it: its time
+// formatter reads a filtered-out tick as the epoch and draws it.)
 const TIME_LABELS = ["12:00am", "12:00pm", "10:00am", "10:00pm", "12:55pm"];
 let timeLabelHalf;  // measured once: the font and the labels do not change
-function wholeTimeLabels(u, splits) {
-  if (timeLabelHalf === undefined) {
-    measurer.font = AXIS_FONT;
-    timeLabelHalf = Math.max(...TIME_LABELS.map((t) => measurer.measureText(t).width)) / 2 + 2;
-  }
-  const half = timeLabelHalf * devicePixelRatio;
-  const edge = u.ctx.canvas.width;
-  return splits.map((v) => (u.valToPos(v, "x", true) + half <= edge ? v : null));
+function wholeTimeLabels(u) {
+  const axis = u.axes[0];
+  const labels = axis.values;  // uPlot's, resolved when the chart was made
+  axis.values = (self, splits, ...rest) => {
+    if (timeLabelHalf === undefined) {
+      measurer.font = AXIS_FONT;
+      timeLabelHalf = Math.max(...TIME_LABELS.map((t) => measurer.measureText(t).width)) / 2 + 2;
+    }
+    const half = timeLabelHalf * devicePixelRatio;
+    const edge = self.ctx.canvas.width;
+    return labels(self, splits, ...rest)
+      .map((text, k) => (self.valToPos(splits[k], "x", true) + half <= edge ? text : null));
+  };
 }
 
 // The width an axis needs for its labels as drawn: tick, gap, the widest label, margin.
@@ -247,7 +255,8 @@ function chart(target, spec, i, opts) {
     padding: [8, 24, timeAxis ? 0 : 8, 0],
     legend: { show: false }, cursor: { show: false },
     scales: { x: { time: true, range: () => spec.span }, y: { range } },
-    axes: [{ show: timeAxis, size: 44, font: AXIS_FONT, filter: wholeTimeLabels }, y],
+    axes: [{ show: timeAxis, size: 44, font: AXIS_FONT }, y],
+    hooks: { init: [wholeTimeLabels] },
     series: [{}, series],
   }, [spec.xs, spec.ys], box);
   box.uplot = u;  // the tests read its scales and draw positions through DevTools
