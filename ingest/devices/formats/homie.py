@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
 
+from ingest import caches
 from ingest.devices.formats import Item, Parsed, refused, text_of
 from ingest.model import Rejection
 
@@ -109,7 +110,11 @@ class Topic(NamedTuple):
 _BAD = Topic("bad")
 _IGNORED = Topic("ignored")
 _TOPICS: dict[str, Topic] = {}
-_TOPIC_CACHE = 100_000
+
+
+def topics_cached() -> int:
+    """Topics held parsed (at most ``ingest.caches.limit``)."""
+    return len(_TOPICS)
 
 
 def parse_topic(topic: str) -> Topic:
@@ -118,7 +123,7 @@ def parse_topic(topic: str) -> Topic:
     if known is not None:
         return known
     parsed = topic_of(topic)
-    if len(_TOPICS) >= _TOPIC_CACHE:
+    if len(_TOPICS) >= caches.limit:  # one per topic: --max-cached-series
         _TOPICS.clear()
     _TOPICS[topic] = parsed
     return parsed

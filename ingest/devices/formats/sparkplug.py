@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
+from ingest import caches
 from ingest.devices.formats import Item, Parsed, refused
 from ingest.devices.formats.sparkplug_pb import Payload
 from ingest.model import Rejection
@@ -152,7 +153,11 @@ class Topic(NamedTuple):
 
 
 _TOPICS: dict[str, Topic | None] = {}
-_TOPIC_CACHE = 100_000
+
+
+def topics_cached() -> int:
+    """Topics held parsed (at most ``ingest.caches.limit``)."""
+    return len(_TOPICS)
 
 
 def parse_topic(topic: str) -> Topic | None:
@@ -161,7 +166,7 @@ def parse_topic(topic: str) -> Topic | None:
     if known is not _TOPICS:
         return known  # type: ignore[return-value]
     parsed = topic_of(topic)
-    if len(_TOPICS) >= _TOPIC_CACHE:
+    if len(_TOPICS) >= caches.limit:  # one per topic: --max-cached-series
         _TOPICS.clear()
     _TOPICS[topic] = parsed
     return parsed

@@ -1,0 +1,234 @@
+"""Memory per series: the daemon's RSS as its fleet grows, and the slope (bytes per series).
+
+Starts mosquitto, ``fakemongo`` (the C stand-in for MongoDB that keeps nothing) and one
+``ingest run`` per mode (QoS 1, one worker, its default settings or ``--daemon-arg``).
+First a warm-up of ``--warmup`` single-reading messages from 1,000 sensors, so that the
+pipeline's buffers, the driver and the interpreter have reached their working size; then
+the fleet grows step by step to each of ``--fleet`` sensors, one message from each new
+sensor (``qos1pub`` publishes, every message PUBACKed by the broker), and once the daemon
+has acknowledged every message its RSS is read from ``/proc/<pid>/status`` (VmRSS). The
+slope between two steps is the memory each new series costs; past the caches' bound
+(``--max-cached-series``) it falls to about nothing.
+
+Payloads carry no ``ts`` (``--timed`` gives them one): readings timed at arrival keep
+their sensor's last arrival time in memory, the larger case. Every reading must reach the
+sink (fakemongo's count), or the run fails.
+
+    .venv/bin/python -m bench.memory [--fleet 10000,100000,200000,400000]
+        [--modes bucket,timeseries] [--timed] [--daemon-arg=--max-cached-series=N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.e2e import tools
+from bench.outage import rss_mib
+from tests.support.procs import Broker, Daemon
+
+TOPIC = "fleet/{}/readings"
+WARM_SENSORS = 1000
+TIMEOUT = 600.0  # for the daemon to acknowledge one step
+
+
+@dataclass
+class Step:
+    """The daemon after its fleet reached ``sensors``."""
+
+    sensors: int
+    rss_bytes: int
+    messages: int
+    seconds: float
+    gauges: dict[str, float] = field(default_factory=dict)
+
+
+def lines(path: Path, first: int, last: int, timed: bool, every: int | None = None) -> int:
+    """``topic<TAB>payload`` lines for sensors ``first`` to ``last - 1``; the count.
+
+    ``every``: that many messages cycling over the sensors (the warm-up) instead of one each.
+    """
+    count = every if every is not None else last - first
+    span = last - first
+    now = int(time.time()) - 3600
+    with path.open("w") as out:
+        for i in range(count):
+            sensor = first + i % span
+            ts = f'"ts":{now + i // span},' if timed else ""
+            out.write(f'{TOPIC.format(f"s{sensor:07d}")}\t{{{ts}"temp":{i % 400 / 10}}}\n')
+    return count
+
+
+def publish(qos1pub: Path, port: int, path: Path, count: int) -> None:
+    """Every line published at QoS 1, each PUBACKed by the broker."""
+    proc = subprocess.run(
+        [str(qos1pub), "127.0.0.1", str(port), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    result = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    if proc.returncode != 0 or result.get("acked") != count:
+        raise RuntimeError(f"the broker did not confirm {count} messages: {result} {proc.stderr}")
+
+
+def acked(daemon: Daemon, target: int) -> None:
+    """Wait until the daemon has acknowledged ``target`` messages in all."""
+    deadline = time.monotonic() + TIMEOUT
+    while daemon.metric("ingest_messages_acked_total") < target:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the daemon did not acknowledge {target} messages")
+        time.sleep(0.2)
+
+
+def rss_bytes(pid: int) -> int:
+    """VmRSS of ``pid``, read twice a second apart (the last batch's memory settles)."""
+    time.sleep(1.0)
+    return int(rss_mib(pid) * 1024 * 1024)
+
+
+def cache_gauges(daemon: Daemon) -> dict[str, float]:
+    """``ingest_cached_entries`` by cache."""
+    return {
+        key.split('"')[1]: value
+        for key, value in daemon.metrics().items()
+        if key.startswith("ingest_cached_entries{")
+    }
+
+
+def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """One daemon in ``mode`` through the warm-up and every fleet size."""
+    helpers = tools()
+    broker = Broker(workdir)
+    broker.start()
+    sink = subprocess.Popen([str(helpers["fakemongo"])], stdout=subprocess.PIPE, text=True)
+    assert sink.stdout is not None
+    uri = sink.stdout.readline().strip()
+    daemon = Daemon(
+        [
+            "--mode",
+            mode,
+            "--mqtt-url",
+            broker.url,
+            "--mongodb-uri",
+            uri,
+            "--db",
+            "bench",
+            "--topic",
+            "fleet/#",
+            "--client-id",
+            f"memory-{mode}",
+            "--log-level",
+            "warning",
+            "--workers",
+            "1",
+            *args.daemon_arg,
+        ],
+        workdir / f"daemon-{mode}.log",
+    )
+    steps: list[Step] = []
+    try:
+        daemon.start()
+        assert daemon.process is not None
+        path = workdir / "lines.txt"
+        total = lines(path, 0, WARM_SENSORS, args.timed, every=args.warmup)
+        publish(helpers["qos1pub"], broker.port, path, total)
+        acked(daemon, total)
+        steps.append(Step(WARM_SENSORS, rss_bytes(daemon.process.pid), total, 0.0))
+        fleet = WARM_SENSORS
+        for size in args.fleet:
+            count = lines(path, fleet, size, args.timed)
+            started = time.monotonic()
+            publish(helpers["qos1pub"], broker.port, path, count)
+            total += count
+            acked(daemon, total)
+            seconds = time.monotonic() - started
+            fleet = size
+            rss = rss_bytes(daemon.process.pid)
+            steps.append(Step(size, rss, count, seconds, cache_gauges(daemon)))
+            print(f"{mode}: {size:,} sensors, RSS {rss / 2**20:.1f} MiB", file=sys.stderr)
+        written = daemon.metric(f'ingest_readings_written_total{{mode="{mode}"}}')
+    finally:
+        daemon.stop()
+        sink.terminate()
+        out = sink.communicate(timeout=30)[0]
+        broker.stop()
+    stats = json.loads(out.strip().splitlines()[-1])
+    seen = stats["insertedDocuments"] if mode == "timeseries" else stats["pushedElements"]
+    return {
+        "mode": mode,
+        "messages": total,
+        "written": written,
+        "at_sink": seen,
+        "steps": [step.__dict__ for step in steps],
+    }
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    """One table per mode: RSS at each fleet size and the bytes per series since the last."""
+    out = []
+    for result in results:
+        out.append(
+            f"\n{result['mode']}: {result['messages']:,} messages, "
+            f"{result['written']:,.0f} readings written, {result['at_sink']:,} at the sink\n"
+        )
+        out.append(
+            "| sensors | RSS (MiB) | bytes per series since the row above | cached entries |"
+        )
+        out.append("|---|---|---|---|")
+        last: dict[str, Any] | None = None
+        for step in result["steps"]:
+            slope = "-"
+            if last is not None:
+                grown = step["rss_bytes"] - last["rss_bytes"]
+                slope = f"{grown / (step['sensors'] - last['sensors']):,.0f}"
+            gauges = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(step["gauges"].items())) or "-"
+            rss = step["rss_bytes"] / 2**20
+            out.append(f"| {step['sensors']:,} | {rss:.1f} | {slope} | {gauges} |")
+            last = step
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument(
+        "--fleet",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[10_000, 100_000, 200_000, 400_000],
+        help="fleet sizes, increasing (sensors)",
+    )
+    parser.add_argument("--modes", default="bucket,timeseries")
+    parser.add_argument("--warmup", type=int, default=100_000, help="warm-up messages")
+    parser.add_argument("--timed", action="store_true", help="payloads with their own ts")
+    parser.add_argument("--daemon-arg", action="append", default=[])
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    results = []
+    exact = True
+    for mode in args.modes.split(","):
+        workdir = Path(tempfile.mkdtemp(prefix=f"memory-{mode}-"))
+        try:
+            result = run_mode(mode, args, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        exact = exact and result["written"] == result["at_sink"] == result["messages"]
+        results.append(result)
+    print(markdown(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    if not exact:
+        print("not every reading reached the sink exactly once", file=sys.stderr)
+    return 0 if exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
