@@ -2,7 +2,7 @@
 
 Starts mosquitto, ``fakemongo`` (the C stand-in for MongoDB that keeps nothing) and one
 ``ingest run`` per mode (QoS 1, one worker, its default settings or ``--daemon-arg``).
-First a warm-up of ``--warmup`` single-reading messages from 1,000 sensors, so that the
+First a warm-up of ``--warmup`` single-reading messages from 20,000 sensors, so that the
 pipeline's buffers, the driver and the interpreter have reached their working size; then
 the fleet grows step by step to each of ``--fleet`` sensors, one message from each new
 sensor (``qos1pub`` publishes, every message PUBACKed by the broker), and once the daemon
@@ -14,7 +14,7 @@ Payloads carry no ``ts`` (``--timed`` gives them one): readings timed at arrival
 their sensor's last arrival time in memory, the larger case. Every reading must reach the
 sink (fakemongo's count), or the run fails.
 
-    .venv/bin/python -m bench.memory [--fleet 10000,100000,200000,400000]
+    .venv/bin/python -m bench.memory [--fleet 50000,100000,200000,400000]
         [--modes bucket,timeseries] [--timed] [--daemon-arg=--max-cached-series=N]
 """
 
@@ -27,16 +27,24 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.e2e import tools
 from bench.outage import rss_mib
+from ingest import caches
+from ingest.devices import decode
+from ingest.devices.mapping import Mapping
+from ingest.devices.rules import load_preset
+from ingest.store import deliveries
 from tests.support.procs import Broker, Daemon
 
 TOPIC = "fleet/{}/readings"
-WARM_SENSORS = 1000
+# Warm-up sensors: two batches' worth (--batch-size), so that the warm-up's batches are as
+# the fleet's (one statement per reading) and the pipeline's working memory peaks there.
+WARM_SENSORS = 20_000
 TIMEOUT = 600.0  # for the daemon to acknowledge one step
 
 
@@ -173,6 +181,37 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
     }
 
 
+def structures(count: int) -> dict[str, float]:
+    """Bytes per entry of each fleet-sized cache, filled in this process (tracemalloc).
+
+    Each cache is filled with ``count`` new sensors or topics the way the daemon fills it,
+    from strings made as the wire makes them (one per message), so the bytes include the
+    key the cache keeps alive.
+    """
+    caches.set_limit(count)
+    limits = decode.Limits()
+    now = time.time()
+    mapping = Mapping(load_preset("zigbee2mqtt"))
+    fills = {
+        "sensor_ids": lambda i: decode.decode(
+            f"fleet/s{i:07d}/readings", b'{"ts": %d, "temp": 1}' % now, now, limits
+        ),
+        "arrival_times": lambda i: decode.ARRIVALS.next(f"s{i:07d}", int(now * 1000)),
+        # what deliveries.pack() calls for a message's topic
+        "topic_checksums": lambda i: deliveries._topic_crc(f"fleet/s{i:07d}/readings"),  # noqa: SLF001
+        "mapped_topics": lambda i: mapping.match(f"zigbee2mqtt/s{i:07d}"),
+    }
+    out = {}
+    for name, fill in fills.items():
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(count):
+            fill(i)
+        out[name] = (tracemalloc.get_traced_memory()[0] - before) / count
+        tracemalloc.stop()
+    return out
+
+
 def markdown(results: list[dict[str, Any]]) -> str:
     """One table per mode: RSS at each fleet size and the bytes per series since the last."""
     out = []
@@ -203,7 +242,7 @@ def main() -> int:
     parser.add_argument(
         "--fleet",
         type=lambda text: [int(n) for n in text.split(",")],
-        default=[10_000, 100_000, 200_000, 400_000],
+        default=[50_000, 100_000, 200_000, 400_000],
         help="fleet sizes, increasing (sensors)",
     )
     parser.add_argument("--modes", default="bucket,timeseries")
@@ -211,7 +250,18 @@ def main() -> int:
     parser.add_argument("--timed", action="store_true", help="payloads with their own ts")
     parser.add_argument("--daemon-arg", action="append", default=[])
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--structures",
+        type=int,
+        metavar="N",
+        help="instead: each cache's bytes per entry, N entries filled in this process",
+    )
     args = parser.parse_args()
+    if args.structures:
+        print("| cache | bytes per entry |\n|---|---|")
+        for name, size in structures(args.structures).items():
+            print(f"| {name} | {size:,.0f} |")
+        return 0
     results = []
     exact = True
     for mode in args.modes.split(","):
