@@ -2,8 +2,9 @@
 
 Starts mosquitto, ``fakemongo`` (the C stand-in for MongoDB that keeps nothing) and one
 ``ingest run`` per mode (QoS 1, one worker, its default settings or ``--daemon-arg``).
-First a warm-up of ``--warmup`` single-reading messages from 20,000 sensors, so that the
-pipeline's buffers, the driver and the interpreter have reached their working size; then
+First a warm-up of ``--warmup`` single-reading messages from ``--warm-sensors`` sensors
+(20,000: two batches' worth, so its batches are as the fleet's), so that the pipeline's
+buffers, the driver and the interpreter have reached their working size; then
 the fleet grows step by step to each of ``--fleet`` sensors, one message from each new
 sensor (``qos1pub`` publishes, every message PUBACKed by the broker), and once the daemon
 has acknowledged every message its RSS is read from ``/proc/<pid>/status`` (VmRSS). The
@@ -16,6 +17,7 @@ sink (fakemongo's count), or the run fails.
 
     .venv/bin/python -m bench.memory [--fleet 50000,100000,200000,400000]
         [--modes bucket,timeseries] [--timed] [--daemon-arg=--max-cached-series=N]
+    .venv/bin/python -m bench.memory --structures 100000   # bytes per entry of each cache
 """
 
 from __future__ import annotations
@@ -148,11 +150,11 @@ def run_mode(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, An
         daemon.start()
         assert daemon.process is not None
         path = workdir / "lines.txt"
-        total = lines(path, 0, WARM_SENSORS, args.timed, every=args.warmup)
+        total = lines(path, 0, args.warm_sensors, args.timed, every=args.warmup)
         publish(helpers["qos1pub"], broker.port, path, total)
         acked(daemon, total)
-        steps.append(Step(WARM_SENSORS, rss_bytes(daemon.process.pid), total, 0.0))
-        fleet = WARM_SENSORS
+        steps.append(Step(args.warm_sensors, rss_bytes(daemon.process.pid), total, 0.0))
+        fleet = args.warm_sensors
         for size in args.fleet:
             count = lines(path, fleet, size, args.timed)
             started = time.monotonic()
@@ -188,15 +190,17 @@ def structures(count: int) -> dict[str, float]:
     from strings made as the wire makes them (one per message), so the bytes include the
     key the cache keeps alive.
     """
+    saved = caches.limit
     caches.set_limit(count)
     limits = decode.Limits()
     now = time.time()
     mapping = Mapping(load_preset("zigbee2mqtt"))
+    arrivals = decode.Arrivals()  # as the process's own (decode.ARRIVALS), left untouched
     fills = {
         "sensor_ids": lambda i: decode.decode(
             f"fleet/s{i:07d}/readings", b'{"ts": %d, "temp": 1}' % now, now, limits
         ),
-        "arrival_times": lambda i: decode.ARRIVALS.next(f"s{i:07d}", int(now * 1000)),
+        "arrival_times": lambda i: arrivals.next(f"s{i:07d}", int(now * 1000)),
         # what deliveries.pack() calls for a message's topic
         "topic_checksums": lambda i: deliveries._topic_crc(f"fleet/s{i:07d}/readings"),  # noqa: SLF001
         "mapped_topics": lambda i: mapping.match(f"zigbee2mqtt/s{i:07d}"),
@@ -209,6 +213,7 @@ def structures(count: int) -> dict[str, float]:
             fill(i)
         out[name] = (tracemalloc.get_traced_memory()[0] - before) / count
         tracemalloc.stop()
+    caches.set_limit(saved)
     return out
 
 
@@ -237,7 +242,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; 1 unless every reading reached the sink exactly once."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument(
         "--fleet",
@@ -247,6 +253,7 @@ def main() -> int:
     )
     parser.add_argument("--modes", default="bucket,timeseries")
     parser.add_argument("--warmup", type=int, default=100_000, help="warm-up messages")
+    parser.add_argument("--warm-sensors", type=int, default=WARM_SENSORS, help="their sensors")
     parser.add_argument("--timed", action="store_true", help="payloads with their own ts")
     parser.add_argument("--daemon-arg", action="append", default=[])
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -256,7 +263,7 @@ def main() -> int:
         metavar="N",
         help="instead: each cache's bytes per entry, N entries filled in this process",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.structures:
         print("| cache | bytes per entry |\n|---|---|")
         for name, size in structures(args.structures).items():
