@@ -417,6 +417,13 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.sparkplug_table_metrics = Gauge(
+            "sparkplug_alias_table_metrics",
+            "Metrics declared in the Sparkplug B alias tables held in memory (at most "
+            "1,000,000: the least recently used tables are read again from MongoDB).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         for kind in sparkplug.MESSAGE_TYPES:
             self.sparkplug_messages.labels(kind)
         for why in sparkplug.SKIPS:
