@@ -455,6 +455,13 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.homie_properties = Gauge(
+            "homie_device_properties",
+            "Properties of the Homie devices held in memory (at most 1,000,000: the least "
+            "recently used devices are read again from MongoDB).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         for kind in homie.KINDS:
             self.homie_messages.labels(kind)
         for outcome in ("found", "missing"):

@@ -386,6 +386,9 @@ class SparkplugState:
 
         if not await _retry(save, "store a BIRTH", closing):
             return False
+        # In MongoDB now: a table evicted from memory is read again, even just after a
+        # lookup of it (a DATA before its BIRTH) found nothing.
+        self._missed.pop(topic.key, None)
         if not mine[0]:
             self._quiet = payload
         logger.debug(
