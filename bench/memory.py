@@ -38,9 +38,11 @@ from bench.e2e import tools
 from bench.outage import rss_mib
 from ingest import caches
 from ingest.devices import decode
+from ingest.devices.formats import homie, sparkplug
 from ingest.devices.mapping import Mapping
 from ingest.devices.rules import load_preset
 from ingest.store import deliveries
+from loadgen import sparkplug as enc
 from tests.support.procs import Broker, Daemon
 
 TOPIC = "fleet/{}/readings"
@@ -48,6 +50,7 @@ TOPIC = "fleet/{}/readings"
 # the fleet's (one statement per reading) and the pipeline's working memory peaks there.
 WARM_SENSORS = 20_000
 TIMEOUT = 600.0  # for the daemon to acknowledge one step
+SPARKPLUG_METRICS = 50  # metrics per BIRTH in --structures
 
 
 @dataclass
@@ -188,7 +191,8 @@ def structures(count: int) -> dict[str, float]:
 
     Each cache is filled with ``count`` new sensors or topics the way the daemon fills it,
     from strings made as the wire makes them (one per message), so the bytes include the
-    key the cache keeps alive.
+    key the cache keeps alive; the Sparkplug alias tables with BIRTHs of 50 metrics, the
+    Homie devices with 10 properties each (per metric, per property).
     """
     saved = caches.limit
     caches.set_limit(count)
@@ -196,6 +200,19 @@ def structures(count: int) -> dict[str, float]:
     now = time.time()
     mapping = Mapping(load_preset("zigbee2mqtt"))
     arrivals = decode.Arrivals()  # as the process's own (decode.ARRIVALS), left untouched
+    nodes = sparkplug.SparkplugFormat(max_tables=count, max_metrics=count)
+    devices = homie.HomieFormat(max_devices=count, max_properties=count)
+
+    def birth(i: int) -> None:
+        """Every SPARKPLUG_METRICS entries: one edge node's NBIRTH, as many metrics."""
+        if i % SPARKPLUG_METRICS == 0:
+            metrics = [
+                enc.Metric(f"Inputs/Sensor {m} temperature", m, 0, enc.DOUBLE, 1.0)
+                for m in range(SPARKPLUG_METRICS - 2)  # and bdSeq, Node Control/Rebirth
+            ]
+            node = f"E{i // SPARKPLUG_METRICS}"
+            nodes.parse(enc.topic("G", "NBIRTH", node), enc.nbirth(metrics, 0, 0), limits)
+
     fills = {
         "sensor_ids": lambda i: decode.decode(
             f"fleet/s{i:07d}/readings", b'{"ts": %d, "temp": 1}' % now, now, limits
@@ -204,6 +221,10 @@ def structures(count: int) -> dict[str, float]:
         # what deliveries.pack() calls for a message's topic
         "topic_checksums": lambda i: deliveries._topic_crc(f"fleet/s{i:07d}/readings"),  # noqa: SLF001
         "mapped_topics": lambda i: mapping.match(f"zigbee2mqtt/s{i:07d}"),
+        "sparkplug_metrics": birth,
+        "homie_properties": lambda i: devices.parse(
+            f"homie/d{i // 10}/n/p{i % 10}/$datatype", b"float", limits
+        ),
     }
     out = {}
     for name, fill in fills.items():

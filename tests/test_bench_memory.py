@@ -36,6 +36,13 @@ def test_a_fleet_past_the_bound_is_measured_and_every_reading_reaches_the_sink(
 def test_each_cache_is_measured_per_entry_and_the_bound_restored() -> None:
     before = caches.limit
     sizes = memory.structures(2000)
-    assert set(sizes) == {"sensor_ids", "arrival_times", "topic_checksums", "mapped_topics"}
+    assert set(sizes) == {
+        "sensor_ids",
+        "arrival_times",
+        "topic_checksums",
+        "mapped_topics",
+        "sparkplug_metrics",
+        "homie_properties",
+    }
     assert all(40 < size < 2000 for size in sizes.values()), sizes  # a key and its entry
     assert caches.limit == before

@@ -127,7 +127,7 @@ PROTOCOL_METRICS = ("bdSeq",)
 PROTOCOL_PREFIXES = ("Node Control/",)
 UNIT_PROPERTIES = ("engUnit", "engUnits", "EngUnit", "units", "unit")
 MAX_TABLES = 10_000  # alias tables held in memory (least recently used are evicted)
-# Metrics declared in all the tables held (about 280 bytes each): a BIRTH may declare
+# Metrics declared in all the tables held (about 260 bytes each): a BIRTH may declare
 # --max-readings-per-message metrics, so the count of tables alone bounds nothing useful.
 MAX_METRICS = 1_000_000
 MAX_PROPERTIES = 32  # scalar properties kept per metric in the BIRTH document
