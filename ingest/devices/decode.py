@@ -96,10 +96,11 @@ class Arrivals:
     def next(self, sensor: str, ms: int) -> int:
         """The arrival time to give a reading of ``sensor`` that arrived at ``ms``."""
         last = self._last.get(sensor)
-        if last is not None and ms <= last:
+        if last is None:
+            if len(self._last) >= self._full:  # only a new sensor grows the cache
+                self._forget(ms)
+        elif ms <= last:
             ms = last + 1
-        elif len(self._last) >= self._full:
-            self._forget(ms)
         if self._stride > 1:
             ms += (self._slot - ms) % self._stride
         self._last[sensor] = ms
