@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from ingest.devices.decode import ARRIVALS, Arrivals, Limits, decode_py
+from ingest.devices._decode_py import decode as decode_py
+from ingest.devices.decode import ARRIVALS, Arrivals, Limits
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -56,6 +56,7 @@ def same(a: object, b: object, where: str = "") -> None:
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             same(x, y, f"{where}[{i}]")
     elif isinstance(a, float):
+        assert isinstance(b, float)
         assert struct.pack("<d", a) == struct.pack("<d", b) or (math.isnan(a) and math.isnan(b)), (
             where,
             a,
