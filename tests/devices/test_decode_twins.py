@@ -75,9 +75,7 @@ def agree(
     arrivals_py, arrivals_c = arrivals_like(state), arrivals_like(state)
     # The arguments may be of any type on purpose: the twins must refuse them alike.
     decode_any: Callable[..., object] = decode_py
-    expected = outcome(
-        lambda: decode_any(topic, payload, received_at, limits, sensor, arrivals_py)
-    )
+    expected = outcome(lambda: decode_any(topic, payload, received_at, limits, sensor, arrivals_py))
     got = outcome(lambda: twin.decode(topic, payload, received_at, limits, sensor, arrivals_c))
     assert got == expected
     if arrivals_py is not None and arrivals_c is not None:
