@@ -515,6 +515,7 @@ def test_a_plan_is_the_same_with_either_twin(twin: ModuleType, readings: list[An
             patch.setattr(ts_mod, "_reserve_ids", lambda _count: (bytes(9), 7))
             plans.append(
                 outcome(
+                    # plan() touches neither the collection nor the schema
                     ts_mod.TimeseriesWriter(None, None).plan,  # type: ignore[arg-type]
                     readings,
                 )

@@ -201,6 +201,7 @@ def test_timeseries_plan_gives_the_driver_documents_with_ids() -> None:
         Reading("b", datetime.fromtimestamp(T0 + 1, UTC), T0 + 1, {"t": 1.5}, 3, (T0 + 1) * 1000),
         Reading("a", datetime.fromtimestamp(T0, UTC), float(T0), {"t": 2, "h": 40}),
     ]
+    # plan() touches neither the collection nor the schema
     plan = TimeseriesWriter(None, None).plan(batch)  # type: ignore[arg-type]
     assert [d["meta"]["sensor_id"] for d in plan.ops] == ["a", "b"]
     assert len({d["_id"] for d in plan.ops}) == 2
