@@ -70,6 +70,7 @@ def test_driver_writes_and_counts(fakemongo: tuple[str, subprocess.Popen[str]]) 
             result.modified_count,
             result.inserted_count,
         ) == (5, 0, 0, 1)
+        assert result.upserted_ids is not None
         assert sorted(result.upserted_ids) == [0, 1, 2, 3, 4]
         stats = client.bench.command("fakemongoStats")
         assert coll.find_one({}) is None
@@ -147,7 +148,7 @@ def test_at_qos_0_the_daemon_is_timed_from_its_connect_to_the_scrapes_around_its
     timed(run, watch)
     # From the relay's connect (0.3) to the last acknowledgement: after 1.0 (the scrape
     # sent before the one that showed it), by 1.3; CPU from the connect on.
-    assert (run.seconds_low, run.seconds_high) == (pytest.approx(0.7), pytest.approx(1.0))
+    assert (run.seconds_low, run.seconds_high) == pytest.approx((0.7, 1.0))
     assert run.seconds == pytest.approx(0.85)
     assert run.cpu_seconds == pytest.approx(3.5 - 1.6)
     # fakemongo's last write narrows the end: after 1.15.
