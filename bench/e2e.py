@@ -186,7 +186,7 @@ class Run:
 def tools() -> dict[str, Path]:
     """The C helpers, built on first use (or when their source is newer)."""
     out = {}
-    for name in ("fakemongo", "qos1pub", "mqttrelay"):
+    for name in ("fakemongo", "qos1pub", "mqttrelay", "idealsub"):
         binary, source = HERE / name, HERE / f"{name}.c"
         if not binary.exists() or binary.stat().st_mtime < source.stat().st_mtime:
             subprocess.run([str(HERE / "build.sh")], check=True)
