@@ -1079,6 +1079,9 @@ def main() -> int:
     if unknown:
         print(f"--consumers: unknown {sorted(unknown)}; choose from {CONSUMERS}", file=sys.stderr)
         return 2
+    if args.baseline is not None and not (args.baseline / "ingest").is_dir():
+        print(f"--baseline: {args.baseline} is not a source tree of ingest", file=sys.stderr)
+        return 2
     try:
         fleets = tuple(int(x) for x in args.sensors.split(","))
     except ValueError:
