@@ -1063,8 +1063,6 @@ def main() -> int:
         "each daemon consumer, run from there in the same rounds",
     )
     args = parser.parse_args()
-    # SIGTERM unwinds like an exception, so every broker, daemon and sink is stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not shutil.which("mosquitto_sub") or not shutil.which("gcc"):
         print("needs mosquitto, mosquitto-clients and gcc", file=sys.stderr)
         return 2
@@ -1102,6 +1100,8 @@ def main() -> int:
         timeless=args.timeless,
         baseline=None if args.baseline is None else str(args.baseline.resolve()),
     )
+    # SIGTERM unwinds like an exception, so every broker, daemon and sink is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     report = run_all(settings, progress=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -357,3 +357,22 @@ def test_each_fleet_size_runs_in_every_round_and_is_compared_within_it() -> None
     table = markdown(report)
     for sensors in (20, 50):
         assert table.count(f"\n| {sensors} | 1 | 1 | mosquitto_sub |") == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--sensors", "1000,many"], "--sensors: '1000,many' is not a list of fleet sizes\n"),
+        (["--sensors", "0"], "--sensors: '0' is not a list of fleet sizes\n"),
+        (
+            ["--baseline", "/nonexistent"],
+            "--baseline: /nonexistent is not a source tree of ingest\n",
+        ),
+    ],
+)
+def test_bad_fleet_sizes_or_baseline_are_one_line_before_any_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str], error: str
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench.e2e", *args])
+    assert e2e.main() == 2
+    assert capsys.readouterr().err == error
