@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ingest import __version__, accel
+from ingest.caches import DEFAULT_LIMIT as DEFAULT_CACHE_LIMIT
 from ingest.config import (
     DEFAULT_BUCKET_SPAN_SECONDS,
     DEFAULT_COLLECTION,
@@ -269,6 +270,15 @@ def _run_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
         "max-inflight-messages",
         "MQTT 5 Receive Maximum: unacknowledged messages the broker may send",
         30_000,
+        type=integer,
+    )
+    _flag(
+        parser,
+        env,
+        "max-cached-series",
+        "entries each cache of sensors or topics holds (sensor ids checked, arrival "
+        "times, topic checksums, topics' rules), per process",
+        DEFAULT_CACHE_LIMIT,
         type=integer,
     )
     _flag(
@@ -906,6 +916,7 @@ def settings_from(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
             max_buffered_readings=args.max_buffered_readings,
             max_buffered_bytes=args.max_buffered_bytes,
             max_inflight_messages=args.max_inflight_messages,
+            max_cached_series=args.max_cached_series,
             mqtt_keepalive=args.mqtt_keepalive,
             bucket_max_readings=args.bucket_max_readings,
             max_message_bytes=args.max_message_bytes,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args
 from urllib.parse import unquote, urlsplit
 
+from ingest.caches import DEFAULT_LIMIT as DEFAULT_CACHE_LIMIT
 from ingest.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ class Settings:
     max_buffered_readings: int = 50_000
     max_buffered_bytes: int = 64 * 1024 * 1024
     max_inflight_messages: int = 30_000
+    max_cached_series: int = DEFAULT_CACHE_LIMIT  # entries of each cache of sensors or topics
     mqtt_keepalive: int = 60
     bucket_span_seconds: int | None = None
     bucket_max_readings: int = 3600
@@ -372,6 +374,7 @@ def _check_positive(settings: Settings) -> None:
         "--max-buffered-readings": settings.max_buffered_readings,
         "--max-buffered-bytes": settings.max_buffered_bytes,
         "--max-inflight-messages": settings.max_inflight_messages,
+        "--max-cached-series": settings.max_cached_series,
         "--mqtt-keepalive": settings.mqtt_keepalive,
         "--bucket-max-readings": settings.bucket_max_readings,
         "--max-message-bytes": settings.max_message_bytes,

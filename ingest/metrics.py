@@ -17,13 +17,15 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ingest import accel
+from ingest.devices import decode
 from ingest.devices.decode import REASONS
 from ingest.devices.formats import homie, sparkplug
 from ingest.errors import StartupError
+from ingest.store import deliveries
 
 if TYPE_CHECKING:
     import socket
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from ingest.devices.formats.stateful import MetricCounts
+    from ingest.devices.mapping import Mapping
     from ingest.tokens import TokenSet
 
 logger = logging.getLogger(__name__)
@@ -348,11 +351,12 @@ class Metrics:
         for reason in SKIP_REASONS:
             self.messages_skipped.labels(reason)
 
-    @staticmethod
-    def _collectors(r: CollectorRegistry) -> None:
-        """The process's own figures, and the compiled paths' fallbacks, read when scraped."""
+    def _collectors(self, r: CollectorRegistry) -> None:
+        """What is read when scraped: the process, the fallbacks, the caches' sizes."""
         ProcessCollector(registry=r)
         r.register(_AcceleratorFallbacks())
+        self.caches = _CachedEntries()
+        r.register(self.caches)
 
     def _ledger(self, r: CollectorRegistry) -> None:
         """The delivery ledger's lookups (ingest/pipeline/redelivered.py)."""
@@ -413,6 +417,13 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.sparkplug_table_metrics = Gauge(
+            "sparkplug_alias_table_metrics",
+            "Metrics declared in the Sparkplug B alias tables held in memory (at most "
+            "1,000,000: the least recently used tables are read again from MongoDB).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         for kind in sparkplug.MESSAGE_TYPES:
             self.sparkplug_messages.labels(kind)
         for why in sparkplug.SKIPS:
@@ -441,6 +452,13 @@ class Metrics:
         self.homie_devices = Gauge(
             "homie_devices",
             "Homie devices whose attributes are held in memory.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.homie_properties = Gauge(
+            "homie_device_properties",
+            "Properties of the Homie devices held in memory (at most 1,000,000: the least "
+            "recently used devices are read again from MongoDB).",
             namespace=NAMESPACE,
             registry=r,
         )
@@ -477,6 +495,38 @@ class Metrics:
     def write_error(self, kind: str) -> None:
         """Count a failed write of the given kind."""
         self.write_errors.labels(self.mode, kind).inc()
+
+
+class _CachedEntries:
+    """``ingest_cached_entries``: the fleet-sized caches' entries (``--max-cached-series``)."""
+
+    def __init__(self) -> None:
+        self.mapping: Mapping | None = None  # the daemon's mapping rules, if any
+
+    def sizes(self) -> dict[str, int]:
+        """Entries per cache, now (a cache of several parts: their sum)."""
+        mapping = self.mapping
+        topics = homie.topics_cached() + sparkplug.topics_cached()
+        return {
+            "sensor_ids": decode.sensors_cached(),
+            "arrival_times": decode.ARRIVALS.held() + (mapping.arrivals.held() if mapping else 0),
+            "topic_checksums": deliveries.topics_cached(),
+            "mapped_topics": topics + (mapping.topics_cached() if mapping else 0),
+        }
+
+    def collect(self) -> Iterator[Metric]:
+        """One sample per cache."""
+        family = GaugeMetricFamily(
+            f"{NAMESPACE}_cached_entries",
+            "Entries held by the caches that grow with the fleet, by cache: sensor ids "
+            "checked (sensor_ids), sensors' last arrival times (arrival_times), topics' "
+            "checksums (topic_checksums), topics' rules and formats' topic parses "
+            "(mapped_topics). Each part holds at most --max-cached-series entries.",
+            labels=["cache"],
+        )
+        for cache, size in self.sizes().items():
+            family.add_metric([cache], size)
+        yield family
 
 
 class _AcceleratorFallbacks:

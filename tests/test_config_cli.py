@@ -423,6 +423,7 @@ def test_argparse_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> Non
         ({"flush_interval": 0.0}, "--flush-interval"),
         ({"max_buffered_readings": 10, "batch_size": 20}, "--max-buffered-readings"),
         ({"max_inflight_messages": 65536}, "--max-inflight-messages"),
+        ({"max_cached_series": 0}, "--max-cached-series"),
         ({"metrics_port": 65536}, "--metrics-port"),
         ({"mongodb_uri": "postgres://x"}, "--mongodb-uri"),
         ({"db": "a.b"}, "--db"),

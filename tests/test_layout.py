@@ -60,7 +60,7 @@ def test_no_module_imports_back_into_its_importers() -> None:
 # import the pipeline, the broker side knows nothing of MongoDB, and so on.
 RANKS: tuple[tuple[str, ...], ...] = (
     # shared plain data, and which twin (compiled or Python) runs
-    ("ingest", "ingest.accel", "ingest.errors", "ingest.model", "ingest.retry"),
+    ("ingest", "ingest.accel", "ingest.caches", "ingest.errors", "ingest.model", "ingest.retry"),
     ("ingest.tokens",),  # bearer tokens from a file: the read API's and the daemon's /metrics
     ("ingest.store",),  # MongoDB: writers, schema, sharding, error classes
     ("ingest.devices",),  # what devices publish: rules, formats, presets, their state

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from ingest import caches
 from ingest.model import (
     NAME_PATTERN,
     RESERVED_FIELDS,
@@ -63,7 +64,8 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # Doubles within this magnitude take the fast check (the others: the full one).
 _INT64_RANGE = float(2**63)
 # Names and ids already checked against their pattern (bounded, so hostile input cannot
-# grow them without limit); a set lookup is much cheaper than a regex match.
+# grow them without limit); a set lookup is much cheaper than a regex match. Names: at
+# most CACHE_LIMIT; sensor ids, one per sensor: at most ingest.caches.limit.
 CACHE_LIMIT = 100_000
 # Epoch seconds whose milliseconds _ms_of works out without a datetime (years 68 to 9892).
 _FAST_FROM, _FAST_TO = -6e10, 2.5e11
@@ -81,6 +83,11 @@ if not cython.compiled:  # compiled: ingest/_capi.pxd's tuple_as and int_float
     # part of its cost on the hot path.
     _new = tuple.__new__
     _int_float = float  # compiled: one C conversion for an int of 64 bits
+
+
+def sensors_cached() -> int:
+    """Sensor ids held as checked (at most ``ingest.caches.limit``)."""
+    return len(_valid_sensors)
 
 
 def sensor_from_topic(topic: str) -> str | None:
@@ -252,7 +259,7 @@ def _reading(
     if sensor not in _valid_sensors:
         if not _SENSOR_ID.fullmatch(sensor):
             return "bad_sensor_id", f"sensor_id {sensor[:60]!r}: {SENSOR_ID_RULE}"
-        if len(_valid_sensors) < CACHE_LIMIT:
+        if len(_valid_sensors) < caches.limit:  # one per sensor: --max-cached-series
             _valid_sensors.add(sensor)
     raw = item.pop("ts", None)
     whole: int | None = None

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingest import accel
+from ingest import accel, caches
 
 # The default format itself (its limits, reasons and details) is in _decode_py.py.
 from ingest.devices._decode_py import BEYOND_MAGNITUDE as BEYOND_MAGNITUDE  # noqa: PLC0414
-from ingest.devices._decode_py import CACHE_LIMIT as _CACHE_LIMIT
 from ingest.devices._decode_py import MAX_MAGNITUDE as MAX_MAGNITUDE  # noqa: PLC0414
 from ingest.devices._decode_py import decode as decode_py
 from ingest.devices._decode_py import sensor_from_topic as sensor_from_topic  # noqa: PLC0414
+from ingest.devices._decode_py import sensors_cached as _sensors_cached_py
 
 # Reasons given when a reading is written, not decoded.
 WRITE_REASONS: tuple[str, ...] = (
@@ -70,14 +70,24 @@ class Arrivals:
 
     ``given``, when a list, receives every time given, in order: the pipeline records a
     message's times so that a redelivery can take them again (:class:`Replayed`).
+
+    The last time given to each sensor is kept for at most ``ingest.caches.limit``
+    sensors: when that many are held, those whose time the clock has passed are
+    forgotten (for them the arrival time is later anyway, so forgetting changes no time
+    given). Only sensors given times ahead of the clock, by a burst, stay beyond it.
     """
 
-    __slots__ = ("_last", "_slot", "_stride", "given")
+    __slots__ = ("_full", "_last", "_slot", "_stride", "given")
 
     def __init__(self) -> None:
         self._last: dict[str, int] = {}  # sensor -> last arrival time given, in ms
+        self._full = 0  # entries at which the passed ones are forgotten (0: not yet set)
         self._slot, self._stride = 0, 1
         self.given: list[int] | None = None
+
+    def held(self) -> int:
+        """Sensors whose last arrival time is held."""
+        return len(self._last)
 
     def spread(self, slot: int, stride: int) -> None:
         """Give only milliseconds == ``slot`` (mod ``stride``): worker ``slot`` of ``stride``."""
@@ -86,10 +96,11 @@ class Arrivals:
     def next(self, sensor: str, ms: int) -> int:
         """The arrival time to give a reading of ``sensor`` that arrived at ``ms``."""
         last = self._last.get(sensor)
-        if last is not None and ms <= last:
+        if last is None:
+            if len(self._last) >= self._full:  # only a new sensor grows the cache
+                self._forget(ms)
+        elif ms <= last:
             ms = last + 1
-        elif len(self._last) >= _CACHE_LIMIT:
-            self._last.clear()
         if self._stride > 1:
             ms += (self._slot - ms) % self._stride
         self._last[sensor] = ms
@@ -97,6 +108,18 @@ class Arrivals:
         if given is not None:
             given.append(ms)
         return ms
+
+    def _forget(self, now: int) -> None:
+        """Forget the sensors whose last time is before ``now`` (ms): they change nothing.
+
+        The times given before ``now`` stay distinct from those given from now on, which
+        are at ``now`` or later. If too few are forgotten (a burst ran ahead of the
+        clock), the next forgetting waits until the cache has doubled, so the work stays
+        in proportion to the entries added.
+        """
+        limit = caches.limit
+        self._last = {sensor: ms for sensor, ms in self._last.items() if ms >= now}
+        self._full = max(limit, 2 * len(self._last))
 
 
 class Replayed(Arrivals):
@@ -140,3 +163,4 @@ class Limits:
 
 
 decode = accel.pick(decode_py, "ingest.devices._decode_c", "decode")
+sensors_cached = accel.pick(_sensors_cached_py, "ingest.devices._decode_c", "sensors_cached")

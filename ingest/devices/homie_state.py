@@ -167,12 +167,21 @@ class HomieState:
         if not self.format.changes(change):
             return True  # known already (another daemon stored it, or a repeat)
         return await until_done(
-            lambda: store.save(change, time.time()),
+            lambda: self._save(store, change),
             "store a device's attributes",
             closing,
             logger,
             "homie",
         )
+
+    async def _save(self, store: DeviceStore, change: hm.Change) -> None:
+        """Store what an attribute sets.
+
+        In MongoDB then, a device evicted from memory is read again, even just after a
+        lookup of it (before its first attribute) found nothing.
+        """
+        await store.save(change, time.time())
+        self._missed.pop(change.topic.key, None)
 
     def _reconnected(self, generation: int) -> None:
         """A new MQTT connection: attributes published meanwhile may have been missed.
@@ -186,7 +195,7 @@ class HomieState:
                 "from MongoDB when next used",
                 len(self.format.devices),
             )
-            self.format.devices.clear()
+            self.format.forget_all()
             self._missed.clear()
         self._generation = generation
 
@@ -221,7 +230,10 @@ class HomieState:
         messages = self.format.counts.messages
         taken = MetricCounts(
             {"homie_messages": dict(messages), "homie_lookups": dict(self._lookups)},
-            {"homie_devices": len(self.format.devices)},
+            {
+                "homie_devices": len(self.format.devices),
+                "homie_properties": self.format.properties_held,
+            },
         )
         for table in (messages, self._lookups):
             table.update(dict.fromkeys(table, 0))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
 
-from ingest import accel
+from ingest import accel, caches
 from ingest.devices import _mapping_py
 from ingest.devices._mapping_py import MAX_NAME as MAX_NAME  # noqa: PLC0414
 from ingest.devices._mapping_py import _sensor, _tag_problem, _Topic
@@ -57,7 +57,6 @@ if TYPE_CHECKING:
     from ingest.devices.formats.stateful import Stateful
     from ingest.devices.rules import Rule
 
-TOPIC_CACHE = 100_000  # topics remembered with their rule, captures, tags and sensor id
 NAME_CACHE = 10_000  # field names remembered per rule
 _DROP = ""  # a field name resolved to "leave it out, silently"
 _new = tuple.__new__  # builds a NamedTuple without its argument handling
@@ -257,13 +256,17 @@ class Mapping:
         except ValueError as exc:
             raise ConfigError(f"--shared-group: {exc}") from None
 
+    def topics_cached(self) -> int:
+        """Topics held with their rule, captures, tags and sensor id."""
+        return len(self._cache)
+
     def match(self, topic: str) -> _Topic | None:
         """The first rule whose filter matches ``topic``, with what it captured."""
         known = self._cache.get(topic, self)
         if known is not self:
             return known  # type: ignore[return-value]
         found = self._match(topic)
-        if len(self._cache) >= TOPIC_CACHE:
+        if len(self._cache) >= caches.limit:  # one per topic: --max-cached-series
             self._cache.clear()
         self._cache[topic] = found
         return found

@@ -386,6 +386,9 @@ class SparkplugState:
 
         if not await _retry(save, "store a BIRTH", closing):
             return False
+        # In MongoDB now: a table evicted from memory is read again, even just after a
+        # lookup of it (a DATA before its BIRTH) found nothing.
+        self._missed.pop(topic.key, None)
         if not mine[0]:
             self._quiet = payload
         logger.debug(
@@ -451,7 +454,7 @@ class SparkplugState:
                 "MongoDB when next used",
                 len(self.format.tables),
             )
-            self.format.tables.clear()
+            self.format.forget_all()
             self._missed.clear()
         self._generation = generation
 
@@ -496,7 +499,10 @@ class SparkplugState:
                 "sparkplug_seq_gaps": counts.seq_gaps,
                 "sparkplug_stale_deaths": counts.stale_deaths,
             },
-            {"sparkplug_tables": len(self.format.tables)},
+            {
+                "sparkplug_tables": len(self.format.tables),
+                "sparkplug_table_metrics": self.format.metrics_held,
+            },
         )
         for table in (counts.messages, counts.skipped, self._lookups):
             table.update(dict.fromkeys(table, 0))

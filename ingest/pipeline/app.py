@@ -23,7 +23,7 @@ from paho.mqtt.client import topic_matches_sub
 from pymongo import AsyncMongoClient
 from pymongo.errors import ConnectionFailure, PyMongoError
 
-from ingest import __version__, accel
+from ingest import __version__, accel, caches
 from ingest.config import redact_mongodb_uri, server_tls_context
 from ingest.devices.homie_state import attach_store as attach_homie
 from ingest.devices.sparkplug_state import attach_store
@@ -292,7 +292,7 @@ async def run(
         shutdown = Shutdown(settings.shutdown_timeout + DISCONNECT_TIMEOUT + WATCHDOG_SLACK)
         install_signal_handlers(shutdown)
     warn_about(settings)
-    metrics = metrics or Metrics(settings.mode)
+    metrics = _bound_caches(settings, metrics or Metrics(settings.mode))
     metrics.info.labels(settings.mode, str(settings.dry_run).lower()).set(1)
     metrics.build_info.labels(*build_labels()).set(1)
     health = Health(mongodb_ok=settings.dry_run)
@@ -477,6 +477,13 @@ async def _watch_mongodb(
             health.mongodb_ok = True
         metrics.mongodb_up.set(1 if health.mongodb_ok else 0)
         await asyncio.sleep(PING_INTERVAL)
+
+
+def _bound_caches(settings: Settings, metrics: Metrics) -> Metrics:
+    """Bound this process's fleet-sized caches (--max-cached-series); show their sizes."""
+    caches.set_limit(settings.max_cached_series)
+    metrics.caches.mapping = settings.mapping
+    return metrics
 
 
 def _sync_metrics(pipeline: Pipeline, source: MqttSource) -> None:

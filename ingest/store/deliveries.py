@@ -44,6 +44,7 @@ from bson.objectid import ObjectId
 from pymongo import ASCENDING, DESCENDING, ReadPreference
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
+from ingest import caches
 from ingest.store import mongo_errors
 
 if TYPE_CHECKING:
@@ -81,9 +82,14 @@ class Recorded:
 type Latest = dict[int, tuple[int, Recorded]]  # packet id -> its latest entry's checksum, times
 
 
-# CRC-32 of topics seen (a topic repeats with every message of its sensor), bounded.
+# CRC-32 of topics seen (a topic repeats with every message of its sensor), bounded by
+# --max-cached-series (ingest.caches.limit): cleared when full.
 _TOPIC_CRCS: dict[str, int] = {}
-_TOPICS_KEPT = 100_000
+
+
+def topics_cached() -> int:
+    """Topics whose checksum is held."""
+    return len(_TOPIC_CRCS)
 
 
 def checksum(topic: str, payload: bytes) -> int:
@@ -93,7 +99,7 @@ def checksum(topic: str, payload: bytes) -> int:
 
 def _topic_crc(topic: str) -> int:
     """The CRC-32 of ``topic``, remembered (:func:`checksum` continues it over the payload)."""
-    if len(_TOPIC_CRCS) >= _TOPICS_KEPT:
+    if len(_TOPIC_CRCS) >= caches.limit:
         _TOPIC_CRCS.clear()
     crc = _TOPIC_CRCS[topic] = zlib.crc32(topic.encode())
     return crc

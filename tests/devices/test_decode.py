@@ -14,11 +14,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ingest import caches
 from ingest.devices.decode import (
     IDENTITY_REASONS,
     MAPPING_REASONS,
     REASONS,
     WRITE_REASONS,
+    Arrivals,
     Limits,
     decode,
     sensor_from_topic,
@@ -801,3 +803,39 @@ def test_the_millisecond_key_is_the_stored_timestamp(epoch: float) -> None:
     stored = reading.ts - datetime(1970, 1, 1, tzinfo=UTC)
     assert reading.ms == stored // timedelta(milliseconds=1)
     assert reading.ts.microsecond % 1000 == 0
+
+
+@given(
+    calls=st.lists(
+        st.tuples(st.integers(0, 30), st.integers(0, 3), st.integers(1, 5)), max_size=300
+    ),
+    bound=st.integers(1, 8),
+)
+def test_arrival_times_past_the_cache_bound_are_those_of_an_unbounded_cache(
+    calls: list[tuple[int, int, int]], bound: int
+) -> None:
+    """(sensor, clock step, readings): each reading its sensor's next millisecond, as if
+    every sensor's last time were remembered, however few the cache holds."""
+    saved = caches.limit
+    caches.limit = bound
+    try:
+        arrivals, last = Arrivals(), dict[str, int]()
+        ms = 1_000
+        for sensor, step, readings in calls:
+            ms += step
+            for _ in range(readings):
+                key = f"s{sensor}"
+                last[key] = max(ms, last.get(key, 0) + 1)
+                assert arrivals.next(key, ms) == last[key]
+    finally:
+        caches.limit = saved
+
+
+def test_arrival_times_stay_at_the_bound_while_the_clock_moves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(caches, "limit", 100)
+    arrivals = Arrivals()
+    for i in range(10_000):
+        arrivals.next(f"s{i}", 1_000 + i)
+        assert arrivals.held() <= 100

@@ -412,6 +412,23 @@ def test_state_is_bounded() -> None:
     assert len(state.devices["homie/wide"].props) == hm.MAX_PROPERTIES
 
 
+def test_state_is_bounded_by_the_properties_held() -> None:
+    state = hm.HomieFormat(max_properties=5)
+    for n in range(4):
+        for p in ("a", "b"):
+            state.parse(f"homie/d{n}/n/{p}/$datatype", b"integer", LIMITS)
+            assert state.properties_held <= 5
+    assert list(state.devices) == ["homie/d2", "homie/d3"]
+    assert state.properties_held == 4
+    state.parse("homie/d3/n/a/$datatype", b"", LIMITS)  # cleared
+    assert state.properties_held == 3
+    for p in ("a", "c", "d"):  # the last one is the 6th: d2 goes
+        state.parse(f"homie/d3/n/{p}/$datatype", b"float", LIMITS)
+    assert (list(state.devices), state.properties_held) == (["homie/d3"], 4)
+    state.forget_all()
+    assert (list(state.devices), state.properties_held) == ([], 0)
+
+
 def test_the_daemon_subscribes_to_the_attributes_first_and_nothing_it_does_not_use() -> None:
     preset = Mapping.load(None, ["homie"])
     topics = preset.subscriptions()

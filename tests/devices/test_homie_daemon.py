@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ingest.devices.decode import Limits
+from ingest.devices.formats import homie as hm
 from ingest.devices.homie_state import COLLECTION, DeviceStore, HomieState
 from tests.devices.test_sparkplug_daemon import readings
 from tests.support.mongo import COLLECTION as READINGS
@@ -355,6 +356,27 @@ async def reading_units(db: Any) -> dict[tuple[str, str], set[str]]:
         for name, unit in (doc.get("units") or {}).items():
             out.setdefault((doc["meta"]["sensor_id"], name), set()).add(unit)
     return out
+
+
+async def test_devices_evicted_for_their_properties_are_read_again_from_mongodb(
+    db: Any,
+) -> None:
+    # room for one car's three properties, not two cars'; each car looked up in vain first
+    fmt = HomieState(hm.HomieFormat(max_properties=4), DeviceStore(db[COLLECTION]))
+
+    async def take(topic: str, payload: bytes) -> Any:
+        assert await fmt.prepare(topic, payload, LIMITS, lambda: False)
+        return fmt.parse(topic, payload, LIMITS)
+
+    for d in ("a", "b"):
+        for topic, payload in car(d)[:7]:  # the Homie 4 car
+            assert (await take(topic, payload.encode())).rejections == []
+    assert list(fmt.format.devices) == ["b/car"]
+    parsed = await take("a/car/engine/rpm", b"3000")
+    assert [(i.sensor, i.fields) for i in parsed.items] == [("car", {"engine_rpm": 3000})]
+    assert fmt._lookups == {"found": 1, "missing": 2}
+    assert list(fmt.format.devices) == ["a/car"]
+    assert fmt.format.properties_held == 3
 
 
 async def test_the_store_keeps_what_the_attributes_say_and_serves_a_restart(db: Any) -> None:

@@ -222,9 +222,9 @@ def test_deep_wide_long_and_huge_payloads_are_bounded() -> None:
 
 
 def test_the_topic_cache_stays_bounded(monkeypatch: Any) -> None:
-    import ingest.devices.mapping as module  # noqa: PLC0415
+    from ingest import caches  # noqa: PLC0415
 
-    monkeypatch.setattr(module, "TOPIC_CACHE", 50)
+    monkeypatch.setattr(caches, "limit", 50)
     mapping = Mapping(parse(RULES, "fuzz"))
     for i in range(500):
         mapping.decode(f"z/dev{i}", b'{"x": 1}', NOW, LIMITS)

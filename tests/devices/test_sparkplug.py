@@ -356,6 +356,20 @@ def test_tables_are_bounded():
     ) == ["no_birth"]
 
 
+def test_tables_are_bounded_by_the_metrics_they_declare():
+    state = spb.SparkplugFormat(max_metrics=12)
+    wide = [Metric(f"m{i}", 10 + i, T0, enc.DOUBLE, 1.0) for i in range(4)]
+    for n in range(5):
+        birth(state, wide, node=f"E{n}")  # 4 metrics, bdSeq and Node Control/Rebirth each
+        assert state.metrics_held <= 12
+    assert list(state.tables) == ["G1/E3", "G1/E4"]
+    assert state.metrics_held == 12
+    birth(state, [TEMP], node="E4")  # a rebirth replaces its table's metrics
+    assert state.metrics_held == 6 + 3
+    state.forget_all()
+    assert (state.tables, state.metrics_held) == ({}, 0)
+
+
 def test_loadgen_fleet_payloads_decode_to_loadgen_readings():
     state = spb.SparkplugFormat()
     born = state.parse(enc.fleet_topic("lg1", 3, "NBIRTH"), enc.fleet_birth(T0), LIMITS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ingest.devices.decode import Limits
+from ingest.devices.formats.sparkplug import SparkplugFormat
 from ingest.devices.sparkplug_state import BIRTHS_COLLECTION, BirthStore, SparkplugState
 from loadgen import sparkplug as enc
 from loadgen.sparkplug import Metric
@@ -58,6 +59,21 @@ async def test_a_birth_seen_by_one_daemon_serves_another(db):
     assert second._lookups == {"found": 1, "missing": 0}
     await feed(second, enc.topic("G", "NDATA", "E"), data(2))
     assert second._lookups == {"found": 1, "missing": 0}
+
+
+async def test_tables_evicted_for_their_metrics_are_read_again_from_mongodb(db):
+    # room for one BIRTH's metrics (Temp/A, Count, bdSeq) and not two
+    fmt = SparkplugState(SparkplugFormat(max_metrics=4), BirthStore(db[BIRTHS_COLLECTION]))
+    early = await feed(fmt, enc.topic("G", "NDATA", "E1"), data(0))  # before its BIRTH
+    assert [r.reason for r in early.rejections] == ["no_birth"]
+    for node in ("E1", "E2"):
+        await feed(fmt, enc.topic("G", "NBIRTH", node), BIRTH)
+    assert list(fmt.format.tables) == ["G/E2"]
+    parsed = await feed(fmt, enc.topic("G", "NDATA", "E1"), data(1))
+    assert [(i.sensor, i.fields) for i in parsed.items] == [("G/E1", {"Temp/A": 2.5})]
+    assert fmt._lookups == {"found": 1, "missing": 1}
+    assert list(fmt.format.tables) == ["G/E1"]
+    assert fmt.format.metrics_held <= 4
 
 
 async def test_death_and_unknown_nodes_are_not_guessed(db):

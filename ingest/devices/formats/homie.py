@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
 
+from ingest import caches
 from ingest.devices.formats import Item, Parsed, refused, text_of
 from ingest.model import Rejection
 
@@ -69,6 +70,7 @@ REASONS: tuple[str, ...] = (
 KINDS = ("value", "attribute", "cleared")  # messages counted (see KindCounts)
 MAX_DEVICES = 10_000  # devices held in memory (least recently used are evicted)
 MAX_PROPERTIES = 1000  # properties of one device
+MAX_HELD_PROPERTIES = 1_000_000  # properties of all the devices held in memory
 MAX_UNIT = 64  # characters of a unit
 MAX_FORMAT = 4096  # characters of a $format
 # Homie ids are [a-z0-9-] ("A topic level ID MAY contain lowercase letters from a to z,
@@ -109,7 +111,11 @@ class Topic(NamedTuple):
 _BAD = Topic("bad")
 _IGNORED = Topic("ignored")
 _TOPICS: dict[str, Topic] = {}
-_TOPIC_CACHE = 100_000
+
+
+def topics_cached() -> int:
+    """Topics held parsed (at most ``ingest.caches.limit``)."""
+    return len(_TOPICS)
 
 
 def parse_topic(topic: str) -> Topic:
@@ -118,7 +124,7 @@ def parse_topic(topic: str) -> Topic:
     if known is not None:
         return known
     parsed = topic_of(topic)
-    if len(_TOPICS) >= _TOPIC_CACHE:
+    if len(_TOPICS) >= caches.limit:  # one per topic: --max-cached-series
         _TOPICS.clear()
     _TOPICS[topic] = parsed
     return parsed
@@ -305,9 +311,13 @@ class KindCounts:
 class HomieFormat:
     """The ``homie`` format: each device's attributes (bounded, LRU), and parsing by them."""
 
-    def __init__(self, max_devices: int = MAX_DEVICES) -> None:
+    def __init__(
+        self, max_devices: int = MAX_DEVICES, max_properties: int = MAX_HELD_PROPERTIES
+    ) -> None:
         self.max_devices = max_devices
+        self.max_properties = max_properties
         self.devices: OrderedDict[str, Device] = OrderedDict()
+        self.properties_held = 0  # properties of the devices held
         self.counts = KindCounts()
 
     def device(self, key: str) -> Device | None:
@@ -319,10 +329,32 @@ class HomieFormat:
 
     def install(self, device: Device) -> None:
         """Hold ``device`` (replacing any of its key), evicting the least recently used."""
+        self._forget(device.key)
         self.devices[device.key] = device
-        self.devices.move_to_end(device.key)
-        while len(self.devices) > self.max_devices:
-            self.devices.popitem(last=False)
+        self.properties_held += len(device.props)
+        self._trim()
+
+    def forget_all(self) -> None:
+        """Drop every device (read again from MongoDB when next needed)."""
+        self.devices.clear()
+        self.properties_held = 0
+
+    def _forget(self, key: str) -> None:
+        """Drop the device held for ``key``, if any."""
+        held = self.devices.pop(key, None)
+        if held is not None:
+            self.properties_held -= len(held.props)
+
+    def _trim(self) -> None:
+        """Evict the least recently used devices beyond the bounds (read again when needed).
+
+        The bounds: ``max_devices`` devices, ``max_properties`` properties in all.
+        """
+        devices = self.devices
+        while len(devices) > self.max_devices or (
+            self.properties_held > self.max_properties and len(devices) > 1
+        ):
+            self.properties_held -= len(devices.popitem(last=False)[1].props)
 
     def changes(self, change: Change) -> bool:
         """Whether ``change`` would change what is held."""
@@ -342,7 +374,7 @@ class HomieFormat:
         key = change.topic.key
         if isinstance(change, Description):
             if change.props is None:
-                self.devices.pop(key, None)
+                self._forget(key)
             else:
                 self.install(Device(key, dict(change.props), change.version))
             return list(change.problems)
@@ -353,9 +385,14 @@ class HomieFormat:
         path = change.topic.path
         prop = _set(held.props.get(path), change.topic.attribute, change.value)
         if prop is None:
-            held.props.pop(path, None)
-        elif path in held.props or len(held.props) < MAX_PROPERTIES:
+            if held.props.pop(path, None) is not None:
+                self.properties_held -= 1
+        elif path in held.props:
             held.props[path] = prop
+        elif len(held.props) < MAX_PROPERTIES:
+            held.props[path] = prop
+            self.properties_held += 1
+            self._trim()
         else:
             return [
                 Rejection(

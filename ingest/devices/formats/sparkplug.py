@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
+from ingest import caches
 from ingest.devices.formats import Item, Parsed, refused
 from ingest.devices.formats.sparkplug_pb import Payload
 from ingest.model import Rejection
@@ -126,6 +127,9 @@ PROTOCOL_METRICS = ("bdSeq",)
 PROTOCOL_PREFIXES = ("Node Control/",)
 UNIT_PROPERTIES = ("engUnit", "engUnits", "EngUnit", "units", "unit")
 MAX_TABLES = 10_000  # alias tables held in memory (least recently used are evicted)
+# Metrics declared in all the tables held (about 260 bytes each): a BIRTH may declare
+# --max-readings-per-message metrics, so the count of tables alone bounds nothing useful.
+MAX_METRICS = 1_000_000
 MAX_PROPERTIES = 32  # scalar properties kept per metric in the BIRTH document
 MAX_NAME_BYTES = 512  # a metric name longer than this is refused
 _INT64_MAX = 2**63 - 1
@@ -152,7 +156,11 @@ class Topic(NamedTuple):
 
 
 _TOPICS: dict[str, Topic | None] = {}
-_TOPIC_CACHE = 100_000
+
+
+def topics_cached() -> int:
+    """Topics held parsed (at most ``ingest.caches.limit``)."""
+    return len(_TOPICS)
 
 
 def parse_topic(topic: str) -> Topic | None:
@@ -161,7 +169,7 @@ def parse_topic(topic: str) -> Topic | None:
     if known is not _TOPICS:
         return known  # type: ignore[return-value]
     parsed = topic_of(topic)
-    if len(_TOPICS) >= _TOPIC_CACHE:
+    if len(_TOPICS) >= caches.limit:  # one per topic: --max-cached-series
         _TOPICS.clear()
     _TOPICS[topic] = parsed
     return parsed
@@ -238,6 +246,11 @@ class Table:
     earlier: tuple[Table, ...] = ()  # from MongoDB: sessions this one replaced, newest first
 
 
+def _declared(table: Table) -> int:
+    """The metrics a table holds, with those of the sessions it keeps as earlier."""
+    return len(table.by_name) + sum(len(earlier.by_name) for earlier in table.earlier)
+
+
 class SessionCounts:
     """Messages by type, seq gaps, skips and stale deaths: plain ints for the metrics."""
 
@@ -253,9 +266,11 @@ class SessionCounts:
 class SparkplugFormat:
     """The ``sparkplug`` format: alias tables and seq counters (bounded, LRU), and parsing."""
 
-    def __init__(self, max_tables: int = MAX_TABLES) -> None:
+    def __init__(self, max_tables: int = MAX_TABLES, max_metrics: int = MAX_METRICS) -> None:
         self.max_tables = max_tables
+        self.max_metrics = max_metrics
         self.tables: OrderedDict[str, Table] = OrderedDict()
+        self.metrics_held = 0  # metrics declared in the tables held, their earlier ones too
         self.seqs: OrderedDict[str, int] = OrderedDict()  # last seq per edge node key
         self.counts = SessionCounts()
 
@@ -269,17 +284,32 @@ class SparkplugFormat:
         return table
 
     def install(self, table: Table) -> None:
-        """Hold ``table`` (replacing any for its key), evicting the least recently used."""
+        """Hold ``table`` (replacing any for its key), evicting the least recently used.
+
+        Tables go while more than ``max_tables`` tables or ``max_metrics`` metrics are
+        held; an evicted table is read again from MongoDB when next needed.
+        """
+        replaced = self.tables.pop(table.key, None)
+        if replaced is not None:
+            self.metrics_held -= _declared(replaced)
         self.tables[table.key] = table
-        self.tables.move_to_end(table.key)
-        while len(self.tables) > self.max_tables:
-            self.tables.popitem(last=False)
+        self.metrics_held += _declared(table)
+        tables = self.tables
+        while len(tables) > self.max_tables or (
+            self.metrics_held > self.max_metrics and len(tables) > 1
+        ):
+            self.metrics_held -= _declared(tables.popitem(last=False)[1])
 
     def forget_devices(self, node_key: str) -> None:
         """Drop the tables of an edge node's devices (a new NBIRTH or an NDEATH)."""
         prefix = node_key + "/"
         for key in [k for k in self.tables if k.startswith(prefix)]:
-            del self.tables[key]
+            self.metrics_held -= _declared(self.tables.pop(key))
+
+    def forget_all(self) -> None:
+        """Drop every table (they are read again from MongoDB when next needed)."""
+        self.tables.clear()
+        self.metrics_held = 0
 
     def _sequence(self, topic: Topic, seq: int | None) -> None:
         """Count a gap if ``seq`` is not the one after the edge node's last (mod 256)."""
