@@ -9,6 +9,7 @@ without taking a topic that carries readings. Pure functions; used by
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import orjson
@@ -27,9 +28,16 @@ from ingest.devices.discover.patterns import (
 from ingest.devices.discover.shadowing import matches, overlap
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from ingest.devices.discover.conventions import Known
+
+# An HTTP API request as a payload (WLED's <device>/api: ``FX=2&SX=200``): key=value
+# pairs joined by &, which no reading looks like.
+_QUERY = re.compile(rb"^[A-Za-z][A-Za-z0-9_.-]*=[^&=\s]*(&[A-Za-z][A-Za-z0-9_.-]*=[^&=\s]*)*$")
+# Payloads that switch a device: a toggle is never a state, on/off beside it are the same
+# command (WLED's ON, OFF, T; Tasmota's and Zigbee2MQTT's TOGGLE).
+SWITCH_WORDS = frozenset({b"on", b"off", b"t", b"toggle"})
 
 
 def housekeeping(topic: str, kind: str, payloads: list[bytes], roots: set[str], now: float) -> bool:
@@ -64,6 +72,39 @@ def housekeeping(topic: str, kind: str, payloads: list[bytes], roots: set[str], 
     return bool(texts) and all(_clock(t, now) for t in texts)
 
 
+def commands(by_topic: Mapping[str, Sequence[bytes]]) -> dict[str, str]:
+    """Topics that carry commands to devices, by their payloads and place, with why.
+
+    A plain value that is an HTTP API request (``FX=2&SX=200``: key=value pairs joined
+    by &) asks something of a device. A switch word (ON, OFF, T, TOGGLE) on a topic that
+    stands among device trees, a leaf where its siblings are each the root of topics
+    below them and never topics themselves (WLED's group topic ``wled/all`` beside
+    ``wled/<device>/...``), switches the devices: no device publishes a reading there.
+    """
+    out = {}
+    inner: dict[str, set[str]] = {}  # a parent level -> its children that have topics below
+    for topic in by_topic:
+        levels = topic.split("/")
+        for depth in range(1, len(levels) - 1):
+            inner.setdefault("/".join(levels[:depth]), set()).add(levels[depth])
+    for topic, payloads in by_topic.items():
+        texts = {p.strip() for p in payloads if p.strip()}
+        if texts and all(_QUERY.match(t) for t in texts):
+            out[topic] = "payloads that are HTTP API requests (key=value&...): commands"
+            continue
+        parent, _, _ = topic.rpartition("/")
+        siblings = inner.get(parent, set())
+        if (
+            texts
+            and {t.lower() for t in texts} <= SWITCH_WORDS
+            and topic not in inner
+            and len(siblings) >= 2
+            and not any(f"{parent}/{s}" in by_topic for s in siblings)
+        ):
+            out[topic] = f"switch commands beside the device trees under {parent}/: a group topic"
+    return out
+
+
 def _clock(text: bytes, now: float) -> bool:
     """A plain value that is an epoch time within ten years of now."""
     try:
@@ -74,13 +115,25 @@ def _clock(text: bytes, now: float) -> bool:
 
 
 def chore_patterns(
-    topics: list[str], kind: str, known: Known, roots: set[str] | None = None
+    topics: list[str],
+    kind: str,
+    known: Known,
+    roots: set[str] | None = None,
+    reasons: Mapping[str, str] | None = None,
 ) -> list[Pattern]:
-    """Ignore rules for housekeeping topics, one per filter shape, each saying why."""
+    """Ignore rules for housekeeping topics, one per filter shape, each saying why.
+
+    ``reasons``: why a topic is housekeeping where its words do not say it
+    (:func:`commands`).
+    """
     shapes: dict[tuple[str, ...], set[str]] = {}
     whys: dict[tuple[str, ...], str] = {}
     for topic in topics:
         shape, why = _chore_shape(topic, kind, known, roots or set())
+        if reasons and topic in reasons and not why.startswith(("last level", "under")):
+            why = reasons[topic]
+            if len(shape) <= 2:  # not +/<last>: any first level
+                shape = tuple(literal(lv) for lv in topic.split("/"))
         shapes.setdefault(shape, set()).add(topic)
         whys.setdefault(shape, why)
     out = []
