@@ -79,6 +79,19 @@ def test_commands_by_their_payloads_and_their_place() -> None:
         }
     )
     assert sorted(found) == ["wled/all", "wled/kitchen/api", "wled/porch/api"]
+    # a name that extends a state's (col beside c), with its shape (a colour), for only
+    # some of the devices that publish the state: the command that sets it
+    colours = {"wled/kitchen/c": [b"#FFA000"], "wled/porch/c": [b"#0000FF"]}
+    found = commands({**devices, **colours, "wled/porch/col": [b"#FF0000"]})
+    assert list(found) == ["wled/porch/col"]
+    # not where every device publishes both, nor a second channel (POWER1 beside
+    # POWER), nor numbers (OpenDTU's power, powerdc)
+    both = {"wled/kitchen/col": [b"#FFA000"], "wled/porch/col": [b"#0000FF"]}
+    assert commands({**colours, **both}) == {}
+    relays = {"s/a/POWER": [b"ON"], "s/a/POWER1": [b"ON"], "s/b/POWER": [b"OFF"]}
+    assert commands(relays) == {}
+    powers = {"solar/1/0/power": [b"123.4"], "solar/1/0/powerdc": [b"130.1"]}
+    assert commands({**powers, "solar/2/0/power": [b"124.4"]}) == {}
     # a switch state on a device's own topic is a reading: not among device trees
     assert commands({"plug/kitchen/POWER": [b"ON"], "plug/porch/POWER": [b"OFF"]}) == {}
     # nor beside a level that is a topic itself (Shelly's relay/0 and relay/0/power)
@@ -98,14 +111,15 @@ def test_commands_by_their_payloads_and_their_place() -> None:
 
 
 def test_wled_requests_and_group_commands_are_ignored() -> None:
-    """The proposal for WLED ignores its API requests and its group topic through the
-    daemon's engine, and still stores the brightness and colour it publishes."""
+    """The proposal for WLED ignores its API requests, its colour command and its group
+    topic through the daemon's engine, and still stores the brightness and colour it
+    publishes."""
     messages = family_messages("wled")
     mapping = mapping_of(score("wled").proposal)
     now = time.time()
     for msg in messages:
         result = mapping.decode(msg.topic, msg.payload, now, Limits())
-        if msg.topic.endswith(("/api", "/all", "/status")):
+        if msg.topic.endswith(("/api", "/col", "/all", "/status")):
             assert msg.truth == HOUSEKEEPING
             assert result.ignored, msg.topic
         elif msg.topic.endswith(("/g", "/c")):

@@ -38,6 +38,13 @@ _QUERY = re.compile(rb"^[A-Za-z][A-Za-z0-9_.-]*=[^&=\s]*(&[A-Za-z][A-Za-z0-9_.-]
 # Payloads that switch a device: a toggle is never a state, on/off beside it are the same
 # command (WLED's ON, OFF, T; Tasmota's and Zigbee2MQTT's TOGGLE).
 SWITCH_WORDS = frozenset({b"on", b"off", b"t", b"toggle"})
+# Shapes of plain values that a command repeats from the state it sets: a colour
+# (WLED's #FFA000 on <device>/c, #FF0000 on <device>/col) or a word. Not numbers:
+# measurements share prefixes (OpenDTU's power, powerdc, powerfactor).
+_SHAPES = {
+    "colour": re.compile(rb"^#[0-9A-Fa-f]{6}([0-9A-Fa-f]{2})?$"),
+    "word": re.compile(rb"^[A-Za-z][A-Za-z_-]*$"),
+}
 
 
 def housekeeping(topic: str, kind: str, payloads: list[bytes], roots: set[str], now: float) -> bool:
@@ -80,19 +87,36 @@ def commands(by_topic: Mapping[str, Sequence[bytes]]) -> dict[str, str]:
     stands among device trees, a leaf where its siblings are each the root of topics
     below them and never topics themselves (WLED's group topic ``wled/all`` beside
     ``wled/<device>/...``), switches the devices: no device publishes a reading there.
+    A topic whose last level extends a sibling's (``col`` beside ``c``), with payloads
+    of the sibling's shape (a colour, a word), published for some of the devices that
+    publish the sibling but not for all, is the command that sets that state (WLED's
+    ``<device>/col``): the devices publish their state alike, commands come to some.
     """
     out = {}
     inner: dict[str, set[str]] = {}  # a parent level -> its children that have topics below
+    children: dict[str, set[str]] = {}  # a parent level -> its children that are topics
+    parents: dict[str, set[str]] = {}  # a last level -> the parent levels it is under
     for topic in by_topic:
         levels = topic.split("/")
         for depth in range(1, len(levels) - 1):
             inner.setdefault("/".join(levels[:depth]), set()).add(levels[depth])
+        parent, _, last = topic.rpartition("/")
+        children.setdefault(parent, set()).add(last)
+        parents.setdefault(last, set()).add(parent)
     for topic, payloads in by_topic.items():
         texts = {p.strip() for p in payloads if p.strip()}
         if texts and all(_QUERY.match(t) for t in texts):
             out[topic] = "payloads that are HTTP API requests (key=value&...): commands"
             continue
-        parent, _, _ = topic.rpartition("/")
+        parent, _, last = topic.rpartition("/")
+        sets = _sets(topic, by_topic, children, parents)
+        if sets is not None:
+            out[topic] = (
+                f"payloads shaped like those of {parent}/{sets}, whose name {last!r} "
+                f"extends, published for only some of the devices that publish {sets!r}: "
+                "commands that set it"
+            )
+            continue
         siblings = inner.get(parent, set())
         if (
             texts
@@ -103,6 +127,43 @@ def commands(by_topic: Mapping[str, Sequence[bytes]]) -> dict[str, str]:
         ):
             out[topic] = f"switch commands beside the device trees under {parent}/: a group topic"
     return out
+
+
+def _shape(texts: set[bytes]) -> str | None:
+    """The one shape all the texts have (a colour, a word), or None."""
+    shapes = {
+        next((name for name, shape in _SHAPES.items() if shape.match(t)), None) for t in texts
+    }
+    return shapes.pop() if len(shapes) == 1 else None
+
+
+def _sets(
+    topic: str,
+    by_topic: Mapping[str, Sequence[bytes]],
+    children: Mapping[str, set[str]],
+    parents: Mapping[str, set[str]],
+) -> str | None:
+    """The sibling state a topic sets (``c`` for ``<device>/col``), or None.
+
+    ``children``: each parent level's last levels; ``parents``: each last level's
+    parents, both over the captured topics.
+    """
+    parent, _, last = topic.rpartition("/")
+    shape = _shape({p.strip() for p in by_topic[topic] if p.strip()})
+    if not parent or shape is None:
+        return None
+    for state in sorted(children.get(parent, set())):
+        if state == last or not state or not last.startswith(state):
+            continue
+        if not any(c.isalpha() for c in last[len(state) :]):
+            continue  # POWER1 beside POWER: a second channel, not a command
+        if _shape({p.strip() for p in by_topic[f"{parent}/{state}"] if p.strip()}) != shape:
+            continue
+        depth = topic.count("/")
+        alike = [p for p in parents[state] if p.count("/") + 1 == depth and p != parent]
+        if any(f"{p}/{last}" not in by_topic for p in alike):
+            return state
+    return None
 
 
 def _clock(text: bytes, now: float) -> bool:
