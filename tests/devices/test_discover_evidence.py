@@ -8,8 +8,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import orjson
+
 from ingest.devices.decode import Limits
-from ingest.devices.discover.chores import commands
+from ingest.devices.discover.chores import commands, housekeeping
 from ingest.devices.discover.units import EVIDENCE, TABLE, units_of
 from tests.devices.corpus import HOUSEKEEPING
 from tests.devices.corpus.score import family_messages, mapping_of, score
@@ -125,3 +127,18 @@ def test_wled_requests_and_group_commands_are_ignored() -> None:
         elif msg.topic.endswith(("/g", "/c")):
             assert not result.ignored
             assert [r.sensor_id for r in result.decoded.readings] == [msg.topic.split("/")[1]]
+
+
+def test_a_clock_time_beside_its_own_time_is_housekeeping() -> None:
+    """Z-Wave JS UI's ``lastActive`` (``{"time": ms, "value": <ms>}``) is a last-seen
+    time, not a reading; a value beside its time is a reading."""
+    now = time.time()
+    ms = int(now * 1000)
+    seen = [orjson.dumps({"time": ms, "value": ms - 5000})]
+    assert housekeeping("zwave/Garage/Plug/lastActive", "json", seen, set(), now)
+    reading = [orjson.dumps({"time": ms, "value": 21.3})]
+    assert not housekeeping(
+        "zwave/Garage/Plug/sensor_multilevel/Power", "json", reading, set(), now
+    )
+    other = [orjson.dumps({"time": ms, "value": ms, "nodeId": 3})]  # more than one value
+    assert not housekeeping("zwave/Garage/Plug/x", "json", other, set(), now)

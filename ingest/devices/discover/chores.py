@@ -16,6 +16,7 @@ import orjson
 
 from ingest.devices.discover.identity import json_docs
 from ingest.devices.discover.patterns import (
+    EXTRAS,
     HOUSEKEEPING,
     HOUSEKEEPING_LEVELS,
     MIRRORS,
@@ -53,8 +54,9 @@ def housekeeping(topic: str, kind: str, payloads: list[bytes], roots: set[str], 
     By topic word (a last level such as ``status``, ``heartbeat``, ``lwt``, ``set``; a
     level such as ``status`` or ``cmd`` anywhere after the first), by a request/write
     mirror of a notification tree (``R/...``, ``W/...`` beside ``N/...``), by payloads
-    that report a connection (online/offline), or by plain values that are all clock
-    times (a last-update or heartbeat time: evcc's ``updated``).
+    that report a connection (online/offline), or by plain values, or one-value JSON
+    (``{"time": ..., "value": ...}``), that are all clock times (a last-update or
+    heartbeat time: evcc's ``updated``).
     """
     levels = topic.split("/")
     last = levels[-1].lower()
@@ -67,12 +69,14 @@ def housekeeping(topic: str, kind: str, payloads: list[bytes], roots: set[str], 
     texts = {p.strip().lower() for p in payloads if p.strip()}
     if kind == "value" and texts and texts <= {w.encode() for w in STATUS_WORDS}:
         return True
-    if kind in {"json", "ingest"}:  # {"value": <a clock time>}: Victron's full_publish_completed
+    if kind in {"json", "ingest"}:
+        # {"value": <a clock time>}, also beside its own time or unit: Victron's
+        # full_publish_completed, Z-Wave JS UI's lastActive
         docs = json_docs(list(texts))
         texts = {
             orjson.dumps(d["value"])
             for d in docs
-            if type(d) is dict and len(d) == 1 and "value" in d
+            if type(d) is dict and "value" in d and set(d) - {"value"} <= EXTRAS
         }
         if len(texts) < len(docs):
             return False

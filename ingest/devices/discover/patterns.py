@@ -99,6 +99,10 @@ STATUS_WORDS = frozenset(
 SENML_KEYS = frozenset(
     {"bn", "bt", "bu", "bv", "bver", "n", "u", "v", "vs", "vb", "vd", "s", "t", "ut"}
 )
+# Fields beside "value" that keep a payload one value: its time, unit, range, quality.
+EXTRAS = frozenset(
+    {"time", "ts", "timestamp", "t", "unit", "units", "min", "max", "quality", "q", "valid"}
+)
 # Last levels that say "this is the value" rather than what is measured.
 GENERIC_LAST = frozenset({"state", "value", "status", "data", "get", "current"})
 MAX_JSON_PATTERNS = 5  # distinct values of a non-device level kept as separate rules
