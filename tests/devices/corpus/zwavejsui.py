@@ -25,7 +25,8 @@ FAMILY = Family(
         "https://github.com/zwave-js/zwave-js-ui/blob/master/api/lib/Constants.ts",
     ),
 )
-NODES = {  # (location, node name): {(class, property): (value, unit)}
+NODES: dict[tuple[str, str], dict[tuple[str, str], tuple[float | bool, str | None]]] = {
+    # (location, node name): {(class, property): (value, unit)}
     ("Kitchen", "Multisensor"): {
         ("sensor_multilevel", "Air_temperature"): (21.3, "°C"),
         ("sensor_multilevel", "Humidity"): (48, "%"),
