@@ -37,6 +37,7 @@ MAX_ALTERNATIVES = 8  # sensor_id templates tried in order
 _TAG_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _FLATTEN = re.compile(r"[A-Za-z0-9_-]{1,8}")
 MAX_UNIT = 64  # characters of a unit
+EVERY_UNIT = "*"  # [rule.units] key: the unit of every measurement no other key names
 MAX_MATCH_VALUES = 64  # values one [rule.match] field may take
 MAX_MATCH_KEY = 256  # characters of a [rule.match] field name
 MATCH_FORMATS = ("json", "ingest")  # payloads [rule.match] reads (and ignore rules)
@@ -713,13 +714,21 @@ def _types(table: object, fmt: str) -> tuple[tuple[str, str], ...]:
 
 
 def _units(table: object, fmt: str, allowed: set[str]) -> dict[str, Template]:
-    """``[rule.units]``: measurement -> unit, a literal or a template."""
+    """``[rule.units]``: measurement -> unit, a literal or a template.
+
+    The key ``"*"`` (EVERY_UNIT) gives the unit of every measurement no other key names.
+    """
     if type(table) is not dict:
         raise TypeError('units must be a table of measurement = "unit or {field}"')
     if table and fmt not in {"json", "value"}:
         raise ValueError("units applies to the json and value formats")
     out = {}
     for key, value in table.items():
+        if key != EVERY_UNIT and "*" in key:
+            raise ValueError(
+                f'units.{key}: a measurement name, or "*" alone for every other '
+                "measurement (no globs)"
+            )
         if type(value) is not str or not value or len(value) > MAX_UNIT:
             raise TypeError(f"units.{key}: must be a string of 1 to {MAX_UNIT} characters")
         out[key] = _template(value, f"units.{key}", allowed, fmt)

@@ -246,7 +246,8 @@ async def settled(db: Any, mode: str) -> list[dict[str, Any]]:
 
 def test_units_from_a_unit_field_and_a_unit_topic(monkeypatch: pytest.MonkeyPatch) -> None:
     """A payload's unit field gives its number's unit (one value per topic: the
-    measurement named by the topic, its unit the field's); a unit topic beside a plain
+    measurement named by the topic, its unit the field's, ``"*" = "{unit}"`` for every
+    measurement of the tree); a unit topic beside a plain
     value gives that value's, before the names' table (°F here, where the table would
     say °C), and is itself ignored."""
     now = time.time()
@@ -270,10 +271,15 @@ def test_units_from_a_unit_field_and_a_unit_topic(monkeypatch: pytest.MonkeyPatc
         ({"temperature": 71.5}, {"temperature": "°F"})
     ]
     assert mapping.decode("yard/probe-1/temperature/unit", b"\xc2\xb0F", now, Limits()).ignored
-    for module in (language, onevalue, selection):  # one rule per tree, units by name
+    for module in (language, onevalue, selection):  # one rule per tree
         monkeypatch.setattr(module, "supports", lambda _feature: True)
     tree = next(p for p in propose(messages) if p.measurement == "{property}")
-    assert tree.units == {"voltage": "V"}
+    assert tree.units == {"*": "{unit}"}  # every payload gives its unit
+    # so a measurement the capture never showed takes its payload's unit too
+    got = mapping.decode("lab/meter-1/current", b'{"value": 0.5, "unit": "A"}', now, Limits())
+    assert [(r.values, r.units) for r in got.decoded.readings] == [
+        ({"current": 0.5}, {"current": "A"})
+    ]
 
 
 def test_a_capture_of_several_levels_takes_one_or_more() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -15,6 +16,13 @@ from ingest.devices.discover.chores import commands, housekeeping
 from ingest.devices.discover.units import EVIDENCE, TABLE, units_of
 from tests.devices.corpus import HOUSEKEEPING
 from tests.devices.corpus.score import family_messages, mapping_of, score
+from tests.support.discover import advised, discover, send, units
+from tests.support.procs import eventually
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tests.support.procs import Broker, Daemon
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,3 +150,35 @@ def test_a_clock_time_beside_its_own_time_is_housekeeping() -> None:
     )
     other = [orjson.dumps({"time": ms, "value": ms, "nodeId": 3})]  # more than one value
     assert not housekeeping("zwave/Garage/Plug/x", "json", other, set(), now)
+
+
+async def test_every_payload_unit_is_stored_also_for_properties_discover_never_saw(
+    persistent: Broker, daemon: Callable[..., Daemon], mode: str, db: Any, tmp_path: Path
+) -> None:
+    """Meters that publish one value per topic with its unit: discover proposes
+    ``"*" = "{unit}"``, and the daemon, run as it advises, stores each value with its
+    payload's unit, for a property the capture never showed as for the others."""
+    seen = [
+        (f"lab/meter-{n}/{prop}", orjson.dumps({"value": v, "unit": u}))
+        for n in (1, 2)
+        for prop, v, u in (("voltage", 3.3, "V"), ("temperature", 71.5, "°F"))
+    ]
+    text, report = await discover(persistent, [], seen)
+    assert '"*" = "{unit}"' in text
+    assert '"temperature" = "°C"' not in text  # the payload's °F, not the names' table
+    mapping = tmp_path / "proposal.toml"
+    mapping.write_text(text)
+    proc = daemon(*advised(report, mapping), broker_url=persistent.url, rule_topics=True)
+    later = [("lab/meter-1/current", orjson.dumps({"value": 0.5, "unit": "A"}))]
+    await send(persistent, seen + later)
+    await eventually(lambda: proc.metric("ingest_messages_acked_total") == len(seen) + 1)
+    expected = {
+        "meter-1": {"voltage": "V", "temperature": "°F", "current": "A"},
+        "meter-2": {"voltage": "V", "temperature": "°F"},
+    }
+
+    async def stored() -> bool:
+        return await units(db, mode) == expected
+
+    await eventually(stored)
+    assert proc.stop() == 0

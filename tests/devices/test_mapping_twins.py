@@ -53,6 +53,7 @@ RULES = [
     ),
     TTN.replace('info = ["dev_eui"]', 'info = ["dev_eui"]\nsensor_id = "{end_device_ids.id}"'),
     TTN + '[rule.units]\ntemperature = "Cel"\n',
+    TTN + '[rule.units]\n"*" = "x-{end_device_ids.dev_eui}"\ntemperature = "Cel"\n',
     (
         '[[rule]]\nname = "plain"\ntopic = "p/{site}/{sensor_id}"\ninfo = ["site"]\n'
         '[rule.time]\nfield = "t"\nformat = "auto"\n'

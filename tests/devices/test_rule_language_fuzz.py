@@ -1,9 +1,10 @@
 """Hostile templates, captures and match tables: a one-line error or a rule that holds.
 
 For the json measurement from the topic, ``{name#}`` captures, ``[rule.rename]``
-templates and ``[rule.match]``: any generated rule either loads or is refused with one
-:class:`ConfigError` line naming the rule; one that loads decodes any topic and payload
-without raising, and what it stores stays within the bounds of tests/devices/test_mapping_fuzz.py.
+templates, ``[rule.match]`` and ``[rule.units]`` with ``"*"``: any generated rule either
+loads or is refused with one :class:`ConfigError` line naming the rule; one that loads
+decodes any topic and payload without raising, and what it stores stays within the
+bounds of tests/devices/test_mapping_fuzz.py.
 """
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ match_table = st.dictionaries(
 )
 # Templates that load more often than hostile text does.
 templates = st.sampled_from(["{x}", "{p}", "{x}_{p}", "m", "{{x}}"])
+# [rule.units]: "*" (every other measurement), names, globs (refused), hostile keys; units
+# literal, templates over captures and payload fields, or hostile.
+units_table = st.dictionaries(
+    st.one_of(st.sampled_from(["*", "value", "x", "p_value", "x*", "*x", "**"]), hostile),
+    st.one_of(templates, st.sampled_from(["V", "{unit}", "{value}", "°C"]), hostile),
+    min_size=1,
+    max_size=3,
+)
 
 
 def rule_text(
@@ -83,6 +92,7 @@ def rule_text(
     rename: str | None,
     match: dict[str, Any] | None,
     ignore: bool,
+    units: dict[str, str] | None = None,
 ) -> str:
     lines = ["[[rule]]", 'name = "gen"', f"topic = {toml_string(topic)}"]
     if ignore:
@@ -93,6 +103,9 @@ def rule_text(
             lines.append(f"measurement = {toml_string(measurement)}")
         if rename is not None:
             lines += ["[rule.rename]", f"value = {toml_string(rename)}"]
+        if units is not None:
+            lines.append("[rule.units]")
+            lines += [f"{toml_string(k)} = {toml_string(v)}" for k, v in units.items()]
     if match is not None:
         lines.append("[rule.match]")
         lines += [f"{toml_string(k)} = {toml_value(v)}" for k, v in match.items()]
@@ -114,6 +127,7 @@ def rule_text(
     rename=st.one_of(st.none(), templates, hostile),
     match=st.one_of(st.none(), match_table),
     ignore=st.booleans(),
+    units=st.one_of(st.none(), units_table),
     parts=st.lists(levels, min_size=1, max_size=5),
     payload=json_value,
 )
@@ -124,10 +138,11 @@ def test_any_generated_rule_is_refused_in_one_line_or_decodes_anything(
     rename: str | None,
     match: dict[str, Any] | None,
     ignore: bool,
+    units: dict[str, str] | None,
     parts: list[str],
     payload: Any,
 ) -> None:
-    text = rule_text(topic, fmt, measurement, rename, match, ignore)
+    text = rule_text(topic, fmt, measurement, rename, match, ignore, units)
     try:
         rules = parse(text, "--mapping gen.toml")
     except ConfigError as exc:

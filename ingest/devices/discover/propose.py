@@ -37,6 +37,7 @@ from ingest.devices.discover.patterns import (
 )
 from ingest.devices.discover.selection import select
 from ingest.devices.discover.units import units_of
+from ingest.devices.rules import EVERY_UNIT
 from ingest.model import RESERVED_FIELDS
 
 if TYPE_CHECKING:
@@ -179,7 +180,19 @@ def _number(payload: bytes, kind: str) -> object:
 
 
 def _tree_units(pattern: Pattern, known: Known) -> None:
-    """A one-value tree's units: from a unit attribute topic or the payloads' unit field."""
+    """A one-value tree's units: from a unit attribute topic or the payloads' unit field.
+
+    Where every payload carries its unit, ``"*" = "{unit}"``: each measurement, seen in
+    the capture or not, takes the unit its payload gives.
+    """
+    docs = [d for t in pattern.topics for d in json_docs(pattern.payloads.get(t, []))]
+    if docs and all(type(d) is dict and type(d.get("unit")) is str and d["unit"] for d in docs):
+        pattern.units[EVERY_UNIT] = "{unit}"
+        pattern.notes.append(
+            "every payload gives its unit: each measurement's unit is its payload's unit "
+            'field ("*" = "{unit}")'
+        )
+        return
     found: dict[str, set[str]] = {}
     for topic in pattern.topics:
         name = safe(_render(pattern.measurement or "value", pattern.captures(topic)))
@@ -216,7 +229,12 @@ def _field_unit(pattern: Pattern) -> None:
 
 
 def _table_units(pattern: Pattern) -> None:
-    """Units the names imply (:mod:`ingest.devices.discover.units`), as a suggestion."""
+    """Units the names imply (:mod:`ingest.devices.discover.units`), as a suggestion.
+
+    None where the payloads give every unit (``"*"``): theirs is the device's word.
+    """
+    if EVERY_UNIT in pattern.units:
+        return
     numbers = _stored_numbers(pattern)
     found = {
         n: u
