@@ -156,8 +156,9 @@ def _sets(
     shape = _shape({p.strip() for p in by_topic[topic] if p.strip()})
     if not parent or shape is None:
         return None
-    for state in sorted(children.get(parent, set())):
-        if state == last or not state or not last.startswith(state):
+    siblings = children.get(parent, set())
+    for state in (last[:k] for k in range(1, len(last))):  # the names it extends
+        if state not in siblings:
             continue
         if not any(c.isalpha() for c in last[len(state) :]):
             continue  # POWER1 beside POWER: a second channel, not a command
