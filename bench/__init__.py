@@ -1,8 +1,8 @@
 """Benchmarks of the daemon, each a module run as ``python -m bench.<name>``.
 
-End to end, against the C clients ``mosquitto_sub``, ``qos1pub`` and the outside clock
-``mqttrelay`` (``relay``):
-    e2e        the daemon against mosquitto_sub on the same confirmed backlog
+End to end, against the C clients ``idealsub`` (the reference consumer), ``mosquitto_sub``,
+``qos1pub`` and the outside clock ``mqttrelay`` (``relay``):
+    e2e        the daemon against idealsub and mosquitto_sub on the same confirmed backlog
     backlog    a confirmed backlog queued for a daemon, drained and timed (used by the others)
     mapping    the default path against a device stream through its preset
     sparkplug  Sparkplug B against JSON over the same readings

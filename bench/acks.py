@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
+from unittest import mock
 
 import aiomqtt
+from paho.mqtt.enums import MQTTErrorCode
 
 from ingest.config import Settings
 from ingest.metrics import Health, Metrics
@@ -26,13 +29,29 @@ MESSAGES = 100_000
 BATCH = 500
 
 
+def queue_nothing(*_args: object, **_kwargs: object) -> MQTTErrorCode:
+    """paho's packet queue, sending nothing."""
+    return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+
+def forget(_messages: list[Inbound]) -> None:
+    """The ledger's memory of sent PUBACKs, keeping nothing."""
+
+
 async def per_message_us(*, remember: bool) -> float:
     source = MqttSource(Settings(), Metrics("bucket"), Health())
     ledger = source._ledger  # noqa: SLF001
-    if not remember:
-        ledger._remember = lambda _messages: None  # type: ignore[method-assign,assignment]  # noqa: SLF001
     client = aiomqtt.Client("127.0.0.1")
-    client._client._packet_queue = lambda *_a, **_k: 0  # noqa: SLF001
+    with contextlib.ExitStack() as stubs:
+        stubs.enter_context(mock.patch.object(client._client, "_packet_queue", queue_nothing))  # noqa: SLF001
+        if not remember:
+            stubs.enter_context(mock.patch.object(ledger, "_remember", forget))
+        return timed(source, client)
+
+
+def timed(source: MqttSource, client: aiomqtt.Client) -> float:
+    """Microseconds per message: arrivals, then acknowledgements in batches."""
+    ledger = source._ledger  # noqa: SLF001
     source._client, source._generation = client, 1  # noqa: SLF001
     ledger.connected(1)
     messages = [

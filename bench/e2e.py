@@ -1,11 +1,16 @@
-"""End-to-end benchmark: the daemon against mosquitto_sub on the same confirmed backlog.
+"""End-to-end benchmark: the daemon against the broker's own limit on the same confirmed
+backlog.
 
-For every case (readings per message x QoS) and round, each consumer in turn (the order
-alternates between rounds) gets a fresh mosquitto holding the same backlog: a persistent
-session is created for the consumer's client id, then ``qos1pub`` (C) publishes every
-message at QoS 1 and must count a PUBACK for each, so the backlog is known to be in the
-broker before the consumer connects. The consumers:
+For every case (readings per message x QoS), round and fleet size, each consumer in turn
+(the order alternates between rounds) gets a fresh mosquitto holding the same backlog: a
+persistent session is created for the consumer's client id, then ``qos1pub`` (C)
+publishes every message at QoS 1 and must count a PUBACK for each, so the backlog is
+known to be in the broker before the consumer connects. The consumers:
 
+- ``idealsub``: the reference, a C consumer written for speed (bench/idealsub.c: MQTT 5,
+  persistent session, 4 MiB reads, each read's messages written to a file with one
+  ``write()`` and only then their PUBACKs with one more); every consumer's rate is
+  reported as its ratio to this one's in the same round;
 - ``mosquitto_sub``: the C client, MQTT 5, same Receive Maximum as the daemon, writing
   every message to a file;
 - ``dry-run``: ``ingest run --dry-run`` (decode, batch, build the writes, ack);
@@ -22,16 +27,17 @@ relay sends right after it), and counts the PUBLISHes the broker sent and the PU
 got. At QoS 1 the clock runs from connect to that moment, and a message counts as done
 only once its PUBACK reached the broker; afterwards
 a client resuming the consumer's session must be sent nothing (``left at the broker``).
-At QoS 0 the clock ends when the single mosquitto_sub exits after the backlog (``-C``),
+At QoS 0 the clock ends when a single C client exits after the backlog (``--count``, ``-C``),
 or, for the daemon, between the scrapes of its metrics around its last acknowledgement,
 after fakemongo's last write. CPU is the consumer's own utime + stime from /proc over
 the same window. Losses are counted on every side: published (PUBACKed), dropped by the
 broker (its ``$SYS/broker/publish/messages/dropped``, read before and after the run),
 delivered and PUBACKed (the relay), received, written, seen at the sink.
 
-    .venv/bin/python -m bench.e2e [--sensors 1000] [--rounds 5] [--json out.json]
+    .venv/bin/python -m bench.e2e [--sensors 1000,100000] [--rounds 5] [--json out.json]
         [--timeless] [--baseline DIR]
 
+``--sensors`` lists fleet sizes: every case runs for each, in the same rounds.
 ``--timeless`` leaves ``ts`` out of the payloads (readings timed at arrival, as most
 devices send them).
 """
@@ -64,7 +70,9 @@ if TYPE_CHECKING:
 
 HERE = Path(__file__).resolve().parent
 FILTER = "sensors/#"
-CONSUMERS = ("mosquitto_sub", "dry-run", "bucket", "timeseries")
+CONSUMERS = ("idealsub", "mosquitto_sub", "dry-run", "bucket", "timeseries")
+CLIENTS = ("idealsub", "mosquitto_sub")  # the C consumers; the others are the daemon
+REFERENCE = "idealsub"  # every consumer's rate as a ratio to this one's, round by round
 BASE = "@base"  # a daemon consumer run from the --baseline source tree
 RECEIVE_MAXIMUM = DaemonSettings().max_inflight_messages  # the daemon's default, given to both
 FAST, SLOW = 0.02, 0.25  # scrape intervals (s): near the start and end, in between
@@ -80,7 +88,7 @@ DROPPED = "$SYS/broker/publish/messages/dropped"
 class Settings:
     """What to run."""
 
-    sensors: int = 1000
+    sensors: tuple[int, ...] = (1000,)  # fleet sizes: each case is run for each
     messages: int = 100_000  # single-reading messages
     batched_messages: int = 10_000  # 100-reading messages
     per_message: tuple[int, ...] = (1, 100)
@@ -88,7 +96,7 @@ class Settings:
     consumers: tuple[str, ...] = CONSUMERS
     rounds: int = 5
     daemon_args: tuple[str, ...] = ()
-    # Consumer processes: the daemon's --workers, and as many mosquitto_sub on one shared
+    # Consumer processes: the daemon's --workers, and as many of a C client on one shared
     # group. With more than one, each has its own session and the backlog is spread over
     # them by the broker before they connect.
     workers: int = 1
@@ -105,12 +113,13 @@ class Run:
     per_message: int
     qos: int
     messages: int
+    sensors: int = 0  # the fleet: message i comes from sensor i % sensors
     published: int = 0
     # PUBLISHes the broker sent the consumer, and PUBACKs that reached the broker (QoS 1):
     # the relay's counts, from the broker's side of the consumer's connections
     delivered: int = 0
     pubacks: int = 0
-    received: int = 0  # the consumer's own count: lines mosquitto_sub wrote; the daemon's
+    received: int = 0  # the consumer's own count: lines a C client wrote; the daemon's
     broker_dropped: int | None = None  # messages the broker dropped during the run
     left_at_broker: int | None = None  # what the broker still held for the sessions after
     acked: int = 0  # the daemon's ingest_messages_acked_total (QoS 0: done with)
@@ -155,11 +164,11 @@ class Run:
     @property
     def messages_done(self) -> int:
         """Messages finished with, which the rate counts: at QoS 1 those whose PUBACK the
-        broker has, never more; at QoS 0 those mosquitto_sub wrote out of those the
-        broker sent, or the daemon acknowledged (wrote)."""
+        broker has, never more; at QoS 0 those a C client wrote out of those the broker
+        sent, or the daemon acknowledged (wrote)."""
         if self.qos == 1:
             return self.pubacks
-        if self.consumer == "mosquitto_sub":
+        if self.consumer in CLIENTS:
             return min(self.received, self.delivered)
         return self.acked
 
@@ -176,7 +185,7 @@ class Run:
         }
         if self.qos == 1:
             out["not_acked"] = self.published - self.pubacks
-        if self.consumer != "mosquitto_sub":
+        if self.consumer not in CLIENTS:
             out["not_written"] = self.received * self.per_message - self.written - self.rejected
         if self.sink_readings is not None:
             out["not_at_sink"] = self.written - self.sink_readings
@@ -186,7 +195,7 @@ class Run:
 def tools() -> dict[str, Path]:
     """The C helpers, built on first use (or when their source is newer)."""
     out = {}
-    for name in ("fakemongo", "qos1pub", "mqttrelay"):
+    for name in ("fakemongo", "qos1pub", "mqttrelay", "idealsub"):
         binary, source = HERE / name, HERE / f"{name}.c"
         if not binary.exists() or binary.stat().st_mtime < source.stat().st_mtime:
             subprocess.run([str(HERE / "build.sh")], check=True)
@@ -340,15 +349,39 @@ def sub_command(port: int, worker: str, run: Run, topic: str, single: bool) -> l
     ]
 
 
+def ideal_command(
+    port: int, worker: str, run: Run, topic: str, single: bool, out: Path
+) -> list[str]:
+    """The reference: ``idealsub`` (bench/idealsub.c; the daemon's Receive Maximum)
+    writing each read's messages to ``out``, then acknowledging them. A single one exits
+    once the backlog is done (at QoS 1, its last PUBACK written); several are stopped."""
+    return [
+        str(HERE / "idealsub"),
+        "--qos",
+        str(run.qos),
+        "--receive-maximum",
+        str(RECEIVE_MAXIMUM),
+        "--idle",
+        "0",
+        *(["--count", str(run.published)] if single else []),
+        "127.0.0.1",
+        str(port),
+        worker,
+        topic,
+        str(out),
+    ]
+
+
 def measure_sub(
     run: Run, relay: Relay, client_id: str, workdir: Path, workers: int = 1, base: str = FILTER
 ) -> float | None:
-    """Run mosquitto_sub through the relay until the broker has processed every PUBACK
-    (QoS 1), it exits after the last message (QoS 0), or nothing moves for STALL; returns when it
-    exited (QoS 0), as the bench saw it.
+    """Run a C client (``run.consumer``: mosquitto_sub or idealsub) through the relay
+    until the broker has processed every PUBACK (QoS 1), it exits after the last message
+    (QoS 0), or nothing moves for STALL; returns when it exited (QoS 0), as the bench saw
+    it.
 
     ``base``: the topic filter of the sessions (``session``). With ``workers`` > 1, as
-    many mosquitto_sub on the shared group, each on its session
+    many clients on the shared group, each on its session
     (at QoS 0 these have no count of their own: the end is when the broker sent the last
     message). ``received`` is the lines in their files, the client's own count; what the
     rate counts comes from the relay (``settle``).
@@ -356,19 +389,14 @@ def measure_sub(
     outs = [workdir / f"sub-{k}.txt" for k in range(workers)]
     procs = []
     for worker, out in zip(client_ids(client_id, workers), outs, strict=True):
-        with out.open("wb") as sink:
-            procs.append(
-                subprocess.Popen(
-                    sub_command(
-                        relay.port,
-                        worker,
-                        run,
-                        topic_filter(client_id, workers, base),
-                        workers == 1,
-                    ),
-                    stdout=sink,
-                )
-            )
+        topic, single = topic_filter(client_id, workers, base), workers == 1
+        if run.consumer == "idealsub":  # it writes the file; its counts go to stdout
+            argv = ideal_command(relay.port, worker, run, topic, single, out)
+            stdout = out.with_suffix(".json")
+        else:
+            argv, stdout = sub_command(relay.port, worker, run, topic, single), out
+        with stdout.open("wb") as sink:
+            procs.append(subprocess.Popen(argv, stdout=sink))
     exits = [os.pidfd_open(proc.pid) for proc in procs]
     started = time.monotonic()
     ended: float | None = None
@@ -397,7 +425,7 @@ def measure_sub(
 
 
 def _finish(proc: subprocess.Popen[bytes], exited: bool) -> float:
-    """End a mosquitto_sub (SIGTERM: a clean disconnect, its file flushed); its CPU."""
+    """End a C client (SIGTERM: a clean disconnect, its file complete); its CPU."""
     if exited:
         _, _, usage = os.wait4(proc.pid, 0)
         proc.returncode = 0  # reaped above
@@ -417,7 +445,7 @@ def settle(
 ) -> None:
     """The counts and the clock from the relay's final report: from the consumer's first
     connect to the moment the broker had processed the last PUBACK (QoS 1), or to
-    ``ended`` (QoS 0, mosquitto_sub); the daemon at QoS 0 is timed by ``timed``."""
+    ``ended`` (QoS 0, a C client); the daemon at QoS 0 is timed by ``timed``."""
     mine = relay.mine(client_ids(client_id, workers))
     run.delivered = sum(c["publishes"] for c in mine)
     run.pubacks = sum(c["pubacks"] for c in mine)
@@ -433,7 +461,7 @@ def settle(
             run.broker_read_lag = processed - relay.final["reached_ns"] / 1e9
         if end and run.connected:
             run.seconds = run.seconds_low = run.seconds_high = end - run.connected
-    elif run.consumer == "mosquitto_sub" and run.connected:
+    elif run.consumer in CLIENTS and run.connected:
         # After the broker sent the last message, by the exit the bench saw.
         last = max((c["last_publish_ns"] / 1e9 for c in mine), default=0.0)
         high = ended if ended is not None else last
@@ -665,9 +693,11 @@ def run_one(
     lines: Path,
     workdir: Path,
     helpers: dict[str, Path],
+    sensors: int = 0,
 ) -> Run:
-    """One consumer on a fresh broker holding the backlog, through a fresh relay."""
-    run = Run(consumer, round_no, per_message, qos, messages, load=os.getloadavg()[0])
+    """One consumer on a fresh broker holding the backlog (of ``sensors``), through a
+    fresh relay."""
+    run = Run(consumer, round_no, per_message, qos, messages, sensors, load=os.getloadavg()[0])
     rundir = Path(tempfile.mkdtemp(dir=workdir))
     broker = Broker(rundir, extra=f"queue_qos0_messages true\nsys_interval {SYS_INTERVAL}\n")
     broker.start()
@@ -682,7 +712,7 @@ def run_one(
         run.broker_publish_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
         broker_cpu += run.broker_publish_cpu_seconds
         relay = Relay.start(helpers["mqttrelay"], broker.port, run.published)
-        if consumer == "mosquitto_sub":
+        if consumer in CLIENTS:
             ended = measure_sub(run, relay, client_id, rundir, settings.workers)
             run.broker_cpu_seconds = cpu_of(broker.process.pid) - broker_cpu
             relay.wait_closed(CLOSE_TIMEOUT)
@@ -772,40 +802,37 @@ def count_broker_drops(run: Run, broker: Broker, before: int | None) -> None:
 
 
 def run_all(settings: Settings, progress: bool = False) -> dict[str, Any]:
-    """Every case, consumer and round; the runs and their summary."""
+    """Every case, round, fleet size and consumer; the runs and their summary."""
     helpers = tools()
     runs: list[Run] = []
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         for per_message in settings.per_message:
             messages = settings.messages if per_message == 1 else settings.batched_messages
-            lines = workdir / f"backlog-{per_message}.txt"
-            backlog(lines, messages, per_message, settings.sensors, settings.timeless)
+            lines = {}
+            for sensors in settings.sensors:
+                lines[sensors] = workdir / f"backlog-{per_message}-{sensors}.txt"
+                backlog(lines[sensors], messages, per_message, sensors, settings.timeless)
             for qos in settings.qos:
                 for round_no in range(1, settings.rounds + 1):
-                    order = settings.consumers if round_no % 2 else settings.consumers[::-1]
-                    for consumer in order:
-                        run = run_one(
-                            settings,
-                            consumer,
-                            round_no,
-                            per_message,
-                            qos,
-                            messages,
-                            lines,
-                            workdir,
-                            helpers,
-                        )
-                        runs.append(run)
-                        if progress:
-                            f = run.figures()
-                            print(
-                                f"{per_message:>3} readings/msg QoS {qos} round {round_no} "
-                                f"{consumer:<13} {f['msg_per_s']:>9,.0f} msg/s "
-                                f"±{f['clock_error']:.1%} {f['cpu_us_per_reading']:6.1f} "
-                                f"µs/reading lost {f['lost']}",
-                                file=sys.stderr,
+                    step = 1 if round_no % 2 else -1
+                    for sensors in settings.sensors[::step]:
+                        for consumer in settings.consumers[::step]:
+                            run = run_one(
+                                settings,
+                                consumer,
+                                round_no,
+                                per_message,
+                                qos,
+                                messages,
+                                lines[sensors],
+                                workdir,
+                                helpers,
+                                sensors,
                             )
+                            runs.append(run)
+                            if progress:
+                                print(progress_line(run), file=sys.stderr)
     return {
         "settings": asdict(settings),
         "load_average": os.getloadavg(),
@@ -815,6 +842,16 @@ def run_all(settings: Settings, progress: bool = False) -> dict[str, Any]:
         "runs": [r.figures() for r in runs],
         "summary": summarize(runs, settings),
     }
+
+
+def progress_line(run: Run) -> str:
+    """One run, as the benchmark goes."""
+    f = run.figures()
+    return (
+        f"{run.sensors:>7,} sensors {run.per_message:>3} readings/msg QoS {run.qos} "
+        f"round {run.round} {run.consumer:<16} {f['msg_per_s']:>9,.0f} msg/s "
+        f"±{f['clock_error']:.1%} {f['cpu_us_per_reading']:6.1f} µs/reading lost {f['lost']}"
+    )
 
 
 def accelerators() -> str:
@@ -846,73 +883,91 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
+def reference(consumers: tuple[str, ...]) -> str | None:
+    """The consumer the others' rates are divided by: idealsub, else mosquitto_sub if run."""
+    return next((c for c in (REFERENCE, "mosquitto_sub") if c in consumers), None)
+
+
 def summarize(runs: list[Run], settings: Settings) -> list[dict[str, Any]]:
-    """Per case and consumer: rates, ratios to mosquitto_sub within each round, CPU, losses."""
+    """Per case, fleet size and consumer: rates, ratios to the reference within each
+    round, CPU, losses."""
     out = []
+    ref = reference(settings.consumers)
     for per_message in settings.per_message:
         for qos in settings.qos:
-            case = [r for r in runs if r.per_message == per_message and r.qos == qos]
-            base = {
-                r.round: r.figures()["msg_per_s"] for r in case if r.consumer == "mosquitto_sub"
-            }
-            for consumer in settings.consumers:
-                mine = [r for r in case if r.consumer == consumer]
-                figures = [r.figures() for r in mine]
-                ratios = [
-                    f["msg_per_s"] / base[r.round]
-                    for r, f in zip(mine, figures, strict=True)
-                    if base.get(r.round)
+            for sensors in settings.sensors:
+                case = [
+                    r
+                    for r in runs
+                    if (r.per_message, r.qos, r.sensors) == (per_message, qos, sensors)
                 ]
-                totals: dict[str, int] = {}
-                for f in figures:
-                    for key, value in f["lost"].items():
-                        totals[key] = totals.get(key, 0) + value
-                out.append(
-                    {
-                        "per_message": per_message,
-                        "qos": qos,
-                        "consumer": consumer,
-                        "rounds": len(mine),
-                        "messages": mine[0].messages if mine else 0,
-                        "msg_per_s": spread([f["msg_per_s"] for f in figures]),
-                        "readings_per_s": spread([f["readings_per_s"] for f in figures]),
-                        "ratio": spread(ratios) if ratios else None,
-                        "cpu_us_per_reading": statistics.median(
-                            f["cpu_us_per_reading"] for f in figures
-                        ),
-                        "clock_error_max": max(f["clock_error"] for f in figures),
-                        "broker_busy": statistics.median(f["broker_busy"] for f in figures),
-                        "relay_cpu_us_per_message": statistics.median(
-                            r.relay_cpu_seconds / r.published * 1e6 if r.published else 0.0
-                            for r in mine
-                        ),
-                        "published": sum(r.published for r in mine),
-                        "delivered": sum(r.delivered for r in mine),
-                        "received": sum(r.received for r in mine),
-                        "pubacks": None if qos == 0 else sum(r.pubacks for r in mine),
-                        "left_at_broker": sum(r.left_at_broker or 0 for r in mine),
-                        "broker_dropped": (
-                            None
-                            if any(r.broker_dropped is None for r in mine)
-                            else sum(r.broker_dropped or 0 for r in mine)
-                        ),
-                        "written": (
-                            None if consumer == "mosquitto_sub" else sum(r.written for r in mine)
-                        ),
-                        "at_sink": (
-                            None
-                            if mode_of(consumer) in ("mosquitto_sub", "dry-run")
-                            else sum(r.sink_readings or 0 for r in mine)
-                        ),
-                        "lost": totals,
-                        "complete": all(r.complete for r in mine),
-                    }
-                )
+                base = {r.round: r.figures()["msg_per_s"] for r in case if r.consumer == ref}
+                for consumer in settings.consumers:
+                    mine = [r for r in case if r.consumer == consumer]
+                    row = summary_row(mine, base)
+                    out.append(
+                        {
+                            "sensors": sensors,
+                            "per_message": per_message,
+                            "qos": qos,
+                            "consumer": consumer,
+                            "reference": ref,
+                        }
+                        | row
+                    )
     return out
 
 
+def summary_row(mine: list[Run], base: dict[int, float]) -> dict[str, Any]:
+    """The figures of one consumer's runs of one case; ``base``: the reference's rate by
+    round."""
+    figures = [r.figures() for r in mine]
+    ratios = [
+        f["msg_per_s"] / base[r.round]
+        for r, f in zip(mine, figures, strict=True)
+        if base.get(r.round)
+    ]
+    totals: dict[str, int] = {}
+    for f in figures:
+        for key, value in f["lost"].items():
+            totals[key] = totals.get(key, 0) + value
+    consumer = mine[0].consumer if mine else ""
+    return {
+        "rounds": len(mine),
+        "messages": mine[0].messages if mine else 0,
+        "msg_per_s": spread([f["msg_per_s"] for f in figures]),
+        "readings_per_s": spread([f["readings_per_s"] for f in figures]),
+        "ratio": spread(ratios) if ratios else None,
+        "cpu_us_per_reading": statistics.median(f["cpu_us_per_reading"] for f in figures),
+        "clock_error_max": max(f["clock_error"] for f in figures),
+        "broker_busy": statistics.median(f["broker_busy"] for f in figures),
+        "relay_cpu_us_per_message": statistics.median(
+            r.relay_cpu_seconds / r.published * 1e6 if r.published else 0.0 for r in mine
+        ),
+        "published": sum(r.published for r in mine),
+        "delivered": sum(r.delivered for r in mine),
+        "received": sum(r.received for r in mine),
+        "pubacks": None if mine[0].qos == 0 else sum(r.pubacks for r in mine),
+        "left_at_broker": sum(r.left_at_broker or 0 for r in mine),
+        "broker_dropped": (
+            None
+            if any(r.broker_dropped is None for r in mine)
+            else sum(r.broker_dropped or 0 for r in mine)
+        ),
+        "written": None if consumer in CLIENTS else sum(r.written for r in mine),
+        "at_sink": (
+            None
+            if consumer in CLIENTS or mode_of(consumer) == "dry-run"
+            else sum(r.sink_readings or 0 for r in mine)
+        ),
+        "lost": totals,
+        "complete": all(r.complete for r in mine),
+    }
+
+
 def markdown(report: dict[str, Any]) -> str:
-    """The summary as a Markdown table."""
+    """The summary as two Markdown tables, rates then accounting, and a note on the
+    conditions."""
 
     def trio(s: dict[str, float] | None, fmt: str) -> str:
         return "-" if s is None else " / ".join(format(s[k], fmt) for k in ("min", "median", "max"))
@@ -920,32 +975,46 @@ def markdown(report: dict[str, Any]) -> str:
     def count(value: int | None) -> str:
         return "-" if value is None else f"{value:,}"
 
+    def case(s: dict[str, Any]) -> str:
+        return f"| {s['sensors']:,} | {s['per_message']} | {s['qos']} | {s['consumer']} "
+
+    summary = report["summary"]
+    ref = next((s["reference"] for s in summary if s.get("reference")), None)
     rows = [
         (
-            "| readings/msg | QoS | consumer | msg/s (min / median / max) "
-            "| readings/s (median) | ratio to mosquitto_sub (min / median / max) "
-            "| CPU µs/reading | published | dropped by the broker | delivered | received "
-            "| PUBACKs at the broker | left at the broker | written | at sink | clock error "
-            "| broker CPU / run time (median) |"
+            "| sensors | readings/msg | QoS | consumer | msg/s (min / median / max) "
+            f"| readings/s (median) | ratio to {ref or '-'} (min / median / max) "
+            "| CPU µs/reading | broker CPU / run time (median) |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     rows.extend(
-        f"| {s['per_message']} | {s['qos']} | {s['consumer']} | {trio(s['msg_per_s'], ',.0f')} "
-        f"| {s['readings_per_s']['median']:,.0f} | {trio(s['ratio'], '.2f')} "
-        f"| {s['cpu_us_per_reading']:.1f} | {count(s['published'])} "
-        f"| {count(s['broker_dropped'])} | {count(s['delivered'])} | {count(s['received'])} "
-        f"| {count(s['pubacks'])} | {count(s['left_at_broker'])} | {count(s['written'])} "
-        f"| {count(s['at_sink'])} | ±{s['clock_error_max']:.1%} "
+        f"{case(s)}| {trio(s['msg_per_s'], ',.0f')} | {s['readings_per_s']['median']:,.0f} "
+        f"| {trio(s['ratio'], '.2f')} | {s['cpu_us_per_reading']:.1f} "
         f"| {s['broker_busy']:.2f} |"
-        for s in report["summary"]
+        for s in summary
+    )
+    rows += [
+        "",
+        (
+            "| sensors | readings/msg | QoS | consumer | published | dropped by the broker "
+            "| delivered | received | PUBACKs at the broker | left at the broker | written "
+            "| at sink | clock error | complete |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows.extend(
+        f"{case(s)}| {count(s['published'])} | {count(s['broker_dropped'])} "
+        f"| {count(s['delivered'])} | {count(s['received'])} | {count(s['pubacks'])} "
+        f"| {count(s['left_at_broker'])} | {count(s['written'])} | {count(s['at_sink'])} "
+        f"| ±{s['clock_error_max']:.1%} | {'yes' if s['complete'] else '**no**'} |"
+        for s in summary
     )
     loads = [r["load"] for r in report["runs"]]
+    relay = [s["relay_cpu_us_per_message"] for s in summary]
     rows.append("")
-    relay = [s["relay_cpu_us_per_message"] for s in report["summary"]]
     rows.append(
-        f"Sums over {report['settings']['rounds']} rounds; "
-        f"{report['settings']['sensors']:,} sensors; 1-minute load average at the "
+        f"Sums over {report['settings']['rounds']} rounds; 1-minute load average at the "
         f"start of the runs: {min(loads):.2f} to {max(loads):.2f} on {report['cpus']} "
         f"CPUs; {report['settings'].get('workers', 1)} worker(s); "
         f"{report.get('python', 'Python')}; "
@@ -958,7 +1027,9 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--sensors", type=int, default=1000)
+    parser.add_argument(
+        "--sensors", default="1000", help="fleet sizes, e.g. 1000,100000: each case runs for each"
+    )
     parser.add_argument(
         "--messages", type=int, default=100_000, help="single-reading messages a run"
     )
@@ -974,7 +1045,7 @@ def main() -> int:
         "--workers",
         type=int,
         default=1,
-        help="the daemon's --workers, and as many mosquitto_sub on a shared group",
+        help="the daemon's --workers, and as many of a C client on a shared group",
     )
     parser.add_argument(
         "--daemon-arg",
@@ -992,8 +1063,6 @@ def main() -> int:
         "each daemon consumer, run from there in the same rounds",
     )
     args = parser.parse_args()
-    # SIGTERM unwinds like an exception, so every broker, daemon and sink is stopped.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not shutil.which("mosquitto_sub") or not shutil.which("gcc"):
         print("needs mosquitto, mosquitto-clients and gcc", file=sys.stderr)
         return 2
@@ -1003,15 +1072,23 @@ def main() -> int:
         consumers = tuple(
             name
             for consumer in consumers
-            for name in (
-                (consumer,) if consumer == "mosquitto_sub" else (consumer, consumer + BASE)
-            )
+            for name in ((consumer,) if consumer in CLIENTS else (consumer, consumer + BASE))
         )
     if unknown:
         print(f"--consumers: unknown {sorted(unknown)}; choose from {CONSUMERS}", file=sys.stderr)
         return 2
+    if args.baseline is not None and not (args.baseline / "ingest").is_dir():
+        print(f"--baseline: {args.baseline} is not a source tree of ingest", file=sys.stderr)
+        return 2
+    try:
+        fleets = tuple(int(x) for x in args.sensors.split(","))
+    except ValueError:
+        fleets = ()
+    if not fleets or min(fleets) < 1:
+        print(f"--sensors: {args.sensors!r} is not a list of fleet sizes", file=sys.stderr)
+        return 2
     settings = Settings(
-        sensors=args.sensors,
+        sensors=fleets,
         messages=args.messages,
         batched_messages=args.batched_messages,
         per_message=tuple(int(x) for x in args.per_message.split(",")),
@@ -1023,6 +1100,8 @@ def main() -> int:
         timeless=args.timeless,
         baseline=None if args.baseline is None else str(args.baseline.resolve()),
     )
+    # SIGTERM unwinds like an exception, so every broker, daemon and sink is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     report = run_all(settings, progress=True)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -16,6 +16,7 @@ wrong (missing, duplicated...) or the daemon did not catch up, 2 if something di
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -61,12 +62,14 @@ def sample(daemon: Daemon, mode: str, t0: float, *, publishing: bool) -> dict[st
 
 
 def add_rates(samples: list[dict[str, Any]]) -> None:
-    """Readings/s and CPU% over the interval before each sample."""
-    for before, s in zip([None, *samples], samples, strict=False):
-        dt = s["t"] - before["t"] if before else 0
+    """Readings/s and CPU% over the interval before each sample (none before the first)."""
+    for first in samples[:1]:
+        first["readings_per_s"], first["cpu_pct"], first["ms_per_batch"] = 0, 0.0, None
+    for before, s in itertools.pairwise(samples):
+        dt = s["t"] - before["t"]
         s["readings_per_s"] = round((s["written"] - before["written"]) / dt) if dt else 0
         s["cpu_pct"] = round(100 * (s["cpu_s"] - before["cpu_s"]) / dt, 1) if dt else 0.0
-        batches = s["batches"] - before["batches"] if before else 0
+        batches = s["batches"] - before["batches"]
         s["ms_per_batch"] = (
             round(1000 * (s["write_s"] - before["write_s"]) / batches) if batches else None
         )

@@ -25,17 +25,21 @@ if [ ! -f "$stamp" ]; then
     rm -f .venv/.installed-* && touch "$stamp"
 fi
 # The compiled accelerators (setup.py), rebuilt in place when a source (a .pyx kernel, or a
-# compiled _<name>_py.py and its _<name>_c.pxd) or setup.py changed, or a built module is
-# missing or older than its source; INGEST_NO_EXTENSIONS=1 skips them (the daemon then runs
-# the pure-Python path).
-built=.venv/.built-$(find setup.py ingest -name setup.py -o -name "_*_c.pyx" -o -name "_*_c.pxd" \
+# compiled _<name>_py.py and its _<name>_c.pxd, or a shared .pxd they cimport such as
+# ingest/_capi.pxd) or setup.py changed, or a built module is missing or older than a
+# source; INGEST_NO_EXTENSIONS=1 skips them (the daemon then runs the pure-Python path).
+built=.venv/.built-$(find setup.py ingest -name setup.py -o -name "_*_c.pyx" -o -name "*.pxd" \
     -o -name "_*_py.py" | sort | xargs cat | sha1sum | cut -c1-12)
+shared=$(find ingest -name '*.pxd' ! -name '_*_c.pxd')
 for src in $(find ingest -name '_*_c.pyx' -o -name '_*_c.pxd'); do
     so=$(compgen -G "${src%.*}.*.so" | head -1 || true)
     py=${src%_c.pxd}_py.py
     if [ -z "$so" ] || [ "$src" -nt "$so" ] || { [ -f "$py" ] && [ "$py" -nt "$so" ]; }; then
         rm -f "$built"
     fi
+    for pxd in $shared; do
+        if [ -n "$so" ] && [ "$pxd" -nt "$so" ]; then rm -f "$built"; fi
+    done
 done
 if [ ! -f "$built" ] && [ "${INGEST_NO_EXTENSIONS:-0}" = 0 ]; then
     out=$(.venv/bin/python setup.py --quiet build_ext --inplace 2>&1) || { echo "$out" >&2; exit 1; }

@@ -17,7 +17,18 @@ from pymongo import InsertOne, MongoClient, UpdateOne
 from pymongo.errors import OperationFailure
 
 from bench import e2e
-from bench.e2e import CONSUMERS, Run, Sample, Settings, Watch, markdown, run_all, timed, tools
+from bench.e2e import (
+    CLIENTS,
+    CONSUMERS,
+    Run,
+    Sample,
+    Settings,
+    Watch,
+    markdown,
+    run_all,
+    timed,
+    tools,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -70,6 +81,7 @@ def test_driver_writes_and_counts(fakemongo: tuple[str, subprocess.Popen[str]]) 
             result.modified_count,
             result.inserted_count,
         ) == (5, 0, 0, 1)
+        assert result.upserted_ids is not None
         assert sorted(result.upserted_ids) == [0, 1, 2, 3, 4]
         stats = client.bench.command("fakemongoStats")
         assert coll.find_one({}) is None
@@ -147,7 +159,7 @@ def test_at_qos_0_the_daemon_is_timed_from_its_connect_to_the_scrapes_around_its
     timed(run, watch)
     # From the relay's connect (0.3) to the last acknowledgement: after 1.0 (the scrape
     # sent before the one that showed it), by 1.3; CPU from the connect on.
-    assert (run.seconds_low, run.seconds_high) == (pytest.approx(0.7), pytest.approx(1.0))
+    assert (run.seconds_low, run.seconds_high) == pytest.approx((0.7, 1.0))
     assert run.seconds == pytest.approx(0.85)
     assert run.cpu_seconds == pytest.approx(3.5 - 1.6)
     # fakemongo's last write narrows the end: after 1.15.
@@ -169,7 +181,7 @@ def test_at_qos_0_the_daemon_is_timed_from_its_connect_to_the_scrapes_around_its
 @pytest.mark.process
 def test_tiny_run_accounts_for_every_message() -> None:
     settings = Settings(
-        sensors=20,
+        sensors=(20,),
         messages=200,
         batched_messages=10,
         per_message=(1, 100),
@@ -178,7 +190,7 @@ def test_tiny_run_accounts_for_every_message() -> None:
         rounds=1,
     )
     report = run_all(settings)
-    assert len(report["runs"]) == 8
+    assert len(report["runs"]) == 10
     for run in report["runs"]:
         readings = run["messages"] * run["per_message"]
         assert run["complete"], run
@@ -194,31 +206,41 @@ def test_tiny_run_accounts_for_every_message() -> None:
         assert 0 < run["seconds_low"] == run["seconds"] == run["seconds_high"], run
         assert run["broker_read_lag"] > 0, run
         assert run["relay_cpu_seconds"] > 0, run
-        if run["consumer"] != "mosquitto_sub":
+        if run["consumer"] not in CLIENTS:
             assert run["acked"] == run["messages"], run
             assert run["written"] == readings, run
         if run["consumer"] in ("bucket", "timeseries"):
             assert run["sink_readings"] == readings, run
             assert run["sink_requests"] >= 1, run
+    # every consumer's rate as its ratio to the reference's (idealsub) in the round
+    for row in report["summary"]:
+        assert row["reference"] == "idealsub"
+        assert row["ratio"]["median"] > 0, row
+        assert row["complete"], row
+    ideal = [row for row in report["summary"] if row["consumer"] == "idealsub"]
+    assert [row["ratio"]["median"] for row in ideal] == [1.0, 1.0]
     table = markdown(report)
-    assert table.count("\n| 1 | 1 |") == 4
-    assert table.count("\n| 100 | 1 |") == 4
+    assert "| ratio to idealsub (min / median / max) |" in table
+    # a row of rates and a row of accounting for each consumer and case
+    for consumer in CONSUMERS:
+        assert table.count(f"\n| 20 | 1 | 1 | {consumer} |") == 2
+        assert table.count(f"\n| 20 | 100 | 1 | {consumer} |") == 2
     # the interpreter's build is part of the figures (PGO/LTO change the CPU per reading)
     assert f"{sys.version.split()[0]}, configured " in table
     assert "the relay that takes the clock spent" in table
 
 
 @pytest.mark.process
-def test_at_qos_0_the_baseline_is_timed_to_its_exit_after_the_backlog() -> None:
+def test_at_qos_0_the_c_clients_are_timed_to_their_exit_after_the_backlog() -> None:
     settings = Settings(
-        sensors=20, messages=300, per_message=(1,), qos=(0,), consumers=("mosquitto_sub",), rounds=1
+        sensors=(20,), messages=300, per_message=(1,), qos=(0,), consumers=CLIENTS, rounds=1
     )
-    [run] = run_all(settings)["runs"]
-    assert run["complete"], run
-    assert run["delivered"] == run["received"] == run["messages_done"] == 300, run
-    assert run["pubacks"] == 0, run  # QoS 0: nothing to acknowledge
-    # after the broker sent the last message, by the exit the bench saw
-    assert 0 < run["seconds_low"] <= run["seconds"] <= run["seconds_high"], run
+    for run in run_all(settings)["runs"]:
+        assert run["complete"], run
+        assert run["delivered"] == run["received"] == run["messages_done"] == 300, run
+        assert run["pubacks"] == 0, run  # QoS 0: nothing to acknowledge
+        # after the broker sent the last message, by the exit the bench saw
+        assert 0 < run["seconds_low"] <= run["seconds"] <= run["seconds_high"], run
 
 
 UNACKING_CONSUMER = """
@@ -265,7 +287,12 @@ def test_a_consumer_that_leaves_pubacks_unsent_is_not_counted_as_done(
     monkeypatch.setattr(e2e, "sub_command", consumer)
     monkeypatch.setattr(e2e, "STALL", 2.0)  # it never finishes: do not wait 20 s
     settings = Settings(
-        sensors=20, messages=200, per_message=(1,), qos=(1,), consumers=("mosquitto_sub",), rounds=1
+        sensors=(20,),
+        messages=200,
+        per_message=(1,),
+        qos=(1,),
+        consumers=("mosquitto_sub",),
+        rounds=1,
     )
     report = run_all(settings)
     [run] = report["runs"]
@@ -281,12 +308,12 @@ def test_a_consumer_that_leaves_pubacks_unsent_is_not_counted_as_done(
 @pytest.mark.process
 def test_tiny_run_with_two_workers_spreads_the_backlog_and_accounts_for_every_message() -> None:
     settings = Settings(
-        sensors=20,
+        sensors=(20,),
         messages=200,
         batched_messages=10,
         per_message=(1,),
         qos=(1,),
-        consumers=("mosquitto_sub", "bucket"),
+        consumers=("idealsub", "mosquitto_sub", "bucket"),
         rounds=1,
         workers=2,
     )
@@ -298,3 +325,55 @@ def test_tiny_run_with_two_workers_spreads_the_backlog_and_accounts_for_every_me
     bucket = next(run for run in report["runs"] if run["consumer"] == "bucket")
     assert bucket["sink_readings"] == 200, bucket
     assert "2 worker(s)" in markdown(report)
+
+
+@pytest.mark.process
+def test_each_fleet_size_runs_in_every_round_and_is_compared_within_it() -> None:
+    settings = Settings(
+        sensors=(20, 50), messages=200, per_message=(1,), qos=(1,), consumers=CLIENTS, rounds=2
+    )
+    report = run_all(settings)
+    # interleaved: round 1 in order, round 2 reversed (fleets and consumers)
+    assert [(r["round"], r["sensors"], r["consumer"]) for r in report["runs"]] == [
+        (1, 20, "idealsub"),
+        (1, 20, "mosquitto_sub"),
+        (1, 50, "idealsub"),
+        (1, 50, "mosquitto_sub"),
+        (2, 50, "mosquitto_sub"),
+        (2, 50, "idealsub"),
+        (2, 20, "mosquitto_sub"),
+        (2, 20, "idealsub"),
+    ]
+    for run in report["runs"]:
+        assert run["complete"], run
+        assert set(run["lost"].values()) == {0}, run
+    rates = {(r["round"], r["sensors"], r["consumer"]): r["msg_per_s"] for r in report["runs"]}
+    for row in report["summary"]:
+        assert row["rounds"] == 2, row
+        ratios = sorted(
+            rates[k, row["sensors"], row["consumer"]] / rates[k, row["sensors"], "idealsub"]
+            for k in (1, 2)
+        )
+        assert (row["ratio"]["min"], row["ratio"]["max"]) == pytest.approx(tuple(ratios))
+    table = markdown(report)
+    for sensors in (20, 50):
+        assert table.count(f"\n| {sensors} | 1 | 1 | mosquitto_sub |") == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--sensors", "1000,many"], "--sensors: '1000,many' is not a list of fleet sizes\n"),
+        (["--sensors", "0"], "--sensors: '0' is not a list of fleet sizes\n"),
+        (
+            ["--baseline", "/nonexistent"],
+            "--baseline: /nonexistent is not a source tree of ingest\n",
+        ),
+    ],
+)
+def test_bad_fleet_sizes_or_baseline_are_one_line_before_any_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str], error: str
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench.e2e", *args])
+    assert e2e.main() == 2
+    assert capsys.readouterr().err == error

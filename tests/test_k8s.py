@@ -24,6 +24,7 @@ import yaml
 from ingest.cli import ENV_PREFIX, api_settings_from, build_parser, settings_from
 from ingest.config import parse_mqtt_url
 from ingest.errors import ConfigError
+from tests.test_config_cli import subparser
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
@@ -81,12 +82,15 @@ def _workloads() -> list[Doc]:
 
 
 def _pod_labels(workload: Doc) -> dict[str, str]:
-    return workload["spec"]["template"]["metadata"]["labels"]
+    labels = workload["spec"]["template"]["metadata"]["labels"]
+    assert isinstance(labels, dict)
+    return labels
 
 
 def _container(workload: Doc) -> Doc:
     containers = workload["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
+    assert isinstance(containers[0], dict)
     return containers[0]
 
 
@@ -113,7 +117,7 @@ def _pod_env(workload: Doc, pod_name: str) -> dict[str, str]:
 
 def _cli_env_vars() -> set[str]:
     """Every INGEST_* variable ``ingest run`` reads, from its parser's help texts."""
-    run = build_parser({})._subparsers._group_actions[0].choices["run"]
+    run = subparser({}, "run")
     names = set()
     for action in run._actions:
         names.update(re.findall(rf"\[env ({ENV_PREFIX}[A-Z0-9_]+)", action.help or ""))
@@ -407,7 +411,7 @@ def test_the_qos_setting_says_what_the_broker_must_hold_for_qos_0() -> None:
     what mosquitto needs before a fleet is switched to QoS 0 (docs/delivery.md)."""
     lines = (K8S / "configmap.yaml").read_text(encoding="utf-8").splitlines()
     at = next(i for i, line in enumerate(lines) if line.strip().startswith("INGEST_QOS:"))
-    comment = []
+    comment: list[str] = []
     for line in reversed(lines[:at]):
         if not line.strip().startswith("#"):
             break

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import pytest
 
-from ingest.model import Reading
+from ingest.model import Reading, Scalar
 from tests.api.test_page import store
 from tests.support.browser import Chromium, chromium_binary
 from tests.support.procs import eventually
@@ -180,8 +180,10 @@ async def stored_all(db: Any, mode: str, expected: int) -> None:
     async def done() -> bool:
         if mode == "bucket":
             docs = await collection.find({}, {"count": 1}).to_list()
-            return sum(d["count"] for d in docs) == expected
-        return await collection.count_documents({}) == expected
+            total: int = sum(d["count"] for d in docs)
+            return total == expected
+        count: int = await collection.count_documents({})
+        return count == expected
 
     await eventually(done, timeout=60)
 
@@ -392,7 +394,11 @@ async def test_a_busy_series_is_charted_from_averages_per_step(
     readings = []
     for i in range(600):  # one every 5 s over the last 50 minutes
         epoch = round(now - 3000 + 5 * i, 3)
-        values = {"power": 1500 + (i % 40) * 2.5, "on": i % 100 < 50, "mode": f"m{i // 150}"}
+        values: dict[str, Scalar] = {
+            "power": 1500 + (i % 40) * 2.5,
+            "on": i % 100 < 50,
+            "mode": f"m{i // 150}",
+        }
         when = datetime.fromtimestamp(epoch, UTC)
         readings.append(Reading("busy", when, epoch, values, i, tags={}))  # as a rule reads
     await store(db, mode, readings)

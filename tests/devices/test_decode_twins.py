@@ -4,16 +4,20 @@ every input, hostile ones included (results, types, key order, Arrivals, excepti
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from ingest.devices.decode import Arrivals, Limits, decode_py
-from ingest.model import RESERVED_FIELDS, Decoded
+from ingest.devices._decode_py import decode as decode_py
+from ingest.devices.decode import Arrivals, Limits
+from ingest.model import RESERVED_FIELDS, Decoded, Rejection
 from tests.support.twins import compiled
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 twin = compiled("ingest.devices._decode_c")
 
@@ -23,7 +27,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 WIDE = Limits(max_past_seconds=math.inf, max_future_seconds=math.inf)
 
 
-def shape(out: object) -> object:
+def shape(out: object) -> tuple[object, ...]:
     """``out`` with the type of every part, so 1 and 1.0 (or a list and a tuple) differ,
     and with every dict as its items in order."""
     if isinstance(out, dict):
@@ -32,12 +36,12 @@ def shape(out: object) -> object:
         return (type(out).__name__, [shape(item) for item in out])
     if isinstance(out, float):  # -0.0 and NaN too
         return ("float", repr(out))
-    if hasattr(out, "__slots__") and hasattr(out, "reason"):  # Rejection
+    if isinstance(out, Rejection):
         return ("Rejection", out.reason, out.detail, shape(out.index))
     return (type(out).__name__, out)
 
 
-def outcome(call: Any) -> object:
+def outcome(call: Any) -> tuple[object, ...]:
     """What the call returned, with types, or the exception it raised (type and text)."""
     try:
         out = call()
@@ -65,20 +69,13 @@ def agree(
     limits: object,
     sensor: object = None,
     state: tuple[int, int, dict[str, int]] | None = None,
-) -> object:
+) -> tuple[object, ...]:
     """Run both twins on the same input (each on its own copy of the Arrivals state):
     the same outcome and the same arrival times left behind. Returns the outcome."""
     arrivals_py, arrivals_c = arrivals_like(state), arrivals_like(state)
-    expected = outcome(
-        lambda: decode_py(
-            topic,
-            payload,
-            received_at,
-            limits,  # type: ignore[arg-type]
-            sensor,
-            arrivals_py,
-        )
-    )
+    # The arguments may be of any type on purpose: the twins must refuse them alike.
+    decode_any: Callable[..., object] = decode_py
+    expected = outcome(lambda: decode_any(topic, payload, received_at, limits, sensor, arrivals_py))
     got = outcome(lambda: twin.decode(topic, payload, received_at, limits, sensor, arrivals_c))
     assert got == expected
     if arrivals_py is not None and arrivals_c is not None:
@@ -119,7 +116,8 @@ SENSORS = (
 OFFSETS = st.floats(-2 * 365 * 86400.0, 2000.0) | st.sampled_from(
     [-365 * 86400.0, 600.0, 600.0000001, -365 * 86400.0 - 1e-6, 0.0, 0.4999995, 0.0000005]
 )
-TIMES = (
+# Any type: a time of the wrong type is refused alike too.
+TIMES: st.SearchStrategy[object] = (
     OFFSETS.map(lambda s: NOW + s)
     | OFFSETS.map(lambda s: int(NOW + s))
     | OFFSETS.map(lambda s: int(NOW + s) + 0.9999995)
@@ -418,9 +416,9 @@ def test_the_twins_agree_on_these(payload: bytes, arrivals: bool) -> None:
         Limits(max_readings=2**64),
         Limits(max_past_seconds=2**60),
         Limits(max_future_seconds=2**53 + 1),
-        Limits(max_past_seconds="x"),  # type: ignore[arg-type]
-        Limits(max_readings=1.5),  # type: ignore[arg-type]
-        Limits(max_message_bytes=True),  # type: ignore[arg-type]
+        Limits(max_past_seconds="x"),  # type: ignore[arg-type]  # ill-typed on purpose
+        Limits(max_readings=1.5),  # type: ignore[arg-type]  # ill-typed on purpose
+        Limits(max_message_bytes=True),  # a bool is an int to the type checker
     ],
 )
 def test_the_twins_agree_on_unusual_limits(limits: Limits) -> None:

@@ -390,7 +390,7 @@ def test_homie_devices_their_units_and_attributes() -> None:
     assert values.measurement == "{level3}_{measurement}"
     assert values.units == {"dht_temperature": "°C", "dht_humidity": "%", "bme_pressure": "hPa"}
     got = readings(values, [m for m in messages if "$" not in m.topic])
-    assert sorted((r.sensor_id, *r.values, *r.units.values()) for r in got) == [
+    assert sorted((r.sensor_id, *r.values, *(r.units or {}).values()) for r in got) == [
         ("garage", "dht_temperature", "°C"),
         ("weather-1", "bme_pressure", "hPa"),
         ("weather-1", "dht_humidity", "%"),

@@ -99,13 +99,14 @@ def test_a_dict_subclass_and_a_collision_give_the_python_answer() -> None:
     rules = parse(RULES[0], "test")
     rule = rules[0]
 
-    class Fields(dict[str, Any]):
+    class Fields(dict[str, object]):
         pass
 
-    for fields in (
+    cases: list[dict[str, object]] = [
         {"a b": 1, "a_b": 2.5, "seq": 3, "n": float("nan"), "big": 2**64},
         Fields({"a b": True, "a_b": "x"}),
-    ):
+    ]
+    for fields in cases:
         expected: list[Any] = []
         got: list[Any] = []
         assert twin.values(Mapping(rules), rule, fields, got, 1) == values_py(

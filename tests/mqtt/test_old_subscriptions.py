@@ -284,7 +284,7 @@ async def test_a_backlog_queued_through_subscriptions_without_identifiers_is_sto
     what it queued on a filter still wanted is stored, what it queued on another filter
     is skipped, counted as unidentified."""
     client_id = f"ingest-{topic_root}"
-    props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    props = Properties(PacketTypes.CONNECT)
     props.SessionExpiryInterval = 300
     async with aiomqtt.Client(
         "127.0.0.1",

@@ -22,6 +22,7 @@ import paho.mqtt.client as paho_client
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
@@ -90,11 +91,18 @@ class KernelSocket:
         del self.queue[:k]
         return out
 
+    def send(self, buffer: bytes | bytearray) -> int:
+        """Nothing is written to it: a test that sends replaces paho's packet queue."""
+        raise AssertionError(f"unexpected write of {len(buffer)} bytes")
+
     def pending(self) -> int:
         return 0
 
     def fileno(self) -> int:
         return -1
+
+    def setblocking(self, flag: bool) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -242,16 +250,19 @@ async def test_a_burst_of_reads_yields_to_the_event_loop_and_resumes_exactly() -
     assert [m[2] for m in hooked.delivered] == [*range(1, 1201), 2000]
 
 
-async def test_the_publish_parser_reads_what_paho_encodes() -> None:
+async def test_the_publish_parser_reads_what_paho_encodes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Our PUBLISH handler against paho's own encoder: topic, id, QoS, DUP, the
     Subscription Identifiers, other properties skipped (user properties, message expiry,
     content type), payload intact."""
-    sender = paho_client.Client(
-        paho_client.CallbackAPIVersion.VERSION2, protocol=paho_client.MQTTv5
-    )
+    sender = paho_client.Client(CallbackAPIVersion.VERSION2, protocol=paho_client.MQTTv5)
     sender._sock = KernelSocket(1)  # paho encodes only when connected
     queued: list[bytes] = []
-    sender._packet_queue = lambda _cmd, packet, *_a, **_k: queued.append(bytes(packet)) or 0
+
+    def queue(_cmd: int, packet: bytes, *_a: object, **_k: object) -> MQTTErrorCode:
+        queued.append(bytes(packet))
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    monkeypatch.setattr(sender, "_packet_queue", queue)
     props = Properties(PacketTypes.PUBLISH)
     props.UserProperty = [("k", "v" * 300)]
     props.MessageExpiryInterval = 60
@@ -349,9 +360,12 @@ async def test_a_publish_whose_header_runs_past_its_end_ends_the_connection() ->
 async def test_ack_many_queues_exactly_the_bytes_of_pahos_own_pubacks() -> None:
     hooked = Hooked(1448)
     queued: list[tuple[int, bytes]] = []
-    hooked.paho._packet_queue = lambda cmd, packet, *_a, **_k: (
-        queued.append((cmd, bytes(packet))) or 0
-    )
+
+    def queue(cmd: int, packet: bytes, *_a: object, **_k: object) -> MQTTErrorCode:
+        queued.append((cmd, bytes(packet)))
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    hooked.paho._packet_queue = queue
     hooked.paho.manual_ack_set(on=True)
     for mid in (1, 300, 65535):
         hooked.paho.ack(mid, 1)
@@ -468,7 +482,9 @@ async def test_large_messages_through_mosquitto_arrive_without_waiting_for_more(
             assert await asyncio.wait_for(got.get(), 10) == size
 
 
-async def test_a_partition_is_noticed_by_the_keepalive_through_the_hooks(broker: Broker) -> None:
+async def test_a_partition_is_noticed_by_the_keepalive_through_the_hooks(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """PINGREQ/PINGRESP go through the replaced reader: with keepalive 1 s, PINGRESPs are
     handled; a partition (nothing closed, nothing answered) ends the connection after
     paho's 1.5 keepalives, and on_lost is told."""
@@ -482,7 +498,12 @@ async def test_a_partition_is_noticed_by_the_keepalive_through_the_hooks(broker:
         paho = client._client
         answered: list[int] = []
         handle = paho._handle_pingresp
-        paho._handle_pingresp = lambda: answered.append(1) or handle()
+
+        def pingresp() -> MQTTErrorCode:
+            answered.append(1)
+            return handle()
+
+        monkeypatch.setattr(paho, "_handle_pingresp", pingresp)
         async with client:
             await asyncio.wait_for(_until(lambda: len(answered) >= 2), 30)
             assert not lost.is_set()  # answered keepalives keep the connection
@@ -562,7 +583,9 @@ async def test_a_paused_reader_reads_nothing_more_and_resumes_from_what_it_buffe
             secure.stop()
 
 
-async def test_a_pause_longer_than_two_keepalives_keeps_the_connection(broker: Broker) -> None:
+async def test_a_pause_longer_than_two_keepalives_keeps_the_connection(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Paused for 4 s with keepalive 1 s, data waiting unread in front of the PINGRESPs:
     paho's own check would close the connection after about a keepalive, the broker its
     side after 1.5 without a PINGREQ. PINGREQs keep going out, the connection and the
@@ -582,7 +605,12 @@ async def test_a_pause_longer_than_two_keepalives_keeps_the_connection(broker: B
         paho = client._client
         pings: list[float] = []
         send_pingreq = paho._send_pingreq
-        paho._send_pingreq = lambda: pings.append(0) or send_pingreq()
+
+        def pingreq() -> MQTTErrorCode:
+            pings.append(0)
+            return send_pingreq()
+
+        monkeypatch.setattr(paho, "_send_pingreq", pingreq)
         async with client, aiomqtt.Client("127.0.0.1", broker.port) as publisher:
             await client.subscribe(topic, qos=1)
             reader.pause()

@@ -13,6 +13,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 import aiomqtt
+from paho.mqtt.enums import MQTTErrorCode
 
 from ingest.config import Settings
 from ingest.metrics import Health, Metrics
@@ -35,9 +36,14 @@ class Connection:
         self.sock = KernelSocket(65536)
         paho._sock = self.sock
         self.pubacks: list[bytes] = []
-        paho._packet_queue = lambda _cmd, packet, *_a, **_k: self.pubacks.append(bytes(packet)) or 0
+        paho._packet_queue = self._queue
         self.paho = paho
         source._connected(self.client)
+
+    def _queue(self, _cmd: int, packet: bytes, *_a: object, **_k: object) -> MQTTErrorCode:
+        """paho's packet queue: the PUBACKs are kept here, nothing is sent."""
+        self.pubacks.append(bytes(packet))
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
 
     def receive(self, *packets: bytes) -> None:
         self.sock.feed(b"".join(packets))
@@ -103,7 +109,11 @@ async def test_a_connection_ending_forgets_what_the_pipeline_did_not_take() -> N
         # Messages arriving one at a time into the empty inbox each wake the consumer.
         for mid in (4, 5, 6):
             second.receive(packet(mid))
-            await until(lambda mid=mid: offered[-1].mid == mid)
+
+            def offered_last(mid: int = mid) -> bool:
+                return offered[-1].mid == mid
+
+            await until(offered_last)
     finally:
         consume.cancel()
 

@@ -227,7 +227,7 @@ def test_both_scanners_agree_on_a_buffer_cut_at_every_byte(data: bytes) -> None:
 def properties(draw: st.DrawFn) -> tuple[bytes, object]:
     """A PUBLISH's properties as paho encodes them (without their length), and the
     Subscription Identifiers the parsers must find in them: 0, one, or a tuple."""
-    props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    props = Properties(PacketTypes.PUBLISH)
     if draw(st.booleans()):
         props.PayloadFormatIndicator = draw(st.integers(0, 1))
     if draw(st.booleans()):

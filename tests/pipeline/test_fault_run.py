@@ -60,7 +60,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import TYPE_CHECKING, Any
 
 import aiomqtt
@@ -171,7 +171,7 @@ class FaultRun:
         ]
         self.done: Counter[str] = Counter()
         self.proc = self._daemon()
-        self.counted: Counter[str] = Counter()
+        self.counted: defaultdict[str, float] = defaultdict(float)  # metrics are floats
 
     def _daemon(self, wait_ready: bool = True) -> Daemon:
         # A refusal still pending from a "refuse" fault would meet the new process's first

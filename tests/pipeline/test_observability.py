@@ -252,7 +252,7 @@ def traffic(topic_root: str, round_no: int) -> list[tuple[str, bytes | str]]:
         for i in range(5)
     ]
     batch = json.dumps([{"ts": now, "temp": t} for t in range(20)])
-    bad = [
+    bad: list[tuple[str, bytes | str]] = [
         (f"{topic_root}/s1/readings", "{not json"),
         (f"{topic_root}/s1/readings", json.dumps({"ts": now, "temp": "warm"})),
         (f"{topic_root}/s1/readings", b"\xff\xfe"),

@@ -56,6 +56,7 @@ def same(a: object, b: object, where: str = "") -> None:
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             same(x, y, f"{where}[{i}]")
     elif isinstance(a, float):
+        assert isinstance(b, float)
         assert struct.pack("<d", a) == struct.pack("<d", b) or (math.isnan(a) and math.isnan(b)), (
             where,
             a,
@@ -338,7 +339,7 @@ def test_hostile_batches_get_the_same_plan_or_the_same_exception(
 
 
 def test_a_batch_that_is_not_a_list_is_planned_alike() -> None:
-    both((r(), r(ms=T0 * 1000 + 501)))  # type: ignore[arg-type]
+    both((r(), r(ms=T0 * 1000 + 501)))  # type: ignore[arg-type]  # a tuple on purpose
 
 
 # --- examples worth keeping --------------------------------------------------------------

@@ -10,7 +10,8 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ingest.devices.decode import Arrivals, Limits, Replayed, decode_py
+from ingest.devices._decode_py import decode as decode_py
+from ingest.devices.decode import Arrivals, Limits, Replayed
 from ingest.model import Inbound
 from ingest.mqtt.source import SESSION_EXPIRY
 from ingest.store import deliveries

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ingest.model import Reading
+from ingest.model import Reading, Scalar
 from ingest.store import layout_queries
 from ingest.store.schema import Schema
 from ingest.store.writers.bucket import BucketWriter
@@ -24,12 +24,18 @@ def fleet() -> list[Reading]:
     for sensor in ("s1", "s2", "s3"):
         for i in range(90):  # 3 hours, one reading every 2 minutes, shuffled below
             ts = START + timedelta(seconds=120 * i + rng.randint(0, 59))
-            values = {"temp": round(rng.uniform(15, 25), 2)}
+            values: dict[str, Scalar] = {"temp": round(rng.uniform(15, 25), 2)}
             if i % 3 == 0:
                 values["hum"] = rng.randint(30, 60)
             out.append(Reading(sensor, ts, ts.timestamp(), values, i))
     rng.shuffle(out)
     return out
+
+
+def number(value: Scalar) -> float:
+    """A measurement that fleet() wrote as a number."""
+    assert isinstance(value, int | float)
+    return value
 
 
 async def write_both(db: Any, readings: list[Reading]) -> None:
@@ -99,7 +105,7 @@ async def test_hourly_statistics_of_all_sensors_match(db: Any) -> None:
         )
         assert math.isclose(b["avg"], s["avg"], rel_tol=1e-12)
         group = [
-            r.values["hum"]
+            number(r.values["hum"])
             for r in readings
             if r.sensor_id == b["sensor_id"]
             and b["hour"] <= r.ts < b["hour"] + timedelta(hours=1)

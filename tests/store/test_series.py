@@ -189,10 +189,11 @@ async def test_a_default_reading_and_a_rule_reading_of_one_instant_store_togethe
             await writer.ensure_schema()
             outcome = await writer.write(writer.plan(batch))
             assert (outcome.written, outcome.duplicates, len(outcome.conflicts)) == (2, 0, 0)
-        want = {("boiler", (), at): {"h": 0, "state": "on"}}
+        want: dict[Instant, dict[str, Any]] = {("boiler", (), at): {"h": 0, "state": "on"}}
         same_answer(await stored_bucket(bucket._collection), want)
         same_answer(await stored_timeseries(timeseries._collection), want)
         doc = await bucket._collection.find_one({})
+        assert doc is not None
         assert doc["stats"] == {"h": {"count": 1, "sum": 0.0, "min": 0, "max": 0}}
 
 
@@ -219,6 +220,7 @@ async def test_a_stored_instant_takes_new_fields_once_and_refuses_changed_ones(d
     same_answer(await stored_bucket(bucket._collection), want)
     same_answer(await stored_timeseries(timeseries._collection), want)
     doc = await bucket._collection.find_one({})
+    assert doc is not None
     assert doc["stats"]["Mode"] == {"count": 1, "sum": 2.0, "min": 2, "max": 2}
     assert doc["stats"]["Running"]["count"] == 1
     assert doc["count"] == 1
@@ -253,7 +255,7 @@ async def test_merges_that_landed_count_once_when_another_merge_fails(
     monkeypatch.setattr(bucket, "_merge", merge)
     again = await bucket.write(bucket.plan(outcome.retry))
     assert (again.written, again.duplicates, again.retry) == (1, 0, [])
-    want = {
+    want: dict[Instant, dict[str, Any]] = {
         ("boiler", (), at): {"temp": 60.5, "pressure": 1.5},
         ("boiler", (), at + 1): {"temp": 61, "pressure": 1.6},
     }

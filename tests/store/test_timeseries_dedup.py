@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ingest.errors import WriteError
-from ingest.model import Reading
+from ingest.model import Reading, Scalar
 from ingest.store.schema import Schema
 from ingest.store.writers.timeseries import TimeseriesWriter
 from tests.support.mongo import failpoint
@@ -17,7 +17,7 @@ from tests.support.mongo import failpoint
 T0 = 1_790_000_000.0
 
 
-def reading(sensor: str, epoch: float, seq: int | None = None, **values: float) -> Reading:
+def reading(sensor: str, epoch: float, seq: int | None = None, **values: Scalar) -> Reading:
     return Reading(sensor, datetime.fromtimestamp(epoch, UTC), epoch, values or {"v": 1.0}, seq)
 
 

@@ -62,15 +62,19 @@ def messages(t: float) -> list[Msg]:
     pid = 1781265290
     for n, node in enumerate((2130636288, 3735928559)):
         ts = int(t) - 300 + 10 * n
-        device = {
+        device: dict[str, object] = {
             "voltage": 4.05 - n / 10,
             "battery_level": 87 - n,
             "channel_utilization": 5.9,
             "air_util_tx": 0.32,
             "uptime_seconds": 3600 + n,
         }
-        env = {"temperature": 21.3 + n, "relative_humidity": 48.5, "barometric_pressure": 1013.2}
-        position = {
+        env: dict[str, object] = {
+            "temperature": 21.3 + n,
+            "relative_humidity": 48.5,
+            "barometric_pressure": 1013.2,
+        }
+        position: dict[str, object] = {
             "altitude": 42,
             "latitude_i": 525163000 + n,
             "longitude_i": 133777000,
