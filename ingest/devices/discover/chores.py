@@ -2,8 +2,9 @@
 
 :func:`housekeeping` tells a topic apart by its words, its tree and its payloads,
 whatever the payload format; :func:`chore_patterns` proposes ignore rules for such
-topics, :func:`same_shapes` and :func:`merge_chores` make them as few as they can be
-without taking a topic that carries readings. Pure functions; used by
+topics, :func:`same_shapes`, :func:`merge_chores`, :func:`merge_tail` and
+:func:`list_chores` make them as few as they can be without taking a topic that carries
+readings. Pure functions; used by
 :mod:`ingest.devices.discover.grouping`.
 """
 
@@ -27,6 +28,8 @@ from ingest.devices.discover.patterns import (
     variable,
 )
 from ingest.devices.discover.shadowing import matches, overlap
+from ingest.devices.rules import MAX_TOPICS
+from ingest.devices.rules import covers as filter_covers
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -408,3 +411,48 @@ def _widen(
         f"{under} that no rule before it stores): ignored; delete this rule to store them"
     )
     return trial
+
+
+def list_chores(patterns: list[Pattern]) -> list[Pattern]:
+    """The ignore rules of each first level made one rule that lists their filters.
+
+    WLED's ``wled/+/api``, ``wled/+/col``, ``wled/+/status`` and ``wled/all`` become one
+    rule with ``topic = [...]``, each filter keeping its notes, in the place of the
+    first of them. Made only where, in rule order, every captured topic is still taken
+    by the rule that took it (or by the list, for its own filters), and no filter of the
+    list takes another's topics. ``patterns`` and the result are in rule order.
+    """
+    groups: dict[str, list[Pattern]] = {}
+    for pattern in patterns:
+        if (
+            pattern.kind == "ignore"
+            and not pattern.match
+            and not pattern.filters
+            and pattern.topics
+            and not variable(pattern.levels[0])
+            and not any(lv.startswith("{") for lv in pattern.levels)
+        ):
+            groups.setdefault(pattern.levels[0], []).append(pattern)
+    out = list(patterns)
+    for members in groups.values():
+        group = members[:MAX_TOPICS]
+        if len(group) < 2 or any(
+            a is not b and filter_covers(a.levels, b.levels) for a in group for b in group
+        ):
+            continue
+        listed = Pattern(
+            [*group[0].levels], "ignore", set().union(*(p.topics for p in group)), filters=group
+        )
+        trial = [listed if p is group[0] else p for p in out if all(p is not g for g in group[1:])]
+        before = {t: _first(out, t) for p in out for t in p.topics}
+        if all(
+            _first(trial, t) is (listed if any(rule is g for g in group) else rule)
+            for t, rule in before.items()
+        ):
+            out = trial
+    return out
+
+
+def _first(rules: list[Pattern], topic: str) -> Pattern | None:
+    """The first rule (in order) whose filter, or one of whose filters, takes ``topic``."""
+    return next((p for p in rules if any(matches(f.levels, topic) for f in p.filters or [p])), None)

@@ -141,6 +141,9 @@ class Pattern:
     # [rule.match]: payload field -> the values it takes in the messages the rule takes
     match: dict[str, list[str]] = field(default_factory=dict)
     keep: list[str] = field(default_factory=list)  # json: the only fields stored
+    # An ignore rule listing several topic filters: one pattern per filter, with its
+    # topics and notes (``levels`` and ``topics`` are then the first's and all of them).
+    filters: list[Pattern] = field(default_factory=list)
 
     @property
     def samples(self) -> list[bytes]:
