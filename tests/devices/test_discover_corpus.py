@@ -21,9 +21,9 @@ import pytest
 
 from ingest.devices.decode import Limits
 from ingest.devices.discover import language, onevalue, selection
-from ingest.devices.discover.chores import merge_tail
+from ingest.devices.discover.chores import list_chores, merge_tail
 from ingest.devices.discover.command import _names, proposal_text
-from ingest.devices.discover.patterns import Captured
+from ingest.devices.discover.patterns import Captured, Pattern
 from ingest.devices.discover.propose import propose
 from ingest.devices.discover.shadowing import matches, overlap
 from tests.devices.corpus import FAMILIES, HOUSEKEEPING
@@ -300,3 +300,34 @@ def test_ignore_rules_are_one_wide_rule_only_where_it_takes_nothing_else() -> No
     assert merged[-1].topics == {m.topic for m in messages if m.truth == HOUSEKEEPING}
     assert len(merge_tail(patterns, {"evcc/vehicles/1/soc"}, [])) == len(patterns)
     assert len(merge_tail(patterns, set(), [["evcc", "vehicles", "+"]])) == len(patterns)
+
+
+def test_housekeeping_of_one_root_is_one_rule_listing_its_filters() -> None:
+    """WLED's four ignore rules (no filter takes them without the readings) become one
+    rule listing their filters, each with its reason above it, as docs/onboarding.md
+    shows; it takes the same topics as the four did."""
+    messages = family_messages("wled")
+    patterns = merge_tail(propose([Captured(m.topic, m.payload) for m in messages]), set(), [])
+    assert [p.kind for p in patterns] == ["ignore"] * 4 + ["value"]
+    listed = list_chores(patterns)
+    assert [p.kind for p in listed] == ["ignore", "value"]
+    assert [f.levels for f in listed[0].filters] == [p.levels for p in patterns[:4]]
+    assert listed[0].topics == {m.topic for m in messages if m.truth == HOUSEKEEPING}
+    text = score("wled").proposal
+    page = (ROOT / "docs" / "onboarding.md").read_text()
+    example = page.split('```toml\n[[rule]]\nname = "wled-housekeeping"', 1)[1].split("```")[0]
+    assert '[[rule]]\nname = "wled-housekeeping"' + example in text
+
+
+def test_ignore_rules_are_listed_only_where_every_topic_keeps_its_rule() -> None:
+    """An ignore rule after a rule that stores some of its filter's topics is not moved
+    before it into a list: the storing rule keeps them."""
+    store = Pattern(["a", "{sensor_id}", "{measurement}"], "value", {"a/k/g", "a/k/status"})
+    first = Pattern(["a", "+", "api"], "ignore", {"a/k/api"})
+    late = Pattern(["a", "+", "status"], "ignore", {"a/p/status"})
+    assert list_chores([first, store, late]) == [first, store, late]
+    listed = list_chores([first, late, store])
+    assert [p.kind for p in listed] == ["ignore", "value"]
+    assert [f.levels for f in listed[0].filters] == [first.levels, late.levels]
+    covering = Pattern(["a", "#"], "ignore", {"a/x"})
+    assert list_chores([first, covering]) == [first, covering]  # a/# takes a/+/api

@@ -7,7 +7,8 @@ out of the window, SenML epochs, problems, line tags, units, payload context wit
 values at and beyond the byte bound, non-ASCII, lone surrogates, missing variables,
 positions; a lone surrogate in a tag, which both refuse with the same exception)
 under rules that take the sensor id from the topic (of one filter or of a list) or the
-payload, keep tags as info or as identity, declare units; and for uplinks parsed from generated payloads.
+payload, keep tags as info or as identity, declare units; and for uplinks parsed from
+generated payloads.
 """
 
 from __future__ import annotations
