@@ -17,6 +17,7 @@ import pytest
 
 from ingest.devices.check import check
 from ingest.devices.decode import Limits
+from ingest.devices.discover import language
 from ingest.devices.mapping import Mapping, Result
 from ingest.devices.rules import parse
 from ingest.errors import ConfigError
@@ -323,7 +324,8 @@ def test_a_star_unit_is_the_unit_of_every_other_measurement() -> None:
 
 
 def test_discovers_probes_parse() -> None:
-    """The three snippets ingest/devices/discover/language.py parses to detect support."""
+    """The snippets ingest/devices/discover/language.py parses to detect support."""
+    assert all(language.supports(feature) for feature in language._PROBES)
     parse(
         '[[rule]]\nname = "p"\ntopic = "a/{x}"\nformat = "json"\nsensor_id = "s"\n'
         'measurement = "{x}"\n',

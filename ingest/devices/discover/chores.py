@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ingest.devices.discover.identity import json_docs
+from ingest.devices.discover.language import supports
 from ingest.devices.discover.patterns import (
     EXTRAS,
     HOUSEKEEPING,
@@ -422,6 +423,8 @@ def list_chores(patterns: list[Pattern]) -> list[Pattern]:
     by the rule that took it (or by the list, for its own filters), and no filter of the
     list takes another's topics. ``patterns`` and the result are in rule order.
     """
+    if not supports("topic_list"):
+        return patterns
     groups: dict[str, list[Pattern]] = {}
     for pattern in patterns:
         if (
