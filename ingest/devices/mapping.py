@@ -1,8 +1,9 @@
 """Mapping rules at work: which rule takes a topic, then what its format makes of the payload.
 
 All topic filters are compiled into one regular expression (alternatives in rule order,
-so the first matching rule wins), asked once per topic: the answer, with the topic's
-captures, tags and sensor id, is kept in a bounded cache. A rule with ``[rule.match]``
+a rule's list of filters in its place, so the first matching rule wins), asked once per
+topic: the answer, with the topic's captures, tags and sensor id, is kept in a bounded
+cache. A rule with ``[rule.match]``
 takes only the payloads it selects; the answer then also holds the rules after it whose
 filters match the topic, tried in turn for the others. A format parses the payload
 into raw items (:mod:`ingest.devices.formats`); :meth:`Mapping.decode` applies the rule to each:
