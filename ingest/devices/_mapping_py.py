@@ -20,7 +20,7 @@ from ingest.devices._decode_py import BEYOND_MAGNITUDE, MAX_MAGNITUDE
 from ingest.devices.formats import senml
 from ingest.devices.formats.times import LIMIT as TIME_LIMIT
 from ingest.devices.formats.times import from_seconds, parse
-from ingest.devices.rules import MAX_UNIT
+from ingest.devices.rules import EVERY_UNIT, MAX_UNIT
 from ingest.model import (
     MAX_TAG_BYTES,
     MAX_TAGS,
@@ -200,9 +200,20 @@ def _units(
     variables: dict[str, str],
     units: dict[str, str] | None,
 ) -> dict[str, str] | None:
-    """The reading's units with the rule's declared ones (which win) added."""
-    for name, template in rule.units.items():
-        if name in values:
+    """The reading's units with the rule's declared ones (which win) added.
+
+    ``"*"`` declares the unit of every measurement that no other key names.
+    """
+    declared = rule.units
+    for name, template in declared.items():
+        if name == EVERY_UNIT:
+            unit = template.render(variables)
+            if unit:
+                units = units if units is not None else {}
+                for measurement in values:
+                    if measurement not in declared:
+                        units[measurement] = unit[:MAX_UNIT]
+        elif name in values:
             unit = template.render(variables)
             if unit:
                 units = units if units is not None else {}

@@ -69,7 +69,13 @@ def check(
         result = mapping.decode(topic, payload, now, limits)
         rule = result.rule.name if result.rule is not None else None
         if result.ignored:
-            print(f"ignored by rule {rule}")  # noqa: T201 - the command's output
+            taken = result.rule
+            where = (
+                f" (topic filter {mapping.filter_of(taken, topic)})"
+                if taken is not None and len(taken.topics) > 1
+                else ""
+            )
+            print(f"ignored by rule {rule}{where}")  # noqa: T201 - the command's output
             return 0
         decoded = result.decoded
         if not decoded.readings and not decoded.rejections:

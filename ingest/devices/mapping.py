@@ -1,8 +1,9 @@
 """Mapping rules at work: which rule takes a topic, then what its format makes of the payload.
 
 All topic filters are compiled into one regular expression (alternatives in rule order,
-so the first matching rule wins), asked once per topic: the answer, with the topic's
-captures, tags and sensor id, is kept in a bounded cache. A rule with ``[rule.match]``
+a rule's list of filters in its place, so the first matching rule wins), asked once per
+topic: the answer, with the topic's captures, tags and sensor id, is kept in a bounded
+cache. A rule with ``[rule.match]``
 takes only the payloads it selects; the answer then also holds the rules after it whose
 filters match the topic, tried in turn for the others. A format parses the payload
 into raw items (:mod:`ingest.devices.formats`); :meth:`Mapping.decode` applies the rule to each:
@@ -37,6 +38,7 @@ from ingest.devices.formats.stateful import OTHER
 from ingest.devices.homie_state import HomieState
 from ingest.devices.rules import (
     check_unique,
+    covers,
     load_file,
     load_preset,
     match_key,
@@ -83,20 +85,6 @@ class Result(NamedTuple):
     unselected: bool = False
 
 
-def _covers(wide: list[str], narrow: list[str]) -> bool:
-    """Whether every topic matching filter ``narrow`` matches filter ``wide`` (by levels)."""
-    if wide[0] in {"+", "#"} and narrow[0].startswith("$"):
-        return False  # wildcards never match a level starting with '$' there
-    for i, level in enumerate(wide):
-        if level == "#":
-            return True  # also the parent level: a/# matches a
-        if i >= len(narrow) or narrow[i] == "#":
-            return False
-        if level != "+" and narrow[i] != level:
-            return False
-    return len(narrow) == len(wide)
-
-
 def _overlap(a: list[str], b: list[str]) -> bool:
     """Whether some topic matches both filters."""
     if (a[0] in {"+", "#"} and b[0].startswith("$")) or (
@@ -135,20 +123,29 @@ def disjoint_filters(filters: Sequence[str]) -> tuple[str, ...]:
     while pending:
         current = pending.pop(0)
         for other in done:
-            if _covers(other, current):
+            if covers(other, current):
                 break
             if _overlap(other, current):
                 done.remove(other)
                 pending.insert(0, _join(other, current))
                 break
         else:
-            done = [d for d in done if not _covers(current, d)]
+            done = [d for d in done if not covers(current, d)]
             done.append(current)
     return tuple("/".join(f) for f in done)
 
 
-def _filter_regex(rule: Rule, index: int) -> str:
-    levels = rule.topic.split("/")
+def _rule_regex(rule: Rule, index: int) -> str:
+    """Rule ``index``'s filters as alternatives in order, group ``r<index>f<n>`` each."""
+    return "|".join(
+        f"(?P<r{index}f{n}>{_filter_regex(topic, f'r{index}f{n}')})"
+        for n, topic in enumerate(rule.topics)
+    )
+
+
+def _filter_regex(topic: str, group: str) -> str:
+    """One filter; a capture ``{name}`` is the group ``<group>_<name>``."""
+    levels = topic.split("/")
     out: list[str] = []
     tail = ""
     for level in levels:
@@ -158,9 +155,9 @@ def _filter_regex(rule: Rule, index: int) -> str:
         if level == "+":
             out.append("[^/]*")
         elif level.endswith("#}"):  # the rest of the topic, one or more levels
-            out.append(f"(?P<r{index}_{level[1:-2]}>.*)")
+            out.append(f"(?P<{group}_{level[1:-2]}>.*)")
         elif level.startswith("{"):
-            out.append(f"(?P<r{index}_{level[1:-1]}>[^/]*)")
+            out.append(f"(?P<{group}_{level[1:-1]}>[^/]*)")
         else:
             out.append(re.escape(level))
     # MQTT: a filter starting with a wildcard does not match topics starting with '$'.
@@ -176,14 +173,17 @@ class Mapping:
             raise ConfigError("--mapping/--preset: no rules")
         check_unique(list(rules))
         self.rules = tuple(rules)
-        self._regex = re.compile(
-            "|".join(f"(?P<r{i}>{_filter_regex(rule, i)})" for i, rule in enumerate(self.rules))
-        )
-        self._group_rule = {self._regex.groupindex[f"r{i}"]: i for i in range(len(self.rules))}
+        self._regex = re.compile("|".join(_rule_regex(r, i) for i, r in enumerate(self.rules)))
+        # A filter's group -> its rule's index.
+        self._group_rule = {
+            self._regex.groupindex[f"r{i}f{n}"]: i
+            for i, rule in enumerate(self.rules)
+            for n in range(len(rule.topics))
+        }
         # Rules that select by payload too ([rule.match]): the rules after one that also
         # match its topic are its fallbacks, tried in order (see _select).
         self._alone = (
-            [re.compile(_filter_regex(rule, i)) for i, rule in enumerate(self.rules)]
+            [re.compile(_rule_regex(rule, i)) for i, rule in enumerate(self.rules)]
             if any(rule.match is not None for rule in self.rules)
             else []
         )
@@ -221,7 +221,7 @@ class Mapping:
         ``a/bridge``) are replaced by one covering both (``a/+/#``), whose messages that
         no rule takes are rejected as ``no_rule``.
         """
-        return disjoint_filters([rule.subscription for rule in self.rules])
+        return disjoint_filters([f for rule in self.rules for f in rule.subscriptions])
 
     def shared_subscriptions(self, topics: Sequence[str], group: str | None) -> tuple[str, ...]:
         """``topics`` as a daemon of the shared group ``group`` (None: alone) subscribes.
@@ -278,7 +278,7 @@ class Mapping:
         index = self._group_rule[m.lastindex]
         rule = self.rules[index]
         if rule.match is None:
-            return self._topic(rule, index, m, None)
+            return self._topic(rule, m, None)
         # The rules after it that match the topic too, tried in turn (see _select).
         found = [(index, m)]
         for later in range(index + 1, len(self.rules)):
@@ -289,12 +289,13 @@ class Mapping:
                     break  # takes every message the ones before leave
         after: _Topic | None = None
         for at, got in reversed(found):
-            after = self._topic(self.rules[at], at, got, after)
+            after = self._topic(self.rules[at], got, after)
         return after
 
-    def _topic(self, rule: Rule, index: int, m: re.Match[str], after: _Topic | None) -> _Topic:
-        """What rule ``index`` makes of a topic its filter matched (``m``)."""
-        captures = {name: m.group(f"r{index}_{name}") for name in rule.captures}
+    def _topic(self, rule: Rule, m: re.Match[str], after: _Topic | None) -> _Topic:
+        """What ``rule`` makes of a topic one of its filters matched (``m``)."""
+        group = m.lastgroup  # the filter that matched: r<index>f<n>
+        captures = {name: m.group(f"{group}_{name}") for name in rule.captures}
         if rule.rest:  # {name#}: the levels joined with _, made safe as a measurement name
             last = rule.captures[-1]
             captures[last] = safe(captures[last].replace("/", "_"))
@@ -328,6 +329,13 @@ class Mapping:
             bool(rule.tags) and rule.info.issuperset(rule.tags) and rule.info.isdisjoint(tags)
         )
         return _Topic(rule, captures, tags, sensor, info_only, after)
+
+    def filter_of(self, rule: Rule, topic: str) -> str:
+        """The first of ``rule``'s topic filters that matches ``topic`` (for ``check``)."""
+        return next(
+            (t for t in rule.topics if re.fullmatch(_filter_regex(t, "f"), topic)),
+            rule.topics[0],
+        )
 
     def topic_sensor(self, topic: str) -> str | None:
         """The sensor id that ``topic`` alone names under its rule (``--sensor-id-from-topic``).

@@ -37,8 +37,11 @@ MAX_ALTERNATIVES = 8  # sensor_id templates tried in order
 _TAG_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _FLATTEN = re.compile(r"[A-Za-z0-9_-]{1,8}")
 MAX_UNIT = 64  # characters of a unit
+EVERY_UNIT = "*"  # [rule.units] key: the unit of every measurement no other key names
 MAX_MATCH_VALUES = 64  # values one [rule.match] field may take
 MAX_MATCH_KEY = 256  # characters of a [rule.match] field name
+MAX_TOPICS = 64  # topic filters one rule may list
+ONE_FILTER_FORMATS = ("sparkplug", "homie")  # formats whose rule takes one topic filter
 MATCH_FORMATS = ("json", "ingest")  # payloads [rule.match] reads (and ignore rules)
 _OPTIONS = frozenset(
     {
@@ -150,7 +153,9 @@ class Rule:
     """One validated mapping rule."""
 
     name: str
-    topic: str
+    # The topic filters the rule takes, tried in order (``topic`` a string or a list);
+    # every one captures the same names.
+    topics: tuple[str, ...]
     source: str
     captures: tuple[str, ...]
     ignore: bool = False
@@ -202,9 +207,9 @@ class Rule:
     reader: str = "json"
 
     @property
-    def subscription(self) -> str:
-        """The topic filter to subscribe to: captures become ``+``, ``{name#}`` ``#``."""
-        return _CAPTURE.sub("+", _REST.sub("#", self.topic))
+    def subscriptions(self) -> tuple[str, ...]:
+        """The topic filters to subscribe to: captures become ``+``, ``{name#}`` ``#``."""
+        return tuple(_CAPTURE.sub("+", _REST.sub("#", topic)) for topic in self.topics)
 
 
 def preset_names() -> list[str]:
@@ -288,11 +293,8 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
     unknown = set(entry) - _OPTIONS
     if unknown:
         raise ValueError(f"unknown option(s) {', '.join(sorted(unknown))}")
-    topic = _text(entry, "topic", None)
-    if topic is None:
-        raise ValueError("topic is required")
-    captures = _check_topic(topic)
-    rest = _REST.search(topic) is not None
+    topics, captures = _topics(entry.get("topic"))
+    rest = _REST.search(topics[0]) is not None
     ignore = _boolean(entry, "ignore")
     if ignore:
         extra = set(entry) - {"name", "topic", "ignore", "match"}
@@ -302,9 +304,11 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
                 f"(got {', '.join(sorted(extra))})"
             )
         return Rule(
-            name, topic, source, captures, ignore=True, rest=rest, match=_match(entry, None)
+            name, topics, source, captures, ignore=True, rest=rest, match=_match(entry, None)
         )
     fmt = _choice(entry, "format", FORMATS, "json")
+    if len(topics) > 1 and fmt in ONE_FILTER_FORMATS:
+        raise ValueError(f"format {fmt} takes one topic filter per rule, not a list")
     if rest and fmt in {"sparkplug", "homie"}:
         raise ValueError(f"a {{name#}} capture does not apply to format {fmt}")
     match = _match(entry, fmt)
@@ -332,7 +336,7 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
     time_path = tuple(time.field.split(".")) if time.field else None
     return Rule(
         name,
-        topic,
+        topics,
         source,
         captures,
         format=fmt,
@@ -364,6 +368,74 @@ def _build(entry: dict[str, Any], source: str, name: str) -> Rule:
         value_path=value_path,
         reader="json_value" if value_path is not None else fmt,
     )
+
+
+def _topics(given: object) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``topic``: one filter, or a list of filters that capture the same names.
+
+    Returns the filters and the first one's captures.
+    """
+    if given is None:
+        raise ValueError("topic is required")
+    if type(given) is str:
+        return (given,), _check_topic(given)
+    if type(given) is list and not given:
+        raise ValueError("topic: an empty list (give one topic filter or more)")
+    if type(given) is not list or len(given) > MAX_TOPICS:
+        raise TypeError(
+            f"topic must be a topic filter or a list of 1 to {MAX_TOPICS} topic filters"
+        )
+    for entry in given:
+        if type(entry) is not str:
+            raise TypeError(f"topic: {str(entry)[:40]!r} in the list is not a string")
+    return tuple(given), _listed(given)
+
+
+def _listed(given: list[str]) -> tuple[str, ...]:
+    """The captures of a list of filters, each valid and capturing the same names.
+
+    None may be listed twice or take another's topics.
+    """
+    captures = _check_topic(given[0])
+    names = (frozenset(captures), _REST.search(given[0]) is not None and captures[-1])
+    for position, topic in enumerate(given):
+        if topic in given[:position]:
+            raise ValueError(f"topic {topic!r} is listed twice")
+        mine = _check_topic(topic)
+        if (frozenset(mine), _REST.search(topic) is not None and mine[-1]) != names:
+            shown = ", ".join(f"{{{c}}}" for c in captures) or "none"
+            if names[1]:
+                shown = shown[:-1] + "#}"  # the last capture takes the rest of the topic
+            raise ValueError(
+                f"topic {topic!r}: every filter of a rule must capture the same names "
+                f"as the first ({shown})"
+            )
+        for other in given[:position]:
+            for wide, narrow in ((other, topic), (topic, other)):
+                if covers(_plain(wide), _plain(narrow)):
+                    raise ValueError(
+                        f"topic {narrow!r} is taken by {wide!r}, listed too: leave it out"
+                    )
+    return captures
+
+
+def _plain(topic: str) -> list[str]:
+    """A rule's filter as MQTT levels: captures as ``+``, ``{name#}`` as ``#``."""
+    return _CAPTURE.sub("+", _REST.sub("#", topic)).split("/")
+
+
+def covers(wide: list[str], narrow: list[str]) -> bool:
+    """Whether every topic matching filter ``narrow`` matches filter ``wide`` (by levels)."""
+    if wide[0] in {"+", "#"} and narrow[0].startswith("$"):
+        return False  # wildcards never match a level starting with '$' there
+    for i, level in enumerate(wide):
+        if level == "#":
+            return True  # also the parent level: a/# matches a
+        if i >= len(narrow) or narrow[i] == "#":
+            return False
+        if level != "+" and narrow[i] != level:
+            return False
+    return len(narrow) == len(wide)
 
 
 def _check_topic(topic: str) -> tuple[str, ...]:
@@ -713,13 +785,21 @@ def _types(table: object, fmt: str) -> tuple[tuple[str, str], ...]:
 
 
 def _units(table: object, fmt: str, allowed: set[str]) -> dict[str, Template]:
-    """``[rule.units]``: measurement -> unit, a literal or a template."""
+    """``[rule.units]``: measurement -> unit, a literal or a template.
+
+    The key ``"*"`` (EVERY_UNIT) gives the unit of every measurement no other key names.
+    """
     if type(table) is not dict:
         raise TypeError('units must be a table of measurement = "unit or {field}"')
     if table and fmt not in {"json", "value"}:
         raise ValueError("units applies to the json and value formats")
     out = {}
     for key, value in table.items():
+        if key != EVERY_UNIT and "*" in key:
+            raise ValueError(
+                f'units.{key}: a measurement name, or "*" alone for every other '
+                "measurement (no globs)"
+            )
         if type(value) is not str or not value or len(value) > MAX_UNIT:
             raise TypeError(f"units.{key}: must be a string of 1 to {MAX_UNIT} characters")
         out[key] = _template(value, f"units.{key}", allowed, fmt)

@@ -410,6 +410,6 @@ def test_topic_levels_a_filter_cannot_hold_still_give_a_loadable_proposal() -> N
     out, err = io.StringIO(), io.StringIO()
     assert finish(messages, [], [], out, err) == 0
     rules = parse(out.getvalue(), "proposal")
-    assert [r.topic for r in rules] == ["odd/+/telemetry/{sensor_id}", "odd/{sensor_id}/temp"]
+    assert [r.topics[0] for r in rules] == ["odd/+/telemetry/{sensor_id}", "odd/{sensor_id}/temp"]
     assert report_table(err.getvalue()) == {"odd-telemetry": (1, 0, 0), "odd-temp": (2, 0, 0)}
     assert re.search(r"^\(no rule\)\s+0\s+0\s+0$", err.getvalue(), re.MULTILINE)

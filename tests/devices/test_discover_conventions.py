@@ -164,7 +164,7 @@ async def test_home_assistant_discovery_configs_give_the_state_topics_units_and_
     assert got == {sensor: values for sensor, (values, _) in HA_STORED.items()}
     assert type(got["01ad"]["motion"]) is bool
     assert await units(db, mode) == {sensor: u for sensor, (_, u) in HA_STORED.items()}
-    assert proc.metric('ingest_messages_ignored_total{rule="homeassistant-set"}') == 1
+    assert proc.metric('ingest_messages_ignored_total{rule="homeassistant-housekeeping"}') == 1
     assert proc.stop() == 0
 
 

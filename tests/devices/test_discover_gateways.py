@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from tests.support.procs import Broker, Daemon
 
 # A 433 MHz gateway's round: the devices it heard, one without a model; seq is a name the
-# daemon keeps for itself, batt a number whose unit no name gives (docs/onboarding.md).
+# daemon keeps for itself, batt a number whose unit no name gives: millivolts, not a
+# percentage (no whole number from 0 to 100) (docs/onboarding.md).
 SHED = {
     "devices": [
         {"id": "a4c1381f", "model": "THB2", "temp": 21.4, "hum": 48, "batt": 2950, "seq": 112},
@@ -100,14 +101,15 @@ def test_an_array_of_devices_gives_a_reading_each_and_the_gateway_as_info() -> N
         ["gateway"],
     )
     assert pattern.drop == []  # the array is the readings, not a field to drop
-    assert pattern.units == {"hum": "%", "moisture": "%"}  # not temp (°C or °F?), not batt
+    # temp as temperature (°C, metric), not batt (2950: mV, not %)
+    assert pattern.units == {"hum": "%", "moisture": "%", "temp": "°C"}
     assert any(
         n.startswith(
             "messages list the devices they carry (up to 3 in one, in the array 'devices')"
         )
         for n in pattern.notes
     )
-    assert any("temp, batt have no unit" in n for n in pattern.notes)
+    assert any("batt has no unit" in n for n in pattern.notes)
     text = rule_text(pattern, "gw", time.time())
     assert '[rule.rename]\n"seq" = "device_seq"' in text
     got = readings(pattern, messages)
@@ -115,20 +117,25 @@ def test_an_array_of_devices_gives_a_reading_each_and_the_gateway_as_info() -> N
         (
             "THB2-a4c1381f",
             {"temp": 21.4, "hum": 48, "batt": 2950, "device_seq": 112},
-            {"hum": "%"},
+            {"hum": "%", "temp": "°C"},
             {"gateway": "shed"},
         ),
         (
             "SOIL-38c1a2b7",
             {"moisture": 37, "temp": 11.9, "batt": 3010, "device_seq": 9},
-            {"moisture": "%"},
+            {"moisture": "%", "temp": "°C"},
             {"gateway": "shed"},
         ),
-        ("c0ffee01", {"temp": 4.8, "batt": 2710, "device_seq": 55}, None, {"gateway": "shed"}),
+        (
+            "c0ffee01",
+            {"temp": 4.8, "batt": 2710, "device_seq": 55},
+            {"temp": "°C"},
+            {"gateway": "shed"},
+        ),
         (
             "THB2-5e7a11c4",
             {"temp": 24.9, "hum": 71, "batt": 2890, "device_seq": 4},
-            {"hum": "%"},
+            {"hum": "%", "temp": "°C"},
             {"gateway": "greenhouse"},
         ),
     ]
@@ -241,22 +248,25 @@ async def test_onboarding_gateways_that_list_their_devices_as_discover_proposes(
         arrival(
             "THB2-a4c1381f",
             {"temp": 21.4, "hum": 48, "batt": 2950, "device_seq": 112},
-            {"hum": "%"},
+            {"hum": "%", "temp": "°C"},
             {"gateway": "shed"},
         ),
         arrival(
             "SOIL-38c1a2b7",
             {"moisture": 37, "temp": 11.9, "batt": 3010, "device_seq": 9},
-            {"moisture": "%"},
+            {"moisture": "%", "temp": "°C"},
             {"gateway": "shed"},
         ),
         arrival(
-            "c0ffee01", {"temp": 4.8, "batt": 2710, "device_seq": 55}, None, {"gateway": "shed"}
+            "c0ffee01",
+            {"temp": 4.8, "batt": 2710, "device_seq": 55},
+            {"temp": "°C"},
+            {"gateway": "shed"},
         ),
         arrival(
             "THB2-5e7a11c4",
             {"temp": 24.9, "hum": 71, "batt": 2890, "device_seq": 4},
-            {"hum": "%"},
+            {"hum": "%", "temp": "°C"},
             {"gateway": "greenhouse"},
         ),
         *(

@@ -6,8 +6,9 @@ items built by hand in every shape a format makes (times of every kind and unit,
 out of the window, SenML epochs, problems, line tags, units, payload context with tag
 values at and beyond the byte bound, non-ASCII, lone surrogates, missing variables,
 positions; a lone surrogate in a tag, which both refuse with the same exception)
-under rules that take the sensor id from the topic or the payload, keep tags
-as info or as identity, declare units; and for uplinks parsed from generated payloads.
+under rules that take the sensor id from the topic (of one filter or of a list) or the
+payload, keep tags as info or as identity, declare units; and for uplinks parsed from
+generated payloads.
 """
 
 from __future__ import annotations
@@ -53,11 +54,17 @@ RULES = [
     ),
     TTN.replace('info = ["dev_eui"]', 'info = ["dev_eui"]\nsensor_id = "{end_device_ids.id}"'),
     TTN + '[rule.units]\ntemperature = "Cel"\n',
+    TTN + '[rule.units]\n"*" = "x-{end_device_ids.dev_eui}"\ntemperature = "Cel"\n',
     (
         '[[rule]]\nname = "plain"\ntopic = "p/{site}/{sensor_id}"\ninfo = ["site"]\n'
         '[rule.time]\nfield = "t"\nformat = "auto"\n'
     ),
     '[[rule]]\nname = "plain"\ntopic = "p/{site}/{sensor_id}"\n',
+    # A rule listing filters: its captures from whichever matched (q/<sensor>/<site>).
+    (
+        '[[rule]]\nname = "listed"\ntopic = ["p/{site}/{sensor_id}", "q/{sensor_id}/{site}"]\n'
+        'info = ["site"]\n'
+    ),
 ]
 TOPICS = [
     "v3/app@ttn/devices/dev-1/up",
@@ -65,6 +72,7 @@ TOPICS = [
     "p/site/s1",
     "p/é/s2",
     "v3/x/devices/bad id/up",
+    "q/s3/site-q",
 ]
 
 TIMES: st.SearchStrategy[Any] = st.one_of(

@@ -529,7 +529,7 @@ def _matches(topic_filter: str, topic: str) -> bool:
 def test_each_reading_message_matches_one_filter_of_its_preset(preset: str) -> None:
     """No two rules of a preset cover a topic that carries readings, so the preset needs
     no joined (broader) subscription to be read once per message."""
-    subscriptions = {rule.subscription for rule in Mapping.load(None, [preset]).rules}
+    subscriptions = {f for rule in Mapping.load(None, [preset]).rules for f in rule.subscriptions}
     for msg in load(preset, base_time(time.time())):
         if msg.readings:
             matching = [f for f in subscriptions if _matches(f, msg.topic)]

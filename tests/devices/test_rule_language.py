@@ -17,6 +17,7 @@ import pytest
 
 from ingest.devices.check import check
 from ingest.devices.decode import Limits
+from ingest.devices.discover import language
 from ingest.devices.mapping import Mapping, Result
 from ingest.devices.rules import parse
 from ingest.errors import ConfigError
@@ -290,8 +291,41 @@ def test_check_explains_which_rule_takes_a_message_and_which_match_failed(
     ]
 
 
+def test_a_star_unit_is_the_unit_of_every_other_measurement() -> None:
+    """``"*" = "{unit}"``: each one-value payload's unit field gives its measurement's
+    unit, whatever the topic names; a named key wins; no unit field, no unit. In a value
+    rule, a literal ``"*"`` gives every measurement of the rule its unit."""
+    m = mapping(
+        '[[rule]]\nname = "meters"\ntopic = "lab/{sensor_id}/{property#}"\n'
+        'measurement = "{property}"\n[rule.units]\n"*" = "{unit}"\nSoc = "%"\n'
+        '[[rule]]\nname = "plain"\ntopic = "solar/{sensor_id}/{measurement}"\n'
+        'format = "value"\n[rule.units]\n"*" = "W"\nvoltage = "V"\n'
+    )
+    units = [
+        r.units
+        for topic, payload in (
+            ("lab/m1/Dc/0/Voltage", b'{"value": 53.1, "unit": "V"}'),
+            ("lab/m1/Dc/0/Current", b'{"value": -4.2, "unit": "A"}'),
+            ("lab/m1/Soc", b'{"value": 87.5, "unit": "percent"}'),
+            ("lab/m1/Temperature", b'{"value": 18.5}'),
+            ("solar/inv1/power", b"123.4"),
+            ("solar/inv1/voltage", b"229.8"),
+        )
+        for r in decode(m, topic, payload).decoded.readings
+    ]
+    assert units == [
+        {"Dc_0_Voltage": "V"},
+        {"Dc_0_Current": "A"},
+        {"Soc": "%"},
+        None,
+        {"power": "W"},
+        {"voltage": "V"},
+    ]
+
+
 def test_discovers_probes_parse() -> None:
-    """The three snippets ingest/devices/discover/language.py parses to detect support."""
+    """The snippets ingest/devices/discover/language.py parses to detect support."""
+    assert all(language.supports(feature) for feature in language._PROBES)
     parse(
         '[[rule]]\nname = "p"\ntopic = "a/{x}"\nformat = "json"\nsensor_id = "s"\n'
         'measurement = "{x}"\n',
@@ -389,6 +423,18 @@ BASE = '[[rule]]\nname = "r"\n'
         (
             'topic = "a/{x}"\nformat = "senml"\nmeasurement = "{x}"\n',
             "measurement applies to the json, value and influx formats only",
+        ),
+        (
+            'topic = "a/{x}"\nsensor_id = "s"\n[rule.units]\n"Dc_*" = "V"\n',
+            'units.Dc_*: a measurement name, or "*" alone for every other measurement (no globs)',
+        ),
+        (
+            'topic = "a/{x}"\nsensor_id = "s"\nmeasurement = "{x}"\n[rule.units]\n"*" = "{x"\n',
+            "template '{x': a '{' or '}' that is not a {name} variable",
+        ),
+        (
+            'topic = "a/{x}"\nformat = "senml"\n[rule.units]\n"*" = "V"\n',
+            "units applies to the json and value formats",
         ),
     ],
 )

@@ -1,9 +1,10 @@
 """Hostile templates, captures and match tables: a one-line error or a rule that holds.
 
 For the json measurement from the topic, ``{name#}`` captures, ``[rule.rename]``
-templates and ``[rule.match]``: any generated rule either loads or is refused with one
-:class:`ConfigError` line naming the rule; one that loads decodes any topic and payload
-without raising, and what it stores stays within the bounds of tests/devices/test_mapping_fuzz.py.
+templates, ``[rule.match]`` and ``[rule.units]`` with ``"*"``: any generated rule either
+loads or is refused with one :class:`ConfigError` line naming the rule; one that loads
+decodes any topic and payload without raising, and what it stores stays within the
+bounds of tests/devices/test_mapping_fuzz.py.
 """
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ match_table = st.dictionaries(
 )
 # Templates that load more often than hostile text does.
 templates = st.sampled_from(["{x}", "{p}", "{x}_{p}", "m", "{{x}}"])
+# [rule.units]: "*" (every other measurement), names, globs (refused), hostile keys; units
+# literal, templates over captures and payload fields, or hostile.
+units_table = st.dictionaries(
+    st.one_of(st.sampled_from(["*", "value", "x", "p_value", "x*", "*x", "**"]), hostile),
+    st.one_of(templates, st.sampled_from(["V", "{unit}", "{value}", "°C"]), hostile),
+    min_size=1,
+    max_size=3,
+)
 
 
 def rule_text(
@@ -83,6 +92,7 @@ def rule_text(
     rename: str | None,
     match: dict[str, Any] | None,
     ignore: bool,
+    units: dict[str, str] | None = None,
 ) -> str:
     lines = ["[[rule]]", 'name = "gen"', f"topic = {toml_string(topic)}"]
     if ignore:
@@ -93,6 +103,9 @@ def rule_text(
             lines.append(f"measurement = {toml_string(measurement)}")
         if rename is not None:
             lines += ["[rule.rename]", f"value = {toml_string(rename)}"]
+        if units is not None:
+            lines.append("[rule.units]")
+            lines += [f"{toml_string(k)} = {toml_string(v)}" for k, v in units.items()]
     if match is not None:
         lines.append("[rule.match]")
         lines += [f"{toml_string(k)} = {toml_value(v)}" for k, v in match.items()]
@@ -114,6 +127,7 @@ def rule_text(
     rename=st.one_of(st.none(), templates, hostile),
     match=st.one_of(st.none(), match_table),
     ignore=st.booleans(),
+    units=st.one_of(st.none(), units_table),
     parts=st.lists(levels, min_size=1, max_size=5),
     payload=json_value,
 )
@@ -124,10 +138,11 @@ def test_any_generated_rule_is_refused_in_one_line_or_decodes_anything(
     rename: str | None,
     match: dict[str, Any] | None,
     ignore: bool,
+    units: dict[str, str] | None,
     parts: list[str],
     payload: Any,
 ) -> None:
-    text = rule_text(topic, fmt, measurement, rename, match, ignore)
+    text = rule_text(topic, fmt, measurement, rename, match, ignore, units)
     try:
         rules = parse(text, "--mapping gen.toml")
     except ConfigError as exc:
@@ -192,3 +207,74 @@ def test_hostile_captures_and_payloads_through_the_new_rules(
 
     payload = {"value": value, **extra} if not whole else value
     mapping_fuzz_checked(checked, VICTRON, "/".join([root, *parts]), dumps(payload))
+
+
+# Topic lists (``topic = [...]``): entries of filter pieces, hostile text and other kinds.
+filter_levels = st.sampled_from(["a", "b", "+", "{x}", "{p}", "#", "{p#}", "$sys", ""])
+filters = st.lists(filter_levels, min_size=1, max_size=4).map("/".join)
+topic_lists = st.one_of(
+    st.lists(st.one_of(filters, filters, hostile), max_size=5),
+    st.lists(st.one_of(filters, toml_scalar, st.lists(filters, max_size=2)), max_size=4),
+)
+
+
+def list_rule_text(topics: list[Any], fmt: str) -> str:
+    lines = ["[[rule]]", 'name = "gen"', f"topic = {toml_value(topics)}"]
+    if fmt == "ignore":
+        lines.append("ignore = true")
+    else:
+        lines += [f"format = {toml_string(fmt)}", 'sensor_id = "s"']
+        if fmt == "value":
+            lines.append('measurement = "m"')
+    return "\n".join([*lines, "[[rule]]", 'name = "rest"', 'topic = "#"', "ignore = true"]) + "\n"
+
+
+@SETTINGS
+@given(
+    topics=topic_lists,
+    fmt=st.sampled_from(["ignore", "json", "value", "ingest", "sparkplug", "homie"]),
+    parts=st.lists(st.sampled_from(["a", "b", "c", "$sys", "", "x/y"]), min_size=1, max_size=5),
+    payload=json_value,
+)
+def test_any_topic_list_is_refused_in_one_line_or_takes_exactly_its_filters_topics(
+    topics: list[Any], fmt: str, parts: list[str], payload: Any
+) -> None:
+    """A list rule either loads or is refused in one line naming the rule; one that loads
+    takes a topic exactly when one of its subscribed filters matches it (as MQTT matches),
+    before the catch-all rule after it, and decodes any payload without raising."""
+    try:
+        rules = parse(list_rule_text(topics, fmt), "--mapping gen.toml")
+    except ConfigError as exc:
+        message = str(exc)
+        assert "\n" not in message
+        assert message.startswith(
+            ("--mapping gen.toml: rule 'gen': ", "--mapping gen.toml: not valid TOML")
+        )
+        return
+    from tests.devices.test_mapping_fuzz import checked  # noqa: PLC0415
+
+    gen = rules[0]
+    assert gen.topics == tuple(topics)
+    if fmt in {"sparkplug", "homie"}:
+        assert len(topics) == 1  # their own topic trees: one filter
+        return
+    assert len(set(gen.subscriptions)) == len(topics)
+    mapping = Mapping(rules)
+    topic = "/".join(parts)
+    matched = mapping.match(topic)
+    by_mqtt = any(
+        _mqtt_takes(sub, topic)
+        and not (t.endswith("#}") and sub.count("/") == topic.count("/") + 1)
+        for t, sub in zip(gen.topics, gen.subscriptions, strict=True)
+    )
+    taken = matched is not None and matched.rule.name == "gen"
+    assert taken == by_mqtt, (gen.topics, topic)
+    if matched is None:  # the catch-all '#' takes every topic but those starting with $
+        assert topic.startswith("$")
+    mapping_fuzz_checked(checked, mapping, topic, dumps(payload))
+
+
+def _mqtt_takes(sub: str, topic: str) -> bool:
+    from paho.mqtt.client import topic_matches_sub  # noqa: PLC0415
+
+    return bool(topic_matches_sub(sub, topic))

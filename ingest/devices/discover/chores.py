@@ -2,19 +2,23 @@
 
 :func:`housekeeping` tells a topic apart by its words, its tree and its payloads,
 whatever the payload format; :func:`chore_patterns` proposes ignore rules for such
-topics, :func:`same_shapes` and :func:`merge_chores` make them as few as they can be
-without taking a topic that carries readings. Pure functions; used by
+topics, :func:`same_shapes`, :func:`merge_chores`, :func:`merge_tail` and
+:func:`list_chores` make them as few as they can be without taking a topic that carries
+readings. Pure functions; used by
 :mod:`ingest.devices.discover.grouping`.
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 import orjson
 
 from ingest.devices.discover.identity import json_docs
+from ingest.devices.discover.language import supports
 from ingest.devices.discover.patterns import (
+    EXTRAS,
     HOUSEKEEPING,
     HOUSEKEEPING_LEVELS,
     MIRRORS,
@@ -25,11 +29,27 @@ from ingest.devices.discover.patterns import (
     variable,
 )
 from ingest.devices.discover.shadowing import matches, overlap
+from ingest.devices.rules import MAX_TOPICS
+from ingest.devices.rules import covers as filter_covers
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from ingest.devices.discover.conventions import Known
+
+# An HTTP API request as a payload (WLED's <device>/api: ``FX=2&SX=200``): key=value
+# pairs joined by &, which no reading looks like.
+_QUERY = re.compile(rb"^[A-Za-z][A-Za-z0-9_.-]*=[^&=\s]*(&[A-Za-z][A-Za-z0-9_.-]*=[^&=\s]*)*$")
+# Payloads that switch a device: a toggle is never a state, on/off beside it are the same
+# command (WLED's ON, OFF, T; Tasmota's and Zigbee2MQTT's TOGGLE).
+SWITCH_WORDS = frozenset({b"on", b"off", b"t", b"toggle"})
+# Shapes of plain values that a command repeats from the state it sets: a colour
+# (WLED's #FFA000 on <device>/c, #FF0000 on <device>/col) or a word. Not numbers:
+# measurements share prefixes (OpenDTU's power, powerdc, powerfactor).
+_SHAPES = {
+    "colour": re.compile(rb"^#[0-9A-Fa-f]{6}([0-9A-Fa-f]{2})?$"),
+    "word": re.compile(rb"^[A-Za-z][A-Za-z_-]*$"),
+}
 
 
 def housekeeping(topic: str, kind: str, payloads: list[bytes], roots: set[str], now: float) -> bool:
@@ -38,8 +58,9 @@ def housekeeping(topic: str, kind: str, payloads: list[bytes], roots: set[str], 
     By topic word (a last level such as ``status``, ``heartbeat``, ``lwt``, ``set``; a
     level such as ``status`` or ``cmd`` anywhere after the first), by a request/write
     mirror of a notification tree (``R/...``, ``W/...`` beside ``N/...``), by payloads
-    that report a connection (online/offline), or by plain values that are all clock
-    times (a last-update or heartbeat time: evcc's ``updated``).
+    that report a connection (online/offline), or by plain values, or one-value JSON
+    (``{"time": ..., "value": ...}``), that are all clock times (a last-update or
+    heartbeat time: evcc's ``updated``).
     """
     levels = topic.split("/")
     last = levels[-1].lower()
@@ -52,16 +73,106 @@ def housekeeping(topic: str, kind: str, payloads: list[bytes], roots: set[str], 
     texts = {p.strip().lower() for p in payloads if p.strip()}
     if kind == "value" and texts and texts <= {w.encode() for w in STATUS_WORDS}:
         return True
-    if kind in {"json", "ingest"}:  # {"value": <a clock time>}: Victron's full_publish_completed
+    if kind in {"json", "ingest"}:
+        # {"value": <a clock time>}, also beside its own time or unit: Victron's
+        # full_publish_completed, Z-Wave JS UI's lastActive
         docs = json_docs(list(texts))
         texts = {
             orjson.dumps(d["value"])
             for d in docs
-            if type(d) is dict and len(d) == 1 and "value" in d
+            if type(d) is dict and "value" in d and set(d) - {"value"} <= EXTRAS
         }
         if len(texts) < len(docs):
             return False
     return bool(texts) and all(_clock(t, now) for t in texts)
+
+
+def commands(by_topic: Mapping[str, Sequence[bytes]]) -> dict[str, str]:
+    """Topics that carry commands to devices, by their payloads and place, with why.
+
+    A plain value that is an HTTP API request (``FX=2&SX=200``: key=value pairs joined
+    by &) asks something of a device. A switch word (ON, OFF, T, TOGGLE) on a topic that
+    stands among device trees, a leaf where its siblings are each the root of topics
+    below them and never topics themselves (WLED's group topic ``wled/all`` beside
+    ``wled/<device>/...``), switches the devices: no device publishes a reading there.
+    A topic whose last level extends a sibling's (``col`` beside ``c``), with payloads
+    of the sibling's shape (a colour, a word), published for some of the devices that
+    publish the sibling but not for all, is the command that sets that state (WLED's
+    ``<device>/col``): the devices publish their state alike, commands come to some.
+    """
+    out = {}
+    inner: dict[str, set[str]] = {}  # a parent level -> its children that have topics below
+    children: dict[str, set[str]] = {}  # a parent level -> its children that are topics
+    parents: dict[str, set[str]] = {}  # a last level -> the parent levels it is under
+    for topic in by_topic:
+        levels = topic.split("/")
+        for depth in range(1, len(levels) - 1):
+            inner.setdefault("/".join(levels[:depth]), set()).add(levels[depth])
+        parent, _, last = topic.rpartition("/")
+        children.setdefault(parent, set()).add(last)
+        parents.setdefault(last, set()).add(parent)
+    for topic, payloads in by_topic.items():
+        texts = {p.strip() for p in payloads if p.strip()}
+        if texts and all(_QUERY.match(t) for t in texts):
+            out[topic] = "payloads that are HTTP API requests (key=value&...): commands"
+            continue
+        parent, _, last = topic.rpartition("/")
+        sets = _sets(topic, by_topic, children, parents)
+        if sets is not None:
+            out[topic] = (
+                f"payloads shaped like those of {parent}/{sets}, whose name {last!r} "
+                f"extends, published for only some of the devices that publish {sets!r}: "
+                "commands that set it"
+            )
+            continue
+        siblings = inner.get(parent, set())
+        if (
+            texts
+            and {t.lower() for t in texts} <= SWITCH_WORDS
+            and topic not in inner
+            and len(siblings) >= 2
+            and not any(f"{parent}/{s}" in by_topic for s in siblings)
+        ):
+            out[topic] = f"switch commands beside the device trees under {parent}/: a group topic"
+    return out
+
+
+def _shape(texts: set[bytes]) -> str | None:
+    """The one shape all the texts have (a colour, a word), or None."""
+    shapes = {
+        next((name for name, shape in _SHAPES.items() if shape.match(t)), None) for t in texts
+    }
+    return shapes.pop() if len(shapes) == 1 else None
+
+
+def _sets(
+    topic: str,
+    by_topic: Mapping[str, Sequence[bytes]],
+    children: Mapping[str, set[str]],
+    parents: Mapping[str, set[str]],
+) -> str | None:
+    """The sibling state a topic sets (``c`` for ``<device>/col``), or None.
+
+    ``children``: each parent level's last levels; ``parents``: each last level's
+    parents, both over the captured topics.
+    """
+    parent, _, last = topic.rpartition("/")
+    shape = _shape({p.strip() for p in by_topic[topic] if p.strip()})
+    if not parent or shape is None:
+        return None
+    siblings = children.get(parent, set())
+    for state in (last[:k] for k in range(1, len(last))):  # the names it extends
+        if state not in siblings:
+            continue
+        if not any(c.isalpha() for c in last[len(state) :]):
+            continue  # POWER1 beside POWER: a second channel, not a command
+        if _shape({p.strip() for p in by_topic[f"{parent}/{state}"] if p.strip()}) != shape:
+            continue
+        depth = topic.count("/")
+        alike = [p for p in parents[state] if p.count("/") + 1 == depth and p != parent]
+        if any(f"{p}/{last}" not in by_topic for p in alike):
+            return state
+    return None
 
 
 def _clock(text: bytes, now: float) -> bool:
@@ -74,13 +185,25 @@ def _clock(text: bytes, now: float) -> bool:
 
 
 def chore_patterns(
-    topics: list[str], kind: str, known: Known, roots: set[str] | None = None
+    topics: list[str],
+    kind: str,
+    known: Known,
+    roots: set[str] | None = None,
+    reasons: Mapping[str, str] | None = None,
 ) -> list[Pattern]:
-    """Ignore rules for housekeeping topics, one per filter shape, each saying why."""
+    """Ignore rules for housekeeping topics, one per filter shape, each saying why.
+
+    ``reasons``: why a topic is housekeeping where its words do not say it
+    (:func:`commands`).
+    """
     shapes: dict[tuple[str, ...], set[str]] = {}
     whys: dict[tuple[str, ...], str] = {}
     for topic in topics:
         shape, why = _chore_shape(topic, kind, known, roots or set())
+        if reasons and topic in reasons and not why.startswith(("last level", "under")):
+            why = reasons[topic]
+            if len(shape) <= 2:  # not +/<last>: any first level
+                shape = tuple(literal(lv) for lv in topic.split("/"))
         shapes.setdefault(shape, set()).add(topic)
         whys.setdefault(shape, why)
     out = []
@@ -289,3 +412,50 @@ def _widen(
         f"{under} that no rule before it stores): ignored; delete this rule to store them"
     )
     return trial
+
+
+def list_chores(patterns: list[Pattern]) -> list[Pattern]:
+    """The ignore rules of each first level made one rule that lists their filters.
+
+    WLED's ``wled/+/api``, ``wled/+/col``, ``wled/+/status`` and ``wled/all`` become one
+    rule with ``topic = [...]``, each filter keeping its notes, in the place of the
+    first of them. Made only where, in rule order, every captured topic is still taken
+    by the rule that took it (or by the list, for its own filters), and no filter of the
+    list takes another's topics. ``patterns`` and the result are in rule order.
+    """
+    if not supports("topic_list"):
+        return patterns
+    groups: dict[str, list[Pattern]] = {}
+    for pattern in patterns:
+        if (
+            pattern.kind == "ignore"
+            and not pattern.match
+            and not pattern.filters
+            and pattern.topics
+            and not variable(pattern.levels[0])
+            and not any(lv.startswith("{") for lv in pattern.levels)
+        ):
+            groups.setdefault(pattern.levels[0], []).append(pattern)
+    out = list(patterns)
+    for members in groups.values():
+        group = members[:MAX_TOPICS]
+        if len(group) < 2 or any(
+            a is not b and filter_covers(a.levels, b.levels) for a in group for b in group
+        ):
+            continue
+        listed = Pattern(
+            [*group[0].levels], "ignore", set().union(*(p.topics for p in group)), filters=group
+        )
+        trial = [listed if p is group[0] else p for p in out if all(p is not g for g in group[1:])]
+        before = {t: _first(out, t) for p in out for t in p.topics}
+        if all(
+            _first(trial, t) is (listed if any(rule is g for g in group) else rule)
+            for t, rule in before.items()
+        ):
+            out = trial
+    return out
+
+
+def _first(rules: list[Pattern], topic: str) -> Pattern | None:
+    """The first rule (in order) whose filter, or one of whose filters, takes ``topic``."""
+    return next((p for p in rules if any(matches(f.levels, topic) for f in p.filters or [p])), None)

@@ -35,7 +35,7 @@ import aiomqtt
 from ingest.config import parse_mqtt_url, read_secret
 from ingest.devices.decode import Limits
 from ingest.devices.discover import conventions
-from ingest.devices.discover.chores import merge_tail
+from ingest.devices.discover.chores import list_chores, merge_tail
 from ingest.devices.discover.patterns import Captured, Pattern
 from ingest.devices.discover.proposal import rule_text
 from ingest.devices.discover.propose import propose
@@ -213,6 +213,8 @@ def _names(patterns: list[Pattern], taken: set[str]) -> list[str]:
     out = []
     for pattern in patterns:
         words = [lv for lv in pattern.levels if lv not in {"+", "#"} and not lv.startswith("{")]
+        if pattern.filters:  # the housekeeping filters of one first level, listed
+            words = [pattern.levels[0], "housekeeping"]
         base = "-".join(words)[:50] or "topics"
         base = "".join(c if c.isalnum() or c in "_-" else "_" for c in base)
         name, n = base, 2
@@ -313,7 +315,7 @@ def advice(
             tips.append(
                 f"rule {name}: {c.rejected} message(s) rejected ({reasons}), e.g. {c.example}"
             )
-    notes = sum(len(p.notes) for p in patterns)
+    notes = sum(len(p.notes) + sum(len(f.notes) for f in p.filters) for p in patterns)
     if notes:
         tips.append(f"{notes} NOTE comment(s) in the file mark guesses to check")
     tips.append("try a message: ingest check --mapping <file> --topic-name TOPIC 'PAYLOAD'")
@@ -368,7 +370,10 @@ def finish(
     taken = {t for r in preset_rules for t in counts[r.name].topics}
     known = conventions.read([(m.topic, m.payload) for m in messages])
     patterns = separate(propose(rest, known), preset_rules, taken)
-    patterns = merge_tail(patterns, taken, [r.subscription.split("/") for r in preset_rules])
+    patterns = merge_tail(
+        patterns, taken, [f.split("/") for r in preset_rules for f in r.subscriptions]
+    )
+    patterns = list_chores(patterns)
     names = _names(patterns, {r.name for r in before})
     text = proposal_text(patterns, names, [], now)
     proposed = parse(text, "proposal") if patterns else []

@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from ingest.devices.discover.chores import chore_patterns, housekeeping, merge_chores, same_shapes
+from ingest.devices.discover.chores import (
+    chore_patterns,
+    commands,
+    housekeeping,
+    merge_chores,
+    same_shapes,
+)
 from ingest.devices.discover.patterns import (
     SAMPLES,
     Captured,
@@ -44,14 +50,19 @@ def group(messages: list[Captured], known: Known) -> list[Pattern]:
     roots = {topic.split("/", 1)[0] for topic in by_topic}
     groups: dict[tuple[int, str, bool, int], list[str]] = {}
     now = epoch_now()
+    asked = commands(by_topic)
     for topic, kind in kinds.items():
-        chore = housekeeping(topic, kind, by_topic[topic], roots, now) or topic in known.chores
+        chore = (
+            housekeeping(topic, kind, by_topic[topic], roots, now)
+            or topic in known.chores
+            or (kind == "value" and topic in asked)
+        )
         key = (topic.count("/") + 1, kind, chore, _homie_device(topic, known))
         groups.setdefault(key, []).append(topic)
     patterns: list[Pattern] = []
     for (_, kind, chore, device), topics in sorted(groups.items()):
         if chore:
-            patterns.extend(chore_patterns(topics, kind, known, roots))
+            patterns.extend(chore_patterns(topics, kind, known, roots, asked))
         else:
             patterns.extend(topic_patterns(sorted(topics), kind, device))
     data = {t for (_, _, chore, _), ts in groups.items() if not chore for t in ts}

@@ -2,7 +2,8 @@
 
 Discover proposes the shortest rules the language allows: a json rule that names its
 measurement from topic captures (``measurement = "{property}"``), a last-level capture
-of several levels (``{property#}``), payload selection (``[rule.match]``). Where the
+of several levels (``{property#}``), payload selection (``[rule.match]``), an ignore
+rule listing several topic filters (``topic = [...]``). Where the
 mapping does not accept one yet, it proposes what it does accept (a rule per topic
 depth, a ``keep`` list) and says so in a NOTE.
 """
@@ -28,12 +29,13 @@ _PROBES = {
         '[[rule]]\nname = "q"\ntopic = "a/c"\nignore = true\n[rule.match]\n'
         '"type" = ["x", "y"]\n'
     ),
+    "topic_list": '[[rule]]\nname = "p"\ntopic = ["a/+/b", "a/c"]\nignore = true\n',
 }
 
 
 @cache
 def supports(feature: str) -> bool:
-    """Whether the mapping accepts a feature: json_measurement, multi_level or match."""
+    """Whether the mapping accepts a feature: json_measurement, multi_level, match, topic_list."""
     try:
         parse(_PROBES[feature], "probe")
     except ConfigError:

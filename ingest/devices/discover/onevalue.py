@@ -19,15 +19,10 @@ from typing import TYPE_CHECKING
 from ingest.devices.discover.chores import housekeeping
 from ingest.devices.discover.identity import json_docs
 from ingest.devices.discover.language import supports
-from ingest.devices.discover.patterns import Captured, Pattern, literal
+from ingest.devices.discover.patterns import EXTRAS, Captured, Pattern, literal
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-
-# Fields beside "value" that keep a payload one value: its time, unit, range, quality.
-EXTRAS = frozenset(
-    {"time", "ts", "timestamp", "t", "unit", "units", "min", "max", "quality", "q", "valid"}
-)
 
 
 def one_value(payloads: Sequence[bytes]) -> bool:

@@ -99,6 +99,10 @@ STATUS_WORDS = frozenset(
 SENML_KEYS = frozenset(
     {"bn", "bt", "bu", "bv", "bver", "n", "u", "v", "vs", "vb", "vd", "s", "t", "ut"}
 )
+# Fields beside "value" that keep a payload one value: its time, unit, range, quality.
+EXTRAS = frozenset(
+    {"time", "ts", "timestamp", "t", "unit", "units", "min", "max", "quality", "q", "valid"}
+)
 # Last levels that say "this is the value" rather than what is measured.
 GENERIC_LAST = frozenset({"state", "value", "status", "data", "get", "current"})
 MAX_JSON_PATTERNS = 5  # distinct values of a non-device level kept as separate rules
@@ -137,6 +141,9 @@ class Pattern:
     # [rule.match]: payload field -> the values it takes in the messages the rule takes
     match: dict[str, list[str]] = field(default_factory=dict)
     keep: list[str] = field(default_factory=list)  # json: the only fields stored
+    # An ignore rule listing several topic filters: one pattern per filter, with its
+    # topics and notes (``levels`` and ``topics`` are then the first's and all of them).
+    filters: list[Pattern] = field(default_factory=list)
 
     @property
     def samples(self) -> list[bytes]:

@@ -63,7 +63,7 @@ def rule_text(
     if pattern.kind == "binary":
         lines.append("# NOTE: binary payloads (not UTF-8 text): no format reads them; ignored")
     lines += [f"# NOTE: {note}" for note in pattern.notes]
-    lines += ["[[rule]]", f"name = {quote(name)}", f"topic = {quote('/'.join(pattern.levels))}"]
+    lines += ["[[rule]]", f"name = {quote(name)}", *_topic(pattern)]
     if pattern.kind in {"ignore", "binary"}:
         lines.append("ignore = true")
         return "\n".join(lines + _match(pattern))
@@ -85,6 +85,22 @@ def rule_text(
         lines.append(f"info = [{', '.join(quote(n) for n in pattern.info)}]")
     tables += _table("tags", pattern.tags) + _table("units", pattern.units)
     return "\n".join(lines + tables + _match(pattern))
+
+
+def _topic(pattern: Pattern) -> list[str]:
+    """``topic``: the filter, or the list of filters, each with its notes above it."""
+    if not pattern.filters:
+        return [f"topic = {quote('/'.join(pattern.levels))}"]
+    lines = ["topic = ["]
+    for member in pattern.filters:
+        lines += [f"  # NOTE: {listed(note)}" for note in member.notes]
+        lines.append(f"  {quote('/'.join(member.levels))},")
+    return [*lines, "]"]
+
+
+def listed(note: str) -> str:
+    """A note about a rule said of one filter of a rule's list."""
+    return note.replace("delete this rule to store", "delete this filter's line to store")
 
 
 def _match(pattern: Pattern) -> list[str]:

@@ -37,6 +37,7 @@ from ingest.devices.discover.patterns import (
 )
 from ingest.devices.discover.selection import select
 from ingest.devices.discover.units import units_of
+from ingest.devices.rules import EVERY_UNIT
 from ingest.model import RESERVED_FIELDS
 
 if TYPE_CHECKING:
@@ -138,8 +139,8 @@ def _complete(pattern: Pattern, known: Known, wills: frozenset[str] = frozenset(
     return [p for p in out if p.topics]
 
 
-def _stored_names(pattern: Pattern) -> list[str]:
-    """The names the pattern's rule stores numbers under, as far as seen.
+def _stored_numbers(pattern: Pattern) -> dict[str, list[float]]:
+    """The names the pattern's rule stores numbers under, as far as seen, with the numbers.
 
     Not those seen as 0 and 1 only: a switch's state (Tasmota's ``"Power": 1``) has no
     physical unit whatever its name.
@@ -160,12 +161,11 @@ def _stored_names(pattern: Pattern) -> list[str]:
             for k, vs in field_values(pattern.samples, pattern.each).items()
             if k not in used and k not in pattern.drop
         }
-    return sorted(
-        k
-        for k, vs in seen.items()
-        if any(type(v) in {int, float} for v in vs)
-        and not {v for v in vs if type(v) in {int, float}} <= {0, 1}
-    )
+    numbers = {
+        k: [float(v) for v in vs if type(v) in {int, float}]  # type: ignore[arg-type]
+        for k, vs in sorted(seen.items())
+    }
+    return {k: vs for k, vs in numbers.items() if vs and not set(vs) <= {0, 1}}
 
 
 def _number(payload: bytes, kind: str) -> object:
@@ -180,7 +180,19 @@ def _number(payload: bytes, kind: str) -> object:
 
 
 def _tree_units(pattern: Pattern, known: Known) -> None:
-    """A one-value tree's units: from a unit attribute topic or the payloads' unit field."""
+    """A one-value tree's units: from a unit attribute topic or the payloads' unit field.
+
+    Where every payload carries its unit, ``"*" = "{unit}"``: each measurement, seen in
+    the capture or not, takes the unit its payload gives.
+    """
+    docs = [d for t in pattern.topics for d in json_docs(pattern.payloads.get(t, []))]
+    if docs and all(type(d) is dict and type(d.get("unit")) is str and d["unit"] for d in docs):
+        pattern.units[EVERY_UNIT] = "{unit}"
+        pattern.notes.append(
+            "every payload gives its unit: each measurement's unit is its payload's unit "
+            'field ("*" = "{unit}")'
+        )
+        return
     found: dict[str, set[str]] = {}
     for topic in pattern.topics:
         name = safe(_render(pattern.measurement or "value", pattern.captures(topic)))
@@ -217,11 +229,16 @@ def _field_unit(pattern: Pattern) -> None:
 
 
 def _table_units(pattern: Pattern) -> None:
-    """Units the names imply (:mod:`ingest.devices.discover.units`), as a suggestion."""
-    names = _stored_names(pattern)
+    """Units the names imply (:mod:`ingest.devices.discover.units`), as a suggestion.
+
+    None where the payloads give every unit (``"*"``): theirs is the device's word.
+    """
+    if EVERY_UNIT in pattern.units:
+        return
+    numbers = _stored_numbers(pattern)
     found = {
         n: u
-        for n, u in {**units_of(names), **suffix_units(names)}.items()
+        for n, u in {**units_of(numbers), **suffix_units(list(numbers))}.items()
         if n not in pattern.units and n not in RESERVED_FIELDS
     }
     if not found:
@@ -405,15 +422,15 @@ def _payload_identity(pattern: Pattern) -> None:
     for name in found.info:
         pattern.tags[name] = f"{{{name}}}"
         pattern.info.append(name)
-    numbers = [
-        k
+    numbers = {
+        k: [float(v) for v in vs if type(v) in {int, float}]  # type: ignore[arg-type]
         for k, vs in field_values(pattern.samples, pattern.each).items()
         if k not in {*found.fields, *pattern.drop} and any(type(v) in {int, float} for v in vs)
-    ]
+    }
     if where is not None:
         _named_units(pattern, numbers)
     elif "model" in found.fields or "model" in found.info:  # rtl_433's data format
-        units = suffix_units(numbers)
+        units = suffix_units(list(numbers))
         if units:
             pattern.units.update(units)
             pattern.notes.append(
@@ -467,12 +484,14 @@ def _listed(
     )
 
 
-def _named_units(pattern: Pattern, numbers: list[str]) -> None:
-    """Units the listed devices' field names give (hum: %, temperature_C: °C).
+def _named_units(pattern: Pattern, numbers: dict[str, list[float]]) -> None:
+    """Units the listed devices' field names give (hum: %, temperature_C: °C, temp: °C).
 
-    A NOTE names the numbers left without one.
+    ``numbers``: each numeric field with the numbers seen. A NOTE names the numbers left
+    without one.
     """
-    units = suffix_units(numbers)
+    physical = {k: vs for k, vs in numbers.items() if not set(vs) <= {0, 1}}  # not a state
+    units = {**units_of(physical), **suffix_units(list(numbers))}
     pattern.units.update(units)
     bare = [n for n in numbers if n not in units and n not in RESERVED_FIELDS]
     given = ", ".join(f"{n} {u}" for n, u in sorted(units.items()))

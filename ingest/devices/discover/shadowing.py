@@ -149,7 +149,7 @@ class Separator:
     def __init__(
         self, presets: Sequence[Rule], taken: set[str], proposals: Sequence[Pattern]
     ) -> None:
-        self.filters = [(r.subscription.split("/"), r) for r in presets]
+        self.filters = [(f.split("/"), r) for r in presets for f in r.subscriptions]
         self.taken = taken
         self.proposals = proposals
 
@@ -160,12 +160,12 @@ class Separator:
             t for t in self.taken | later if t not in pattern.topics and matches(pattern.levels, t)
         ]
 
-    def _soft(self, pattern: Pattern) -> list[tuple[Rule, str]]:
+    def _soft(self, pattern: Pattern) -> list[tuple[Rule, str, str]]:
         out = []
         for levels, rule in self.filters:
             topic = overlap(pattern.levels, levels)
             if topic is not None:
-                out.append((rule, topic))
+                out.append((rule, topic, "/".join(levels)))
         return out
 
     def separate(self, pattern: Pattern) -> list[Pattern]:
@@ -190,13 +190,13 @@ class Separator:
         self._note(pattern, soft)
         return [pattern]
 
-    def _explain(self, part: Pattern, whole: Pattern, soft: list[tuple[Rule, str]]) -> Pattern:
+    def _explain(self, part: Pattern, whole: Pattern, soft: list[tuple[Rule, str, str]]) -> Pattern:
         if (
             soft
             and part.levels != whole.levels
             and not any(n.startswith("narrowed from") for n in part.notes)
         ):
-            names = sorted({r.source.removeprefix("--") for r, _ in soft})
+            names = sorted({r.source.removeprefix("--") for r, _, _ in soft})
             part.notes.append(
                 f"narrowed from {'/'.join(whole.levels)}, which would also "
                 f"take topics of {', '.join(names)} (this file's rules are "
@@ -204,15 +204,15 @@ class Separator:
             )
         return part
 
-    def _note(self, pattern: Pattern, soft: list[tuple[Rule, str]]) -> None:
-        by_source: dict[str, list[tuple[Rule, str]]] = {}
-        for rule, topic in soft:
-            by_source.setdefault(rule.source.removeprefix("--"), []).append((rule, topic))
+    def _note(self, pattern: Pattern, soft: list[tuple[Rule, str, str]]) -> None:
+        by_source: dict[str, list[tuple[Rule, str, str]]] = {}
+        for rule, topic, shared in soft:
+            by_source.setdefault(rule.source.removeprefix("--"), []).append((rule, topic, shared))
         for source, found in sorted(by_source.items()):
-            (rule, topic), more = found[0], len(found) - 1
+            (rule, topic, shared), more = found[0], len(found) - 1
             pattern.notes.append(
                 f"a topic such as {topic} would match this rule before {source}'s rule "
-                f"{rule.name} ({rule.subscription})"
+                f"{rule.name} ({shared})"
                 + (f" and {more} more of its rules" if more else "")
                 + "; none was captured"
             )

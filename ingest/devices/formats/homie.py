@@ -606,18 +606,19 @@ def subscriptions(
 
 def _domain(rule: Rule) -> str:
     """The domain level of a Homie rule's filter (``+`` when it is a wildcard)."""
-    level = rule.subscription.split("/")[0]
+    level = rule.subscriptions[0].split("/")[0]  # one filter (rules.ONE_FILTER_FORMATS)
     return "+" if level == "#" else level
 
 
 def _owner(levels: list[str], rules: Sequence[Rule]) -> Rule | None:
     """The Homie rule that takes every topic of a filter, or None."""
     for rule in rules:
-        theirs = rule.subscription.split("/")
-        if rule.format == "homie" and not rule.ignore and meet(theirs, levels) == levels:
-            return rule
-        if not rule.ignore and rule.format != "homie" and meet(theirs, levels) is not None:
-            return None  # an earlier rule of another format takes some of its topics
+        for subscription in rule.subscriptions:
+            theirs = subscription.split("/")
+            if rule.format == "homie" and not rule.ignore and meet(theirs, levels) == levels:
+                return rule
+            if not rule.ignore and rule.format != "homie" and meet(theirs, levels) is not None:
+                return None  # an earlier rule of another format takes some of its topics
     return None
 
 
@@ -634,7 +635,7 @@ def _attributes_apart(
     for rule in rules:
         if rule.format != "homie" or rule.ignore:
             continue
-        theirs = rule.subscription.split("/")
+        theirs = rule.subscriptions[0].split("/")  # one filter (rules.ONE_FILTER_FORMATS)
         for version, shapes in ((4, _V4_ATTRIBUTES), (5, _V5_ATTRIBUTES)):
             for shape in shapes:
                 mine = meet(theirs, [_domain(rule) if level == "D" else level for level in shape])

@@ -59,4 +59,5 @@ FAMILIES = (
     "owntracks",
     "meshtastic",
     "victron",
+    "zwavejsui",  # added as a check that discover generalises (see its module)
 )

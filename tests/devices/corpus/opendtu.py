@@ -2,7 +2,9 @@
 
 Topics and units from tbnobody/OpenDTU ``docs/MQTT_Topics.md`` (v24.11): ``dtu/*`` of the
 DTU itself, ``[serial]/[channel]/[field]`` per inverter (channel 0 the AC side, 1..n the
-DC strings), ``[serial]/status/*`` state, ``[serial]/cmd/*`` commands (W).
+DC strings), ``[serial]/status/*`` state, ``[serial]/cmd/*`` commands (W). The topics table gives
+``dtu/rssi`` as a "db value"; the Home Assistant configs OpenDTU publishes for it
+(``src/MqttHandleHass.cpp``) say dBm (signal_strength), and ``dtu/uptime`` s.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from tests.devices.corpus import DESCRIPTIVE, HOUSEKEEPING, Family, Msg, Truth
 
 FAMILY = Family(
     "opendtu",
-    ("https://github.com/tbnobody/OpenDTU/blob/v24.11.7/docs/MQTT_Topics.md",),
+    (
+        "https://github.com/tbnobody/OpenDTU/blob/v24.11.7/docs/MQTT_Topics.md",
+        "https://github.com/tbnobody/OpenDTU/blob/v24.11.7/src/MqttHandleHass.cpp",
+    ),
 )
 AC = {
     "power": ("W", 123.4),
@@ -36,7 +41,7 @@ def messages(t: float) -> list[Msg]:
         Msg("solar/dtu/status", b"online", HOUSEKEEPING),
         Msg("solar/dtu/ip", b"192.168.110.90", DESCRIPTIVE),
         Msg("solar/dtu/hostname", b"OpenDTU-07F614", DESCRIPTIVE),
-        Msg("solar/dtu/rssi", b"-74", Truth("dtu", {"rssi": -74}, {"rssi": "dB"})),
+        Msg("solar/dtu/rssi", b"-74", Truth("dtu", {"rssi": -74}, {"rssi": "dBm"})),
         Msg("solar/dtu/uptime", b"2125105", Truth("dtu", {"uptime": 2125105}, {"uptime": "s"})),
     ]
     for n, serial in enumerate(("114190641177", "114190641178")):

@@ -46,6 +46,7 @@ class Score:
     right: int = 0
     units: int = 0  # series with a documented unit
     units_right: int = 0
+    units_wrong: int = 0  # of those, given a unit other than the documented one
     housekeeping: int = 0
     housekeeping_stored: int = 0
     rules: int = 0
@@ -61,7 +62,7 @@ class Score:
 
         return (
             f"| {self.family} | {pct(self.right, self.values)} | "
-            f"{pct(self.units_right, self.units)} | "
+            f"{pct(self.units_right, self.units)} | {self.units_wrong} | "
             f"{self.housekeeping_stored} of {self.housekeeping} | {self.rules} |"
         )
 
@@ -166,6 +167,7 @@ def _tally(
     for key, unit in documented.items():
         got = units.get(pairs[key]) if key in pairs else None
         result.units_right += got == unit
+        result.units_wrong += got is not None and got != unit
         if got != unit:
             result.wrong.append(f"unit of {key[0]} {key[1]}: {got!r}, documented {unit!r}")
     return result
@@ -203,8 +205,8 @@ def _hits(truth: Truth, rows: list[Row], arrival: tuple[float, float]) -> list[H
 def table(scores: list[Score]) -> str:
     """The score table of docs/onboarding.md."""
     head = (
-        "| family | values stored right | units | housekeeping stored | rules |\n"
-        "|---|---|---|---|---|"
+        "| family | values stored right | units | wrong units | housekeeping stored | rules |\n"
+        "|---|---|---|---|---|---|"
     )
     total = Score(
         "all",
@@ -212,6 +214,7 @@ def table(scores: list[Score]) -> str:
         sum(s.right for s in scores),
         sum(s.units for s in scores),
         sum(s.units_right for s in scores),
+        sum(s.units_wrong for s in scores),
         sum(s.housekeeping for s in scores),
         sum(s.housekeeping_stored for s in scores),
         max(s.rules for s in scores),
