@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -46,13 +47,28 @@ WAYS = {"bucket-stats": ("bucket", True), "bucket-raw": ("bucket", False)}
 WAYS["timeseries"] = ("timeseries", False)
 
 
-async def evaluate(db: Any, way: str, hours: int) -> tuple[float, float, list[dict[str, Any]]]:  # noqa: ANN401
-    """Seconds one evaluation took, this process's CPU seconds in it, and its answer."""
+@dataclass
+class Evaluation:
+    """One evaluation: its time, this process's CPU time in it, each aggregation, the answer."""
+
+    seconds: float
+    cpu_seconds: float
+    # each aggregation the evaluator ran, in order: seconds to its last document, documents
+    pipelines: list[tuple[float, int]]
+    answer: list[dict[str, Any]]
+
+
+async def evaluate(db: Any, way: str, hours: int) -> Evaluation:  # noqa: ANN401
+    """Evaluate the query once, one of the ways."""
     mode, use_stats = WAYS[way]
     collection = db[COLLECTIONS[mode]]
+    pipelines: list[tuple[float, int]] = []
 
     async def aggregate(pipeline: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return await (await collection.aggregate(pipeline)).to_list()  # type: ignore[no-any-return]
+        began = time.perf_counter()
+        docs: list[dict[str, Any]] = await (await collection.aggregate(pipeline)).to_list()
+        pipelines.append((time.perf_counter() - began, len(docs)))
+        return docs
 
     end = DAY + timedelta(hours=hours)
     api = PromApi(aggregate, Layout(mode, 3600), lambda: end, 600, use_stats=use_stats)
@@ -61,7 +77,22 @@ async def evaluate(db: Any, way: str, hours: int) -> tuple[float, float, list[di
     began, cpu = time.perf_counter(), time.process_time()
     value = await api.evaluate(parse(QUERY), Steps(times, DEFAULT_LOOKBACK_MS, 3_600_000))
     took, cpu = time.perf_counter() - began, time.process_time() - cpu
-    return took, cpu, range_result(value, times)
+    return Evaluation(took, cpu, pipelines, range_result(value, times))
+
+
+def summary(runs: list[Evaluation]) -> dict[str, Any]:
+    """Medians over the runs of a way: time, CPU time, and each aggregation's time."""
+    return {
+        "median_ms": round(1000 * statistics.median(r.seconds for r in runs), 1),
+        "client_cpu_ms": round(1000 * statistics.median(r.cpu_seconds for r in runs), 1),
+        "pipelines": [
+            {
+                "median_ms": round(1000 * statistics.median(p[0] for p in same_step), 1),
+                "documents": same_step[0][1],
+            }
+            for same_step in zip(*(r.pipelines for r in runs), strict=True)
+        ],
+    }
 
 
 def same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
@@ -82,15 +113,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         results: dict[str, Any] = {}
         answers = {}
         for way in WAYS:
-            times, cpus = [], []
-            for _ in range(args.runs):
-                took, cpu, answers[way] = await evaluate(where.db, way, args.hours)
-                times.append(took)
-                cpus.append(cpu)
-            results[way] = {
-                "median_ms": round(1000 * statistics.median(times), 1),
-                "client_cpu_ms": round(1000 * statistics.median(cpus), 1),
-            }
+            runs = [await evaluate(where.db, way, args.hours) for _ in range(args.runs)]
+            results[way] = summary(runs)
+            answers[way] = runs[-1].answer
         agree = same(answers["bucket-stats"], answers["bucket-raw"]) and same(
             answers["bucket-stats"], answers["timeseries"]
         )
@@ -119,9 +144,13 @@ def table(report: dict[str, Any]) -> None:
             f"stored {mode}: {load['documents']} documents, built in {load['build_s']} s, "
             f"inserted in {load['insert_s']} s{without}"
         )
-    print(f"{'way':<13} {'median ms':>10} {'client CPU ms':>14} {'x stats':>8}")
+    print(f"{'way':<13} {'median ms':>10} {'client CPU ms':>14} {'x stats':>8}  aggregations")
     for way, row in report["results"].items():
-        print(f"{way:<13} {row['median_ms']:>10} {row['client_cpu_ms']:>14} {row['x_stats']:>8}")
+        steps = ", ".join(f"{p['median_ms']} ms ({p['documents']} docs)" for p in row["pipelines"])
+        print(
+            f"{way:<13} {row['median_ms']:>10} {row['client_cpu_ms']:>14} {row['x_stats']:>8}  "
+            + steps
+        )
 
 
 if __name__ == "__main__":
