@@ -20,8 +20,10 @@ encoding and decoding): the rest is the server's work and the wait for it.
     .venv/bin/python -m bench.promql [--sensors 100] [--hours 24] [--interval 300]
         [--runs 5] [--mongodb-uri URI]
 
-Without --mongodb-uri it starts the mongoeco emulator, far slower than MongoDB: compare
-the ways with each other, not the absolute figures.
+Without --mongodb-uri it starts the mongoeco emulator, far slower than MongoDB and with
+other costs (docs/performance.md#promql says which): compare the ways with each other,
+not the absolute figures. There, one reading every 10 minutes (``--interval 600``) keeps
+1,000 sensors to minutes.
 """
 
 from __future__ import annotations
