@@ -16,4 +16,8 @@ In process:
     jsonparse  the json format's parse of LoRaWAN uplinks, compiled twin against Python
     profile    where the daemon's CPU goes (py-spy over a drain into ``fakemongo``)
     api        the read API's latency per query, both layouts
+    promql     a day of avg_over_time over a fleet: bucket statistics, raw readings, time series
+Shared by api and promql:
+    fleet      the fleet-day of readings, its database (the emulator, or a MongoDB given)
+    stored     the fleet's documents as the writers store them, inserted in bulk
 """

@@ -20,67 +20,34 @@ absolute figures.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
-import random
 import statistics
-import sys
 import time
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
-from pymongo import AsyncMongoClient
 
+from bench.fleet import DAY, fleet, head, main, parser, store, writers
 from ingest.api.read_queries import iso
 from ingest.api.server import ReadApi
 from ingest.config import ApiSettings
-from ingest.model import Reading, Scalar
-from ingest.store.schema import Schema
-from ingest.store.writers.bucket import BucketWriter, ts_key
-from ingest.store.writers.timeseries import TimeseriesWriter
-from tests.support.procs import start_emulator
 
-DAY = datetime(2026, 5, 1, tzinfo=UTC)
+if TYPE_CHECKING:
+    import argparse
+    from datetime import datetime
+
+    from pymongo import AsyncMongoClient
+
+    from ingest.model import Reading
+
 BATCH = 500  # readings per write, as a daemon's batch under light load
-
-
-def fleet(sensors: int, hours: int, interval: int, seed: int) -> list[Reading]:
-    """Every sensor every ``interval`` seconds, jittered, temperature and humidity."""
-    rng = random.Random(seed)
-    out = []
-    for step in range(hours * 3600 // interval):
-        for s in range(sensors):
-            ts = DAY + timedelta(seconds=step * interval + rng.randint(0, interval - 1))
-            values: dict[str, Scalar] = {
-                "temp": round(20 + rng.gauss(0, 2), 2),
-                "hum": rng.randint(30, 70),
-            }
-            out.append(Reading(f"sensor-{s:04d}", ts, ts.timestamp(), values, step, ts_key(ts)))
-    return out
 
 
 async def load(db: Any, readings: list[Reading]) -> dict[str, float]:  # noqa: ANN401
     """Write through both writers; seconds each took."""
-
-    def schema(name: str) -> Schema:
-        return Schema(
-            db,
-            name,
-            rejects_collection="rejects",
-            rejects_max_bytes=1 << 20,
-            retention_days=None,
-            span_seconds=3600,
-        )
-
-    writers: dict[str, BucketWriter | TimeseriesWriter] = {
-        "bucket": BucketWriter(db.buckets, schema("buckets"), 3600, 3600),
-        "timeseries": TimeseriesWriter(db.readings, schema("readings")),
-    }
     took = {}
-    for mode, writer in writers.items():
+    for mode, writer in writers(db).items():
         await writer.ensure_schema()
         start = time.perf_counter()
         for i in range(0, len(readings), BATCH):
@@ -147,56 +114,26 @@ async def measure(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    proc = None
-    uri = args.mongodb_uri
-    if uri is None:
-        proc, uri = start_emulator()
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, tz_aware=True)
-    db_name = f"bench_api_{int(time.time())}"
-    try:
+    async with store(args.mongodb_uri, "bench_api") as where:
         readings = fleet(args.sensors, args.hours, args.interval, args.seed)
-        write_seconds = await load(client[db_name], readings)
+        write_seconds = await load(where.db, readings)
         now = DAY + timedelta(hours=args.hours)
         paths = queries(args.hours)
         results = {
-            mode: await measure(client, db_name, mode, paths, args.requests, now)
+            mode: await measure(where.client, where.db.name, mode, paths, args.requests, now)
             for mode in ("bucket", "timeseries")
         }
-        return {
-            "command": " ".join(["python", "-m", "bench.api", *sys.argv[1:]]),
-            "mongodb": "emulator" if args.mongodb_uri is None else "given",
-            "readings": len(readings),
-            "sensors": args.sensors,
-            "hours": args.hours,
+        return head("bench.api", args, len(readings)) | {
             "write_seconds": write_seconds,
             "requests": args.requests,
             "results": results,
         }
-    finally:
-        await client.drop_database(db_name)
-        await client.close()
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=10)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--sensors", type=int, default=10)
-    parser.add_argument("--hours", type=int, default=24)
-    parser.add_argument("--interval", type=int, default=300, help="seconds between readings")
-    parser.add_argument("--requests", type=int, default=50, help="per query and layout")
-    parser.add_argument("--mongodb-uri", help="default: the mongoeco emulator")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    args = parser.parse_args()
-    report = asyncio.run(run(args))
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
+def table(report: dict[str, Any]) -> None:
     print(
-        f"{report['readings']} readings ({args.sensors} sensors, {args.hours} h), "
-        f"MongoDB: {report['mongodb']}, {args.requests} requests per query, one at a time"
+        f"{report['readings']} readings ({report['sensors']} sensors, {report['hours']} h), "
+        f"MongoDB: {report['mongodb']}, {report['requests']} requests per query, one at a time"
     )
     print(f"{'query':<10} {'layout':<11} {'p50 ms':>8} {'p99 ms':>8} {'bytes':>8}")
     for mode, rows in report["results"].items():
@@ -207,4 +144,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    arguments = parser(__doc__, sensors=10)
+    arguments.add_argument("--requests", type=int, default=50, help="per query and layout")
+    main(arguments.parse_args(), run, table)
