@@ -72,9 +72,14 @@ def bound_pipeline(
     layout: Layout, matchers: Sequence[Matcher], names: list[str], bounds: list[int]
 ) -> Pipeline:
     """The readings exactly on bucket bounds (the first instant of a bucket)."""
+    on = [from_ms(b) for b in bounds]
     match: dict[str, Any] = {
-        "bucket_start": {"$in": [from_ms(b) for b in bounds]},
-        "readings.ts": {"$in": [from_ms(b) for b in bounds]},
+        "bucket_start": {"$in": on},
+        # a reading on its bucket's bound is the bucket's earliest: only a document whose
+        # first_ts is a bound (or that has none) can hold one, which spares the readings'
+        # scan of every other document
+        "$or": [{"first_ts": {"$in": on}}, {"first_ts": {"$exists": False}}],
+        "readings.ts": {"$in": on},
     }
     extra = pushdown(layout, matchers)
     on_bound = {
