@@ -240,6 +240,7 @@ static void *connection_main(void *arg) {
     }
     uint8_t *buf = malloc(1 << 18);
     if (!buf) { perror("mqttrelay: malloc"); exit(1); }
+    int gone = 0;  /* the consumer's side failed: what the broker sends is read and dropped */
     for (;;) {
         ssize_t r = read(c->broker, buf, 1 << 18);
         if (r < 0 && errno == EINTR) continue;
@@ -260,7 +261,11 @@ static void *connection_main(void *arg) {
         if (ping && c->down.counts[PINGRESP] >= ping
             && atomic_compare_exchange_strong(&processed_ns, &unset, t))
             say("processed %lld\n", (long long)t);
-        if (write_all(c->client, buf, (size_t)r) < 0) break;
+        /* A consumer gone (killed) leaves the broker's side open until the broker has read
+         * what the relay passed on and closes it itself: closing a socket with unread
+         * PUBLISHes in it would reset the connection, and a broker may drop the PUBACKs it
+         * had not read yet. */
+        if (!gone && write_all(c->client, buf, (size_t)r) < 0) gone = 1;
     }
     shutdown(c->client, SHUT_WR);
     pthread_join(up, NULL);
