@@ -5,7 +5,15 @@
 set -e
 src="$(cd "$(dirname "$0")" && pwd)"
 out="$(cd "${1:-$src}" && pwd)"
-gcc -O2 -Wall -Wextra -o "$out/fakemongo" "$src/fakemongo.c"
-gcc -O2 -Wall -Wextra -o "$out/qos1pub" "$src/qos1pub.c"
-gcc -O2 -Wall -Wextra -pthread -o "$out/mqttrelay" "$src/mqttrelay.c"
-gcc -O2 -Wall -Wextra -o "$out/idealsub" "$src/idealsub.c"
+# Each binary is written beside its place and renamed onto it: a test process may be
+# running the previous one, or building the same one at the same time.
+build() {
+    name=$1
+    shift
+    gcc -O2 -Wall -Wextra "$@" -o "$out/.$name.$$" "$src/$name.c"
+    mv -f "$out/.$name.$$" "$out/$name"
+}
+build fakemongo
+build qos1pub
+build mqttrelay -pthread
+build idealsub
