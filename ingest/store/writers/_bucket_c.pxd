@@ -3,9 +3,11 @@ cimport cython
 
 from ingest._capi cimport checked_tuple as _fields
 from ingest._capi cimport float_floordiv as _floordiv, new_with_slot, slot_offset
+from ingest._capi cimport greater as _gt, less as _lt, less_equal as _le
 
 cdef Py_ssize_t SENSOR_ID, EPOCH, VALUES, SEQ, MS, TAGS, UNITS, INFO
 cdef Py_ssize_t _MS_SLOT
+cdef double _NAN
 # Typed globals: a plain module global is a dict lookup at each use (Python 3.12+, where
 # Cython's cache of the module dict's version is off), and these are read per group or date.
 cdef object _DATE, NO_TAGS, BUCKET_INDEX, SCHEMA_VERSION
@@ -33,7 +35,7 @@ cdef Py_ssize_t _labels_bytes(object labels) except -1
 cpdef dict stat_values(object values)
 
 @cython.locals(row=tuple, groups=dict, keys=dict, latest=dict, mine=tuple, group=list, fast=bint,
-               seconds=double)
+               seconds=double, at=double, last_at=double)
 cpdef dict group_readings(object readings, object span)
 
 cpdef tuple unique_readings(object group, object plan)
@@ -70,14 +72,11 @@ cdef dict _by_reading(list group, dict labels=*)
 cdef object _one_update(object sensor_id, object tags, object start, object reading,
                         object max_readings, object max_bytes)
 
-@cython.locals(row=tuple, count=Py_ssize_t, i=Py_ssize_t, stamps=list, dates=list, pushed=list,
-               size=Py_ssize_t, values=dict, acc=dict, times=tuple,
+@cython.locals(row=tuple, count=Py_ssize_t, stamps=list, dates=list, pushed=list,
+               size=Py_ssize_t, values=dict, acc=dict, ordered=bint,
                inc=dict, mins=dict, maxs=dict)
 cdef object _fast_update(object sensor_id, object tags, object start, list group,
                          object max_readings, object max_bytes)
-
-@cython.locals(row=tuple, stamps=list, ordered=bint)
-cdef tuple _distinct_times(list group)
 
 cdef object _label(object reading, dict labels)
 

@@ -18,7 +18,7 @@ C ``floor(a / b)`` is not it).
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from operator import attrgetter, floordiv
+from operator import attrgetter, floordiv, gt, le, lt
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from bson.datetime_ms import DatetimeMS
@@ -72,8 +72,12 @@ if [Reading._fields[i] for i in (SENSOR_ID, EPOCH, VALUES, SEQ, MS, TAGS, UNITS,
 # Spans below this many seconds (ints a float holds exactly) take the compiled floor
 # division of floats.
 _FLOAT_SPANS = 2**53
+_NAN = float("nan")  # equal to no start
 if not cython.compiled:  # compiled: ingest/_capi.pxd's float_floordiv, the same in C
     _floordiv = floordiv
+    # Compiled: ingest/_capi.pxd's less, greater and less_equal, which compare two floats
+    # or two ints in C (a hot loop takes ``_lt(a, b) if cython.compiled else a < b``).
+    _lt, _gt, _le = lt, gt, le
 
     def _fields(reading: Reading) -> Reading:
         """The reading, typed as the tuple it is (compiled: ingest/_capi.pxd's checked_tuple).
@@ -234,20 +238,28 @@ def group_readings(readings: list[Reading], span: int) -> dict[GroupKey, list[Re
     # Compiled: Python's float // of a float epoch and a span a float holds, in C.
     fast = cython.compiled and type(span) is int and 0 < span < _FLOAT_SPANS
     seconds = float(span) if fast else 1.0
+    last_at = _NAN  # compiled: the last start as a C float, when it came from fast
     for reading in readings:
         row = _fields(reading) if cython.compiled else reading
         sensor = row[SENSOR_ID]
         tags = row[TAGS]
         epoch = row[EPOCH]
+        # A message's readings come one after the other, of one series (the same string
+        # and tags objects) and mostly of one span: no key to build and look up for those
+        # (compiled, no float object either).
         if fast and type(epoch) is float:
-            start = _floordiv(epoch, seconds) * seconds
+            at = _floordiv(epoch, seconds) * seconds
+            if sensor is last_sensor and tags is last_tags and at == last_at:
+                group.append(reading)
+                continue
+            start = at
+            last_at = at
         else:
             start = epoch // span * span
-        # A message's readings come one after the other, of one series (the same string
-        # and tags objects) and mostly of one span: no key to build and look up for those.
-        if sensor is last_sensor and tags is last_tags and start == last_start:
-            group.append(reading)
-            continue
+            if sensor is last_sensor and tags is last_tags and start == last_start:
+                group.append(reading)
+                continue
+            last_at = _NAN
         if not tags:
             tags_of = NO_TAGS
         else:
@@ -468,9 +480,9 @@ def _by_reading(group: list[Reading], labels: dict[str, str] | None = None) -> d
             # float(): as Python adds an int to a float (compiled, Cython's own float + int
             # gives -0.0 + 0 as -0.0, where Python gives 0.0)
             stat.total += float(value)
-            if value < stat.low:
+            if _lt(value, stat.low) if cython.compiled else value < stat.low:
                 stat.low = value
-            elif value > stat.high:
+            elif _gt(value, stat.high) if cython.compiled else value > stat.high:
                 stat.high = value
     return acc
 
@@ -506,60 +518,48 @@ def _fast_update(
 ) -> dict[str, Any] | None:
     """:func:`update_for` of a whole group in one pass, for the default decoder's readings.
 
-    For a group whose readings are numbers only (no tags), all timed in milliseconds,
-    each at its own millisecond, and that fit one document; otherwise None (the general
-    path then splits, settles repeats and labels). Builds the same statement.
+    For a group whose readings are numbers only (no tags, values in a dict), all timed in
+    milliseconds, each at its own millisecond, and that fit one document; otherwise None
+    (the general path then splits, settles repeats and labels). Builds the same statement.
     """
     count = len(group)
     if count == 1:
         return _one_update(sensor_id, tags, start, group[0], max_readings, max_bytes)
     if count > max_readings:
         return None
-    times = _distinct_times(group)
-    if times is None:
-        return None
-    stamps, first, last = times
     dates: list[BsonDate] = []
     pushed: list[dict[str, Any]] = []
     size = 41 * count  # reading_bytes of each: numbers only
-    for i in range(count):
-        row = _fields(group[i]) if cython.compiled else group[i]
-        date = bson_date(stamps[i])
+    ordered = True  # in time order (the usual batch): distinct, first and last at the ends
+    last: int | None = None
+    for reading in group:
+        row = _fields(reading) if cython.compiled else reading
+        ms = row[MS]
+        values = row[VALUES]
+        if ms is None or row[TAGS] is not None or type(values) is not dict:
+            return None
+        if ordered and last is not None and (_le(ms, last) if cython.compiled else ms <= last):
+            ordered = False
+        last = ms
+        date = bson_date(ms)
         dates.append(date)
         pushed.append(_entry(date, row))
-        values: dict[str, Any] = row[VALUES]
         for name in values:
             size += 70 + 2 * len(name)
     if size > max_bytes:
         return None
+    if ordered:
+        first = ms_of(group[0])
+    else:
+        stamps = [ms_of(reading) for reading in group]
+        if len(set(stamps)) < count:
+            return None
+        first, last = min(stamps), max(stamps)
     acc = _by_reading(group)
     inc, mins, maxs = _statistics(acc, count, size, bson_date(first), bson_date(last))
     return statement(
         sensor_id, tags, start, dates, pushed, size, max_readings, (inc, mins, maxs, {}), max_bytes
     )
-
-
-def _distinct_times(group: list[Reading]) -> tuple[list[int], int, int] | None:
-    """The group's ms, the first and the last, for :func:`_fast_update`'s readings only.
-
-    None unless each reading is of the default decoder (no tags, values in a dict) and
-    has its own ms.
-    """
-    stamps: list[int] = []
-    ordered = True  # in time order (the usual batch): distinct, first and last at the ends
-    for reading in group:
-        row = _fields(reading) if cython.compiled else reading
-        ms = row[MS]
-        if ms is None or row[TAGS] is not None or type(row[VALUES]) is not dict:
-            return None
-        if ordered and stamps and ms <= stamps[-1]:
-            ordered = False
-        stamps.append(ms)
-    if ordered:
-        return stamps, stamps[0], stamps[-1]
-    if len(set(stamps)) < len(stamps):
-        return None
-    return stamps, min(stamps), max(stamps)
 
 
 def _label(reading: Reading, labels: dict[str, str]) -> None:
