@@ -61,19 +61,20 @@ cpdef dict statement(object sensor_id, object tags, object start, list dates,
 
 @cython.final
 cdef class _Stat:
+    cdef object name
     cdef Py_ssize_t count
     cdef double total
     cdef object low, high
 
 
-@cython.locals(row=tuple, acc=dict, stat=_Stat)
+@cython.locals(row=tuple, acc=dict, order=list, stat=_Stat, i=Py_ssize_t)
 cdef dict _by_reading(list group, dict labels=*)
 
 cdef object _one_update(object sensor_id, object tags, object start, object reading,
                         object max_readings, object max_bytes)
 
 @cython.locals(row=tuple, count=Py_ssize_t, stamps=list, dates=list, pushed=list,
-               size=Py_ssize_t, values=dict, acc=dict, ordered=bint,
+               size=Py_ssize_t, values=dict, acc=dict, ordered=bint, stat=_Stat,
                inc=dict, mins=dict, maxs=dict)
 cdef object _fast_update(object sensor_id, object tags, object start, list group,
                          object max_readings, object max_bytes)

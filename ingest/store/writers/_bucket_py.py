@@ -449,9 +449,10 @@ class _Stat:
     ``max`` keep the first of equal values.
     """
 
-    __slots__ = ("count", "high", "low", "total")
+    __slots__ = ("count", "high", "low", "name", "total")
 
-    def __init__(self, value: Any) -> None:  # noqa: ANN401 - a number
+    def __init__(self, name: str, value: Any) -> None:  # noqa: ANN401 - a number
+        self.name = name
         self.count = 1
         self.total = float(value)
         self.low = self.high = value
@@ -464,6 +465,9 @@ def _by_reading(group: list[Reading], labels: dict[str, str] | None = None) -> d
     at all; their units go to ``labels`` when it is given.
     """
     acc: dict[str, _Stat] = {}
+    # The statistics in the order their names first came: a reading's names mostly come
+    # in that order (one decoder, one device), and are then found by position, no lookup.
+    order: list[_Stat] = []
     for reading in group:
         row = _fields(reading) if cython.compiled else reading
         values = row[VALUES]
@@ -471,11 +475,16 @@ def _by_reading(group: list[Reading], labels: dict[str, str] | None = None) -> d
             values = stat_values(values)
             if labels is not None:
                 _label(reading, labels)
+        i = 0
         for name, value in values.items():
-            stat = acc.get(name)
-            if stat is None:
-                acc[name] = _Stat(value)
-                continue
+            stat = order[i] if i < len(order) else None
+            i += 1
+            if stat is None or stat.name is not name:
+                stat = acc.get(name)
+                if stat is None:
+                    stat = acc[name] = _Stat(name, value)
+                    order.append(stat)
+                    continue
             stat.count += 1
             # float(): as Python adds an int to a float (compiled, Cython's own float + int
             # gives -0.0 + 0 as -0.0, where Python gives 0.0)
@@ -544,8 +553,9 @@ def _fast_update(
         date = bson_date(ms)
         dates.append(date)
         pushed.append(_entry(date, row))
-        for name in values:
-            size += 70 + 2 * len(name)
+    acc = _by_reading(group)
+    for name, stat in acc.items():  # each value adds its name's bytes (reading_bytes)
+        size += stat.count * (70 + 2 * len(name))
     if size > max_bytes:
         return None
     if ordered:
@@ -555,7 +565,6 @@ def _fast_update(
         if len(set(stamps)) < count:
             return None
         first, last = min(stamps), max(stamps)
-    acc = _by_reading(group)
     inc, mins, maxs = _statistics(acc, count, size, bson_date(first), bson_date(last))
     return statement(
         sensor_id, tags, start, dates, pushed, size, max_readings, (inc, mins, maxs, {}), max_bytes
