@@ -67,14 +67,17 @@ cdef class _Stat:
     cdef object low, high
 
 
+@cython.locals(stat=_Stat)
+cdef _Stat _first_stat(object name, object value)
+
 @cython.locals(row=tuple, acc=dict, order=list, stat=_Stat, i=Py_ssize_t)
-cdef dict _by_reading(list group, dict labels=*)
+cdef list _by_reading(list group, dict labels=*)
 
 cdef object _one_update(object sensor_id, object tags, object start, object reading,
                         object max_readings, object max_bytes)
 
 @cython.locals(row=tuple, count=Py_ssize_t, stamps=list, dates=list, pushed=list,
-               size=Py_ssize_t, values=dict, acc=dict, ordered=bint, stat=_Stat,
+               size=Py_ssize_t, values=dict, stats=list, ordered=bint, stat=_Stat,
                inc=dict, mins=dict, maxs=dict)
 cdef object _fast_update(object sensor_id, object tags, object start, list group,
                          object max_readings, object max_bytes)
@@ -84,11 +87,11 @@ cdef object _label(object reading, dict labels)
 @cython.locals(row=tuple, inc=dict, mins=dict, maxs=dict, labels=dict, keys=tuple)
 cpdef tuple _single(object reading, object size)
 
-@cython.locals(labels=dict, acc=dict)
+@cython.locals(labels=dict, stats=list)
 cdef tuple _coalesced(list chunk, object size)
 
 @cython.locals(inc=dict, mins=dict, maxs=dict, keys_of=dict, keys=tuple, stat=_Stat)
-cdef tuple _statistics(dict acc, object count, object size, object first, object last)
+cdef tuple _statistics(list stats, object count, object size, object first, object last)
 
 @cython.locals(ops=list, groups=list)
 cpdef object plan_buckets(object readings, object span, object max_readings, object max_bytes=*)

@@ -450,16 +450,25 @@ class _Stat:
     """
 
     __slots__ = ("count", "high", "low", "name", "total")
+    name: str
+    count: int
+    total: float
+    low: Any
+    high: Any
 
-    def __init__(self, name: str, value: Any) -> None:  # noqa: ANN401 - a number
-        self.name = name
-        self.count = 1
-        self.total = float(value)
-        self.low = self.high = value
+
+def _first_stat(name: str, value: Any) -> _Stat:  # noqa: ANN401 - a number
+    """The statistics of a measurement's first value (made without a constructor call)."""
+    stat: _Stat = _Stat.__new__(_Stat)
+    stat.name = name
+    stat.count = 1
+    stat.total = float(value)
+    stat.low = stat.high = value
+    return stat
 
 
-def _by_reading(group: list[Reading], labels: dict[str, str] | None = None) -> dict[str, _Stat]:
-    """Each measurement's statistics, reading by reading.
+def _by_reading(group: list[Reading], labels: dict[str, str] | None = None) -> list[_Stat]:
+    """Each measurement's statistics, reading by reading, in the order names first came.
 
     Readings of the mapping path (tags not None) count booleans as 0/1 and strings not
     at all; their units go to ``labels`` when it is given.
@@ -482,7 +491,7 @@ def _by_reading(group: list[Reading], labels: dict[str, str] | None = None) -> d
             if stat is None or stat.name is not name:
                 stat = acc.get(name)
                 if stat is None:
-                    stat = acc[name] = _Stat(name, value)
+                    stat = acc[name] = _first_stat(name, value)
                     order.append(stat)
                     continue
             stat.count += 1
@@ -493,7 +502,7 @@ def _by_reading(group: list[Reading], labels: dict[str, str] | None = None) -> d
                 stat.low = value
             elif _gt(value, stat.high) if cython.compiled else value > stat.high:
                 stat.high = value
-    return acc
+    return order
 
 
 def _one_update(
@@ -553,19 +562,19 @@ def _fast_update(
         date = bson_date(ms)
         dates.append(date)
         pushed.append(_entry(date, row))
-    acc = _by_reading(group)
-    for name, stat in acc.items():  # each value adds its name's bytes (reading_bytes)
-        size += stat.count * (70 + 2 * len(name))
+    stats = _by_reading(group)
+    for stat in stats:  # each value adds its name's bytes (reading_bytes)
+        size += stat.count * (70 + 2 * len(stat.name))
     if size > max_bytes:
         return None
     if ordered:
-        first = ms_of(group[0])
+        first, last = ms_of(group[0]), ms_of(group[-1])
     else:
         stamps = [ms_of(reading) for reading in group]
         if len(set(stamps)) < count:
             return None
         first, last = min(stamps), max(stamps)
-    inc, mins, maxs = _statistics(acc, count, size, bson_date(first), bson_date(last))
+    inc, mins, maxs = _statistics(stats, count, size, bson_date(first), bson_date(last))
     return statement(
         sensor_id, tags, start, dates, pushed, size, max_readings, (inc, mins, maxs, {}), max_bytes
     )
@@ -608,20 +617,21 @@ def _single(reading: Reading, size: int) -> _Stats:
 def _coalesced(chunk: list[Reading], size: int) -> _Stats:
     """``$inc``, ``$min`` and ``$max`` for several readings of one sensor-span."""
     labels: dict[str, str] = {}
-    acc = _by_reading(chunk, labels)
-    inc, mins, maxs = _statistics(acc, len(chunk), size, None, None)  # dates: update_for
+    stats = _by_reading(chunk, labels)
+    inc, mins, maxs = _statistics(stats, len(chunk), size, None, None)  # dates: update_for
     return inc, mins, maxs, labels
 
 
 def _statistics(
-    acc: dict[str, _Stat], count: int, size: int, first: BsonDate | None, last: BsonDate | None
+    stats: list[_Stat], count: int, size: int, first: BsonDate | None, last: BsonDate | None
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``$inc``, ``$min`` and ``$max`` of a group from its measurements' statistics."""
     inc: dict[str, Any] = {"count": count, "bytes": size}
     mins: dict[str, Any] = {"first_ts": first}
     maxs: dict[str, Any] = {"last_ts": last}
     keys_of = _STAT_KEYS
-    for name, stat in acc.items():
+    for stat in stats:
+        name = stat.name
         keys = keys_of.get(name) or _stat_keys(name)
         inc[keys[0]] = stat.count
         inc[keys[1]] = stat.total
