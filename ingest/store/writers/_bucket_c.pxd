@@ -70,7 +70,7 @@ cdef class _Stat:
 @cython.locals(stat=_Stat)
 cdef _Stat _first_stat(object name, object value)
 
-@cython.locals(row=tuple, acc=dict, order=list, stat=_Stat, i=Py_ssize_t)
+@cython.locals(row=tuple, acc=dict, order=list, stat=_Stat, i=Py_ssize_t, known=Py_ssize_t)
 cdef list _by_reading(list group, dict labels=*)
 
 cdef object _one_update(object sensor_id, object tags, object start, object reading,

@@ -477,6 +477,7 @@ def _by_reading(group: list[Reading], labels: dict[str, str] | None = None) -> l
     # The statistics in the order their names first came: a reading's names mostly come
     # in that order (one decoder, one device), and are then found by position, no lookup.
     order: list[_Stat] = []
+    known = 0  # len(order)
     for reading in group:
         row = _fields(reading) if cython.compiled else reading
         values = row[VALUES]
@@ -486,13 +487,14 @@ def _by_reading(group: list[Reading], labels: dict[str, str] | None = None) -> l
                 _label(reading, labels)
         i = 0
         for name, value in values.items():
-            stat = order[i] if i < len(order) else None
+            stat = order[i] if i < known else None
             i += 1
             if stat is None or stat.name is not name:
                 stat = acc.get(name)
                 if stat is None:
                     stat = acc[name] = _first_stat(name, value)
                     order.append(stat)
+                    known += 1
                     continue
             stat.count += 1
             # float(): as Python adds an int to a float (compiled, Cython's own float + int
