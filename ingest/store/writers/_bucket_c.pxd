@@ -42,8 +42,8 @@ cpdef tuple unique_readings(object group, object plan)
 
 cpdef dict reading_doc(object reading)
 
-@cython.locals(row=tuple)
-cdef dict _entry(object date, object reading)
+@cython.locals(row=tuple, dates=list, pushed=list, date=object)
+cdef tuple _entries(list readings)
 
 @cython.locals(out=list, chunk=list, grow=Py_ssize_t, size=Py_ssize_t)
 cpdef list chunks(object group, object max_readings, object max_bytes=*)

@@ -78,6 +78,7 @@ if not cython.compiled:  # compiled: ingest/_capi.pxd's float_floordiv, the same
     # Compiled: ingest/_capi.pxd's less, greater and less_equal, which compare two floats
     # or two ints in C (a hot loop takes ``_lt(a, b) if cython.compiled else a < b``).
     _lt, _gt, _le = lt, gt, le
+    _new = object.__new__
 
     def _fields(reading: Reading) -> Reading:
         """The reading, typed as the tuple it is (compiled: ingest/_capi.pxd's checked_tuple).
@@ -311,13 +312,26 @@ def reading_doc(reading: Reading) -> dict[str, Any]:
     return doc
 
 
-def _entry(date: BsonDate, reading: Reading) -> dict[str, Any]:
-    """:func:`reading_doc`'s document, with the BSON date of the reading's time."""
-    row = _fields(reading) if cython.compiled else reading
-    seq = row[SEQ]
-    if seq is None:
-        return {"ts": date, **row[VALUES]}
-    return {"ts": date, "seq": seq, **row[VALUES]}
+def _entries(readings: list[Reading]) -> tuple[list[BsonDate], list[dict[str, Any]]]:
+    """The readings' BSON dates, and :func:`reading_doc`'s documents with those dates."""
+    dates: list[BsonDate] = []
+    pushed: list[dict[str, Any]] = []
+    for reading in readings:
+        row = _fields(reading) if cython.compiled else reading
+        ms = row[MS]
+        if ms is None:
+            ms = ts_key(reading.ts)
+        if cython.compiled:
+            date = bson_date(ms)
+        else:  # bson_date's two steps, without a call per reading
+            date = _new(BsonDate)
+            date.ms = ms
+        dates.append(date)
+        seq = row[SEQ]
+        pushed.append(
+            {"ts": date, **row[VALUES]} if seq is None else {"ts": date, "seq": seq, **row[VALUES]}
+        )
+    return dates, pushed
 
 
 def chunks(
@@ -368,19 +382,14 @@ def update_for(
     Returned as the update command's statement (:func:`statement`), which
     :mod:`ingest.store.writers.bulk` sends.
     """
+    dates, pushed = _entries(chunk)
     if len(chunk) == 1:  # the common case of a large fleet: no coalescing to do
-        reading = chunk[0]
-        date = bson_date(ms_of(reading))
-        dates = [date]
-        inc, mins, maxs, labels = _single(reading, size)
-        mins["first_ts"] = maxs["last_ts"] = date
-        pushed = [_entry(date, reading)]
+        inc, mins, maxs, labels = _single(chunk[0], size)
+        mins["first_ts"] = maxs["last_ts"] = dates[0]
     else:
-        dates = bson_dates(chunk)
         inc, mins, maxs, labels = _coalesced(chunk, size)
         mins["first_ts"] = min(dates, key=_ms_of)
         maxs["last_ts"] = max(dates, key=_ms_of)
-        pushed = [_entry(date, reading) for date, reading in zip(dates, chunk, strict=True)]
     return statement(
         sensor_id,
         tags,
@@ -547,8 +556,6 @@ def _fast_update(
         return _one_update(sensor_id, tags, start, group[0], max_readings, max_bytes)
     if count > max_readings:
         return None
-    dates: list[BsonDate] = []
-    pushed: list[dict[str, Any]] = []
     size = 41 * count  # reading_bytes of each: numbers only
     ordered = True  # in time order (the usual batch): distinct, first and last at the ends
     last: int | None = None
@@ -561,9 +568,6 @@ def _fast_update(
         if ordered and last is not None and (_le(ms, last) if cython.compiled else ms <= last):
             ordered = False
         last = ms
-        date = bson_date(ms)
-        dates.append(date)
-        pushed.append(_entry(date, row))
     stats = _by_reading(group)
     for stat in stats:  # each value adds its name's bytes (reading_bytes)
         size += stat.count * (70 + 2 * len(stat.name))
@@ -577,6 +581,7 @@ def _fast_update(
             return None
         first, last = min(stamps), max(stamps)
     inc, mins, maxs = _statistics(stats, count, size, bson_date(first), bson_date(last))
+    dates, pushed = _entries(group)
     return statement(
         sensor_id, tags, start, dates, pushed, size, max_readings, (inc, mins, maxs, {}), max_bytes
     )
