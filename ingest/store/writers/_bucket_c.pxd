@@ -3,7 +3,7 @@ cimport cython
 
 from ingest._capi cimport checked_tuple as _fields
 from ingest._capi cimport float_floordiv as _floordiv, new_with_slot, slot_offset
-from ingest._capi cimport greater as _gt, less as _lt, less_equal as _le
+from ingest._capi cimport equal as _eq, greater as _gt, less as _lt, less_equal as _le
 
 cdef Py_ssize_t SENSOR_ID, EPOCH, VALUES, SEQ, MS, TAGS, UNITS, INFO
 cdef Py_ssize_t _MS_SLOT

@@ -18,7 +18,7 @@ C ``floor(a / b)`` is not it).
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from operator import attrgetter, floordiv, gt, le, lt
+from operator import attrgetter, eq, floordiv, gt, le, lt
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from bson.datetime_ms import DatetimeMS
@@ -75,9 +75,9 @@ _FLOAT_SPANS = 2**53
 _NAN = float("nan")  # equal to no start
 if not cython.compiled:  # compiled: ingest/_capi.pxd's float_floordiv, the same in C
     _floordiv = floordiv
-    # Compiled: ingest/_capi.pxd's less, greater and less_equal, which compare two floats
+    # Compiled: ingest/_capi.pxd's less, greater, less_equal and equal, which compare two floats
     # or two ints in C (a hot loop takes ``_lt(a, b) if cython.compiled else a < b``).
-    _lt, _gt, _le = lt, gt, le
+    _lt, _gt, _le, _eq = lt, gt, le, eq
     _new = object.__new__
 
     def _fields(reading: Reading) -> Reading:
@@ -269,7 +269,11 @@ def group_readings(readings: list[Reading], span: int) -> dict[GroupKey, list[Re
                 found_key = keys[id(tags)] = tags_key(tags)
             tags_of = found_key
         mine = latest.get(sensor)
-        if mine is not None and mine[1] == start and mine[0] == tags_of:
+        if (
+            mine is not None
+            and (_eq(mine[1], start) if cython.compiled else mine[1] == start)
+            and (mine[0] is tags_of or mine[0] == tags_of)
+        ):
             group = mine[2]
             group.append(reading)
         else:
