@@ -324,3 +324,69 @@ cdef inline object int_times(object value, long long factor):
     times 1000 otherwise goes through CPython's general multiplication.
     """
     return ingest_capi_int_times(value, factor)
+
+
+# ---- p35-bucket: numbers compared in C -----------------------------------------------
+
+from cpython.object cimport Py_EQ, Py_GT, Py_LE, Py_LT
+
+cdef extern from *:
+    """
+    /* a < b (op Py_LT), a <= b (Py_LE), a > b (Py_GT) or a == b (Py_EQ), as Python's
+       operators compare them: two floats, or two ints within 64 bits, in C (an int of one
+       digit read inline); anything else by the objects' own comparison (== without the
+       identity shortcut of PyObject_RichCompareBool). A constant op folds the switch away. */
+    static CYTHON_INLINE int ingest_capi_compare(PyObject *a, PyObject *b, int op) {
+        if (PyFloat_CheckExact(a) && PyFloat_CheckExact(b)) {
+            double x = PyFloat_AS_DOUBLE(a), y = PyFloat_AS_DOUBLE(b);
+            return op == Py_LT ? x < y : op == Py_LE ? x <= y : op == Py_GT ? x > y : x == y;
+        }
+        if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) {
+            int over_a = 0, over_b = 0;
+            if (PyUnstable_Long_IsCompact((PyLongObject *)a)
+                    && PyUnstable_Long_IsCompact((PyLongObject *)b)) {
+                Py_ssize_t x = PyUnstable_Long_CompactValue((PyLongObject *)a);
+                Py_ssize_t y = PyUnstable_Long_CompactValue((PyLongObject *)b);
+                return op == Py_LT ? x < y : op == Py_LE ? x <= y : op == Py_GT ? x > y : x == y;
+            }
+            long long x = PyLong_AsLongLongAndOverflow(a, &over_a);
+            long long y = PyLong_AsLongLongAndOverflow(b, &over_b);
+            if (!over_a && !over_b)
+                return op == Py_LT ? x < y : op == Py_LE ? x <= y : op == Py_GT ? x > y : x == y;
+        }
+        if (op == Py_EQ) {
+            PyObject *result = PyObject_RichCompare(a, b, op);
+            int truth;
+            if (result == NULL) return -1;
+            truth = PyObject_IsTrue(result);
+            Py_DECREF(result);
+            return truth;
+        }
+        return PyObject_RichCompareBool(a, b, op);
+    }
+    """
+    int ingest_capi_compare(object a, object b, int op) except -1
+
+
+cdef inline bint less(object a, object b) except -1:
+    """``a < b``: two floats, or two ints of 64 bits, compared in C; else as Python does.
+
+    Python's ``<`` of two objects makes a bool object out of a C comparison; bucket
+    statistics compare each value with its measurement's minimum and maximum.
+    """
+    return ingest_capi_compare(a, b, Py_LT)
+
+
+cdef inline bint less_equal(object a, object b) except -1:
+    """``a <= b``, as :func:`less`."""
+    return ingest_capi_compare(a, b, Py_LE)
+
+
+cdef inline bint greater(object a, object b) except -1:
+    """``a > b``, as :func:`less`."""
+    return ingest_capi_compare(a, b, Py_GT)
+
+
+cdef inline bint equal(object a, object b) except -1:
+    """``a == b``, as :func:`less` (a span's start found again for each reading)."""
+    return ingest_capi_compare(a, b, Py_EQ)

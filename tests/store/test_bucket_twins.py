@@ -430,3 +430,50 @@ def test_int_of_a_date_without_milliseconds_fails_alike() -> None:
         empty = object.__new__(module.BsonDate)
         with pytest.raises(AttributeError, match="has no attribute 'ms'"):
             int(empty)
+
+
+@st.composite
+def a_shuffled_group(draw: st.DrawFn) -> list[Reading]:
+    """One sensor-hour of the default decoder's readings, their names in varying order."""
+    out: list[Reading] = []
+    count = draw(st.integers(2, 30))
+    stamps = draw(st.lists(st.integers(0, HOUR * 1000 - 1), min_size=count, max_size=count))
+    for i, offset in enumerate(dict.fromkeys(stamps)):  # each its own millisecond
+        names_here = draw(st.lists(names, min_size=1, max_size=4, unique=True))
+        values = {name: draw(numbers) for name in names_here}
+        ms = T0 * 1000 + offset
+        out.append(Reading("s", None, ms / 1000, values, i, ms))
+    return out
+
+
+def plain_statistics(group: list[Reading]) -> dict[str, tuple[int, float, object, object]]:
+    """count, the float sum in reading order, and the first minimum and maximum of each name."""
+    columns: dict[str, list[Any]] = {}
+    for reading in group:
+        for name, value in reading.values.items():
+            columns.setdefault(name, []).append(value)
+    out = {}
+    for name, column in columns.items():
+        total = float(column[0])
+        for value in column[1:]:
+            total += value
+        out[name] = (len(column), total, min(column), max(column))
+    return out
+
+
+@given(group=a_shuffled_group())
+def test_statistics_do_not_depend_on_the_order_of_a_readings_names(group: list[Reading]) -> None:
+    # The planner finds a measurement's statistics by its position among a reading's
+    # names before looking its name up: names in another order must count the same.
+    want = plain_statistics(group)
+    for module in (python, twin):
+        (op,) = module.plan_buckets(group, HOUR, 3600).ops
+        update = op["u"]
+        assert update["$inc"]["count"] == len(group)
+        assert update["$inc"]["bytes"] == sum(python.reading_bytes(r) for r in group)
+        for name, (count, total, low, high) in want.items():
+            assert update["$inc"][f"stats.{name}.count"] == count
+            same(update["$inc"][f"stats.{name}.sum"], total, name)
+            same(update["$min"][f"stats.{name}.min"], low, name)
+            same(update["$max"][f"stats.{name}.max"], high, name)
+        assert len(update["$inc"]) == 2 + 2 * len(want)

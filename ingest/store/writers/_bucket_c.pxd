@@ -3,9 +3,11 @@ cimport cython
 
 from ingest._capi cimport checked_tuple as _fields
 from ingest._capi cimport float_floordiv as _floordiv, new_with_slot, slot_offset
+from ingest._capi cimport equal as _eq, greater as _gt, less as _lt, less_equal as _le
 
 cdef Py_ssize_t SENSOR_ID, EPOCH, VALUES, SEQ, MS, TAGS, UNITS, INFO
 cdef Py_ssize_t _MS_SLOT
+cdef double _NAN
 # Typed globals: a plain module global is a dict lookup at each use (Python 3.12+, where
 # Cython's cache of the module dict's version is off), and these are read per group or date.
 cdef object _DATE, NO_TAGS, BUCKET_INDEX, SCHEMA_VERSION
@@ -33,15 +35,15 @@ cdef Py_ssize_t _labels_bytes(object labels) except -1
 cpdef dict stat_values(object values)
 
 @cython.locals(row=tuple, groups=dict, keys=dict, latest=dict, mine=tuple, group=list, fast=bint,
-               seconds=double)
+               seconds=double, at=double, last_at=double)
 cpdef dict group_readings(object readings, object span)
 
 cpdef tuple unique_readings(object group, object plan)
 
 cpdef dict reading_doc(object reading)
 
-@cython.locals(row=tuple)
-cdef dict _entry(object date, object reading)
+@cython.locals(row=tuple, dates=list, pushed=list, date=object)
+cdef tuple _entries(list readings)
 
 @cython.locals(out=list, chunk=list, grow=Py_ssize_t, size=Py_ssize_t)
 cpdef list chunks(object group, object max_readings, object max_bytes=*)
@@ -59,36 +61,37 @@ cpdef dict statement(object sensor_id, object tags, object start, list dates,
 
 @cython.final
 cdef class _Stat:
+    cdef object name
     cdef Py_ssize_t count
     cdef double total
     cdef object low, high
 
 
-@cython.locals(row=tuple, acc=dict, stat=_Stat)
-cdef dict _by_reading(list group, dict labels=*)
+@cython.locals(stat=_Stat)
+cdef _Stat _first_stat(object name, object value)
+
+@cython.locals(row=tuple, acc=dict, order=list, stat=_Stat, i=Py_ssize_t, known=Py_ssize_t)
+cdef list _by_reading(list group, dict labels=*)
 
 cdef object _one_update(object sensor_id, object tags, object start, object reading,
                         object max_readings, object max_bytes)
 
-@cython.locals(row=tuple, count=Py_ssize_t, i=Py_ssize_t, stamps=list, dates=list, pushed=list,
-               size=Py_ssize_t, values=dict, acc=dict, times=tuple,
+@cython.locals(row=tuple, count=Py_ssize_t, stamps=list, dates=list, pushed=list,
+               size=Py_ssize_t, values=dict, stats=list, ordered=bint, stat=_Stat,
                inc=dict, mins=dict, maxs=dict)
 cdef object _fast_update(object sensor_id, object tags, object start, list group,
                          object max_readings, object max_bytes)
-
-@cython.locals(row=tuple, stamps=list, ordered=bint)
-cdef tuple _distinct_times(list group)
 
 cdef object _label(object reading, dict labels)
 
 @cython.locals(row=tuple, inc=dict, mins=dict, maxs=dict, labels=dict, keys=tuple)
 cpdef tuple _single(object reading, object size)
 
-@cython.locals(labels=dict, acc=dict)
+@cython.locals(labels=dict, stats=list)
 cdef tuple _coalesced(list chunk, object size)
 
 @cython.locals(inc=dict, mins=dict, maxs=dict, keys_of=dict, keys=tuple, stat=_Stat)
-cdef tuple _statistics(dict acc, object count, object size, object first, object last)
+cdef tuple _statistics(list stats, object count, object size, object first, object last)
 
 @cython.locals(ops=list, groups=list)
 cpdef object plan_buckets(object readings, object span, object max_readings, object max_bytes=*)

@@ -18,7 +18,7 @@ C ``floor(a / b)`` is not it).
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from operator import attrgetter, floordiv
+from operator import attrgetter, eq, floordiv, gt, le, lt
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from bson.datetime_ms import DatetimeMS
@@ -72,8 +72,13 @@ if [Reading._fields[i] for i in (SENSOR_ID, EPOCH, VALUES, SEQ, MS, TAGS, UNITS,
 # Spans below this many seconds (ints a float holds exactly) take the compiled floor
 # division of floats.
 _FLOAT_SPANS = 2**53
+_NAN = float("nan")  # equal to no start
 if not cython.compiled:  # compiled: ingest/_capi.pxd's float_floordiv, the same in C
     _floordiv = floordiv
+    # Compiled: ingest/_capi.pxd's less, greater, less_equal and equal, which compare two floats
+    # or two ints in C (a hot loop takes ``_lt(a, b) if cython.compiled else a < b``).
+    _lt, _gt, _le, _eq = lt, gt, le, eq
+    _new = object.__new__
 
     def _fields(reading: Reading) -> Reading:
         """The reading, typed as the tuple it is (compiled: ingest/_capi.pxd's checked_tuple).
@@ -234,20 +239,28 @@ def group_readings(readings: list[Reading], span: int) -> dict[GroupKey, list[Re
     # Compiled: Python's float // of a float epoch and a span a float holds, in C.
     fast = cython.compiled and type(span) is int and 0 < span < _FLOAT_SPANS
     seconds = float(span) if fast else 1.0
+    last_at = _NAN  # compiled: the last start as a C float, when it came from fast
     for reading in readings:
         row = _fields(reading) if cython.compiled else reading
         sensor = row[SENSOR_ID]
         tags = row[TAGS]
         epoch = row[EPOCH]
+        # A message's readings come one after the other, of one series (the same string
+        # and tags objects) and mostly of one span: no key to build and look up for those
+        # (compiled, no float object either).
         if fast and type(epoch) is float:
-            start = _floordiv(epoch, seconds) * seconds
+            at = _floordiv(epoch, seconds) * seconds
+            if sensor is last_sensor and tags is last_tags and at == last_at:
+                group.append(reading)
+                continue
+            start = at
+            last_at = at
         else:
             start = epoch // span * span
-        # A message's readings come one after the other, of one series (the same string
-        # and tags objects) and mostly of one span: no key to build and look up for those.
-        if sensor is last_sensor and tags is last_tags and start == last_start:
-            group.append(reading)
-            continue
+            if sensor is last_sensor and tags is last_tags and start == last_start:
+                group.append(reading)
+                continue
+            last_at = _NAN
         if not tags:
             tags_of = NO_TAGS
         else:
@@ -256,7 +269,11 @@ def group_readings(readings: list[Reading], span: int) -> dict[GroupKey, list[Re
                 found_key = keys[id(tags)] = tags_key(tags)
             tags_of = found_key
         mine = latest.get(sensor)
-        if mine is not None and mine[1] == start and mine[0] == tags_of:
+        if (
+            mine is not None
+            and (_eq(mine[1], start) if cython.compiled else mine[1] == start)
+            and (mine[0] is tags_of or mine[0] == tags_of)
+        ):
             group = mine[2]
             group.append(reading)
         else:
@@ -299,13 +316,26 @@ def reading_doc(reading: Reading) -> dict[str, Any]:
     return doc
 
 
-def _entry(date: BsonDate, reading: Reading) -> dict[str, Any]:
-    """:func:`reading_doc`'s document, with the BSON date of the reading's time."""
-    row = _fields(reading) if cython.compiled else reading
-    seq = row[SEQ]
-    if seq is None:
-        return {"ts": date, **row[VALUES]}
-    return {"ts": date, "seq": seq, **row[VALUES]}
+def _entries(readings: list[Reading]) -> tuple[list[BsonDate], list[dict[str, Any]]]:
+    """The readings' BSON dates, and :func:`reading_doc`'s documents with those dates."""
+    dates: list[BsonDate] = []
+    pushed: list[dict[str, Any]] = []
+    for reading in readings:
+        row = _fields(reading) if cython.compiled else reading
+        ms = row[MS]
+        if ms is None:
+            ms = ts_key(reading.ts)
+        if cython.compiled:
+            date = bson_date(ms)
+        else:  # bson_date's two steps, without a call per reading
+            date = _new(BsonDate)
+            date.ms = ms
+        dates.append(date)
+        seq = row[SEQ]
+        pushed.append(
+            {"ts": date, **row[VALUES]} if seq is None else {"ts": date, "seq": seq, **row[VALUES]}
+        )
+    return dates, pushed
 
 
 def chunks(
@@ -356,19 +386,14 @@ def update_for(
     Returned as the update command's statement (:func:`statement`), which
     :mod:`ingest.store.writers.bulk` sends.
     """
+    dates, pushed = _entries(chunk)
     if len(chunk) == 1:  # the common case of a large fleet: no coalescing to do
-        reading = chunk[0]
-        date = bson_date(ms_of(reading))
-        dates = [date]
-        inc, mins, maxs, labels = _single(reading, size)
-        mins["first_ts"] = maxs["last_ts"] = date
-        pushed = [_entry(date, reading)]
+        inc, mins, maxs, labels = _single(chunk[0], size)
+        mins["first_ts"] = maxs["last_ts"] = dates[0]
     else:
-        dates = bson_dates(chunk)
         inc, mins, maxs, labels = _coalesced(chunk, size)
         mins["first_ts"] = min(dates, key=_ms_of)
         maxs["last_ts"] = max(dates, key=_ms_of)
-        pushed = [_entry(date, reading) for date, reading in zip(dates, chunk, strict=True)]
     return statement(
         sensor_id,
         tags,
@@ -437,21 +462,35 @@ class _Stat:
     ``max`` keep the first of equal values.
     """
 
-    __slots__ = ("count", "high", "low", "total")
+    __slots__ = ("count", "high", "low", "name", "total")
+    name: str
+    count: int
+    total: float
+    low: Any
+    high: Any
 
-    def __init__(self, value: Any) -> None:  # noqa: ANN401 - a number
-        self.count = 1
-        self.total = float(value)
-        self.low = self.high = value
+
+def _first_stat(name: str, value: Any) -> _Stat:  # noqa: ANN401 - a number
+    """The statistics of a measurement's first value (made without a constructor call)."""
+    stat: _Stat = _Stat.__new__(_Stat)
+    stat.name = name
+    stat.count = 1
+    stat.total = float(value)
+    stat.low = stat.high = value
+    return stat
 
 
-def _by_reading(group: list[Reading], labels: dict[str, str] | None = None) -> dict[str, _Stat]:
-    """Each measurement's statistics, reading by reading.
+def _by_reading(group: list[Reading], labels: dict[str, str] | None = None) -> list[_Stat]:
+    """Each measurement's statistics, reading by reading, in the order names first came.
 
     Readings of the mapping path (tags not None) count booleans as 0/1 and strings not
     at all; their units go to ``labels`` when it is given.
     """
     acc: dict[str, _Stat] = {}
+    # The statistics in the order their names first came: a reading's names mostly come
+    # in that order (one decoder, one device), and are then found by position, no lookup.
+    order: list[_Stat] = []
+    known = 0  # len(order)
     for reading in group:
         row = _fields(reading) if cython.compiled else reading
         values = row[VALUES]
@@ -459,20 +498,26 @@ def _by_reading(group: list[Reading], labels: dict[str, str] | None = None) -> d
             values = stat_values(values)
             if labels is not None:
                 _label(reading, labels)
+        i = 0
         for name, value in values.items():
-            stat = acc.get(name)
-            if stat is None:
-                acc[name] = _Stat(value)
-                continue
+            stat = order[i] if i < known else None
+            i += 1
+            if stat is None or stat.name is not name:
+                stat = acc.get(name)
+                if stat is None:
+                    stat = acc[name] = _first_stat(name, value)
+                    order.append(stat)
+                    known += 1
+                    continue
             stat.count += 1
             # float(): as Python adds an int to a float (compiled, Cython's own float + int
             # gives -0.0 + 0 as -0.0, where Python gives 0.0)
             stat.total += float(value)
-            if value < stat.low:
+            if _lt(value, stat.low) if cython.compiled else value < stat.low:
                 stat.low = value
-            elif value > stat.high:
+            elif _gt(value, stat.high) if cython.compiled else value > stat.high:
                 stat.high = value
-    return acc
+    return order
 
 
 def _one_update(
@@ -506,60 +551,44 @@ def _fast_update(
 ) -> dict[str, Any] | None:
     """:func:`update_for` of a whole group in one pass, for the default decoder's readings.
 
-    For a group whose readings are numbers only (no tags), all timed in milliseconds,
-    each at its own millisecond, and that fit one document; otherwise None (the general
-    path then splits, settles repeats and labels). Builds the same statement.
+    For a group whose readings are numbers only (no tags, values in a dict), all timed in
+    milliseconds, each at its own millisecond, and that fit one document; otherwise None
+    (the general path then splits, settles repeats and labels). Builds the same statement.
     """
     count = len(group)
     if count == 1:
         return _one_update(sensor_id, tags, start, group[0], max_readings, max_bytes)
     if count > max_readings:
         return None
-    times = _distinct_times(group)
-    if times is None:
-        return None
-    stamps, first, last = times
-    dates: list[BsonDate] = []
-    pushed: list[dict[str, Any]] = []
     size = 41 * count  # reading_bytes of each: numbers only
-    for i in range(count):
-        row = _fields(group[i]) if cython.compiled else group[i]
-        date = bson_date(stamps[i])
-        dates.append(date)
-        pushed.append(_entry(date, row))
-        values: dict[str, Any] = row[VALUES]
-        for name in values:
-            size += 70 + 2 * len(name)
-    if size > max_bytes:
-        return None
-    acc = _by_reading(group)
-    inc, mins, maxs = _statistics(acc, count, size, bson_date(first), bson_date(last))
-    return statement(
-        sensor_id, tags, start, dates, pushed, size, max_readings, (inc, mins, maxs, {}), max_bytes
-    )
-
-
-def _distinct_times(group: list[Reading]) -> tuple[list[int], int, int] | None:
-    """The group's ms, the first and the last, for :func:`_fast_update`'s readings only.
-
-    None unless each reading is of the default decoder (no tags, values in a dict) and
-    has its own ms.
-    """
-    stamps: list[int] = []
     ordered = True  # in time order (the usual batch): distinct, first and last at the ends
+    last: int | None = None
     for reading in group:
         row = _fields(reading) if cython.compiled else reading
         ms = row[MS]
-        if ms is None or row[TAGS] is not None or type(row[VALUES]) is not dict:
+        values = row[VALUES]
+        if ms is None or row[TAGS] is not None or type(values) is not dict:
             return None
-        if ordered and stamps and ms <= stamps[-1]:
+        if ordered and last is not None and (_le(ms, last) if cython.compiled else ms <= last):
             ordered = False
-        stamps.append(ms)
-    if ordered:
-        return stamps, stamps[0], stamps[-1]
-    if len(set(stamps)) < len(stamps):
+        last = ms
+    stats = _by_reading(group)
+    for stat in stats:  # each value adds its name's bytes (reading_bytes)
+        size += stat.count * (70 + 2 * len(stat.name))
+    if size > max_bytes:
         return None
-    return stamps, min(stamps), max(stamps)
+    if ordered:
+        first, last = ms_of(group[0]), ms_of(group[-1])
+    else:
+        stamps = [ms_of(reading) for reading in group]
+        if len(set(stamps)) < count:
+            return None
+        first, last = min(stamps), max(stamps)
+    inc, mins, maxs = _statistics(stats, count, size, bson_date(first), bson_date(last))
+    dates, pushed = _entries(group)
+    return statement(
+        sensor_id, tags, start, dates, pushed, size, max_readings, (inc, mins, maxs, {}), max_bytes
+    )
 
 
 def _label(reading: Reading, labels: dict[str, str]) -> None:
@@ -599,20 +628,21 @@ def _single(reading: Reading, size: int) -> _Stats:
 def _coalesced(chunk: list[Reading], size: int) -> _Stats:
     """``$inc``, ``$min`` and ``$max`` for several readings of one sensor-span."""
     labels: dict[str, str] = {}
-    acc = _by_reading(chunk, labels)
-    inc, mins, maxs = _statistics(acc, len(chunk), size, None, None)  # dates: update_for
+    stats = _by_reading(chunk, labels)
+    inc, mins, maxs = _statistics(stats, len(chunk), size, None, None)  # dates: update_for
     return inc, mins, maxs, labels
 
 
 def _statistics(
-    acc: dict[str, _Stat], count: int, size: int, first: BsonDate | None, last: BsonDate | None
+    stats: list[_Stat], count: int, size: int, first: BsonDate | None, last: BsonDate | None
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``$inc``, ``$min`` and ``$max`` of a group from its measurements' statistics."""
     inc: dict[str, Any] = {"count": count, "bytes": size}
     mins: dict[str, Any] = {"first_ts": first}
     maxs: dict[str, Any] = {"last_ts": last}
     keys_of = _STAT_KEYS
-    for name, stat in acc.items():
+    for stat in stats:
+        name = stat.name
         keys = keys_of.get(name) or _stat_keys(name)
         inc[keys[0]] = stat.count
         inc[keys[1]] = stat.total
