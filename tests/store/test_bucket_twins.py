@@ -28,6 +28,7 @@ from ingest.store.writers import bucket
 from tests.support.twins import compiled
 
 if TYPE_CHECKING:
+    from ingest.model import Scalar
     from ingest.store.writers import Plan
 
 twin = compiled("ingest.store.writers._bucket_c")
@@ -440,7 +441,7 @@ def a_shuffled_group(draw: st.DrawFn) -> list[Reading]:
     stamps = draw(st.lists(st.integers(0, HOUR * 1000 - 1), min_size=count, max_size=count))
     for i, offset in enumerate(dict.fromkeys(stamps)):  # each its own millisecond
         names_here = draw(st.lists(names, min_size=1, max_size=4, unique=True))
-        values = {name: draw(numbers) for name in names_here}
+        values: dict[str, Scalar] = {name: draw(numbers) for name in names_here}
         ms = T0 * 1000 + offset
         out.append(Reading("s", None, ms / 1000, values, i, ms))
     return out
