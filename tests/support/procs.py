@@ -168,6 +168,26 @@ class Daemon:
     cwd: Path | None = None  # the source tree to run (``python -m ingest`` from there)
 
     def start(self, wait_ready: bool = True) -> Daemon:
+        """Start the daemon (and wait until it is ready). The metrics port is one that was
+        free a moment ago: if another test's process took it meanwhile, the daemon exits
+        with its one line, and it is started again on another port (three tries)."""
+        for attempt in range(3):
+            logged = self.log.stat().st_size if self.log.exists() else 0
+            self._spawn()
+            if not wait_ready:
+                return self
+            try:
+                self.wait_ready()
+            except RuntimeError:
+                taken = f"cannot listen on 127.0.0.1:{self.metrics_port} (Address already in use)"
+                if attempt == 2 or taken.encode() not in self.log.read_bytes()[logged:]:
+                    raise
+                self.metrics_port = free_port()
+            else:
+                return self
+        return self
+
+    def _spawn(self) -> None:
         env = clean_env() | self.env
         cmd = [
             sys.executable,
@@ -184,9 +204,6 @@ class Daemon:
             self.process = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd or ROOT
             )
-        if wait_ready:
-            self.wait_ready()
-        return self
 
     def wait_ready(self, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
