@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import secrets
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from loadgen.config import (
     redact,
     validate_publish,
 )
+from loadgen.daemons import free_port
 from loadgen.publisher import PublishError
 from loadgen.report import SECTIONS, render_json, render_markdown, write_chart
 from loadgen.verify import VerifyError
@@ -63,13 +63,6 @@ PRESETS = {
         "and sent at the end (late, out of order)",
     ),
 }
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface for a daemon's metrics."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def publish_of(args: argparse.Namespace, preset: Preset, run_id: str) -> PublishSettings:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -64,6 +65,13 @@ def counters(metrics: dict[str, float], mode: str) -> dict[str, float]:
     }
 
 
+def free_port() -> int:
+    """A free TCP port on the loopback interface for a daemon's metrics."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 class SpawnedDaemon:
     """``python -m ingest run`` in one mode, started and stopped by bench."""
 
@@ -106,7 +114,28 @@ class SpawnedDaemon:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        """Start the daemon and wait until /readyz answers 200."""
+        """Start the daemon and wait until /readyz answers 200.
+
+        Its metrics port was free when it was chosen; if another process took it since,
+        the daemon exits with its one line and starts again on another (three tries).
+        """
+        for attempt in range(3):
+            logged = self.log.stat().st_size if self.log.exists() else 0
+            try:
+                self._start()
+            except BenchError:
+                taken = f"cannot listen on 127.0.0.1:{self.port} (Address already in use)"
+                if attempt == 2 or taken.encode() not in self.log.read_bytes()[logged:]:
+                    raise
+                self._use_port(free_port())
+            else:
+                return
+
+    def _use_port(self, port: int) -> None:
+        self.cmd[self.cmd.index("--metrics-port") + 1] = str(port)
+        self.port, self.url = port, f"http://127.0.0.1:{port}/metrics"
+
+    def _start(self) -> None:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(  # noqa: S603 - our own interpreter and flags
                 self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env
