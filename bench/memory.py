@@ -104,7 +104,7 @@ def acked(daemon: Daemon, target: int) -> None:
 
 
 def rss_bytes(pid: int) -> int:
-    """VmRSS of ``pid``, read twice a second apart (the last batch's memory settles)."""
+    """VmRSS of ``pid``, read a second after the step (the last batch's memory settles)."""
     time.sleep(1.0)
     return int(rss_mib(pid) * 1024 * 1024)
 
