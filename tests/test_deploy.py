@@ -297,7 +297,7 @@ def test_the_api_token_step_makes_one_token_once_and_the_api_needs_it(
     token = local.read_text().strip()
     assert len(token) >= 43
     assert local.stat().st_mode & 0o777 == 0o444
-    assert api["ports"] == ["127.0.0.1:8080:8080"]
+    assert api["ports"] == ["127.0.0.1:${API_HOST_PORT:-8080}:8080"]
     without = {k: v for k, v in env.items() if k != "INGEST_API_TOKENS_FILE"}
     with pytest.raises(ConfigError, match="not a loopback address, and no --api-tokens-file"):
         api_settings_from(build_parser(without).parse_args(api["command"]), without)

@@ -31,7 +31,7 @@ import aiomqtt
 import pytest
 from pymongo import MongoClient
 
-from tests.support.procs import ROOT, eventually
+from tests.support.procs import ROOT, eventually, free_port
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -52,12 +52,18 @@ OPTIONAL = {
 }
 DAEMONS = {"ingest-bucket": "bucket", "ingest-timeseries": "timeseries"}
 COLLECTIONS = {"bucket": "buckets", "timeseries": "readings"}
-MONGODB_URI = "mongodb://127.0.0.1:27017/?directConnection=true"
-MQTT_URL = "mqtt://sensor@127.0.0.1:1883"
+# The host ports the stack publishes: free ones picked now (the compose file's defaults,
+# 1883, 27017, 9090, 3000 and 8080, may be taken on the machine that runs the tier).
+HOST_PORTS = {
+    f"{name}_HOST_PORT": free_port() for name in ("MQTT", "MONGODB", "PROMETHEUS", "GRAFANA", "API")
+}
+MQTT_PORT = HOST_PORTS["MQTT_HOST_PORT"]
+MONGODB_URI = f"mongodb://127.0.0.1:{HOST_PORTS['MONGODB_HOST_PORT']}/?directConnection=true"
+MQTT_URL = f"mqtt://sensor@127.0.0.1:{MQTT_PORT}"
 SENSOR_PASSWORD_FILE = DEPLOY / "secrets" / "mqtt-sensor-password"
-PROMETHEUS = "http://127.0.0.1:9090"
-GRAFANA = "http://127.0.0.1:3000"
-API = "http://127.0.0.1:8080"
+PROMETHEUS = f"http://127.0.0.1:{HOST_PORTS['PROMETHEUS_HOST_PORT']}"
+GRAFANA = f"http://127.0.0.1:{HOST_PORTS['GRAFANA_HOST_PORT']}"
+API = f"http://127.0.0.1:{HOST_PORTS['API_HOST_PORT']}"
 GRACE_SECONDS = 30  # stop_grace_period of the ingest services
 
 
@@ -96,7 +102,12 @@ class Stack:
 
     def __init__(self, project: str) -> None:
         self.project = project
-        self.env = {**os.environ, "BENCH_UID": str(os.getuid()), "BENCH_GID": str(os.getgid())}
+        self.env = {
+            **os.environ,
+            "BENCH_UID": str(os.getuid()),
+            "BENCH_GID": str(os.getgid()),
+            **{name: str(port) for name, port in HOST_PORTS.items()},
+        }
         self.services: list[str] = []
 
     def compose(
@@ -317,7 +328,7 @@ def mqtt_client(user: str | None, secret: str | None = None) -> aiomqtt.Client:
         secret = (DEPLOY / "secrets" / f"mqtt-{user}-password").read_text().strip()
     return aiomqtt.Client(
         "127.0.0.1",
-        1883,
+        MQTT_PORT,
         username=user,
         password=secret,
         identifier=f"stack-{uuid.uuid4().hex[:8]}",
