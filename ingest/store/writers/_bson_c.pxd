@@ -30,6 +30,8 @@ cdef class Writer:
     cdef int value(self, str name, object value) except -1
     cdef int items(self, object mapping, bint by_name, frozenset skip) except -1
     cdef int open(self, str name) except -1
+    cdef int open_array(self, str name) except -1
+    cdef int _open(self, int kind, str name) except -1
     cdef int close(self) except -1
     cdef object finish(self)
     cdef int _grow(self, Py_ssize_t extra) except -1
