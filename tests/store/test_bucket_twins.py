@@ -436,21 +436,26 @@ def test_the_daemon_plans_and_dates_with_the_compiled_twin() -> None:
     assert type(bucket.bson_date(1)) is twin.BsonDate
 
 
-def test_the_compiled_twin_writes_the_default_decoders_statements_as_bytes() -> None:
-    """A sensor-hour of one reading (a large fleet's usual group) and of several, from the
-    default decoder, are written as bytes; a reading of the mapping path stays a dict, and
-    so does a reading the kernel is not sure of (a measurement named like a pushed field)."""
+def test_the_compiled_twin_writes_the_statements_of_lone_readings_and_groups_as_bytes() -> None:
+    """A sensor-hour of one reading (a large fleet's usual group), of the default decoder
+    or of the mapping path (tags, a string, a boolean, units, info), and a group of the
+    default decoder's readings are written as bytes; a reading the kernel is not sure of
+    (a measurement named like a pushed field, an int beyond 64 bits) stays a dict."""
     at = T0 * 1000
     single = Reading("a", None, T0, {"t": 1.5, "n": 2}, 7, at)
     group = [Reading("b", None, T0 + i, {"t": float(i)}, None, at + i * 1000) for i in range(3)]
-    mapped = Reading("c", None, T0, {"t": 1.5}, None, at, {})
-    named_ts = Reading("d", None, T0, {"seq": 1.5}, None, at)
-    for batch in ([single], group, [mapped], [named_ts]):
+    values: dict[str, Scalar] = {"t": 1.5, "on": True, "state": "ok"}
+    mapped = Reading("c", None, T0, values, None, at, {"room": "k"}, {"t": "°C"}, {"fw": "1"})
+    strings = Reading("e", None, T0, {"state": "ok"}, None, at, {})
+    named_seq = Reading("d", None, T0, {"seq": 1.5}, None, at)
+    huge = Reading("f", None, T0, {"n": 2**64}, None, at)
+    for batch in ([single], group, [mapped], [strings], [named_seq], [huge]):
         assert both(batch) is not None
-    kinds = [type(twin.plan_buckets(b, HOUR, 3600).ops[0]) for b in ([single], group)]
-    assert kinds == [RawBSONDocument, RawBSONDocument]
-    assert type(twin.plan_buckets([mapped], HOUR, 3600).ops[0]) is dict
-    assert type(twin.plan_buckets([named_ts], HOUR, 3600).ops[0]) is dict
+    kinds = [
+        type(twin.plan_buckets(batch, HOUR, 3600).ops[0])
+        for batch in ([single], group, [mapped], [strings], [named_seq], [huge])
+    ]
+    assert kinds == [RawBSONDocument] * 4 + [dict] * 2
 
 
 @given(ms=st.integers() | st.floats(allow_nan=False))

@@ -95,7 +95,7 @@ cdef object _group_statement(object sensor_id, object tags, object start, list g
 cdef int _raw_start(_bson_c.Writer writer, object sensor_id, object tags, object start,
                     list group, object size, object max_readings, object max_bytes) except -1
 
-cdef object _raw_end(_bson_c.Writer writer, bint measured)
+cdef object _raw_end(_bson_c.Writer writer, bint measured, dict labels=*)
 
 cdef int _raw_single_stats(_bson_c.Writer writer, dict values, object size, object ms) except -1
 
@@ -110,7 +110,7 @@ cdef int _raw_group_stats(_bson_c.Writer writer, list stats, object count, objec
 cdef int _raw_bounds(_bson_c.Writer writer, str field, str date, object ms, list stats,
                      bint high) except -1
 
-@cython.locals(row=tuple)
+@cython.locals(row=tuple, measured=dict, labels=dict)
 cdef object _single_raw(_bson_c.Writer writer, object sensor_id, object tags, object start,
                         object reading, object size, object max_readings, object max_bytes)
 

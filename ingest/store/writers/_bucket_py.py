@@ -556,10 +556,12 @@ def _one_update(
 ) -> Mapping[str, Any] | None:
     """:func:`_fast_update` of a group of one reading (a large fleet's usual group).
 
-    :func:`update_for` without the splitting and settling a group of one never needs.
+    :func:`update_for` without the splitting and settling a group of one never needs, for
+    a reading of either path (the default decoder's, or the mapping path's with tags,
+    strings, booleans, units and info).
     """
     row = _fields(reading) if cython.compiled else reading
-    if row[MS] is None or row[TAGS] is not None:
+    if row[MS] is None:
         return None
     size = reading_bytes(reading)
     if size > max_bytes:
@@ -715,13 +717,17 @@ def _raw_start(
     return writer.close() or writer.close() or writer.close()
 
 
-def _raw_end(writer: BsonWriter, measured: bool) -> Mapping[str, Any] | None:
+def _raw_end(
+    writer: BsonWriter, measured: bool, labels: dict[str, str] | None = None
+) -> Mapping[str, Any] | None:
     """The statement after ``$max``, and the whole as a ``RawBSONDocument``; or None."""
     if (
         writer.open("$setOnInsert")
         or writer.value("schema_version", SCHEMA_VERSION)
         or (not measured and (writer.open("stats") or writer.close()))
         or writer.close()
+        or (labels and (writer.open("$set") or writer.items(labels, by_name=False, skip=None)))
+        or (labels and writer.close())
         or writer.close()  # u
         or writer.value("multi", False)  # noqa: FBT003 - the statement's field
         or writer.value("upsert", True)  # noqa: FBT003
@@ -810,14 +816,20 @@ def _single_raw(
     row = _fields(reading) if cython.compiled else reading
     values = row[VALUES]
     ms = row[MS]
-    if (
-        ms is None
-        or type(values) is not dict
-        or _raw_start(writer, sensor_id, tags, start, [reading], size, max_readings, max_bytes)
-        or _raw_single_stats(writer, values, size, ms)
-    ):
+    if ms is None or type(values) is not dict:
         return None
-    return _raw_end(writer, len(values) > 0)
+    measured = values
+    labels: dict[str, str] | None = None
+    if row[TAGS] is not None:  # the mapping path: booleans as 0/1, no strings; labels
+        measured = stat_values(values)
+        if row[UNITS] is not None or row[INFO] is not None:
+            labels = {}
+            _label(reading, labels)
+    if _raw_start(
+        writer, sensor_id, tags, start, [reading], size, max_readings, max_bytes
+    ) or _raw_single_stats(writer, measured, size, ms):
+        return None
+    return _raw_end(writer, len(measured) > 0, labels)
 
 
 def _group_raw(
