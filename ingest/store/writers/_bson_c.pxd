@@ -1,4 +1,5 @@
 # The BSON writer kernel (_bson_c.pyx), for the compiled Python that cimports it.
+cimport cython
 
 cdef enum:
     # What writing a part of a document gives: done, or "not sure" (the caller then
@@ -14,6 +15,7 @@ cdef struct Item:
     void *value
 
 
+@cython.final
 cdef class Writer:
     cdef char *data
     cdef Py_ssize_t size
