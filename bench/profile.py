@@ -143,7 +143,9 @@ def drain(
                     "raw",
                     "--output",
                     str(samples),
-                    "--nonblocking",
+                    # --native: C and Cython frames too (the process is paused for each
+                    # sample, which slows it); else sampled without pausing it.
+                    "--native" if args.native else "--nonblocking",
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -170,6 +172,11 @@ def main() -> int:
     parser.add_argument("--sensors", type=int, default=1000)
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", type=Path, help="keep py-spy's raw samples here")
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="sample compiled frames too (pauses the daemon for each sample: shares only)",
+    )
     args = parser.parse_args()
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     work = Path(tempfile.mkdtemp(prefix="ingest-profile-"))

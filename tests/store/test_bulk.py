@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import bson
 import pytest
 from pymongo import AsyncMongoClient, monitoring
 from pymongo.errors import BulkWriteError, PyMongoError
@@ -47,6 +48,12 @@ class Commands(monitoring.CommandListener):
 
     def failed(self, event: monitoring.CommandFailedEvent) -> None:
         self.failed_codes.append(event.failure.get("code"))
+
+
+def on_the_wire(command: dict[str, Any]) -> bytes:
+    """A command's BSON: the same whether a statement was written as bytes by the planner
+    (a ``RawBSONDocument``) or left to the driver as a dict."""
+    return bson.encode(command)
 
 
 @pytest.fixture
@@ -104,7 +111,7 @@ async def test_the_fast_path_sends_the_public_apis_commands(
     await bulk.execute(db["fast"], kind, plan.ops)
     await bulk.public(db["public"], kind, plan.ops)
     fast, public = commands.sent
-    assert fast == public
+    assert on_the_wire(fast) == on_the_wire(public)
     assert fast["ordered"] is False
     field = "updates" if kind == bulk.UPDATE else "documents"
     assert len(fast[field]) == len(plan.ops)
@@ -159,7 +166,7 @@ async def test_without_the_fast_path_the_public_api_writes_the_same(
     await bulk.execute(db["fast"], bulk.UPDATE, plan.ops)
     monkeypatch.setattr(bulk, "_RUN", None)
     await bulk.execute(db["public"], bulk.UPDATE, plan.ops)
-    assert commands.sent[0] == commands.sent[1]
+    assert on_the_wire(commands.sent[0]) == on_the_wire(commands.sent[1])
     stored = [d async for d in db["public"].find({}, {"_id": 0}).sort("sensor_id")]
     assert [(d["sensor_id"], d["count"]) for d in stored] == [("s0", 3), ("s1", 3)]
     assert stored[0]["readings"][0]["ts"] == datetime.fromtimestamp(T0, UTC)

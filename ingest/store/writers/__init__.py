@@ -21,6 +21,40 @@ if TYPE_CHECKING:
     from ingest.model import Reading
 
 
+class BsonWriter(Protocol):
+    """The BSON writer kernel (``_bson_c.Writer``) as compiled Python calls it.
+
+    Each part answers WRITTEN (0) or NOT_SURE (1); only compiled modules hold one.
+    """
+
+    def start(self) -> int:
+        """Begin a document."""
+
+    def object_id(self, name: str, prefix: bytes, counter: int) -> int:
+        """An ObjectId of a 9-byte prefix and a counter."""
+
+    def date(self, name: str, ms: object) -> int:
+        """A UTC datetime of ``ms`` milliseconds."""
+
+    def value(self, name: str, value: object) -> int:
+        """A bool, int, float, str or None."""
+
+    def items(self, mapping: object, *, by_name: bool, skip: frozenset[str] | None) -> int:
+        """Each item of a dict."""
+
+    def open(self, name: str) -> int:
+        """Begin a sub-document."""
+
+    def open_array(self, name: str) -> int:
+        """Begin an array."""
+
+    def close(self) -> int:
+        """End the sub-document or array begun last."""
+
+    def finish(self) -> object:
+        """The document as a ``RawBSONDocument``, or None."""
+
+
 class PrimaryReads:
     """A writer's lookups of what it has just written: always from the primary.
 

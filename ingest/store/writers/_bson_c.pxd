@@ -1,4 +1,5 @@
 # The BSON writer kernel (_bson_c.pyx), for the compiled Python that cimports it.
+cimport cython
 
 cdef enum:
     # What writing a part of a document gives: done, or "not sure" (the caller then
@@ -14,6 +15,7 @@ cdef struct Item:
     void *value
 
 
+@cython.final
 cdef class Writer:
     cdef char *data
     cdef Py_ssize_t size
@@ -30,6 +32,8 @@ cdef class Writer:
     cdef int value(self, str name, object value) except -1
     cdef int items(self, object mapping, bint by_name, frozenset skip) except -1
     cdef int open(self, str name) except -1
+    cdef int open_array(self, str name) except -1
+    cdef int _open(self, int kind, str name) except -1
     cdef int close(self) except -1
     cdef object finish(self)
     cdef int _grow(self, Py_ssize_t extra) except -1

@@ -3,7 +3,8 @@
 
 The compiled Python that decides a document (which fields, in which order, from what)
 hands its parts to a :class:`Writer` one at a time: ``start``, then elements (``object_id``,
-``date``, ``value``, ``items`` of a dict, ``open``/``close`` of a sub-document), then
+``date``, ``value``, ``items`` of a dict, ``open``/``close`` of a sub-document,
+``open_array``/``close`` of an array, whose elements the caller names "0", "1", ...), then
 ``finish``, which gives the document as a ``RawBSONDocument`` the driver sends as it is.
 Each part answers ``WRITTEN``, or ``NOT_SURE`` for anything it cannot write exactly as
 ``bson.encode`` of the equivalent dict would: a value other than exactly ``bool``,
@@ -44,6 +45,7 @@ cdef enum:
     T_DOUBLE = 0x01
     T_STRING = 0x02
     T_DOCUMENT = 0x03
+    T_ARRAY = 0x04
     T_OBJECT_ID = 0x07
     T_BOOL = 0x08
     T_DATE = 0x09
@@ -280,7 +282,15 @@ cdef class Writer:
 
     cdef int open(self, str name) except -1:
         """A sub-document ``name``: the elements up to its ``close`` are its own."""
-        if self.depth >= MAX_DEPTH or self._element(T_DOCUMENT, name, 4) == NOT_SURE:
+        return self._open(T_DOCUMENT, name)
+
+    cdef int open_array(self, str name) except -1:
+        """An array ``name``: the elements up to its ``close`` (named "0", "1", ... by the
+        caller, as BSON wants) are its items."""
+        return self._open(T_ARRAY, name)
+
+    cdef int _open(self, int kind, str name) except -1:
+        if self.depth >= MAX_DEPTH or self._element(kind, name, 4) == NOT_SURE:
             return NOT_SURE
         self.opened[self.depth] = self.size
         self.depth += 1
@@ -288,7 +298,7 @@ cdef class Writer:
         return WRITTEN
 
     cdef int close(self) except -1:
-        """The end of the sub-document opened last."""
+        """The end of the sub-document or array opened last."""
         cdef Py_ssize_t begin
         if self.depth <= 1:
             return NOT_SURE

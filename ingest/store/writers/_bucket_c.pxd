@@ -1,6 +1,8 @@
 # Types of ingest/store/writers/_bucket_py.py, compiled as _bucket_c (setup.py).
 cimport cython
 
+from ingest.store.writers cimport _bson_c
+
 from ingest._capi cimport checked_tuple as _fields
 from ingest._capi cimport float_floordiv as _floordiv, new_with_slot, slot_offset
 from ingest._capi cimport equal as _eq, greater as _gt, less as _lt, less_equal as _le
@@ -13,6 +15,9 @@ cdef double _NAN
 cdef object _DATE, NO_TAGS, BUCKET_INDEX, SCHEMA_VERSION
 cdef dict _EMPTY
 cdef dict _STAT_KEYS
+cdef _bson_c.Writer _WRITER
+cdef tuple _INDEX
+cdef frozenset _PUSHED_OWN
 
 
 cpdef object ts_key(object ts)
@@ -81,6 +86,37 @@ cdef object _one_update(object sensor_id, object tags, object start, object read
                inc=dict, mins=dict, maxs=dict)
 cdef object _fast_update(object sensor_id, object tags, object start, list group,
                          object max_readings, object max_bytes)
+
+cdef object _group_statement(object sensor_id, object tags, object start, list group,
+                             object size, object max_readings, object max_bytes, list stats,
+                             tuple bounds)
+
+@cython.locals(row=tuple, i=Py_ssize_t)
+cdef int _raw_start(_bson_c.Writer writer, object sensor_id, object tags, object start,
+                    list group, object size, object max_readings, object max_bytes) except -1
+
+cdef object _raw_end(_bson_c.Writer writer, bint measured, dict labels=*)
+
+cdef int _raw_single_stats(_bson_c.Writer writer, dict values, object size, object ms) except -1
+
+cdef int _raw_values(_bson_c.Writer writer, str field, str date, object ms, dict values,
+                     Py_ssize_t key) except -1
+
+@cython.locals(stat=_Stat)
+cdef int _raw_group_stats(_bson_c.Writer writer, list stats, object count, object size,
+                          tuple bounds) except -1
+
+@cython.locals(stat=_Stat)
+cdef int _raw_bounds(_bson_c.Writer writer, str field, str date, object ms, list stats,
+                     bint high) except -1
+
+@cython.locals(row=tuple, measured=dict, labels=dict)
+cdef object _single_raw(_bson_c.Writer writer, object sensor_id, object tags, object start,
+                        object reading, object size, object max_readings, object max_bytes)
+
+cdef object _group_raw(_bson_c.Writer writer, object sensor_id, object tags, object start,
+                       list group, object size, object max_readings, object max_bytes,
+                       list stats, tuple bounds)
 
 cdef object _label(object reading, dict labels)
 

@@ -21,7 +21,9 @@ from datetime import UTC, datetime, timedelta
 from operator import attrgetter, eq, floordiv, gt, le, lt
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
+from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.datetime_ms import DatetimeMS
+from bson.raw_bson import RawBSONDocument
 
 from ingest.model import Reading
 from ingest.store.schema import BUCKET_INDEX
@@ -33,7 +35,15 @@ try:
 except ImportError:  # Cython builds the accelerators; it is not needed to run
     from ingest import _cython_shim as cython
 
+# Compiled, this is cimported (_bucket_c.pxd): the BSON writer kernel
+# (ingest/store/writers/_bson_c.pyx).
+_bson_c: Any = None
+
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ingest.store.writers import BsonWriter
+
     # Cython does not parse ``type`` statements.
     GroupKey: TypeAlias = tuple[str, TagsKey, float]  # noqa: UP040
     _Stats: TypeAlias = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]  # noqa: UP040
@@ -72,6 +82,22 @@ if [Reading._fields[i] for i in (SENSOR_ID, EPOCH, VALUES, SEQ, MS, TAGS, UNITS,
 # Spans below this many seconds (ints a float holds exactly) take the compiled floor
 # division of floats.
 _FLOAT_SPANS = 2**53
+# How statements and documents written as bytes decode when read (the driver sends them
+# as they are; the lookup before a time-series insert reads ``meta`` and ``ts``): aware
+# UTC datetimes, or DatetimeMS beyond their range.
+RAW_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(
+    document_class=RawBSONDocument,
+    tz_aware=True,
+    tzinfo=UTC,
+    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
+)
+# Compiled: the writer of every batch's statements (one at a time; its buffer kept).
+_WRITER: Any = _bson_c.Writer(RAW_OPTIONS) if cython.compiled else None
+# The names of an array's elements, as BSON wants them ("0", "1", ...): a group with more
+# readings than this is written as a dict.
+_INDEX = tuple(str(i) for i in range(4096))
+# Fields of a pushed reading that a measurement of that name would overwrite in its dict.
+_PUSHED_OWN = frozenset({"ts", "seq"})
 _NAN = float("nan")  # equal to no start
 if not cython.compiled:  # compiled: ingest/_capi.pxd's float_floordiv, the same in C
     _floordiv = floordiv
@@ -527,17 +553,26 @@ def _one_update(
     reading: Reading,
     max_readings: int,
     max_bytes: int,
-) -> dict[str, Any] | None:
+) -> Mapping[str, Any] | None:
     """:func:`_fast_update` of a group of one reading (a large fleet's usual group).
 
-    :func:`update_for` without the splitting and settling a group of one never needs.
+    :func:`update_for` without the splitting and settling a group of one never needs, for
+    a reading of either path (the default decoder's, or the mapping path's with tags,
+    strings, booleans, units and info).
     """
     row = _fields(reading) if cython.compiled else reading
-    if row[MS] is None or row[TAGS] is not None:
+    if row[MS] is None:
         return None
     size = reading_bytes(reading)
     if size > max_bytes:
         return None
+    raw = (
+        _single_raw(_WRITER, sensor_id, tags, start, reading, size, max_readings, max_bytes)
+        if cython.compiled
+        else None
+    )
+    if raw is not None:
+        return raw
     return update_for(sensor_id, tags, start, [reading], max_readings, size, max_bytes)
 
 
@@ -548,7 +583,7 @@ def _fast_update(
     group: list[Reading],
     max_readings: int,
     max_bytes: int,
-) -> dict[str, Any] | None:
+) -> Mapping[str, Any] | None:
     """:func:`update_for` of a whole group in one pass, for the default decoder's readings.
 
     For a group whose readings are numbers only (no tags, values in a dict), all timed in
@@ -584,11 +619,243 @@ def _fast_update(
         if len(set(stamps)) < count:
             return None
         first, last = min(stamps), max(stamps)
-    inc, mins, maxs = _statistics(stats, count, size, bson_date(first), bson_date(last))
+    return _group_statement(
+        sensor_id, tags, start, group, size, max_readings, max_bytes, stats, (first, last)
+    )
+
+
+def _group_statement(
+    sensor_id: str,
+    tags: dict[str, str],
+    start: BsonDate,
+    group: list[Reading],
+    size: int,
+    max_readings: int,
+    max_bytes: int,
+    stats: list[_Stat],
+    bounds: tuple[int, int],
+) -> Mapping[str, Any]:
+    """:func:`_fast_update`'s statement, compiled as bytes (:func:`_group_raw`).
+
+    The dict when the kernel is not sure of a part, or run as Python.
+    """
+    if cython.compiled:
+        raw = _group_raw(
+            _WRITER, sensor_id, tags, start, group, size, max_readings, max_bytes, stats, bounds
+        )
+        if raw is not None:
+            return raw
+    first, last = bounds
+    inc, mins, maxs = _statistics(stats, len(group), size, bson_date(first), bson_date(last))
     dates, pushed = _entries(group)
     return statement(
         sensor_id, tags, start, dates, pushed, size, max_readings, (inc, mins, maxs, {}), max_bytes
     )
+
+
+# --- compiled: statements written as BSON bytes -----------------------------------------
+# Each function below writes a part of :func:`statement`'s dict through the BSON writer
+# kernel, in the dict's key order, with the same value types (tests/store/
+# test_bucket_twins.py compares the bytes with the driver's encoding of the dict). A part
+# answers WRITTEN (0) or NOT_SURE (1); on NOT_SURE the statement is built as a dict.
+
+
+def _raw_start(
+    writer: BsonWriter,
+    sensor_id: str,
+    tags: dict[str, str],
+    start: BsonDate,
+    group: list[Reading],
+    size: int,
+    max_readings: int,
+    max_bytes: int,
+) -> int:
+    """The statement up to ``$inc``: its filter and the readings pushed."""
+    if (
+        writer.start()
+        or writer.open("q")
+        or writer.value("sensor_id", sensor_id)
+        or writer.open("tags")
+        or writer.items(tags, by_name=False, skip=None)
+        or writer.close()
+        or writer.date("bucket_start", start.ms)
+        or writer.open("count")
+        or writer.value("$lte", max_readings - len(group))
+        or writer.close()
+        or writer.open("bytes")
+        or writer.value("$lte", max(max_bytes - size, 0))
+        or writer.close()
+        or writer.open("readings.ts")
+        or writer.open_array("$nin")
+    ):
+        return 1
+    for i, reading in enumerate(group):
+        row = _fields(reading) if cython.compiled else reading
+        if writer.date(_INDEX[i], row[MS]):
+            return 1
+    if (
+        writer.close()
+        or writer.close()
+        or writer.close()
+        or writer.open("u")
+        or writer.open("$push")
+        or writer.open("readings")
+        or writer.open_array("$each")
+    ):
+        return 1
+    for i, reading in enumerate(group):
+        row = _fields(reading) if cython.compiled else reading
+        seq = row[SEQ]
+        if (
+            writer.open(_INDEX[i])
+            or writer.date("ts", row[MS])
+            or (seq is not None and writer.value("seq", seq))
+            or writer.items(row[VALUES], by_name=False, skip=_PUSHED_OWN)
+            or writer.close()
+        ):
+            return 1
+    return writer.close() or writer.close() or writer.close()
+
+
+def _raw_end(
+    writer: BsonWriter, measured: bool, labels: dict[str, str] | None = None
+) -> Mapping[str, Any] | None:
+    """The statement after ``$max``, and the whole as a ``RawBSONDocument``; or None."""
+    if (
+        writer.open("$setOnInsert")
+        or writer.value("schema_version", SCHEMA_VERSION)
+        or (not measured and (writer.open("stats") or writer.close()))
+        or writer.close()
+        or (labels and (writer.open("$set") or writer.items(labels, by_name=False, skip=None)))
+        or (labels and writer.close())
+        or writer.close()  # u
+        or writer.value("multi", False)  # noqa: FBT003 - the statement's field
+        or writer.value("upsert", True)  # noqa: FBT003
+        or writer.value("hint", BUCKET_INDEX)
+    ):
+        return None
+    return writer.finish()  # type: ignore[return-value]  # a RawBSONDocument, or None
+
+
+def _raw_single_stats(writer: BsonWriter, values: dict[str, Any], size: int, ms: int) -> int:
+    """``$inc``, ``$min`` and ``$max`` of one reading (:func:`_single`)."""
+    if writer.open("$inc") or writer.value("count", 1) or writer.value("bytes", size):
+        return 1
+    for name, value in values.items():
+        keys = _STAT_KEYS.get(name) or _stat_keys(name)
+        if writer.value(keys[0], 1) or writer.value(keys[1], float(value)):
+            return 1
+    return (
+        writer.close()
+        or _raw_values(writer, "$min", "first_ts", ms, values, 2)
+        or _raw_values(writer, "$max", "last_ts", ms, values, 3)
+    )
+
+
+def _raw_values(
+    writer: BsonWriter, field: str, date: str, ms: int, values: dict[str, Any], key: int
+) -> int:
+    """``$min`` or ``$max`` of one reading: its date, then each value as it is."""
+    if writer.open(field) or writer.date(date, ms):
+        return 1
+    for name, value in values.items():
+        if writer.value((_STAT_KEYS.get(name) or _stat_keys(name))[key], value):
+            return 1
+    return writer.close()
+
+
+def _raw_group_stats(
+    writer: BsonWriter, stats: list[_Stat], count: int, size: int, bounds: tuple[int, int]
+) -> int:
+    """``$inc``, ``$min`` and ``$max`` of a group's statistics (:func:`_statistics`)."""
+    if writer.open("$inc") or writer.value("count", count) or writer.value("bytes", size):
+        return 1
+    for stat in stats:
+        keys = _STAT_KEYS.get(stat.name) or _stat_keys(stat.name)
+        if writer.value(keys[0], stat.count) or writer.value(keys[1], stat.total):
+            return 1
+    return (
+        writer.close()
+        or _raw_bounds(writer, "$min", "first_ts", bounds[0], stats, False)  # noqa: FBT003
+        or _raw_bounds(writer, "$max", "last_ts", bounds[1], stats, True)  # noqa: FBT003
+    )
+
+
+def _raw_bounds(
+    writer: BsonWriter,
+    field: str,
+    date: str,
+    ms: int,
+    stats: list[_Stat],
+    high: bool,
+) -> int:
+    """``$min`` (``high`` false) or ``$max`` of a group: its date, then each low or high."""
+    if writer.open(field) or writer.date(date, ms):
+        return 1
+    for stat in stats:
+        keys = _STAT_KEYS.get(stat.name) or _stat_keys(stat.name)
+        if writer.value(keys[3], stat.high) if high else writer.value(keys[2], stat.low):
+            return 1
+    return writer.close()
+
+
+def _single_raw(
+    writer: BsonWriter,
+    sensor_id: str,
+    tags: dict[str, str],
+    start: BsonDate,
+    reading: Reading,
+    size: int,
+    max_readings: int,
+    max_bytes: int,
+) -> Mapping[str, Any] | None:
+    """The bytes of :func:`update_for`'s statement for one reading (:func:`_one_update`).
+
+    None when the kernel is not sure of a part.
+    """
+    row = _fields(reading) if cython.compiled else reading
+    values = row[VALUES]
+    ms = row[MS]
+    if ms is None or type(values) is not dict:
+        return None
+    measured = values
+    labels: dict[str, str] | None = None
+    if row[TAGS] is not None:  # the mapping path: booleans as 0/1, no strings; labels
+        measured = stat_values(values)
+        if row[UNITS] is not None or row[INFO] is not None:
+            labels = {}
+            _label(reading, labels)
+    if _raw_start(
+        writer, sensor_id, tags, start, [reading], size, max_readings, max_bytes
+    ) or _raw_single_stats(writer, measured, size, ms):
+        return None
+    return _raw_end(writer, len(measured) > 0, labels)
+
+
+def _group_raw(
+    writer: BsonWriter,
+    sensor_id: str,
+    tags: dict[str, str],
+    start: BsonDate,
+    group: list[Reading],
+    size: int,
+    max_readings: int,
+    max_bytes: int,
+    stats: list[_Stat],
+    bounds: tuple[int, int],
+) -> Mapping[str, Any] | None:
+    """The bytes of :func:`_fast_update`'s statement.
+
+    None when the kernel is not sure of a part, or the group has more readings than
+    :data:`_INDEX` names.
+    """
+    if (
+        len(group) > len(_INDEX)
+        or _raw_start(writer, sensor_id, tags, start, group, size, max_readings, max_bytes)
+        or _raw_group_stats(writer, stats, len(group), size, bounds)
+    ):
+        return None
+    return _raw_end(writer, len(stats) > 0)
 
 
 def _label(reading: Reading, labels: dict[str, str]) -> None:

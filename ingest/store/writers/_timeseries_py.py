@@ -13,15 +13,13 @@ subclass, a ``when``) stays this module's dict, which the driver encodes or refu
 
 from __future__ import annotations
 
-from datetime import UTC
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.objectid import ObjectId
-from bson.raw_bson import RawBSONDocument
 
 from ingest.model import Reading
+from ingest.store.writers._bucket_py import RAW_OPTIONS
 from ingest.store.writers.bucket import BsonDate, ts_key
 
 try:
@@ -35,19 +33,7 @@ _bson_c: Any = None
 _capi: Any = None
 
 if TYPE_CHECKING:
-    from typing import Protocol
-
-    class _Writer(Protocol):
-        """The BSON writer kernel (``_bson_c.Writer``): each part WRITTEN (0) or NOT_SURE (1)."""
-
-        def start(self) -> int: ...
-        def object_id(self, name: str, prefix: bytes, counter: int) -> int: ...
-        def date(self, name: str, ms: object) -> int: ...
-        def value(self, name: str, value: object) -> int: ...
-        def items(self, mapping: object, *, by_name: bool, skip: frozenset[str] | None) -> int: ...
-        def open(self, name: str) -> int: ...
-        def close(self) -> int: ...
-        def finish(self) -> object: ...
+    from ingest.store.writers import BsonWriter as _Writer
 
 
 _TIME = attrgetter("epoch")
@@ -62,14 +48,6 @@ _SORTED_LIMIT = 10_000
 
 _PREFIX_BYTES = 9  # of an ObjectId: seconds (4) and the process's random bytes (5)
 
-# How the documents written as bytes decode when read (the lookup before an insert reads
-# ``meta`` and ``ts``): aware UTC datetimes, or DatetimeMS beyond their range.
-RAW_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(
-    document_class=RawBSONDocument,
-    tz_aware=True,
-    tzinfo=UTC,
-    datetime_conversion=DatetimeConversion.DATETIME_AUTO,
-)
 # Where a BsonDate holds its milliseconds (compiled: set there, see ingest/_capi.pxd).
 _DATE_MS_SLOT = _capi.slot_offset(BsonDate, "ms") if cython.compiled else -1
 # Compiled: the writer of every batch's documents (one at a time; its buffer kept).
