@@ -90,6 +90,16 @@ _SKIPPED: dict[type[Inbound], str] = {
 }
 
 
+def _kind(why: str | None) -> type[Inbound]:
+    """The kind of message that came through a subscription not among today's filters.
+
+    ``why``: what :meth:`Subscriptions.unwanted` says of it (None: wanted after all).
+    """
+    if why is None:
+        return Inbound
+    return _OldSubscription if why == OLD_SUBSCRIPTION else _Unidentified
+
+
 class _Inbox:
     """One connection's received messages not yet taken, and the pause of its reader."""
 
@@ -102,6 +112,9 @@ class _Inbox:
         self.wake = asyncio.Event()  # set when a message arrives in the empty inbox
         # The message last taken, until the pipeline has said whether it took it.
         self.current: Inbound | None = None
+        # The pipeline's take_now while the consumer runs: a message arriving in the empty
+        # inbox, with no message waiting for the pipeline, is offered to it at once.
+        self.take_now: TakeNow | None = None
         self.reader: paho_hooks.Reader | None = None
         self.identified = True  # the broker takes Subscription Identifiers (CONNACK)
         self._metrics = metrics
@@ -323,6 +336,8 @@ class MqttSource:
     def stop_consuming(self) -> None:
         """Stop taking messages but keep the connection so acks can still go out."""
         self._stop.set()
+        if self._inbox is not None:
+            self._inbox.take_now = None  # what arrives from now on waits in the inbox
 
     def release(self) -> None:
         """Let :meth:`run` disconnect and return (after the last ack)."""
@@ -488,6 +503,7 @@ class MqttSource:
         inbox.seed(self._carried)  # before anything new: the order they were read in
         self._carried = []
         new_tuple, now, arrived, put = tuple.__new__, time.time, self._ledger.arrived, inbox.put
+        queued = inbox.messages
         wanted, unwanted = self._subscriptions.wanted, self._subscriptions.unwanted
         identified = True  # the broker takes Subscription Identifiers (as CONNACK says)
 
@@ -505,13 +521,22 @@ class MqttSource:
             # broker instead of being dropped here.
             kind: type[Inbound] = Inbound
             if subscription not in wanted and identified:  # not through one of today's
-                why = unwanted(topic, subscription)
-                if why is not None:
-                    kind = _OldSubscription if why == OLD_SUBSCRIPTION else _Unidentified
+                kind = _kind(unwanted(topic, subscription))
             # Inbound(...) without its Python-level __new__ (what that does, one call less)
             message = new_tuple(kind, (topic, payload, mid, qos, generation, now(), dup, retain))
             if not qos or arrived(message):
-                put(message)
+                # Nothing ahead of it (queued, or waiting for the pipeline): the pipeline
+                # takes it now if it can (True), else it waits its turn in the inbox,
+                # where the consumer offers it again and does what the answer says.
+                take_now = inbox.take_now
+                if (
+                    take_now is None
+                    or queued
+                    or inbox.current is not None
+                    or kind is not Inbound
+                    or take_now(message) is not True
+                ):
+                    put(message)
 
         def on_session(present: bool, identifiers: bool) -> None:
             nonlocal identified
@@ -732,6 +757,16 @@ class MqttSource:
         inbox: _Inbox,
         sink: Callable[[Inbound], Awaitable[bool]],
         take_now: TakeNow = _not_now,
+    ) -> None:
+        if take_now is not _not_now:
+            inbox.take_now = take_now  # see deliver in _receiver
+        try:
+            await self._consumed(inbox, sink, take_now)
+        finally:
+            inbox.take_now = None
+
+    async def _consumed(
+        self, inbox: _Inbox, sink: Callable[[Inbound], Awaitable[bool]], take_now: TakeNow
     ) -> None:
         messages, wake, take, usual = inbox.messages, inbox.wake, inbox.take, Inbound
         while True:
