@@ -5,8 +5,9 @@ id, so messages published while the daemon is away wait at the broker. Every QoS
 message is acknowledged only after its write (paho's manual ack), and the broker sends
 at most Receive Maximum unacknowledged messages: that is the backpressure.
 
-Received messages wait in the connection's inbox until the pipeline takes them. The inbox
-is bounded in messages (``max_inflight_messages``) and in bytes (a quarter of
+A received message with nothing ahead of it is taken by the pipeline at once, if it can
+take it without waiting; the others wait in the connection's inbox, in the order they
+arrived, until the pipeline takes them. The inbox is bounded in messages (``max_inflight_messages``) and in bytes (a quarter of
 ``max_buffered_bytes``, :data:`INBOX_SHARE`): over either bound, reading the socket
 pauses (after the packet being read), so TCP and the broker hold the backlog, QoS 0
 included; it resumes once the inbox is down to half of both bounds. When a connection
