@@ -7,8 +7,9 @@ at most Receive Maximum unacknowledged messages: that is the backpressure.
 
 A received message with nothing ahead of it is taken by the pipeline at once, if it can
 take it without waiting; the others wait in the connection's inbox, in the order they
-arrived, until the pipeline takes them. The inbox is bounded in messages (``max_inflight_messages``) and in bytes (a quarter of
-``max_buffered_bytes``, :data:`INBOX_SHARE`): over either bound, reading the socket
+arrived, until the pipeline takes them. The inbox is bounded in messages
+(``max_inflight_messages``) and in bytes (a quarter of ``max_buffered_bytes``,
+:data:`INBOX_SHARE`): over either bound, reading the socket
 pauses (after the packet being read), so TCP and the broker hold the backlog, QoS 0
 included; it resumes once the inbox is down to half of both bounds. When a connection
 ends, its inbox's QoS 1 messages are left to the broker to resend; its QoS 0 messages,

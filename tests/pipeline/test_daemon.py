@@ -451,8 +451,14 @@ async def test_a_qos0_backlog_larger_than_the_inbox_is_drained_on_connect(
     queueing = Broker(tmp_path, extra="queue_qos0_messages true\n")
     queueing.start()
     try:
-        args = ("--batch-size", "10", "--max-inflight-messages", "50")
-        args += ("--max-buffered-readings", "20")
+        args = (
+            "--batch-size",
+            "10",
+            "--max-inflight-messages",
+            "50",
+            "--max-buffered-readings",
+            "20",
+        )
         first = daemon(*args, broker_url=queueing.url)
         assert first.stop() == 0  # the persistent session stays at the broker
         async with aiomqtt.Client("127.0.0.1", queueing.port) as client:
