@@ -5,11 +5,9 @@ id, so messages published while the daemon is away wait at the broker. Every QoS
 message is acknowledged only after its write (paho's manual ack), and the broker sends
 at most Receive Maximum unacknowledged messages: that is the backpressure.
 
-A received message with nothing ahead of it is taken by the pipeline at once, if it can
-take it without waiting; the others wait in the connection's inbox, in the order they
-arrived, until the pipeline takes them. The inbox is bounded in messages
-(``max_inflight_messages``) and in bytes (a quarter of ``max_buffered_bytes``,
-:data:`INBOX_SHARE`): over either bound, reading the socket
+Received messages wait in the connection's inbox until the pipeline takes them. The inbox
+is bounded in messages (``max_inflight_messages``) and in bytes (a quarter of
+``max_buffered_bytes``, :data:`INBOX_SHARE`): over either bound, reading the socket
 pauses (after the packet being read), so TCP and the broker hold the backlog, QoS 0
 included; it resumes once the inbox is down to half of both bounds. When a connection
 ends, its inbox's QoS 1 messages are left to the broker to resend; its QoS 0 messages,
@@ -92,16 +90,6 @@ _SKIPPED: dict[type[Inbound], str] = {
 }
 
 
-def _kind(why: str | None) -> type[Inbound]:
-    """The kind of message that came through a subscription not among today's filters.
-
-    ``why``: what :meth:`Subscriptions.unwanted` says of it (None: wanted after all).
-    """
-    if why is None:
-        return Inbound
-    return _OldSubscription if why == OLD_SUBSCRIPTION else _Unidentified
-
-
 class _Inbox:
     """One connection's received messages not yet taken, and the pause of its reader."""
 
@@ -114,9 +102,6 @@ class _Inbox:
         self.wake = asyncio.Event()  # set when a message arrives in the empty inbox
         # The message last taken, until the pipeline has said whether it took it.
         self.current: Inbound | None = None
-        # The pipeline's take_now while the consumer runs: a message arriving in the empty
-        # inbox, with no message waiting for the pipeline, is offered to it at once.
-        self.take_now: TakeNow | None = None
         self.reader: paho_hooks.Reader | None = None
         self.identified = True  # the broker takes Subscription Identifiers (CONNACK)
         self._metrics = metrics
@@ -338,8 +323,6 @@ class MqttSource:
     def stop_consuming(self) -> None:
         """Stop taking messages but keep the connection so acks can still go out."""
         self._stop.set()
-        if self._inbox is not None:
-            self._inbox.take_now = None  # what arrives from now on waits in the inbox
 
     def release(self) -> None:
         """Let :meth:`run` disconnect and return (after the last ack)."""
@@ -505,7 +488,6 @@ class MqttSource:
         inbox.seed(self._carried)  # before anything new: the order they were read in
         self._carried = []
         new_tuple, now, arrived, put = tuple.__new__, time.time, self._ledger.arrived, inbox.put
-        queued = inbox.messages
         wanted, unwanted = self._subscriptions.wanted, self._subscriptions.unwanted
         identified = True  # the broker takes Subscription Identifiers (as CONNACK says)
 
@@ -523,22 +505,13 @@ class MqttSource:
             # broker instead of being dropped here.
             kind: type[Inbound] = Inbound
             if subscription not in wanted and identified:  # not through one of today's
-                kind = _kind(unwanted(topic, subscription))
+                why = unwanted(topic, subscription)
+                if why is not None:
+                    kind = _OldSubscription if why == OLD_SUBSCRIPTION else _Unidentified
             # Inbound(...) without its Python-level __new__ (what that does, one call less)
             message = new_tuple(kind, (topic, payload, mid, qos, generation, now(), dup, retain))
             if not qos or arrived(message):
-                # Nothing ahead of it (queued, or waiting for the pipeline): the pipeline
-                # takes it now if it can (True), else it waits its turn in the inbox,
-                # where the consumer offers it again and does what the answer says.
-                take_now = inbox.take_now
-                if (
-                    take_now is None
-                    or queued
-                    or inbox.current is not None
-                    or kind is not Inbound
-                    or take_now(message) is not True
-                ):
-                    put(message)
+                put(message)
 
         def on_session(present: bool, identifiers: bool) -> None:
             nonlocal identified
@@ -759,16 +732,6 @@ class MqttSource:
         inbox: _Inbox,
         sink: Callable[[Inbound], Awaitable[bool]],
         take_now: TakeNow = _not_now,
-    ) -> None:
-        if take_now is not _not_now:
-            inbox.take_now = take_now  # see deliver in _receiver
-        try:
-            await self._consumed(inbox, sink, take_now)
-        finally:
-            inbox.take_now = None
-
-    async def _consumed(
-        self, inbox: _Inbox, sink: Callable[[Inbound], Awaitable[bool]], take_now: TakeNow
     ) -> None:
         messages, wake, take, usual = inbox.messages, inbox.wake, inbox.take, Inbound
         while True:

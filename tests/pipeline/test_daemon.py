@@ -444,21 +444,13 @@ async def test_a_qos0_backlog_larger_than_the_inbox_is_drained_on_connect(
     daemon: Callable[..., Daemon], tmp_path: Path, topic_root: str, db: Any
 ) -> None:
     """500 QoS 0 messages queued at the broker for the daemon's session while it was
-    away: on connect they all come before the SUBACK, 10 times what the inbox holds and
-    25 times what the pipeline holds. Reading pauses with the SUBACK still unread; the
-    daemon consumes the inbox anyway, reads on, and stores every reading (the
-    subscription is confirmed meanwhile)."""
+    away: on connect they all come before the SUBACK, 10 times what the inbox holds.
+    Reading pauses with the SUBACK still unread; the daemon consumes the inbox anyway,
+    reads on, and stores every reading (the subscription is confirmed meanwhile)."""
     queueing = Broker(tmp_path, extra="queue_qos0_messages true\n")
     queueing.start()
     try:
-        args = (
-            "--batch-size",
-            "10",
-            "--max-inflight-messages",
-            "50",
-            "--max-buffered-readings",
-            "20",
-        )
+        args = ("--batch-size", "10", "--max-inflight-messages", "50")
         first = daemon(*args, broker_url=queueing.url)
         assert first.stop() == 0  # the persistent session stays at the broker
         async with aiomqtt.Client("127.0.0.1", queueing.port) as client:
