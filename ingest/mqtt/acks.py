@@ -212,10 +212,16 @@ class AckLedger:
         """
         mid, generation = message.mid, message.generation
         entry = self._unacked[mid]
-        entries = entry if isinstance(entry, _Reused) else _Reused((entry,))
-        at = next((i for i, e in enumerate(entries) if _owner(e) < generation), len(entries))
-        entries.insert(at, message)
-        self._unacked[mid] = entries
+        if not isinstance(entry, _Reused):  # the usual case: one message held
+            pair = (message, entry) if _owner(entry) < generation else (entry, message)
+            self._unacked[mid] = _Reused(pair)
+        else:
+            at = len(entry)  # usually: all of them came on this connection
+            for i, e in enumerate(entry):
+                if _owner(e) < generation:
+                    at = i
+                    break
+            entry.insert(at, message)
         if not message.dup:
             self.reused += 1
 
@@ -278,10 +284,21 @@ class AckLedger:
         for message in messages:
             if not message.qos:
                 done += 1  # nothing to acknowledge: done with
-            elif usual and line and line[0] is message and unacked.get(message.mid) is message:
-                # The usual case, inlined: next in line, nothing else under its id.
+            elif usual and line and line[0] is message:
+                # The usual cases, inlined: next in line, and nothing else under its id,
+                # or the oldest of the messages under it (mosquitto's reuse, see _queue).
+                # Held as itself, it is owned by the connection it came on: this one.
+                mid = message.mid
+                held = unacked.get(mid)
+                if held is message:
+                    del unacked[mid]
+                elif type(held) is _Reused and held[0] is message:
+                    del held[0]
+                    self._settle(mid, held)
+                else:
+                    waiting = self._mark_written(message) or waiting
+                    continue
                 line.popleft()
-                del unacked[message.mid]
                 now.append(message)
             else:
                 waiting = self._mark_written(message) or waiting

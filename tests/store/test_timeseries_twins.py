@@ -35,6 +35,7 @@ from ingest.model import Reading, Scalar
 from ingest.store.writers import _timeseries_py as py_mod
 from ingest.store.writers import timeseries as ts_mod
 from ingest.store.writers.bucket import BsonDate
+from ingest.store.writers.claims import claim_ids
 from tests.support.twins import compiled
 
 if TYPE_CHECKING:
@@ -583,3 +584,45 @@ def test_many_readings_of_one_sensor_out_of_order_are_sorted_by_time(twin: Modul
     python_sorted: Callable[..., list[Reading]] = py_mod.sorted_readings  # given a tuple too
     for data in (readings, readings[::-1], tuple(readings)):
         assert twin.sorted_readings(data) == python_sorted(data)
+
+
+owners = st.sampled_from(["writer-0123abcd", "daemon-1", "é😀"])
+
+
+@given(st.lists(decoded(), max_size=20), st.integers(-(2**63), 2**63 - 1), owners)
+def test_claims_of_the_decoders_readings_are_the_bytes_of_the_python_twins_dicts(
+    twin: ModuleType, readings: list[Reading], at: int, owner: str
+) -> None:
+    """The claims of single readings (the usual claim insert) are written as bytes, exactly
+    the bytes the driver writes for the Python twin's dicts."""
+    ids = claim_ids(readings)
+    docs = py_mod.claim_documents(ids, readings, at, owner)
+    cdocs = twin.claim_documents(ids, readings, at, owner)
+    assert all(type(doc) is RawBSONDocument for doc in cdocs)
+    assert [doc.raw for doc in cdocs] == [
+        bson.encode(doc, codec_options=CLIENT_OPTIONS) for doc in docs
+    ]
+    assert [doc["_id"] for doc in cdocs] == ids
+
+
+@given(
+    st.lists(st.one_of(a_reading(), a_reading(hostile=True)), max_size=8),
+    st.lists(st.one_of(texts, st.sampled_from(["x\ud800", 5])), max_size=9),
+    st.one_of(st.integers(-(2**64), 2**64), st.sampled_from([1.5, None])),
+    st.one_of(owners, st.sampled_from(["x\ud800", None])),
+)
+def test_claims_of_any_reading_are_the_python_twins_or_its_bytes(
+    twin: ModuleType, readings: list[Any], ids: list[Any], at: Any, owner: Any
+) -> None:
+    """Whatever the readings, ids, time and owner: both twins raise alike, or each claim
+    is the Python twin's dict, or the bytes the driver writes for it."""
+    expected = outcome(py_mod.claim_documents, ids, readings, at, owner)
+    got = outcome(twin.claim_documents, ids, readings, at, owner)
+    if expected[0] == "raised" or got[0] == "raised":
+        assert got == expected
+        return
+    for doc, py_doc in zip(got[1], expected[1], strict=True):
+        if type(doc) is RawBSONDocument:
+            assert doc.raw == encoded(py_doc)
+        else:
+            assert same(doc, py_doc)

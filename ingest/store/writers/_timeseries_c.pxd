@@ -53,3 +53,10 @@ cdef object _mapped_raw(
     _bson_c.Writer writer, Py_ssize_t counter, object reading, object when, object ms,
     bytes prefix,
 )
+
+
+@cython.locals(i=Py_ssize_t, writer=_bson_c.Writer, docs=list)
+cpdef list claim_documents(object ids, object readings, object at, object owner)
+
+
+cdef object _claim_raw(_bson_c.Writer writer, str key, object at, object owner, object values)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+from bson.datetime_ms import DatetimeMS
 from bson.objectid import ObjectId
 
 from ingest.model import Reading
@@ -313,6 +314,48 @@ def _mapped_raw(
             )
         )
         or writer.items(reading.values, by_name=True, skip=_OWN)
+    ):
+        return None
+    return writer.finish()
+
+
+def claim_documents(ids: list[str], readings: list[Reading], at: int, owner: str) -> list[Any]:
+    """The claims of single readings, in order: ``{"_id", "at", "by", "f"}`` each.
+
+    ``ids[i]`` is the claim id of ``readings[i]``'s instant, ``at`` the time of the claims
+    (epoch ms), ``owner`` the session that makes them; ``f`` is the reading's values, as
+    they are (see ingest/store/writers/claims.py). Compiled, a claim is the
+    ``RawBSONDocument`` of the bytes the driver would write for this dict, where the
+    kernel is sure of them; else this dict.
+    """
+    if len(ids) != len(readings):
+        raise ValueError(f"{len(ids)} claim ids for {len(readings)} readings")
+    writer = _WRITER if cython.compiled else None
+    date = DatetimeMS(at)
+    reading_type = Reading
+    docs: list[Any] = []
+    for i, reading in enumerate(readings):
+        key, values = ids[i], reading.values
+        if writer is not None and type(reading) is reading_type and type(key) is str:
+            raw = _claim_raw(writer, key, at, owner, values)
+            if raw is not None:
+                docs.append(raw)
+                continue
+        docs.append({"_id": key, "at": date, "by": owner, "f": values})
+    return docs
+
+
+def _claim_raw(writer: _Writer, key: str, at: object, owner: object, values: object) -> object:
+    """Compiled: the bytes of one claim of :func:`claim_documents`, or None if not sure."""
+    if (
+        type(owner) is not str
+        or writer.start()
+        or writer.value("_id", key)
+        or writer.date("at", at)
+        or writer.value("by", owner)
+        or writer.open("f")
+        or writer.items(values, by_name=False, skip=None)
+        or writer.close()
     ):
         return None
     return writer.finish()

@@ -43,8 +43,9 @@ from bson.errors import InvalidDocument
 from pymongo import ReadPreference
 from pymongo.errors import BulkWriteError, PyMongoError
 
+from ingest import accel
 from ingest.store import mongo_errors
-from ingest.store.writers import Plan, Singles, bulk, split_bulk_error
+from ingest.store.writers import Plan, Singles, _timeseries_py, bulk, split_bulk_error
 from ingest.store.writers.bucket import ms_of
 from ingest.store.writers.instants import (
     TagsKey,
@@ -69,6 +70,11 @@ CLAIM_ROUNDS = 4
 
 type Instant = tuple[str, TagsKey, int]
 type Rebuild = Callable[[Reading], Mapping[str, Any]]
+
+# The claims of single readings, built by the time-series twins (compiled: as BSON bytes).
+claim_documents = accel.pick(
+    _timeseries_py.claim_documents, "ingest.store.writers._timeseries_c", "claim_documents"
+)
 
 
 def claim_id(instant: Instant) -> str:
@@ -220,14 +226,12 @@ class Claims:
 
     def _documents(self, round_: _Round, indexes: list[int] | None) -> list[dict[str, Any]]:
         """The claim documents of ``indexes`` (None: all)."""
-        at = DatetimeMS(time.time_ns() // 1_000_000)  # as BSON stores it, cheaply encoded
+        ms = time.time_ns() // 1_000_000
         owner, ids, stored, groups = self.owner, round_.ids, round_.stored, round_.groups
         if indexes is None and stored is None and isinstance(groups, Singles):
             # the common case: one reading an instant, nothing stored there
-            return [
-                {"_id": key, "at": at, "by": owner, "f": reading.values}
-                for key, reading in zip(ids, groups.readings, strict=True)
-            ]
+            return claim_documents(ids, groups.readings, ms, owner)
+        at = DatetimeMS(ms)  # as BSON stores it, cheaply encoded
         chosen = range(len(ids)) if indexes is None else indexes
         return [
             {
