@@ -15,7 +15,7 @@ import aiomqtt
 import orjson
 
 from tests.support.mongo import failpoint, stored, stored_values
-from tests.support.procs import Broker, eventually, http_status
+from tests.support.procs import Broker, eventually
 from tests.support.proxy import Proxy
 
 if TYPE_CHECKING:
@@ -269,7 +269,7 @@ async def test_a_suback_that_never_comes_times_out_and_the_connection_is_made_ag
         await eventually(lambda: proc.metric("ingest_mqtt_reconnects_total") >= 2, timeout=60)
         assert "timed out" in proc.logs()
         assert proc.metric("ingest_mqtt_connected") == 0
-        assert http_status(proc.metrics_port, "/readyz") == 503
+        assert proc.readyz() == 503
         proxy.hold_after_connect(hold=False)
         await eventually(lambda: proc.metric("ingest_mqtt_connected") == 1, timeout=60)
         await publish(messages(topic_root, 1))

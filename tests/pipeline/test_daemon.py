@@ -294,7 +294,7 @@ async def test_backpressure_holds_memory_under_the_bound_and_loses_nothing(
     )
     async with failpoint(mongo, [WRITE_COMMAND[mode]]):
         await publish([one(topic_root, f"s{i % 3}", i) for i in range(150)])
-        await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 503)
+        await eventually(lambda: proc.readyz() == 503)
         time.sleep(1.0)
         metrics = proc.metrics()
         assert metrics["ingest_buffered_readings"] <= 20
@@ -302,7 +302,7 @@ async def test_backpressure_holds_memory_under_the_bound_and_loses_nothing(
         assert metrics["ingest_messages_received_total"] <= 20 + 40
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 150, timeout=40)
     assert await stored(db, mode) == 150
-    await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 200)
+    await eventually(lambda: proc.readyz() == 200)
 
 
 async def test_dry_run_builds_and_counts_writes_without_a_database(
@@ -323,7 +323,7 @@ async def test_health_is_alive_but_not_ready_without_a_broker(
 ) -> None:
     proc = daemon(broker_url=f"mqtt://127.0.0.1:{free_port()}", wait_ready=False)
     await eventually(lambda: _status(proc, "/healthz") == 200)
-    assert http_status(proc.metrics_port, "/readyz") == 503
+    assert proc.readyz() == 503
     assert proc.metric("ingest_mqtt_connected") == 0
     assert http_status(proc.metrics_port, "/nope") == 404
     assert proc.stop() == 0
@@ -381,7 +381,7 @@ async def test_a_subscription_granted_below_qos_1_is_not_accepted(
     try:
         proc = daemon(broker_url=capped.url, wait_ready=False)
         await eventually(lambda: "broker answered [0]" in proc.logs())
-        assert http_status(proc.metrics_port, "/readyz") == 503
+        assert proc.readyz() == 503
         assert proc.stop() == 0
     finally:
         capped.stop()
@@ -664,7 +664,7 @@ async def test_a_mongodb_outage_stops_acks_bounds_memory_and_loses_nothing(
         proxy.cut()
         started = time.monotonic()
         await publish([one(topic_root, f"s{i % 3}", i) for i in range(50, 350)])
-        await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 503)
+        await eventually(lambda: proc.readyz() == 503)
         peak = 0.0
         while time.monotonic() - started < 30:
             metrics = proc.metrics()
@@ -685,7 +685,7 @@ async def test_a_mongodb_outage_stops_acks_bounds_memory_and_loses_nothing(
             f"{proc.metric(f'ingest_duplicate_readings_total{{mode="{mode}"}}'):.0f} "
             "duplicates detected"
         )
-        await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 200)
+        await eventually(lambda: proc.readyz() == 200)
     finally:
         proxy.stop()
 

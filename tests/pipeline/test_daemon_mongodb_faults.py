@@ -13,7 +13,7 @@ import pytest
 
 from ingest.store.schema import BUCKET_INDEX
 from tests.support.mongo import failpoint, stored, stored_values
-from tests.support.procs import eventually, http_status
+from tests.support.procs import eventually
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -50,7 +50,7 @@ async def test_a_settle_lookup_refused_for_a_missing_privilege_is_retried_not_fa
             lambda: proc.metric('ingest_write_errors_total{kind="transient",mode="bucket"}') >= 2
         )
         assert alive(proc)
-        await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 503)
+        await eventually(lambda: proc.readyz() == 503)
         assert proc.metric("ingest_messages_acked_total") == 3
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 6)
     assert proc.metric('ingest_duplicate_readings_total{mode="bucket"}') == 3
@@ -101,7 +101,7 @@ async def test_messages_with_no_accepted_reading_are_bounded_in_bytes_during_an_
     bad = [(f"{topic_root}/s1/readings", b"{" + b"x" * size) for _ in range(count)]
     async with failpoint(mongo, ["insert"]):
         await publish(bad, qos=qos)
-        await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 503)
+        await eventually(lambda: proc.readyz() == 503)
         await eventually(lambda: proc.metric("ingest_mqtt_read_paused") == 1)
         time.sleep(1.0)
         metrics = proc.metrics()
@@ -122,7 +122,7 @@ async def test_messages_with_no_accepted_reading_are_bounded_in_bytes_during_an_
     await eventually(lambda: proc.metric("ingest_messages_received_total") == count, timeout=90)
     await eventually(lambda: proc.metric("ingest_rejects_written_total") == count, timeout=90)
     assert await db.rejects.count_documents({"reason": "invalid_json"}) == count
-    await eventually(lambda: http_status(proc.metrics_port, "/readyz") == 200)
+    await eventually(lambda: proc.readyz() == 200)
     assert proc.metric("ingest_buffered_bytes") == 0
     assert proc.metric("ingest_mqtt_reconnects_total") == 0
 
@@ -138,7 +138,7 @@ async def test_a_start_refused_for_a_missing_privilege_waits_unready_instead_of_
         await eventually(lambda: "cannot prepare MongoDB collections" in proc.logs())
         await eventually(lambda: proc.logs().count("cannot prepare MongoDB collections") >= 2)
         assert alive(proc)
-        assert http_status(proc.metrics_port, "/readyz") == 503
+        assert proc.readyz() == 503
     proc.wait_ready(timeout=30)
     await publish([one(topic_root, "s1", 0)])
     await eventually(lambda: proc.metric("ingest_messages_acked_total") == 1)

@@ -37,7 +37,7 @@ from loadgen import sparkplug as enc
 from loadgen.daemons import parse_metrics
 from loadgen.sparkplug import Metric
 from tests.support.mongo import failpoint, stored
-from tests.support.procs import eventually, http_status, password_broker
+from tests.support.procs import eventually, password_broker
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -156,7 +156,7 @@ async def test_two_workers_share_the_stream_behind_one_endpoint_and_stop_togethe
     assert metrics["ingest_workers"] == 2
     assert metrics["ingest_messages_received_total"] == 60
     assert metrics["ingest_mqtt_connected"] == 1
-    assert http_status(proc.metrics_port, "/readyz") == 200
+    assert proc.readyz() == 200
     logs = proc.logs()
     assert f"client ids ingest-{topic_root}, ingest-{topic_root}-w1" in logs
     assert "[worker 1]: connected to 127.0.0.1:" in logs
@@ -185,7 +185,7 @@ async def test_readyz_names_the_worker_that_is_not_ready(daemon: Callable[..., D
         assert proc.metrics()["ingest_workers"] == 2
     finally:
         os.kill(second, signal.SIGCONT)
-    assert http_status(proc.metrics_port, "/readyz") == 200
+    assert proc.readyz() == 200
     assert proc.stop() == 0
 
 

@@ -219,6 +219,17 @@ class Daemon:
             time.sleep(0.1)
         raise TimeoutError(f"daemon not ready after {timeout}s:\n{self.logs()}")
 
+    def readyz(self) -> int:
+        """The status of ``/readyz``; fails with the daemon's log when it cannot answer
+        (exited, or not listening), so that such a failure says why."""
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"daemon exited with {self.process.returncode}:\n{self.logs()}")
+        try:
+            return http_status(self.metrics_port, "/readyz")
+        except OSError as exc:
+            raise AssertionError(f"daemon's /readyz: {exc}\n{self.logs()}") from exc
+
     def metrics(self) -> dict[str, float]:
         return metrics_of(self.metrics_port)
 
