@@ -30,15 +30,14 @@ taken when its topic matches one of today's filters.
 
 from __future__ import annotations
 
+import re
 import zlib
 from typing import TYPE_CHECKING, Protocol
-
-from paho.mqtt.client import topic_matches_sub
 
 from ingest.metrics import SKIP_REASONS
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from ingest.mqtt.wire import Subscription
 
@@ -46,9 +45,6 @@ if TYPE_CHECKING:
 # through a filter not subscribed today (its identifier); through one made without one.
 OLD_SUBSCRIPTION, UNIDENTIFIED_SUBSCRIPTION = SKIP_REASONS
 MAX_IDENTIFIER = 268_435_455  # MQTT 5: 1 to 2**28 - 1 (a variable byte integer)
-# Topics whose match against today's filters is kept (a backlog through subscriptions
-# made without identifiers repeats its topics; the cache starts over when full).
-TOPIC_CACHE = 10_000
 
 
 def plain(topic_filter: str) -> str:
@@ -58,6 +54,38 @@ def plain(topic_filter: str) -> str:
         if len(parts) == 3:
             return parts[2]
     return topic_filter
+
+
+def filter_pattern(topic_filter: str) -> str:
+    """A regular expression that matches (``fullmatch``) exactly the topics the filter does.
+
+    MQTT 5 §4.7: ``+`` is one level, perhaps empty; a final ``#`` is its parent level and
+    any number below it; a filter that starts with a wildcard matches no topic that
+    starts with ``$``. Any other level is itself, character for character.
+    """
+    levels = topic_filter.split("/")
+    parts = ["[^/]*" if level == "+" else re.escape(level) for level in levels]
+    if levels[-1] == "#":
+        parts.pop()
+        pattern = "/".join(parts) + "(?:/.*)?" if parts else ".*"
+    else:
+        pattern = "/".join(parts)
+    return ("(?!\\$)" if levels[0] in ("+", "#") else "") + pattern
+
+
+def topic_matcher(filters: Iterable[str]) -> Callable[[str], bool]:
+    """Whether a topic matches any of ``filters`` (plain ones): one compiled expression.
+
+    paho's ``topic_matches_sub`` builds a matcher tree per call and leaves a reference
+    cycle behind (a recursive closure), garbage for the collector on every message.
+    """
+    alternatives = [f"(?:{filter_pattern(f)})" for f in filters]
+    match = re.compile("|".join(alternatives) or "(?!)", re.DOTALL).fullmatch
+
+    def matches(topic: str) -> bool:
+        return match(topic) is not None
+
+    return matches
 
 
 def identifier(topic_filter: str) -> int:
@@ -79,7 +107,7 @@ class Subscriptions:
         self.wanted = frozenset(identifier(f) for f in self.filters)
         # Those of remembered filters this process unsubscribed (:meth:`retire`).
         self.retired: frozenset[int] = frozenset()
-        self._matched: dict[str, bool] = {}  # topic -> one of today's filters matches it
+        self._matches = topic_matcher(self._plain)  # whether one of today's filters does
 
     def retire(self, filters: Iterable[str]) -> None:
         """Note remembered filters being unsubscribed now.
@@ -104,13 +132,9 @@ class Subscriptions:
                 return OLD_SUBSCRIPTION
         elif subscription and subscription not in self.retired:
             return OLD_SUBSCRIPTION
-        reason = OLD_SUBSCRIPTION if subscription else UNIDENTIFIED_SUBSCRIPTION
-        matched = self._matched.get(topic)
-        if matched is None:
-            if len(self._matched) >= TOPIC_CACHE:
-                self._matched.clear()
-            matched = self._matched[topic] = any(topic_matches_sub(f, topic) for f in self._plain)
-        return None if matched else reason
+        if self._matches(topic):
+            return None
+        return OLD_SUBSCRIPTION if subscription else UNIDENTIFIED_SUBSCRIPTION
 
 
 class Memory(Protocol):

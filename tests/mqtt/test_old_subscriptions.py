@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import aiomqtt
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from paho.mqtt.client import topic_matches_sub
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -23,7 +26,7 @@ from ingest.metrics import Health, Metrics
 from ingest.model import Inbound
 from ingest.mqtt import source as source_module
 from ingest.mqtt.source import MqttSource
-from ingest.mqtt.subscriptions import Subscriptions, identifier
+from ingest.mqtt.subscriptions import Subscriptions, identifier, topic_matcher
 from ingest.pipeline.subscribed import COLLECTION
 from tests.mqtt.test_paho_contract import KernelSocket, publish_packet, varint
 from tests.support.mongo import COLLECTION as COLLECTION_OF
@@ -188,6 +191,26 @@ def test_a_filter_keeps_its_identifier_in_every_form() -> None:
     assert today.unwanted("a/1", (identifier("c/#"), identifier("a/#"))) is None
     assert today.unwanted("a/1", 0) is None  # no identifier: today's filter matches
     assert today.unwanted("c/1", 0) == "unidentified_subscription"
+
+
+# Topic levels that exercise the matching rules: empty levels, "$" topics, characters a
+# regular expression would read as syntax, and the wildcards themselves (in filters).
+_LEVELS = st.sampled_from(["a", "b", "", "$SYS", "$", ".*", "a+b", "(x)", "\n", "é"])
+_TOPICS = st.lists(_LEVELS, min_size=1, max_size=5).map("/".join)
+_FILTERS = st.builds(
+    lambda levels, tail: "/".join(levels + tail),
+    st.lists(st.one_of(_LEVELS, st.just("+")), max_size=4),
+    st.sampled_from([[], ["#"], ["+"]]),
+).filter(bool)
+
+
+@given(filters=st.lists(_FILTERS, min_size=1, max_size=3), topic=_TOPICS)
+def test_topics_match_filters_as_paho_matches_them(filters: list[str], topic: str) -> None:
+    """A message without an identifier is taken when today's filters match its topic:
+    the test agrees with paho's reference matcher (MQTT 5 §4.7: ``+``, a final ``#``
+    with its parent level, no wildcard first for ``$`` topics)."""
+    expected = any(topic_matches_sub(f, topic) for f in filters)
+    assert topic_matcher(filters)(topic) is expected
 
 
 class FailingMemory:
