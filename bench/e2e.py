@@ -35,11 +35,14 @@ broker (its ``$SYS/broker/publish/messages/dropped``, read before and after the 
 delivered and PUBACKed (the relay), received, written, seen at the sink.
 
     .venv/bin/python -m bench.e2e [--sensors 1000,100000] [--rounds 5] [--json out.json]
-        [--timeless] [--baseline DIR]
+        [--timeless] [--unidentified] [--baseline DIR]
 
 ``--sensors`` lists fleet sizes: every case runs for each, in the same rounds.
 ``--timeless`` leaves ``ts`` out of the payloads (readings timed at arrival, as most
-devices send them).
+devices send them). The sessions are made with the Subscription Identifier the daemon
+gives its filter, as its own earlier run would have made them; ``--unidentified`` makes
+them without one, as a broker that takes no identifiers or a session of a version
+before them has it (each message's topic is then matched against the filters).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.relay import Relay
 from ingest.config import Settings as DaemonSettings
+from ingest.mqtt.subscriptions import identifier
 from tests.support.procs import Broker, Daemon
 
 if TYPE_CHECKING:
@@ -101,6 +105,7 @@ class Settings:
     # them by the broker before they connect.
     workers: int = 1
     timeless: bool = False  # payloads without ts: timed at arrival
+    unidentified: bool = False  # sessions subscribed without a Subscription Identifier
     baseline: str | None = None  # the source tree of the ``@base`` consumers
 
 
@@ -264,8 +269,23 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def session(broker: Broker, client_id: str, qos: int, workers: int = 1, base: str = FILTER) -> None:
-    """Create the consumers' persistent sessions (on ``base``), so the backlog queues for them."""
+def session(
+    broker: Broker,
+    client_id: str,
+    qos: int,
+    workers: int = 1,
+    base: str = FILTER,
+    *,
+    identified: bool = True,
+) -> None:
+    """Create the consumers' persistent sessions (on ``base``), so the backlog queues for them.
+
+    ``identified``: with the Subscription Identifier the daemon gives the filter, as a
+    session the daemon made in an earlier run has it (the broker puts it in every
+    message it queues).
+    """
+    topic = topic_filter(client_id, workers, base)
+    properties = ["-D", "subscribe", "subscription-identifier", str(identifier(topic))]
     for worker in client_ids(client_id, workers):
         subprocess.run(
             [
@@ -282,7 +302,8 @@ def session(broker: Broker, client_id: str, qos: int, workers: int = 1, base: st
                 "-q",
                 str(qos),
                 "-t",
-                topic_filter(client_id, workers, base),
+                topic,
+                *(properties if identified else []),
                 "-E",
             ],
             check=True,
@@ -704,7 +725,7 @@ def run_one(
     relay = None
     try:
         client_id = f"bench-{consumer.replace('@', '-')}"
-        session(broker, client_id, qos, settings.workers)
+        session(broker, client_id, qos, settings.workers, identified=not settings.unidentified)
         assert broker.process is not None
         broker_cpu = cpu_of(broker.process.pid)
         dropped_before = broker_dropped(broker)
@@ -1057,6 +1078,11 @@ def main() -> int:
         "--timeless", action="store_true", help="payloads without ts (readings timed at arrival)"
     )
     parser.add_argument(
+        "--unidentified",
+        action="store_true",
+        help="sessions subscribed without a Subscription Identifier",
+    )
+    parser.add_argument(
         "--baseline",
         type=Path,
         help="source tree of another version: adds <consumer>@base for "
@@ -1098,6 +1124,7 @@ def main() -> int:
         daemon_args=tuple(args.daemon_arg),
         workers=args.workers,
         timeless=args.timeless,
+        unidentified=args.unidentified,
         baseline=None if args.baseline is None else str(args.baseline.resolve()),
     )
     # SIGTERM unwinds like an exception, so every broker, daemon and sink is stopped.
