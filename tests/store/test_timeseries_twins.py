@@ -605,6 +605,17 @@ def test_claims_of_the_decoders_readings_are_the_bytes_of_the_python_twins_dicts
     assert [doc["_id"] for doc in cdocs] == ids
 
 
+@given(st.lists(st.one_of(a_reading(), a_reading(hostile=True)), max_size=12))
+def test_claim_ids_are_the_python_twins(twin: ModuleType, readings: list[Any]) -> None:
+    """A claim's id names its series and instant: the compiled ids are the Python
+    twin's, for any reading (another kind's ids come from the function passed)."""
+
+    def other(reading: Any) -> str:
+        return f"other {reading!r}"
+
+    assert outcome(twin.claim_ids, readings, other) == outcome(py_mod.claim_ids, readings, other)
+
+
 @given(
     st.lists(st.one_of(a_reading(), a_reading(hostile=True)), max_size=8),
     st.lists(st.one_of(texts, st.sampled_from(["x\ud800", 5])), max_size=9),

@@ -4,7 +4,7 @@ cimport cython
 from ingest cimport _capi
 from ingest.store.writers cimport _bson_c
 
-cdef Py_ssize_t _DATE_MS_SLOT, _SENSOR_ID, _EPOCH
+cdef Py_ssize_t _DATE_MS_SLOT, _SENSOR_ID, _EPOCH, _MS, _TAGS
 cdef frozenset _OWN, _META_OWN
 cdef dict _SORTED
 cdef _bson_c.Writer _WRITER
@@ -56,6 +56,9 @@ cdef object _mapped_raw(
 
 
 @cython.locals(i=Py_ssize_t, writer=_bson_c.Writer, docs=list)
+cpdef list claim_ids(list readings, object other)
+
+
 cpdef list claim_documents(object ids, object readings, object at, object owner)
 
 

@@ -34,12 +34,16 @@ _bson_c: Any = None
 _capi: Any = None
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ingest.store.writers import BsonWriter as _Writer
 
 
 _TIME = attrgetter("epoch")
 _SENSOR_ID = Reading._fields.index("sensor_id")
 _EPOCH = Reading._fields.index("epoch")
+_MS = Reading._fields.index("ms")
+_TAGS = Reading._fields.index("tags")
 _new = object.__new__
 _NOTHING = object()
 # Field names of a reading in name order, by their order in the payload (bounded: names
@@ -317,6 +321,28 @@ def _mapped_raw(
     ):
         return None
     return writer.finish()
+
+
+def claim_ids(readings: list[Reading], other: Callable[[Reading], str]) -> list[str]:
+    """The claim id of each reading's series and instant (ingest/store/writers/claims.py).
+
+    ``"<ms> <sensor_id>"`` for a reading with its millisecond and no tags (the usual
+    one), ``other(reading)`` for the rest.
+    """
+    reading_type = Reading
+    ids: list[str] = []
+    for reading in readings:
+        if cython.compiled:  # a Reading's fields by index
+            ms = _capi.field(reading, reading_type, _MS, "ms")
+            tags = _capi.field(reading, reading_type, _TAGS, "tags")
+            sensor = _capi.field(reading, reading_type, _SENSOR_ID, "sensor_id")
+        else:
+            ms, tags, sensor = reading.ms, reading.tags, reading.sensor_id
+        if ms is not None and not tags:
+            ids.append(f"{ms} {sensor}")
+        else:
+            ids.append(other(reading))
+    return ids
 
 
 def claim_documents(ids: list[str], readings: list[Reading], at: int, owner: str) -> list[Any]:

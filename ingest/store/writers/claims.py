@@ -71,7 +71,9 @@ CLAIM_ROUNDS = 4
 type Instant = tuple[str, TagsKey, int]
 type Rebuild = Callable[[Reading], Mapping[str, Any]]
 
-# The claims of single readings, built by the time-series twins (compiled: as BSON bytes).
+# The claim ids of readings, and the claims of single readings, built by the time-series
+# twins (compiled: the usual id formatted in C, a claim as BSON bytes).
+_claim_ids = accel.pick(_timeseries_py.claim_ids, "ingest.store.writers._timeseries_c", "claim_ids")
 claim_documents = accel.pick(
     _timeseries_py.claim_documents, "ingest.store.writers._timeseries_c", "claim_documents"
 )
@@ -359,12 +361,11 @@ class _Round:
 
 def claim_ids(readings: Iterable[Reading]) -> list[str]:
     """:func:`claim_id` of each reading's series and instant."""
-    return [
-        f"{reading.ms} {reading.sensor_id}"
-        if reading.ms is not None and not reading.tags
-        else claim_id((reading.sensor_id, tags_key(reading.tags), ms_of(reading)))
-        for reading in readings
-    ]
+    return _claim_ids(readings if type(readings) is list else list(readings), _claim_id_of)
+
+
+def _claim_id_of(reading: Reading) -> str:
+    return claim_id((reading.sensor_id, tags_key(reading.tags), ms_of(reading)))
 
 
 def _fields(group: list[Reading], stored: dict[str, Any] | None) -> dict[str, Any]:
