@@ -2,9 +2,10 @@
 
 Drives the source's :class:`~ingest.mqtt.acks.AckLedger` directly (arrival, then
 acknowledged in batches of 500 as the pipeline does; PUBACK bytes queued to a paho client
-that sends nothing, through the source's own callback) for 100,000 messages, with and
-without remembering sent PUBACKs for DUP redeliveries, and prints the fastest of several
-rounds of each.
+that sends nothing, through the source's own callback) for 100,000 messages, and prints
+the fastest of several rounds: the compiled ledger (where built) and the Python one, the
+Python one also without remembering sent PUBACKs for DUP redeliveries (the compiled
+ledger's methods cannot be replaced to leave that out).
 
     .venv/bin/python -m bench.acks [--rounds 12]
 """
@@ -20,9 +21,11 @@ from unittest import mock
 import aiomqtt
 from paho.mqtt.enums import MQTTErrorCode
 
+from ingest import accel
 from ingest.config import Settings
 from ingest.metrics import Health, Metrics
 from ingest.model import Inbound
+from ingest.mqtt import _acks_py, source
 from ingest.mqtt.source import MqttSource
 
 MESSAGES = 100_000
@@ -38,15 +41,16 @@ def forget(_messages: list[Inbound]) -> None:
     """The ledger's memory of sent PUBACKs, keeping nothing."""
 
 
-async def per_message_us(*, remember: bool) -> float:
-    source = MqttSource(Settings(), Metrics("bucket"), Health())
-    ledger = source._ledger  # noqa: SLF001
+async def per_message_us(ledger_class: type[_acks_py.AckLedger], *, remember: bool) -> float:
+    with mock.patch.object(source, "AckLedger", ledger_class):
+        mqtt = MqttSource(Settings(), Metrics("bucket"), Health())
+    ledger = mqtt._ledger  # noqa: SLF001
     client = aiomqtt.Client("127.0.0.1")
     with contextlib.ExitStack() as stubs:
         stubs.enter_context(mock.patch.object(client._client, "_packet_queue", queue_nothing))  # noqa: SLF001
         if not remember:
             stubs.enter_context(mock.patch.object(ledger, "_remember", forget))
-        return timed(source, client)
+        return timed(mqtt, client)
 
 
 def timed(source: MqttSource, client: aiomqtt.Client) -> float:
@@ -76,14 +80,20 @@ def timed(source: MqttSource, client: aiomqtt.Client) -> float:
 
 
 async def main(rounds: int) -> None:
-    with_memory, without = [], []
+    compiled_class = accel.pick(None, "ingest.mqtt._acks_c", "AckLedger")  # None: not built
+    compiled: list[float] = []
+    python: list[float] = []
+    without: list[float] = []
     for _ in range(rounds):
-        with_memory.append(await per_message_us(remember=True))
-        without.append(await per_message_us(remember=False))
+        if compiled_class is not None:
+            compiled.append(await per_message_us(compiled_class, remember=True))
+        python.append(await per_message_us(_acks_py.AckLedger, remember=True))
+        without.append(await per_message_us(_acks_py.AckLedger, remember=False))
+    first = f"compiled {min(compiled):.2f} us/message; " if compiled else "compiled: not built; "
     print(
         f"acknowledgement ledger, fastest of {rounds} rounds of {MESSAGES:,} messages: "
-        f"{min(with_memory):.2f} us/message remembering PUBACKs, "
-        f"{min(without):.2f} us/message without"
+        f"{first}Python {min(python):.2f} us/message remembering PUBACKs, "
+        f"{min(without):.2f} without"
     )
 
 

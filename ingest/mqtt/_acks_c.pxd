@@ -1,0 +1,41 @@
+# The C types of _acks_py.py, compiled as ingest.mqtt._acks_c (see setup.py): the ledger
+# is an extension type, its state C fields and its helpers C calls. Packet ids stay
+# Python ints (dict keys: a C integer would be boxed again at every lookup).
+cimport cython
+
+
+@cython.final
+cdef class AckLedger:
+    cdef Py_ssize_t _window
+    cdef object _send
+    cdef object _generation
+    cdef bint _open
+    cdef dict _unacked
+    cdef object _line
+    cdef object _line_of
+    cdef readonly object _acked
+    cdef readonly Py_ssize_t _received
+    cdef object _received_on
+    cdef object _fresh_on
+    cdef public Py_ssize_t reused, adopted, reacked, acked_late
+
+    cpdef bint arrived(self, object message) except -1
+    cdef object _line_for(self, object generation)
+    cdef object _resent(self, object generation)
+    cdef object _drop_before(self, object generation)
+    cdef object _queue(self, object message)
+    cdef bint _redelivered(self, object message) except -1
+    cdef bint _reacked(self, object message) except -1
+    @cython.locals(unacked=dict, usual=bint, done=Py_ssize_t, now=list, waiting=bint,
+                   fast=Py_ssize_t)
+    cpdef Py_ssize_t written(self, list messages) except -1
+    cdef bint _mark_written(self, object message) except -1
+    cdef Py_ssize_t _flush(self) except -1
+    @cython.locals(first=Py_ssize_t)
+    cdef Py_ssize_t _due(self, list due) except -1
+    @cython.locals(seq=Py_ssize_t)
+    cdef object _remember(self, list messages)
+    @cython.locals(proven=Py_ssize_t, certain=Py_ssize_t)
+    cdef object _forget_acked(self)
+    cdef object _record(self, object mid, Py_ssize_t at, object entry)
+    cdef object _settle(self, object mid, object held)
