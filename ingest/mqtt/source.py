@@ -37,17 +37,12 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from ingest import accel
 from ingest.errors import IngestError, StartupError
 from ingest.model import Inbound
-from ingest.mqtt import paho_hooks
+from ingest.mqtt import _inbox_py, paho_hooks
 from ingest.mqtt.acks import AckLedger
-from ingest.mqtt.subscriptions import (
-    OLD_SUBSCRIPTION,
-    UNIDENTIFIED_SUBSCRIPTION,
-    Memory,
-    Subscriptions,
-    identifier,
-)
+from ingest.mqtt.subscriptions import SKIPPED, Memory, Subscriptions, identifier
 from ingest.retry import backoff
 
 if TYPE_CHECKING:
@@ -55,145 +50,21 @@ if TYPE_CHECKING:
 
     from ingest.config import Settings
     from ingest.metrics import Health, Metrics
-    from ingest.mqtt.wire import Subscription
 
 logger = logging.getLogger(__name__)
 YIELD_EVERY = 500  # messages decoded between two yields to the event loop
 # Seconds the broker keeps the daemon's session (and queues for it) while it is away.
 SESSION_EXPIRY = 7 * 86400
-INBOX_SHARE = 4  # the inbox holds at most max_buffered_bytes / INBOX_SHARE bytes
 # Seconds of reading (paused time does not count) a SUBACK or UNSUBACK may take.
 ANSWER_TIMEOUT = 10.0
-# Estimated memory of a received message besides its payload and topic (the Inbound,
-# its bytes and str objects, the deque slot); as pipeline.MESSAGE_BYTES.
-INBOX_MESSAGE_BYTES = 256
 # Seconds the remembered filters may take to be read or written (at connect only).
 MEMORY_TIMEOUT = 5.0
-
-
-class _OldSubscription(Inbound):
-    """A message that came through a subscription of a filter not subscribed today."""
-
-    __slots__ = ()
-
-
-class _Unidentified(Inbound):
-    """A message without Subscription Identifier whose topic no filter of today's matches."""
-
-    __slots__ = ()
-
-
-# Why a message of each kind is skipped (the reason label of ingest_messages_skipped_total).
-_SKIPPED: dict[type[Inbound], str] = {
-    _OldSubscription: OLD_SUBSCRIPTION,
-    _Unidentified: UNIDENTIFIED_SUBSCRIPTION,
-}
-
-
-class _Inbox:
-    """One connection's received messages not yet taken, and the pause of its reader."""
-
-    def __init__(
-        self, settings: Settings, metrics: Metrics, health: Health, generation: int
-    ) -> None:
-        self.generation = generation  # of the connection whose messages it holds
-        self.messages: deque[Inbound] = deque()
-        self.bytes = 0
-        self.wake = asyncio.Event()  # set when a message arrives in the empty inbox
-        # The message last taken, until the pipeline has said whether it took it.
-        self.current: Inbound | None = None
-        self.reader: paho_hooks.Reader | None = None
-        self.identified = True  # the broker takes Subscription Identifiers (CONNACK)
-        self._metrics = metrics
-        self._health = health
-        self._limit = settings.max_inflight_messages
-        self._limit_bytes = max(1, settings.max_buffered_bytes // INBOX_SHARE)
-        self._paused_since = 0.0  # monotonic; 0 while reading
-
-    def put(self, message: Inbound) -> None:
-        """Append a received message; pause reading past a bound."""
-        messages = self.messages
-        messages.append(message)
-        # A message's size: INBOX_MESSAGE_BYTES, its payload and its topic (inlined here
-        # and in take: they run for every message)
-        self.bytes = size = (
-            self.bytes + INBOX_MESSAGE_BYTES + len(message.payload) + len(message.topic)
-        )
-        count = len(messages)
-        if count == 1:
-            # The consumer clears ``wake`` only once it has emptied the inbox.
-            self.wake.set()
-        if (
-            (count >= self._limit or size >= self._limit_bytes)
-            and not self._paused_since
-            and self.reader is not None
-        ):
-            self._pause(self.reader)
-
-    def _pause(self, reader: paho_hooks.Reader) -> None:
-        reader.pause()
-        self._paused_since = time.monotonic()
-        self._health.reading_paused = True
-        self._metrics.read_paused.set(1)
-        self._metrics.read_pauses.inc()
-
-    def take(self) -> Inbound:
-        """The oldest message, now :attr:`current`; resume reading below half of both bounds."""
-        self.current = message = self.messages.popleft()
-        self.bytes -= INBOX_MESSAGE_BYTES + len(message.payload) + len(message.topic)
-        if (
-            self._paused_since
-            and len(self.messages) <= self._limit // 2
-            and self.bytes <= self._limit_bytes // 2
-        ):
-            self._unpaused()
-            if self.reader is not None:
-                self.reader.resume()
-        return message
-
-    def _unpaused(self) -> None:
-        self.sync_metrics()
-        self._paused_since = 0.0
-        self._health.reading_paused = False
-        self._metrics.read_paused.set(0)
-
-    @property
-    def paused(self) -> bool:
-        """Whether reading from the broker is paused."""
-        return bool(self._paused_since)
-
-    def seed(self, messages: list[Inbound]) -> None:
-        """Start with messages read on an earlier connection (taken first, in order).
-
-        They count towards the bounds: the first message read past them pauses reading.
-        """
-        if not messages:
-            return
-        self.messages.extend(messages)
-        self.bytes += sum(INBOX_MESSAGE_BYTES + len(m.payload) + len(m.topic) for m in messages)
-        self.wake.set()
-
-    def close(self) -> list[Inbound]:
-        """The connection is gone: a pause ends with it (a new connection reads).
-
-        Returns the messages never taken (``current`` and those left), held no more.
-        """
-        if self._paused_since:
-            self._unpaused()
-        untaken = [self.current, *self.messages] if self.current else [*self.messages]
-        self.messages.clear()
-        self.current = None
-        self.bytes = 0
-        self._metrics.inbox_bytes.set(0)
-        return untaken
-
-    def sync_metrics(self) -> None:
-        """Move the pause's time so far and the inbox's size into the metrics."""
-        if self._paused_since:
-            now = time.monotonic()
-            self._metrics.read_paused_seconds.inc(now - self._paused_since)
-            self._paused_since = now
-        self._metrics.inbox_bytes.set(self.bytes)
+# A connection's inbox and the delivery of its messages into it, written once in
+# _inbox_py.py and compiled as _inbox_c where built (ingest/accel.py).
+INBOX_SHARE = _inbox_py.INBOX_SHARE
+INBOX_MESSAGE_BYTES = _inbox_py.INBOX_MESSAGE_BYTES
+_Inbox = accel.pick(_inbox_py.Inbox, "ingest.mqtt._inbox_c", "Inbox")
+_Receiver = accel.pick(_inbox_py.Receiver, "ingest.mqtt._inbox_c", "Receiver")
 
 
 # Takes a message at once if it can: True taken, False refused, None: await the sink.
@@ -252,7 +123,7 @@ class MqttSource:
         )
         self._stop = asyncio.Event()
         self._release = asyncio.Event()
-        self._inbox: _Inbox | None = None  # the current connection's
+        self._inbox: _inbox_py.Inbox | None = None  # the current connection's
         metrics.inbox_limit_bytes.set(max(1, settings.max_buffered_bytes // INBOX_SHARE))
 
     def sync_metrics(self) -> None:
@@ -339,7 +210,7 @@ class MqttSource:
             return None
         taken = self._skip(message)
         if taken:
-            self._metrics.messages_skipped.labels(_SKIPPED[type(message)]).inc()
+            self._metrics.messages_skipped.labels(SKIPPED[type(message)]).inc()
         return taken
 
     async def hand_over(self, sink: Callable[[Inbound], Awaitable[bool]]) -> None:
@@ -479,7 +350,7 @@ class MqttSource:
             )
         return None
 
-    def _receiver(self, client: aiomqtt.Client) -> _Inbox:
+    def _receiver(self, client: aiomqtt.Client) -> _inbox_py.Inbox:
         """Route this connection's messages into a fresh inbox (see paho_hooks)."""
         if self._inbox is not None:
             self._close(self._inbox)  # the previous connection's (usually closed already)
@@ -487,35 +358,9 @@ class MqttSource:
         inbox = self._inbox = _Inbox(self._settings, self._metrics, self._health, generation)
         inbox.seed(self._carried)  # before anything new: the order they were read in
         self._carried = []
-        new_tuple, now, arrived, put = tuple.__new__, time.time, self._ledger.arrived, inbox.put
-        wanted, unwanted = self._subscriptions.wanted, self._subscriptions.unwanted
-        identified = True  # the broker takes Subscription Identifiers (as CONNACK says)
-
-        def deliver(
-            topic: str,
-            payload: bytes,
-            mid: int,
-            qos: int,
-            dup: bool,
-            retain: bool,
-            subscription: Subscription,
-        ) -> None:
-            # QoS 1/2 messages are bounded by Receive Maximum at the broker; any message
-            # past the inbox's bounds pauses the reader, so QoS 0 waits in TCP and at the
-            # broker instead of being dropped here.
-            kind: type[Inbound] = Inbound
-            if subscription not in wanted and identified:  # not through one of today's
-                why = unwanted(topic, subscription)
-                if why is not None:
-                    kind = _OldSubscription if why == OLD_SUBSCRIPTION else _Unidentified
-            # Inbound(...) without its Python-level __new__ (what that does, one call less)
-            message = new_tuple(kind, (topic, payload, mid, qos, generation, now(), dup, retain))
-            if not qos or arrived(message):
-                put(message)
+        deliver = _Receiver(inbox, self._ledger.arrived, self._subscriptions).deliver
 
         def on_session(present: bool, identifiers: bool) -> None:
-            nonlocal identified
-            identified = identifiers
             inbox.identified = identifiers
             self._resumed = present if self._resumed is None else self._resumed
             # Without the old session no redelivery will come: earlier entries can never
@@ -535,7 +380,7 @@ class MqttSource:
         self._client = client
         self._ledger.connected(self._generation)
 
-    async def _subscribe(self, client: aiomqtt.Client, inbox: _Inbox) -> None:
+    async def _subscribe(self, client: aiomqtt.Client, inbox: _inbox_py.Inbox) -> None:
         wanted = self._settings.qos
         # Retained messages only when the subscription is new, not again on every
         # reconnect of the persistent session. Retain As Published off: the RETAIN flag
@@ -669,7 +514,7 @@ class MqttSource:
     async def _consume_until_stopped(
         self,
         client: aiomqtt.Client,
-        inbox: _Inbox,
+        inbox: _inbox_py.Inbox,
         sink: Callable[[Inbound], Awaitable[bool]],
         take_now: TakeNow,
     ) -> None:
@@ -712,7 +557,7 @@ class MqttSource:
                     task.exception()  # seen: a drop during the drain is handled by on_lost
                 task.cancel()
 
-    def _close(self, inbox: _Inbox) -> None:
+    def _close(self, inbox: _inbox_py.Inbox) -> None:
         """End a connection's inbox: the messages the pipeline never took.
 
         They are left in the inbox, or were cut off while waiting for buffer space
@@ -729,7 +574,7 @@ class MqttSource:
 
     async def _consume(
         self,
-        inbox: _Inbox,
+        inbox: _inbox_py.Inbox,
         sink: Callable[[Inbound], Awaitable[bool]],
         take_now: TakeNow = _not_now,
     ) -> None:
@@ -799,7 +644,7 @@ def _lost_hint(exc: aiomqtt.MqttError, client_id: str) -> str:
 _SESSION_TAKEN_OVER = 0x8E
 
 
-async def _answered[T](request: Awaitable[T], inbox: _Inbox, what: str) -> T:
+async def _answered[T](request: Awaitable[T], inbox: _inbox_py.Inbox, what: str) -> T:
     """The broker's answer to ``request``, or MqttError after ANSWER_TIMEOUT s of reading.
 
     The answer may sit behind a backlog the paused reader has not read yet (a resumed

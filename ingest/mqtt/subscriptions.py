@@ -35,6 +35,7 @@ import zlib
 from typing import TYPE_CHECKING, Protocol
 
 from ingest.metrics import SKIP_REASONS
+from ingest.model import Inbound
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -45,6 +46,25 @@ if TYPE_CHECKING:
 # through a filter not subscribed today (its identifier); through one made without one.
 OLD_SUBSCRIPTION, UNIDENTIFIED_SUBSCRIPTION = SKIP_REASONS
 MAX_IDENTIFIER = 268_435_455  # MQTT 5: 1 to 2**28 - 1 (a variable byte integer)
+
+
+class OldSubscription(Inbound):
+    """A message that came through a subscription of a filter not subscribed today."""
+
+    __slots__ = ()
+
+
+class Unidentified(Inbound):
+    """A message without Subscription Identifier whose topic no filter of today's matches."""
+
+    __slots__ = ()
+
+
+# Why a message of each kind is skipped (the reason label of ingest_messages_skipped_total).
+SKIPPED: dict[type[Inbound], str] = {
+    OldSubscription: OLD_SUBSCRIPTION,
+    Unidentified: UNIDENTIFIED_SUBSCRIPTION,
+}
 
 
 def plain(topic_filter: str) -> str:
