@@ -26,15 +26,19 @@ cdef class AckLedger:
     cdef object _queue(self, object message)
     cdef bint _redelivered(self, object message) except -1
     cdef bint _reacked(self, object message) except -1
+
     @cython.locals(unacked=dict, usual=bint, done=Py_ssize_t, now=list, waiting=bint,
                    fast=Py_ssize_t)
     cpdef Py_ssize_t written(self, list messages) except -1
     cdef bint _mark_written(self, object message) except -1
     cdef Py_ssize_t _flush(self) except -1
+
     @cython.locals(first=Py_ssize_t)
     cdef Py_ssize_t _due(self, list due) except -1
+
     @cython.locals(seq=Py_ssize_t)
     cdef object _remember(self, list messages)
+
     @cython.locals(proven=Py_ssize_t, certain=Py_ssize_t)
     cdef object _forget_acked(self)
     cdef object _record(self, object mid, Py_ssize_t at, object entry)
