@@ -18,6 +18,4 @@ if TYPE_CHECKING:
 # Sends the PUBACKs of these messages, in this order, on the current connection.
 type Send = Callable[[list[Inbound]], None]
 
-AckLedger: type[_acks_py.AckLedger] = accel.pick(
-    _acks_py.AckLedger, "ingest.mqtt._acks_c", "AckLedger"
-)
+AckLedger = accel.pick(_acks_py.AckLedger, "ingest.mqtt._acks_c", "AckLedger")
