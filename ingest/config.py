@@ -35,6 +35,7 @@ DEFAULT_BUCKET_SPAN_SECONDS = 3600
 # Distinct per mode, so the two daemons can run side by side on one host.
 DEFAULT_METRICS_PORT: dict[str, int] = {"bucket": 9108, "timeseries": 9109}
 # MQTT 5 caps Receive Maximum at 65535 (a two-byte integer).
+MAX_FILTER_BYTES = 65_535  # MQTT: a UTF-8 string of at most 65,535 bytes
 MAX_RECEIVE_MAXIMUM = 65535
 MAX_TIMESERIES_SPAN = 31_536_000  # MongoDB's limit for bucketMaxSpanSeconds
 # expireAfterSeconds limits (src/mongo/db/catalog/index_key_validate.cpp): a TTL index
@@ -259,8 +260,7 @@ def validate(settings: Settings) -> Settings:
         raise ConfigError(
             f"--qos: must be 0 or 1 (QoS 2 publishes arrive as QoS 1), got {settings.qos}"
         )
-    if not settings.topics or any(not t for t in settings.topics):
-        raise ConfigError("--topic: at least one non-empty topic filter is required")
+    _check_topics(settings)
     if settings.shared_group is not None and not _NAME.match(settings.shared_group):
         raise ConfigError("--shared-group: use letters, digits, '_' or '-' (no '/', '+', '#')")
     _check_split(settings)
@@ -290,6 +290,46 @@ def validate(settings: Settings) -> Settings:
         raise ConfigError(f"--workers: must be between 1 and {MAX_WORKERS}, or auto")
     _check_tls(settings.mqtt)
     return settings
+
+
+def filter_problem(topic_filter: str) -> str | None:
+    """Why ``topic_filter`` is not a topic filter MQTT 5 allows (§4.7), or None.
+
+    The broker refuses such a subscription; said at start instead, with what to fix.
+    """
+    text, group_ok = topic_filter, True
+    if text.startswith("$share/"):
+        parts = text.split("/", 2)
+        group_ok = len(parts) == 3 and parts[1] != "" and not {"+", "#"} & set(parts[1])
+        text = parts[2] if len(parts) == 3 else ""
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        size = -1
+    levels = text.split("/")
+    problems = (
+        (
+            not group_ok,
+            "a shared subscription is $share/<group>/<filter>, its group without '+' or '#'",
+        ),
+        (not text, "the filter is empty"),
+        ("\x00" in text, "a filter may not hold the character U+0000"),
+        (size < 0, "a filter must be valid UTF-8"),
+        (size > MAX_FILTER_BYTES, f"a filter has at most {MAX_FILTER_BYTES} bytes of UTF-8"),
+        (any("#" in level and level != "#" for level in levels), "'#' must be a level of its own"),
+        (any("+" in level and level != "+" for level in levels), "'+' must be a level of its own"),
+        ("#" in levels[:-1], "'#' must be the last level"),
+    )
+    return next((why for bad, why in problems if bad), None)
+
+
+def _check_topics(settings: Settings) -> None:
+    if not settings.topics or any(not t for t in settings.topics):
+        raise ConfigError("--topic: at least one non-empty topic filter is required")
+    for topic in settings.topics:
+        problem = filter_problem(topic)
+        if problem is not None:
+            raise ConfigError(f"--topic {topic!r}: {problem} (MQTT 5, 4.7)")
 
 
 def _check_split(settings: Settings) -> None:

@@ -337,6 +337,33 @@ def test_shared_group_prefixes_every_subscription() -> None:
     assert s.topics == ("a/#", "b/+/c")
 
 
+@pytest.mark.parametrize(
+    ("topic", "said"),
+    [
+        ("a/#/b", "'#' must be the last level"),
+        ("sensors/#x", "'#' must be a level of its own"),
+        ("sensors/a+/readings", "'+' must be a level of its own"),
+        ("$share//a/#", "$share/<group>/<filter>"),
+        ("$share/g+/a", "$share/<group>/<filter>"),
+        ("$share/g/", "the filter is empty"),
+        ("a/\x00/b", "U+0000"),
+        ("a/\ud800", "valid UTF-8"),
+        ("x" * 65_536, "65535 bytes"),
+    ],
+)
+def test_a_topic_filter_mqtt_does_not_allow_is_refused_at_start(topic: str, said: str) -> None:
+    """The broker would refuse the subscription; the daemon says at start what to fix."""
+    with pytest.raises(ConfigError) as info:
+        settings("--topic", topic)
+    assert str(info.value).startswith("--topic ")
+    assert said in str(info.value)
+
+
+@pytest.mark.parametrize("topic", ["#", "+", "+/+", "a/+/#", "/", "a//b", "$SYS/#", "$share/g/#"])
+def test_topic_filters_mqtt_allows_are_taken(topic: str) -> None:
+    assert settings("--topic", topic).topics == (topic,)
+
+
 @pytest.mark.parametrize("group", ["a/b", "+", "#", "", "x" * 65])
 def test_bad_shared_group(group: str) -> None:
     with pytest.raises(ConfigError, match="--shared-group"):
@@ -499,6 +526,7 @@ BAD_CONFIGS: list[tuple[list[str], dict[str, str], str]] = [
     ([], {"INGEST_FLUSH_INTERVAL": "soon"}, "INGEST_FLUSH_INTERVAL"),
     ([], {"INGEST_DRY_RUN": "maybe"}, "INGEST_DRY_RUN"),
     (["--mongodb-uri", "postgres://db"], {}, "--mongodb-uri"),
+    (["--topic", "sensors/#/readings"], {}, "--topic"),
     (["--no-such-flag"], {}, "--no-such-flag"),
 ]
 
