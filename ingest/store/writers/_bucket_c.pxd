@@ -114,10 +114,6 @@ cdef int _raw_bounds(_bson_c.Writer writer, str field, str date, object ms, list
 cdef object _single_raw(_bson_c.Writer writer, object sensor_id, object tags, object start,
                         object reading, object size, object max_readings, object max_bytes)
 
-cdef object _group_raw(_bson_c.Writer writer, object sensor_id, object tags, object start,
-                       list group, object size, object max_readings, object max_bytes,
-                       list stats, tuple bounds)
-
 cdef object _label(object reading, dict labels)
 
 @cython.locals(row=tuple, inc=dict, mins=dict, maxs=dict, labels=dict, keys=tuple)

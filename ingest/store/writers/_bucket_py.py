@@ -635,14 +635,18 @@ def _group_statement(
     stats: list[_Stat],
     bounds: tuple[int, int],
 ) -> Mapping[str, Any]:
-    """:func:`_fast_update`'s statement, compiled as bytes (:func:`_group_raw`).
+    """:func:`_fast_update`'s statement; compiled, its bytes.
 
-    The dict when the kernel is not sure of a part, or run as Python.
+    The dict when the kernel is not sure of a part, when the group has more readings
+    than :data:`_INDEX` names, or run as Python.
     """
-    if cython.compiled:
-        raw = _group_raw(
-            _WRITER, sensor_id, tags, start, group, size, max_readings, max_bytes, stats, bounds
-        )
+    if (
+        cython.compiled
+        and len(group) <= len(_INDEX)
+        and not _raw_start(_WRITER, sensor_id, tags, start, group, size, max_readings, max_bytes)
+        and not _raw_group_stats(_WRITER, stats, len(group), size, bounds)
+    ):
+        raw = _raw_end(_WRITER, len(stats) > 0)
         if raw is not None:
             return raw
     first, last = bounds
@@ -830,32 +834,6 @@ def _single_raw(
     ) or _raw_single_stats(writer, measured, size, ms):
         return None
     return _raw_end(writer, len(measured) > 0, labels)
-
-
-def _group_raw(
-    writer: BsonWriter,
-    sensor_id: str,
-    tags: dict[str, str],
-    start: BsonDate,
-    group: list[Reading],
-    size: int,
-    max_readings: int,
-    max_bytes: int,
-    stats: list[_Stat],
-    bounds: tuple[int, int],
-) -> Mapping[str, Any] | None:
-    """The bytes of :func:`_fast_update`'s statement.
-
-    None when the kernel is not sure of a part, or the group has more readings than
-    :data:`_INDEX` names.
-    """
-    if (
-        len(group) > len(_INDEX)
-        or _raw_start(writer, sensor_id, tags, start, group, size, max_readings, max_bytes)
-        or _raw_group_stats(writer, stats, len(group), size, bounds)
-    ):
-        return None
-    return _raw_end(writer, len(stats) > 0)
 
 
 def _label(reading: Reading, labels: dict[str, str]) -> None:
