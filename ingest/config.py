@@ -292,16 +292,28 @@ def validate(settings: Settings) -> Settings:
     return settings
 
 
+def split_shared(topic_filter: str) -> tuple[str | None, str]:
+    """A filter's shared-subscription group and its plain form (``$share/<group>/<filter>``).
+
+    ``(None, topic_filter)`` for a filter that is not shared, or whose ``$share/`` prefix
+    lacks its group or its filter.
+    """
+    if topic_filter.startswith("$share/"):
+        parts = topic_filter.split("/", 2)
+        if len(parts) == 3:
+            return parts[1], parts[2]
+    return None, topic_filter
+
+
 def filter_problem(topic_filter: str) -> str | None:
     """Why ``topic_filter`` is not a topic filter MQTT 5 allows (§4.7), or None.
 
     The broker refuses such a subscription; said at start instead, with what to fix.
     """
-    text, group_ok = topic_filter, True
-    if text.startswith("$share/"):
-        parts = text.split("/", 2)
-        group_ok = len(parts) == 3 and parts[1] != "" and not {"+", "#"} & set(parts[1])
-        text = parts[2] if len(parts) == 3 else ""
+    group, text = split_shared(topic_filter)
+    group_ok = not topic_filter.startswith("$share/") or (
+        bool(group) and not {"+", "#"} & set(group or "")
+    )
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:

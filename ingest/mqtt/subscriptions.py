@@ -34,6 +34,7 @@ import re
 import zlib
 from typing import TYPE_CHECKING, Protocol
 
+from ingest.config import split_shared
 from ingest.metrics import SKIP_REASONS
 from ingest.model import Inbound
 
@@ -69,11 +70,7 @@ SKIPPED: dict[type[Inbound], str] = {
 
 def plain(topic_filter: str) -> str:
     """The filter without its shared-subscription prefix (``$share/<group>/``)."""
-    if topic_filter.startswith("$share/"):
-        parts = topic_filter.split("/", 2)
-        if len(parts) == 3:
-            return parts[2]
-    return topic_filter
+    return split_shared(topic_filter)[1]
 
 
 def filter_pattern(topic_filter: str) -> str:
