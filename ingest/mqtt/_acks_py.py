@@ -4,7 +4,7 @@
 Plain bookkeeping over what the source reports (a message's arrival with its packet id,
 DUP flag and connection; its write; the connection coming and going) and one injected
 callback that sends PUBACKs: no client library inside, so it runs without a broker
-(tests/mqtt/test_acks_machine.py drives it with a model broker). The rules, from MQTT
+(tests/mqtt/test_acks.py drives it with a model broker). The rules, from MQTT
 3.1.1 and MQTT 5 §4.6 and what brokers do:
 
 - A message is acknowledged only after its readings are written, on the connection that
