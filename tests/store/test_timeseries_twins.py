@@ -605,6 +605,19 @@ def test_claims_of_the_decoders_readings_are_the_bytes_of_the_python_twins_dicts
     assert [doc["_id"] for doc in cdocs] == ids
 
 
+@given(
+    st.text(max_size=8),
+    st.lists(st.tuples(st.text(max_size=4), st.text(max_size=4)), max_size=3).map(tuple),
+    st.integers(-(2**63), 2**63 - 1),
+)
+def test_a_claim_id_is_the_python_twins(
+    twin: ModuleType, sensor: str, tags: tuple[tuple[str, str], ...], ms: int
+) -> None:
+    """An instant's claim ``_id``, with tags or without: the same from both twins."""
+    instant = (sensor, tags, ms)
+    assert twin.claim_id(instant) == py_mod.claim_id(instant)
+
+
 @given(st.lists(st.one_of(a_reading(), a_reading(hostile=True)), max_size=12))
 def test_claim_ids_are_the_python_twins(twin: ModuleType, readings: list[Any]) -> None:
     """A claim's id names its series and instant: the compiled ids are the Python

@@ -56,6 +56,12 @@ cdef object _mapped_raw(
 
 
 @cython.locals(i=Py_ssize_t, writer=_bson_c.Writer, docs=list)
+cpdef str claim_id(object instant)
+
+
+cdef str _usual_claim_id(object ms, object sensor)
+
+
 cpdef list claim_ids(list readings, object other)
 
 

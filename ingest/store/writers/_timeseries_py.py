@@ -13,6 +13,7 @@ subclass, a ``when``) stays this module's dict, which the driver encodes or refu
 
 from __future__ import annotations
 
+import json
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ingest.store.writers import BsonWriter as _Writer
+    from ingest.store.writers.instants import TagsKey
 
 
 _TIME = attrgetter("epoch")
@@ -323,6 +325,25 @@ def _mapped_raw(
     return writer.finish()
 
 
+def claim_id(instant: tuple[str, TagsKey, int]) -> str:
+    """The ``_id`` of an instant's claim: its millisecond, then the series.
+
+    ``"<ms> <sensor>"`` without tags (the first space ends the number), a JSON array
+    ``[ms, sensor, [[k, v], ...]]`` with tags (tags in name order, as ``TagsKey``). The
+    millisecond first keeps an unsharded collection's ``_id`` index growing at its end,
+    as time does.
+    """
+    sensor, tags, ms = instant
+    if not tags:
+        return _usual_claim_id(ms, sensor)
+    return json.dumps([ms, sensor, tags], ensure_ascii=False, separators=(",", ":"))
+
+
+def _usual_claim_id(ms: object, sensor: object) -> str:
+    """The claim ``_id`` of an instant of a series without tags: ``"<ms> <sensor>"``."""
+    return f"{ms} {sensor}"
+
+
 def claim_ids(readings: list[Reading], other: Callable[[Reading], str]) -> list[str]:
     """The claim id of each reading's series and instant (ingest/store/writers/claims.py).
 
@@ -339,7 +360,7 @@ def claim_ids(readings: list[Reading], other: Callable[[Reading], str]) -> list[
         else:
             ms, tags, sensor = reading.ms, reading.tags, reading.sensor_id
         if ms is not None and not tags:
-            ids.append(f"{ms} {sensor}")
+            ids.append(_usual_claim_id(ms, sensor))
         else:
             ids.append(other(reading))
     return ids
