@@ -3,6 +3,45 @@
 # Python ints (dict keys: a C integer would be boxed again at every lookup).
 cimport cython
 
+cdef Py_ssize_t MIDS, RING
+
+
+@cython.final
+cdef class _Remembered:
+    cdef long long[::1] _ticket, _on, _seq, _size, _hash
+    cdef unsigned short[::1] _ring
+    cdef list _topic
+    cdef Py_ssize_t _head, _tail, _mask
+    cdef public Py_ssize_t count
+
+    @cython.locals(ticket="long long[::1]", ring="unsigned short[::1]", topics=list,
+                   ons="long long[::1]", seqs="long long[::1]", sizes="long long[::1]",
+                   hashes="long long[::1]", count=Py_ssize_t, tail=Py_ssize_t,
+                   mask=Py_ssize_t, at=Py_ssize_t)
+    cdef put(self, list messages, long long on, long long seq)
+
+    @cython.locals(at=Py_ssize_t)
+    cdef drop(self, object mid)
+
+    @cython.locals(at=Py_ssize_t)
+    cdef bint matches(self, object mid, object topic, object payload) except -1
+
+    @cython.locals(at=Py_ssize_t, on=cython.longlong)
+    cdef forget_certain(self, long long fresh_on, long long received_on, long long proven)
+
+    @cython.locals(at=Py_ssize_t)
+    cdef bound(self, Py_ssize_t limit)
+
+    @cython.locals(at=Py_ssize_t, position=Py_ssize_t)
+    cpdef list mids(self)
+
+    @cython.locals(at=Py_ssize_t, position=Py_ssize_t)
+    cdef _compact(self)
+
+
+@cython.locals(at=Py_ssize_t)
+cdef Py_ssize_t _slot(object mid) except -1
+
 
 @cython.final
 cdef class AckLedger:
@@ -13,7 +52,7 @@ cdef class AckLedger:
     cdef dict _unacked
     cdef object _line
     cdef object _line_of
-    cdef readonly object _acked
+    cdef _Remembered _acked
     cdef readonly Py_ssize_t _received
     cdef object _received_on
     cdef object _fresh_on
@@ -38,8 +77,6 @@ cdef class AckLedger:
 
     @cython.locals(seq=Py_ssize_t)
     cdef object _remember(self, list messages)
-
-    @cython.locals(proven=Py_ssize_t, certain=Py_ssize_t)
     cdef object _forget_acked(self)
     cdef object _record(self, object mid, Py_ssize_t at, object entry)
     cdef object _settle(self, object mid, object held)

@@ -39,12 +39,18 @@ calls; setup.py); ingest/mqtt/acks.py picks one of the two.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from array import array
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+try:
+    import cython
+except ImportError:  # Cython builds the accelerators; it is not needed to run
+    from ingest import _cython_shim as cython
+
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, MutableSequence
     from typing import TypeAlias
 
     from ingest.model import Inbound
@@ -52,8 +58,13 @@ if TYPE_CHECKING:
     # (For mypy alone: Cython compiles no ``type`` statement.)
     # Sends the PUBACKs of these messages, in this order, on the current connection.
     Send: TypeAlias = Callable[[list[Inbound]], None]  # noqa: UP040
-    # See AckLedger._acked.
+    # See _Remembered.record.
     _Acked: TypeAlias = tuple[int, int, str, int, int]  # noqa: UP040
+
+MIDS = 65536  # packet ids are 1 to 65,535
+# The entries of _Remembered's ring (a power of two): twice as many as ids can be
+# remembered at once, so it is full only after as many stale entries (rewritten then).
+RING = 2 * MIDS
 
 
 @dataclass(slots=True)
@@ -88,10 +99,155 @@ class _Reack:
     message: Inbound
 
 
-# A message whose PUBACK is queued or sent but perhaps not received by the broker: the
-# connection its PUBACK was queued on, the QoS 1 messages received on that connection
-# by then, and (topic, payload size, payload hash) to recognise its DUP. A plain tuple
-# (_Acked): one is built per acknowledged message.
+def _zeros(count: int, kind: str = "q") -> MutableSequence[int]:
+    """``count`` zeros: compiled, an array of C integers (64-bit signed, or ``kind``).
+
+    As Python, a list: storing an int in it costs less than converting it for an array.
+    """
+    return array(kind, bytes(array(kind).itemsize * count)) if cython.compiled else [0] * count
+
+
+class _Remembered:
+    """The messages whose PUBACK is queued or sent but perhaps not received by the broker.
+
+    By packet id: the connection its PUBACK was queued on, the QoS 1 messages received
+    on that connection by then, and its topic, payload size and payload hash (to
+    recognise its DUP); and the ids in the order acknowledged. Held in arrays indexed by
+    packet id and a ring of ids, so remembering a PUBACK allocates nothing: one is
+    remembered per acknowledged message, and a dict of tuples (an object, a hash int and
+    a dict entry each, up to Receive Maximum twice over) cost more than the rest of the
+    ledger. A record's ticket is its position in the ring plus one; an id acknowledged
+    again or forgotten leaves its old entry there, stale (its ticket is no longer the
+    id's), skipped when it reaches the front.
+    """
+
+    def __init__(self) -> None:
+        self._mask = RING - 1
+        self._on = _zeros(MIDS)
+        self._seq = _zeros(MIDS)
+        self._size = _zeros(MIDS)
+        self._hash = _zeros(MIDS)
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every PUBACK."""
+        self._ticket = _zeros(MIDS)  # the ring position + 1 of the id's record; 0: none
+        self._topic: list[str | None] = [None] * MIDS
+        self._ring = _zeros(self._mask + 1, "H")  # packet ids, oldest at _head
+        self._head = 0  # positions grow without bound; the slot is position & _mask
+        self._tail = 0
+        self.count = 0  # the records held
+
+    def put(self, messages: list[Inbound], on: int, seq: int) -> None:
+        """Remember the PUBACKs just queued on connection ``on`` (the newest, in order).
+
+        ``seq``: the QoS 1 messages received on ``on`` by then.
+        """
+        ticket, ring, topics = self._ticket, self._ring, self._topic
+        ons, seqs, sizes, hashes = self._on, self._seq, self._size, self._hash
+        count, tail, mask = self.count, self._tail, self._mask
+        for message in messages:
+            at = message.mid
+            if not 0 < at < MIDS:
+                at = _slot(at)  # raises
+            if ticket[at]:
+                count -= 1  # its earlier record's entry is stale now
+            if tail - self._head > mask:
+                self._tail, self.count = tail, count
+                self._compact()
+                ring, tail = self._ring, self._tail
+            payload = message.payload
+            ring[tail & mask] = at
+            tail += 1
+            ticket[at] = tail
+            ons[at] = on
+            seqs[at] = seq
+            sizes[at] = len(payload)
+            hashes[at] = hash(payload)
+            topics[at] = message.topic
+            count += 1
+        self._tail, self.count = tail, count
+
+    def drop(self, mid: int) -> None:
+        """Forget the PUBACK of ``mid``, if remembered (its entry in the ring goes stale)."""
+        at = _slot(mid)
+        if self._ticket[at]:
+            self._ticket[at] = 0
+            self._topic[at] = None
+            self.count -= 1
+
+    def matches(self, mid: int, topic: str, payload: bytes) -> bool:
+        """Whether the PUBACK of ``mid`` is remembered for this topic and payload."""
+        at = _slot(mid)
+        return (
+            self._ticket[at] != 0
+            and self._size[at] == len(payload)
+            and self._hash[at] == hash(payload)
+            and self._topic[at] == topic
+        )
+
+    def forget_certain(self, fresh_on: int, received_on: int, proven: int) -> None:
+        """Forget, oldest first, the PUBACKs the broker has certainly received.
+
+        Its DUP would have come before a new message on a later connection (``fresh_on``
+        is the last connection a new message came on); or the broker sent Receive Maximum
+        more on its connection after it (``proven``: the messages received on connection
+        ``received_on`` less Receive Maximum).
+        """
+        while self._head < self._tail:
+            at = self._ring[self._head & self._mask]
+            if self._ticket[at] == self._head + 1:
+                on = self._on[at]
+                if not (on < fresh_on or (on == received_on and self._seq[at] <= proven)):
+                    return
+                self._ticket[at] = 0
+                self._topic[at] = None
+                self.count -= 1
+            self._head += 1
+
+    def bound(self, limit: int) -> None:
+        """Forget the oldest PUBACKs past ``limit`` records (a hard bound)."""
+        while self.count > limit:
+            at = self._ring[self._head & self._mask]
+            if self._ticket[at] == self._head + 1:
+                self._ticket[at] = 0
+                self._topic[at] = None
+                self.count -= 1
+            self._head += 1
+
+    def mids(self) -> list[int]:
+        """The packet ids remembered, oldest first."""
+        out: list[int] = []
+        for position in range(self._head, self._tail):
+            at = self._ring[position & self._mask]
+            if self._ticket[at] == position + 1:
+                out.append(at)
+        return out
+
+    def record(self, mid: int) -> _Acked | None:
+        """(connection, messages received by then, topic, size, hash) of ``mid``'s PUBACK."""
+        at = _slot(mid)
+        topic = self._topic[at]
+        if not self._ticket[at] or topic is None:
+            return None
+        return (self._on[at], self._seq[at], topic, self._size[at], self._hash[at])
+
+    def _compact(self) -> None:
+        """Rewrite the full ring with its records alone, oldest first, from position 0."""
+        mids = self.mids()
+        self._ring = _zeros(self._mask + 1, "H")
+        for position, at in enumerate(mids):
+            self._ring[position] = at
+            self._ticket[at] = position + 1
+        self._head, self._tail = 0, len(mids)
+
+
+def _slot(mid: int) -> int:
+    """A packet id as an index of _Remembered's arrays (a ValueError if it is none)."""
+    at: int = mid
+    if not 0 < at < MIDS:
+        raise ValueError(f"packet id {mid} is not 1 to {MIDS - 1}")
+    return at
 
 
 class AckLedger:
@@ -112,9 +268,8 @@ class AckLedger:
         self._line: deque[Inbound | _Reack] = deque()
         self._line_of = 0
         # Acknowledged messages whose PUBACK may not have reached the broker, by packet id,
-        # in the order acknowledged. (An OrderedDict: a plain dict's first key is found by
-        # scanning the slots that the removals from the front leave behind.)
-        self._acked: OrderedDict[int, _Acked] = OrderedDict()
+        # in the order acknowledged.
+        self._acked = _Remembered()
         self._received = 0  # QoS 1 messages received on connection _received_on
         self._received_on = 0
         self._fresh_on = 0  # the last connection a new (not DUP) QoS 1 message came on
@@ -172,7 +327,7 @@ class AckLedger:
         if not message.dup:
             # The id is reused: its PUBACK arrived, or (a broker that reuses ids still
             # unacknowledged) it may not have, and a redelivery is written again.
-            self._acked.pop(mid, None)
+            self._acked.drop(mid)
             if self._fresh_on != generation:
                 self._resent(generation)
         elif self._redelivered(message) or self._reacked(message):
@@ -268,9 +423,7 @@ class AckLedger:
 
     def _reacked(self, message: Inbound) -> bool:
         """Acknowledge again, in its turn, a DUP of a message written and acknowledged."""
-        entry = self._acked.get(message.mid)
-        payload = message.payload
-        if entry is None or entry[2:] != (message.topic, len(payload), hash(payload)):
+        if not self._acked.matches(message.mid, message.topic, message.payload):
             return False
         self.reacked += 1
         self._line.append(_Reack(message))
@@ -404,16 +557,11 @@ class AckLedger:
 
     def _remember(self, messages: list[Inbound]) -> None:
         """Keep what identifies the QoS 1 messages whose PUBACKs were just queued."""
-        acked, generation = self._acked, self._generation
+        generation = self._generation
         seq = self._received if self._received_on == generation else 0
-        for message in messages:
-            mid, payload = message.mid, message.payload
-            if mid in acked:
-                del acked[mid]  # the order is the order of the PUBACKs
-            acked[mid] = (generation, seq, message.topic, len(payload), hash(payload))
+        self._acked.put(messages, generation, seq)
         self._forget_acked()
-        while len(acked) > 2 * self._window:
-            acked.popitem(last=False)  # a hard bound; the proofs normally come first
+        self._acked.bound(2 * self._window)  # a hard bound; the proofs normally come first
 
     def _forget_acked(self) -> None:
         """Forget the PUBACKs the broker has certainly received (oldest first).
@@ -421,18 +569,7 @@ class AckLedger:
         Done per batch of PUBACKs rather than per message received: remembering one a
         little longer costs a few bytes, not correctness.
         """
-        acked, fresh_on, received_on = self._acked, self._fresh_on, self._received_on
-        proven = self._received - self._window
-        certain = 0
-        for acked_on, seq, _topic, _size, _hash in acked.values():
-            # Its DUP would have come before a new message on a later connection; or the
-            # broker sent Receive Maximum more on its connection after it.
-            if acked_on < fresh_on or (acked_on == received_on and seq <= proven):
-                certain += 1
-            else:
-                break
-        for _ in range(certain):
-            acked.popitem(last=False)
+        self._acked.forget_certain(self._fresh_on, self._received_on, self._received - self._window)
 
     # -- the records ---------------------------------------------------------------
 
@@ -459,7 +596,11 @@ class AckLedger:
 
     def remembered(self) -> list[int]:
         """The packet ids whose PUBACKs may not have reached the broker, oldest first."""
-        return list(self._acked)
+        return self._acked.mids()
+
+    def remembered_record(self, mid: int) -> _Acked | None:
+        """What identifies the remembered PUBACK of ``mid`` (see _Remembered), or None."""
+        return self._acked.record(mid)
 
     def unacknowledged(self) -> list[int]:
         """The packet ids with messages received and not acknowledged."""

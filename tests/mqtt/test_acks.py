@@ -14,7 +14,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from ingest.config import MAX_RECEIVE_MAXIMUM
 from ingest.model import Inbound
+from ingest.mqtt._acks_py import RING
 from ingest.mqtt.acks import AckLedger
 
 TOPIC = "t/s1/readings"
@@ -45,13 +47,43 @@ def test_remembered_pubacks_are_forgotten_once_the_broker_has_certainly_read_the
     assert ledger.take_counts() == (0, 0, 1, 0)  # (reused, adopted, reacked, acked late)
     assert arrive(97, b"other", dup=True)  # same id, other payload: a new message
     assert arrive(99, b"p99-new")  # a new message reusing the id: its PUBACK was read
-    assert ledger._acked[99][1] == ledger._received  # forgotten, then acked anew
+    record = ledger.remembered_record(99)
+    assert record is not None
+    assert record[1] == ledger._received  # forgotten, then acked anew
     # A new connection of the session: its first new message proves the old PUBACKs.
     ledger.connected(2)
     before = set(ledger.remembered())
     assert arrive(1000, b"fresh", generation=2)
     assert not before & set(ledger.remembered())
     assert len(ledger.remembered()) <= 2 * window
+
+
+def test_remembered_pubacks_survive_a_full_ring_of_stale_entries() -> None:
+    """The PUBACKs remembered are kept in the order sent, in a ring of packet ids where
+    an id acknowledged again leaves its older entry behind, stale. A connection on which
+    only DUPs arrive proves nothing, so the oldest PUBACK stays remembered while the DUPs
+    acknowledged again fill the ring: it is rewritten with the records alone, and every
+    PUBACK is still recognised, in its order."""
+    sent: list[int] = []
+    ledger = AckLedger(MAX_RECEIVE_MAXIMUM, lambda messages: sent.extend(m.mid for m in messages))
+    ledger.connected(1)
+    first = Inbound(TOPIC, b"first", 1, 1, 1, 0.0)
+    second = Inbound(TOPIC, b"second", 2, 1, 1, 0.0)
+    for message in (first, second):
+        assert ledger.arrived(message)
+        assert ledger.written([message]) == 1
+    ledger.connected(2)
+    dup = second._replace(generation=2, dup=True)
+    repeats = RING + 10  # more entries than the ring holds: it fills once
+    for _ in range(repeats):
+        assert not ledger.arrived(dup)  # acknowledged again, not written
+    assert ledger.remembered() == [1, 2]
+    assert ledger.take_counts() == (0, 0, repeats, 0)
+    # (connection, QoS 1 messages received on it by then, topic, payload size and hash)
+    assert ledger.remembered_record(1) == (1, 1, TOPIC, len(b"first"), hash(b"first"))
+    assert not ledger.arrived(first._replace(generation=2, dup=True))
+    assert ledger.remembered() == [2, 1]
+    assert sent == [1, 2] + [2] * repeats + [1]
 
 
 def test_a_write_finishing_first_waits_for_the_messages_that_arrived_before_it() -> None:
