@@ -5,6 +5,7 @@ import cython
 
 from ingest._capi cimport int_float as _int_float, int_times as _int_times
 from ingest._capi cimport tuple_as as _new, tuple_as2 as _tuple_as2, tuple_as9 as _tuple_as9
+from ingest._capi cimport checked_tuple as _checked_tuple
 
 cdef set _valid_names, _valid_sensors
 cdef tuple _known
@@ -12,11 +13,14 @@ cdef frozenset _RESERVED
 cdef object _floor, _NAME, _SENSOR_ID, _loads, _JSONDecodeError, Decoded, Reading, Rejection
 cdef object _INT64_MIN, _INT64_MAX, _FAST_FROM, _FAST_TO
 cdef double _INT64_RANGE, _INF
-cdef Py_ssize_t CACHE_LIMIT
+cdef Py_ssize_t CACHE_LIMIT, _VALUES
 
 
 @cython.locals(text=str, start=Py_ssize_t, end=Py_ssize_t)
 cpdef object sensor_from_topic(object topic)
+
+@cython.locals(count=Py_ssize_t)
+cpdef Py_ssize_t value_count(list readings) except -1
 
 @cython.locals(readings=list, rejections=list, known=tuple)
 cpdef object decode(object topic, object payload, object received_at, object limits,

@@ -78,6 +78,7 @@ _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
 # The Limits last given and its fields (a Limits is frozen): see _remember.
 _known: tuple[object, int, int, float, float] = (None, 0, 0, 0.0, 0.0)
+_VALUES = Reading._fields.index("values")  # a reading's values by position
 if not cython.compiled:  # compiled: ingest/_capi.pxd's tuple_as and int_float
     # Builds a NamedTuple (Reading, Decoded) without its Python-level __new__, the larger
     # part of its cost on the hot path.
@@ -88,6 +89,18 @@ if not cython.compiled:  # compiled: ingest/_capi.pxd's tuple_as and int_float
 def sensors_cached() -> int:
     """Sensor ids held as checked (at most ``ingest.caches.limit``)."""
     return len(_valid_sensors)
+
+
+def value_count(readings: list[Reading]) -> int:
+    """The measurements of ``readings`` in all (what they hold, estimated by count)."""
+    if not cython.compiled:
+        return sum([len(reading.values) for reading in readings])
+    # Compiled: each reading's values read by position, in C (ingest/_capi.pxd's
+    # checked_tuple, cimported by _decode_c.pxd).
+    count = 0
+    for reading in readings:
+        count += len(_checked_tuple(reading)[_VALUES])  # type: ignore[name-defined]  # noqa: F821
+    return count
 
 
 def sensor_from_topic(topic: str) -> str | None:

@@ -19,6 +19,7 @@ from ingest.devices._decode_py import MAX_MAGNITUDE as MAX_MAGNITUDE  # noqa: PL
 from ingest.devices._decode_py import decode as decode_py
 from ingest.devices._decode_py import sensor_from_topic as sensor_from_topic  # noqa: PLC0414
 from ingest.devices._decode_py import sensors_cached as _sensors_cached_py
+from ingest.devices._decode_py import value_count as _value_count_py
 
 # Reasons given when a reading is written, not decoded.
 WRITE_REASONS: tuple[str, ...] = (
@@ -164,3 +165,4 @@ class Limits:
 
 decode = accel.pick(decode_py, "ingest.devices._decode_c", "decode")
 sensors_cached = accel.pick(_sensors_cached_py, "ingest.devices._decode_c", "sensors_cached")
+value_count = accel.pick(_value_count_py, "ingest.devices._decode_c", "value_count")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pymongo.errors import PyMongoError
 
-from ingest.devices.decode import ARRIVALS, Limits, Replayed, decode, sensor_from_topic
+from ingest.devices.decode import ARRIVALS, Limits, Replayed, decode, sensor_from_topic, value_count
 from ingest.devices.identity import refuse_others
 from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, WriteError
 from ingest.model import Decoded, Rejection
@@ -58,9 +58,7 @@ def held_bytes(message: Inbound, readings: list[Reading], docs: list[dict[str, A
     """Estimated memory one taken message holds until it is acknowledged."""
     size = MESSAGE_BYTES + len(message.payload) + len(message.topic)
     if readings:
-        size += READING_BYTES * len(readings) + VALUE_BYTES * sum(
-            [len(reading.values) for reading in readings]
-        )
+        size += READING_BYTES * len(readings) + VALUE_BYTES * value_count(readings)
     for doc in docs:
         size += REJECT_DOC_BYTES + len(doc["payload"]) + len(doc["detail"])
     return size

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
-from hypothesis import example, given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from ingest.devices._decode_py import decode as decode_py
+from ingest.devices._decode_py import value_count as value_count_py
 from ingest.devices.decode import Arrivals, Limits
 from ingest.model import RESERVED_FIELDS, Decoded, Rejection
 from tests.support.twins import compiled
@@ -471,3 +472,13 @@ def test_the_arrival_times_are_given_in_the_same_order() -> None:
     # The rejected reading (bad seq) took its millisecond too, as decode_py's does.
     assert times == [1_790_000_000_251, 1_790_000_000_254, 1_790_000_000_260]
     assert [r.reason for r in out.rejections] == ["bad_seq"]
+
+
+@given(st.lists(payloads(), max_size=8))
+def test_the_twins_count_the_same_measurements(payloads: list[bytes]) -> None:
+    """What a taken message holds is estimated from its readings' measurements: both
+    count them alike, for any readings the decoder makes."""
+    readings = [r for p in payloads for r in decode_py(TOPIC, p, NOW, WIDE).readings]
+    assert twin.value_count(readings) == value_count_py(readings)
+    assert value_count_py(readings) == sum(len(reading.values) for reading in readings)
+    event(f"readings: {min(len(readings), 3)}+")
