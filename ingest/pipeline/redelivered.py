@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from ingest.metrics import Health, Metrics
     from ingest.model import Inbound
-    from ingest.pipeline.batcher import Batch
+    from ingest.pipeline._batcher_py import Batch
     from ingest.store.deliveries import Deliveries, Latest, Recorded
 
 logger = logging.getLogger(__name__)

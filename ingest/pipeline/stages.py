@@ -20,20 +20,33 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pymongo.errors import PyMongoError
 
-from ingest.devices.decode import ARRIVALS, Limits, Replayed, decode, sensor_from_topic, value_count
+from ingest.devices.decode import ARRIVALS, Limits, Replayed, decode, sensor_from_topic
 from ingest.devices.identity import refuse_others
 from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, WriteError
 from ingest.model import Decoded, Rejection
-from ingest.pipeline.batcher import Batch, Batcher, merged
+from ingest.pipeline.batcher import (
+    MESSAGE_BYTES,
+    NO_DOCS,
+    READING_BYTES,
+    VALUE_BYTES,
+    Batcher,
+    Intake,
+    IntakeSteps,
+    held_bytes,
+    merged,
+)
 from ingest.pipeline.redelivered import Ledger
 from ingest.pipeline.retained import RetainedPolicy, Steps
 from ingest.retry import backoff
 from ingest.store.writers.rejects import reject_docs
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ingest.config import Settings
     from ingest.metrics import Health, Metrics
     from ingest.model import Inbound, Reading
+    from ingest.pipeline._batcher_py import Batch
     from ingest.pipeline.retained import FirstSeen
     from ingest.store.deliveries import Deliveries, Recorded
     from ingest.store.writers import Outcome, Writer
@@ -43,25 +56,6 @@ logger = logging.getLogger(__name__)
 # The ``rule`` label of messages that arrive through a subscription the daemon widened
 # and that no rule takes (not a valid rule name, so it never collides with one).
 OUTSIDE_RULES = "(outside the rules)"
-# Python memory of what a message leaves in a batch besides its payload (measured with
-# tracemalloc on decoded messages, rounded up): the message itself, each reading (a
-# tuple, its datetime and values dict), each value, each reject document.
-MESSAGE_BYTES = 256
-READING_BYTES = 512
-VALUE_BYTES = 48
-REJECT_DOC_BYTES = 768
-# The reject documents of a message with none (shared: nothing appends to it).
-_NO_DOCS: list[dict[str, Any]] = []
-
-
-def held_bytes(message: Inbound, readings: list[Reading], docs: list[dict[str, Any]]) -> int:
-    """Estimated memory one taken message holds until it is acknowledged."""
-    size = MESSAGE_BYTES + len(message.payload) + len(message.topic)
-    if readings:
-        size += READING_BYTES * len(readings) + VALUE_BYTES * value_count(readings)
-    for doc in docs:
-        size += REJECT_DOC_BYTES + len(doc["payload"]) + len(doc["detail"])
-    return size
 
 
 class Acker(Protocol):
@@ -112,26 +106,20 @@ class Pipeline:
         self._dispatched: deque[tuple[Batch, asyncio.Future[None]]] = deque()
         self._opened = asyncio.Event()
         self._space = asyncio.Condition()
-        self._buffered = 0
-        self._held_bytes = 0
-        self._max_buffered = settings.max_buffered_readings
-        self._max_held_bytes = settings.max_buffered_bytes
-        self._received = self._received_bytes = self._accepted = 0
-        self._closed = False
         # --retained: what becomes of a message delivered with RETAIN set.
         self._retained = RetainedPolicy(
             settings,
             metrics,
             health,
             first_seen,
-            Steps(self._ready, self._take, self._pass, self._failed, lambda: self._closed),
+            Steps(self._ready, self._take, self._pass, self._failed, lambda: self._intake.closed),
         )
         # The delivery ledger (None: dry run): the times given to readings without their
         # own, recorded per message, so that a redelivery after a crash gets them again.
         self._ledger = (
             None
             if deliveries is None
-            else Ledger(deliveries, metrics, health, self._failed, lambda: self._closed)
+            else Ledger(deliveries, metrics, health, self._failed, lambda: self._intake.closed)
         )
         # What the arrivals gave the message being decoded (never filled without a ledger).
         self._given: list[int] = [] if self._ledger is None else self._ledger.given
@@ -141,6 +129,25 @@ class Pipeline:
         # Whether messages may need the format's state brought up to date first (I/O).
         self._stateful = self._mapping is not None and bool(self._mapping.stateful)
         self._from_topic = settings.sensor_id_from_topic
+        # What the pipeline holds and has taken (its counts handed to the metrics at
+        # scrape time, see sync_metrics), and the way of the default format's messages
+        # into the open batch, one compiled call each (Intake.take_now).
+        self._intake = Intake(
+            self._batcher,
+            self._limits,
+            settings.max_buffered_readings,
+            settings.max_buffered_bytes,
+            self._mapping is None and not self._from_topic,
+            IntakeSteps(
+                decode,
+                ARRIVALS,
+                self._given,
+                metrics.reject,
+                lambda message, rejections: reject_docs(message, rejections, self._writer.mode),
+                self._dispatch,
+                self._opened.set,
+            ),
+        )
         # (rule, outcome) -> messages since the last scrape; outcome "ignored" included.
         self._rule_counts: dict[tuple[str, str], int] = {}
         # Subscriptions derived from the rules may be wider than the rules (partly
@@ -164,7 +171,17 @@ class Pipeline:
     @property
     def buffered(self) -> int:
         """Readings decoded and not yet written."""
-        return self._buffered
+        return self._intake.buffered
+
+    @property
+    def taker(self) -> Callable[[Inbound], bool | None]:
+        """:meth:`take_now` as the source calls it, for every message.
+
+        The intake's own (compiled: one C call) when it takes every message that
+        :meth:`take_now` takes, the default format's.
+        """
+        intake = self._intake
+        return intake.take_now if intake.usual else self.take_now
 
     async def submit(self, message: Inbound) -> bool:
         """Decode one message into the open batch; wait while the buffer is full.
@@ -172,16 +189,17 @@ class Pipeline:
         Returns False if the message was not taken (shutting down): it is left
         unacknowledged and the broker redelivers it.
         """
-        if self._closed:
+        intake = self._intake
+        if intake.closed:
             return False
-        if self._full():
+        if intake.full():
             self._health.saturated = True
             try:
                 async with self._space:
-                    await self._space.wait_for(lambda: not self._full())
+                    await self._space.wait_for(lambda: not intake.full())
             finally:
                 self._health.saturated = False
-            if self._closed:
+            if intake.closed:
                 return False
         if message.retained:
             taken = await self._retained.submit(message)
@@ -192,7 +210,7 @@ class Pipeline:
             # Resent, and not recognised by the source: after a restart, the first
             # delivery's readings may be written; they take the times it gave them.
             recorded = await self._ledger.recorded(message)
-            if self._closed:
+            if intake.closed:
                 return False
         if not await self._ready(message):
             return False
@@ -216,7 +234,7 @@ class Pipeline:
                 message.topic,
                 message.payload,
                 self._limits,
-                lambda: self._closed,
+                lambda: self._intake.closed,
                 message.generation,
             ):
                 return False
@@ -228,42 +246,32 @@ class Pipeline:
         For a message that came through a subscription not made today (the source
         counts it); False if the pipeline takes nothing more (stopping).
         """
-        if self._closed:
+        if self._intake.closed:
             return False
         self._pass(message)
         return True
 
     def _pass(self, message: Inbound) -> None:
         """Batch a received message without readings (it is acked with its batch)."""
-        self._received += 1
-        self._received_bytes += len(message.payload)
-        size = held_bytes(message, [], _NO_DOCS)
-        self._held_bytes += size
-        batcher = self._batcher
-        had_open = batcher.current is not None
-        full = batcher.add(message, [], _NO_DOCS, size)
-        if full is not None:
-            self._dispatch(full)
-        elif not had_open:
-            self._opened.set()
+        intake = self._intake
+        intake.received += 1
+        intake.received_bytes += len(message.payload)
+        intake.add(message, [], NO_DOCS, held_bytes(message, [], NO_DOCS))
 
     def take_now(self, message: Inbound) -> bool | None:
         """:meth:`submit` without a coroutine, when nothing needs waiting for.
 
         Returns None when :meth:`submit` must take the message instead: the pipeline is
         full, or the format keeps state (Sparkplug) and may need I/O first. The source
-        calls this for every message; a coroutine each cost more than the batching.
+        calls this for every message (:attr:`taker`); a coroutine each cost more than the
+        batching.
         """
-        if self._closed:
+        intake = self._intake
+        if intake.usual:
+            return intake.take_now(message)
+        if intake.closed:
             return False
-        # _full(), inline: this runs for every message
-        if (
-            self._buffered >= self._max_buffered
-            or self._held_bytes >= self._max_held_bytes
-            or self._stateful
-            or message.retained
-            or message.dup
-        ):
+        if intake.full() or self._stateful or message.retained or message.dup:
             return None
         self._take(message)
         return True
@@ -276,11 +284,10 @@ class Pipeline:
         message gave them (:class:`~ingest.store.deliveries.Recorded`). Returns the
         batch this closed, if any.
         """
-        # Per-message counts are kept as plain ints and handed to the metrics at scrape
-        # time (sync_metrics): a Prometheus counter takes a lock on every inc().
+        intake = self._intake
         payload = message.payload
-        self._received += 1
-        self._received_bytes += len(payload)
+        intake.received += 1
+        intake.received_bytes += len(payload)
         if self._mapping is None:  # the default format: no rule lookup at all
             if first_seen is None:
                 readings, rejections = decode(
@@ -293,8 +300,8 @@ class Pipeline:
         if self._from_topic and readings:
             readings, rejections = self._topic_named(message.topic, readings, rejections)
         count = len(readings)
-        self._accepted += count
-        self._buffered += count
+        intake.accepted += count
+        intake.buffered += count
         if rejections:
             for rejection in rejections:
                 self._metrics.reject(rejection.reason)
@@ -308,20 +315,11 @@ class Pipeline:
                 + len(message.topic)
                 + VALUE_BYTES * len(readings[0].values)
             )
-            docs = _NO_DOCS
+            docs = NO_DOCS
         else:
-            docs = _NO_DOCS
+            docs = NO_DOCS
             size = held_bytes(message, readings, docs)
-        self._held_bytes += size
-        batcher = self._batcher
-        had_open = batcher.current is not None
-        # With the times given to readings timed at arrival, if a ledger is kept.
-        full = batcher.add(message, readings, docs, size, self._given)
-        if full is not None:
-            self._dispatch(full)
-        elif not had_open:
-            self._opened.set()
-        return full
+        return intake.add(message, readings, docs, size)
 
     def _decoded_at(self, message: Inbound, first_seen: int | Recorded) -> Decoded:
         """The default format's readings of a retained state or of a redelivery.
@@ -349,10 +347,6 @@ class Pipeline:
             sensor_from_topic(topic) if self._mapping is None else self._mapping.topic_sensor(topic)
         )
         return refuse_others(Decoded(readings, rejections), expected, len(readings) == 1)
-
-    def _full(self) -> bool:
-        """Whether the pipeline holds as much as it may (readings or bytes)."""
-        return self._buffered >= self._max_buffered or self._held_bytes >= self._max_held_bytes
 
     def _mapped(self, message: Inbound, first_seen: int | Recorded | None = None) -> Decoded:
         """Decode through the mapping rules, counting each rule's messages."""
@@ -401,12 +395,13 @@ class Pipeline:
         if self._mapping is not None:
             for stateful in self._mapping.stateful.values():
                 metrics.add_counts(stateful.take_counts())
-        metrics.messages_received.inc(self._received)
-        metrics.received_bytes.inc(self._received_bytes)
-        metrics.readings_accepted.inc(self._accepted)
-        self._received = self._received_bytes = self._accepted = 0
-        metrics.buffered_readings.set(self._buffered)
-        metrics.buffered_bytes.set(self._held_bytes)
+        intake = self._intake
+        metrics.messages_received.inc(intake.received)
+        metrics.received_bytes.inc(intake.received_bytes)
+        metrics.readings_accepted.inc(intake.accepted)
+        intake.received = intake.received_bytes = intake.accepted = 0
+        metrics.buffered_readings.set(intake.buffered)
+        metrics.buffered_bytes.set(intake.held_bytes)
         checked, seconds = self._writer.take_lookups()
         if checked:
             metrics.duplicate_checked.inc(checked)
@@ -420,7 +415,7 @@ class Pipeline:
 
     async def drain(self) -> None:
         """Take no more messages, flush the open batch, wait until all is written and acked."""
-        self._closed = True
+        self._intake.closed = True
         self.flush()
         await self._write_queue.join()
         await self._ack_queue.join()
@@ -479,7 +474,7 @@ class Pipeline:
                     self._write_queue.task_done()
             for _batch, done in taken:
                 done.set_result(None)
-            self._buffered -= size
+            self._intake.buffered -= size
             async with self._space:
                 self._space.notify_all()
 
@@ -494,7 +489,7 @@ class Pipeline:
                 self._dispatched.popleft()
             # The batch (payloads included) is let go only now: until acknowledged, a
             # written batch waits here behind the ones opened before it.
-            self._held_bytes -= batch.held_bytes
+            self._intake.held_bytes -= batch.held_bytes
             async with self._space:
                 self._space.notify_all()
 
