@@ -26,6 +26,9 @@ cdef class Inbox:
     cpdef put(self, object message)
     cdef _pause(self, object reader)
     cpdef object take(self)
+
+    @cython.locals(taken=Py_ssize_t)
+    cpdef object drain(self, object take_now, Py_ssize_t limit)
     cdef _unpaused(self)
 
 

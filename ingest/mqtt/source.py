@@ -578,11 +578,17 @@ class MqttSource:
         sink: Callable[[Inbound], Awaitable[bool]],
         take_now: TakeNow = _not_now,
     ) -> None:
-        messages, wake, take, usual = inbox.messages, inbox.wake, inbox.take, Inbound
+        messages, wake, drain, usual = inbox.messages, inbox.wake, inbox.drain, Inbound
         while True:
             count = 0
             while messages:
-                message = take()  # now the inbox's current
+                # The messages take_now takes, up to YIELD_EVERY, in one call; then the one
+                # it left (now the inbox's current), if any.
+                message = drain(take_now, YIELD_EVERY)
+                if message is None:
+                    if messages:
+                        await asyncio.sleep(0)  # let the writers and the acker run
+                    continue
                 # (not usual: a message through an old subscription)
                 taken = take_now(message) if type(message) is usual else self._skipped(message)
                 if taken is None:
@@ -595,7 +601,7 @@ class MqttSource:
                 inbox.current = None
                 count += 1
                 if count % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)  # let the writers and the acker run
+                    await asyncio.sleep(0)
             wake.clear()
             await wake.wait()
 
