@@ -215,7 +215,8 @@ class Receiver:
             why = self._unwanted(topic, subscription)
             if why is not None:
                 kind = OldSubscription if why == OLD_SUBSCRIPTION else Unidentified
-        items = (topic, payload, mid, qos, self._generation, _now(), dup, retain)
+        now = _capi.now() if cython.compiled else _now()  # compiled: no Python call
+        items = (topic, payload, mid, qos, self._generation, now, dup, retain)
         # Inbound(...) without its Python-level __new__ (compiled: nor a call)
         message = _capi.tuple_as(kind, items) if cython.compiled else _new_tuple(kind, items)
         if not qos or self._arrived(message):

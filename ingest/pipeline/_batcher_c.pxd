@@ -6,6 +6,9 @@ cimport cython
 from ingest._capi cimport checked_tuple as _fields
 
 cdef Py_ssize_t _TOPIC, _PAYLOAD, _RECEIVED_AT, _DUP, _RETAINED, _VALUES
+# (The module's own: ingest/pipeline/batcher.py gives the package those of _batcher_py.)
+cdef Py_ssize_t MESSAGE_BYTES, READING_BYTES, VALUE_BYTES, REJECT_DOC_BYTES
+cdef list _NOTHING, NO_DOCS
 
 
 @cython.final
