@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
     from ingest.devices.decode import Arrivals, Limits
     from ingest.model import Decoded, Rejection
-    from ingest.pipeline.batcher import IntakeSteps
 
     # decode(topic, payload, received_at, limits, sensor, arrivals)
     Decode: TypeAlias = Callable[  # noqa: UP040
@@ -292,3 +291,25 @@ class Intake:
         elif not had_open:
             self._opened()
         return full
+
+
+class IntakeSteps:
+    """What :class:`Intake` calls: the decoder and the pipeline's steps."""
+
+    def __init__(
+        self,
+        decode: Decode,
+        arrivals: Arrivals,
+        given: list[int],
+        reject: Callable[[str], None],
+        reject_docs: Callable[[Inbound, list[Rejection]], list[dict[str, Any]]],
+        dispatch: Callable[[Batch], None],
+        opened: Callable[[], None],
+    ) -> None:
+        self.decode = decode
+        self.arrivals = arrivals
+        self.given = given
+        self.reject = reject
+        self.reject_docs = reject_docs
+        self.dispatch = dispatch
+        self.opened = opened

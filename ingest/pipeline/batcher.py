@@ -6,8 +6,6 @@ ingest/accel.py): each name here is the one :func:`ingest.accel.pick` chose.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
-
 from ingest import accel
 from ingest.pipeline import _batcher_py
 from ingest.pipeline._batcher_py import MESSAGE_BYTES as MESSAGE_BYTES  # noqa: PLC0414
@@ -15,27 +13,10 @@ from ingest.pipeline._batcher_py import NO_DOCS as NO_DOCS  # noqa: PLC0414
 from ingest.pipeline._batcher_py import READING_BYTES as READING_BYTES  # noqa: PLC0414
 from ingest.pipeline._batcher_py import REJECT_DOC_BYTES as REJECT_DOC_BYTES  # noqa: PLC0414
 from ingest.pipeline._batcher_py import VALUE_BYTES as VALUE_BYTES  # noqa: PLC0414
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from ingest.devices.decode import Arrivals
-    from ingest.model import Inbound, Rejection
+from ingest.pipeline._batcher_py import IntakeSteps as IntakeSteps  # noqa: PLC0414
 
 Batch = accel.pick(_batcher_py.Batch, "ingest.pipeline._batcher_c", "Batch")
 Batcher = accel.pick(_batcher_py.Batcher, "ingest.pipeline._batcher_c", "Batcher")
 Intake = accel.pick(_batcher_py.Intake, "ingest.pipeline._batcher_c", "Intake")
 held_bytes = accel.pick(_batcher_py.held_bytes, "ingest.pipeline._batcher_c", "held_bytes")
 merged = accel.pick(_batcher_py.merged, "ingest.pipeline._batcher_c", "merged")
-
-
-class IntakeSteps(NamedTuple):
-    """What the intake calls: the decoder and the pipeline's steps."""
-
-    decode: _batcher_py.Decode
-    arrivals: Arrivals  # the default format's, given to the decoder
-    given: list[int]  # the times the arrivals gave the message being decoded
-    reject: Callable[[str], None]  # counts a rejection by its reason
-    reject_docs: Callable[[Inbound, list[Rejection]], list[dict[str, Any]]]
-    dispatch: Callable[[_batcher_py.Batch], None]  # hands a full batch to the writers
-    opened: Callable[[], None]  # wakes the linger timer: a batch is open
