@@ -36,16 +36,17 @@ cdef class Batcher:
 cdef class Intake:
     cdef public Batcher batcher
     cdef public Py_ssize_t max_buffered, max_held_bytes
-    cdef public bint usual, closed
+    cdef public bint usual, stateful, closed
     cdef public Py_ssize_t buffered, held_bytes, received, received_bytes, accepted
-    cdef object _limits, _decode, _arrivals, _reject, _reject_docs, _dispatch, _opened
+    cdef object _limits, _decode, _arrivals, _take, _reject, _reject_docs, _dispatch
+    cdef object _opened
     cdef list _given
 
     cpdef bint full(self) except -1
 
-    @cython.locals(row=tuple, parts=tuple, first=tuple, readings=list, rejections=list,
-                   values=dict, count=Py_ssize_t, size=Py_ssize_t, docs=list)
+    @cython.locals(row=tuple, parts=tuple)
     cpdef object take_now(self, object message)
 
-    @cython.locals(batcher=Batcher, had_open=bint, full=Batch)
-    cpdef Batch add(self, object message, list readings, list docs, Py_ssize_t size)
+    @cython.locals(row=tuple, first=tuple, values=dict, count=Py_ssize_t, size=Py_ssize_t,
+                   docs=list, batcher=Batcher, had_open=bint, full=Batch)
+    cpdef Batch put(self, object message, list readings, list rejections)

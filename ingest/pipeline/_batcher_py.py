@@ -2,7 +2,7 @@
 """Size-or-linger batching, and the usual message's way into the open batch, written once.
 
 Batching is pure and synchronous, so it is tested with a fake clock. Every message taken
-passes through :meth:`Intake.take_now` (the default format's) or :meth:`Intake.add`:
+passes through :meth:`Intake.take_now` or :meth:`Intake.put`:
 this module runs as it is, and Cython compiles it as ``ingest.pipeline._batcher_c`` with
 the C types of ``_batcher_c.pxd`` (the batch, the batcher and the intake extension types,
 their counts C fields; setup.py); ingest/pipeline/batcher.py picks one of the two.
@@ -192,9 +192,10 @@ class Intake:
     The counts are plain ints handed to the metrics at scrape time (a Prometheus counter
     takes a lock on every ``inc``); ``buffered`` and ``held_bytes`` are the readings and
     estimated bytes taken and not yet written, which bound what the pipeline takes.
-    :meth:`take_now` is the whole way of a message of the default format (no mapping
-    rules, no ``--sensor-id-from-topic``), compiled one C call per message; the pipeline
-    takes every other message its own way and ends it with :meth:`add`.
+    :meth:`take_now` is tried for every message: a message of the default format (no
+    mapping rules, no ``--sensor-id-from-topic``) it decodes itself, compiled one C call
+    per message; the others it hands to the pipeline's ``take`` step. Every decoded
+    message ends in :meth:`put`.
     """
 
     def __init__(
@@ -204,12 +205,14 @@ class Intake:
         max_buffered: int,
         max_held_bytes: int,
         usual: bool,
+        stateful: bool,
         steps: IntakeSteps,
     ) -> None:
         self.batcher = batcher
         self.max_buffered = max_buffered
         self.max_held_bytes = max_held_bytes
         self.usual = usual
+        self.stateful = stateful
         self.closed = False
         self.buffered = self.held_bytes = 0
         self.received = self.received_bytes = self.accepted = 0
@@ -217,6 +220,7 @@ class Intake:
         self._decode = steps.decode
         self._arrivals = steps.arrivals
         self._given = steps.given
+        self._take = steps.take
         self._reject = steps.reject
         self._reject_docs = steps.reject_docs
         self._dispatch = steps.dispatch
@@ -227,11 +231,11 @@ class Intake:
         return self.buffered >= self.max_buffered or self.held_bytes >= self.max_held_bytes
 
     def take_now(self, message: Inbound) -> bool | None:
-        """Take a message of the default format into the open batch, if nothing must wait.
+        """Take a message into the open batch now, if nothing must wait: True.
 
-        None when the pipeline must take it instead (it is full, or the message is
-        retained or a redelivery, or the format is not the default one); False once
-        closed. The source calls this for every message.
+        None when the pipeline must take it instead, with a coroutine (it is full, the
+        format may need I/O first, or the message is retained or a redelivery); False
+        once closed. The source calls this for every message.
         """
         if self.closed:
             return False
@@ -239,21 +243,33 @@ class Intake:
         if (
             self.buffered >= self.max_buffered
             or self.held_bytes >= self.max_held_bytes
-            or not self.usual
+            or self.stateful
             or row[_RETAINED]
             or row[_DUP]
         ):
             return None
+        if not self.usual:
+            self._take(message)
+            return True
         payload = row[_PAYLOAD]
-        topic = row[_TOPIC]
         self.received += 1
         self.received_bytes += len(payload)
         decoded = self._decode(
-            topic, payload, row[_RECEIVED_AT], self._limits, None, self._arrivals
+            row[_TOPIC], payload, row[_RECEIVED_AT], self._limits, None, self._arrivals
         )
         parts = _fields(decoded) if cython.compiled else decoded
-        readings: list[Reading] = parts[0]
-        rejections: list[Rejection] = parts[1]
+        self.put(message, parts[0], parts[1])
+        return True
+
+    def put(
+        self, message: Inbound, readings: list[Reading], rejections: list[Rejection]
+    ) -> Batch | None:
+        """Put a decoded message into the open batch: its counts, rejects and held bytes.
+
+        With the times given to its readings timed at arrival, if a delivery ledger is
+        kept. A batch this fills is dispatched (and returned); a batch this opens wakes
+        the linger timer.
+        """
         count = len(readings)
         self.accepted += count
         self.buffered += count
@@ -264,24 +280,13 @@ class Intake:
             docs = self._reject_docs(message, rejections)
             size = held_bytes(message, readings, docs)
         elif count == 1:  # held_bytes of the usual message, inline
+            row = _fields(message) if cython.compiled else message
             first = _fields(readings[0]) if cython.compiled else readings[0]
             values: dict[str, Any] = first[_VALUES]
-            size = MESSAGE_BYTES + READING_BYTES + len(payload) + len(topic)
+            size = MESSAGE_BYTES + READING_BYTES + len(row[_PAYLOAD]) + len(row[_TOPIC])
             size += VALUE_BYTES * len(values)
         else:
             size = held_bytes(message, readings, docs)
-        self.add(message, readings, docs, size)
-        return True
-
-    def add(
-        self, message: Inbound, readings: list[Reading], docs: list[dict[str, Any]], size: int
-    ) -> Batch | None:
-        """Put a decoded message holding ``size`` bytes into the open batch.
-
-        With the times given to its readings timed at arrival, if a delivery ledger is
-        kept. A batch this fills is dispatched (and returned); a batch this opens wakes
-        the linger timer.
-        """
         self.held_bytes += size
         batcher = self.batcher
         had_open = batcher.current is not None
@@ -301,6 +306,7 @@ class IntakeSteps:
         decode: Decode,
         arrivals: Arrivals,
         given: list[int],
+        take: Callable[[Inbound], Batch | None],
         reject: Callable[[str], None],
         reject_docs: Callable[[Inbound, list[Rejection]], list[dict[str, Any]]],
         dispatch: Callable[[Batch], None],
@@ -309,6 +315,7 @@ class IntakeSteps:
         self.decode = decode
         self.arrivals = arrivals
         self.given = given
+        self.take = take  # the pipeline's own way in, for a format other than the default
         self.reject = reject
         self.reject_docs = reject_docs
         self.dispatch = dispatch

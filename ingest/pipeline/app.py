@@ -354,7 +354,7 @@ async def run(
                 )
             helpers.append(group.create_task(pipeline.run(), name="pipeline"))
             consumer = group.create_task(
-                source.run(pipeline.submit, pipeline.taker, pipeline.skip), name="mqtt-source"
+                source.run(pipeline.submit, pipeline.take_now, pipeline.skip), name="mqtt-source"
             )
             await shutdown.requested.wait()
             deadline = asyncio.get_running_loop().time() + settings.shutdown_timeout

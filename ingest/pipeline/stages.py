@@ -24,17 +24,7 @@ from ingest.devices.decode import ARRIVALS, Limits, Replayed, decode, sensor_fro
 from ingest.devices.identity import refuse_others
 from ingest.errors import IngestError, RefusedWriteError, SchemaGoneError, WriteError
 from ingest.model import Decoded, Rejection
-from ingest.pipeline.batcher import (
-    MESSAGE_BYTES,
-    NO_DOCS,
-    READING_BYTES,
-    VALUE_BYTES,
-    Batcher,
-    Intake,
-    IntakeSteps,
-    held_bytes,
-    merged,
-)
+from ingest.pipeline.batcher import Batcher, Intake, IntakeSteps, merged
 from ingest.pipeline.redelivered import Ledger
 from ingest.pipeline.retained import RetainedPolicy, Steps
 from ingest.retry import backoff
@@ -126,22 +116,23 @@ class Pipeline:
         metrics.buffer_limit.set(settings.max_buffered_readings)
         metrics.buffer_limit_bytes.set(settings.max_buffered_bytes)
         self._mapping = settings.mapping
-        # Whether messages may need the format's state brought up to date first (I/O).
-        self._stateful = self._mapping is not None and bool(self._mapping.stateful)
         self._from_topic = settings.sensor_id_from_topic
         # What the pipeline holds and has taken (its counts handed to the metrics at
-        # scrape time, see sync_metrics), and the way of the default format's messages
-        # into the open batch, one compiled call each (Intake.take_now).
+        # scrape time, see sync_metrics), and the way of messages into the open batch:
+        # the default format's one compiled call each (Intake.take_now).
         self._intake = Intake(
             self._batcher,
             self._limits,
             settings.max_buffered_readings,
             settings.max_buffered_bytes,
             self._mapping is None and not self._from_topic,
+            # Whether messages may need the format's state brought up to date first (I/O).
+            self._mapping is not None and bool(self._mapping.stateful),
             IntakeSteps(
                 decode,
                 ARRIVALS,
                 self._given,
+                self._take,
                 metrics.reject,
                 lambda message, rejections: reject_docs(message, rejections, self._writer.mode),
                 self._dispatch,
@@ -174,14 +165,16 @@ class Pipeline:
         return self._intake.buffered
 
     @property
-    def taker(self) -> Callable[[Inbound], bool | None]:
-        """:meth:`take_now` as the source calls it, for every message.
+    def take_now(self) -> Callable[[Inbound], bool | None]:
+        """:meth:`submit` without a coroutine, when nothing needs waiting for.
 
-        The intake's own (compiled: one C call) when it takes every message that
-        :meth:`take_now` takes, the default format's.
+        The intake's (compiled: one C call): it takes the message into the open batch
+        (True), or returns None when :meth:`submit` must take it instead (the pipeline is
+        full, the format keeps state and may need I/O first, the message is retained or
+        a redelivery), False once closed. The source calls it for every message; a
+        coroutine each cost more than the batching.
         """
-        intake = self._intake
-        return intake.take_now if intake.usual else self.take_now
+        return self._intake.take_now
 
     async def submit(self, message: Inbound) -> bool:
         """Decode one message into the open batch; wait while the buffer is full.
@@ -256,25 +249,7 @@ class Pipeline:
         intake = self._intake
         intake.received += 1
         intake.received_bytes += len(message.payload)
-        intake.add(message, [], NO_DOCS, held_bytes(message, [], NO_DOCS))
-
-    def take_now(self, message: Inbound) -> bool | None:
-        """:meth:`submit` without a coroutine, when nothing needs waiting for.
-
-        Returns None when :meth:`submit` must take the message instead: the pipeline is
-        full, or the format keeps state (Sparkplug) and may need I/O first. The source
-        calls this for every message (:attr:`taker`); a coroutine each cost more than the
-        batching.
-        """
-        intake = self._intake
-        if intake.usual:
-            return intake.take_now(message)
-        if intake.closed:
-            return False
-        if intake.full() or self._stateful or message.retained or message.dup:
-            return None
-        self._take(message)
-        return True
+        intake.put(message, [], [])
 
     def _take(self, message: Inbound, first_seen: int | Recorded | None = None) -> Batch | None:
         """Decode one message into the open batch (there is room for it).
@@ -299,27 +274,7 @@ class Pipeline:
             readings, rejections = self._mapped(message, first_seen)
         if self._from_topic and readings:
             readings, rejections = self._topic_named(message.topic, readings, rejections)
-        count = len(readings)
-        intake.accepted += count
-        intake.buffered += count
-        if rejections:
-            for rejection in rejections:
-                self._metrics.reject(rejection.reason)
-            docs = reject_docs(message, rejections, self._writer.mode)
-            size = held_bytes(message, readings, docs)
-        elif count == 1:  # held_bytes of the usual message, inline
-            size = (
-                MESSAGE_BYTES
-                + READING_BYTES
-                + len(payload)
-                + len(message.topic)
-                + VALUE_BYTES * len(readings[0].values)
-            )
-            docs = NO_DOCS
-        else:
-            docs = NO_DOCS
-            size = held_bytes(message, readings, docs)
-        return intake.add(message, readings, docs, size)
+        return intake.put(message, readings, rejections)
 
     def _decoded_at(self, message: Inbound, first_seen: int | Recorded) -> Decoded:
         """The default format's readings of a retained state or of a redelivery.
