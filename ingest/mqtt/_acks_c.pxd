@@ -31,6 +31,7 @@ cdef class _Remembered:
 
     @cython.locals(at=Py_ssize_t)
     cdef bound(self, Py_ssize_t limit)
+    cdef inline _forget(self, Py_ssize_t at)
 
     @cython.locals(at=Py_ssize_t, position=Py_ssize_t)
     cpdef list mids(self)

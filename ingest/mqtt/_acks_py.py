@@ -172,9 +172,7 @@ class _Remembered:
         """Forget the PUBACK of ``mid``, if remembered (its entry in the ring goes stale)."""
         at = _slot(mid)
         if self._ticket[at]:
-            self._ticket[at] = 0
-            self._topic[at] = None
-            self.count -= 1
+            self._forget(at)
 
     def matches(self, mid: int, topic: str, payload: bytes) -> bool:
         """Whether the PUBACK of ``mid`` is remembered for this topic and payload."""
@@ -200,9 +198,7 @@ class _Remembered:
                 on = self._on[at]
                 if not (on < fresh_on or (on == received_on and self._seq[at] <= proven)):
                     return
-                self._ticket[at] = 0
-                self._topic[at] = None
-                self.count -= 1
+                self._forget(at)
             self._head += 1
 
     def bound(self, limit: int) -> None:
@@ -210,10 +206,14 @@ class _Remembered:
         while self.count > limit:
             at = self._ring[self._head & self._mask]
             if self._ticket[at] == self._head + 1:
-                self._ticket[at] = 0
-                self._topic[at] = None
-                self.count -= 1
+                self._forget(at)
             self._head += 1
+
+    def _forget(self, at: int) -> None:
+        """Forget the record of packet id ``at`` (remembered)."""
+        self._ticket[at] = 0
+        self._topic[at] = None
+        self.count -= 1
 
     def mids(self) -> list[int]:
         """The packet ids remembered, oldest first."""
