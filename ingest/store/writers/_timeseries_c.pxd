@@ -55,7 +55,6 @@ cdef object _mapped_raw(
 )
 
 
-@cython.locals(i=Py_ssize_t, writer=_bson_c.Writer, docs=list)
 cpdef str claim_id(object instant)
 
 
@@ -65,6 +64,7 @@ cdef str _usual_claim_id(object ms, object sensor)
 cpdef list claim_ids(list readings, object other)
 
 
+@cython.locals(i=Py_ssize_t, writer=_bson_c.Writer, docs=list)
 cpdef list claim_documents(object ids, object readings, object at, object owner)
 
 
