@@ -99,6 +99,9 @@ class MqttSource:
         # unsubscribed on it; None once taken (or if none could be recalled).
         self._early: tuple[str, ...] | None = None
         self._recall_next = True  # False: the recall before connecting failed just now
+        # Filters unsubscribed by this start or a recent one (and when): recorded as
+        # retired, their messages taken where today's filters match the topic.
+        self._retired: dict[str, float] = {}
         self._skip: Skip | None = None
         self._metrics = metrics
         self._health = health
@@ -433,8 +436,11 @@ class MqttSource:
                 self._settings.client_id,
             )
         if remembered is not None:
-            # What the session holds from now on (a retired worker's: nothing).
-            self._recalled = await self._record_filters(list(subscriptions))
+            # What the session holds from now on (a retired worker's: nothing), and the
+            # filters unsubscribed now or lately, whose messages may still be resent.
+            now = time.time()
+            self._retired |= dict.fromkeys(remembered, now)
+            self._recalled = await self._record_filters(list(subscriptions), self._retired)
         self._health.mqtt_connected = True
         self._metrics.mqtt_connected.set(1)
         logger.info(
@@ -472,24 +478,32 @@ class MqttSource:
         if self._memory is None or self._recalled:
             return None
         try:
-            before = await asyncio.wait_for(self._memory.recall(), MEMORY_TIMEOUT)
+            recalled = await asyncio.wait_for(self._memory.recall(), MEMORY_TIMEOUT)
         except (IngestError, TimeoutError) as exc:
             self._forgetful(exc)
             return None
+        before = None if recalled is None else recalled.filters
         old = tuple(topic for topic in before or () if topic not in subscriptions)
+        # Unsubscribed by an earlier start: what they queued may still be resent (their
+        # identifiers), unless a crash lost nothing; a filter wanted again is today's.
+        self._retired = {
+            topic: at
+            for topic, at in (recalled.retired if recalled is not None else {}).items()
+            if topic not in subscriptions and topic not in old
+        }
         if (before is None or set(before) != set(subscriptions)) and not (
-            await self._record_filters([*subscriptions, *old])
+            await self._record_filters([*subscriptions, *old], self._retired)
         ):
             return None
         # What they queued before today's filters existed arrives from now on.
-        self._subscriptions.retire(old)
+        self._subscriptions.retire((*old, *self._retired))
         return old
 
-    async def _record_filters(self, filters: list[str]) -> bool:
+    async def _record_filters(self, filters: list[str], retired: dict[str, float]) -> bool:
         """Record what the session may hold; False (logged) if MongoDB failed."""
         assert self._memory is not None
         try:
-            await asyncio.wait_for(self._memory.record(filters), MEMORY_TIMEOUT)
+            await asyncio.wait_for(self._memory.record(filters, retired), MEMORY_TIMEOUT)
         except (IngestError, TimeoutError) as exc:
             self._forgetful(exc)
             return False

@@ -10,9 +10,12 @@ list them. Two measures keep the daemon to the filters it runs with today:
   queued while the daemon was away included. A message carrying none of today's
   identifiers came through an old subscription: it is acknowledged, counted and never
   stored (:meth:`Subscriptions.unwanted`), with one exception. Through a remembered
-  filter that this start unsubscribes (:meth:`Subscriptions.retire`), a message whose
-  topic today's filters match is taken: it was queued under the old filter before
-  today's existed (published while the daemon was away), so it has no other copy.
+  filter that this start unsubscribes, or that an earlier start unsubscribed in the last
+  :data:`RETIRED_DAYS` days (:meth:`Subscriptions.retire`), a message whose topic
+  today's filters match is taken: it was queued under the old filter before today's
+  existed (published while the daemon was away), so it has no other copy. (Resent after
+  a crash, it still carries the old filter's identifier, after the start that
+  unsubscribed it: hence the earlier starts' too.)
   (Published in the instant between today's SUBACK and the old filter's UNSUBACK, a
   message comes through both: its readings with a time of their own are one reading
   whatever the copies; one without a time would be two. Unsubscribing first instead
@@ -21,7 +24,8 @@ list them. Two measures keep the daemon to the filters it runs with today:
   through today's filter too while both are held: skipped.
 * The filters each client id subscribed are remembered (:class:`Memory`, a MongoDB
   collection) and, on the next start, those no longer wanted are unsubscribed, so the
-  broker stops sending and queueing for them.
+  broker stops sending and queueing for them; the record keeps them as retired for
+  :data:`RETIRED_DAYS` days.
 
 A message without any identifier came through a subscription made without one (by a
 version of ingest before identifiers, or by a broker that does not take them): it is
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ingest.config import split_shared
 from ingest.metrics import SKIP_REASONS
@@ -47,6 +51,10 @@ if TYPE_CHECKING:
 # through a filter not subscribed today (its identifier); through one made without one.
 OLD_SUBSCRIPTION, UNIDENTIFIED_SUBSCRIPTION = SKIP_REASONS
 MAX_IDENTIFIER = 268_435_455  # MQTT 5: 1 to 2**28 - 1 (a variable byte integer)
+# How long a filter unsubscribed stays retired in its session's record: what it queued
+# is delivered on the session's next connections, and resent until acknowledged; longer
+# than the 7-day session the daemon asks for, as the delivery ledger's TTL.
+RETIRED_DAYS = 8
 
 
 class OldSubscription(Inbound):
@@ -154,11 +162,21 @@ class Subscriptions:
         return OLD_SUBSCRIPTION if subscription else UNIDENTIFIED_SUBSCRIPTION
 
 
+class Recalled(NamedTuple):
+    """What a session's record holds (:class:`Memory`)."""
+
+    # The filters the session may hold subscribed.
+    filters: list[str]
+    # Filters unsubscribed by an earlier start, and when (epoch seconds): what they had
+    # queued may still arrive, resent after a crash (:meth:`Subscriptions.retire`).
+    retired: dict[str, float]
+
+
 class Memory(Protocol):
     """Where the filters a client id subscribed are remembered between runs."""
 
-    async def recall(self) -> list[str] | None:
+    async def recall(self) -> Recalled | None:
         """The filters last recorded (None: nothing recorded)."""
 
-    async def record(self, filters: list[str]) -> None:
-        """Record the filters the session may hold from now on."""
+    async def record(self, filters: list[str], retired: dict[str, float]) -> None:
+        """Record the filters the session may hold from now on, and those retired."""

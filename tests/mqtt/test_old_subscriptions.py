@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import signal
+import time
 from typing import TYPE_CHECKING, Any
 
 import aiomqtt
@@ -27,8 +29,14 @@ from ingest.metrics import Health, Metrics
 from ingest.model import Inbound
 from ingest.mqtt import source as source_module
 from ingest.mqtt.source import MqttSource
-from ingest.mqtt.subscriptions import Subscriptions, identifier, topic_matcher
-from ingest.pipeline.subscribed import COLLECTION
+from ingest.mqtt.subscriptions import (
+    RETIRED_DAYS,
+    Recalled,
+    Subscriptions,
+    identifier,
+    topic_matcher,
+)
+from ingest.pipeline.subscribed import COLLECTION, SubscribedFilters
 from tests.mqtt.test_paho_contract import KernelSocket, publish_packet, varint
 from tests.support.mongo import COLLECTION as COLLECTION_OF
 from tests.support.mongo import stored
@@ -109,6 +117,57 @@ async def test_what_an_old_filter_queued_for_todays_topics_is_stored_once(
     assert metrics[OLD] == 0
     assert "unsubscribed from " + f"{topic_root}/#" in second.logs()
     assert second.stop() == 0
+
+
+async def test_what_an_old_filter_queued_is_stored_after_a_crash_before_its_write(
+    daemon: Callable[..., Daemon], publish: Callable[..., Any], db: Any, topic_root: str, mode: str
+) -> None:
+    """The start that unsubscribes an old filter takes what it had queued, and is killed
+    before writing it: the broker resends those messages (still through the old filter,
+    as its identifier says) to the next start, which must store them, not skip them as
+    another filter's."""
+    first = daemon("--topic", f"{topic_root}/#", rule_topics=True)
+    assert first.stop() == 0
+    await publish([reading(f"{topic_root}/q{n}/r", f"q{n}") for n in range(3)])
+    # A batch that closes only after a minute: taken, never written.
+    second = daemon("--topic", f"{topic_root}/+/+", "--flush-interval", "60", rule_topics=True)
+    await eventually(lambda: second.metric("ingest_messages_received_total") >= 3)
+    assert "unsubscribed from " + f"{topic_root}/#" in second.logs()
+    second.signal(signal.SIGKILL)
+    second.wait()
+    assert await stored(db, mode) == 0
+    third = daemon("--topic", f"{topic_root}/+/+", rule_topics=True)
+    await eventually(lambda: third.metric("ingest_messages_acked_total") >= 3)
+    assert await stored(db, mode) == 3
+    assert third.metrics()[OLD] == 0
+    assert "unsubscribed from" not in third.logs()  # the second start did that
+    assert third.stop() == 0
+    record = await db[COLLECTION].find_one({"client_id": f"ingest-{topic_root}"})
+    assert record is not None
+    assert record["filters"] == [f"{topic_root}/+/+"]
+    assert [entry["filter"] for entry in record["retired"]] == [f"{topic_root}/#"]
+    # Wanted again: subscribed, and no longer retired.
+    fourth = daemon("--topic", f"{topic_root}/#", rule_topics=True)
+    assert fourth.stop() == 0
+    record = await db[COLLECTION].find_one({"client_id": f"ingest-{topic_root}"})
+    assert record is not None
+    assert record["filters"] == [f"{topic_root}/#"]
+    assert [entry["filter"] for entry in record["retired"]] == [f"{topic_root}/+/+"]
+
+
+async def test_a_retired_filter_is_forgotten_after_its_days(db: Any) -> None:
+    """Through the real driver: the record keeps a filter unsubscribed for RETIRED_DAYS
+    days, then leaves it out."""
+    memory = SubscribedFilters(db[COLLECTION], "c", "b:1883")
+    assert await memory.recall() is None
+    now = time.time()
+    old, recent = now - (RETIRED_DAYS * 86400 + 60), now - (RETIRED_DAYS * 86400 - 60)
+    await memory.record(["a/#"], {"b/#": old, "c/#": recent})
+    recalled = await memory.recall()
+    assert recalled is not None
+    assert recalled.filters == ["a/#"]
+    assert list(recalled.retired) == ["c/#"]
+    assert recalled.retired["c/#"] == pytest.approx(recent, abs=0.001)  # BSON: ms
 
 
 async def test_presets_then_the_default_format_store_a_reading_once(
@@ -238,14 +297,14 @@ class FailingMemory:
         self.hang = hang
         self.calls = 0
 
-    async def recall(self) -> list[str] | None:
+    async def recall(self) -> Recalled | None:
         self.calls += 1
         if self.hang:
             await asyncio.Event().wait()
         raise WriteError("no primary")
 
-    async def record(self, filters: list[str]) -> None:
-        raise AssertionError(f"not recalled, so not recorded: {filters}")
+    async def record(self, filters: list[str], retired: dict[str, float]) -> None:
+        raise AssertionError(f"not recalled, so not recorded: {filters}, {retired}")
 
 
 @pytest.mark.parametrize("hang", [False, True])
