@@ -267,6 +267,80 @@ def test_the_twins_plan_the_decoders_readings_alike(batch: list[Reading], limit:
     assert both(batch, HOUR, limit) is not None
 
 
+@given(
+    shapes=st.lists(
+        st.tuples(
+            st.lists(
+                st.sampled_from(["tpl_a", "tpl_b", "tpl_ü"]), min_size=1, max_size=3, unique=True
+            ),
+            st.sampled_from([None, 5, 2**40]),
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    numbers=st.lists(
+        st.sampled_from([0, -1, 2**31 - 1, -(2**31), 2**31, *INT64, 0.5, -0.0, 1e300]),
+        min_size=30,
+        max_size=30,
+    ),
+)
+def test_single_readings_fill_their_shapes_templates_as_the_writer_writes_them(
+    shapes: list[tuple[list[str], int | None]], numbers: list[Scalar]
+) -> None:
+    """Compiled, a single reading's statement (one sensor, one reading in the batch: a
+    large fleet's) is written once per shape (names in order, each value's and the seq's
+    BSON type) and filled in for the next readings of that shape: other sensor ids, of any
+    length (ASCII; another one is written whole), other times, seqs and numbers. The
+    bytes are the Python twin's, and most statements come from a template."""
+    readings: list[Reading] = []
+    for i in range(30):
+        names, seq = shapes[i % len(shapes)]
+        values = {name: numbers[(i + k) % len(numbers)] for k, name in enumerate(names)}
+        sensor = ("Кухня" if i == 7 else "s" * (1 + i * 7 % 90)) + str(i)  # each its own
+        ms = T0 * 1000 + i * 1_234_567
+        readings.append(
+            Reading(sensor, None, ms / 1000, values, None if seq is None else seq + i, ms)
+        )
+    filled = twin.templates_filled()
+    both(readings, HOUR, 3600)
+
+    def bson_type(value: object) -> str:
+        if isinstance(value, float):
+            return "double"
+        return "int32" if -(2**31) <= value < 2**31 else "int64"  # type: ignore[operator]
+
+    shapes_seen = {
+        (tuple(r.values), tuple(map(bson_type, r.values.values())), r.seq and bson_type(r.seq))
+        for r in readings
+    }
+    # Every reading but the first of each shape, and the one of a non-ASCII sensor id.
+    assert twin.templates_filled() - filled >= len(readings) - len(shapes_seen) - 1
+    assert python.templates_filled() == 0  # as Python, every statement is a dict
+
+
+def test_a_template_fills_every_slot_it_recorded() -> None:
+    """The second reading of a shape fills the first one's template: its own sensor id
+    (longer and shorter), time, seq and values, none left from the first."""
+    first = Reading("s1", None, T0 + 1.0, {"tpl_x": 1, "tpl_y": 2.5}, 7, T0 * 1000 + 1000)
+    filled = twin.templates_filled()
+    for sensor in ("s" * 70, "s"):
+        second = Reading(sensor, None, T0 + 2.0, {"tpl_x": 3, "tpl_y": -4.5}, 8, T0 * 1000 + 2000)
+        plan = both([first, second, first._replace(sensor_id="t" + sensor)], HOUR, 3600)
+        assert plan is not None
+    assert twin.templates_filled() - filled >= 4
+    op = twin.plan_buckets([second], HOUR, 3600).ops[0]
+    doc = bson.decode(bson.encode(op))
+    at = datetime.fromtimestamp(T0 + 2, UTC).replace(tzinfo=None)  # as bson.decode gives it
+    assert doc["q"]["sensor_id"] == "s"
+    assert doc["q"]["readings.ts"]["$nin"] == [at]
+    assert doc["u"]["$push"]["readings"]["$each"] == [
+        {"ts": at, "seq": 8, "tpl_x": 3, "tpl_y": -4.5}
+    ]
+    assert doc["u"]["$inc"]["stats.tpl_x.sum"] == 3.0
+    assert doc["u"]["$min"] == {"first_ts": at, "stats.tpl_x.min": 3, "stats.tpl_y.min": -4.5}
+    assert doc["u"]["$max"] == {"last_ts": at, "stats.tpl_x.max": 3, "stats.tpl_y.max": -4.5}
+
+
 # --- hostile input: the same plan, or the same exception ---------------------------------
 
 

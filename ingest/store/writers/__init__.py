@@ -39,8 +39,22 @@ class BsonWriter(Protocol):
     def value(self, name: str, value: object) -> int:
         """A bool, int, float, str or None."""
 
-    def items(self, mapping: object, *, by_name: bool, skip: frozenset[str] | None) -> int:
-        """Each item of a dict."""
+    def items(
+        self,
+        mapping: object,
+        *,
+        by_name: bool,
+        skip: frozenset[str] | None,
+        slot: int = -1,
+        stride: int = 1,
+    ) -> int:
+        """Each item of a dict (recording: item k marked as ``slot + k * stride``)."""
+
+    def mark(self, slot: int) -> int:
+        """Recording: the element written last is a template's number or date slot."""
+
+    def mark_text(self) -> int:
+        """Recording: the string element written last is a template's text."""
 
     def open(self, name: str) -> int:
         """Begin a sub-document."""

@@ -8,11 +8,19 @@ cdef enum:
     NOT_SURE = 1
     # Documents open at once (a document, its sub-documents, theirs ...).
     MAX_DEPTH = 8
+    # Slots a Template fills (see Writer.mark).
+    MAX_SLOTS = 256
 
 
 cdef struct Item:
     void *key  # borrowed, while the mapping is not changed
     void *value
+
+
+cdef class Template
+
+# What Writer.value writes a value as: 1 double, 2 bool, 3 int32, 4 int64; 0 otherwise.
+cdef int kind_of(object value) except -1
 
 
 @cython.final
@@ -25,12 +33,28 @@ cdef class Writer:
     cdef Item *items_of
     cdef Py_ssize_t items_room
     cdef readonly object options
+    # Where the value of the element written last begins, and its type (see mark).
+    cdef Py_ssize_t value_at
+    cdef char value_kind
+    # Recording (see mark): each slot's value offset (-1: not marked) and type; the
+    # string slot's offset and the length prefixes of the documents around it.
+    cdef public bint recording
+    cdef Py_ssize_t slot_at[MAX_SLOTS]
+    cdef char slot_kind[MAX_SLOTS]
+    cdef Py_ssize_t slots
+    cdef Py_ssize_t text_at
+    cdef Py_ssize_t text_depth
+    cdef Py_ssize_t text_opened[MAX_DEPTH]
 
     cdef int start(self) except -1
     cdef int object_id(self, str name, bytes prefix, Py_ssize_t counter) except -1
     cdef int date(self, str name, object ms) except -1
     cdef int value(self, str name, object value) except -1
-    cdef int items(self, object mapping, bint by_name, frozenset skip) except -1
+    cdef int items(self, object mapping, bint by_name, frozenset skip,
+                   Py_ssize_t slot=*, Py_ssize_t stride=*) except -1
+    cdef int mark(self, Py_ssize_t slot) except -1
+    cdef int mark_text(self) except -1
+    cdef Template template(self, object document)
     cdef int open(self, str name) except -1
     cdef int open_array(self, str name) except -1
     cdef int _open(self, int kind, str name) except -1
@@ -39,3 +63,29 @@ cdef class Writer:
     cdef int _grow(self, Py_ssize_t extra) except -1
     cdef int _element(self, int kind, object name, Py_ssize_t extra) except -1
     cdef int _value(self, object name, object value) except -1
+
+
+@cython.final
+cdef class Template:
+    cdef bytes raw
+    cdef Py_ssize_t slot_at[MAX_SLOTS]
+    cdef char slot_kind[MAX_SLOTS]
+    cdef Py_ssize_t slots
+    cdef Py_ssize_t text_at, text_size
+    cdef Py_ssize_t text_depth
+    cdef Py_ssize_t text_opened[MAX_DEPTH]
+    cdef object options
+    cdef object out
+    cdef char *data
+    cdef Py_ssize_t shift
+    cdef char filled[MAX_SLOTS]
+    cdef Py_ssize_t unfilled
+    cdef public object key
+    cdef public long long shape
+
+    cdef int begin(self, object text) except -1
+    cdef int date(self, Py_ssize_t slot, object ms) except -1
+    cdef int value(self, Py_ssize_t slot, object value) except -1
+    cdef int real(self, Py_ssize_t slot, double value) except -1
+    cdef char *_at(self, Py_ssize_t slot, char kind)
+    cdef object finish(self)

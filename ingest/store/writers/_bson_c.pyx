@@ -146,10 +146,18 @@ cdef class Writer:
         memcpy(self.data + self.size + 1, text, size)
         self.data[self.size + 1 + size] = 0
         self.size += size + 2
+        self.value_at = self.size
+        self.value_kind = <char>kind
         return WRITTEN
 
     cdef int start(self) except -1:
         """A new document (the one before, finished or not, is dropped)."""
+        cdef Py_ssize_t i
+        if self.recording:
+            for i in range(MAX_SLOTS):
+                self.slot_at[i] = -1
+            self.slots = 0
+            self.text_at = -1
         self.size = 0
         self.depth = 0
         self._grow(4)
@@ -234,10 +242,12 @@ cdef class Writer:
             self.size += length + 5
         return WRITTEN
 
-    cdef int items(self, object mapping, bint by_name, frozenset skip) except -1:
+    cdef int items(self, object mapping, bint by_name, frozenset skip,
+                   Py_ssize_t slot=-1, Py_ssize_t stride=1) except -1:
         """Each item of ``mapping`` (exactly a dict) as ``value`` writes it: in name order
         when ``by_name`` (names exactly ``str``), else in the dict's order. A name in
-        ``skip`` (one written already in this document) is NOT_SURE."""
+        ``skip`` (one written already in this document) is NOT_SURE. Recording, item k
+        is marked as ``slot + k * stride`` (when ``slot`` is not negative)."""
         cdef Py_ssize_t count, j = 0, k, i
         cdef PyObject *key
         cdef PyObject *item
@@ -278,7 +288,59 @@ cdef class Writer:
                 return NOT_SURE
             if self._value(<object>entries[k].key, <object>entries[k].value) == NOT_SURE:
                 return NOT_SURE
+            if self.recording and slot >= 0 and self.mark(slot + k * stride) == NOT_SURE:
+                return NOT_SURE
         return WRITTEN
+
+    cdef int mark(self, Py_ssize_t slot) except -1:
+        """Recording: the element written last is ``slot`` of the :class:`Template` this
+        document becomes (a date or a number, filled anew for each document); otherwise
+        nothing."""
+        if not self.recording:
+            return WRITTEN
+        if not 0 <= slot < MAX_SLOTS or self.value_kind == T_STRING:
+            return NOT_SURE
+        self.slot_at[slot] = self.value_at
+        self.slot_kind[slot] = self.value_kind
+        if slot >= self.slots:
+            self.slots = slot + 1
+        return WRITTEN
+
+    cdef int mark_text(self) except -1:
+        """Recording: the string element written last is the :class:`Template`'s text, of
+        any length in each document; otherwise nothing."""
+        cdef Py_ssize_t i
+        if not self.recording:
+            return WRITTEN
+        if self.value_kind != T_STRING or self.text_at >= 0:
+            return NOT_SURE
+        self.text_at = self.value_at
+        self.text_depth = self.depth
+        for i in range(self.depth):
+            self.text_opened[i] = self.opened[i]
+        return WRITTEN
+
+    cdef Template template(self, object document):
+        """The document just finished (recording) as a :class:`Template`; None if no
+        text was marked or a slot was marked twice over."""
+        cdef Template made
+        cdef bytes raw = document.raw
+        cdef Py_ssize_t i
+        if self.text_at < 0:
+            return None
+        made = Template.__new__(Template)
+        made.raw = raw
+        made.options = self.options
+        made.slots = self.slots
+        for i in range(self.slots):
+            made.slot_at[i] = self.slot_at[i]
+            made.slot_kind[i] = self.slot_kind[i]
+        made.text_at = self.text_at
+        made.text_size = <Py_ssize_t>_read32(PyBytes_AS_STRING(raw) + self.text_at) - 1
+        made.text_depth = self.text_depth
+        for i in range(self.text_depth):
+            made.text_opened[i] = self.text_opened[i]
+        return made
 
     cdef int open(self, str name) except -1:
         """A sub-document ``name``: the elements up to its ``close`` are its own."""
@@ -322,11 +384,174 @@ cdef class Writer:
         if self.size > 0x7FFFFFFF:
             return None
         _le32(self.data, <uint32_t>self.size)
-        raw = PyBytes_FromStringAndSize(self.data, self.size)
-        if not _BY_SLOTS:
-            return _RawBSONDocument(raw, self.options)
-        doc = new_object(_RawBSONDocument)
-        set_slot(doc, _RAW, raw)
-        set_slot(doc, _INFLATED, None)
-        set_slot(doc, _OPTIONS, self.options)
-        return doc
+        return _document(PyBytes_FromStringAndSize(self.data, self.size), self.options)
+
+
+cdef object _document(bytes raw, object options):
+    """``raw`` as a RawBSONDocument (made without its Python-level ``__init__``)."""
+    cdef object doc
+    if not _BY_SLOTS:
+        return _RawBSONDocument(raw, options)
+    doc = new_object(_RawBSONDocument)
+    set_slot(doc, _RAW, raw)
+    set_slot(doc, _INFLATED, None)
+    set_slot(doc, _OPTIONS, options)
+    return doc
+
+
+cdef int kind_of(object value) except -1:
+    """The number type :meth:`Writer.value` writes ``value`` as: 1 double, 2 bool, 3 int32,
+    4 int64; 0 for anything else (a template's slot holds one type)."""
+    cdef long long number
+    cdef int overflow = 0
+    if value is True or value is False:
+        return 2
+    if PyLong_CheckExact(value):
+        number = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if overflow:
+            return 0
+        return 3 if -2147483648 <= number <= 2147483647 else 4
+    if PyFloat_CheckExact(value):
+        return 1
+    return 0
+
+
+cdef inline uint32_t _read32(const char *at) noexcept:
+    cdef const unsigned char *b = <const unsigned char *>at
+    return b[0] | (<uint32_t>b[1] << 8) | (<uint32_t>b[2] << 16) | (<uint32_t>b[3] << 24)
+
+
+cdef class Template:
+    """A document recorded once (:meth:`Writer.template`) and filled anew for others of
+    its shape: the same names, types and order, another text (one string element, of any
+    length) and other dates and numbers in its marked slots.
+
+    ``begin`` copies the document with the new text; ``date`` and ``value`` fill each
+    slot, with exactly the type it was recorded with (else NOT_SURE); ``finish`` gives
+    the document, or None unless every slot was filled.
+    """
+
+    def __cinit__(self):
+        self.out = None
+        self.key = None
+        self.shape = 0
+
+    cdef int begin(self, object text) except -1:
+        """Start a document with ``text`` in the text slot (exactly an ASCII ``str``)."""
+        cdef Py_ssize_t size, total, i, after, at
+        cdef const char *chars
+        cdef const char *raw = PyBytes_AS_STRING(self.raw)
+        cdef char *data
+        if not PyUnicode_CheckExact(text) or not PyUnicode_IS_COMPACT_ASCII(text):
+            return NOT_SURE
+        chars = <const char *>PyUnicode_DATA(text)
+        size = PyUnicode_GET_LENGTH(text)
+        if memchr(chars, 0, size) != NULL:
+            return NOT_SURE
+        after = self.text_at + 4 + self.text_size + 1  # the prototype's, past its text
+        total = PyBytes_GET_SIZE(self.raw) - self.text_size + size
+        if total > 0x7FFFFFFF:
+            return NOT_SURE
+        self.out = PyBytes_FromStringAndSize(NULL, total)
+        data = PyBytes_AS_STRING(self.out)
+        memcpy(data, raw, self.text_at)
+        _le32(data + self.text_at, <uint32_t>(size + 1))
+        memcpy(data + self.text_at + 4, chars, size)
+        data[self.text_at + 4 + size] = 0
+        memcpy(data + self.text_at + 5 + size, raw + after, PyBytes_GET_SIZE(self.raw) - after)
+        self.shift = size - self.text_size
+        for i in range(self.text_depth):  # the documents around the text grow or shrink
+            at = self.text_opened[i]
+            _le32(data + at, <uint32_t>(<Py_ssize_t>_read32(raw + at) + self.shift))
+        self.data = data
+        for i in range(self.slots):
+            self.filled[i] = 0
+        self.unfilled = 0
+        for i in range(self.slots):
+            if self.slot_at[i] >= 0:
+                self.unfilled += 1
+        return WRITTEN
+
+    cdef char *_at(self, Py_ssize_t slot, char kind):
+        """Where ``slot``'s value goes, if it is a slot of type ``kind`` (else NULL)."""
+        cdef Py_ssize_t at
+        if self.out is None or not 0 <= slot < self.slots or self.slot_kind[slot] != kind:
+            return NULL
+        at = self.slot_at[slot]
+        if at < 0:
+            return NULL
+        if not self.filled[slot]:
+            self.filled[slot] = 1
+            self.unfilled -= 1
+        return self.data + (at + self.shift if at > self.text_at else at)
+
+    cdef int date(self, Py_ssize_t slot, object ms) except -1:
+        """A date slot: ``ms`` milliseconds since the epoch (exactly an int64)."""
+        cdef long long stamp
+        cdef int overflow = 0
+        cdef char *at
+        if not PyLong_CheckExact(ms):
+            return NOT_SURE
+        stamp = PyLong_AsLongLongAndOverflow(ms, &overflow)
+        if overflow:
+            return NOT_SURE
+        at = self._at(slot, T_DATE)
+        if at == NULL:
+            return NOT_SURE
+        _le64(at, <uint64_t>stamp)
+        return WRITTEN
+
+    cdef int value(self, Py_ssize_t slot, object value) except -1:
+        """A number slot: ``value`` as :meth:`Writer.value` writes it, of the slot's type."""
+        cdef long long number
+        cdef int overflow = 0
+        cdef double real
+        cdef uint64_t bits
+        cdef char *at
+        if value is True or value is False:
+            at = self._at(slot, T_BOOL)
+            if at == NULL:
+                return NOT_SURE
+            at[0] = 1 if value is True else 0
+        elif PyLong_CheckExact(value):
+            number = PyLong_AsLongLongAndOverflow(value, &overflow)
+            if overflow:
+                return NOT_SURE
+            if -2147483648 <= number <= 2147483647:
+                at = self._at(slot, T_INT32)
+                if at == NULL:
+                    return NOT_SURE
+                _le32(at, <uint32_t>number)
+            else:
+                at = self._at(slot, T_INT64)
+                if at == NULL:
+                    return NOT_SURE
+                _le64(at, <uint64_t>number)
+        elif PyFloat_CheckExact(value):
+            real = PyFloat_AS_DOUBLE(value)
+            memcpy(&bits, &real, 8)
+            at = self._at(slot, T_DOUBLE)
+            if at == NULL:
+                return NOT_SURE
+            _le64(at, bits)
+        else:
+            return NOT_SURE
+        return WRITTEN
+
+    cdef int real(self, Py_ssize_t slot, double value) except -1:
+        """A double slot: ``value`` (what :meth:`value` writes of ``float(value)``)."""
+        cdef uint64_t bits
+        cdef char *at = self._at(slot, T_DOUBLE)
+        if at == NULL:
+            return NOT_SURE
+        memcpy(&bits, &value, 8)
+        _le64(at, bits)
+        return WRITTEN
+
+    cdef object finish(self):
+        """The document filled, as a RawBSONDocument; None unless every slot was filled."""
+        cdef object out = self.out
+        self.out = None
+        if out is None or self.unfilled:
+            return None
+        return _document(out, self.options)

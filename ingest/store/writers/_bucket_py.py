@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
     # Cython does not parse ``type`` statements.
     GroupKey: TypeAlias = tuple[str, TagsKey, float]  # noqa: UP040
+    _Template: TypeAlias = Any  # noqa: UP040 - compiled: _bson_c.Template
     _Stats: TypeAlias = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]  # noqa: UP040
 
 # 2: the series' tags are part of a document's key (``tags``, always present), sensor
@@ -98,6 +99,31 @@ _WRITER: Any = _bson_c.Writer(RAW_OPTIONS) if cython.compiled else None
 _INDEX = tuple(str(i) for i in range(4096))
 # Fields of a pushed reading that a measurement of that name would overwrite in its dict.
 _PUSHED_OWN = frozenset({"ts", "seq"})
+# Compiled: a single reading's statement (a large fleet's usual one) is written once per
+# shape and recorded as a template (_bson_c.Template), whose slots the writer marks as the
+# functions below write them; the next readings of that shape fill its slots (:func:`_templated`).
+_S_START: Final = 0  # the bucket's start
+_S_NIN: Final = 1  # the reading's time, in the filter
+_S_TS: Final = 2  # in the entry pushed
+_S_SEQ: Final = 3
+_S_FIRST: Final = 4  # $min
+_S_LAST: Final = 5  # $max
+_S_VALUES: Final = 6  # then four a measurement: pushed, sum, min, max
+_TEMPLATE_VALUES: Final = 20  # measurements a template holds at most
+# Shapes held (a few per kind of device: a value is an int in one reading, a double in
+# the next), about 3 KB each; past it, they are dropped and recorded again as they come.
+_TEMPLATES_MAX: Final = 256
+_TEMPLATES: dict[int, list[Any]] = {}  # by shape code (the types), then names and caps
+_templates_held = 0
+_LAST_TEMPLATE: Any = None  # the one used last, tried first
+_filled = 0  # statements filled from a template (templates_filled)
+
+
+def templates_filled() -> int:
+    """Single-reading statements filled from a template so far (compiled; 0 as Python)."""
+    return _filled
+
+
 _NAN = float("nan")  # equal to no start
 if not cython.compiled:  # compiled: ingest/_capi.pxd's float_floordiv, the same in C
     _floordiv = floordiv
@@ -567,13 +593,153 @@ def _one_update(
     if size > max_bytes:
         return None
     raw = (
-        _single_raw(_WRITER, sensor_id, tags, start, reading, size, max_readings, max_bytes)
+        _templated(sensor_id, tags, start, reading, size, max_readings, max_bytes)
         if cython.compiled
         else None
     )
     if raw is not None:
         return raw
     return update_for(sensor_id, tags, start, [reading], max_readings, size, max_bytes)
+
+
+def _templated(
+    sensor_id: str,
+    tags: dict[str, str],
+    start: BsonDate,
+    reading: Reading,
+    size: int,
+    max_readings: int,
+    max_bytes: int,
+) -> Mapping[str, Any] | None:
+    """Compiled: :func:`_single_raw`'s statement, through the template of its shape.
+
+    For a reading of the default format (numbers, no tags, at most
+    :data:`_TEMPLATE_VALUES` measurements), the shape is its names in order, the BSON type
+    of each value and of its seq, and the caps. The first reading of a shape is written by
+    :func:`_single_raw`, recording; the next ones copy those bytes with their own sensor
+    id, and their dates and numbers in the slots marked (:func:`_filled_in`). Any other
+    reading, or one the template is not sure of, is written by :func:`_single_raw`.
+    """
+    global _LAST_TEMPLATE  # noqa: PLW0603 - a cache of one
+    row = _fields(reading) if cython.compiled else reading
+    given = row[VALUES]
+    seq = row[SEQ]
+    raw = None
+    if row[TAGS] is None and not tags and type(given) is dict and len(given) <= _TEMPLATE_VALUES:
+        values: dict[str, Any] = given  # compiled: a dict, typed
+        shape = 0 if seq is None else _bson_c.kind_of(seq)  # each type a code below 8
+        for value in values.values():
+            kind = _bson_c.kind_of(value)
+            shape = shape * 8 + kind if kind else -1
+            if shape < 0:
+                break
+        else:
+            template = _LAST_TEMPLATE
+            if template is None or not _fits(template, values, shape, max_readings, max_bytes):
+                template = None
+                for known in _TEMPLATES.get(shape, ()):
+                    if _fits(known, values, shape, max_readings, max_bytes):
+                        template = known
+                        break
+                if template is None:
+                    return _recorded(
+                        sensor_id, start, reading, size, max_readings, max_bytes, shape
+                    )
+                _LAST_TEMPLATE = template
+            raw = _filled_in(template, sensor_id, start, row[MS], seq, values)
+    if raw is None:
+        raw = _single_raw(_WRITER, sensor_id, tags, start, reading, size, max_readings, max_bytes)
+    return raw
+
+
+def _filled_in(
+    template: _Template,
+    sensor_id: str,
+    start: BsonDate,
+    ms: object,
+    seq: int | None,
+    values: dict[str, Any],
+) -> Mapping[str, Any] | None:
+    """A single reading's statement, its values in ``template``'s slots; None if not sure.
+
+    The slots are those :func:`_raw_start`, :func:`_raw_single_stats` and
+    :func:`_raw_values` mark, each filled with what they write there.
+    """
+    global _filled  # noqa: PLW0603 - a count
+    if (
+        template.begin(sensor_id)
+        or template.date(_S_START, start.ms)
+        or template.date(_S_NIN, ms)
+        or template.date(_S_TS, ms)
+        or template.date(_S_FIRST, ms)
+        or template.date(_S_LAST, ms)
+        or (seq is not None and template.value(_S_SEQ, seq))
+    ):
+        return None
+    slot = _S_VALUES
+    for value in values.values():
+        if (
+            template.value(slot, value)
+            or template.real(slot + 1, value)  # float(value), without the object
+            or template.value(slot + 2, value)
+            or template.value(slot + 3, value)
+        ):
+            return None
+        slot += 4
+    raw = template.finish()  # None unless every slot was filled
+    if raw is not None:
+        _filled += 1
+    return raw  # type: ignore[no-any-return]
+
+
+def _fits(
+    template: _Template, values: dict[str, Any], shape: int, max_readings: int, max_bytes: int
+) -> bool:
+    """Whether ``template`` (of :func:`_templated`) is the one of a reading's shape."""
+    if template.shape != shape:
+        return False
+    names, readings_cap, bytes_cap = template.key
+    if readings_cap != max_readings or bytes_cap != max_bytes or len(names) != len(values):
+        return False
+    i = 0
+    for name in values:
+        known = names[i]
+        if name is not known and name != known:
+            return False
+        i += 1  # noqa: SIM113 - compiled: the dict's iteration in C, with a C index
+    return True
+
+
+def _recorded(
+    sensor_id: str,
+    start: BsonDate,
+    reading: Reading,
+    size: int,
+    max_readings: int,
+    max_bytes: int,
+    shape: int,
+) -> Mapping[str, Any] | None:
+    """:func:`_single_raw`'s statement of the first reading of a shape, recorded.
+
+    It is kept as the shape's template (at most :data:`_TEMPLATES_MAX` shapes).
+    """
+    global _templates_held  # noqa: PLW0603 - a count
+    _WRITER.recording = True
+    try:
+        raw = _single_raw(_WRITER, sensor_id, _EMPTY, start, reading, size, max_readings, max_bytes)
+    finally:
+        _WRITER.recording = False
+    template = None if raw is None else _WRITER.template(raw)
+    if template is not None:
+        row = _fields(reading) if cython.compiled else reading
+        template.key = (tuple(row[VALUES]), max_readings, max_bytes)
+        template.shape = shape
+        if _templates_held == _TEMPLATES_MAX:
+            _TEMPLATES.clear()
+            _templates_held = 0
+        _TEMPLATES.setdefault(shape, []).append(template)
+        _templates_held += 1
+    return raw
 
 
 def _fast_update(
@@ -679,10 +845,12 @@ def _raw_start(
         writer.start()
         or writer.open("q")
         or writer.value("sensor_id", sensor_id)
+        or writer.mark_text()
         or writer.open("tags")
         or writer.items(tags, by_name=False, skip=None)
         or writer.close()
         or writer.date("bucket_start", start.ms)
+        or writer.mark(_S_START)
         or writer.open("count")
         or writer.value("$lte", max_readings - len(group))
         or writer.close()
@@ -695,7 +863,8 @@ def _raw_start(
         return 1
     for i, reading in enumerate(group):
         row = _fields(reading) if cython.compiled else reading
-        if writer.date(_INDEX[i], row[MS]):
+        # (marks are recorded for a single reading's statement only)
+        if writer.date(_INDEX[i], row[MS]) or writer.mark(_S_NIN):
             return 1
     if (
         writer.close()
@@ -713,8 +882,9 @@ def _raw_start(
         if (
             writer.open(_INDEX[i])
             or writer.date("ts", row[MS])
-            or (seq is not None and writer.value("seq", seq))
-            or writer.items(row[VALUES], by_name=False, skip=_PUSHED_OWN)
+            or writer.mark(_S_TS)
+            or (seq is not None and (writer.value("seq", seq) or writer.mark(_S_SEQ)))
+            or writer.items(row[VALUES], by_name=False, skip=_PUSHED_OWN, slot=_S_VALUES, stride=4)
             or writer.close()
         ):
             return 1
@@ -745,10 +915,16 @@ def _raw_single_stats(writer: BsonWriter, values: dict[str, Any], size: int, ms:
     """``$inc``, ``$min`` and ``$max`` of one reading (:func:`_single`)."""
     if writer.open("$inc") or writer.value("count", 1) or writer.value("bytes", size):
         return 1
+    i = 0
     for name, value in values.items():
         keys = _STAT_KEYS.get(name) or _stat_keys(name)
-        if writer.value(keys[0], 1) or writer.value(keys[1], float(value)):
+        if (
+            writer.value(keys[0], 1)
+            or writer.value(keys[1], float(value))
+            or writer.mark(_S_VALUES + 4 * i + 1)
+        ):
             return 1
+        i += 1  # noqa: SIM113 - compiled: the dict's iteration in C, with a C index
     return (
         writer.close()
         or _raw_values(writer, "$min", "first_ts", ms, values, 2)
@@ -759,12 +935,20 @@ def _raw_single_stats(writer: BsonWriter, values: dict[str, Any], size: int, ms:
 def _raw_values(
     writer: BsonWriter, field: str, date: str, ms: int, values: dict[str, Any], key: int
 ) -> int:
-    """``$min`` or ``$max`` of one reading: its date, then each value as it is."""
-    if writer.open(field) or writer.date(date, ms):
+    """``$min`` (``key`` 2) or ``$max`` (3) of one reading: its date, then each value."""
+    if (
+        writer.open(field)
+        or writer.date(date, ms)
+        or writer.mark(_S_FIRST if key == 2 else _S_LAST)
+    ):
         return 1
+    i = 0
     for name, value in values.items():
-        if writer.value((_STAT_KEYS.get(name) or _stat_keys(name))[key], value):
+        if writer.value((_STAT_KEYS.get(name) or _stat_keys(name))[key], value) or writer.mark(
+            _S_VALUES + 4 * i + key
+        ):
             return 1
+        i += 1  # noqa: SIM113 - compiled: the dict's iteration in C, with a C index
     return writer.close()
 
 
