@@ -374,7 +374,6 @@ cdef class Writer:
 
     cdef object finish(self):
         """The document written, as a RawBSONDocument; None if it is not whole or too long."""
-        cdef object raw, doc
         if self.depth != 1:
             return None
         self._grow(1)
