@@ -21,6 +21,8 @@ cdef class Template
 
 # What Writer.value writes a value as: 1 double, 2 bool, 3 int32, 4 int64; 0 otherwise.
 cdef int kind_of(object value) except -1
+# The types of ``first`` (None: none) and of a dict's values, as one code; -1 if not numbers.
+cdef long long shape_of(dict values, object first) except -2
 
 
 @cython.final
@@ -80,12 +82,26 @@ cdef class Template:
     cdef Py_ssize_t shift
     cdef char filled[MAX_SLOTS]
     cdef Py_ssize_t unfilled
-    cdef public object key
+    cdef public tuple names
     cdef public long long shape
+    cdef public object key
 
+    cdef bint fits(self, dict values, long long shape, object key) except -1
     cdef int begin(self, object text) except -1
     cdef int date(self, Py_ssize_t slot, object ms) except -1
     cdef int value(self, Py_ssize_t slot, object value) except -1
     cdef int real(self, Py_ssize_t slot, double value) except -1
     cdef char *_at(self, Py_ssize_t slot, char kind)
     cdef object finish(self)
+
+
+@cython.final
+cdef class Templates:
+    cdef dict by_shape
+    cdef Template last
+    cdef Py_ssize_t held, limit
+    cdef public Py_ssize_t filled
+
+    cdef Template find(self, dict values, long long shape, object key)
+    cdef Template record(self, Writer writer, object document, dict values, long long shape,
+                         object key)

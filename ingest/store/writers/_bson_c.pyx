@@ -415,6 +415,24 @@ cdef int kind_of(object value) except -1:
     return 0
 
 
+cdef long long shape_of(dict values, object first) except -2:
+    """The BSON types of ``first`` (None: none) and of each of ``values`` in its order, as
+    one code (3 bits each); -1 if one is not a number, or there are more than 20."""
+    cdef long long shape = 0 if first is None else kind_of(first)
+    cdef Py_ssize_t j = 0
+    cdef PyObject *key
+    cdef PyObject *item
+    cdef int kind
+    if PyDict_Size(values) > 20 or (first is not None and not shape):
+        return -1
+    while PyDict_Next(values, &j, &key, &item):
+        kind = kind_of(<object>item)
+        if not kind:
+            return -1
+        shape = shape * 8 + kind
+    return shape
+
+
 cdef inline uint32_t _read32(const char *at) noexcept:
     cdef const unsigned char *b = <const unsigned char *>at
     return b[0] | (<uint32_t>b[1] << 8) | (<uint32_t>b[2] << 16) | (<uint32_t>b[3] << 24)
@@ -433,7 +451,25 @@ cdef class Template:
     def __cinit__(self):
         self.out = None
         self.key = None
+        self.names = ()
         self.shape = 0
+
+    cdef bint fits(self, dict values, long long shape, object key) except -1:
+        """Whether it was recorded from values of these names, in this order, these
+        types (``shape``, of :func:`shape_of`) and this ``key``."""
+        cdef Py_ssize_t j = 0, i = 0
+        cdef PyObject *name
+        cdef PyObject *item
+        cdef tuple names = self.names
+        if self.shape != shape or PyDict_Size(values) != len(names):
+            return False
+        if not (self.key is key or self.key == key):
+            return False
+        while PyDict_Next(values, &j, &name, &item):
+            if <object>name is not names[i] and <object>name != names[i]:
+                return False
+            i += 1
+        return True
 
     cdef int begin(self, object text) except -1:
         """Start a document with ``text`` in the text slot (exactly an ASCII ``str``)."""
@@ -554,3 +590,49 @@ cdef class Template:
         if out is None or self.unfilled:
             return None
         return _document(out, self.options)
+
+
+cdef class Templates:
+    """The templates of one kind of document, by shape: at most ``limit`` (past it, they
+    are dropped and recorded again as documents come); ``filled`` counts the documents
+    their maker filled from one (it adds to it)."""
+
+    def __init__(self, Py_ssize_t limit):
+        self.by_shape = {}
+        self.last = None
+        self.held = 0
+        self.limit = limit
+        self.filled = 0
+
+    cdef Template find(self, dict values, long long shape, object key):
+        """The template of these values' names, types and ``key``, or None."""
+        cdef Template template = self.last
+        cdef list known
+        if template is not None and template.fits(values, shape, key):
+            return template
+        known = self.by_shape.get(shape)
+        if known is None:
+            return None
+        for template in known:
+            if template.fits(values, shape, key):
+                self.last = template
+                return template
+        return None
+
+    cdef Template record(self, Writer writer, object document, dict values, long long shape,
+                         object key):
+        """Keep ``document``, just written recording by ``writer``, as the template of
+        ``values``' shape; None if it cannot be one."""
+        cdef Template template = writer.template(document)
+        if template is None:
+            return None
+        template.names = tuple(values)
+        template.shape = shape
+        template.key = key
+        if self.held >= self.limit:
+            self.by_shape.clear()
+            self.held = 0
+        self.by_shape.setdefault(shape, []).append(template)
+        self.held += 1
+        self.last = template
+        return template

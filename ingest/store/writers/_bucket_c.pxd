@@ -19,10 +19,8 @@ cdef _bson_c.Writer _WRITER
 cdef tuple _INDEX
 cdef frozenset _PUSHED_OWN
 cdef Py_ssize_t _S_START, _S_NIN, _S_TS, _S_SEQ, _S_FIRST, _S_LAST, _S_VALUES
-cdef Py_ssize_t _TEMPLATE_VALUES, _TEMPLATES_MAX
-cdef dict _TEMPLATES
-cdef _bson_c.Template _LAST_TEMPLATE
-cdef Py_ssize_t _filled, _templates_held
+cdef _bson_c.Templates _TEMPLATES
+cdef tuple _CAPS
 
 
 cpdef object ts_key(object ts)
@@ -109,22 +107,14 @@ cdef int _raw_single_stats(_bson_c.Writer writer, dict values, object size, obje
 cdef int _raw_values(_bson_c.Writer writer, str field, str date, object ms, dict values,
                      Py_ssize_t key) except -1
 
-@cython.locals(row=tuple, values=dict, shape=cython.longlong, kind=int,
-               template=_bson_c.Template, known=_bson_c.Template)
+@cython.locals(row=tuple, values=dict, shape=cython.longlong, template=_bson_c.Template,
+               caps=tuple)
 cdef object _templated(object sensor_id, object tags, object start, object reading,
                        object size, object max_readings, object max_bytes)
 
 @cython.locals(slot=Py_ssize_t)
 cdef object _filled_in(_bson_c.Template template, object sensor_id, object start, object ms,
                        object seq, dict values)
-
-@cython.locals(names=tuple, i=Py_ssize_t)
-cdef bint _fits(_bson_c.Template template, dict values, long long shape, object max_readings,
-                object max_bytes) except -1
-
-@cython.locals(template=_bson_c.Template, row=tuple)
-cdef object _recorded(object sensor_id, object start, object reading, object size,
-                      object max_readings, object max_bytes, long long shape)
 
 @cython.locals(stat=_Stat)
 cdef int _raw_group_stats(_bson_c.Writer writer, list stats, object count, object size,

@@ -109,19 +109,15 @@ _S_SEQ: Final = 3
 _S_FIRST: Final = 4  # $min
 _S_LAST: Final = 5  # $max
 _S_VALUES: Final = 6  # then four a measurement: pushed, sum, min, max
-_TEMPLATE_VALUES: Final = 20  # measurements a template holds at most
-# Shapes held (a few per kind of device: a value is an int in one reading, a double in
-# the next), about 3 KB each; past it, they are dropped and recorded again as they come.
-_TEMPLATES_MAX: Final = 256
-_TEMPLATES: dict[int, list[Any]] = {}  # by shape code (the types), then names and caps
-_templates_held = 0
-_LAST_TEMPLATE: Any = None  # the one used last, tried first
-_filled = 0  # statements filled from a template (templates_filled)
+# Compiled: the templates of the shapes seen (a few per kind of device: a value is an int
+# in one reading, a double in the next), about 3 KB each; past 256, they are recorded anew.
+_TEMPLATES: Any = _bson_c.Templates(256) if cython.compiled else None
+_CAPS: tuple[int, int] = (0, 0)  # the caps of the last template used (part of its key)
 
 
 def templates_filled() -> int:
     """Single-reading statements filled from a template so far (compiled; 0 as Python)."""
-    return _filled
+    return _TEMPLATES.filled if cython.compiled else 0  # type: ignore[no-any-return]
 
 
 _NAN = float("nan")  # equal to no start
@@ -613,39 +609,37 @@ def _templated(
 ) -> Mapping[str, Any] | None:
     """Compiled: :func:`_single_raw`'s statement, through the template of its shape.
 
-    For a reading of the default format (numbers, no tags, at most
-    :data:`_TEMPLATE_VALUES` measurements), the shape is its names in order, the BSON type
-    of each value and of its seq, and the caps. The first reading of a shape is written by
-    :func:`_single_raw`, recording; the next ones copy those bytes with their own sensor
-    id, and their dates and numbers in the slots marked (:func:`_filled_in`). Any other
-    reading, or one the template is not sure of, is written by :func:`_single_raw`.
+    For a reading of the default format (numbers, no tags, at most 20 measurements), the
+    shape is its names in order, the BSON type of each value and of its seq, and the caps.
+    The first reading of a shape is written by :func:`_single_raw`, recording; the next
+    ones copy those bytes with their own sensor id, and their dates and numbers in the
+    slots marked (:func:`_filled_in`). Any other reading, or one the template is not sure
+    of, is written by :func:`_single_raw`.
     """
-    global _LAST_TEMPLATE  # noqa: PLW0603 - a cache of one
+    global _CAPS  # noqa: PLW0603 - the key of the last caps, reused
     row = _fields(reading) if cython.compiled else reading
     given = row[VALUES]
     seq = row[SEQ]
     raw = None
-    if row[TAGS] is None and not tags and type(given) is dict and len(given) <= _TEMPLATE_VALUES:
+    if row[TAGS] is None and not tags and type(given) is dict:
         values: dict[str, Any] = given  # compiled: a dict, typed
-        shape = 0 if seq is None else _bson_c.kind_of(seq)  # each type a code below 8
-        for value in values.values():
-            kind = _bson_c.kind_of(value)
-            shape = shape * 8 + kind if kind else -1
-            if shape < 0:
-                break
-        else:
-            template = _LAST_TEMPLATE
-            if template is None or not _fits(template, values, shape, max_readings, max_bytes):
-                template = None
-                for known in _TEMPLATES.get(shape, ()):
-                    if _fits(known, values, shape, max_readings, max_bytes):
-                        template = known
-                        break
-                if template is None:
-                    return _recorded(
-                        sensor_id, start, reading, size, max_readings, max_bytes, shape
+        shape = _bson_c.shape_of(values, seq)
+        if shape >= 0:
+            caps = _CAPS
+            if caps[0] != max_readings or caps[1] != max_bytes:
+                caps = _CAPS = (max_readings, max_bytes)
+            template = _TEMPLATES.find(values, shape, caps)
+            if template is None:
+                _WRITER.recording = True
+                try:
+                    raw = _single_raw(
+                        _WRITER, sensor_id, tags, start, reading, size, max_readings, max_bytes
                     )
-                _LAST_TEMPLATE = template
+                finally:
+                    _WRITER.recording = False
+                if raw is not None:
+                    _TEMPLATES.record(_WRITER, raw, values, shape, caps)
+                return raw
             raw = _filled_in(template, sensor_id, start, row[MS], seq, values)
     if raw is None:
         raw = _single_raw(_WRITER, sensor_id, tags, start, reading, size, max_readings, max_bytes)
@@ -665,7 +659,6 @@ def _filled_in(
     The slots are those :func:`_raw_start`, :func:`_raw_single_stats` and
     :func:`_raw_values` mark, each filled with what they write there.
     """
-    global _filled  # noqa: PLW0603 - a count
     if (
         template.begin(sensor_id)
         or template.date(_S_START, start.ms)
@@ -688,58 +681,8 @@ def _filled_in(
         slot += 4
     raw = template.finish()  # None unless every slot was filled
     if raw is not None:
-        _filled += 1
+        _TEMPLATES.filled += 1
     return raw  # type: ignore[no-any-return]
-
-
-def _fits(
-    template: _Template, values: dict[str, Any], shape: int, max_readings: int, max_bytes: int
-) -> bool:
-    """Whether ``template`` (of :func:`_templated`) is the one of a reading's shape."""
-    if template.shape != shape:
-        return False
-    names, readings_cap, bytes_cap = template.key
-    if readings_cap != max_readings or bytes_cap != max_bytes or len(names) != len(values):
-        return False
-    i = 0
-    for name in values:
-        known = names[i]
-        if name is not known and name != known:
-            return False
-        i += 1  # noqa: SIM113 - compiled: the dict's iteration in C, with a C index
-    return True
-
-
-def _recorded(
-    sensor_id: str,
-    start: BsonDate,
-    reading: Reading,
-    size: int,
-    max_readings: int,
-    max_bytes: int,
-    shape: int,
-) -> Mapping[str, Any] | None:
-    """:func:`_single_raw`'s statement of the first reading of a shape, recorded.
-
-    It is kept as the shape's template (at most :data:`_TEMPLATES_MAX` shapes).
-    """
-    global _templates_held  # noqa: PLW0603 - a count
-    _WRITER.recording = True
-    try:
-        raw = _single_raw(_WRITER, sensor_id, _EMPTY, start, reading, size, max_readings, max_bytes)
-    finally:
-        _WRITER.recording = False
-    template = None if raw is None else _WRITER.template(raw)
-    if template is not None:
-        row = _fields(reading) if cython.compiled else reading
-        template.key = (tuple(row[VALUES]), max_readings, max_bytes)
-        template.shape = shape
-        if _templates_held == _TEMPLATES_MAX:
-            _TEMPLATES.clear()
-            _templates_held = 0
-        _TEMPLATES.setdefault(shape, []).append(template)
-        _templates_held += 1
-    return raw
 
 
 def _fast_update(
