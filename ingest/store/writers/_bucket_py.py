@@ -117,7 +117,7 @@ _CAPS: tuple[int, int] = (0, 0)  # the caps of the last template used (part of i
 
 def templates_filled() -> int:
     """Single-reading statements filled from a template so far (compiled; 0 as Python)."""
-    return _TEMPLATES.filled if cython.compiled else 0  # type: ignore[no-any-return]
+    return _TEMPLATES.filled if cython.compiled else 0
 
 
 _NAN = float("nan")  # equal to no start
