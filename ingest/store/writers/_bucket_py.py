@@ -326,7 +326,9 @@ def group_readings(readings: list[Reading], span: int) -> dict[GroupKey, list[Re
             group.append(reading)
         else:
             key = (sensor, tags_of, start)
-            found = groups.get(key)
+            # A sensor without a group yet in this batch (a large fleet's usual reading)
+            # needs no lookup.
+            found = None if mine is None else groups.get(key)
             if found is None:
                 group = groups[key] = [reading]
             else:
