@@ -19,6 +19,9 @@ cdef Py_ssize_t CACHE_LIMIT, _VALUES
 @cython.locals(text=str, start=Py_ssize_t, end=Py_ssize_t)
 cpdef object sensor_from_topic(object topic)
 
+@cython.locals(length=Py_ssize_t, character=cython.Py_UCS4, code=cython.Py_UCS4)
+cpdef bint _sensor_ok(str sensor) except -1
+
 @cython.locals(count=Py_ssize_t)
 cpdef Py_ssize_t value_count(list readings) except -1
 

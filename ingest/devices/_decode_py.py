@@ -91,6 +91,22 @@ def sensors_cached() -> int:
     return len(_valid_sensors)
 
 
+def _sensor_ok(sensor: str) -> bool:
+    """Whether ``sensor`` follows :data:`SENSOR_ID_RULE`, character by character.
+
+    1 to 128 characters, none of them C0, DEL or C1: :data:`SENSOR_ID_PATTERN`'s answer,
+    which the compiled twin gets in C.
+    """
+    length = len(sensor)
+    if not 0 < length <= 128:
+        return False
+    for character in sensor:
+        code = ord(character)
+        if code < 0x20 or 0x7F <= code <= 0x9F:
+            return False
+    return True
+
+
 def value_count(readings: list[Reading]) -> int:
     """The measurements of ``readings`` in all (what they hold, estimated by count)."""
     if not cython.compiled:
@@ -270,7 +286,9 @@ def _reading(
     if type(sensor) is not str:
         return "bad_sensor_id", f"sensor_id must be a string of {SENSOR_ID_RULE}"
     if sensor not in _valid_sensors:
-        if not _SENSOR_ID.fullmatch(sensor):
+        # Not cached yet, or past the cache's bound (a fleet larger than it): compiled, the
+        # rule's characters are checked in C first, where the pattern costs ten times more.
+        if not ((_sensor_ok(sensor) if cython.compiled else False) or _SENSOR_ID.fullmatch(sensor)):
             return "bad_sensor_id", f"sensor_id {sensor[:60]!r}: {SENSOR_ID_RULE}"
         if len(_valid_sensors) < caches.limit:  # one per sensor: --max-cached-series
             _valid_sensors.add(sensor)

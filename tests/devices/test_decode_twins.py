@@ -4,6 +4,7 @@ every input, hostile ones included (results, types, key order, Arrivals, excepti
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -11,10 +12,11 @@ import pytest
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
+from ingest.devices._decode_py import _sensor_ok as sensor_ok_py
 from ingest.devices._decode_py import decode as decode_py
 from ingest.devices._decode_py import value_count as value_count_py
 from ingest.devices.decode import Arrivals, Limits
-from ingest.model import RESERVED_FIELDS, Decoded, Rejection
+from ingest.model import RESERVED_FIELDS, SENSOR_ID_PATTERN, Decoded, Rejection
 from tests.support.twins import compiled
 
 if TYPE_CHECKING:
@@ -483,3 +485,17 @@ def test_the_twins_count_the_same_measurements(payloads: list[bytes]) -> None:
     assert twin.value_count(readings) == value_count_py(readings)
     assert value_count_py(readings) == sum(len(reading.values) for reading in readings)
     event(f"readings: {min(len(readings), 3)}+")
+
+
+@given(
+    st.text(max_size=130)
+    | st.sampled_from(
+        ["x" * 128, "x" * 129, "\x1f", " ", "~", "\x7f", "\x9f", "\xa0", "\U0001f600" * 128]
+    )
+)
+def test_a_sensor_id_is_valid_by_its_characters_as_by_its_pattern(text: str) -> None:
+    """A sensor id not cached is checked character by character first (compiled, in C):
+    exactly the ids the rule's pattern matches."""
+    expected = re.fullmatch(SENSOR_ID_PATTERN, text) is not None
+    assert sensor_ok_py(text) is expected
+    assert twin._sensor_ok(text) is expected
