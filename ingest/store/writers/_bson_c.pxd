@@ -81,7 +81,7 @@ cdef class Template:
     cdef char *data
     cdef Py_ssize_t shift
     cdef char filled[MAX_SLOTS]
-    cdef Py_ssize_t unfilled
+    cdef Py_ssize_t marked, unfilled
     cdef public tuple names
     cdef public long long shape
     cdef public object key

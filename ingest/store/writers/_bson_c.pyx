@@ -28,7 +28,7 @@ from cpython.unicode cimport (
 )
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport free, qsort, realloc
-from libc.string cimport memchr, memcpy
+from libc.string cimport memchr, memcpy, memset
 
 from bson.raw_bson import RawBSONDocument
 
@@ -72,6 +72,53 @@ cdef inline void _le32(char *at, uint32_t v) noexcept:
 cdef inline void _le64(char *at, uint64_t v) noexcept:
     _le32(at, <uint32_t>v)  # the low 32 bits (C's conversion to unsigned)
     _le32(at + 4, <uint32_t>(v >> 32))
+
+
+cdef inline int _number(object value, uint64_t *bits) noexcept:
+    """The BSON type a number is written as (T_BOOL, T_INT32 when it fits, else T_INT64,
+    T_DOUBLE), its bits in ``bits``; 0 for anything else (an int beyond int64 included,
+    which the driver refuses). One answer for the writer, templates and shapes."""
+    cdef long long number
+    cdef int overflow = 0
+    cdef double real
+    if value is True or value is False:
+        bits[0] = 1 if value is True else 0
+        return T_BOOL
+    if PyLong_CheckExact(value):
+        number = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if overflow:
+            return 0
+        bits[0] = <uint64_t>number
+        return T_INT32 if -2147483648 <= number <= 2147483647 else T_INT64
+    if PyFloat_CheckExact(value):
+        real = PyFloat_AS_DOUBLE(value)
+        memcpy(bits, &real, 8)  # the double's bits as they are: NaN's and -0.0's too
+        return T_DOUBLE
+    return 0
+
+
+cdef inline bint _int64(object ms, long long *stamp) noexcept:
+    """Whether ``ms`` is exactly an int within int64 (a date's milliseconds), in ``stamp``."""
+    cdef int overflow = 0
+    if not PyLong_CheckExact(ms):
+        return False
+    stamp[0] = PyLong_AsLongLongAndOverflow(ms, &overflow)
+    return not overflow
+
+
+cdef inline Py_ssize_t _width(int kind) noexcept:
+    """The bytes of a number of BSON type ``kind`` (of :func:`_number`)."""
+    return 1 if kind == T_BOOL else 4 if kind == T_INT32 else 8
+
+
+cdef inline void _put(char *at, int kind, uint64_t bits) noexcept:
+    """A number's bytes (:func:`_number`'s type and bits), little-endian."""
+    if kind == T_BOOL:
+        at[0] = <char>bits
+    elif kind == T_INT32:
+        _le32(at, <uint32_t>bits)  # the low 32 bits of the int
+    else:
+        _le64(at, bits)
 
 
 cdef int _text(object text, const char **out, Py_ssize_t *size) except -1:
@@ -182,11 +229,7 @@ cdef class Writer:
     cdef int date(self, str name, object ms) except -1:
         """A UTC datetime of ``ms`` milliseconds since the epoch (exactly an int64)."""
         cdef long long stamp
-        cdef int overflow = 0
-        if not PyLong_CheckExact(ms):
-            return NOT_SURE
-        stamp = PyLong_AsLongLongAndOverflow(ms, &overflow)
-        if overflow or self._element(T_DATE, name, 8) == NOT_SURE:
+        if not _int64(ms, &stamp) or self._element(T_DATE, name, 8) == NOT_SURE:
             return NOT_SURE
         _le64(self.data + self.size, <uint64_t>stamp)
         self.size += 8
@@ -197,38 +240,17 @@ cdef class Writer:
         return self._value(name, value)
 
     cdef int _value(self, object name, object value) except -1:
-        cdef long long number
-        cdef int overflow = 0
-        cdef double real
         cdef uint64_t bits
         cdef const char *data
         cdef Py_ssize_t length
-        if value is True or value is False:
-            if self._element(T_BOOL, name, 1) == NOT_SURE:
+        cdef int kind = _number(value, &bits)
+        if kind:
+            if self._element(kind, name, _width(kind)) == NOT_SURE:
                 return NOT_SURE
-            self.data[self.size] = 1 if value is True else 0
-            self.size += 1
-        elif PyLong_CheckExact(value):
-            number = PyLong_AsLongLongAndOverflow(value, &overflow)
-            if overflow:  # beyond int64: the driver refuses it (OverflowError)
-                return NOT_SURE
-            if -2147483648 <= number <= 2147483647:
-                if self._element(T_INT32, name, 4) == NOT_SURE:
-                    return NOT_SURE
-                _le32(self.data + self.size, <uint32_t>number)
-                self.size += 4
-            else:
-                if self._element(T_INT64, name, 8) == NOT_SURE:
-                    return NOT_SURE
-                _le64(self.data + self.size, <uint64_t>number)
-                self.size += 8
-        elif PyFloat_CheckExact(value):
-            real = PyFloat_AS_DOUBLE(value)
-            memcpy(&bits, &real, 8)  # the double's bits as they are: NaN's and -0.0's too
-            if self._element(T_DOUBLE, name, 8) == NOT_SURE:
-                return NOT_SURE
-            _le64(self.data + self.size, bits)
-            self.size += 8
+            _put(self.data + self.size, kind, bits)
+            self.size += _width(kind)
+        elif PyLong_CheckExact(value):  # beyond int64: the driver refuses it (OverflowError)
+            return NOT_SURE
         elif value is None:
             return self._element(T_NULL, name, 0)
         else:
@@ -322,7 +344,7 @@ cdef class Writer:
 
     cdef Template template(self, object document):
         """The document just finished (recording) as a :class:`Template`; None if no
-        text was marked or a slot was marked twice over."""
+        text was marked."""
         cdef Template made
         cdef bytes raw = document.raw
         cdef Py_ssize_t i
@@ -332,9 +354,11 @@ cdef class Writer:
         made.raw = raw
         made.options = self.options
         made.slots = self.slots
+        made.marked = 0
         for i in range(self.slots):
             made.slot_at[i] = self.slot_at[i]
             made.slot_kind[i] = self.slot_kind[i]
+            made.marked += self.slot_at[i] >= 0
         made.text_at = self.text_at
         made.text_size = <Py_ssize_t>_read32(PyBytes_AS_STRING(raw) + self.text_at) - 1
         made.text_depth = self.text_depth
@@ -399,20 +423,17 @@ cdef object _document(bytes raw, object options):
 
 
 cdef int kind_of(object value) except -1:
-    """The number type :meth:`Writer.value` writes ``value`` as: 1 double, 2 bool, 3 int32,
-    4 int64; 0 for anything else (a template's slot holds one type)."""
-    cdef long long number
-    cdef int overflow = 0
-    if value is True or value is False:
-        return 2
-    if PyLong_CheckExact(value):
-        number = PyLong_AsLongLongAndOverflow(value, &overflow)
-        if overflow:
-            return 0
-        return 3 if -2147483648 <= number <= 2147483647 else 4
-    if PyFloat_CheckExact(value):
+    """The number type :meth:`Writer.value` writes ``value`` as (:func:`_number`), as a
+    code of 3 bits: 1 double, 2 bool, 3 int32, 4 int64; 0 for anything else."""
+    cdef uint64_t bits
+    cdef int kind = _number(value, &bits)
+    if kind == T_DOUBLE:
         return 1
-    return 0
+    if kind == T_BOOL:
+        return 2
+    if kind == T_INT32:
+        return 3
+    return 4 if kind == T_INT64 else 0
 
 
 cdef long long shape_of(dict values, object first) except -2:
@@ -499,12 +520,8 @@ cdef class Template:
             at = self.text_opened[i]
             _le32(data + at, <uint32_t>(<Py_ssize_t>_read32(raw + at) + self.shift))
         self.data = data
-        for i in range(self.slots):
-            self.filled[i] = 0
-        self.unfilled = 0
-        for i in range(self.slots):
-            if self.slot_at[i] >= 0:
-                self.unfilled += 1
+        memset(self.filled, 0, self.slots)
+        self.unfilled = self.marked
         return WRITTEN
 
     cdef char *_at(self, Py_ssize_t slot, char kind):
@@ -523,12 +540,8 @@ cdef class Template:
     cdef int date(self, Py_ssize_t slot, object ms) except -1:
         """A date slot: ``ms`` milliseconds since the epoch (exactly an int64)."""
         cdef long long stamp
-        cdef int overflow = 0
         cdef char *at
-        if not PyLong_CheckExact(ms):
-            return NOT_SURE
-        stamp = PyLong_AsLongLongAndOverflow(ms, &overflow)
-        if overflow:
+        if not _int64(ms, &stamp):
             return NOT_SURE
         at = self._at(slot, T_DATE)
         if at == NULL:
@@ -538,39 +551,12 @@ cdef class Template:
 
     cdef int value(self, Py_ssize_t slot, object value) except -1:
         """A number slot: ``value`` as :meth:`Writer.value` writes it, of the slot's type."""
-        cdef long long number
-        cdef int overflow = 0
-        cdef double real
         cdef uint64_t bits
-        cdef char *at
-        if value is True or value is False:
-            at = self._at(slot, T_BOOL)
-            if at == NULL:
-                return NOT_SURE
-            at[0] = 1 if value is True else 0
-        elif PyLong_CheckExact(value):
-            number = PyLong_AsLongLongAndOverflow(value, &overflow)
-            if overflow:
-                return NOT_SURE
-            if -2147483648 <= number <= 2147483647:
-                at = self._at(slot, T_INT32)
-                if at == NULL:
-                    return NOT_SURE
-                _le32(at, <uint32_t>number)
-            else:
-                at = self._at(slot, T_INT64)
-                if at == NULL:
-                    return NOT_SURE
-                _le64(at, <uint64_t>number)
-        elif PyFloat_CheckExact(value):
-            real = PyFloat_AS_DOUBLE(value)
-            memcpy(&bits, &real, 8)
-            at = self._at(slot, T_DOUBLE)
-            if at == NULL:
-                return NOT_SURE
-            _le64(at, bits)
-        else:
+        cdef int kind = _number(value, &bits)
+        cdef char *at = self._at(slot, <char>kind) if kind else NULL
+        if at == NULL:
             return NOT_SURE
+        _put(at, kind, bits)
         return WRITTEN
 
     cdef int real(self, Py_ssize_t slot, double value) except -1:
