@@ -18,8 +18,14 @@ NAME_PATTERN = r"[A-Za-z0-9_-]{1,64}"
 # A sensor id is the device's own name, kept exactly: any text a topic level can hold
 # (every Unicode character but the control characters), 1 to 128 characters. Sensor ids
 # are values, never field names, so MongoDB needs no escaping of them.
-SENSOR_ID_PATTERN = r"[^\x00-\x1f\x7f-\x9f]{1,128}"
-SENSOR_ID_RULE = "1 to 128 characters, no control characters"
+SENSOR_ID_MAX = 128  # characters
+SENSOR_ID_CONTROLS = ((0x00, 0x1F), (0x7F, 0x9F))  # code points refused: C0, then DEL and C1
+SENSOR_ID_PATTERN = (
+    "[^"
+    + "".join(f"\\x{first:02x}-\\x{last:02x}" for first, last in SENSOR_ID_CONTROLS)
+    + f"]{{1,{SENSOR_ID_MAX}}}"
+)
+SENSOR_ID_RULE = f"1 to {SENSOR_ID_MAX} characters, no control characters"
 # Keys of a reading that are not measurements: "_id", "meta", "units", "info" and "tags"
 # would collide with the documents' own fields in either layout.
 RESERVED_FIELDS = frozenset({"ts", "seq", "sensor_id", "_id", "meta", "units", "info", "tags"})

@@ -13,7 +13,8 @@ cdef frozenset _RESERVED
 cdef object _floor, _NAME, _SENSOR_ID, _loads, _JSONDecodeError, Decoded, Reading, Rejection
 cdef object _INT64_MIN, _INT64_MAX, _FAST_FROM, _FAST_TO
 cdef double _INT64_RANGE, _INF
-cdef Py_ssize_t CACHE_LIMIT, _VALUES
+cdef Py_ssize_t CACHE_LIMIT, _VALUES, _ID_MAX
+cdef Py_UCS4 _C0_FIRST, _C0_LAST, _C1_FIRST, _C1_LAST
 
 
 @cython.locals(text=str, start=Py_ssize_t, end=Py_ssize_t)

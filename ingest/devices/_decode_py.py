@@ -20,6 +20,8 @@ from ingest import caches
 from ingest.model import (
     NAME_PATTERN,
     RESERVED_FIELDS,
+    SENSOR_ID_CONTROLS,
+    SENSOR_ID_MAX,
     SENSOR_ID_PATTERN,
     SENSOR_ID_RULE,
     Decoded,
@@ -71,6 +73,9 @@ CACHE_LIMIT = 100_000
 _FAST_FROM, _FAST_TO = -6e10, 2.5e11
 _INF = math.inf
 _floor = math.floor  # one name to look up (a C variable when compiled)
+# The sensor id rule's bounds (ingest.model), for _sensor_ok (compiled: C integers).
+_ID_MAX = SENSOR_ID_MAX
+(_C0_FIRST, _C0_LAST), (_C1_FIRST, _C1_LAST) = SENSOR_ID_CONTROLS
 _valid_names: set[str] = set()
 _valid_sensors: set[str] = set()
 _RESERVED = RESERVED_FIELDS
@@ -94,15 +99,15 @@ def sensors_cached() -> int:
 def _sensor_ok(sensor: str) -> bool:
     """Whether ``sensor`` follows :data:`SENSOR_ID_RULE`, character by character.
 
-    1 to 128 characters, none of them C0, DEL or C1: :data:`SENSOR_ID_PATTERN`'s answer,
-    which the compiled twin gets in C.
+    :data:`SENSOR_ID_PATTERN`'s answer, from the same bounds (:data:`SENSOR_ID_MAX`
+    characters, none in :data:`SENSOR_ID_CONTROLS`), which the compiled twin gets in C.
     """
     length = len(sensor)
-    if not 0 < length <= 128:
+    if not 0 < length <= _ID_MAX:
         return False
     for character in sensor:
         code = ord(character)
-        if code < 0x20 or 0x7F <= code <= 0x9F:
+        if _C0_FIRST <= code <= _C0_LAST or _C1_FIRST <= code <= _C1_LAST:
             return False
     return True
 
