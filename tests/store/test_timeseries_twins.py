@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from ingest.model import Reading, Scalar
 from ingest.store.writers import _timeseries_py as py_mod
 from ingest.store.writers import timeseries as ts_mod
-from ingest.store.writers.bucket import BsonDate
+from ingest.store.writers.bucket import BsonDate, bson_date
 from ingest.store.writers.claims import claim_ids
 from tests.support.twins import compiled
 
@@ -584,6 +584,49 @@ def test_many_readings_of_one_sensor_out_of_order_are_sorted_by_time(twin: Modul
     python_sorted: Callable[..., list[Reading]] = py_mod.sorted_readings  # given a tuple too
     for data in (readings, readings[::-1], tuple(readings)):
         assert twin.sorted_readings(data) == python_sorted(data)
+
+
+@st.composite
+def lookup_runs(draw: st.DrawFn) -> list[tuple[Any, list[Any]]]:
+    """Sensors and their times as a plan's lookup holds them (BSON dates in order), with
+    now and then what the kernel must leave to the driver: a sensor id that is no UTF-8
+    (a lone surrogate), a time of another type, a run longer than the kernel names."""
+    instants = st.integers(-62_135_596_800_000, 253_402_300_799_999)
+    runs: list[tuple[Any, list[Any]]] = []
+    for sensor in draw(st.lists(st.text(max_size=8), max_size=8)):
+        times: list[Any] = [bson_date(ms) for ms in sorted(draw(st.lists(instants, min_size=1)))]
+        odd = draw(st.integers(0, 9))
+        if odd == 0:
+            times[-1] = datetime.fromtimestamp(0, UTC)
+        elif odd == 1:
+            times = [bson_date(T0 + k) for k in range(draw(st.sampled_from([4096, 4097])))]
+        runs.append((sensor, times))
+    return runs
+
+
+@given(lookup_runs())
+def test_a_lookups_clauses_are_the_bytes_of_the_python_twins_dicts(
+    twin: ModuleType, runs: list[tuple[Any, list[Any]]]
+) -> None:
+    """The lookup before an insert: each clause the kernel writes is exactly the bytes
+    the driver writes for the Python twin's dict; what it is not sure of stays that dict
+    (a sensor id that is no UTF-8, a time not a BsonDate, more than 4,096 times)."""
+    clauses = py_mod.lookup_clauses(runs)
+    cclauses = twin.lookup_clauses(runs)
+    assert all(type(clause) is dict for clause in clauses)
+    assert len(cclauses) == len(runs)
+    for (sensor, times), clause, cclause in zip(runs, clauses, cclauses, strict=True):
+        sure = (
+            not any("\ud800" <= c <= "\udfff" for c in sensor)
+            and all(type(t) is BsonDate for t in times)
+            and len(times) <= 4096
+        )
+        if sure:
+            assert type(cclause) is RawBSONDocument
+            assert cclause.raw == bson.encode(clause, codec_options=CLIENT_OPTIONS)
+        else:
+            assert type(cclause) is dict
+            assert encoded(cclause) == encoded(clause)
 
 
 owners = st.sampled_from(["writer-0123abcd", "daemon-1", "é😀"])

@@ -9,6 +9,7 @@ cdef frozenset _OWN, _META_OWN
 cdef dict _SORTED
 cdef _bson_c.Writer _WRITER
 cdef object _new, _NOTHING, _TIME
+cdef tuple _INDEX
 
 
 cpdef dict reading_document(object reading)
@@ -69,3 +70,15 @@ cpdef list claim_documents(object ids, object readings, object at, object owner)
 
 
 cdef object _claim_raw(_bson_c.Writer writer, str key, object at, object owner, object values)
+
+
+@cython.locals(writer=_bson_c.Writer, clauses=list)
+cpdef list lookup_clauses(object runs)
+
+
+@cython.locals(count=Py_ssize_t)
+cdef object _clause_raw(_bson_c.Writer writer, object sensor, list times)
+
+
+@cython.locals(k=Py_ssize_t)
+cdef int _times_raw(_bson_c.Writer writer, list times, Py_ssize_t count) except -1

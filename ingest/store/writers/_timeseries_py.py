@@ -53,6 +53,8 @@ _NOTHING = object()
 _SORTED: dict[tuple[str, ...], tuple[str, ...] | None] = {}
 _SORTED_LIMIT = 10_000
 
+# The names of an array's first elements (its keys in BSON), made once.
+_INDEX = tuple(str(k) for k in range(4096))
 _PREFIX_BYTES = 9  # of an ObjectId: seconds (4) and the process's random bytes (5)
 
 # Where a BsonDate holds its milliseconds (compiled: set there, see ingest/_capi.pxd).
@@ -406,6 +408,64 @@ def _claim_raw(writer: _Writer, key: str, at: object, owner: object, values: obj
     ):
         return None
     return writer.finish()
+
+
+def lookup_clauses(runs: list[tuple[str, list[Any]]]) -> list[Any]:
+    """The clauses of the lookup of ``runs`` (each sensor's times, a plan's ``lookup``).
+
+    One a sensor: ``{"meta.sensor_id": sensor, "ts": the time}``, or for several times
+    ``{"meta.sensor_id": sensor, "ts": {"$gte": first, "$lte": last, "$in": times}}`` (the
+    range bounds the index scan, ``$in`` picks the instants). Compiled, a clause is the
+    ``RawBSONDocument`` of the bytes the driver would write for this dict, where the
+    kernel is sure of them; else this dict.
+    """
+    writer = _WRITER if cython.compiled else None
+    clauses: list[Any] = []
+    for sensor, times in runs:
+        if writer is not None:
+            raw = _clause_raw(writer, sensor, times)
+            if raw is not None:
+                clauses.append(raw)
+                continue
+        clauses.append(
+            {
+                "meta.sensor_id": sensor,
+                "ts": times[0]
+                if len(times) == 1
+                else {"$gte": times[0], "$lte": times[len(times) - 1], "$in": times},
+            }
+        )
+    return clauses
+
+
+def _clause_raw(writer: _Writer, sensor: object, times: list[Any]) -> object:
+    """Compiled: the bytes of one clause of :func:`lookup_clauses`, or None if not sure."""
+    count = len(times)
+    if type(sensor) is not str or count == 0 or count > len(_INDEX):
+        return None
+    for date in times:
+        if type(date) is not BsonDate:
+            return None
+    if writer.start() or writer.value("meta.sensor_id", sensor) or _times_raw(writer, times, count):
+        return None
+    return writer.finish()
+
+
+def _times_raw(writer: _Writer, times: list[Any], count: int) -> int:
+    """Compiled: a clause's ``ts``, its one time or the range and the times (1: not sure)."""
+    if count == 1:
+        return writer.date("ts", times[0].ms)
+    if (
+        writer.open("ts")
+        or writer.date("$gte", times[0].ms)
+        or writer.date("$lte", times[count - 1].ms)
+        or writer.open_array("$in")
+    ):
+        return 1
+    for k in range(count):
+        if writer.date(_INDEX[k], times[k].ms):
+            return 1
+    return writer.close() or writer.close()
 
 
 def ids_of(prefix: bytes, start: int, count: int) -> list[ObjectId]:

@@ -85,6 +85,7 @@ _COMPILED = "ingest.store.writers._timeseries_c"
 reading_document = accel.pick(_timeseries_py.reading_document, _COMPILED, "reading_document")
 sorted_readings = accel.pick(_timeseries_py.sorted_readings, _COMPILED, "sorted_readings")
 batch_documents = accel.pick(_timeseries_py.batch_documents, _COMPILED, "batch_documents")
+lookup_clauses = accel.pick(_timeseries_py.lookup_clauses, _COMPILED, "lookup_clauses")
 
 
 def documents(readings: list[Reading]) -> list[dict[str, Any]]:
@@ -349,15 +350,7 @@ class TimeseriesWriter(PrimaryReads):
         ``LOOKUP_SENSORS`` sensors, each clause a sensor and its times. Raises
         :class:`WriteError` if a lookup fails.
         """
-        clauses = [
-            {
-                "meta.sensor_id": sensor,
-                "ts": times[0]
-                if len(times) == 1
-                else {"$gte": times[0], "$lte": times[-1], "$in": times},
-            }
-            for sensor, times in runs
-        ]
+        clauses = lookup_clauses(runs)  # compiled: each clause's BSON bytes
         found: dict[tuple[Any, ...], dict[str, Any]] = {}
         for start in range(0, len(clauses), LOOKUP_SENSORS):
             query = {"$or": clauses[start : start + LOOKUP_SENSORS]}
