@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -46,7 +47,7 @@ from ingest.mqtt.subscriptions import SKIPPED, Memory, Subscriptions, identifier
 from ingest.retry import backoff
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Sequence
 
     from ingest.config import Settings
     from ingest.metrics import Health, Metrics
@@ -59,12 +60,35 @@ SESSION_EXPIRY = 7 * 86400
 ANSWER_TIMEOUT = 10.0
 # Seconds the remembered filters may take to be read or written (at connect only).
 MEMORY_TIMEOUT = 5.0
+# Seconds a worker's first subscriptions wait for the other workers to be connected
+# (:func:`start_together`); past them, each goes on alone.
+TOGETHER_TIMEOUT = 10.0
 # A connection's inbox and the delivery of its messages into it, written once in
 # _inbox_py.py and compiled as _inbox_c where built (ingest/accel.py).
 INBOX_SHARE = _inbox_py.INBOX_SHARE
 INBOX_MESSAGE_BYTES = _inbox_py.INBOX_MESSAGE_BYTES
 _Inbox = accel.pick(_inbox_py.Inbox, "ingest.mqtt._inbox_c", "Inbox")
 _Receiver = accel.pick(_inbox_py.Receiver, "ingest.mqtt._inbox_c", "Receiver")
+
+
+# The barrier of --workers (start_together): set in each worker process before its source
+# is made.
+_together: Any = None
+
+
+def start_together(barrier: Any) -> None:  # noqa: ANN401 - a multiprocessing Barrier
+    """Make this process's source wait at ``barrier`` before its first subscriptions.
+
+    With ``--workers N`` the workers' sessions hold one shared subscription of each filter:
+    a filter a restart unsubscribes (another ``--topic``, another form) goes on taking
+    messages until the last worker has unsubscribed it, while today's takes them from
+    the first worker's SUBACK, so a message published in between comes through both
+    (a reading without a time of its own stored twice). Each worker connects, then waits
+    here for the others (at most ``TOGETHER_TIMEOUT`` s), and all of them send their
+    requests at once.
+    """
+    global _together  # noqa: PLW0603 - one per process, set before the source is made
+    _together = barrier
 
 
 # Takes a message at once if it can: True taken, False refused, None: await the sink.
@@ -102,6 +126,10 @@ class MqttSource:
         # Filters unsubscribed by this start or a recent one (and when): recorded as
         # retired, their messages taken where today's filters match the topic.
         self._retired: dict[str, float] = {}
+        # Before the first subscriptions: the other workers (start_together), once; not
+        # for a retired worker's session being drained.
+        self._together = None if settings.drain_only else _take_together()
+        self._refused = False  # a subscription refused on this process's connections
         self._skip: Skip | None = None
         self._metrics = metrics
         self._health = health
@@ -385,49 +413,53 @@ class MqttSource:
 
     async def _subscribe(self, client: aiomqtt.Client, inbox: _inbox_py.Inbox) -> None:
         wanted = self._settings.qos
-        # Retained messages only when the subscription is new, not again on every
-        # reconnect of the persistent session. Retain As Published off: the RETAIN flag
-        # then marks exactly the retained messages sent because of a subscription (old
-        # state; --retained says what to do with them), never a live publish.
-        options = SubscribeOptions(
-            qos=wanted,
-            retainAsPublished=False,
-            retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB,
-        )
         subscriptions = self._wanted_filters()
         remembered = await self._remembered(subscriptions)  # None: nothing to record now
-        for topic in subscriptions:
-            props = None
-            if inbox.identified:  # every message it brings carries the filter's identifier
-                props = Properties(PacketTypes.SUBSCRIBE)  # type: ignore[no-untyped-call]
-                props.SubscriptionIdentifier = identifier(topic)
-            granted = await _answered(
-                client.subscribe(topic, options=options, properties=props, timeout=math.inf),
-                inbox,
-                f"subscribing {topic!r}",
-            )
-            codes = [code if isinstance(code, int) else code.value for code in granted]
-            if any(code != wanted for code in codes):
-                # 0x80 and above: refused (e.g. ACL); a lower QoS would silently turn the
-                # ack-after-write guarantee into at-most-once.
-                raise aiomqtt.MqttError(
-                    f"broker answered {codes} to subscribing {topic!r} at QoS {wanted}"
-                )
-        # After subscribing, so a message is delivered twice rather than not at all: the
-        # other form (plain or shared) a session of another --workers count may hold
-        # (ingest/pipeline/workers.py), and the filters an earlier run of this client id
-        # subscribed that are not wanted now. "No subscription existed" (0x11) is the
-        # usual answer. Only for a session that existed before this process: a new one
-        # holds nothing else.
+        # Also unsubscribed: the other form (plain or shared) a session of another
+        # --workers count may hold (ingest/pipeline/workers.py), and the filters an earlier
+        # run of this client id subscribed that are not wanted now. "No subscription
+        # existed" (0x11) is the usual answer. Only for a session that existed before this
+        # process: a new one holds nothing else.
         if self._settings.drain_only:
             unsubscribe = self._settings.subscriptions
         else:
             unsubscribe = self._settings.other_subscriptions if self._resumed else ()
         unsubscribe = tuple(dict.fromkeys((*unsubscribe, *(remembered or ()))))
-        for topic in unsubscribe:
-            await _answered(
-                client.unsubscribe(topic, timeout=math.inf), inbox, f"unsubscribing {topic!r}"
-            )
+        together, self._together = self._together, None
+        if together is not None:
+            await _meet(together)
+        # Sent at once, today's filters first: the broker takes a connection's requests in
+        # order, so a message published before it takes the unsubscription comes through
+        # both filters only if the broker takes it between the two requests (readings
+        # without a time of their own would be stored twice), never through neither.
+        # Waiting for the SUBACK first would leave that window open for as long as the
+        # SUBACK sits behind the backlog the session sends ahead of it. After a refusal
+        # (this process's), the SUBACK is waited for: a broker refusing again must not
+        # take the old filters away, even for a moment, at every attempt.
+        subscribing = [
+            (topic, asyncio.ensure_future(self._subscribe_one(client, inbox, topic)))
+            for topic in subscriptions
+        ]
+        at_once = not self._refused
+        unsubscribing = _unsubscribing(client, unsubscribe) if at_once else []
+        try:
+            for topic, request in subscribing:
+                granted = await _answered(request, inbox, f"subscribing {topic!r}")
+                codes = [code if isinstance(code, int) else code.value for code in granted]
+                if any(code != wanted for code in codes):
+                    # 0x80 and above: refused (e.g. ACL); a lower QoS would silently turn
+                    # the ack-after-write guarantee into at-most-once.
+                    self._refused = True
+                    await self._keep(client, inbox, unsubscribing, subscriptions)
+                    raise aiomqtt.MqttError(
+                        f"broker answered {codes} to subscribing {topic!r} at QoS {wanted}"
+                    )
+            if not at_once:
+                unsubscribing = _unsubscribing(client, unsubscribe)
+            for topic, answer in unsubscribing:
+                await _answered(answer, inbox, f"unsubscribing {topic!r}")
+        finally:
+            _forget([*subscribing, *unsubscribing])
         if remembered:
             logger.info(
                 "unsubscribed from %s: subscribed by an earlier run of client id %s "
@@ -450,6 +482,48 @@ class MqttSource:
             self._settings.client_id,
             ", ".join(subscriptions) or "nothing (draining)",
         )
+
+    def _subscribe_one(
+        self, client: aiomqtt.Client, inbox: _inbox_py.Inbox, topic: str
+    ) -> Awaitable[Any]:
+        """The SUBSCRIBE of one filter, sent now; its answer, the granted codes, later."""
+        # Retained messages only when the subscription is new, not again on every
+        # reconnect of the persistent session. Retain As Published off: the RETAIN flag
+        # then marks exactly the retained messages sent because of a subscription (old
+        # state; --retained says what to do with them), never a live publish.
+        options = SubscribeOptions(
+            qos=self._settings.qos,
+            retainAsPublished=False,
+            retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB,
+        )
+        props = None
+        if inbox.identified:  # every message it brings carries the filter's identifier
+            props = Properties(PacketTypes.SUBSCRIBE)  # type: ignore[no-untyped-call]
+            props.SubscriptionIdentifier = identifier(topic)
+        return client.subscribe(topic, options=options, properties=props, timeout=math.inf)
+
+    async def _keep(
+        self,
+        client: aiomqtt.Client,
+        inbox: _inbox_py.Inbox,
+        unsubscribing: Sequence[tuple[str, Awaitable[Any]]],
+        subscriptions: tuple[str, ...],
+    ) -> None:
+        """Today's filter was refused: subscribe again what was unsubscribed with it.
+
+        So the session goes on queueing what the old filters bring until a start that
+        works (lost: only what the broker took between the unsubscription and this).
+        """
+        kept = [topic for topic, _ in unsubscribing if topic not in subscriptions]
+        try:
+            for topic, request in unsubscribing:
+                await _answered(request, inbox, f"unsubscribing {topic!r}")
+            for topic in kept:
+                await _answered(
+                    self._subscribe_one(client, inbox, topic), inbox, f"subscribing {topic!r}"
+                )
+        except aiomqtt.MqttError as exc:
+            logger.warning("could not subscribe again to %s: %s", ", ".join(kept), exc)
 
     async def _remembered(self, subscriptions: tuple[str, ...]) -> tuple[str, ...] | None:
         """The remembered filters to unsubscribe on this connection (see :meth:`_recall`)."""
@@ -662,6 +736,54 @@ def _lost_hint(exc: aiomqtt.MqttError, client_id: str) -> str:
 
 
 _SESSION_TAKEN_OVER = 0x8E
+
+
+def _unsubscribing(
+    client: aiomqtt.Client, topics: tuple[str, ...]
+) -> list[tuple[str, asyncio.Future[Any]]]:
+    """The UNSUBSCRIBE of each of ``topics``, sent now (in order); their answers later."""
+    return [
+        (topic, asyncio.ensure_future(client.unsubscribe(topic, timeout=math.inf)))
+        for topic in topics
+    ]
+
+
+def _forget(requests: list[tuple[str, asyncio.Future[Any]]]) -> None:
+    """Cancel the requests still unanswered.
+
+    An answer no one awaited (the connection's loss, raised by the one awaited first) is
+    taken, so that asyncio does not log it as never retrieved.
+    """
+    for _, request in requests:
+        if request.done() and not request.cancelled():
+            request.exception()
+        request.cancel()
+
+
+def _take_together() -> Any:  # noqa: ANN401 - a multiprocessing Barrier, or None
+    """The barrier of :func:`start_together`, for the one source that waits at it."""
+    global _together
+    barrier, _together = _together, None
+    return barrier
+
+
+async def _meet(barrier: Any) -> None:  # noqa: ANN401 - a multiprocessing Barrier
+    """Wait (reading meanwhile) until every worker is here, or TOGETHER_TIMEOUT s."""
+    try:
+        await asyncio.to_thread(_wait_at, barrier)
+    except asyncio.CancelledError:
+        barrier.abort()  # releases the thread, and the other workers
+        raise
+
+
+def _wait_at(barrier: Any) -> None:  # noqa: ANN401 - a multiprocessing Barrier
+    try:
+        barrier.wait(TOGETHER_TIMEOUT)
+    except threading.BrokenBarrierError:
+        logger.info(
+            "subscribing without waiting for the other workers any longer (%.0f s)",
+            TOGETHER_TIMEOUT,
+        )
 
 
 async def _answered[T](request: Awaitable[T], inbox: _inbox_py.Inbox, what: str) -> T:

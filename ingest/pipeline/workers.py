@@ -43,10 +43,11 @@ import signal
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ingest.devices.decode import ARRIVALS
 from ingest.errors import ConfigError, IncompatibleError, SchemaError, StartupError
+from ingest.mqtt.source import start_together
 from ingest.pipeline import app
 from ingest.pipeline.worker_sessions import deadline, retire_sessions, worker_client_id
 from ingest.pipeline.workers_endpoint import AggregateServer, Endpoint, listen
@@ -146,13 +147,22 @@ def supervise(settings: Settings) -> int:
     public = listen(settings.metrics_host, settings.metrics_port)
     socks = [listen("127.0.0.1", 0) for _ in range(settings.workers)]
     context = multiprocessing.get_context("fork")  # the workers share the parsed settings
+    # Their first subscriptions go out together (ingest/mqtt/source.py start_together).
+    together = context.Barrier(settings.workers)
     workers = []
     for index, sock in enumerate(socks):
         receive, send = context.Pipe(duplex=False)
         process = context.Process(
             target=_worker_main,
             name=f"ingest-worker-{index}",
-            args=(worker_settings(settings, index), index, sock, send, [public, *socks]),
+            args=(
+                worker_settings(settings, index),
+                index,
+                sock,
+                send,
+                [public, *socks],
+                together,
+            ),
             daemon=False,
         )
         process.start()
@@ -262,6 +272,7 @@ def _worker_main(
     sock: socket.socket,
     report: Connection,
     inherited: list[socket.socket],
+    together: Any,  # noqa: ANN401 - a multiprocessing Barrier
 ) -> None:
     """A worker process: the daemon of one worker; errors go to the parent, not stderr."""
     for other in inherited:
@@ -277,6 +288,7 @@ def _worker_main(
         handler.setFormatter(
             logging.Formatter(f"%(asctime)s %(levelname)s %(name)s [worker {index}]: %(message)s")
         )
+    start_together(together)
     ARRIVALS.spread(index, settings.workers)  # this process's own (forked)
     if settings.mapping is not None:
         settings.mapping.arrivals.spread(index, settings.workers)

@@ -40,12 +40,14 @@ from ingest.pipeline.subscribed import COLLECTION, SubscribedFilters
 from tests.mqtt.test_paho_contract import KernelSocket, publish_packet, varint
 from tests.support.mongo import COLLECTION as COLLECTION_OF
 from tests.support.mongo import stored
-from tests.support.procs import eventually
+from tests.support.procs import Broker, eventually
+from tests.support.proxy import Proxy
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
-    from tests.support.procs import Broker, Daemon
+    from tests.support.procs import Daemon
 
 OLD = 'ingest_messages_skipped_total{reason="old_subscription"}'
 
@@ -153,6 +155,132 @@ async def test_what_an_old_filter_queued_is_stored_after_a_crash_before_its_writ
     assert record is not None
     assert record["filters"] == [f"{topic_root}/#"]
     assert [entry["filter"] for entry in record["retired"]] == [f"{topic_root}/+/+"]
+
+
+async def test_a_restart_with_another_filter_unsubscribes_the_old_one_before_its_suback(
+    daemon: Callable[..., Daemon],
+    broker: Broker,
+    publish: Callable[..., Any],
+    db: Any,
+    topic_root: str,
+    mode: str,
+) -> None:
+    """Readings without a time of their own published while the new SUBACK is on its way
+    (a proxy holds it, as a resumed session's backlog ahead of it would) are stored once:
+    the old filter's UNSUBSCRIBE went out with the new SUBSCRIBE, not after its SUBACK,
+    so the broker sends them through the new filter alone."""
+    proxy = Proxy("127.0.0.1", broker.port).start()
+    through = f"mqtt://127.0.0.1:{proxy.port}"  # the broker the filters are recorded for
+    try:
+        first = daemon("--topic", f"{topic_root}/#", rule_topics=True, broker_url=through)
+        assert first.stop() == 0
+        proxy.hold_replies()
+        second = daemon(
+            "--topic", f"{topic_root}/+/+", rule_topics=True, broker_url=through, wait_ready=False
+        )
+        chunks = proxy.client_chunks
+        await eventually(lambda: proxy.client_chunks >= chunks + 2)  # CONNECT, its requests
+        await asyncio.sleep(0.5)  # (the requests may come in two reads)
+        await publish([reading(f"{topic_root}/held{n}/r", f"held{n}") for n in range(4)])
+        proxy.hold_replies(hold=False)
+        await settled(second, db, mode, "held3")
+        await eventually(lambda: second.metric("ingest_messages_acked_total") >= 4)
+        assert await stored(db, mode) == 4
+        assert second.metrics()["ingest_messages_received_total"] == 4
+        assert second.stop() == 0
+    finally:
+        proxy.stop()
+
+
+def received(proc: Daemon) -> float:
+    """The messages ``proc`` received, 0 until its metrics answer."""
+    try:
+        return proc.metric("ingest_messages_received_total")
+    except OSError:
+        return 0.0
+
+
+async def test_a_refused_new_filter_leaves_the_old_one_subscribed(
+    daemon: Callable[..., Daemon], publish: Callable[..., Any], topic_root: str, tmp_path: Path
+) -> None:
+    """The old filter's UNSUBSCRIBE goes out with today's SUBSCRIBE: when the broker
+    refuses today's (here: grants QoS 0 only), the old filter is subscribed again, so
+    the session goes on queueing its messages for a start that works."""
+    capped = Broker(tmp_path, extra="max_qos 0\nqueue_qos0_messages true\n")
+    capped.start()
+    try:
+        first = daemon(
+            "--topic", f"{topic_root}/#", rule_topics=True, broker_url=capped.url, wait_ready=False
+        )
+        await eventually(lambda: "broker answered [0]" in first.logs())
+        assert first.stop() == 0  # the session holds <root>/#, and its record says so
+        second = daemon(
+            "--topic",
+            f"{topic_root}/+/+",
+            rule_topics=True,
+            broker_url=capped.url,
+            wait_ready=False,
+        )
+        await eventually(lambda: "broker answered [0]" in second.logs())
+        assert second.stop() == 0
+        # On the old filter only: queued if the session still holds it.
+        await publish([reading(f"{topic_root}/old", "old")], qos=0, to=capped)
+        third = daemon(
+            "--topic",
+            f"{topic_root}/+/+",
+            rule_topics=True,
+            broker_url=capped.url,
+            wait_ready=False,
+        )
+        await eventually(lambda: received(third) >= 1)
+        assert third.stop() == 0
+    finally:
+        capped.stop()
+
+
+async def test_workers_restarted_with_another_filter_switch_together(
+    daemon: Callable[..., Daemon],
+    broker: Broker,
+    publish: Callable[..., Any],
+    db: Any,
+    topic_root: str,
+) -> None:
+    """Each worker's session holds the old shared filter: one worker switching to the new
+    one while another is still coming up (its session resumed, its CONNACK not read yet)
+    would have a message come through both, the old filter's copy to the slow worker.
+    The first worker waits for the other before subscribing, so readings without a time
+    published meanwhile are stored once."""
+    client_id = f"ingest-{topic_root}"
+    proxy = Proxy("127.0.0.1", broker.port).start()
+    through = f"mqtt://127.0.0.1:{proxy.port}"  # the broker the filters are recorded for
+    try:
+        first = daemon(
+            "--workers", "2", "--topic", f"{topic_root}/#", rule_topics=True, broker_url=through
+        )
+        assert first.stop() == 0
+        proxy.slow_client(f"{client_id}-w1", seconds=4.0)  # worker 1, for a while
+        second = daemon(
+            "--workers",
+            "2",
+            "--topic",
+            f"{topic_root}/+/+",
+            rule_topics=True,
+            broker_url=through,
+            wait_ready=False,
+        )
+        # Both sessions are resumed, worker 0 is connected (and, alone, would have
+        # switched by now), worker 1 has yet to read its CONNACK.
+        await eventually(lambda: len(proxy.connects) >= 2)
+        await asyncio.sleep(1.0)
+        await publish([reading(f"{topic_root}/wait{n}/r", f"wait{n}") for n in range(4)])
+        # Ready: both workers subscribed, what reached worker 1 before its SUBACK read.
+        await eventually(lambda: second.readyz() == 200, timeout=30)
+        await settled(second, db, "bucket", "wait3")
+        await eventually(lambda: second.metric("ingest_messages_acked_total") >= 4)
+        assert await stored(db, "bucket") == 4
+        assert second.stop() == 0
+    finally:
+        proxy.stop()
 
 
 async def test_a_retired_filter_is_forgotten_after_its_days(db: Any) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import socket
 import threading
+import time
 
 
 class Proxy:
@@ -33,6 +34,11 @@ class Proxy:
         self._refuse_code = 0x88
         self.refused = 0
         self._hold_after_first = False
+        self._hold_replies = False
+        self._refuse_ids: dict[bytes, float] = {}  # client id -> refused until (monotonic)
+        self._slow_ids: dict[bytes, float] = {}  # client id -> answers held until
+        self.client_chunks = 0  # reads forwarded from clients to the target
+        self.connects: list[bytes] = []  # the CONNECT packets forwarded, in order
 
     def refuse(self, count: int, code: int = 0x88) -> None:
         """Answer the next ``count`` connections' CONNECT with an MQTT 5 CONNACK carrying
@@ -74,6 +80,24 @@ class Proxy:
         broker's answers, then hold everything else the client sends (its SUBSCRIBE):
         a partition that begins right after CONNACK."""
         self._hold_after_first = hold
+
+    def hold_replies(self, *, hold: bool = True) -> None:
+        """While set, new connections forward the broker's first answer (CONNACK) and
+        then hold everything else the broker sends (a SUBACK, messages), while what the
+        client sends flows: as a SUBACK sitting behind a backlog the client reads slowly."""
+        self._hold_replies = hold
+
+    def refuse_client(self, client_id: str, seconds: float, code: int = 0x88) -> None:
+        """For ``seconds``, answer a CONNECT of ``client_id`` with a CONNACK carrying
+        ``code`` and close; other clients are forwarded."""
+        self._refuse_ids[client_id.encode()] = time.monotonic() + seconds
+        self._refuse_code = code
+
+    def slow_client(self, client_id: str, seconds: float) -> None:
+        """For a connection of ``client_id`` made in the next ``seconds``: forward what it
+        sends, but hold all the broker sends it (its CONNACK first) until then, as a
+        client that takes long to come up while the broker has resumed its session."""
+        self._slow_ids[client_id.encode()] = time.monotonic() + seconds
 
     def disconnect(self, code: int) -> None:
         """Send every client an MQTT 5 DISCONNECT with reason ``code`` (as a broker does,
@@ -124,16 +148,37 @@ class Proxy:
             finally:
                 self._tasks.discard(task)
             return
+        first = b""
+        slow_until = 0.0
+        if self._refuse_ids or self._slow_ids:  # whose CONNECT is it?
+            try:
+                first = await _packet(reader)
+            except (OSError, asyncio.IncompleteReadError):
+                writer.close()
+                self._tasks.discard(task)
+                return
+            if _refused_id(first, self._refuse_ids):
+                writer.write(bytes((0x20, 3, 0, self._refuse_code, 0)))
+                with contextlib.suppress(OSError):
+                    await writer.drain()
+                writer.close()
+                self.refused += 1
+                self._tasks.discard(task)
+                return
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
             writer.close()
             return
+        if first:
+            self.connects.append(first)
+            up_writer.write(first)
+            slow_until = max([*_until(first, self._slow_ids), 0.0])
         self._clients.add(writer)
         self._upstreams.add(up_writer)
         upstream = asyncio.create_task(self._pipe(reader, up_writer, upstream=True))
         try:
-            await self._pipe(up_reader, writer)  # the broker's side ends the connection...
+            await self._pipe(up_reader, writer, slow_until=slow_until)  # the broker's side...
         finally:
             upstream.cancel()  # ...and with it what the client sends
             with contextlib.suppress(asyncio.CancelledError):
@@ -146,9 +191,14 @@ class Proxy:
                 stream.close()
 
     async def _pipe(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: bool = False
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        upstream: bool = False,
+        slow_until: float = 0.0,
     ) -> None:
         hold_after_first = upstream and self._hold_after_first
+        hold_replies = not upstream and self._hold_replies
         chunks = 0
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await reader.read(65536):
@@ -156,7 +206,13 @@ class Proxy:
                     await asyncio.sleep(0.05)
                 while hold_after_first and chunks and self._hold_after_first:
                     await asyncio.sleep(0.05)
+                while hold_replies and chunks and self._hold_replies:
+                    await asyncio.sleep(0.05)
+                while time.monotonic() < slow_until:
+                    await asyncio.sleep(0.05)
                 chunks += 1
+                if upstream:
+                    self.client_chunks += 1
                 if writer in self._hung_up:
                     continue  # the broker's side is closed: lost, as with a dead connection
                 writer.write(data)
@@ -164,6 +220,36 @@ class Proxy:
         while not self._open.is_set():  # a partition holds a close as it holds bytes
             await asyncio.sleep(0.05)
         writer.close()
+
+
+async def _packet(reader: asyncio.StreamReader) -> bytes:
+    """One whole MQTT packet, as read."""
+    head = await reader.readexactly(1)
+    length, shift, size = 0, 0, b""
+    while True:
+        byte = await reader.readexactly(1)
+        size += byte
+        length |= (byte[0] & 0x7F) << shift
+        shift += 7
+        if not byte[0] & 0x80:
+            break
+    return head + size + await reader.readexactly(length)
+
+
+def _until(connect: bytes, ids: dict[bytes, float]) -> list[float]:
+    """The times still to come set for the client id ``connect`` names (its bytes,
+    prefixed by their length, as MQTT writes a string)."""
+    now = time.monotonic()
+    return [
+        until
+        for key, until in ids.items()
+        if until > now and len(key).to_bytes(2, "big") + key in connect
+    ]
+
+
+def _refused_id(connect: bytes, refused: dict[bytes, float]) -> bool:
+    """Whether ``connect`` names a client id refused at this moment."""
+    return bool(_until(connect, refused))
 
 
 async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, code: int) -> None:
