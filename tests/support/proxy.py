@@ -35,8 +35,7 @@ class Proxy:
         self.refused = 0
         self._hold_after_first = False
         self._hold_replies = False
-        self._refuse_ids: dict[bytes, float] = {}  # client id -> refused until (monotonic)
-        self._slow_ids: dict[bytes, float] = {}  # client id -> answers held until
+        self._slow_ids: dict[bytes, float] = {}  # client id -> answers held until (monotonic)
         self.client_chunks = 0  # reads forwarded from clients to the target
         self.connects: list[bytes] = []  # the CONNECT packets forwarded, in order
 
@@ -86,12 +85,6 @@ class Proxy:
         then hold everything else the broker sends (a SUBACK, messages), while what the
         client sends flows: as a SUBACK sitting behind a backlog the client reads slowly."""
         self._hold_replies = hold
-
-    def refuse_client(self, client_id: str, seconds: float, code: int = 0x88) -> None:
-        """For ``seconds``, answer a CONNECT of ``client_id`` with a CONNACK carrying
-        ``code`` and close; other clients are forwarded."""
-        self._refuse_ids[client_id.encode()] = time.monotonic() + seconds
-        self._refuse_code = code
 
     def slow_client(self, client_id: str, seconds: float) -> None:
         """For a connection of ``client_id`` made in the next ``seconds``: forward what it
@@ -149,20 +142,11 @@ class Proxy:
                 self._tasks.discard(task)
             return
         first = b""
-        slow_until = 0.0
-        if self._refuse_ids or self._slow_ids:  # whose CONNECT is it?
+        if self._slow_ids:  # whose CONNECT is it?
             try:
                 first = await _packet(reader)
             except (OSError, asyncio.IncompleteReadError):
                 writer.close()
-                self._tasks.discard(task)
-                return
-            if _refused_id(first, self._refuse_ids):
-                writer.write(bytes((0x20, 3, 0, self._refuse_code, 0)))
-                with contextlib.suppress(OSError):
-                    await writer.drain()
-                writer.close()
-                self.refused += 1
                 self._tasks.discard(task)
                 return
         try:
@@ -173,12 +157,12 @@ class Proxy:
         if first:
             self.connects.append(first)
             up_writer.write(first)
-            slow_until = max([*_until(first, self._slow_ids), 0.0])
         self._clients.add(writer)
         self._upstreams.add(up_writer)
         upstream = asyncio.create_task(self._pipe(reader, up_writer, upstream=True))
         try:
-            await self._pipe(up_reader, writer, slow_until=slow_until)  # the broker's side...
+            # The broker's side ends the connection...
+            await self._pipe(up_reader, writer, slow_until=_slow_until(first, self._slow_ids))
         finally:
             upstream.cancel()  # ...and with it what the client sends
             with contextlib.suppress(asyncio.CancelledError):
@@ -236,34 +220,19 @@ async def _packet(reader: asyncio.StreamReader) -> bytes:
     return head + size + await reader.readexactly(length)
 
 
-def _until(connect: bytes, ids: dict[bytes, float]) -> list[float]:
-    """The times still to come set for the client id ``connect`` names (its bytes,
-    prefixed by their length, as MQTT writes a string)."""
-    now = time.monotonic()
-    return [
-        until
-        for key, until in ids.items()
-        if until > now and len(key).to_bytes(2, "big") + key in connect
-    ]
-
-
-def _refused_id(connect: bytes, refused: dict[bytes, float]) -> bool:
-    """Whether ``connect`` names a client id refused at this moment."""
-    return bool(_until(connect, refused))
+def _slow_until(connect: bytes, slow: dict[bytes, float]) -> float:
+    """Until when the broker's answers to the client ``connect`` names are held (its id's
+    bytes, prefixed by their length, as MQTT writes a string); 0.0 if not held."""
+    return max(
+        (until for key, until in slow.items() if len(key).to_bytes(2, "big") + key in connect),
+        default=0.0,
+    )
 
 
 async def _refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, code: int) -> None:
     """Read one CONNECT, answer a CONNACK with reason ``code`` (session present 0), close."""
     with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-        await reader.readexactly(1)
-        length, shift = 0, 0
-        while True:
-            byte = (await reader.readexactly(1))[0]
-            length |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                break
-        await reader.readexactly(length)
+        await _packet(reader)
         writer.write(bytes((0x20, 3, 0, code, 0)))  # flags, reason, no properties
         await writer.drain()
     writer.close()
