@@ -21,7 +21,7 @@ from bson.datetime_ms import DatetimeMS
 from bson.objectid import ObjectId
 
 from ingest.model import Reading
-from ingest.store.writers._bucket_py import RAW_OPTIONS
+from ingest.store.writers._bucket_py import _INDEX, RAW_OPTIONS  # _INDEX: array keys
 from ingest.store.writers.bucket import BsonDate, ts_key
 
 try:
@@ -53,8 +53,6 @@ _NOTHING = object()
 _SORTED: dict[tuple[str, ...], tuple[str, ...] | None] = {}
 _SORTED_LIMIT = 10_000
 
-# The names of an array's first elements (its keys in BSON), made once.
-_INDEX = tuple(str(k) for k in range(4096))
 _PREFIX_BYTES = 9  # of an ObjectId: seconds (4) and the process's random bytes (5)
 
 # Where a BsonDate holds its milliseconds (compiled: set there, see ingest/_capi.pxd).
