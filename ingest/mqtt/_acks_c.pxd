@@ -58,6 +58,7 @@ cdef class AckLedger:
     cdef object _received_on
     cdef object _fresh_on
     cdef public Py_ssize_t reused, adopted, reacked, acked_late
+    cdef set _forgotten
 
     cpdef bint arrived(self, object message) except -1
     cdef object _line_for(self, object generation)

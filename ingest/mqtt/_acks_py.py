@@ -267,6 +267,9 @@ class AckLedger:
         # forgotten meanwhile are dropped when they reach the front.
         self._line: deque[Inbound | _Reack] = deque()
         self._line_of = 0
+        # Packet ids under which a message was forgotten on _line's connection: the broker
+        # still holds it, so a PUBACK under its id would delete it (see forget).
+        self._forgotten: set[int] = set()
         # Acknowledged messages whose PUBACK may not have reached the broker, by packet id,
         # in the order acknowledged.
         self._acked = _Remembered()
@@ -310,6 +313,7 @@ class AckLedger:
         if self._line_of != generation:
             self._line_of = generation
             self._line = deque()
+            self._forgotten = set()
 
     # -- arrivals ------------------------------------------------------------------
 
@@ -425,6 +429,8 @@ class AckLedger:
         """Acknowledge again, in its turn, a DUP of a message written and acknowledged."""
         if not self._acked.matches(message.mid, message.topic, message.payload):
             return False
+        if message.mid in self._forgotten:
+            return True  # not acknowledged (see forget), nor taken: resent next time
         self.reacked += 1
         self._line.append(_Reack(message))
         self._flush()
@@ -505,6 +511,12 @@ class AckLedger:
             del self._unacked[mid]
         else:
             return
+        # Nor is a DUP under its id acknowledged again on this connection: the one taken
+        # for a message acknowledged before may be a newer one with the same topic and
+        # payload, under an id the broker reused, and the PUBACK would delete this one.
+        # (The pipeline takes nothing more once it refuses: no first PUBACK follows.)
+        # Unacknowledged, such a DUP is resent on the next connection.
+        self._forgotten.add(mid)
         self.acked_late += self._flush()  # what waited behind it in line
 
     # -- sending -------------------------------------------------------------------
@@ -531,7 +543,8 @@ class AckLedger:
         while line:
             head = line[0]
             if isinstance(head, _Reack):
-                due.append(head.message)
+                if head.message.mid not in self._forgotten:  # (see forget)
+                    due.append(head.message)
                 line.popleft()
                 continue
             message = head

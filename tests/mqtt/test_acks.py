@@ -102,6 +102,31 @@ def test_a_write_finishing_first_waits_for_the_messages_that_arrived_before_it()
     assert sent == [[1, 2]]
 
 
+def test_a_dup_like_an_acknowledged_message_waits_while_its_id_holds_a_refused_one() -> None:
+    """mosquitto numbers m3 and then a repeat of m1 (same topic and payload) with id 1
+    while m1 is in flight; m1 is written and acknowledged. On the next connection it
+    resends both with DUP, oldest first. The pipeline, stopping, refuses m3: the repeat,
+    which looks like m1 acknowledged again, must not be acknowledged, since the broker
+    applies a PUBACK to its oldest message under the id, m3, never written (a case the
+    state machine found)."""
+    sent: list[tuple[int, bytes]] = []
+    ledger = AckLedger(10, lambda messages: sent.extend((m.mid, m.payload) for m in messages))
+    ledger.connected(1)
+    first, reused, repeat = (Inbound(TOPIC, p, 1, 1, 1, 0.0) for p in (b"m1", b"m3", b"m1"))
+    assert all([ledger.arrived(first), ledger.arrived(reused), ledger.arrived(repeat)])
+    assert ledger.written([first]) == 1
+    assert sent == [(1, b"m1")]
+    ledger.disconnected()
+    ledger.forget(reused)  # never taken: the connection ended
+    ledger.connected(2)
+    resent, resent_repeat = (Inbound(TOPIC, p, 1, 1, 2, 0.0, True) for p in (b"m3", b"m1"))
+    assert ledger.arrived(resent)  # new to the pipeline
+    ledger.forget(resent)  # refused: stopping
+    assert not ledger.arrived(resent_repeat)  # not taken: its readings are written...
+    assert sent == [(1, b"m1")]  # ...and not acknowledged: PUBACK 1 would delete m3
+    assert ledger.take_counts()[2] == 0  # (reused, adopted, reacked, acked late)
+
+
 # -- the state machine ------------------------------------------------------------------
 
 PACKET_IDS = 2  # few ids, so that reuse (after its PUBACK, or mosquitto's) is common
