@@ -119,7 +119,7 @@ def test_a_dup_like_an_acknowledged_message_waits_while_its_id_holds_a_refused_o
     ledger.disconnected()
     ledger.forget(reused)  # never taken: the connection ended
     ledger.connected(2)
-    resent, resent_repeat = (Inbound(TOPIC, p, 1, 1, 2, 0.0, True) for p in (b"m3", b"m1"))
+    resent, resent_repeat = (Inbound(TOPIC, p, 1, 1, 2, 0.0, dup=True) for p in (b"m3", b"m1"))
     assert ledger.arrived(resent)  # new to the pipeline
     ledger.forget(resent)  # refused: stopping
     assert not ledger.arrived(resent_repeat)  # not taken: its readings are written...
