@@ -69,6 +69,10 @@ RECV_BYTES = 65536
 PUBACK = 0x40
 READ_BURST = 500  # packets handled per readable event, at most
 RECV_BURST = 200  # socket reads per readable event, at most (12.5 MiB)
+# A read shorter than this ends the burst once handled: the broker sends no faster than
+# we read, and reading again at once would take a few packets a system call; the event
+# loop's other work (the pipeline taking them) lets the socket fill meanwhile.
+SHORT_READ = 8192
 TCP_ESTABLISHED = 1  # tcpi_state in Linux's struct tcp_info
 
 
@@ -276,12 +280,18 @@ class _Buffered:
     """paho's small reads served from one large ``recv``; packets read in bursts.
 
     The contract with the event loop, which calls :meth:`loop_read` whenever the socket
-    is readable: when :meth:`loop_read` returns, no byte is left in our buffer and no
-    complete packet is left unhandled in paho's, unless the socket itself may still hold
-    more (then it is readable and the event loop calls again). paho's ``_packet_read``
+    is readable: when :meth:`loop_read` returns, no complete packet is left unhandled in
+    our buffer or in paho's, and no byte is left in our buffer but the start of a
+    PUBLISH whose rest is still to come, unless the socket itself may still hold more
+    (then it is readable and the event loop calls again). paho's ``_packet_read``
     returns "try again" in two cases: the socket had nothing (our ``sock_recv`` raised
     ``BlockingIOError``) or it made 100 ``recv`` calls for one packet body, which says
     nothing about the socket or our buffer; only the first ends the call.
+
+    Our buffer is refilled by :meth:`_more`, and a QoS 0/1 PUBLISH cut by the end of a
+    read (one a read, when reads are small) is completed there by the next read and
+    parsed like the others, instead of going through paho's reader (three ``sock_recv``
+    calls, a lock and a dict, then the copy ``handle_publish`` parses).
     """
 
     def __init__(
@@ -343,8 +353,11 @@ class _Buffered:
                 self._absorb_pending()
                 return MQTTErrorCode.MQTT_ERR_SUCCESS
             self._waiting = False
-            if paho._in_packet["command"] == 0 and self._publishes():  # noqa: SLF001
-                continue  # at least one handled from the buffer: check the pause
+            went_on = self._buffered()
+            if went_on:
+                continue  # handled from the buffer, or it grew: check the pause
+            if went_on is None:
+                return MQTTErrorCode.MQTT_ERR_SUCCESS  # the rest is still to come
             rc = paho._packet_read()  # noqa: SLF001
             if rc > 0:
                 return paho._loop_rc_handle(rc)  # type: ignore[no-any-return]  # noqa: SLF001
@@ -370,6 +383,47 @@ class _Buffered:
             return False
         self._packets += handled
         self._paho._last_bytes_received = paho_client.time_func()  # noqa: SLF001
+        return True
+
+    def _buffered(self) -> bool | None:
+        """Go on from our buffer without paho's reader, between packets.
+
+        True: packets were handled (:meth:`_publishes`), or the buffer, empty or ending
+        in a cut PUBLISH, got more bytes (:meth:`_more`); None: the socket had nothing
+        more, or the burst is over; False: the next packet is paho's to read (another
+        type, QoS 2, a long one), or the socket is at its end (paho's reader, reading
+        the same end, reports the lost connection).
+        """
+        if self._paho._in_packet["command"] != 0:  # noqa: SLF001 - paho holds a packet
+            return False
+        if self._publishes():
+            return True
+        if self._pos < len(self._data) and not _cut_publish(self._data, self._pos):
+            return False
+        if self._more():
+            return True
+        return None if self._waiting else False
+
+    def _more(self) -> bool:
+        """Read the socket onto what is left of our buffer; False if nothing came.
+
+        Nothing: the socket is empty or the burst is over (``_waiting``), or the socket is
+        at its end.
+        """
+        if self._packets >= READ_BURST or self._recvs >= RECV_BURST:
+            self._waiting = True  # yield to the event loop, as sock_recv does
+            return False
+        self._recvs += 1
+        try:
+            data = self._raw_recv(RECV_BYTES)
+        except BlockingIOError:
+            self._waiting = True
+            return False
+        if not data:
+            return False
+        if len(data) < SHORT_READ:
+            self._recvs = RECV_BURST  # the last read of this burst (see SHORT_READ)
+        self._data, self._pos = self._data[self._pos :] + data, 0
         return True
 
     def _absorb_pending(self) -> None:
@@ -463,6 +517,31 @@ class _Buffered:
             self._pinged = paho._last_msg_out = now  # noqa: SLF001
         paho._ping_t = 0  # noqa: SLF001 - its PINGRESP waits unread behind the data
         return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+
+def _cut_publish(data: bytes, pos: int) -> bool:
+    """Whether ``data[pos:]`` is the start of a QoS 0/1 PUBLISH that goes on past its end.
+
+    Only one of at most ``RECV_BYTES``, whose completion costs a copy of less than two
+    reads; a longer one is left to paho's reader, which reads it piece by piece.
+    """
+    size = len(data)
+    if pos >= size:
+        return False
+    command = data[pos]
+    if command & 0xF0 != wire.PUBLISH or command & 0x06 == 0x04:  # not a PUBLISH; QoS 2
+        return False
+    length, shift, at = 0, 0, pos + 1
+    while at < size:
+        byte = data[at]
+        at += 1
+        length |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return size < at + length <= at + RECV_BYTES
+        shift += 7
+        if shift == 28:
+            return False  # malformed: paho's reader refuses it
+    return True  # its remaining length goes on past the end
 
 
 def _peer_closed(sock: Any) -> bool:  # noqa: ANN401 - a socket or an SSLSocket

@@ -11,6 +11,7 @@ from ingest import accel
 from ingest.mqtt import _wire_py, wire_types
 
 MALFORMED = _wire_py.MALFORMED
+PUBLISH = _wire_py.PUBLISH
 
 # The types of the scan (ingest/mqtt/wire_types.py), as the package names them here.
 Subscription = wire_types.Subscription
