@@ -3,7 +3,9 @@
 # Python ints (dict keys: a C integer would be boxed again at every lookup).
 cimport cython
 
-cdef Py_ssize_t MIDS, RING
+from ingest cimport _capi
+
+cdef Py_ssize_t MIDS, RING, _TOPIC, _PAYLOAD, _MID
 
 
 @cython.final
@@ -17,7 +19,7 @@ cdef class _Remembered:
     @cython.locals(ticket="long long[::1]", ring="unsigned short[::1]", topics=list,
                    ons="long long[::1]", seqs="long long[::1]", sizes="long long[::1]",
                    hashes="long long[::1]", count=Py_ssize_t, tail=Py_ssize_t,
-                   mask=Py_ssize_t, at=Py_ssize_t)
+                   mask=Py_ssize_t, at=Py_ssize_t, fields=tuple)
     cdef put(self, list messages, long long on, long long seq)
 
     @cython.locals(at=Py_ssize_t)

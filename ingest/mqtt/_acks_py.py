@@ -42,24 +42,29 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 try:
     import cython
 except ImportError:  # Cython builds the accelerators; it is not needed to run
     from ingest import _cython_shim as cython
 
+from ingest.model import Inbound
+
 if TYPE_CHECKING:
     from collections.abc import Callable, MutableSequence
     from typing import TypeAlias
-
-    from ingest.model import Inbound
 
     # (For mypy alone: Cython compiles no ``type`` statement.)
     # Sends the PUBACKs of these messages, in this order, on the current connection.
     Send: TypeAlias = Callable[[list[Inbound]], None]  # noqa: UP040
     # See _Remembered.record.
     _Acked: TypeAlias = tuple[int, int, str, int, int]  # noqa: UP040
+
+# Compiled, this is cimported (_acks_c.pxd): the C-level helpers (ingest/_capi.pxd).
+_capi: Any = None
+# A message's fields by position (compiled, read in C: an attribute is found by name).
+_TOPIC, _PAYLOAD, _MID = (Inbound._fields.index(name) for name in ("topic", "payload", "mid"))
 
 MIDS = 65536  # packet ids are 1 to 65,535
 # The entries of _Remembered's ring (a power of two): twice as many as ids can be
@@ -147,7 +152,12 @@ class _Remembered:
         ons, seqs, sizes, hashes = self._on, self._seq, self._size, self._hash
         count, tail, mask = self.count, self._tail, self._mask
         for message in messages:
-            at = message.mid
+            if cython.compiled:
+                fields = _capi.checked_tuple(message)
+                mid, payload, topic = fields[_MID], fields[_PAYLOAD], fields[_TOPIC]
+            else:
+                mid, payload, topic = message.mid, message.payload, message.topic
+            at = mid
             if not 0 < at < MIDS:
                 at = _slot(at)  # raises
             if ticket[at]:
@@ -156,7 +166,6 @@ class _Remembered:
                 self._tail, self.count = tail, count
                 self._compact()
                 ring, tail = self._ring, self._tail
-            payload = message.payload
             ring[tail & mask] = at
             tail += 1
             ticket[at] = tail
@@ -164,7 +173,7 @@ class _Remembered:
             seqs[at] = seq
             sizes[at] = len(payload)
             hashes[at] = hash(payload)
-            topics[at] = message.topic
+            topics[at] = topic
             count += 1
         self._tail, self.count = tail, count
 

@@ -6,7 +6,10 @@ cimport cython
 from ingest cimport _capi
 
 cdef object _now, _new_tuple
-cdef Py_ssize_t INBOX_SHARE, INBOX_MESSAGE_BYTES
+cdef Py_ssize_t INBOX_SHARE, INBOX_MESSAGE_BYTES, _TOPIC, _PAYLOAD
+
+
+cdef Py_ssize_t _size(object message) except -1
 
 
 @cython.final
