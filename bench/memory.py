@@ -37,7 +37,7 @@ from typing import Any
 from bench.e2e import tools
 from bench.outage import rss_mib
 from ingest import caches
-from ingest.devices import decode
+from ingest.devices import _decode_py, decode
 from ingest.devices.formats import homie, sparkplug
 from ingest.devices.mapping import Mapping
 from ingest.devices.rules import load_preset
@@ -217,7 +217,7 @@ def structures(count: int) -> dict[str, float]:
 
     fills = {
         # the pure-Python decoder's (compiled, an id is checked in C and none is held)
-        "sensor_ids": lambda i: decode.decode_py(
+        "sensor_ids": lambda i: _decode_py.decode(
             f"fleet/s{i:07d}/readings", b'{"ts": %d, "temp": 1}' % now, now, limits
         ),
         "arrival_times": lambda i: arrivals.next(f"s{i:07d}", int(now * 1000)),

@@ -10,7 +10,7 @@ import pytest
 
 from bench import memory
 from ingest import caches
-from ingest.devices import decode
+from ingest.devices import _decode_py, decode
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -29,7 +29,7 @@ def test_a_fleet_past_the_bound_is_measured_and_every_reading_reaches_the_sink(
     assert [step["sensors"] for step in result["steps"]] == [300, 1000, 2000]
     last = result["steps"][-1]
     # the pure-Python decoder's checked ids (compiled: checked in C, none held)
-    assert last["gauges"]["sensor_ids"] == (800 if decode.decode is decode.decode_py else 0)
+    assert last["gauges"]["sensor_ids"] == (800 if decode.decode is _decode_py.decode else 0)
     assert 0 < last["gauges"]["topic_checksums"] <= 800
     assert all(step["rss_bytes"] > 10 * 2**20 for step in result["steps"])
     assert "| 2,000 |" in capsys.readouterr().out

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import pytest
 
-from ingest.devices import decode
+from ingest.devices import _decode_py, decode
 from tests.support.mongo import COLLECTION, instants
 from tests.support.procs import eventually
 
@@ -86,7 +86,7 @@ async def test_a_fleet_beyond_the_cache_bound_is_stored_exactly_once(
 
     sizes = cached(proc)
     # checked ids: the first CAP sensors, then no more (compiled: checked in C, none held)
-    assert sizes["sensor_ids"] == (CAP if decode.decode is decode.decode_py else 0)
+    assert sizes["sensor_ids"] == (CAP if decode.decode is _decode_py.decode else 0)
     assert 0 < sizes["topic_checksums"] <= CAP  # each message's topic (the ledger's)
     assert 0 < sizes["arrival_times"] <= CAP  # the late sensors came ms apart: all passed
     assert sizes["mapped_topics"] == 0  # no mapping rules
