@@ -5,7 +5,7 @@ cimport cython
 
 from ingest cimport _capi
 
-cdef Py_ssize_t MIDS, RING, _TOPIC, _PAYLOAD, _MID
+cdef Py_ssize_t MIDS, RING, _TOPIC, _PAYLOAD, _MID, _QOS, _GENERATION, _DUP
 
 
 @cython.final
@@ -62,6 +62,7 @@ cdef class AckLedger:
     cdef public Py_ssize_t reused, adopted, reacked, acked_late
     cdef set _forgotten
 
+    @cython.locals(fields=tuple)
     cpdef bint arrived(self, object message) except -1
     cdef object _line_for(self, object generation)
     cdef object _resent(self, object generation)
@@ -71,7 +72,7 @@ cdef class AckLedger:
     cdef bint _reacked(self, object message) except -1
 
     @cython.locals(unacked=dict, usual=bint, done=Py_ssize_t, now=list, waiting=bint,
-                   fast=Py_ssize_t)
+                   fast=Py_ssize_t, fields=tuple)
     cpdef Py_ssize_t written(self, list messages) except -1
     cdef bint _mark_written(self, object message) except -1
     cdef Py_ssize_t _flush(self) except -1

@@ -64,7 +64,9 @@ if TYPE_CHECKING:
 # Compiled, this is cimported (_acks_c.pxd): the C-level helpers (ingest/_capi.pxd).
 _capi: Any = None
 # A message's fields by position (compiled, read in C: an attribute is found by name).
-_TOPIC, _PAYLOAD, _MID = (Inbound._fields.index(name) for name in ("topic", "payload", "mid"))
+_TOPIC, _PAYLOAD, _MID, _QOS, _GENERATION, _DUP = (
+    Inbound._fields.index(name) for name in ("topic", "payload", "mid", "qos", "generation", "dup")
+)
 
 MIDS = 65536  # packet ids are 1 to 65,535
 # The entries of _Remembered's ring (a power of two): twice as many as ids can be
@@ -331,13 +333,17 @@ class AckLedger:
 
         False for a DUP adopted by its original in the pipeline or acknowledged again.
         """
-        generation, mid = message.generation, message.mid
+        if cython.compiled:  # by position, in C (see _Remembered.put)
+            fields = _capi.checked_tuple(message)
+            generation, mid, dup = fields[_GENERATION], fields[_MID], fields[_DUP]
+        else:
+            generation, mid, dup = message.generation, message.mid, message.dup
         if self._line_of != generation:
             self._line_for(generation)
         if self._received_on != generation:
             self._received_on, self._received = generation, 0
         self._received += 1
-        if not message.dup:
+        if not dup:
             # The id is reused: its PUBACK arrived, or (a broker that reuses ids still
             # unacknowledged) it may not have, and a redelivery is written again.
             self._acked.drop(mid)
@@ -459,13 +465,17 @@ class AckLedger:
         usual = self._open and self._line_of == self._generation
         done, now, waiting = 0, [], False
         for message in messages:
-            if not message.qos:
+            if cython.compiled:  # by position, in C (see _Remembered.put)
+                fields = _capi.checked_tuple(message)
+                qos, mid = fields[_QOS], fields[_MID]
+            else:
+                qos, mid = message.qos, message.mid
+            if not qos:
                 done += 1  # nothing to acknowledge: done with
             elif usual and line and line[0] is message:
                 # The usual cases, inlined: next in line, and nothing else under its id,
                 # or the oldest of the messages under it (mosquitto's reuse, see _queue).
                 # Held as itself, it is owned by the connection it came on: this one.
-                mid = message.mid
                 held = unacked.get(mid)
                 if held is message:
                     del unacked[mid]

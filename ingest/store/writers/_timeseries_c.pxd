@@ -4,7 +4,7 @@ cimport cython
 from ingest cimport _capi
 from ingest.store.writers cimport _bson_c
 
-cdef Py_ssize_t _DATE_MS_SLOT, _SENSOR_ID, _EPOCH, _MS, _TAGS
+cdef Py_ssize_t _DATE_MS_SLOT, _SENSOR_ID, _EPOCH, _MS, _TAGS, _VALUES
 cdef frozenset _OWN, _META_OWN
 cdef dict _SORTED
 cdef _bson_c.Writer _WRITER

@@ -46,6 +46,7 @@ _SENSOR_ID = Reading._fields.index("sensor_id")
 _EPOCH = Reading._fields.index("epoch")
 _MS = Reading._fields.index("ms")
 _TAGS = Reading._fields.index("tags")
+_VALUES = Reading._fields.index("values")
 _new = object.__new__
 _NOTHING = object()
 # Field names of a reading in name order, by their order in the payload (bounded: names
@@ -382,13 +383,15 @@ def claim_documents(ids: list[str], readings: list[Reading], at: int, owner: str
     reading_type = Reading
     docs: list[Any] = []
     for i, reading in enumerate(readings):
-        key, values = ids[i], reading.values
+        key = ids[i]
         if writer is not None and type(reading) is reading_type and type(key) is str:
+            # Compiled: its values by position, in C (an attribute is found by name).
+            values = _capi.field(reading, reading_type, _VALUES, "values")
             raw = _claim_raw(writer, key, at, owner, values)
             if raw is not None:
                 docs.append(raw)
                 continue
-        docs.append({"_id": key, "at": date, "by": owner, "f": values})
+        docs.append({"_id": key, "at": date, "by": owner, "f": reading.values})
     return docs
 
 
