@@ -12,6 +12,10 @@ cdef int PUBLISH, PUBACK, SUBSCRIPTION_IDENTIFIER
 cpdef Py_ssize_t scan(object data, object reader, object deliver) except -1
 
 
+@cython.locals(buffer=bytes, size=Py_ssize_t, command=int, length=Py_ssize_t, at=Py_ssize_t)
+cpdef bint cut_publish(object data, Py_ssize_t pos, Py_ssize_t limit) except -1
+
+
 cdef bytes _read_buffer(object data)
 
 

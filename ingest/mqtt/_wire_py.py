@@ -67,6 +67,25 @@ def scan(data: bytes, reader: Cursor, deliver: Deliver) -> int:
     return handled
 
 
+def cut_publish(data: bytes, pos: int, limit: int) -> bool:
+    """Whether ``data[pos:]`` is the start of a QoS 0/1 PUBLISH that goes on past its end.
+
+    Only one whose remaining length is at most ``limit`` (or not all there yet); not a
+    malformed one (a remaining length over 4 bytes, which paho's reader refuses).
+    """
+    buffer = _read_buffer(data)
+    size = len(buffer)
+    if not 0 <= pos < size:
+        return False
+    command = buffer[pos]
+    if command & 0xF0 != PUBLISH or command & 0x06 == 0x04:  # not a PUBLISH; QoS 2
+        return False
+    length, at = _varint(buffer, pos + 1, size)
+    if length < 0:
+        return at - pos - 1 < 4  # cut within its remaining length (4 bytes: malformed)
+    return size < at + length <= at + limit
+
+
 def deliver_publish(deliver: Deliver, command: int, data: bytes, at: int, stop: int) -> None:
     """Hand a QoS 0 or 1 PUBLISH to ``deliver``: its first header byte and its body.
 

@@ -317,21 +317,13 @@ class _Buffered:
 
     def sock_recv(self, bufsize: int) -> bytes:
         """Serve ``bufsize`` bytes at most from the buffer, refilling it from the socket."""
-        if self._pos >= len(self._data):
-            if self._packets >= READ_BURST or self._recvs >= RECV_BURST:
-                # Yield to the event loop: the socket stays readable and paho keeps the
-                # partial packet, so the next readable event resumes exactly here.
-                self._waiting = True
+        if self._pos >= len(self._data) and not self._more():
+            if self._waiting:
+                # The socket is empty, or the burst is over: then the socket stays
+                # readable and paho keeps the partial packet, so the next readable event
+                # resumes exactly here.
                 raise BlockingIOError
-            self._recvs += 1
-            try:
-                data = self._raw_recv(RECV_BYTES)
-            except BlockingIOError:
-                self._waiting = True  # the socket is empty
-                raise
-            if not data:
-                return b""  # EOF: paho treats it as a lost connection
-            self._data, self._pos = data, 0
+            return b""  # EOF: paho treats it as a lost connection
         start = self._pos
         self._pos = start + bufsize
         return self._data[start : self._pos]
@@ -398,7 +390,9 @@ class _Buffered:
             return False
         if self._publishes():
             return True
-        if self._pos < len(self._data) and not _cut_publish(self._data, self._pos):
+        # A PUBLISH cut at the end is completed by the next read, unless it is longer than
+        # a read (paho's reader then reads it piece by piece, without copies).
+        if self._pos < len(self._data) and not wire.cut_publish(self._data, self._pos, RECV_BYTES):
             return False
         if self._more():
             return True
@@ -411,7 +405,7 @@ class _Buffered:
         at its end.
         """
         if self._packets >= READ_BURST or self._recvs >= RECV_BURST:
-            self._waiting = True  # yield to the event loop, as sock_recv does
+            self._waiting = True  # yield to the event loop
             return False
         self._recvs += 1
         try:
@@ -517,31 +511,6 @@ class _Buffered:
             self._pinged = paho._last_msg_out = now  # noqa: SLF001
         paho._ping_t = 0  # noqa: SLF001 - its PINGRESP waits unread behind the data
         return MQTTErrorCode.MQTT_ERR_SUCCESS
-
-
-def _cut_publish(data: bytes, pos: int) -> bool:
-    """Whether ``data[pos:]`` is the start of a QoS 0/1 PUBLISH that goes on past its end.
-
-    Only one of at most ``RECV_BYTES``, whose completion costs a copy of less than two
-    reads; a longer one is left to paho's reader, which reads it piece by piece.
-    """
-    size = len(data)
-    if pos >= size:
-        return False
-    command = data[pos]
-    if command & 0xF0 != wire.PUBLISH or command & 0x06 == 0x04:  # not a PUBLISH; QoS 2
-        return False
-    length, shift, at = 0, 0, pos + 1
-    while at < size:
-        byte = data[at]
-        at += 1
-        length |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return size < at + length <= at + RECV_BYTES
-        shift += 7
-        if shift == 28:
-            return False  # malformed: paho's reader refuses it
-    return True  # its remaining length goes on past the end
 
 
 def _peer_closed(sock: Any) -> bool:  # noqa: ANN401 - a socket or an SSLSocket

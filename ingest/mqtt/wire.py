@@ -11,7 +11,6 @@ from ingest import accel
 from ingest.mqtt import _wire_py, wire_types
 
 MALFORMED = _wire_py.MALFORMED
-PUBLISH = _wire_py.PUBLISH
 
 # The types of the scan (ingest/mqtt/wire_types.py), as the package names them here.
 Subscription = wire_types.Subscription
@@ -21,4 +20,5 @@ Cursor = wire_types.Cursor
 
 scan = accel.pick(_wire_py.scan, "ingest.mqtt._wire_c", "scan")
 deliver_publish = accel.pick(_wire_py.deliver_publish, "ingest.mqtt._wire_c", "deliver_publish")
+cut_publish = accel.pick(_wire_py.cut_publish, "ingest.mqtt._wire_c", "cut_publish")
 pubacks = accel.pick(_wire_py.pubacks, "ingest.mqtt._wire_c", "pubacks")

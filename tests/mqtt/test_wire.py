@@ -223,6 +223,26 @@ def test_both_scanners_agree_on_a_buffer_cut_at_every_byte(data: bytes) -> None:
             same(data[:cut], pos)
 
 
+@given(
+    st.lists(st.one_of(publishes(large=False), malformed(), others), min_size=1, max_size=3).map(
+        b"".join
+    ),
+    st.sampled_from([1, 10, 65536]),
+)
+def test_a_publish_cut_at_the_end_is_told_apart_alike_by_both_twins(
+    data: bytes, limit: int
+) -> None:
+    """At every cut and position: a QoS 0/1 PUBLISH that goes on past the buffer's end
+    (its remaining length at most ``limit``, or not all there) is told from anything
+    else the same way by both twins; a complete one is no cut PUBLISH."""
+    for cut in range(len(data) + 1):
+        for pos in (0, 1, cut):
+            found = _wire_py.cut_publish(data[:cut], pos, limit)
+            assert twin.cut_publish(data[:cut], pos, limit) is found
+            if found:  # the scan stops there: its packet is not complete
+                assert same(data[:cut], pos)[0] == 0
+
+
 @st.composite
 def properties(draw: st.DrawFn) -> tuple[bytes, object]:
     """A PUBLISH's properties as paho encodes them (without their length), and the
