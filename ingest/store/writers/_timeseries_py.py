@@ -386,7 +386,7 @@ def claim_documents(ids: list[str], readings: list[Reading], at: int, owner: str
         key = ids[i]
         if writer is not None and type(reading) is reading_type and type(key) is str:
             # Compiled: its values by position, in C (an attribute is found by name).
-            values = _capi.field(reading, reading_type, _VALUES, "values")
+            values = _capi.as_tuple(reading)[_VALUES]
             raw = _claim_raw(writer, key, at, owner, values)
             if raw is not None:
                 docs.append(raw)
