@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import bson
 import pytest
+from bson import Binary, Code, Decimal128, Int64, MaxKey, MinKey, ObjectId, Regex, Timestamp
+from hypothesis import given
+from hypothesis import strategies as st
 from pymongo import AsyncMongoClient, monitoring
 from pymongo.errors import BulkWriteError, PyMongoError
 
@@ -170,3 +173,89 @@ async def test_without_the_fast_path_the_public_api_writes_the_same(
     stored = [d async for d in db["public"].find({}, {"_id": 0}).sort("sensor_id")]
     assert [(d["sensor_id"], d["count"]) for d in stored] == [("s0", 3), ("s1", 3)]
     assert stored[0]["readings"][0]["ts"] == datetime.fromtimestamp(T0, UTC)
+
+
+NAIVE_FROM = datetime(1970, 1, 1, tzinfo=UTC).replace(tzinfo=None)
+NAIVE_TO = datetime(2200, 1, 1, tzinfo=UTC).replace(tzinfo=None)
+# Values of every BSON type a server's reply can hold before ``upserted``.
+VALUES = st.one_of(
+    st.floats(allow_nan=False),
+    st.text(max_size=20),
+    st.integers(-(2**31), 2**31 - 1),
+    st.integers(2**31, 2**62).map(Int64),
+    st.booleans(),
+    st.none(),
+    st.binary(max_size=20).map(Binary),
+    st.builds(ObjectId),
+    # hypothesis takes naive bounds; the values are aware (UTC), as the driver gives them
+    st.datetimes(NAIVE_FROM, NAIVE_TO, timezones=st.just(UTC)).map(
+        lambda d: d.replace(microsecond=d.microsecond // 1000 * 1000)
+    ),
+    st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)).map(lambda t: Timestamp(*t)),
+    st.just(Decimal128("1.5")),
+    st.just(MinKey()),
+    st.just(MaxKey()),
+    st.text(max_size=10).map(Code),
+)
+FIELDS = st.dictionaries(st.text("abcnop$_", min_size=1, max_size=8), VALUES, max_size=6)
+UPSERTED = st.lists(st.builds(lambda i: {"index": i, "_id": ObjectId()}, st.integers(0, 99)))
+
+
+@given(
+    before=FIELDS,
+    after=FIELDS,
+    upserted=UPSERTED,
+    nested=st.dictionaries(st.just("upserted"), VALUES, max_size=1),
+)
+def test_an_update_reply_loses_its_upserted_list_and_nothing_else(
+    before: dict[str, Any], after: dict[str, Any], upserted: list[Any], nested: dict[str, Any]
+) -> None:
+    before.pop("upserted", None)
+    after.pop("upserted", None)
+    reply = {**before, "upserted": upserted, **{k: v for k, v in after.items() if k not in before}}
+    reply["sub"] = {"upserted": 1, **nested}  # not at the top: kept
+    got = bulk.without_field(bson.encode(reply), b"upserted")
+    assert got == bson.encode({k: v for k, v in reply.items() if k != "upserted"})
+    # without the field, the same bytes
+    assert bulk.without_field(got, b"upserted") == got
+
+
+def test_a_value_of_an_unexpected_type_before_upserted_leaves_the_reply_whole() -> None:
+    raw = bson.encode({"odd": Regex("a+", "i"), "upserted": [{"index": 0, "_id": 1}], "ok": 1.0})
+    assert bulk.without_field(raw, b"upserted") == raw
+    after = bson.encode({"upserted": [], "odd": Regex("a+"), "ok": 1.0})
+    assert bson.decode(bulk.without_field(after, b"upserted")) == {"odd": Regex("a+"), "ok": 1.0}
+
+
+async def test_an_update_batch_fails_alike_with_its_upserts_left_out_of_the_counts(
+    listened: tuple[Any, Commands],
+) -> None:
+    # Two statements start documents (upserted), one fails ($inc of a string): both paths
+    # raise the same write error for the same statement and store the same documents;
+    # the fast path leaves the upserts out of the bulk result's counts (no writer reads
+    # them).
+    db, _commands = listened
+    statements = [
+        {"q": {"_id": "a"}, "u": {"$inc": {"n": 1}}, "multi": False, "upsert": True},
+        {"q": {"_id": "text"}, "u": {"$inc": {"n": 1}}, "multi": False, "upsert": True},
+        {"q": {"_id": "b"}, "u": {"$inc": {"n": 2}}, "multi": False, "upsert": True},
+    ]
+    details = []
+    for name, send in (("fast", bulk.execute), ("public", bulk.public)):
+        await db[name].insert_one({"_id": "text", "n": "not a number"})
+        with pytest.raises(BulkWriteError) as raised:
+            await send(db[name], bulk.UPDATE, [dict(s) for s in statements])
+        details.append(raised.value.details)
+        stored = [d async for d in db[name].find({}).sort("_id")]
+        assert stored == [
+            {"_id": "a", "n": 1},
+            {"_id": "b", "n": 2},
+            {"_id": "text", "n": "not a number"},
+        ]
+    fast, public = details
+    assert [(e["index"], e["code"]) for e in fast["writeErrors"]] == [
+        (e["index"], e["code"]) for e in public["writeErrors"]
+    ]
+    assert [e["index"] for e in fast["writeErrors"]] == [1]
+    assert [u["index"] for u in public["upserted"]] == [0, 2]
+    assert (fast["nUpserted"], fast["upserted"]) == (0, [])

@@ -14,6 +14,15 @@ the collection's write concern, client-side timeouts (``timeoutMS``) and the sam
 :func:`fast_path_problem` checks its shape once; if it differs (another pymongo), the
 writes go through the public ``bulk_write`` and ``insert_many`` instead, which send the
 same bytes. ``tests/store/test_bulk.py`` holds both paths to that.
+
+An update command's reply lists every document it upserted (``upserted``: an index and
+an ``_id`` each); the driver decodes that list into a dict and an ``ObjectId`` per entry
+and then renumbers each, about 0.7 µs an upsert, though the writers never read it (a
+large fleet's batch starts a bucket with nearly every statement). The fast path decodes
+update replies without that one field (:func:`without_field`): the driver's checks, its
+errors and ``BulkWriteError`` see every other field, so they are the same; only the
+upsert counts of the bulk result (``nUpserted``, ``upserted``), which no writer reads,
+are left at zero. Events of a command listener get that reply too.
 """
 
 from __future__ import annotations
@@ -25,9 +34,12 @@ from typing import TYPE_CHECKING, Any
 from pymongo import UpdateOne
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine
+    from collections.abc import Callable, Coroutine, Mapping
 
+    from bson.codec_options import CodecOptions
     from pymongo.asynchronous.collection import AsyncCollection
+    from pymongo.asynchronous.mongo_client import AsyncMongoClient
+    from pymongo.message import _BulkWriteContext, _OpMsg
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +89,133 @@ def _fast() -> tuple[Runner | None, str | None]:
         run.index_map = list(range(len(statements)))
         bulk.ops = statements  # type: ignore[assignment]  # only its emptiness counts now
         bulk.gen_unordered = lambda: iter((run,))  # type: ignore[method-assign]
+        if kind == UPDATE and _LEAN is not None:
+            bulk.write_command = _LEAN  # type: ignore[method-assign]
         # bulk_write and insert_many pass _Op.INSERT for every kind of operation.
         await bulk.execute(collection.write_concern, None, _Op.INSERT)
 
     return run_bulk, None
 
 
+type WriteCommand = Callable[..., Coroutine[Any, Any, dict[str, Any]]]
+
+
+def _lean_updates() -> tuple[WriteCommand | None, str | None]:
+    """``_AsyncBulk.write_command`` for update batches: the reply without ``upserted``.
+
+    The same call of the driver's command runner as its own ``run_bulk_write_command``,
+    with one difference: the reply is decoded by :func:`_update_reply`.
+    """
+    try:
+        from bson import _decode_all_selective  # noqa: PLC0415 - private: looked up once
+        from pymongo.asynchronous.bulk import _AsyncBulk  # noqa: PLC0415
+        from pymongo.asynchronous.command_runner import _run_command  # noqa: PLC0415
+        from pymongo.message import _OpMsg  # noqa: PLC0415
+    except ImportError as exc:
+        return None, str(exc)
+    wanted = ["client", "session", "listeners", "topology_id", "codec_options", "op_id"]
+    wanted += ["command_name", "decrypt_reply", "unpack_res"]
+    taken = inspect.signature(_run_command).parameters
+    if not all(name in taken for name in wanted):
+        return None, f"_run_command({', '.join(n for n in wanted if n not in taken)})"
+    args = tuple(inspect.signature(_AsyncBulk.write_command).parameters)
+    if args != ("self", "bwc", "cmd", "request_id", "msg", "docs", "client"):
+        return None, f"_AsyncBulk.write_command({', '.join(args[1:])})"
+    if not callable(getattr(_OpMsg, "raw_command_response", None)):
+        return None, "_OpMsg.raw_command_response"
+
+    def _update_reply(
+        reply: _OpMsg,
+        _cursor_id: int | None,
+        codec_options: CodecOptions[Any],
+        user_fields: Mapping[str, Any] | None = None,
+    ) -> list[dict[str, Any]]:
+        """The reply decoded as the driver would, less its ``upserted`` list."""
+        raw = without_field(bytes(reply.raw_command_response()), b"upserted")
+        return _decode_all_selective(raw, codec_options, user_fields)
+
+    async def write_command(
+        bwc: _BulkWriteContext,
+        cmd: dict[str, Any],
+        request_id: int,
+        msg: bytes,
+        docs: list[Mapping[str, Any]],
+        client: AsyncMongoClient[Any],
+    ) -> dict[str, Any]:
+        cmd[bwc.field] = docs  # as the driver's write_command: for its command events
+        # the context is typed for both APIs; this one holds the asynchronous ones
+        result, _reply, _seconds = await _run_command(
+            bwc.conn,  # type: ignore[arg-type]
+            cmd,
+            bwc.db_name,
+            request_id,
+            msg,
+            client=client,
+            session=bwc.session,  # type: ignore[arg-type]
+            listeners=bwc.listeners,
+            topology_id=client._topology_id if client is not None else None,  # noqa: SLF001
+            codec_options=bwc.codec,
+            op_id=bwc.op_id,
+            command_name=bwc.name,
+            decrypt_reply=False,
+            unpack_res=_update_reply,
+        )
+        return result[0]
+
+    return write_command, None
+
+
+# The size of a BSON value that has a fixed size, by its element type.
+_FIXED = {
+    0x01: 8,  # double
+    0x06: 0,  # undefined
+    0x07: 12,  # ObjectId
+    0x08: 1,  # boolean
+    0x09: 8,  # UTC datetime
+    0x0A: 0,  # null
+    0x10: 4,  # int32
+    0x11: 8,  # timestamp
+    0x12: 8,  # int64
+    0x13: 16,  # decimal128
+    0x7F: 0,  # max key
+    0xFF: 0,  # min key
+}
+_STRINGS = {0x02, 0x0D, 0x0E}  # string, JavaScript code, symbol: int32 length, then bytes
+_SIZED = {0x03, 0x04, 0x0F}  # document, array, code with scope: an int32 of the whole
+
+
+def without_field(doc: bytes, name: bytes) -> bytes:
+    """A BSON document's bytes less its top-level field ``name`` (the same bytes if absent).
+
+    Also the same bytes if a value of an unexpected type comes before the field: the
+    caller then decodes everything, as it would have.
+    """
+    pos, end = 4, len(doc) - 1
+    while pos < end:
+        kind = doc[pos]
+        key_end = doc.index(b"\x00", pos + 1)
+        at = key_end + 1
+        if kind in _FIXED:
+            size = _FIXED[kind]
+        elif kind in _SIZED:
+            size = int.from_bytes(doc[at : at + 4], "little")
+        elif kind in _STRINGS:
+            size = 4 + int.from_bytes(doc[at : at + 4], "little")
+        elif kind == 0x05:  # binary: int32 length, subtype, bytes
+            size = 5 + int.from_bytes(doc[at : at + 4], "little")
+        else:  # regular expressions, DBPointer: not in a write's reply
+            return doc
+        if doc[pos + 1 : key_end] == name:
+            rest = doc[:pos] + doc[at + size :]
+            return len(rest).to_bytes(4, "little") + rest[4:]
+        pos = at + size
+    return doc
+
+
+_LEAN, _LEAN_PROBLEM = _lean_updates()
 _RUN, PROBLEM = _fast()
+if PROBLEM is None:
+    PROBLEM = _LEAN_PROBLEM
 
 
 def fast_path_problem() -> str | None:
