@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from bench.e2e import backlog, cpu_of, publish, scrape, session, tools
@@ -155,12 +156,26 @@ def drain(
         while scrape(daemon.metrics_port).get("ingest_messages_acked_total", 0) < args.messages:
             time.sleep(0.1)
         cpu = cpu_of(pid) - cpu_start
+        batches = _batches(daemon.metrics_port)
         if recorder is not None:
             recorder.send_signal(signal.SIGINT)
             recorder.wait(timeout=60)
     finally:
         daemon.stop()
     report(args, cpu, daemon, spy, samples)
+    print(
+        f"batches written: {batches[0]:,.0f}, {batches[1] / max(batches[0], 1):,.0f} readings each"
+    )
+
+
+def _batches(port: int) -> tuple[float, float]:
+    """The batches the daemon wrote, and their readings (its ``batch_readings`` histogram)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    found = dict(
+        re.findall(r"^ingest_batch_readings_(count|sum)(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
+    )
+    return float(found.get("count", 0)), float(found.get("sum", 0))
 
 
 def main() -> int:
