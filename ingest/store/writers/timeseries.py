@@ -156,7 +156,7 @@ class TimeseriesWriter(PrimaryReads):
         self._claiming = claims
         self._claims: Claims | None = None
         # The rounds in progress: the end of each, and the instants (claim ids) it holds.
-        self._rounds: dict[asyncio.Future[None], set[str]] = {}
+        self._rounds: dict[asyncio.Future[None], set[str] | list[str]] = {}
         # Instants looked up before inserting, and the time it took (see take_lookups).
         self._checked = 0
         self._check_seconds = 0.0
@@ -271,8 +271,11 @@ class TimeseriesWriter(PrimaryReads):
         the earlier one stored.
         """
         rounds = self._rounds
-        held = set(instants)
-        while True:
+        # A set only while another round is in progress to compare with: alone, the list.
+        held: set[str] | list[str] = instants
+        while rounds:
+            if not isinstance(held, set):
+                held = set(held)
             ahead = [done for done, theirs in rounds.items() if not held.isdisjoint(theirs)]
             if not ahead:
                 break
