@@ -212,6 +212,12 @@ def make_writer(settings: Settings, client: AsyncMongoClient[dict[str, Any]]) ->
             "public bulk API, at more CPU per reading",
             problem,
         )
+    elif (problem := bulk.lean_replies_problem()) is not None and settings.mode == "bucket":
+        logger.warning(
+            "this pymongo's command runner differs (%s): decoding every upserted "
+            "bucket's _id in update replies, at more CPU per new bucket",
+            problem,
+        )
     if settings.mode == "timeseries":
         # Its claims are the session's: each worker's (and a drain's) own client id.
         return TimeseriesWriter(db[settings.collection], schema, settings.client_id)

@@ -8,8 +8,9 @@ the fallback for another pymongo sends them through the public API.
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import bson
 import pytest
@@ -19,7 +20,9 @@ from hypothesis import strategies as st
 from pymongo import AsyncMongoClient, monitoring
 from pymongo.errors import BulkWriteError, PyMongoError
 
+from ingest.config import Settings
 from ingest.model import Reading
+from ingest.pipeline.app import make_writer
 from ingest.store.schema import BUCKET_INDEX
 from ingest.store.writers import bulk
 from ingest.store.writers.bucket import BucketWriter
@@ -97,6 +100,7 @@ def test_the_installed_pymongo_takes_the_fast_path() -> None:
     # A pymongo whose bulk internals changed would still work (the public API), with more
     # CPU per reading; this fails first, so the pin in pyproject.toml gets looked at.
     assert bulk.fast_path_problem() is None
+    assert bulk.lean_replies_problem() is None
 
 
 @pytest.mark.parametrize("kind", [bulk.UPDATE, bulk.INSERT])
@@ -259,3 +263,34 @@ async def test_an_update_batch_fails_alike_with_its_upserts_left_out_of_the_coun
     assert [e["index"] for e in fast["writeErrors"]] == [1]
     assert [u["index"] for u in public["upserted"]] == [0, 2]
     assert (fast["nUpserted"], fast["upserted"]) == (0, [])
+
+
+@pytest.mark.parametrize(
+    ("main", "lean", "mode", "logged"),
+    [
+        (None, None, "bucket", None),
+        ("_Run(x)", None, "bucket", "writing through its public bulk API"),
+        (None, "_run_command(unpack_res)", "bucket", "decoding every upserted bucket's _id"),
+        (None, "_run_command(unpack_res)", "timeseries", None),  # it sends no updates
+    ],
+)
+def test_a_pymongo_without_the_internals_is_named_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    main: str | None,
+    lean: str | None,
+    mode: Literal["bucket", "timeseries"],
+    logged: str | None,
+) -> None:
+    monkeypatch.setattr(bulk, "PROBLEM", main)
+    monkeypatch.setattr(bulk, "LEAN_PROBLEM", lean)
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(connect=False)
+    with caplog.at_level(logging.WARNING, logger="ingest.pipeline.app"):
+        make_writer(Settings(mode=mode), client)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    if logged is None:
+        assert warnings == []
+    else:
+        (warning,) = warnings
+        assert logged in warning
+        assert f"({main or lean})" in warning

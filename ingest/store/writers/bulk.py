@@ -212,15 +212,18 @@ def without_field(doc: bytes, name: bytes) -> bytes:
     return doc
 
 
-_LEAN, _LEAN_PROBLEM = _lean_updates()
+_LEAN, LEAN_PROBLEM = _lean_updates()
 _RUN, PROBLEM = _fast()
-if PROBLEM is None:
-    PROBLEM = _LEAN_PROBLEM
 
 
 def fast_path_problem() -> str | None:
     """Why the writes go through pymongo's public API (another pymongo), or None."""
     return PROBLEM
+
+
+def lean_replies_problem() -> str | None:
+    """Why the fast path decodes update replies whole, ``upserted`` too, or None."""
+    return LEAN_PROBLEM
 
 
 async def execute(
