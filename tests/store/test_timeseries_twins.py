@@ -14,9 +14,11 @@ raises the same exception (type and text).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import math
 import time
+import types
 from collections import OrderedDict
 from datetime import UTC, datetime
 from operator import attrgetter
@@ -301,7 +303,7 @@ def check_batch(twin: ModuleType, readings: list[Any], prefix: bytes, start: int
     assert len(cdocs) == len(docs)
     for cdoc, doc, reading in zip(cdocs, docs, readings, strict=True):
         if written_as_bytes(reading, doc):
-            assert type(cdoc) is RawBSONDocument
+            assert isinstance(cdoc, RawBSONDocument)
             assert cdoc.raw == bson.encode(doc, codec_options=CLIENT_OPTIONS)
             # read as the lookup before an insert reads a document
             assert same(ts_mod._doc_instant(cdoc), ts_mod._doc_instant(doc))
@@ -372,7 +374,7 @@ def test_readings_of_the_decoders_become_the_bytes_of_the_python_twins_documents
     readings = py_mod.sorted_readings(readings)
     docs, runs, collided = py_mod.batch_documents(readings, prefix, start)
     cdocs, cruns, ccollided = twin.batch_documents(readings, prefix, start)
-    assert all(type(doc) is RawBSONDocument for doc in cdocs)
+    assert all(isinstance(doc, RawBSONDocument) for doc in cdocs)
     assert [doc.raw for doc in cdocs] == [
         bson.encode(doc, codec_options=CLIENT_OPTIONS) for doc in docs
     ]
@@ -415,7 +417,7 @@ def test_a_document_written_as_bytes_reads_as_the_python_twins(twin: ModuleType)
     )
     py_doc = py_mod.batch_documents([reading], bytes(9), 0)[0][0]
     doc = twin.batch_documents([reading], bytes(9), 0)[0][0]
-    assert type(doc) is RawBSONDocument
+    assert isinstance(doc, RawBSONDocument)
     assert (
         list(doc)
         == list(py_doc)
@@ -433,6 +435,10 @@ def test_a_document_written_as_bytes_reads_as_the_python_twins(twin: ModuleType)
         if k not in {"_id", "ts", "meta", "units", "info"}
     ]
     assert ts_mod._doc_instant(doc) == ts_mod._doc_instant(py_doc)
+    # the driver reads the bytes of each document it sends from a slot, not through
+    # RawBSONDocument's Python property
+    assert type(inspect.getattr_static(doc, "raw")) is types.MemberDescriptorType
+    assert doc.raw == bson.encode(py_doc, codec_options=CLIENT_OPTIONS)
 
 
 @given(st.one_of(a_reading(), a_reading(hostile=True)))
@@ -622,7 +628,7 @@ def test_a_lookups_clauses_are_the_bytes_of_the_python_twins_dicts(
             and len(times) <= 4096
         )
         if sure:
-            assert type(cclause) is RawBSONDocument
+            assert isinstance(cclause, RawBSONDocument)
             assert cclause.raw == bson.encode(clause, codec_options=CLIENT_OPTIONS)
         else:
             assert type(cclause) is dict
@@ -641,7 +647,7 @@ def test_claims_of_the_decoders_readings_are_the_bytes_of_the_python_twins_dicts
     ids = claim_ids(readings)
     docs = py_mod.claim_documents(ids, readings, at, owner)
     cdocs = twin.claim_documents(ids, readings, at, owner)
-    assert all(type(doc) is RawBSONDocument for doc in cdocs)
+    assert all(isinstance(doc, RawBSONDocument) for doc in cdocs)
     assert [doc.raw for doc in cdocs] == [
         bson.encode(doc, codec_options=CLIENT_OPTIONS) for doc in docs
     ]
@@ -689,7 +695,7 @@ def test_claims_of_any_reading_are_the_python_twins_or_its_bytes(
         assert got == expected
         return
     for doc, py_doc in zip(got[1], expected[1], strict=True):
-        if type(doc) is RawBSONDocument:
+        if isinstance(doc, RawBSONDocument):
             assert doc.raw == encoded(py_doc)
         else:
             assert same(doc, py_doc)

@@ -55,11 +55,24 @@ cdef enum:
     # Items sorted by insertion up to this many; more by qsort.
     FEW_ITEMS = 16
 
+class SentRaw(RawBSONDocument):
+    """A RawBSONDocument whose bytes are also a plain slot, ``raw``.
+
+    The driver reads ``raw`` of every document it sends; RawBSONDocument's is a Python
+    property, a call per document, where a slot is read in C (about 30 ns less a
+    document: time-series mode sends two a reading, its document and its claim).
+    """
+
+    __slots__ = ("raw",)
+
+
 cdef object _RawBSONDocument = RawBSONDocument
-cdef Py_ssize_t _RAW = slot_offset(RawBSONDocument, "_RawBSONDocument__raw")
-cdef Py_ssize_t _INFLATED = slot_offset(RawBSONDocument, "_RawBSONDocument__inflated_doc")
-cdef Py_ssize_t _OPTIONS = slot_offset(RawBSONDocument, "_RawBSONDocument__codec_options")
-cdef bint _BY_SLOTS = _RAW > 0 and _INFLATED > 0 and _OPTIONS > 0
+cdef object _SentRaw = SentRaw
+cdef Py_ssize_t _RAW = slot_offset(SentRaw, "_RawBSONDocument__raw")
+cdef Py_ssize_t _INFLATED = slot_offset(SentRaw, "_RawBSONDocument__inflated_doc")
+cdef Py_ssize_t _OPTIONS = slot_offset(SentRaw, "_RawBSONDocument__codec_options")
+cdef Py_ssize_t _SENT = slot_offset(SentRaw, "raw")
+cdef bint _BY_SLOTS = _RAW > 0 and _INFLATED > 0 and _OPTIONS > 0 and _SENT > 0
 
 
 cdef inline void _le32(char *at, uint32_t v) noexcept:
@@ -411,14 +424,16 @@ cdef class Writer:
 
 
 cdef object _document(bytes raw, object options):
-    """``raw`` as a RawBSONDocument (made without its Python-level ``__init__``)."""
+    """``raw`` as a RawBSONDocument (a :class:`SentRaw`, made without its Python-level
+    ``__init__``)."""
     cdef object doc
     if not _BY_SLOTS:
         return _RawBSONDocument(raw, options)
-    doc = new_object(_RawBSONDocument)
+    doc = new_object(_SentRaw)
     set_slot(doc, _RAW, raw)
     set_slot(doc, _INFLATED, None)
     set_slot(doc, _OPTIONS, options)
+    set_slot(doc, _SENT, raw)
     return doc
 
 
