@@ -59,8 +59,10 @@ class SentRaw(RawBSONDocument):
     """A RawBSONDocument whose bytes are also a plain slot, ``raw``.
 
     The driver reads ``raw`` of every document it sends; RawBSONDocument's is a Python
-    property, a call per document, where a slot is read in C (about 30 ns less a
-    document: time-series mode sends two a reading, its document and its claim).
+    property, a call per document, where a slot is read in C: ``bson.encode`` of a list
+    of 10,000 time-series documents took about 30 ns a document less (``time.perf_counter``
+    around 20 encodes each way). Time-series mode sends two a reading, its document and
+    its claim.
     """
 
     __slots__ = ("raw",)
