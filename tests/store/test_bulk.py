@@ -224,6 +224,15 @@ def test_an_update_reply_loses_its_upserted_list_and_nothing_else(
     assert bulk.without_field(got, b"upserted") == got
 
 
+@given(st.binary(max_size=64), st.integers(0, 200))
+def test_bytes_that_are_no_document_are_left_to_the_drivers_decoder(noise: bytes, cut: int) -> None:
+    # a reply cut short, or garbage: the same bytes back, never an exception of its own
+    raw = bson.encode({"n": 2, "upserted": [{"index": 0, "_id": ObjectId()}], "ok": 1.0})
+    for doc in (raw[:cut], noise, raw[:4] + noise, noise + raw):
+        got = bulk.without_field(doc, b"upserted")
+        assert got == doc or got == bson.encode({"n": 2, "ok": 1.0})
+
+
 def test_a_value_of_an_unexpected_type_before_upserted_leaves_the_reply_whole() -> None:
     raw = bson.encode({"odd": Regex("a+", "i"), "upserted": [{"index": 0, "_id": 1}], "ok": 1.0})
     assert bulk.without_field(raw, b"upserted") == raw

@@ -187,13 +187,19 @@ _SIZED = {0x03, 0x04, 0x0F}  # document, array, code with scope: an int32 of the
 def without_field(doc: bytes, name: bytes) -> bytes:
     """A BSON document's bytes less its top-level field ``name`` (the same bytes if absent).
 
-    Also the same bytes if a value of an unexpected type comes before the field: the
-    caller then decodes everything, as it would have.
+    Also the same bytes if a value of an unexpected type comes before the field, or if
+    the bytes are not a well-formed document: the caller then decodes everything, as it
+    would have (and the driver's decoder reports what is wrong).
     """
-    pos, end = 4, len(doc) - 1
+    end = len(doc) - 1
+    if end < 4 or int.from_bytes(doc[:4], "little") != len(doc) or doc[end]:
+        return doc
+    pos = 4
     while pos < end:
         kind = doc[pos]
-        key_end = doc.index(b"\x00", pos + 1)
+        key_end = doc.find(b"\x00", pos + 1, end)
+        if key_end < 0:
+            return doc
         at = key_end + 1
         if kind in _FIXED:
             size = _FIXED[kind]
@@ -204,6 +210,8 @@ def without_field(doc: bytes, name: bytes) -> bytes:
         elif kind == 0x05:  # binary: int32 length, subtype, bytes
             size = 5 + int.from_bytes(doc[at : at + 4], "little")
         else:  # regular expressions, DBPointer: not in a write's reply
+            return doc
+        if at + size > end:
             return doc
         if doc[pos + 1 : key_end] == name:
             rest = doc[:pos] + doc[at + size :]
