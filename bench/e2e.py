@@ -256,12 +256,16 @@ def topic_filter(client_id: str, workers: int, base: str = FILTER) -> str:
     return base if workers == 1 else f"$share/{client_id}/{base}"
 
 
+def metrics_text(port: int) -> str:
+    """The daemon's ``/metrics`` page."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+        return str(resp.read().decode())
+
+
 def scrape(port: int) -> dict[str, float]:
     """The daemon's counters that the bench reads (a small parser: no labels but mode)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
-        text = resp.read().decode()
     out: dict[str, float] = {}
-    for line in text.splitlines():
+    for line in metrics_text(port).splitlines():
         if line.startswith("ingest_") and "_total" in line:
             name, _, value = line.rpartition(" ")
             key = name.split("{", 1)[0]

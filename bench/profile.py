@@ -28,10 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from bench.e2e import backlog, cpu_of, publish, scrape, session, tools
+from bench.e2e import backlog, cpu_of, metrics_text, publish, scrape, session, tools
 from tests.support.procs import Broker, Daemon
 
 GC_HOOK = """import atexit, gc, sys, time
@@ -170,10 +169,12 @@ def drain(
 
 def _batches(port: int) -> tuple[float, float]:
     """The batches the daemon wrote, and their readings (its ``batch_readings`` histogram)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
-        text = resp.read().decode()
     found = dict(
-        re.findall(r"^ingest_batch_readings_(count|sum)(?:\{[^}]*\})? (\S+)$", text, re.MULTILINE)
+        re.findall(
+            r"^ingest_batch_readings_(count|sum)(?:\{[^}]*\})? (\S+)$",
+            metrics_text(port),
+            re.MULTILINE,
+        )
     )
     return float(found.get("count", 0)), float(found.get("sum", 0))
 
