@@ -17,7 +17,8 @@ same bytes. ``tests/store/test_bulk.py`` holds both paths to that.
 
 An update command's reply lists every document it upserted (``upserted``: an index and
 an ``_id`` each); the driver decodes that list into a dict and an ``ObjectId`` per entry
-and then renumbers each, about 0.7 µs an upsert, though the writers never read it (a
+and then renumbers each, about 0.7 µs an upsert (``bson.decode_all`` of a reply of 1,000
+upserts and that loop, timed together), though the writers never read it (a
 large fleet's batch starts a bucket with nearly every statement). The fast path decodes
 update replies without that one field (:func:`without_field`): the driver's checks, its
 errors and ``BulkWriteError`` see every other field, so they are the same; only the
@@ -214,8 +215,8 @@ def without_field(doc: bytes, name: bytes) -> bytes:
         if at + size > end:
             return doc
         if doc[pos + 1 : key_end] == name:
-            rest = doc[:pos] + doc[at + size :]
-            return len(rest).to_bytes(4, "little") + rest[4:]
+            length = len(doc) - (at + size - pos)
+            return length.to_bytes(4, "little") + doc[4:pos] + doc[at + size :]
         pos = at + size
     return doc
 
