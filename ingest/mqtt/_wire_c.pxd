@@ -26,7 +26,8 @@ cdef int _deliver_publish(object deliver, int command, const unsigned char *data
 
 
 @cython.locals(value=Py_ssize_t, shift=int, byte=int)
-cdef (Py_ssize_t, Py_ssize_t) _varint(const unsigned char *data, Py_ssize_t pos, Py_ssize_t end)
+cdef (Py_ssize_t, Py_ssize_t) _varint(const unsigned char *data, Py_ssize_t pos,
+                                      Py_ssize_t end) noexcept
 
 
 cdef object _subscription(const unsigned char *data, Py_ssize_t pos, Py_ssize_t end)

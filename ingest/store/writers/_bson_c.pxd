@@ -91,7 +91,7 @@ cdef class Template:
     cdef int date(self, Py_ssize_t slot, object ms) except -1
     cdef int value(self, Py_ssize_t slot, object value) except -1
     cdef int real(self, Py_ssize_t slot, double value) except -1
-    cdef char *_at(self, Py_ssize_t slot, char kind)
+    cdef char *_at(self, Py_ssize_t slot, char kind) noexcept
     cdef object finish(self)
 
 

@@ -541,7 +541,7 @@ cdef class Template:
         self.unfilled = self.marked
         return WRITTEN
 
-    cdef char *_at(self, Py_ssize_t slot, char kind):
+    cdef char *_at(self, Py_ssize_t slot, char kind) noexcept:
         """Where ``slot``'s value goes, if it is a slot of type ``kind`` (else NULL)."""
         cdef Py_ssize_t at
         if self.out is None or not 0 <= slot < self.slots or self.slot_kind[slot] != kind:
