@@ -230,6 +230,27 @@ def test_the_twins_plan_the_same_statements(
     both(batch, span, limit, size)
 
 
+@given(batch=batches, span=st.sampled_from([60, HOUR]))
+def test_both_twins_group_readings_by_series_and_span_in_arrival_order(
+    batch: list[Reading], span: int
+) -> None:
+    # The plain definition: one group per (sensor, tags, start of span), in the order of
+    # its first reading, its readings in arrival order (series interleaved, a sensor's
+    # readings over two spans, tags shared and not).
+    expected: dict[tuple[object, ...], list[Reading]] = {}
+    for reading in batch:
+        start = reading.epoch // span * span
+        tags = tuple(sorted((reading.tags or {}).items()))
+        expected.setdefault((reading.sensor_id, tags, start), []).append(reading)
+    for grouped in (python.group_readings(batch, span), twin.group_readings(batch, span)):
+        assert [(sensor, tuple(sorted(tags)), start) for sensor, tags, start, _ in grouped] == list(
+            expected
+        )
+        assert [[id(r) for r in group] for *_, group in grouped] == [
+            [id(r) for r in group] for group in expected.values()
+        ]
+
+
 @st.composite
 def a_default_batch(draw: st.DrawFn) -> list[Reading]:
     """What the default decoder makes: readings of messages, one or many per message."""

@@ -42,9 +42,9 @@ cdef Py_ssize_t _labels_bytes(object labels) except -1
 @cython.locals(out=dict)
 cpdef dict stat_values(object values)
 
-@cython.locals(row=tuple, groups=dict, keys=dict, latest=dict, mine=tuple, group=list, fast=bint,
-               seconds=double, at=double, last_at=double)
-cpdef dict group_readings(object readings, object span)
+@cython.locals(row=tuple, groups=list, keys=dict, latest=dict, earlier=dict, mine=tuple,
+               found=tuple, group=list, fast=bint, seconds=double, at=double, last_at=double)
+cpdef list group_readings(object readings, object span)
 
 cpdef tuple unique_readings(object group, object plan)
 

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
     # Cython does not parse ``type`` statements.
     GroupKey: TypeAlias = tuple[str, TagsKey, float]  # noqa: UP040
+    # A group of readings of one series and span: sensor id, tags, start, the readings.
+    Group: TypeAlias = tuple[str, TagsKey, float, list[Reading]]  # noqa: UP040
     _Template: TypeAlias = Any  # noqa: UP040 - compiled: _bson_c.Template
     _Stats: TypeAlias = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]  # noqa: UP040
 
@@ -273,17 +275,25 @@ def stat_values(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def group_readings(readings: list[Reading], span: int) -> dict[GroupKey, list[Reading]]:
-    """Group readings by series and span, keeping arrival order inside each group."""
-    groups: dict[GroupKey, list[Reading]] = {}
+def group_readings(readings: list[Reading], span: int) -> list[Group]:  # noqa: PLR0912, PLR0915 - one loop, the batch's hot path
+    """Group readings by series and span, keeping arrival order inside each group.
+
+    The groups as ``(sensor_id, tags, start, readings)``, in the order of their first
+    reading.
+    """
+    groups: list[Group] = []
     last_sensor: str | None = None
     last_tags: dict[str, str] | None = None
     last_start = 0.0
     group: list[Reading] = []
     keys: dict[int, TagsKey] = {}  # by id() of a tags dict: topics share theirs
-    # Each sensor's latest group, (tags, start, readings): interleaved messages of many
-    # sensors find theirs without a key to build and hash.
-    latest: dict[str, tuple[TagsKey, float, list[Reading]]] = {}
+    # Each sensor's latest group: interleaved messages of many sensors find theirs without
+    # a key to build and hash, and a large fleet's usual reading (a sensor without a group
+    # yet in this batch) costs one lookup and one entry.
+    latest: dict[str, Group] = {}
+    # The other groups, by key: a sensor's group enters when another becomes its latest.
+    # So every group is its sensor's latest, or here.
+    earlier: dict[GroupKey, Group] = {}
     # Compiled: Python's float // of a float epoch and a span a float holds, in C.
     fast = cython.compiled and type(span) is int and 0 < span < _FLOAT_SPANS
     seconds = float(span) if fast else 1.0
@@ -317,24 +327,27 @@ def group_readings(readings: list[Reading], span: int) -> dict[GroupKey, list[Re
                 found_key = keys[id(tags)] = tags_key(tags)
             tags_of = found_key
         mine = latest.get(sensor)
-        if (
-            mine is not None
-            and (_eq(mine[1], start) if cython.compiled else mine[1] == start)
-            and (mine[0] is tags_of or mine[0] == tags_of)
+        if mine is None:
+            group = [reading]
+            mine = (sensor, tags_of, start, group)
+            groups.append(mine)
+            latest[sensor] = mine
+        elif (_eq(mine[2], start) if cython.compiled else mine[2] == start) and (
+            mine[1] is tags_of or mine[1] == tags_of
         ):
-            group = mine[2]
+            group = mine[3]
             group.append(reading)
         else:
-            key = (sensor, tags_of, start)
-            # A sensor without a group yet in this batch (a large fleet's usual reading)
-            # needs no lookup.
-            found = None if mine is None else groups.get(key)
+            earlier.setdefault((sensor, mine[1], mine[2]), mine)
+            found = earlier.get((sensor, tags_of, start))
             if found is None:
-                group = groups[key] = [reading]
+                group = [reading]
+                found = (sensor, tags_of, start, group)
+                groups.append(found)
             else:
-                group = found
+                group = found[3]
                 group.append(reading)
-            latest[sensor] = (tags_of, start, group)
+            latest[sensor] = found
         last_sensor, last_tags, last_start = sensor, tags, start
     return groups
 
@@ -1036,7 +1049,7 @@ def plan_buckets(
     ops: list[Any] = []
     groups: list[list[Reading]] = []
     plan = Plan(ops, groups)
-    for (sensor_id, tags_of, start), group in group_readings(readings, span).items():
+    for sensor_id, tags_of, start, group in group_readings(readings, span):
         start_dt = bson_date(int(start) * 1000)
         tags = dict(tags_of) if tags_of else _EMPTY
         op = _fast_update(sensor_id, tags, start_dt, group, max_readings, max_bytes)
