@@ -139,5 +139,5 @@ cdef tuple _coalesced(list chunk, object size)
 @cython.locals(inc=dict, mins=dict, maxs=dict, keys_of=dict, keys=tuple, stat=_Stat)
 cdef tuple _statistics(list stats, object count, object size, object first, object last)
 
-@cython.locals(ops=list, groups=list)
+@cython.locals(ops=list, groups=list, last_start=object, start_dt=object)
 cpdef object plan_buckets(object readings, object span, object max_readings, object max_bytes=*)

@@ -220,6 +220,9 @@ def bson_date(ms: int) -> BsonDate:
     return date
 
 
+_NO_DATE = bson_date(0)  # (plan_buckets' date before its first group)
+
+
 def bson_dates(readings: list[Reading]) -> list[BsonDate]:
     """The readings' times as :class:`BsonDate` objects, in order."""
     return [bson_date(ms_of(reading)) for reading in readings]
@@ -1049,8 +1052,12 @@ def plan_buckets(
     ops: list[Any] = []
     groups: list[list[Reading]] = []
     plan = Plan(ops, groups)
+    last_start: object = None
+    start_dt = _NO_DATE
     for sensor_id, tags_of, start, group in group_readings(readings, span):
-        start_dt = bson_date(int(start) * 1000)
+        if start != last_start:  # most groups of a batch share their span: one date for them
+            start_dt = bson_date(int(start) * 1000)
+            last_start = start
         tags = dict(tags_of) if tags_of else _EMPTY
         op = _fast_update(sensor_id, tags, start_dt, group, max_readings, max_bytes)
         if op is not None:
