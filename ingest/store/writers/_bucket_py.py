@@ -330,19 +330,18 @@ def group_readings(readings: list[Reading], span: int) -> list[Group]:  # noqa: 
                 found_key = keys[id(tags)] = tags_key(tags)
             tags_of = found_key
         mine = latest.get(sensor)
-        if mine is None:
-            group = [reading]
-            mine = (sensor, tags_of, start, group)
-            groups.append(mine)
-            latest[sensor] = mine
-        elif (_eq(mine[2], start) if cython.compiled else mine[2] == start) and (
-            mine[1] is tags_of or mine[1] == tags_of
+        if (
+            mine is not None
+            and (_eq(mine[2], start) if cython.compiled else mine[2] == start)
+            and (mine[1] is tags_of or mine[1] == tags_of)
         ):
             group = mine[3]
             group.append(reading)
         else:
-            earlier.setdefault((sensor, mine[1], mine[2]), mine)
-            found = earlier.get((sensor, tags_of, start))
+            found = None  # a sensor without a group yet in this batch: no key made
+            if mine is not None:
+                earlier.setdefault((sensor, mine[1], mine[2]), mine)
+                found = earlier.get((sensor, tags_of, start))
             if found is None:
                 group = [reading]
                 found = (sensor, tags_of, start, group)
