@@ -220,9 +220,6 @@ def bson_date(ms: int) -> BsonDate:
     return date
 
 
-_NO_DATE = bson_date(0)  # (plan_buckets' date before its first group)
-
-
 def bson_dates(readings: list[Reading]) -> list[BsonDate]:
     """The readings' times as :class:`BsonDate` objects, in order."""
     return [bson_date(ms_of(reading)) for reading in readings]
@@ -1052,9 +1049,10 @@ def plan_buckets(
     groups: list[list[Reading]] = []
     plan = Plan(ops, groups)
     last_start: object = None
-    start_dt = _NO_DATE
+    start_dt: BsonDate | None = None
     for sensor_id, tags_of, start, group in group_readings(readings, span):
-        if start != last_start:  # most groups of a batch share their span: one date for them
+        # Most groups of a batch share their span: one date for them.
+        if start_dt is None or start != last_start:
             start_dt = bson_date(int(start) * 1000)
             last_start = start
         tags = dict(tags_of) if tags_of else _EMPTY
